@@ -1,0 +1,442 @@
+//! The compatibility knowledge cudastack carries, as tables with a source for every row.
+//!
+//! Three embedded data files (the binary carries exactly what is committed in `data/`):
+//! - `nvidia.yaml`: CUDA toolkit -> minimum driver, minor-version-compatibility floors,
+//!   cuDNN release -> CUDA majors, cuDNN library sets, arch support per toolkit, GPUs,
+//!   base distributions. Curated from NVIDIA's documents (see each table's `source`).
+//! - `torch-pypi.json`: every torch release on PyPI with its CUDA, exact nvidia-* pins,
+//!   Python tags and compiled sm list. DERIVED from PyPI by `cudastack matrix refresh`
+//!   (see [`refresh`]); never typed by hand.
+//! - `torch-variants.yaml`: builds on PyTorch's own per-CUDA indexes (cu118, cu124, ...),
+//!   from PyTorch's build matrix, since those indexes are not reachable from here.
+//!
+//! This module only answers questions; [`validate`] and [`solve`] turn answers into verdicts.
+
+pub mod refresh;
+pub mod solve;
+pub mod validate;
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use pep440_rs::Version;
+use serde::{Deserialize, Serialize};
+
+use crate::version::{ComputeCapability, CudaVersion, CudnnVersion, DriverVersion, PythonVersion};
+
+pub const NVIDIA_DATA: &str = include_str!("../../data/nvidia.yaml");
+pub const TORCH_PYPI_DATA: &str = include_str!("../../data/torch-pypi.json");
+pub const TORCH_VARIANTS_DATA: &str = include_str!("../../data/torch-variants.yaml");
+
+#[derive(Debug, thiserror::Error)]
+pub enum MatrixError {
+    #[error("the embedded matrix data file `{file}` is invalid: {message}")]
+    Data { file: &'static str, message: String },
+}
+
+/// How sure a row is (see ../shared/compat: CONFIRMED = read from a primary artifact).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Status {
+    #[serde(rename = "CONFIRMED")]
+    Confirmed,
+    #[serde(rename = "CONFIRMED-secondary")]
+    ConfirmedSecondary,
+    #[serde(rename = "PARTIAL")]
+    Partial,
+    #[serde(rename = "UNCONFIRMED")]
+    Unconfirmed,
+    /// Derived from the artifacts themselves by `matrix refresh`.
+    #[serde(rename = "DERIVED")]
+    Derived,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CudaRelease {
+    pub version: CudaVersion,
+    pub min_driver: DriverVersion,
+    pub status: Status,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MinorCompatFloor {
+    pub cuda_major: u32,
+    pub min_driver: DriverVersion,
+    pub status: Status,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CudnnCudaRange {
+    pub first: CudnnVersion,
+    pub last: CudnnVersion,
+    pub cuda_majors: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CudnnLibrarySet {
+    pub major: u32,
+    pub libs: Vec<String>,
+    pub headers: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArchSupport {
+    pub cc: ComputeCapability,
+    pub first_cuda: Option<CudaVersion>,
+    pub removed_in: Option<CudaVersion>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Gpu {
+    pub name: String,
+    pub cc: ComputeCapability,
+    pub arch: String,
+    pub source: String,
+    pub status: Status,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BaseDistro {
+    pub distro: String,
+    pub release: String,
+    pub python: PythonVersion,
+    pub glibc: String,
+    pub status: Status,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Table<T> {
+    source: serde_json::Value,
+    rows: Vec<T>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct LibrarySets {
+    sets: Vec<CudnnLibrarySet>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct NvidiaData {
+    cuda_releases: Table<CudaRelease>,
+    minor_version_compat: Table<MinorCompatFloor>,
+    cudnn_cuda_majors: Table<CudnnCudaRange>,
+    cudnn_library_sets: LibrarySets,
+    cuda_arch_support: Table<ArchSupport>,
+    gpus: Vec<Gpu>,
+    bases: Vec<BaseDistro>,
+}
+
+/// Exact pins a torch wheel's METADATA carries (`Requires-Dist: nvidia-cudnn-cu12==9.1.0.70`).
+pub type Pins = BTreeMap<String, String>;
+
+/// One torch build: a release on a given index, for one CUDA version.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TorchBuild {
+    #[serde(with = "version_serde")]
+    pub torch: Version,
+    /// `cu121` etc.
+    pub variant: String,
+    pub cuda: CudaVersion,
+    /// Exact CUDA runtime the build pins (`12.1.105`), when known.
+    #[serde(default)]
+    pub cuda_runtime: Option<String>,
+    pub cudnn: Option<CudnnVersion>,
+    /// Compute capabilities with SASS (cubins) in the build.
+    pub arch_list: Vec<ComputeCapability>,
+    /// Whether the build also carries PTX for its newest arch (JIT-able on newer GPUs).
+    pub ptx: bool,
+    /// CPython versions with a linux x86_64 wheel.
+    pub python: Vec<PythonVersion>,
+    /// True for the build `pip install torch==X` gets from PyPI.
+    pub pypi_default: bool,
+    /// manylinux glibc floor of the x86_64 wheels (`2.17`, `2.28`), when known.
+    #[serde(default)]
+    pub glibc: Option<String>,
+    #[serde(default)]
+    pub pins: Pins,
+    pub source: String,
+    pub status: Status,
+}
+
+impl TorchBuild {
+    /// How the build is referred to: `2.4.1+cu121`.
+    pub fn label(&self) -> String {
+        format!("{}+{}", self.torch, self.variant)
+    }
+
+    /// Whether this build has kernels a GPU of capability `cc` can run, and how.
+    pub fn kernels_for(&self, cc: &ComputeCapability) -> KernelSupport {
+        if let Some(sass) = self.arch_list.iter().filter(|arch| arch.cubin_runs_on(cc)).max() {
+            return KernelSupport::Sass(*sass);
+        }
+        if self.ptx {
+            if let Some(newest) = self.arch_list.iter().max() {
+                if newest.ptx_runs_on(cc) {
+                    return KernelSupport::Ptx(*newest);
+                }
+            }
+        }
+        KernelSupport::None
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelSupport {
+    /// Native cubins for this arch (same major, not newer minor).
+    Sass(ComputeCapability),
+    /// Only PTX that the driver must JIT-compile (slow first start, and needs a driver at
+    /// least as new as the toolkit that produced the PTX).
+    Ptx(ComputeCapability),
+    None,
+}
+
+mod version_serde {
+    use pep440_rs::Version;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::str::FromStr;
+
+    pub fn serialize<S: Serializer>(version: &Version, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(version)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Version, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Version::from_str(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The torch data file written by `matrix refresh`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TorchPypiData {
+    pub generated_by: String,
+    pub index: String,
+    pub releases: Vec<TorchBuild>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct VariantRow {
+    torch: String,
+    variant: String,
+    cuda: CudaVersion,
+    cudnn: Option<CudnnVersion>,
+    arch_list: Vec<ComputeCapability>,
+    ptx: bool,
+    python: Vec<String>,
+    source: String,
+    status: Status,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct VariantData {
+    variants: Vec<VariantRow>,
+}
+
+/// All compatibility knowledge, loaded from the embedded data.
+#[derive(Debug, Clone)]
+pub struct Matrix {
+    pub cuda_releases: Vec<CudaRelease>,
+    pub cuda_releases_source: String,
+    pub minor_compat: Vec<MinorCompatFloor>,
+    pub minor_compat_source: String,
+    pub cudnn_ranges: Vec<CudnnCudaRange>,
+    pub cudnn_library_sets: Vec<CudnnLibrarySet>,
+    pub arch_support: Vec<ArchSupport>,
+    pub gpus: Vec<Gpu>,
+    pub bases: Vec<BaseDistro>,
+    /// Every torch build, newest torch first, PyPI default before index variants.
+    pub torch_builds: Vec<TorchBuild>,
+}
+
+fn source_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(text) => text.clone(),
+        serde_json::Value::Array(items) => items.iter().map(source_text).collect::<Vec<_>>().join("; "),
+        other => other.to_string(),
+    }
+}
+
+impl Matrix {
+    /// The matrix compiled into this binary.
+    pub fn embedded() -> &'static Matrix {
+        static MATRIX: OnceLock<Matrix> = OnceLock::new();
+        MATRIX.get_or_init(|| Matrix::from_sources(NVIDIA_DATA, TORCH_PYPI_DATA, TORCH_VARIANTS_DATA).expect("embedded matrix data is validated by tests"))
+    }
+
+    pub fn from_sources(nvidia_yaml: &str, torch_pypi_json: &str, torch_variants_yaml: &str) -> Result<Matrix, MatrixError> {
+        let nvidia: NvidiaData = serde_saphyr::from_str(nvidia_yaml).map_err(|e| MatrixError::Data { file: "data/nvidia.yaml", message: e.to_string() })?;
+        let pypi: TorchPypiData = serde_json::from_str(torch_pypi_json).map_err(|e| MatrixError::Data { file: "data/torch-pypi.json", message: e.to_string() })?;
+        let variants: VariantData = serde_saphyr::from_str(torch_variants_yaml).map_err(|e| MatrixError::Data { file: "data/torch-variants.yaml", message: e.to_string() })?;
+
+        let mut torch_builds = pypi.releases;
+        for row in variants.variants {
+            let torch: Version = row.torch.parse().map_err(|e| MatrixError::Data { file: "data/torch-variants.yaml", message: format!("torch version `{}`: {e}", row.torch) })?;
+            let python = row.python.iter().filter_map(|tag| PythonVersion::from_cp_tag(tag)).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+            torch_builds.push(TorchBuild {
+                torch,
+                variant: row.variant,
+                cuda: row.cuda,
+                cuda_runtime: None,
+                cudnn: row.cudnn,
+                arch_list: row.arch_list,
+                ptx: row.ptx,
+                python,
+                pypi_default: false,
+                glibc: None,
+                pins: Pins::new(),
+                source: row.source,
+                status: row.status,
+            });
+        }
+        torch_builds.sort_by(|a, b| b.torch.cmp(&a.torch).then(b.pypi_default.cmp(&a.pypi_default)).then(b.cuda.cmp(&a.cuda)));
+
+        let mut cuda_releases = nvidia.cuda_releases.rows;
+        cuda_releases.sort_by(|a, b| a.version.cmp(&b.version));
+        Ok(Matrix {
+            cuda_releases,
+            cuda_releases_source: source_text(&nvidia.cuda_releases.source),
+            minor_compat: nvidia.minor_version_compat.rows,
+            minor_compat_source: source_text(&nvidia.minor_version_compat.source),
+            cudnn_ranges: nvidia.cudnn_cuda_majors.rows,
+            cudnn_library_sets: nvidia.cudnn_library_sets.sets,
+            arch_support: nvidia.cuda_arch_support.rows,
+            gpus: nvidia.gpus,
+            bases: nvidia.bases,
+            torch_builds,
+        })
+    }
+
+    /// The NVIDIA table row for a CUDA version: the exact release when a patch is given,
+    /// else the GA (`.0`) release of that line, which is what a `major.minor` requirement
+    /// needs at least.
+    pub fn cuda_release(&self, cuda: &CudaVersion) -> Option<&CudaRelease> {
+        let wanted = CudaVersion::new(cuda.major, cuda.minor, Some(cuda.patch.unwrap_or(0)));
+        self.cuda_releases
+            .iter()
+            .find(|row| row.version.major == wanted.major && row.version.minor == wanted.minor && row.version.patch.unwrap_or(0) == wanted.patch.unwrap_or(0))
+            // pip-only point releases (13.0.3) have no row: fall back to the line's GA.
+            .or_else(|| self.cuda_releases.iter().find(|row| row.version.line() == cuda.line()))
+    }
+
+    /// The minimum driver to run `cuda` without minor-version compatibility.
+    pub fn min_driver_for(&self, cuda: &CudaVersion) -> Option<&DriverVersion> {
+        self.cuda_release(cuda).map(|row| &row.min_driver)
+    }
+
+    /// The minor-version-compatibility floor for a CUDA major.
+    pub fn minor_compat_floor(&self, cuda_major: u32) -> Option<&MinorCompatFloor> {
+        self.minor_compat.iter().find(|row| row.cuda_major == cuda_major)
+    }
+
+    /// The newest CUDA release a driver supports natively (the "CUDA Version" nvidia-smi
+    /// prints), as a `major.minor` line.
+    pub fn cuda_ceiling(&self, driver: &DriverVersion) -> Option<CudaVersion> {
+        self.cuda_releases.iter().filter(|row| row.min_driver <= *driver).map(|row| row.version.line()).max()
+    }
+
+    /// CUDA majors NVIDIA ships a cuDNN release for.
+    pub fn cudnn_cuda_majors(&self, cudnn: &CudnnVersion) -> Option<&[u32]> {
+        self.cudnn_ranges.iter().find(|range| range.first <= *cudnn && *cudnn <= range.last).map(|range| range.cuda_majors.as_slice())
+    }
+
+    pub fn cudnn_library_set(&self, major: u32) -> Option<&CudnnLibrarySet> {
+        self.cudnn_library_sets.iter().find(|set| set.major == major)
+    }
+
+    /// Look a GPU up by name, forgiving vendor prefixes, case, spaces and memory suffixes:
+    /// `RTX 3090`, `NVIDIA GeForce RTX 3090`, `NVIDIA A100-SXM4-80GB` all resolve.
+    pub fn gpu(&self, query: &str) -> Option<&Gpu> {
+        let wanted = gpu_name_words(query);
+        if wanted.is_empty() {
+            return None;
+        }
+        self.gpus
+            .iter()
+            .flat_map(|gpu| gpu.name.split(" / ").map(move |alternative| (gpu_name_words(alternative), gpu)))
+            .filter_map(|(known, gpu)| {
+                // `NVIDIA A100-SXM4-80GB` extends `A100`; `RTX 6000 Ada` abbreviates
+                // `RTX 6000 Ada Generation`. Longer matches win; a full known name wins ties.
+                if !known.is_empty() && wanted.starts_with(&known) {
+                    Some(((known.len(), true), gpu))
+                } else if known.starts_with(&wanted) {
+                    Some(((wanted.len(), false), gpu))
+                } else {
+                    None
+                }
+            })
+            .max_by_key(|(score, _)| *score)
+            .map(|(_, gpu)| gpu)
+    }
+
+    /// Every torch build of a given torch version.
+    pub fn torch_builds_of<'a>(&'a self, torch: &'a Version) -> impl Iterator<Item = &'a TorchBuild> + 'a {
+        self.torch_builds.iter().filter(move |build| build.torch == *torch)
+    }
+
+    pub fn base(&self, distro: &str, release: &str) -> Option<&BaseDistro> {
+        self.bases.iter().find(|base| base.distro == distro && base.release == release)
+    }
+}
+
+/// The words of a GPU name without vendor/brand words: `NVIDIA GeForce RTX 3090` ->
+/// `[rtx, 3090]`; a query matches a known GPU when the known words are a prefix of its words.
+fn gpu_name_words(name: &str) -> Vec<String> {
+    name.to_ascii_lowercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|word| !word.is_empty() && !matches!(*word, "nvidia" | "geforce" | "tesla" | "quadro"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix() -> &'static Matrix {
+        Matrix::embedded()
+    }
+
+    #[test]
+    fn embedded_data_loads_and_covers_every_cuda_line() {
+        let m = matrix();
+        for line in ["11.0", "11.8", "12.0", "12.1", "12.4", "12.8", "12.9", "13.0", "13.2"] {
+            assert!(m.cuda_release(&line.parse().unwrap()).is_some(), "no row for CUDA {line}");
+        }
+    }
+
+    #[test]
+    fn driver_floors_and_ceilings() {
+        let m = matrix();
+        assert_eq!(m.min_driver_for(&"12.4".parse().unwrap()).unwrap().to_string(), "550.54.14");
+        assert_eq!(m.min_driver_for(&"12.4.1".parse().unwrap()).unwrap().to_string(), "550.54.15");
+        // pip-only point release without a row: its line's GA.
+        assert_eq!(m.min_driver_for(&"13.0.3".parse().unwrap()).unwrap().to_string(), "580.65.06");
+        assert_eq!(m.cuda_ceiling(&"535.104.05".parse().unwrap()).unwrap().to_string(), "12.2");
+        assert_eq!(m.cuda_ceiling(&"470.82.01".parse().unwrap()).unwrap().to_string(), "11.4");
+        assert_eq!(m.cuda_ceiling(&"570.124.06".parse().unwrap()).unwrap().to_string(), "12.8");
+        assert_eq!(m.cuda_ceiling(&"550.54.15".parse().unwrap()).unwrap().to_string(), "12.4");
+        assert_eq!(m.minor_compat_floor(12).unwrap().min_driver.to_string(), "525.60.13");
+    }
+
+    #[test]
+    fn cudnn_majors() {
+        let m = matrix();
+        assert_eq!(m.cudnn_cuda_majors(&"8.9.7.29".parse().unwrap()), Some(&[12][..]));
+        assert_eq!(m.cudnn_cuda_majors(&"9.1.0.70".parse().unwrap()), Some(&[11, 12][..]));
+        assert_eq!(m.cudnn_cuda_majors(&"9.20.0.48".parse().unwrap()), Some(&[12, 13][..]));
+        assert_eq!(m.cudnn_library_set(9).unwrap().libs.len(), 8);
+    }
+
+    #[test]
+    fn gpu_lookup_is_forgiving() {
+        let m = matrix();
+        assert_eq!(m.gpu("RTX 3090").unwrap().cc.to_string(), "8.6");
+        assert_eq!(m.gpu("NVIDIA GeForce RTX 3090").unwrap().cc.to_string(), "8.6");
+        assert_eq!(m.gpu("NVIDIA A100-SXM4-80GB").unwrap().cc.to_string(), "8.0");
+        assert_eq!(m.gpu("NVIDIA H100 80GB HBM3").unwrap().name, "H100");
+        assert_eq!(m.gpu("V100").unwrap().cc.to_string(), "7.0");
+        assert_eq!(m.gpu("GTX 1080 Ti").unwrap().cc.to_string(), "6.1");
+        assert!(m.gpu("RTX 30900").is_none());
+        assert_eq!(m.gpu("RTX 6000 Ada").unwrap().cc.to_string(), "8.9");
+        assert_eq!(m.gpu("Quadro RTX 6000").unwrap().cc.to_string(), "7.5");
+        assert_eq!(m.gpu("GB300").unwrap().cc.to_string(), "10.3");
+        assert!(m.gpu("Voodoo 2").is_none());
+    }
+}

@@ -1,0 +1,439 @@
+//! Recipes: the YAML file that names one driver-floor / CUDA / cuDNN / PyTorch / Python
+//! combination, parsed into types at the edge.
+//!
+//! Parsing is strict: unknown keys are errors that point at the line and column, and every
+//! version is parsed into its type (`version.rs`), so later stages never see raw strings.
+//! [`Recipe::digest`] hashes the normalised recipe (canonical JSON), so two files that mean
+//! the same thing (comments, key order, `12.1` vs `"12.1"`) have the same digest; lock files
+//! record it to detect a stale lock.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use pep440_rs::Version;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::digest::Digest;
+use crate::version::{CudaVersion, CudnnVersion, DriverVersion, PythonVersion};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecipeError {
+    #[error("failed to read recipe `{path}`")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    Syntax { path: PathBuf, line: u64, column: u64, message: String },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// A parsed recipe. Field docs are the recipe format's reference (README links here).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    /// Image name (`[a-z0-9][a-z0-9._-]*`), also the default OCI layout directory `images/NAME`.
+    pub name: String,
+    /// Where the root filesystem comes from.
+    pub base: Base,
+    /// CPython `3.MINOR`; must match the base's python3 and the wheels' tags.
+    pub python: PythonVersion,
+    /// The oldest driver the image must run on; sets NVIDIA_REQUIRE_CUDA.
+    pub driver_floor: DriverVersion,
+    /// Accept a driver floor below the toolkit's driver but above the CUDA major's
+    /// minor-version-compatibility floor (NVIDIA_REQUIRE_CUDA then follows the floor).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub minor_version_compat: bool,
+    pub cuda: CudaSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cudnn: Option<CudnnSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch: Option<TorchSpec>,
+    /// Extra Python requirements (PEP 508), e.g. `numpy==1.26.4`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<PackageRequirement>,
+    /// Target GPUs (names from `cudastack matrix --gpus`) whose sm must have kernels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
+    #[serde(default)]
+    pub verify: VerifyPolicy,
+    /// Tag templates: {registry} {name} {torch} {cuda} {cuda_mm} {cudnn} {cudnn_major} {python}.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    /// Fixed timestamp for every file and the image's `created` (reproducibility).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_date_epoch: Option<u64>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum Base {
+    /// A Debian release built hermetically with mmdebstrap (`bookworm`).
+    Debian(String),
+    /// An Ubuntu release built with mmdebstrap (`jammy`).
+    Ubuntu(String),
+    /// A registry or local Docker image, pinned by digest (`ubuntu:22.04@sha256:...`).
+    Image(String),
+    /// An OCI image layout directory, optionally `PATH:REF`.
+    Oci(String),
+}
+
+impl Base {
+    /// `(distro, release)` for the bases cudastack builds itself.
+    pub fn distro(&self) -> Option<(&'static str, &str)> {
+        match self {
+            Base::Debian(release) => Some(("debian", release)),
+            Base::Ubuntu(release) => Some(("ubuntu", release)),
+            Base::Image(_) | Base::Oci(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Base {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Base::Debian(release) => write!(f, "debian:{release}"),
+            Base::Ubuntu(release) => write!(f, "ubuntu:{release}"),
+            Base::Image(reference) => write!(f, "image {reference}"),
+            Base::Oci(path) => write!(f, "oci {path}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Flavor {
+    /// Libraries only.
+    #[default]
+    Runtime,
+    /// Libraries plus nvcc and headers, for building extensions.
+    Devel,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CudaSpec {
+    /// `12.1` (the line) or `12.1.105`-style exact runtime is not accepted here: give the
+    /// toolkit version (`12.4` or `12.4.1`).
+    pub version: CudaVersion,
+    #[serde(default)]
+    pub flavor: Flavor,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CudnnSpec {
+    /// `9.1.0.70` exactly, or a prefix such as `9.1`.
+    pub version: CudnnVersion,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TorchSpec {
+    #[serde(serialize_with = "serialize_display", deserialize_with = "deserialize_from_str")]
+    pub version: Version,
+    /// `pypi` (default), a PyTorch variant such as `cu124`, or an index URL.
+    #[serde(default)]
+    pub index: TorchIndex,
+}
+
+/// Where torch comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum TorchIndex {
+    /// PyPI: the release's default CUDA build.
+    #[default]
+    Pypi,
+    /// PyTorch's per-CUDA index `https://download.pytorch.org/whl/<variant>`, or a mirror
+    /// of it at `url`.
+    Variant { variant: String, url: String },
+}
+
+impl TorchIndex {
+    pub const PYTORCH_INDEX_ROOT: &'static str = "https://download.pytorch.org/whl/";
+
+    pub fn variant(&self) -> Option<&str> {
+        match self {
+            TorchIndex::Pypi => None,
+            TorchIndex::Variant { variant, .. } => Some(variant),
+        }
+    }
+}
+
+impl FromStr for TorchIndex {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("pypi") {
+            return Ok(TorchIndex::Pypi);
+        }
+        let is_variant = |s: &str| s.len() >= 5 && s.starts_with("cu") && s[2..].bytes().all(|b| b.is_ascii_digit());
+        if is_variant(text) {
+            return Ok(TorchIndex::Variant { variant: text.to_string(), url: format!("{}{text}", Self::PYTORCH_INDEX_ROOT) });
+        }
+        if text.starts_with("https://") || text.starts_with("http://") {
+            let last = text.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+            if is_variant(last) {
+                return Ok(TorchIndex::Variant { variant: last.to_string(), url: text.trim_end_matches('/').to_string() });
+            }
+            return Err(format!("torch index URL `{text}` must end in a CUDA variant such as /cu124, so cudastack knows which build it serves"));
+        }
+        Err(format!("torch index `{text}` is not `pypi`, a variant like `cu124`, or an index URL"))
+    }
+}
+
+impl fmt::Display for TorchIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TorchIndex::Pypi => f.write_str("pypi"),
+            TorchIndex::Variant { variant, url } if *url == format!("{}{variant}", Self::PYTORCH_INDEX_ROOT) => f.write_str(variant),
+            TorchIndex::Variant { url, .. } => f.write_str(url),
+        }
+    }
+}
+
+impl Serialize for TorchIndex {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+impl<'de> Deserialize<'de> for TorchIndex {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserialize_from_str(deserializer)
+    }
+}
+
+/// A PEP 508 requirement, parsed at the edge and printed back in normal form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackageRequirement(pub pep508_rs::Requirement);
+
+impl PackageRequirement {
+    pub fn name(&self) -> &str {
+        self.0.name.as_ref()
+    }
+}
+
+impl FromStr for PackageRequirement {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        pep508_rs::Requirement::from_str(text).map(PackageRequirement).map_err(|e| format!("`{text}` is not a valid PEP 508 requirement: {e}"))
+    }
+}
+
+impl fmt::Display for PackageRequirement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl Serialize for PackageRequirement {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+impl<'de> Deserialize<'de> for PackageRequirement {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserialize_from_str(deserializer)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuPolicy {
+    /// Verify on a GPU when one is visible; otherwise run the static checks only.
+    #[default]
+    Auto,
+    /// Fail the verification when no GPU is visible.
+    Required,
+    /// Run no verification stage.
+    Skip,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyPolicy {
+    #[serde(default)]
+    pub gpu: GpuPolicy,
+}
+
+fn serialize_display<T: fmt::Display, S: Serializer>(value: &T, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(value)
+}
+
+fn deserialize_from_str<'de, T, D>(deserializer: D) -> Result<T, D::Error>
+where
+    T: FromStr,
+    T::Err: fmt::Display,
+    D: Deserializer<'de>,
+{
+    // Accept YAML numbers too (`version: 2.4` parses as a float before it reaches us).
+    let value = serde_json::Value::deserialize(deserializer)?;
+    let text = match value {
+        serde_json::Value::String(text) => text,
+        serde_json::Value::Number(number) => number.to_string(),
+        other => return Err(serde::de::Error::custom(format!("expected a string, found {other}"))),
+    };
+    T::from_str(&text).map_err(serde::de::Error::custom)
+}
+
+/// Template placeholders a tag may use.
+pub const TAG_PLACEHOLDERS: &[&str] = &["registry", "name", "torch", "cuda", "cuda_mm", "cudnn", "cudnn_major", "python"];
+
+impl Recipe {
+    /// Read and parse a recipe file.
+    pub fn load(path: &Path) -> Result<Recipe, RecipeError> {
+        let text = fs_err::read_to_string(path).map_err(|source| RecipeError::Read { path: path.to_path_buf(), source })?;
+        Recipe::parse(&text, path)
+    }
+
+    /// Parse recipe text; `path` is only used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Recipe, RecipeError> {
+        let recipe: Recipe = serde_saphyr::from_str(text).map_err(|error| {
+            let (line, column) = error.location().map(|l| (l.line() as u64, l.column() as u64)).unwrap_or((0, 0));
+            RecipeError::Syntax { path: path.to_path_buf(), line, column, message: strip_location(&error.to_string()) }
+        })?;
+        recipe.check_shape(path)?;
+        Ok(recipe)
+    }
+
+    /// Checks that need no compatibility knowledge (names, templates).
+    fn check_shape(&self, path: &Path) -> Result<(), RecipeError> {
+        let invalid = |message: String| RecipeError::Invalid { path: path.to_path_buf(), message };
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 128
+            && self.name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && self.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'));
+        if !name_ok {
+            return Err(invalid(format!("name `{}` must be lowercase letters, digits, `.`, `_` or `-` (it becomes an image name)", self.name)));
+        }
+        if let Base::Image(reference) = &self.base {
+            if !reference.contains("@sha256:") {
+                return Err(invalid(format!("base image `{reference}` must be pinned by digest (`REF@sha256:...`) so the build is reproducible")));
+            }
+        }
+        for tag in &self.tags {
+            let mut rest = tag.as_str();
+            while let Some(open) = rest.find('{') {
+                let close = rest[open..].find('}').ok_or_else(|| invalid(format!("tag template `{tag}` has an unclosed `{{`")))?;
+                let key = &rest[open + 1..open + close];
+                if !TAG_PLACEHOLDERS.contains(&key) {
+                    return Err(invalid(format!("tag template `{tag}` uses unknown placeholder `{{{key}}}`; known: {}", TAG_PLACEHOLDERS.join(", "))));
+                }
+                rest = &rest[open + close + 1..];
+            }
+        }
+        Ok(())
+    }
+
+    /// The recipe in canonical JSON: sorted keys, defaults made explicit, no comments.
+    pub fn canonical_json(&self) -> String {
+        let value = serde_json::to_value(self).expect("a recipe always serialises");
+        serde_json::to_string(&value).expect("a JSON value always serialises")
+    }
+
+    /// Digest of the normalised recipe; lock files and image labels carry it.
+    pub fn digest(&self) -> Digest {
+        Digest::of_bytes(self.canonical_json().as_bytes())
+    }
+
+    /// `major.minor` of the CUDA version.
+    pub fn cuda_mm(&self) -> CudaVersion {
+        self.cuda.version.line()
+    }
+}
+
+/// serde-saphyr appends its own location to messages; we print ours in front instead.
+fn strip_location(message: &str) -> String {
+    let first_line = message.lines().next().unwrap_or(message);
+    let without_prefix = first_line.strip_prefix("error: ").unwrap_or(first_line);
+    // "line 5 column 1: unknown field ..." -> "unknown field ..."
+    if without_prefix.starts_with("line ") {
+        if let Some((_, rest)) = without_prefix.split_once(": ") {
+            return rest.to_string();
+        }
+    }
+    without_prefix.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name: torch2.4.1-cu121
+base: { debian: bookworm }
+python: "3.11"
+driver_floor: "530.30.02"
+cuda: { version: "12.1", flavor: runtime }
+cudnn: { version: "9.1.0.70" }
+torch: { version: "2.4.1" }
+packages: ["numpy==1.26.4"]
+gpus: ["A100", "RTX 4090"]
+verify: { gpu: auto }
+tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
+"#;
+
+    fn parse(text: &str) -> Result<Recipe, RecipeError> {
+        Recipe::parse(text, Path::new("r.yaml"))
+    }
+
+    #[test]
+    fn parses_the_design_example() {
+        let recipe = parse(GOOD).unwrap();
+        assert_eq!(recipe.python, PythonVersion::new(3, 11));
+        assert_eq!(recipe.cuda.version.to_string(), "12.1");
+        assert_eq!(recipe.torch.as_ref().unwrap().index, TorchIndex::Pypi);
+        assert_eq!(recipe.packages[0].name(), "numpy");
+        assert_eq!(recipe.base, Base::Debian("bookworm".into()));
+    }
+
+    #[test]
+    fn unknown_keys_report_line_and_column() {
+        let text = GOOD.replace("python: \"3.11\"", "python: \"3.11\"\npyhton: \"3.12\"");
+        let error = parse(&text).unwrap_err().to_string();
+        assert!(error.starts_with("r.yaml:5:1: unknown field `pyhton`"), "{error}");
+    }
+
+    #[test]
+    fn bad_versions_are_typed_errors() {
+        let error = parse(&GOOD.replace("530.30.02", "twelve")).unwrap_err().to_string();
+        assert!(error.contains("`twelve` is not a valid NVIDIA driver version"), "{error}");
+        assert!(error.starts_with("r.yaml:5:"), "{error}");
+        let error = parse(&GOOD.replace("numpy==1.26.4", "numpy===")).unwrap_err().to_string();
+        assert!(error.contains("PEP 508"), "{error}");
+    }
+
+    #[test]
+    fn digest_ignores_formatting_but_not_meaning() {
+        let a = parse(GOOD).unwrap();
+        let reformatted = format!("# a comment\n{}", GOOD.replace("cuda: {", "# the toolkit\ncuda: {").replace("\"12.1\"", "12.1"));
+        let b = parse(&reformatted).unwrap();
+        assert_eq!(a.digest(), b.digest());
+        let c = parse(&GOOD.replace("2.4.1\" }", "2.4.0\" }")).unwrap();
+        assert_ne!(a.digest(), c.digest());
+    }
+
+    #[test]
+    fn torch_index_forms() {
+        assert_eq!("pypi".parse::<TorchIndex>().unwrap(), TorchIndex::Pypi);
+        let cu = "cu118".parse::<TorchIndex>().unwrap();
+        assert_eq!(cu.variant(), Some("cu118"));
+        assert_eq!(cu.to_string(), "cu118");
+        let mirror = "http://127.0.0.1:8080/whl/cu124/".parse::<TorchIndex>().unwrap();
+        assert_eq!(mirror.variant(), Some("cu124"));
+        assert!("http://mirror/simple".parse::<TorchIndex>().is_err());
+    }
+
+    #[test]
+    fn shape_errors() {
+        assert!(parse(&GOOD.replace("torch2.4.1-cu121", "Torch")).unwrap_err().to_string().contains("lowercase"));
+        assert!(parse(&GOOD.replace("{ debian: bookworm }", "{ image: \"ubuntu:22.04\" }")).unwrap_err().to_string().contains("pinned by digest"));
+        assert!(parse(&GOOD.replace("{python}\"", "{pyton}\"")).unwrap_err().to_string().contains("unknown placeholder `{pyton}`"));
+    }
+}

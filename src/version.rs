@@ -1,0 +1,407 @@
+//! Version types of the GPU stack, parsed once at the edge and compared as values.
+//!
+//! Each number in a CUDA stack means something different (DESIGN.md): a driver version
+//! (`535.104.05`) sets a ceiling, a CUDA version (`12.1`) is what a runtime was built for,
+//! a cuDNN version (`9.1.0.70`) is what a framework pins, a compute capability (`8.6`) is
+//! what a GPU is. Giving each its own type keeps them from being compared with each other.
+//! Python package versions use `pep440_rs::Version`.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("`{text}` is not a valid {what}: expected {expected}")]
+pub struct VersionError {
+    pub text: String,
+    pub what: &'static str,
+    pub expected: &'static str,
+}
+
+fn numeric_parts(text: &str, min: usize, max: usize) -> Option<Vec<u32>> {
+    let parts: Vec<&str> = text.split('.').collect();
+    if parts.len() < min || parts.len() > max {
+        return None;
+    }
+    parts
+        .iter()
+        .map(|part| {
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) || part.len() > 9 {
+                None
+            } else {
+                part.parse().ok()
+            }
+        })
+        .collect()
+}
+
+macro_rules! serde_via_str {
+    ($type:ty) => {
+        impl Serialize for $type {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+        impl<'de> Deserialize<'de> for $type {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+/// A CUDA toolkit / runtime version: `12.1` (a release line) or `12.4.1` (an exact release).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CudaVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: Option<u32>,
+}
+
+impl CudaVersion {
+    pub const fn new(major: u32, minor: u32, patch: Option<u32>) -> Self {
+        Self { major, minor, patch }
+    }
+    /// The `major.minor` release line this version belongs to.
+    pub fn line(&self) -> CudaVersion {
+        CudaVersion { patch: None, ..*self }
+    }
+    /// `cu121` style variant name used by PyTorch indexes.
+    pub fn variant_name(&self) -> String {
+        format!("cu{}{}", self.major, self.minor)
+    }
+    fn key(&self) -> (u32, u32, u32) {
+        (self.major, self.minor, self.patch.unwrap_or(0))
+    }
+    /// Whether `self` (perhaps only `major.minor`) names `exact` or the line containing it.
+    pub fn matches(&self, exact: &CudaVersion) -> bool {
+        self.major == exact.major && self.minor == exact.minor && self.patch.is_none_or(|p| Some(p) == exact.patch)
+    }
+}
+
+impl Ord for CudaVersion {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+impl PartialOrd for CudaVersion {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl FromStr for CudaVersion {
+    type Err = VersionError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let trimmed = text.trim().trim_start_matches("cuda").trim_start_matches('-');
+        // Accept the `cu121` variant spelling too.
+        if let Some(digits) = trimmed.strip_prefix("cu") {
+            if digits.len() >= 3 && digits.bytes().all(|b| b.is_ascii_digit()) {
+                let (major, minor) = digits.split_at(digits.len() - 1);
+                return Ok(CudaVersion::new(major.parse().unwrap_or(0), minor.parse().unwrap_or(0), None));
+            }
+        }
+        match numeric_parts(trimmed, 2, 3) {
+            Some(parts) => Ok(CudaVersion::new(parts[0], parts[1], parts.get(2).copied())),
+            None => Err(VersionError { text: text.to_string(), what: "CUDA version", expected: "MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. 12.1 or 12.4.1" }),
+        }
+    }
+}
+
+impl fmt::Display for CudaVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.patch {
+            Some(patch) => write!(f, "{}.{}.{}", self.major, self.minor, patch),
+            None => write!(f, "{}.{}", self.major, self.minor),
+        }
+    }
+}
+serde_via_str!(CudaVersion);
+
+/// An NVIDIA Linux driver version such as `535.104.05` or `570.26`. Compared numerically
+/// (`535.104.5 == 535.104.05`); printed as written.
+#[derive(Debug, Clone)]
+pub struct DriverVersion {
+    parts: [u32; 3],
+    text: String,
+}
+
+impl DriverVersion {
+    pub fn branch(&self) -> u32 {
+        self.parts[0]
+    }
+}
+
+impl PartialEq for DriverVersion {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts == other.parts
+    }
+}
+impl Eq for DriverVersion {}
+impl std::hash::Hash for DriverVersion {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.parts.hash(state)
+    }
+}
+impl Ord for DriverVersion {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.parts.cmp(&other.parts)
+    }
+}
+impl PartialOrd for DriverVersion {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl FromStr for DriverVersion {
+    type Err = VersionError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let trimmed = text.trim();
+        match numeric_parts(trimmed, 1, 3) {
+            Some(parts) if parts[0] >= 100 => Ok(DriverVersion {
+                parts: [parts[0], parts.get(1).copied().unwrap_or(0), parts.get(2).copied().unwrap_or(0)],
+                text: trimmed.to_string(),
+            }),
+            _ => Err(VersionError { text: text.to_string(), what: "NVIDIA driver version", expected: "BRANCH.MINOR[.PATCH], e.g. 535.104.05" }),
+        }
+    }
+}
+
+impl fmt::Display for DriverVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+serde_via_str!(DriverVersion);
+
+/// A cuDNN version: `9.1.0.70` (exact, as PyPI and NVIDIA publish it), or a prefix such as
+/// `9.1` or `9` in a recipe that accepts any matching release.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CudnnVersion {
+    parts: Vec<u32>,
+}
+
+impl CudnnVersion {
+    pub fn major(&self) -> u32 {
+        self.parts[0]
+    }
+    pub fn minor(&self) -> Option<u32> {
+        self.parts.get(1).copied()
+    }
+    pub fn patch(&self) -> Option<u32> {
+        self.parts.get(2).copied()
+    }
+    /// Whether all four components are given (a pin rather than a prefix).
+    pub fn is_exact(&self) -> bool {
+        self.parts.len() == 4
+    }
+    /// Whether `self`, read as a prefix, names `exact`.
+    pub fn matches(&self, exact: &CudnnVersion) -> bool {
+        exact.parts.starts_with(&self.parts)
+    }
+    /// The value of `CUDNN_VERSION` in cudnn_version.h and of `torch.backends.cudnn.version()`:
+    /// 8.9.2 -> 8902 (major*1000 before cuDNN 9), 9.1.0 -> 90100 (major*10000 from 9 on).
+    pub fn version_macro(&self) -> u32 {
+        let (major, minor, patch) = (self.major(), self.minor().unwrap_or(0), self.patch().unwrap_or(0));
+        if major >= 9 {
+            major * 10000 + minor * 100 + patch
+        } else {
+            major * 1000 + minor * 100 + patch
+        }
+    }
+}
+
+impl Ord for CudnnVersion {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.parts.cmp(&other.parts)
+    }
+}
+impl PartialOrd for CudnnVersion {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl FromStr for CudnnVersion {
+    type Err = VersionError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match numeric_parts(text.trim(), 1, 4) {
+            Some(parts) => Ok(CudnnVersion { parts }),
+            None => Err(VersionError { text: text.to_string(), what: "cuDNN version", expected: "MAJOR[.MINOR[.PATCH[.BUILD]]], e.g. 9.1.0.70" }),
+        }
+    }
+}
+
+impl fmt::Display for CudnnVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text: Vec<String> = self.parts.iter().map(u32::to_string).collect();
+        f.write_str(&text.join("."))
+    }
+}
+serde_via_str!(CudnnVersion);
+
+/// A GPU compute capability (`8.6`, also accepted as `sm_86` or `86`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ComputeCapability {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl ComputeCapability {
+    pub const fn new(major: u32, minor: u32) -> Self {
+        Self { major, minor }
+    }
+    /// `sm_86`.
+    pub fn sm(&self) -> String {
+        format!("sm_{}{}", self.major, self.minor)
+    }
+    /// The CUDA binary compatibility rule: a cubin built for `self` runs on `device` when
+    /// both have the same major and the device's minor is not lower (sm_80 runs on 8.6;
+    /// nothing crosses majors). Source: NVIDIA Blackwell compatibility guide.
+    pub fn cubin_runs_on(&self, device: &ComputeCapability) -> bool {
+        self.major == device.major && self.minor <= device.minor
+    }
+    /// PTX for `self` can be JIT-compiled for any device of equal or newer capability.
+    pub fn ptx_runs_on(&self, device: &ComputeCapability) -> bool {
+        self <= device
+    }
+}
+
+impl FromStr for ComputeCapability {
+    type Err = VersionError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let error = || VersionError { text: text.to_string(), what: "compute capability", expected: "MAJOR.MINOR or sm_XY, e.g. 8.6 or sm_86" };
+        let trimmed = text.trim();
+        if let Some(parts) = numeric_parts(trimmed, 2, 2) {
+            return Ok(ComputeCapability::new(parts[0], parts[1]));
+        }
+        let digits = trimmed.strip_prefix("sm_").or_else(|| trimmed.strip_prefix("compute_")).unwrap_or(trimmed);
+        // Arch suffixes (sm_90a, sm_100f) do not change the capability.
+        let digits = digits.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        if digits.len() >= 2 && digits.bytes().all(|b| b.is_ascii_digit()) {
+            let (major, minor) = digits.split_at(digits.len() - 1);
+            return Ok(ComputeCapability::new(major.parse().map_err(|_| error())?, minor.parse().map_err(|_| error())?));
+        }
+        Err(error())
+    }
+}
+
+impl fmt::Display for ComputeCapability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+serde_via_str!(ComputeCapability);
+
+/// A CPython `major.minor` version (`3.11`), the unit wheels are tagged with (`cp311`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PythonVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl PythonVersion {
+    pub const fn new(major: u32, minor: u32) -> Self {
+        Self { major, minor }
+    }
+    /// The CPython wheel tag, `cp311`.
+    pub fn cp_tag(&self) -> String {
+        format!("cp{}{}", self.major, self.minor)
+    }
+    /// Parse a `cp311` tag.
+    pub fn from_cp_tag(tag: &str) -> Option<Self> {
+        let digits = tag.strip_prefix("cp")?;
+        if digits.len() < 2 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let (major, minor) = digits.split_at(1);
+        Some(PythonVersion::new(major.parse().ok()?, minor.parse().ok()?))
+    }
+}
+
+impl FromStr for PythonVersion {
+    type Err = VersionError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if let Some(version) = PythonVersion::from_cp_tag(text.trim()) {
+            return Ok(version);
+        }
+        match numeric_parts(text.trim(), 2, 2) {
+            Some(parts) if parts[0] == 3 => Ok(PythonVersion::new(parts[0], parts[1])),
+            _ => Err(VersionError { text: text.to_string(), what: "Python version", expected: "3.MINOR, e.g. 3.11" }),
+        }
+    }
+}
+
+impl fmt::Display for PythonVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+serde_via_str!(PythonVersion);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_versions_compare_numerically() {
+        let a: DriverVersion = "535.104.05".parse().unwrap();
+        let b: DriverVersion = "535.104.5".parse().unwrap();
+        let c: DriverVersion = "570.26".parse().unwrap();
+        assert_eq!(a, b);
+        assert!(c > a);
+        assert_eq!(a.to_string(), "535.104.05");
+        assert!("12.1".parse::<DriverVersion>().is_err());
+        assert!("abc".parse::<DriverVersion>().is_err());
+    }
+
+    #[test]
+    fn cuda_versions_parse_lines_exact_and_variants() {
+        let line: CudaVersion = "12.1".parse().unwrap();
+        let exact: CudaVersion = "12.1.1".parse().unwrap();
+        assert!(line.matches(&exact));
+        assert!(!exact.matches(&"12.1.0".parse().unwrap()));
+        assert_eq!("cu121".parse::<CudaVersion>().unwrap(), line);
+        assert_eq!("cu118".parse::<CudaVersion>().unwrap().to_string(), "11.8");
+        assert_eq!("cu130".parse::<CudaVersion>().unwrap().to_string(), "13.0");
+        assert!("12".parse::<CudaVersion>().is_err());
+        assert!(exact > line);
+    }
+
+    #[test]
+    fn cudnn_macro_changes_scheme_at_9() {
+        assert_eq!("8.9.2.26".parse::<CudnnVersion>().unwrap().version_macro(), 8902);
+        assert_eq!("9.1.0.70".parse::<CudnnVersion>().unwrap().version_macro(), 90100);
+        assert_eq!("9.10.2.21".parse::<CudnnVersion>().unwrap().version_macro(), 91002);
+        let prefix: CudnnVersion = "9.1".parse().unwrap();
+        assert!(prefix.matches(&"9.1.0.70".parse().unwrap()));
+        assert!(!prefix.matches(&"9.10.2.21".parse().unwrap()));
+    }
+
+    #[test]
+    fn compute_capability_rules() {
+        let sm80: ComputeCapability = "sm_80".parse().unwrap();
+        let cc86: ComputeCapability = "8.6".parse().unwrap();
+        let sm90a: ComputeCapability = "sm_90a".parse().unwrap();
+        let sm120: ComputeCapability = "sm_120".parse().unwrap();
+        assert_eq!(sm90a, ComputeCapability::new(9, 0));
+        assert_eq!(sm120, ComputeCapability::new(12, 0));
+        assert!(sm80.cubin_runs_on(&cc86));
+        assert!(!cc86.cubin_runs_on(&sm80));
+        assert!(!sm80.cubin_runs_on(&ComputeCapability::new(9, 0)));
+        assert!(sm80.ptx_runs_on(&sm120));
+    }
+
+    #[test]
+    fn python_versions_and_tags() {
+        let py: PythonVersion = "3.11".parse().unwrap();
+        assert_eq!(py.cp_tag(), "cp311");
+        assert_eq!(PythonVersion::from_cp_tag("cp39"), Some(PythonVersion::new(3, 9)));
+        assert_eq!("cp313".parse::<PythonVersion>().unwrap().to_string(), "3.13");
+        assert!("2.7".parse::<PythonVersion>().is_err());
+    }
+}
