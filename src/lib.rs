@@ -4,6 +4,6 @@
 //! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
 pub mod cas;
 pub mod digest;
-pub mod version;
 pub mod matrix;
 pub mod recipe;
+pub mod version;

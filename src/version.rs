@@ -63,11 +63,18 @@ pub struct CudaVersion {
 
 impl CudaVersion {
     pub const fn new(major: u32, minor: u32, patch: Option<u32>) -> Self {
-        Self { major, minor, patch }
+        Self {
+            major,
+            minor,
+            patch,
+        }
     }
     /// The `major.minor` release line this version belongs to.
     pub fn line(&self) -> CudaVersion {
-        CudaVersion { patch: None, ..*self }
+        CudaVersion {
+            patch: None,
+            ..*self
+        }
     }
     /// `cu121` style variant name used by PyTorch indexes.
     pub fn variant_name(&self) -> String {
@@ -78,7 +85,9 @@ impl CudaVersion {
     }
     /// Whether `self` (perhaps only `major.minor`) names `exact` or the line containing it.
     pub fn matches(&self, exact: &CudaVersion) -> bool {
-        self.major == exact.major && self.minor == exact.minor && self.patch.is_none_or(|p| Some(p) == exact.patch)
+        self.major == exact.major
+            && self.minor == exact.minor
+            && self.patch.is_none_or(|p| Some(p) == exact.patch)
     }
 }
 
@@ -96,17 +105,28 @@ impl PartialOrd for CudaVersion {
 impl FromStr for CudaVersion {
     type Err = VersionError;
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let trimmed = text.trim().trim_start_matches("cuda").trim_start_matches('-');
+        let trimmed = text
+            .trim()
+            .trim_start_matches("cuda")
+            .trim_start_matches('-');
         // Accept the `cu121` variant spelling too.
         if let Some(digits) = trimmed.strip_prefix("cu") {
             if digits.len() >= 3 && digits.bytes().all(|b| b.is_ascii_digit()) {
                 let (major, minor) = digits.split_at(digits.len() - 1);
-                return Ok(CudaVersion::new(major.parse().unwrap_or(0), minor.parse().unwrap_or(0), None));
+                return Ok(CudaVersion::new(
+                    major.parse().unwrap_or(0),
+                    minor.parse().unwrap_or(0),
+                    None,
+                ));
             }
         }
         match numeric_parts(trimmed, 2, 3) {
             Some(parts) => Ok(CudaVersion::new(parts[0], parts[1], parts.get(2).copied())),
-            None => Err(VersionError { text: text.to_string(), what: "CUDA version", expected: "MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. 12.1 or 12.4.1" }),
+            None => Err(VersionError {
+                text: text.to_string(),
+                what: "CUDA version",
+                expected: "MAJOR.MINOR or MAJOR.MINOR.PATCH, e.g. 12.1 or 12.4.1",
+            }),
         }
     }
 }
@@ -163,10 +183,18 @@ impl FromStr for DriverVersion {
         let trimmed = text.trim();
         match numeric_parts(trimmed, 1, 3) {
             Some(parts) if parts[0] >= 100 => Ok(DriverVersion {
-                parts: [parts[0], parts.get(1).copied().unwrap_or(0), parts.get(2).copied().unwrap_or(0)],
+                parts: [
+                    parts[0],
+                    parts.get(1).copied().unwrap_or(0),
+                    parts.get(2).copied().unwrap_or(0),
+                ],
                 text: trimmed.to_string(),
             }),
-            _ => Err(VersionError { text: text.to_string(), what: "NVIDIA driver version", expected: "BRANCH.MINOR[.PATCH], e.g. 535.104.05" }),
+            _ => Err(VersionError {
+                text: text.to_string(),
+                what: "NVIDIA driver version",
+                expected: "BRANCH.MINOR[.PATCH], e.g. 535.104.05",
+            }),
         }
     }
 }
@@ -206,7 +234,11 @@ impl CudnnVersion {
     /// The value of `CUDNN_VERSION` in cudnn_version.h and of `torch.backends.cudnn.version()`:
     /// 8.9.2 -> 8902 (major*1000 before cuDNN 9), 9.1.0 -> 90100 (major*10000 from 9 on).
     pub fn version_macro(&self) -> u32 {
-        let (major, minor, patch) = (self.major(), self.minor().unwrap_or(0), self.patch().unwrap_or(0));
+        let (major, minor, patch) = (
+            self.major(),
+            self.minor().unwrap_or(0),
+            self.patch().unwrap_or(0),
+        );
         if major >= 9 {
             major * 10000 + minor * 100 + patch
         } else {
@@ -231,7 +263,11 @@ impl FromStr for CudnnVersion {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         match numeric_parts(text.trim(), 1, 4) {
             Some(parts) => Ok(CudnnVersion { parts }),
-            None => Err(VersionError { text: text.to_string(), what: "cuDNN version", expected: "MAJOR[.MINOR[.PATCH[.BUILD]]], e.g. 9.1.0.70" }),
+            None => Err(VersionError {
+                text: text.to_string(),
+                what: "cuDNN version",
+                expected: "MAJOR[.MINOR[.PATCH[.BUILD]]], e.g. 9.1.0.70",
+            }),
         }
     }
 }
@@ -274,17 +310,27 @@ impl ComputeCapability {
 impl FromStr for ComputeCapability {
     type Err = VersionError;
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let error = || VersionError { text: text.to_string(), what: "compute capability", expected: "MAJOR.MINOR or sm_XY, e.g. 8.6 or sm_86" };
+        let error = || VersionError {
+            text: text.to_string(),
+            what: "compute capability",
+            expected: "MAJOR.MINOR or sm_XY, e.g. 8.6 or sm_86",
+        };
         let trimmed = text.trim();
         if let Some(parts) = numeric_parts(trimmed, 2, 2) {
             return Ok(ComputeCapability::new(parts[0], parts[1]));
         }
-        let digits = trimmed.strip_prefix("sm_").or_else(|| trimmed.strip_prefix("compute_")).unwrap_or(trimmed);
+        let digits = trimmed
+            .strip_prefix("sm_")
+            .or_else(|| trimmed.strip_prefix("compute_"))
+            .unwrap_or(trimmed);
         // Arch suffixes (sm_90a, sm_100f) do not change the capability.
         let digits = digits.trim_end_matches(|c: char| c.is_ascii_alphabetic());
         if digits.len() >= 2 && digits.bytes().all(|b| b.is_ascii_digit()) {
             let (major, minor) = digits.split_at(digits.len() - 1);
-            return Ok(ComputeCapability::new(major.parse().map_err(|_| error())?, minor.parse().map_err(|_| error())?));
+            return Ok(ComputeCapability::new(
+                major.parse().map_err(|_| error())?,
+                minor.parse().map_err(|_| error())?,
+            ));
         }
         Err(error())
     }
@@ -331,7 +377,11 @@ impl FromStr for PythonVersion {
         }
         match numeric_parts(text.trim(), 2, 2) {
             Some(parts) if parts[0] == 3 => Ok(PythonVersion::new(parts[0], parts[1])),
-            _ => Err(VersionError { text: text.to_string(), what: "Python version", expected: "3.MINOR, e.g. 3.11" }),
+            _ => Err(VersionError {
+                text: text.to_string(),
+                what: "Python version",
+                expected: "3.MINOR, e.g. 3.11",
+            }),
         }
     }
 }
@@ -374,9 +424,18 @@ mod tests {
 
     #[test]
     fn cudnn_macro_changes_scheme_at_9() {
-        assert_eq!("8.9.2.26".parse::<CudnnVersion>().unwrap().version_macro(), 8902);
-        assert_eq!("9.1.0.70".parse::<CudnnVersion>().unwrap().version_macro(), 90100);
-        assert_eq!("9.10.2.21".parse::<CudnnVersion>().unwrap().version_macro(), 91002);
+        assert_eq!(
+            "8.9.2.26".parse::<CudnnVersion>().unwrap().version_macro(),
+            8902
+        );
+        assert_eq!(
+            "9.1.0.70".parse::<CudnnVersion>().unwrap().version_macro(),
+            90100
+        );
+        assert_eq!(
+            "9.10.2.21".parse::<CudnnVersion>().unwrap().version_macro(),
+            91002
+        );
         let prefix: CudnnVersion = "9.1".parse().unwrap();
         assert!(prefix.matches(&"9.1.0.70".parse().unwrap()));
         assert!(!prefix.matches(&"9.10.2.21".parse().unwrap()));
@@ -400,8 +459,14 @@ mod tests {
     fn python_versions_and_tags() {
         let py: PythonVersion = "3.11".parse().unwrap();
         assert_eq!(py.cp_tag(), "cp311");
-        assert_eq!(PythonVersion::from_cp_tag("cp39"), Some(PythonVersion::new(3, 9)));
-        assert_eq!("cp313".parse::<PythonVersion>().unwrap().to_string(), "3.13");
+        assert_eq!(
+            PythonVersion::from_cp_tag("cp39"),
+            Some(PythonVersion::new(3, 9))
+        );
+        assert_eq!(
+            "cp313".parse::<PythonVersion>().unwrap().to_string(),
+            "3.13"
+        );
         assert!("2.7".parse::<PythonVersion>().is_err());
     }
 }

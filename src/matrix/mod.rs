@@ -165,7 +165,12 @@ impl TorchBuild {
 
     /// Whether this build has kernels a GPU of capability `cc` can run, and how.
     pub fn kernels_for(&self, cc: &ComputeCapability) -> KernelSupport {
-        if let Some(sass) = self.arch_list.iter().filter(|arch| arch.cubin_runs_on(cc)).max() {
+        if let Some(sass) = self
+            .arch_list
+            .iter()
+            .filter(|arch| arch.cubin_runs_on(cc))
+            .max()
+        {
             return KernelSupport::Sass(*sass);
         }
         if self.ptx {
@@ -248,7 +253,9 @@ pub struct Matrix {
 fn source_text(value: &serde_json::Value) -> String {
     match value {
         serde_json::Value::String(text) => text.clone(),
-        serde_json::Value::Array(items) => items.iter().map(source_text).collect::<Vec<_>>().join("; "),
+        serde_json::Value::Array(items) => {
+            items.iter().map(source_text).collect::<Vec<_>>().join("; ")
+        }
         other => other.to_string(),
     }
 }
@@ -257,18 +264,46 @@ impl Matrix {
     /// The matrix compiled into this binary.
     pub fn embedded() -> &'static Matrix {
         static MATRIX: OnceLock<Matrix> = OnceLock::new();
-        MATRIX.get_or_init(|| Matrix::from_sources(NVIDIA_DATA, TORCH_PYPI_DATA, TORCH_VARIANTS_DATA).expect("embedded matrix data is validated by tests"))
+        MATRIX.get_or_init(|| {
+            Matrix::from_sources(NVIDIA_DATA, TORCH_PYPI_DATA, TORCH_VARIANTS_DATA)
+                .expect("embedded matrix data is validated by tests")
+        })
     }
 
-    pub fn from_sources(nvidia_yaml: &str, torch_pypi_json: &str, torch_variants_yaml: &str) -> Result<Matrix, MatrixError> {
-        let nvidia: NvidiaData = serde_saphyr::from_str(nvidia_yaml).map_err(|e| MatrixError::Data { file: "data/nvidia.yaml", message: e.to_string() })?;
-        let pypi: TorchPypiData = serde_json::from_str(torch_pypi_json).map_err(|e| MatrixError::Data { file: "data/torch-pypi.json", message: e.to_string() })?;
-        let variants: VariantData = serde_saphyr::from_str(torch_variants_yaml).map_err(|e| MatrixError::Data { file: "data/torch-variants.yaml", message: e.to_string() })?;
+    pub fn from_sources(
+        nvidia_yaml: &str,
+        torch_pypi_json: &str,
+        torch_variants_yaml: &str,
+    ) -> Result<Matrix, MatrixError> {
+        let nvidia: NvidiaData =
+            serde_saphyr::from_str(nvidia_yaml).map_err(|e| MatrixError::Data {
+                file: "data/nvidia.yaml",
+                message: e.to_string(),
+            })?;
+        let pypi: TorchPypiData =
+            serde_json::from_str(torch_pypi_json).map_err(|e| MatrixError::Data {
+                file: "data/torch-pypi.json",
+                message: e.to_string(),
+            })?;
+        let variants: VariantData =
+            serde_saphyr::from_str(torch_variants_yaml).map_err(|e| MatrixError::Data {
+                file: "data/torch-variants.yaml",
+                message: e.to_string(),
+            })?;
 
         let mut torch_builds = pypi.releases;
         for row in variants.variants {
-            let torch: Version = row.torch.parse().map_err(|e| MatrixError::Data { file: "data/torch-variants.yaml", message: format!("torch version `{}`: {e}", row.torch) })?;
-            let python = row.python.iter().filter_map(|tag| PythonVersion::from_cp_tag(tag)).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+            let torch: Version = row.torch.parse().map_err(|e| MatrixError::Data {
+                file: "data/torch-variants.yaml",
+                message: format!("torch version `{}`: {e}", row.torch),
+            })?;
+            let python = row
+                .python
+                .iter()
+                .filter_map(|tag| PythonVersion::from_cp_tag(tag))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
             torch_builds.push(TorchBuild {
                 torch,
                 variant: row.variant,
@@ -285,7 +320,12 @@ impl Matrix {
                 status: row.status,
             });
         }
-        torch_builds.sort_by(|a, b| b.torch.cmp(&a.torch).then(b.pypi_default.cmp(&a.pypi_default)).then(b.cuda.cmp(&a.cuda)));
+        torch_builds.sort_by(|a, b| {
+            b.torch
+                .cmp(&a.torch)
+                .then(b.pypi_default.cmp(&a.pypi_default))
+                .then(b.cuda.cmp(&a.cuda))
+        });
 
         let mut cuda_releases = nvidia.cuda_releases.rows;
         cuda_releases.sort_by(|a, b| a.version.cmp(&b.version));
@@ -310,9 +350,17 @@ impl Matrix {
         let wanted = CudaVersion::new(cuda.major, cuda.minor, Some(cuda.patch.unwrap_or(0)));
         self.cuda_releases
             .iter()
-            .find(|row| row.version.major == wanted.major && row.version.minor == wanted.minor && row.version.patch.unwrap_or(0) == wanted.patch.unwrap_or(0))
+            .find(|row| {
+                row.version.major == wanted.major
+                    && row.version.minor == wanted.minor
+                    && row.version.patch.unwrap_or(0) == wanted.patch.unwrap_or(0)
+            })
             // pip-only point releases (13.0.3) have no row: fall back to the line's GA.
-            .or_else(|| self.cuda_releases.iter().find(|row| row.version.line() == cuda.line()))
+            .or_else(|| {
+                self.cuda_releases
+                    .iter()
+                    .find(|row| row.version.line() == cuda.line())
+            })
     }
 
     /// The minimum driver to run `cuda` without minor-version compatibility.
@@ -322,22 +370,33 @@ impl Matrix {
 
     /// The minor-version-compatibility floor for a CUDA major.
     pub fn minor_compat_floor(&self, cuda_major: u32) -> Option<&MinorCompatFloor> {
-        self.minor_compat.iter().find(|row| row.cuda_major == cuda_major)
+        self.minor_compat
+            .iter()
+            .find(|row| row.cuda_major == cuda_major)
     }
 
     /// The newest CUDA release a driver supports natively (the "CUDA Version" nvidia-smi
     /// prints), as a `major.minor` line.
     pub fn cuda_ceiling(&self, driver: &DriverVersion) -> Option<CudaVersion> {
-        self.cuda_releases.iter().filter(|row| row.min_driver <= *driver).map(|row| row.version.line()).max()
+        self.cuda_releases
+            .iter()
+            .filter(|row| row.min_driver <= *driver)
+            .map(|row| row.version.line())
+            .max()
     }
 
     /// CUDA majors NVIDIA ships a cuDNN release for.
     pub fn cudnn_cuda_majors(&self, cudnn: &CudnnVersion) -> Option<&[u32]> {
-        self.cudnn_ranges.iter().find(|range| range.first <= *cudnn && *cudnn <= range.last).map(|range| range.cuda_majors.as_slice())
+        self.cudnn_ranges
+            .iter()
+            .find(|range| range.first <= *cudnn && *cudnn <= range.last)
+            .map(|range| range.cuda_majors.as_slice())
     }
 
     pub fn cudnn_library_set(&self, major: u32) -> Option<&CudnnLibrarySet> {
-        self.cudnn_library_sets.iter().find(|set| set.major == major)
+        self.cudnn_library_sets
+            .iter()
+            .find(|set| set.major == major)
     }
 
     /// Look a GPU up by name, forgiving vendor prefixes, case, spaces and memory suffixes:
@@ -349,7 +408,11 @@ impl Matrix {
         }
         self.gpus
             .iter()
-            .flat_map(|gpu| gpu.name.split(" / ").map(move |alternative| (gpu_name_words(alternative), gpu)))
+            .flat_map(|gpu| {
+                gpu.name
+                    .split(" / ")
+                    .map(move |alternative| (gpu_name_words(alternative), gpu))
+            })
             .filter_map(|(known, gpu)| {
                 // `NVIDIA A100-SXM4-80GB` extends `A100`; `RTX 6000 Ada` abbreviates
                 // `RTX 6000 Ada Generation`. Longer matches win; a full known name wins ties.
@@ -366,12 +429,20 @@ impl Matrix {
     }
 
     /// Every torch build of a given torch version.
-    pub fn torch_builds_of<'a>(&'a self, torch: &'a Version) -> impl Iterator<Item = &'a TorchBuild> + 'a {
-        self.torch_builds.iter().filter(move |build| build.torch == *torch)
+    pub fn torch_builds_of<'a>(
+        &'a self,
+        torch: &Version,
+    ) -> impl Iterator<Item = &'a TorchBuild> + 'a {
+        let torch = torch.clone();
+        self.torch_builds
+            .iter()
+            .filter(move |build| build.torch == torch)
     }
 
     pub fn base(&self, distro: &str, release: &str) -> Option<&BaseDistro> {
-        self.bases.iter().find(|base| base.distro == distro && base.release == release)
+        self.bases
+            .iter()
+            .find(|base| base.distro == distro && base.release == release)
     }
 }
 
@@ -380,7 +451,9 @@ impl Matrix {
 fn gpu_name_words(name: &str) -> Vec<String> {
     name.to_ascii_lowercase()
         .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|word| !word.is_empty() && !matches!(*word, "nvidia" | "geforce" | "tesla" | "quadro"))
+        .filter(|word| {
+            !word.is_empty() && !matches!(*word, "nvidia" | "geforce" | "tesla" | "quadro")
+        })
         .map(str::to_string)
         .collect()
 }
@@ -396,31 +469,83 @@ mod tests {
     #[test]
     fn embedded_data_loads_and_covers_every_cuda_line() {
         let m = matrix();
-        for line in ["11.0", "11.8", "12.0", "12.1", "12.4", "12.8", "12.9", "13.0", "13.2"] {
-            assert!(m.cuda_release(&line.parse().unwrap()).is_some(), "no row for CUDA {line}");
+        for line in [
+            "11.0", "11.8", "12.0", "12.1", "12.4", "12.8", "12.9", "13.0", "13.2",
+        ] {
+            assert!(
+                m.cuda_release(&line.parse().unwrap()).is_some(),
+                "no row for CUDA {line}"
+            );
         }
     }
 
     #[test]
     fn driver_floors_and_ceilings() {
         let m = matrix();
-        assert_eq!(m.min_driver_for(&"12.4".parse().unwrap()).unwrap().to_string(), "550.54.14");
-        assert_eq!(m.min_driver_for(&"12.4.1".parse().unwrap()).unwrap().to_string(), "550.54.15");
+        assert_eq!(
+            m.min_driver_for(&"12.4".parse().unwrap())
+                .unwrap()
+                .to_string(),
+            "550.54.14"
+        );
+        assert_eq!(
+            m.min_driver_for(&"12.4.1".parse().unwrap())
+                .unwrap()
+                .to_string(),
+            "550.54.15"
+        );
         // pip-only point release without a row: its line's GA.
-        assert_eq!(m.min_driver_for(&"13.0.3".parse().unwrap()).unwrap().to_string(), "580.65.06");
-        assert_eq!(m.cuda_ceiling(&"535.104.05".parse().unwrap()).unwrap().to_string(), "12.2");
-        assert_eq!(m.cuda_ceiling(&"470.82.01".parse().unwrap()).unwrap().to_string(), "11.4");
-        assert_eq!(m.cuda_ceiling(&"570.124.06".parse().unwrap()).unwrap().to_string(), "12.8");
-        assert_eq!(m.cuda_ceiling(&"550.54.15".parse().unwrap()).unwrap().to_string(), "12.4");
-        assert_eq!(m.minor_compat_floor(12).unwrap().min_driver.to_string(), "525.60.13");
+        assert_eq!(
+            m.min_driver_for(&"13.0.3".parse().unwrap())
+                .unwrap()
+                .to_string(),
+            "580.65.06"
+        );
+        assert_eq!(
+            m.cuda_ceiling(&"535.104.05".parse().unwrap())
+                .unwrap()
+                .to_string(),
+            "12.2"
+        );
+        assert_eq!(
+            m.cuda_ceiling(&"470.82.01".parse().unwrap())
+                .unwrap()
+                .to_string(),
+            "11.4"
+        );
+        assert_eq!(
+            m.cuda_ceiling(&"570.124.06".parse().unwrap())
+                .unwrap()
+                .to_string(),
+            "12.8"
+        );
+        assert_eq!(
+            m.cuda_ceiling(&"550.54.15".parse().unwrap())
+                .unwrap()
+                .to_string(),
+            "12.4"
+        );
+        assert_eq!(
+            m.minor_compat_floor(12).unwrap().min_driver.to_string(),
+            "525.60.13"
+        );
     }
 
     #[test]
     fn cudnn_majors() {
         let m = matrix();
-        assert_eq!(m.cudnn_cuda_majors(&"8.9.7.29".parse().unwrap()), Some(&[12][..]));
-        assert_eq!(m.cudnn_cuda_majors(&"9.1.0.70".parse().unwrap()), Some(&[11, 12][..]));
-        assert_eq!(m.cudnn_cuda_majors(&"9.20.0.48".parse().unwrap()), Some(&[12, 13][..]));
+        assert_eq!(
+            m.cudnn_cuda_majors(&"8.9.7.29".parse().unwrap()),
+            Some(&[12][..])
+        );
+        assert_eq!(
+            m.cudnn_cuda_majors(&"9.1.0.70".parse().unwrap()),
+            Some(&[11, 12][..])
+        );
+        assert_eq!(
+            m.cudnn_cuda_majors(&"9.20.0.48".parse().unwrap()),
+            Some(&[12, 13][..])
+        );
         assert_eq!(m.cudnn_library_set(9).unwrap().libs.len(), 8);
     }
 
@@ -428,8 +553,14 @@ mod tests {
     fn gpu_lookup_is_forgiving() {
         let m = matrix();
         assert_eq!(m.gpu("RTX 3090").unwrap().cc.to_string(), "8.6");
-        assert_eq!(m.gpu("NVIDIA GeForce RTX 3090").unwrap().cc.to_string(), "8.6");
-        assert_eq!(m.gpu("NVIDIA A100-SXM4-80GB").unwrap().cc.to_string(), "8.0");
+        assert_eq!(
+            m.gpu("NVIDIA GeForce RTX 3090").unwrap().cc.to_string(),
+            "8.6"
+        );
+        assert_eq!(
+            m.gpu("NVIDIA A100-SXM4-80GB").unwrap().cc.to_string(),
+            "8.0"
+        );
         assert_eq!(m.gpu("NVIDIA H100 80GB HBM3").unwrap().name, "H100");
         assert_eq!(m.gpu("V100").unwrap().cc.to_string(), "7.0");
         assert_eq!(m.gpu("GTX 1080 Ti").unwrap().cc.to_string(), "6.1");

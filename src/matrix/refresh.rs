@@ -1,0 +1,636 @@
+//! `cudastack matrix refresh`: derive the torch rows of the matrix from PyPI itself.
+//!
+//! For every torch release since 2.0.0 it reads the PEP 691 file list, picks the linux
+//! x86_64 wheels (their Python tags and manylinux level), reads one wheel's METADATA
+//! (PEP 658 or a range read of the wheel) for the exact `==` pins (nvidia-cudnn-cu12,
+//! nvidia-cuda-runtime-cu12, cuda-toolkit[...] from 2.11 on, nccl, triton), resolves the
+//! cuda-toolkit metapackage's runtime pin, and scans `torch/lib/libtorch_python.so` in the
+//! wheel for the compiled arch list (the string `torch.cuda.get_arch_list()` returns),
+//! streaming the member through a range read instead of downloading the whole wheel.
+//! A row whose wheel digest is unchanged keeps its scanned arch list, so a refresh only
+//! reads what is new. The result is written with sorted keys, so reruns are byte-stable.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::str::FromStr;
+
+use pep440_rs::{Operator, Version};
+use pep508_rs::{
+    ExtraName, MarkerEnvironment, MarkerEnvironmentBuilder, Requirement, VersionOrUrl,
+};
+use regex::bytes::Regex;
+
+use super::{Status, TorchBuild, TorchPypiData};
+use crate::digest::Digest;
+use crate::version::{ComputeCapability, CudaVersion, CudnnVersion, PythonVersion};
+
+/// The member of a torch wheel whose read-only data holds the CUDA arch list.
+pub const ARCH_MEMBER: &str = "torch/lib/libtorch_python.so";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RefreshError {
+    #[error("failed to read the torch index `{url}`")]
+    Index {
+        url: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("failed to read the METADATA of `{filename}`")]
+    Metadata {
+        filename: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("failed to scan `{member}` in `{filename}` for its CUDA arch list")]
+    ArchScan {
+        filename: String,
+        member: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("torch {version}: {message}")]
+    Derive { version: String, message: String },
+}
+
+/// One file of a project on a package index.
+#[derive(Debug, Clone)]
+pub struct IndexFile {
+    pub filename: String,
+    pub url: String,
+    pub sha256: Option<Digest>,
+    pub upload_time: Option<String>,
+    pub yanked: bool,
+}
+
+/// What refresh needs from a package index. Implemented over the PyPI client in
+/// `fetch::pypi`; tests implement it over a local fixture index.
+#[allow(async_fn_in_trait)]
+pub trait TorchSource {
+    /// Every file of `project` (PEP 691 `files`).
+    async fn files(&self, project: &str) -> Result<Vec<IndexFile>, RefreshError>;
+    /// The wheel's METADATA text.
+    async fn metadata(&self, file: &IndexFile) -> Result<String, RefreshError>;
+    /// Feed the bytes of one member of a remote wheel to `scanner` (streaming).
+    async fn scan_member(
+        &self,
+        file: &IndexFile,
+        member: &str,
+        scanner: &mut ArchScanner,
+    ) -> Result<(), RefreshError>;
+}
+
+/// A wheel file name split into its parts (PEP 427): `torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WheelTags {
+    pub version: Version,
+    pub python: Vec<String>,
+    pub abi: Vec<String>,
+    pub platform: Vec<String>,
+}
+
+impl WheelTags {
+    pub fn parse(filename: &str) -> Option<WheelTags> {
+        let stem = filename.strip_suffix(".whl")?;
+        let parts: Vec<&str> = stem.split('-').collect();
+        let (version, python, abi, platform) = match parts.as_slice() {
+            [_, version, python, abi, platform] | [_, version, _, python, abi, platform] => {
+                (version, python, abi, platform)
+            }
+            _ => return None,
+        };
+        let split = |s: &str| s.split('.').map(str::to_string).collect();
+        Some(WheelTags {
+            version: Version::from_str(version).ok()?,
+            python: split(python),
+            abi: split(abi),
+            platform: split(platform),
+        })
+    }
+
+    /// The glibc a manylinux platform tag needs (`manylinux_2_28_x86_64` -> 2.28), for x86_64.
+    pub fn x86_64_glibc(&self) -> Option<(u32, u32)> {
+        self.platform
+            .iter()
+            .filter(|p| p.ends_with("_x86_64"))
+            .filter_map(|p| manylinux_glibc(p))
+            .min()
+    }
+}
+
+fn manylinux_glibc(platform: &str) -> Option<(u32, u32)> {
+    let arch_less = platform.strip_suffix("_x86_64")?;
+    match arch_less {
+        "manylinux1" => Some((2, 5)),
+        "manylinux2010" => Some((2, 12)),
+        "manylinux2014" => Some((2, 17)),
+        other => {
+            let rest = other.strip_prefix("manylinux_")?;
+            let (major, minor) = rest.split_once('_')?;
+            Some((major.parse().ok()?, minor.parse().ok()?))
+        }
+    }
+}
+
+/// The marker environment pins are read for: CPython on linux x86_64.
+pub fn linux_x86_64_environment(python: PythonVersion) -> MarkerEnvironment {
+    let short = python.to_string();
+    let full = format!("{python}.0");
+    MarkerEnvironment::try_from(MarkerEnvironmentBuilder {
+        implementation_name: "cpython",
+        implementation_version: &full,
+        os_name: "posix",
+        platform_machine: "x86_64",
+        platform_python_implementation: "CPython",
+        platform_release: "",
+        platform_system: "Linux",
+        platform_version: "",
+        python_full_version: &full,
+        python_version: &short,
+        sys_platform: "linux",
+    })
+    .expect("static marker environment parses")
+}
+
+/// The `Requires-Dist` entries of a METADATA file that apply to `environment` with `extras`.
+pub fn requires_dist(
+    metadata: &str,
+    environment: &MarkerEnvironment,
+    extras: &[&str],
+) -> Vec<Requirement> {
+    let extras: Vec<ExtraName> = extras
+        .iter()
+        .filter_map(|e| ExtraName::from_str(e).ok())
+        .collect();
+    metadata
+        .lines()
+        .take_while(|line| !line.is_empty()) // headers end at the first blank line; the body is the README
+        .filter_map(|line| line.strip_prefix("Requires-Dist:"))
+        .filter_map(|text| Requirement::from_str(text.trim()).ok())
+        .filter(|req| req.evaluate_markers(environment, &extras))
+        .collect()
+}
+
+/// `name -> exact version` for requirements pinned with a single `==` (`==13.0.96.*` keeps the star).
+pub fn exact_pins(requirements: &[Requirement]) -> BTreeMap<String, String> {
+    let mut pins = BTreeMap::new();
+    for req in requirements {
+        if let Some(VersionOrUrl::VersionSpecifier(specifiers)) = &req.version_or_url {
+            let specs: Vec<_> = specifiers.iter().collect();
+            if let [spec] = specs.as_slice() {
+                let version = spec.version().to_string();
+                let text = match spec.operator() {
+                    Operator::Equal | Operator::ExactEqual => Some(version),
+                    Operator::EqualStar => Some(format!("{version}.*")),
+                    _ => None,
+                };
+                if let Some(text) = text {
+                    let name = if req.extras.is_empty() {
+                        req.name.to_string()
+                    } else {
+                        format!(
+                            "{}[{}]",
+                            req.name,
+                            req.extras
+                                .iter()
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        )
+                    };
+                    pins.insert(name, text);
+                }
+            }
+        }
+    }
+    pins
+}
+
+/// Finds the CUDA arch list string (`sm_50 sm_60 ... sm_90`, `compute_XX` for PTX) in a
+/// stream of bytes, chunk by chunk, keeping a small overlap so a match across chunk
+/// boundaries is not lost. Memory stays at one chunk plus the overlap.
+pub struct ArchScanner {
+    pattern: Regex,
+    carry: Vec<u8>,
+    best: Option<String>,
+}
+
+const ARCH_SCAN_OVERLAP: usize = 512;
+
+impl Default for ArchScanner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ArchScanner {
+    pub fn new() -> Self {
+        Self {
+            pattern: Regex::new(r"(?:sm|compute)_[0-9]{2,3}a?(?: (?:sm|compute)_[0-9]{2,3}a?){2,}")
+                .expect("static regex"),
+            carry: Vec::new(),
+            best: None,
+        }
+    }
+
+    pub fn feed(&mut self, chunk: &[u8]) {
+        let mut window = std::mem::take(&mut self.carry);
+        window.extend_from_slice(chunk);
+        for found in self.pattern.find_iter(&window) {
+            let text = String::from_utf8_lossy(found.as_bytes()).into_owned();
+            if self
+                .best
+                .as_ref()
+                .is_none_or(|best| text.len() > best.len())
+            {
+                self.best = Some(text);
+            }
+        }
+        let keep = window.len().min(ARCH_SCAN_OVERLAP);
+        self.carry = window[window.len() - keep..].to_vec();
+    }
+
+    /// The arch list found: SASS capabilities and whether PTX (`compute_XX`) is included.
+    pub fn finish(&self) -> Option<(Vec<ComputeCapability>, bool)> {
+        let text = self.best.as_ref()?;
+        let mut sass = BTreeSet::new();
+        let mut ptx = false;
+        for word in text.split(' ') {
+            if word.starts_with("compute_") {
+                ptx = true;
+            } else if let Ok(cc) = ComputeCapability::from_str(word) {
+                sass.insert(cc);
+            }
+        }
+        Some((sass.into_iter().collect(), ptx))
+    }
+}
+
+/// Which torch file to read for a release: the cp311 linux x86_64 wheel when there is one
+/// (the Python most recipes use), else the newest CPython's.
+fn representative<'a>(wheels: &[(&'a IndexFile, WheelTags)]) -> Option<&'a IndexFile> {
+    let score = |tags: &WheelTags| -> (bool, u32) {
+        let cp = tags
+            .python
+            .iter()
+            .filter_map(|t| PythonVersion::from_cp_tag(t))
+            .max();
+        (
+            cp == Some(PythonVersion::new(3, 11)),
+            cp.map(|p| p.minor).unwrap_or(0),
+        )
+    };
+    wheels
+        .iter()
+        .filter(|(_, tags)| !tags.abi.iter().any(|a| a.ends_with('t')))
+        .max_by_key(|(_, tags)| score(tags))
+        .map(|(file, _)| *file)
+}
+
+/// Build one matrix row from what the index says about a release.
+pub fn derive_build(
+    version: &Version,
+    wheels: &[(&IndexFile, WheelTags)],
+    metadata: &str,
+    toolkit_metadata: Option<&str>,
+    arch: Option<(Vec<ComputeCapability>, bool)>,
+    file: &IndexFile,
+) -> Result<TorchBuild, RefreshError> {
+    let fail = |message: String| RefreshError::Derive {
+        version: version.to_string(),
+        message,
+    };
+    let environment = linux_x86_64_environment(PythonVersion::new(3, 11));
+    let pins = exact_pins(&requires_dist(metadata, &environment, &[]));
+
+    let runtime_pin = pins
+        .iter()
+        .find(|(name, _)| name.starts_with("nvidia-cuda-runtime"))
+        .map(|(_, v)| v.clone());
+    let toolkit_pin = pins
+        .iter()
+        .find(|(name, _)| name.starts_with("cuda-toolkit"))
+        .map(|(_, v)| v.clone());
+    let cuda_source = runtime_pin.clone().or(toolkit_pin.clone()).ok_or_else(|| {
+        fail("no nvidia-cuda-runtime or cuda-toolkit pin in Requires-Dist: not a CUDA build".into())
+    })?;
+    let mut numbers = cuda_source.split('.');
+    let cuda = match (
+        numbers.next().and_then(|n| n.parse().ok()),
+        numbers.next().and_then(|n| n.parse().ok()),
+    ) {
+        (Some(major), Some(minor)) => CudaVersion::new(major, minor, None),
+        _ => {
+            return Err(fail(format!(
+                "cannot read a CUDA version from pin `{cuda_source}`"
+            )))
+        }
+    };
+    // From 2.11 the runtime comes through `cuda-toolkit[cudart]==13.0.2`, whose own
+    // METADATA pins `nvidia-cuda-runtime==13.0.96.*` under the `cudart` extra.
+    let cuda_runtime = match (&runtime_pin, toolkit_metadata) {
+        (Some(pin), _) => Some(pin.clone()),
+        (None, Some(text)) => exact_pins(&requires_dist(text, &environment, &["cudart"]))
+            .into_iter()
+            .find(|(name, _)| name.starts_with("nvidia-cuda-runtime"))
+            .map(|(_, v)| v.trim_end_matches(".*").to_string()),
+        (None, None) => None,
+    };
+    let cudnn = pins
+        .iter()
+        .find(|(name, _)| name.starts_with("nvidia-cudnn"))
+        .map(|(_, v)| CudnnVersion::from_str(v))
+        .transpose()
+        .map_err(|e| fail(e.to_string()))?;
+
+    let python: BTreeSet<PythonVersion> = wheels
+        .iter()
+        .flat_map(|(_, tags)| {
+            tags.python
+                .iter()
+                .filter_map(|t| PythonVersion::from_cp_tag(t))
+        })
+        .collect();
+    let glibc = wheels
+        .iter()
+        .filter_map(|(_, tags)| tags.x86_64_glibc())
+        .min()
+        .map(|(major, minor)| format!("{major}.{minor}"));
+    let (arch_list, ptx) = arch.unwrap_or_default();
+    let digest = file
+        .sha256
+        .map(|d| d.to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let arch_note = if arch_list.is_empty() {
+        "sm list not scanned"
+    } else {
+        "sm list from torch/lib/libtorch_python.so"
+    };
+    Ok(TorchBuild {
+        torch: version.clone(),
+        variant: cuda.variant_name(),
+        cuda,
+        cuda_runtime,
+        cudnn,
+        arch_list,
+        ptx,
+        python: python.into_iter().collect(),
+        pypi_default: true,
+        glibc,
+        pins,
+        source: format!(
+            "{} ({digest}): METADATA Requires-Dist; {arch_note}",
+            file.url
+        ),
+        status: Status::Derived,
+    })
+}
+
+/// Progress reporting for a refresh (the CLI prints it on stderr).
+pub trait RefreshReporter {
+    fn release(&self, version: &Version, what: &str);
+}
+
+/// Regenerate the torch data. `previous` lets unchanged wheels keep their scanned arch list;
+/// `scan_arch` false skips arch scans for rows that `previous` cannot fill.
+pub async fn refresh(
+    source: &impl TorchSource,
+    index_url: &str,
+    since: &Version,
+    previous: Option<&TorchPypiData>,
+    scan_arch: bool,
+    reporter: &impl RefreshReporter,
+) -> Result<TorchPypiData, RefreshError> {
+    let files = source.files("torch").await?;
+    let mut by_version: BTreeMap<Version, Vec<(&IndexFile, WheelTags)>> = BTreeMap::new();
+    for file in &files {
+        let Some(tags) = WheelTags::parse(&file.filename) else {
+            continue;
+        };
+        if file.yanked
+            || tags.version < *since
+            || tags.version.any_prerelease()
+            || tags.version.is_local()
+            || tags.x86_64_glibc().is_none()
+        {
+            continue;
+        }
+        by_version
+            .entry(tags.version.clone())
+            .or_default()
+            .push((file, tags));
+    }
+
+    let mut releases = Vec::new();
+    let mut toolkit_files: Option<Vec<IndexFile>> = None;
+    for (version, wheels) in &by_version {
+        let Some(file) = representative(wheels) else {
+            continue;
+        };
+        reporter.release(version, "reading METADATA");
+        let metadata = source.metadata(file).await?;
+        let pins = exact_pins(&requires_dist(
+            &metadata,
+            &linux_x86_64_environment(PythonVersion::new(3, 11)),
+            &[],
+        ));
+        let toolkit_metadata = match pins
+            .iter()
+            .find(|(name, _)| name.starts_with("cuda-toolkit"))
+        {
+            Some((_, toolkit_version)) => {
+                if toolkit_files.is_none() {
+                    toolkit_files = Some(source.files("cuda-toolkit").await?);
+                }
+                let wanted =
+                    Version::from_str(toolkit_version).map_err(|e| RefreshError::Derive {
+                        version: version.to_string(),
+                        message: format!("cuda-toolkit pin `{toolkit_version}`: {e}"),
+                    })?;
+                let toolkit_file =
+                    toolkit_files.as_ref().into_iter().flatten().find(|f| {
+                        WheelTags::parse(&f.filename).is_some_and(|t| t.version == wanted)
+                    });
+                match toolkit_file {
+                    Some(toolkit_file) => Some(source.metadata(toolkit_file).await?),
+                    None => None,
+                }
+            }
+            None => None,
+        };
+        let reused = previous.and_then(|p| {
+            p.releases.iter().find(|row| {
+                row.torch == *version
+                    && !row.arch_list.is_empty()
+                    && file
+                        .sha256
+                        .is_some_and(|d| row.source.contains(&d.to_string()))
+            })
+        });
+        let arch = match reused {
+            Some(row) => Some((row.arch_list.clone(), row.ptx)),
+            None if scan_arch => {
+                reporter.release(version, "scanning libtorch_python.so for the arch list");
+                let mut scanner = ArchScanner::new();
+                source.scan_member(file, ARCH_MEMBER, &mut scanner).await?;
+                scanner.finish()
+            }
+            None => None,
+        };
+        match derive_build(
+            version,
+            wheels,
+            &metadata,
+            toolkit_metadata.as_deref(),
+            arch,
+            file,
+        ) {
+            Ok(build) => releases.push(build),
+            // A CPU-only or otherwise non-CUDA release is not a row of a CUDA matrix.
+            Err(RefreshError::Derive { message, .. }) if message.contains("not a CUDA build") => {
+                reporter.release(version, "skipped: no CUDA pins")
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    releases.sort_by(|a, b| b.torch.cmp(&a.torch));
+    Ok(TorchPypiData {
+        generated_by: "cudastack matrix refresh".into(),
+        index: index_url.into(),
+        releases,
+    })
+}
+
+/// Serialise the data file canonically (sorted keys, two-space indent, final newline).
+pub fn to_canonical_json(data: &TorchPypiData) -> String {
+    let value = serde_json::to_value(data).expect("matrix data serialises");
+    let mut text = serde_json::to_string_pretty(&value).expect("JSON value serialises");
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TORCH_241_METADATA: &str = "Metadata-Version: 2.1\nName: torch\nVersion: 2.4.1\nRequires-Python: >=3.8.0\nRequires-Dist: filelock\nRequires-Dist: typing-extensions>=4.8.0\nRequires-Dist: sympy\nRequires-Dist: nvidia-cuda-runtime-cu12==12.1.105; platform_system == \"Linux\" and platform_machine == \"x86_64\"\nRequires-Dist: nvidia-cudnn-cu12==9.1.0.70; platform_system == \"Linux\" and platform_machine == \"x86_64\"\nRequires-Dist: nvidia-cublas-cu12==12.1.3.1; platform_system == \"Linux\" and platform_machine == \"x86_64\"\nRequires-Dist: triton==3.0.0; platform_system == \"Linux\" and platform_machine == \"x86_64\" and python_version < \"3.13\"\nRequires-Dist: opt-einsum>=3.3; extra == \"opt-einsum\"\n\nRequires-Dist: this-is-readme-text==1\n";
+
+    #[test]
+    fn pins_follow_markers_and_skip_the_body() {
+        let env = linux_x86_64_environment(PythonVersion::new(3, 11));
+        let pins = exact_pins(&requires_dist(TORCH_241_METADATA, &env, &[]));
+        assert_eq!(
+            pins.get("nvidia-cudnn-cu12").map(String::as_str),
+            Some("9.1.0.70")
+        );
+        assert_eq!(pins.get("triton").map(String::as_str), Some("3.0.0"));
+        assert!(!pins.contains_key("opt-einsum"));
+        assert!(!pins.contains_key("this-is-readme-text"));
+        let env313 = linux_x86_64_environment(PythonVersion::new(3, 13));
+        assert!(
+            !exact_pins(&requires_dist(TORCH_241_METADATA, &env313, &[])).contains_key("triton")
+        );
+    }
+
+    #[test]
+    fn wheel_tags_and_glibc() {
+        let tags = WheelTags::parse("torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl").unwrap();
+        assert_eq!(tags.python, vec!["cp311"]);
+        assert_eq!(tags.x86_64_glibc(), Some((2, 5)));
+        let tags = WheelTags::parse("torch-2.9.0-cp313-cp313t-manylinux_2_28_x86_64.whl").unwrap();
+        assert_eq!(tags.x86_64_glibc(), Some((2, 28)));
+        assert_eq!(
+            WheelTags::parse("torch-2.4.1-cp311-cp311-manylinux2014_aarch64.whl")
+                .unwrap()
+                .x86_64_glibc(),
+            None
+        );
+        assert!(WheelTags::parse("torch-2.4.1.tar.gz").is_none());
+    }
+
+    #[test]
+    fn arch_scanner_finds_lists_across_chunks() {
+        let blob =
+            b"\x00\x01junk sm_35 \x00CUDA_ARCH sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90\x00more";
+        for split in [1, 20, 30, 45, blob.len() - 1] {
+            let mut scanner = ArchScanner::new();
+            scanner.feed(&blob[..split]);
+            scanner.feed(&blob[split..]);
+            let (archs, ptx) = scanner.finish().unwrap();
+            assert_eq!(archs.len(), 7, "split at {split}");
+            assert_eq!(archs[0], ComputeCapability::new(5, 0));
+            assert!(!ptx);
+        }
+        let mut scanner = ArchScanner::new();
+        scanner.feed(b"sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 compute_120");
+        let (archs, ptx) = scanner.finish().unwrap();
+        assert_eq!(archs.last(), Some(&ComputeCapability::new(12, 0)));
+        assert!(ptx);
+    }
+
+    #[test]
+    fn derives_a_row_from_metadata() {
+        let file = IndexFile {
+            filename: "torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl".into(),
+            url: "https://files/torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl".into(),
+            sha256: Some(Digest::of_bytes(b"x")),
+            upload_time: None,
+            yanked: false,
+        };
+        let other = IndexFile {
+            filename: "torch-2.4.1-cp312-cp312-manylinux1_x86_64.whl".into(),
+            ..file.clone()
+        };
+        let wheels = vec![
+            (&file, WheelTags::parse(&file.filename).unwrap()),
+            (&other, WheelTags::parse(&other.filename).unwrap()),
+        ];
+        let version = Version::from_str("2.4.1").unwrap();
+        let build = derive_build(
+            &version,
+            &wheels,
+            TORCH_241_METADATA,
+            None,
+            Some((vec![ComputeCapability::new(8, 0)], false)),
+            &file,
+        )
+        .unwrap();
+        assert_eq!(build.cuda.to_string(), "12.1");
+        assert_eq!(build.variant, "cu121");
+        assert_eq!(build.cuda_runtime.as_deref(), Some("12.1.105"));
+        assert_eq!(build.cudnn.unwrap().to_string(), "9.1.0.70");
+        assert_eq!(build.python.len(), 2);
+        assert_eq!(build.glibc.as_deref(), Some("2.5"));
+    }
+
+    #[test]
+    fn toolkit_metapackage_gives_the_runtime() {
+        let torch = "Name: torch\nRequires-Dist: cuda-toolkit[cublas,cudart,cufft]==13.0.2; platform_system == \"Linux\"\nRequires-Dist: nvidia-cudnn-cu13==9.19.0.56; platform_system == \"Linux\"\n";
+        let toolkit = "Name: cuda-toolkit\nRequires-Dist: nvidia-cuda-runtime==13.0.96.*; extra == \"cudart\"\nRequires-Dist: nvidia-cublas==13.1.0.3.*; extra == \"cublas\"\n";
+        let file = IndexFile {
+            filename: "torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl".into(),
+            url: "u".into(),
+            sha256: None,
+            upload_time: None,
+            yanked: false,
+        };
+        let wheels = vec![(&file, WheelTags::parse(&file.filename).unwrap())];
+        let build = derive_build(
+            &Version::from_str("2.11.0").unwrap(),
+            &wheels,
+            torch,
+            Some(toolkit),
+            None,
+            &file,
+        )
+        .unwrap();
+        assert_eq!(build.cuda.to_string(), "13.0");
+        assert_eq!(build.cuda_runtime.as_deref(), Some("13.0.96"));
+        assert_eq!(
+            build
+                .pins
+                .get("cuda-toolkit[cublas,cudart,cufft]")
+                .map(String::as_str),
+            Some("13.0.2")
+        );
+        assert_eq!(build.glibc.as_deref(), Some("2.28"));
+    }
+}

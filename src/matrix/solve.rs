@@ -1,0 +1,362 @@
+//! `cudastack solve`: the intersection of what a host's driver allows (a ceiling), what its
+//! GPUs need (a floor: kernels for their compute capability) and what the user asks
+//! (torch and Python versions), ranked, with the reason each build was chosen or rejected.
+
+use std::str::FromStr;
+
+use pep440_rs::VersionSpecifiers;
+use serde::Serialize;
+
+use super::{KernelSupport, Matrix, TorchBuild};
+use crate::version::{ComputeCapability, CudaVersion, DriverVersion, PythonVersion};
+
+/// A GPU the answer must run on.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetGpu {
+    pub name: String,
+    pub cc: ComputeCapability,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SolveQuery {
+    pub driver: Option<DriverVersion>,
+    pub gpus: Vec<TargetGpu>,
+    pub torch: Option<VersionSpecifiers>,
+    pub python: Option<PythonVersion>,
+    /// Also accept builds that need CUDA minor-version compatibility on this driver.
+    pub allow_minor_compat: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SolveError {
+    #[error("GPU `{0}` is not in the matrix")]
+    UnknownGpu(String),
+    #[error("`{text}` is not a valid torch version specifier: {message}")]
+    BadTorchSpec { text: String, message: String },
+}
+
+impl SolveQuery {
+    /// Resolve a GPU given by name or by compute capability.
+    pub fn gpu(matrix: &Matrix, name_or_cc: &str) -> Result<TargetGpu, SolveError> {
+        if let Some(gpu) = matrix.gpu(name_or_cc) {
+            return Ok(TargetGpu {
+                name: gpu.name.clone(),
+                cc: gpu.cc,
+            });
+        }
+        match ComputeCapability::from_str(name_or_cc) {
+            Ok(cc) => Ok(TargetGpu { name: cc.sm(), cc }),
+            Err(_) => Err(SolveError::UnknownGpu(name_or_cc.to_string())),
+        }
+    }
+
+    /// Parse `2.4.1`, `==2.4.*` or `>=2.3,<2.6`.
+    pub fn torch_spec(text: &str) -> Result<VersionSpecifiers, SolveError> {
+        let trimmed = text.trim();
+        let spec = if trimmed.starts_with(|c: char| c.is_ascii_digit()) {
+            format!("=={trimmed}")
+        } else {
+            trimmed.to_string()
+        };
+        VersionSpecifiers::from_str(&spec).map_err(|e| SolveError::BadTorchSpec {
+            text: text.to_string(),
+            message: e.to_string(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Candidate {
+    pub torch_build: String,
+    pub torch: String,
+    pub variant: String,
+    pub index: String,
+    pub cuda: CudaVersion,
+    pub cudnn: Option<String>,
+    pub python: Option<PythonVersion>,
+    pub accepted: bool,
+    /// Needs CUDA minor-version compatibility on the given driver.
+    pub minor_compat: bool,
+    /// Why it was accepted (every check it passed) or the first reason it was rejected.
+    pub reasons: Vec<String>,
+    /// A recipe to paste, for accepted candidates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recipe: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Solution {
+    pub driver: Option<DriverVersion>,
+    /// The newest CUDA the driver supports natively.
+    pub cuda_ceiling: Option<CudaVersion>,
+    pub gpus: Vec<TargetGpu>,
+    /// Accepted first (ranked), then rejected.
+    pub candidates: Vec<Candidate>,
+}
+
+impl Solution {
+    pub fn accepted(&self) -> impl Iterator<Item = &Candidate> {
+        self.candidates.iter().filter(|c| c.accepted)
+    }
+    pub fn best(&self) -> Option<&Candidate> {
+        self.accepted().next()
+    }
+}
+
+pub fn solve(matrix: &Matrix, query: &SolveQuery) -> Solution {
+    let ceiling = query
+        .driver
+        .as_ref()
+        .and_then(|driver| matrix.cuda_ceiling(driver));
+    let mut candidates: Vec<(Candidate, &TorchBuild)> = matrix
+        .torch_builds
+        .iter()
+        .map(|build| (judge(matrix, query, build), build))
+        .collect();
+    // Rank: accepted first; native before minor-version compatibility; newest torch; the
+    // PyPI build (no extra index to trust) before index variants; newest CUDA.
+    candidates.sort_by(|(a, build_a), (b, build_b)| {
+        b.accepted
+            .cmp(&a.accepted)
+            .then(a.minor_compat.cmp(&b.minor_compat))
+            .then(build_b.torch.cmp(&build_a.torch))
+            .then(build_b.pypi_default.cmp(&build_a.pypi_default))
+            .then(b.cuda.cmp(&a.cuda))
+    });
+    Solution {
+        driver: query.driver.clone(),
+        cuda_ceiling: ceiling,
+        gpus: query.gpus.clone(),
+        candidates: candidates.into_iter().map(|(c, _)| c).collect(),
+    }
+}
+
+fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
+    let mut candidate = Candidate {
+        torch_build: build.label(),
+        torch: build.torch.to_string(),
+        variant: build.variant.clone(),
+        index: if build.pypi_default {
+            "pypi".into()
+        } else {
+            build.variant.clone()
+        },
+        cuda: build.cuda,
+        cudnn: build.cudnn.as_ref().map(ToString::to_string),
+        python: None,
+        accepted: false,
+        minor_compat: false,
+        reasons: Vec::new(),
+        recipe: None,
+    };
+    let reject = |mut candidate: Candidate, reason: String| {
+        candidate.reasons = vec![reason];
+        candidate
+    };
+
+    if let Some(spec) = &query.torch {
+        if !spec.contains(&build.torch) {
+            return reject(
+                candidate,
+                format!("torch {} does not match {spec}", build.torch),
+            );
+        }
+        candidate
+            .reasons
+            .push(format!("torch {} matches {spec}", build.torch));
+    }
+
+    let python = match query.python {
+        Some(python) if build.python.contains(&python) => python,
+        Some(python) => {
+            return reject(
+                candidate,
+                format!("no wheel for Python {python} (has {})", tags(build)),
+            )
+        }
+        None => match preferred_python(matrix, build) {
+            Some(python) => python,
+            None => {
+                return reject(
+                    candidate,
+                    format!(
+                        "no wheel for a Python a known base ships (has {})",
+                        tags(build)
+                    ),
+                )
+            }
+        },
+    };
+    candidate.python = Some(python);
+    candidate
+        .reasons
+        .push(format!("has a {} wheel", python.cp_tag()));
+
+    let toolkit_driver = matrix.min_driver_for(&build.cuda);
+    if let Some(driver) = &query.driver {
+        let ceiling = matrix
+            .cuda_ceiling(driver)
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "nothing".into());
+        match toolkit_driver {
+            Some(need) if need <= driver => candidate.reasons.push(format!(
+                "driver {driver} supports CUDA <= {ceiling} >= {} (needs {need})",
+                build.cuda.line()
+            )),
+            Some(need) => {
+                let minor = matrix.minor_compat_floor(build.cuda.major);
+                match minor {
+                    Some(m) if m.min_driver <= *driver && query.allow_minor_compat => {
+                        candidate.minor_compat = true;
+                        candidate.reasons.push(format!(
+                            "driver {driver} supports CUDA <= {ceiling}; CUDA {} needs {need}, but minor-version compatibility runs it from {} (set `minor_version_compat: true`)",
+                            build.cuda.line(),
+                            m.min_driver
+                        ));
+                    }
+                    Some(m) if m.min_driver <= *driver => {
+                        return reject(candidate, format!("driver {driver} supports CUDA <= {ceiling}; CUDA {} needs {need} (or minor-version compatibility, which is off)", build.cuda.line()));
+                    }
+                    _ => {
+                        let minor_text = minor
+                            .map(|m| {
+                                format!(", or {} with minor-version compatibility", m.min_driver)
+                            })
+                            .unwrap_or_default();
+                        return reject(candidate, format!("driver {driver} supports CUDA <= {ceiling}; CUDA {} needs {need}{minor_text}", build.cuda.line()));
+                    }
+                }
+            }
+            None => {
+                return reject(
+                    candidate,
+                    format!("CUDA {} has no driver row in the matrix", build.cuda),
+                )
+            }
+        }
+    }
+
+    for gpu in &query.gpus {
+        match build.kernels_for(&gpu.cc) {
+            KernelSupport::Sass(sass) => candidate.reasons.push(format!(
+                "{} ({}) runs its {} kernels",
+                gpu.name,
+                gpu.cc.sm(),
+                sass.sm()
+            )),
+            KernelSupport::Ptx(ptx) => candidate.reasons.push(format!(
+                "{} ({}) only through {} PTX (JIT at first use)",
+                gpu.name,
+                gpu.cc.sm(),
+                ptx.sm()
+            )),
+            KernelSupport::None => {
+                let archs: Vec<String> =
+                    build.arch_list.iter().map(ComputeCapability::sm).collect();
+                return reject(
+                    candidate,
+                    format!(
+                        "no kernels for {} ({}): built for {}",
+                        gpu.name,
+                        gpu.cc.sm(),
+                        archs.join(" ")
+                    ),
+                );
+            }
+        }
+    }
+
+    candidate.accepted = true;
+    candidate.recipe = Some(recipe_for(
+        matrix,
+        build,
+        python,
+        query,
+        candidate.minor_compat,
+    ));
+    candidate
+}
+
+fn tags(build: &TorchBuild) -> String {
+    build
+        .python
+        .iter()
+        .map(|p| p.cp_tag())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The Python to use when the user gave none: the first known base's Python the build has.
+fn preferred_python(matrix: &Matrix, build: &TorchBuild) -> Option<PythonVersion> {
+    const PREFERENCE: [(&str, &str); 5] = [
+        ("debian", "bookworm"),
+        ("ubuntu", "noble"),
+        ("ubuntu", "jammy"),
+        ("debian", "trixie"),
+        ("ubuntu", "focal"),
+    ];
+    PREFERENCE
+        .iter()
+        .filter_map(|(distro, release)| matrix.base(distro, release))
+        .map(|base| base.python)
+        .find(|python| build.python.contains(python))
+}
+
+/// A recipe a user can paste for a build, driver floor included.
+fn recipe_for(
+    matrix: &Matrix,
+    build: &TorchBuild,
+    python: PythonVersion,
+    query: &SolveQuery,
+    minor_compat: bool,
+) -> String {
+    let base = matrix
+        .bases
+        .iter()
+        .find(|b| b.python == python)
+        .map(|b| format!("{{ {}: {} }}", b.distro, b.release))
+        .unwrap_or_else(|| "{ debian: bookworm }".into());
+    let driver_floor = if minor_compat {
+        matrix
+            .minor_compat_floor(build.cuda.major)
+            .map(|m| m.min_driver.to_string())
+    } else {
+        matrix.min_driver_for(&build.cuda).map(ToString::to_string)
+    }
+    .unwrap_or_default();
+    let mut text = String::new();
+    text.push_str(&format!(
+        "name: torch{}-{}-py{}\n",
+        build.torch, build.variant, python
+    ));
+    text.push_str(&format!("base: {base}\n"));
+    text.push_str(&format!("python: \"{python}\"\n"));
+    text.push_str(&format!("driver_floor: \"{driver_floor}\"\n"));
+    if minor_compat {
+        text.push_str("minor_version_compat: true\n");
+    }
+    text.push_str(&format!(
+        "cuda: {{ version: \"{}\", flavor: runtime }}\n",
+        build.cuda.line()
+    ));
+    if let Some(cudnn) = &build.cudnn {
+        text.push_str(&format!("cudnn: {{ version: \"{cudnn}\" }}\n"));
+    }
+    if build.pypi_default {
+        text.push_str(&format!("torch: {{ version: \"{}\" }}\n", build.torch));
+    } else {
+        text.push_str(&format!(
+            "torch: {{ version: \"{}\", index: {} }}\n",
+            build.torch, build.variant
+        ));
+    }
+    if !query.gpus.is_empty() {
+        let names: Vec<String> = query
+            .gpus
+            .iter()
+            .map(|g| format!("\"{}\"", g.name))
+            .collect();
+        text.push_str(&format!("gpus: [{}]\n", names.join(", ")));
+    }
+    text
+}

@@ -1,0 +1,530 @@
+//! `cudastack validate`: check a recipe against the matrix and report every problem with
+//! what is wrong, why it matters, and what to do.
+//!
+//! Validation never stops at the first problem: a user fixing a recipe wants the whole
+//! list. Each problem has a stable `code` so tests, CI and `--json` consumers can match it.
+
+use serde::Serialize;
+
+use super::{KernelSupport, Matrix, TorchBuild};
+use crate::recipe::Recipe;
+use crate::version::{ComputeCapability, CudaVersion, DriverVersion};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Note,
+    Warning,
+    Error,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    pub severity: Severity,
+    /// Stable identifier, e.g. `driver-floor-below-toolkit`.
+    pub code: &'static str,
+    /// What is wrong.
+    pub what: String,
+    /// Why it matters.
+    pub why: String,
+    /// What to do.
+    pub hint: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Validation {
+    pub recipe: String,
+    pub recipe_digest: String,
+    /// The torch build the recipe selects (`2.4.1+cu121`), when it names one that exists.
+    pub torch_build: Option<String>,
+    /// `cuda>=X.Y` for NVIDIA_REQUIRE_CUDA, derived from the driver floor.
+    pub nvidia_require_cuda: Option<String>,
+    pub problems: Vec<Problem>,
+}
+
+impl Validation {
+    pub fn is_valid(&self) -> bool {
+        !self
+            .problems
+            .iter()
+            .any(|problem| problem.severity == Severity::Error)
+    }
+    pub fn errors(&self) -> impl Iterator<Item = &Problem> {
+        self.problems
+            .iter()
+            .filter(|problem| problem.severity == Severity::Error)
+    }
+}
+
+struct Collector(Vec<Problem>);
+
+impl Collector {
+    fn push(
+        &mut self,
+        severity: Severity,
+        code: &'static str,
+        what: String,
+        why: impl Into<String>,
+        hint: impl Into<String>,
+    ) {
+        self.0.push(Problem {
+            severity,
+            code,
+            what,
+            why: why.into(),
+            hint: hint.into(),
+        });
+    }
+    fn error(
+        &mut self,
+        code: &'static str,
+        what: String,
+        why: impl Into<String>,
+        hint: impl Into<String>,
+    ) {
+        self.push(Severity::Error, code, what, why, hint)
+    }
+}
+
+/// The torch build a recipe selects: the PyPI default build, or the named index variant.
+pub fn selected_torch_build<'m>(matrix: &'m Matrix, recipe: &Recipe) -> Option<&'m TorchBuild> {
+    let torch = recipe.torch.as_ref()?;
+    let mut builds = matrix.torch_builds_of(&torch.version);
+    match torch.index.variant() {
+        None => builds.find(|build| build.pypi_default),
+        Some(variant) => builds.find(|build| build.variant == variant),
+    }
+}
+
+/// The CUDA version the NVIDIA runtime should require: what the floor driver supports,
+/// capped at the recipe's CUDA (a `cuda>=` above the recipe's CUDA would refuse drivers
+/// that run it fine).
+pub fn nvidia_require_cuda(matrix: &Matrix, recipe: &Recipe) -> Option<CudaVersion> {
+    let ceiling = matrix.cuda_ceiling(&recipe.driver_floor)?;
+    Some(std::cmp::min(ceiling, recipe.cuda.version.line()))
+}
+
+pub fn validate(matrix: &Matrix, recipe: &Recipe) -> Validation {
+    let mut problems = Collector(Vec::new());
+    let cuda = recipe.cuda.version;
+    let known_cuda = matrix.cuda_release(&cuda).is_some();
+
+    if !known_cuda {
+        let lines: Vec<String> = matrix
+            .cuda_releases
+            .iter()
+            .map(|row| row.version.line().to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        problems.error(
+            "unknown-cuda",
+            format!("CUDA {cuda} is not a release cudastack knows"),
+            format!(
+                "the driver floor and cuDNN checks need NVIDIA's table row for it ({})",
+                matrix.cuda_releases_source
+            ),
+            format!("use one of: {}", lines.join(", ")),
+        );
+    } else {
+        check_driver_floor(matrix, recipe, &mut problems);
+    }
+
+    check_cudnn(matrix, recipe, &mut problems);
+    let build = check_torch(matrix, recipe, &mut problems);
+    check_base(matrix, recipe, build, &mut problems);
+    check_gpus(matrix, recipe, build, &mut problems);
+
+    let mut problems = problems.0;
+    problems.sort_by(|a, b| b.severity.cmp(&a.severity));
+    Validation {
+        recipe: recipe.name.clone(),
+        recipe_digest: recipe.digest().to_string(),
+        torch_build: build.map(TorchBuild::label),
+        nvidia_require_cuda: nvidia_require_cuda(matrix, recipe)
+            .map(|cuda| format!("cuda>={cuda}")),
+        problems,
+    }
+}
+
+fn check_driver_floor(matrix: &Matrix, recipe: &Recipe, problems: &mut Collector) {
+    let cuda = recipe.cuda.version;
+    let floor: &DriverVersion = &recipe.driver_floor;
+    let Some(toolkit_driver) = matrix.min_driver_for(&cuda) else {
+        return;
+    };
+    if floor >= toolkit_driver {
+        return;
+    }
+    let ceiling = matrix
+        .cuda_ceiling(floor)
+        .map(|c| c.to_string())
+        .unwrap_or_else(|| "none (older than every CUDA 11 release)".into());
+    let minor = matrix.minor_compat_floor(cuda.major);
+    let minor_text = minor
+        .map(|m| {
+            format!(
+                "CUDA {}.x minor-version compatibility runs a {cuda} runtime from driver {} on",
+                cuda.major, m.min_driver
+            )
+        })
+        .unwrap_or_else(|| {
+            format!(
+                "CUDA {}.x has no minor-version-compatibility floor in the matrix",
+                cuda.major
+            )
+        });
+    match minor {
+        Some(m) if *floor >= m.min_driver => {
+            if recipe.minor_version_compat {
+                problems.push(
+                    Severity::Note,
+                    "minor-version-compat",
+                    format!("driver floor {floor} is below {toolkit_driver} (the driver CUDA {cuda} ships with) and relies on minor-version compatibility"),
+                    format!("{minor_text}; PTX newer than the driver cannot be JIT-compiled, and NVIDIA_REQUIRE_CUDA is set to cuda>={ceiling} so the runtime admits drivers from {floor}"),
+                    "nothing to do if the stack carries SASS for your GPUs (PyPI torch wheels do)",
+                );
+            } else {
+                problems.error(
+                    "driver-floor-below-toolkit",
+                    format!("driver floor {floor} is below {toolkit_driver}, the driver CUDA {cuda} needs (driver {floor} supports CUDA <= {ceiling})"),
+                    format!("{minor_text}, but the NVIDIA container runtime checks NVIDIA_REQUIRE_CUDA (cuda>={}) against the driver's CUDA version WITHOUT minor-version compatibility, so a container needing CUDA {} would be refused on driver {floor}", cuda.line(), cuda.line()),
+                    format!("raise driver_floor to >= {toolkit_driver}, or set `minor_version_compat: true` to rely on minor-version compatibility from {}", m.min_driver),
+                );
+            }
+        }
+        _ => {
+            let alternative = matrix
+                .torch_builds
+                .iter()
+                .find(|build| {
+                    matrix
+                        .min_driver_for(&build.cuda)
+                        .is_some_and(|need| need <= floor)
+                })
+                .map(|build| {
+                    format!(
+                        ", or target CUDA <= {ceiling} (e.g. torch {})",
+                        build.label()
+                    )
+                })
+                .unwrap_or_default();
+            problems.error(
+                "driver-floor-too-old",
+                format!("driver floor {floor} is too old for CUDA {cuda}: it supports CUDA <= {ceiling}, and CUDA {cuda} needs {toolkit_driver}{}", minor.map(|m| format!(" ({} with minor-version compatibility)", m.min_driver)).unwrap_or_default()),
+                format!("{minor_text}; below that the CUDA runtime fails with \"The NVIDIA driver on your system is too old\" (cudaErrorInsufficientDriver)"),
+                format!("raise driver_floor to >= {toolkit_driver}{alternative}"),
+            );
+        }
+    }
+}
+
+fn check_cudnn(matrix: &Matrix, recipe: &Recipe, problems: &mut Collector) {
+    let Some(cudnn) = recipe.cudnn.as_ref().map(|spec| &spec.version) else {
+        return;
+    };
+    let known_exact = matrix
+        .torch_builds
+        .iter()
+        .filter_map(|b| b.cudnn.as_ref())
+        .any(|v| cudnn.matches(v));
+    match matrix.cudnn_cuda_majors(cudnn) {
+        None if !known_exact => problems.error(
+            "unknown-cudnn",
+            format!("cuDNN {cudnn} is not a release cudastack knows"),
+            "cudastack checks which CUDA majors a cuDNN release ships for, from NVIDIA's published wheels",
+            "use an exact version published as nvidia-cudnn-cu11/cu12/cu13 on PyPI, such as 9.1.0.70 or 8.9.2.26",
+        ),
+        None => {}
+        Some(majors) if !majors.contains(&recipe.cuda.version.major) => {
+            let list: Vec<String> = majors.iter().map(|m| format!("CUDA {m}")).collect();
+            problems.error(
+                "cudnn-cuda-major",
+                format!("cuDNN {cudnn} is not built for CUDA {}: NVIDIA ships it for {}", recipe.cuda.version.major, list.join(" and ")),
+                "cuDNN is compiled against one CUDA major; loading it with another fails with CUDNN_STATUS_NOT_INITIALIZED or missing symbols",
+                format!("pick a cuDNN release built for CUDA {} (see `cudastack matrix --cuda {}`)", recipe.cuda.version.major, recipe.cuda.version.line()),
+            );
+        }
+        Some(_) => {}
+    }
+}
+
+fn check_torch<'m>(
+    matrix: &'m Matrix,
+    recipe: &Recipe,
+    problems: &mut Collector,
+) -> Option<&'m TorchBuild> {
+    let torch = recipe.torch.as_ref()?;
+    let builds: Vec<&TorchBuild> = matrix.torch_builds_of(&torch.version).collect();
+    if builds.is_empty() {
+        let newest = matrix
+            .torch_builds
+            .first()
+            .map(|b| b.torch.to_string())
+            .unwrap_or_default();
+        problems.error(
+            "unknown-torch",
+            format!("torch {} is not in the matrix", torch.version),
+            format!("the matrix has every torch release from 2.0.0 to {newest} on PyPI; its pins are what cudastack checks the recipe against"),
+            format!("use a released version (newest known: {newest}), or run `cudastack matrix refresh` if it was released after this cudastack"),
+        );
+        return None;
+    }
+    let Some(build) = selected_torch_build(matrix, recipe) else {
+        let variants: Vec<String> = builds
+            .iter()
+            .map(|b| {
+                format!(
+                    "{}{}",
+                    b.variant,
+                    if b.pypi_default {
+                        " (PyPI default)"
+                    } else {
+                        ""
+                    }
+                )
+            })
+            .collect();
+        problems.error(
+            "unknown-torch-variant",
+            format!(
+                "torch {} has no `{}` build in the matrix",
+                torch.version, torch.index
+            ),
+            "each PyTorch index serves one CUDA build of a release",
+            format!("use one of: {}", variants.join(", ")),
+        );
+        return None;
+    };
+    let where_from = if build.pypi_default {
+        "from PyPI".to_string()
+    } else {
+        format!("from the {} index", build.variant)
+    };
+    let runtime_pin = build
+        .cuda_runtime
+        .as_ref()
+        .map(|r| format!(" (its CUDA runtime pin is {r})"))
+        .unwrap_or_default();
+
+    if build.cuda.line() != recipe.cuda.version.line() {
+        let alternative = builds
+            .iter()
+            .find(|b| b.cuda.line() == recipe.cuda.version.line());
+        let hint = match alternative {
+            Some(alt) if alt.pypi_default => format!(
+                "set cuda.version to {}, or drop `index` to use the PyPI build {}",
+                build.cuda.line(),
+                alt.label()
+            ),
+            Some(alt) => format!(
+                "set cuda.version to {}, or use `torch: {{ version: \"{}\", index: {} }}` ({})",
+                build.cuda.line(),
+                alt.torch,
+                alt.variant,
+                alt.label()
+            ),
+            None => format!(
+                "set cuda.version to {}; no torch {} build for CUDA {} is known",
+                build.cuda.line(),
+                torch.version,
+                recipe.cuda.version.line()
+            ),
+        };
+        problems.error(
+            "torch-cuda-mismatch",
+            format!("torch {} {where_from} is built for CUDA {}{runtime_pin}; the recipe asks for CUDA {}", torch.version, build.cuda.line(), recipe.cuda.version),
+            "torch loads the CUDA runtime it was built with; a toolkit of another version beside it is a second, unused copy that extension builds (nvcc) would compile against",
+            hint,
+        );
+    }
+    if let (Some(wanted), Some(pinned)) = (
+        recipe.cudnn.as_ref().map(|s| &s.version),
+        build.cudnn.as_ref(),
+    ) {
+        if !wanted.matches(pinned) {
+            problems.error(
+                "torch-cudnn-mismatch",
+                format!("torch {} {where_from} pins cuDNN {pinned}; the recipe asks for cuDNN {wanted}", torch.version),
+                "torch loads the cuDNN it was built against; two cuDNN copies in one image is how version skew and CUDNN_STATUS_EXECUTION_FAILED happen",
+                format!("set cudnn.version to {pinned} (or leave cudnn out: cudastack takes torch's pin)"),
+            );
+        }
+    }
+    if !build.python.contains(&recipe.python) {
+        let tags: Vec<String> = build.python.iter().map(|p| p.cp_tag()).collect();
+        problems.error(
+            "python-not-supported",
+            format!(
+                "torch {} has no wheel for Python {} ({}); it has {}",
+                build.label(),
+                recipe.python,
+                recipe.python.cp_tag(),
+                tags.join(" ")
+            ),
+            "pip and cudastack install only wheels tagged for the interpreter's version",
+            format!(
+                "use python {} or a torch release that ships {}",
+                build
+                    .python
+                    .iter()
+                    .max()
+                    .map(|p| p.to_string())
+                    .unwrap_or_default(),
+                recipe.python.cp_tag()
+            ),
+        );
+    }
+    if matches!(
+        build.status,
+        super::Status::Unconfirmed | super::Status::Partial
+    ) {
+        problems.push(
+            Severity::Note,
+            "torch-variant-unconfirmed",
+            format!("the matrix row for torch {} is {:?}: {}", build.label(), build.status, build.source),
+            "PyTorch's own indexes are not reachable from where the matrix was compiled, so the pins are from its build scripts, not from the wheel",
+            "`cudastack lock` reads the wheel's METADATA and will report any disagreement",
+        );
+    }
+    Some(build)
+}
+
+fn check_base(
+    matrix: &Matrix,
+    recipe: &Recipe,
+    build: Option<&TorchBuild>,
+    problems: &mut Collector,
+) {
+    let Some((distro, release)) = recipe.base.distro() else {
+        return;
+    };
+    let Some(base) = matrix.base(distro, release) else {
+        let known: Vec<String> = matrix
+            .bases
+            .iter()
+            .map(|b| format!("{}: {}", b.distro, b.release))
+            .collect();
+        problems.error(
+            "unknown-base",
+            format!("base {} is not a release cudastack can build", recipe.base),
+            "cudastack needs the release's Python and glibc to choose wheels",
+            format!("use one of: {}; or give an existing image with `base: {{ image: REF@sha256:... }}`", known.join(", ")),
+        );
+        return;
+    };
+    if base.python != recipe.python {
+        let same_python: Vec<String> = matrix
+            .bases
+            .iter()
+            .filter(|b| b.python == recipe.python)
+            .map(|b| format!("{}: {}", b.distro, b.release))
+            .collect();
+        problems.error(
+            "base-python-mismatch",
+            format!("base {} ships Python {}; the recipe asks for Python {}", recipe.base, base.python, recipe.python),
+            "wheels are installed into the base's python3; a cp311 wheel cannot be imported by Python 3.12",
+            if same_python.is_empty() { format!("set python to {}", base.python) } else { format!("set python to {}, or use base {}", base.python, same_python.join(" or ")) },
+        );
+    }
+    if let Some(needed) = build.and_then(|b| b.glibc.as_ref()) {
+        if glibc_key(&base.glibc) < glibc_key(needed) {
+            problems.error(
+                "base-glibc-too-old",
+                format!("base {} has glibc {}; the torch wheels are manylinux_{} and need glibc >= {needed}", recipe.base, base.glibc, needed.replace('.', "_")),
+                "a manylinux_2_X wheel links against glibc symbols of version 2.X",
+                "use a newer base release",
+            );
+        }
+    }
+}
+
+fn glibc_key(text: &str) -> (u32, u32) {
+    let mut parts = text.split('.').map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+fn check_gpus(
+    matrix: &Matrix,
+    recipe: &Recipe,
+    build: Option<&TorchBuild>,
+    problems: &mut Collector,
+) {
+    for name in &recipe.gpus {
+        let Some(gpu) = matrix
+            .gpu(name)
+            .map(|g| (g.name.clone(), g.cc))
+            .or_else(|| {
+                name.parse::<ComputeCapability>()
+                    .ok()
+                    .map(|cc| (format!("sm_{}{}", cc.major, cc.minor), cc))
+            })
+        else {
+            problems.error(
+                "unknown-gpu",
+                format!("GPU `{name}` is not in the matrix"),
+                "cudastack needs the GPU's compute capability to check that the build has kernels for it",
+                "use a name from `cudastack matrix --gpus`, or give the compute capability directly (e.g. \"8.6\")",
+            );
+            continue;
+        };
+        let (gpu_name, cc) = gpu;
+        if let Some(build) = build {
+            let archs: Vec<String> = build.arch_list.iter().map(ComputeCapability::sm).collect();
+            match build.kernels_for(&cc) {
+                KernelSupport::Sass(_) => {}
+                KernelSupport::Ptx(ptx) => problems.push(
+                    Severity::Warning,
+                    "gpu-ptx-only",
+                    format!("{gpu_name} ({}) has no native kernels in torch {}; it would run {}'s PTX through the driver's JIT", cc.sm(), build.label(), ptx.sm()),
+                    "JIT compilation makes the first run slow and needs a driver at least as new as the build's CUDA",
+                    "prefer a build whose arch list contains the GPU's major",
+                ),
+                KernelSupport::None => {
+                    let first = matrix
+                        .torch_builds
+                        .iter()
+                        .filter(|b| b.pypi_default && matches!(b.kernels_for(&cc), KernelSupport::Sass(_)))
+                        .min_by(|a, b| a.torch.cmp(&b.torch));
+                    let last = matrix.torch_builds.iter().filter(|b| b.pypi_default && matches!(b.kernels_for(&cc), KernelSupport::Sass(_))).max_by(|a, b| a.torch.cmp(&b.torch));
+                    let hint = match (first, last) {
+                        (Some(first), Some(last)) => format!("PyPI builds with kernels for {}: torch {} .. {} (e.g. {} for CUDA {})", cc.sm(), first.torch, last.torch, last.label(), last.cuda),
+                        _ => format!("no PyPI torch build has kernels for {}; check `cudastack solve --cc {cc}`", cc.sm()),
+                    };
+                    problems.error(
+                        "gpu-no-kernels",
+                        format!("{gpu_name} (compute capability {cc}, {}) has no kernels in torch {} (built for {})", cc.sm(), build.label(), archs.join(" ")),
+                        format!("a cubin runs only on its own major with an equal or newer minor, and {} carries {}; the first CUDA op would fail with \"no kernel image is available for execution on the device\"", build.label(), if build.ptx { "PTX only for its newest arch" } else { "no PTX" }),
+                        hint,
+                    );
+                }
+            }
+        } else if let Some(support) = matrix.arch_support.iter().find(|row| {
+            row.cc.major == cc.major
+                && row.cc.minor <= cc.minor
+                && (row.cc.minor == cc.minor || !matrix.arch_support.iter().any(|r| r.cc == cc))
+        }) {
+            let cuda = recipe.cuda.version.line();
+            if support.removed_in.is_some_and(|removed| cuda >= removed) {
+                problems.error(
+                    "gpu-arch-removed",
+                    format!("CUDA {cuda} cannot compile for {gpu_name} ({}): support was removed in CUDA {}", cc.sm(), support.removed_in.unwrap()),
+                    "the toolkit's compilers and libraries carry no code for that architecture",
+                    format!("use CUDA < {}", support.removed_in.unwrap()),
+                );
+            }
+            if support.first_cuda.is_some_and(|first| cuda < first) {
+                problems.error(
+                    "gpu-arch-too-new",
+                    format!(
+                        "CUDA {cuda} predates {gpu_name} ({}): the first toolkit for it is CUDA {}",
+                        cc.sm(),
+                        support.first_cuda.unwrap()
+                    ),
+                    "the toolkit cannot generate code for an architecture it does not know",
+                    format!("use CUDA >= {}", support.first_cuda.unwrap()),
+                );
+            }
+        }
+    }
+}

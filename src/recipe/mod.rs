@@ -26,7 +26,12 @@ pub enum RecipeError {
         source: std::io::Error,
     },
     #[error("{path}:{line}:{column}: {message}")]
-    Syntax { path: PathBuf, line: u64, column: u64, message: String },
+    Syntax {
+        path: PathBuf,
+        line: u64,
+        column: u64,
+        message: String,
+    },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
 }
@@ -137,7 +142,10 @@ pub struct CudnnSpec {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TorchSpec {
-    #[serde(serialize_with = "serialize_display", deserialize_with = "deserialize_from_str")]
+    #[serde(
+        serialize_with = "serialize_display",
+        deserialize_with = "deserialize_from_str"
+    )]
     pub version: Version,
     /// `pypi` (default), a PyTorch variant such as `cu124`, or an index URL.
     #[serde(default)]
@@ -173,18 +181,28 @@ impl FromStr for TorchIndex {
         if text.eq_ignore_ascii_case("pypi") {
             return Ok(TorchIndex::Pypi);
         }
-        let is_variant = |s: &str| s.len() >= 5 && s.starts_with("cu") && s[2..].bytes().all(|b| b.is_ascii_digit());
+        let is_variant = |s: &str| {
+            s.len() >= 5 && s.starts_with("cu") && s[2..].bytes().all(|b| b.is_ascii_digit())
+        };
         if is_variant(text) {
-            return Ok(TorchIndex::Variant { variant: text.to_string(), url: format!("{}{text}", Self::PYTORCH_INDEX_ROOT) });
+            return Ok(TorchIndex::Variant {
+                variant: text.to_string(),
+                url: format!("{}{text}", Self::PYTORCH_INDEX_ROOT),
+            });
         }
         if text.starts_with("https://") || text.starts_with("http://") {
             let last = text.trim_end_matches('/').rsplit('/').next().unwrap_or("");
             if is_variant(last) {
-                return Ok(TorchIndex::Variant { variant: last.to_string(), url: text.trim_end_matches('/').to_string() });
+                return Ok(TorchIndex::Variant {
+                    variant: last.to_string(),
+                    url: text.trim_end_matches('/').to_string(),
+                });
             }
             return Err(format!("torch index URL `{text}` must end in a CUDA variant such as /cu124, so cudastack knows which build it serves"));
         }
-        Err(format!("torch index `{text}` is not `pypi`, a variant like `cu124`, or an index URL"))
+        Err(format!(
+            "torch index `{text}` is not `pypi`, a variant like `cu124`, or an index URL"
+        ))
     }
 }
 
@@ -192,7 +210,11 @@ impl fmt::Display for TorchIndex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TorchIndex::Pypi => f.write_str("pypi"),
-            TorchIndex::Variant { variant, url } if *url == format!("{}{variant}", Self::PYTORCH_INDEX_ROOT) => f.write_str(variant),
+            TorchIndex::Variant { variant, url }
+                if *url == format!("{}{variant}", Self::PYTORCH_INDEX_ROOT) =>
+            {
+                f.write_str(variant)
+            }
             TorchIndex::Variant { url, .. } => f.write_str(url),
         }
     }
@@ -222,7 +244,9 @@ impl PackageRequirement {
 impl FromStr for PackageRequirement {
     type Err = String;
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        pep508_rs::Requirement::from_str(text).map(PackageRequirement).map_err(|e| format!("`{text}` is not a valid PEP 508 requirement: {e}"))
+        pep508_rs::Requirement::from_str(text)
+            .map(PackageRequirement)
+            .map_err(|e| format!("`{text}` is not a valid PEP 508 requirement: {e}"))
     }
 }
 
@@ -262,7 +286,10 @@ pub struct VerifyPolicy {
     pub gpu: GpuPolicy,
 }
 
-fn serialize_display<T: fmt::Display, S: Serializer>(value: &T, serializer: S) -> Result<S::Ok, S::Error> {
+fn serialize_display<T: fmt::Display, S: Serializer>(
+    value: &T,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
     serializer.collect_str(value)
 }
 
@@ -277,26 +304,50 @@ where
     let text = match value {
         serde_json::Value::String(text) => text,
         serde_json::Value::Number(number) => number.to_string(),
-        other => return Err(serde::de::Error::custom(format!("expected a string, found {other}"))),
+        other => {
+            return Err(serde::de::Error::custom(format!(
+                "expected a string, found {other}"
+            )))
+        }
     };
     T::from_str(&text).map_err(serde::de::Error::custom)
 }
 
 /// Template placeholders a tag may use.
-pub const TAG_PLACEHOLDERS: &[&str] = &["registry", "name", "torch", "cuda", "cuda_mm", "cudnn", "cudnn_major", "python"];
+pub const TAG_PLACEHOLDERS: &[&str] = &[
+    "registry",
+    "name",
+    "torch",
+    "cuda",
+    "cuda_mm",
+    "cudnn",
+    "cudnn_major",
+    "python",
+];
 
 impl Recipe {
     /// Read and parse a recipe file.
     pub fn load(path: &Path) -> Result<Recipe, RecipeError> {
-        let text = fs_err::read_to_string(path).map_err(|source| RecipeError::Read { path: path.to_path_buf(), source })?;
+        let text = fs_err::read_to_string(path).map_err(|source| RecipeError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Recipe::parse(&text, path)
     }
 
     /// Parse recipe text; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Recipe, RecipeError> {
         let recipe: Recipe = serde_saphyr::from_str(text).map_err(|error| {
-            let (line, column) = error.location().map(|l| (l.line() as u64, l.column() as u64)).unwrap_or((0, 0));
-            RecipeError::Syntax { path: path.to_path_buf(), line, column, message: strip_location(&error.to_string()) }
+            let (line, column) = error
+                .location()
+                .map(|l| (l.line() as u64, l.column() as u64))
+                .unwrap_or((0, 0));
+            RecipeError::Syntax {
+                path: path.to_path_buf(),
+                line,
+                column,
+                message: strip_location(&error.to_string()),
+            }
         })?;
         recipe.check_shape(path)?;
         Ok(recipe)
@@ -304,11 +355,18 @@ impl Recipe {
 
     /// Checks that need no compatibility knowledge (names, templates).
     fn check_shape(&self, path: &Path) -> Result<(), RecipeError> {
-        let invalid = |message: String| RecipeError::Invalid { path: path.to_path_buf(), message };
+        let invalid = |message: String| RecipeError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
         let name_ok = !self.name.is_empty()
             && self.name.len() <= 128
-            && self.name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-            && self.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'));
+            && self
+                .name
+                .starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && self.name.chars().all(|c| {
+                c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')
+            });
         if !name_ok {
             return Err(invalid(format!("name `{}` must be lowercase letters, digits, `.`, `_` or `-` (it becomes an image name)", self.name)));
         }
@@ -320,10 +378,15 @@ impl Recipe {
         for tag in &self.tags {
             let mut rest = tag.as_str();
             while let Some(open) = rest.find('{') {
-                let close = rest[open..].find('}').ok_or_else(|| invalid(format!("tag template `{tag}` has an unclosed `{{`")))?;
+                let close = rest[open..]
+                    .find('}')
+                    .ok_or_else(|| invalid(format!("tag template `{tag}` has an unclosed `{{`")))?;
                 let key = &rest[open + 1..open + close];
                 if !TAG_PLACEHOLDERS.contains(&key) {
-                    return Err(invalid(format!("tag template `{tag}` uses unknown placeholder `{{{key}}}`; known: {}", TAG_PLACEHOLDERS.join(", "))));
+                    return Err(invalid(format!(
+                        "tag template `{tag}` uses unknown placeholder `{{{key}}}`; known: {}",
+                        TAG_PLACEHOLDERS.join(", ")
+                    )));
                 }
                 rest = &rest[open + close + 1..];
             }
@@ -397,22 +460,36 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
     fn unknown_keys_report_line_and_column() {
         let text = GOOD.replace("python: \"3.11\"", "python: \"3.11\"\npyhton: \"3.12\"");
         let error = parse(&text).unwrap_err().to_string();
-        assert!(error.starts_with("r.yaml:5:1: unknown field `pyhton`"), "{error}");
+        assert!(
+            error.starts_with("r.yaml:5:1: unknown field `pyhton`"),
+            "{error}"
+        );
     }
 
     #[test]
     fn bad_versions_are_typed_errors() {
-        let error = parse(&GOOD.replace("530.30.02", "twelve")).unwrap_err().to_string();
-        assert!(error.contains("`twelve` is not a valid NVIDIA driver version"), "{error}");
+        let error = parse(&GOOD.replace("530.30.02", "twelve"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("`twelve` is not a valid NVIDIA driver version"),
+            "{error}"
+        );
         assert!(error.starts_with("r.yaml:5:"), "{error}");
-        let error = parse(&GOOD.replace("numpy==1.26.4", "numpy===")).unwrap_err().to_string();
+        let error = parse(&GOOD.replace("numpy==1.26.4", "numpy==="))
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("PEP 508"), "{error}");
     }
 
     #[test]
     fn digest_ignores_formatting_but_not_meaning() {
         let a = parse(GOOD).unwrap();
-        let reformatted = format!("# a comment\n{}", GOOD.replace("cuda: {", "# the toolkit\ncuda: {").replace("\"12.1\"", "12.1"));
+        let reformatted = format!(
+            "# a comment\n{}",
+            GOOD.replace("cuda: {", "# the toolkit\ncuda: {")
+                .replace("\"12.1\"", "12.1")
+        );
         let b = parse(&reformatted).unwrap();
         assert_eq!(a.digest(), b.digest());
         let c = parse(&GOOD.replace("2.4.1\" }", "2.4.0\" }")).unwrap();
@@ -425,15 +502,28 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
         let cu = "cu118".parse::<TorchIndex>().unwrap();
         assert_eq!(cu.variant(), Some("cu118"));
         assert_eq!(cu.to_string(), "cu118");
-        let mirror = "http://127.0.0.1:8080/whl/cu124/".parse::<TorchIndex>().unwrap();
+        let mirror = "http://127.0.0.1:8080/whl/cu124/"
+            .parse::<TorchIndex>()
+            .unwrap();
         assert_eq!(mirror.variant(), Some("cu124"));
         assert!("http://mirror/simple".parse::<TorchIndex>().is_err());
     }
 
     #[test]
     fn shape_errors() {
-        assert!(parse(&GOOD.replace("torch2.4.1-cu121", "Torch")).unwrap_err().to_string().contains("lowercase"));
-        assert!(parse(&GOOD.replace("{ debian: bookworm }", "{ image: \"ubuntu:22.04\" }")).unwrap_err().to_string().contains("pinned by digest"));
-        assert!(parse(&GOOD.replace("{python}\"", "{pyton}\"")).unwrap_err().to_string().contains("unknown placeholder `{pyton}`"));
+        assert!(parse(&GOOD.replace("torch2.4.1-cu121", "Torch"))
+            .unwrap_err()
+            .to_string()
+            .contains("lowercase"));
+        assert!(
+            parse(&GOOD.replace("{ debian: bookworm }", "{ image: \"ubuntu:22.04\" }"))
+                .unwrap_err()
+                .to_string()
+                .contains("pinned by digest")
+        );
+        assert!(parse(&GOOD.replace("{python}\"", "{pyton}\""))
+            .unwrap_err()
+            .to_string()
+            .contains("unknown placeholder `{pyton}`"));
     }
 }

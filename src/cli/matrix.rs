@@ -1,0 +1,246 @@
+//! `cudastack matrix [--torch SPEC] [--cuda X.Y] [--gpu NAME] [--table T]` and
+//! `cudastack matrix refresh`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand, ValueEnum};
+use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
+use cudastack::matrix::solve::SolveQuery;
+use cudastack::matrix::{KernelSupport, Matrix};
+use cudastack::version::{ComputeCapability, CudaVersion};
+use serde::Serialize;
+
+use super::{CommandResult, Printer};
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct MatrixArgs {
+    #[command(subcommand)]
+    command: Option<MatrixCommand>,
+    /// Which table to show.
+    #[arg(long, value_enum, default_value_t = TableKind::Torch)]
+    table: TableKind,
+    /// Only torch builds matching this version or specifier (`2.4.1`, `>=2.5`).
+    #[arg(long)]
+    torch: Option<String>,
+    /// Only rows for this CUDA version (`12.4`).
+    #[arg(long)]
+    cuda: Option<CudaVersion>,
+    /// Only torch builds with native kernels for this GPU (name or compute capability).
+    #[arg(long)]
+    gpu: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum TableKind {
+    /// torch builds: CUDA, cuDNN, Python tags, sm list (default).
+    Torch,
+    /// CUDA toolkit -> minimum Linux driver, and minor-version-compatibility floors.
+    Cuda,
+    /// cuDNN release ranges -> CUDA majors.
+    Cudnn,
+    /// GPUs -> compute capability.
+    Gpus,
+}
+
+#[derive(Debug, Subcommand)]
+enum MatrixCommand {
+    /// Regenerate data/torch-pypi.json from PyPI (simple JSON API + wheel METADATA).
+    Refresh(RefreshArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RefreshArgs {
+    /// PEP 691 JSON simple index to read torch from.
+    #[arg(long, default_value = "https://pypi.org/simple/")]
+    index: String,
+    /// Where to write the data file.
+    #[arg(long, default_value = "data/torch-pypi.json")]
+    output: PathBuf,
+    /// Oldest torch release to include.
+    #[arg(long, default_value = "2.0.0")]
+    since: String,
+    /// Skip reading each release's sm list from libtorch (reuses rows already in --output).
+    #[arg(long)]
+    no_arch_scan: bool,
+}
+
+pub fn run(args: MatrixArgs, printer: &Printer) -> CommandResult {
+    if let Some(MatrixCommand::Refresh(refresh)) = args.command {
+        return super::refresh::run(refresh, printer);
+    }
+    let matrix = Matrix::embedded();
+    match args.table {
+        TableKind::Torch => torch_table(matrix, &args, printer),
+        TableKind::Cuda => cuda_table(matrix, &args, printer),
+        TableKind::Cudnn => cudnn_table(matrix, printer),
+        TableKind::Gpus => gpu_table(matrix, printer),
+    }
+}
+
+fn new_table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    table
+        .load_style(UTF8_BORDERS_ONLY)
+        .set_header(header.to_vec());
+    table
+}
+
+fn torch_table(matrix: &Matrix, args: &MatrixArgs, printer: &Printer) -> CommandResult {
+    let spec = args
+        .torch
+        .as_deref()
+        .map(SolveQuery::torch_spec)
+        .transpose()?;
+    let gpu: Option<ComputeCapability> = args
+        .gpu
+        .as_deref()
+        .map(|name| SolveQuery::gpu(matrix, name).map(|g| g.cc))
+        .transpose()?;
+    let rows: Vec<_> = matrix
+        .torch_builds
+        .iter()
+        .filter(|b| spec.as_ref().is_none_or(|s| s.contains(&b.torch)))
+        .filter(|b| {
+            args.cuda
+                .is_none_or(|c| c.matches(&b.cuda) || c.line() == b.cuda.line())
+        })
+        .filter(|b| gpu.is_none_or(|cc| matches!(b.kernels_for(&cc), KernelSupport::Sass(_))))
+        .collect();
+    if printer.json {
+        printer.json(&rows);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = new_table(&[
+        "torch",
+        "index",
+        "CUDA",
+        "runtime",
+        "cuDNN",
+        "python",
+        "sm (SASS)",
+        "status",
+    ]);
+    for build in &rows {
+        let python = match (build.python.first(), build.python.last()) {
+            (Some(first), Some(last)) if first != last => format!("{}-{}", first, last),
+            (Some(only), _) => only.to_string(),
+            _ => "-".into(),
+        };
+        let archs: Vec<String> = build
+            .arch_list
+            .iter()
+            .map(|cc| format!("{}{}", cc.major, cc.minor))
+            .collect();
+        table.add_row(vec![
+            build.torch.to_string(),
+            if build.pypi_default {
+                "pypi".into()
+            } else {
+                build.variant.clone()
+            },
+            build.cuda.to_string(),
+            build.cuda_runtime.clone().unwrap_or_else(|| "-".into()),
+            build
+                .cudnn
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_else(|| "-".into()),
+            python,
+            format!(
+                "{}{}",
+                archs.join(" "),
+                if build.ptx { " +PTX" } else { "" }
+            ),
+            format!("{:?}", build.status),
+        ]);
+    }
+    println!("{table}");
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Serialize)]
+struct CudaRow<'a> {
+    version: CudaVersion,
+    min_driver: String,
+    minor_compat_floor: Option<String>,
+    status: &'a cudastack::matrix::Status,
+}
+
+fn cuda_table(matrix: &Matrix, args: &MatrixArgs, printer: &Printer) -> CommandResult {
+    let rows: Vec<CudaRow> = matrix
+        .cuda_releases
+        .iter()
+        .rev()
+        .filter(|row| {
+            args.cuda
+                .is_none_or(|c| c.matches(&row.version) || c.line() == row.version.line())
+        })
+        .map(|row| CudaRow {
+            version: row.version,
+            min_driver: row.min_driver.to_string(),
+            minor_compat_floor: matrix
+                .minor_compat_floor(row.version.major)
+                .map(|m| m.min_driver.to_string()),
+            status: &row.status,
+        })
+        .collect();
+    if printer.json {
+        printer.json(&rows);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = new_table(&[
+        "CUDA",
+        "min driver (Linux x86_64)",
+        "minor-compat floor",
+        "status",
+    ]);
+    for row in &rows {
+        table.add_row(vec![
+            row.version.to_string(),
+            row.min_driver.clone(),
+            row.minor_compat_floor.clone().unwrap_or_default(),
+            format!("{:?}", row.status),
+        ]);
+    }
+    println!("{table}");
+    println!("source: {}", matrix.cuda_releases_source);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cudnn_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
+    if printer.json {
+        printer.json(&matrix.cudnn_ranges);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = new_table(&["cuDNN from", "cuDNN to", "CUDA majors"]);
+    for row in &matrix.cudnn_ranges {
+        let majors: Vec<String> = row.cuda_majors.iter().map(u32::to_string).collect();
+        table.add_row(vec![
+            row.first.to_string(),
+            row.last.to_string(),
+            majors.join(", "),
+        ]);
+    }
+    println!("{table}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn gpu_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
+    if printer.json {
+        printer.json(&matrix.gpus);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = new_table(&["GPU", "compute capability", "architecture", "status"]);
+    for gpu in &matrix.gpus {
+        table.add_row(vec![
+            gpu.name.clone(),
+            gpu.cc.to_string(),
+            gpu.arch.clone(),
+            format!("{:?}", gpu.status),
+        ]);
+    }
+    println!("{table}");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,103 @@
+//! Command-line interface: clap definitions (their doc comments are the help text), one
+//! function per command, and the shared printer. stdout carries data only (tables, the
+//! final reference, or `--json`); progress and logs go to stderr.
+
+mod matrix;
+mod refresh;
+mod solve;
+mod validate;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Build reproducible, verified container images for GPU deep learning.
+#[derive(Debug, Parser)]
+#[command(name = "cudastack", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Print machine-readable JSON on stdout instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Only print errors on stderr.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check recipes against the compatibility matrix; exit 1 if any is invalid.
+    Validate {
+        /// Recipe files (YAML).
+        #[arg(required = true)]
+        recipes: Vec<PathBuf>,
+    },
+    /// Show the compatibility matrix, or regenerate its torch data from PyPI.
+    Matrix(matrix::MatrixArgs),
+    /// Find the torch/CUDA/cuDNN builds that fit a driver and GPUs, ranked, with reasons.
+    Solve(solve::SolveArgs),
+}
+
+/// What every command gets: output format and verbosity.
+pub struct Printer {
+    pub json: bool,
+    pub quiet: bool,
+}
+
+impl Printer {
+    /// Print a JSON value on stdout.
+    pub fn json<T: serde::Serialize>(&self, value: &T) {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).expect("output types serialise")
+        );
+    }
+    /// A progress or log line on stderr.
+    pub fn status(&self, line: impl AsRef<str>) {
+        if !self.quiet {
+            eprintln!("{}", line.as_ref());
+        }
+    }
+}
+
+/// Print an error with its cause chain, cargo/uv style.
+pub fn report_error(error: &(dyn std::error::Error + 'static)) {
+    eprintln!("error: {error}");
+    let mut source = error.source();
+    while let Some(cause) = source {
+        eprintln!("  Caused by: {cause}");
+        source = cause.source();
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = if cli.quiet { "error" } else { "warn" };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CUDASTACK_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let printer = Printer {
+        json: cli.json,
+        quiet: cli.quiet,
+    };
+    let result = match cli.command {
+        Command::Validate { recipes } => validate::run(&recipes, &printer),
+        Command::Matrix(args) => matrix::run(args, &printer),
+        Command::Solve(args) => solve::run(args, &printer),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            report_error(error.as_ref());
+            ExitCode::from(2)
+        }
+    }
+}
+
+pub type CommandResult = Result<ExitCode, Box<dyn std::error::Error + Send + Sync>>;

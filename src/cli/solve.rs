@@ -1,0 +1,119 @@
+//! `cudastack solve --driver V --gpu NAME [--torch SPEC] [--python X.Y]`
+
+use std::process::ExitCode;
+
+use clap::Args;
+use cudastack::matrix::solve::{solve, SolveQuery};
+use cudastack::matrix::Matrix;
+use cudastack::version::{DriverVersion, PythonVersion};
+
+use super::{CommandResult, Printer};
+
+#[derive(Debug, Args)]
+pub struct SolveArgs {
+    /// The host's NVIDIA driver version (`nvidia-smi --query-gpu=driver_version --format=csv`).
+    #[arg(long)]
+    driver: Option<DriverVersion>,
+    /// A GPU the stack must run on, by name (`RTX 3090`, `A100`); repeatable.
+    #[arg(long = "gpu")]
+    gpus: Vec<String>,
+    /// A GPU given by compute capability (`8.6` or `sm_86`); repeatable.
+    #[arg(long = "cc")]
+    ccs: Vec<String>,
+    /// Torch versions to consider: `2.4.1`, `==2.4.*`, `>=2.3,<2.6`.
+    #[arg(long)]
+    torch: Option<String>,
+    /// Python version the stack must use.
+    #[arg(long)]
+    python: Option<PythonVersion>,
+    /// Reject builds that need CUDA minor-version compatibility on this driver.
+    #[arg(long)]
+    no_minor_compat: bool,
+    /// How many accepted and rejected candidates to show (all with --json).
+    #[arg(long, default_value_t = 5)]
+    top: usize,
+}
+
+pub fn run(args: SolveArgs, printer: &Printer) -> CommandResult {
+    let matrix = Matrix::embedded();
+    let mut query = SolveQuery {
+        driver: args.driver,
+        python: args.python,
+        allow_minor_compat: !args.no_minor_compat,
+        ..Default::default()
+    };
+    for name in args.gpus.iter().chain(&args.ccs) {
+        query.gpus.push(SolveQuery::gpu(matrix, name)?);
+    }
+    if let Some(spec) = &args.torch {
+        query.torch = Some(SolveQuery::torch_spec(spec)?);
+    }
+    let solution = solve(matrix, &query);
+    if printer.json {
+        printer.json(&solution);
+        return Ok(if solution.best().is_some() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
+    let mut host = Vec::new();
+    if let Some(driver) = &solution.driver {
+        host.push(format!(
+            "driver {driver} (CUDA <= {})",
+            solution
+                .cuda_ceiling
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "none".into())
+        ));
+    }
+    for gpu in &solution.gpus {
+        host.push(format!("{} (compute capability {})", gpu.name, gpu.cc));
+    }
+    if !host.is_empty() {
+        println!("host: {}", host.join(", "));
+    }
+    let accepted: Vec<_> = solution.accepted().collect();
+    if accepted.is_empty() {
+        println!("no torch build fits.");
+    } else {
+        println!("\naccepted ({} in all, best first):", accepted.len());
+        for (rank, candidate) in accepted.iter().take(args.top).enumerate() {
+            let compat = if candidate.minor_compat {
+                " [minor-version compat]"
+            } else {
+                ""
+            };
+            println!(
+                "  {}. torch {} (index {}, CUDA {}, cuDNN {}){compat}",
+                rank + 1,
+                candidate.torch_build,
+                candidate.index,
+                candidate.cuda,
+                candidate.cudnn.as_deref().unwrap_or("-")
+            );
+            for reason in &candidate.reasons {
+                println!("       - {reason}");
+            }
+        }
+    }
+    let rejected: Vec<_> = solution.candidates.iter().filter(|c| !c.accepted).collect();
+    if !rejected.is_empty() {
+        println!("\nrejected ({} in all, newest first):", rejected.len());
+        for candidate in rejected.iter().take(args.top) {
+            println!(
+                "  - torch {}: {}",
+                candidate.torch_build,
+                candidate.reasons.join("; ")
+            );
+        }
+    }
+    if let Some(best) = accepted.first().and_then(|c| c.recipe.as_ref()) {
+        println!("\nrecipe for the best answer:\n---\n{best}");
+    }
+    Ok(if accepted.is_empty() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

@@ -1,0 +1,96 @@
+//! `cudastack validate RECIPE...`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use cudastack::matrix::validate::{validate, Severity, Validation};
+use cudastack::matrix::Matrix;
+use cudastack::recipe::Recipe;
+use serde::Serialize;
+
+use super::{CommandResult, Printer};
+
+#[derive(Serialize)]
+struct FileResult {
+    path: String,
+    valid: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parse_error: Option<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    validation: Option<Validation>,
+}
+
+pub fn run(paths: &[PathBuf], printer: &Printer) -> CommandResult {
+    let matrix = Matrix::embedded();
+    let mut results = Vec::new();
+    for path in paths {
+        let result = match Recipe::load(path) {
+            Ok(recipe) => {
+                let validation = validate(matrix, &recipe);
+                FileResult {
+                    path: path.display().to_string(),
+                    valid: validation.is_valid(),
+                    parse_error: None,
+                    validation: Some(validation),
+                }
+            }
+            Err(error) => FileResult {
+                path: path.display().to_string(),
+                valid: false,
+                parse_error: Some(error.to_string()),
+                validation: None,
+            },
+        };
+        results.push(result);
+    }
+    let all_valid = results.iter().all(|r| r.valid);
+    if printer.json {
+        printer.json(&results);
+    } else {
+        for result in &results {
+            print_human(result);
+        }
+    }
+    Ok(if all_valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn print_human(result: &FileResult) {
+    if let Some(error) = &result.parse_error {
+        println!("{}: invalid\n  error: {error}", result.path);
+        return;
+    }
+    let Some(validation) = &result.validation else {
+        return;
+    };
+    let errors = validation.errors().count();
+    if errors == 0 {
+        let mut facts = Vec::new();
+        if let Some(build) = &validation.torch_build {
+            facts.push(format!("torch {build}"));
+        }
+        if let Some(require) = &validation.nvidia_require_cuda {
+            facts.push(format!("NVIDIA_REQUIRE_CUDA={require}"));
+        }
+        println!("{}: valid ({})", result.path, facts.join(", "));
+    } else {
+        println!(
+            "{}: invalid, {errors} error{}",
+            result.path,
+            if errors == 1 { "" } else { "s" }
+        );
+    }
+    for problem in &validation.problems {
+        let label = match problem.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+            Severity::Note => "note",
+        };
+        println!("  {label}[{}]: {}", problem.code, problem.what);
+        println!("    why:  {}", problem.why);
+        println!("    hint: {}", problem.hint);
+    }
+}
