@@ -7,7 +7,7 @@ use std::str::FromStr;
 use pep440_rs::VersionSpecifiers;
 use serde::Serialize;
 
-use super::{KernelSupport, Matrix, TorchBuild};
+use super::{KernelSupport, Matrix, Status, TorchBuild};
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion, PythonVersion};
 
 /// A GPU the answer must run on.
@@ -113,12 +113,15 @@ pub fn solve(matrix: &Matrix, query: &SolveQuery) -> Solution {
         .iter()
         .map(|build| (judge(matrix, query, build), build))
         .collect();
-    // Rank: accepted first; native before minor-version compatibility; newest torch; the
-    // PyPI build (no extra index to trust) before index variants; newest CUDA.
+    // Rank: accepted first; native before minor-version compatibility; rows read from the
+    // wheels themselves before rows from build scripts; newest torch; the PyPI build (no
+    // extra index to trust) before index variants; newest CUDA.
+    let confirmed = |build: &TorchBuild| matches!(build.status, Status::Derived | Status::Confirmed);
     candidates.sort_by(|(a, build_a), (b, build_b)| {
         b.accepted
             .cmp(&a.accepted)
             .then(a.minor_compat.cmp(&b.minor_compat))
+            .then(confirmed(build_b).cmp(&confirmed(build_a)))
             .then(build_b.torch.cmp(&build_a.torch))
             .then(build_b.pypi_default.cmp(&build_a.pypi_default))
             .then(b.cuda.cmp(&a.cuda))

@@ -1,0 +1,194 @@
+//! CLI behaviour of validate / matrix / solve, as the user sees it (insta snapshots of
+//! stdout), plus precise checks of each validation failure. Runs the real binary.
+
+use std::path::Path;
+
+use assert_cmd::Command;
+
+fn cudastack() -> Command {
+    let mut command = Command::cargo_bin("cudastack").unwrap();
+    command.current_dir(env!("CARGO_MANIFEST_DIR"));
+    command
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let output = cudastack().args(args).output().unwrap();
+    (output.status.code().unwrap_or(-1), String::from_utf8(output.stdout).unwrap(), String::from_utf8(output.stderr).unwrap())
+}
+
+#[test]
+fn every_shipped_recipe_is_valid() {
+    let mut recipes: Vec<String> = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| format!("recipes/{}", p.file_name().unwrap().to_string_lossy()))
+        .collect();
+    recipes.sort();
+    assert!(recipes.len() >= 5);
+    let mut args = vec!["validate"];
+    args.extend(recipes.iter().map(String::as_str));
+    let (code, stdout, stderr) = run(&args);
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    for recipe in &recipes {
+        assert!(stdout.contains(&format!("{recipe}: valid")), "{recipe} not valid:\n{stdout}");
+    }
+}
+
+/// Each invalid fixture fails with exit 1, its own error code, and a message naming the
+/// facts involved.
+#[test]
+fn each_invalid_case_has_a_precise_error_and_hint() {
+    let cases: &[(&str, &[&str])] = &[
+        ("driver-floor-below-toolkit", &["driver floor 525.85.12 is below 530.30.02", "525.60.13", "NVIDIA_REQUIRE_CUDA", "WITHOUT minor-version compatibility", "minor_version_compat: true"]),
+        ("driver-floor-too-old", &["driver floor 470.82.01 is too old for CUDA 12.1", "supports CUDA <= 11.4", "raise driver_floor to >= 530.30.02"]),
+        ("cudnn-cuda-major", &["cuDNN 8.7.0.84 is not built for CUDA 12", "CUDA 11"]),
+        ("torch-cudnn-mismatch", &["pins cuDNN 9.1.0.70", "asks for cuDNN 8.9.2.26", "set cudnn.version to 9.1.0.70"]),
+        ("torch-cuda-mismatch", &["is built for CUDA 12.1", "12.1.105", "asks for CUDA 12.4", "set cuda.version to 12.1"]),
+        ("python-not-supported", &["no wheel for Python 3.12 (cp312)", "cp311"]),
+        ("gpu-no-kernels", &["GeForce RTX 5090 (compute capability 12.0, sm_120) has no kernels in torch 2.6.0+cu124", "no kernel image is available", "2.8.0"]),
+        ("unknown-torch", &["torch 2.99.0 is not in the matrix", "matrix refresh"]),
+        ("unknown-cuda", &["CUDA 12.7 is not a release cudastack knows"]),
+        ("unknown-cudnn", &["cuDNN 7.6.5 is not a release cudastack knows"]),
+        ("unknown-gpu", &["GPU `Voodoo 5` is not in the matrix"]),
+        ("base-python-mismatch", &["base debian:bookworm ships Python 3.11; the recipe asks for Python 3.12"]),
+        ("gpu-arch-removed", &["CUDA 13.0 cannot compile for Tesla V100 (sm_70)"]),
+    ];
+    for (name, fragments) in cases {
+        let path = format!("tests/fixtures/recipes/invalid/{name}.yaml");
+        let (code, stdout, _) = run(&["validate", &path]);
+        assert_eq!(code, 1, "{name} should be invalid:\n{stdout}");
+        assert!(stdout.contains(&format!("error[{name}]")), "{name}: expected error[{name}] in:\n{stdout}");
+        assert!(stdout.contains("hint: "), "{name}: no hint:\n{stdout}");
+        for fragment in *fragments {
+            assert!(stdout.contains(fragment), "{name}: expected `{fragment}` in:\n{stdout}");
+        }
+    }
+}
+
+#[test]
+fn unknown_keys_point_at_line_and_column() {
+    let (code, stdout, _) = run(&["validate", "tests/fixtures/recipes/invalid/unknown-key.yaml"]);
+    assert_eq!(code, 1);
+    assert!(stdout.contains("unknown-key.yaml:5:"), "{stdout}");
+    assert!(stdout.contains("unknown field `flavour`"), "{stdout}");
+}
+
+#[test]
+fn minor_version_compat_turns_the_floor_error_into_a_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recipes/invalid/driver-floor-below-toolkit.yaml")).unwrap();
+    let path = dir.path().join("compat.yaml");
+    std::fs::write(&path, format!("{text}minor_version_compat: true\n")).unwrap();
+    let (code, stdout, _) = run(&["validate", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("note[minor-version-compat]"), "{stdout}");
+    assert!(stdout.contains("NVIDIA_REQUIRE_CUDA=cuda>=12.0"), "{stdout}");
+}
+
+#[test]
+fn validate_json_is_machine_readable() {
+    let (code, stdout, _) = run(&["validate", "--json", "recipes/torch2.4.1-cu121-py3.11.yaml", "tests/fixtures/recipes/invalid/torch-cudnn-mismatch.yaml"]);
+    assert_eq!(code, 1);
+    let value: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(value[0]["valid"], true);
+    assert_eq!(value[0]["torch_build"], "2.4.1+cu121");
+    assert_eq!(value[0]["nvidia_require_cuda"], "cuda>=12.1");
+    assert!(value[0]["recipe_digest"].as_str().unwrap().starts_with("sha256:"));
+    assert_eq!(value[1]["valid"], false);
+    assert_eq!(value[1]["problems"][0]["code"], "torch-cudnn-mismatch");
+}
+
+#[test]
+fn snapshot_validate_error_output() {
+    let (_, stdout, _) = run(&["validate", "tests/fixtures/recipes/invalid/torch-cudnn-mismatch.yaml", "tests/fixtures/recipes/invalid/driver-floor-below-toolkit.yaml"]);
+    insta::assert_snapshot!(stdout);
+}
+
+fn solve_json(args: &[&str]) -> serde_json::Value {
+    let mut full = vec!["solve", "--json"];
+    full.extend_from_slice(args);
+    let (_, stdout, stderr) = run(&full);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}{stderr}"))
+}
+
+fn best(solution: &serde_json::Value) -> (String, bool) {
+    let best = &solution["candidates"][0];
+    assert_eq!(best["accepted"], true, "no accepted candidate: {solution}");
+    (best["torch_build"].as_str().unwrap().to_string(), best["minor_compat"].as_bool().unwrap())
+}
+
+#[test]
+fn solve_driver_535_rtx_3090() {
+    let solution = solve_json(&["--driver", "535.104.05", "--gpu", "RTX 3090"]);
+    assert_eq!(solution["cuda_ceiling"], "12.2");
+    assert_eq!(best(&solution), ("2.4.1+cu121".to_string(), false));
+    // cu124 builds need 550.54.14 natively; they come after, through minor-version compat.
+    let rejected_or_compat = solution["candidates"].as_array().unwrap().iter().find(|c| c["torch_build"] == "2.5.1+cu124").unwrap();
+    assert_eq!(rejected_or_compat["minor_compat"], true);
+}
+
+#[test]
+fn solve_driver_470_v100_needs_minor_compat() {
+    let solution = solve_json(&["--driver", "470.82.01", "--gpu", "V100"]);
+    assert_eq!(solution["cuda_ceiling"], "11.4");
+    let (build, minor_compat) = best(&solution);
+    assert!(minor_compat, "{build} should need minor-version compatibility");
+    assert!(build.ends_with("+cu117") || build.ends_with("+cu118"), "{build}");
+    let strict = solve_json(&["--driver", "470.82.01", "--gpu", "V100", "--no-minor-compat"]);
+    assert_eq!(strict["candidates"][0]["accepted"], false);
+}
+
+#[test]
+fn solve_driver_570_rtx_5090() {
+    let solution = solve_json(&["--driver", "570.124.06", "--gpu", "RTX 5090"]);
+    assert_eq!(solution["cuda_ceiling"], "12.8");
+    let (build, minor_compat) = best(&solution);
+    assert_eq!((build.as_str(), minor_compat), ("2.10.0+cu128", false));
+    let rejected: Vec<&serde_json::Value> = solution["candidates"].as_array().unwrap().iter().filter(|c| c["accepted"] == false).collect();
+    let old = rejected.iter().find(|c| c["torch_build"] == "2.6.0+cu124").unwrap();
+    assert!(old["reasons"][0].as_str().unwrap().contains("no kernels for GeForce RTX 5090 (sm_120)"), "{old}");
+    let new = rejected.iter().find(|c| c["torch_build"] == "2.11.0+cu130").unwrap();
+    assert!(new["reasons"][0].as_str().unwrap().contains("CUDA 13.0 needs 580.65.06"), "{new}");
+}
+
+#[test]
+fn solve_driver_550_gtx_1080_ti() {
+    let solution = solve_json(&["--driver", "550.54.15", "--gpu", "GTX 1080 Ti"]);
+    assert_eq!(solution["cuda_ceiling"], "12.4");
+    let (build, minor_compat) = best(&solution);
+    assert_eq!((build.as_str(), minor_compat), ("2.6.0+cu124", false));
+}
+
+#[test]
+fn snapshot_solve_output() {
+    let (code, stdout, _) = run(&["solve", "--driver", "535.104.05", "--gpu", "RTX 3090", "--top", "3"]);
+    assert_eq!(code, 0);
+    insta::assert_snapshot!(stdout);
+}
+
+#[test]
+fn snapshot_matrix_torch_filter() {
+    let (code, stdout, _) = run(&["matrix", "--torch", ">=2.4,<2.5"]);
+    assert_eq!(code, 0);
+    insta::assert_snapshot!(stdout);
+}
+
+#[test]
+fn matrix_gpu_filter_keeps_only_builds_with_kernels() {
+    let (code, stdout, _) = run(&["matrix", "--json", "--gpu", "RTX 5090"]);
+    assert_eq!(code, 0);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout).unwrap();
+    assert!(!rows.is_empty());
+    assert!(rows.iter().all(|row| row["arch_list"].as_array().unwrap().iter().any(|a| a.as_str().unwrap().starts_with("12."))));
+}
+
+#[test]
+fn bad_input_to_solve_is_a_clear_error() {
+    let (code, _, stderr) = run(&["solve", "--gpu", "Voodoo 5"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("GPU `Voodoo 5` is not in the matrix"), "{stderr}");
+    let (code, _, stderr) = run(&["solve", "--driver", "twelve"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("not a valid NVIDIA driver version"), "{stderr}");
+}
