@@ -4,3 +4,5 @@
 //! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
 pub mod cas;
 pub mod digest;
+pub mod layer;
+pub mod oci;
