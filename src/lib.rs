@@ -4,6 +4,8 @@
 //! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
 pub mod cas;
 pub mod digest;
+pub mod layer;
 pub mod matrix;
+pub mod oci;
 pub mod recipe;
 pub mod version;

@@ -1,0 +1,176 @@
+//! The layer cache: an unchanged layer is never re-tarred or re-compressed.
+//!
+//! A layer's bytes are a function of its inputs, so the cache is keyed by a digest of
+//! them: the assembler's version string, the digests of the input artifacts, the
+//! assembler's options (any serialisable value, hashed as canonical JSON), and the
+//! [`BuildOptions`] that change bytes (mtime and compression, not thread count).
+//! ```text
+//! <root>/layers/<key-hex>.json   -> the Layer descriptor (digest, diff_id, size, media type)
+//! <root>/blobs/sha256/<hex>      -> the blob itself (the shared BlobStore)
+//! ```
+//! The index file is written after the blob is committed and is itself renamed into
+//! place atomically, so an interrupted build leaves no entry that points at nothing.
+//! A hit whose blob has gone missing is treated as a miss.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use super::{build, BuildOptions, Layer, LayerContents, LayerError};
+use crate::cas::BlobStore;
+use crate::digest::Digest;
+use crate::oci::canonical::to_canonical_json;
+
+/// The identity of a layer's inputs, computed by the caller's assembler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CacheKey(Digest);
+
+#[derive(Serialize)]
+struct KeyMaterial<'a, O: Serialize> {
+    schema: &'static str,
+    assembler: &'a str,
+    inputs: &'a [Digest],
+    options: &'a O,
+}
+
+impl CacheKey {
+    /// `assembler`: name and version of the code that decides the layer's contents
+    /// (bump it when that code changes); `inputs`: digests of every artifact read;
+    /// `options`: everything else that changes the contents.
+    pub fn new<O: Serialize>(assembler: &str, inputs: &[Digest], options: &O) -> Self {
+        let material = KeyMaterial {
+            schema: "cudastack.layer-cache.v1",
+            assembler,
+            inputs,
+            options,
+        };
+        let bytes = to_canonical_json(&material).expect("cache key material serialises");
+        CacheKey(Digest::of_bytes(&bytes))
+    }
+
+    /// The key combined with the build options that change the blob's bytes.
+    fn with_build(&self, options: &BuildOptions) -> Digest {
+        let bytes = to_canonical_json(&serde_json::json!({
+            "key": self.0,
+            "mtime": options.mtime,
+            "compression": options.compression,
+        }))
+        .expect("cache key serialises");
+        Digest::of_bytes(&bytes)
+    }
+
+    pub fn digest(&self) -> Digest {
+        self.0
+    }
+}
+
+/// Counters, so callers and tests can see what a build actually did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups answered from the index with no tar or compression work.
+    pub hits: u64,
+    /// Layers tarred and compressed.
+    pub builds: u64,
+}
+
+/// A layer cache over a [`BlobStore`].
+#[derive(Debug)]
+pub struct LayerCache {
+    store: BlobStore,
+    index_dir: PathBuf,
+    hits: AtomicU64,
+    builds: AtomicU64,
+}
+
+impl LayerCache {
+    /// Open the cache whose index lives in `<store root>/layers`.
+    pub fn open(store: BlobStore) -> Result<Self, LayerError> {
+        let index_dir = store.root().join("layers");
+        fs_err::create_dir_all(&index_dir).map_err(|source| LayerError::Io {
+            path: index_dir.clone(),
+            source,
+        })?;
+        Ok(Self {
+            store,
+            index_dir,
+            hits: AtomicU64::new(0),
+            builds: AtomicU64::new(0),
+        })
+    }
+
+    pub fn store(&self) -> &BlobStore {
+        &self.store
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            builds: self.builds.load(Ordering::Relaxed),
+        }
+    }
+
+    fn index_path(&self, key: &CacheKey, options: &BuildOptions) -> PathBuf {
+        self.index_dir
+            .join(format!("{}.json", key.with_build(options).hex()))
+    }
+
+    /// The cached layer for these inputs, if its index entry and blob are present.
+    pub fn get(&self, key: &CacheKey, options: &BuildOptions) -> Result<Option<Layer>, LayerError> {
+        let path = self.index_path(key, options);
+        let bytes = match fs_err::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(LayerError::Io { path, source }),
+        };
+        let mut layer: Layer = serde_json::from_slice(&bytes)
+            .map_err(|source| LayerError::CacheIndex { path, source })?;
+        layer.blob = self.store.path(&layer.digest);
+        match fs_err::metadata(&layer.blob) {
+            Ok(meta) if meta.is_file() && meta.len() == layer.size => Ok(Some(layer)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Return the cached layer, or build it from `contents()` and record it. On a hit
+    /// `contents` is not called and nothing is tarred or compressed.
+    pub fn get_or_build(
+        &self,
+        key: &CacheKey,
+        options: &BuildOptions,
+        contents: impl FnOnce() -> Result<LayerContents, LayerError>,
+    ) -> Result<Layer, LayerError> {
+        if let Some(layer) = self.get(key, options)? {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(digest = %layer.digest, "layer cache hit");
+            return Ok(layer);
+        }
+        let contents = contents()?;
+        let layer = build(&self.store, &contents, options)?;
+        self.builds.fetch_add(1, Ordering::Relaxed);
+        self.record(key, options, &layer)?;
+        Ok(layer)
+    }
+
+    fn record(
+        &self,
+        key: &CacheKey,
+        options: &BuildOptions,
+        layer: &Layer,
+    ) -> Result<(), LayerError> {
+        let path = self.index_path(key, options);
+        let bytes = to_canonical_json(layer).expect("layer descriptor serialises");
+        let tmp_dir = self.store.tmp_dir();
+        let io = |path: PathBuf| move |source| LayerError::Io { path, source };
+        let mut temp = tempfile::Builder::new()
+            .prefix("layer-index-")
+            .tempfile_in(&tmp_dir)
+            .map_err(io(tmp_dir.clone()))?;
+        std::io::Write::write_all(&mut temp, &bytes).map_err(io(temp.path().to_path_buf()))?;
+        temp.persist(&path).map_err(|e| LayerError::Io {
+            path: path.clone(),
+            source: e.error,
+        })?;
+        Ok(())
+    }
+}

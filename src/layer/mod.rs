@@ -1,0 +1,175 @@
+//! Layers: from entries to a verified, compressed blob in the content-addressed store.
+//!
+//! Position in the pipeline: after `fetch` (which puts artifacts in the [`BlobStore`])
+//! and the assemblers in `stack` (which decide *what* goes into each layer), before
+//! `oci` (which puts layers into images and writes them out).
+//!
+//! ```text
+//! Entry list / directory ──LayerContents (sort, parents, escape checks)──┐
+//!   tar writer (fixed mtime, owners, modes) ─> sha256 = diff_id          │
+//!     ─> compressor (parallel gzip | zstd MT | none) ─> sha256 = digest ─> BlobStore
+//! ```
+//! One pass produces the diff_id, the digest and the size; no layer is held in memory
+//! and nothing is read twice. A [`LayerCache`] keyed by the layer's inputs makes an
+//! unchanged layer cost one small JSON read.
+//!
+//! This module must not decide what a layer contains, and must not know about images.
+
+mod cache;
+mod compress;
+mod entry;
+mod tar_writer;
+mod walk;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use oci_spec::image::MediaType;
+use serde::{Deserialize, Serialize};
+
+use crate::cas::{BlobStore, CasError};
+use crate::digest::{Digest, HashingWriter};
+
+pub use cache::{CacheKey, CacheStats, LayerCache};
+pub use compress::{Compression, Compressor, ParallelGzip};
+pub use entry::{Entry, EntryKind, FileSource, LayerContents, LayerPath, OpenContent};
+pub use tar_writer::{write_layer_tar, ContentError, Header, TarWriter};
+pub use walk::{DirOptions, ModePolicy};
+
+/// Errors from building layers.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    #[error("path `{path}` cannot be used in a layer: it {reason}")]
+    InvalidPath { path: String, reason: &'static str },
+    #[error("symlink `{path}` -> `{target}` points outside the layer root")]
+    SymlinkEscape { path: String, target: String },
+    #[error("hardlink `{path}` -> `{target}`: the target {reason}")]
+    HardlinkTarget {
+        path: String,
+        target: String,
+        reason: &'static str,
+    },
+    #[error("`{path}` appears twice in the layer")]
+    Duplicate { path: String },
+    #[error("`{path}` is below `{parent}`, which is not a directory in this layer")]
+    ParentNotDirectory { path: String, parent: String },
+    #[error("mode {mode:#o} of `{path}` has bits beyond 0o7777")]
+    InvalidMode { path: String, mode: u32 },
+    #[error("`{path}` is not valid UTF-8; layer paths must be")]
+    NonUtf8Path { path: PathBuf },
+    #[error("`{path}` is a device, fifo or socket; layers hold only files, directories and links")]
+    UnsupportedFileType { path: PathBuf },
+    #[error("I/O error on `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("failed to read the content of `{source_name}`")]
+    ReadContent {
+        source_name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("`{source_name}` changed while it was being archived\n  Expected: {expected} bytes\n  Found:    {found} bytes")]
+    SizeMismatch {
+        source_name: String,
+        expected: u64,
+        found: u64,
+    },
+    #[error("failed to write `{entry}` to the layer stream")]
+    WriteTar {
+        entry: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("failed to compress the layer stream")]
+    Compress(#[source] io::Error),
+    #[error(transparent)]
+    Store(#[from] CasError),
+    #[error("layer cache index `{path}` is unreadable")]
+    CacheIndex {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// How a layer is written: everything that changes its bytes, plus parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BuildOptions {
+    /// SOURCE_DATE_EPOCH: the mtime of every entry, from the recipe/lock.
+    pub mtime: u64,
+    pub compression: Compression,
+    /// Compression threads; never changes the output bytes.
+    pub threads: usize,
+}
+
+impl BuildOptions {
+    pub fn new(mtime: u64, compression: Compression) -> Self {
+        Self {
+            mtime,
+            compression,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// A finished layer blob: what a manifest and a config need to know about it, and where
+/// its bytes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layer {
+    /// sha256 of the (compressed) blob.
+    pub digest: Digest,
+    /// sha256 of the uncompressed tar (the config's `rootfs.diff_ids`).
+    pub diff_id: Digest,
+    /// Size of the blob in bytes.
+    pub size: u64,
+    /// Size of the uncompressed tar, when known (unknown for layers read from a layout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncompressed_size: Option<u64>,
+    pub media_type: MediaType,
+    /// Where the blob's bytes are (a BlobStore or an OCI layout's `blobs/sha256`).
+    #[serde(skip)]
+    pub blob: PathBuf,
+}
+
+impl Layer {
+    /// Reopen the blob's bytes.
+    pub fn open(&self) -> Result<fs_err::File, LayerError> {
+        fs_err::File::open(&self.blob).map_err(|source| LayerError::Io {
+            path: self.blob.clone(),
+            source,
+        })
+    }
+
+    pub fn blob_path(&self) -> &Path {
+        &self.blob
+    }
+}
+
+/// Write `contents` as a layer into `store`: tar, hash, compress, hash, commit, in one
+/// streaming pass. Memory use is bounded by the compressor's in-flight blocks.
+pub fn build(
+    store: &BlobStore,
+    contents: &LayerContents,
+    options: &BuildOptions,
+) -> Result<Layer, LayerError> {
+    let pending = store.begin()?;
+    let compressor = options
+        .compression
+        .writer(pending, options.threads)
+        .map_err(LayerError::Compress)?;
+    let hashing = write_layer_tar(contents, options.mtime, HashingWriter::new(compressor))?;
+    let (compressor, diff_id, uncompressed_size) = hashing.finish();
+    let pending = compressor.finish().map_err(LayerError::Compress)?;
+    let (digest, size) = pending.commit(None, "layer")?;
+    Ok(Layer {
+        digest,
+        diff_id,
+        size,
+        uncompressed_size: Some(uncompressed_size),
+        media_type: options.compression.media_type(),
+        blob: store.path(&digest),
+    })
+}

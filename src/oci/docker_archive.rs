@@ -1,0 +1,179 @@
+//! The docker-archive output: a `docker load` stream, written as it is read.
+//!
+//! The archive is both a docker-save tar and an OCI image layout, the way Docker 25+
+//! saves images: `manifest.json` (required by Docker before 25, CRATES.md pitfall 3)
+//! points at `blobs/sha256/<hex>` files that `index.json` and `oci-layout` also
+//! describe. Layer blobs are streamed from where they are stored; nothing is buffered
+//! beyond one copy buffer, so the writer can feed a pipe to the daemon.
+//! Layers may be uncompressed (the fast path for a local daemon, DESIGN.md) or gzip;
+//! zstd layers need Docker >= 23.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use oci_spec::image::{ImageIndexBuilder, MediaType, ANNOTATION_REF_NAME};
+use serde::Serialize;
+
+use super::canonical::to_canonical_json;
+use super::{annotated, Image, OciError};
+use crate::layer::{ContentError, Header, TarWriter};
+
+#[derive(Serialize)]
+struct DockerManifestEntry<'a> {
+    #[serde(rename = "Config")]
+    config: String,
+    #[serde(rename = "RepoTags")]
+    repo_tags: &'a [String],
+    #[serde(rename = "Layers")]
+    layers: Vec<String>,
+}
+
+/// Check a `name[:tag]` reference enough to give a clear error before Docker does.
+fn check_tag(tag: &str) -> Result<(), OciError> {
+    let valid = !tag.is_empty()
+        && !tag.starts_with(['/', ':', '.', '-'])
+        && !tag.ends_with([':', '/'])
+        && tag.bytes().all(|b| {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || b"._-/:".contains(&b)
+                || (b.is_ascii_uppercase() && tag.rfind(':').is_some())
+        });
+    if valid {
+        Ok(())
+    } else {
+        Err(OciError::InvalidTag {
+            tag: tag.to_string(),
+        })
+    }
+}
+
+/// Stream `image` as a docker-archive tar (also a valid OCI layout tar) into `out`,
+/// tagged with `tags` (`name:tag`). Returns `out`.
+pub fn write<W: Write>(image: &Image, tags: &[String], out: W) -> Result<W, OciError> {
+    for tag in tags {
+        check_tag(tag)?;
+    }
+    let documents = image.documents()?;
+    let blob_name = |hex: String| format!("blobs/sha256/{hex}");
+    let mut tar = TarWriter::new(out, image.created());
+    let write_err = OciError::WriteArchive;
+
+    for dir in ["blobs/", "blobs/sha256/"] {
+        tar.write_header(&header(dir, b'5', 0o755, 0))
+            .map_err(write_err)?;
+    }
+    let small = |tar: &mut TarWriter<W>, name: &str, bytes: &[u8]| {
+        tar.write_header(&header(name, b'0', 0o644, bytes.len() as u64))?;
+        tar.get_mut().write_all(bytes)?;
+        tar.pad(bytes.len() as u64)
+    };
+    small(
+        &mut tar,
+        &blob_name(documents.config.digest.hex()),
+        &documents.config.bytes,
+    )
+    .map_err(write_err)?;
+
+    let mut written = std::collections::HashSet::new();
+    for layer in image.layers() {
+        if !written.insert(layer.digest) {
+            continue;
+        }
+        let name = blob_name(layer.digest.hex());
+        let mut reader = layer.open()?;
+        tar.append_reader(&header(&name, b'0', 0o644, layer.size), &mut reader)
+            .map_err(|error| match error {
+                ContentError::Write(e) => OciError::WriteArchive(e),
+                ContentError::Read(source) => OciError::Io {
+                    path: layer.blob.clone(),
+                    source,
+                },
+                ContentError::SizeMismatch { found } => OciError::InvalidLayout {
+                    dir: layer.blob.clone(),
+                    problem: format!(
+                        "layer blob {} has {found} bytes, its descriptor says {}",
+                        layer.digest, layer.size
+                    ),
+                },
+            })?;
+    }
+    small(
+        &mut tar,
+        &blob_name(documents.manifest.digest.hex()),
+        &documents.manifest.bytes,
+    )
+    .map_err(write_err)?;
+
+    // index.json: one entry per tag, named like Docker's own save does.
+    let mut manifests = Vec::new();
+    let mut sorted_tags: Vec<&String> = tags.iter().collect();
+    sorted_tags.sort();
+    for tag in &sorted_tags {
+        let short = tag.rsplit_once(':').map_or(tag.as_str(), |(_, t)| t);
+        let annotations = HashMap::from([
+            ("io.containerd.image.name".to_string(), tag.to_string()),
+            (ANNOTATION_REF_NAME.to_string(), short.to_string()),
+        ]);
+        manifests.push(annotated(documents.manifest_descriptor(), annotations));
+    }
+    if manifests.is_empty() {
+        manifests.push(documents.manifest_descriptor());
+    }
+    let index = ImageIndexBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageIndex)
+        .manifests(manifests)
+        .build()
+        .map_err(|source| OciError::Spec {
+            what: "index",
+            source,
+        })?;
+    let index_bytes = to_canonical_json(&index).expect("index serialises");
+    small(&mut tar, "index.json", &index_bytes).map_err(write_err)?;
+
+    let docker_manifest = [DockerManifestEntry {
+        config: blob_name(documents.config.digest.hex()),
+        repo_tags: tags,
+        layers: image
+            .layers()
+            .iter()
+            .map(|layer| blob_name(layer.digest.hex()))
+            .collect(),
+    }];
+    let manifest_bytes = to_canonical_json(&docker_manifest).expect("manifest serialises");
+    small(&mut tar, "manifest.json", &manifest_bytes).map_err(write_err)?;
+    small(&mut tar, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#).map_err(write_err)?;
+    tar.finish().map_err(write_err)
+}
+
+fn header(name: &str, typeflag: u8, mode: u32, size: u64) -> Header<'_> {
+    Header {
+        name,
+        typeflag,
+        mode,
+        uid: 0,
+        gid: 0,
+        size,
+        link_name: "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_tag;
+
+    #[test]
+    fn tags_are_checked() {
+        for good in [
+            "busybox:1",
+            "cudastack/torch:2.4.1-cu121",
+            "localhost:5000/a/b:T1",
+        ] {
+            assert!(check_tag(good).is_ok(), "{good}");
+        }
+        for bad in ["", "UPPER", "a b:c", ":x", "x:"] {
+            assert!(check_tag(bad).is_err(), "{bad}");
+        }
+    }
+}

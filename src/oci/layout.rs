@@ -1,0 +1,284 @@
+//! The OCI image layout output (and input): a directory any OCI tool can read.
+//!
+//! ```text
+//! DIR/oci-layout          {"imageLayoutVersion":"1.0.0"}
+//! DIR/index.json          one manifest descriptor per image, named by the
+//!                         `org.opencontainers.image.ref.name` annotation
+//! DIR/blobs/sha256/<hex>  layers, configs, manifests
+//! ```
+//! Layer blobs are hardlinked from the BlobStore when it is on the same filesystem
+//! (a multi-GB image costs no copy), and copied with digest verification otherwise.
+//! Writing a second image into the same directory adds (or replaces, for the same ref
+//! name) its entry in `index.json`; every file is renamed into place atomically.
+//! [`read`] turns an image of a layout back into an [`Image`], to be used as a base.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use oci_spec::image::{
+    ImageConfiguration, ImageIndex, ImageIndexBuilder, ImageManifest, MediaType,
+    ANNOTATION_REF_NAME,
+};
+
+use super::canonical::to_canonical_json;
+use super::{annotated, digest_of, io_error, Image, OciError};
+use crate::digest::{Digest, HashingWriter};
+use crate::layer::Layer;
+
+const LAYOUT_FILE: &str = r#"{"imageLayoutVersion":"1.0.0"}"#;
+
+/// Write `image` into the layout at `dir` under `ref_name` (e.g. `torch2.4-cu121`).
+/// Returns the manifest digest.
+pub fn write(image: &Image, dir: &Path, ref_name: &str) -> Result<Digest, OciError> {
+    let blobs = dir.join("blobs").join("sha256");
+    fs_err::create_dir_all(&blobs).map_err(io_error(&blobs))?;
+    write_atomic(dir, &dir.join("oci-layout"), LAYOUT_FILE.as_bytes())?;
+
+    for layer in image.layers() {
+        place_layer(layer, &blobs)?;
+    }
+    let documents = image.documents()?;
+    for blob in [&documents.config, &documents.manifest] {
+        let path = blobs.join(blob.digest.hex());
+        if !path.is_file() {
+            write_atomic(dir, &path, &blob.bytes)?;
+        }
+    }
+
+    let index_path = dir.join("index.json");
+    let mut manifests = match read_index(dir) {
+        Ok(index) => index.manifests().clone(),
+        Err(OciError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    manifests.retain(|existing| ref_name_of(existing) != Some(ref_name));
+    let annotations = HashMap::from([(ANNOTATION_REF_NAME.to_string(), ref_name.to_string())]);
+    manifests.push(annotated(documents.manifest_descriptor(), annotations));
+    // A fixed order, so the same set of images gives the same index.json.
+    manifests.sort_by(|a, b| {
+        (ref_name_of(a), a.digest().to_string()).cmp(&(ref_name_of(b), b.digest().to_string()))
+    });
+    let index = ImageIndexBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageIndex)
+        .manifests(manifests)
+        .build()
+        .map_err(|source| OciError::Spec {
+            what: "index",
+            source,
+        })?;
+    let bytes = to_canonical_json(&index).expect("index serialises");
+    write_atomic(dir, &index_path, &bytes)?;
+    Ok(documents.manifest.digest)
+}
+
+fn ref_name_of(descriptor: &oci_spec::image::Descriptor) -> Option<&str> {
+    descriptor
+        .annotations()
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_REF_NAME))
+        .map(String::as_str)
+}
+
+/// Put a layer blob into `blobs`: hardlink if possible, else a verified copy.
+fn place_layer(layer: &Layer, blobs: &Path) -> Result<(), OciError> {
+    let target = blobs.join(layer.digest.hex());
+    if let Ok(meta) = fs_err::metadata(&target) {
+        if meta.len() == layer.size {
+            return Ok(());
+        }
+    }
+    if same_file(&layer.blob, &target) {
+        return Ok(());
+    }
+    let temp_path = blobs.join(format!(".tmp-{}", layer.digest.hex()));
+    let _ = std::fs::remove_file(&temp_path);
+    if std::fs::hard_link(&layer.blob, &temp_path).is_err() {
+        // Different filesystem (or no hardlink support): copy, and verify while copying.
+        let mut source = layer.open()?;
+        let file = fs_err::File::create(&temp_path).map_err(io_error(&temp_path))?;
+        let mut writer = HashingWriter::new(io::BufWriter::with_capacity(1 << 20, file));
+        io::copy(&mut source, &mut writer).map_err(io_error(&layer.blob))?;
+        let (buffered, found, _) = writer.finish();
+        let file = buffered
+            .into_inner()
+            .map_err(|e| io_error(&temp_path)(e.into_error()))?;
+        file.sync_all().map_err(io_error(&temp_path))?;
+        if found != layer.digest {
+            let _ = std::fs::remove_file(&temp_path);
+            return Err(OciError::BlobMismatch {
+                path: layer.blob.clone(),
+                expected: layer.digest,
+                found,
+            });
+        }
+    }
+    fs_err::rename(&temp_path, &target).map_err(io_error(&target))
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Write `bytes` to `path` through a temp file in `dir` and an atomic rename.
+fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), OciError> {
+    let mut temp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .map_err(io_error(dir))?;
+    temp.write_all(bytes).map_err(io_error(temp.path()))?;
+    temp.as_file().sync_all().map_err(io_error(temp.path()))?;
+    temp.persist(path).map_err(|e| io_error(path)(e.error))?;
+    Ok(())
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    what: &'static str,
+) -> Result<T, OciError> {
+    let bytes = fs_err::read(path).map_err(|e| OciError::Io {
+        path: path.to_path_buf(),
+        source: io::Error::new(e.kind(), e),
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| OciError::Json {
+        path: path.to_path_buf(),
+        what,
+        source,
+    })
+}
+
+fn read_index(dir: &Path) -> Result<ImageIndex, OciError> {
+    read_json(&dir.join("index.json"), "an OCI image index")
+}
+
+/// Read a blob named by a descriptor, verifying its digest (small documents only).
+fn read_blob(dir: &Path, descriptor: &oci_spec::image::Descriptor) -> Result<Vec<u8>, OciError> {
+    let digest = digest_of(descriptor).map_err(|problem| OciError::InvalidLayout {
+        dir: dir.to_path_buf(),
+        problem,
+    })?;
+    let path = blob_path(dir, &digest);
+    let bytes = fs_err::read(&path).map_err(io_error(&path))?;
+    let found = Digest::of_bytes(&bytes);
+    if found != digest {
+        return Err(OciError::BlobMismatch {
+            path,
+            expected: digest,
+            found,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Where a blob lives in a layout.
+pub fn blob_path(dir: &Path, digest: &Digest) -> PathBuf {
+    dir.join("blobs").join("sha256").join(digest.hex())
+}
+
+/// Read the image named `ref_name` from the layout at `dir`, to build on top of it:
+/// its layers become the first layers of the new image, its config the starting config.
+/// The layer blobs are not read (they are referenced where they are).
+pub fn read(dir: &Path, ref_name: &str) -> Result<Image, OciError> {
+    let index = read_index(dir)?;
+    let Some(entry) = index
+        .manifests()
+        .iter()
+        .find(|m| ref_name_of(m) == Some(ref_name))
+    else {
+        let mut available: Vec<&str> = index.manifests().iter().filter_map(ref_name_of).collect();
+        available.sort();
+        return Err(OciError::RefNotFound {
+            dir: dir.to_path_buf(),
+            reference: ref_name.to_string(),
+            available: if available.is_empty() {
+                "no named images".to_string()
+            } else {
+                available.join(", ")
+            },
+        });
+    };
+    let invalid = |problem: String| OciError::InvalidLayout {
+        dir: dir.to_path_buf(),
+        problem,
+    };
+    let manifest_bytes = read_blob(dir, entry)?;
+    let manifest: ImageManifest =
+        serde_json::from_slice(&manifest_bytes).map_err(|source| OciError::Json {
+            path: dir.join("blobs"),
+            what: "an OCI image manifest",
+            source,
+        })?;
+    let config_bytes = read_blob(dir, manifest.config())?;
+    let config: ImageConfiguration =
+        serde_json::from_slice(&config_bytes).map_err(|source| OciError::Json {
+            path: dir.join("blobs"),
+            what: "an OCI image configuration",
+            source,
+        })?;
+    let diff_ids = config.rootfs().diff_ids();
+    if diff_ids.len() != manifest.layers().len() {
+        return Err(invalid(format!(
+            "image `{ref_name}` has {} layers but {} diff_ids",
+            manifest.layers().len(),
+            diff_ids.len()
+        )));
+    }
+    let mut layers = Vec::new();
+    for (descriptor, diff_id) in manifest.layers().iter().zip(diff_ids) {
+        let digest = digest_of(descriptor).map_err(invalid)?;
+        let diff_id: Digest = diff_id
+            .parse()
+            .map_err(|e: crate::digest::DigestError| invalid(e.to_string()))?;
+        let blob = blob_path(dir, &digest);
+        if !blob.is_file() {
+            return Err(invalid(format!("layer blob {digest} is missing")));
+        }
+        layers.push(Layer {
+            digest,
+            diff_id,
+            size: descriptor.size(),
+            uncompressed_size: None,
+            media_type: normalise_layer_media_type(descriptor.media_type()),
+            blob,
+        });
+    }
+    let mut history = config.history().clone().unwrap_or_default();
+    if history.is_empty() {
+        history = layers
+            .iter()
+            .map(|_| {
+                oci_spec::image::HistoryBuilder::default()
+                    .created_by(format!("base image {ref_name}"))
+                    .build()
+                    .expect("history has no required fields")
+            })
+            .collect();
+    }
+    Ok(Image {
+        layers,
+        history,
+        config: config.config().clone().unwrap_or_default(),
+        architecture: config.architecture().clone(),
+        os: config.os().clone(),
+        created: 0,
+    })
+}
+
+/// Docker's layer media types name the same bytes as OCI's; an OCI manifest must use
+/// the OCI names.
+fn normalise_layer_media_type(media_type: &MediaType) -> MediaType {
+    match media_type {
+        MediaType::Other(other) => match other.as_str() {
+            "application/vnd.docker.image.rootfs.diff.tar.gzip" => MediaType::ImageLayerGzip,
+            "application/vnd.docker.image.rootfs.diff.tar" => MediaType::ImageLayer,
+            "application/vnd.docker.image.rootfs.diff.tar.zstd" => MediaType::ImageLayerZstd,
+            _ => media_type.clone(),
+        },
+        _ => media_type.clone(),
+    }
+}

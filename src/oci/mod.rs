@@ -1,0 +1,403 @@
+//! Images as values, and the documents derived from them (config, manifest).
+//!
+//! Position in the pipeline: after `layer` (which produces [`Layer`] blobs), before the
+//! outputs. An [`Image`] is an ordered list of layers plus the runtime configuration;
+//! `with_*` functions return new images, so "the base image plus a CUDA layer" and
+//! "the same image with verification labels" are two values sharing their layers.
+//! The config and manifest are built with oci-spec and serialised canonically
+//! ([`canonical`]): the bytes hashed are the bytes written.
+//!
+//! Every output takes the same `&Image` (STYLE.md 3): [`layout::write`] (an OCI image
+//! layout directory) and [`docker_archive::write`] (a `docker load` stream). Reading an
+//! existing layout as a base image is [`layout::read`].
+
+pub mod canonical;
+pub mod docker_archive;
+pub mod layout;
+
+use std::io;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use oci_spec::image::{
+    Arch, Config, ConfigBuilder, Descriptor, DescriptorBuilder, History, HistoryBuilder,
+    ImageConfiguration, ImageConfigurationBuilder, ImageManifest, ImageManifestBuilder, MediaType,
+    Os, RootFsBuilder,
+};
+
+use crate::digest::Digest;
+use crate::layer::{Layer, LayerError};
+use canonical::to_canonical_json;
+
+/// Errors from building and writing images.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    #[error("I/O error on `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("`{path}` is not valid JSON for {what}")]
+    Json {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("failed to build the image {what}")]
+    Spec {
+        what: &'static str,
+        #[source]
+        source: oci_spec::OciSpecError,
+    },
+    #[error("no image named `{reference}` in the OCI layout `{dir}` (it has: {available})")]
+    RefNotFound {
+        dir: PathBuf,
+        reference: String,
+        available: String,
+    },
+    #[error("the OCI layout `{dir}`: {problem}")]
+    InvalidLayout { dir: PathBuf, problem: String },
+    #[error(
+        "blob `{path}` does not match its digest\n  Expected: {expected}\n  Found:    {found}"
+    )]
+    BlobMismatch {
+        path: PathBuf,
+        expected: Digest,
+        found: Digest,
+    },
+    #[error(
+        "`{tag}` is not a valid image tag (expected name[:tag], e.g. `cudastack/torch:2.4.1`)"
+    )]
+    InvalidTag { tag: String },
+    #[error("failed to write the docker archive")]
+    WriteArchive(#[source] io::Error),
+    #[error(transparent)]
+    Layer(#[from] LayerError),
+}
+
+pub(crate) fn io_error(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> OciError {
+    let path = path.into();
+    move |source| OciError::Io { path, source }
+}
+
+/// Seconds since the epoch as RFC 3339 UTC (`2024-05-01T12:00:00Z`).
+pub fn rfc3339(epoch: u64) -> String {
+    let days = (epoch / 86_400) as i64;
+    let seconds = epoch % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60
+    )
+}
+
+/// Build a descriptor from our digest type.
+pub fn descriptor(media_type: MediaType, digest: &Digest, size: u64) -> Descriptor {
+    let digest = oci_spec::image::Digest::from_str(&digest.to_string())
+        .expect("a sha256 digest is a valid OCI digest");
+    Descriptor::new(media_type, size, digest)
+}
+
+/// Parse an OCI descriptor's digest into ours.
+pub fn digest_of(descriptor: &Descriptor) -> Result<Digest, String> {
+    descriptor
+        .digest()
+        .to_string()
+        .parse()
+        .map_err(|e: crate::digest::DigestError| e.to_string())
+}
+
+/// A serialised document (config or manifest): its canonical bytes and their digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blob {
+    pub bytes: Vec<u8>,
+    pub digest: Digest,
+}
+
+impl Blob {
+    fn of<T: serde::Serialize>(value: &T) -> Self {
+        let bytes = to_canonical_json(value).expect("OCI documents serialise");
+        let digest = Digest::of_bytes(&bytes);
+        Self { bytes, digest }
+    }
+    pub fn size(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+}
+
+/// An image: layers in order plus configuration. Cheap to clone (layers are descriptors).
+#[derive(Debug, Clone)]
+pub struct Image {
+    layers: Vec<Layer>,
+    history: Vec<History>,
+    config: Config,
+    architecture: Arch,
+    os: Os,
+    created: u64,
+}
+
+impl Image {
+    /// An empty linux/amd64 image created at `created` (SOURCE_DATE_EPOCH).
+    pub fn new(created: u64) -> Self {
+        Self {
+            layers: Vec::new(),
+            history: Vec::new(),
+            config: Config::default(),
+            architecture: Arch::Amd64,
+            os: Os::Linux,
+            created,
+        }
+    }
+
+    pub fn layers(&self) -> &[Layer] {
+        &self.layers
+    }
+
+    pub fn runtime_config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn history(&self) -> &[History] {
+        &self.history
+    }
+
+    pub fn created(&self) -> u64 {
+        self.created
+    }
+
+    pub fn with_created(mut self, created: u64) -> Self {
+        self.created = created;
+        self
+    }
+
+    pub fn with_platform(mut self, architecture: Arch, os: Os) -> Self {
+        self.architecture = architecture;
+        self.os = os;
+        self
+    }
+
+    /// Append a layer, with a history entry saying what made it.
+    pub fn with_layer(mut self, layer: Layer, created_by: &str) -> Self {
+        let history = HistoryBuilder::default()
+            .created(rfc3339(self.created))
+            .created_by(created_by.to_string())
+            .comment("cudastack".to_string())
+            .build()
+            .expect("history has no required fields");
+        self.layers.push(layer);
+        self.history.push(history);
+        self
+    }
+
+    /// Replace the runtime configuration as a whole.
+    pub fn with_config(mut self, edit: impl FnOnce(&mut Config)) -> Self {
+        edit(&mut self.config);
+        self
+    }
+
+    /// Set an environment variable (replacing an earlier value of the same name).
+    pub fn with_env(self, name: &str, value: &str) -> Self {
+        self.with_config(|config| {
+            let mut env = config.env().clone().unwrap_or_default();
+            let prefix = format!("{name}=");
+            env.retain(|item| !item.starts_with(&prefix));
+            env.push(format!("{name}={value}"));
+            config.set_env(Some(env));
+        })
+    }
+
+    pub fn with_label(self, name: &str, value: &str) -> Self {
+        self.with_config(|config| {
+            let mut labels = config.labels().clone().unwrap_or_default();
+            labels.insert(name.to_string(), value.to_string());
+            config.set_labels(Some(labels));
+        })
+    }
+
+    pub fn with_entrypoint(self, entrypoint: Vec<String>) -> Self {
+        self.with_config(|config| {
+            config.set_entrypoint(Some(entrypoint));
+        })
+    }
+
+    pub fn with_cmd(self, cmd: Vec<String>) -> Self {
+        self.with_config(|config| {
+            config.set_cmd(Some(cmd));
+        })
+    }
+
+    pub fn with_working_dir(self, dir: &str) -> Self {
+        self.with_config(|config| {
+            config.set_working_dir(Some(dir.to_string()));
+        })
+    }
+
+    /// The image configuration document.
+    pub fn configuration(&self) -> Result<ImageConfiguration, OciError> {
+        let spec = |source| OciError::Spec {
+            what: "configuration",
+            source,
+        };
+        let rootfs = RootFsBuilder::default()
+            .typ("layers".to_string())
+            .diff_ids(
+                self.layers
+                    .iter()
+                    .map(|layer| layer.diff_id.to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .build()
+            .map_err(spec)?;
+        let config = if self.config == Config::default() {
+            ConfigBuilder::default().build().map_err(spec)?
+        } else {
+            self.config.clone()
+        };
+        let mut builder = ImageConfigurationBuilder::default()
+            .created(rfc3339(self.created))
+            .architecture(self.architecture.clone())
+            .os(self.os.clone())
+            .config(config)
+            .rootfs(rootfs);
+        if !self.history.is_empty() {
+            builder = builder.history(self.history.clone());
+        }
+        builder.build().map_err(spec)
+    }
+
+    /// The canonical config blob.
+    pub fn config_blob(&self) -> Result<Blob, OciError> {
+        Ok(Blob::of(&self.configuration()?))
+    }
+
+    /// The manifest document for a given config blob.
+    fn manifest_for(&self, config: &Blob) -> Result<ImageManifest, OciError> {
+        ImageManifestBuilder::default()
+            .schema_version(2u32)
+            .media_type(MediaType::ImageManifest)
+            .config(descriptor(
+                MediaType::ImageConfig,
+                &config.digest,
+                config.size(),
+            ))
+            .layers(
+                self.layers
+                    .iter()
+                    .map(|layer| descriptor(layer.media_type.clone(), &layer.digest, layer.size))
+                    .collect::<Vec<_>>(),
+            )
+            .build()
+            .map_err(|source| OciError::Spec {
+                what: "manifest",
+                source,
+            })
+    }
+
+    /// Config and manifest blobs, computed together (the manifest names the config).
+    pub fn documents(&self) -> Result<Documents, OciError> {
+        let config = self.config_blob()?;
+        let manifest = Blob::of(&self.manifest_for(&config)?);
+        Ok(Documents { config, manifest })
+    }
+
+    /// The manifest digest: the image's identity.
+    pub fn digest(&self) -> Result<Digest, OciError> {
+        Ok(self.documents()?.manifest.digest)
+    }
+}
+
+/// The serialised config and manifest of an image.
+#[derive(Debug, Clone)]
+pub struct Documents {
+    pub config: Blob,
+    pub manifest: Blob,
+}
+
+impl Documents {
+    pub fn manifest_descriptor(&self) -> Descriptor {
+        descriptor(
+            MediaType::ImageManifest,
+            &self.manifest.digest,
+            self.manifest.size(),
+        )
+    }
+}
+
+/// Build a descriptor with annotations (used for index entries).
+pub(crate) fn annotated(
+    base: Descriptor,
+    annotations: std::collections::HashMap<String, String>,
+) -> Descriptor {
+    DescriptorBuilder::default()
+        .media_type(base.media_type().clone())
+        .digest(base.digest().clone())
+        .size(base.size())
+        .annotations(annotations)
+        .build()
+        .expect("descriptor fields are set")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_matches_known_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(rfc3339(4_102_444_799), "2099-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn config_is_canonical_and_images_are_values() {
+        let layer = Layer {
+            digest: Digest::of_bytes(b"blob"),
+            diff_id: Digest::of_bytes(b"tar"),
+            size: 4,
+            uncompressed_size: Some(3),
+            media_type: MediaType::ImageLayerGzip,
+            blob: PathBuf::from("/nonexistent"),
+        };
+        let mut base = Image::new(1_700_000_000).with_layer(layer, "test layer");
+        for i in 0..20 {
+            base = base.with_label(&format!("io.cudastack.l{i}"), "x");
+        }
+        let labelled = base.clone().with_label("io.cudastack.verified", "true");
+        let first = base.documents().unwrap();
+        for _ in 0..5 {
+            assert_eq!(base.clone().documents().unwrap().config, first.config);
+        }
+        assert_ne!(labelled.digest().unwrap(), base.digest().unwrap());
+        let text = String::from_utf8(first.config.bytes.clone()).unwrap();
+        assert!(
+            text.contains(r#""created":"2023-11-14T22:13:20Z""#),
+            "{text}"
+        );
+        assert!(
+            text.contains(&Digest::of_bytes(b"tar").to_string()),
+            "{text}"
+        );
+        let env = Image::new(0)
+            .with_env("PATH", "/a")
+            .with_env("X", "1")
+            .with_env("PATH", "/b");
+        assert_eq!(
+            env.runtime_config().env().clone().unwrap(),
+            ["X=1", "PATH=/b"]
+        );
+    }
+}
