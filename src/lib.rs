@@ -4,6 +4,7 @@
 //! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
 pub mod cas;
 pub mod digest;
+pub mod fetch;
 pub mod layer;
 pub mod matrix;
 pub mod oci;

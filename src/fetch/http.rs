@@ -1,0 +1,426 @@
+//! The one HTTP client every fetch goes through.
+//!
+//! It owns the policy that every source shares: a user agent, timeouts, retries with
+//! exponential backoff on transient failures (5xx, 429, timeouts, connection resets), and a
+//! bounded semaphore so no more than N bodies stream at once. Index pages and metadata are
+//! small and are read whole ([`HttpClient::get_bytes`] says so in its name); artifacts are
+//! streamed by the downloader ([`crate::fetch::download`]) and never held in memory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_RANGE, RANGE, RETRY_AFTER};
+use reqwest::{Response, StatusCode, Url};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Errors from the HTTP layer. Every variant names the URL.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("Failed to build the HTTP client")]
+    Client(#[source] reqwest::Error),
+    #[error("Not found (404): `{url}`")]
+    NotFound { url: Url },
+    #[error("Failed to fetch `{url}`: HTTP {status}{}", attempts_note(*attempts))]
+    Status {
+        url: Url,
+        status: StatusCode,
+        attempts: u32,
+    },
+    #[error("Failed to fetch `{url}`{}", attempts_note(*attempts))]
+    Transport {
+        url: Url,
+        attempts: u32,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("Server for `{url}` ignored a byte-range request (answered {status} without `Content-Range`)")]
+    RangeUnsupported { url: Url, status: StatusCode },
+    #[error("Server for `{url}` sent a malformed `Content-Range` header: `{value}`")]
+    BadContentRange { url: Url, value: String },
+    #[error("`{url}` is not a valid URL")]
+    BadUrl {
+        url: String,
+        #[source]
+        source: url::ParseError,
+    },
+}
+
+fn attempts_note(attempts: u32) -> String {
+    if attempts > 1 {
+        format!(" (after {attempts} attempts)")
+    } else {
+        String::new()
+    }
+}
+
+impl HttpError {
+    /// The URL the failed request was for.
+    pub fn url(&self) -> Option<&Url> {
+        match self {
+            HttpError::Client(_) | HttpError::BadUrl { .. } => None,
+            HttpError::NotFound { url }
+            | HttpError::Status { url, .. }
+            | HttpError::Transport { url, .. }
+            | HttpError::RangeUnsupported { url, .. }
+            | HttpError::BadContentRange { url, .. } => Some(url),
+        }
+    }
+}
+
+/// Parse a URL at the edge, with an error that names it.
+pub fn parse_url(url: &str) -> Result<Url, HttpError> {
+    Url::parse(url).map_err(|source| HttpError::BadUrl {
+        url: url.to_string(),
+        source,
+    })
+}
+
+/// How hard to try before giving up on a request.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Total attempts, including the first one.
+    pub max_attempts: u32,
+    /// Wait before the first retry; doubled for each further retry.
+    pub initial_backoff: Duration,
+    /// Upper bound on a single wait (also caps `Retry-After`).
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(20),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before retry number `retry` (1-based): `initial * 2^(retry-1)`, capped.
+    pub fn backoff(&self, retry: u32) -> Duration {
+        let factor = 1u32
+            .checked_shl(retry.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        self.initial_backoff
+            .saturating_mul(factor)
+            .min(self.max_backoff)
+    }
+}
+
+/// Settings for [`HttpClient::new`].
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    pub user_agent: String,
+    pub connect_timeout: Duration,
+    /// Longest silence while reading a response (not a limit on the whole transfer:
+    /// a 3 GB wheel may legitimately take many minutes).
+    pub read_timeout: Duration,
+    pub retry: RetryPolicy,
+    /// How many response bodies may stream at the same time.
+    pub max_parallel: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            user_agent: format!(
+                "cudastack/{} (+https://github.com/cudastack/cudastack)",
+                env!("CARGO_PKG_VERSION")
+            ),
+            connect_timeout: Duration::from_secs(15),
+            read_timeout: Duration::from_secs(60),
+            retry: RetryPolicy::default(),
+            max_parallel: 4,
+        }
+    }
+}
+
+/// A byte range to request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteRange {
+    /// `bytes=start-end`, both inclusive.
+    Inclusive { start: u64, end: u64 },
+    /// `bytes=start-`: from `start` to the end.
+    From(u64),
+    /// `bytes=-n`: the last `n` bytes.
+    Suffix(u64),
+}
+
+impl ByteRange {
+    fn header(&self) -> String {
+        match self {
+            ByteRange::Inclusive { start, end } => format!("bytes={start}-{end}"),
+            ByteRange::From(start) => format!("bytes={start}-"),
+            ByteRange::Suffix(n) => format!("bytes=-{n}"),
+        }
+    }
+}
+
+/// A parsed `Content-Range: bytes start-end/total` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContentRange {
+    pub start: u64,
+    pub end: u64,
+    /// `None` when the server answered `*` for the total.
+    pub total: Option<u64>,
+}
+
+impl ContentRange {
+    pub fn parse(value: &str) -> Option<ContentRange> {
+        let rest = value.trim().strip_prefix("bytes ")?;
+        let (span, total) = rest.split_once('/')?;
+        let (start, end) = span.split_once('-')?;
+        let total = match total.trim() {
+            "*" => None,
+            t => Some(t.parse().ok()?),
+        };
+        Some(ContentRange {
+            start: start.trim().parse().ok()?,
+            end: end.trim().parse().ok()?,
+            total,
+        })
+    }
+}
+
+/// The bytes of a ranged response plus where they sit in the whole file.
+#[derive(Debug, Clone)]
+pub struct RangeBytes {
+    pub range: ContentRange,
+    pub bytes: Bytes,
+}
+
+/// A cheaply clonable HTTP client with retries and a bound on parallel transfers.
+#[derive(Debug, Clone)]
+pub struct HttpClient {
+    client: reqwest::Client,
+    retry: RetryPolicy,
+    permits: Arc<Semaphore>,
+}
+
+impl HttpClient {
+    pub fn new(config: HttpConfig) -> Result<Self, HttpError> {
+        let client = reqwest::Client::builder()
+            .user_agent(config.user_agent)
+            .connect_timeout(config.connect_timeout)
+            .read_timeout(config.read_timeout)
+            .build()
+            .map_err(HttpError::Client)?;
+        Ok(HttpClient {
+            client,
+            retry: config.retry,
+            permits: Arc::new(Semaphore::new(config.max_parallel.max(1))),
+        })
+    }
+
+    /// A client with [`HttpConfig::default`].
+    pub fn with_defaults() -> Result<Self, HttpError> {
+        Self::new(HttpConfig::default())
+    }
+
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
+    /// Wait for a transfer slot. Hold the permit for as long as the body streams.
+    pub async fn acquire(&self) -> OwnedSemaphorePermit {
+        self.permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
+    }
+
+    /// Send a GET with retries and return the response once its status is a success.
+    /// 404 is [`HttpError::NotFound`] at once; 5xx, 429, timeouts and connection errors are
+    /// retried with backoff. The body is not read.
+    pub async fn get(&self, url: &Url, headers: HeaderMap) -> Result<Response, HttpError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = self
+                .client
+                .get(url.clone())
+                .headers(headers.clone())
+                .send()
+                .await;
+            let retry_after = match result {
+                Ok(response) => {
+                    let status = response.status();
+                    if status.is_success() {
+                        return Ok(response);
+                    }
+                    if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
+                        return Err(HttpError::NotFound { url: url.clone() });
+                    }
+                    if !is_transient_status(status) || attempt >= self.retry.max_attempts {
+                        return Err(HttpError::Status {
+                            url: url.clone(),
+                            status,
+                            attempts: attempt,
+                        });
+                    }
+                    retry_after(response.headers())
+                }
+                Err(source) => {
+                    if !is_transient_error(&source) || attempt >= self.retry.max_attempts {
+                        return Err(HttpError::Transport {
+                            url: url.clone(),
+                            attempts: attempt,
+                            source,
+                        });
+                    }
+                    None
+                }
+            };
+            let wait = retry_after
+                .unwrap_or_else(|| self.retry.backoff(attempt))
+                .min(self.retry.max_backoff);
+            tracing::debug!(%url, attempt, ?wait, "retrying request");
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// GET a small document (index page, metadata, manifest) and hold it in memory.
+    /// Body read failures are retried like request failures.
+    pub async fn get_bytes(&self, url: &Url, accept: Option<&str>) -> Result<Bytes, HttpError> {
+        let mut headers = HeaderMap::new();
+        if let Some(accept) = accept {
+            headers.insert(
+                ACCEPT,
+                HeaderValue::from_str(accept).expect("accept header is ASCII"),
+            );
+        }
+        Ok(self.get_bytes_with_headers(url, headers).await?.1)
+    }
+
+    /// Like [`HttpClient::get_bytes`], also returning the response headers.
+    pub async fn get_bytes_with_headers(
+        &self,
+        url: &Url,
+        headers: HeaderMap,
+    ) -> Result<(HeaderMap, Bytes), HttpError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let response = self.get(url, headers.clone()).await?;
+            let response_headers = response.headers().clone();
+            match response.bytes().await {
+                Ok(bytes) => return Ok((response_headers, bytes)),
+                Err(source) => {
+                    if attempt >= self.retry.max_attempts {
+                        return Err(HttpError::Transport {
+                            url: url.clone(),
+                            attempts: attempt,
+                            source,
+                        });
+                    }
+                    tokio::time::sleep(self.retry.backoff(attempt)).await;
+                }
+            }
+        }
+    }
+
+    /// GET one byte range (small: a zip's central directory, one METADATA entry).
+    /// Fails with [`HttpError::RangeUnsupported`] when the server answers with the whole
+    /// file instead.
+    pub async fn get_range(&self, url: &Url, range: ByteRange) -> Result<RangeBytes, HttpError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            RANGE,
+            HeaderValue::from_str(&range.header()).expect("range header is ASCII"),
+        );
+        // Ask for the identity encoding: a compressed body would make the offsets meaningless.
+        headers.insert(
+            reqwest::header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        let (response_headers, bytes) = self.get_bytes_with_headers(url, headers).await?;
+        let value = response_headers
+            .get(CONTENT_RANGE)
+            .ok_or_else(|| HttpError::RangeUnsupported {
+                url: url.clone(),
+                status: StatusCode::OK,
+            })?
+            .to_str()
+            .unwrap_or_default()
+            .to_string();
+        let range = ContentRange::parse(&value).ok_or_else(|| HttpError::BadContentRange {
+            url: url.clone(),
+            value: value.clone(),
+        })?;
+        if range.end < range.start || range.end - range.start + 1 != bytes.len() as u64 {
+            return Err(HttpError::BadContentRange {
+                url: url.clone(),
+                value,
+            });
+        }
+        Ok(RangeBytes { range, bytes })
+    }
+}
+
+/// 5xx and 429 are worth another try; 4xx other than 408/429 are not.
+pub fn is_transient_status(status: StatusCode) -> bool {
+    status.is_server_error()
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::REQUEST_TIMEOUT
+}
+
+/// Timeouts, refused or reset connections and truncated bodies are worth another try.
+pub fn is_transient_error(error: &reqwest::Error) -> bool {
+    error.is_timeout() || error.is_connect() || error.is_request() || error.is_body()
+}
+
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let seconds: u64 = headers
+        .get(RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let policy = RetryPolicy {
+            max_attempts: 10,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(700),
+        };
+        assert_eq!(policy.backoff(1), Duration::from_millis(100));
+        assert_eq!(policy.backoff(2), Duration::from_millis(200));
+        assert_eq!(policy.backoff(3), Duration::from_millis(400));
+        assert_eq!(policy.backoff(4), Duration::from_millis(700));
+        assert_eq!(policy.backoff(40), Duration::from_millis(700));
+    }
+
+    #[test]
+    fn content_range_parses() {
+        assert_eq!(
+            ContentRange::parse("bytes 10-19/100"),
+            Some(ContentRange {
+                start: 10,
+                end: 19,
+                total: Some(100)
+            })
+        );
+        assert_eq!(ContentRange::parse("bytes 0-0/*").unwrap().total, None);
+        assert_eq!(ContentRange::parse("items 0-1/2"), None);
+        assert_eq!(ContentRange::parse("bytes 5/10"), None);
+    }
+
+    #[test]
+    fn transient_statuses() {
+        assert!(is_transient_status(StatusCode::BAD_GATEWAY));
+        assert!(is_transient_status(StatusCode::TOO_MANY_REQUESTS));
+        assert!(!is_transient_status(StatusCode::FORBIDDEN));
+        assert!(!is_transient_status(StatusCode::NOT_FOUND));
+    }
+}

@@ -1,0 +1,282 @@
+//! Core metadata (`*.dist-info/METADATA`) of a wheel, fetched without downloading it, and
+//! parsed into the fields the resolver needs.
+//!
+//! Order of preference: the PEP 658 `<url>.metadata` file (its sha256 checked against the
+//! index's `core-metadata` hash), then range reads of the wheel itself through
+//! [`RemoteZip`] (many torch wheels on PyPI have no `.metadata` file). Local wheels (a
+//! mirror directory) are read with the `zip` crate.
+
+use std::path::Path;
+use std::str::FromStr;
+
+use pep440_rs::{Version, VersionSpecifiers};
+use pep508_rs::{ExtraName, PackageName, Requirement};
+
+use crate::digest::Digest;
+use crate::fetch::http::{HttpClient, HttpError};
+use crate::fetch::index::{CoreMetadata, DistFile};
+use crate::fetch::remote_zip::{RemoteZip, RemoteZipError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetadataError {
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error(transparent)]
+    RemoteZip(#[from] RemoteZipError),
+    #[error("Core metadata `{url}` does not match the hash the index published\n  Expected: {expected}\n  Found:    {found}")]
+    Mismatch {
+        url: reqwest::Url,
+        expected: Digest,
+        found: Digest,
+    },
+    #[error("Wheel `{location}` has no `*.dist-info/METADATA` entry")]
+    NoMetadataEntry { location: String },
+    #[error("METADATA of `{location}` is not UTF-8")]
+    NotUtf8 { location: String },
+    #[error("Failed to read wheel `{path}`")]
+    LocalZip {
+        path: std::path::PathBuf,
+        #[source]
+        source: zip::result::ZipError,
+    },
+    #[error("I/O error on `{path}`")]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("METADATA of `{location}` is invalid: {reason}")]
+    Invalid { location: String, reason: String },
+}
+
+/// The METADATA text of a wheel listed by an index (buffered: it is a few kB).
+///
+/// The `.metadata` file is tried even when the listing does not advertise it: some
+/// mirrors of PyPI drop the `core-metadata` keys while still serving the files, and one
+/// small request that may 404 is far cheaper than range reads. Its hash is checked only
+/// when the index published one (the wheel itself is always hash-checked on download).
+pub async fn wheel_metadata(client: &HttpClient, file: &DistFile) -> Result<String, MetadataError> {
+    let expected = match file.core_metadata {
+        CoreMetadata::Present { sha256 } => sha256,
+        CoreMetadata::Absent => None,
+    };
+    let url = file.metadata_url();
+    match client.get_bytes(&url, None).await {
+        Ok(bytes) => {
+            if let Some(expected) = expected {
+                let found = Digest::of_bytes(&bytes);
+                if found != expected {
+                    return Err(MetadataError::Mismatch {
+                        url,
+                        expected,
+                        found,
+                    });
+                }
+            }
+            return String::from_utf8(bytes.to_vec()).map_err(|_| MetadataError::NotUtf8 {
+                location: url.to_string(),
+            });
+        }
+        Err(HttpError::NotFound { .. }) => {
+            tracing::debug!(%url, "no core metadata file; reading the wheel with range requests")
+        }
+        Err(error) if matches!(file.core_metadata, CoreMetadata::Present { .. }) => {
+            return Err(error.into())
+        }
+        Err(error) => {
+            tracing::debug!(%url, %error, "core metadata probe failed; reading the wheel")
+        }
+    }
+    wheel_metadata_by_range(client, file).await
+}
+
+/// The METADATA text read out of the wheel with HTTP range requests (no `.metadata` file).
+pub async fn wheel_metadata_by_range(
+    client: &HttpClient,
+    file: &DistFile,
+) -> Result<String, MetadataError> {
+    let mut url = file.url.clone();
+    url.set_fragment(None);
+    let zip = RemoteZip::open(client, url).await?;
+    let name =
+        metadata_entry_name(zip.entries().iter().map(|e| e.name.as_str())).ok_or_else(|| {
+            MetadataError::NoMetadataEntry {
+                location: zip.url().to_string(),
+            }
+        })?;
+    let bytes = zip.read_entry(&name).await?;
+    String::from_utf8(bytes).map_err(|_| MetadataError::NotUtf8 {
+        location: zip.url().to_string(),
+    })
+}
+
+/// The METADATA text of a wheel on disk (blocking; a mirror directory or the cache).
+pub fn local_wheel_metadata(path: &Path) -> Result<String, MetadataError> {
+    let file = fs_err::File::open(path).map_err(|source| MetadataError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let zip_error = |source| MetadataError::LocalZip {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut archive = zip::ZipArchive::new(file).map_err(zip_error)?;
+    let names: Vec<String> = archive
+        .file_names()
+        .filter_map(|name| name.ok().map(|name| name.into_owned()))
+        .collect();
+    let name = metadata_entry_name(names.iter().map(String::as_str)).ok_or_else(|| {
+        MetadataError::NoMetadataEntry {
+            location: path.display().to_string(),
+        }
+    })?;
+    let mut entry = archive.by_name(&name).map_err(zip_error)?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut entry, &mut text).map_err(|source| MetadataError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(text)
+}
+
+/// The one top-level `<name>-<version>.dist-info/METADATA` entry.
+fn metadata_entry_name<'a>(names: impl Iterator<Item = &'a str>) -> Option<String> {
+    names
+        .filter(|name| {
+            let mut parts = name.split('/');
+            matches!(
+                (parts.next(), parts.next(), parts.next()),
+                (Some(dir), Some("METADATA"), None) if dir.ends_with(".dist-info")
+            )
+        })
+        .min()
+        .map(str::to_string)
+}
+
+/// The fields of core metadata (METADATA / PKG-INFO) that resolution needs.
+#[derive(Debug, Clone)]
+pub struct Metadata {
+    pub name: PackageName,
+    pub version: Version,
+    pub requires_dist: Vec<Requirement>,
+    pub requires_python: Option<VersionSpecifiers>,
+    pub provides_extra: Vec<ExtraName>,
+}
+
+impl Metadata {
+    /// Parse the RFC 822-style header block of a METADATA file. `location` names the
+    /// source in errors. Continuation lines are folded; the body (description) is ignored.
+    pub fn parse(text: &str, location: &str) -> Result<Metadata, MetadataError> {
+        let invalid = |reason: String| MetadataError::Invalid {
+            location: location.to_string(),
+            reason,
+        };
+        let mut fields: Vec<(String, String)> = Vec::new();
+        for line in text.lines() {
+            if line.is_empty() {
+                break;
+            }
+            if line.starts_with([' ', '\t']) {
+                if let Some((_, value)) = fields.last_mut() {
+                    value.push(' ');
+                    value.push_str(line.trim());
+                }
+                continue;
+            }
+            if let Some((key, value)) = line.split_once(':') {
+                fields.push((key.trim().to_ascii_lowercase(), value.trim().to_string()));
+            }
+        }
+        let get = |key: &str| {
+            fields
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+        };
+        let name = get("name").ok_or_else(|| invalid("no `Name` field".into()))?;
+        let name = PackageName::from_str(name)
+            .map_err(|e| invalid(format!("bad `Name` `{name}`: {e}")))?;
+        let version = get("version").ok_or_else(|| invalid("no `Version` field".into()))?;
+        let version = Version::from_str(version)
+            .map_err(|e| invalid(format!("bad `Version` `{version}`: {e}")))?;
+        let requires_python = match get("requires-python") {
+            None | Some("") => None,
+            Some(value) => Some(
+                VersionSpecifiers::from_str(value)
+                    .map_err(|e| invalid(format!("bad `Requires-Python` `{value}`: {e}")))?,
+            ),
+        };
+        let mut requires_dist = Vec::new();
+        let mut provides_extra = Vec::new();
+        for (key, value) in &fields {
+            match key.as_str() {
+                "requires-dist" => requires_dist.push(
+                    Requirement::from_str(value)
+                        .map_err(|e| invalid(format!("bad `Requires-Dist` `{value}`: {e}")))?,
+                ),
+                "provides-extra" => provides_extra.push(
+                    ExtraName::from_str(value)
+                        .map_err(|e| invalid(format!("bad `Provides-Extra` `{value}`: {e}")))?,
+                ),
+                _ => {}
+            }
+        }
+        Ok(Metadata {
+            name,
+            version,
+            requires_dist,
+            requires_python,
+            provides_extra,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_torch_like_metadata() {
+        let text = "Metadata-Version: 2.1\nName: torch\nVersion: 2.4.1\nSummary: Tensors\n\
+Requires-Python: >=3.8.0\n\
+Requires-Dist: filelock\n\
+Requires-Dist: typing-extensions >=4.8.0\n\
+Requires-Dist: nvidia-cudnn-cu12 ==9.1.0.70 ; platform_system == \"Linux\" and platform_machine == \"x86_64\"\n\
+Requires-Dist: opt-einsum >=3.3 ; extra == 'opt-einsum'\n\
+Provides-Extra: opt-einsum\n\
+Description-Content-Type: text/markdown\n\
+License: BSD-3\n  continued line\n\
+\n\
+Requires-Dist: not-a-header-this-is-the-body\n";
+        let metadata = Metadata::parse(text, "torch").unwrap();
+        assert_eq!(metadata.name.as_ref(), "torch");
+        assert_eq!(metadata.version.to_string(), "2.4.1");
+        assert_eq!(metadata.requires_dist.len(), 4);
+        assert_eq!(metadata.requires_dist[2].name.as_ref(), "nvidia-cudnn-cu12");
+        assert_eq!(metadata.provides_extra.len(), 1);
+        assert!(metadata
+            .requires_python
+            .unwrap()
+            .contains(&Version::from_str("3.11").unwrap()));
+    }
+
+    #[test]
+    fn missing_name_is_an_error() {
+        let error = Metadata::parse("Version: 1\n", "x.whl").unwrap_err();
+        assert!(error.to_string().contains("x.whl"));
+    }
+
+    #[test]
+    fn finds_the_top_level_metadata_entry() {
+        let names = [
+            "torch/__init__.py",
+            "torch/_vendor/x.dist-info/METADATA",
+            "torch-2.4.1.dist-info/RECORD",
+            "torch-2.4.1.dist-info/METADATA",
+        ];
+        assert_eq!(
+            metadata_entry_name(names.iter().copied()).as_deref(),
+            Some("torch-2.4.1.dist-info/METADATA")
+        );
+    }
+}
