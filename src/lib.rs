@@ -9,4 +9,5 @@ pub mod layer;
 pub mod matrix;
 pub mod oci;
 pub mod recipe;
+pub mod stack;
 pub mod version;

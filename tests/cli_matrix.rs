@@ -13,17 +13,22 @@ fn cudastack() -> Command {
 
 fn run(args: &[&str]) -> (i32, String, String) {
     let output = cudastack().args(args).output().unwrap();
-    (output.status.code().unwrap_or(-1), String::from_utf8(output.stdout).unwrap(), String::from_utf8(output.stderr).unwrap())
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
 }
 
 #[test]
 fn every_shipped_recipe_is_valid() {
-    let mut recipes: Vec<String> = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .map(|p| format!("recipes/{}", p.file_name().unwrap().to_string_lossy()))
-        .collect();
+    let mut recipes: Vec<String> =
+        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+            .map(|p| format!("recipes/{}", p.file_name().unwrap().to_string_lossy()))
+            .collect();
     recipes.sort();
     assert!(recipes.len() >= 5);
     let mut args = vec!["validate"];
@@ -31,7 +36,10 @@ fn every_shipped_recipe_is_valid() {
     let (code, stdout, stderr) = run(&args);
     assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
     for recipe in &recipes {
-        assert!(stdout.contains(&format!("{recipe}: valid")), "{recipe} not valid:\n{stdout}");
+        assert!(
+            stdout.contains(&format!("{recipe}: valid")),
+            "{recipe} not valid:\n{stdout}"
+        );
     }
 }
 
@@ -58,17 +66,26 @@ fn each_invalid_case_has_a_precise_error_and_hint() {
         let path = format!("tests/fixtures/recipes/invalid/{name}.yaml");
         let (code, stdout, _) = run(&["validate", &path]);
         assert_eq!(code, 1, "{name} should be invalid:\n{stdout}");
-        assert!(stdout.contains(&format!("error[{name}]")), "{name}: expected error[{name}] in:\n{stdout}");
+        assert!(
+            stdout.contains(&format!("error[{name}]")),
+            "{name}: expected error[{name}] in:\n{stdout}"
+        );
         assert!(stdout.contains("hint: "), "{name}: no hint:\n{stdout}");
         for fragment in *fragments {
-            assert!(stdout.contains(fragment), "{name}: expected `{fragment}` in:\n{stdout}");
+            assert!(
+                stdout.contains(fragment),
+                "{name}: expected `{fragment}` in:\n{stdout}"
+            );
         }
     }
 }
 
 #[test]
 fn unknown_keys_point_at_line_and_column() {
-    let (code, stdout, _) = run(&["validate", "tests/fixtures/recipes/invalid/unknown-key.yaml"]);
+    let (code, stdout, _) = run(&[
+        "validate",
+        "tests/fixtures/recipes/invalid/unknown-key.yaml",
+    ]);
     assert_eq!(code, 1);
     assert!(stdout.contains("unknown-key.yaml:5:"), "{stdout}");
     assert!(stdout.contains("unknown field `flavour`"), "{stdout}");
@@ -77,31 +94,50 @@ fn unknown_keys_point_at_line_and_column() {
 #[test]
 fn minor_version_compat_turns_the_floor_error_into_a_note() {
     let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recipes/invalid/driver-floor-below-toolkit.yaml")).unwrap();
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/recipes/invalid/driver-floor-below-toolkit.yaml"),
+    )
+    .unwrap();
     let path = dir.path().join("compat.yaml");
     std::fs::write(&path, format!("{text}minor_version_compat: true\n")).unwrap();
     let (code, stdout, _) = run(&["validate", path.to_str().unwrap()]);
     assert_eq!(code, 0, "{stdout}");
     assert!(stdout.contains("note[minor-version-compat]"), "{stdout}");
-    assert!(stdout.contains("NVIDIA_REQUIRE_CUDA=cuda>=12.0"), "{stdout}");
+    assert!(
+        stdout.contains("NVIDIA_REQUIRE_CUDA=cuda>=12.0"),
+        "{stdout}"
+    );
 }
 
 #[test]
 fn validate_json_is_machine_readable() {
-    let (code, stdout, _) = run(&["validate", "--json", "recipes/torch2.4.1-cu121-py3.11.yaml", "tests/fixtures/recipes/invalid/torch-cudnn-mismatch.yaml"]);
+    let (code, stdout, _) = run(&[
+        "validate",
+        "--json",
+        "recipes/torch2.4.1-cu121-py3.11.yaml",
+        "tests/fixtures/recipes/invalid/torch-cudnn-mismatch.yaml",
+    ]);
     assert_eq!(code, 1);
     let value: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(value[0]["valid"], true);
     assert_eq!(value[0]["torch_build"], "2.4.1+cu121");
     assert_eq!(value[0]["nvidia_require_cuda"], "cuda>=12.1");
-    assert!(value[0]["recipe_digest"].as_str().unwrap().starts_with("sha256:"));
+    assert!(value[0]["recipe_digest"]
+        .as_str()
+        .unwrap()
+        .starts_with("sha256:"));
     assert_eq!(value[1]["valid"], false);
     assert_eq!(value[1]["problems"][0]["code"], "torch-cudnn-mismatch");
 }
 
 #[test]
 fn snapshot_validate_error_output() {
-    let (_, stdout, _) = run(&["validate", "tests/fixtures/recipes/invalid/torch-cudnn-mismatch.yaml", "tests/fixtures/recipes/invalid/driver-floor-below-toolkit.yaml"]);
+    let (_, stdout, _) = run(&[
+        "validate",
+        "tests/fixtures/recipes/invalid/torch-cudnn-mismatch.yaml",
+        "tests/fixtures/recipes/invalid/driver-floor-below-toolkit.yaml",
+    ]);
     insta::assert_snapshot!(stdout);
 }
 
@@ -115,7 +151,10 @@ fn solve_json(args: &[&str]) -> serde_json::Value {
 fn best(solution: &serde_json::Value) -> (String, bool) {
     let best = &solution["candidates"][0];
     assert_eq!(best["accepted"], true, "no accepted candidate: {solution}");
-    (best["torch_build"].as_str().unwrap().to_string(), best["minor_compat"].as_bool().unwrap())
+    (
+        best["torch_build"].as_str().unwrap().to_string(),
+        best["minor_compat"].as_bool().unwrap(),
+    )
 }
 
 #[test]
@@ -124,7 +163,12 @@ fn solve_driver_535_rtx_3090() {
     assert_eq!(solution["cuda_ceiling"], "12.2");
     assert_eq!(best(&solution), ("2.4.1+cu121".to_string(), false));
     // cu124 builds need 550.54.14 natively; they come after, through minor-version compat.
-    let rejected_or_compat = solution["candidates"].as_array().unwrap().iter().find(|c| c["torch_build"] == "2.5.1+cu124").unwrap();
+    let rejected_or_compat = solution["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["torch_build"] == "2.5.1+cu124")
+        .unwrap();
     assert_eq!(rejected_or_compat["minor_compat"], true);
 }
 
@@ -133,9 +177,21 @@ fn solve_driver_470_v100_needs_minor_compat() {
     let solution = solve_json(&["--driver", "470.82.01", "--gpu", "V100"]);
     assert_eq!(solution["cuda_ceiling"], "11.4");
     let (build, minor_compat) = best(&solution);
-    assert!(minor_compat, "{build} should need minor-version compatibility");
-    assert!(build.ends_with("+cu117") || build.ends_with("+cu118"), "{build}");
-    let strict = solve_json(&["--driver", "470.82.01", "--gpu", "V100", "--no-minor-compat"]);
+    assert!(
+        minor_compat,
+        "{build} should need minor-version compatibility"
+    );
+    assert!(
+        build.ends_with("+cu117") || build.ends_with("+cu118"),
+        "{build}"
+    );
+    let strict = solve_json(&[
+        "--driver",
+        "470.82.01",
+        "--gpu",
+        "V100",
+        "--no-minor-compat",
+    ]);
     assert_eq!(strict["candidates"][0]["accepted"], false);
 }
 
@@ -145,11 +201,34 @@ fn solve_driver_570_rtx_5090() {
     assert_eq!(solution["cuda_ceiling"], "12.8");
     let (build, minor_compat) = best(&solution);
     assert_eq!((build.as_str(), minor_compat), ("2.10.0+cu128", false));
-    let rejected: Vec<&serde_json::Value> = solution["candidates"].as_array().unwrap().iter().filter(|c| c["accepted"] == false).collect();
-    let old = rejected.iter().find(|c| c["torch_build"] == "2.6.0+cu124").unwrap();
-    assert!(old["reasons"][0].as_str().unwrap().contains("no kernels for GeForce RTX 5090 (sm_120)"), "{old}");
-    let new = rejected.iter().find(|c| c["torch_build"] == "2.11.0+cu130").unwrap();
-    assert!(new["reasons"][0].as_str().unwrap().contains("CUDA 13.0 needs 580.65.06"), "{new}");
+    let rejected: Vec<&serde_json::Value> = solution["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["accepted"] == false)
+        .collect();
+    let old = rejected
+        .iter()
+        .find(|c| c["torch_build"] == "2.6.0+cu124")
+        .unwrap();
+    assert!(
+        old["reasons"][0]
+            .as_str()
+            .unwrap()
+            .contains("no kernels for GeForce RTX 5090 (sm_120)"),
+        "{old}"
+    );
+    let new = rejected
+        .iter()
+        .find(|c| c["torch_build"] == "2.11.0+cu130")
+        .unwrap();
+    assert!(
+        new["reasons"][0]
+            .as_str()
+            .unwrap()
+            .contains("CUDA 13.0 needs 580.65.06"),
+        "{new}"
+    );
 }
 
 #[test]
@@ -162,7 +241,15 @@ fn solve_driver_550_gtx_1080_ti() {
 
 #[test]
 fn snapshot_solve_output() {
-    let (code, stdout, _) = run(&["solve", "--driver", "535.104.05", "--gpu", "RTX 3090", "--top", "3"]);
+    let (code, stdout, _) = run(&[
+        "solve",
+        "--driver",
+        "535.104.05",
+        "--gpu",
+        "RTX 3090",
+        "--top",
+        "3",
+    ]);
     assert_eq!(code, 0);
     insta::assert_snapshot!(stdout);
 }
@@ -180,15 +267,25 @@ fn matrix_gpu_filter_keeps_only_builds_with_kernels() {
     assert_eq!(code, 0);
     let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout).unwrap();
     assert!(!rows.is_empty());
-    assert!(rows.iter().all(|row| row["arch_list"].as_array().unwrap().iter().any(|a| a.as_str().unwrap().starts_with("12."))));
+    assert!(rows.iter().all(|row| row["arch_list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a.as_str().unwrap().starts_with("12."))));
 }
 
 #[test]
 fn bad_input_to_solve_is_a_clear_error() {
     let (code, _, stderr) = run(&["solve", "--gpu", "Voodoo 5"]);
     assert_eq!(code, 2);
-    assert!(stderr.contains("GPU `Voodoo 5` is not in the matrix"), "{stderr}");
+    assert!(
+        stderr.contains("GPU `Voodoo 5` is not in the matrix"),
+        "{stderr}"
+    );
     let (code, _, stderr) = run(&["solve", "--driver", "twelve"]);
     assert_eq!(code, 2);
-    assert!(stderr.contains("not a valid NVIDIA driver version"), "{stderr}");
+    assert!(
+        stderr.contains("not a valid NVIDIA driver version"),
+        "{stderr}"
+    );
 }

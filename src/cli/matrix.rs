@@ -54,16 +54,16 @@ enum MatrixCommand {
 pub struct RefreshArgs {
     /// PEP 691 JSON simple index to read torch from.
     #[arg(long, default_value = "https://pypi.org/simple/")]
-    index: String,
+    pub index: String,
     /// Where to write the data file.
     #[arg(long, default_value = "data/torch-pypi.json")]
-    output: PathBuf,
+    pub output: PathBuf,
     /// Oldest torch release to include.
     #[arg(long, default_value = "2.0.0")]
-    since: String,
+    pub since: String,
     /// Skip reading each release's sm list from libtorch (reuses rows already in --output).
     #[arg(long)]
-    no_arch_scan: bool,
+    pub no_arch_scan: bool,
 }
 
 pub fn run(args: MatrixArgs, printer: &Printer) -> CommandResult {

@@ -20,7 +20,10 @@ use pep508_rs::{
 use regex::bytes::Regex;
 
 use super::{Status, TorchBuild, TorchPypiData};
-use crate::digest::Digest;
+use crate::fetch::index::{DistFile, SimpleIndex};
+use crate::fetch::metadata::wheel_metadata;
+use crate::fetch::remote_zip::RemoteZip;
+use crate::fetch::wheel_filename::{PackageName, WheelFilename};
 use crate::version::{ComputeCapability, CudaVersion, CudnnVersion, PythonVersion};
 
 /// The member of a torch wheel whose read-only data holds the CUDA arch list.
@@ -51,69 +54,104 @@ pub enum RefreshError {
     Derive { version: String, message: String },
 }
 
-/// One file of a project on a package index.
-#[derive(Debug, Clone)]
-pub struct IndexFile {
-    pub filename: String,
-    pub url: String,
-    pub sha256: Option<Digest>,
-    pub upload_time: Option<String>,
-    pub yanked: bool,
-}
-
 /// What refresh needs from a package index. Implemented over the PyPI client in
 /// `fetch::pypi`; tests implement it over a local fixture index.
 #[allow(async_fn_in_trait)]
 pub trait TorchSource {
     /// Every file of `project` (PEP 691 `files`).
-    async fn files(&self, project: &str) -> Result<Vec<IndexFile>, RefreshError>;
+    async fn files(&self, project: &str) -> Result<Vec<DistFile>, RefreshError>;
     /// The wheel's METADATA text.
-    async fn metadata(&self, file: &IndexFile) -> Result<String, RefreshError>;
+    async fn metadata(&self, file: &DistFile) -> Result<String, RefreshError>;
     /// Feed the bytes of one member of a remote wheel to `scanner` (streaming).
     async fn scan_member(
         &self,
-        file: &IndexFile,
+        file: &DistFile,
         member: &str,
         scanner: &mut ArchScanner,
     ) -> Result<(), RefreshError>;
 }
 
-/// A wheel file name split into its parts (PEP 427): `torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WheelTags {
-    pub version: Version,
-    pub python: Vec<String>,
-    pub abi: Vec<String>,
-    pub platform: Vec<String>,
+/// [`TorchSource`] over a simple index (PyPI by default) through `fetch`.
+pub struct IndexTorchSource {
+    pub index: SimpleIndex,
 }
 
-impl WheelTags {
-    pub fn parse(filename: &str) -> Option<WheelTags> {
-        let stem = filename.strip_suffix(".whl")?;
-        let parts: Vec<&str> = stem.split('-').collect();
-        let (version, python, abi, platform) = match parts.as_slice() {
-            [_, version, python, abi, platform] | [_, version, _, python, abi, platform] => {
-                (version, python, abi, platform)
-            }
-            _ => return None,
-        };
-        let split = |s: &str| s.split('.').map(str::to_string).collect();
-        Some(WheelTags {
-            version: Version::from_str(version).ok()?,
-            python: split(python),
-            abi: split(abi),
-            platform: split(platform),
-        })
+fn boxed(
+    error: impl std::error::Error + Send + Sync + 'static,
+) -> Box<dyn std::error::Error + Send + Sync> {
+    Box::new(error)
+}
+
+impl TorchSource for IndexTorchSource {
+    async fn files(&self, project: &str) -> Result<Vec<DistFile>, RefreshError> {
+        let url = self.index.base().to_string();
+        let name = PackageName::from_str(project).map_err(|e| RefreshError::Index {
+            url: url.clone(),
+            source: boxed(e),
+        })?;
+        let page = self
+            .index
+            .project(&name)
+            .await
+            .map_err(|e| RefreshError::Index {
+                url,
+                source: boxed(e),
+            })?;
+        Ok(page.files)
     }
 
-    /// The glibc a manylinux platform tag needs (`manylinux_2_28_x86_64` -> 2.28), for x86_64.
-    pub fn x86_64_glibc(&self) -> Option<(u32, u32)> {
-        self.platform
-            .iter()
-            .filter(|p| p.ends_with("_x86_64"))
-            .filter_map(|p| manylinux_glibc(p))
-            .min()
+    async fn metadata(&self, file: &DistFile) -> Result<String, RefreshError> {
+        wheel_metadata(self.index.client(), file)
+            .await
+            .map_err(|e| RefreshError::Metadata {
+                filename: file.filename.clone(),
+                source: boxed(e),
+            })
     }
+
+    async fn scan_member(
+        &self,
+        file: &DistFile,
+        member: &str,
+        scanner: &mut ArchScanner,
+    ) -> Result<(), RefreshError> {
+        let fail = |source: Box<dyn std::error::Error + Send + Sync>| RefreshError::ArchScan {
+            filename: file.filename.clone(),
+            member: member.to_string(),
+            source,
+        };
+        let zip = RemoteZip::open(self.index.client(), file.url.clone())
+            .await
+            .map_err(|e| fail(boxed(e)))?;
+        let mut reader = zip.entry_reader(member).await.map_err(|e| fail(boxed(e)))?;
+        // The entry reader is blocking (it bridges the HTTP body); scan it off the runtime.
+        let mut owned = std::mem::take(scanner);
+        let (returned, result) = tokio::task::spawn_blocking(move || {
+            let mut buffer = vec![0u8; 1 << 20];
+            let result = loop {
+                match std::io::Read::read(&mut reader, &mut buffer) {
+                    Ok(0) => break Ok(()),
+                    Ok(read) => owned.feed(&buffer[..read]),
+                    Err(error) => break Err(error),
+                }
+            };
+            (owned, result)
+        })
+        .await
+        .map_err(|e| fail(boxed(e)))?;
+        *scanner = returned;
+        result.map_err(|e| fail(boxed(e)))
+    }
+}
+
+/// The lowest glibc any of a wheel's linux x86_64 platform tags needs
+/// (`manylinux_2_28_x86_64` -> 2.28); `None` for wheels of other platforms.
+pub fn x86_64_glibc(wheel: &WheelFilename) -> Option<(u32, u32)> {
+    wheel
+        .platform_tags
+        .iter()
+        .filter_map(|p| manylinux_glibc(p))
+        .min()
 }
 
 fn manylinux_glibc(platform: &str) -> Option<(u32, u32)> {
@@ -266,10 +304,10 @@ impl ArchScanner {
 
 /// Which torch file to read for a release: the cp311 linux x86_64 wheel when there is one
 /// (the Python most recipes use), else the newest CPython's.
-fn representative<'a>(wheels: &[(&'a IndexFile, WheelTags)]) -> Option<&'a IndexFile> {
-    let score = |tags: &WheelTags| -> (bool, u32) {
+fn representative<'a>(wheels: &[(&'a DistFile, WheelFilename)]) -> Option<&'a DistFile> {
+    let score = |tags: &WheelFilename| -> (bool, u32) {
         let cp = tags
-            .python
+            .python_tags
             .iter()
             .filter_map(|t| PythonVersion::from_cp_tag(t))
             .max();
@@ -280,7 +318,7 @@ fn representative<'a>(wheels: &[(&'a IndexFile, WheelTags)]) -> Option<&'a Index
     };
     wheels
         .iter()
-        .filter(|(_, tags)| !tags.abi.iter().any(|a| a.ends_with('t')))
+        .filter(|(_, tags)| !tags.abi_tags.iter().any(|a| a.ends_with('t')))
         .max_by_key(|(_, tags)| score(tags))
         .map(|(file, _)| *file)
 }
@@ -288,11 +326,11 @@ fn representative<'a>(wheels: &[(&'a IndexFile, WheelTags)]) -> Option<&'a Index
 /// Build one matrix row from what the index says about a release.
 pub fn derive_build(
     version: &Version,
-    wheels: &[(&IndexFile, WheelTags)],
+    wheels: &[(&DistFile, WheelFilename)],
     metadata: &str,
     toolkit_metadata: Option<&str>,
     arch: Option<(Vec<ComputeCapability>, bool)>,
-    file: &IndexFile,
+    file: &DistFile,
 ) -> Result<TorchBuild, RefreshError> {
     let fail = |message: String| RefreshError::Derive {
         version: version.to_string(),
@@ -344,14 +382,14 @@ pub fn derive_build(
     let python: BTreeSet<PythonVersion> = wheels
         .iter()
         .flat_map(|(_, tags)| {
-            tags.python
+            tags.python_tags
                 .iter()
                 .filter_map(|t| PythonVersion::from_cp_tag(t))
         })
         .collect();
     let glibc = wheels
         .iter()
-        .filter_map(|(_, tags)| tags.x86_64_glibc())
+        .filter_map(|(_, tags)| x86_64_glibc(tags))
         .min()
         .map(|(major, minor)| format!("{major}.{minor}"));
     let (arch_list, ptx) = arch.unwrap_or_default();
@@ -400,16 +438,16 @@ pub async fn refresh(
     reporter: &impl RefreshReporter,
 ) -> Result<TorchPypiData, RefreshError> {
     let files = source.files("torch").await?;
-    let mut by_version: BTreeMap<Version, Vec<(&IndexFile, WheelTags)>> = BTreeMap::new();
+    let mut by_version: BTreeMap<Version, Vec<(&DistFile, WheelFilename)>> = BTreeMap::new();
     for file in &files {
-        let Some(tags) = WheelTags::parse(&file.filename) else {
+        let Some(tags) = WheelFilename::from_str(&file.filename).ok() else {
             continue;
         };
         if file.yanked
             || tags.version < *since
             || tags.version.any_prerelease()
             || tags.version.is_local()
-            || tags.x86_64_glibc().is_none()
+            || x86_64_glibc(&tags).is_none()
         {
             continue;
         }
@@ -420,7 +458,7 @@ pub async fn refresh(
     }
 
     let mut releases = Vec::new();
-    let mut toolkit_files: Option<Vec<IndexFile>> = None;
+    let mut toolkit_files: Option<Vec<DistFile>> = None;
     for (version, wheels) in &by_version {
         let Some(file) = representative(wheels) else {
             continue;
@@ -445,10 +483,11 @@ pub async fn refresh(
                         version: version.to_string(),
                         message: format!("cuda-toolkit pin `{toolkit_version}`: {e}"),
                     })?;
-                let toolkit_file =
-                    toolkit_files.as_ref().into_iter().flatten().find(|f| {
-                        WheelTags::parse(&f.filename).is_some_and(|t| t.version == wanted)
-                    });
+                let toolkit_file = toolkit_files.as_ref().into_iter().flatten().find(|f| {
+                    WheelFilename::from_str(&f.filename)
+                        .ok()
+                        .is_some_and(|t| t.version == wanted)
+                });
                 match toolkit_file {
                     Some(toolkit_file) => Some(source.metadata(toolkit_file).await?),
                     None => None,
@@ -530,20 +569,38 @@ mod tests {
         );
     }
 
+    fn wheel(name: &str) -> WheelFilename {
+        WheelFilename::from_str(name).unwrap()
+    }
+
+    fn dist_file(filename: &str) -> DistFile {
+        DistFile {
+            filename: filename.into(),
+            url: format!("https://files.example/{filename}").parse().unwrap(),
+            sha256: Some(crate::digest::Digest::of_bytes(filename.as_bytes())),
+            size: None,
+            requires_python: None,
+            yanked: false,
+            yanked_reason: None,
+            upload_time: None,
+            core_metadata: Default::default(),
+        }
+    }
+
     #[test]
-    fn wheel_tags_and_glibc() {
-        let tags = WheelTags::parse("torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl").unwrap();
-        assert_eq!(tags.python, vec!["cp311"]);
-        assert_eq!(tags.x86_64_glibc(), Some((2, 5)));
-        let tags = WheelTags::parse("torch-2.9.0-cp313-cp313t-manylinux_2_28_x86_64.whl").unwrap();
-        assert_eq!(tags.x86_64_glibc(), Some((2, 28)));
+    fn manylinux_levels() {
         assert_eq!(
-            WheelTags::parse("torch-2.4.1-cp311-cp311-manylinux2014_aarch64.whl")
-                .unwrap()
-                .x86_64_glibc(),
+            x86_64_glibc(&wheel("torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl")),
+            Some((2, 5))
+        );
+        assert_eq!(
+            x86_64_glibc(&wheel("torch-2.9.0-cp313-cp313t-manylinux_2_28_x86_64.whl")),
+            Some((2, 28))
+        );
+        assert_eq!(
+            x86_64_glibc(&wheel("torch-2.4.1-cp311-cp311-manylinux2014_aarch64.whl")),
             None
         );
-        assert!(WheelTags::parse("torch-2.4.1.tar.gz").is_none());
     }
 
     #[test]
@@ -568,20 +625,11 @@ mod tests {
 
     #[test]
     fn derives_a_row_from_metadata() {
-        let file = IndexFile {
-            filename: "torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl".into(),
-            url: "https://files/torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl".into(),
-            sha256: Some(Digest::of_bytes(b"x")),
-            upload_time: None,
-            yanked: false,
-        };
-        let other = IndexFile {
-            filename: "torch-2.4.1-cp312-cp312-manylinux1_x86_64.whl".into(),
-            ..file.clone()
-        };
+        let file = dist_file("torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl");
+        let other = dist_file("torch-2.4.1-cp312-cp312-manylinux1_x86_64.whl");
         let wheels = vec![
-            (&file, WheelTags::parse(&file.filename).unwrap()),
-            (&other, WheelTags::parse(&other.filename).unwrap()),
+            (&file, wheel(&file.filename)),
+            (&other, wheel(&other.filename)),
         ];
         let version = Version::from_str("2.4.1").unwrap();
         let build = derive_build(
@@ -605,14 +653,8 @@ mod tests {
     fn toolkit_metapackage_gives_the_runtime() {
         let torch = "Name: torch\nRequires-Dist: cuda-toolkit[cublas,cudart,cufft]==13.0.2; platform_system == \"Linux\"\nRequires-Dist: nvidia-cudnn-cu13==9.19.0.56; platform_system == \"Linux\"\n";
         let toolkit = "Name: cuda-toolkit\nRequires-Dist: nvidia-cuda-runtime==13.0.96.*; extra == \"cudart\"\nRequires-Dist: nvidia-cublas==13.1.0.3.*; extra == \"cublas\"\n";
-        let file = IndexFile {
-            filename: "torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl".into(),
-            url: "u".into(),
-            sha256: None,
-            upload_time: None,
-            yanked: false,
-        };
-        let wheels = vec![(&file, WheelTags::parse(&file.filename).unwrap())];
+        let file = dist_file("torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl");
+        let wheels = vec![(&file, wheel(&file.filename))];
         let build = derive_build(
             &Version::from_str("2.11.0").unwrap(),
             &wheels,

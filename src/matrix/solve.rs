@@ -116,7 +116,8 @@ pub fn solve(matrix: &Matrix, query: &SolveQuery) -> Solution {
     // Rank: accepted first; native before minor-version compatibility; rows read from the
     // wheels themselves before rows from build scripts; newest torch; the PyPI build (no
     // extra index to trust) before index variants; newest CUDA.
-    let confirmed = |build: &TorchBuild| matches!(build.status, Status::Derived | Status::Confirmed);
+    let confirmed =
+        |build: &TorchBuild| matches!(build.status, Status::Derived | Status::Confirmed);
     candidates.sort_by(|(a, build_a), (b, build_b)| {
         b.accepted
             .cmp(&a.accepted)

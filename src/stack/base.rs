@@ -1,0 +1,209 @@
+//! The base layer: a Debian or Ubuntu root filesystem built hermetically with mmdebstrap,
+//! or an existing image (OCI layout) whose layers become the first layers of the stack.
+//!
+//! mmdebstrap honours SOURCE_DATE_EPOCH, and the layer writer fixes every mtime and the
+//! entry order, so the same package set gives the same layer. What mmdebstrap cannot pin
+//! is the archive itself: a security update changes the package set. The layer cache key
+//! therefore names the inputs cudastack controls, and [`inspect_rootfs`] records the
+//! Python and glibc the base really has so the build checks them against the wheels.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::version::PythonVersion;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BaseError {
+    #[error("`mmdebstrap` is not installed; install it (`apt-get install mmdebstrap`) or give an existing base with `base: {{ oci: PATH }}`")]
+    MmdebstrapMissing,
+    #[error("mmdebstrap failed for {distro} {release} (exit status {status})\n  command: {command}\n  output (last lines):\n{output}")]
+    Mmdebstrap {
+        distro: String,
+        release: String,
+        status: String,
+        command: String,
+        output: String,
+    },
+    #[error("I/O error on `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the base has no {what} in `{path}`; cudastack needs {why}")]
+    Missing {
+        what: &'static str,
+        path: PathBuf,
+        why: &'static str,
+    },
+}
+
+/// A rootfs cudastack builds itself.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DebootstrapSpec {
+    pub distro: String,
+    pub release: String,
+    /// Packages on top of the minbase variant.
+    pub packages: Vec<String>,
+    pub mirror: Option<String>,
+    pub source_date_epoch: u64,
+}
+
+impl DebootstrapSpec {
+    /// What a Python CUDA stack needs on top of minbase: the interpreter, CA certificates
+    /// for anything that talks TLS, and libgomp (OpenMP runtime several wheels link).
+    pub fn for_python_stack(distro: &str, release: &str, source_date_epoch: u64) -> Self {
+        Self {
+            distro: distro.to_string(),
+            release: release.to_string(),
+            packages: ["python3", "ca-certificates", "libgomp1"]
+                .map(String::from)
+                .to_vec(),
+            mirror: None,
+            source_date_epoch,
+        }
+    }
+
+    fn mirror(&self) -> String {
+        self.mirror
+            .clone()
+            .unwrap_or_else(|| match self.distro.as_str() {
+                "ubuntu" => "http://archive.ubuntu.com/ubuntu".to_string(),
+                _ => "http://deb.debian.org/debian".to_string(),
+            })
+    }
+}
+
+/// Run mmdebstrap into `dest` (which must not exist or be empty). Device nodes are left out:
+/// container runtimes provide /dev, and a layer should not carry them.
+pub fn debootstrap(spec: &DebootstrapSpec, dest: &Path) -> Result<(), BaseError> {
+    if which("mmdebstrap").is_none() {
+        return Err(BaseError::MmdebstrapMissing);
+    }
+    let mut command = Command::new("mmdebstrap");
+    command
+        .arg("--variant=minbase")
+        .arg("--mode=root")
+        .arg("--quiet")
+        .arg(format!("--include={}", spec.packages.join(",")))
+        // Caches, logs and the package lists change with every run and are no use in an image.
+        .arg("--customize-hook=rm -rf \"$1\"/var/cache/apt/* \"$1\"/var/lib/apt/lists/* \"$1\"/var/log/* \"$1\"/var/cache/ldconfig/aux-cache \"$1\"/dev/*")
+        .arg(&spec.release)
+        .arg(dest)
+        .arg(spec.mirror())
+        .env("SOURCE_DATE_EPOCH", spec.source_date_epoch.to_string());
+    let shown = format!("{command:?}");
+    let output = command.output().map_err(|source| BaseError::Io {
+        path: PathBuf::from("mmdebstrap"),
+        source,
+    })?;
+    if !output.status.success() {
+        let text = String::from_utf8_lossy(&output.stderr);
+        let tail: Vec<&str> = text
+            .lines()
+            .rev()
+            .take(15)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        return Err(BaseError::Mmdebstrap {
+            distro: spec.distro.clone(),
+            release: spec.release.clone(),
+            status: output.status.to_string(),
+            command: shown,
+            output: tail.join("\n"),
+        });
+    }
+    Ok(())
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| Path::new(dir).join(program))
+        .find(|path| path.is_file())
+}
+
+/// What a base root filesystem provides, read from its dpkg database.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RootfsFacts {
+    pub python: Option<PythonVersion>,
+    /// `major.minor` of libc6.
+    pub glibc: Option<(u32, u32)>,
+    /// `/etc/os-release` PRETTY_NAME.
+    pub os: Option<String>,
+}
+
+/// Read the Python and glibc versions from `var/lib/dpkg/status` under `root`.
+pub fn inspect_rootfs(root: &Path) -> Result<RootfsFacts, BaseError> {
+    let status_path = root.join("var/lib/dpkg/status");
+    let status = fs_err::read_to_string(&status_path).map_err(|source| BaseError::Io {
+        path: status_path.clone(),
+        source,
+    })?;
+    let os = fs_err::read_to_string(root.join("etc/os-release"))
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("PRETTY_NAME="))
+                .map(|v| v.trim_matches('"').to_string())
+        });
+    Ok(RootfsFacts {
+        python: dpkg_version(&status, "python3")
+            .and_then(|v| parse_major_minor(&v))
+            .map(|(a, b)| PythonVersion::new(a, b)),
+        glibc: dpkg_version(&status, "libc6").and_then(|v| parse_major_minor(&v)),
+        os,
+    })
+}
+
+/// The installed version of `package` in a dpkg status file.
+pub fn dpkg_version(status: &str, package: &str) -> Option<String> {
+    status.split("\n\n").find_map(|stanza| {
+        let mut name = None;
+        let mut version = None;
+        let mut installed = false;
+        for line in stanza.lines() {
+            if let Some(value) = line.strip_prefix("Package: ") {
+                name = Some(value.trim());
+            } else if let Some(value) = line.strip_prefix("Version: ") {
+                version = Some(value.trim());
+            } else if let Some(value) = line.strip_prefix("Status: ") {
+                installed = value.trim().ends_with(" installed");
+            }
+        }
+        (name == Some(package) && installed)
+            .then(|| version.map(str::to_string))
+            .flatten()
+    })
+}
+
+/// `3.11.2-1+b1` -> (3, 11); `2.36-9+deb12u14` -> (2, 36); an epoch (`1:`) is skipped.
+fn parse_major_minor(version: &str) -> Option<(u32, u32)> {
+    let without_epoch = version
+        .split_once(':')
+        .map(|(_, rest)| rest)
+        .unwrap_or(version);
+    let mut parts = without_epoch.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_versions_from_dpkg_status() {
+        let status = "Package: libc6\nStatus: install ok installed\nVersion: 2.36-9+deb12u14\n\nPackage: python3\nStatus: install ok installed\nVersion: 3.11.2-1+b1\n\nPackage: python3.12\nStatus: deinstall ok config-files\nVersion: 3.12.1-1\n";
+        assert_eq!(
+            dpkg_version(status, "python3").as_deref(),
+            Some("3.11.2-1+b1")
+        );
+        assert_eq!(dpkg_version(status, "python3.12"), None);
+        assert_eq!(parse_major_minor("3.11.2-1+b1"), Some((3, 11)));
+        assert_eq!(parse_major_minor("2.36-9+deb12u14"), Some((2, 36)));
+        assert_eq!(parse_major_minor("1:2.39-0ubuntu8"), Some((2, 39)));
+    }
+}

@@ -1,0 +1,3 @@
+//! Shared helpers for integration tests.
+#![allow(dead_code)]
+pub mod fixture_server;
