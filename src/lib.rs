@@ -4,3 +4,4 @@
 //! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
 pub mod cas;
 pub mod digest;
+pub mod elf;
