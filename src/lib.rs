@@ -2,6 +2,8 @@
 //!
 //! The modules follow the data flow of a build (see DESIGN.md):
 //! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
+pub mod audit;
 pub mod cas;
 pub mod digest;
 pub mod elf;
+pub mod install;
