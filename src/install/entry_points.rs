@@ -1,5 +1,6 @@
 //! `entry_points.txt` console and GUI scripts, and the launcher scripts written for them
-//! (the same launcher pip writes on POSIX, so tools behave as users expect).
+//! (byte for byte the launcher pip/distlib writes on POSIX, so tools behave as users expect
+//! and the install tests can compare against a real `pip install`).
 
 /// One `console_scripts` / `gui_scripts` entry: `name = module:attr.sub [extras]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,8 +93,8 @@ pub fn launcher(entry: &ScriptEntry, python: &str) -> Vec<u8> {
          import re\n\
          import sys\n\
          from {module} import {import_name}\n\
-         if __name__ == \"__main__\":\n    \
-             sys.argv[0] = re.sub(r\"(-script\\.pyw|\\.exe)?$\", \"\", sys.argv[0])\n    \
+         if __name__ == '__main__':\n    \
+             sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n    \
              sys.exit({attribute}())\n",
         module = entry.module,
         attribute = entry.attribute,

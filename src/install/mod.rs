@@ -63,6 +63,8 @@ pub enum InstallError {
     },
     #[error("wheel `{wheel}` contains `{member}` twice")]
     DuplicateMember { wheel: PathBuf, member: String },
+    #[error("wheel `{wheel}` repeats a member name in its central directory; which copy is meant is ambiguous")]
+    DuplicateNames { wheel: PathBuf },
     #[error("wheel `{wheel}`: `{first}` and `{second}` would both install to `{destination}`")]
     DuplicateDestination {
         wheel: PathBuf,
@@ -283,7 +285,10 @@ pub struct InstallEntry {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct InstallPlan {
     pub wheel: PathBuf,
+    /// The distribution name as the `.dist-info` directory spells it (`torch`, `nvidia_cudnn_cu12`).
     pub distribution: String,
+    /// The project name from METADATA (`nvidia-cudnn-cu12`).
+    pub project_name: String,
     pub version: String,
     /// The installed `.dist-info` directory (image path).
     pub dist_info: PathBuf,
@@ -568,7 +573,11 @@ pub fn plan_with_reader(
         }
     }
 
-    // 1. Every member: safe name, no duplicates, no symlinks.
+    // 1. Every member: safe name, no duplicates, no symlinks. The zip reader indexes members
+    // by name, so a repeated name is only visible as this flag.
+    if reader.archive.has_duplicate_names() {
+        return Err(InstallError::DuplicateNames { wheel });
+    }
     let mut members: Vec<Member> = Vec::new();
     let mut seen = BTreeSet::new();
     for index in 0..reader.archive.len() {
@@ -696,6 +705,19 @@ pub fn plan_with_reader(
         recorded.insert(row.path.clone(), row);
     }
 
+    // The project name as METADATA spells it names the headers directory (as pip does).
+    let metadata_member = format!("{dist_info_name}/METADATA");
+    let project_name = reader
+        .read_small(&metadata_member)?
+        .and_then(|bytes| {
+            String::from_utf8_lossy(&bytes)
+                .lines()
+                .take_while(|line| !line.is_empty())
+                .find_map(|line| line.strip_prefix("Name:").map(|v| v.trim().to_string()))
+        })
+        .filter(|name| safe_member_path(name).is_ok() && !name.contains('/'))
+        .unwrap_or_else(|| distribution.clone());
+
     // 5. Entry points.
     let entry_points_member = format!("{dist_info_name}/entry_points.txt");
     let scripts = match reader.read_small(&entry_points_member)? {
@@ -768,7 +790,7 @@ pub fn plan_with_reader(
                     "purelib" => options.scheme.purelib.join(rest),
                     "platlib" => options.scheme.platlib.join(rest),
                     "data" => options.scheme.data.join(rest),
-                    "headers" => options.scheme.headers.join(&distribution).join(rest),
+                    "headers" => options.scheme.headers.join(&project_name).join(rest),
                     "scripts" => {
                         is_script = true;
                         mode = 0o755;
@@ -909,6 +931,7 @@ pub fn plan_with_reader(
     Ok(InstallPlan {
         wheel,
         distribution,
+        project_name,
         version,
         dist_info,
         entries,
