@@ -23,6 +23,8 @@ pub struct Lib<'a> {
     pub source: &'a str,
     /// Build an executable instead of a shared library.
     pub executable: bool,
+    /// Link without the C library (no `libc.so.6` NEEDED), so an image root needs no libc.
+    pub nostdlib: bool,
 }
 
 pub fn gcc_available() -> bool {
@@ -49,7 +51,9 @@ pub fn build(dir: &Path, lib: &Lib) -> PathBuf {
     let output = dir.join(lib.file);
     let unique = output.to_string_lossy().replace(['/', '.'], "_");
     let source_path = std::env::temp_dir().join(format!("cudastack_fixture_{unique}.c"));
-    let default_source = if lib.executable {
+    let default_source = if lib.executable && lib.nostdlib {
+        "void _start(void) { for (;;) {} }\n"
+    } else if lib.executable {
         "#include <stdio.h>\nint main(void) { puts(\"fixture\"); return 0; }\n"
     } else {
         "int cudastack_fixture(int x) { return x + 1; }\n"
@@ -63,6 +67,9 @@ pub fn build(dir: &Path, lib: &Lib) -> PathBuf {
     let mut command = Command::new("gcc");
     if !lib.executable {
         command.args(["-shared", "-fPIC"]);
+    }
+    if lib.nostdlib {
+        command.arg("-nostdlib");
     }
     command.arg("-o").arg(&output).arg(&source_path);
     if let Some(soname) = lib.soname {
@@ -93,4 +100,25 @@ pub fn build(dir: &Path, lib: &Lib) -> PathBuf {
     );
     let _ = std::fs::remove_file(&source_path);
     output
+}
+
+/// Build a library with no libc dependency (the audit fixtures' default).
+pub fn bare_lib(
+    dir: &Path,
+    file: &str,
+    soname: &str,
+    link: Vec<PathBuf>,
+    runpath: Option<&str>,
+) -> PathBuf {
+    build(
+        dir,
+        &Lib {
+            file,
+            soname: Some(soname),
+            link,
+            runpath,
+            nostdlib: true,
+            ..Default::default()
+        },
+    )
 }
