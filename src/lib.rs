@@ -2,9 +2,12 @@
 //!
 //! The modules follow the data flow of a build (see DESIGN.md):
 //! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
+pub mod audit;
 pub mod cas;
 pub mod digest;
+pub mod elf;
 pub mod fetch;
+pub mod install;
 pub mod layer;
 pub mod matrix;
 pub mod oci;

@@ -1,0 +1,427 @@
+//! The static audit on image roots built from real gcc-built libraries: a clean tree passes,
+//! and each planted failure gives exactly the finding it should.
+
+mod elf_support;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use cudastack::audit::{audit, AuditOptions, AuditReport, FindingKind};
+use elf_support::{bare_lib, build, skip_without_gcc, Lib};
+
+const TOOLKIT_LIB: &str = "usr/local/cuda-12.1/targets/x86_64-linux/lib";
+const SITE: &str = "usr/local/lib/python3.11/site-packages";
+
+fn cudnn_header(major: u32, minor: u32, patch: u32) -> String {
+    format!("#ifndef CUDNN_VERSION_H_\n#define CUDNN_VERSION_H_\n#define CUDNN_MAJOR {major}\n#define CUDNN_MINOR {minor}\n#define CUDNN_PATCHLEVEL {patch}\n#define CUDNN_VERSION (CUDNN_MAJOR * 10000 + CUDNN_MINOR * 100 + CUDNN_PATCHLEVEL)\n#endif\n")
+}
+
+fn write(root: &Path, path: &str, text: &str) {
+    let path = root.join(path);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// A small image laid out like a cudastack image:
+/// - /usr/local/cuda-12.1 with the cuDNN chain (redist style) and its header,
+///   /usr/local/cuda -> /usr/local/cuda-12.1 (absolute link), lib64 -> targets/.../lib;
+/// - /opt/app/lib/libapp.so.1 needing libcudnn.so.9 (RUNPATH /usr/local/cuda/lib64) and the
+///   driver's libcuda.so.1 (injected at run time, so exempt);
+/// - /opt/app/bin/app needing libapp.so.1 through RUNPATH $ORIGIN/../lib;
+/// - /opt/conf/lib/libconf.so.1, found through /etc/ld.so.conf.d, needed by libapp;
+/// - the nvidia-cudnn-cu12 9.1.0.70 dist-info.
+fn clean_root(outside: &Path) -> PathBuf {
+    let root = outside.join("root");
+    let lib = root.join(TOOLKIT_LIB);
+    let cudnn = bare_lib(&lib, "libcudnn.so.9.1.0", "libcudnn.so.9", vec![], None);
+    symlink("libcudnn.so.9.1.0", lib.join("libcudnn.so.9")).unwrap();
+    symlink("libcudnn.so.9", lib.join("libcudnn.so")).unwrap();
+    write(
+        &root,
+        "usr/local/cuda-12.1/targets/x86_64-linux/include/cudnn_version.h",
+        &cudnn_header(9, 1, 0),
+    );
+    symlink(
+        "targets/x86_64-linux/lib",
+        root.join("usr/local/cuda-12.1/lib64"),
+    )
+    .unwrap();
+    symlink("/usr/local/cuda-12.1", root.join("usr/local/cuda")).unwrap();
+
+    // The driver library is linked at build time from a stub outside the image.
+    let stub = bare_lib(
+        &outside.join("stubs"),
+        "libcuda.so",
+        "libcuda.so.1",
+        vec![],
+        None,
+    );
+    let conf = bare_lib(
+        &root.join("opt/conf/lib"),
+        "libconf.so.1",
+        "libconf.so.1",
+        vec![],
+        None,
+    );
+    write(
+        &root,
+        "etc/ld.so.conf",
+        "include /etc/ld.so.conf.d/*.conf\n",
+    );
+    write(
+        &root,
+        "etc/ld.so.conf.d/conf.conf",
+        "# from a test\n/opt/conf/lib\n",
+    );
+    let app = bare_lib(
+        &root.join("opt/app/lib"),
+        "libapp.so.1",
+        "libapp.so.1",
+        vec![cudnn, stub, conf],
+        Some("/usr/local/cuda/lib64"),
+    );
+    build(
+        &root.join("opt/app/bin"),
+        &Lib {
+            file: "app",
+            link: vec![app],
+            runpath: Some("$ORIGIN/../lib"),
+            executable: true,
+            nostdlib: true,
+            ..Default::default()
+        },
+    );
+    write(
+        &root,
+        &format!("{SITE}/nvidia_cudnn_cu12-9.1.0.70.dist-info/METADATA"),
+        "Metadata-Version: 2.1\nName: nvidia-cudnn-cu12\nVersion: 9.1.0.70\n\nDescription\n",
+    );
+    root
+}
+
+fn pins() -> AuditOptions {
+    AuditOptions {
+        pins: BTreeMap::from([("nvidia-cudnn-cu12".to_string(), "9.1.0.70".to_string())]),
+        ..Default::default()
+    }
+}
+
+fn only_finding(report: &AuditReport, kind: FindingKind) -> &cudastack::audit::Finding {
+    assert_eq!(
+        report.findings.len(),
+        1,
+        "expected exactly one finding:\n{}",
+        report.render()
+    );
+    let finding = &report.findings[0];
+    assert_eq!(finding.kind, kind, "{}", report.render());
+    finding
+}
+
+#[test]
+fn clean_tree_passes() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    let report = audit(&root, &pins()).unwrap();
+    assert!(report.is_clean(), "{}", report.render());
+    assert_eq!(report.elf_files, 4, "{}", report.render());
+    // libapp: libcudnn.so.9, libcuda.so.1, libconf.so.1; app: libapp.so.1.
+    assert_eq!(report.needed_checked, 4);
+    assert_eq!(report.distributions, 1);
+    assert!(report.render().contains(": clean"));
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["findings"], serde_json::json!([]));
+}
+
+#[test]
+fn missing_needed_is_found() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    // libconf's directory is no longer configured: libapp's NEEDED cannot resolve.
+    std::fs::remove_file(root.join("etc/ld.so.conf.d/conf.conf")).unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    let finding = only_finding(&report, FindingKind::UnresolvedNeeded);
+    assert_eq!(
+        finding.paths,
+        vec![PathBuf::from("/opt/app/lib/libapp.so.1")]
+    );
+    assert!(
+        finding.evidence.contains("needs `libconf.so.1`"),
+        "{}",
+        finding.evidence
+    );
+    assert!(
+        finding.evidence.contains("RUNPATH: /usr/local/cuda/lib64"),
+        "{}",
+        finding.evidence
+    );
+    assert!(
+        finding.hint.contains("/opt/conf/lib/libconf.so.1"),
+        "{}",
+        finding.hint
+    );
+
+    // And a library that exists nowhere.
+    let ghost = bare_lib(
+        &temp.path().join("elsewhere"),
+        "libghost.so.1",
+        "libghost.so.1",
+        vec![],
+        None,
+    );
+    bare_lib(
+        &root.join("opt/extra"),
+        "libextra.so",
+        "libextra.so",
+        vec![ghost],
+        None,
+    );
+    let report = audit(&root, &pins()).unwrap();
+    let ghost_finding = report
+        .findings_of(FindingKind::UnresolvedNeeded)
+        .find(|f| f.paths == [PathBuf::from("/opt/extra/libextra.so")])
+        .expect("libextra's missing NEEDED");
+    assert!(ghost_finding
+        .hint
+        .contains("add the library that provides `libghost.so.1`"));
+}
+
+#[test]
+fn ld_library_path_from_the_image_config_is_searched() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    let cudnn = root.join(TOOLKIT_LIB).join("libcudnn.so.9.1.0");
+    bare_lib(
+        &root.join("opt/tool/lib"),
+        "libtool.so.1",
+        "libtool.so.1",
+        vec![cudnn],
+        None,
+    );
+    let report = audit(&root, &pins()).unwrap();
+    let finding = only_finding(&report, FindingKind::UnresolvedNeeded);
+    assert_eq!(
+        finding.paths,
+        vec![PathBuf::from("/opt/tool/lib/libtool.so.1")]
+    );
+    let options = pins().with_ld_library_path("/usr/local/nvidia/lib64:/usr/local/cuda/lib64");
+    let report = audit(&root, &options).unwrap();
+    assert!(report.is_clean(), "{}", report.render());
+}
+
+#[test]
+fn duplicate_soname_is_found_but_links_are_one_copy() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    // A second real copy, as a wheel would install it.
+    let wheel_lib = root.join(SITE).join("nvidia/cudnn/lib");
+    std::fs::create_dir_all(&wheel_lib).unwrap();
+    std::fs::copy(
+        root.join(TOOLKIT_LIB).join("libcudnn.so.9.1.0"),
+        wheel_lib.join("libcudnn.so.9"),
+    )
+    .unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    let finding = only_finding(&report, FindingKind::DuplicateSoname);
+    assert_eq!(
+        finding.paths,
+        vec![
+            PathBuf::from(format!("/{TOOLKIT_LIB}/libcudnn.so.9.1.0")),
+            PathBuf::from(format!("/{SITE}/nvidia/cudnn/lib/libcudnn.so.9")),
+        ]
+    );
+    assert!(finding.evidence.contains("2 files provide `libcudnn.so.9`"));
+    assert!(
+        finding.evidence.contains("byte-identical"),
+        "{}",
+        finding.evidence
+    );
+
+    // Replace the copy with a link into the toolkit: one copy again.
+    std::fs::remove_file(wheel_lib.join("libcudnn.so.9")).unwrap();
+    symlink(
+        format!("/{TOOLKIT_LIB}/libcudnn.so.9"),
+        wheel_lib.join("libcudnn.so.9"),
+    )
+    .unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    assert!(report.is_clean(), "{}", report.render());
+}
+
+#[test]
+fn dangling_symlink_is_found() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    // A chain copied without its target (`cp` of the links only).
+    symlink(
+        "libcudnn_ops.so.9",
+        root.join(TOOLKIT_LIB).join("libcudnn_ops.so"),
+    )
+    .unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    let finding = only_finding(&report, FindingKind::DanglingSymlink);
+    assert_eq!(
+        finding.paths,
+        vec![PathBuf::from(format!("/{TOOLKIT_LIB}/libcudnn_ops.so"))]
+    );
+    assert!(
+        finding.evidence.contains("points to `libcudnn_ops.so.9`"),
+        "{}",
+        finding.evidence
+    );
+
+    // An absolute target is resolved inside the root, not on the host: /bin/sh exists on
+    // the host but not in this image.
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+    symlink("/bin/sh", root.join("usr/bin/sh")).unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    let finding = only_finding(&report, FindingKind::DanglingSymlink);
+    assert!(
+        finding
+            .evidence
+            .contains("`/bin` does not exist in the image"),
+        "{}",
+        finding.evidence
+    );
+}
+
+#[test]
+fn cudnn_header_disagreeing_with_the_library_is_found() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    write(
+        &root,
+        "usr/local/cuda-12.1/targets/x86_64-linux/include/cudnn_version.h",
+        &cudnn_header(9, 2, 0),
+    );
+    let report = audit(&root, &pins()).unwrap();
+    let finding = only_finding(&report, FindingKind::CudnnVersionMismatch);
+    assert!(
+        finding.evidence.contains("cudnn_version.h says 9.2.0"),
+        "{}",
+        finding.evidence
+    );
+    assert!(
+        finding.evidence.contains("library file name says 9.1.0"),
+        "{}",
+        finding.evidence
+    );
+    assert!(
+        finding
+            .evidence
+            .contains("nvidia-cudnn-cu12 wheel version says 9.1.0"),
+        "{}",
+        finding.evidence
+    );
+    assert!(finding.paths.contains(&PathBuf::from(
+        "/usr/local/cuda-12.1/targets/x86_64-linux/include/cudnn_version.h"
+    )));
+}
+
+#[test]
+fn cudnn_wheel_disagreeing_with_the_header_is_found() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    let dist_info = root.join(SITE).join("nvidia_cudnn_cu12-9.1.0.70.dist-info");
+    std::fs::remove_dir_all(&dist_info).unwrap();
+    write(
+        &root,
+        &format!("{SITE}/nvidia_cudnn_cu12-8.9.2.26.dist-info/METADATA"),
+        "Metadata-Version: 2.1\nName: nvidia-cudnn-cu12\nVersion: 8.9.2.26\n",
+    );
+    let report = audit(&root, &AuditOptions::default()).unwrap();
+    let finding = only_finding(&report, FindingKind::CudnnVersionMismatch);
+    assert!(
+        finding.evidence.contains("wheel version says 8.9.2"),
+        "{}",
+        finding.evidence
+    );
+}
+
+#[test]
+fn pin_mismatch_is_found() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    let options = AuditOptions {
+        pins: BTreeMap::from([
+            ("nvidia-cudnn-cu12".to_string(), "9.1.0.70".to_string()),
+            (
+                "nvidia_cuda_runtime_cu12".to_string(),
+                "12.1.105".to_string(),
+            ),
+        ]),
+        ..Default::default()
+    };
+    let report = audit(&root, &options).unwrap();
+    let finding = only_finding(&report, FindingKind::PinMismatch);
+    assert!(finding
+        .evidence
+        .contains("nvidia_cuda_runtime_cu12==12.1.105 is expected but not installed"));
+
+    let options = AuditOptions {
+        pins: BTreeMap::from([("NVIDIA-cuDNN-cu12".to_string(), "9.1.0.69".to_string())]),
+        ..Default::default()
+    };
+    let report = audit(&root, &options).unwrap();
+    let finding = only_finding(&report, FindingKind::PinMismatch);
+    assert_eq!(
+        finding.paths,
+        vec![PathBuf::from(format!(
+            "/{SITE}/nvidia_cudnn_cu12-9.1.0.70.dist-info"
+        ))]
+    );
+    assert!(
+        finding
+            .evidence
+            .contains("expected 9.1.0.69, installed 9.1.0.70"),
+        "{}",
+        finding.evidence
+    );
+    assert!(report.render().contains("error[pin-mismatch]"));
+}
+
+#[test]
+fn stubs_are_not_duplicates_and_wrong_class_does_not_satisfy() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    // The toolkit's link-time stub of libcudnn shares the SONAME but never loads.
+    let stubs = root.join(TOOLKIT_LIB).join("stubs");
+    std::fs::create_dir_all(&stubs).unwrap();
+    std::fs::copy(
+        root.join(TOOLKIT_LIB).join("libcudnn.so.9.1.0"),
+        stubs.join("libcudnn.so"),
+    )
+    .unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    assert!(report.is_clean(), "{}", report.render());
+}
