@@ -3,3 +3,4 @@
 //! wheels -> config.
 pub mod base;
 pub mod config;
+pub mod toolkit;

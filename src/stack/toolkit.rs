@@ -1,0 +1,219 @@
+//! The CUDA toolkit and cuDNN layers, laid out the way NVIDIA's installers do, from the
+//! nvidia-* wheels the lock names:
+//! ```text
+//! /usr/local/cuda -> cuda-12.1
+//! /usr/local/cuda-12.1/targets/x86_64-linux/{lib,include}
+//! /usr/local/cuda-12.1/{lib64 -> targets/x86_64-linux/lib, include -> targets/x86_64-linux/include}
+//! /usr/local/cuda-12.1/{bin,nvvm}          (devel flavor: nvcc and its helpers)
+//! ```
+//! Wheels cannot hold symlinks, so each library arrives as one regular file named after its
+//! SONAME (`libcudnn.so.9`). The file is renamed to its full version (`libcudnn.so.9.1.0`,
+//! as NVIDIA's archives name it) and the chain `libcudnn.so -> libcudnn.so.9 ->
+//! libcudnn.so.9.1.0` is planned from each library's ELF DT_SONAME (`elf::chain`).
+//! The returned [`Placement`] tells the Python layer which wheel members now live in the
+//! toolkit, so site-packages/nvidia/*/lib can point there instead of holding a second copy.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::elf::chain::{plan_soname_links, scan_library_dir, ChainError};
+use crate::elf::{read_elf, ElfError};
+use crate::recipe::Flavor;
+use crate::stack::config::ToolkitPaths;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ToolkitError {
+    #[error("I/O error on `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("`{wheel}` is not a readable wheel")]
+    Zip {
+        wheel: PathBuf,
+        #[source]
+        source: zip::result::ZipError,
+    },
+    #[error("wheel member `{member}` of `{wheel}` would leave the toolkit directory")]
+    UnsafeMember { wheel: PathBuf, member: String },
+    #[error(transparent)]
+    Chain(#[from] ChainError),
+    #[error(transparent)]
+    Elf(#[from] ElfError),
+}
+
+/// An nvidia-* wheel from the lock, already in the blob cache.
+#[derive(Debug, Clone)]
+pub struct NvidiaWheel {
+    pub path: PathBuf,
+    /// Normalised project name (`nvidia-cudnn-cu12`).
+    pub project: String,
+    pub version: String,
+}
+
+impl NvidiaWheel {
+    pub fn is_cudnn(&self) -> bool {
+        self.project.starts_with("nvidia-cudnn")
+    }
+}
+
+/// Wheel members placed in the toolkit: member name (`nvidia/cudnn/lib/libcudnn.so.9`) ->
+/// absolute image path that now provides it (`/usr/local/cuda-12.1/.../libcudnn.so.9`).
+pub type Placement = BTreeMap<String, String>;
+
+/// Where a wheel member goes in the toolkit, relative to the image root; None to skip it.
+fn destination(member: &str, paths: &ToolkitPaths, flavor: Flavor, cudnn: bool) -> Option<String> {
+    let rest = member.strip_prefix("nvidia/")?;
+    let (_component, inner) = rest.split_once('/')?;
+    if inner.ends_with("__init__.py") || inner.contains("__pycache__") || inner.ends_with('/') {
+        return None;
+    }
+    let strip = |prefix: &str| inner.strip_prefix(prefix).map(str::to_string);
+    let home = paths.home();
+    let home = home.trim_start_matches('/');
+    if let Some(file) = strip("lib/") {
+        return Some(format!("{}/{file}", paths.lib_dir().trim_start_matches('/')));
+    }
+    // cuDNN's headers belong to its layer whatever the flavor (the audit compares
+    // cudnn_version.h with the library); CUDA headers and tools are the devel flavor.
+    if let Some(file) = strip("include/") {
+        return (cudnn || flavor == Flavor::Devel).then(|| format!("{}/{file}", paths.include_dir().trim_start_matches('/')));
+    }
+    if flavor == Flavor::Devel {
+        for dir in ["bin/", "nvvm/"] {
+            if let Some(file) = strip(dir) {
+                return Some(format!("{home}/{dir}{file}"));
+            }
+        }
+    }
+    None
+}
+
+/// The name NVIDIA's archives give the real file: `libcudnn.so.9` from cuDNN 9.1.0.70 ->
+/// `libcudnn.so.9.1.0`; `libcudart.so.12` from 12.1.105 -> `libcudart.so.12.1.105`.
+/// Libraries whose SONAME major is not the wheel's major (cuFFT 11 in a CUDA 12 wheel,
+/// NCCL 2) keep their SONAME name.
+pub fn versioned_name(soname: &str, wheel_version: &str, cudnn: bool) -> Option<String> {
+    let (_, major) = soname.rsplit_once(".so.")?;
+    if major.contains('.') || !major.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut parts: Vec<&str> = wheel_version.split('.').collect();
+    if parts.first() != Some(&major) || parts.len() < 2 {
+        return None;
+    }
+    if cudnn {
+        parts.truncate(3); // the fourth cuDNN component is a build number
+    }
+    Some(format!("{soname}.{}", parts[1..].join(".")))
+}
+
+/// Extract the toolkit part of `wheels` under `root` (a staging directory that becomes one
+/// layer), complete the SONAME chains, and add the top-level links (`lib64`, `include`,
+/// `/usr/local/cuda`) when `top_links` is set.
+pub fn stage(wheels: &[&NvidiaWheel], paths: &ToolkitPaths, flavor: Flavor, top_links: bool, root: &Path) -> Result<Placement, ToolkitError> {
+    let io_error = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ToolkitError::Io { path, source }
+    };
+    let mut placement = Placement::new();
+    let lib_dir = root.join(paths.lib_dir().trim_start_matches('/'));
+    fs_err::create_dir_all(&lib_dir).map_err(io_error(&lib_dir))?;
+    // Library files as extracted: file name -> (member name, wheel).
+    let mut libraries: Vec<(String, String, &NvidiaWheel)> = Vec::new();
+
+    for wheel in wheels {
+        let file = fs_err::File::open(&wheel.path).map_err(io_error(&wheel.path))?;
+        let mut archive = zip::ZipArchive::new(file.into_parts().0).map_err(|source| ToolkitError::Zip { wheel: wheel.path.clone(), source })?;
+        for index in 0..archive.len() {
+            let mut member = archive.by_index(index).map_err(|source| ToolkitError::Zip { wheel: wheel.path.clone(), source })?;
+            let name = member.name().map_err(|source| ToolkitError::Zip { wheel: wheel.path.clone(), source })?.to_string();
+            let Some(relative) = destination(&name, paths, flavor, wheel.is_cudnn()) else { continue };
+            if relative.split('/').any(|part| part == ".." || part.is_empty()) {
+                return Err(ToolkitError::UnsafeMember { wheel: wheel.path.clone(), member: name });
+            }
+            let target = root.join(&relative);
+            if let Some(parent) = target.parent() {
+                fs_err::create_dir_all(parent).map_err(io_error(parent))?;
+            }
+            let mut out = fs_err::File::create(&target).map_err(io_error(&target))?;
+            io::copy(&mut member, &mut out).map_err(io_error(&target))?;
+            let executable = member.unix_mode().is_some_and(|mode| mode & 0o111 != 0) || relative.contains("/bin/") || relative.contains("/nvvm/bin/");
+            set_mode(&target, if executable { 0o755 } else { 0o644 })?;
+            if target.parent() == Some(lib_dir.as_path()) {
+                let file_name = target.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+                libraries.push((file_name, name.clone(), wheel));
+            } else {
+                placement.insert(name, format!("/{relative}"));
+            }
+        }
+    }
+
+    // Rename each library to its full version, keeping the SONAME as the link name.
+    for (file_name, member, wheel) in &libraries {
+        let path = lib_dir.join(file_name);
+        let soname = read_elf(&path)?.into_elf().and_then(|info| info.soname);
+        if let Some(versioned) = soname.as_deref().filter(|s| s == file_name).and_then(|s| versioned_name(s, &wheel.version, wheel.is_cudnn())) {
+            let renamed = lib_dir.join(&versioned);
+            fs_err::rename(&path, &renamed).map_err(io_error(&path))?;
+        }
+        // The member's name is what torch's RUNPATH looks for; it resolves to this path
+        // once the chain below is complete.
+        placement.insert(member.clone(), format!("{}/{file_name}", paths.lib_dir()));
+    }
+    for link in plan_soname_links(&scan_library_dir(&lib_dir)?) {
+        let path = lib_dir.join(&link.link);
+        std::os::unix::fs::symlink(&link.target, &path).map_err(io_error(&path))?;
+    }
+
+    if top_links {
+        let home = root.join(paths.home().trim_start_matches('/'));
+        for (link, target) in [("lib64", "targets/x86_64-linux/lib"), ("include", "targets/x86_64-linux/include")] {
+            fs_err::create_dir_all(home.join(target)).map_err(io_error(&home))?;
+            let path = home.join(link);
+            std::os::unix::fs::symlink(target, &path).map_err(io_error(&path))?;
+        }
+        let cuda_link = root.join("usr/local/cuda");
+        let target = format!("cuda-{}", paths.cuda.line());
+        std::os::unix::fs::symlink(&target, &cuda_link).map_err(io_error(&cuda_link))?;
+    }
+    Ok(placement)
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), ToolkitError> {
+    use std::os::unix::fs::PermissionsExt;
+    fs_err::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|source| ToolkitError::Io { path: path.to_path_buf(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::version::CudaVersion;
+
+    #[test]
+    fn versioned_names_follow_nvidia_archives() {
+        assert_eq!(versioned_name("libcudnn.so.9", "9.1.0.70", true).as_deref(), Some("libcudnn.so.9.1.0"));
+        assert_eq!(versioned_name("libcudnn_ops_infer.so.8", "8.9.2.26", true).as_deref(), Some("libcudnn_ops_infer.so.8.9.2"));
+        assert_eq!(versioned_name("libcudart.so.12", "12.1.105", false).as_deref(), Some("libcudart.so.12.1.105"));
+        assert_eq!(versioned_name("libcufft.so.11", "11.0.2.54", false).as_deref(), Some("libcufft.so.11.0.2.54"));
+        assert_eq!(versioned_name("libcufft.so.11", "12.1.0", false), None);
+        assert_eq!(versioned_name("libnccl.so.2", "2.20.5", false).as_deref(), Some("libnccl.so.2.20.5"));
+        assert_eq!(versioned_name("libnvrtc-builtins.so.12.1", "12.1.105", false), None);
+    }
+
+    #[test]
+    fn member_destinations_by_flavor() {
+        let paths = ToolkitPaths { cuda: CudaVersion::new(12, 1, None) };
+        let lib = "usr/local/cuda-12.1/targets/x86_64-linux/lib";
+        assert_eq!(destination("nvidia/cudnn/lib/libcudnn.so.9", &paths, Flavor::Runtime, true).unwrap(), format!("{lib}/libcudnn.so.9"));
+        assert_eq!(destination("nvidia/cudnn/include/cudnn_version.h", &paths, Flavor::Runtime, true).unwrap(), "usr/local/cuda-12.1/targets/x86_64-linux/include/cudnn_version.h");
+        assert_eq!(destination("nvidia/cuda_runtime/include/cuda.h", &paths, Flavor::Runtime, false), None);
+        assert!(destination("nvidia/cuda_runtime/include/cuda.h", &paths, Flavor::Devel, false).is_some());
+        assert_eq!(destination("nvidia/cuda_nvcc/bin/nvcc", &paths, Flavor::Devel, false).unwrap(), "usr/local/cuda-12.1/bin/nvcc");
+        assert_eq!(destination("nvidia/cuda_nvcc/bin/nvcc", &paths, Flavor::Runtime, false), None);
+        assert_eq!(destination("nvidia/cudnn/lib/__init__.py", &paths, Flavor::Runtime, true), None);
+        assert_eq!(destination("torch/lib/libtorch.so", &paths, Flavor::Runtime, false), None);
+    }
+}
