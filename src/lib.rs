@@ -5,3 +5,4 @@
 pub mod cas;
 pub mod digest;
 pub mod fetch;
+pub mod lock;

@@ -12,5 +12,8 @@ pub mod html;
 pub mod http;
 pub mod index;
 pub mod metadata;
+pub mod mirror;
+pub mod redist;
 pub mod remote_zip;
+pub mod source;
 pub mod wheel_filename;
