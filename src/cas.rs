@@ -90,6 +90,40 @@ impl BlobStore {
         self.root.join("tmp")
     }
 
+    /// A stable name in `tmp/` for a resumable download of the blob `expected`, so a rerun
+    /// can continue where an interrupted one stopped. Never read as a blob until adopted.
+    pub fn partial_path(&self, expected: &Digest) -> PathBuf {
+        self.tmp_dir().join(format!("partial-{}", expected.hex()))
+    }
+
+    /// Move a fully written and hashed temp file (e.g. a finished partial download) into
+    /// the store. `found` is the digest its bytes hashed to; unless it equals `expected`
+    /// the file is deleted and a [`CasError::Mismatch`] naming `what` is returned.
+    pub fn adopt(
+        &self,
+        temp_path: &Path,
+        found: Digest,
+        size: u64,
+        expected: &Digest,
+        what: &str,
+    ) -> Result<PathBuf, CasError> {
+        if found != *expected {
+            let _ = fs_err::remove_file(temp_path);
+            return Err(CasError::Mismatch {
+                what: what.to_string(),
+                expected: *expected,
+                found,
+                size,
+            });
+        }
+        fs_err::File::open(temp_path)
+            .and_then(|file| file.sync_all())
+            .map_err(io_err(temp_path))?;
+        let final_path = self.path(expected);
+        fs_err::rename(temp_path, &final_path).map_err(io_err(&final_path))?;
+        Ok(final_path)
+    }
+
     /// Start writing a new blob; its digest is known only when it is committed.
     pub fn begin(&self) -> Result<PendingBlob, CasError> {
         let tmp_dir = self.tmp_dir();

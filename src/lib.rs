@@ -9,6 +9,7 @@ pub mod elf;
 pub mod fetch;
 pub mod install;
 pub mod layer;
+pub mod lock;
 pub mod matrix;
 pub mod oci;
 pub mod recipe;

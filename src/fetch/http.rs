@@ -368,8 +368,31 @@ pub fn is_transient_status(status: StatusCode) -> bool {
 }
 
 /// Timeouts, refused or reset connections and truncated bodies are worth another try.
+/// A body cut short surfaces as a decode error wrapping an I/O error, so the whole source
+/// chain is inspected.
 pub fn is_transient_error(error: &reqwest::Error) -> bool {
-    error.is_timeout() || error.is_connect() || error.is_request() || error.is_body()
+    if error.is_timeout() || error.is_connect() || error.is_request() || error.is_body() {
+        return true;
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(io_error) = cause.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            if matches!(
+                io_error.kind(),
+                UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut
+            ) {
+                return true;
+            }
+        }
+        if let Some(inner) = cause.downcast_ref::<reqwest::Error>() {
+            if inner.is_body() || inner.is_timeout() {
+                return true;
+            }
+        }
+        source = cause.source();
+    }
+    false
 }
 
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {

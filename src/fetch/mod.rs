@@ -8,9 +8,14 @@
 //! - [`remote_zip`] and [`metadata`]: a wheel's METADATA without downloading the wheel.
 //!
 //! Nothing here decides which version to use; that is [`crate::lock`].
+pub mod download;
 pub mod html;
 pub mod http;
 pub mod index;
 pub mod metadata;
+pub mod mirror;
+pub mod progress;
+pub mod redist;
 pub mod remote_zip;
+pub mod source;
 pub mod wheel_filename;

@@ -1,0 +1,320 @@
+//! Download artifacts into the content-addressed [`BlobStore`], hash-checked and streamed.
+//!
+//! Each download streams into a stable partial file (`tmp/partial-<expected hex>`), hashing
+//! as bytes arrive, and is adopted into `blobs/sha256/` only when the digest matches; on a
+//! mismatch the partial is deleted and the error names the URL with Expected and Found.
+//! An interrupted transfer (connection cut, timeout, 5xx) is retried with backoff and
+//! continued with `Range: bytes=<have>-` when the server honours ranges; a later run
+//! resumes from the same partial file. Memory stays flat: one network chunk and a 1 MiB
+//! write buffer per transfer, whatever the artifact's size.
+//!
+//! Several downloads run at once, bounded by the client's semaphore. Progress goes to a
+//! [`Reporter`] (quiet in tests, indicatif bars on stderr in the CLI). In offline mode
+//! nothing is fetched and the error lists exactly what the cache lacks.
+
+use std::io::{self, Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use reqwest::header::{HeaderMap, HeaderValue, ACCEPT_ENCODING, CONTENT_RANGE, RANGE};
+use reqwest::{StatusCode, Url};
+
+use crate::cas::{BlobStore, CasError};
+use crate::digest::{Digest, Hasher};
+use crate::fetch::http::{is_transient_error, ContentRange, HttpClient, HttpError};
+use crate::fetch::progress::Reporter;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DownloadError {
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error(transparent)]
+    Cas(#[from] CasError),
+    #[error("I/O error on `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("Failed to download `{url}`: the transfer kept failing after {attempts} attempts")]
+    Interrupted {
+        url: Url,
+        attempts: u32,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("`{url}` is larger than the {expected} bytes the lock records (got {found} so far); refusing the rest")]
+    TooLarge { url: Url, expected: u64, found: u64 },
+    #[error("Offline: {} artifact(s) are not in the cache `{cache}`:\n{}", missing.len(), missing.iter().map(|m| format!("  {m}")).collect::<Vec<_>>().join("\n"))]
+    Offline {
+        cache: PathBuf,
+        missing: Vec<String>,
+    },
+    #[error("The download task failed")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// One thing to fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchItem {
+    /// A short name for progress and errors (`torch 2.4.1`, `cudnn 9.1.0.70`).
+    pub name: String,
+    pub url: Url,
+    pub sha256: Digest,
+    /// Expected size, when known; used for progress and to stop oversized bodies early.
+    pub size: Option<u64>,
+}
+
+impl FetchItem {
+    fn describe(&self) -> String {
+        format!("{} ({}) from {}", self.name, self.sha256, self.url)
+    }
+}
+
+/// Fetches [`FetchItem`]s into a [`BlobStore`].
+#[derive(Clone)]
+pub struct Downloader {
+    client: HttpClient,
+    store: BlobStore,
+    reporter: Arc<dyn Reporter>,
+    offline: bool,
+}
+
+impl Downloader {
+    pub fn new(client: HttpClient, store: BlobStore, reporter: Arc<dyn Reporter>) -> Self {
+        Downloader {
+            client,
+            store,
+            reporter,
+            offline: false,
+        }
+    }
+
+    /// Use only the cache: [`Downloader::fetch_all`] fails listing what is missing.
+    pub fn offline(mut self, offline: bool) -> Self {
+        self.offline = offline;
+        self
+    }
+
+    pub fn store(&self) -> &BlobStore {
+        &self.store
+    }
+
+    /// The items whose blobs are not in the cache.
+    pub fn missing<'a>(&self, items: &'a [FetchItem]) -> Vec<&'a FetchItem> {
+        items
+            .iter()
+            .filter(|item| !self.store.contains(&item.sha256))
+            .collect()
+    }
+
+    /// Fetch everything (skipping what is cached), several at a time. Returns the blob
+    /// paths in the order of `items`. The first error wins; other transfers finish or fail
+    /// on their own and leave at most their partial files.
+    pub async fn fetch_all(&self, items: &[FetchItem]) -> Result<Vec<PathBuf>, DownloadError> {
+        if self.offline {
+            let missing = self.missing(items);
+            if !missing.is_empty() {
+                return Err(DownloadError::Offline {
+                    cache: self.store.root().to_path_buf(),
+                    missing: missing.into_iter().map(FetchItem::describe).collect(),
+                });
+            }
+        }
+        let tasks = items.iter().map(|item| {
+            let this = self.clone();
+            let item = item.clone();
+            tokio::spawn(async move { this.fetch(&item).await })
+        });
+        let mut paths = Vec::with_capacity(items.len());
+        for result in futures_util::future::join_all(tasks).await {
+            paths.push(result??);
+        }
+        Ok(paths)
+    }
+
+    /// Fetch one item (or find it in the cache) and return its blob path.
+    pub async fn fetch(&self, item: &FetchItem) -> Result<PathBuf, DownloadError> {
+        if self.store.contains(&item.sha256) {
+            return Ok(self.store.path(&item.sha256));
+        }
+        if self.offline {
+            return Err(DownloadError::Offline {
+                cache: self.store.root().to_path_buf(),
+                missing: vec![item.describe()],
+            });
+        }
+        let _permit = self.client.acquire().await;
+        if item.url.scheme() == "file" {
+            let store = self.store.clone();
+            let item = item.clone();
+            let reporter = self.reporter.clone();
+            return tokio::task::spawn_blocking(move || copy_local(&store, &item, &*reporter))
+                .await?;
+        }
+        self.download(item).await
+    }
+
+    async fn download(&self, item: &FetchItem) -> Result<PathBuf, DownloadError> {
+        let partial = self.store.partial_path(&item.sha256);
+        let io_error = |source| DownloadError::Io {
+            path: partial.clone(),
+            source,
+        };
+        let mut file = fs_err::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&partial)
+            .map_err(io_error)?;
+        // Hash what an earlier, interrupted run left behind.
+        let mut hasher = Hasher::new();
+        {
+            let mut buffer = vec![0u8; 1 << 16];
+            loop {
+                let n = file.read(&mut buffer).map_err(io_error)?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buffer[..n]);
+            }
+        }
+        let mut have = hasher.bytes();
+        if have > 0 {
+            tracing::info!(url = %item.url, bytes = have, "resuming partial download");
+        }
+        let id = self.reporter.start(&item.name, item.size);
+        self.reporter.advance(id, have);
+        let retry = self.client.retry_policy().clone();
+        let mut failures = 0u32;
+        let result = loop {
+            if item.size.is_some_and(|size| have >= size) {
+                break Ok(());
+            }
+            let mut headers = HeaderMap::new();
+            headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+            if have > 0 {
+                headers.insert(
+                    RANGE,
+                    HeaderValue::from_str(&format!("bytes={have}-")).expect("ASCII"),
+                );
+            }
+            let response = match self.client.get(&item.url, headers).await {
+                Ok(response) => response,
+                // The partial already holds the whole file (a range past the end).
+                Err(HttpError::Status { status, .. })
+                    if status == StatusCode::RANGE_NOT_SATISFIABLE && have > 0 =>
+                {
+                    break Ok(());
+                }
+                Err(error) => break Err(error.into()),
+            };
+            let resumed = response.status() == StatusCode::PARTIAL_CONTENT
+                && response
+                    .headers()
+                    .get(CONTENT_RANGE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(ContentRange::parse)
+                    .is_some_and(|range| range.start == have);
+            if have > 0 && !resumed {
+                // The server ignored the range: start over.
+                tracing::info!(url = %item.url, "server ignored Range; restarting from zero");
+                file.set_len(0).map_err(io_error)?;
+                hasher = Hasher::new();
+                self.reporter.restart(id);
+                have = 0;
+            }
+            file.seek(io::SeekFrom::Start(have)).map_err(io_error)?;
+            let mut writer = io::BufWriter::with_capacity(1 << 20, &mut file);
+            let mut stream = response.bytes_stream();
+            let mut progressed = false;
+            let mut stream_error = None;
+            while let Some(chunk) = stream.next().await {
+                match chunk {
+                    Ok(chunk) => {
+                        if let Some(expected) = item.size {
+                            if have + chunk.len() as u64 > expected {
+                                drop(writer);
+                                let _ = fs_err::remove_file(&partial);
+                                self.reporter.finish(id);
+                                return Err(DownloadError::TooLarge {
+                                    url: item.url.clone(),
+                                    expected,
+                                    found: have + chunk.len() as u64,
+                                });
+                            }
+                        }
+                        writer.write_all(&chunk).map_err(io_error)?;
+                        hasher.update(&chunk);
+                        have += chunk.len() as u64;
+                        progressed = true;
+                        self.reporter.advance(id, chunk.len() as u64);
+                    }
+                    Err(error) => {
+                        stream_error = Some(error);
+                        break;
+                    }
+                }
+            }
+            writer.flush().map_err(io_error)?;
+            drop(writer);
+            match stream_error {
+                None => break Ok(()),
+                Some(error) => {
+                    failures = if progressed { 1 } else { failures + 1 };
+                    if !is_transient_error(&error) || failures >= retry.max_attempts {
+                        break Err(DownloadError::Interrupted {
+                            url: item.url.clone(),
+                            attempts: failures,
+                            source: error,
+                        });
+                    }
+                    tracing::info!(url = %item.url, bytes = have, "transfer interrupted; resuming");
+                    tokio::time::sleep(retry.backoff(failures)).await;
+                }
+            }
+        };
+        self.reporter.finish(id);
+        drop(file);
+        result?;
+        let (found, size) = hasher.finish();
+        Ok(self
+            .store
+            .adopt(&partial, found, size, &item.sha256, item.url.as_str())?)
+    }
+}
+
+/// Copy a `file://` artifact (a mirror directory) into the store, hash-checked.
+fn copy_local(
+    store: &BlobStore,
+    item: &FetchItem,
+    reporter: &dyn Reporter,
+) -> Result<PathBuf, DownloadError> {
+    let source: PathBuf = item.url.to_file_path().map_err(|()| DownloadError::Io {
+        path: PathBuf::from(item.url.path()),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "not a local file URL"),
+    })?;
+    let io_error = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| DownloadError::Io { path, source }
+    };
+    let mut input = fs_err::File::open(&source).map_err(io_error(&source))?;
+    let id = reporter.start(&item.name, item.size);
+    let mut pending = store.begin()?;
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = input.read(&mut buffer).map_err(io_error(&source))?;
+        if n == 0 {
+            break;
+        }
+        pending
+            .write_all(&buffer[..n])
+            .map_err(io_error(&store.tmp_dir()))?;
+        reporter.advance(id, n as u64);
+    }
+    reporter.finish(id);
+    let (digest, _) = pending.commit(Some(&item.sha256), item.url.as_str())?;
+    Ok(store.path(&digest))
+}

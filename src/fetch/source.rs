@@ -1,0 +1,98 @@
+//! Where Python distributions can come from: a simple index (PyPI, PyTorch's per-CUDA
+//! indexes, any PEP 503/691 server) or a local mirror directory. The resolver asks the
+//! sources in priority order and takes each package from the first one that has it.
+
+use std::fmt;
+
+use crate::fetch::http::{HttpClient, HttpError};
+use crate::fetch::index::{DistFile, IndexError, ProjectPage, SimpleIndex};
+use crate::fetch::metadata::{local_wheel_metadata, wheel_metadata, MetadataError};
+use crate::fetch::mirror::{MirrorDir, MirrorError};
+use crate::fetch::wheel_filename::PackageName;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error(transparent)]
+    Mirror(#[from] MirrorError),
+    #[error("The blocking task reading a mirror failed")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// One package source.
+#[derive(Debug, Clone)]
+pub enum PackageSource {
+    /// A simple index. `plain_linux` accepts `linux_<arch>` wheels, which PyTorch's own
+    /// indexes publish and PyPI forbids.
+    Index {
+        index: SimpleIndex,
+        plain_linux: bool,
+    },
+    Mirror(MirrorDir),
+}
+
+impl fmt::Display for PackageSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PackageSource::Index { index, .. } => write!(f, "{}", index.base()),
+            PackageSource::Mirror(mirror) => write!(f, "{}", mirror.url()),
+        }
+    }
+}
+
+impl PackageSource {
+    /// PyPI (`linux_*` wheels refused).
+    pub fn pypi(client: HttpClient) -> Self {
+        PackageSource::Index {
+            index: SimpleIndex::pypi(client),
+            plain_linux: false,
+        }
+    }
+
+    pub fn accepts_plain_linux(&self) -> bool {
+        match self {
+            PackageSource::Index { plain_linux, .. } => *plain_linux,
+            // A mirror holds whatever the site put there, often copied from PyTorch's index.
+            PackageSource::Mirror(_) => true,
+        }
+    }
+
+    /// The files of a project, or `None` when this source does not have it.
+    pub async fn project(&self, name: &PackageName) -> Result<Option<ProjectPage>, SourceError> {
+        match self {
+            PackageSource::Index { index, .. } => match index.project(name).await {
+                Ok(page) => Ok(Some(page)),
+                Err(IndexError::Http(HttpError::NotFound { .. })) => Ok(None),
+                Err(error) => Err(error.into()),
+            },
+            PackageSource::Mirror(mirror) => {
+                let mirror = mirror.clone();
+                let name = name.clone();
+                Ok(tokio::task::spawn_blocking(move || mirror.project(&name)).await??)
+            }
+        }
+    }
+
+    /// The METADATA text of one of this source's files.
+    pub async fn metadata(&self, file: &DistFile) -> Result<String, MetadataError> {
+        match self {
+            PackageSource::Index { index, .. } => wheel_metadata(index.client(), file).await,
+            PackageSource::Mirror(_) => {
+                let path = file
+                    .url
+                    .to_file_path()
+                    .map_err(|()| MetadataError::Invalid {
+                        location: file.url.to_string(),
+                        reason: "not a local file URL".into(),
+                    })?;
+                tokio::task::spawn_blocking(move || local_wheel_metadata(&path))
+                    .await
+                    .map_err(|error| MetadataError::Invalid {
+                        location: file.url.to_string(),
+                        reason: error.to_string(),
+                    })?
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Lock: resolve everything a recipe needs to exact artifacts (URL + sha256 + size).
+//!
+//! Input is a [`LockRequest`] (target, root PEP 508 requirements, package sources in
+//! priority order, NVIDIA redist components, and the recipe's digest); output is a
+//! [`Lockfile`]. Python packages are resolved by PubGrub ([`resolver`]) over PEP 440
+//! versions with markers evaluated for the [`Target`]; redist components are looked up in
+//! their manifests. Nothing is downloaded here except index pages, manifests and wheel
+//! metadata; [`crate::fetch::download`] fetches what the lock names.
+
+pub mod lockfile;
+pub mod resolver;
+pub mod target;
+
+use std::sync::Arc;
+
+use pep440_rs::Version;
+use pep508_rs::{PackageName, Requirement};
+
+use crate::digest::Digest;
+use crate::fetch::http::{HttpClient, HttpError};
+use crate::fetch::metadata::MetadataError;
+use crate::fetch::redist::{resolve_request, RedistError, RedistRequest};
+use crate::fetch::source::{PackageSource, SourceError};
+pub use lockfile::{Artifact, ArtifactKind, Lockfile, LockfileError, LOCK_FORMAT_VERSION};
+pub use target::{Arch, GlibcVersion, PythonVersion, Target};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("Failed to list `{package}` on `{source_label}`")]
+    Source {
+        package: PackageName,
+        source_label: String,
+        #[source]
+        error: SourceError,
+    },
+    #[error("Package `{package}` was not found on any source: {}", sources.join(", "))]
+    PackageNotFound {
+        package: PackageName,
+        sources: Vec<String>,
+    },
+    #[error("No wheel of `{package}` fits {target}; the newest listed versions offer:\n  {}\n{report}", rejected.join("\n  "))]
+    NoCompatibleWheel {
+        package: PackageName,
+        target: String,
+        rejected: Vec<String>,
+        report: String,
+    },
+    #[error("Requirement `{requirement}` does not apply to {target}: its marker is false there, so it would install nothing")]
+    MarkerExcludes { requirement: String, target: String },
+    #[error("Requirement `{requirement}` points at a URL; cudastack locks only index and mirror packages")]
+    UrlRequirement { requirement: String },
+    #[error("Failed to read the metadata of `{package}` {version} from `{url}`")]
+    Metadata {
+        package: PackageName,
+        version: Version,
+        url: String,
+        #[source]
+        error: MetadataError,
+    },
+    #[error("Metadata at `{url}` describes a different distribution\n  Expected: {expected}\n  Found:    {found}")]
+    MetadataDisagrees {
+        url: String,
+        expected: String,
+        found: String,
+    },
+    #[error("No set of versions satisfies the requirements:\n{report}")]
+    NoSolution { report: String },
+    #[error("Index lists `{filename}` without a sha256; cudastack locks only hash-pinned files (`{url}`)")]
+    NoHash { filename: String, url: String },
+    #[error("Failed to learn the size of `{url}`")]
+    Size {
+        url: String,
+        #[source]
+        error: HttpError,
+    },
+    #[error(transparent)]
+    Redist(#[from] RedistError),
+    #[error("The resolver task failed")]
+    Join(#[from] tokio::task::JoinError),
+    #[error("internal resolver error: {0}")]
+    Internal(String),
+}
+
+/// Everything needed to make a lock.
+#[derive(Debug, Clone)]
+pub struct LockRequest {
+    pub target: Target,
+    /// Root requirements (`torch==2.4.1`, `numpy==1.26.4`).
+    pub requirements: Vec<Requirement>,
+    /// Package sources in priority order; each package comes from the first that has it.
+    pub sources: Vec<PackageSource>,
+    pub redist: Vec<RedistRequest>,
+    /// The recipe's digest, recorded so a changed recipe makes the lock stale.
+    pub recipe_digest: Digest,
+}
+
+/// Resolve a [`LockRequest`] into a [`Lockfile`].
+pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockfile, LockError> {
+    let env = request.target.marker_environment();
+    for requirement in &request.requirements {
+        if !requirement.evaluate_markers(&env, &[]) {
+            return Err(LockError::MarkerExcludes {
+                requirement: requirement.to_string(),
+                target: request.target.describe(),
+            });
+        }
+    }
+    let mut artifacts = Vec::new();
+
+    if !request.requirements.is_empty() {
+        let provider = Arc::new(resolver::Provider::new(
+            tokio::runtime::Handle::current(),
+            request.sources.clone(),
+            request.target.clone(),
+            request.requirements.clone(),
+        ));
+        let solver = provider.clone();
+        let resolved = tokio::task::spawn_blocking(move || resolver::solve(&solver)).await??;
+        let sizes = futures_util::future::join_all(resolved.iter().map(|r| async {
+            match r.candidate.file.size {
+                Some(size) => Ok(size),
+                None => remote_size(client, &r.candidate.file.url).await,
+            }
+        }))
+        .await;
+        for (resolved, size) in resolved.into_iter().zip(sizes) {
+            let file = &resolved.candidate.file;
+            let sha256 = file.sha256.ok_or_else(|| LockError::NoHash {
+                filename: file.filename.clone(),
+                url: file.url.to_string(),
+            })?;
+            artifacts.push(Artifact {
+                kind: ArtifactKind::Wheel,
+                name: resolved.name.to_string(),
+                version: resolved.version.to_string(),
+                filename: file.filename.clone(),
+                url: file.url.to_string(),
+                sha256,
+                size: size?,
+                source: request.sources[resolved.candidate.source].to_string(),
+                platform: None,
+                variant: None,
+                requires: resolved.requires.into_iter().collect(),
+                required_by: resolved.required_by.into_iter().collect(),
+            });
+        }
+    }
+
+    for redist in &request.redist {
+        for artifact in resolve_request(client, redist).await? {
+            artifacts.push(Artifact {
+                kind: ArtifactKind::RedistArchive,
+                name: artifact.component.clone(),
+                version: artifact.version.clone(),
+                filename: artifact.filename(),
+                url: artifact.url.to_string(),
+                sha256: artifact.sha256,
+                size: artifact.size,
+                source: artifact.manifest_url.to_string(),
+                platform: Some(artifact.platform.clone()),
+                variant: artifact.variant.clone(),
+                requires: Vec::new(),
+                required_by: Vec::new(),
+            });
+        }
+    }
+
+    let mut lock = Lockfile {
+        lock_format: LOCK_FORMAT_VERSION,
+        recipe_digest: request.recipe_digest,
+        target: request.target.clone(),
+        requirements: request.requirements.iter().map(|r| r.to_string()).collect(),
+        artifacts,
+    };
+    lock.canonicalize();
+    Ok(lock)
+}
+
+/// The size of a remote file from a one-byte range request (PEP 503 pages carry no sizes).
+async fn remote_size(client: &HttpClient, url: &reqwest::Url) -> Result<u64, LockError> {
+    if url.scheme() == "file" {
+        let path = url
+            .to_file_path()
+            .map_err(|()| LockError::Internal(format!("bad file URL {url}")))?;
+        return fs_err::metadata(&path)
+            .map(|m| m.len())
+            .map_err(|error| LockError::Internal(error.to_string()));
+    }
+    let answer = client
+        .get_range(
+            url,
+            crate::fetch::http::ByteRange::Inclusive { start: 0, end: 0 },
+        )
+        .await
+        .map_err(|error| LockError::Size {
+            url: url.to_string(),
+            error,
+        })?;
+    answer
+        .range
+        .total
+        .ok_or_else(|| LockError::Internal(format!("`{url}` reported no total size")))
+}

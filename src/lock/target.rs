@@ -1,0 +1,386 @@
+//! The environment a lock is made for: a CPython version on linux with a glibc level.
+//!
+//! From it come the two things wheel selection needs: the PEP 508 marker environment
+//! ([`Target::marker_environment`]) and the ordered list of compatible wheel tags
+//! ([`Target::tag_priorities`]), built the way `packaging.tags.sys_tags()` orders them for
+//! CPython on manylinux, so the wheel chosen per version is the one pip would choose.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+use pep440_rs::Version;
+use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder};
+use serde::{Deserialize, Serialize};
+
+use crate::fetch::wheel_filename::{Tag, WheelFilename};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TargetError {
+    #[error("`{0}` is not a Python version like `3.11` or `3.11.9`")]
+    Python(String),
+    #[error("`{0}` is not a glibc version like `2.28`")]
+    Glibc(String),
+    #[error("Python {0} is not supported: cudastack locks for CPython 3.7 or newer")]
+    UnsupportedPython(PythonVersion),
+}
+
+/// A CPython version: `3.11` (patch unknown, taken as `.0` for markers) or `3.11.9`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PythonVersion {
+    pub major: u8,
+    pub minor: u8,
+    pub patch: Option<u8>,
+}
+
+impl FromStr for PythonVersion {
+    type Err = TargetError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let error = || TargetError::Python(s.to_string());
+        let parts: Vec<&str> = s.trim().split('.').collect();
+        let number = |p: &str| p.parse::<u8>().map_err(|_| error());
+        match parts.as_slice() {
+            [major, minor] => Ok(PythonVersion {
+                major: number(major)?,
+                minor: number(minor)?,
+                patch: None,
+            }),
+            [major, minor, patch] => Ok(PythonVersion {
+                major: number(major)?,
+                minor: number(minor)?,
+                patch: Some(number(patch)?),
+            }),
+            _ => Err(error()),
+        }
+    }
+}
+
+impl fmt::Display for PythonVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)?;
+        if let Some(patch) = self.patch {
+            write!(f, ".{patch}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for PythonVersion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PythonVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl PythonVersion {
+    /// The full version used for `python_full_version` and `Requires-Python` checks.
+    pub fn full(&self) -> Version {
+        Version::new([
+            u64::from(self.major),
+            u64::from(self.minor),
+            u64::from(self.patch.unwrap_or(0)),
+        ])
+    }
+}
+
+/// A glibc version, the manylinux level a base image supports (bookworm: 2.36).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GlibcVersion {
+    pub major: u16,
+    pub minor: u16,
+}
+
+impl FromStr for GlibcVersion {
+    type Err = TargetError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let error = || TargetError::Glibc(s.to_string());
+        let (major, minor) = s.trim().split_once('.').ok_or_else(error)?;
+        Ok(GlibcVersion {
+            major: major.parse().map_err(|_| error())?,
+            minor: minor.parse().map_err(|_| error())?,
+        })
+    }
+}
+
+impl fmt::Display for GlibcVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+impl Serialize for GlibcVersion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for GlibcVersion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// CPU architectures cudastack builds for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    /// `platform_machine` and the arch suffix of wheel platform tags.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+
+    /// NVIDIA's redist platform key.
+    pub fn redist_platform(&self) -> &'static str {
+        match self {
+            Arch::X86_64 => "linux-x86_64",
+            Arch::Aarch64 => "linux-sbsa",
+        }
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a lock is for: CPython `python` on linux/`arch` with glibc `glibc`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    pub python: PythonVersion,
+    pub arch: Arch,
+    pub glibc: GlibcVersion,
+}
+
+/// Tags in priority order (lower index = preferred), plus a lookup table.
+#[derive(Debug, Clone)]
+pub struct TagPriorities {
+    ordered: Vec<Tag>,
+    rank: HashMap<Tag, usize>,
+}
+
+impl TagPriorities {
+    /// The rank of the best tag a wheel declares, or `None` if it cannot be installed.
+    pub fn best(&self, wheel: &WheelFilename) -> Option<usize> {
+        wheel
+            .tags()
+            .filter_map(|tag| self.rank.get(&tag).copied())
+            .min()
+    }
+
+    pub fn ordered(&self) -> &[Tag] {
+        &self.ordered
+    }
+}
+
+impl Target {
+    pub fn new(
+        python: PythonVersion,
+        arch: Arch,
+        glibc: GlibcVersion,
+    ) -> Result<Self, TargetError> {
+        if python.major != 3 || python.minor < 7 {
+            return Err(TargetError::UnsupportedPython(python));
+        }
+        Ok(Target {
+            python,
+            arch,
+            glibc,
+        })
+    }
+
+    /// A short description for messages: `CPython 3.11 on manylinux_2_28_x86_64`.
+    pub fn describe(&self) -> String {
+        format!(
+            "CPython {} on manylinux_{}_{}_{}",
+            self.python, self.glibc.major, self.glibc.minor, self.arch
+        )
+    }
+
+    /// The PEP 508 marker environment of the target.
+    pub fn marker_environment(&self) -> MarkerEnvironment {
+        let full = self.python.full().to_string();
+        let short = format!("{}.{}", self.python.major, self.python.minor);
+        MarkerEnvironment::try_from(MarkerEnvironmentBuilder {
+            implementation_name: "cpython",
+            implementation_version: &full,
+            os_name: "posix",
+            platform_machine: self.arch.as_str(),
+            platform_python_implementation: "CPython",
+            platform_release: "",
+            platform_system: "Linux",
+            platform_version: "",
+            python_full_version: &full,
+            python_version: &short,
+            sys_platform: "linux",
+        })
+        .expect("generated versions parse")
+    }
+
+    /// Platform tags, most specific first: `manylinux_2_X` down to the oldest level for the
+    /// arch, each followed by its legacy alias (`manylinux2014` = 2.17, `manylinux2010` =
+    /// 2.12, `manylinux1` = 2.5), then `linux_<arch>` only when `plain_linux` is true
+    /// (PyTorch's own indexes publish `linux_x86_64` wheels; PyPI rejects that tag).
+    pub fn platform_tags(&self, plain_linux: bool) -> Vec<String> {
+        let arch = self.arch.as_str();
+        // The oldest glibc with manylinux wheels per arch (PEP 600 / packaging).
+        let oldest_minor = match self.arch {
+            Arch::X86_64 => 5,
+            Arch::Aarch64 => 17,
+        };
+        let mut tags = Vec::new();
+        if self.glibc.major == 2 {
+            for minor in (oldest_minor..=self.glibc.minor).rev() {
+                tags.push(format!("manylinux_2_{minor}_{arch}"));
+                let legacy = match (minor, self.arch) {
+                    (17, _) => Some("manylinux2014"),
+                    (12, Arch::X86_64) => Some("manylinux2010"),
+                    (5, Arch::X86_64) => Some("manylinux1"),
+                    _ => None,
+                };
+                if let Some(legacy) = legacy {
+                    tags.push(format!("{legacy}_{arch}"));
+                }
+            }
+        }
+        if plain_linux {
+            tags.push(format!("linux_{arch}"));
+        }
+        tags
+    }
+
+    /// Every tag the target accepts, in the order of `packaging.tags.sys_tags()` for CPython:
+    /// `cpXY-cpXY-*`, `cpXY-abi3-*`, `cpXY-none-*`, older `cp3N-abi3-*`, then `pyXY`/`py3`
+    /// pure-Python tags per platform, then the `-any` tags.
+    pub fn tag_priorities(&self, plain_linux: bool) -> TagPriorities {
+        let platforms = self.platform_tags(plain_linux);
+        let minor = self.python.minor;
+        let cp = format!("cp3{minor}");
+        let mut ordered = Vec::new();
+        let mut push = |python: &str, abi: &str, platform: &str| {
+            ordered.push(Tag {
+                python: python.to_string(),
+                abi: abi.to_string(),
+                platform: platform.to_string(),
+            })
+        };
+        for abi in [cp.as_str(), "abi3", "none"] {
+            for platform in &platforms {
+                push(&cp, abi, platform);
+            }
+        }
+        // abi3 wheels built for older CPython 3 minors (abi3 exists from 3.2).
+        for older in (2..minor).rev() {
+            for platform in &platforms {
+                push(&format!("cp3{older}"), "abi3", platform);
+            }
+        }
+        let py_versions: Vec<String> = std::iter::once(format!("py3{minor}"))
+            .chain(std::iter::once("py3".to_string()))
+            .chain((0..minor).rev().map(|m| format!("py3{m}")))
+            .collect();
+        for python in &py_versions {
+            for platform in &platforms {
+                push(python, "none", platform);
+            }
+        }
+        push(&cp, "none", "any");
+        for python in &py_versions {
+            push(python, "none", "any");
+        }
+        let mut rank = HashMap::with_capacity(ordered.len());
+        for (index, tag) in ordered.iter().enumerate() {
+            rank.entry(tag.clone()).or_insert(index);
+        }
+        TagPriorities { ordered, rank }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> Target {
+        Target::new(
+            "3.11".parse().unwrap(),
+            Arch::X86_64,
+            "2.28".parse().unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn wheel(name: &str) -> WheelFilename {
+        name.parse().unwrap()
+    }
+
+    #[test]
+    fn manylinux_aliases_up_to_glibc() {
+        let tags = target().platform_tags(false);
+        assert_eq!(tags[0], "manylinux_2_28_x86_64");
+        assert!(tags.contains(&"manylinux2014_x86_64".to_string()));
+        assert!(tags.contains(&"manylinux1_x86_64".to_string()));
+        assert!(!tags.iter().any(|t| t.contains("2_31")));
+        assert!(!tags.iter().any(|t| t.starts_with("linux_")));
+        assert_eq!(target().platform_tags(true).last().unwrap(), "linux_x86_64");
+    }
+
+    #[test]
+    fn ranks_like_pip() {
+        let priorities = target().tag_priorities(false);
+        let rank = |name: &str| priorities.best(&wheel(name));
+        let cp_2_17 = rank("x-1-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl");
+        let cp_2_28 = rank("x-1-cp311-cp311-manylinux_2_28_x86_64.whl");
+        let abi3 = rank("x-1-cp38-abi3-manylinux1_x86_64.whl");
+        let pure = rank("x-1-py3-none-any.whl");
+        assert!(cp_2_28 < cp_2_17);
+        assert!(cp_2_17 < abi3);
+        assert!(abi3 < pure);
+        assert!(pure.is_some());
+        assert_eq!(rank("x-1-cp311-cp311-manylinux_2_31_x86_64.whl"), None);
+        assert_eq!(rank("x-1-cp312-cp312-manylinux1_x86_64.whl"), None);
+        assert_eq!(rank("x-1-cp311-cp311-linux_x86_64.whl"), None);
+        assert_eq!(rank("x-1-cp311-cp311-win_amd64.whl"), None);
+        assert_eq!(rank("x-1-cp311-cp311-manylinux_2_17_aarch64.whl"), None);
+        assert!(rank("x-1-py2.py3-none-any.whl").is_some());
+    }
+
+    #[test]
+    fn marker_environment_for_linux_cpython() {
+        let env = target().marker_environment();
+        assert_eq!(env.platform_machine(), "x86_64");
+        assert_eq!(env.sys_platform(), "linux");
+        assert_eq!(env.python_version().to_string(), "3.11");
+        let requirement: pep508_rs::Requirement =
+            "triton==3.0.0; platform_system == 'Linux' and python_version < '3.13'"
+                .parse()
+                .unwrap();
+        assert!(requirement.evaluate_markers(&env, &[]));
+    }
+
+    #[test]
+    fn rejects_python2() {
+        assert!(Target::new(
+            "2.7".parse().unwrap(),
+            Arch::X86_64,
+            "2.28".parse().unwrap()
+        )
+        .is_err());
+        assert!("3".parse::<PythonVersion>().is_err());
+        assert!("2_28".parse::<GlibcVersion>().is_err());
+    }
+}

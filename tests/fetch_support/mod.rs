@@ -1,0 +1,253 @@
+//! A small HTTP/1.1 fixture server on 127.0.0.1 for fetch and lock tests.
+//!
+//! Serves files from memory or disk (streamed), honours `Range` (`a-b`, `a-`, `-n`), logs
+//! every request with its Range header, and can misbehave per route: fail N times with a
+//! status, cut the connection after N body bytes, serve the wrong bytes, or ignore ranges.
+//! Plain std threads so it needs no async runtime and no extra dependency.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+#[derive(Clone)]
+pub enum Body {
+    Bytes(Arc<Vec<u8>>),
+    File(PathBuf),
+}
+
+impl Body {
+    fn len(&self) -> u64 {
+        match self {
+            Body::Bytes(b) => b.len() as u64,
+            Body::File(p) => std::fs::metadata(p).unwrap().len(),
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct Faults {
+    /// Answer this status to the first `fail_times` requests.
+    pub fail_status: Option<u16>,
+    pub fail_times: usize,
+    /// Close the connection after this many body bytes, for the first `cut_times` responses.
+    pub cut_after: Option<u64>,
+    pub cut_times: usize,
+    /// Serve these bytes instead of the real body (same length claims nothing).
+    pub wrong_body: Option<Arc<Vec<u8>>>,
+    /// Answer 200 with the whole body even when a Range is asked for.
+    pub ignore_range: bool,
+}
+
+#[derive(Clone)]
+pub struct Route {
+    pub body: Body,
+    pub content_type: String,
+    pub faults: Faults,
+}
+
+#[derive(Debug, Clone)]
+pub struct LoggedRequest {
+    pub path: String,
+    pub range: Option<String>,
+    pub accept: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    routes: HashMap<String, Route>,
+    hits: HashMap<String, usize>,
+    log: Vec<LoggedRequest>,
+}
+
+#[derive(Clone)]
+pub struct FixtureServer {
+    pub base: String,
+    state: Arc<Mutex<State>>,
+}
+
+impl FixtureServer {
+    pub fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let state = Arc::new(Mutex::new(State::default()));
+        let server_state = state.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let state = server_state.clone();
+                std::thread::spawn(move || {
+                    let _ = handle(stream, &state);
+                });
+            }
+        });
+        FixtureServer { base, state }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn add(&self, path: &str, content_type: &str, body: Body, faults: Faults) {
+        self.state.lock().unwrap().routes.insert(
+            path.to_string(),
+            Route {
+                body,
+                content_type: content_type.to_string(),
+                faults,
+            },
+        );
+    }
+
+    pub fn add_bytes(&self, path: &str, content_type: &str, bytes: Vec<u8>) {
+        self.add(
+            path,
+            content_type,
+            Body::Bytes(Arc::new(bytes)),
+            Faults::default(),
+        );
+    }
+
+    pub fn set_faults(&self, path: &str, faults: Faults) {
+        let mut state = self.state.lock().unwrap();
+        state.routes.get_mut(path).unwrap().faults = faults;
+        state.hits.remove(path);
+    }
+
+    pub fn log(&self) -> Vec<LoggedRequest> {
+        self.state.lock().unwrap().log.clone()
+    }
+
+    pub fn requests_for(&self, path: &str) -> Vec<LoggedRequest> {
+        self.log().into_iter().filter(|r| r.path == path).collect()
+    }
+}
+
+fn parse_range(value: &str, len: u64) -> Option<(u64, u64)> {
+    let spec = value.trim().strip_prefix("bytes=")?;
+    let (start, end) = spec.split_once('-')?;
+    if start.is_empty() {
+        let n: u64 = end.parse().ok()?;
+        let n = n.min(len);
+        return Some((len - n, len.checked_sub(1)?));
+    }
+    let start: u64 = start.parse().ok()?;
+    let end: u64 = if end.is_empty() {
+        len.checked_sub(1)?
+    } else {
+        end.parse::<u64>().ok()?.min(len.checked_sub(1)?)
+    };
+    (start <= end && start < len).then_some((start, end))
+}
+
+fn handle(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line)?;
+    let path = request_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("/")
+        .to_string();
+    let method = request_line
+        .split_whitespace()
+        .next()
+        .unwrap_or("GET")
+        .to_string();
+    let mut range = None;
+    let mut accept = None;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 || line == "\r\n" || line == "\n" {
+            break;
+        }
+        if let Some((key, value)) = line.split_once(':') {
+            match key.trim().to_ascii_lowercase().as_str() {
+                "range" => range = Some(value.trim().to_string()),
+                "accept" => accept = Some(value.trim().to_string()),
+                _ => {}
+            }
+        }
+    }
+    let (route, hit) = {
+        let mut state = state.lock().unwrap();
+        state.log.push(LoggedRequest {
+            path: path.clone(),
+            range: range.clone(),
+            accept,
+        });
+        let hit = {
+            let counter = state.hits.entry(path.clone()).or_insert(0);
+            *counter += 1;
+            *counter
+        };
+        (state.routes.get(&path).cloned(), hit)
+    };
+    let Some(route) = route else {
+        write!(
+            writer,
+            "HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nConnection: close\r\n\r\nnot found"
+        )?;
+        return Ok(());
+    };
+    let faults = &route.faults;
+    if let Some(status) = faults.fail_status {
+        if hit <= faults.fail_times {
+            write!(writer, "HTTP/1.1 {status} Fixture Failure\r\nContent-Length: 4\r\nConnection: close\r\n\r\nfail")?;
+            return Ok(());
+        }
+    }
+    let body = match &faults.wrong_body {
+        Some(wrong) => Body::Bytes(wrong.clone()),
+        None => route.body.clone(),
+    };
+    let len = body.len();
+    let ranged = range
+        .as_deref()
+        .filter(|_| !faults.ignore_range)
+        .map(|r| parse_range(r, len));
+    let (status, start, end) = match ranged {
+        Some(Some((start, end))) => ("206 Partial Content", start, end),
+        Some(None) => {
+            write!(writer, "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */{len}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+            return Ok(());
+        }
+        None => ("200 OK", 0, len.saturating_sub(1)),
+    };
+    let count = if len == 0 { 0 } else { end - start + 1 };
+    let mut head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {}\r\nContent-Length: {count}\r\nAccept-Ranges: bytes\r\nConnection: close\r\n",
+        route.content_type
+    );
+    if status.starts_with("206") {
+        head.push_str(&format!("Content-Range: bytes {start}-{end}/{len}\r\n"));
+    }
+    head.push_str("\r\n");
+    writer.write_all(head.as_bytes())?;
+    if method == "HEAD" {
+        return Ok(());
+    }
+    let limit = match faults.cut_after {
+        Some(cut) if hit <= faults.cut_times => cut.min(count),
+        _ => count,
+    };
+    match body {
+        Body::Bytes(bytes) => {
+            writer.write_all(&bytes[start as usize..(start + limit) as usize])?;
+        }
+        Body::File(path) => {
+            let mut file = std::fs::File::open(path)?;
+            file.seek(SeekFrom::Start(start))?;
+            std::io::copy(&mut file.take(limit), &mut writer)?;
+        }
+    }
+    writer.flush()?;
+    if limit < count {
+        // Abort mid-body: the client sees a truncated response.
+        let _ = writer.shutdown(std::net::Shutdown::Both);
+    }
+    Ok(())
+}
