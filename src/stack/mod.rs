@@ -3,4 +3,5 @@
 //! wheels -> config.
 pub mod base;
 pub mod config;
+pub mod inputs;
 pub mod toolkit;
