@@ -161,7 +161,14 @@ fn best(solution: &serde_json::Value) -> (String, bool) {
 fn solve_driver_535_rtx_3090() {
     let solution = solve_json(&["--driver", "535.104.05", "--gpu", "RTX 3090"]);
     assert_eq!(solution["cuda_ceiling"], "12.2");
-    assert_eq!(best(&solution), ("2.4.1+cu121".to_string(), false));
+    // Natively supported (no minor-version compatibility), CUDA within the 12.2 ceiling:
+    // the newest such build (2.5.1 from PyTorch's cu121 index) ranks first, and the newest
+    // PyPI build, 2.4.1+cu121, is accepted natively too.
+    let (build, minor_compat) = best(&solution);
+    assert!(!minor_compat);
+    assert!(build.ends_with("+cu121") || build.ends_with("+cu118"), "{build}");
+    let pypi = solution["candidates"].as_array().unwrap().iter().find(|c| c["torch_build"] == "2.4.1+cu121" && c["index"] == "pypi").unwrap();
+    assert_eq!((pypi["accepted"].as_bool(), pypi["minor_compat"].as_bool()), (Some(true), Some(false)));
     // cu124 builds need 550.54.14 natively; they come after, through minor-version compat.
     let rejected_or_compat = solution["candidates"]
         .as_array()

@@ -204,7 +204,7 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
             .unwrap_or_else(|| "nothing".into());
         match toolkit_driver {
             Some(need) if need <= driver => candidate.reasons.push(format!(
-                "driver {driver} supports CUDA <= {ceiling} >= {} (needs {need})",
+                "driver {driver} supports CUDA <= {ceiling}, enough for CUDA {} (needs {need})",
                 build.cuda.line()
             )),
             Some(need) => {
@@ -223,6 +223,7 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
                     }
                     _ => {
                         let minor_text = minor
+                            .filter(|m| m.min_driver != *need)
                             .map(|m| {
                                 format!(", or {} with minor-version compatibility", m.min_driver)
                             })
