@@ -2,6 +2,8 @@
 //! function per command, and the shared printer. stdout carries data only (tables, the
 //! final reference, or `--json`); progress and logs go to stderr.
 
+mod build;
+mod lock;
 mod matrix;
 mod refresh;
 mod solve;
@@ -34,6 +36,10 @@ enum Command {
         #[arg(required = true)]
         recipes: Vec<PathBuf>,
     },
+    /// Build a recipe's image as an OCI layout (images/NAME), deterministically.
+    Build(build::BuildArgs),
+    /// Resolve every artifact of a recipe to a URL and sha256 (RECIPE.lock beside it).
+    Lock(lock::LockArgs),
     /// Show the compatibility matrix, or regenerate its torch data from PyPI.
     Matrix(matrix::MatrixArgs),
     /// Find the torch/CUDA/cuDNN builds that fit a driver and GPUs, ranked, with reasons.
@@ -88,6 +94,8 @@ pub fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Validate { recipes } => validate::run(&recipes, &printer),
+        Command::Build(args) => build::run(args, &printer),
+        Command::Lock(args) => lock::run(args, &printer),
         Command::Matrix(args) => matrix::run(args, &printer),
         Command::Solve(args) => solve::run(args, &printer),
     };

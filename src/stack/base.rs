@@ -127,7 +127,7 @@ fn which(program: &str) -> Option<PathBuf> {
 }
 
 /// What a base root filesystem provides, read from its dpkg database.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RootfsFacts {
     pub python: Option<PythonVersion>,
     /// `major.minor` of libc6.

@@ -2,6 +2,7 @@
 //! the order that lets images share prefixes: base -> CUDA toolkit -> cuDNN -> Python
 //! wheels -> config.
 pub mod base;
+pub mod build;
 pub mod config;
 pub mod inputs;
 pub mod toolkit;

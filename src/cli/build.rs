@@ -1,0 +1,108 @@
+//! `cudastack build RECIPE`: assemble the image and write it as an OCI layout.
+//! stdout: the manifest digest, then the layout reference and the tags (or `--json`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use cudastack::cas::default_cache_root;
+use cudastack::fetch::progress::{IndicatifReporter, NoReporter, Reporter};
+use cudastack::layer::Compression;
+use cudastack::matrix::Matrix;
+use cudastack::stack::build::{build, human_bytes, BuildProgress, BuildSettings};
+
+use super::{CommandResult, Printer};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum CompressionArg {
+    /// gzip: read by every runtime, Docker 20.10, enroot, Apptainer (default).
+    Gzip,
+    /// zstd: faster and smaller; needs Docker >= 23 / containerd >= 1.5 to pull.
+    Zstd,
+    /// No compression (local use only).
+    None,
+}
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// The recipe (its lock, RECIPE.lock, must exist: see `cudastack lock`).
+    recipe: PathBuf,
+    /// OCI layout directory to write (default: images/NAME).
+    #[arg(long)]
+    layout: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = CompressionArg::Gzip)]
+    compression: CompressionArg,
+    /// Compression level (gzip 1-9, default 6; zstd 1-19, default 3).
+    #[arg(long)]
+    level: Option<i32>,
+    /// Use only the local cache; fail listing what is missing.
+    #[arg(long)]
+    offline: bool,
+    /// Registry host substituted for {registry} in the recipe's tags.
+    #[arg(long, default_value = "localhost")]
+    registry: String,
+    /// Cache directory (blobs, layers, staging).
+    #[arg(long, env = "CUDASTACK_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+}
+
+struct StderrProgress {
+    quiet: bool,
+    started: Instant,
+}
+
+impl BuildProgress for StderrProgress {
+    fn stage(&self, stage: &str, detail: &str) {
+        if !self.quiet {
+            eprintln!("[{:>6.1}s] {stage:<7} {detail}", self.started.elapsed().as_secs_f64());
+        }
+    }
+    fn downloads(&self) -> Arc<dyn Reporter> {
+        if self.quiet {
+            Arc::new(NoReporter)
+        } else {
+            Arc::new(IndicatifReporter::default())
+        }
+    }
+}
+
+pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
+    let compression = match (args.compression, args.level) {
+        (CompressionArg::Gzip, level) => Compression::Gzip { level: level.unwrap_or(6).clamp(1, 9) as u32 },
+        (CompressionArg::Zstd, level) => Compression::Zstd { level: level.unwrap_or(3).clamp(1, 19) },
+        (CompressionArg::None, _) => Compression::None,
+    };
+    let settings = BuildSettings {
+        recipe_path: args.recipe,
+        cache_root: args.cache_dir.unwrap_or_else(default_cache_root),
+        layout_dir: args.layout,
+        compression,
+        offline: args.offline,
+        registry: args.registry,
+    };
+    let progress = StderrProgress { quiet: printer.quiet, started: Instant::now() };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = runtime.block_on(build(&settings, Matrix::embedded(), &progress))?;
+    if printer.json {
+        printer.json(&report);
+    } else {
+        printer.status(format!(
+            "built {} in {:.1}s: {} layers, {} compressed; audit: {} ELF files, {} NEEDED entries checked{}",
+            report.recipe,
+            progress.started.elapsed().as_secs_f64(),
+            report.layers.len(),
+            human_bytes(report.size),
+            report.audit.elf_files,
+            report.audit.needed_checked,
+            if report.audit_cached { " (cached)" } else { "" }
+        ));
+        println!("{}", report.manifest_digest);
+        println!("oci:{}:{}", report.layout.display(), report.ref_name);
+        for tag in &report.tags {
+            println!("{tag}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

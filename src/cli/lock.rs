@@ -1,0 +1,55 @@
+//! `cudastack lock RECIPE...`: resolve every artifact to a URL and sha256, written to
+//! RECIPE's `.lock` beside it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use cudastack::fetch::http::HttpClient;
+use cudastack::lock::resolve;
+use cudastack::matrix::validate::validate;
+use cudastack::matrix::Matrix;
+use cudastack::recipe::Recipe;
+use cudastack::stack::inputs::{lock_path, lock_request};
+
+use super::{CommandResult, Printer};
+
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// Recipe files (YAML); each gets NAME.lock beside it.
+    #[arg(required = true)]
+    recipes: Vec<PathBuf>,
+    /// A local directory of wheels searched before any index (air-gapped sites).
+    #[arg(long)]
+    mirror: Option<PathBuf>,
+}
+
+pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
+    let matrix = Matrix::embedded();
+    let runtime = tokio::runtime::Runtime::new()?;
+    let client = runtime.block_on(async { HttpClient::with_defaults() })?;
+    let mut written = Vec::new();
+    for path in &args.recipes {
+        let recipe = Recipe::load(path)?;
+        let validation = validate(matrix, &recipe);
+        if !validation.is_valid() {
+            let first = validation.errors().next().map(|p| format!("{}: {}", p.code, p.what)).unwrap_or_default();
+            return Err(format!("{} is not valid ({first}); run `cudastack validate {}`", path.display(), path.display()).into());
+        }
+        printer.status(format!("locking {} ...", path.display()));
+        let request = lock_request(matrix, &recipe, &client, args.mirror.as_deref())?;
+        let lockfile = runtime.block_on(resolve(&client, &request))?;
+        let out = lock_path(path);
+        lockfile.write(&out)?;
+        printer.status(format!("wrote {} ({} artifacts)", out.display(), lockfile.artifacts.len()));
+        written.push(serde_json::json!({ "recipe": path, "lock": out, "artifacts": lockfile.artifacts.len(), "recipe_digest": lockfile.recipe_digest }));
+    }
+    if printer.json {
+        printer.json(&written);
+    } else {
+        for item in &written {
+            println!("{}", item["lock"].as_str().unwrap_or_default());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

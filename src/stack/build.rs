@@ -1,0 +1,541 @@
+//! `cudastack build`: a validated, locked recipe -> an OCI image of five layers
+//! (base, CUDA toolkit, cuDNN, Python wheels, config), audited, written to an OCI layout.
+//!
+//! Each layer has a cache key over exactly the inputs that decide its contents (the
+//! assembler version, the digests of the artifacts it reads, the options), so a changed
+//! torch version rebuilds only the Python and config layers, and a no-op rebuild does no
+//! tar or compression work at all. Staged trees are kept per key under the cache so the
+//! static audit can look at the whole filesystem without unpacking blobs again; when every
+//! layer and the audit verdict are cached, nothing is staged.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::audit::{audit, AuditOptions};
+use crate::cas::BlobStore;
+use crate::digest::Digest;
+use crate::fetch::download::{Downloader, FetchItem};
+use crate::fetch::http::HttpClient;
+use crate::fetch::progress::Reporter;
+use crate::install::{apply_entries, plan_with_reader, EntryContent, InstallOptions, PythonVersion as InstallPython, Scheme, WheelReader};
+use crate::layer::{BuildOptions, CacheKey, Compression, DirOptions, Layer, LayerCache, LayerContents, ModePolicy};
+use crate::lock::lockfile::{ArtifactKind, Lockfile};
+use crate::matrix::validate::{selected_torch_build, validate, Problem};
+use crate::matrix::Matrix;
+use crate::oci::{self, Image};
+use crate::recipe::{Base, Recipe};
+use crate::stack::base::{debootstrap, inspect_rootfs, DebootstrapSpec, RootfsFacts};
+use crate::stack::config::{ld_so_conf, stack_config, StackFacts, ToolkitPaths};
+use crate::stack::inputs::lock_path;
+use crate::stack::toolkit::{self, NvidiaWheel, Placement};
+
+/// Bump when what an assembler writes changes; it is part of every cache key.
+const ASSEMBLER: &str = concat!("cudastack-", env!("CARGO_PKG_VERSION"), "-stack-1");
+
+/// The timestamp used when neither the recipe nor the environment gives one:
+/// 2024-01-01T00:00:00Z. Fixed, so builds stay reproducible; recipes should set their own.
+pub const DEFAULT_SOURCE_DATE_EPOCH: u64 = 1_704_067_200;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Recipe(#[from] crate::recipe::RecipeError),
+    #[error("recipe `{recipe}` is not valid:\n{}", render_problems(problems))]
+    Invalid { recipe: String, problems: Vec<Problem> },
+    #[error("recipe `{recipe}` has no lock file `{lock}`; run `cudastack lock {recipe}` first")]
+    NoLock { recipe: PathBuf, lock: PathBuf },
+    #[error("lock file `{lock}` is stale: it was made from another version of the recipe\n  Expected: {expected}\n  Found:    {found}\nrun `cudastack lock {recipe}` again")]
+    StaleLock { recipe: PathBuf, lock: PathBuf, expected: Digest, found: Digest },
+    #[error(transparent)]
+    Lockfile(#[from] crate::lock::lockfile::LockfileError),
+    #[error(transparent)]
+    Download(#[from] crate::fetch::download::DownloadError),
+    #[error(transparent)]
+    Http(#[from] crate::fetch::http::HttpError),
+    #[error(transparent)]
+    Cas(#[from] crate::cas::CasError),
+    #[error(transparent)]
+    Base(#[from] crate::stack::base::BaseError),
+    #[error(transparent)]
+    Toolkit(#[from] crate::stack::toolkit::ToolkitError),
+    #[error(transparent)]
+    Install(#[from] crate::install::InstallError),
+    #[error(transparent)]
+    Layer(#[from] crate::layer::LayerError),
+    #[error(transparent)]
+    Oci(#[from] crate::oci::OciError),
+    #[error(transparent)]
+    Audit(#[from] crate::audit::AuditError),
+    #[error("the static audit of the assembled image failed:\n{0}")]
+    AuditFailed(String),
+    #[error("the base {base} provides {what} {found}, but the wheels need {expected}\n  hint: {hint}")]
+    BaseMismatch { base: String, what: &'static str, found: String, expected: String, hint: String },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("I/O error on `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{command}` failed ({status}):\n{output}")]
+    Command { command: String, status: String, output: String },
+}
+
+fn render_problems(problems: &[Problem]) -> String {
+    problems.iter().map(|p| format!("  error[{}]: {}\n    hint: {}", p.code, p.what, p.hint)).collect::<Vec<_>>().join("\n")
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
+    move |source| BuildError::Io { path: path.to_path_buf(), source }
+}
+
+/// What to build and where.
+#[derive(Debug, Clone)]
+pub struct BuildSettings {
+    pub recipe_path: PathBuf,
+    /// Blob store, layer cache and staging root (`~/.cache/cudastack`).
+    pub cache_root: PathBuf,
+    /// The OCI layout to write; `images/NAME` when None.
+    pub layout_dir: Option<PathBuf>,
+    pub compression: Compression,
+    /// Use only the blob cache; fail listing what is missing.
+    pub offline: bool,
+    /// Substituted for `{registry}` in tag templates.
+    pub registry: String,
+}
+
+/// Progress lines, one per stage; downloads get their own reporter (bars).
+pub trait BuildProgress: Send + Sync {
+    fn stage(&self, stage: &str, detail: &str);
+    fn downloads(&self) -> Arc<dyn Reporter>;
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerReport {
+    pub name: &'static str,
+    pub digest: Digest,
+    pub diff_id: Digest,
+    pub size: u64,
+    /// True when the layer came from the cache with no tar or compression work.
+    pub cached: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildReport {
+    pub recipe: String,
+    pub manifest_digest: Digest,
+    pub layout: PathBuf,
+    pub ref_name: String,
+    pub tags: Vec<String>,
+    pub layers: Vec<LayerReport>,
+    /// Compressed size of all layers.
+    pub size: u64,
+    pub audit: AuditSummary,
+    pub audit_cached: bool,
+}
+
+/// What the static audit looked at (it found nothing wrong, or the build failed).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct AuditSummary {
+    pub elf_files: usize,
+    pub needed_checked: usize,
+    pub symlinks: usize,
+    pub distributions: usize,
+}
+
+/// Render the recipe's tag templates.
+pub fn render_tags(recipe: &Recipe, torch: Option<&str>, cudnn: Option<&str>, registry: &str) -> Vec<String> {
+    recipe
+        .tags
+        .iter()
+        .map(|template| {
+            let cudnn_major = cudnn.and_then(|c| c.split('.').next()).unwrap_or("none");
+            template
+                .replace("{registry}", registry)
+                .replace("{name}", &recipe.name)
+                .replace("{torch}", torch.unwrap_or("none"))
+                .replace("{cuda_mm}", &recipe.cuda.version.line().to_string())
+                .replace("{cuda}", &recipe.cuda.version.to_string())
+                .replace("{cudnn_major}", cudnn_major)
+                .replace("{cudnn}", cudnn.unwrap_or("none"))
+                .replace("{python}", &recipe.python.to_string())
+        })
+        .collect()
+}
+
+/// A staged tree, kept per cache key so audits and later builds can reuse it.
+struct Staging {
+    root: PathBuf,
+}
+
+impl Staging {
+    fn open(cache_root: &Path) -> Result<Self, BuildError> {
+        let root = cache_root.join("staging");
+        fs_err::create_dir_all(&root).map_err(io_error(&root))?;
+        Ok(Self { root })
+    }
+    fn dir(&self, key: &CacheKey) -> PathBuf {
+        self.root.join(key.digest().hex())
+    }
+    fn is_complete(&self, key: &CacheKey) -> bool {
+        self.root.join(format!("{}.complete", key.digest().hex())).exists()
+    }
+    /// Stage into a fresh directory with `fill`, marking it complete only on success, so an
+    /// interrupted build never leaves a half-staged tree that looks finished.
+    fn ensure(&self, key: &CacheKey, fill: impl FnOnce(&Path) -> Result<(), BuildError>) -> Result<PathBuf, BuildError> {
+        let dir = self.dir(key);
+        if self.is_complete(key) && dir.is_dir() {
+            return Ok(dir);
+        }
+        if dir.exists() {
+            fs_err::remove_dir_all(&dir).map_err(io_error(&dir))?;
+        }
+        fs_err::create_dir_all(&dir).map_err(io_error(&dir))?;
+        fill(&dir)?;
+        let marker = self.root.join(format!("{}.complete", key.digest().hex()));
+        fs_err::write(&marker, b"").map_err(io_error(&marker))?;
+        Ok(dir)
+    }
+}
+
+fn source_date_epoch(recipe: &Recipe) -> u64 {
+    recipe.source_date_epoch.or_else(|| std::env::var("SOURCE_DATE_EPOCH").ok().and_then(|v| v.parse().ok())).unwrap_or(DEFAULT_SOURCE_DATE_EPOCH)
+}
+
+pub async fn build(settings: &BuildSettings, matrix: &Matrix, progress: &dyn BuildProgress) -> Result<BuildReport, BuildError> {
+    // 1. Recipe, validation, lock.
+    let recipe = Recipe::load(&settings.recipe_path)?;
+    let validation = validate(matrix, &recipe);
+    if !validation.is_valid() {
+        return Err(BuildError::Invalid { recipe: recipe.name.clone(), problems: validation.errors().cloned().collect() });
+    }
+    let lock_file = lock_path(&settings.recipe_path);
+    if !lock_file.exists() {
+        return Err(BuildError::NoLock { recipe: settings.recipe_path.clone(), lock: lock_file });
+    }
+    let lock = Lockfile::read(&lock_file)?;
+    if lock.is_stale(&recipe.digest()) {
+        return Err(BuildError::StaleLock { recipe: settings.recipe_path.clone(), lock: lock_file, expected: recipe.digest(), found: lock.recipe_digest });
+    }
+    let torch_build = selected_torch_build(matrix, &recipe);
+    let epoch = source_date_epoch(&recipe);
+    let options = BuildOptions::new(epoch, settings.compression);
+    let store = BlobStore::open(&settings.cache_root)?;
+    let cache = LayerCache::open(store.clone())?;
+    let staging = Staging::open(&settings.cache_root)?;
+
+    // 2. Fetch every artifact by hash.
+    let wheels: Vec<_> = lock.artifacts.iter().filter(|a| a.kind == ArtifactKind::Wheel).collect();
+    if lock.artifacts.iter().any(|a| a.kind == ArtifactKind::RedistArchive) {
+        return Err(BuildError::Unsupported("this lock names NVIDIA redist archives; `cudastack build` installs the CUDA stack from nvidia-* wheels so far".into()));
+    }
+    let items: Vec<FetchItem> = wheels
+        .iter()
+        .map(|a| FetchItem { name: format!("{} {}", a.name, a.version), url: a.url.parse().expect("lock URLs are valid"), sha256: a.sha256, size: Some(a.size) })
+        .collect();
+    let downloader = Downloader::new(HttpClient::with_defaults()?, store.clone(), progress.downloads()).offline(settings.offline);
+    let missing = downloader.missing(&items).len();
+    progress.stage("fetch", &format!("{} artifacts, {} to download", items.len(), missing));
+    let paths = downloader.fetch_all(&items).await?;
+    let wheel_paths: BTreeMap<String, (PathBuf, Digest, String)> = wheels.iter().zip(paths).map(|(a, path)| (a.name.clone(), (path, a.sha256, a.version.clone()))).collect();
+
+    // 3. Layers. Heavy work runs on blocking threads.
+    tokio::task::block_in_place(|| assemble(settings, matrix, &recipe, torch_build, &lock, &wheel_paths, &cache, &staging, &options, progress))
+}
+
+/// One layer to produce: its name, cache key, how to stage its tree, how to walk it.
+struct LayerPlan<'a> {
+    name: &'static str,
+    key: CacheKey,
+    stage: Box<dyn Fn(&Path) -> Result<(), BuildError> + 'a>,
+    walk: DirOptions,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    settings: &BuildSettings,
+    matrix: &Matrix,
+    recipe: &Recipe,
+    torch_build: Option<&crate::matrix::TorchBuild>,
+    lock: &Lockfile,
+    wheels: &BTreeMap<String, (PathBuf, Digest, String)>,
+    cache: &LayerCache,
+    staging: &Staging,
+    options: &BuildOptions,
+    progress: &dyn BuildProgress,
+) -> Result<BuildReport, BuildError> {
+    let paths = ToolkitPaths { cuda: recipe.cuda.version };
+    let flavor = recipe.cuda.flavor;
+
+    // Base.
+    let (distro, release) = match &recipe.base {
+        Base::Debian(release) => ("debian", release.as_str()),
+        Base::Ubuntu(release) => ("ubuntu", release.as_str()),
+        other => return Err(BuildError::Unsupported(format!("base {other} is not supported by `cudastack build` yet; build from `debian:` or `ubuntu:` releases"))),
+    };
+    let base_spec = DebootstrapSpec::for_python_stack(distro, release, options.mtime);
+    let base_key = CacheKey::new(&format!("{ASSEMBLER}/base-mmdebstrap"), &[], &base_spec);
+    let base_dir = staging.dir(&base_key);
+
+    // CUDA toolkit and cuDNN from the nvidia-* wheels.
+    let nvidia: Vec<NvidiaWheel> = wheels
+        .iter()
+        .filter(|(name, _)| name.starts_with("nvidia-"))
+        .map(|(name, (path, _, version))| NvidiaWheel { path: path.clone(), project: name.clone(), version: version.clone() })
+        .collect();
+    let digest_of = |wheel: &NvidiaWheel| wheels[&wheel.project].1;
+    let toolkit_wheels: Vec<&NvidiaWheel> = nvidia.iter().filter(|w| !w.is_cudnn()).collect();
+    let cudnn_wheels: Vec<&NvidiaWheel> = nvidia.iter().filter(|w| w.is_cudnn()).collect();
+    let toolkit_key = CacheKey::new(&format!("{ASSEMBLER}/toolkit"), &toolkit_wheels.iter().map(|w| digest_of(w)).collect::<Vec<_>>(), &(recipe.cuda.version.line().to_string(), format!("{flavor:?}")));
+    let cudnn_key = CacheKey::new(&format!("{ASSEMBLER}/cudnn"), &cudnn_wheels.iter().map(|w| digest_of(w)).collect::<Vec<_>>(), &recipe.cuda.version.line().to_string());
+    let (toolkit_dir, cudnn_dir) = (staging.dir(&toolkit_key), staging.dir(&cudnn_key));
+    // Which wheel members the toolkit layers hold, recorded beside each staged tree.
+    let placement_record = |dir: &Path| dir.with_extension("placement.json");
+    let stage_toolkit = |dir: &Path, wheels: &[&NvidiaWheel], top_links: bool| -> Result<(), BuildError> {
+        let placed = toolkit::stage(wheels, &paths, flavor, top_links, dir)?;
+        let record = placement_record(dir);
+        fs_err::write(&record, serde_json::to_vec(&placed).expect("placement serialises")).map_err(io_error(&record))
+    };
+
+    // Python wheels, with nvidia/*/lib pointing at the toolkit's copies.
+    let python = InstallPython { major: recipe.python.major as u8, minor: recipe.python.minor as u8 };
+    let install_options = InstallOptions::new(Scheme::debian_local(python));
+    let wheel_digests: Vec<Digest> = wheels.values().map(|(_, digest, _)| *digest).collect();
+    let python_key = CacheKey::new(&format!("{ASSEMBLER}/python"), &wheel_digests, &(recipe.python.to_string(), toolkit_key.digest(), cudnn_key.digest()));
+    let python_dir = staging.dir(&python_key);
+    let stage_python = |dir: &Path| -> Result<(), BuildError> {
+        let mut placement = Placement::new();
+        for toolkit in [&toolkit_dir, &cudnn_dir] {
+            let record = placement_record(toolkit);
+            let bytes = fs_err::read(&record).map_err(io_error(&record))?;
+            placement.extend(serde_json::from_slice::<Placement>(&bytes).map_err(|e| BuildError::Io { path: record.clone(), source: e.into() })?);
+        }
+        for (path, _, _) in wheels.values() {
+            let mut reader = WheelReader::open(path)?;
+            let mut plan = plan_with_reader(&mut reader, &install_options)?;
+            for entry in &mut plan.entries {
+                if let EntryContent::ZipMember { name, .. } = &entry.content {
+                    if let Some(target) = placement.get(name) {
+                        entry.content = EntryContent::Symlink { target: PathBuf::from(target) };
+                        entry.mode = 0o777;
+                    }
+                }
+            }
+            apply_entries(&plan.entries, Some(&mut reader), dir)?;
+        }
+        Ok(())
+    };
+
+    // Config: ld.so.conf.d, the loader cache over the whole tree, provenance files.
+    let (conf_path, conf_text) = ld_so_conf(&paths);
+    let recipe_json = recipe.canonical_json();
+    let lock_json = lock.to_json();
+    let config_key = CacheKey::new(
+        &format!("{ASSEMBLER}/config"),
+        &[base_key.digest(), toolkit_key.digest(), cudnn_key.digest(), python_key.digest(), Digest::of_bytes(recipe_json.as_bytes()), Digest::of_bytes(lock_json.as_bytes())],
+        &conf_text,
+    );
+    let config_dir = staging.dir(&config_key);
+    let merged = staging.root.join(format!("{}.merged", config_key.digest().hex()));
+    let stage_config = |dir: &Path| -> Result<(), BuildError> {
+        write_file(&dir.join(&conf_path), conf_text.as_bytes())?;
+        write_file(&dir.join("usr/share/cudastack/recipe.json"), recipe_json.as_bytes())?;
+        write_file(&dir.join("usr/share/cudastack/lock.json"), lock_json.as_bytes())?;
+        merge_trees(&[&base_dir, &toolkit_dir, &cudnn_dir, &python_dir, dir], &merged)?;
+        run(Command::new("ldconfig").arg("-r").arg(&merged))?;
+        let cache_bytes = fs_err::read(merged.join("etc/ld.so.cache")).map_err(io_error(&merged))?;
+        write_file(&dir.join("etc/ld.so.cache"), &cache_bytes)
+    };
+
+    let plans = vec![
+        LayerPlan { name: "base", key: base_key, stage: Box::new(|dir| Ok(debootstrap(&base_spec, dir)?)), walk: DirOptions { modes: ModePolicy::Exact, keep_owners: true, prefix: None } },
+        LayerPlan { name: "cuda", key: toolkit_key, stage: Box::new(|dir| stage_toolkit(dir, &toolkit_wheels, true)), walk: DirOptions::default() },
+        LayerPlan { name: "cudnn", key: cudnn_key, stage: Box::new(|dir| stage_toolkit(dir, &cudnn_wheels, false)), walk: DirOptions::default() },
+        LayerPlan { name: "python", key: python_key, stage: Box::new(stage_python), walk: DirOptions::default() },
+        LayerPlan { name: "config", key: config_key, stage: Box::new(stage_config), walk: DirOptions::default() },
+    ];
+
+    // When every layer and the audit verdict are cached there is nothing to stage.
+    let mut cached_layers = Vec::new();
+    for plan in &plans {
+        cached_layers.push(cache.get(&plan.key, options)?);
+    }
+    let audit_record = |diff_ids: &[Digest]| staging.root.join(format!("{}.audit.json", Digest::of_bytes(serde_json::to_string(diff_ids).unwrap_or_default().as_bytes()).hex()));
+    let facts_record = base_dir.with_extension("facts.json");
+    let fully_cached = cached_layers.iter().all(Option::is_some)
+        && audit_record(&cached_layers.iter().flatten().map(|l| l.diff_id).collect::<Vec<_>>()).exists()
+        && facts_record.exists();
+
+    let mut layers: Vec<(LayerReport, Layer)> = Vec::new();
+    for (plan, cached) in plans.iter().zip(cached_layers) {
+        let (layer, was_cached) = match cached {
+            Some(layer) if fully_cached => (layer, true),
+            cached => {
+                if !staging.is_complete(&plan.key) {
+                    progress.stage(plan.name, "staging");
+                }
+                let dir = staging.ensure(&plan.key, &*plan.stage)?;
+                if plan.name == "base" {
+                    let facts = inspect_rootfs(&dir)?;
+                    check_base(recipe, &facts, lock)?;
+                    fs_err::write(&facts_record, serde_json::to_vec(&facts).expect("facts serialise")).map_err(io_error(&facts_record))?;
+                }
+                match cached {
+                    Some(layer) => (layer, true),
+                    None => {
+                        progress.stage(plan.name, "writing layer");
+                        let contents = LayerContents::from_dir(&dir, &plan.walk)?;
+                        (cache.get_or_build(&plan.key, options, || Ok(contents))?, false)
+                    }
+                }
+            }
+        };
+        progress.stage(plan.name, &format!("{} ({}){}", layer.digest, human_bytes(layer.size), if was_cached { ", cached" } else { "" }));
+        layers.push((LayerReport { name: plan.name, digest: layer.digest, diff_id: layer.diff_id, size: layer.size, cached: was_cached }, layer));
+    }
+    drop(plans);
+
+    let base_facts: RootfsFacts = fs_err::read(&facts_record).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(RootfsFacts { python: None, glibc: None, os: None });
+    let stack_facts = StackFacts {
+        cuda_runtime: torch_build.and_then(|b| b.cuda_runtime.clone()).or_else(|| lock.artifacts.iter().find(|a| a.name.starts_with("nvidia-cuda-runtime")).map(|a| a.version.clone())),
+        cudnn: lock.artifacts.iter().find(|a| a.name.starts_with("nvidia-cudnn")).map(|a| a.version.clone()),
+        torch: lock.artifacts.iter().find(|a| a.name == "torch").map(|a| a.version.clone()),
+        os: base_facts.os.clone(),
+        created: oci::rfc3339(options.mtime),
+    };
+    let config = stack_config(matrix, recipe, torch_build, &stack_facts);
+
+    // The static audit of the assembled filesystem, cached per set of layers.
+    let diff_ids: Vec<Digest> = layers.iter().map(|(report, _)| report.diff_id).collect();
+    let record = audit_record(&diff_ids);
+    let (summary, audit_cached) = match fs_err::read(&record).ok().and_then(|bytes| serde_json::from_slice::<AuditSummary>(&bytes).ok()) {
+        Some(summary) => (summary, true),
+        None => {
+            progress.stage("audit", "every ELF's NEEDED, one copy per SONAME, symlinks, cuDNN header, pins");
+            merge_trees(&[&base_dir, &toolkit_dir, &cudnn_dir, &python_dir, &config_dir], &merged)?;
+            let ld_library_path = config.env.iter().find(|(k, _)| k == "LD_LIBRARY_PATH").map(|(_, v)| v.clone()).unwrap_or_default();
+            let pins: BTreeMap<String, String> = torch_build.map(|b| b.pins.iter().filter(|(k, _)| k.starts_with("nvidia-")).map(|(k, v)| (k.clone(), v.trim_end_matches(".*").to_string())).collect()).unwrap_or_default();
+            let report = audit(&merged, &AuditOptions { pins, ..Default::default() }.with_ld_library_path(&ld_library_path));
+            let _ = fs_err::remove_dir_all(&merged);
+            let report = report?;
+            if !report.is_clean() {
+                return Err(BuildError::AuditFailed(report.render()));
+            }
+            let summary = AuditSummary { elf_files: report.elf_files, needed_checked: report.needed_checked, symlinks: report.symlinks, distributions: report.distributions };
+            fs_err::write(&record, serde_json::to_vec(&summary).expect("summary serialises")).map_err(io_error(&record))?;
+            (summary, false)
+        }
+    };
+    if merged.exists() {
+        fs_err::remove_dir_all(&merged).map_err(io_error(&merged))?;
+    }
+
+    // Image and output.
+    let mut image = Image::new(options.mtime);
+    for (report, layer) in &layers {
+        image = image.with_layer(layer.clone(), &format!("cudastack {} layer", report.name));
+    }
+    for (name, value) in &config.env {
+        image = image.with_env(name, value);
+    }
+    for (name, value) in &config.labels {
+        image = image.with_label(name, value);
+    }
+    image = image.with_cmd(config.cmd.clone());
+    let tags = render_tags(recipe, stack_facts.torch.as_deref(), stack_facts.cudnn.as_deref(), &settings.registry);
+    let layout = settings.layout_dir.clone().unwrap_or_else(|| PathBuf::from("images").join(&recipe.name));
+    progress.stage("output", &format!("OCI layout {}", layout.display()));
+    let manifest_digest = oci::layout::write(&image, &layout, "latest")?;
+    for tag in &tags {
+        oci::layout::write(&image, &layout, tag)?;
+    }
+    Ok(BuildReport {
+        recipe: recipe.name.clone(),
+        manifest_digest,
+        layout,
+        ref_name: "latest".into(),
+        tags,
+        size: layers.iter().map(|(r, _)| r.size).sum(),
+        layers: layers.into_iter().map(|(r, _)| r).collect(),
+        audit: summary,
+        audit_cached,
+    })
+}
+
+/// The base must provide the Python and glibc the locked wheels were chosen for.
+fn check_base(recipe: &Recipe, facts: &RootfsFacts, lock: &Lockfile) -> Result<(), BuildError> {
+    match facts.python {
+        Some(python) if python == recipe.python => {}
+        found => {
+            return Err(BuildError::BaseMismatch {
+                base: recipe.base.to_string(),
+                what: "Python",
+                found: found.map(|p| p.to_string()).unwrap_or_else(|| "no python3".into()),
+                expected: recipe.python.to_string(),
+                hint: "set `python:` to the base's version, or pick a base release that ships it".into(),
+            })
+        }
+    }
+    let target = (u32::from(lock.target.glibc.major), u32::from(lock.target.glibc.minor));
+    if let Some(glibc) = facts.glibc {
+        if glibc < target {
+            return Err(BuildError::BaseMismatch {
+                base: recipe.base.to_string(),
+                what: "glibc",
+                found: format!("{}.{}", glibc.0, glibc.1),
+                expected: format!(">= {}.{} (the lock's manylinux level)", target.0, target.1),
+                hint: "lock again for this base, or use a newer base release".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), BuildError> {
+    if let Some(parent) = path.parent() {
+        fs_err::create_dir_all(parent).map_err(io_error(parent))?;
+    }
+    fs_err::write(path, bytes).map_err(io_error(path))
+}
+
+/// Overlay staged layer trees into `merged` as hard links (no bytes copied), later trees
+/// winning, the way the container runtime will stack the layers.
+fn merge_trees(trees: &[&Path], merged: &Path) -> Result<(), BuildError> {
+    if merged.exists() {
+        fs_err::remove_dir_all(merged).map_err(io_error(merged))?;
+    }
+    fs_err::create_dir_all(merged).map_err(io_error(merged))?;
+    for tree in trees {
+        run(Command::new("cp").arg("-a").arg("-l").arg("--remove-destination").arg(format!("{}/.", tree.display())).arg(merged))?;
+    }
+    Ok(())
+}
+
+fn run(command: &mut Command) -> Result<(), BuildError> {
+    let shown = format!("{command:?}");
+    let output = command.output().map_err(|source| BuildError::Io { path: PathBuf::from(&shown), source })?;
+    if !output.status.success() {
+        return Err(BuildError::Command { command: shown, status: output.status.to_string(), output: String::from_utf8_lossy(&output.stderr).into_owned() });
+    }
+    Ok(())
+}
+
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
