@@ -11,7 +11,7 @@ use cudastack::cas::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::fetch::download::{DownloadError, Downloader, FetchItem};
 use cudastack::fetch::http::{HttpClient, HttpConfig, HttpError, RetryPolicy};
-use cudastack::fetch::progress::NoReporter;
+use cudastack::fetch::progress::{NoReporter, Reporter};
 use fetch_support::{Body, Faults, FixtureServer};
 
 fn client(max_attempts: u32) -> HttpClient {
@@ -292,6 +292,67 @@ async fn parallel_fetch_then_offline_from_warm_cache() {
     );
     assert!(message.contains("/cudnn.tar.xz"), "{message}");
     assert_eq!(server.log().len(), before);
+}
+
+/// Counts reported bytes per transfer.
+#[derive(Default)]
+struct Counting {
+    totals: std::sync::Mutex<Vec<(String, Option<u64>, u64, bool)>>,
+}
+
+impl Reporter for Counting {
+    fn start(&self, name: &str, total: Option<u64>) -> usize {
+        let mut totals = self.totals.lock().unwrap();
+        totals.push((name.to_string(), total, 0, false));
+        totals.len() - 1
+    }
+    fn advance(&self, id: usize, bytes: u64) {
+        self.totals.lock().unwrap()[id].2 += bytes;
+    }
+    fn finish(&self, id: usize) {
+        self.totals.lock().unwrap()[id].3 = true;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_downloads_are_bounded_and_reported() {
+    let server = FixtureServer::start();
+    let mut items = Vec::new();
+    for i in 0..6 {
+        let bytes = payload(20_000 + i);
+        let path = format!("/slow{i}.whl");
+        server.add(
+            &path,
+            "application/octet-stream",
+            Body::Bytes(Arc::new(bytes.clone())),
+            Faults {
+                delay_ms: 300,
+                ..Faults::default()
+            },
+        );
+        items.push(item(&server, &path, &bytes));
+    }
+    let client = HttpClient::new(HttpConfig {
+        max_parallel: 2,
+        ..HttpConfig::default()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(dir.path()).unwrap();
+    let reporter = Arc::new(Counting::default());
+    let downloader = Downloader::new(client, store, reporter.clone());
+    downloader.fetch_all(&items).await.unwrap();
+    assert_eq!(
+        server.max_concurrent(),
+        2,
+        "two transfers at a time, and they overlapped"
+    );
+    let totals = reporter.totals.lock().unwrap().clone();
+    assert_eq!(totals.len(), 6);
+    for (name, total, reported, finished) in totals {
+        assert_eq!(Some(reported), total, "{name}");
+        assert!(finished, "{name}");
+    }
 }
 
 #[tokio::test]

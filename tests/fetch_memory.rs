@@ -53,11 +53,20 @@ async fn fetching_600_mb_stays_under_64_mib() {
     }
     let (digest, size) = hasher.finish();
     let server = FixtureServer::start();
-    server.add("/big.whl", "application/octet-stream", Body::File(source), Faults::default());
+    server.add(
+        "/big.whl",
+        "application/octet-stream",
+        Body::File(source),
+        Faults::default(),
+    );
     let store = BlobStore::open(dir.path().join("cache")).unwrap();
     let before = peak_rss_kib();
     let started = std::time::Instant::now();
-    let downloader = Downloader::new(HttpClient::with_defaults().unwrap(), store, Arc::new(NoReporter));
+    let downloader = Downloader::new(
+        HttpClient::with_defaults().unwrap(),
+        store,
+        Arc::new(NoReporter),
+    );
     let path = downloader
         .fetch(&FetchItem {
             name: "big".into(),

@@ -562,3 +562,59 @@ async fn remote_zip_reads_entries_and_streams_them() {
     let error = zip.read_entry("nope").await.unwrap_err();
     assert!(error.to_string().contains("nope") && error.to_string().contains("/zipped.whl"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirrored_redist_manifest_resolves_to_local_archives() {
+    let mirror = tempfile::tempdir().unwrap();
+    let Some(library) = gcc_shared_library(mirror.path(), "libnvrtc.so.12", "libnvrtc.so.12.4.127")
+    else {
+        return;
+    };
+    let archive = redist_tar_xz(
+        "cuda_nvrtc-archive",
+        &library,
+        "libnvrtc.so.12.4.127",
+        &[("libnvrtc.so.12", "libnvrtc.so.12.4.127")],
+    );
+    std::fs::create_dir_all(mirror.path().join("cuda_nvrtc")).unwrap();
+    std::fs::write(mirror.path().join("cuda_nvrtc/a.tar.xz"), &archive).unwrap();
+    let manifest = format!(
+        r#"{{"release_label":"12.4.1","cuda_nvrtc":{{"name":"NVRTC","version":"12.4.127","linux-x86_64":{{"relative_path":"cuda_nvrtc/a.tar.xz","sha256":"{}","md5":"0","size":"{}"}}}}}}"#,
+        sha256_hex(&archive),
+        archive.len()
+    );
+    let manifest_path = mirror.path().join("redistrib_12.4.1.json");
+    std::fs::write(&manifest_path, manifest).unwrap();
+    let client = client();
+    let request = LockRequest {
+        target: target(),
+        requirements: vec![],
+        sources: vec![],
+        redist: vec![RedistRequest {
+            manifest_url: url::Url::from_file_path(&manifest_path).unwrap(),
+            components: vec!["cuda_nvrtc".into()],
+            platform: "linux-x86_64".into(),
+            cuda_variant: None,
+        }],
+        recipe_digest: Digest::of_bytes(b"x"),
+    };
+    let lock = resolve(&client, &request).await.unwrap();
+    let nvrtc = lock.artifact("cuda_nvrtc").unwrap();
+    assert!(
+        nvrtc.url.starts_with("file://") && nvrtc.url.ends_with("cuda_nvrtc/a.tar.xz"),
+        "{}",
+        nvrtc.url
+    );
+    let store = BlobStore::open(mirror.path().join("cache")).unwrap();
+    let downloader = Downloader::new(client, store.clone(), Arc::new(NoReporter));
+    let item = FetchItem {
+        name: "nvrtc".into(),
+        url: nvrtc.url.parse().unwrap(),
+        sha256: nvrtc.sha256,
+        size: Some(nvrtc.size),
+    };
+    assert_eq!(
+        std::fs::read(downloader.fetch(&item).await.unwrap()).unwrap(),
+        archive
+    );
+}

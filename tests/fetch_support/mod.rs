@@ -39,6 +39,8 @@ pub struct Faults {
     pub wrong_body: Option<Arc<Vec<u8>>>,
     /// Answer 200 with the whole body even when a Range is asked for.
     pub ignore_range: bool,
+    /// Wait this long before sending the body (to observe parallelism).
+    pub delay_ms: u64,
 }
 
 #[derive(Clone)]
@@ -60,6 +62,8 @@ struct State {
     routes: HashMap<String, Route>,
     hits: HashMap<String, usize>,
     log: Vec<LoggedRequest>,
+    active: usize,
+    max_active: usize,
 }
 
 #[derive(Clone)]
@@ -118,6 +122,11 @@ impl FixtureServer {
 
     pub fn log(&self) -> Vec<LoggedRequest> {
         self.state.lock().unwrap().log.clone()
+    }
+
+    /// The most requests that were being answered at the same moment.
+    pub fn max_concurrent(&self) -> usize {
+        self.state.lock().unwrap().max_active
     }
 
     pub fn requests_for(&self, path: &str) -> Vec<LoggedRequest> {
@@ -227,6 +236,15 @@ fn handle(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     }
     head.push_str("\r\n");
     writer.write_all(head.as_bytes())?;
+    if faults.delay_ms > 0 {
+        {
+            let mut state = state.lock().unwrap();
+            state.active += 1;
+            state.max_active = state.max_active.max(state.active);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(faults.delay_ms));
+        state.lock().unwrap().active -= 1;
+    }
     if method == "HEAD" {
         return Ok(());
     }
