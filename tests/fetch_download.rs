@@ -294,10 +294,13 @@ async fn parallel_fetch_then_offline_from_warm_cache() {
     assert_eq!(server.log().len(), before);
 }
 
+/// name, announced total, bytes reported, finished.
+type Transfer = (String, Option<u64>, u64, bool);
+
 /// Counts reported bytes per transfer.
 #[derive(Default)]
 struct Counting {
-    totals: std::sync::Mutex<Vec<(String, Option<u64>, u64, bool)>>,
+    totals: std::sync::Mutex<Vec<Transfer>>,
 }
 
 impl Reporter for Counting {
