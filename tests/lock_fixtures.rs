@@ -370,16 +370,7 @@ async fn locks_fixture_indexes_and_redist_then_fetches_everything() {
     // Fetch every artifact by hash.
     let store = BlobStore::open(dir.path().join("cache")).unwrap();
     let downloader = Downloader::new(client.clone(), store.clone(), Arc::new(NoReporter));
-    let items: Vec<FetchItem> = lock
-        .artifacts
-        .iter()
-        .map(|a| FetchItem {
-            name: format!("{} {}", a.name, a.version),
-            url: a.url.parse().unwrap(),
-            sha256: a.sha256,
-            size: Some(a.size),
-        })
-        .collect();
+    let items: Vec<FetchItem> = read.fetch_items().unwrap();
     let paths = downloader.fetch_all(&items).await.unwrap();
     assert_eq!(paths.len(), lock.artifacts.len());
 
