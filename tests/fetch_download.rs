@@ -201,6 +201,77 @@ async fn server_errors_are_retried_with_backoff() {
 }
 
 #[tokio::test]
+async fn stalled_responses_and_429_are_retried() {
+    let server = FixtureServer::start();
+    let bytes = payload(30_000);
+    server.add(
+        "/stall.whl",
+        "application/octet-stream",
+        Body::Bytes(Arc::new(bytes.clone())),
+        Faults {
+            delay_ms: 1500,
+            delay_times: 1,
+            ..Faults::default()
+        },
+    );
+    server.add(
+        "/busy.whl",
+        "application/octet-stream",
+        Body::Bytes(Arc::new(bytes.clone())),
+        Faults {
+            fail_status: Some(429),
+            fail_times: 1,
+            ..Faults::default()
+        },
+    );
+    let client = HttpClient::new(HttpConfig {
+        read_timeout: Duration::from_millis(500),
+        retry: RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(50),
+        },
+        ..HttpConfig::default()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(dir.path()).unwrap();
+    let downloader = Downloader::new(client, store, Arc::new(NoReporter));
+    let path = downloader
+        .fetch(&item(&server, "/stall.whl", &bytes))
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), bytes);
+    assert_eq!(
+        server.requests_for("/stall.whl").len(),
+        2,
+        "the stalled response timed out once"
+    );
+    // A cached digest needs no request at all, whatever the URL.
+    downloader
+        .fetch(&item(&server, "/busy.whl", &bytes))
+        .await
+        .unwrap();
+    assert!(server.requests_for("/busy.whl").is_empty());
+    // With an empty cache, 429 is retried.
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = Downloader::new(
+        client(3),
+        BlobStore::open(dir.path()).unwrap(),
+        Arc::new(NoReporter),
+    );
+    fresh
+        .fetch(&item(&server, "/busy.whl", &bytes))
+        .await
+        .unwrap();
+    assert_eq!(
+        server.requests_for("/busy.whl").len(),
+        2,
+        "429 once, then success"
+    );
+}
+
+#[tokio::test]
 async fn not_found_names_the_url_and_leaves_nothing() {
     let server = FixtureServer::start();
     let dir = tempfile::tempdir().unwrap();

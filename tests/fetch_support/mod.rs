@@ -41,6 +41,8 @@ pub struct Faults {
     pub ignore_range: bool,
     /// Wait this long before sending the body (to observe parallelism).
     pub delay_ms: u64,
+    /// Only delay the first `delay_times` responses (0 = all of them).
+    pub delay_times: usize,
 }
 
 #[derive(Clone)]
@@ -236,7 +238,7 @@ fn handle(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     }
     head.push_str("\r\n");
     writer.write_all(head.as_bytes())?;
-    if faults.delay_ms > 0 {
+    if faults.delay_ms > 0 && (faults.delay_times == 0 || hit <= faults.delay_times) {
         {
             let mut state = state.lock().unwrap();
             state.active += 1;
