@@ -224,7 +224,7 @@ async fn stalled_responses_and_429_are_retried() {
             ..Faults::default()
         },
     );
-    let client = HttpClient::new(HttpConfig {
+    let impatient = HttpClient::new(HttpConfig {
         read_timeout: Duration::from_millis(500),
         retry: RetryPolicy {
             max_attempts: 3,
