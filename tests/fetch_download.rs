@@ -236,7 +236,7 @@ async fn stalled_responses_and_429_are_retried() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let store = BlobStore::open(dir.path()).unwrap();
-    let downloader = Downloader::new(client, store, Arc::new(NoReporter));
+    let downloader = Downloader::new(impatient, store, Arc::new(NoReporter));
     let path = downloader
         .fetch(&item(&server, "/stall.whl", &bytes))
         .await
