@@ -11,7 +11,7 @@ use cudastack::cas::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::fetch::download::{DownloadError, Downloader, FetchItem};
 use cudastack::fetch::http::{HttpClient, HttpConfig, HttpError, RetryPolicy};
-use cudastack::fetch::progress::NoReporter;
+use cudastack::fetch::progress::{NoReporter, Reporter};
 use fetch_support::{Body, Faults, FixtureServer};
 
 fn client(max_attempts: u32) -> HttpClient {
@@ -201,6 +201,77 @@ async fn server_errors_are_retried_with_backoff() {
 }
 
 #[tokio::test]
+async fn stalled_responses_and_429_are_retried() {
+    let server = FixtureServer::start();
+    let bytes = payload(30_000);
+    server.add(
+        "/stall.whl",
+        "application/octet-stream",
+        Body::Bytes(Arc::new(bytes.clone())),
+        Faults {
+            delay_ms: 1500,
+            delay_times: 1,
+            ..Faults::default()
+        },
+    );
+    server.add(
+        "/busy.whl",
+        "application/octet-stream",
+        Body::Bytes(Arc::new(bytes.clone())),
+        Faults {
+            fail_status: Some(429),
+            fail_times: 1,
+            ..Faults::default()
+        },
+    );
+    let impatient = HttpClient::new(HttpConfig {
+        read_timeout: Duration::from_millis(500),
+        retry: RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(50),
+        },
+        ..HttpConfig::default()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(dir.path()).unwrap();
+    let downloader = Downloader::new(impatient, store, Arc::new(NoReporter));
+    let path = downloader
+        .fetch(&item(&server, "/stall.whl", &bytes))
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), bytes);
+    assert_eq!(
+        server.requests_for("/stall.whl").len(),
+        2,
+        "the stalled response timed out once"
+    );
+    // A cached digest needs no request at all, whatever the URL.
+    downloader
+        .fetch(&item(&server, "/busy.whl", &bytes))
+        .await
+        .unwrap();
+    assert!(server.requests_for("/busy.whl").is_empty());
+    // With an empty cache, 429 is retried.
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = Downloader::new(
+        client(3),
+        BlobStore::open(dir.path()).unwrap(),
+        Arc::new(NoReporter),
+    );
+    fresh
+        .fetch(&item(&server, "/busy.whl", &bytes))
+        .await
+        .unwrap();
+    assert_eq!(
+        server.requests_for("/busy.whl").len(),
+        2,
+        "429 once, then success"
+    );
+}
+
+#[tokio::test]
 async fn not_found_names_the_url_and_leaves_nothing() {
     let server = FixtureServer::start();
     let dir = tempfile::tempdir().unwrap();
@@ -292,6 +363,70 @@ async fn parallel_fetch_then_offline_from_warm_cache() {
     );
     assert!(message.contains("/cudnn.tar.xz"), "{message}");
     assert_eq!(server.log().len(), before);
+}
+
+/// name, announced total, bytes reported, finished.
+type Transfer = (String, Option<u64>, u64, bool);
+
+/// Counts reported bytes per transfer.
+#[derive(Default)]
+struct Counting {
+    totals: std::sync::Mutex<Vec<Transfer>>,
+}
+
+impl Reporter for Counting {
+    fn start(&self, name: &str, total: Option<u64>) -> usize {
+        let mut totals = self.totals.lock().unwrap();
+        totals.push((name.to_string(), total, 0, false));
+        totals.len() - 1
+    }
+    fn advance(&self, id: usize, bytes: u64) {
+        self.totals.lock().unwrap()[id].2 += bytes;
+    }
+    fn finish(&self, id: usize) {
+        self.totals.lock().unwrap()[id].3 = true;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_downloads_are_bounded_and_reported() {
+    let server = FixtureServer::start();
+    let mut items = Vec::new();
+    for i in 0..6 {
+        let bytes = payload(20_000 + i);
+        let path = format!("/slow{i}.whl");
+        server.add(
+            &path,
+            "application/octet-stream",
+            Body::Bytes(Arc::new(bytes.clone())),
+            Faults {
+                delay_ms: 300,
+                ..Faults::default()
+            },
+        );
+        items.push(item(&server, &path, &bytes));
+    }
+    let client = HttpClient::new(HttpConfig {
+        max_parallel: 2,
+        ..HttpConfig::default()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(dir.path()).unwrap();
+    let reporter = Arc::new(Counting::default());
+    let downloader = Downloader::new(client, store, reporter.clone());
+    downloader.fetch_all(&items).await.unwrap();
+    assert_eq!(
+        server.max_concurrent(),
+        2,
+        "two transfers at a time, and they overlapped"
+    );
+    let totals = reporter.totals.lock().unwrap().clone();
+    assert_eq!(totals.len(), 6);
+    for (name, total, reported, finished) in totals {
+        assert_eq!(Some(reported), total, "{name}");
+        assert!(finished, "{name}");
+    }
 }
 
 #[tokio::test]

@@ -182,6 +182,75 @@ async fn torch_2_11_cuda_toolkit_extras_match_uv() {
     }
 }
 
+/// The pip comparison of the done-criterion. Opt-in (CUDASTACK_PIP_COMPARE=1)
+/// because pip downloads every wheel of the closure (about 2.5 GB for torch 2.4.1) to read
+/// its metadata from this mirror. pip's `--platform` does not expand a manylinux level to
+/// the older ones, so every level from 2_28 down to 2_5 and the legacy aliases are passed.
+/// Compares names, versions and the chosen wheel URLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torch_2_4_1_matches_pip_report() {
+    if offline() || std::env::var_os("CUDASTACK_PIP_COMPARE").is_none_or(|v| v != "1") {
+        eprintln!("skipping: set CUDASTACK_PIP_COMPARE=1 to compare with `pip install --dry-run --report` (downloads ~2.5 GB)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    let mut command = Command::new("python3");
+    command.args([
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--no-cache-dir",
+    ]);
+    command.args([
+        "--only-binary=:all:",
+        "--python-version",
+        "3.11",
+        "--use-feature=fast-deps",
+    ]);
+    command.args(["--index-url", "https://pypi.org/simple/", "--isolated"]);
+    for minor in (5..=28).rev() {
+        command.args(["--platform", &format!("manylinux_2_{minor}_x86_64")]);
+    }
+    for alias in ["manylinux2014", "manylinux2010", "manylinux1"] {
+        command.args(["--platform", &format!("{alias}_x86_64")]);
+    }
+    command.arg("--target").arg(dir.path().join("target"));
+    command.arg("--report").arg(&report).arg("torch==2.4.1");
+    let out = command.output().unwrap();
+    assert!(
+        out.status.success(),
+        "pip failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    let pip: BTreeSet<(String, String, String)> = report["install"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| {
+            let name = pep508_rs::PackageName::from_str(item["metadata"]["name"].as_str().unwrap())
+                .unwrap();
+            (
+                name.to_string(),
+                item["metadata"]["version"].as_str().unwrap().to_string(),
+                item["download_info"]["url"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let (client, request) = request(&["torch==2.4.1"]);
+    let lock = resolve(&client, &request).await.unwrap();
+    let ours: BTreeSet<(String, String, String)> = lock
+        .artifacts
+        .iter()
+        .map(|a| (a.name.clone(), a.version.clone(), a.url.clone()))
+        .collect();
+    assert_eq!(ours, pip);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marker_that_excludes_everything_is_an_error() {
     let (client, request) = request(&["torch==2.4.1; sys_platform == 'win32'"]);

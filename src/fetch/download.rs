@@ -122,16 +122,25 @@ impl Downloader {
                 });
             }
         }
-        let tasks = items.iter().map(|item| {
+        // One transfer per digest: two tasks must never append to the same partial file.
+        let mut unique: Vec<&FetchItem> = Vec::new();
+        for item in items {
+            if !unique.iter().any(|u| u.sha256 == item.sha256) {
+                unique.push(item);
+            }
+        }
+        let tasks = unique.iter().map(|item| {
             let this = self.clone();
-            let item = item.clone();
+            let item = (*item).clone();
             tokio::spawn(async move { this.fetch(&item).await })
         });
-        let mut paths = Vec::with_capacity(items.len());
         for result in futures_util::future::join_all(tasks).await {
-            paths.push(result??);
+            result??;
         }
-        Ok(paths)
+        Ok(items
+            .iter()
+            .map(|item| self.store.path(&item.sha256))
+            .collect())
     }
 
     /// Fetch one item (or find it in the cache) and return its blob path.

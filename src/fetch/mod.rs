@@ -3,11 +3,22 @@
 //! Sits between `lock` (which decides *what*: URL + sha256 + size) and the layer
 //! assemblers (which read blobs from the cache). The pieces:
 //! - [`http`]: the shared client (user agent, retries with backoff, a bound on transfers);
-//! - [`index`]: PEP 691 JSON and PEP 503 HTML simple indexes (PyPI, PyTorch's indexes);
+//! - [`index`]: PEP 691 JSON and PEP 503 HTML simple indexes (PyPI, PyTorch's indexes),
+//!   with [`html`] as its anchor reader;
 //! - [`wheel_filename`]: wheel names parsed into name, version, build and tags;
-//! - [`remote_zip`] and [`metadata`]: a wheel's METADATA without downloading the wheel.
+//! - [`remote_zip`] and [`metadata`]: a wheel's METADATA without downloading the wheel
+//!   (PEP 658 file, else HTTP range reads), and big zip entries streamed;
+//! - [`redist`]: NVIDIA `redistrib_<version>.json` manifests (CUDA components, cuDNN);
+//! - [`mirror`]: a local directory of wheels for air-gapped sites;
+//! - [`source`]: the package sources the resolver asks, in priority order;
+//! - [`download`] and [`progress`]: streaming, resumable, hash-checked downloads into the
+//!   [`crate::cas::BlobStore`], with progress on a reporter trait and an offline mode.
 //!
 //! Nothing here decides which version to use; that is [`crate::lock`].
+// Errors here carry the URL they are about (a `Url` is ~90 bytes) so every message can name
+// it; they are built on cold paths only, so boxing them would buy nothing measurable.
+#![allow(clippy::result_large_err)]
+
 pub mod download;
 pub mod html;
 pub mod http;

@@ -227,8 +227,20 @@ impl RedistManifest {
         })
     }
 
-    /// Fetch and parse a manifest.
+    /// Fetch and parse a manifest. A `file://` URL reads a mirrored manifest from disk
+    /// (air-gapped sites); its archives then resolve to `file://` URLs beside it.
     pub async fn fetch(client: &HttpClient, url: Url) -> Result<Self, RedistError> {
+        if url.scheme() == "file" {
+            let path = url.to_file_path().map_err(|()| RedistError::Malformed {
+                url: url.clone(),
+                reason: "not a local file URL".into(),
+            })?;
+            let body = fs_err::read(&path).map_err(|error| RedistError::Malformed {
+                url: url.clone(),
+                reason: error.to_string(),
+            })?;
+            return Self::parse(url, &body);
+        }
         let body = client.get_bytes(&url, Some("application/json")).await?;
         Self::parse(url, &body)
     }

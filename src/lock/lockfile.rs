@@ -12,6 +12,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
+use crate::fetch::download::FetchItem;
 use crate::lock::target::Target;
 
 /// Bumped when the format changes incompatibly.
@@ -30,6 +31,13 @@ pub enum LockfileError {
         path: std::path::PathBuf,
         #[source]
         source: serde_json::Error,
+    },
+    #[error("Lock entry `{name}` has an invalid URL `{url}`")]
+    BadUrl {
+        name: String,
+        url: String,
+        #[source]
+        source: url::ParseError,
     },
     #[error("`{path}` is lock format {found}; this cudastack reads format {expected}: run `cudastack lock` again")]
     Format {
@@ -73,6 +81,22 @@ pub struct Artifact {
     /// Wheels: who required it (`<root>`, `torch`, `cuda-toolkit[cudart]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub required_by: Vec<String>,
+}
+
+impl Artifact {
+    /// The download of this artifact: URL, expected sha256 and size.
+    pub fn fetch_item(&self) -> Result<FetchItem, LockfileError> {
+        Ok(FetchItem {
+            name: format!("{} {}", self.name, self.version),
+            url: self.url.parse().map_err(|source| LockfileError::BadUrl {
+                name: self.name.clone(),
+                url: self.url.clone(),
+                source,
+            })?,
+            sha256: self.sha256,
+            size: Some(self.size),
+        })
+    }
 }
 
 /// A complete lock.
@@ -120,6 +144,11 @@ impl Lockfile {
     /// Whether the recipe changed since the lock was made.
     pub fn is_stale(&self, recipe_digest: &Digest) -> bool {
         &self.recipe_digest != recipe_digest
+    }
+
+    /// What the downloader needs to fetch every artifact of the lock, in lock order.
+    pub fn fetch_items(&self) -> Result<Vec<FetchItem>, LockfileError> {
+        self.artifacts.iter().map(Artifact::fetch_item).collect()
     }
 
     /// Find a wheel or redist archive by name.

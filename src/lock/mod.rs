@@ -7,6 +7,8 @@
 //! their manifests. Nothing is downloaded here except index pages, manifests and wheel
 //! metadata; [`crate::fetch::download`] fetches what the lock names.
 
+#![allow(clippy::result_large_err)] // see crate::fetch: errors name their URLs
+
 pub mod lockfile;
 pub mod resolver;
 pub mod target;

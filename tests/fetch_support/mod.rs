@@ -39,6 +39,10 @@ pub struct Faults {
     pub wrong_body: Option<Arc<Vec<u8>>>,
     /// Answer 200 with the whole body even when a Range is asked for.
     pub ignore_range: bool,
+    /// Wait this long before sending the body (to observe parallelism).
+    pub delay_ms: u64,
+    /// Only delay the first `delay_times` responses (0 = all of them).
+    pub delay_times: usize,
 }
 
 #[derive(Clone)]
@@ -60,6 +64,8 @@ struct State {
     routes: HashMap<String, Route>,
     hits: HashMap<String, usize>,
     log: Vec<LoggedRequest>,
+    active: usize,
+    max_active: usize,
 }
 
 #[derive(Clone)]
@@ -118,6 +124,11 @@ impl FixtureServer {
 
     pub fn log(&self) -> Vec<LoggedRequest> {
         self.state.lock().unwrap().log.clone()
+    }
+
+    /// The most requests that were being answered at the same moment.
+    pub fn max_concurrent(&self) -> usize {
+        self.state.lock().unwrap().max_active
     }
 
     pub fn requests_for(&self, path: &str) -> Vec<LoggedRequest> {
@@ -227,6 +238,15 @@ fn handle(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     }
     head.push_str("\r\n");
     writer.write_all(head.as_bytes())?;
+    if faults.delay_ms > 0 && (faults.delay_times == 0 || hit <= faults.delay_times) {
+        {
+            let mut state = state.lock().unwrap();
+            state.active += 1;
+            state.max_active = state.max_active.max(state.active);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(faults.delay_ms));
+        state.lock().unwrap().active -= 1;
+    }
     if method == "HEAD" {
         return Ok(());
     }
@@ -250,4 +270,107 @@ fn handle(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         let _ = writer.shutdown(std::net::Shutdown::Both);
     }
     Ok(())
+}
+
+/// A real wheel (zip) holding `<name>/__init__.py` and `<dist>-<version>.dist-info/METADATA`
+/// with the given extra header lines (`Requires-Dist: ...`). Entries are deflated.
+pub fn wheel_bytes(name: &str, version: &str, headers: &[&str]) -> (Vec<u8>, String) {
+    use zip::write::SimpleFileOptions;
+    let dist = name.replace('-', "_");
+    let mut metadata = format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n");
+    for header in headers {
+        metadata.push_str(header);
+        metadata.push('\n');
+    }
+    metadata.push_str("\nA long description that is not a header.\n");
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+    writer
+        .start_file(format!("{dist}/__init__.py"), options)
+        .unwrap();
+    writer.write_all(b"VALUE = 1\n").unwrap();
+    writer
+        .start_file(format!("{dist}-{version}.dist-info/METADATA"), options)
+        .unwrap();
+    writer.write_all(metadata.as_bytes()).unwrap();
+    writer
+        .start_file(format!("{dist}-{version}.dist-info/WHEEL"), options)
+        .unwrap();
+    writer.write_all(b"Wheel-Version: 1.0\n").unwrap();
+    (writer.finish().unwrap().into_inner(), metadata)
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    cudastack::digest::Digest::of_bytes(bytes).hex()
+}
+
+/// Build a tiny shared library with gcc (`-shared -Wl,-soname,<soname>`). `None` (with a
+/// printed reason) when gcc is missing.
+pub fn gcc_shared_library(dir: &std::path::Path, soname: &str, file: &str) -> Option<Vec<u8>> {
+    let source = dir.join("lib.c");
+    std::fs::write(
+        &source,
+        "int cudastack_fixture_version(void) { return 90100; }\n",
+    )
+    .unwrap();
+    let output = dir.join(file);
+    let status = std::process::Command::new("gcc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&output)
+        .arg(format!("-Wl,-soname,{soname}"))
+        .arg(&source)
+        .status();
+    match status {
+        Ok(status) if status.success() => Some(std::fs::read(output).unwrap()),
+        _ => {
+            eprintln!("skipping: gcc is not available to build a fixture ELF library");
+            None
+        }
+    }
+}
+
+/// An NVIDIA-style redist `.tar.xz`: `<top>/lib/<real>` plus the symlink chain
+/// `<link1> -> <real>`, `<link0> -> <link1>`, and a LICENSE. Headers are written by hand so
+/// the symlinks stay symlinks.
+pub fn redist_tar_xz(top: &str, library: &[u8], real: &str, chain: &[(&str, &str)]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut dir = tar::Header::new_gnu();
+    dir.set_entry_type(tar::EntryType::Directory);
+    dir.set_mode(0o755);
+    dir.set_size(0);
+    dir.set_mtime(0);
+    builder
+        .append_data(&mut dir.clone(), format!("{top}/"), std::io::empty())
+        .unwrap();
+    builder
+        .append_data(&mut dir, format!("{top}/lib/"), std::io::empty())
+        .unwrap();
+    let mut license = tar::Header::new_gnu();
+    license.set_mode(0o644);
+    license.set_size(7);
+    license.set_mtime(0);
+    builder
+        .append_data(&mut license, format!("{top}/LICENSE"), &b"license"[..])
+        .unwrap();
+    let mut file = tar::Header::new_gnu();
+    file.set_mode(0o755);
+    file.set_size(library.len() as u64);
+    file.set_mtime(0);
+    builder
+        .append_data(&mut file, format!("{top}/lib/{real}"), library)
+        .unwrap();
+    for (link, target) in chain {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_mode(0o777);
+        header.set_size(0);
+        header.set_mtime(0);
+        builder
+            .append_link(&mut header, format!("{top}/lib/{link}"), target)
+            .unwrap();
+    }
+    let tar_bytes = builder.into_inner().unwrap();
+    let mut encoder = liblzma::write::XzEncoder::new(Vec::new(), 6);
+    encoder.write_all(&tar_bytes).unwrap();
+    encoder.finish().unwrap()
 }

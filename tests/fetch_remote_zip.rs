@@ -1,0 +1,124 @@
+//! RemoteZip against the fixture server: a multi-megabyte deflated entry streamed through
+//! `entry_reader`, zip64 extra fields, and corruption caught by the CRC-32 check.
+
+mod fetch_support;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use cudastack::fetch::http::{HttpClient, HttpConfig, RetryPolicy};
+use cudastack::fetch::remote_zip::{RemoteZip, RemoteZipError};
+use fetch_support::FixtureServer;
+use zip::write::SimpleFileOptions;
+
+fn client() -> HttpClient {
+    HttpClient::new(HttpConfig {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(10),
+        },
+        ..HttpConfig::default()
+    })
+    .unwrap()
+}
+
+/// 3 MB of compressible-but-not-trivial bytes containing a marker string near the end,
+/// like the CUDA arch list inside libtorch_python.so.
+fn library_bytes() -> Vec<u8> {
+    let mut bytes: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8 & 0x3f)
+        .collect();
+    let marker = b"sm_50;sm_60;sm_70;sm_75;sm_80;sm_86;sm_90";
+    bytes[2_900_000..2_900_000 + marker.len()].copy_from_slice(marker);
+    bytes
+}
+
+fn archive(large_file: bool) -> (Vec<u8>, Vec<u8>) {
+    let library = library_bytes();
+    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .large_file(large_file);
+    writer
+        .start_file("torch/lib/libtorch_python.so", options)
+        .unwrap();
+    writer.write_all(&library).unwrap();
+    let stored = SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    writer
+        .start_file("torch-9.9.dist-info/METADATA", stored)
+        .unwrap();
+    writer.write_all(b"Name: torch\nVersion: 9.9\n").unwrap();
+    (writer.finish().unwrap().into_inner(), library)
+}
+
+async fn stream(zip: &RemoteZip, name: &str) -> std::io::Result<Vec<u8>> {
+    let mut reader = zip.entry_reader(name).await.unwrap();
+    tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        reader.read_to_end(&mut out).map(|_| out)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_a_large_entry_and_reads_stored_ones() {
+    for large_file in [false, true] {
+        let server = FixtureServer::start();
+        let (bytes, library) = archive(large_file);
+        server.add_bytes("/torch.whl", "application/octet-stream", bytes);
+        let zip = RemoteZip::open(&client(), server.url("/torch.whl").parse().unwrap())
+            .await
+            .unwrap();
+        let entry = zip.entry("torch/lib/libtorch_python.so").unwrap();
+        assert_eq!(entry.uncompressed_size, library.len() as u64);
+        assert!(entry.compressed_size < entry.uncompressed_size);
+        let streamed = stream(&zip, "torch/lib/libtorch_python.so").await.unwrap();
+        assert!(streamed == library, "large_file={large_file}");
+        assert_eq!(
+            zip.read_entry("torch-9.9.dist-info/METADATA")
+                .await
+                .unwrap(),
+            b"Name: torch\nVersion: 9.9\n"
+        );
+        // Everything went through range requests: tail, header, body.
+        assert!(server.log().iter().all(|r| r.range.is_some()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_entry_data_fails_the_crc_check() {
+    let server = FixtureServer::start();
+    let (mut bytes, _) = archive(false);
+    // Flip one byte inside the stored METADATA entry's data.
+    let position = bytes.windows(11).position(|w| w == b"Name: torch").unwrap();
+    bytes[position] = b'n';
+    server.add_bytes("/torch.whl", "application/octet-stream", bytes);
+    let zip = RemoteZip::open(&client(), server.url("/torch.whl").parse().unwrap())
+        .await
+        .unwrap();
+    let error = zip
+        .read_entry("torch-9.9.dist-info/METADATA")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, RemoteZipError::CorruptEntry { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("CRC-32"), "{error}");
+}
+
+#[tokio::test]
+async fn not_a_zip_is_a_clear_error() {
+    let server = FixtureServer::start();
+    server.add_bytes("/x.whl", "application/octet-stream", vec![b'x'; 5000]);
+    let error = RemoteZip::open(&client(), server.url("/x.whl").parse().unwrap())
+        .await
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("/x.whl") && message.contains("end-of-central-directory"),
+        "{message}"
+    );
+}
