@@ -14,7 +14,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use base64::Engine as _;
 use sha2::{Digest as _, Sha256};
 
 fn skip_reason() -> Option<String> {
@@ -58,7 +57,7 @@ fn gcc_lib(dir: &Path, file: &str, soname: &str, needed: &[&str], symbol: &str) 
 }
 
 fn record_hash(bytes: &[u8]) -> String {
-    format!("sha256={}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(Sha256::digest(bytes)))
+    format!("sha256={}", cudastack::install::record::urlsafe_b64_nopad(&Sha256::digest(bytes)))
 }
 
 /// Write a wheel whose RECORD is valid.

@@ -1,3 +1,0 @@
-//! Shared helpers for integration tests.
-#![allow(dead_code)]
-pub mod fixture_server;
