@@ -17,5 +17,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >&2
 fi
 
+# uv is the reference resolver the lock tests compare against (it reads PyPI metadata with
+# range requests, so the comparison does not download every wheel).
+if ! command -v uv >/dev/null 2>&1; then
+  python3 -m pip install --quiet uv >&2 || echo "setup: could not install uv; the lock comparison tests will skip" >&2
+fi
+
 cargo build --release --locked
 echo "setup: built target/release/cudastack" >&2
