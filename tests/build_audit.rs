@@ -20,18 +20,29 @@ fn skip_reason() -> Option<String> {
     if std::env::var_os("CUDASTACK_SKIP_E2E").is_some() {
         return Some("CUDASTACK_SKIP_E2E is set".into());
     }
-    let uid = Command::new("id").arg("-u").output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let uid = Command::new("id")
+        .arg("-u")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     if uid.as_deref() != Some("0") {
         return Some("not root: mmdebstrap --mode=root and ldconfig -r need root".into());
     }
-    if !Command::new("mmdebstrap").arg("--version").output().map(|o| o.status.success()).unwrap_or(false) {
+    if !Command::new("mmdebstrap")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+    {
         return Some("mmdebstrap is not installed (scripts/test.sh installs it)".into());
     }
     None
 }
 
 fn cache_dir() -> PathBuf {
-    std::env::var_os("CUDASTACK_TEST_CACHE").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-cache"))
+    std::env::var_os("CUDASTACK_TEST_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-cache"))
 }
 
 /// Compile a shared library with gcc.
@@ -40,14 +51,25 @@ fn gcc_lib(dir: &Path, file: &str, soname: &str, needed: &[&str], symbol: &str) 
     std::fs::write(&source, format!("int {symbol}(void) {{ return 42; }}\n")).unwrap();
     let out = dir.join(file);
     let mut command = Command::new("gcc");
-    command.args(["-shared", "-fPIC", "-o"]).arg(&out).arg(&source).arg(format!("-Wl,-soname,{soname}"));
+    command
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(&source)
+        .arg(format!("-Wl,-soname,{soname}"));
     // Link against stub libraries by name so DT_NEEDED carries exactly these entries.
     for name in needed {
         let stub = dir.join(name);
         if !stub.exists() {
             let stub_source = dir.join(format!("{name}.c"));
             std::fs::write(&stub_source, "int stub_symbol(void) { return 0; }\n").unwrap();
-            assert!(Command::new("gcc").args(["-shared", "-fPIC", "-o"]).arg(&stub).arg(&stub_source).arg(format!("-Wl,-soname,{name}")).status().unwrap().success());
+            assert!(Command::new("gcc")
+                .args(["-shared", "-fPIC", "-o"])
+                .arg(&stub)
+                .arg(&stub_source)
+                .arg(format!("-Wl,-soname,{name}"))
+                .status()
+                .unwrap()
+                .success());
         }
         command.arg(&stub);
     }
@@ -57,7 +79,10 @@ fn gcc_lib(dir: &Path, file: &str, soname: &str, needed: &[&str], symbol: &str) 
 }
 
 fn record_hash(bytes: &[u8]) -> String {
-    format!("sha256={}", cudastack::install::record::urlsafe_b64_nopad(&Sha256::digest(bytes)))
+    format!(
+        "sha256={}",
+        cudastack::install::record::urlsafe_b64_nopad(&Sha256::digest(bytes))
+    )
 }
 
 /// Write a wheel whose RECORD is valid.
@@ -65,8 +90,14 @@ fn write_wheel(dir: &Path, project: &str, version: &str, files: &[(&str, Vec<u8>
     let dist = project.replace('-', "_");
     let filename = format!("{dist}-{version}-py3-none-manylinux2014_x86_64.whl");
     let dist_info = format!("{dist}-{version}.dist-info");
-    let mut all: Vec<(String, Vec<u8>)> = files.iter().map(|(n, b)| (n.to_string(), b.clone())).collect();
-    all.push((format!("{dist_info}/METADATA"), format!("Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n\n").into_bytes()));
+    let mut all: Vec<(String, Vec<u8>)> = files
+        .iter()
+        .map(|(n, b)| (n.to_string(), b.clone()))
+        .collect();
+    all.push((
+        format!("{dist_info}/METADATA"),
+        format!("Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n\n").into_bytes(),
+    ));
     all.push((format!("{dist_info}/WHEEL"), b"Wheel-Version: 1.0\nGenerator: cudastack-test\nRoot-Is-Purelib: false\nTag: py3-none-manylinux2014_x86_64\n".to_vec()));
     let mut record = String::new();
     for (name, bytes) in &all {
@@ -76,7 +107,9 @@ fn write_wheel(dir: &Path, project: &str, version: &str, files: &[(&str, Vec<u8>
     all.push((format!("{dist_info}/RECORD"), record.into_bytes()));
     let file = std::fs::File::create(dir.join(filename)).unwrap();
     let mut zip = zip::ZipWriter::new(file);
-    let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated).unix_permissions(0o644);
+    let options = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .unix_permissions(0o644);
     for (name, bytes) in &all {
         zip.start_file(name.as_str(), options).unwrap();
         zip.write_all(bytes).unwrap();
@@ -99,32 +132,113 @@ fn stack(root: &Path, name: &str, defects: &Defects) -> PathBuf {
     let mirror = root.join("mirror");
     std::fs::create_dir_all(&libs).unwrap();
     std::fs::create_dir_all(&mirror).unwrap();
-    let cudart = gcc_lib(&libs, "libcudart.so.12", "libcudart.so.12", &[], "cudart_fn");
-    let lt = gcc_lib(&libs, "libcublasLt.so.12", "libcublasLt.so.12", &[], "cublaslt_fn");
-    let cublas_needs: Vec<&str> = if defects.missing_needed { vec!["libcublasLt.so.12", "libnotthere.so.1"] } else { vec!["libcublasLt.so.12"] };
-    let cublas = gcc_lib(&libs, "libcublas.so.12", "libcublas.so.12", &cublas_needs, "cublas_fn");
+    let cudart = gcc_lib(
+        &libs,
+        "libcudart.so.12",
+        "libcudart.so.12",
+        &[],
+        "cudart_fn",
+    );
+    let lt = gcc_lib(
+        &libs,
+        "libcublasLt.so.12",
+        "libcublasLt.so.12",
+        &[],
+        "cublaslt_fn",
+    );
+    let cublas_needs: Vec<&str> = if defects.missing_needed {
+        vec!["libcublasLt.so.12", "libnotthere.so.1"]
+    } else {
+        vec!["libcublasLt.so.12"]
+    };
+    let cublas = gcc_lib(
+        &libs,
+        "libcublas.so.12",
+        "libcublas.so.12",
+        &cublas_needs,
+        "cublas_fn",
+    );
     let cudnn = gcc_lib(&libs, "libcudnn.so.9", "libcudnn.so.9", &[], "cudnn_fn");
-    write_wheel(&mirror, "nvidia-cuda-runtime-cu12", "12.4.127", &[("nvidia/__init__.py", vec![]), ("nvidia/cuda_runtime/lib/libcudart.so.12", cudart.clone())]);
-    write_wheel(&mirror, "nvidia-cublas-cu12", "12.4.5.8", &[("nvidia/__init__.py", vec![]), ("nvidia/cublas/lib/libcublas.so.12", cublas), ("nvidia/cublas/lib/libcublasLt.so.12", lt)]);
+    write_wheel(
+        &mirror,
+        "nvidia-cuda-runtime-cu12",
+        "12.4.127",
+        &[
+            ("nvidia/__init__.py", vec![]),
+            ("nvidia/cuda_runtime/lib/libcudart.so.12", cudart.clone()),
+        ],
+    );
+    write_wheel(
+        &mirror,
+        "nvidia-cublas-cu12",
+        "12.4.5.8",
+        &[
+            ("nvidia/__init__.py", vec![]),
+            ("nvidia/cublas/lib/libcublas.so.12", cublas),
+            ("nvidia/cublas/lib/libcublasLt.so.12", lt),
+        ],
+    );
     let header = CUDNN_HEADER.replace("{minor}", if defects.header_mismatch { "0" } else { "1" });
-    write_wheel(&mirror, "nvidia-cudnn-cu12", "9.1.0.70", &[("nvidia/__init__.py", vec![]), ("nvidia/cudnn/lib/libcudnn.so.9", cudnn), ("nvidia/cudnn/include/cudnn_version.h", header.into_bytes())]);
+    write_wheel(
+        &mirror,
+        "nvidia-cudnn-cu12",
+        "9.1.0.70",
+        &[
+            ("nvidia/__init__.py", vec![]),
+            ("nvidia/cudnn/lib/libcudnn.so.9", cudnn),
+            ("nvidia/cudnn/include/cudnn_version.h", header.into_bytes()),
+        ],
+    );
     let mut packages = String::new();
     if defects.duplicate_soname {
         // A second, different copy of libcudart.so.12 inside a Python package.
-        let other = gcc_lib(&libs, "dupe-libcudart.so.12", "libcudart.so.12", &[], "other_cudart_fn");
-        write_wheel(&mirror, "vendored-cudart", "1.0", &[("vendored_cudart/__init__.py", vec![]), ("vendored_cudart/libcudart.so.12", other)]);
+        let other = gcc_lib(
+            &libs,
+            "dupe-libcudart.so.12",
+            "libcudart.so.12",
+            &[],
+            "other_cudart_fn",
+        );
+        write_wheel(
+            &mirror,
+            "vendored-cudart",
+            "1.0",
+            &[
+                ("vendored_cudart/__init__.py", vec![]),
+                ("vendored_cudart/libcudart.so.12", other),
+            ],
+        );
         packages = "packages: [\"vendored-cudart==1.0\"]\n".into();
     }
     let recipe = root.join(format!("{name}.yaml"));
     std::fs::write(&recipe, format!("name: {name}\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\ncudnn: {{ version: \"9.1.0.70\" }}\n{packages}source_date_epoch: 1700000000\n")).unwrap();
-    let lock = Command::new(env!("CARGO_BIN_EXE_cudastack")).args(["lock", "--mirror"]).arg(&mirror).arg(&recipe).output().unwrap();
-    assert!(lock.status.success(), "lock failed: {}", String::from_utf8_lossy(&lock.stderr));
+    let lock = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["lock", "--mirror"])
+        .arg(&mirror)
+        .arg(&recipe)
+        .output()
+        .unwrap();
+    assert!(
+        lock.status.success(),
+        "lock failed: {}",
+        String::from_utf8_lossy(&lock.stderr)
+    );
     recipe
 }
 
 fn build(recipe: &Path, layout: &Path) -> (bool, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_cudastack")).args(["build", "--layout"]).arg(layout).arg("--cache-dir").arg(cache_dir()).arg(recipe).output().unwrap();
-    (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["build", "--layout"])
+        .arg(layout)
+        .arg("--cache-dir")
+        .arg(cache_dir())
+        .arg(recipe)
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -135,26 +249,60 @@ fn audit_failures_fail_the_build_with_the_right_message() {
     }
     let work = tempfile::tempdir().unwrap();
 
-    let clean = stack(&work.path().join("clean"), "audit-clean", &Defects::default());
+    let clean = stack(
+        &work.path().join("clean"),
+        "audit-clean",
+        &Defects::default(),
+    );
     let (ok, log) = build(&clean, &work.path().join("clean-layout"));
     assert!(ok, "the clean stack must build:\n{log}");
     // The chain is complete and the layout names one image.
     assert!(work.path().join("clean-layout/index.json").exists());
 
     let cases: [(&str, Defects, &[&str]); 3] = [
-        ("audit-missing-needed", Defects { missing_needed: true, ..Default::default() }, &["unresolved-needed", "libnotthere.so.1", "libcublas.so.12"]),
-        ("audit-duplicate-soname", Defects { duplicate_soname: true, ..Default::default() }, &["duplicate-soname", "libcudart.so.12", "vendored_cudart"]),
-        ("audit-header-mismatch", Defects { header_mismatch: true, ..Default::default() }, &["cudnn", "9.0.0", "9.1.0"]),
+        (
+            "audit-missing-needed",
+            Defects {
+                missing_needed: true,
+                ..Default::default()
+            },
+            &["unresolved-needed", "libnotthere.so.1", "libcublas.so.12"],
+        ),
+        (
+            "audit-duplicate-soname",
+            Defects {
+                duplicate_soname: true,
+                ..Default::default()
+            },
+            &["duplicate-soname", "libcudart.so.12", "vendored_cudart"],
+        ),
+        (
+            "audit-header-mismatch",
+            Defects {
+                header_mismatch: true,
+                ..Default::default()
+            },
+            &["cudnn", "9.0.0", "9.1.0"],
+        ),
     ];
     for (name, defects, fragments) in cases {
         let recipe = stack(&work.path().join(name), name, &defects);
         let layout = work.path().join(format!("{name}-layout"));
         let (ok, log) = build(&recipe, &layout);
         assert!(!ok, "{name}: the build should have failed:\n{log}");
-        assert!(log.contains("static audit of the assembled image failed"), "{name}:\n{log}");
+        assert!(
+            log.contains("static audit of the assembled image failed"),
+            "{name}:\n{log}"
+        );
         for fragment in fragments {
-            assert!(log.contains(fragment), "{name}: expected `{fragment}` in:\n{log}");
+            assert!(
+                log.contains(fragment),
+                "{name}: expected `{fragment}` in:\n{log}"
+            );
         }
-        assert!(!layout.join("index.json").exists(), "{name}: a failed build must not write the layout");
+        assert!(
+            !layout.join("index.json").exists(),
+            "{name}: a failed build must not write the layout"
+        );
     }
 }

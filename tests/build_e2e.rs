@@ -14,7 +14,11 @@ const RECIPE: &str = "recipes/torch2.4.1-cu121-py3.11.yaml";
 const IMAGE: &str = "cudastack-e2e-torch241:test";
 
 fn have(program: &str, args: &[&str]) -> bool {
-    Command::new(program).args(args).output().map(|o| o.status.success()).unwrap_or(false)
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
 }
 
 fn skip_reason() -> Option<String> {
@@ -22,11 +26,19 @@ fn skip_reason() -> Option<String> {
         return Some("CUDASTACK_SKIP_E2E is set".into());
     }
     // SAFETY-free check of the effective uid through `id -u`.
-    let uid = Command::new("id").arg("-u").output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let uid = Command::new("id")
+        .arg("-u")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     if uid.as_deref() != Some("0") {
         return Some("not root: mmdebstrap --mode=root and ldconfig -r need root".into());
     }
-    for (program, args) in [("mmdebstrap", &["--version"][..]), ("skopeo", &["--version"][..]), ("docker", &["info"][..])] {
+    for (program, args) in [
+        ("mmdebstrap", &["--version"][..]),
+        ("skopeo", &["--version"][..]),
+        ("docker", &["info"][..]),
+    ] {
         if !have(program, args) {
             return Some(format!("`{program}` is not available (scripts/test.sh installs and starts what this test needs)"));
         }
@@ -36,7 +48,9 @@ fn skip_reason() -> Option<String> {
 
 fn cache_dir() -> PathBuf {
     // Shared across test runs so a second run is the warm-cache case.
-    std::env::var_os("CUDASTACK_TEST_CACHE").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-cache"))
+    std::env::var_os("CUDASTACK_TEST_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-cache"))
 }
 
 fn build(layout: &Path) -> (String, String) {
@@ -51,12 +65,22 @@ fn build(layout: &Path) -> (String, String) {
     let stdout = String::from_utf8(output.stdout).unwrap();
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert!(output.status.success(), "build failed:\n{stderr}");
-    (stdout.lines().next().unwrap_or_default().to_string(), stderr)
+    (
+        stdout.lines().next().unwrap_or_default().to_string(),
+        stderr,
+    )
 }
 
 fn docker_run(script: &str) -> String {
-    let output = Command::new("docker").args(["run", "--rm", IMAGE, "sh", "-c", script]).output().unwrap();
-    assert!(output.status.success(), "`{script}` failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    let output = Command::new("docker")
+        .args(["run", "--rm", IMAGE, "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "`{script}` failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     String::from_utf8(output.stdout).unwrap()
 }
 
@@ -79,33 +103,59 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
 
     // Rebuild into another layout: same digest, nothing rebuilt.
     let (again, second_log) = build(&work.path().join("layout-b"));
-    assert_eq!(digest, again, "rebuild changed the manifest digest:\n{second_log}");
+    assert_eq!(
+        digest, again,
+        "rebuild changed the manifest digest:\n{second_log}"
+    );
     for layer in ["base", "cuda", "cudnn", "python", "config"] {
-        assert!(second_log.lines().any(|l| l.contains(layer) && l.contains(", cached")), "layer {layer} was not reused:\n{second_log}");
+        assert!(
+            second_log
+                .lines()
+                .any(|l| l.contains(layer) && l.contains(", cached")),
+            "layer {layer} was not reused:\n{second_log}"
+        );
     }
 
     // skopeo, a real peer, accepts the layout and loads it into the daemon.
     let _cleanup = RemoveImage;
     let copy = Command::new("skopeo")
         .args(["copy", "--quiet"])
-        .arg(format!("oci:{}:latest", work.path().join("layout-a").display()))
+        .arg(format!(
+            "oci:{}:latest",
+            work.path().join("layout-a").display()
+        ))
         .arg(format!("docker-daemon:{IMAGE}"))
         .output()
         .unwrap();
-    assert!(copy.status.success(), "skopeo copy failed: {}", String::from_utf8_lossy(&copy.stderr));
+    assert!(
+        copy.status.success(),
+        "skopeo copy failed: {}",
+        String::from_utf8_lossy(&copy.stderr)
+    );
 
     let versions = docker_run("python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), torch._C._cuda_getArchFlags())'");
-    assert_eq!(versions.trim(), "2.4.1+cu121 12.1 90100 sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90", "{versions}");
+    assert_eq!(
+        versions.trim(),
+        "2.4.1+cu121 12.1 90100 sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90",
+        "{versions}"
+    );
 
     // Exactly one file provides libcudnn.so.9, ldconfig lists it once, and the Python
     // process maps that one file.
     let files = docker_run("find / -xdev -name 'libcudnn.so.9*' -type f");
     assert_eq!(files.lines().count(), 1, "{files}");
-    assert_eq!(files.trim(), "/usr/local/cuda-12.1/targets/x86_64-linux/lib/libcudnn.so.9.1.0");
+    assert_eq!(
+        files.trim(),
+        "/usr/local/cuda-12.1/targets/x86_64-linux/lib/libcudnn.so.9.1.0"
+    );
     let ldconfig = docker_run("ldconfig -p | grep 'libcudnn.so.9 '");
     assert_eq!(ldconfig.lines().count(), 1, "{ldconfig}");
     let maps = docker_run("python3 -c 'import torch; torch.backends.cudnn.version(); print(open(\"/proc/self/maps\").read())' | grep libcudnn.so | awk '{print $6}' | sort -u");
-    assert_eq!(maps.trim(), "/usr/local/cuda-12.1/targets/x86_64-linux/lib/libcudnn.so.9.1.0", "{maps}");
+    assert_eq!(
+        maps.trim(),
+        "/usr/local/cuda-12.1/targets/x86_64-linux/lib/libcudnn.so.9.1.0",
+        "{maps}"
+    );
     let cudart = docker_run("python3 -c 'import torch; print(open(\"/proc/self/maps\").read())' | grep -o '/[^ ]*libcudart[^ ]*' | sort -u");
     assert_eq!(cudart.lines().count(), 1, "{cudart}");
 }

@@ -166,9 +166,20 @@ fn solve_driver_535_rtx_3090() {
     // PyPI build, 2.4.1+cu121, is accepted natively too.
     let (build, minor_compat) = best(&solution);
     assert!(!minor_compat);
-    assert!(build.ends_with("+cu121") || build.ends_with("+cu118"), "{build}");
-    let pypi = solution["candidates"].as_array().unwrap().iter().find(|c| c["torch_build"] == "2.4.1+cu121" && c["index"] == "pypi").unwrap();
-    assert_eq!((pypi["accepted"].as_bool(), pypi["minor_compat"].as_bool()), (Some(true), Some(false)));
+    assert!(
+        build.ends_with("+cu121") || build.ends_with("+cu118"),
+        "{build}"
+    );
+    let pypi = solution["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["torch_build"] == "2.4.1+cu121" && c["index"] == "pypi")
+        .unwrap();
+    assert_eq!(
+        (pypi["accepted"].as_bool(), pypi["minor_compat"].as_bool()),
+        (Some(true), Some(false))
+    );
     // cu124 builds need 550.54.14 natively; they come after, through minor-version compat.
     let rejected_or_compat = solution["candidates"]
         .as_array()

@@ -11,8 +11,8 @@ mod fetch_support;
 use std::io::Write;
 
 use assert_cmd::Command;
-use sha2::{Digest as _, Sha256};
 use fetch_support::FixtureServer;
+use sha2::{Digest as _, Sha256};
 
 fn wheel(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut buffer = std::io::Cursor::new(Vec::new());
@@ -184,7 +184,20 @@ fn refresh_against_a_local_index_derives_every_field() {
         .unwrap()
         .contains(&sha256(&w241_311)));
 
-    let requests: Vec<String> = server.log().iter().map(|r| format!("GET {}{}", r.path, r.range.as_ref().map(|range| format!(" Range: {range}")).unwrap_or_default())).collect();
+    let requests: Vec<String> = server
+        .log()
+        .iter()
+        .map(|r| {
+            format!(
+                "GET {}{}",
+                r.path,
+                r.range
+                    .as_ref()
+                    .map(|range| format!(" Range: {range}"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
     // No .metadata for torch: METADATA and the library came through range reads, and the
     // 2.4.1 wheel was never downloaded whole.
     assert!(
@@ -213,7 +226,12 @@ fn refresh_against_a_local_index_derives_every_field() {
     let scans_before = requests.len();
     run(&output);
     assert_eq!(std::fs::read(&output).unwrap(), before);
-    let new_requests: Vec<String> = server.log().into_iter().skip(scans_before).map(|r| format!("{} {:?}", r.path, r.range)).collect();
+    let new_requests: Vec<String> = server
+        .log()
+        .into_iter()
+        .skip(scans_before)
+        .map(|r| format!("{} {:?}", r.path, r.range))
+        .collect();
     let range_reads = new_requests.iter().filter(|r| r.contains("Some(")).count();
     // Only the METADATA range reads (end of central directory, directory, member) remain.
     assert!(range_reads <= 2 * 3, "{new_requests:#?}");

@@ -56,7 +56,10 @@ struct StderrProgress {
 impl BuildProgress for StderrProgress {
     fn stage(&self, stage: &str, detail: &str) {
         if !self.quiet {
-            eprintln!("[{:>6.1}s] {stage:<7} {detail}", self.started.elapsed().as_secs_f64());
+            eprintln!(
+                "[{:>6.1}s] {stage:<7} {detail}",
+                self.started.elapsed().as_secs_f64()
+            );
         }
     }
     fn downloads(&self) -> Arc<dyn Reporter> {
@@ -70,8 +73,12 @@ impl BuildProgress for StderrProgress {
 
 pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
     let compression = match (args.compression, args.level) {
-        (CompressionArg::Gzip, level) => Compression::Gzip { level: level.unwrap_or(6).clamp(1, 9) as u32 },
-        (CompressionArg::Zstd, level) => Compression::Zstd { level: level.unwrap_or(3).clamp(1, 19) },
+        (CompressionArg::Gzip, level) => Compression::Gzip {
+            level: level.unwrap_or(6).clamp(1, 9) as u32,
+        },
+        (CompressionArg::Zstd, level) => Compression::Zstd {
+            level: level.unwrap_or(3).clamp(1, 19),
+        },
         (CompressionArg::None, _) => Compression::None,
     };
     let settings = BuildSettings {
@@ -82,8 +89,13 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         offline: args.offline,
         registry: args.registry,
     };
-    let progress = StderrProgress { quiet: printer.quiet, started: Instant::now() };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let progress = StderrProgress {
+        quiet: printer.quiet,
+        started: Instant::now(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let report = runtime.block_on(build(&settings, Matrix::embedded(), &progress))?;
     if printer.json {
         printer.json(&report);

@@ -33,15 +33,28 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
         let recipe = Recipe::load(path)?;
         let validation = validate(matrix, &recipe);
         if !validation.is_valid() {
-            let first = validation.errors().next().map(|p| format!("{}: {}", p.code, p.what)).unwrap_or_default();
-            return Err(format!("{} is not valid ({first}); run `cudastack validate {}`", path.display(), path.display()).into());
+            let first = validation
+                .errors()
+                .next()
+                .map(|p| format!("{}: {}", p.code, p.what))
+                .unwrap_or_default();
+            return Err(format!(
+                "{} is not valid ({first}); run `cudastack validate {}`",
+                path.display(),
+                path.display()
+            )
+            .into());
         }
         printer.status(format!("locking {} ...", path.display()));
         let request = lock_request(matrix, &recipe, &client, args.mirror.as_deref())?;
         let lockfile = runtime.block_on(resolve(&client, &request))?;
         let out = lock_path(path);
         lockfile.write(&out)?;
-        printer.status(format!("wrote {} ({} artifacts)", out.display(), lockfile.artifacts.len()));
+        printer.status(format!(
+            "wrote {} ({} artifacts)",
+            out.display(),
+            lockfile.artifacts.len()
+        ));
         written.push(serde_json::json!({ "recipe": path, "lock": out, "artifacts": lockfile.artifacts.len(), "recipe_digest": lockfile.recipe_digest }));
     }
     if printer.json {

@@ -87,7 +87,7 @@ pub fn debootstrap(spec: &DebootstrapSpec, dest: &Path) -> Result<(), BaseError>
         .arg("--quiet")
         .arg(format!("--include={}", spec.packages.join(",")))
         // Caches, logs and the package lists change with every run and are no use in an image.
-        .arg("--customize-hook=rm -rf \"$1\"/var/cache/apt/* \"$1\"/var/lib/apt/lists/* \"$1\"/var/log/* \"$1\"/var/cache/ldconfig/aux-cache \"$1\"/dev/*")
+        .arg("--customize-hook=rm -rf \"$1\"/var/cache/apt/* \"$1\"/var/lib/apt/lists/* \"$1\"/var/log/* \"$1\"/var/cache/ldconfig/aux-cache")
         .arg(&spec.release)
         .arg(dest)
         .arg(spec.mirror())
@@ -114,6 +114,30 @@ pub fn debootstrap(spec: &DebootstrapSpec, dest: &Path) -> Result<(), BaseError>
             command: shown,
             output: tail.join("\n"),
         });
+    }
+    // Device nodes are the runtime's business (it mounts /dev); keep /dev itself, empty.
+    let dev = dest.join("dev");
+    if dev.is_dir() {
+        for entry in fs_err::read_dir(&dev).map_err(|source| BaseError::Io {
+            path: dev.clone(),
+            source,
+        })? {
+            let path = entry
+                .map_err(|source| BaseError::Io {
+                    path: dev.clone(),
+                    source,
+                })?
+                .path();
+            let removed = if path.is_dir() && !path.is_symlink() {
+                fs_err::remove_dir_all(&path)
+            } else {
+                fs_err::remove_file(&path)
+            };
+            removed.map_err(|source| BaseError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        }
     }
     Ok(())
 }

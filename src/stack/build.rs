@@ -21,8 +21,13 @@ use crate::digest::Digest;
 use crate::fetch::download::{Downloader, FetchItem};
 use crate::fetch::http::HttpClient;
 use crate::fetch::progress::Reporter;
-use crate::install::{apply_entries, plan_with_reader, EntryContent, InstallOptions, PythonVersion as InstallPython, Scheme, WheelReader};
-use crate::layer::{BuildOptions, CacheKey, Compression, DirOptions, Layer, LayerCache, LayerContents, ModePolicy};
+use crate::install::{
+    apply_entries, plan_with_reader, EntryContent, InstallOptions, PythonVersion as InstallPython,
+    Scheme, WheelReader,
+};
+use crate::layer::{
+    BuildOptions, CacheKey, Compression, DirOptions, Layer, LayerCache, LayerContents, ModePolicy,
+};
 use crate::lock::lockfile::{ArtifactKind, Lockfile};
 use crate::matrix::validate::{selected_torch_build, validate, Problem};
 use crate::matrix::Matrix;
@@ -45,11 +50,19 @@ pub enum BuildError {
     #[error(transparent)]
     Recipe(#[from] crate::recipe::RecipeError),
     #[error("recipe `{recipe}` is not valid:\n{}", render_problems(problems))]
-    Invalid { recipe: String, problems: Vec<Problem> },
+    Invalid {
+        recipe: String,
+        problems: Vec<Problem>,
+    },
     #[error("recipe `{recipe}` has no lock file `{lock}`; run `cudastack lock {recipe}` first")]
     NoLock { recipe: PathBuf, lock: PathBuf },
     #[error("lock file `{lock}` is stale: it was made from another version of the recipe\n  Expected: {expected}\n  Found:    {found}\nrun `cudastack lock {recipe}` again")]
-    StaleLock { recipe: PathBuf, lock: PathBuf, expected: Digest, found: Digest },
+    StaleLock {
+        recipe: PathBuf,
+        lock: PathBuf,
+        expected: Digest,
+        found: Digest,
+    },
     #[error(transparent)]
     Lockfile(#[from] crate::lock::lockfile::LockfileError),
     #[error(transparent)]
@@ -72,8 +85,16 @@ pub enum BuildError {
     Audit(#[from] crate::audit::AuditError),
     #[error("the static audit of the assembled image failed:\n{0}")]
     AuditFailed(String),
-    #[error("the base {base} provides {what} {found}, but the wheels need {expected}\n  hint: {hint}")]
-    BaseMismatch { base: String, what: &'static str, found: String, expected: String, hint: String },
+    #[error(
+        "the base {base} provides {what} {found}, but the wheels need {expected}\n  hint: {hint}"
+    )]
+    BaseMismatch {
+        base: String,
+        what: &'static str,
+        found: String,
+        expected: String,
+        hint: String,
+    },
     #[error("{0}")]
     Unsupported(String),
     #[error("I/O error on `{path}`")]
@@ -83,15 +104,26 @@ pub enum BuildError {
         source: std::io::Error,
     },
     #[error("`{command}` failed ({status}):\n{output}")]
-    Command { command: String, status: String, output: String },
+    Command {
+        command: String,
+        status: String,
+        output: String,
+    },
 }
 
 fn render_problems(problems: &[Problem]) -> String {
-    problems.iter().map(|p| format!("  error[{}]: {}\n    hint: {}", p.code, p.what, p.hint)).collect::<Vec<_>>().join("\n")
+    problems
+        .iter()
+        .map(|p| format!("  error[{}]: {}\n    hint: {}", p.code, p.what, p.hint))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
-    move |source| BuildError::Io { path: path.to_path_buf(), source }
+    move |source| BuildError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// What to build and where.
@@ -149,7 +181,12 @@ pub struct AuditSummary {
 }
 
 /// Render the recipe's tag templates.
-pub fn render_tags(recipe: &Recipe, torch: Option<&str>, cudnn: Option<&str>, registry: &str) -> Vec<String> {
+pub fn render_tags(
+    recipe: &Recipe,
+    torch: Option<&str>,
+    cudnn: Option<&str>,
+    registry: &str,
+) -> Vec<String> {
     recipe
         .tags
         .iter()
@@ -183,11 +220,17 @@ impl Staging {
         self.root.join(key.digest().hex())
     }
     fn is_complete(&self, key: &CacheKey) -> bool {
-        self.root.join(format!("{}.complete", key.digest().hex())).exists()
+        self.root
+            .join(format!("{}.complete", key.digest().hex()))
+            .exists()
     }
     /// Stage into a fresh directory with `fill`, marking it complete only on success, so an
     /// interrupted build never leaves a half-staged tree that looks finished.
-    fn ensure(&self, key: &CacheKey, fill: impl FnOnce(&Path) -> Result<(), BuildError>) -> Result<PathBuf, BuildError> {
+    fn ensure(
+        &self,
+        key: &CacheKey,
+        fill: impl FnOnce(&Path) -> Result<(), BuildError>,
+    ) -> Result<PathBuf, BuildError> {
         let dir = self.dir(key);
         if self.is_complete(key) && dir.is_dir() {
             return Ok(dir);
@@ -204,23 +247,45 @@ impl Staging {
 }
 
 fn source_date_epoch(recipe: &Recipe) -> u64 {
-    recipe.source_date_epoch.or_else(|| std::env::var("SOURCE_DATE_EPOCH").ok().and_then(|v| v.parse().ok())).unwrap_or(DEFAULT_SOURCE_DATE_EPOCH)
+    recipe
+        .source_date_epoch
+        .or_else(|| {
+            std::env::var("SOURCE_DATE_EPOCH")
+                .ok()
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(DEFAULT_SOURCE_DATE_EPOCH)
 }
 
-pub async fn build(settings: &BuildSettings, matrix: &Matrix, progress: &dyn BuildProgress) -> Result<BuildReport, BuildError> {
+pub async fn build(
+    settings: &BuildSettings,
+    matrix: &Matrix,
+    progress: &dyn BuildProgress,
+) -> Result<BuildReport, BuildError> {
     // 1. Recipe, validation, lock.
     let recipe = Recipe::load(&settings.recipe_path)?;
     let validation = validate(matrix, &recipe);
     if !validation.is_valid() {
-        return Err(BuildError::Invalid { recipe: recipe.name.clone(), problems: validation.errors().cloned().collect() });
+        return Err(BuildError::Invalid {
+            recipe: recipe.name.clone(),
+            problems: validation.errors().cloned().collect(),
+        });
     }
     let lock_file = lock_path(&settings.recipe_path);
     if !lock_file.exists() {
-        return Err(BuildError::NoLock { recipe: settings.recipe_path.clone(), lock: lock_file });
+        return Err(BuildError::NoLock {
+            recipe: settings.recipe_path.clone(),
+            lock: lock_file,
+        });
     }
     let lock = Lockfile::read(&lock_file)?;
     if lock.is_stale(&recipe.digest()) {
-        return Err(BuildError::StaleLock { recipe: settings.recipe_path.clone(), lock: lock_file, expected: recipe.digest(), found: lock.recipe_digest });
+        return Err(BuildError::StaleLock {
+            recipe: settings.recipe_path.clone(),
+            lock: lock_file,
+            expected: recipe.digest(),
+            found: lock.recipe_digest,
+        });
     }
     let torch_build = selected_torch_build(matrix, &recipe);
     let epoch = source_date_epoch(&recipe);
@@ -230,22 +295,60 @@ pub async fn build(settings: &BuildSettings, matrix: &Matrix, progress: &dyn Bui
     let staging = Staging::open(&settings.cache_root)?;
 
     // 2. Fetch every artifact by hash.
-    let wheels: Vec<_> = lock.artifacts.iter().filter(|a| a.kind == ArtifactKind::Wheel).collect();
-    if lock.artifacts.iter().any(|a| a.kind == ArtifactKind::RedistArchive) {
+    let wheels: Vec<_> = lock
+        .artifacts
+        .iter()
+        .filter(|a| a.kind == ArtifactKind::Wheel)
+        .collect();
+    if lock
+        .artifacts
+        .iter()
+        .any(|a| a.kind == ArtifactKind::RedistArchive)
+    {
         return Err(BuildError::Unsupported("this lock names NVIDIA redist archives; `cudastack build` installs the CUDA stack from nvidia-* wheels so far".into()));
     }
     let items: Vec<FetchItem> = wheels
         .iter()
-        .map(|a| FetchItem { name: format!("{} {}", a.name, a.version), url: a.url.parse().expect("lock URLs are valid"), sha256: a.sha256, size: Some(a.size) })
+        .map(|a| FetchItem {
+            name: format!("{} {}", a.name, a.version),
+            url: a.url.parse().expect("lock URLs are valid"),
+            sha256: a.sha256,
+            size: Some(a.size),
+        })
         .collect();
-    let downloader = Downloader::new(HttpClient::with_defaults()?, store.clone(), progress.downloads()).offline(settings.offline);
+    let downloader = Downloader::new(
+        HttpClient::with_defaults()?,
+        store.clone(),
+        progress.downloads(),
+    )
+    .offline(settings.offline);
     let missing = downloader.missing(&items).len();
-    progress.stage("fetch", &format!("{} artifacts, {} to download", items.len(), missing));
+    progress.stage(
+        "fetch",
+        &format!("{} artifacts, {} to download", items.len(), missing),
+    );
     let paths = downloader.fetch_all(&items).await?;
-    let wheel_paths: BTreeMap<String, (PathBuf, Digest, String)> = wheels.iter().zip(paths).map(|(a, path)| (a.name.clone(), (path, a.sha256, a.version.clone()))).collect();
+    let wheel_paths: BTreeMap<String, (PathBuf, Digest, String)> = wheels
+        .iter()
+        .zip(paths)
+        .map(|(a, path)| (a.name.clone(), (path, a.sha256, a.version.clone())))
+        .collect();
 
     // 3. Layers. Heavy work runs on blocking threads.
-    tokio::task::block_in_place(|| assemble(settings, matrix, &recipe, torch_build, &lock, &wheel_paths, &cache, &staging, &options, progress))
+    tokio::task::block_in_place(|| {
+        assemble(
+            settings,
+            matrix,
+            &recipe,
+            torch_build,
+            &lock,
+            &wheel_paths,
+            &cache,
+            &staging,
+            &options,
+            progress,
+        )
+    })
 }
 
 /// One layer to produce: its name, cache key, how to stage its tree, how to walk it.
@@ -269,7 +372,9 @@ fn assemble(
     options: &BuildOptions,
     progress: &dyn BuildProgress,
 ) -> Result<BuildReport, BuildError> {
-    let paths = ToolkitPaths { cuda: recipe.cuda.version };
+    let paths = ToolkitPaths {
+        cuda: recipe.cuda.version,
+    };
     let flavor = recipe.cuda.flavor;
 
     // Base.
@@ -286,34 +391,76 @@ fn assemble(
     let nvidia: Vec<NvidiaWheel> = wheels
         .iter()
         .filter(|(name, _)| name.starts_with("nvidia-"))
-        .map(|(name, (path, _, version))| NvidiaWheel { path: path.clone(), project: name.clone(), version: version.clone() })
+        .map(|(name, (path, _, version))| NvidiaWheel {
+            path: path.clone(),
+            project: name.clone(),
+            version: version.clone(),
+        })
         .collect();
     let digest_of = |wheel: &NvidiaWheel| wheels[&wheel.project].1;
     let toolkit_wheels: Vec<&NvidiaWheel> = nvidia.iter().filter(|w| !w.is_cudnn()).collect();
     let cudnn_wheels: Vec<&NvidiaWheel> = nvidia.iter().filter(|w| w.is_cudnn()).collect();
-    let toolkit_key = CacheKey::new(&format!("{ASSEMBLER}/toolkit"), &toolkit_wheels.iter().map(|w| digest_of(w)).collect::<Vec<_>>(), &(recipe.cuda.version.line().to_string(), format!("{flavor:?}")));
-    let cudnn_key = CacheKey::new(&format!("{ASSEMBLER}/cudnn"), &cudnn_wheels.iter().map(|w| digest_of(w)).collect::<Vec<_>>(), &recipe.cuda.version.line().to_string());
+    let toolkit_key = CacheKey::new(
+        &format!("{ASSEMBLER}/toolkit"),
+        &toolkit_wheels
+            .iter()
+            .map(|w| digest_of(w))
+            .collect::<Vec<_>>(),
+        &(
+            recipe.cuda.version.line().to_string(),
+            format!("{flavor:?}"),
+        ),
+    );
+    let cudnn_key = CacheKey::new(
+        &format!("{ASSEMBLER}/cudnn"),
+        &cudnn_wheels
+            .iter()
+            .map(|w| digest_of(w))
+            .collect::<Vec<_>>(),
+        &recipe.cuda.version.line().to_string(),
+    );
     let (toolkit_dir, cudnn_dir) = (staging.dir(&toolkit_key), staging.dir(&cudnn_key));
     // Which wheel members the toolkit layers hold, recorded beside each staged tree.
     let placement_record = |dir: &Path| dir.with_extension("placement.json");
-    let stage_toolkit = |dir: &Path, wheels: &[&NvidiaWheel], top_links: bool| -> Result<(), BuildError> {
-        let placed = toolkit::stage(wheels, &paths, flavor, top_links, dir)?;
-        let record = placement_record(dir);
-        fs_err::write(&record, serde_json::to_vec(&placed).expect("placement serialises")).map_err(io_error(&record))
-    };
+    let stage_toolkit =
+        |dir: &Path, wheels: &[&NvidiaWheel], top_links: bool| -> Result<(), BuildError> {
+            let placed = toolkit::stage(wheels, &paths, flavor, top_links, dir)?;
+            let record = placement_record(dir);
+            fs_err::write(
+                &record,
+                serde_json::to_vec(&placed).expect("placement serialises"),
+            )
+            .map_err(io_error(&record))
+        };
 
     // Python wheels, with nvidia/*/lib pointing at the toolkit's copies.
-    let python = InstallPython { major: recipe.python.major as u8, minor: recipe.python.minor as u8 };
+    let python = InstallPython {
+        major: recipe.python.major as u8,
+        minor: recipe.python.minor as u8,
+    };
     let install_options = InstallOptions::new(Scheme::debian_local(python));
     let wheel_digests: Vec<Digest> = wheels.values().map(|(_, digest, _)| *digest).collect();
-    let python_key = CacheKey::new(&format!("{ASSEMBLER}/python"), &wheel_digests, &(recipe.python.to_string(), toolkit_key.digest(), cudnn_key.digest()));
+    let python_key = CacheKey::new(
+        &format!("{ASSEMBLER}/python"),
+        &wheel_digests,
+        &(
+            recipe.python.to_string(),
+            toolkit_key.digest(),
+            cudnn_key.digest(),
+        ),
+    );
     let python_dir = staging.dir(&python_key);
     let stage_python = |dir: &Path| -> Result<(), BuildError> {
         let mut placement = Placement::new();
         for toolkit in [&toolkit_dir, &cudnn_dir] {
             let record = placement_record(toolkit);
             let bytes = fs_err::read(&record).map_err(io_error(&record))?;
-            placement.extend(serde_json::from_slice::<Placement>(&bytes).map_err(|e| BuildError::Io { path: record.clone(), source: e.into() })?);
+            placement.extend(serde_json::from_slice::<Placement>(&bytes).map_err(|e| {
+                BuildError::Io {
+                    path: record.clone(),
+                    source: e.into(),
+                }
+            })?);
         }
         for (path, _, _) in wheels.values() {
             let mut reader = WheelReader::open(path)?;
@@ -321,7 +468,9 @@ fn assemble(
             for entry in &mut plan.entries {
                 if let EntryContent::ZipMember { name, .. } = &entry.content {
                     if let Some(target) = placement.get(name) {
-                        entry.content = EntryContent::Symlink { target: PathBuf::from(target) };
+                        entry.content = EntryContent::Symlink {
+                            target: PathBuf::from(target),
+                        };
                         entry.mode = 0o777;
                     }
                 }
@@ -337,27 +486,75 @@ fn assemble(
     let lock_json = lock.to_json();
     let config_key = CacheKey::new(
         &format!("{ASSEMBLER}/config"),
-        &[base_key.digest(), toolkit_key.digest(), cudnn_key.digest(), python_key.digest(), Digest::of_bytes(recipe_json.as_bytes()), Digest::of_bytes(lock_json.as_bytes())],
+        &[
+            base_key.digest(),
+            toolkit_key.digest(),
+            cudnn_key.digest(),
+            python_key.digest(),
+            Digest::of_bytes(recipe_json.as_bytes()),
+            Digest::of_bytes(lock_json.as_bytes()),
+        ],
         &conf_text,
     );
     let config_dir = staging.dir(&config_key);
-    let merged = staging.root.join(format!("{}.merged", config_key.digest().hex()));
+    let merged = staging
+        .root
+        .join(format!("{}.merged", config_key.digest().hex()));
     let stage_config = |dir: &Path| -> Result<(), BuildError> {
         write_file(&dir.join(&conf_path), conf_text.as_bytes())?;
-        write_file(&dir.join("usr/share/cudastack/recipe.json"), recipe_json.as_bytes())?;
-        write_file(&dir.join("usr/share/cudastack/lock.json"), lock_json.as_bytes())?;
-        merge_trees(&[&base_dir, &toolkit_dir, &cudnn_dir, &python_dir, dir], &merged)?;
+        write_file(
+            &dir.join("usr/share/cudastack/recipe.json"),
+            recipe_json.as_bytes(),
+        )?;
+        write_file(
+            &dir.join("usr/share/cudastack/lock.json"),
+            lock_json.as_bytes(),
+        )?;
+        merge_trees(
+            &[&base_dir, &toolkit_dir, &cudnn_dir, &python_dir, dir],
+            &merged,
+        )?;
         run(Command::new("ldconfig").arg("-r").arg(&merged))?;
-        let cache_bytes = fs_err::read(merged.join("etc/ld.so.cache")).map_err(io_error(&merged))?;
+        let cache_bytes =
+            fs_err::read(merged.join("etc/ld.so.cache")).map_err(io_error(&merged))?;
         write_file(&dir.join("etc/ld.so.cache"), &cache_bytes)
     };
 
     let plans = vec![
-        LayerPlan { name: "base", key: base_key, stage: Box::new(|dir| Ok(debootstrap(&base_spec, dir)?)), walk: DirOptions { modes: ModePolicy::Exact, keep_owners: true, prefix: None } },
-        LayerPlan { name: "cuda", key: toolkit_key, stage: Box::new(|dir| stage_toolkit(dir, &toolkit_wheels, true)), walk: DirOptions::default() },
-        LayerPlan { name: "cudnn", key: cudnn_key, stage: Box::new(|dir| stage_toolkit(dir, &cudnn_wheels, false)), walk: DirOptions::default() },
-        LayerPlan { name: "python", key: python_key, stage: Box::new(stage_python), walk: DirOptions::default() },
-        LayerPlan { name: "config", key: config_key, stage: Box::new(stage_config), walk: DirOptions::default() },
+        LayerPlan {
+            name: "base",
+            key: base_key,
+            stage: Box::new(|dir| Ok(debootstrap(&base_spec, dir)?)),
+            walk: DirOptions {
+                modes: ModePolicy::Exact,
+                keep_owners: true,
+                prefix: None,
+            },
+        },
+        LayerPlan {
+            name: "cuda",
+            key: toolkit_key,
+            stage: Box::new(|dir| stage_toolkit(dir, &toolkit_wheels, true)),
+            walk: DirOptions::default(),
+        },
+        LayerPlan {
+            name: "cudnn",
+            key: cudnn_key,
+            stage: Box::new(|dir| stage_toolkit(dir, &cudnn_wheels, false)),
+            walk: DirOptions::default(),
+        },
+        LayerPlan {
+            name: "python",
+            key: python_key,
+            stage: Box::new(stage_python),
+            walk: DirOptions::default(),
+        },
+        LayerPlan {
+            name: "config",
+            key: config_key,
+            stage: Box::new(stage_config),
+            walk: DirOptions::default(),
+        },
     ];
 
     // When every layer and the audit verdict are cached there is nothing to stage.
@@ -365,10 +562,27 @@ fn assemble(
     for plan in &plans {
         cached_layers.push(cache.get(&plan.key, options)?);
     }
-    let audit_record = |diff_ids: &[Digest]| staging.root.join(format!("{}.audit.json", Digest::of_bytes(serde_json::to_string(diff_ids).unwrap_or_default().as_bytes()).hex()));
+    let audit_record = |diff_ids: &[Digest]| {
+        staging.root.join(format!(
+            "{}.audit.json",
+            Digest::of_bytes(
+                serde_json::to_string(diff_ids)
+                    .unwrap_or_default()
+                    .as_bytes()
+            )
+            .hex()
+        ))
+    };
     let facts_record = base_dir.with_extension("facts.json");
     let fully_cached = cached_layers.iter().all(Option::is_some)
-        && audit_record(&cached_layers.iter().flatten().map(|l| l.diff_id).collect::<Vec<_>>()).exists()
+        && audit_record(
+            &cached_layers
+                .iter()
+                .flatten()
+                .map(|l| l.diff_id)
+                .collect::<Vec<_>>(),
+        )
+        .exists()
         && facts_record.exists();
 
     let mut layers: Vec<(LayerReport, Layer)> = Vec::new();
@@ -383,28 +597,74 @@ fn assemble(
                 if plan.name == "base" {
                     let facts = inspect_rootfs(&dir)?;
                     check_base(recipe, &facts, lock)?;
-                    fs_err::write(&facts_record, serde_json::to_vec(&facts).expect("facts serialise")).map_err(io_error(&facts_record))?;
+                    fs_err::write(
+                        &facts_record,
+                        serde_json::to_vec(&facts).expect("facts serialise"),
+                    )
+                    .map_err(io_error(&facts_record))?;
                 }
                 match cached {
                     Some(layer) => (layer, true),
                     None => {
                         progress.stage(plan.name, "writing layer");
                         let contents = LayerContents::from_dir(&dir, &plan.walk)?;
-                        (cache.get_or_build(&plan.key, options, || Ok(contents))?, false)
+                        (
+                            cache.get_or_build(&plan.key, options, || Ok(contents))?,
+                            false,
+                        )
                     }
                 }
             }
         };
-        progress.stage(plan.name, &format!("{} ({}){}", layer.digest, human_bytes(layer.size), if was_cached { ", cached" } else { "" }));
-        layers.push((LayerReport { name: plan.name, digest: layer.digest, diff_id: layer.diff_id, size: layer.size, cached: was_cached }, layer));
+        progress.stage(
+            plan.name,
+            &format!(
+                "{} ({}){}",
+                layer.digest,
+                human_bytes(layer.size),
+                if was_cached { ", cached" } else { "" }
+            ),
+        );
+        layers.push((
+            LayerReport {
+                name: plan.name,
+                digest: layer.digest,
+                diff_id: layer.diff_id,
+                size: layer.size,
+                cached: was_cached,
+            },
+            layer,
+        ));
     }
     drop(plans);
 
-    let base_facts: RootfsFacts = fs_err::read(&facts_record).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(RootfsFacts { python: None, glibc: None, os: None });
+    let base_facts: RootfsFacts = fs_err::read(&facts_record)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(RootfsFacts {
+            python: None,
+            glibc: None,
+            os: None,
+        });
     let stack_facts = StackFacts {
-        cuda_runtime: torch_build.and_then(|b| b.cuda_runtime.clone()).or_else(|| lock.artifacts.iter().find(|a| a.name.starts_with("nvidia-cuda-runtime")).map(|a| a.version.clone())),
-        cudnn: lock.artifacts.iter().find(|a| a.name.starts_with("nvidia-cudnn")).map(|a| a.version.clone()),
-        torch: lock.artifacts.iter().find(|a| a.name == "torch").map(|a| a.version.clone()),
+        cuda_runtime: torch_build
+            .and_then(|b| b.cuda_runtime.clone())
+            .or_else(|| {
+                lock.artifacts
+                    .iter()
+                    .find(|a| a.name.starts_with("nvidia-cuda-runtime"))
+                    .map(|a| a.version.clone())
+            }),
+        cudnn: lock
+            .artifacts
+            .iter()
+            .find(|a| a.name.starts_with("nvidia-cudnn"))
+            .map(|a| a.version.clone()),
+        torch: lock
+            .artifacts
+            .iter()
+            .find(|a| a.name == "torch")
+            .map(|a| a.version.clone()),
         os: base_facts.os.clone(),
         created: oci::rfc3339(options.mtime),
     };
@@ -413,21 +673,65 @@ fn assemble(
     // The static audit of the assembled filesystem, cached per set of layers.
     let diff_ids: Vec<Digest> = layers.iter().map(|(report, _)| report.diff_id).collect();
     let record = audit_record(&diff_ids);
-    let (summary, audit_cached) = match fs_err::read(&record).ok().and_then(|bytes| serde_json::from_slice::<AuditSummary>(&bytes).ok()) {
+    let (summary, audit_cached) = match fs_err::read(&record)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<AuditSummary>(&bytes).ok())
+    {
         Some(summary) => (summary, true),
         None => {
-            progress.stage("audit", "every ELF's NEEDED, one copy per SONAME, symlinks, cuDNN header, pins");
-            merge_trees(&[&base_dir, &toolkit_dir, &cudnn_dir, &python_dir, &config_dir], &merged)?;
-            let ld_library_path = config.env.iter().find(|(k, _)| k == "LD_LIBRARY_PATH").map(|(_, v)| v.clone()).unwrap_or_default();
-            let pins: BTreeMap<String, String> = torch_build.map(|b| b.pins.iter().filter(|(k, _)| k.starts_with("nvidia-")).map(|(k, v)| (k.clone(), v.trim_end_matches(".*").to_string())).collect()).unwrap_or_default();
-            let report = audit(&merged, &AuditOptions { pins, ..Default::default() }.with_ld_library_path(&ld_library_path));
+            progress.stage(
+                "audit",
+                "every ELF's NEEDED, one copy per SONAME, symlinks, cuDNN header, pins",
+            );
+            merge_trees(
+                &[
+                    &base_dir,
+                    &toolkit_dir,
+                    &cudnn_dir,
+                    &python_dir,
+                    &config_dir,
+                ],
+                &merged,
+            )?;
+            let ld_library_path = config
+                .env
+                .iter()
+                .find(|(k, _)| k == "LD_LIBRARY_PATH")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            let pins: BTreeMap<String, String> = torch_build
+                .map(|b| {
+                    b.pins
+                        .iter()
+                        .filter(|(k, _)| k.starts_with("nvidia-"))
+                        .map(|(k, v)| (k.clone(), v.trim_end_matches(".*").to_string()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let report = audit(
+                &merged,
+                &AuditOptions {
+                    pins,
+                    ..Default::default()
+                }
+                .with_ld_library_path(&ld_library_path),
+            );
             let _ = fs_err::remove_dir_all(&merged);
             let report = report?;
             if !report.is_clean() {
                 return Err(BuildError::AuditFailed(report.render()));
             }
-            let summary = AuditSummary { elf_files: report.elf_files, needed_checked: report.needed_checked, symlinks: report.symlinks, distributions: report.distributions };
-            fs_err::write(&record, serde_json::to_vec(&summary).expect("summary serialises")).map_err(io_error(&record))?;
+            let summary = AuditSummary {
+                elf_files: report.elf_files,
+                needed_checked: report.needed_checked,
+                symlinks: report.symlinks,
+                distributions: report.distributions,
+            };
+            fs_err::write(
+                &record,
+                serde_json::to_vec(&summary).expect("summary serialises"),
+            )
+            .map_err(io_error(&record))?;
             (summary, false)
         }
     };
@@ -447,8 +751,16 @@ fn assemble(
         image = image.with_label(name, value);
     }
     image = image.with_cmd(config.cmd.clone());
-    let tags = render_tags(recipe, stack_facts.torch.as_deref(), stack_facts.cudnn.as_deref(), &settings.registry);
-    let layout = settings.layout_dir.clone().unwrap_or_else(|| PathBuf::from("images").join(&recipe.name));
+    let tags = render_tags(
+        recipe,
+        stack_facts.torch.as_deref(),
+        stack_facts.cudnn.as_deref(),
+        &settings.registry,
+    );
+    let layout = settings
+        .layout_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("images").join(&recipe.name));
     progress.stage("output", &format!("OCI layout {}", layout.display()));
     let manifest_digest = oci::layout::write(&image, &layout, "latest")?;
     for tag in &tags {
@@ -475,13 +787,19 @@ fn check_base(recipe: &Recipe, facts: &RootfsFacts, lock: &Lockfile) -> Result<(
             return Err(BuildError::BaseMismatch {
                 base: recipe.base.to_string(),
                 what: "Python",
-                found: found.map(|p| p.to_string()).unwrap_or_else(|| "no python3".into()),
+                found: found
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "no python3".into()),
                 expected: recipe.python.to_string(),
-                hint: "set `python:` to the base's version, or pick a base release that ships it".into(),
+                hint: "set `python:` to the base's version, or pick a base release that ships it"
+                    .into(),
             })
         }
     }
-    let target = (u32::from(lock.target.glibc.major), u32::from(lock.target.glibc.minor));
+    let target = (
+        u32::from(lock.target.glibc.major),
+        u32::from(lock.target.glibc.minor),
+    );
     if let Some(glibc) = facts.glibc {
         if glibc < target {
             return Err(BuildError::BaseMismatch {
@@ -511,16 +829,28 @@ fn merge_trees(trees: &[&Path], merged: &Path) -> Result<(), BuildError> {
     }
     fs_err::create_dir_all(merged).map_err(io_error(merged))?;
     for tree in trees {
-        run(Command::new("cp").arg("-a").arg("-l").arg("--remove-destination").arg(format!("{}/.", tree.display())).arg(merged))?;
+        run(Command::new("cp")
+            .arg("-a")
+            .arg("-l")
+            .arg("--remove-destination")
+            .arg(format!("{}/.", tree.display()))
+            .arg(merged))?;
     }
     Ok(())
 }
 
 fn run(command: &mut Command) -> Result<(), BuildError> {
     let shown = format!("{command:?}");
-    let output = command.output().map_err(|source| BuildError::Io { path: PathBuf::from(&shown), source })?;
+    let output = command.output().map_err(|source| BuildError::Io {
+        path: PathBuf::from(&shown),
+        source,
+    })?;
     if !output.status.success() {
-        return Err(BuildError::Command { command: shown, status: output.status.to_string(), output: String::from_utf8_lossy(&output.stderr).into_owned() });
+        return Err(BuildError::Command {
+            command: shown,
+            status: output.status.to_string(),
+            output: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
     }
     Ok(())
 }

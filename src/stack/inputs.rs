@@ -46,26 +46,45 @@ pub fn lock_path(recipe_path: &Path) -> PathBuf {
 /// The glibc of the base, which sets the newest manylinux level the wheels may use.
 pub fn base_glibc(matrix: &Matrix, recipe: &Recipe) -> Option<GlibcVersion> {
     let (distro, release) = recipe.base.distro()?;
-    matrix.base(distro, release).and_then(|base| base.glibc.parse().ok())
+    matrix
+        .base(distro, release)
+        .and_then(|base| base.glibc.parse().ok())
 }
 
 /// The PEP 508 root requirements of a recipe.
 pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>, InputsError> {
     let cuda = recipe.cuda.version;
-    let suffix = if cuda.major >= 13 { String::new() } else { format!("-cu{}", cuda.major) };
+    let suffix = if cuda.major >= 13 {
+        String::new()
+    } else {
+        format!("-cu{}", cuda.major)
+    };
     let mut requirements = Vec::new();
     let torch_build = selected_torch_build(matrix, recipe);
     match (&recipe.torch, torch_build) {
         (Some(torch), _) => requirements.push(format!("torch=={}", torch.version)),
-        (None, _) if cuda.major >= 13 => requirements.push(format!("cuda-toolkit[cudart,cublas]=={}.{}.*", cuda.major, cuda.minor)),
+        (None, _) if cuda.major >= 13 => requirements.push(format!(
+            "cuda-toolkit[cudart,cublas]=={}.{}.*",
+            cuda.major, cuda.minor
+        )),
         (None, _) => {
-            requirements.push(format!("nvidia-cuda-runtime{suffix}=={}.{}.*", cuda.major, cuda.minor));
-            requirements.push(format!("nvidia-cublas{suffix}=={}.{}.*", cuda.major, cuda.minor));
+            requirements.push(format!(
+                "nvidia-cuda-runtime{suffix}=={}.{}.*",
+                cuda.major, cuda.minor
+            ));
+            requirements.push(format!(
+                "nvidia-cublas{suffix}=={}.{}.*",
+                cuda.major, cuda.minor
+            ));
         }
     }
     if recipe.torch.is_none() {
         if let Some(cudnn) = &recipe.cudnn {
-            let spec = if cudnn.version.is_exact() { format!("=={}", cudnn.version) } else { format!("=={}.*", cudnn.version) };
+            let spec = if cudnn.version.is_exact() {
+                format!("=={}", cudnn.version)
+            } else {
+                format!("=={}.*", cudnn.version)
+            };
             requirements.push(format!("nvidia-cudnn-cu{}{spec}", cuda.major));
         }
     }
@@ -73,7 +92,12 @@ pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>
         // nvcc of the very release the runtime is: the same exact version torch pins.
         let runtime = torch_build.and_then(|b| b.cuda_runtime.clone());
         let nvcc = match (cuda.major >= 13, runtime) {
-            (true, _) => match torch_build.and_then(|b| b.pins.iter().find(|(k, _)| k.starts_with("cuda-toolkit")).map(|(_, v)| v.clone())) {
+            (true, _) => match torch_build.and_then(|b| {
+                b.pins
+                    .iter()
+                    .find(|(k, _)| k.starts_with("cuda-toolkit"))
+                    .map(|(_, v)| v.clone())
+            }) {
                 Some(toolkit) => format!("cuda-toolkit[nvcc]=={toolkit}"),
                 None => format!("cuda-toolkit[nvcc]=={}.{}.*", cuda.major, cuda.minor),
             },
@@ -88,16 +112,32 @@ pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>
 
 /// Build the lock request for `recipe`. `mirror` (an air-gapped directory of wheels) is
 /// searched first when given; a torch index variant comes before PyPI.
-pub fn lock_request(matrix: &Matrix, recipe: &Recipe, client: &HttpClient, mirror: Option<&Path>) -> Result<LockRequest, InputsError> {
+pub fn lock_request(
+    matrix: &Matrix,
+    recipe: &Recipe,
+    client: &HttpClient,
+    mirror: Option<&Path>,
+) -> Result<LockRequest, InputsError> {
     let glibc = base_glibc(matrix, recipe).ok_or_else(|| InputsError::Unsupported {
         recipe: recipe.name.clone(),
         message: format!("the glibc of base {} is unknown; cudastack locks for the bases in `cudastack matrix` (data/nvidia.yaml: bases)", recipe.base),
     })?;
-    let python = TargetPython { major: recipe.python.major as u8, minor: recipe.python.minor as u8, patch: None };
-    let target = Target::new(python, Arch::X86_64, glibc).map_err(|e| InputsError::Unsupported { recipe: recipe.name.clone(), message: e.to_string() })?;
+    let python = TargetPython {
+        major: recipe.python.major as u8,
+        minor: recipe.python.minor as u8,
+        patch: None,
+    };
+    let target =
+        Target::new(python, Arch::X86_64, glibc).map_err(|e| InputsError::Unsupported {
+            recipe: recipe.name.clone(),
+            message: e.to_string(),
+        })?;
     let mut requirements = Vec::new();
     for text in root_requirements(matrix, recipe)? {
-        let requirement = Requirement::from_str(&text).map_err(|e| InputsError::Requirement { text: text.clone(), source: Box::new(e) })?;
+        let requirement = Requirement::from_str(&text).map_err(|e| InputsError::Requirement {
+            text: text.clone(),
+            source: Box::new(e),
+        })?;
         requirements.push(requirement);
     }
     let mut sources = Vec::new();
@@ -105,11 +145,22 @@ pub fn lock_request(matrix: &Matrix, recipe: &Recipe, client: &HttpClient, mirro
         sources.push(PackageSource::Mirror(MirrorDir::open(dir)?));
     }
     if let Some(TorchIndex::Variant { url, .. }) = recipe.torch.as_ref().map(|t| &t.index) {
-        let base = format!("{}/", url.trim_end_matches('/')).parse().map_err(|_| InputsError::Url { url: url.clone() })?;
-        sources.push(PackageSource::Index { index: SimpleIndex::new(client.clone(), base), plain_linux: true });
+        let base = format!("{}/", url.trim_end_matches('/'))
+            .parse()
+            .map_err(|_| InputsError::Url { url: url.clone() })?;
+        sources.push(PackageSource::Index {
+            index: SimpleIndex::new(client.clone(), base),
+            plain_linux: true,
+        });
     }
     sources.push(PackageSource::pypi(client.clone()));
-    Ok(LockRequest { target, requirements, sources, redist: Vec::new(), recipe_digest: recipe.digest() })
+    Ok(LockRequest {
+        target,
+        requirements,
+        sources,
+        redist: Vec::new(),
+        recipe_digest: recipe.digest(),
+    })
 }
 
 #[cfg(test)]
@@ -123,23 +174,40 @@ mod tests {
     #[test]
     fn torch_recipes_ask_for_torch_and_packages() {
         let r = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\npackages: [\"numpy==1.26.4\"]\n");
-        assert_eq!(root_requirements(Matrix::embedded(), &r).unwrap(), vec!["torch==2.4.1", "numpy==1.26.4"]);
+        assert_eq!(
+            root_requirements(Matrix::embedded(), &r).unwrap(),
+            vec!["torch==2.4.1", "numpy==1.26.4"]
+        );
     }
 
     #[test]
     fn devel_adds_the_matching_nvcc() {
-        let r = recipe("cuda: { version: \"12.1\", flavor: devel }\ntorch: { version: \"2.4.1\" }\n");
-        assert_eq!(root_requirements(Matrix::embedded(), &r).unwrap(), vec!["torch==2.4.1", "nvidia-cuda-nvcc-cu12==12.1.105"]);
+        let r =
+            recipe("cuda: { version: \"12.1\", flavor: devel }\ntorch: { version: \"2.4.1\" }\n");
+        assert_eq!(
+            root_requirements(Matrix::embedded(), &r).unwrap(),
+            vec!["torch==2.4.1", "nvidia-cuda-nvcc-cu12==12.1.105"]
+        );
     }
 
     #[test]
     fn without_torch_the_cuda_wheels_are_named() {
         let r = recipe("cuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\n");
-        assert_eq!(root_requirements(Matrix::embedded(), &r).unwrap(), vec!["nvidia-cuda-runtime-cu12==12.4.*", "nvidia-cublas-cu12==12.4.*", "nvidia-cudnn-cu12==9.1.0.70"]);
+        assert_eq!(
+            root_requirements(Matrix::embedded(), &r).unwrap(),
+            vec![
+                "nvidia-cuda-runtime-cu12==12.4.*",
+                "nvidia-cublas-cu12==12.4.*",
+                "nvidia-cudnn-cu12==9.1.0.70"
+            ]
+        );
     }
 
     #[test]
     fn lock_path_is_beside_the_recipe() {
-        assert_eq!(lock_path(Path::new("recipes/a.yaml")), PathBuf::from("recipes/a.lock"));
+        assert_eq!(
+            lock_path(Path::new("recipes/a.yaml")),
+            PathBuf::from("recipes/a.lock")
+        );
     }
 }

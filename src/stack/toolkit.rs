@@ -74,12 +74,16 @@ fn destination(member: &str, paths: &ToolkitPaths, flavor: Flavor, cudnn: bool) 
     let home = paths.home();
     let home = home.trim_start_matches('/');
     if let Some(file) = strip("lib/") {
-        return Some(format!("{}/{file}", paths.lib_dir().trim_start_matches('/')));
+        return Some(format!(
+            "{}/{file}",
+            paths.lib_dir().trim_start_matches('/')
+        ));
     }
     // cuDNN's headers belong to its layer whatever the flavor (the audit compares
     // cudnn_version.h with the library); CUDA headers and tools are the devel flavor.
     if let Some(file) = strip("include/") {
-        return (cudnn || flavor == Flavor::Devel).then(|| format!("{}/{file}", paths.include_dir().trim_start_matches('/')));
+        return (cudnn || flavor == Flavor::Devel)
+            .then(|| format!("{}/{file}", paths.include_dir().trim_start_matches('/')));
     }
     if flavor == Flavor::Devel {
         for dir in ["bin/", "nvvm/"] {
@@ -113,7 +117,13 @@ pub fn versioned_name(soname: &str, wheel_version: &str, cudnn: bool) -> Option<
 /// Extract the toolkit part of `wheels` under `root` (a staging directory that becomes one
 /// layer), complete the SONAME chains, and add the top-level links (`lib64`, `include`,
 /// `/usr/local/cuda`) when `top_links` is set.
-pub fn stage(wheels: &[&NvidiaWheel], paths: &ToolkitPaths, flavor: Flavor, top_links: bool, root: &Path) -> Result<Placement, ToolkitError> {
+pub fn stage(
+    wheels: &[&NvidiaWheel],
+    paths: &ToolkitPaths,
+    flavor: Flavor,
+    top_links: bool,
+    root: &Path,
+) -> Result<Placement, ToolkitError> {
     let io_error = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ToolkitError::Io { path, source }
@@ -126,13 +136,36 @@ pub fn stage(wheels: &[&NvidiaWheel], paths: &ToolkitPaths, flavor: Flavor, top_
 
     for wheel in wheels {
         let file = fs_err::File::open(&wheel.path).map_err(io_error(&wheel.path))?;
-        let mut archive = zip::ZipArchive::new(file.into_parts().0).map_err(|source| ToolkitError::Zip { wheel: wheel.path.clone(), source })?;
+        let mut archive =
+            zip::ZipArchive::new(file.into_parts().0).map_err(|source| ToolkitError::Zip {
+                wheel: wheel.path.clone(),
+                source,
+            })?;
         for index in 0..archive.len() {
-            let mut member = archive.by_index(index).map_err(|source| ToolkitError::Zip { wheel: wheel.path.clone(), source })?;
-            let name = member.name().map_err(|source| ToolkitError::Zip { wheel: wheel.path.clone(), source })?.to_string();
-            let Some(relative) = destination(&name, paths, flavor, wheel.is_cudnn()) else { continue };
-            if relative.split('/').any(|part| part == ".." || part.is_empty()) {
-                return Err(ToolkitError::UnsafeMember { wheel: wheel.path.clone(), member: name });
+            let mut member = archive
+                .by_index(index)
+                .map_err(|source| ToolkitError::Zip {
+                    wheel: wheel.path.clone(),
+                    source,
+                })?;
+            let name = member
+                .name()
+                .map_err(|source| ToolkitError::Zip {
+                    wheel: wheel.path.clone(),
+                    source,
+                })?
+                .to_string();
+            let Some(relative) = destination(&name, paths, flavor, wheel.is_cudnn()) else {
+                continue;
+            };
+            if relative
+                .split('/')
+                .any(|part| part == ".." || part.is_empty())
+            {
+                return Err(ToolkitError::UnsafeMember {
+                    wheel: wheel.path.clone(),
+                    member: name,
+                });
             }
             let target = root.join(&relative);
             if let Some(parent) = target.parent() {
@@ -140,10 +173,16 @@ pub fn stage(wheels: &[&NvidiaWheel], paths: &ToolkitPaths, flavor: Flavor, top_
             }
             let mut out = fs_err::File::create(&target).map_err(io_error(&target))?;
             io::copy(&mut member, &mut out).map_err(io_error(&target))?;
-            let executable = member.unix_mode().is_some_and(|mode| mode & 0o111 != 0) || relative.contains("/bin/") || relative.contains("/nvvm/bin/");
+            let executable = member.unix_mode().is_some_and(|mode| mode & 0o111 != 0)
+                || relative.contains("/bin/")
+                || relative.contains("/nvvm/bin/");
             set_mode(&target, if executable { 0o755 } else { 0o644 })?;
             if target.parent() == Some(lib_dir.as_path()) {
-                let file_name = target.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+                let file_name = target
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default()
+                    .to_string();
                 libraries.push((file_name, name.clone(), wheel));
             } else {
                 placement.insert(name, format!("/{relative}"));
@@ -155,7 +194,11 @@ pub fn stage(wheels: &[&NvidiaWheel], paths: &ToolkitPaths, flavor: Flavor, top_
     for (file_name, member, wheel) in &libraries {
         let path = lib_dir.join(file_name);
         let soname = read_elf(&path)?.into_elf().and_then(|info| info.soname);
-        if let Some(versioned) = soname.as_deref().filter(|s| s == file_name).and_then(|s| versioned_name(s, &wheel.version, wheel.is_cudnn())) {
+        if let Some(versioned) = soname
+            .as_deref()
+            .filter(|s| s == file_name)
+            .and_then(|s| versioned_name(s, &wheel.version, wheel.is_cudnn()))
+        {
             let renamed = lib_dir.join(&versioned);
             fs_err::rename(&path, &renamed).map_err(io_error(&path))?;
         }
@@ -170,7 +213,10 @@ pub fn stage(wheels: &[&NvidiaWheel], paths: &ToolkitPaths, flavor: Flavor, top_
 
     if top_links {
         let home = root.join(paths.home().trim_start_matches('/'));
-        for (link, target) in [("lib64", "targets/x86_64-linux/lib"), ("include", "targets/x86_64-linux/include")] {
+        for (link, target) in [
+            ("lib64", "targets/x86_64-linux/lib"),
+            ("include", "targets/x86_64-linux/include"),
+        ] {
             fs_err::create_dir_all(home.join(target)).map_err(io_error(&home))?;
             let path = home.join(link);
             std::os::unix::fs::symlink(target, &path).map_err(io_error(&path))?;
@@ -184,7 +230,12 @@ pub fn stage(wheels: &[&NvidiaWheel], paths: &ToolkitPaths, flavor: Flavor, top_
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), ToolkitError> {
     use std::os::unix::fs::PermissionsExt;
-    fs_err::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|source| ToolkitError::Io { path: path.to_path_buf(), source })
+    fs_err::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|source| {
+        ToolkitError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
 }
 
 #[cfg(test)]
@@ -194,26 +245,95 @@ mod tests {
 
     #[test]
     fn versioned_names_follow_nvidia_archives() {
-        assert_eq!(versioned_name("libcudnn.so.9", "9.1.0.70", true).as_deref(), Some("libcudnn.so.9.1.0"));
-        assert_eq!(versioned_name("libcudnn_ops_infer.so.8", "8.9.2.26", true).as_deref(), Some("libcudnn_ops_infer.so.8.9.2"));
-        assert_eq!(versioned_name("libcudart.so.12", "12.1.105", false).as_deref(), Some("libcudart.so.12.1.105"));
-        assert_eq!(versioned_name("libcufft.so.11", "11.0.2.54", false).as_deref(), Some("libcufft.so.11.0.2.54"));
+        assert_eq!(
+            versioned_name("libcudnn.so.9", "9.1.0.70", true).as_deref(),
+            Some("libcudnn.so.9.1.0")
+        );
+        assert_eq!(
+            versioned_name("libcudnn_ops_infer.so.8", "8.9.2.26", true).as_deref(),
+            Some("libcudnn_ops_infer.so.8.9.2")
+        );
+        assert_eq!(
+            versioned_name("libcudart.so.12", "12.1.105", false).as_deref(),
+            Some("libcudart.so.12.1.105")
+        );
+        assert_eq!(
+            versioned_name("libcufft.so.11", "11.0.2.54", false).as_deref(),
+            Some("libcufft.so.11.0.2.54")
+        );
         assert_eq!(versioned_name("libcufft.so.11", "12.1.0", false), None);
-        assert_eq!(versioned_name("libnccl.so.2", "2.20.5", false).as_deref(), Some("libnccl.so.2.20.5"));
-        assert_eq!(versioned_name("libnvrtc-builtins.so.12.1", "12.1.105", false), None);
+        assert_eq!(
+            versioned_name("libnccl.so.2", "2.20.5", false).as_deref(),
+            Some("libnccl.so.2.20.5")
+        );
+        assert_eq!(
+            versioned_name("libnvrtc-builtins.so.12.1", "12.1.105", false),
+            None
+        );
     }
 
     #[test]
     fn member_destinations_by_flavor() {
-        let paths = ToolkitPaths { cuda: CudaVersion::new(12, 1, None) };
+        let paths = ToolkitPaths {
+            cuda: CudaVersion::new(12, 1, None),
+        };
         let lib = "usr/local/cuda-12.1/targets/x86_64-linux/lib";
-        assert_eq!(destination("nvidia/cudnn/lib/libcudnn.so.9", &paths, Flavor::Runtime, true).unwrap(), format!("{lib}/libcudnn.so.9"));
-        assert_eq!(destination("nvidia/cudnn/include/cudnn_version.h", &paths, Flavor::Runtime, true).unwrap(), "usr/local/cuda-12.1/targets/x86_64-linux/include/cudnn_version.h");
-        assert_eq!(destination("nvidia/cuda_runtime/include/cuda.h", &paths, Flavor::Runtime, false), None);
-        assert!(destination("nvidia/cuda_runtime/include/cuda.h", &paths, Flavor::Devel, false).is_some());
-        assert_eq!(destination("nvidia/cuda_nvcc/bin/nvcc", &paths, Flavor::Devel, false).unwrap(), "usr/local/cuda-12.1/bin/nvcc");
-        assert_eq!(destination("nvidia/cuda_nvcc/bin/nvcc", &paths, Flavor::Runtime, false), None);
-        assert_eq!(destination("nvidia/cudnn/lib/__init__.py", &paths, Flavor::Runtime, true), None);
-        assert_eq!(destination("torch/lib/libtorch.so", &paths, Flavor::Runtime, false), None);
+        assert_eq!(
+            destination(
+                "nvidia/cudnn/lib/libcudnn.so.9",
+                &paths,
+                Flavor::Runtime,
+                true
+            )
+            .unwrap(),
+            format!("{lib}/libcudnn.so.9")
+        );
+        assert_eq!(
+            destination(
+                "nvidia/cudnn/include/cudnn_version.h",
+                &paths,
+                Flavor::Runtime,
+                true
+            )
+            .unwrap(),
+            "usr/local/cuda-12.1/targets/x86_64-linux/include/cudnn_version.h"
+        );
+        assert_eq!(
+            destination(
+                "nvidia/cuda_runtime/include/cuda.h",
+                &paths,
+                Flavor::Runtime,
+                false
+            ),
+            None
+        );
+        assert!(destination(
+            "nvidia/cuda_runtime/include/cuda.h",
+            &paths,
+            Flavor::Devel,
+            false
+        )
+        .is_some());
+        assert_eq!(
+            destination("nvidia/cuda_nvcc/bin/nvcc", &paths, Flavor::Devel, false).unwrap(),
+            "usr/local/cuda-12.1/bin/nvcc"
+        );
+        assert_eq!(
+            destination("nvidia/cuda_nvcc/bin/nvcc", &paths, Flavor::Runtime, false),
+            None
+        );
+        assert_eq!(
+            destination(
+                "nvidia/cudnn/lib/__init__.py",
+                &paths,
+                Flavor::Runtime,
+                true
+            ),
+            None
+        );
+        assert_eq!(
+            destination("torch/lib/libtorch.so", &paths, Flavor::Runtime, false),
+            None
+        );
     }
 }
