@@ -408,7 +408,7 @@ fn pin_mismatch_is_found() {
 }
 
 #[test]
-fn stubs_are_not_duplicates_and_wrong_class_does_not_satisfy() {
+fn link_time_stubs_are_not_duplicates() {
     if skip_without_gcc() {
         return;
     }

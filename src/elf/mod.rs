@@ -315,8 +315,8 @@ fn split_path_list(value: &str) -> Vec<String> {
         .collect()
 }
 
-fn parse<'data, Elf>(
-    data: &'data ReadCache<impl object::read::ReadCacheOps>,
+fn parse<Elf>(
+    data: &ReadCache<impl object::read::ReadCacheOps>,
     class: ElfClass,
 ) -> object::read::Result<ElfInfo>
 where
