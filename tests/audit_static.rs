@@ -8,6 +8,7 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 use cudastack::audit::{audit, AuditOptions, AuditReport, FindingKind};
+use cudastack::elf::read_elf;
 use elf_support::{bare_lib, build, skip_without_gcc, Lib};
 
 const TOOLKIT_LIB: &str = "usr/local/cuda-12.1/targets/x86_64-linux/lib";
@@ -81,7 +82,7 @@ fn clean_root(outside: &Path) -> PathBuf {
         vec![cudnn, stub, conf],
         Some("/usr/local/cuda/lib64"),
     );
-    build(
+    let exe = build(
         &root.join("opt/app/bin"),
         &Lib {
             file: "app",
@@ -92,6 +93,16 @@ fn clean_root(outside: &Path) -> PathBuf {
             ..Default::default()
         },
     );
+    // The program interpreter gcc wrote, copied from this machine (a real ld.so).
+    let interpreter = read_elf(&exe)
+        .unwrap()
+        .into_elf()
+        .unwrap()
+        .interpreter
+        .unwrap();
+    let target = root.join(interpreter.trim_start_matches('/'));
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    std::fs::copy(&interpreter, &target).unwrap();
     write(
         &root,
         &format!("{SITE}/nvidia_cudnn_cu12-9.1.0.70.dist-info/METADATA"),
@@ -128,7 +139,8 @@ fn clean_tree_passes() {
     let root = clean_root(temp.path());
     let report = audit(&root, &pins()).unwrap();
     assert!(report.is_clean(), "{}", report.render());
-    assert_eq!(report.elf_files, 4, "{}", report.render());
+    // libcudnn, libconf, libapp, app and the interpreter.
+    assert_eq!(report.elf_files, 5, "{}", report.render());
     // libapp: libcudnn.so.9, libcuda.so.1, libconf.so.1; app: libapp.so.1.
     assert_eq!(report.needed_checked, 4);
     assert_eq!(report.distributions, 1);
@@ -422,6 +434,105 @@ fn link_time_stubs_are_not_duplicates() {
         stubs.join("libcudnn.so"),
     )
     .unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    assert!(report.is_clean(), "{}", report.render());
+}
+
+#[test]
+fn missing_interpreter_is_found() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    let interpreter = read_elf(&root.join("opt/app/bin/app"))
+        .unwrap()
+        .into_elf()
+        .unwrap()
+        .interpreter
+        .unwrap();
+    std::fs::remove_file(root.join(interpreter.trim_start_matches('/'))).unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    let finding = only_finding(&report, FindingKind::MissingInterpreter);
+    assert_eq!(finding.paths, vec![PathBuf::from("/opt/app/bin/app")]);
+    assert!(
+        finding.evidence.contains(&interpreter),
+        "{}",
+        finding.evidence
+    );
+}
+
+#[test]
+fn missing_symbol_version_is_found() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    let script_v2 =
+        "VERS_1.0 { global: old_fn; local: *; };\nVERS_2.0 { global: new_fn; } VERS_1.0;\n";
+    let newer = build(
+        &temp.path().join("build"),
+        &Lib {
+            file: "libver.so.1",
+            soname: Some("libver.so.1"),
+            source: "int old_fn(void) { return 1; }\nint new_fn(void) { return 2; }\n",
+            version_script: Some(script_v2),
+            nostdlib: true,
+            ..Default::default()
+        },
+    );
+    let newer_copy = newer.clone();
+    // The image holds the older libver, which only defines VERS_1.0 ...
+    let older_dir = root.join("opt/user/lib");
+    build(
+        &older_dir,
+        &Lib {
+            file: "libver.so.1",
+            soname: Some("libver.so.1"),
+            source: "int old_fn(void) { return 1; }\n",
+            version_script: Some("VERS_1.0 { global: old_fn; local: *; };\n"),
+            nostdlib: true,
+            ..Default::default()
+        },
+    );
+    // ... and a library built against the newer one, calling its VERS_2.0 symbol.
+    build(
+        &older_dir,
+        &Lib {
+            file: "libconsumer.so.1",
+            soname: Some("libconsumer.so.1"),
+            link: vec![newer.clone()],
+            runpath: Some("$ORIGIN"),
+            source: "int new_fn(void);\nint consume(void) { return new_fn(); }\n",
+            nostdlib: true,
+            ..Default::default()
+        },
+    );
+    let report = audit(&root, &pins()).unwrap();
+    let finding = only_finding(&report, FindingKind::MissingSymbolVersion);
+    assert_eq!(
+        finding.paths,
+        vec![
+            PathBuf::from("/opt/user/lib/libconsumer.so.1"),
+            PathBuf::from("/opt/user/lib/libver.so.1"),
+        ]
+    );
+    assert!(
+        finding
+            .evidence
+            .contains("requires version `VERS_2.0` of `libver.so.1`"),
+        "{}",
+        finding.evidence
+    );
+    assert!(
+        finding.evidence.contains("it defines VERS_1.0"),
+        "{}",
+        finding.evidence
+    );
+
+    // With the library it was built against, the requirement is met.
+    std::fs::copy(&newer_copy, older_dir.join("libver.so.1")).unwrap();
     let report = audit(&root, &pins()).unwrap();
     assert!(report.is_clean(), "{}", report.render());
 }

@@ -166,3 +166,58 @@ fn chain_plan_from_real_wheel_style_directory() {
         .unwrap();
     assert_eq!(through_chain.soname.as_deref(), Some("libcublas.so.12"));
 }
+
+#[test]
+fn reads_version_definitions_and_needs() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let provider = build(
+        &temp.path().join("v"),
+        &Lib {
+            file: "libver.so.1",
+            soname: Some("libver.so.1"),
+            source: "int old_fn(void) { return 1; }\nint new_fn(void) { return 2; }\n",
+            version_script: Some(
+                "VERS_1.0 { global: old_fn; local: *; };\nVERS_2.0 { global: new_fn; } VERS_1.0;\n",
+            ),
+            nostdlib: true,
+            ..Default::default()
+        },
+    );
+    let info = read_elf(&provider).unwrap().into_elf().unwrap();
+    assert_eq!(info.version_definitions, vec!["VERS_1.0", "VERS_2.0"]);
+    assert!(info.glibc_provided().is_none());
+
+    let user = build(
+        &temp.path().join("u"),
+        &Lib {
+            file: "libuser.so",
+            soname: Some("libuser.so"),
+            link: vec![provider],
+            source: "int new_fn(void);\nint use(void) { return new_fn(); }\n",
+            nostdlib: true,
+            ..Default::default()
+        },
+    );
+    let info = read_elf(&user).unwrap().into_elf().unwrap();
+    assert_eq!(
+        info.version_needs,
+        vec![cudastack::elf::VersionNeed {
+            file: "libver.so.1".into(),
+            versions: vec!["VERS_2.0".into()]
+        }]
+    );
+
+    // The host's glibc defines its release as the newest GLIBC_ version.
+    let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+    if libc.exists() {
+        let info = read_elf(libc).unwrap().into_elf().unwrap();
+        let provided = info.glibc_provided().unwrap();
+        assert!(provided >= "2.17".parse().unwrap(), "{provided}");
+        assert!(info
+            .version_definitions
+            .contains(&"GLIBC_2.2.5".to_string()));
+    }
+}

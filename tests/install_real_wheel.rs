@@ -10,13 +10,15 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 use cudastack::audit::rootfs::{resolve_in_root, Resolution};
-use cudastack::audit::{audit, AuditOptions, FindingKind};
+use cudastack::audit::{audit, image_glibc, AuditOptions, FindingKind};
 use cudastack::digest::Digest;
 use cudastack::elf::chain::plan_for_dir;
 use cudastack::elf::read_elf;
 use cudastack::install::dedup::{plan_one_copy, Keep};
 use cudastack::install::record::parse_record;
-use cudastack::install::{apply_entries, install_wheel, InstallOptions, PythonVersion, Scheme};
+use cudastack::install::{
+    apply_entries, install_wheel, InstallOptions, PythonVersion, Scheme, WheelName,
+};
 
 const FILE: &str = "nvidia_cuda_runtime_cu12-12.1.105-py3-none-manylinux1_x86_64.whl";
 /// From PyPI's simple index (PEP 691 JSON) for this file.
@@ -174,6 +176,11 @@ fn real_cuda_runtime_wheel_installs_audits_and_merges() {
     let report = audit(&root, &audit_options).unwrap();
     assert!(report.is_clean(), "{}", report.render());
     assert!(report.elf_files > GLIBC_BASE.len());
+    let image_glibc = image_glibc(&root).unwrap().expect("the base has a glibc");
+    eprintln!("image glibc {image_glibc}");
+    assert!(min_glibc <= image_glibc);
+    let wheel_name: WheelName = FILE.parse().unwrap();
+    assert!(wheel_name.glibc_floor().unwrap() <= image_glibc);
 
     // A toolkit copy of the same library (redist naming, chain as links): two copies.
     let toolkit = host(&root, TOOLKIT_LIB);

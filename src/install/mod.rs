@@ -334,6 +334,38 @@ impl FromStr for WheelName {
     }
 }
 
+impl WheelName {
+    /// The oldest glibc this wheel's platform tag promises to run on (PEP 513/571/599/600:
+    /// manylinux1 = 2.5, manylinux2010 = 2.12, manylinux2014 = 2.17, manylinux_X_Y = X.Y).
+    /// With a compressed tag set (`a.b`) the most permissive tag wins. None for pure wheels,
+    /// musllinux and plain `linux_*` tags.
+    pub fn glibc_floor(&self) -> Option<crate::elf::GlibcVersion> {
+        use crate::elf::GlibcVersion;
+        let version = |major, minor| GlibcVersion {
+            major,
+            minor,
+            patch: 0,
+        };
+        self.platform_tag
+            .split('.')
+            .filter_map(|tag| {
+                if tag.starts_with("manylinux1_") {
+                    Some(version(2, 5))
+                } else if tag.starts_with("manylinux2010_") {
+                    Some(version(2, 12))
+                } else if tag.starts_with("manylinux2014_") {
+                    Some(version(2, 17))
+                } else {
+                    let mut parts = tag.strip_prefix("manylinux_")?.splitn(3, '_');
+                    let major = parts.next()?.parse().ok()?;
+                    let minor = parts.next()?.parse().ok()?;
+                    Some(version(major, minor))
+                }
+            })
+            .min()
+    }
+}
+
 /// PEP 503 normalisation: lowercase, runs of `-_.` become `-`.
 pub fn normalize_name(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
@@ -1116,6 +1148,17 @@ mod tests {
         let built: WheelName = "a-1.0-2-py3-none-any.whl".parse().unwrap();
         assert_eq!(built.build.as_deref(), Some("2"));
         assert!("a-1.0.whl".parse::<WheelName>().is_err());
+        assert_eq!(name.glibc_floor().unwrap().to_string(), "2.5");
+        let torch: WheelName = "torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl"
+            .parse()
+            .unwrap();
+        assert_eq!(torch.glibc_floor().unwrap().to_string(), "2.5");
+        let tagged: WheelName = "x-1-cp311-cp311-manylinux_2_28_x86_64.manylinux2014_x86_64.whl"
+            .parse()
+            .unwrap();
+        assert_eq!(tagged.glibc_floor().unwrap().to_string(), "2.17");
+        let pure: WheelName = "x-1-py3-none-any.whl".parse().unwrap();
+        assert!(pure.glibc_floor().is_none());
         assert_eq!(normalize_name("Nvidia_CUDNN.cu12"), "nvidia-cudnn-cu12");
     }
 
