@@ -536,3 +536,29 @@ fn missing_symbol_version_is_found() {
     let report = audit(&root, &pins()).unwrap();
     assert!(report.is_clean(), "{}", report.render());
 }
+
+/// Audit a real root given by `CUDASTACK_AUDIT_ROOT` (e.g. an mmdebstrap'd Debian, or an
+/// unpacked image) and print the report; with `CUDASTACK_AUDIT_EXPECT_CLEAN=1` it must be
+/// clean. `cargo test --test audit_static audit_root_from_env -- --ignored --nocapture`.
+#[test]
+#[ignore = "needs CUDASTACK_AUDIT_ROOT pointing at an assembled root"]
+fn audit_root_from_env() {
+    let Some(root) = std::env::var_os("CUDASTACK_AUDIT_ROOT") else {
+        eprintln!("SKIP: CUDASTACK_AUDIT_ROOT is not set");
+        return;
+    };
+    let options = AuditOptions::default().with_ld_library_path(
+        &std::env::var("CUDASTACK_AUDIT_LD_LIBRARY_PATH").unwrap_or_default(),
+    );
+    let started = std::time::Instant::now();
+    let report = audit(Path::new(&root), &options).unwrap();
+    eprintln!("{}", report.render());
+    eprintln!(
+        "audit took {:.2?}; image glibc {:?}",
+        started.elapsed(),
+        cudastack::audit::image_glibc(Path::new(&root)).unwrap()
+    );
+    if std::env::var("CUDASTACK_AUDIT_EXPECT_CLEAN").as_deref() == Ok("1") {
+        assert!(report.is_clean());
+    }
+}

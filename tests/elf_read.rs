@@ -221,3 +221,61 @@ fn reads_version_definitions_and_needs() {
             .contains(&"GLIBC_2.2.5".to_string()));
     }
 }
+
+/// A `Read + Seek` that counts the bytes read, to prove large libraries are not read whole.
+struct CountingReader {
+    inner: std::fs::File,
+    bytes: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl std::io::Read for CountingReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes.set(self.bytes.get() + n as u64);
+        Ok(n)
+    }
+}
+
+impl std::io::Seek for CountingReader {
+    fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
+        self.inner.seek(pos)
+    }
+}
+
+#[test]
+fn large_libraries_are_not_read_whole() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    // 64 MiB of initialised data, like the device code in a CUDA library.
+    let big = build(
+        temp.path(),
+        &Lib {
+            file: "libbig.so.1",
+            soname: Some("libbig.so.1"),
+            runpath: Some("$ORIGIN"),
+            source: "char payload[64 << 20] = {1};\nint first(void) { return payload[0]; }\n",
+            ..Default::default()
+        },
+    );
+    let size = std::fs::metadata(&big).unwrap().len();
+    assert!(size > 64 << 20);
+    let bytes = std::rc::Rc::new(std::cell::Cell::new(0));
+    let reader = CountingReader {
+        inner: std::fs::File::open(&big).unwrap(),
+        bytes: bytes.clone(),
+    };
+    let info = cudastack::elf::read_elf_from(reader, &big)
+        .unwrap()
+        .into_elf()
+        .unwrap();
+    assert_eq!(info.soname.as_deref(), Some("libbig.so.1"));
+    assert_eq!(info.runpath, vec!["$ORIGIN"]);
+    eprintln!("read {} of {size} bytes", bytes.get());
+    assert!(
+        bytes.get() < 1 << 20,
+        "read {} of {size} bytes",
+        bytes.get()
+    );
+}

@@ -218,7 +218,7 @@ fn tampered_member_fails_while_extracting() {
         &RecordTweaks {
             recorded_as: vec![(
                 "demo_pkg/cli.py",
-                b"def main():\n    print('ORIGINAL')\n    return 0\n".as_slice(),
+                b"def main():\n    print('DEMO')\n    return 0\n".as_slice(),
             )],
             ..Default::default()
         },
@@ -230,8 +230,22 @@ fn tampered_member_fails_while_extracting() {
         "{error}"
     );
     let message = error.to_string();
+    let original = b"def main():\n    print('DEMO')\n    return 0\n";
+    let tampered = b"def main():\n    print('demo')\n    return 0\n";
     assert!(
-        message.contains("Expected:") && message.contains("Found:"),
+        message.contains(&format!(
+            "Expected: {} ({} bytes)",
+            Digest::of_bytes(original),
+            original.len()
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!(
+            "Found:    {} ({} bytes)",
+            Digest::of_bytes(tampered),
+            tampered.len()
+        )),
         "{message}"
     );
     // The bad file is not left behind.
@@ -486,4 +500,25 @@ fn matches_pip_byte_for_byte() {
     for (path, (pip_mode, _)) in &pip {
         assert_eq!(ours[path].0 & 0o100, pip_mode & 0o100, "x bit of {path}");
     }
+}
+
+#[test]
+fn recorded_size_mismatch_fails_at_planning() {
+    let temp = tempfile::tempdir().unwrap();
+    let wheel = write_wheel(
+        temp.path(),
+        WHEEL,
+        DIST_INFO,
+        &demo_members(),
+        &RecordTweaks {
+            recorded_as: vec![("demo_pkg/__init__.py", b"VERSION = '1.0.0'\n".as_slice())],
+            ..Default::default()
+        },
+    );
+    let error = plan_wheel(&wheel, &options()).unwrap_err();
+    assert!(
+        matches!(&error, InstallError::HashMismatch { member, expected, found, .. }
+            if member == "demo_pkg/__init__.py" && expected == "18 bytes" && found == "16 bytes"),
+        "{error}"
+    );
 }

@@ -527,6 +527,18 @@ impl WheelReader {
     }
 }
 
+/// The error inside the `InvalidData` [`io::Error`] a [`VerifyingReader`] returns.
+#[derive(Debug, thiserror::Error)]
+#[error("`{label}` does not match RECORD\nExpected: {expected}\nFound:    {found}")]
+pub struct MemberMismatch {
+    /// `wheel!member`.
+    pub label: String,
+    /// Digest and size RECORD promises.
+    pub expected: String,
+    /// What the stream held.
+    pub found: String,
+}
+
 /// A reader that hashes what passes through and fails at EOF on a digest or size mismatch.
 pub struct VerifyingReader<R> {
     inner: R,
@@ -541,26 +553,24 @@ impl<R: Read> Read for VerifyingReader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let read = self.inner.read(buf)?;
         self.hasher.update(&buf[..read]);
-        if self.hasher.bytes() > self.expected_size {
-            return Err(io::Error::new(
+        let mismatch = |found: String| {
+            io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!(
-                    "`{}` is longer than the {} bytes RECORD promises",
-                    self.label, self.expected_size
-                ),
-            ));
+                MemberMismatch {
+                    label: self.label.clone(),
+                    expected: format!("{} ({} bytes)", self.expected, self.expected_size),
+                    found,
+                },
+            )
+        };
+        if self.hasher.bytes() > self.expected_size {
+            return Err(mismatch(format!("more than {} bytes", self.expected_size)));
         }
         if read == 0 && !buf.is_empty() && !self.done {
             self.done = true;
             let (digest, size) = std::mem::take(&mut self.hasher).finish();
             if digest != self.expected || size != self.expected_size {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "`{}` does not match RECORD\nExpected: {} ({} bytes)\nFound:    {} ({} bytes)",
-                        self.label, self.expected, self.expected_size, digest, size
-                    ),
-                ));
+                return Err(mismatch(format!("{digest} ({size} bytes)")));
             }
         }
         Ok(read)
@@ -1081,12 +1091,15 @@ pub fn apply_entries(
                 if let Err(error) = io::copy(&mut source, &mut file) {
                     drop(file);
                     let _ = std::fs::remove_file(&host);
-                    return Err(if error.kind() == io::ErrorKind::InvalidData {
+                    let mismatch = error
+                        .get_ref()
+                        .and_then(|inner| inner.downcast_ref::<MemberMismatch>());
+                    return Err(if let Some(mismatch) = mismatch {
                         InstallError::HashMismatch {
                             wheel,
                             member: name.clone(),
-                            expected: format!("{digest} ({size} bytes)"),
-                            found: error.to_string(),
+                            expected: mismatch.expected.clone(),
+                            found: mismatch.found.clone(),
                         }
                     } else {
                         InstallError::ReadMember {
