@@ -214,3 +214,60 @@ fn real_cuda_runtime_wheel_installs_audits_and_merges() {
     let report = audit(&root, &audit_options).unwrap();
     assert!(report.is_clean(), "{}", report.render());
 }
+
+/// Install the real wheel into a real Debian root given by `CUDASTACK_DEBIAN_ROOT` (made with
+/// `mmdebstrap --variant=minbase --include=python3 bookworm DIR`; it is modified), audit it,
+/// and load libcudart through the real loader with the image's own python in a chroot:
+/// `cudaRuntimeGetVersion` needs no GPU. Needs root for chroot.
+/// `CUDASTACK_DEBIAN_ROOT=DIR cargo test --test install_real_wheel -- --ignored --nocapture`
+#[test]
+#[ignore = "needs CUDASTACK_DEBIAN_ROOT (an mmdebstrap'd Debian root) and root for chroot"]
+fn real_wheel_in_a_debian_root_loads_with_the_real_loader() {
+    let Some(root) = std::env::var_os("CUDASTACK_DEBIAN_ROOT").map(PathBuf::from) else {
+        eprintln!("SKIP: CUDASTACK_DEBIAN_ROOT is not set");
+        return;
+    };
+    let Some(wheel) = wheel() else { return };
+    let python: PythonVersion = "3.11".parse().unwrap();
+    let options = InstallOptions::new(Scheme::debian_local(python));
+    let started = std::time::Instant::now();
+    let plan = install_wheel(&wheel, &options, &root).unwrap();
+    eprintln!(
+        "installed {} entries in {:.2?}",
+        plan.entries.len(),
+        started.elapsed()
+    );
+    let lib_dir = "/usr/local/lib/python3.11/dist-packages/nvidia/cuda_runtime/lib";
+    for (link, target) in plan_for_dir(&host(&root, lib_dir)).unwrap() {
+        if !link.exists() {
+            symlink(target, link).unwrap();
+        }
+    }
+    let report = audit(
+        &root,
+        &AuditOptions {
+            pins: BTreeMap::from([(
+                "nvidia-cuda-runtime-cu12".to_string(),
+                "12.1.105".to_string(),
+            )]),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    eprintln!("{}", report.render());
+    assert!(report.is_clean());
+    let script = "import ctypes, importlib.metadata as m, nvidia.cuda_runtime, os\n\
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(nvidia.cuda_runtime.__file__), 'lib', 'libcudart.so'))\n\
+        v = ctypes.c_int()\n\
+        assert lib.cudaRuntimeGetVersion(ctypes.byref(v)) == 0\n\
+        print(v.value, m.version('nvidia-cuda-runtime-cu12'), [f for f in m.files('nvidia-cuda-runtime-cu12') if f.name == 'INSTALLER'][0].read_text().strip())\n";
+    let output = std::process::Command::new("chroot")
+        .arg(&root)
+        .args(["/usr/bin/python3", "-c", script])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success());
+    assert_eq!(stdout.trim(), "12010 12.1.105 cudastack");
+}
