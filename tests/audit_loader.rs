@@ -71,7 +71,11 @@ fn base_root(temp: &Path) -> PathBuf {
 /// What ld.so says about loading `libraries` (image paths) in the root.
 fn loader(root: &Path, ld_library_path: Option<&str>, libraries: &[&str]) -> String {
     let mut command = Command::new(which("chroot").expect("chroot is installed"));
-    command.env_clear().arg(root).arg("/usr/bin/probe").args(libraries);
+    command
+        .env_clear()
+        .arg(root)
+        .arg("/usr/bin/probe")
+        .args(libraries);
     if let Some(value) = ld_library_path {
         command.env("LD_LIBRARY_PATH", value);
     }

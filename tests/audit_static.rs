@@ -562,3 +562,51 @@ fn audit_root_from_env() {
         assert!(report.is_clean());
     }
 }
+
+#[test]
+fn pins_read_from_the_installed_framework() {
+    if skip_without_gcc() {
+        return;
+    }
+    use cudastack::audit::pins::{linux_environment, pins_of_installed};
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    write(
+        &root,
+        &format!("{SITE}/torch-2.4.1.dist-info/METADATA"),
+        "Metadata-Version: 2.1\nName: torch\nVersion: 2.4.1\nRequires-Dist: filelock\nRequires-Dist: nvidia-cudnn-cu12==9.1.0.70; platform_system == \"Linux\" and platform_machine == \"x86_64\"\n",
+    );
+    let environment = linux_environment("3.11".parse().unwrap(), "x86_64");
+    let site = Path::new("/").join(SITE);
+    let pins = pins_of_installed(&root, &site, "torch", &environment)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        pins,
+        BTreeMap::from([("nvidia-cudnn-cu12".to_string(), "9.1.0.70".to_string())])
+    );
+    assert!(pins_of_installed(&root, &site, "jax", &environment)
+        .unwrap()
+        .is_none());
+    let options = AuditOptions {
+        pins,
+        ..Default::default()
+    };
+    assert!(audit(&root, &options).unwrap().is_clean());
+
+    // A different cuDNN wheel swapped in: the pin catches it (and the version sources disagree).
+    std::fs::remove_dir_all(root.join(SITE).join("nvidia_cudnn_cu12-9.1.0.70.dist-info")).unwrap();
+    write(
+        &root,
+        &format!("{SITE}/nvidia_cudnn_cu12-9.3.0.75.dist-info/METADATA"),
+        "Metadata-Version: 2.1\nName: nvidia-cudnn-cu12\nVersion: 9.3.0.75\n",
+    );
+    let report = audit(&root, &options).unwrap();
+    let kinds: Vec<_> = report.findings.iter().map(|f| f.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![FindingKind::CudnnVersionMismatch, FindingKind::PinMismatch],
+        "{}",
+        report.render()
+    );
+}

@@ -522,3 +522,35 @@ fn recorded_size_mismatch_fails_at_planning() {
         "{error}"
     );
 }
+
+/// A layer writer's view: stream every file entry of a plan straight from the wheel, without
+/// staging on disk, and get the same bytes install_to_dir writes.
+#[test]
+fn plan_entries_stream_without_extraction() {
+    use std::io::Read;
+    let temp = tempfile::tempdir().unwrap();
+    let wheel = write_wheel(
+        temp.path(),
+        WHEEL,
+        DIST_INFO,
+        &demo_members(),
+        &RecordTweaks::default(),
+    );
+    let root = temp.path().join("root");
+    let plan = install_wheel(&wheel, &options(), &root).unwrap();
+    let mut reader = cudastack::install::WheelReader::open(&wheel).unwrap();
+    let mut files = 0;
+    for entry in &plan.entries {
+        let Some(mut stream) = reader.open_content(&entry.content).unwrap() else {
+            continue;
+        };
+        let mut bytes = Vec::new();
+        stream.read_to_end(&mut bytes).unwrap();
+        assert_eq!(Some(bytes.len() as u64), entry.content.size());
+        let on_disk = std::fs::read(root.join(entry.path.strip_prefix("/").unwrap())).unwrap();
+        assert_eq!(bytes, on_disk, "{}", entry.path.display());
+        files += 1;
+    }
+    // 9 wheel files, 2 launchers, INSTALLER and RECORD.
+    assert_eq!(files, 13);
+}

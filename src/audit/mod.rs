@@ -23,6 +23,7 @@
 //! it lies in the tree (not the path it was opened through), the RPATH of the loading
 //! executable is not inherited, and `$LIB`/`$PLATFORM` are not expanded.
 
+pub mod pins;
 pub mod rootfs;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
