@@ -271,3 +271,59 @@ fn real_wheel_in_a_debian_root_loads_with_the_real_loader() {
     assert!(output.status.success());
     assert_eq!(stdout.trim(), "12010 12.1.105 cudastack");
 }
+
+/// Install any wheels named by `CUDASTACK_WHEELS` (`:`-separated paths) into
+/// `CUDASTACK_INSTALL_ROOT`, complete the SONAME chains of every `nvidia/*/lib`, audit the
+/// root with the pins of the installed distributions themselves, and print timings.
+/// For one-off checks on wheels too big for CI (nvidia-cudnn-cu12 is ~700 MB):
+/// `CUDASTACK_WHEELS=... CUDASTACK_INSTALL_ROOT=... cargo test --test install_real_wheel install_wheels_from_env -- --ignored --nocapture`
+#[test]
+#[ignore = "needs CUDASTACK_WHEELS and CUDASTACK_INSTALL_ROOT"]
+fn install_wheels_from_env() {
+    let (Some(wheels), Some(root)) = (
+        std::env::var_os("CUDASTACK_WHEELS"),
+        std::env::var_os("CUDASTACK_INSTALL_ROOT").map(PathBuf::from),
+    ) else {
+        eprintln!("SKIP: CUDASTACK_WHEELS / CUDASTACK_INSTALL_ROOT are not set");
+        return;
+    };
+    let mut pins = BTreeMap::new();
+    for wheel in std::env::split_paths(&wheels) {
+        let started = std::time::Instant::now();
+        let plan = install_wheel(&wheel, &options(), &root).unwrap();
+        let bytes: u64 = plan.entries.iter().filter_map(|e| e.content.size()).sum();
+        eprintln!(
+            "{} {}: {} entries, {bytes} bytes in {:.2?}",
+            plan.project_name,
+            plan.version,
+            plan.entries.len(),
+            started.elapsed()
+        );
+        pins.insert(plan.project_name.clone(), plan.version.clone());
+    }
+    let nvidia = host(&root, &format!("{SITE}/nvidia"));
+    if let Ok(packages) = std::fs::read_dir(&nvidia) {
+        let mut lib_dirs: Vec<PathBuf> = packages
+            .filter_map(Result::ok)
+            .map(|entry| entry.path().join("lib"))
+            .filter(|dir| dir.is_dir())
+            .collect();
+        lib_dirs.sort();
+        for dir in lib_dirs {
+            for (link, target) in plan_for_dir(&dir).unwrap() {
+                eprintln!("link {} -> {target}", link.display());
+                symlink(target, link).unwrap();
+            }
+        }
+    }
+    let started = std::time::Instant::now();
+    let report = audit(
+        &root,
+        &AuditOptions {
+            pins,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    eprintln!("{}audit took {:.2?}", report.render(), started.elapsed());
+}

@@ -554,3 +554,28 @@ fn plan_entries_stream_without_extraction() {
     // 9 wheel files, 2 launchers, INSTALLER and RECORD.
     assert_eq!(files, 13);
 }
+
+/// A symlinked directory in the target root (e.g. a base image's `/usr/local/lib -> ...`)
+/// could redirect writes outside the root: the installer refuses and writes nothing there.
+#[test]
+fn refuses_to_write_through_symlinks_in_the_root() {
+    let temp = tempfile::tempdir().unwrap();
+    let wheel = write_wheel(
+        temp.path(),
+        WHEEL,
+        DIST_INFO,
+        &demo_members(),
+        &RecordTweaks::default(),
+    );
+    let outside = temp.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let root = temp.path().join("root");
+    std::fs::create_dir_all(root.join("usr/local")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("usr/local/lib")).unwrap();
+    let error = install_wheel(&wheel, &options(), &root).unwrap_err();
+    assert!(
+        matches!(&error, InstallError::SymlinkInRoot { symlink, .. } if symlink == Path::new("/usr/local/lib")),
+        "{error}"
+    );
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+}

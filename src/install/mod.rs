@@ -1075,8 +1075,17 @@ pub fn apply_entries(
         if let Some(parent) = host.parent() {
             std::fs::create_dir_all(parent).map_err(write_error)?;
         }
-        match &entry.content {
-            EntryContent::Directory => {
+        // A symlink where the plan wants a directory belongs to the base (e.g. a merged-usr
+        // `/lib`): never replace it. A directory where the plan wants a file is replaced only
+        // when empty.
+        match (&entry.content, &existing) {
+            (EntryContent::Directory, Some(metadata)) if metadata.file_type().is_symlink() => {
+                return Err(InstallError::SymlinkInRoot {
+                    path: entry.path.clone(),
+                    symlink: entry.path.clone(),
+                });
+            }
+            (EntryContent::Directory, _) => {
                 if existing.as_ref().is_some_and(|m| !m.is_dir()) {
                     std::fs::remove_file(&host).map_err(write_error)?;
                 }
@@ -1085,15 +1094,11 @@ pub fn apply_entries(
                     .map_err(write_error)?;
                 continue;
             }
-            _ => {
-                if let Some(metadata) = &existing {
-                    if metadata.is_dir() {
-                        std::fs::remove_dir_all(&host).map_err(write_error)?;
-                    } else {
-                        std::fs::remove_file(&host).map_err(write_error)?;
-                    }
-                }
+            (_, Some(metadata)) if metadata.is_dir() => {
+                std::fs::remove_dir(&host).map_err(write_error)?;
             }
+            (_, Some(_)) => std::fs::remove_file(&host).map_err(write_error)?,
+            (_, None) => {}
         }
         match &entry.content {
             EntryContent::Directory => unreachable!("handled above"),
