@@ -579,3 +579,28 @@ fn refuses_to_write_through_symlinks_in_the_root() {
     );
     assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
 }
+
+#[test]
+fn interpreter_must_fit_a_shebang() {
+    let temp = tempfile::tempdir().unwrap();
+    let wheel = write_wheel(
+        temp.path(),
+        WHEEL,
+        DIST_INFO,
+        &demo_members(),
+        &RecordTweaks::default(),
+    );
+    for python in [
+        "python3",
+        "/opt/my python/bin/python3",
+        &format!("/{}", "p".repeat(130)),
+    ] {
+        let mut options = options();
+        options.python = python.to_string();
+        let error = plan_wheel(&wheel, &options).unwrap_err();
+        assert!(
+            matches!(error, InstallError::BadInterpreter { .. }),
+            "{python}: {error}"
+        );
+    }
+}

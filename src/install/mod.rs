@@ -12,6 +12,12 @@
 //! stream either consumer reads member bytes through. Nothing here depends on the clock or on
 //! the zip's member order: the same wheel and options always give the same plan and bytes.
 //!
+//! Not done, on purpose: bytecode compilation (like `pip install --no-compile`; the image
+//! has no Python at build time, and CPython writes `__pycache__` on first import), and
+//! dependency resolution (the lock file names every wheel). SONAME links for the wheel's
+//! libraries need their ELF headers, which a compressed zip member cannot be seeked for:
+//! run [`crate::elf::chain::plan_for_dir`] on the installed directory.
+//!
 //! [`dedup`] plans "one copy of every library" between the nvidia-* wheels and the toolkit.
 
 pub mod dedup;
@@ -145,6 +151,8 @@ pub enum InstallError {
     SymlinkInRoot { path: PathBuf, symlink: PathBuf },
     #[error("install path `{path}` is not an absolute, normalised image path")]
     BadDestination { path: PathBuf },
+    #[error("python interpreter `{python}` cannot be a shebang: it must be an absolute path of at most 127 bytes without whitespace")]
+    BadInterpreter { python: String },
 }
 
 /// A Python `major.minor` version, e.g. `3.11`.
@@ -633,6 +641,15 @@ pub fn plan_with_reader(
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_default();
     let wheel_name: WheelName = file_name.parse()?;
+    // Linux reads at most 127 bytes of a shebang and splits it at whitespace.
+    if !options.python.starts_with('/')
+        || options.python.len() > 127
+        || options.python.chars().any(char::is_whitespace)
+    {
+        return Err(InstallError::BadInterpreter {
+            python: options.python.clone(),
+        });
+    }
     for dir in [
         &options.scheme.purelib,
         &options.scheme.platlib,
