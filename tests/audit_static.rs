@@ -610,3 +610,45 @@ fn pins_read_from_the_installed_framework() {
         report.render()
     );
 }
+
+#[test]
+fn preloaded_sonames_count_when_the_image_holds_one_copy() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    // Like nvidia/cusolver needing libcublas.so.12 with no RUNPATH to it: torch preloads it.
+    let cublas = bare_lib(
+        &root.join("opt/nv/cublas/lib"),
+        "libcublas.so.12",
+        "libcublas.so.12",
+        vec![],
+        None,
+    );
+    bare_lib(
+        &root.join("opt/nv/cusolver/lib"),
+        "libcusolver.so.11",
+        "libcusolver.so.11",
+        vec![cublas.clone()],
+        None,
+    );
+    let report = audit(&root, &pins()).unwrap();
+    only_finding(&report, FindingKind::UnresolvedNeeded);
+
+    let mut options = pins();
+    options.preloaded.insert("libcublas.so.12".to_string());
+    assert!(audit(&root, &options).unwrap().is_clean());
+
+    // With two copies of the preloaded library, which one loads first is not known.
+    std::fs::create_dir_all(root.join("opt/other")).unwrap();
+    std::fs::copy(&cublas, root.join("opt/other/libcublas.so.12")).unwrap();
+    let report = audit(&root, &options).unwrap();
+    let kinds: Vec<_> = report.findings.iter().map(|f| f.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![FindingKind::UnresolvedNeeded, FindingKind::DuplicateSoname],
+        "{}",
+        report.render()
+    );
+}

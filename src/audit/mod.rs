@@ -7,7 +7,8 @@
 //!   is no `DT_RUNPATH`), `LD_LIBRARY_PATH` (from the image config), `DT_RUNPATH` (`$ORIGIN`
 //!   expanded), the `/etc/ld.so.conf(.d)` directories inside the root, then the default
 //!   directories. Libraries the NVIDIA container runtime injects from the host driver are
-//!   exempt ([`is_driver_library`]);
+//!   exempt ([`is_driver_library`]), and so are SONAMEs the caller declares preloaded
+//!   ([`AuditOptions::preloaded`]) when the image holds exactly one copy;
 //! - the library a NEEDED resolved to defines every symbol version required from it
 //!   (`GLIBC_2.34`: the "version not found" load failure), and every executable's program
 //!   interpreter exists;
@@ -21,7 +22,8 @@
 //! digests only for the duplicate copies it reports. Simplifications against glibc, chosen
 //! because cudastack images do not depend on them: `$ORIGIN` is the directory of the file as
 //! it lies in the tree (not the path it was opened through), the RPATH of the loading
-//! executable is not inherited, and `$LIB`/`$PLATFORM` are not expanded.
+//! executable is not inherited, an already-loaded object with a matching SONAME is not
+//! reused unless declared preloaded, and `$LIB`/`$PLATFORM` are not expanded.
 
 pub mod pins;
 pub mod rootfs;
@@ -70,6 +72,12 @@ pub struct AuditOptions {
     /// Expected distribution versions: project name -> version (e.g. from torch's
     /// `Requires-Dist: nvidia-cudnn-cu12==9.1.0.70`).
     pub pins: BTreeMap<String, String>,
+    /// SONAMEs the application loads itself before the libraries that need them (torch's
+    /// `_preload_cuda_deps` loads e.g. `libcublas.so.12` by path, and ld.so then satisfies
+    /// any later NEEDED on that SONAME with the loaded copy). A NEEDED on one of these counts
+    /// as resolved when exactly one real file in the image provides the SONAME; otherwise it
+    /// is still a finding.
+    pub preloaded: BTreeSet<String>,
 }
 
 impl AuditOptions {
@@ -668,6 +676,11 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
                 found = auditor.try_dir(dir, needed, info.class, info.machine)?;
                 if found.is_some() {
                     break;
+                }
+            }
+            if found.is_none() && options.preloaded.contains(needed) {
+                if let Some([only]) = providers.get(needed).map(Vec::as_slice) {
+                    found = Some(only.clone());
                 }
             }
             if let Some(resolved) = found {
