@@ -8,6 +8,7 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 use cudastack::audit::{audit, AuditOptions, AuditReport, FindingKind};
+use cudastack::elf::read_elf;
 use elf_support::{bare_lib, build, skip_without_gcc, Lib};
 
 const TOOLKIT_LIB: &str = "usr/local/cuda-12.1/targets/x86_64-linux/lib";
@@ -81,7 +82,7 @@ fn clean_root(outside: &Path) -> PathBuf {
         vec![cudnn, stub, conf],
         Some("/usr/local/cuda/lib64"),
     );
-    build(
+    let exe = build(
         &root.join("opt/app/bin"),
         &Lib {
             file: "app",
@@ -92,6 +93,16 @@ fn clean_root(outside: &Path) -> PathBuf {
             ..Default::default()
         },
     );
+    // The program interpreter gcc wrote, copied from this machine (a real ld.so).
+    let interpreter = read_elf(&exe)
+        .unwrap()
+        .into_elf()
+        .unwrap()
+        .interpreter
+        .unwrap();
+    let target = root.join(interpreter.trim_start_matches('/'));
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    std::fs::copy(&interpreter, &target).unwrap();
     write(
         &root,
         &format!("{SITE}/nvidia_cudnn_cu12-9.1.0.70.dist-info/METADATA"),
@@ -128,7 +139,8 @@ fn clean_tree_passes() {
     let root = clean_root(temp.path());
     let report = audit(&root, &pins()).unwrap();
     assert!(report.is_clean(), "{}", report.render());
-    assert_eq!(report.elf_files, 4, "{}", report.render());
+    // libcudnn, libconf, libapp, app and the interpreter.
+    assert_eq!(report.elf_files, 5, "{}", report.render());
     // libapp: libcudnn.so.9, libcuda.so.1, libconf.so.1; app: libapp.so.1.
     assert_eq!(report.needed_checked, 4);
     assert_eq!(report.distributions, 1);
@@ -408,7 +420,7 @@ fn pin_mismatch_is_found() {
 }
 
 #[test]
-fn stubs_are_not_duplicates_and_wrong_class_does_not_satisfy() {
+fn link_time_stubs_are_not_duplicates() {
     if skip_without_gcc() {
         return;
     }
@@ -424,4 +436,219 @@ fn stubs_are_not_duplicates_and_wrong_class_does_not_satisfy() {
     .unwrap();
     let report = audit(&root, &pins()).unwrap();
     assert!(report.is_clean(), "{}", report.render());
+}
+
+#[test]
+fn missing_interpreter_is_found() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    let interpreter = read_elf(&root.join("opt/app/bin/app"))
+        .unwrap()
+        .into_elf()
+        .unwrap()
+        .interpreter
+        .unwrap();
+    std::fs::remove_file(root.join(interpreter.trim_start_matches('/'))).unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    let finding = only_finding(&report, FindingKind::MissingInterpreter);
+    assert_eq!(finding.paths, vec![PathBuf::from("/opt/app/bin/app")]);
+    assert!(
+        finding.evidence.contains(&interpreter),
+        "{}",
+        finding.evidence
+    );
+}
+
+#[test]
+fn missing_symbol_version_is_found() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    let script_v2 =
+        "VERS_1.0 { global: old_fn; local: *; };\nVERS_2.0 { global: new_fn; } VERS_1.0;\n";
+    let newer = build(
+        &temp.path().join("build"),
+        &Lib {
+            file: "libver.so.1",
+            soname: Some("libver.so.1"),
+            source: "int old_fn(void) { return 1; }\nint new_fn(void) { return 2; }\n",
+            version_script: Some(script_v2),
+            nostdlib: true,
+            ..Default::default()
+        },
+    );
+    let newer_copy = newer.clone();
+    // The image holds the older libver, which only defines VERS_1.0 ...
+    let older_dir = root.join("opt/user/lib");
+    build(
+        &older_dir,
+        &Lib {
+            file: "libver.so.1",
+            soname: Some("libver.so.1"),
+            source: "int old_fn(void) { return 1; }\n",
+            version_script: Some("VERS_1.0 { global: old_fn; local: *; };\n"),
+            nostdlib: true,
+            ..Default::default()
+        },
+    );
+    // ... and a library built against the newer one, calling its VERS_2.0 symbol.
+    build(
+        &older_dir,
+        &Lib {
+            file: "libconsumer.so.1",
+            soname: Some("libconsumer.so.1"),
+            link: vec![newer.clone()],
+            runpath: Some("$ORIGIN"),
+            source: "int new_fn(void);\nint consume(void) { return new_fn(); }\n",
+            nostdlib: true,
+            ..Default::default()
+        },
+    );
+    let report = audit(&root, &pins()).unwrap();
+    let finding = only_finding(&report, FindingKind::MissingSymbolVersion);
+    assert_eq!(
+        finding.paths,
+        vec![
+            PathBuf::from("/opt/user/lib/libconsumer.so.1"),
+            PathBuf::from("/opt/user/lib/libver.so.1"),
+        ]
+    );
+    assert!(
+        finding
+            .evidence
+            .contains("requires version `VERS_2.0` of `libver.so.1`"),
+        "{}",
+        finding.evidence
+    );
+    assert!(
+        finding.evidence.contains("it defines VERS_1.0"),
+        "{}",
+        finding.evidence
+    );
+
+    // With the library it was built against, the requirement is met.
+    std::fs::copy(&newer_copy, older_dir.join("libver.so.1")).unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    assert!(report.is_clean(), "{}", report.render());
+}
+
+/// Audit a real root given by `CUDASTACK_AUDIT_ROOT` (e.g. an mmdebstrap'd Debian, or an
+/// unpacked image) and print the report; with `CUDASTACK_AUDIT_EXPECT_CLEAN=1` it must be
+/// clean. `cargo test --test audit_static audit_root_from_env -- --ignored --nocapture`.
+#[test]
+#[ignore = "needs CUDASTACK_AUDIT_ROOT pointing at an assembled root"]
+fn audit_root_from_env() {
+    let Some(root) = std::env::var_os("CUDASTACK_AUDIT_ROOT") else {
+        eprintln!("SKIP: CUDASTACK_AUDIT_ROOT is not set");
+        return;
+    };
+    let options = AuditOptions::default().with_ld_library_path(
+        &std::env::var("CUDASTACK_AUDIT_LD_LIBRARY_PATH").unwrap_or_default(),
+    );
+    let started = std::time::Instant::now();
+    let report = audit(Path::new(&root), &options).unwrap();
+    eprintln!("{}", report.render());
+    eprintln!(
+        "audit took {:.2?}; image glibc {:?}",
+        started.elapsed(),
+        cudastack::audit::image_glibc(Path::new(&root)).unwrap()
+    );
+    if std::env::var("CUDASTACK_AUDIT_EXPECT_CLEAN").as_deref() == Ok("1") {
+        assert!(report.is_clean());
+    }
+}
+
+#[test]
+fn pins_read_from_the_installed_framework() {
+    if skip_without_gcc() {
+        return;
+    }
+    use cudastack::audit::pins::{linux_environment, pins_of_installed};
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    write(
+        &root,
+        &format!("{SITE}/torch-2.4.1.dist-info/METADATA"),
+        "Metadata-Version: 2.1\nName: torch\nVersion: 2.4.1\nRequires-Dist: filelock\nRequires-Dist: nvidia-cudnn-cu12==9.1.0.70; platform_system == \"Linux\" and platform_machine == \"x86_64\"\n",
+    );
+    let environment = linux_environment("3.11".parse().unwrap(), "x86_64");
+    let site = Path::new("/").join(SITE);
+    let pins = pins_of_installed(&root, &site, "torch", &environment)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        pins,
+        BTreeMap::from([("nvidia-cudnn-cu12".to_string(), "9.1.0.70".to_string())])
+    );
+    assert!(pins_of_installed(&root, &site, "jax", &environment)
+        .unwrap()
+        .is_none());
+    let options = AuditOptions {
+        pins,
+        ..Default::default()
+    };
+    assert!(audit(&root, &options).unwrap().is_clean());
+
+    // A different cuDNN wheel swapped in: the pin catches it (and the version sources disagree).
+    std::fs::remove_dir_all(root.join(SITE).join("nvidia_cudnn_cu12-9.1.0.70.dist-info")).unwrap();
+    write(
+        &root,
+        &format!("{SITE}/nvidia_cudnn_cu12-9.3.0.75.dist-info/METADATA"),
+        "Metadata-Version: 2.1\nName: nvidia-cudnn-cu12\nVersion: 9.3.0.75\n",
+    );
+    let report = audit(&root, &options).unwrap();
+    let kinds: Vec<_> = report.findings.iter().map(|f| f.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![FindingKind::CudnnVersionMismatch, FindingKind::PinMismatch],
+        "{}",
+        report.render()
+    );
+}
+
+#[test]
+fn preloaded_sonames_count_when_the_image_holds_one_copy() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    // Like nvidia/cusolver needing libcublas.so.12 with no RUNPATH to it: torch preloads it.
+    let cublas = bare_lib(
+        &root.join("opt/nv/cublas/lib"),
+        "libcublas.so.12",
+        "libcublas.so.12",
+        vec![],
+        None,
+    );
+    bare_lib(
+        &root.join("opt/nv/cusolver/lib"),
+        "libcusolver.so.11",
+        "libcusolver.so.11",
+        vec![cublas.clone()],
+        None,
+    );
+    let report = audit(&root, &pins()).unwrap();
+    only_finding(&report, FindingKind::UnresolvedNeeded);
+
+    let mut options = pins();
+    options.preloaded.insert("libcublas.so.12".to_string());
+    assert!(audit(&root, &options).unwrap().is_clean());
+
+    // With two copies of the preloaded library, which one loads first is not known.
+    std::fs::create_dir_all(root.join("opt/other")).unwrap();
+    std::fs::copy(&cublas, root.join("opt/other/libcublas.so.12")).unwrap();
+    let report = audit(&root, &options).unwrap();
+    let kinds: Vec<_> = report.findings.iter().map(|f| f.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![FindingKind::UnresolvedNeeded, FindingKind::DuplicateSoname],
+        "{}",
+        report.render()
+    );
 }

@@ -166,3 +166,116 @@ fn chain_plan_from_real_wheel_style_directory() {
         .unwrap();
     assert_eq!(through_chain.soname.as_deref(), Some("libcublas.so.12"));
 }
+
+#[test]
+fn reads_version_definitions_and_needs() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let provider = build(
+        &temp.path().join("v"),
+        &Lib {
+            file: "libver.so.1",
+            soname: Some("libver.so.1"),
+            source: "int old_fn(void) { return 1; }\nint new_fn(void) { return 2; }\n",
+            version_script: Some(
+                "VERS_1.0 { global: old_fn; local: *; };\nVERS_2.0 { global: new_fn; } VERS_1.0;\n",
+            ),
+            nostdlib: true,
+            ..Default::default()
+        },
+    );
+    let info = read_elf(&provider).unwrap().into_elf().unwrap();
+    assert_eq!(info.version_definitions, vec!["VERS_1.0", "VERS_2.0"]);
+    assert!(info.glibc_provided().is_none());
+
+    let user = build(
+        &temp.path().join("u"),
+        &Lib {
+            file: "libuser.so",
+            soname: Some("libuser.so"),
+            link: vec![provider],
+            source: "int new_fn(void);\nint use(void) { return new_fn(); }\n",
+            nostdlib: true,
+            ..Default::default()
+        },
+    );
+    let info = read_elf(&user).unwrap().into_elf().unwrap();
+    assert_eq!(
+        info.version_needs,
+        vec![cudastack::elf::VersionNeed {
+            file: "libver.so.1".into(),
+            versions: vec!["VERS_2.0".into()]
+        }]
+    );
+
+    // The host's glibc defines its release as the newest GLIBC_ version.
+    let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+    if libc.exists() {
+        let info = read_elf(libc).unwrap().into_elf().unwrap();
+        let provided = info.glibc_provided().unwrap();
+        assert!(provided >= "2.17".parse().unwrap(), "{provided}");
+        assert!(info
+            .version_definitions
+            .contains(&"GLIBC_2.2.5".to_string()));
+    }
+}
+
+/// A `Read + Seek` that counts the bytes read, to prove large libraries are not read whole.
+struct CountingReader {
+    inner: std::fs::File,
+    bytes: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl std::io::Read for CountingReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes.set(self.bytes.get() + n as u64);
+        Ok(n)
+    }
+}
+
+impl std::io::Seek for CountingReader {
+    fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
+        self.inner.seek(pos)
+    }
+}
+
+#[test]
+fn large_libraries_are_not_read_whole() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    // 64 MiB of initialised data, like the device code in a CUDA library.
+    let big = build(
+        temp.path(),
+        &Lib {
+            file: "libbig.so.1",
+            soname: Some("libbig.so.1"),
+            runpath: Some("$ORIGIN"),
+            source: "char payload[64 << 20] = {1};\nint first(void) { return payload[0]; }\n",
+            ..Default::default()
+        },
+    );
+    let size = std::fs::metadata(&big).unwrap().len();
+    assert!(size > 64 << 20);
+    let bytes = std::rc::Rc::new(std::cell::Cell::new(0));
+    let reader = CountingReader {
+        inner: std::fs::File::open(&big).unwrap(),
+        bytes: bytes.clone(),
+    };
+    let info = cudastack::elf::read_elf_from(reader, &big)
+        .unwrap()
+        .into_elf()
+        .unwrap();
+    assert_eq!(info.soname.as_deref(), Some("libbig.so.1"));
+    assert_eq!(info.runpath, vec!["$ORIGIN"]);
+    eprintln!("read {} of {size} bytes", bytes.get());
+    assert!(
+        bytes.get() < 1 << 20,
+        "read {} of {size} bytes",
+        bytes.get()
+    );
+}

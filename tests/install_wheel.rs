@@ -218,7 +218,7 @@ fn tampered_member_fails_while_extracting() {
         &RecordTweaks {
             recorded_as: vec![(
                 "demo_pkg/cli.py",
-                b"def main():\n    print('ORIGINAL')\n    return 0\n".as_slice(),
+                b"def main():\n    print('DEMO')\n    return 0\n".as_slice(),
             )],
             ..Default::default()
         },
@@ -230,8 +230,22 @@ fn tampered_member_fails_while_extracting() {
         "{error}"
     );
     let message = error.to_string();
+    let original = b"def main():\n    print('DEMO')\n    return 0\n";
+    let tampered = b"def main():\n    print('demo')\n    return 0\n";
     assert!(
-        message.contains("Expected:") && message.contains("Found:"),
+        message.contains(&format!(
+            "Expected: {} ({} bytes)",
+            Digest::of_bytes(original),
+            original.len()
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!(
+            "Found:    {} ({} bytes)",
+            Digest::of_bytes(tampered),
+            tampered.len()
+        )),
         "{message}"
     );
     // The bad file is not left behind.
@@ -408,24 +422,37 @@ fn symlink_members_and_bad_wheel_versions_are_rejected() {
     );
 }
 
-/// Install the same wheel with pip (`--root R --prefix /usr/local --no-compile`) and with
-/// cudastack, using pip's interpreter in our launchers: every file pip writes except its
-/// own bookkeeping (INSTALLER, RECORD, REQUESTED, direct_url.json) must be byte-identical.
+/// Install the same wheel with pip into a fresh virtual environment and with cudastack into
+/// a root at the same prefix, using the venv's interpreter in our launchers: the files pip's
+/// RECORD lists (except its own bookkeeping: INSTALLER, RECORD, REQUESTED, direct_url.json)
+/// must be exactly the files ours lists, byte for byte. A venv keeps the comparison free of
+/// distribution patches to pip's `--prefix` schemes (Debian's `posix_local`).
 #[test]
 fn matches_pip_byte_for_byte() {
-    let python = std::process::Command::new("python3")
-        .args(["-c", "import sys, pip, sysconfig; print(sys.executable); print(sysconfig.get_python_version())"])
-        .output();
-    let Some(output) = python.ok().filter(|o| o.status.success()) else {
-        eprintln!("SKIP: python3 with pip is not installed; cannot compare against pip");
-        return;
-    };
-    let text = String::from_utf8(output.stdout).unwrap();
-    let mut lines = text.lines();
-    let executable = lines.next().unwrap().to_string();
-    let version: PythonVersion = lines.next().unwrap().parse().unwrap();
-
     let temp = tempfile::tempdir().unwrap();
+    let venv = temp.path().join("venv");
+    let created = std::process::Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .output();
+    if !created.as_ref().is_ok_and(|o| o.status.success()) {
+        eprintln!("SKIP: `python3 -m venv` is not available; cannot compare against pip");
+        return;
+    }
+    let python = venv.join("bin/python");
+    let version = std::process::Command::new(&python)
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_python_version())",
+        ])
+        .output()
+        .unwrap();
+    let version: PythonVersion = String::from_utf8(version.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+
     let wheel = write_wheel(
         temp.path(),
         WHEEL,
@@ -433,8 +460,7 @@ fn matches_pip_byte_for_byte() {
         &demo_members(),
         &RecordTweaks::default(),
     );
-    let pip_root = temp.path().join("pip");
-    let status = std::process::Command::new(&executable)
+    let status = std::process::Command::new(&python)
         .args([
             "-m",
             "pip",
@@ -444,46 +470,161 @@ fn matches_pip_byte_for_byte() {
             "--no-index",
             "--disable-pip-version-check",
             "--quiet",
-            "--prefix",
-            "/usr/local",
-            "--root",
         ])
-        .arg(&pip_root)
         .arg(&wheel)
         .status()
         .unwrap();
     assert!(status.success());
 
     let ours_root = temp.path().join("ours");
-    let mut options = InstallOptions::new(Scheme::posix_prefix(Path::new("/usr/local"), version));
-    options.python = executable.clone();
-    install_wheel(&wheel, &options, &ours_root).unwrap();
+    let mut options = InstallOptions::new(Scheme::venv(&venv, version));
+    options.python = python.to_string_lossy().into_owned();
+    let plan = install_wheel(&wheel, &options, &ours_root).unwrap();
 
+    let site = venv.join(format!("lib/python{version}/site-packages"));
     let bookkeeping = ["INSTALLER", "RECORD", "REQUESTED", "direct_url.json"];
-    let keep = |snapshot: BTreeMap<String, (u32, String)>| {
-        snapshot
+    let listed = |record: &Path| {
+        let text = std::fs::read_to_string(record).unwrap();
+        let mut paths: Vec<PathBuf> = parse_record(&text)
+            .unwrap()
             .into_iter()
-            .filter(|(path, _)| {
-                !path.ends_with('/')
-                    && !bookkeeping
-                        .iter()
-                        .any(|b| path.ends_with(&format!(".dist-info/{b}")))
+            .filter(|row| {
+                !bookkeeping
+                    .iter()
+                    .any(|b| row.path == format!("{DIST_INFO}/{b}"))
             })
-            .collect::<BTreeMap<_, _>>()
+            .map(|row| cudastack::elf::normalize_lexically(&site.join(&row.path)))
+            .collect();
+        paths.sort();
+        paths
     };
-    let pip = keep(snapshot(&pip_root));
-    let ours = keep(snapshot(&ours_root));
-    assert!(!pip.is_empty());
-    assert_eq!(
-        pip.keys().collect::<Vec<_>>(),
-        ours.keys().collect::<Vec<_>>(),
-        "same files"
+    let pip_files = listed(&site.join(DIST_INFO).join("RECORD"));
+    let ours_files = listed(
+        &ours_root
+            .join(plan.dist_info.strip_prefix("/").unwrap())
+            .join("RECORD"),
     );
-    for (path, (_, pip_digest)) in &pip {
-        assert_eq!(&ours[path].1, pip_digest, "content of {path}");
+    assert_eq!(pip_files, ours_files, "same files");
+    // 9 wheel files (RECORD aside) and 2 launchers.
+    assert_eq!(pip_files.len(), 11, "{pip_files:?}");
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode();
+    for path in &pip_files {
+        let ours = ours_root.join(path.strip_prefix("/").unwrap());
+        assert_eq!(
+            std::fs::read(path).unwrap(),
+            std::fs::read(&ours).unwrap(),
+            "content of {}",
+            path.display()
+        );
+        // pip's regular files follow the umask; compare the owner's x bit.
+        assert_eq!(
+            mode(path) & 0o100,
+            mode(&ours) & 0o100,
+            "x bit of {}",
+            path.display()
+        );
     }
-    // Executable bits agree (pip's regular files follow the umask; compare the x bit).
-    for (path, (pip_mode, _)) in &pip {
-        assert_eq!(ours[path].0 & 0o100, pip_mode & 0o100, "x bit of {path}");
+}
+
+#[test]
+fn recorded_size_mismatch_fails_at_planning() {
+    let temp = tempfile::tempdir().unwrap();
+    let wheel = write_wheel(
+        temp.path(),
+        WHEEL,
+        DIST_INFO,
+        &demo_members(),
+        &RecordTweaks {
+            recorded_as: vec![("demo_pkg/__init__.py", b"VERSION = '1.0.0'\n".as_slice())],
+            ..Default::default()
+        },
+    );
+    let error = plan_wheel(&wheel, &options()).unwrap_err();
+    assert!(
+        matches!(&error, InstallError::HashMismatch { member, expected, found, .. }
+            if member == "demo_pkg/__init__.py" && expected == "18 bytes" && found == "16 bytes"),
+        "{error}"
+    );
+}
+
+/// A layer writer's view: stream every file entry of a plan straight from the wheel, without
+/// staging on disk, and get the same bytes install_to_dir writes.
+#[test]
+fn plan_entries_stream_without_extraction() {
+    use std::io::Read;
+    let temp = tempfile::tempdir().unwrap();
+    let wheel = write_wheel(
+        temp.path(),
+        WHEEL,
+        DIST_INFO,
+        &demo_members(),
+        &RecordTweaks::default(),
+    );
+    let root = temp.path().join("root");
+    let plan = install_wheel(&wheel, &options(), &root).unwrap();
+    let mut reader = cudastack::install::WheelReader::open(&wheel).unwrap();
+    let mut files = 0;
+    for entry in &plan.entries {
+        let Some(mut stream) = reader.open_content(&entry.content).unwrap() else {
+            continue;
+        };
+        let mut bytes = Vec::new();
+        stream.read_to_end(&mut bytes).unwrap();
+        assert_eq!(Some(bytes.len() as u64), entry.content.size());
+        let on_disk = std::fs::read(root.join(entry.path.strip_prefix("/").unwrap())).unwrap();
+        assert_eq!(bytes, on_disk, "{}", entry.path.display());
+        files += 1;
+    }
+    // 9 wheel files, 2 launchers, INSTALLER and RECORD.
+    assert_eq!(files, 13);
+}
+
+/// A symlinked directory in the target root (e.g. a base image's `/usr/local/lib -> ...`)
+/// could redirect writes outside the root: the installer refuses and writes nothing there.
+#[test]
+fn refuses_to_write_through_symlinks_in_the_root() {
+    let temp = tempfile::tempdir().unwrap();
+    let wheel = write_wheel(
+        temp.path(),
+        WHEEL,
+        DIST_INFO,
+        &demo_members(),
+        &RecordTweaks::default(),
+    );
+    let outside = temp.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let root = temp.path().join("root");
+    std::fs::create_dir_all(root.join("usr/local")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("usr/local/lib")).unwrap();
+    let error = install_wheel(&wheel, &options(), &root).unwrap_err();
+    assert!(
+        matches!(&error, InstallError::SymlinkInRoot { symlink, .. } if symlink == Path::new("/usr/local/lib")),
+        "{error}"
+    );
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+}
+
+#[test]
+fn interpreter_must_fit_a_shebang() {
+    let temp = tempfile::tempdir().unwrap();
+    let wheel = write_wheel(
+        temp.path(),
+        WHEEL,
+        DIST_INFO,
+        &demo_members(),
+        &RecordTweaks::default(),
+    );
+    for python in [
+        "python3",
+        "/opt/my python/bin/python3",
+        &format!("/{}", "p".repeat(130)),
+    ] {
+        let mut options = options();
+        options.python = python.to_string();
+        let error = plan_wheel(&wheel, &options).unwrap_err();
+        assert!(
+            matches!(error, InstallError::BadInterpreter { .. }),
+            "{python}: {error}"
+        );
     }
 }

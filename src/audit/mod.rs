@@ -7,7 +7,11 @@
 //!   is no `DT_RUNPATH`), `LD_LIBRARY_PATH` (from the image config), `DT_RUNPATH` (`$ORIGIN`
 //!   expanded), the `/etc/ld.so.conf(.d)` directories inside the root, then the default
 //!   directories. Libraries the NVIDIA container runtime injects from the host driver are
-//!   exempt ([`is_driver_library`]);
+//!   exempt ([`is_driver_library`]), and so are SONAMEs the caller declares preloaded
+//!   ([`AuditOptions::preloaded`]) when the image holds exactly one copy;
+//! - the library a NEEDED resolved to defines every symbol version required from it
+//!   (`GLIBC_2.34`: the "version not found" load failure), and every executable's program
+//!   interpreter exists;
 //! - one real file per SONAME (symlinks to one file are one copy);
 //! - no dangling or looping symlinks (absolute targets resolve inside the root);
 //! - `cudnn_version.h`, the `libcudnn.so.X.Y.Z` file names and the installed nvidia-cudnn
@@ -18,8 +22,10 @@
 //! digests only for the duplicate copies it reports. Simplifications against glibc, chosen
 //! because cudastack images do not depend on them: `$ORIGIN` is the directory of the file as
 //! it lies in the tree (not the path it was opened through), the RPATH of the loading
-//! executable is not inherited, and `$LIB`/`$PLATFORM` are not expanded.
+//! executable is not inherited, an already-loaded object with a matching SONAME is not
+//! reused unless declared preloaded, and `$LIB`/`$PLATFORM` are not expanded.
 
+pub mod pins;
 pub mod rootfs;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -66,6 +72,12 @@ pub struct AuditOptions {
     /// Expected distribution versions: project name -> version (e.g. from torch's
     /// `Requires-Dist: nvidia-cudnn-cu12==9.1.0.70`).
     pub pins: BTreeMap<String, String>,
+    /// SONAMEs the application loads itself before the libraries that need them (torch's
+    /// `_preload_cuda_deps` loads e.g. `libcublas.so.12` by path, and ld.so then satisfies
+    /// any later NEEDED on that SONAME with the loaded copy). A NEEDED on one of these counts
+    /// as resolved when exactly one real file in the image provides the SONAME; otherwise it
+    /// is still a finding.
+    pub preloaded: BTreeSet<String>,
 }
 
 impl AuditOptions {
@@ -85,6 +97,8 @@ impl AuditOptions {
 #[serde(rename_all = "snake_case")]
 pub enum FindingKind {
     UnresolvedNeeded,
+    MissingSymbolVersion,
+    MissingInterpreter,
     DuplicateSoname,
     DanglingSymlink,
     SymlinkLoop,
@@ -98,6 +112,8 @@ impl FindingKind {
     pub fn as_str(&self) -> &'static str {
         match self {
             FindingKind::UnresolvedNeeded => "unresolved-needed",
+            FindingKind::MissingSymbolVersion => "missing-symbol-version",
+            FindingKind::MissingInterpreter => "missing-interpreter",
             FindingKind::DuplicateSoname => "duplicate-soname",
             FindingKind::DanglingSymlink => "dangling-symlink",
             FindingKind::SymlinkLoop => "symlink-loop",
@@ -369,6 +385,27 @@ fn glob_in_root(root: &Path, pattern: &Path) -> Result<Vec<PathBuf>, AuditError>
     Ok(out)
 }
 
+/// The glibc release of the image at `root`: the newest `GLIBC_*` version its `libc.so.6`
+/// (found through ld.so.conf and the default directories) defines. None without a glibc.
+pub fn image_glibc(root: &Path) -> Result<Option<crate::elf::GlibcVersion>, AuditError> {
+    let mut dirs = ld_so_conf_dirs(root)?;
+    dirs.extend(DEFAULT_LIBRARY_DIRS.iter().map(PathBuf::from));
+    for dir in dirs {
+        let candidate = dir.join("libc.so.6");
+        if let Resolution::Found(resolved) =
+            resolve_in_root(root, &candidate).map_err(io_error(&candidate))?
+        {
+            let host = host_path(root, &resolved);
+            match read_elf(&host) {
+                Ok(ElfProbe::Elf(info)) => return Ok(info.glibc_provided()),
+                Ok(ElfProbe::NotElf) | Err(ElfError::Malformed { .. }) => continue,
+                Err(ElfError::Io { path, source }) => return Err(AuditError::Io { path, source }),
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// Parse `#define CUDNN_MAJOR 9` / `CUDNN_MINOR` / `CUDNN_PATCHLEVEL` from cudnn_version.h.
 pub fn parse_cudnn_header(text: &str) -> Option<(u64, u64, u64)> {
     let define = |name: &str| {
@@ -474,16 +511,19 @@ impl Auditor<'_> {
         name: &str,
         class: ElfClass,
         machine: Machine,
-    ) -> Result<bool, AuditError> {
+    ) -> Result<Option<PathBuf>, AuditError> {
         if !dir.is_absolute() {
-            return Ok(false);
+            return Ok(None);
         }
         let candidate = dir.join(name);
         match resolve_in_root(self.root, &candidate).map_err(io_error(&candidate))? {
-            Resolution::Found(resolved) => Ok(self
-                .elf_at(&resolved)?
-                .is_some_and(|info| info.class == class && info.machine == machine)),
-            _ => Ok(false),
+            Resolution::Found(resolved) => {
+                let accepted = self
+                    .elf_at(&resolved)?
+                    .is_some_and(|info| info.class == class && info.machine == machine);
+                Ok(accepted.then_some(resolved))
+            }
+            _ => Ok(None),
         }
     }
 }
@@ -579,6 +619,21 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
     let mut needed_checked = 0;
     for (path, info) in &objects {
         let origin = path.parent().unwrap_or(Path::new("/")).to_path_buf();
+        if let Some(interpreter) = info.interpreter.as_deref().filter(|_| info.is_executable()) {
+            if !matches!(
+                resolve_in_root(root, Path::new(interpreter)).map_err(io_error(path))?,
+                Resolution::Found(_)
+            ) {
+                findings.push(Finding {
+                    kind: FindingKind::MissingInterpreter,
+                    paths: vec![path.clone()],
+                    evidence: format!("its program interpreter `{interpreter}` does not exist in the image"),
+                    hint: "the binary was built for another C library or layout: use a build for this base image, or add the loader".into(),
+                });
+            }
+        }
+        // NEEDED name -> the file the loader would map.
+        let mut resolved_needed: HashMap<&str, PathBuf> = HashMap::new();
         for needed in &info.needed {
             needed_checked += 1;
             if is_driver_library(needed) {
@@ -590,10 +645,10 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
                 } else {
                     origin.join(needed)
                 };
-                if matches!(
-                    resolve_in_root(root, &target).map_err(io_error(&target))?,
-                    Resolution::Found(_)
-                ) {
+                if let Resolution::Found(resolved) =
+                    resolve_in_root(root, &target).map_err(io_error(&target))?
+                {
+                    resolved_needed.insert(needed, resolved);
                     continue;
                 }
             }
@@ -610,7 +665,7 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
             let runpath = info.expanded_runpath(&origin);
             let conf = auditor.ld_so_conf.clone();
             let defaults: Vec<PathBuf> = DEFAULT_LIBRARY_DIRS.iter().map(PathBuf::from).collect();
-            let mut found = false;
+            let mut found = None;
             for dir in rpath
                 .iter()
                 .chain(&ld_library_path)
@@ -618,12 +673,18 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
                 .chain(&conf)
                 .chain(&defaults)
             {
-                if auditor.try_dir(dir, needed, info.class, info.machine)? {
-                    found = true;
+                found = auditor.try_dir(dir, needed, info.class, info.machine)?;
+                if found.is_some() {
                     break;
                 }
             }
-            if found {
+            if found.is_none() && options.preloaded.contains(needed) {
+                if let Some([only]) = providers.get(needed).map(Vec::as_slice) {
+                    found = Some(only.clone());
+                }
+            }
+            if let Some(resolved) = found {
+                resolved_needed.insert(needed, resolved);
                 continue;
             }
             let elsewhere: Vec<String> = by_name
@@ -654,6 +715,55 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
                 kind: FindingKind::UnresolvedNeeded,
                 paths: vec![path.clone()],
                 evidence,
+                hint,
+            });
+        }
+        // Symbol versions: ld.so refuses to load when a required version (`GLIBC_2.34`) is
+        // not defined by the library that resolved.
+        for need in &info.version_needs {
+            let Some(provider_path) = resolved_needed.get(need.file.as_str()) else {
+                continue;
+            };
+            let Some(provider) = auditor.elf_at(provider_path)? else {
+                continue;
+            };
+            if provider.version_definitions.is_empty() {
+                continue;
+            }
+            let missing: Vec<&String> = need
+                .versions
+                .iter()
+                .filter(|version| !provider.version_definitions.contains(version))
+                .collect();
+            if missing.is_empty() {
+                continue;
+            }
+            let missing_text = missing
+                .iter()
+                .map(|v| format!("`{v}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let newest = match provider.glibc_provided() {
+                Some(glibc) => format!("it provides glibc {glibc}"),
+                None => format!("it defines {}", provider.version_definitions.join(", ")),
+            };
+            let hint = match missing.iter().filter_map(|v| v.parse::<crate::elf::GlibcVersion>().ok()).max() {
+                Some(needed_glibc) => format!(
+                    "use a base image with glibc >= {needed_glibc}, or a build of this package for an older glibc (a manylinux tag at or below the image's glibc)"
+                ),
+                None => format!(
+                    "install the `{}` this object was built against",
+                    need.file
+                ),
+            };
+            findings.push(Finding {
+                kind: FindingKind::MissingSymbolVersion,
+                paths: vec![path.clone(), provider_path.clone()],
+                evidence: format!(
+                    "requires version {missing_text} of `{}`, resolved to {}, but {newest}",
+                    need.file,
+                    provider_path.display()
+                ),
                 hint,
             });
         }

@@ -124,6 +124,9 @@ pub struct ElfInfo {
     pub runpath: Vec<String>,
     /// `SHT_GNU_VERNEED`: symbol versions required per needed library.
     pub version_needs: Vec<VersionNeed>,
+    /// `SHT_GNU_VERDEF`: symbol versions this object defines (e.g. libc.so.6's `GLIBC_2.34`),
+    /// without the base entry that repeats the SONAME.
+    pub version_definitions: Vec<String>,
 }
 
 impl ElfInfo {
@@ -150,6 +153,14 @@ impl ElfInfo {
     /// The newest glibc this object needs: the image's glibc must be at least this.
     pub fn min_glibc(&self) -> Option<GlibcVersion> {
         self.glibc_versions_required().into_iter().next_back()
+    }
+
+    /// The newest `GLIBC_*` version this object defines: for `libc.so.6`, the glibc release.
+    pub fn glibc_provided(&self) -> Option<GlibcVersion> {
+        self.version_definitions
+            .iter()
+            .filter_map(|name| name.parse().ok())
+            .max()
     }
 
     /// The directories the loader searches from `DT_RPATH`/`DT_RUNPATH`, with `$ORIGIN`
@@ -315,8 +326,8 @@ fn split_path_list(value: &str) -> Vec<String> {
         .collect()
 }
 
-fn parse<'data, Elf>(
-    data: &'data ReadCache<impl object::read::ReadCacheOps>,
+fn parse<Elf>(
+    data: &ReadCache<impl object::read::ReadCacheOps>,
     class: ElfClass,
 ) -> object::read::Result<ElfInfo>
 where
@@ -349,6 +360,7 @@ where
         rpath: Vec::new(),
         runpath: Vec::new(),
         version_needs: Vec::new(),
+        version_definitions: Vec::new(),
     };
 
     let dynamic = sections.dynamic_table(endian, data)?;
@@ -375,6 +387,20 @@ where
                 file: utf8(verneed.file(endian, strings)?),
                 versions,
             });
+        }
+    }
+    if let Some((definitions, link)) = sections.gnu_verdef(endian, data)? {
+        let strings = sections.strings(endian, data, link)?;
+        for definition in definitions {
+            let (verdef, mut auxiliaries) = definition?;
+            if verdef.vd_flags.get(endian).0 & elf::VER_FLG_BASE.0 != 0 {
+                continue;
+            }
+            // The first auxiliary names the version; later ones name its parents.
+            if let Some(aux) = auxiliaries.next()? {
+                info.version_definitions
+                    .push(utf8(aux.name(endian, strings)?));
+            }
         }
     }
     Ok(info)

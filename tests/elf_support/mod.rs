@@ -25,6 +25,8 @@ pub struct Lib<'a> {
     pub executable: bool,
     /// Link without the C library (no `libc.so.6` NEEDED), so an image root needs no libc.
     pub nostdlib: bool,
+    /// A GNU ld version script (its text), to define versioned symbols.
+    pub version_script: Option<&'a str>,
 }
 
 pub fn gcc_available() -> bool {
@@ -71,6 +73,11 @@ pub fn build(dir: &Path, lib: &Lib) -> PathBuf {
     if lib.nostdlib {
         command.arg("-nostdlib");
     }
+    let script_path = source_path.with_extension("map");
+    if let Some(script) = lib.version_script {
+        std::fs::write(&script_path, script).unwrap();
+        command.arg(format!("-Wl,--version-script={}", script_path.display()));
+    }
     command.arg("-o").arg(&output).arg(&source_path);
     if let Some(soname) = lib.soname {
         command.arg(format!("-Wl,-soname,{soname}"));
@@ -99,6 +106,7 @@ pub fn build(dir: &Path, lib: &Lib) -> PathBuf {
         String::from_utf8_lossy(&result.stderr)
     );
     let _ = std::fs::remove_file(&source_path);
+    let _ = std::fs::remove_file(&script_path);
     output
 }
 
