@@ -328,11 +328,19 @@ pub async fn build(
         &format!("{} artifacts, {} to download", items.len(), missing),
     );
     let paths = downloader.fetch_all(&items).await?;
-    let wheel_paths: BTreeMap<String, (PathBuf, Digest, String)> = wheels
-        .iter()
-        .zip(paths)
-        .map(|(a, path)| (a.name.clone(), (path, a.sha256, a.version.clone())))
-        .collect();
+    // Blobs are named by digest; the installer reads a wheel's tags from its file name, so
+    // each gets a link under its real name.
+    let named = settings.cache_root.join("wheels");
+    fs_err::create_dir_all(&named).map_err(io_error(&named))?;
+    let mut wheel_paths: BTreeMap<String, (PathBuf, Digest, String)> = BTreeMap::new();
+    for (artifact, blob) in wheels.iter().zip(paths) {
+        let link = named.join(&artifact.filename);
+        if fs_err::symlink_metadata(&link).is_ok() {
+            fs_err::remove_file(&link).map_err(io_error(&link))?;
+        }
+        std::os::unix::fs::symlink(&blob, &link).map_err(io_error(&link))?;
+        wheel_paths.insert(artifact.name.clone(), (link, artifact.sha256, artifact.version.clone()));
+    }
 
     // 3. Layers. Heavy work runs on blocking threads.
     tokio::task::block_in_place(|| {
