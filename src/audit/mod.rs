@@ -22,7 +22,7 @@
 //! digests only for the duplicate copies it reports. Simplifications against glibc, chosen
 //! because cudastack images do not depend on them: `$ORIGIN` is the directory of the file as
 //! it lies in the tree (not the path it was opened through), the RPATH of the loading
-//! executable is not inherited, an already-loaded object with a matching SONAME is not
+//! executable (python3 has none) is not inherited (the RPATH of loading libraries is), an already-loaded object with a matching SONAME is not
 //! reused unless declared preloaded, and `$LIB`/`$PLATFORM` are not expanded.
 
 pub mod pins;
@@ -528,6 +528,42 @@ impl Auditor<'_> {
     }
 }
 
+/// Search the DT_RPATH of `path`'s loaders, and theirs, for `needed` (only when `path`
+/// itself has no DT_RUNPATH, as glibc does).
+fn inherited_rpath_lookup(
+    auditor: &mut Auditor<'_>,
+    objects: &HashMap<&Path, &ElfInfo>,
+    loaded_by: &HashMap<PathBuf, Vec<PathBuf>>,
+    path: &Path,
+    needed: &str,
+) -> Result<Option<PathBuf>, AuditError> {
+    let Some(requester) = objects.get(path) else {
+        return Ok(None);
+    };
+    if !requester.runpath.is_empty() {
+        return Ok(None);
+    }
+    let mut queue: Vec<PathBuf> = loaded_by.get(path).cloned().unwrap_or_default();
+    let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
+    while let Some(loader) = queue.pop() {
+        if !seen.insert(loader.clone()) {
+            continue;
+        }
+        if let Some(info) = objects.get(loader.as_path()) {
+            if info.runpath.is_empty() && !info.rpath.is_empty() {
+                let origin = loader.parent().unwrap_or(Path::new("/")).to_path_buf();
+                for dir in info.expanded_rpath(&origin) {
+                    if let Some(found) = auditor.try_dir(&dir, needed, requester.class, requester.machine)? {
+                        return Ok(Some(found));
+                    }
+                }
+            }
+        }
+        queue.extend(loaded_by.get(&loader).cloned().unwrap_or_default());
+    }
+    Ok(None)
+}
+
 /// Audit the image root at `root` (a directory holding the image's `/`).
 pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditError> {
     if !root.is_dir() {
@@ -615,8 +651,12 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
         }
     }
 
-    // DT_NEEDED resolution.
+    // DT_NEEDED resolution. Unresolved entries wait until every object has been looked at,
+    // because glibc also searches the DT_RPATH of the objects that loaded the requester
+    // (auditwheel's vendored `numpy.libs` rely on it).
     let mut needed_checked = 0;
+    let mut loaded_by: HashMap<PathBuf, Vec<PathBuf>> = HashMap::new();
+    let mut unresolved: Vec<(PathBuf, String, Finding)> = Vec::new();
     for (path, info) in &objects {
         let origin = path.parent().unwrap_or(Path::new("/")).to_path_buf();
         if let Some(interpreter) = info.interpreter.as_deref().filter(|_| info.is_executable()) {
@@ -648,6 +688,7 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
                 if let Resolution::Found(resolved) =
                     resolve_in_root(root, &target).map_err(io_error(&target))?
                 {
+                    loaded_by.entry(resolved.clone()).or_default().push(path.clone());
                     resolved_needed.insert(needed, resolved);
                     continue;
                 }
@@ -684,6 +725,7 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
                 }
             }
             if let Some(resolved) = found {
+                loaded_by.entry(resolved.clone()).or_default().push(path.clone());
                 resolved_needed.insert(needed, resolved);
                 continue;
             }
@@ -711,12 +753,16 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
                     elsewhere.join(", ")
                 )
             };
-            findings.push(Finding {
-                kind: FindingKind::UnresolvedNeeded,
-                paths: vec![path.clone()],
-                evidence,
-                hint,
-            });
+            unresolved.push((
+                path.clone(),
+                needed.clone(),
+                Finding {
+                    kind: FindingKind::UnresolvedNeeded,
+                    paths: vec![path.clone()],
+                    evidence,
+                    hint,
+                },
+            ));
         }
         // Symbol versions: ld.so refuses to load when a required version (`GLIBC_2.34`) is
         // not defined by the library that resolved.
@@ -768,6 +814,32 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
             });
         }
     }
+
+    // Inherited DT_RPATH: an object without DT_RUNPATH also searches the DT_RPATH of every
+    // object up its chain of loaders (glibc `_dl_map_object`: "then that object's
+    // dependent, and on up"). Loaders are the objects whose NEEDED resolved to it.
+    let rpath_of: HashMap<&Path, &ElfInfo> = objects.iter().map(|(p, i)| (p.as_path(), i)).collect();
+    // A library found this way becomes a loader in turn (libopenblas -> libgfortran ->
+    // libquadmath), so repeat until nothing more resolves.
+    let mut pending = unresolved;
+    loop {
+        let mut still = Vec::new();
+        let mut progressed = false;
+        for (path, needed, finding) in pending {
+            match inherited_rpath_lookup(&mut auditor, &rpath_of, &loaded_by, &path, &needed)? {
+                Some(found) => {
+                    loaded_by.entry(found).or_default().push(path.clone());
+                    progressed = true;
+                }
+                None => still.push((path, needed, finding)),
+            }
+        }
+        pending = still;
+        if !progressed || pending.is_empty() {
+            break;
+        }
+    }
+    findings.extend(pending.into_iter().map(|(_, _, finding)| finding));
 
     // One real file per SONAME.
     for (soname, paths) in &providers {

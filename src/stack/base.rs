@@ -50,13 +50,14 @@ pub struct DebootstrapSpec {
 }
 
 impl DebootstrapSpec {
-    /// What a Python CUDA stack needs on top of minbase: the interpreter, CA certificates
-    /// for anything that talks TLS, and libgomp (OpenMP runtime several wheels link).
+    /// What a Python CUDA stack needs on top of minbase: the interpreter and CA certificates
+    /// for anything that talks TLS. Not libgomp: torch vendors its own, and a second OpenMP
+    /// runtime with the same SONAME is exactly what the audit refuses.
     pub fn for_python_stack(distro: &str, release: &str, source_date_epoch: u64) -> Self {
         Self {
             distro: distro.to_string(),
             release: release.to_string(),
-            packages: ["python3", "ca-certificates", "libgomp1"]
+            packages: ["python3", "ca-certificates"]
                 .map(String::from)
                 .to_vec(),
             mirror: None,
