@@ -210,23 +210,37 @@ impl<W: Write> TarWriter<W> {
                 .map_err(write_err),
             EntryKind::File { size, source } => {
                 let header = self.header(entry, &name, b'0', *size, "");
-                let mut reader = source.open().map_err(|e| LayerError::ReadContent {
+                self.write_header(&header).map_err(write_err)?;
+                let mut sink = SizedSink {
+                    inner: &mut self.inner,
+                    remaining: *size,
+                    written: 0,
+                    overflow: false,
+                    write_error: None,
+                };
+                let copied = source.copy_to(&mut sink);
+                let (written, overflow) = (sink.written, sink.overflow);
+                if let Some(e) = sink.write_error.take() {
+                    return Err(write_err(e));
+                }
+                let mismatch = |found| LayerError::SizeMismatch {
                     source_name: source.describe(),
-                    source: e,
-                })?;
-                self.append_reader(&header, &mut reader)
-                    .map_err(|error| match error {
-                        ContentError::Write(e) => write_err(e),
-                        ContentError::Read(e) => LayerError::ReadContent {
-                            source_name: source.describe(),
-                            source: e,
-                        },
-                        ContentError::SizeMismatch { found } => LayerError::SizeMismatch {
-                            source_name: source.describe(),
-                            expected: *size,
-                            found,
-                        },
-                    })
+                    expected: *size,
+                    found,
+                };
+                if overflow {
+                    return Err(mismatch(*size + 1));
+                }
+                if let Err(e) = copied {
+                    return Err(LayerError::ReadContent {
+                        source_name: source.describe(),
+                        source: e,
+                    });
+                }
+                if written != *size {
+                    return Err(mismatch(written));
+                }
+                self.pad(*size).map_err(write_err)
             }
         }
     }
@@ -254,6 +268,41 @@ impl<W: Write> TarWriter<W> {
     pub fn finish(mut self) -> io::Result<W> {
         self.inner.write_all(&[0u8; 2 * BLOCK])?;
         Ok(self.inner)
+    }
+}
+
+/// Passes at most `remaining` bytes through; more is recorded as an overflow (the
+/// header already declared the size). Write errors are kept apart from the source's
+/// read errors so the message blames the right side.
+struct SizedSink<'a, W: Write> {
+    inner: &'a mut W,
+    remaining: u64,
+    written: u64,
+    overflow: bool,
+    write_error: Option<io::Error>,
+}
+
+impl<W: Write> Write for SizedSink<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.len() as u64 > self.remaining {
+            self.overflow = true;
+            return Err(io::Error::other("content is larger than its declared size"));
+        }
+        match self.inner.write(buf) {
+            Ok(n) => {
+                self.remaining -= n as u64;
+                self.written += n as u64;
+                Ok(n)
+            }
+            Err(e) => {
+                let kind = e.kind();
+                self.write_error = Some(e);
+                Err(io::Error::new(kind, "layer stream write failed"))
+            }
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
