@@ -45,8 +45,8 @@ fn long_name(len: usize) -> String {
 /// executables, an empty directory, /tmp with 1777, long paths.
 fn make_tree(root: &Path, umask: &str, reverse: bool, touch_date: &str) {
     let long_dir = long_name(260);
-    let mut steps = vec![
-        "mkdir -p usr/lib/x86_64-linux-gnu && head -c 300000 /dev/urandom > usr/lib/x86_64-linux-gnu/libfoo.so.1.2.3".to_string(),
+    let mut steps = [
+        "mkdir -p usr/lib/x86_64-linux-gnu".to_string(),
         "ln -s libfoo.so.1.2.3 usr/lib/x86_64-linux-gnu/libfoo.so.1 || true".to_string(),
         "mkdir -p usr/bin && printf '#!/bin/sh\\necho hi\\n' > usr/bin/tool && chmod u+x usr/bin/tool".to_string(),
         "mkdir -p usr/share/doc && yes doc | head -n 5000 > usr/share/doc/one && ln usr/share/doc/one usr/share/doc/two".to_string(),

@@ -57,7 +57,11 @@ impl Compression {
         Ok(match *self {
             Compression::None => Compressor::None(out),
             Compression::Gzip { level } => {
-                Compressor::Gzip(ParallelGzip::new(out, level.clamp(1, 9), threads)?)
+                Compressor::Gzip(Box::new(ParallelGzip::new(
+                    out,
+                    level.clamp(1, 9),
+                    threads,
+                )?))
             }
             Compression::Zstd { level } => {
                 let mut encoder = zstd::stream::write::Encoder::new(out, level)?;
@@ -75,7 +79,7 @@ impl Compression {
 /// A streaming compressor; call [`Compressor::finish`] to complete the stream.
 pub enum Compressor<W: Write> {
     None(W),
-    Gzip(ParallelGzip<W>),
+    Gzip(Box<ParallelGzip<W>>),
     Zstd(zstd::stream::write::Encoder<'static, W>),
 }
 
@@ -87,7 +91,7 @@ impl<W: Write> Compressor<W> {
                 out.flush()?;
                 Ok(out)
             }
-            Compressor::Gzip(gzip) => gzip.finish(),
+            Compressor::Gzip(gzip) => (*gzip).finish(),
             Compressor::Zstd(encoder) => encoder.finish(),
         }
     }
