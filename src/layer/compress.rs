@@ -56,13 +56,11 @@ impl Compression {
     ) -> io::Result<Compressor<W>> {
         Ok(match *self {
             Compression::None => Compressor::None(out),
-            Compression::Gzip { level } => {
-                Compressor::Gzip(Box::new(ParallelGzip::new(
-                    out,
-                    level.clamp(1, 9),
-                    threads,
-                )?))
-            }
+            Compression::Gzip { level } => Compressor::Gzip(Box::new(ParallelGzip::new(
+                out,
+                level.clamp(1, 9),
+                threads,
+            )?)),
             Compression::Zstd { level } => {
                 let mut encoder = zstd::stream::write::Encoder::new(out, level)?;
                 // Always multithreaded (>= 1 worker) so the frame does not depend on

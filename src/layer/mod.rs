@@ -156,6 +156,19 @@ pub fn build(
     options: &BuildOptions,
 ) -> Result<Layer, LayerError> {
     let pending = store.begin()?;
+    if options.compression == Compression::None {
+        // The blob is the tar: the store's own hash is the diff_id, so hash once.
+        let pending = write_layer_tar(contents, options.mtime, pending)?;
+        let (digest, size) = pending.commit(None, "layer")?;
+        return Ok(Layer {
+            digest,
+            diff_id: digest,
+            size,
+            uncompressed_size: Some(size),
+            media_type: options.compression.media_type(),
+            blob: store.path(&digest),
+        });
+    }
     let compressor = options
         .compression
         .writer(pending, options.threads)
