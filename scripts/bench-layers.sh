@@ -53,7 +53,7 @@ BENCH=target/release/examples/layer_bench
 # Warm the page cache so every run reads the same way.
 tar -cf - -C "$TREE" . > /dev/null
 
-measure() { # name, command...; prints "name seconds rss_mib"
+measure() { # name, command...; prints "name seconds rss_mib cpu_seconds"
     local name=$1; shift
     rm -rf "$OUT"; mkdir -p "$OUT"
     local log=$BENCH_DIR/$name.time
@@ -63,9 +63,10 @@ measure() { # name, command...; prints "name seconds rss_mib"
     end=$(date +%s.%N)
     local rss
     rss=$(awk -F': ' '/Maximum resident set size/ {printf "%.1f", $2/1024}' "$log")
-    local seconds
+    local seconds cpu
     seconds=$(echo "$end - $start" | bc -l)
-    printf '%s %.2f %s\n' "$name" "$seconds" "$rss"
+    cpu=$(awk -F': ' '/User time|System time/ {s += $2} END {printf "%.2f", s}' "$log")
+    printf '%s %.2f %s %s\n' "$name" "$seconds" "$rss" "$cpu"
 }
 
 results=$(
@@ -77,14 +78,19 @@ results=$(
     measure cudastack-none $BENCH "$TREE" "$OUT/store" none 2
 )
 rm -rf "$OUT"
-echo "$results" | awk '
-    { t[$1] = $2; r[$1] = $3 }
+load=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "$results" | awk -v load="$load" '
+    { t[$1] = $2; r[$1] = $3; c[$1] = $4 }
     END {
-        printf "%-18s %9s %12s\n", "run", "seconds", "peak RSS MiB"
-        for (k in t) printf "%-18s %9.2f %12.1f\n", k, t[k], r[k]
-        printf "\nthroughput ratio cudastack/pigz -p2 -6  : %.2fx\n", t["pigz6"] / t["cudastack-gzip6"]
-        printf "throughput ratio cudastack/zstd -T2 -3  : %.2fx\n", t["zstd3"] / t["cudastack-zstd3"]
-        printf "throughput ratio cudastack/tar (no comp): %.2fx\n", t["tar"] / t["cudastack-none"]
+        printf "%-18s %9s %12s %12s\n", "run", "wall s", "CPU s", "peak RSS MiB"
+        split("pigz6 cudastack-gzip6 zstd3 cudastack-zstd3 tar cudastack-none", order, " ")
+        for (i = 1; i <= 6; i++) { k = order[i]; printf "%-18s %9.2f %12.2f %12.1f\n", k, t[k], c[k], r[k] }
+        printf "\nratios (theirs / ours; >= 1 means cudastack is at least as fast)\n"
+        printf "%-28s %8s %8s\n", "", "wall", "CPU"
+        printf "%-28s %7.2fx %7.2fx\n", "vs tar | pigz -p 2 -6", t["pigz6"] / t["cudastack-gzip6"], c["pigz6"] / c["cudastack-gzip6"]
+        printf "%-28s %7.2fx %7.2fx\n", "vs tar | zstd -T2 -3", t["zstd3"] / t["cudastack-zstd3"], c["zstd3"] / c["cudastack-zstd3"]
+        printf "%-28s %7.2fx %7.2fx\n", "vs tar (no compression)", t["tar"] / t["cudastack-none"], c["tar"] / c["cudastack-none"]
+        printf "load average during the run: %s\n", load
     }'
 for name in cudastack-gzip6 cudastack-zstd3 cudastack-none; do
     echo "$name: $(cat "$BENCH_DIR/$name.stdout")"

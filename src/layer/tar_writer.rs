@@ -399,6 +399,32 @@ mod tests {
     }
 
     #[test]
+    fn sizes_of_8_gib_and_more_go_to_a_pax_record() {
+        let mut tar = TarWriter::new(Vec::new(), 0);
+        let header = |size| Header {
+            name: "big",
+            typeflag: b'0',
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            size,
+            link_name: "",
+        };
+        tar.write_header(&header(MAX_OCTAL_11)).unwrap();
+        assert_eq!(tar.get_mut().len(), 512, "no PAX below 8 GiB");
+        tar.write_header(&header(9 << 30)).unwrap();
+        let bytes = tar.get_mut().clone();
+        assert_eq!(bytes.len(), 512 * 4);
+        assert_eq!(bytes[512 + 156], b'x');
+        let record = String::from_utf8_lossy(&bytes[1024..1536]);
+        assert!(record.starts_with("19 size=9663676416\n"), "{record}");
+        // The ustar field of the real header is zero; readers take the PAX value.
+        assert_eq!(&bytes[1536 + 124..1536 + 136], b"00000000000\0");
+        let parsed = tar::Header::from_byte_slice(&bytes[1536..2048]);
+        assert_eq!(parsed.path().unwrap().to_str(), Some("big"));
+    }
+
+    #[test]
     fn a_reader_of_the_wrong_size_is_an_error() {
         let p = |s: &str| LayerPath::parse(s).unwrap();
         let mut entry = Entry::file_bytes(p("f"), 0o644, &b"abc"[..]);
