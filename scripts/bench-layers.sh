@@ -7,7 +7,8 @@
 #   ~0.4 GB  random bytes (incompressible: already-compressed wheels, fatbins)
 #   ~0.3 GB  text (headers, docs, Python sources: /usr/share and /usr/include copies)
 # Every tool reads the same tree from the page cache (a warm-up pass runs first) and
-# writes its output to a file on the same disk. Ratio = their time / our time
+# writes its output to a file on the same disk and fsyncs it (`sync FILE`), because
+# cudastack's blob store fsyncs every blob before it becomes visible. Ratio = their time / our time
 # (>= 1 means cudastack is at least as fast). Peak RSS from /usr/bin/time -v.
 # Usage: scripts/bench-layers.sh [BENCH_DIR]   (default /tmp/cudastack-bench)
 set -euo pipefail
@@ -70,11 +71,11 @@ measure() { # name, command...; prints "name seconds rss_mib cpu_seconds"
 }
 
 results=$(
-    measure pigz6 sh -c "tar -cf - -C '$TREE' . | pigz -p 2 -6 > '$OUT/layer.tar.gz'"
+    measure pigz6 sh -c "tar -cf - -C '$TREE' . | pigz -p 2 -6 > '$OUT/layer.tar.gz' && sync '$OUT/layer.tar.gz'"
     measure cudastack-gzip6 $BENCH "$TREE" "$OUT/store" gzip:6 2
-    measure zstd3 sh -c "tar -cf - -C '$TREE' . | zstd -q -T2 -3 > '$OUT/layer.tar.zst'"
+    measure zstd3 sh -c "tar -cf - -C '$TREE' . | zstd -q -T2 -3 > '$OUT/layer.tar.zst' && sync '$OUT/layer.tar.zst'"
     measure cudastack-zstd3 $BENCH "$TREE" "$OUT/store" zstd:3 2
-    measure tar sh -c "tar -cf - -C '$TREE' . > '$OUT/layer.tar'"
+    measure tar sh -c "tar -cf - -C '$TREE' . > '$OUT/layer.tar' && sync '$OUT/layer.tar'"
     measure cudastack-none $BENCH "$TREE" "$OUT/store" none 2
 )
 rm -rf "$OUT"

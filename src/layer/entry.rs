@@ -306,12 +306,12 @@ impl LayerContents {
     /// Validate and canonicalise a list of entries given in any order.
     pub fn from_entries(entries: impl IntoIterator<Item = Entry>) -> Result<Self, LayerError> {
         let mut by_name: BTreeMap<String, Entry> = BTreeMap::new();
+        let mut opaque_dirs = Vec::new();
         for entry in entries {
             if matches!(entry.kind, EntryKind::OpaqueWhiteout) {
-                // The directory an opaque whiteout lives in must exist in this layer.
-                by_name
-                    .entry(entry.path.0.clone())
-                    .or_insert_with(|| Entry::dir(entry.path.clone(), 0o755));
+                // The directory an opaque whiteout lives in must exist in this layer;
+                // it is added below unless the caller lists it.
+                opaque_dirs.push(entry.path.clone());
             }
             if entry.mode > 0o7777 {
                 return Err(LayerError::InvalidMode {
@@ -324,8 +324,7 @@ impl LayerContents {
                 None => {
                     by_name.insert(name, entry);
                 }
-                // An implied directory (an opaque whiteout's) yields to an explicit one;
-                // two identical explicit directories are the same thing said twice.
+                // Two identical directories are the same thing said twice.
                 Some(existing)
                     if matches!(existing.kind, EntryKind::Dir)
                         && matches!(entry.kind, EntryKind::Dir) =>
@@ -338,6 +337,20 @@ impl LayerContents {
                     }
                 }
                 Some(_) => return Err(LayerError::Duplicate { path: name }),
+            }
+        }
+        for dir in opaque_dirs {
+            match by_name.get(dir.as_str()) {
+                None => {
+                    by_name.insert(dir.0.clone(), Entry::dir(dir, 0o755));
+                }
+                Some(existing) if matches!(existing.kind, EntryKind::Dir) => {}
+                Some(_) => {
+                    return Err(LayerError::ParentNotDirectory {
+                        path: format!("{dir}/.wh..wh..opq"),
+                        parent: dir.to_string(),
+                    })
+                }
             }
         }
 
@@ -608,8 +621,10 @@ mod tests {
         let contents = LayerContents::from_entries([
             Entry::whiteout(p("etc/old.conf")),
             Entry::opaque_whiteout(p("var/cache")),
+            Entry::dir(p("var/cache"), 0o700),
         ])
         .unwrap();
+        assert_eq!(contents.entries()[3].mode, 0o700);
         let names: Vec<String> = contents.entries().iter().map(|e| e.tar_name()).collect();
         assert_eq!(
             names,

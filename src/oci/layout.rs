@@ -234,7 +234,8 @@ pub fn blob_path(dir: &Path, digest: &Digest) -> PathBuf {
 
 /// Read the image named `ref_name` from the layout at `dir`, to build on top of it:
 /// its layers become the first layers of the new image, its config the starting config.
-/// The layer blobs are not read (they are referenced where they are).
+/// The layer blobs are not read (they are referenced where they are). The returned
+/// image's creation time is 0: set the new image's with [`Image::with_created`].
 pub fn read(dir: &Path, ref_name: &str) -> Result<Image, OciError> {
     let index = read_index(dir)?;
     let Some(entry) = index
