@@ -398,11 +398,14 @@ mod tests {
 
     #[test]
     fn zstd_is_identical_for_any_thread_count_and_round_trips() {
-        let data = sample(5 << 20);
+        // Large enough for several zstd jobs (job size at level 3 is a few MiB).
+        let data = sample(24 << 20);
         let zstd = Compression::Zstd { level: 3 };
         let one = compress(zstd, 1, &data, 65536);
         let two = compress(zstd, 2, &data, 1000);
+        let three = compress(zstd, 3, &data, 1 << 20);
         assert_eq!(one, two);
+        assert_eq!(one, three);
         assert_eq!(zstd::decode_all(&one[..]).unwrap(), data);
     }
 }
