@@ -299,9 +299,9 @@ impl<W: Write> Write for ParallelGzip<W> {
 /// (or the final block when `last`), so the pieces concatenate into one stream.
 ///
 /// Every block gets a fresh deflate state. A reset state is NOT equivalent: zlib-rs's
-/// reset keeps the previous block's bytes in its window, match search may read them
-/// past the end of the input, and the output then depends on which block the worker
-/// compressed before (seen on a 2 GB tree: same tar, different gzip bytes per run).
+/// reset does not clear the window, and with reused per-worker states the output
+/// depended on which block each worker had compressed before (seen on a 2 GB tree:
+/// the same tar gave different gzip bytes from run to run; fresh states fixed it).
 fn deflate_block(level: u32, job: &Job) -> io::Result<Vec<u8>> {
     let mut deflate = flate2::Compress::new(flate2::Compression::new(level), false);
     let deflate = &mut deflate;
