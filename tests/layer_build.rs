@@ -382,6 +382,14 @@ fn lazy_sources_stream_zip_members_into_a_layer() {
     .unwrap_err();
     assert!(matches!(err, LayerError::SizeMismatch { .. }), "{err}");
     assert!(err.to_string().contains("whl!pkg/lib/libpkg.so"), "{err}");
+    // The same through the compressing pipeline (producer thread + compressor).
+    let err = layer::build(
+        &store,
+        &contents,
+        &BuildOptions::new(EPOCH, Compression::Gzip { level: 6 }),
+    )
+    .unwrap_err();
+    assert!(matches!(err, LayerError::SizeMismatch { .. }), "{err}");
     // Nothing half-written is left in the store.
     assert_eq!(std::fs::read_dir(store.tmp_dir()).unwrap().count(), 0);
 }
