@@ -277,15 +277,23 @@ fn docker_loads_and_runs_the_archive_and_the_layout_tar() {
     // The default command of the base image (entrypoint + cmd) through a gzip archive.
     let base_tag = format!("cudastack-test/peers-base:{}", std::process::id());
     cleanup.0.push(base_tag.clone());
-    let archive = work.path().join("base.tar");
+    // Streamed straight into `docker load` through a pipe: no archive on disk.
     let gz_base = base_image(base_layer(&store, &show, Compression::Gzip { level: 6 }));
-    docker_archive::write(
-        &gz_base,
-        std::slice::from_ref(&base_tag),
-        std::fs::File::create(&archive).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(docker_load(&archive), base_tag);
+    let mut child = Command::new("docker")
+        .arg("load")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    drop(docker_archive::write(&gz_base, std::slice::from_ref(&base_tag), stdin).unwrap());
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains(&format!("Loaded image: {base_tag}")),
+        "{text}"
+    );
     let (ok, stdout) = docker_run(&base_tag, &[]);
     assert!(ok, "{stdout}");
     assert_eq!(stdout, "hello from a cudastack layer\nchain resolved\n");
