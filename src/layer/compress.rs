@@ -56,9 +56,11 @@ impl Compression {
     ) -> io::Result<Compressor<W>> {
         Ok(match *self {
             Compression::None => Compressor::None(out),
-            Compression::Gzip { level } => {
-                Compressor::Gzip(ParallelGzip::new(out, level.clamp(1, 9), threads)?)
-            }
+            Compression::Gzip { level } => Compressor::Gzip(Box::new(ParallelGzip::new(
+                out,
+                level.clamp(1, 9),
+                threads,
+            )?)),
             Compression::Zstd { level } => {
                 let mut encoder = zstd::stream::write::Encoder::new(out, level)?;
                 // Always multithreaded (>= 1 worker) so the frame does not depend on
@@ -75,7 +77,7 @@ impl Compression {
 /// A streaming compressor; call [`Compressor::finish`] to complete the stream.
 pub enum Compressor<W: Write> {
     None(W),
-    Gzip(ParallelGzip<W>),
+    Gzip(Box<ParallelGzip<W>>),
     Zstd(zstd::stream::write::Encoder<'static, W>),
 }
 
@@ -87,7 +89,7 @@ impl<W: Write> Compressor<W> {
                 out.flush()?;
                 Ok(out)
             }
-            Compressor::Gzip(gzip) => gzip.finish(),
+            Compressor::Gzip(gzip) => (*gzip).finish(),
             Compressor::Zstd(encoder) => encoder.finish(),
         }
     }
@@ -140,7 +142,9 @@ pub struct ParallelGzip<W: Write> {
     jobs: Option<Sender<Job>>,
     results: Option<Receiver<JobResult>>,
     workers: Vec<JoinHandle<()>>,
-    inline: Option<flate2::Compress>,
+    /// Compress on the calling thread (no workers).
+    inline: bool,
+    level: u32,
 }
 
 impl<W: Write> ParallelGzip<W> {
@@ -165,10 +169,10 @@ impl<W: Write> ParallelGzip<W> {
             jobs: None,
             results: None,
             workers: Vec::new(),
-            inline: None,
+            inline: threads <= 1,
+            level,
         };
-        if threads <= 1 {
-            gzip.inline = Some(new_deflate(level));
+        if gzip.inline {
             return Ok(gzip);
         }
         let (job_tx, job_rx) = mpsc::channel::<Job>();
@@ -179,18 +183,15 @@ impl<W: Write> ParallelGzip<W> {
             let result_tx = result_tx.clone();
             let worker = std::thread::Builder::new()
                 .name(format!("gzip-{index}"))
-                .spawn(move || {
-                    let mut deflate = new_deflate(level);
-                    loop {
-                        let job = match job_rx.lock() {
-                            Ok(receiver) => receiver.recv(),
-                            Err(_) => return,
-                        };
-                        let Ok(job) = job else { return };
-                        let output = deflate_block(&mut deflate, &job);
-                        if result_tx.send((job.sequence, output)).is_err() {
-                            return;
-                        }
+                .spawn(move || loop {
+                    let job = match job_rx.lock() {
+                        Ok(receiver) => receiver.recv(),
+                        Err(_) => return,
+                    };
+                    let Ok(job) = job else { return };
+                    let output = deflate_block(level, &job);
+                    if result_tx.send((job.sequence, output)).is_err() {
+                        return;
                     }
                 })?;
             gzip.workers.push(worker);
@@ -210,8 +211,8 @@ impl<W: Write> ParallelGzip<W> {
             last,
         };
         self.next_sequence += 1;
-        if let Some(deflate) = self.inline.as_mut() {
-            let output = deflate_block(deflate, &job)?;
+        if self.inline {
+            let output = deflate_block(self.level, &job)?;
             self.out.write_all(&output)?;
             self.next_to_write += 1;
             return Ok(());
@@ -294,14 +295,16 @@ impl<W: Write> Write for ParallelGzip<W> {
     }
 }
 
-fn new_deflate(level: u32) -> flate2::Compress {
-    flate2::Compress::new(flate2::Compression::new(level), false)
-}
-
 /// Deflate one block: raw deflate, primed with the dictionary, ended with a sync flush
 /// (or the final block when `last`), so the pieces concatenate into one stream.
-fn deflate_block(deflate: &mut flate2::Compress, job: &Job) -> io::Result<Vec<u8>> {
-    deflate.reset();
+///
+/// Every block gets a fresh deflate state. A reset state is NOT equivalent: zlib-rs's
+/// reset does not clear the window, and with reused per-worker states the output
+/// depended on which block each worker had compressed before (seen on a 2 GB tree:
+/// the same tar gave different gzip bytes from run to run; fresh states fixed it).
+fn deflate_block(level: u32, job: &Job) -> io::Result<Vec<u8>> {
+    let mut deflate = flate2::Compress::new(flate2::Compression::new(level), false);
+    let deflate = &mut deflate;
     if !job.dictionary.is_empty() {
         deflate
             .set_dictionary(&job.dictionary)
@@ -365,13 +368,17 @@ mod tests {
 
     #[test]
     fn gzip_is_identical_for_any_thread_count_and_write_size_and_round_trips() {
-        let data = sample(3 * GZIP_BLOCK + 12345);
+        // Enough blocks that workers are reused for non-consecutive blocks: a deflate
+        // state that leaks from one block into the next shows up here.
+        let data = sample(12 * GZIP_BLOCK + 12345);
         let gzip = Compression::Gzip { level: 6 };
         let one = compress(gzip, 1, &data, 4096);
         let two = compress(gzip, 2, &data, 777);
-        let four = compress(gzip, 4, &data, GZIP_BLOCK * 2);
+        let three = compress(gzip, 3, &data, GZIP_BLOCK * 2);
+        let two_again = compress(gzip, 2, &data, 100_000);
         assert_eq!(one, two);
-        assert_eq!(one, four);
+        assert_eq!(one, three);
+        assert_eq!(one, two_again);
         assert_eq!(&one[..10], &[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255]);
         let mut decoded = Vec::new();
         flate2::read::GzDecoder::new(&one[..])
@@ -379,6 +386,22 @@ mod tests {
             .unwrap();
         assert_eq!(decoded, data);
         assert!(one.len() < data.len() / 2);
+    }
+
+    #[test]
+    fn gzip_of_real_binary_data_does_not_depend_on_worker_scheduling() {
+        // The test executable itself: real ELF code and data, like the libraries that
+        // make up CUDA layers. (Reused deflate states made this differ between runs.)
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let data = &exe[..exe.len().min(3 << 20)];
+        let gzip = Compression::Gzip { level: 6 };
+        let one = compress(gzip, 1, data, 65536);
+        for threads in [2, 3, 2] {
+            assert!(
+                compress(gzip, threads, data, 100_000) == one,
+                "{threads} threads"
+            );
+        }
     }
 
     #[test]
@@ -396,11 +419,14 @@ mod tests {
 
     #[test]
     fn zstd_is_identical_for_any_thread_count_and_round_trips() {
-        let data = sample(5 << 20);
+        // Large enough for several zstd jobs (job size at level 3 is a few MiB).
+        let data = sample(24 << 20);
         let zstd = Compression::Zstd { level: 3 };
         let one = compress(zstd, 1, &data, 65536);
         let two = compress(zstd, 2, &data, 1000);
+        let three = compress(zstd, 3, &data, 1 << 20);
         assert_eq!(one, two);
+        assert_eq!(one, three);
         assert_eq!(zstd::decode_all(&one[..]).unwrap(), data);
     }
 }

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -123,12 +123,14 @@ impl std::str::FromStr for LayerPath {
     }
 }
 
-/// Opens a file's content when the tar writer reaches it. Implement it for archive
-/// members (a wheel's zip entry, a member of an extracted-on-demand archive) so their
-/// bytes stream straight into the layer without being staged on disk.
+/// Produces a file's content when the tar writer reaches it. Implement it for archive
+/// members (a wheel's zip entry, a member of a `.tar.xz`) so their bytes stream straight
+/// into the layer without being staged on disk: open the archive, find the member and
+/// copy it into `sink`. Writing the wrong number of bytes is an error.
 pub trait OpenContent: Send + Sync {
-    fn open(&self) -> io::Result<Box<dyn Read + '_>>;
-    /// Where the bytes come from, for error messages (`wheel.whl!torch/lib/x.so`).
+    /// Copy the whole content into `sink`; returns the number of bytes copied.
+    fn copy_to(&self, sink: &mut dyn Write) -> io::Result<u64>;
+    /// Where the bytes come from, for error messages (`x.whl!torch/lib/libtorch.so`).
     fn describe(&self) -> String;
 }
 
@@ -139,16 +141,34 @@ pub enum FileSource {
     Path(PathBuf),
     /// Small content held in memory (generated config files, probe scripts).
     Bytes(Arc<[u8]>),
-    /// Content opened lazily by the caller's factory.
+    /// Content produced lazily by the caller.
     Lazy(Arc<dyn OpenContent>),
 }
 
 impl FileSource {
-    pub fn open(&self) -> io::Result<Box<dyn Read + '_>> {
+    /// Copy the content into `sink`, returning the number of bytes copied.
+    pub fn copy_to(&self, sink: &mut dyn Write) -> io::Result<u64> {
         match self {
-            FileSource::Path(path) => Ok(Box::new(fs_err::File::open(path)?)),
-            FileSource::Bytes(bytes) => Ok(Box::new(&bytes[..])),
-            FileSource::Lazy(opener) => opener.open(),
+            FileSource::Path(path) => {
+                let mut file = fs_err::File::open(path)?;
+                let mut buffer = vec![0u8; 256 * 1024];
+                let mut total = 0u64;
+                loop {
+                    let n = match file.read(&mut buffer) {
+                        Ok(0) => return Ok(total),
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e),
+                    };
+                    sink.write_all(&buffer[..n])?;
+                    total += n as u64;
+                }
+            }
+            FileSource::Bytes(bytes) => {
+                sink.write_all(bytes)?;
+                Ok(bytes.len() as u64)
+            }
+            FileSource::Lazy(opener) => opener.copy_to(sink),
         }
     }
 
@@ -286,12 +306,12 @@ impl LayerContents {
     /// Validate and canonicalise a list of entries given in any order.
     pub fn from_entries(entries: impl IntoIterator<Item = Entry>) -> Result<Self, LayerError> {
         let mut by_name: BTreeMap<String, Entry> = BTreeMap::new();
+        let mut opaque_dirs = Vec::new();
         for entry in entries {
             if matches!(entry.kind, EntryKind::OpaqueWhiteout) {
-                // The directory an opaque whiteout lives in must exist in this layer.
-                by_name
-                    .entry(entry.path.0.clone())
-                    .or_insert_with(|| Entry::dir(entry.path.clone(), 0o755));
+                // The directory an opaque whiteout lives in must exist in this layer;
+                // it is added below unless the caller lists it.
+                opaque_dirs.push(entry.path.clone());
             }
             if entry.mode > 0o7777 {
                 return Err(LayerError::InvalidMode {
@@ -304,8 +324,7 @@ impl LayerContents {
                 None => {
                     by_name.insert(name, entry);
                 }
-                // An implied directory (an opaque whiteout's) yields to an explicit one;
-                // two identical explicit directories are the same thing said twice.
+                // Two identical directories are the same thing said twice.
                 Some(existing)
                     if matches!(existing.kind, EntryKind::Dir)
                         && matches!(entry.kind, EntryKind::Dir) =>
@@ -318,6 +337,20 @@ impl LayerContents {
                     }
                 }
                 Some(_) => return Err(LayerError::Duplicate { path: name }),
+            }
+        }
+        for dir in opaque_dirs {
+            match by_name.get(dir.as_str()) {
+                None => {
+                    by_name.insert(dir.0.clone(), Entry::dir(dir, 0o755));
+                }
+                Some(existing) if matches!(existing.kind, EntryKind::Dir) => {}
+                Some(_) => {
+                    return Err(LayerError::ParentNotDirectory {
+                        path: format!("{dir}/.wh..wh..opq"),
+                        parent: dir.to_string(),
+                    })
+                }
             }
         }
 
@@ -588,8 +621,10 @@ mod tests {
         let contents = LayerContents::from_entries([
             Entry::whiteout(p("etc/old.conf")),
             Entry::opaque_whiteout(p("var/cache")),
+            Entry::dir(p("var/cache"), 0o700),
         ])
         .unwrap();
+        assert_eq!(contents.entries()[3].mode, 0o700);
         let names: Vec<String> = contents.entries().iter().map(|e| e.tar_name()).collect();
         assert_eq!(
             names,

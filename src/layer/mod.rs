@@ -6,8 +6,10 @@
 //!
 //! ```text
 //! Entry list / directory ──LayerContents (sort, parents, escape checks)──┐
-//!   tar writer (fixed mtime, owners, modes) ─> sha256 = diff_id          │
-//!     ─> compressor (parallel gzip | zstd MT | none) ─> sha256 = digest ─> BlobStore
+//!   [producer thread] tar writer (fixed mtime, owners, modes) ─> sha256 = diff_id
+//!     ─> 1 MiB chunks ─> [caller thread] compressor (parallel gzip | zstd MT)
+//!     ─> sha256 = digest ─> BlobStore (uncompressed layers skip the pipeline:
+//!        the blob is the tar and its digest is the diff_id)
 //! ```
 //! One pass produces the diff_id, the digest and the size; no layer is held in memory
 //! and nothing is read twice. A [`LayerCache`] keyed by the layer's inputs makes an
@@ -21,8 +23,9 @@ mod entry;
 mod tar_writer;
 mod walk;
 
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 
 use oci_spec::image::MediaType;
 use serde::{Deserialize, Serialize};
@@ -148,6 +151,45 @@ impl Layer {
     }
 }
 
+const PIPELINE_CHUNK: usize = 1 << 20;
+const PIPELINE_DEPTH: usize = 4;
+
+/// Cuts the tar stream into chunks for the compressing thread.
+struct ChunkSender {
+    sender: mpsc::SyncSender<Vec<u8>>,
+    chunk: Vec<u8>,
+}
+
+impl ChunkSender {
+    fn send(&mut self) -> io::Result<()> {
+        let chunk = std::mem::replace(&mut self.chunk, Vec::with_capacity(PIPELINE_CHUNK));
+        self.sender
+            .send(chunk)
+            .map_err(|_| io::Error::other("the layer compressor stopped"))
+    }
+
+    fn finish(mut self) -> io::Result<()> {
+        if !self.chunk.is_empty() {
+            self.send()?;
+        }
+        Ok(())
+    }
+}
+
+impl Write for ChunkSender {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = (PIPELINE_CHUNK - self.chunk.len()).min(buf.len());
+        self.chunk.extend_from_slice(&buf[..n]);
+        if self.chunk.len() == PIPELINE_CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Write `contents` as a layer into `store`: tar, hash, compress, hash, commit, in one
 /// streaming pass. Memory use is bounded by the compressor's in-flight blocks.
 pub fn build(
@@ -156,12 +198,57 @@ pub fn build(
     options: &BuildOptions,
 ) -> Result<Layer, LayerError> {
     let pending = store.begin()?;
-    let compressor = options
+    if options.compression == Compression::None {
+        // The blob is the tar: the store's own hash is the diff_id, so hash once.
+        let pending = write_layer_tar(contents, options.mtime, pending)?;
+        let (digest, size) = pending.commit(None, "layer")?;
+        return Ok(Layer {
+            digest,
+            diff_id: digest,
+            size,
+            uncompressed_size: Some(size),
+            media_type: options.compression.media_type(),
+            blob: store.path(&digest),
+        });
+    }
+    let mut compressor = options
         .compression
         .writer(pending, options.threads)
         .map_err(LayerError::Compress)?;
-    let hashing = write_layer_tar(contents, options.mtime, HashingWriter::new(compressor))?;
-    let (compressor, diff_id, uncompressed_size) = hashing.finish();
+    // Two stages run at once: a producer thread walks the entries, reads the files and
+    // hashes the tar (diff_id); this thread feeds the compressor, whose workers use the
+    // other cores. Bounded chunks keep memory flat.
+    let (sender, receiver) = mpsc::sync_channel::<Vec<u8>>(PIPELINE_DEPTH);
+    let (diff_id, uncompressed_size) = std::thread::scope(|scope| {
+        let producer = scope.spawn(move || {
+            let sink = ChunkSender {
+                sender,
+                chunk: Vec::with_capacity(PIPELINE_CHUNK),
+            };
+            let hashing = write_layer_tar(contents, options.mtime, HashingWriter::new(sink))?;
+            let (sink, diff_id, size) = hashing.finish();
+            sink.finish().map_err(|source| LayerError::WriteTar {
+                entry: "end of the layer".to_string(),
+                source,
+            })?;
+            Ok::<_, LayerError>((diff_id, size))
+        });
+        let mut written = Ok(());
+        for chunk in receiver.iter() {
+            if let Err(e) = compressor.write_all(&chunk) {
+                written = Err(e);
+                break;
+            }
+        }
+        // Dropping the receiver stops a producer that is still sending.
+        drop(receiver);
+        let produced = match producer.join() {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        written.map_err(LayerError::Compress)?;
+        produced
+    })?;
     let pending = compressor.finish().map_err(LayerError::Compress)?;
     let (digest, size) = pending.commit(None, "layer")?;
     Ok(Layer {

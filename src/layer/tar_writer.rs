@@ -210,23 +210,37 @@ impl<W: Write> TarWriter<W> {
                 .map_err(write_err),
             EntryKind::File { size, source } => {
                 let header = self.header(entry, &name, b'0', *size, "");
-                let mut reader = source.open().map_err(|e| LayerError::ReadContent {
+                self.write_header(&header).map_err(write_err)?;
+                let mut sink = SizedSink {
+                    inner: &mut self.inner,
+                    remaining: *size,
+                    written: 0,
+                    overflow: false,
+                    write_error: None,
+                };
+                let copied = source.copy_to(&mut sink);
+                let (written, overflow) = (sink.written, sink.overflow);
+                if let Some(e) = sink.write_error.take() {
+                    return Err(write_err(e));
+                }
+                let mismatch = |found| LayerError::SizeMismatch {
                     source_name: source.describe(),
-                    source: e,
-                })?;
-                self.append_reader(&header, &mut reader)
-                    .map_err(|error| match error {
-                        ContentError::Write(e) => write_err(e),
-                        ContentError::Read(e) => LayerError::ReadContent {
-                            source_name: source.describe(),
-                            source: e,
-                        },
-                        ContentError::SizeMismatch { found } => LayerError::SizeMismatch {
-                            source_name: source.describe(),
-                            expected: *size,
-                            found,
-                        },
-                    })
+                    expected: *size,
+                    found,
+                };
+                if overflow {
+                    return Err(mismatch(*size + 1));
+                }
+                if let Err(e) = copied {
+                    return Err(LayerError::ReadContent {
+                        source_name: source.describe(),
+                        source: e,
+                    });
+                }
+                if written != *size {
+                    return Err(mismatch(written));
+                }
+                self.pad(*size).map_err(write_err)
             }
         }
     }
@@ -254,6 +268,41 @@ impl<W: Write> TarWriter<W> {
     pub fn finish(mut self) -> io::Result<W> {
         self.inner.write_all(&[0u8; 2 * BLOCK])?;
         Ok(self.inner)
+    }
+}
+
+/// Passes at most `remaining` bytes through; more is recorded as an overflow (the
+/// header already declared the size). Write errors are kept apart from the source's
+/// read errors so the message blames the right side.
+struct SizedSink<'a, W: Write> {
+    inner: &'a mut W,
+    remaining: u64,
+    written: u64,
+    overflow: bool,
+    write_error: Option<io::Error>,
+}
+
+impl<W: Write> Write for SizedSink<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.len() as u64 > self.remaining {
+            self.overflow = true;
+            return Err(io::Error::other("content is larger than its declared size"));
+        }
+        match self.inner.write(buf) {
+            Ok(n) => {
+                self.remaining -= n as u64;
+                self.written += n as u64;
+                Ok(n)
+            }
+            Err(e) => {
+                let kind = e.kind();
+                self.write_error = Some(e);
+                Err(io::Error::new(kind, "layer stream write failed"))
+            }
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -347,6 +396,32 @@ mod tests {
         assert_eq!(seen[1].3, b"long");
         assert_eq!(seen[3].2.as_deref(), Some("d/hard"));
         assert_eq!(seen[2].2.as_deref(), Some("n".repeat(150).as_str()));
+    }
+
+    #[test]
+    fn sizes_of_8_gib_and_more_go_to_a_pax_record() {
+        let mut tar = TarWriter::new(Vec::new(), 0);
+        let header = |size| Header {
+            name: "big",
+            typeflag: b'0',
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            size,
+            link_name: "",
+        };
+        tar.write_header(&header(MAX_OCTAL_11)).unwrap();
+        assert_eq!(tar.get_mut().len(), 512, "no PAX below 8 GiB");
+        tar.write_header(&header(9 << 30)).unwrap();
+        let bytes = tar.get_mut().clone();
+        assert_eq!(bytes.len(), 512 * 4);
+        assert_eq!(bytes[512 + 156], b'x');
+        let record = String::from_utf8_lossy(&bytes[1024..1536]);
+        assert!(record.starts_with("19 size=9663676416\n"), "{record}");
+        // The ustar field of the real header is zero; readers take the PAX value.
+        assert_eq!(&bytes[1536 + 124..1536 + 136], b"00000000000\0");
+        let parsed = tar::Header::from_byte_slice(&bytes[1536..2048]);
+        assert_eq!(parsed.path().unwrap().to_str(), Some("big"));
     }
 
     #[test]

@@ -12,41 +12,10 @@ use std::collections::HashMap;
 use std::io::Write;
 
 use oci_spec::image::{ImageIndexBuilder, MediaType, ANNOTATION_REF_NAME};
-use serde::Serialize;
 
 use super::canonical::to_canonical_json;
-use super::{annotated, Image, OciError};
+use super::{annotated, check_tag, DockerManifestEntry, Image, OciError};
 use crate::layer::{ContentError, Header, TarWriter};
-
-#[derive(Serialize)]
-struct DockerManifestEntry<'a> {
-    #[serde(rename = "Config")]
-    config: String,
-    #[serde(rename = "RepoTags")]
-    repo_tags: &'a [String],
-    #[serde(rename = "Layers")]
-    layers: Vec<String>,
-}
-
-/// Check a `name[:tag]` reference enough to give a clear error before Docker does.
-fn check_tag(tag: &str) -> Result<(), OciError> {
-    let valid = !tag.is_empty()
-        && !tag.starts_with(['/', ':', '.', '-'])
-        && !tag.ends_with([':', '/'])
-        && tag.bytes().all(|b| {
-            b.is_ascii_lowercase()
-                || b.is_ascii_digit()
-                || b"._-/:".contains(&b)
-                || (b.is_ascii_uppercase() && tag.rfind(':').is_some())
-        });
-    if valid {
-        Ok(())
-    } else {
-        Err(OciError::InvalidTag {
-            tag: tag.to_string(),
-        })
-    }
-}
 
 /// Stream `image` as a docker-archive tar (also a valid OCI layout tar) into `out`,
 /// tagged with `tags` (`name:tag`). Returns `out`.
@@ -134,7 +103,7 @@ pub fn write<W: Write>(image: &Image, tags: &[String], out: W) -> Result<W, OciE
 
     let docker_manifest = [DockerManifestEntry {
         config: blob_name(documents.config.digest.hex()),
-        repo_tags: tags,
+        repo_tags: tags.to_vec(),
         layers: image
             .layers()
             .iter()
@@ -161,7 +130,7 @@ fn header(name: &str, typeflag: u8, mode: u32, size: u64) -> Header<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::check_tag;
+    use crate::oci::check_tag;
 
     #[test]
     fn tags_are_checked() {

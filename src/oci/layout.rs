@@ -22,7 +22,7 @@ use oci_spec::image::{
 };
 
 use super::canonical::to_canonical_json;
-use super::{annotated, digest_of, io_error, Image, OciError};
+use super::{annotated, check_tag, digest_of, io_error, DockerManifestEntry, Image, OciError};
 use crate::digest::{Digest, HashingWriter};
 use crate::layer::Layer;
 
@@ -69,8 +69,60 @@ pub fn write(image: &Image, dir: &Path, ref_name: &str) -> Result<Digest, OciErr
             source,
         })?;
     let bytes = to_canonical_json(&index).expect("index serialises");
+    write_docker_manifest(dir, index.manifests())?;
     write_atomic(dir, &index_path, &bytes)?;
     Ok(documents.manifest.digest)
+}
+
+/// Keep a docker-save `manifest.json` beside `index.json` (as Docker 25+ `save` does),
+/// so a plain tar of the layout is also accepted by `docker load` on daemons that
+/// need it (Docker < 25, and the classic image store of later versions). A ref name
+/// that is a valid Docker reference becomes the tag (`name` means `name:latest`).
+fn write_docker_manifest(
+    dir: &Path,
+    manifests: &[oci_spec::image::Descriptor],
+) -> Result<(), OciError> {
+    let mut entries = Vec::new();
+    for descriptor in manifests {
+        if descriptor.media_type() != &MediaType::ImageManifest {
+            continue;
+        }
+        let manifest: ImageManifest = serde_json::from_slice(&read_blob(dir, descriptor)?)
+            .map_err(|source| OciError::Json {
+                path: dir.join("blobs"),
+                what: "an OCI image manifest",
+                source,
+            })?;
+        let name = |d: &oci_spec::image::Descriptor| -> Result<String, OciError> {
+            let digest = digest_of(d).map_err(|problem| OciError::InvalidLayout {
+                dir: dir.to_path_buf(),
+                problem,
+            })?;
+            Ok(format!("blobs/sha256/{}", digest.hex()))
+        };
+        let repo_tags = ref_name_of(descriptor)
+            .map(|name| {
+                if name.contains(':') {
+                    name.to_string()
+                } else {
+                    format!("{name}:latest")
+                }
+            })
+            .filter(|tag| check_tag(tag).is_ok())
+            .into_iter()
+            .collect();
+        entries.push(DockerManifestEntry {
+            config: name(manifest.config())?,
+            repo_tags,
+            layers: manifest
+                .layers()
+                .iter()
+                .map(name)
+                .collect::<Result<_, _>>()?,
+        });
+    }
+    let bytes = to_canonical_json(&entries).expect("manifest.json serialises");
+    write_atomic(dir, &dir.join("manifest.json"), &bytes)
 }
 
 fn ref_name_of(descriptor: &oci_spec::image::Descriptor) -> Option<&str> {
@@ -182,7 +234,8 @@ pub fn blob_path(dir: &Path, digest: &Digest) -> PathBuf {
 
 /// Read the image named `ref_name` from the layout at `dir`, to build on top of it:
 /// its layers become the first layers of the new image, its config the starting config.
-/// The layer blobs are not read (they are referenced where they are).
+/// The layer blobs are not read (they are referenced where they are). The returned
+/// image's creation time is 0: set the new image's with [`Image::with_created`].
 pub fn read(dir: &Path, ref_name: &str) -> Result<Image, OciError> {
     let index = read_index(dir)?;
     let Some(entry) = index

@@ -336,6 +336,37 @@ impl Documents {
     }
 }
 
+/// Check a `name[:tag]` reference enough to give a clear error before Docker does.
+pub(crate) fn check_tag(tag: &str) -> Result<(), OciError> {
+    let valid = !tag.is_empty()
+        && !tag.starts_with(['/', ':', '.', '-'])
+        && !tag.ends_with([':', '/'])
+        && tag.bytes().all(|b| {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || b"._-/:".contains(&b)
+                || (b.is_ascii_uppercase() && tag.rfind(':').is_some())
+        });
+    if valid {
+        Ok(())
+    } else {
+        Err(OciError::InvalidTag {
+            tag: tag.to_string(),
+        })
+    }
+}
+
+/// One entry of a docker-save `manifest.json` (what `docker load` before 25 reads).
+#[derive(serde::Serialize)]
+pub(crate) struct DockerManifestEntry {
+    #[serde(rename = "Config")]
+    pub config: String,
+    #[serde(rename = "RepoTags")]
+    pub repo_tags: Vec<String>,
+    #[serde(rename = "Layers")]
+    pub layers: Vec<String>,
+}
+
 /// Build a descriptor with annotations (used for index entries).
 pub(crate) fn annotated(
     base: Descriptor,
