@@ -652,3 +652,74 @@ fn preloaded_sonames_count_when_the_image_holds_one_copy() {
         report.render()
     );
 }
+
+/// auditwheel's layout (numpy.libs): the extension has DT_RPATH to the vendored directory,
+/// the vendored libraries have neither RPATH nor RUNPATH, and their own NEEDED entries
+/// resolve only through the RPATH inherited from the extension that loaded them
+/// (libopenblas -> libgfortran -> libquadmath, two levels). With RUNPATH on the extension
+/// instead, glibc does not pass it on, and the audit must say so.
+#[test]
+fn rpath_of_loading_libraries_is_inherited_but_runpath_is_not() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let outside = temp.path().join("build");
+    let build_tree = |root: &Path, use_runpath: bool| {
+        let libs = root.join("usr/local/lib/python3.11/dist-packages/numpy.libs");
+        let quadmath = bare_lib(
+            &libs,
+            "libquadmath-96973f99.so.0.0.0",
+            "libquadmath-96973f99.so.0.0.0",
+            vec![],
+            None,
+        );
+        let gfortran = bare_lib(
+            &libs,
+            "libgfortran-040039e1.so.5.0.0",
+            "libgfortran-040039e1.so.5.0.0",
+            vec![quadmath],
+            None,
+        );
+        let openblas = bare_lib(
+            &libs,
+            "libopenblas64_p-r0.so",
+            "libopenblas64_p-r0.so",
+            vec![gfortran],
+            None,
+        );
+        let core = root.join("usr/local/lib/python3.11/dist-packages/numpy/core");
+        let path = "$ORIGIN/../../numpy.libs";
+        build(
+            &core,
+            &Lib {
+                file: "_multiarray_umath.so",
+                soname: None,
+                link: vec![openblas],
+                runpath: use_runpath.then_some(path),
+                rpath: (!use_runpath).then_some(path),
+                nostdlib: true,
+                ..Default::default()
+            },
+        );
+        let _ = &outside;
+    };
+    let with_rpath = temp.path().join("rpath");
+    build_tree(&with_rpath, false);
+    let report = audit(&with_rpath, &AuditOptions::default()).unwrap();
+    assert_eq!(
+        report.findings_of(FindingKind::UnresolvedNeeded).count(),
+        0,
+        "{}",
+        report.render()
+    );
+
+    let with_runpath = temp.path().join("runpath");
+    build_tree(&with_runpath, true);
+    let report = audit(&with_runpath, &AuditOptions::default()).unwrap();
+    let unresolved: Vec<_> = report.findings_of(FindingKind::UnresolvedNeeded).collect();
+    assert_eq!(unresolved.len(), 2, "{}", report.render());
+    assert!(unresolved
+        .iter()
+        .any(|f| f.evidence.contains("libgfortran-040039e1.so.5.0.0")));
+}

@@ -553,7 +553,9 @@ fn inherited_rpath_lookup(
             if info.runpath.is_empty() && !info.rpath.is_empty() {
                 let origin = loader.parent().unwrap_or(Path::new("/")).to_path_buf();
                 for dir in info.expanded_rpath(&origin) {
-                    if let Some(found) = auditor.try_dir(&dir, needed, requester.class, requester.machine)? {
+                    if let Some(found) =
+                        auditor.try_dir(&dir, needed, requester.class, requester.machine)?
+                    {
                         return Ok(Some(found));
                     }
                 }
@@ -688,7 +690,10 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
                 if let Resolution::Found(resolved) =
                     resolve_in_root(root, &target).map_err(io_error(&target))?
                 {
-                    loaded_by.entry(resolved.clone()).or_default().push(path.clone());
+                    loaded_by
+                        .entry(resolved.clone())
+                        .or_default()
+                        .push(path.clone());
                     resolved_needed.insert(needed, resolved);
                     continue;
                 }
@@ -725,7 +730,10 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
                 }
             }
             if let Some(resolved) = found {
-                loaded_by.entry(resolved.clone()).or_default().push(path.clone());
+                loaded_by
+                    .entry(resolved.clone())
+                    .or_default()
+                    .push(path.clone());
                 resolved_needed.insert(needed, resolved);
                 continue;
             }
@@ -818,7 +826,8 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
     // Inherited DT_RPATH: an object without DT_RUNPATH also searches the DT_RPATH of every
     // object up its chain of loaders (glibc `_dl_map_object`: "then that object's
     // dependent, and on up"). Loaders are the objects whose NEEDED resolved to it.
-    let rpath_of: HashMap<&Path, &ElfInfo> = objects.iter().map(|(p, i)| (p.as_path(), i)).collect();
+    let rpath_of: HashMap<&Path, &ElfInfo> =
+        objects.iter().map(|(p, i)| (p.as_path(), i)).collect();
     // A library found this way becomes a loader in turn (libopenblas -> libgfortran ->
     // libquadmath), so repeat until nothing more resolves.
     let mut pending = unresolved;

@@ -57,9 +57,7 @@ impl DebootstrapSpec {
         Self {
             distro: distro.to_string(),
             release: release.to_string(),
-            packages: ["python3", "ca-certificates"]
-                .map(String::from)
-                .to_vec(),
+            packages: ["python3", "ca-certificates"].map(String::from).to_vec(),
             mirror: None,
             source_date_epoch,
         }

@@ -339,7 +339,10 @@ pub async fn build(
             fs_err::remove_file(&link).map_err(io_error(&link))?;
         }
         std::os::unix::fs::symlink(&blob, &link).map_err(io_error(&link))?;
-        wheel_paths.insert(artifact.name.clone(), (link, artifact.sha256, artifact.version.clone()));
+        wheel_paths.insert(
+            artifact.name.clone(),
+            (link, artifact.sha256, artifact.version.clone()),
+        );
     }
 
     // 3. Layers. Heavy work runs on blocking threads.
