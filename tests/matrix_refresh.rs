@@ -99,7 +99,7 @@ fn refresh_against_a_local_index_derives_every_field() {
     for (path, bytes) in files {
         server.add_bytes(path, "application/octet-stream", bytes.clone());
     }
-    server.add(
+    server.add_bytes(
         "/files/cuda_toolkit-13.0.2-py2.py3-none-any.whl.metadata",
         "text/plain",
         TOOLKIT.as_bytes().to_vec(),
@@ -121,12 +121,12 @@ fn refresh_against_a_local_index_derives_every_field() {
         "name": "cuda-toolkit",
         "files": [file_entry(&server, files[3].0, "cuda_toolkit-13.0.2-py2.py3-none-any.whl", &toolkit, Some(TOOLKIT.as_bytes()))],
     });
-    server.add(
+    server.add_bytes(
         "/simple/torch/",
         "application/vnd.pypi.simple.v1+json",
         torch_page.to_string().into_bytes(),
     );
-    server.add(
+    server.add_bytes(
         "/simple/cuda-toolkit/",
         "application/vnd.pypi.simple.v1+json",
         toolkit_page.to_string().into_bytes(),
