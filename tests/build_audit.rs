@@ -55,7 +55,9 @@ fn gcc_lib(dir: &Path, file: &str, soname: &str, needed: &[&str], symbol: &str) 
         .args(["-shared", "-fPIC", "-o"])
         .arg(&out)
         .arg(&source)
-        .arg(format!("-Wl,-soname,{soname}"));
+        .arg(format!("-Wl,-soname,{soname}"))
+        // Before the libraries, so every one of them becomes a DT_NEEDED entry.
+        .arg("-Wl,--no-as-needed");
     // Link against stub libraries by name so DT_NEEDED carries exactly these entries.
     for name in needed {
         let stub = dir.join(name);
@@ -73,7 +75,6 @@ fn gcc_lib(dir: &Path, file: &str, soname: &str, needed: &[&str], symbol: &str) 
         }
         command.arg(&stub);
     }
-    command.arg("-Wl,--no-as-needed");
     assert!(command.status().unwrap().success(), "gcc failed for {file}");
     std::fs::read(out).unwrap()
 }
