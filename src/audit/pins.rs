@@ -8,7 +8,7 @@ use std::path::Path;
 use std::str::FromStr;
 
 use pep508_rs::pep440_rs::Operator;
-use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder, Requirement, VersionOrUrl};
+use pep508_rs::{MarkerEnvironment, Requirement, VersionOrUrl};
 
 use super::rootfs::host_path;
 use super::AuditError;
@@ -16,22 +16,7 @@ use crate::install::{normalize_name, PythonVersion};
 
 /// The marker environment of CPython `python` on Linux `machine` (e.g. `x86_64`).
 pub fn linux_environment(python: PythonVersion, machine: &str) -> MarkerEnvironment {
-    let short = python.to_string();
-    let full = format!("{short}.0");
-    MarkerEnvironment::try_from(MarkerEnvironmentBuilder {
-        implementation_name: "cpython",
-        implementation_version: &full,
-        os_name: "posix",
-        platform_machine: machine,
-        platform_python_implementation: "CPython",
-        platform_release: "",
-        platform_system: "Linux",
-        platform_version: "",
-        python_full_version: &full,
-        python_version: &short,
-        sys_platform: "linux",
-    })
-    .expect("a major.minor.0 version always parses")
+    crate::lock::target::linux_marker_environment(&format!("{python}.0"), machine)
 }
 
 /// The exact pins (`name==version`, no wildcard, no extra) among the `Requires-Dist` lines of

@@ -214,22 +214,7 @@ impl Target {
 
     /// The PEP 508 marker environment of the target.
     pub fn marker_environment(&self) -> MarkerEnvironment {
-        let full = self.python.full().to_string();
-        let short = format!("{}.{}", self.python.major, self.python.minor);
-        MarkerEnvironment::try_from(MarkerEnvironmentBuilder {
-            implementation_name: "cpython",
-            implementation_version: &full,
-            os_name: "posix",
-            platform_machine: self.arch.as_str(),
-            platform_python_implementation: "CPython",
-            platform_release: "",
-            platform_system: "Linux",
-            platform_version: "",
-            python_full_version: &full,
-            python_version: &short,
-            sys_platform: "linux",
-        })
-        .expect("generated versions parse")
+        linux_marker_environment(&self.python.full().to_string(), self.arch.as_str())
     }
 
     /// Platform tags, most specific first: `manylinux_2_X` down to the oldest level for the
@@ -309,6 +294,31 @@ impl Target {
         }
         TagPriorities { ordered, rank }
     }
+}
+
+/// The PEP 508 marker environment of CPython `python_full_version` (`3.11.0`) on Linux
+/// `machine`. The one place cudastack spells out a target's markers: the resolver, the
+/// audit's pin reader and the matrix refresh all evaluate Requires-Dist with it.
+pub fn linux_marker_environment(python_full_version: &str, machine: &str) -> MarkerEnvironment {
+    let short: String = python_full_version
+        .split('.')
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(".");
+    MarkerEnvironment::try_from(MarkerEnvironmentBuilder {
+        implementation_name: "cpython",
+        implementation_version: python_full_version,
+        os_name: "posix",
+        platform_machine: machine,
+        platform_python_implementation: "CPython",
+        platform_release: "",
+        platform_system: "Linux",
+        platform_version: "",
+        python_full_version,
+        python_version: &short,
+        sys_platform: "linux",
+    })
+    .expect("a major.minor.patch version always parses")
 }
 
 #[cfg(test)]

@@ -14,9 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 
 use pep440_rs::{Operator, Version};
-use pep508_rs::{
-    ExtraName, MarkerEnvironment, MarkerEnvironmentBuilder, Requirement, VersionOrUrl,
-};
+use pep508_rs::{ExtraName, MarkerEnvironment, Requirement, VersionOrUrl};
 use regex::bytes::Regex;
 
 use super::{Status, TorchBuild, TorchPypiData};
@@ -170,22 +168,7 @@ fn manylinux_glibc(platform: &str) -> Option<(u32, u32)> {
 
 /// The marker environment pins are read for: CPython on linux x86_64.
 pub fn linux_x86_64_environment(python: PythonVersion) -> MarkerEnvironment {
-    let short = python.to_string();
-    let full = format!("{python}.0");
-    MarkerEnvironment::try_from(MarkerEnvironmentBuilder {
-        implementation_name: "cpython",
-        implementation_version: &full,
-        os_name: "posix",
-        platform_machine: "x86_64",
-        platform_python_implementation: "CPython",
-        platform_release: "",
-        platform_system: "Linux",
-        platform_version: "",
-        python_full_version: &full,
-        python_version: &short,
-        sys_platform: "linux",
-    })
-    .expect("static marker environment parses")
+    crate::lock::target::linux_marker_environment(&format!("{python}.0"), "x86_64")
 }
 
 /// The `Requires-Dist` entries of a METADATA file that apply to `environment` with `extras`.
