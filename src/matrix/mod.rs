@@ -328,7 +328,7 @@ impl Matrix {
         });
 
         let mut cuda_releases = nvidia.cuda_releases.rows;
-        cuda_releases.sort_by(|a, b| a.version.cmp(&b.version));
+        cuda_releases.sort_by_key(|row| row.version);
         Ok(Matrix {
             cuda_releases,
             cuda_releases_source: source_text(&nvidia.cuda_releases.source),

@@ -136,7 +136,7 @@ pub fn validate(matrix: &Matrix, recipe: &Recipe) -> Validation {
     check_gpus(matrix, recipe, build, &mut problems);
 
     let mut problems = problems.0;
-    problems.sort_by(|a, b| b.severity.cmp(&a.severity));
+    problems.sort_by_key(|problem| std::cmp::Reverse(problem.severity));
     Validation {
         recipe: recipe.name.clone(),
         recipe_digest: recipe.digest().to_string(),

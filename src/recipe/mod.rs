@@ -340,7 +340,7 @@ impl Recipe {
         let recipe: Recipe = serde_saphyr::from_str(text).map_err(|error| {
             let (line, column) = error
                 .location()
-                .map(|l| (l.line() as u64, l.column() as u64))
+                .map(|l| (l.line(), l.column()))
                 .unwrap_or((0, 0));
             RecipeError::Syntax {
                 path: path.to_path_buf(),

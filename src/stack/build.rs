@@ -362,11 +362,14 @@ pub async fn build(
     })
 }
 
+/// Fills a staging directory with a layer's tree.
+type StageFn<'a> = Box<dyn Fn(&Path) -> Result<(), BuildError> + 'a>;
+
 /// One layer to produce: its name, cache key, how to stage its tree, how to walk it.
 struct LayerPlan<'a> {
     name: &'static str,
     key: CacheKey,
-    stage: Box<dyn Fn(&Path) -> Result<(), BuildError> + 'a>,
+    stage: StageFn<'a>,
     walk: DirOptions,
 }
 
