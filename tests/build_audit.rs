@@ -10,40 +10,13 @@
 //! Needs root and mmdebstrap for the Debian base (cached across runs); otherwise it says
 //! why and stops.
 
+mod e2e_support;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use sha2::{Digest as _, Sha256};
-
-fn skip_reason() -> Option<String> {
-    if std::env::var_os("CUDASTACK_SKIP_E2E").is_some() {
-        return Some("CUDASTACK_SKIP_E2E is set".into());
-    }
-    let uid = Command::new("id")
-        .arg("-u")
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    if uid.as_deref() != Some("0") {
-        return Some("not root: mmdebstrap --mode=root and ldconfig -r need root".into());
-    }
-    if !Command::new("mmdebstrap")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-    {
-        return Some("mmdebstrap is not installed (scripts/test.sh installs it)".into());
-    }
-    None
-}
-
-fn cache_dir() -> PathBuf {
-    std::env::var_os("CUDASTACK_TEST_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-cache"))
-}
 
 /// Compile a shared library with gcc.
 fn gcc_lib(dir: &Path, file: &str, soname: &str, needed: &[&str], symbol: &str) -> Vec<u8> {
@@ -232,7 +205,7 @@ fn build(recipe: &Path, layout: &Path) -> (bool, String) {
         .args(["build", "--layout"])
         .arg(layout)
         .arg("--cache-dir")
-        .arg(cache_dir())
+        .arg(e2e_support::cache_dir())
         .arg(recipe)
         .output()
         .unwrap();
@@ -244,7 +217,7 @@ fn build(recipe: &Path, layout: &Path) -> (bool, String) {
 
 #[test]
 fn audit_failures_fail_the_build_with_the_right_message() {
-    if let Some(reason) = skip_reason() {
+    if let Some(reason) = e2e_support::skip_reason(&[]) {
         eprintln!("skipped: {reason}");
         return;
     }

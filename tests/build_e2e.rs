@@ -7,51 +7,13 @@
 //! Needs root (mmdebstrap --mode=root), mmdebstrap, skopeo and a Docker daemon; without them
 //! it says why and stops. No GPU is needed: nothing here launches a kernel.
 
-use std::path::{Path, PathBuf};
+mod e2e_support;
+
+use std::path::Path;
 use std::process::Command;
 
 const RECIPE: &str = "recipes/torch2.4.1-cu121-py3.11.yaml";
 const IMAGE: &str = "cudastack-e2e-torch241:test";
-
-fn have(program: &str, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
-fn skip_reason() -> Option<String> {
-    if std::env::var_os("CUDASTACK_SKIP_E2E").is_some() {
-        return Some("CUDASTACK_SKIP_E2E is set".into());
-    }
-    // SAFETY-free check of the effective uid through `id -u`.
-    let uid = Command::new("id")
-        .arg("-u")
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    if uid.as_deref() != Some("0") {
-        return Some("not root: mmdebstrap --mode=root and ldconfig -r need root".into());
-    }
-    for (program, args) in [
-        ("mmdebstrap", &["--version"][..]),
-        ("skopeo", &["--version"][..]),
-        ("docker", &["info"][..]),
-    ] {
-        if !have(program, args) {
-            return Some(format!("`{program}` is not available (scripts/test.sh installs and starts what this test needs)"));
-        }
-    }
-    None
-}
-
-fn cache_dir() -> PathBuf {
-    // Shared across test runs so a second run is the warm-cache case.
-    std::env::var_os("CUDASTACK_TEST_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-cache"))
-}
 
 fn build(layout: &Path) -> (String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
@@ -59,7 +21,7 @@ fn build(layout: &Path) -> (String, String) {
         .args(["build", RECIPE, "--layout"])
         .arg(layout)
         .arg("--cache-dir")
-        .arg(cache_dir())
+        .arg(e2e_support::cache_dir())
         .output()
         .unwrap();
     let stdout = String::from_utf8(output.stdout).unwrap();
@@ -93,7 +55,9 @@ impl Drop for RemoveImage {
 
 #[test]
 fn real_torch_stack_builds_loads_and_proves_itself() {
-    if let Some(reason) = skip_reason() {
+    if let Some(reason) =
+        e2e_support::skip_reason(&[("skopeo", &["--version"][..]), ("docker", &["info"][..])])
+    {
         eprintln!("skipped: {reason}");
         return;
     }

@@ -1,0 +1,42 @@
+//! What the tests that run `cudastack build` for real share: when they can run, and the
+//! cache they share across runs (so a second run is the warm-cache case).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn have(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Why a real build cannot run here, or None. `tools` are extra programs to require
+/// (each with arguments that succeed when it works, e.g. `docker info`).
+pub fn skip_reason(tools: &[(&str, &[&str])]) -> Option<String> {
+    if std::env::var_os("CUDASTACK_SKIP_E2E").is_some() {
+        return Some("CUDASTACK_SKIP_E2E is set".into());
+    }
+    let uid = Command::new("id")
+        .arg("-u")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if uid.as_deref() != Some("0") {
+        return Some("not root: mmdebstrap --mode=root and ldconfig -r need root".into());
+    }
+    for (program, args) in [("mmdebstrap", &["--version"][..])].iter().chain(tools) {
+        if !have(program, args) {
+            return Some(format!("`{program}` is not available (scripts/test.sh installs and starts what this test needs)"));
+        }
+    }
+    None
+}
+
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("CUDASTACK_TEST_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-cache"))
+}
