@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 
-use oci_spec::image::{ImageIndexBuilder, MediaType, ANNOTATION_REF_NAME};
+use oci_spec::image::ANNOTATION_REF_NAME;
 
 use super::canonical::to_canonical_json;
 use super::{annotated, check_tag, DockerManifestEntry, Image, OciError};
@@ -89,16 +89,7 @@ pub fn write<W: Write>(image: &Image, tags: &[String], out: W) -> Result<W, OciE
     if manifests.is_empty() {
         manifests.push(documents.manifest_descriptor());
     }
-    let index = ImageIndexBuilder::default()
-        .schema_version(2u32)
-        .media_type(MediaType::ImageIndex)
-        .manifests(manifests)
-        .build()
-        .map_err(|source| OciError::Spec {
-            what: "index",
-            source,
-        })?;
-    let index_bytes = to_canonical_json(&index).expect("index serialises");
+    let (_, index_bytes) = super::image_index(manifests)?;
     small(&mut tar, "index.json", &index_bytes).map_err(write_err)?;
 
     let docker_manifest = [DockerManifestEntry {

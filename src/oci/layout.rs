@@ -17,8 +17,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use oci_spec::image::{
-    ImageConfiguration, ImageIndex, ImageIndexBuilder, ImageManifest, MediaType,
-    ANNOTATION_REF_NAME,
+    ImageConfiguration, ImageIndex, ImageManifest, MediaType, ANNOTATION_REF_NAME,
 };
 
 use super::canonical::to_canonical_json;
@@ -59,16 +58,7 @@ pub fn write(image: &Image, dir: &Path, ref_name: &str) -> Result<Digest, OciErr
     manifests.sort_by(|a, b| {
         (ref_name_of(a), a.digest().to_string()).cmp(&(ref_name_of(b), b.digest().to_string()))
     });
-    let index = ImageIndexBuilder::default()
-        .schema_version(2u32)
-        .media_type(MediaType::ImageIndex)
-        .manifests(manifests)
-        .build()
-        .map_err(|source| OciError::Spec {
-            what: "index",
-            source,
-        })?;
-    let bytes = to_canonical_json(&index).expect("index serialises");
+    let (index, bytes) = super::image_index(manifests)?;
     write_docker_manifest(dir, index.manifests())?;
     write_atomic(dir, &index_path, &bytes)?;
     Ok(documents.manifest.digest)

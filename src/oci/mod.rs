@@ -381,6 +381,24 @@ pub(crate) fn annotated(
         .expect("descriptor fields are set")
 }
 
+/// An image index over `manifests`, as the value and its canonical JSON bytes (the layout's
+/// `index.json` and the docker-archive's share this one spelling).
+pub fn image_index(
+    manifests: Vec<Descriptor>,
+) -> Result<(oci_spec::image::ImageIndex, Vec<u8>), OciError> {
+    let index = oci_spec::image::ImageIndexBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageIndex)
+        .manifests(manifests)
+        .build()
+        .map_err(|source| OciError::Spec {
+            what: "index",
+            source,
+        })?;
+    let bytes = canonical::to_canonical_json(&index).expect("index serialises");
+    Ok((index, bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
