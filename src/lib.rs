@@ -14,4 +14,5 @@ pub mod matrix;
 pub mod oci;
 pub mod recipe;
 pub mod stack;
+pub mod verify;
 pub mod version;

@@ -3,6 +3,9 @@
 //! final reference, or `--json`); progress and logs go to stderr.
 
 mod build;
+mod check;
+mod image_source;
+mod inspect;
 mod lock;
 mod matrix;
 mod refresh;
@@ -44,6 +47,10 @@ enum Command {
     Matrix(matrix::MatrixArgs),
     /// Find the torch/CUDA/cuDNN builds that fit a driver and GPUs, ranked, with reasons.
     Solve(solve::SolveArgs),
+    /// Show an image's declared and verified matrix (reads only manifest and config).
+    Inspect(inspect::InspectArgs),
+    /// Will this image run on this node? From the image config alone; exit 1 if not.
+    Check(check::CheckArgs),
 }
 
 /// What every command gets: output format and verbosity.
@@ -98,6 +105,8 @@ pub fn main() -> ExitCode {
         Command::Lock(args) => lock::run(args, &printer),
         Command::Matrix(args) => matrix::run(args, &printer),
         Command::Solve(args) => solve::run(args, &printer),
+        Command::Inspect(args) => inspect::run(args, &printer),
+        Command::Check(args) => check::run(args, &printer),
     };
     match result {
         Ok(code) => code,

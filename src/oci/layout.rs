@@ -74,7 +74,9 @@ fn write_docker_manifest(
 ) -> Result<(), OciError> {
     let mut entries = Vec::new();
     for descriptor in manifests {
-        if descriptor.media_type() != &MediaType::ImageManifest {
+        if descriptor.media_type() != &MediaType::ImageManifest
+            || descriptor.artifact_type().is_some()
+        {
             continue;
         }
         let manifest: ImageManifest = serde_json::from_slice(&read_blob(dir, descriptor)?)
@@ -308,8 +310,154 @@ pub fn read(dir: &Path, ref_name: &str) -> Result<Image, OciError> {
         config: config.config().clone().unwrap_or_default(),
         architecture: config.architecture().clone(),
         os: config.os().clone(),
-        created: 0,
+        created: config
+            .created()
+            .as_deref()
+            .and_then(super::parse_rfc3339)
+            .unwrap_or(0),
     })
+}
+
+/// An image of a layout as its documents: what `inspect` and `check` read, without
+/// touching layers.
+#[derive(Debug, Clone)]
+pub struct ResolvedImage {
+    pub manifest: oci_spec::image::Descriptor,
+    pub manifest_digest: Digest,
+    pub config_digest: Digest,
+    pub config: ImageConfiguration,
+}
+
+/// Find `ref_name` in the layout at `dir` and read its manifest and config.
+pub fn resolve(dir: &Path, ref_name: &str) -> Result<ResolvedImage, OciError> {
+    let index = read_index(dir)?;
+    let Some(entry) = index
+        .manifests()
+        .iter()
+        .find(|m| ref_name_of(m) == Some(ref_name))
+    else {
+        return Err(OciError::RefNotFound {
+            dir: dir.to_path_buf(),
+            reference: ref_name.to_string(),
+            available: ref_names(&index).join(", "),
+        });
+    };
+    let invalid = |problem: String| OciError::InvalidLayout {
+        dir: dir.to_path_buf(),
+        problem,
+    };
+    let manifest: ImageManifest =
+        serde_json::from_slice(&read_blob(dir, entry)?).map_err(|source| OciError::Json {
+            path: dir.join("blobs"),
+            what: "an OCI image manifest",
+            source,
+        })?;
+    let config: ImageConfiguration = serde_json::from_slice(&read_blob(dir, manifest.config())?)
+        .map_err(|source| OciError::Json {
+            path: dir.join("blobs"),
+            what: "an OCI image configuration",
+            source,
+        })?;
+    Ok(ResolvedImage {
+        manifest: entry.clone(),
+        manifest_digest: digest_of(entry).map_err(invalid)?,
+        config_digest: digest_of(manifest.config()).map_err(invalid)?,
+        config,
+    })
+}
+
+/// The ref names of a layout's index, sorted.
+pub fn list_refs(dir: &Path) -> Result<Vec<String>, OciError> {
+    Ok(ref_names(&read_index(dir)?))
+}
+
+fn ref_names(index: &ImageIndex) -> Vec<String> {
+    let mut names: Vec<String> = index
+        .manifests()
+        .iter()
+        .filter_map(ref_name_of)
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names
+}
+
+/// An OCI 1.1 artifact: typed blobs attached to an image through `subject`
+/// (a verification report, for instance).
+#[derive(Debug, Clone)]
+pub struct Artifact {
+    pub artifact_type: String,
+    pub subject: oci_spec::image::Descriptor,
+    /// (media type, bytes) of each blob.
+    pub blobs: Vec<(String, Vec<u8>)>,
+    pub annotations: std::collections::BTreeMap<String, String>,
+}
+
+/// The empty config every artifact manifest names (OCI 1.1 image-spec).
+pub const EMPTY_CONFIG: &[u8] = b"{}";
+pub const EMPTY_CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
+
+impl Artifact {
+    /// The artifact's manifest, as canonical bytes: an image manifest with `artifactType`,
+    /// the empty config and `subject` (what registries index for the referrers API).
+    pub fn manifest_bytes(&self) -> Vec<u8> {
+        let descriptor = |media_type: &str, bytes: &[u8]| {
+            serde_json::json!({
+                "mediaType": media_type,
+                "digest": Digest::of_bytes(bytes).to_string(),
+                "size": bytes.len(),
+            })
+        };
+        let subject = serde_json::json!({
+            "mediaType": self.subject.media_type().to_string(),
+            "digest": self.subject.digest().to_string(),
+            "size": self.subject.size(),
+        });
+        let value = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "artifactType": self.artifact_type,
+            "config": descriptor(EMPTY_CONFIG_MEDIA_TYPE, EMPTY_CONFIG),
+            "layers": self.blobs.iter().map(|(m, b)| descriptor(m, b)).collect::<Vec<_>>(),
+            "subject": subject,
+            "annotations": self.annotations,
+        });
+        to_canonical_json(&value).expect("artifact manifest serialises")
+    }
+}
+
+/// Store `artifact` in the layout at `dir` under `ref_name`; returns its manifest digest.
+/// Artifacts are left out of the docker-save `manifest.json` (they are not images).
+pub fn write_artifact(dir: &Path, artifact: &Artifact, ref_name: &str) -> Result<Digest, OciError> {
+    let blobs = dir.join("blobs").join("sha256");
+    fs_err::create_dir_all(&blobs).map_err(io_error(&blobs))?;
+    for bytes in
+        std::iter::once(EMPTY_CONFIG).chain(artifact.blobs.iter().map(|(_, b)| b.as_slice()))
+    {
+        let path = blobs.join(Digest::of_bytes(bytes).hex());
+        if !path.is_file() {
+            write_atomic(dir, &path, bytes)?;
+        }
+    }
+    let manifest = artifact.manifest_bytes();
+    let digest = Digest::of_bytes(&manifest);
+    write_atomic(dir, &blobs.join(digest.hex()), &manifest)?;
+    let mut manifests = read_index(dir)?.manifests().clone();
+    manifests.retain(|existing| ref_name_of(existing) != Some(ref_name));
+    let mut entry = super::descriptor(MediaType::ImageManifest, &digest, manifest.len() as u64);
+    entry.set_artifact_type(Some(MediaType::Other(artifact.artifact_type.clone())));
+    entry.set_annotations(Some(HashMap::from([(
+        ANNOTATION_REF_NAME.to_string(),
+        ref_name.to_string(),
+    )])));
+    manifests.push(entry);
+    manifests.sort_by(|a, b| {
+        (ref_name_of(a), a.digest().to_string()).cmp(&(ref_name_of(b), b.digest().to_string()))
+    });
+    let (index, bytes) = super::image_index(manifests)?;
+    write_docker_manifest(dir, index.manifests())?;
+    write_atomic(dir, &dir.join("index.json"), &bytes)?;
+    Ok(digest)
 }
 
 /// Docker's layer media types name the same bytes as OCI's; an OCI manifest must use

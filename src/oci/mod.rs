@@ -104,6 +104,43 @@ pub fn rfc3339(epoch: u64) -> String {
     )
 }
 
+/// Parse RFC 3339 UTC (`2024-05-01T12:00:00Z`, fractional seconds ignored) back to seconds
+/// since the epoch: the inverse of [`rfc3339`]. None for other spellings or offsets.
+pub fn parse_rfc3339(text: &str) -> Option<u64> {
+    let text = text.strip_suffix('Z')?;
+    let (date, time) = text.split_once('T')?;
+    let mut date_parts = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (year, month, day) = (
+        date_parts.next()??,
+        date_parts.next()??,
+        date_parts.next()??,
+    );
+    let time = time.split('.').next()?;
+    let mut time_parts = time.split(':').map(|p| p.parse::<i64>().ok());
+    let (hour, minute, second) = (
+        time_parts.next()??,
+        time_parts.next()??,
+        time_parts.next()??,
+    );
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    // Howard Hinnant's days_from_civil.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + hour * 3600 + minute * 60 + second).ok()
+}
+
 /// Build a descriptor from our digest type.
 pub fn descriptor(media_type: MediaType, digest: &Digest, size: u64) -> Descriptor {
     let digest = oci_spec::image::Digest::from_str(&digest.to_string())
@@ -402,6 +439,19 @@ pub fn image_index(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_parses_back() {
+        for epoch in [0, 951_782_400, 1_700_000_000, 4_102_444_799, 1_704_067_200] {
+            assert_eq!(parse_rfc3339(&rfc3339(epoch)), Some(epoch));
+        }
+        assert_eq!(
+            parse_rfc3339("2023-11-14T22:13:20.123456Z"),
+            Some(1_700_000_000)
+        );
+        assert_eq!(parse_rfc3339("2023-11-14T22:13:20+01:00"), None);
+        assert_eq!(parse_rfc3339("yesterday"), None);
+    }
 
     #[test]
     fn rfc3339_matches_known_dates() {

@@ -1,5 +1,6 @@
 //! `cudastack build`: a validated, locked recipe -> an OCI image of five layers
-//! (base, CUDA toolkit, cuDNN, Python wheels, config), audited, written to an OCI layout.
+//! (base, CUDA toolkit, cuDNN, Python wheels, config with the verification probe), audited,
+//! written to an OCI layout.
 //!
 //! Each layer has a cache key over exactly the inputs that decide its contents (the
 //! assembler version, the digests of the artifacts it reads, the options), so a changed
@@ -37,6 +38,7 @@ use crate::stack::base::{debootstrap, inspect_rootfs, DebootstrapSpec, RootfsFac
 use crate::stack::config::{ld_so_conf, stack_config, StackFacts, ToolkitPaths};
 use crate::stack::inputs::lock_path;
 use crate::stack::toolkit::{self, NvidiaWheel, Placement};
+use crate::verify::{self, expect::Expectations};
 
 /// Bump when what an assembler writes changes; it is part of every cache key.
 const ASSEMBLER: &str = concat!("cudastack-", env!("CARGO_PKG_VERSION"), "-stack-1");
@@ -498,6 +500,9 @@ fn assemble(
     let (conf_path, conf_text) = ld_so_conf(&paths);
     let recipe_json = recipe.canonical_json();
     let lock_json = lock.to_json();
+    // The verification probe and what it should find travel in the config layer, so every
+    // runner (Docker, a Kubernetes Job, enroot) runs the same probe with nothing to mount.
+    let expect_json = Expectations::for_stack(recipe, torch_build, lock).to_json();
     let config_key = CacheKey::new(
         &format!("{ASSEMBLER}/config"),
         &[
@@ -507,6 +512,8 @@ fn assemble(
             python_key.digest(),
             Digest::of_bytes(recipe_json.as_bytes()),
             Digest::of_bytes(lock_json.as_bytes()),
+            Digest::of_bytes(verify::PROBE_SOURCE.as_bytes()),
+            Digest::of_bytes(&expect_json),
         ],
         &conf_text,
     );
@@ -524,6 +531,14 @@ fn assemble(
             &dir.join("usr/share/cudastack/lock.json"),
             lock_json.as_bytes(),
         )?;
+        write_file(
+            &dir.join(verify::EXPECT_PATH.trim_start_matches('/')),
+            &expect_json,
+        )?;
+        let probe = dir.join(verify::PROBE_PATH.trim_start_matches('/'));
+        write_file(&probe, verify::PROBE_SOURCE.as_bytes())?;
+        std::fs::set_permissions(&probe, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(io_error(&probe))?;
         merge_trees(
             &[&base_dir, &toolkit_dir, &cudnn_dir, &python_dir, dir],
             &merged,

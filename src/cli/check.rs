@@ -1,0 +1,109 @@
+//! `cudastack check IMAGE [--driver V] [--gpu NAME|--cc X.Y] [--detect]`: will this image
+//! run on this node? From the image config alone (labels and NVIDIA_REQUIRE_CUDA).
+
+use std::process::ExitCode;
+
+use clap::Args;
+use cudastack::matrix::Matrix;
+use cudastack::verify::check::{check, Fit, ImageClaims, Node, NodeGpu};
+use cudastack::verify::source::ImageLocation;
+use cudastack::version::{ComputeCapability, DriverVersion};
+use serde::Serialize;
+
+use super::{CommandResult, Printer};
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// `images/NAME`, `oci:DIR[:REF]`, or a registry reference `host/repo:tag`.
+    pub image: String,
+    /// The ref name inside an OCI layout.
+    #[arg(long = "ref", default_value = "latest")]
+    pub ref_name: String,
+    /// The node's driver version (as nvidia-smi prints it).
+    #[arg(long)]
+    pub driver: Option<DriverVersion>,
+    /// A GPU on the node, by name (`H100`, `RTX 4090`); repeatable.
+    #[arg(long = "gpu")]
+    pub gpus: Vec<String>,
+    /// A GPU on the node, by compute capability (`8.6`, `sm_90`); repeatable.
+    #[arg(long = "cc")]
+    pub ccs: Vec<ComputeCapability>,
+    /// Read the driver and GPUs of this machine.
+    #[arg(long)]
+    pub detect: bool,
+    #[command(flatten)]
+    pub registry: super::image_source::RegistryArgs,
+}
+
+#[derive(Serialize)]
+struct CheckOutput<'a> {
+    image: &'a str,
+    manifest_digest: String,
+    bytes_read: u64,
+    node: &'a Node,
+    #[serde(flatten)]
+    answer: &'a cudastack::verify::check::Answer,
+}
+
+pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
+    let matrix = Matrix::embedded();
+    let mut node = Node {
+        driver: args.driver.clone(),
+        gpus: Vec::new(),
+    };
+    for name in &args.gpus {
+        let gpu = matrix.gpu(name).ok_or_else(|| {
+            format!("unknown GPU `{name}`: give its compute capability with --cc X.Y instead (see `cudastack matrix --table gpus`)")
+        })?;
+        node.gpus.push(NodeGpu {
+            name: gpu.name.clone(),
+            compute_capability: gpu.cc,
+        });
+    }
+    for cc in &args.ccs {
+        node.gpus.push(NodeGpu {
+            name: format!("GPU {}.{}", cc.major, cc.minor),
+            compute_capability: *cc,
+        });
+    }
+    if args.detect {
+        super::image_source::detect_node(&mut node, printer)?;
+    }
+    let location = ImageLocation::parse(&args.image, Some(&args.ref_name))?;
+    let documents = super::image_source::read_documents(&location, &args.registry)?;
+    let claims = ImageClaims::from_config(&documents.config.config().clone().unwrap_or_default());
+    let answer = check(matrix, &claims, &node);
+    if printer.json {
+        printer.json(&CheckOutput {
+            image: &documents.location,
+            manifest_digest: documents.manifest_digest.to_string(),
+            bytes_read: documents.bytes_read,
+            node: &node,
+            answer: &answer,
+        });
+    } else {
+        for finding in &answer.findings {
+            println!(
+                "{} {} {}",
+                if finding.ok { "ok " } else { "NO " },
+                finding.subject,
+                finding.what
+            );
+            if let Some(hint) = &finding.hint {
+                println!("    hint: {hint}");
+            }
+        }
+        println!(
+            "{}",
+            match answer.fits {
+                Fit::Yes => format!("yes: {} runs on this node", documents.location),
+                Fit::No => format!("no: {} will not run on this node", documents.location),
+                Fit::Unknown => "unknown: give --driver and --gpu/--cc, or --detect".to_string(),
+            }
+        );
+    }
+    Ok(match answer.fits {
+        Fit::No => ExitCode::from(1),
+        _ => ExitCode::SUCCESS,
+    })
+}

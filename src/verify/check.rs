@@ -1,0 +1,304 @@
+//! "Will this image run on this node?", answered from the image config alone: the labels
+//! cudastack writes and `NVIDIA_REQUIRE_CUDA` (what nvidia-container-cli enforces). Reading
+//! only the config means a login node can answer for a multi-GB image without pulling it.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use super::record::{VerifiedOn, LABEL_MATRIX};
+use crate::matrix::Matrix;
+use crate::version::{ComputeCapability, CudaVersion, DriverVersion};
+
+/// What an image's config declares about what it needs.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ImageClaims {
+    pub recipe: Option<String>,
+    pub torch: Option<String>,
+    pub cuda: Option<String>,
+    pub cudnn: Option<String>,
+    pub driver_floor: Option<DriverVersion>,
+    /// From `NVIDIA_REQUIRE_CUDA=cuda>=X.Y`.
+    pub require_cuda: Option<CudaVersion>,
+    /// The torch build's cubin archs (`io.cudastack.torch.sm`).
+    pub sm: Vec<ComputeCapability>,
+    pub verified: Vec<VerifiedOn>,
+}
+
+impl ImageClaims {
+    pub fn from_config(config: &oci_spec::image::Config) -> Self {
+        let labels: BTreeMap<String, String> = config
+            .labels()
+            .clone()
+            .map(|l| l.into_iter().collect())
+            .unwrap_or_default();
+        let env: BTreeMap<String, String> = config
+            .env()
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|e| {
+                e.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+            })
+            .collect();
+        Self::from_labels_and_env(&labels, &env)
+    }
+
+    pub fn from_labels_and_env(
+        labels: &BTreeMap<String, String>,
+        env: &BTreeMap<String, String>,
+    ) -> Self {
+        let label = |key: &str| labels.get(key).cloned();
+        Self {
+            recipe: label("io.cudastack.recipe"),
+            torch: label("io.cudastack.torch"),
+            cuda: label("io.cudastack.cuda"),
+            cudnn: label("io.cudastack.cudnn"),
+            driver_floor: label("io.cudastack.driver-floor").and_then(|v| v.parse().ok()),
+            require_cuda: env.get("NVIDIA_REQUIRE_CUDA").and_then(|v| require_cuda(v)),
+            sm: label("io.cudastack.torch.sm")
+                .map(|list| {
+                    list.split_whitespace()
+                        .filter_map(|sm| ComputeCapability::from_str(sm).ok())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            verified: label(LABEL_MATRIX)
+                .and_then(|text| serde_json::from_str(&text).ok())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// The `cuda>=X.Y` term of an NVIDIA_REQUIRE_CUDA value (other terms, such as `brand=`
+/// alternatives in NVIDIA's own images, widen the condition and are not modelled).
+fn require_cuda(value: &str) -> Option<CudaVersion> {
+    value
+        .split_whitespace()
+        .find_map(|term| term.strip_prefix("cuda>="))
+        .and_then(|v| v.parse().ok())
+}
+
+/// The node: its driver and GPUs, as far as known.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Node {
+    pub driver: Option<DriverVersion>,
+    pub gpus: Vec<NodeGpu>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeGpu {
+    pub name: String,
+    pub compute_capability: ComputeCapability,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fit {
+    Yes,
+    No,
+    /// Nothing about the node was given, or the image declares nothing to check against.
+    Unknown,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    pub ok: bool,
+    pub subject: String,
+    pub what: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Answer {
+    pub fits: Fit,
+    pub findings: Vec<Finding>,
+}
+
+pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
+    let mut findings = Vec::new();
+    let mut push = |ok: bool, subject: String, what: String, hint: Option<String>| {
+        findings.push(Finding {
+            ok,
+            subject,
+            what,
+            hint,
+        })
+    };
+
+    if let Some(driver) = &node.driver {
+        let subject = format!("driver {driver}");
+        match (image.require_cuda, matrix.cuda_ceiling(driver)) {
+            (Some(need), Some(ceiling)) if ceiling < need => push(
+                false,
+                subject,
+                format!("supports CUDA up to {ceiling}; the image requires CUDA >= {need} (NVIDIA_REQUIRE_CUDA), so the NVIDIA runtime refuses to start it (`requirement error: unsatisfied condition: cuda>={need}`)"),
+                Some(format!(
+                    "upgrade the driver to {} or newer, or use an image built for CUDA {ceiling} or older",
+                    matrix
+                        .min_driver_for(&need)
+                        .map(|d| d.to_string())
+                        .unwrap_or_else(|| format!("one that supports CUDA {need}"))
+                )),
+            ),
+            (Some(need), Some(ceiling)) => push(
+                true,
+                subject,
+                format!("supports CUDA up to {ceiling}; the image requires CUDA >= {need}"),
+                None,
+            ),
+            (Some(need), None) => push(
+                false,
+                subject,
+                format!("is older than every driver the matrix knows; the image requires CUDA >= {need}"),
+                Some("upgrade the driver".to_string()),
+            ),
+            (None, _) => push(
+                true,
+                subject.clone(),
+                "the image sets no NVIDIA_REQUIRE_CUDA, nothing to compare".to_string(),
+                None,
+            ),
+        }
+        if let Some(floor) = &image.driver_floor {
+            if driver < floor {
+                push(
+                    false,
+                    format!("driver {driver}"),
+                    format!("is below the recipe's driver floor {floor}"),
+                    Some(format!("upgrade the driver to {floor} or newer")),
+                );
+            }
+        }
+    }
+
+    for gpu in &node.gpus {
+        let cc = gpu.compute_capability;
+        let subject = format!("{} (sm_{}{})", gpu.name, cc.major, cc.minor);
+        if image.sm.is_empty() {
+            push(
+                true,
+                subject,
+                "the image declares no kernel arch list (no torch), nothing to compare".to_string(),
+                None,
+            );
+            continue;
+        }
+        let list = image
+            .sm
+            .iter()
+            .map(|s| s.sm())
+            .collect::<Vec<_>>()
+            .join(" ");
+        match image.sm.iter().filter(|arch| arch.cubin_runs_on(&cc)).max() {
+            Some(arch) => push(
+                true,
+                subject.clone(),
+                format!("runs the build's {} kernels", arch.sm()),
+                None,
+            ),
+            None => push(
+                false,
+                subject,
+                format!("has no kernels in this build ({list}): torch fails with `no kernel image is available for execution on the device`"),
+                Some("use a torch build whose arch list covers this GPU (`cudastack solve --gpu NAME`)".to_string()),
+            ),
+        }
+        if let Some(row) = image
+            .verified
+            .iter()
+            .find(|row| row.compute_capability == format!("{}.{}", cc.major, cc.minor))
+        {
+            push(
+                true,
+                format!("{} (sm_{}{})", gpu.name, cc.major, cc.minor),
+                format!(
+                    "verified on {} with driver {} on {}",
+                    row.gpu, row.driver, row.date
+                ),
+                None,
+            );
+        }
+    }
+
+    let fits = if findings.iter().any(|f| !f.ok) {
+        Fit::No
+    } else if node.driver.is_none() && node.gpus.is_empty() {
+        Fit::Unknown
+    } else {
+        Fit::Yes
+    };
+    Answer { fits, findings }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims() -> ImageClaims {
+        let labels = BTreeMap::from([
+            (
+                "io.cudastack.driver-floor".to_string(),
+                "525.60.13".to_string(),
+            ),
+            (
+                "io.cudastack.torch.sm".to_string(),
+                "sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90".to_string(),
+            ),
+        ]);
+        let env = BTreeMap::from([("NVIDIA_REQUIRE_CUDA".to_string(), "cuda>=12.1".to_string())]);
+        ImageClaims::from_labels_and_env(&labels, &env)
+    }
+
+    fn node(driver: &str, gpus: &[(&str, &str)]) -> Node {
+        Node {
+            driver: Some(driver.parse().unwrap()),
+            gpus: gpus
+                .iter()
+                .map(|(name, cc)| NodeGpu {
+                    name: name.to_string(),
+                    compute_capability: cc.parse().unwrap(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_driver_below_the_requirement_says_no_with_the_runtime_error() {
+        let answer = check(Matrix::embedded(), &claims(), &node("470.82.01", &[]));
+        assert_eq!(answer.fits, Fit::No);
+        let text = serde_json::to_string(&answer).unwrap();
+        assert!(text.contains("supports CUDA up to 11.4"), "{text}");
+        assert!(text.contains("unsatisfied condition: cuda>=12.1"), "{text}");
+    }
+
+    #[test]
+    fn a_gpu_without_kernels_says_no() {
+        let answer = check(
+            Matrix::embedded(),
+            &claims(),
+            &node("570.124.06", &[("NVIDIA GeForce RTX 5090", "12.0")]),
+        );
+        assert_eq!(answer.fits, Fit::No);
+        let text = serde_json::to_string(&answer).unwrap();
+        assert!(text.contains("no kernel image is available"), "{text}");
+        let answer = check(
+            Matrix::embedded(),
+            &claims(),
+            &node("550.54.15", &[("NVIDIA A10G", "8.6")]),
+        );
+        assert_eq!(answer.fits, Fit::Yes, "{answer:?}");
+        assert!(answer.findings.iter().any(|f| f.what.contains("sm_86")));
+    }
+
+    #[test]
+    fn nothing_known_is_unknown() {
+        assert_eq!(
+            check(Matrix::embedded(), &claims(), &Node::default()).fits,
+            Fit::Unknown
+        );
+    }
+}

@@ -1,0 +1,71 @@
+//! What the probe should find: written at build time from the recipe, the lock and the
+//! matrix into EXPECT_PATH, so the probe needs no arguments in any runner.
+
+use serde::{Deserialize, Serialize};
+
+use crate::lock::lockfile::Lockfile;
+use crate::matrix::TorchBuild;
+use crate::recipe::Recipe;
+use crate::stack::config::ToolkitPaths;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expectations {
+    pub recipe: String,
+    /// `3.11`
+    pub python: String,
+    /// The torch release (`2.4.1`), when the image has torch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch: Option<String>,
+    /// The CUDA line torch was built for (`12.1`, what `torch.version.cuda` says).
+    pub cuda: String,
+    /// The exact CUDA runtime installed (`12.1.105`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_runtime: Option<String>,
+    /// The cuDNN release installed (`9.1.0.70`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cudnn: Option<String>,
+    pub driver_floor: String,
+    pub minor_version_compat: bool,
+    /// The arch list of the torch build (`sm_50` ...), from the matrix.
+    #[serde(default)]
+    pub sm: Vec<String>,
+    /// The one CUDA library directory every CUDA library must load from.
+    pub cuda_lib_dir: String,
+}
+
+impl Expectations {
+    pub fn for_stack(recipe: &Recipe, torch_build: Option<&TorchBuild>, lock: &Lockfile) -> Self {
+        let version_of = |pick: &dyn Fn(&str) -> bool| {
+            lock.artifacts
+                .iter()
+                .find(|a| pick(&a.name))
+                .map(|a| a.version.clone())
+        };
+        let paths = ToolkitPaths {
+            cuda: recipe.cuda.version,
+        };
+        Self {
+            recipe: recipe.name.clone(),
+            python: recipe.python.to_string(),
+            torch: version_of(&|name| name == "torch"),
+            cuda: torch_build
+                .map(|b| b.cuda.line().to_string())
+                .unwrap_or_else(|| recipe.cuda.version.line().to_string()),
+            cuda_runtime: version_of(&|name| name.starts_with("nvidia-cuda-runtime")),
+            cudnn: version_of(&|name| name.starts_with("nvidia-cudnn")),
+            driver_floor: recipe.driver_floor.to_string(),
+            minor_version_compat: recipe.minor_version_compat,
+            sm: torch_build
+                .map(|b| b.arch_list.iter().map(|cc| cc.sm()).collect())
+                .unwrap_or_default(),
+            cuda_lib_dir: paths.lib_dir(),
+        }
+    }
+
+    /// Canonical bytes (sorted keys), so the config layer is deterministic.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut bytes = crate::oci::canonical::to_canonical_json(self).expect("serialises");
+        bytes.push(b'\n');
+        bytes
+    }
+}

@@ -1,0 +1,59 @@
+//! The verification stage: prove an image's stack by running it, record what was seen.
+//!
+//! ```text
+//! probe/probe.py  (baked into the config layer at PROBE_PATH, beside EXPECT_PATH)
+//!      │  runs inside a container from the image (Docker API + NVIDIA runtime,
+//!      │  a Kubernetes Job, or natively), prints `cudastack-report-v1 {json}` last
+//!      ▼
+//! report::Report ──verdict──> Verified | StaticOnly | Failed
+//!      │
+//! record: on Verified only, a new config (same layers) with io.cudastack.verified.*
+//!         labels and the verified tags; the report stored beside the image as an OCI
+//!         artifact whose `subject` is the image manifest.
+//! check:  "will this image run on this node?" from the config alone (labels and
+//!         NVIDIA_REQUIRE_CUDA), so a login node can answer without pulling layers.
+//! ```
+//!
+//! The probe is baked in rather than mounted at verify time so that every runner (Docker,
+//! a Kubernetes Job, enroot on Slurm) runs the same bytes with nothing to mount; it is a
+//! few tens of KiB in the small config layer, and a probe change rebuilds only that layer.
+//! The report schema is documented in docs/verify.md.
+
+pub mod check;
+pub mod expect;
+pub mod record;
+pub mod report;
+pub mod source;
+
+/// Where the probe lives inside every image cudastack builds.
+pub const PROBE_PATH: &str = "/opt/cudastack/probe/probe.py";
+/// What the recipe and lock say the image holds; the probe compares against it.
+pub const EXPECT_PATH: &str = "/usr/share/cudastack/expect.json";
+/// The probe's source, baked into images.
+pub const PROBE_SOURCE: &str = include_str!("../../probe/probe.py");
+/// Prefix of the report line the probe prints last on stdout.
+pub const REPORT_PREFIX: &str = "cudastack-report-v1 ";
+/// The OCI artifact type of a stored verification report.
+pub const REPORT_ARTIFACT_TYPE: &str = "application/vnd.cudastack.verify.report.v1+json";
+
+/// The command that runs the probe in a container, up to `level`.
+pub fn probe_command(level: report::Level) -> Vec<String> {
+    vec![
+        "python3".to_string(),
+        PROBE_PATH.to_string(),
+        "--level".to_string(),
+        level.as_str().to_string(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_and_the_rust_side_agree_on_the_contract() {
+        assert!(PROBE_SOURCE.contains(&format!("REPORT_PREFIX = \"{REPORT_PREFIX}\"")));
+        assert!(PROBE_SOURCE.contains(&format!("EXPECT_PATH = \"{EXPECT_PATH}\"")));
+        assert!(PROBE_SOURCE.contains(&format!("REPORT_SCHEMA = \"{}\"", report::REPORT_SCHEMA)));
+    }
+}

@@ -1,0 +1,308 @@
+//! Recording a verification: the report is always stored beside the image (an OCI artifact
+//! whose `subject` is the image), and only a `Verified` report produces a new config (same
+//! layers) with `io.cudastack.verified*` labels and the `-verified` refs.
+//!
+//! Labels accumulate: verifying an image that already carries a verified matrix (from
+//! another GPU type) adds a row instead of replacing it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::report::{Report, Status, Verdict};
+use super::REPORT_ARTIFACT_TYPE;
+use crate::digest::Digest;
+use crate::oci::layout::{self, Artifact};
+use crate::oci::OciError;
+
+pub const LABEL_VERIFIED: &str = "io.cudastack.verified";
+pub const LABEL_MATRIX: &str = "io.cudastack.verified.matrix";
+pub const LABEL_DRIVER: &str = "io.cudastack.verified.driver";
+pub const LABEL_GPUS: &str = "io.cudastack.verified.gpus";
+pub const LABEL_REPORT: &str = "io.cudastack.verified.report";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error(transparent)]
+    Oci(#[from] OciError),
+    #[error("the report is {verdict}; only a report whose every level passed on a GPU may label an image as verified")]
+    NotVerified { verdict: Verdict },
+}
+
+/// One row of the verified matrix: one GPU type on one driver.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerifiedOn {
+    pub gpu: String,
+    pub compute_capability: String,
+    pub count: u32,
+    pub driver: String,
+    pub cuda_driver: Option<String>,
+    /// RFC 3339 date of the run.
+    pub date: String,
+    pub cudastack: String,
+    /// Check id -> seconds, every check passed.
+    pub checks: BTreeMap<String, f64>,
+    pub report: String,
+}
+
+/// The matrix rows a verified report adds.
+pub fn matrix_rows(
+    report: &Report,
+    report_digest: &Digest,
+) -> Result<Vec<VerifiedOn>, RecordError> {
+    let verdict = report.verdict();
+    if verdict != Verdict::Verified {
+        return Err(RecordError::NotVerified { verdict });
+    }
+    let driver = report
+        .driver
+        .as_ref()
+        .expect("a verified report names its driver");
+    let checks: BTreeMap<String, f64> = report
+        .checks
+        .iter()
+        .filter(|c| c.status == Status::Pass)
+        .map(|c| (c.id.clone(), c.seconds))
+        .collect();
+    let mut by_type: BTreeMap<(String, String), u32> = BTreeMap::new();
+    for gpu in &report.gpus {
+        *by_type
+            .entry((gpu.name.clone(), gpu.compute_capability.clone()))
+            .or_default() += 1;
+    }
+    Ok(by_type
+        .into_iter()
+        .map(|((gpu, compute_capability), count)| VerifiedOn {
+            gpu,
+            compute_capability,
+            count,
+            driver: driver.version.clone(),
+            cuda_driver: driver.cuda.clone(),
+            date: report.started.clone(),
+            cudastack: report
+                .runner
+                .as_ref()
+                .map(|r| r.cudastack_version.clone())
+                .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string()),
+            checks: checks.clone(),
+            report: report_digest.to_string(),
+        })
+        .collect())
+}
+
+/// The verified labels: the existing matrix (if any) plus `rows`, and flat summaries.
+pub fn verified_labels(
+    existing: &BTreeMap<String, String>,
+    rows: Vec<VerifiedOn>,
+) -> BTreeMap<String, String> {
+    let mut matrix: Vec<VerifiedOn> = existing
+        .get(LABEL_MATRIX)
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default();
+    for row in rows {
+        matrix.retain(|old| {
+            (&old.gpu, &old.compute_capability, &old.driver)
+                != (&row.gpu, &row.compute_capability, &row.driver)
+        });
+        matrix.push(row);
+    }
+    matrix.sort_by(|a, b| (&a.gpu, &a.driver).cmp(&(&b.gpu, &b.driver)));
+    let latest = matrix
+        .iter()
+        .max_by(|a, b| a.date.cmp(&b.date))
+        .expect("at least one row");
+    let join = |values: Vec<String>| {
+        let mut values = values;
+        values.sort();
+        values.dedup();
+        values.join(",")
+    };
+    BTreeMap::from([
+        (LABEL_VERIFIED.to_string(), latest.date.clone()),
+        (
+            LABEL_MATRIX.to_string(),
+            String::from_utf8(crate::oci::canonical::to_canonical_json(&matrix).expect("rows"))
+                .expect("JSON is UTF-8"),
+        ),
+        (
+            LABEL_GPUS.to_string(),
+            join(
+                matrix
+                    .iter()
+                    .map(|r| format!("{} (sm_{})", r.gpu, r.compute_capability.replace('.', "")))
+                    .collect(),
+            ),
+        ),
+        (
+            LABEL_DRIVER.to_string(),
+            join(matrix.iter().map(|r| r.driver.clone()).collect()),
+        ),
+        (LABEL_REPORT.to_string(), latest.report.clone()),
+    ])
+}
+
+/// What recording did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Recorded {
+    pub verdict: Verdict,
+    /// The report artifact in the layout.
+    pub report_digest: Digest,
+    pub report_ref: String,
+    /// The verified image, when the verdict allowed one.
+    pub verified_manifest: Option<Digest>,
+    /// Refs written or moved to the verified image.
+    pub verified_refs: Vec<String>,
+}
+
+/// Ref name of the report artifact stored beside `ref_name`.
+pub fn report_ref(ref_name: &str) -> String {
+    format!("{ref_name}.verify-report")
+}
+
+/// Store `report` in the layout at `dir` as an artifact on the image `ref_name`, and on a
+/// verified report write the labelled image under every ref that named the same image,
+/// plus `-verified` refs (`repo:tag` -> `repo:tag-verified`, `latest` -> `verified`).
+pub fn record_in_layout(
+    dir: &Path,
+    ref_name: &str,
+    report: &Report,
+) -> Result<Recorded, RecordError> {
+    let resolved = layout::resolve(dir, ref_name)?;
+    let report_bytes = report.to_json();
+    let report_digest = Digest::of_bytes(&report_bytes);
+    let artifact = Artifact {
+        artifact_type: REPORT_ARTIFACT_TYPE.to_string(),
+        subject: resolved.manifest.clone(),
+        blobs: vec![(REPORT_ARTIFACT_TYPE.to_string(), report_bytes)],
+        annotations: BTreeMap::from([
+            (
+                "org.opencontainers.image.created".to_string(),
+                report.started.clone(),
+            ),
+            (
+                "io.cudastack.verdict".to_string(),
+                match report.verdict() {
+                    Verdict::Verified => "verified",
+                    Verdict::Partial { .. } => "partial",
+                    Verdict::Failed { .. } => "failed",
+                }
+                .to_string(),
+            ),
+        ]),
+    };
+    let report_ref = report_ref(ref_name);
+    layout::write_artifact(dir, &artifact, &report_ref)?;
+    let verdict = report.verdict();
+    if verdict != Verdict::Verified {
+        return Ok(Recorded {
+            verdict,
+            report_digest,
+            report_ref,
+            verified_manifest: None,
+            verified_refs: Vec::new(),
+        });
+    }
+    let rows = matrix_rows(report, &report_digest)?;
+    let existing: BTreeMap<String, String> = resolved
+        .config
+        .config()
+        .as_ref()
+        .and_then(|c| c.labels().clone())
+        .map(|labels| labels.into_iter().collect())
+        .unwrap_or_default();
+    let mut image = layout::read(dir, ref_name)?;
+    for (key, value) in verified_labels(&existing, rows) {
+        image = image.with_label(&key, &value);
+    }
+    // Every ref that named the unverified image moves to the verified one.
+    let mut refs = Vec::new();
+    for name in layout::list_refs(dir)? {
+        if layout::resolve(dir, &name)
+            .map(|r| r.manifest_digest == resolved.manifest_digest)
+            .unwrap_or(false)
+        {
+            refs.push(name.clone());
+            refs.push(verified_ref(&name));
+        }
+    }
+    refs.sort();
+    refs.dedup();
+    let mut digest = None;
+    for name in &refs {
+        digest = Some(layout::write(&image, dir, name)?);
+    }
+    Ok(Recorded {
+        verdict,
+        report_digest,
+        report_ref,
+        verified_manifest: digest,
+        verified_refs: refs,
+    })
+}
+
+/// `repo:tag` -> `repo:tag-verified`; a plain ref name (`latest`) -> `verified`.
+pub fn verified_ref(name: &str) -> String {
+    match name.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => format!("{repo}:{tag}-verified"),
+        _ if name == "latest" => "verified".to_string(),
+        _ => format!("{name}-verified"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verified_refs_keep_the_repository() {
+        assert_eq!(verified_ref("latest"), "verified");
+        assert_eq!(
+            verified_ref("127.0.0.1:5000/cudastack/torch:2.4.1-cu121"),
+            "127.0.0.1:5000/cudastack/torch:2.4.1-cu121-verified"
+        );
+        assert_eq!(
+            verified_ref("127.0.0.1:5000/x"),
+            "127.0.0.1:5000/x-verified"
+        );
+    }
+
+    #[test]
+    fn rows_accumulate_per_gpu_and_driver() {
+        let row = |gpu: &str, driver: &str, date: &str| VerifiedOn {
+            gpu: gpu.into(),
+            compute_capability: "9.0".into(),
+            count: 1,
+            driver: driver.into(),
+            cuda_driver: Some("12.4".into()),
+            date: date.into(),
+            cudastack: "0.1.0".into(),
+            checks: BTreeMap::new(),
+            report: format!("sha256:{}", "a".repeat(64)),
+        };
+        let first = verified_labels(
+            &BTreeMap::new(),
+            vec![row("NVIDIA H200", "550.54.15", "2026-01-01T00:00:00Z")],
+        );
+        let second = verified_labels(
+            &first,
+            vec![
+                row(
+                    "NVIDIA A100-SXM4-80GB",
+                    "535.104.05",
+                    "2026-02-01T00:00:00Z",
+                ),
+                row("NVIDIA H200", "550.54.15", "2026-03-01T00:00:00Z"),
+            ],
+        );
+        let matrix: Vec<VerifiedOn> = serde_json::from_str(&second[LABEL_MATRIX]).unwrap();
+        assert_eq!(
+            matrix.len(),
+            2,
+            "the H200 row is replaced, the A100 row added"
+        );
+        assert_eq!(second[LABEL_VERIFIED], "2026-03-01T00:00:00Z");
+        assert_eq!(second[LABEL_DRIVER], "535.104.05,550.54.15");
+        assert!(second[LABEL_GPUS].contains("NVIDIA H200 (sm_90)"));
+    }
+}

@@ -1,0 +1,434 @@
+//! The verification report: what the probe saw, check by check (schema in docs/verify.md).
+//!
+//! The probe writes the report; runners add `image` and `runner`. Parsing is strict about
+//! the schema name and lenient about unknown fields, so an older cudastack can still read
+//! a newer probe's report.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::REPORT_PREFIX;
+
+pub const REPORT_SCHEMA: &str = "cudastack.verify.report/v1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("no `{REPORT_PREFIX}` line in the output ({what}); the probe did not finish{}", tail_hint(.tail))]
+    Missing { what: String, tail: String },
+    #[error("the report line is not a valid report: {source}")]
+    Json {
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the report has schema `{found}`, this cudastack reads `{REPORT_SCHEMA}`")]
+    Schema { found: String },
+}
+
+fn tail_hint(tail: &str) -> String {
+    if tail.trim().is_empty() {
+        String::new()
+    } else {
+        format!("; last output:\n{tail}")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Static,
+    Driver,
+    Device,
+    Ops,
+    Train,
+}
+
+impl Level {
+    pub const ALL: [Level; 5] = [
+        Level::Static,
+        Level::Driver,
+        Level::Device,
+        Level::Ops,
+        Level::Train,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Static => "static",
+            Level::Driver => "driver",
+            Level::Device => "device",
+            Level::Ops => "ops",
+            Level::Train => "train",
+        }
+    }
+    /// Levels that need a GPU.
+    pub fn needs_gpu(self) -> bool {
+        self != Level::Static
+    }
+}
+
+impl std::str::FromStr for Level {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Level::ALL
+            .into_iter()
+            .find(|l| l.as_str() == text)
+            .ok_or_else(|| format!("unknown level `{text}` (static, driver, device, ops, train)"))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Pass,
+    Fail,
+    Skip,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckResult {
+    pub id: String,
+    pub level: Level,
+    pub status: Status,
+    pub seconds: f64,
+    pub detail: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriverFacts {
+    pub version: String,
+    /// The newest CUDA the driver supports (`cuDriverGetVersion`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuFacts {
+    pub index: u32,
+    pub name: String,
+    pub compute_capability: String,
+    pub memory_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// `sass:sm_90`, `ptx:compute_90` or `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub pass: u32,
+    pub fail: u32,
+    pub skip: u32,
+}
+
+/// The image a report is about (added by the runner).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageFacts {
+    pub reference: String,
+    pub manifest_digest: Option<String>,
+    pub config_digest: Option<String>,
+}
+
+/// How the probe was run (added by the runner).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunnerFacts {
+    /// `docker`, `kubernetes`, `native`.
+    pub kind: String,
+    pub cudastack_version: String,
+    /// What was asked for: `none`, `all`, a count or device ids.
+    pub gpus_requested: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub schema: String,
+    pub probe_version: String,
+    /// RFC 3339 UTC.
+    pub started: String,
+    pub seconds: f64,
+    pub hostname: String,
+    pub levels: Vec<Level>,
+    #[serde(default)]
+    pub expect: serde_json::Value,
+    #[serde(default)]
+    pub torch: Option<String>,
+    #[serde(default)]
+    pub driver: Option<DriverFacts>,
+    #[serde(default)]
+    pub gpus: Vec<GpuFacts>,
+    pub checks: Vec<CheckResult>,
+    pub counts: Counts,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageFacts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner: Option<RunnerFacts>,
+}
+
+/// What a report proves. Only `Verified` may ever put a verified label on an image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every level ran and passed on at least one GPU.
+    Verified,
+    /// Nothing failed, but some levels did not run (no GPU): the reason.
+    Partial { reason: String },
+    /// These checks failed.
+    Failed { checks: Vec<String> },
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Verified => write!(f, "verified"),
+            Verdict::Partial { reason } => write!(f, "not verified on a GPU: {reason}"),
+            Verdict::Failed { checks } => write!(f, "FAILED: {}", checks.join(", ")),
+        }
+    }
+}
+
+impl Report {
+    /// The report in a probe's output or a pod log: the last line with the prefix.
+    pub fn from_output(output: &str, what: &str) -> Result<Report, ReportError> {
+        let Some(line) = output
+            .lines()
+            .rev()
+            .find_map(|line| line.trim_end().strip_prefix(REPORT_PREFIX))
+        else {
+            let tail: Vec<&str> = output.lines().rev().take(15).collect();
+            return Err(ReportError::Missing {
+                what: what.to_string(),
+                tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+            });
+        };
+        Self::from_json(line.as_bytes())
+    }
+
+    pub fn from_json(bytes: &[u8]) -> Result<Report, ReportError> {
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|source| ReportError::Json { source })?;
+        let schema = value.get("schema").and_then(|s| s.as_str()).unwrap_or("");
+        if schema != REPORT_SCHEMA {
+            return Err(ReportError::Schema {
+                found: schema.to_string(),
+            });
+        }
+        serde_json::from_value(value).map_err(|source| ReportError::Json { source })
+    }
+
+    /// Canonical bytes, as stored beside the image.
+    pub fn to_json(&self) -> Vec<u8> {
+        crate::oci::canonical::to_canonical_json(self).expect("report serialises")
+    }
+
+    pub fn verdict(&self) -> Verdict {
+        let failed: Vec<String> = self
+            .checks
+            .iter()
+            .filter(|c| c.status == Status::Fail)
+            .map(|c| c.id.clone())
+            .collect();
+        if !failed.is_empty() {
+            return Verdict::Failed { checks: failed };
+        }
+        let missing_levels: Vec<&str> = Level::ALL
+            .iter()
+            .filter(|level| !self.levels.contains(level))
+            .map(|level| level.as_str())
+            .collect();
+        if !missing_levels.is_empty() {
+            return Verdict::Partial {
+                reason: format!("levels not requested: {}", missing_levels.join(", ")),
+            };
+        }
+        if let Some(skipped) = self
+            .checks
+            .iter()
+            .find(|c| c.status == Status::Skip && c.level.needs_gpu())
+        {
+            return Verdict::Partial {
+                reason: format!("{} skipped: {}", skipped.id, skipped.detail),
+            };
+        }
+        for level in Level::ALL {
+            if !self.checks.iter().any(|c| c.level == level) {
+                return Verdict::Partial {
+                    reason: format!("no {} check ran", level.as_str()),
+                };
+            }
+        }
+        if self.gpus.is_empty() || self.driver.is_none() {
+            return Verdict::Partial {
+                reason: "the report names no GPU or driver".to_string(),
+            };
+        }
+        Verdict::Verified
+    }
+
+    /// A table for people: one row per check.
+    pub fn render(&self) -> String {
+        let mut table = comfy_table::Table::new();
+        table.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
+        table.set_header(["check", "status", "time", "detail"]);
+        for check in &self.checks {
+            let status = match check.status {
+                Status::Pass => "pass",
+                Status::Fail => "FAIL",
+                Status::Skip => "skip",
+            };
+            table.add_row([
+                check.id.clone(),
+                status.to_string(),
+                format!("{:.2}s", check.seconds),
+                check.detail.clone(),
+            ]);
+        }
+        let mut text = table.to_string();
+        text.push('\n');
+        if let Some(driver) = &self.driver {
+            text.push_str(&format!(
+                "driver {} (CUDA {})\n",
+                driver.version,
+                driver.cuda.as_deref().unwrap_or("?")
+            ));
+        }
+        for gpu in &self.gpus {
+            text.push_str(&format!(
+                "GPU {}: {} (compute capability {}, {} MiB, kernels {})\n",
+                gpu.index,
+                gpu.name,
+                gpu.compute_capability,
+                gpu.memory_bytes >> 20,
+                gpu.kernels.as_deref().unwrap_or("?")
+            ));
+        }
+        text.push_str(&format!(
+            "{} passed, {} failed, {} skipped in {:.1}s: {}\n",
+            self.counts.pass,
+            self.counts.fail,
+            self.counts.skip,
+            self.seconds,
+            self.verdict()
+        ));
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(id: &str, level: Level, status: Status) -> CheckResult {
+        CheckResult {
+            id: id.into(),
+            level,
+            status,
+            seconds: 0.1,
+            detail: "d".into(),
+            data: None,
+        }
+    }
+
+    fn report(checks: Vec<CheckResult>, gpu: bool) -> Report {
+        Report {
+            schema: REPORT_SCHEMA.into(),
+            probe_version: "1".into(),
+            started: "2026-11-29T00:00:00Z".into(),
+            seconds: 1.0,
+            hostname: "h".into(),
+            levels: Level::ALL.to_vec(),
+            expect: serde_json::Value::Null,
+            torch: Some("2.4.1+cu121".into()),
+            driver: gpu.then(|| DriverFacts {
+                version: "550.54.15".into(),
+                cuda: Some("12.4".into()),
+            }),
+            gpus: if gpu {
+                vec![GpuFacts {
+                    index: 0,
+                    name: "NVIDIA H200".into(),
+                    compute_capability: "9.0".into(),
+                    memory_bytes: 150 << 30,
+                    uuid: None,
+                    kernels: Some("sass:sm_90".into()),
+                }]
+            } else {
+                vec![]
+            },
+            checks,
+            counts: Counts::default(),
+            image: None,
+            runner: None,
+        }
+    }
+
+    fn all_levels(status_for_gpu: Status) -> Vec<CheckResult> {
+        Level::ALL
+            .iter()
+            .map(|&l| {
+                let status = if l.needs_gpu() {
+                    status_for_gpu
+                } else {
+                    Status::Pass
+                };
+                check(&format!("{}.x", l.as_str()), l, status)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_a_full_gpu_run_verifies() {
+        assert_eq!(
+            report(all_levels(Status::Pass), true).verdict(),
+            Verdict::Verified
+        );
+        assert!(matches!(
+            report(all_levels(Status::Skip), false).verdict(),
+            Verdict::Partial { .. }
+        ));
+        // Passing checks but no GPU facts: still not verified.
+        assert!(matches!(
+            report(all_levels(Status::Pass), false).verdict(),
+            Verdict::Partial { .. }
+        ));
+        let mut failing = all_levels(Status::Pass);
+        failing[3].status = Status::Fail;
+        assert_eq!(
+            report(failing, true).verdict(),
+            Verdict::Failed {
+                checks: vec!["ops.x".into()]
+            }
+        );
+        let mut static_only = report(all_levels(Status::Pass), true);
+        static_only.levels = vec![Level::Static];
+        assert!(matches!(static_only.verdict(), Verdict::Partial { .. }));
+        let mut missing_train = report(all_levels(Status::Pass), true);
+        missing_train.checks.pop();
+        assert!(matches!(missing_train.verdict(), Verdict::Partial { .. }));
+    }
+
+    #[test]
+    fn the_report_is_the_last_prefixed_line() {
+        let json = String::from_utf8(report(all_levels(Status::Pass), true).to_json()).unwrap();
+        let log =
+            format!("noise\n{REPORT_PREFIX}{{\"schema\":\"old\"}}\nmore\n{REPORT_PREFIX}{json}\n");
+        let parsed = Report::from_output(&log, "a pod log").unwrap();
+        assert_eq!(parsed.gpus[0].name, "NVIDIA H200");
+        let err = Report::from_output("Traceback\nImportError: x\n", "the container's stdout")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("did not finish") && err.contains("ImportError"),
+            "{err}"
+        );
+        let err = Report::from_json(br#"{"schema":"cudastack.verify.report/v9"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("v9"), "{err}");
+    }
+}
