@@ -432,3 +432,29 @@ mod tests {
         assert!(err.contains("v9"), "{err}");
     }
 }
+
+#[cfg(test)]
+mod documented_schema {
+    use super::*;
+
+    /// docs/verify.md carries a real report; it must parse, and every field it names in
+    /// the schema table must exist in the type.
+    #[test]
+    fn the_documented_example_parses_and_names_every_field() {
+        let doc = include_str!("../../docs/verify.md");
+        let example = doc
+            .split("```json\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n```").next())
+            .expect("docs/verify.md has a json example");
+        let report = Report::from_json(example.as_bytes()).expect("the example is a valid report");
+        assert!(matches!(report.verdict(), Verdict::Partial { .. }));
+        let value = serde_json::to_value(&report).unwrap();
+        for field in value.as_object().unwrap().keys() {
+            assert!(
+                doc.contains(&format!("| `{field}` |")),
+                "field `{field}` is not documented in docs/verify.md"
+            );
+        }
+    }
+}
