@@ -3,6 +3,7 @@
 //! final reference, or `--json`); progress and logs go to stderr.
 
 mod build;
+mod load;
 mod lock;
 mod matrix;
 mod refresh;
@@ -44,6 +45,8 @@ enum Command {
     Matrix(matrix::MatrixArgs),
     /// Find the torch/CUDA/cuDNN builds that fit a driver and GPUs, ranked, with reasons.
     Solve(solve::SolveArgs),
+    /// Load an OCI layout's image into the Docker daemon and tag it (skipped if present).
+    Load(load::LoadArgs),
 }
 
 /// What every command gets: output format and verbosity.
@@ -98,6 +101,7 @@ pub fn main() -> ExitCode {
         Command::Lock(args) => lock::run(args, &printer),
         Command::Matrix(args) => matrix::run(args, &printer),
         Command::Solve(args) => solve::run(args, &printer),
+        Command::Load(args) => load::run(args, &printer),
     };
     match result {
         Ok(code) => code,
