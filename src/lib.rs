@@ -6,6 +6,7 @@ pub mod audit;
 pub mod cas;
 pub mod digest;
 pub mod elf;
+pub mod engine;
 pub mod fetch;
 pub mod install;
 pub mod layer;

@@ -46,6 +46,10 @@ pub struct BuildArgs {
     /// Cache directory (blobs, layers, staging).
     #[arg(long, env = "CUDASTACK_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// Also load the image into the Docker daemon (DOCKER_HOST or the default socket),
+    /// tagged with the recipe's tags.
+    #[arg(long)]
+    load: bool,
 }
 
 struct StderrProgress {
@@ -97,8 +101,27 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         .enable_all()
         .build()?;
     let report = runtime.block_on(build(&settings, Matrix::embedded(), &progress))?;
+    let loaded = if args.load {
+        let tags = &report.tags;
+        Some(runtime.block_on(super::load::load(
+            &report.layout,
+            &report.ref_name,
+            tags,
+            printer,
+        ))?)
+    } else {
+        None
+    };
     if printer.json {
-        printer.json(&report);
+        match &loaded {
+            // The build report with the load report under "load".
+            Some(load) => {
+                let mut value = serde_json::to_value(&report)?;
+                value["load"] = serde_json::to_value(load)?;
+                printer.json(&value);
+            }
+            None => printer.json(&report),
+        }
     } else {
         printer.status(format!(
             "built {} in {:.1}s: {} layers, {} compressed; audit: {} ELF files, {} NEEDED entries checked{}",
@@ -114,6 +137,9 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         println!("oci:{}:{}", report.layout.display(), report.ref_name);
         for tag in &report.tags {
             println!("{tag}");
+        }
+        if let Some(load) = &loaded {
+            println!("docker:{}", load.image_id);
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -6,6 +6,7 @@ mod build;
 mod check;
 mod image_source;
 mod inspect;
+mod load;
 mod lock;
 mod matrix;
 mod refresh;
@@ -51,6 +52,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Will this image run on this node? From the image config alone; exit 1 if not.
     Check(check::CheckArgs),
+    /// Load an OCI layout's image into the Docker daemon and tag it (skipped if present).
+    Load(load::LoadArgs),
 }
 
 /// What every command gets: output format and verbosity.
@@ -107,6 +110,7 @@ pub fn main() -> ExitCode {
         Command::Solve(args) => solve::run(args, &printer),
         Command::Inspect(args) => inspect::run(args, &printer),
         Command::Check(args) => check::run(args, &printer),
+        Command::Load(args) => load::run(args, &printer),
     };
     match result {
         Ok(code) => code,

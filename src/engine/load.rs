@@ -1,0 +1,454 @@
+//! Loading an image into the daemon: a docker-archive written on the fly into the
+//! request body, skipped entirely when the daemon already has the image.
+//!
+//! The archive is produced by [`oci::docker_archive::write`] on a thread that fills a
+//! bounded channel of 1 MiB chunks; the request body reads that channel. Nothing but a few
+//! chunks is ever in memory, and no temp file is written. The daemon's image ID is the
+//! config digest, so `GET /images/sha256:<config>/json` answering 200 means the image is
+//! there and only the tags need setting (a sub-second path, whatever the image's size).
+//! Docker 20.10 answers a load only after reading the whole upload, so the load request
+//! runs without bollard's 120 s timeout (CRATES.md pitfall 3).
+
+use std::io::{self, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bollard::query_parameters::{ImportImageOptions, RemoveImageOptions, TagImageOptions};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use super::{message_of, split_tag, status_of, Engine, EngineError};
+use crate::digest::Digest;
+use crate::oci::{self, Image, OciError};
+
+/// The load request may take as long as the upload does (hours for a slow disk).
+const LOAD_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+const CHUNK: usize = 1 << 20;
+/// Chunks in flight between the archive writer and the request body.
+const CHUNKS_IN_FLIGHT: usize = 8;
+
+/// What a load did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LoadReport {
+    /// The daemon's image ID: the config digest.
+    pub image_id: Digest,
+    /// True when the daemon already had the image and only the tags were set.
+    pub skipped: bool,
+    /// Bytes of docker-archive streamed to the daemon (0 when skipped).
+    pub bytes: u64,
+    /// Wall time of the whole call.
+    pub seconds: f64,
+    /// The tags the image has now (those asked for).
+    pub tags: Vec<String>,
+}
+
+impl LoadReport {
+    /// Bytes per second of the upload (0 when skipped).
+    pub fn throughput(&self) -> f64 {
+        if self.skipped || self.seconds <= 0.0 {
+            0.0
+        } else {
+            self.bytes as f64 / self.seconds
+        }
+    }
+}
+
+impl Engine {
+    /// Load the image named `ref_name` in the OCI layout `dir` and tag it with every tag
+    /// in `tags` (`name[:tag]`). Skips the upload when the daemon already has the image.
+    pub async fn load_layout(
+        &self,
+        dir: &Path,
+        ref_name: &str,
+        tags: &[String],
+    ) -> Result<LoadReport, EngineError> {
+        let image = layout_image(dir, ref_name)?;
+        self.load_image(&image, tags, &dir.display().to_string())
+            .await
+    }
+
+    /// Load `image` (its layer blobs are read where they are stored) and tag it.
+    /// `origin` names the image in error messages (e.g. the layout path).
+    pub async fn load_image(
+        &self,
+        image: &Image,
+        tags: &[String],
+        origin: &str,
+    ) -> Result<LoadReport, EngineError> {
+        let started = Instant::now();
+        for tag in tags {
+            split_tag(tag)?;
+        }
+        let image_id = image.documents()?.config.digest;
+        let report = |skipped: bool, bytes: u64| LoadReport {
+            image_id,
+            skipped,
+            bytes,
+            seconds: started.elapsed().as_secs_f64(),
+            tags: tags.to_vec(),
+        };
+        if self.image_exists(&image_id.to_string()).await? {
+            for tag in tags {
+                self.tag(&image_id.to_string(), tag).await?;
+            }
+            return Ok(report(true, 0));
+        }
+
+        let (sender, receiver) = mpsc::channel::<io::Result<Bytes>>(CHUNKS_IN_FLIGHT);
+        let writer_image = image.clone();
+        let writer_tags = tags.to_vec();
+        let writer = std::thread::spawn(move || -> Result<u64, OciError> {
+            let out = ChannelWriter {
+                sender: sender.clone(),
+                buffer: BytesMut::with_capacity(CHUNK),
+                written: 0,
+            };
+            let result = oci::docker_archive::write(&writer_image, &writer_tags, out)
+                .and_then(|mut out| out.finish().map_err(OciError::WriteArchive));
+            if let Err(error) = &result {
+                // Abort the request body, so the daemon does not load a truncated tar.
+                let _ = sender.blocking_send(Err(io::Error::other(error.to_string())));
+            }
+            result
+        });
+        let body = futures_util::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|item| (item, receiver))
+        });
+        let docker = self.with_timeout(LOAD_TIMEOUT);
+        let options = ImportImageOptions {
+            quiet: true,
+            ..Default::default()
+        };
+        let mut responses = Box::pin(docker.import_image_stream(options, body, None));
+        let mut messages = Vec::new();
+        let mut failure = None;
+        while let Some(item) = responses.next().await {
+            match item {
+                Ok(info) => {
+                    if let Some(error) = info.error_detail.and_then(|d| d.message) {
+                        failure = Some(error);
+                    }
+                    if let Some(line) = info.stream {
+                        messages.push(line.trim().to_string());
+                    }
+                }
+                Err(error) => {
+                    failure = Some(message_of(&error));
+                    break;
+                }
+            }
+        }
+        drop(responses);
+        let written = writer.join().expect("the archive writer does not panic");
+        // The writer's own error says more than the daemon's "unexpected EOF".
+        let bytes = written?;
+        if let Some(message) = failure {
+            return Err(EngineError::LoadFailed {
+                layout: origin.to_string(),
+                message,
+            });
+        }
+        if !self.image_exists(&image_id.to_string()).await? {
+            return Err(EngineError::LoadMismatch {
+                layout: origin.to_string(),
+                expected: image_id,
+                said: messages.join("; "),
+            });
+        }
+        // manifest.json already names the tags; tagging again also moves a tag that a
+        // daemon kept on an older image.
+        for tag in tags {
+            self.tag(&image_id.to_string(), tag).await?;
+        }
+        Ok(report(false, bytes))
+    }
+
+    /// Whether the daemon has `reference` (an image ID `sha256:...` or `name:tag`).
+    pub async fn image_exists(&self, reference: &str) -> Result<bool, EngineError> {
+        match self.docker.inspect_image(reference).await {
+            Ok(_) => Ok(true),
+            Err(error) if status_of(&error) == Some(404) => Ok(false),
+            Err(source) => Err(EngineError::Api {
+                what: format!("inspecting image `{reference}`"),
+                source,
+            }),
+        }
+    }
+
+    /// The image ID (config digest) of `reference`, or `None` if the daemon lacks it.
+    pub async fn image_id(&self, reference: &str) -> Result<Option<Digest>, EngineError> {
+        match self.docker.inspect_image(reference).await {
+            Ok(inspect) => Ok(inspect.id.and_then(|id| id.parse().ok())),
+            Err(error) if status_of(&error) == Some(404) => Ok(None),
+            Err(source) => Err(EngineError::Api {
+                what: format!("inspecting image `{reference}`"),
+                source,
+            }),
+        }
+    }
+
+    /// Tag `image` (an ID or reference the daemon has) as `tag` (`name[:tag]`).
+    pub async fn tag(&self, image: &str, tag: &str) -> Result<(), EngineError> {
+        let (repository, tag_part) = split_tag(tag)?;
+        let options = TagImageOptions {
+            repo: Some(repository.to_string()),
+            tag: Some(tag_part.to_string()),
+        };
+        self.docker
+            .tag_image(image, Some(options))
+            .await
+            .map_err(|source| match status_of(&source) {
+                Some(404) => EngineError::NoSuchImage {
+                    image: image.to_string(),
+                },
+                _ => EngineError::Api {
+                    what: format!("tagging `{image}` as `{tag}`"),
+                    source,
+                },
+            })
+    }
+
+    /// Remove `reference` (a tag, or an ID with all its tags). Returns false when the
+    /// daemon did not have it. Images used by containers are not removed.
+    pub async fn remove_image(&self, reference: &str) -> Result<bool, EngineError> {
+        let options = RemoveImageOptions {
+            force: reference.starts_with("sha256:"),
+            ..Default::default()
+        };
+        match self
+            .docker
+            .remove_image(reference, Some(options), None)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(error) if status_of(&error) == Some(404) => Ok(false),
+            Err(source) => Err(EngineError::Api {
+                what: format!("removing image `{reference}`"),
+                source,
+            }),
+        }
+    }
+}
+
+/// The image `ref_name` of the layout `dir`, exactly as stored: [`oci::layout::read`]
+/// gives the layers and config; the creation time it leaves at 0 is restored from the
+/// stored config, and the result must reproduce the stored config digest (the daemon's
+/// image ID must be the layout's).
+pub fn layout_image(dir: &Path, ref_name: &str) -> Result<Image, EngineError> {
+    let image = oci::layout::read(dir, ref_name)?;
+    let (config_digest, config) = stored_config(dir, ref_name)?;
+    let created = config
+        .get("created")
+        .and_then(|c| c.as_str())
+        .and_then(parse_rfc3339)
+        .unwrap_or(0);
+    let image = image.with_created(created);
+    let found = image.documents()?.config.digest;
+    if found != config_digest {
+        return Err(EngineError::NotReproducible {
+            layout: dir.display().to_string(),
+            ref_name: ref_name.to_string(),
+            expected: config_digest,
+            found,
+        });
+    }
+    Ok(image)
+}
+
+/// Docker tags among the layout's ref names that name the same manifest as `ref_name`
+/// (cudastack writes each recipe tag as a ref name beside `latest`), sorted.
+pub fn layout_tags(dir: &Path, ref_name: &str) -> Result<Vec<String>, EngineError> {
+    let index = read_json(&dir.join("index.json"), "an OCI image index")?;
+    let entries = index["manifests"].as_array().cloned().unwrap_or_default();
+    let ref_of = |entry: &serde_json::Value| {
+        entry["annotations"][oci_spec::image::ANNOTATION_REF_NAME]
+            .as_str()
+            .map(str::to_string)
+    };
+    let Some(digest) = entries
+        .iter()
+        .find(|e| ref_of(e).as_deref() == Some(ref_name))
+        .map(|e| e["digest"].clone())
+    else {
+        // Let the layout reader say which refs exist.
+        oci::layout::read(dir, ref_name)?;
+        return Ok(Vec::new());
+    };
+    let mut tags: Vec<String> = entries
+        .iter()
+        .filter(|e| e["digest"] == digest)
+        .filter_map(ref_of)
+        .filter(|name| name != ref_name && name.contains(':') && split_tag(name).is_ok())
+        .collect();
+    tags.sort();
+    tags.dedup();
+    Ok(tags)
+}
+
+fn read_json(path: &Path, what: &'static str) -> Result<serde_json::Value, OciError> {
+    let bytes = fs_err::read(path).map_err(|e| OciError::Io {
+        path: path.to_path_buf(),
+        source: io::Error::new(e.kind(), e),
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| OciError::Json {
+        path: path.to_path_buf(),
+        what,
+        source,
+    })
+}
+
+/// The stored config of `ref_name`: its digest and its JSON.
+fn stored_config(dir: &Path, ref_name: &str) -> Result<(Digest, serde_json::Value), OciError> {
+    let invalid = |problem: String| OciError::InvalidLayout {
+        dir: dir.to_path_buf(),
+        problem,
+    };
+    let index = read_json(&dir.join("index.json"), "an OCI image index")?;
+    let manifest_digest = index["manifests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["annotations"][oci_spec::image::ANNOTATION_REF_NAME] == ref_name)
+        .and_then(|e| e["digest"].as_str())
+        .ok_or_else(|| invalid(format!("no manifest digest for `{ref_name}`")))?;
+    let parse = |text: &str| -> Result<Digest, OciError> {
+        text.parse()
+            .map_err(|e: crate::digest::DigestError| invalid(e.to_string()))
+    };
+    let manifest = read_json(
+        &oci::layout::blob_path(dir, &parse(manifest_digest)?),
+        "an OCI image manifest",
+    )?;
+    let config_digest = parse(
+        manifest["config"]["digest"]
+            .as_str()
+            .ok_or_else(|| invalid(format!("the manifest of `{ref_name}` has no config")))?,
+    )?;
+    let config = read_json(
+        &oci::layout::blob_path(dir, &config_digest),
+        "an OCI image configuration",
+    )?;
+    Ok((config_digest, config))
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` (what [`oci::rfc3339`] writes) to seconds since the epoch.
+pub fn parse_rfc3339(text: &str) -> Option<u64> {
+    let bytes = text.as_bytes();
+    if bytes.len() != 20
+        || bytes[4] != b'-'
+        || bytes[7] != b'-'
+        || bytes[10] != b'T'
+        || bytes[13] != b':'
+        || bytes[16] != b':'
+        || bytes[19] != b'Z'
+    {
+        return None;
+    }
+    let number = |range: std::ops::Range<usize>| text.get(range)?.parse::<i64>().ok();
+    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
+        return None;
+    }
+    // Howard Hinnant's days_from_civil (the inverse of oci::rfc3339's civil_from_days).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second;
+    u64::try_from(seconds).ok()
+}
+
+/// A `Write` that hands 1 MiB chunks to the request body; a closed body (the request
+/// failed) is a broken pipe.
+struct ChannelWriter {
+    sender: mpsc::Sender<io::Result<Bytes>>,
+    buffer: BytesMut,
+    written: u64,
+}
+
+impl ChannelWriter {
+    fn send_buffer(&mut self) -> io::Result<()> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let chunk = self.buffer.split().freeze();
+        self.buffer.reserve(CHUNK);
+        self.sender.blocking_send(Ok(chunk)).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the Docker daemon stopped reading the load request",
+            )
+        })
+    }
+
+    /// Send what is buffered; returns the archive's size.
+    fn finish(&mut self) -> io::Result<u64> {
+        self.send_buffer()?;
+        Ok(self.written)
+    }
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let room = CHUNK - self.buffer.len();
+        let n = data.len().min(room);
+        self.buffer.extend_from_slice(&data[..n]);
+        self.written += n as u64;
+        if self.buffer.len() >= CHUNK {
+            self.send_buffer()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        // Chunks go out when full or at the end; a flush mid-archive need not send.
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_round_trips() {
+        for epoch in [0, 951_782_400, 1_700_000_000, 1_714_521_600, 4_102_444_799] {
+            assert_eq!(parse_rfc3339(&oci::rfc3339(epoch)), Some(epoch), "{epoch}");
+        }
+        for bad in [
+            "",
+            "2024-05-01",
+            "2024-05-01T12:00:00.5Z",
+            "2024-13-01T00:00:00Z",
+            "1969-12-31T23:59:59Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_channel_writer_sends_full_chunks_and_breaks_when_the_reader_is_gone() {
+        let (sender, mut receiver) = mpsc::channel(64);
+        let mut writer = ChannelWriter {
+            sender,
+            buffer: BytesMut::new(),
+            written: 0,
+        };
+        let data = vec![7u8; CHUNK * 2 + 10];
+        writer.write_all(&data).unwrap();
+        assert_eq!(writer.finish().unwrap(), data.len() as u64);
+        let mut sizes = Vec::new();
+        while let Ok(chunk) = receiver.try_recv() {
+            sizes.push(chunk.unwrap().len());
+        }
+        assert_eq!(sizes, [CHUNK, CHUNK, 10]);
+        drop(receiver);
+        let error = writer.write_all(&data).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::BrokenPipe);
+    }
+}

@@ -1,0 +1,420 @@
+//! The Docker Engine output against a real dockerd: load (streamed, then skipped),
+//! tags, run (exit code, stdout, stderr, copy out, env, binds), timeouts, GPU requests
+//! on a daemon without the NVIDIA toolkit, cancellation, and an unreachable daemon.
+//!
+//! Needs docker (dockerd is started if none runs) and /bin/busybox (Debian's
+//! `busybox-static`, in scripts/setup.sh); each test prints why it skips otherwise.
+//! Every image is unique to its test and process and is removed at the end, with any
+//! container carrying the test's label.
+
+mod oci_support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cudastack::cas::BlobStore;
+use cudastack::digest::Digest;
+use cudastack::engine::run::RUN_LABEL;
+use cudastack::engine::{Engine, EngineError, GpuRequest, RunSpec};
+use cudastack::layer::{self, BuildOptions, Compression, Entry, LayerContents, LayerPath};
+use cudastack::oci::{layout, Image};
+
+const EPOCH: u64 = 1_714_521_600;
+const BUSYBOX: &str = "/bin/busybox";
+
+fn p(s: &str) -> LayerPath {
+    LayerPath::parse(s).unwrap()
+}
+
+/// Why this test cannot run here, if it cannot.
+fn skip_reason() -> Option<String> {
+    if !Path::new(BUSYBOX).is_file() {
+        return Some(format!(
+            "{BUSYBOX} is missing (apt-get install busybox-static)"
+        ));
+    }
+    oci_support::docker().err()
+}
+
+macro_rules! require_docker {
+    () => {
+        if let Some(reason) = skip_reason() {
+            eprintln!("skipping: {reason}");
+            return;
+        }
+    };
+}
+
+/// A tiny real image: static busybox as /bin/sh, in an OCI layout under `work`, unique
+/// to `name` and this process (so the first load is never skipped). Returns the layout
+/// directory and the expected image ID.
+fn busybox_layout(work: &Path, name: &str, tags: &[String]) -> (PathBuf, Digest) {
+    let store = BlobStore::open(work.join("store")).unwrap();
+    let base = LayerContents::from_entries([
+        Entry::file_bytes(p("bin/busybox"), 0o755, std::fs::read(BUSYBOX).unwrap()),
+        Entry::symlink(p("bin/sh"), "busybox"),
+        Entry::dir(p("tmp"), 0o1777),
+    ])
+    .unwrap();
+    let base = layer::build(
+        &store,
+        &base,
+        &BuildOptions::new(EPOCH, Compression::Gzip { level: 1 }),
+    )
+    .unwrap();
+    let marker = format!("{name} {}\n", std::process::id());
+    let top = LayerContents::from_entries([Entry::file_bytes(
+        p("etc/marker"),
+        0o644,
+        marker.into_bytes(),
+    )])
+    .unwrap();
+    let top = layer::build(&store, &top, &BuildOptions::new(EPOCH, Compression::None)).unwrap();
+    let image = Image::new(EPOCH)
+        .with_layer(base, "busybox")
+        .with_layer(top, "marker")
+        .with_env("PATH", "/bin")
+        .with_label("io.cudastack.test", name)
+        .with_cmd(vec!["/bin/sh".to_string()]);
+    let dir = work.join("layout");
+    layout::write(&image, &dir, "latest").unwrap();
+    for tag in tags {
+        layout::write(&image, &dir, tag).unwrap();
+    }
+    let id = image.documents().unwrap().config.digest;
+    (dir, id)
+}
+
+/// Removes the image (all its tags) and any container labelled for this test.
+struct Cleanup {
+    image: Digest,
+    test_label: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for id in containers_with(&self.test_label) {
+            let _ = Command::new("docker")
+                .args(["rm", "-f", &id])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = Command::new("docker")
+            .args(["rmi", "-f", &self.image.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Containers (running or not) carrying this process's run label and `test_label`.
+fn containers_with(test_label: &str) -> Vec<String> {
+    let output = Command::new("docker")
+        .args(["ps", "-aq", "--filter"])
+        .arg(format!("label={RUN_LABEL}={}", std::process::id()))
+        .arg("--filter")
+        .arg(format!("label=io.cudastack.test={test_label}"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "docker ps failed");
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn inspect_id(reference: &str) -> Option<String> {
+    let output = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", reference])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8(output.stdout).unwrap().trim().to_string())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Load a fresh image for a run test; returns its cleanup guard (image ID inside).
+async fn loaded(engine: &Engine, work: &Path, name: &str) -> Cleanup {
+    let (dir, id) = busybox_layout(work, name, &[]);
+    let cleanup = Cleanup {
+        image: id,
+        test_label: name.to_string(),
+    };
+    let report = engine.load_layout(&dir, "latest", &[]).await.unwrap();
+    assert_eq!(report.image_id, id);
+    cleanup
+}
+
+fn spec(image: &Digest, test_label: &str, script: &str) -> RunSpec {
+    let mut spec = RunSpec::new(
+        image.to_string(),
+        vec!["/bin/sh".into(), "-c".into(), script.into()],
+    );
+    spec.labels
+        .push(("io.cudastack.test".into(), test_label.into()));
+    spec.timeout = Duration::from_secs(60);
+    spec
+}
+
+#[test]
+fn load_streams_then_skips_and_tags_everything() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    let pid = std::process::id();
+    let tags = vec![
+        format!("cudastack-test/engine-load:{pid}-a"),
+        format!("localhost:5000/cudastack-test/engine-load:{pid}-b"),
+    ];
+    let (dir, id) = busybox_layout(work.path(), "engine-load", &tags);
+    let _cleanup = Cleanup {
+        image: id,
+        test_label: "engine-load".into(),
+    };
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let info = rt.block_on(engine.info()).unwrap();
+    eprintln!("daemon: {info:?}");
+    assert!(!info.server_version.is_empty());
+    assert!(!info.runtimes.is_empty(), "{info:?}");
+    let (major, minor) = info.api_version.split_once('.').unwrap();
+    assert_eq!(major, "1");
+    assert!(minor.parse::<u32>().unwrap() >= 41, "{info:?}");
+    assert!(
+        info.api_version.parse::<f64>().unwrap() <= info.server_api_version.parse::<f64>().unwrap(),
+        "negotiated above the daemon: {info:?}"
+    );
+
+    assert!(!rt.block_on(engine.image_exists(&id.to_string())).unwrap());
+    assert_eq!(
+        cudastack::engine::load::layout_tags(&dir, "latest").unwrap(),
+        {
+            let mut sorted = tags.clone();
+            sorted.sort();
+            sorted
+        }
+    );
+    let first = rt
+        .block_on(engine.load_layout(&dir, "latest", &tags))
+        .unwrap();
+    eprintln!("first load: {first:?}");
+    assert!(!first.skipped);
+    assert_eq!(first.image_id, id);
+    assert!(first.bytes > 1_000_000, "{first:?}");
+    for tag in &tags {
+        assert_eq!(
+            inspect_id(tag).as_deref(),
+            Some(id.to_string().as_str()),
+            "{tag}"
+        );
+    }
+
+    // Already there: only tagged, in well under a second.
+    let extra = format!("cudastack-test/engine-load:{pid}-c");
+    let mut more = tags.clone();
+    more.push(extra.clone());
+    let started = Instant::now();
+    let second = rt
+        .block_on(engine.load_layout(&dir, "latest", &more))
+        .unwrap();
+    let elapsed = started.elapsed();
+    eprintln!("second load: {second:?} ({elapsed:?})");
+    assert!(second.skipped);
+    assert_eq!(second.bytes, 0);
+    assert!(elapsed < Duration::from_secs(1), "{elapsed:?}");
+    assert_eq!(inspect_id(&extra).as_deref(), Some(id.to_string().as_str()));
+
+    // The CLI: JSON report, the layout's tags by default, skipped again.
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["--json", "load"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["image_id"], id.to_string());
+    assert_eq!(report["skipped"], true);
+    assert_eq!(report["tags"].as_array().unwrap().len(), 2, "{report}");
+
+    // Removing a tag leaves the image; removing the ID removes it and all its tags.
+    assert!(rt.block_on(engine.remove_image(&extra)).unwrap());
+    assert!(inspect_id(&extra).is_none());
+    assert!(rt.block_on(engine.image_exists(&id.to_string())).unwrap());
+    assert!(rt.block_on(engine.remove_image(&id.to_string())).unwrap());
+    assert!(!rt.block_on(engine.image_exists(&id.to_string())).unwrap());
+    assert!(inspect_id(&tags[0]).is_none());
+    assert!(!rt.block_on(engine.remove_image(&id.to_string())).unwrap());
+}
+
+#[test]
+fn run_reports_exit_code_output_and_copies_the_result_out() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    let label = "engine-run";
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let cleanup = rt.block_on(loaded(&engine, work.path(), label));
+    let host_dir = work.path().join("mounted");
+    std::fs::create_dir(&host_dir).unwrap();
+    std::fs::write(host_dir.join("input"), "from the host\n").unwrap();
+
+    let mut run = spec(
+        &cleanup.image,
+        label,
+        "echo out-$GREETING; cat /mnt/in/input; echo err-line >&2; \
+         cat /etc/marker > /tmp/result.json; touch /mnt/in/x 2>/dev/null || echo read-only; exit 3",
+    );
+    run.env.push(("GREETING".into(), "hello".into()));
+    run.binds.push((host_dir.clone(), "/mnt/in".into(), true));
+    run.copy_out = Some("/tmp/result.json".into());
+    let outcome = rt.block_on(engine.run(&run)).unwrap();
+    eprintln!("{outcome:?}");
+    assert_eq!(outcome.exit_code, 3);
+    assert!(!outcome.timed_out);
+    assert!(!outcome.success());
+    assert_eq!(outcome.stdout, "out-hello\nfrom the host\nread-only\n");
+    assert_eq!(outcome.stderr, "err-line\n");
+    assert_eq!(
+        outcome.copied.as_deref(),
+        Some(format!("{label} {}\n", std::process::id()).as_bytes())
+    );
+    assert!(
+        containers_with(label).is_empty(),
+        "a container was left behind"
+    );
+
+    // Exit 0, and a copy_out path that does not exist is a clear error (container removed).
+    let ok = rt
+        .block_on(engine.run(&spec(&cleanup.image, label, "true")))
+        .unwrap();
+    assert!(ok.success(), "{ok:?}");
+    let mut missing = spec(&cleanup.image, label, "true");
+    missing.copy_out = Some("/nonexistent/file".into());
+    let error = rt.block_on(engine.run(&missing)).unwrap_err();
+    assert!(matches!(error, EngineError::CopyOut { .. }), "{error}");
+    assert!(error.to_string().contains("/nonexistent/file"), "{error}");
+    assert!(
+        containers_with(label).is_empty(),
+        "a container was left behind"
+    );
+
+    // An image the daemon lacks.
+    let error = rt
+        .block_on(engine.run(&spec(&Digest::of_bytes(b"absent"), label, "true")))
+        .unwrap_err();
+    assert!(matches!(error, EngineError::NoSuchImage { .. }), "{error}");
+}
+
+#[test]
+fn a_timeout_kills_and_removes_the_container() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    let label = "engine-timeout";
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let cleanup = rt.block_on(loaded(&engine, work.path(), label));
+    let mut run = spec(&cleanup.image, label, "echo started; sleep 60");
+    run.timeout = Duration::from_secs(2);
+    run.copy_out = Some("/etc/marker".into());
+    let started = Instant::now();
+    let outcome = rt.block_on(engine.run(&run)).unwrap();
+    eprintln!("{outcome:?}");
+    assert!(outcome.timed_out);
+    assert_eq!(outcome.exit_code, 137);
+    assert_eq!(outcome.stdout, "started\n");
+    assert!(outcome.copied.is_none());
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        containers_with(label).is_empty(),
+        "a container was left behind"
+    );
+
+    // A caller that gives up (drops the future) leaves nothing behind either.
+    let run = spec(&cleanup.image, label, "sleep 60");
+    rt.block_on(async {
+        let given_up = tokio::time::timeout(Duration::from_secs(2), engine.run(&run)).await;
+        assert!(given_up.is_err(), "the run should still be going");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !containers_with(label).is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    assert!(
+        containers_with(label).is_empty(),
+        "a dropped run left its container"
+    );
+}
+
+#[test]
+fn gpu_requests_without_the_nvidia_toolkit_are_a_clear_error() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    let label = "engine-gpu";
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    if rt.block_on(engine.info()).unwrap().nvidia_runtime {
+        eprintln!("skipping: this daemon has the nvidia runtime, GPU requests may succeed");
+        return;
+    }
+    let cleanup = rt.block_on(loaded(&engine, work.path(), label));
+    for (gpus, runtime) in [
+        (GpuRequest::All, false),
+        (GpuRequest::Count(1), false),
+        (GpuRequest::DeviceIds(vec!["0".into()]), false),
+        (GpuRequest::None, true),
+    ] {
+        let mut run = spec(&cleanup.image, label, "true");
+        run.gpus = gpus.clone();
+        run.use_nvidia_runtime = runtime;
+        let error = rt.block_on(engine.run(&run)).unwrap_err();
+        let text = error.to_string();
+        eprintln!("{gpus:?}, runtime {runtime}: {text}");
+        assert!(
+            matches!(error, EngineError::GpuUnavailable { .. }),
+            "{gpus:?}: {text}"
+        );
+        assert!(text.contains("NVIDIA Container Toolkit"), "{text}");
+        assert!(
+            containers_with(label).is_empty(),
+            "a container was left behind"
+        );
+    }
+}
+
+#[test]
+fn an_unreachable_docker_host_is_a_clear_error() {
+    // Needs no daemon: DOCKER_HOST points at a socket nobody serves.
+    let work = tempfile::tempdir().unwrap();
+    let socket = work.path().join("docker.sock");
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["load", "images/none", "--tag", "x:y"])
+        .env("DOCKER_HOST", format!("unix://{}", socket.display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no Docker daemon is reachable"), "{stderr}");
+    assert!(stderr.contains(&socket.display().to_string()), "{stderr}");
+    assert!(stderr.contains("OCI layout"), "{stderr}");
+    assert!(output.stdout.is_empty());
+}
