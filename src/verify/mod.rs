@@ -23,6 +23,7 @@ pub mod check;
 pub mod expect;
 pub mod record;
 pub mod report;
+pub mod runner;
 pub mod source;
 
 /// Where the probe lives inside every image cudastack builds.

@@ -1,0 +1,244 @@
+//! Running the probe: in a container through the Docker Engine API (GPUs through
+//! DeviceRequests and the `nvidia` runtime when the daemon has it), or natively with the
+//! host's Python (a GPU machine without Docker).
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::record::{record_in_layout, RecordError, Recorded};
+use super::report::{ImageFacts, Level, Report, ReportError, RunnerFacts};
+use super::{probe_command, PROBE_SOURCE};
+use crate::engine::load::layout_tags;
+use crate::engine::run::{GpuRequest, RunSpec};
+use crate::engine::{Engine, EngineError, LoadReport};
+use crate::oci::layout;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Oci(#[from] crate::oci::OciError),
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("the probe in `{image}` produced no report (exit status {exit_code}): {source}")]
+    NoReport {
+        image: String,
+        exit_code: i64,
+        #[source]
+        source: ReportError,
+    },
+    #[error("the probe in `{image}` ran past {seconds} s and was stopped")]
+    TimedOut { image: String, seconds: u64 },
+    #[error("verification needs a GPU (verify.gpu: required) but {reason}\n  hint: run on a host with an NVIDIA GPU, the driver and the NVIDIA Container Toolkit, or set verify.gpu: auto to accept the static level")]
+    NoGpu { reason: String },
+    #[error("running `{command}` failed: {source}")]
+    Native {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Which GPUs to ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuChoice {
+    /// All GPUs when the host and daemon can provide them, otherwise none (static level).
+    Auto,
+    /// Fail unless GPUs can be provided.
+    Required(GpuRequest),
+    /// Exactly this request (`--gpus`); `GpuRequest::None` runs the static level only.
+    Exactly(GpuRequest),
+}
+
+#[derive(Debug, Clone)]
+pub struct VerifySettings {
+    pub gpus: GpuChoice,
+    pub level: Level,
+    pub timeout: Duration,
+}
+
+impl Default for VerifySettings {
+    fn default() -> Self {
+        Self {
+            gpus: GpuChoice::Auto,
+            level: Level::Train,
+            timeout: Duration::from_secs(1800),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyOutcome {
+    pub report: Report,
+    pub recorded: Recorded,
+    pub load: LoadReport,
+    pub exit_code: i64,
+    pub seconds: f64,
+}
+
+/// Whether this host looks able to give a container a GPU: the daemon has the nvidia
+/// runtime or CDI specs, and the kernel driver is loaded.
+fn gpu_visible(info: &crate::engine::EngineInfo) -> Result<(), String> {
+    let driver = Path::new("/proc/driver/nvidia/version").exists() || Path::new("/dev/nvidiactl").exists();
+    let runtime = info.nvidia_runtime || !info.cdi_spec_dirs.is_empty();
+    match (driver, runtime) {
+        (true, true) => Ok(()),
+        (false, _) => Err("this host has no NVIDIA driver loaded (no /proc/driver/nvidia/version, no /dev/nvidiactl)".to_string()),
+        (true, false) => Err(format!(
+            "the Docker daemon at {} has no `nvidia` runtime and no CDI specs (NVIDIA Container Toolkit not configured)",
+            info.host
+        )),
+    }
+}
+
+/// Verify the image `ref_name` of the layout `dir`: load it (skipped when present), run
+/// the probe, record the report (and, only on a full pass, the verified image).
+pub async fn verify_layout(
+    engine: &Engine,
+    dir: &Path,
+    ref_name: &str,
+    settings: &VerifySettings,
+) -> Result<VerifyOutcome, VerifyError> {
+    let started = std::time::Instant::now();
+    let info = engine.info().await?;
+    let (gpus, note) = match &settings.gpus {
+        GpuChoice::Exactly(request) => (request.clone(), None),
+        GpuChoice::Required(request) => {
+            gpu_visible(&info).map_err(|reason| VerifyError::NoGpu { reason })?;
+            (request.clone(), None)
+        }
+        GpuChoice::Auto => match gpu_visible(&info) {
+            Ok(()) => (GpuRequest::All, None),
+            Err(reason) => (GpuRequest::None, Some(format!("{reason}: static level only"))),
+        },
+    };
+    let resolved = layout::resolve(dir, ref_name)?;
+    let tags = layout_tags(dir, ref_name)?;
+    let load = engine.load_layout(dir, ref_name, &tags).await?;
+    let image = load.image_id.to_string();
+    let mut spec = RunSpec::new(image.clone(), probe_command(settings.level));
+    spec.entrypoint = Some(Vec::new());
+    spec.gpus = gpus.clone();
+    spec.timeout = settings.timeout;
+    spec.labels = vec![("io.cudastack.verify".to_string(), resolved.manifest_digest.to_string())];
+    // The image stays loaded and tagged (like `docker build` leaves its result).
+    let outcome = engine.run(&spec).await?;
+    let location = format!("oci:{}:{ref_name}", dir.display());
+    if outcome.timed_out {
+        return Err(VerifyError::TimedOut {
+            image: location,
+            seconds: settings.timeout.as_secs(),
+        });
+    }
+    let mut report = Report::from_output(&outcome.stdout, "the container's stdout").map_err(
+        |source| VerifyError::NoReport {
+            image: location.clone(),
+            exit_code: outcome.exit_code,
+            source: with_stderr(source, &outcome.stderr),
+        },
+    )?;
+    report.image = Some(ImageFacts {
+        reference: location,
+        manifest_digest: Some(resolved.manifest_digest.to_string()),
+        config_digest: Some(resolved.config_digest.to_string()),
+    });
+    report.runner = Some(RunnerFacts {
+        kind: "docker".to_string(),
+        cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
+        gpus_requested: describe(&gpus),
+        engine: Some(format!(
+            "Docker {} (API {})",
+            info.server_version, info.api_version
+        )),
+        note,
+    });
+    let recorded = record_in_layout(dir, ref_name, &report)?;
+    Ok(VerifyOutcome {
+        report,
+        recorded,
+        load,
+        exit_code: outcome.exit_code,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn with_stderr(error: ReportError, stderr: &str) -> ReportError {
+    match error {
+        ReportError::Missing { what, tail } if tail.trim().is_empty() => {
+            let lines: Vec<&str> = stderr.lines().rev().take(15).collect();
+            ReportError::Missing {
+                what,
+                tail: lines.into_iter().rev().collect::<Vec<_>>().join("\n"),
+            }
+        }
+        other => other,
+    }
+}
+
+pub fn describe(gpus: &GpuRequest) -> String {
+    match gpus {
+        GpuRequest::None => "none".to_string(),
+        GpuRequest::All => "all".to_string(),
+        GpuRequest::Count(n) => n.to_string(),
+        GpuRequest::DeviceIds(ids) => ids.join(","),
+    }
+}
+
+/// Run the probe with this host's `python3` (a GPU machine without Docker): proves the
+/// host's PyTorch, driver and GPUs. Nothing is recorded on any image.
+pub fn verify_native(
+    python: &str,
+    level: Level,
+    expect: Option<&Path>,
+) -> Result<(Report, i32), VerifyError> {
+    let dir = tempfile::tempdir().map_err(|source| VerifyError::Native {
+        command: "mktemp".into(),
+        source,
+    })?;
+    let probe = dir.path().join("probe.py");
+    std::fs::write(&probe, PROBE_SOURCE).map_err(|source| VerifyError::Native {
+        command: format!("write {}", probe.display()),
+        source,
+    })?;
+    let empty = dir.path().join("expect.json");
+    let expect = match expect {
+        Some(path) => path.to_path_buf(),
+        None => {
+            std::fs::write(&empty, b"{}").map_err(|source| VerifyError::Native {
+                command: format!("write {}", empty.display()),
+                source,
+            })?;
+            empty
+        }
+    };
+    let command = format!("{python} {} --level {}", probe.display(), level.as_str());
+    let output = std::process::Command::new(python)
+        .arg(&probe)
+        .args(["--level", level.as_str(), "--expect"])
+        .arg(&expect)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|source| VerifyError::Native {
+            command: command.clone(),
+            source,
+        })?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut report = Report::from_output(&stdout, "the probe's stdout").map_err(|source| {
+        VerifyError::NoReport {
+            image: "the host".into(),
+            exit_code: i64::from(output.status.code().unwrap_or(-1)),
+            source,
+        }
+    })?;
+    report.runner = Some(RunnerFacts {
+        kind: "native".to_string(),
+        cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
+        gpus_requested: "all".to_string(),
+        engine: None,
+        note: Some(format!("{python} on the host, not an image")),
+    });
+    Ok((report, output.status.code().unwrap_or(2)))
+}
