@@ -418,3 +418,124 @@ fn an_unreachable_docker_host_is_a_clear_error() {
     assert!(stderr.contains("OCI layout"), "{stderr}");
     assert!(output.stdout.is_empty());
 }
+
+#[test]
+fn a_broken_layout_aborts_the_upload_and_loads_nothing() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    let (dir, id) = busybox_layout(work.path(), "engine-broken", &[]);
+    let _cleanup = Cleanup {
+        image: id,
+        test_label: "engine-broken".into(),
+    };
+    // Truncate the largest layer blob (busybox): the archive writer fails mid-stream.
+    let blobs = dir.join("blobs/sha256");
+    let largest = std::fs::read_dir(&blobs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.is_symlink())
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    let content = std::fs::read(&largest).unwrap();
+    std::fs::remove_file(&largest).unwrap();
+    std::fs::write(&largest, &content[..content.len() / 2]).unwrap();
+
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let error = rt
+        .block_on(engine.load_layout(&dir, "latest", &[]))
+        .unwrap_err();
+    let text = error.to_string();
+    eprintln!("{text}");
+    assert!(matches!(error, EngineError::Oci(_)), "{text}");
+    assert!(text.contains(&dir.display().to_string()), "{text}");
+    assert!(!rt.block_on(engine.image_exists(&id.to_string())).unwrap());
+
+    // A missing ref names what the layout has.
+    let error = rt
+        .block_on(engine.load_layout(&dir, "nope", &[]))
+        .unwrap_err();
+    assert!(error.to_string().contains("latest"), "{error}");
+}
+
+/// Load throughput of a large image with an incompressible uncompressed layer, against
+/// `docker load` of a plain tar of the same layout. Run by hand:
+/// `CUDASTACK_LOAD_BENCH_MB=2048 cargo test --test engine_docker -- --ignored --nocapture`.
+#[test]
+#[ignore = "benchmark: writes and loads a multi-GB image"]
+fn load_throughput() {
+    require_docker!();
+    let megabytes: u64 = std::env::var("CUDASTACK_LOAD_BENCH_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let work = tempfile::tempdir_in(std::env::var("CUDASTACK_BENCH_DIR").unwrap_or("/tmp".into()))
+        .unwrap();
+    let data = work.path().join("data");
+    run_ok(Command::new("sh").arg("-c").arg(format!(
+        "head -c {}M /dev/urandom > {}",
+        megabytes,
+        data.display()
+    )));
+    let store = BlobStore::open(work.path().join("store")).unwrap();
+    let contents = LayerContents::from_entries([Entry::file(
+        p("data/blob"),
+        0o644,
+        megabytes << 20,
+        cudastack::layer::FileSource::Path(data.clone()),
+    )])
+    .unwrap();
+    let big = layer::build(
+        &store,
+        &contents,
+        &BuildOptions::new(EPOCH, Compression::None),
+    )
+    .unwrap();
+    let image = Image::new(EPOCH)
+        .with_layer(big, "bench")
+        .with_label("io.cudastack.bench", &std::process::id().to_string());
+    let dir = work.path().join("layout");
+    layout::write(&image, &dir, "latest").unwrap();
+    let id = image.documents().unwrap().config.digest;
+    let _cleanup = Cleanup {
+        image: id,
+        test_label: "engine-bench".into(),
+    };
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let report = rt
+        .block_on(engine.load_layout(&dir, "latest", &[]))
+        .unwrap();
+    assert!(!report.skipped);
+    eprintln!(
+        "cudastack load: {} bytes in {:.1} s = {:.0} MB/s",
+        report.bytes,
+        report.seconds,
+        report.throughput() / 1e6
+    );
+    let again = rt
+        .block_on(engine.load_layout(&dir, "latest", &[]))
+        .unwrap();
+    eprintln!(
+        "second load (skipped: {}): {:.3} s",
+        again.skipped, again.seconds
+    );
+    assert!(rt.block_on(engine.remove_image(&id.to_string())).unwrap());
+    let started = Instant::now();
+    run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("tar -C {} -cf - . | docker load -q", dir.display())),
+    );
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!(
+        "tar | docker load: {:.1} s = {:.0} MB/s",
+        seconds,
+        report.bytes as f64 / seconds / 1e6
+    );
+}
+
+fn run_ok(command: &mut Command) {
+    let status = command.status().unwrap();
+    assert!(status.success(), "{command:?}: {status}");
+}
