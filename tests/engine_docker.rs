@@ -539,3 +539,72 @@ fn run_ok(command: &mut Command) {
     let status = command.status().unwrap();
     assert!(status.success(), "{command:?}: {status}");
 }
+
+/// The child half of `ctrl_c_removes_the_container`: runs a long command in the image
+/// named by `CUDASTACK_ENGINE_CHILD_IMAGE` and expects to be interrupted.
+#[test]
+#[ignore = "run by ctrl_c_removes_the_container in a child process"]
+fn ctrl_c_child() {
+    let Ok(image) = std::env::var("CUDASTACK_ENGINE_CHILD_IMAGE") else {
+        return;
+    };
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let mut run = RunSpec::new(
+        image,
+        vec!["/bin/sh".into(), "-c".into(), "sleep 60".into()],
+    );
+    run.labels
+        .push(("io.cudastack.test".into(), "engine-ctrl-c".into()));
+    let error = rt.block_on(engine.run(&run)).unwrap_err();
+    assert!(matches!(error, EngineError::Interrupted), "{error}");
+    println!("child: {error}");
+}
+
+#[test]
+fn ctrl_c_removes_the_container() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    let label = "engine-ctrl-c";
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let cleanup = rt.block_on(loaded(&engine, work.path(), label));
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["ctrl_c_child", "--exact", "--ignored", "--nocapture"])
+        .env("CUDASTACK_ENGINE_CHILD_IMAGE", cleanup.image.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let child_label = format!("label={RUN_LABEL}={}", child.id());
+    let running = || {
+        let output = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &child_label])
+            .args(["--filter", "status=running"])
+            .output()
+            .unwrap();
+        !output.stdout.is_empty()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !running() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the child's container never ran");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    run_ok(Command::new("kill").args(["-INT", &child.id().to_string()]));
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("child: interrupted"), "{stdout}");
+    let left = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &child_label])
+        .output()
+        .unwrap();
+    assert!(left.stdout.is_empty(), "Ctrl-C left a container behind");
+}
