@@ -251,6 +251,33 @@ fn load_streams_then_skips_and_tags_everything() {
     assert_eq!(report["image_id"], id.to_string());
     assert_eq!(report["skipped"], true);
     assert_eq!(report["tags"].as_array().unwrap().len(), 2, "{report}");
+    // Human output: the image ID, then the tags; the status line on stderr.
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .arg("load")
+        .arg(&dir)
+        .args(["--tag", &extra])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!("{id}\n{extra}\n")
+    );
+    assert!(stderr.contains("already has"), "{stderr}");
+    // An unknown ref names the ones the layout has.
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .arg("load")
+        .arg(&dir)
+        .args(["--ref", "nope"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`nope`") && stderr.contains("latest"),
+        "{stderr}"
+    );
 
     // Removing a tag leaves the image; removing the ID removes it and all its tags.
     assert!(rt.block_on(engine.remove_image(&extra)).unwrap());
