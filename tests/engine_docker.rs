@@ -635,3 +635,45 @@ fn ctrl_c_removes_the_container() {
         .unwrap();
     assert!(left.stdout.is_empty(), "Ctrl-C left a container behind");
 }
+
+#[test]
+fn a_layer_the_daemon_rejects_is_a_load_error_with_its_message() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    // A "layer" that is not a tar at all (its digests are right, its content is not).
+    let mut junk = format!("not a tar {} ", std::process::id()).into_bytes();
+    junk.resize(3 << 20, b'x');
+    let blob = work.path().join("junk");
+    std::fs::write(&blob, &junk).unwrap();
+    let digest = Digest::of_bytes(&junk);
+    let layer = cudastack::layer::Layer {
+        digest,
+        diff_id: digest,
+        size: junk.len() as u64,
+        uncompressed_size: Some(junk.len() as u64),
+        media_type: oci_spec::image::MediaType::ImageLayer,
+        blob,
+    };
+    let image = Image::new(EPOCH).with_layer(layer, "junk");
+    let dir = work.path().join("layout");
+    layout::write(&image, &dir, "latest").unwrap();
+    let id = image.documents().unwrap().config.digest;
+    let _cleanup = Cleanup {
+        image: id,
+        test_label: "engine-junk".into(),
+    };
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let error = rt
+        .block_on(engine.load_layout(&dir, "latest", &[]))
+        .unwrap_err();
+    let text = error.to_string();
+    eprintln!("{text}");
+    assert!(matches!(error, EngineError::LoadFailed { .. }), "{text}");
+    assert!(
+        text.contains("tar") && !text.contains("stream error"),
+        "{text}"
+    );
+    assert!(text.contains(&dir.display().to_string()), "{text}");
+    assert!(!rt.block_on(engine.image_exists(&id.to_string())).unwrap());
+}

@@ -143,14 +143,23 @@ impl Engine {
         }
         drop(responses);
         let written = writer.join().expect("the archive writer does not panic");
-        // The writer's own error says more than the daemon's "unexpected EOF".
-        let bytes = written?;
-        if let Some(message) = failure {
-            return Err(EngineError::LoadFailed {
-                layout: origin.to_string(),
-                message,
-            });
-        }
+        let load_failed = |message| EngineError::LoadFailed {
+            layout: origin.to_string(),
+            message,
+        };
+        let bytes = match (written, failure) {
+            (Ok(bytes), None) => bytes,
+            // The daemon gave up first: its message is the cause, the broken pipe the effect.
+            (Err(OciError::WriteArchive(e)), Some(message))
+                if e.kind() == io::ErrorKind::BrokenPipe =>
+            {
+                return Err(load_failed(message))
+            }
+            // The writer's own error (a missing or corrupt blob) says more than the
+            // daemon's "unexpected EOF".
+            (Err(error), _) => return Err(error.into()),
+            (Ok(_), Some(message)) => return Err(load_failed(message)),
+        };
         let Some(present) = self.present_as(&image_id, &manifest_digest).await? else {
             return Err(EngineError::LoadMismatch {
                 layout: origin.to_string(),
