@@ -251,6 +251,33 @@ fn load_streams_then_skips_and_tags_everything() {
     assert_eq!(report["image_id"], id.to_string());
     assert_eq!(report["skipped"], true);
     assert_eq!(report["tags"].as_array().unwrap().len(), 2, "{report}");
+    // Human output: the image ID, then the tags; the status line on stderr.
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .arg("load")
+        .arg(&dir)
+        .args(["--tag", &extra])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!("{id}\n{extra}\n")
+    );
+    assert!(stderr.contains("already has"), "{stderr}");
+    // An unknown ref names the ones the layout has.
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .arg("load")
+        .arg(&dir)
+        .args(["--ref", "nope"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`nope`") && stderr.contains("latest"),
+        "{stderr}"
+    );
 
     // Removing a tag leaves the image; removing the ID removes it and all its tags.
     assert!(rt.block_on(engine.remove_image(&extra)).unwrap());
@@ -417,4 +444,236 @@ fn an_unreachable_docker_host_is_a_clear_error() {
     assert!(stderr.contains(&socket.display().to_string()), "{stderr}");
     assert!(stderr.contains("OCI layout"), "{stderr}");
     assert!(output.stdout.is_empty());
+}
+
+#[test]
+fn a_broken_layout_aborts_the_upload_and_loads_nothing() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    let (dir, id) = busybox_layout(work.path(), "engine-broken", &[]);
+    let _cleanup = Cleanup {
+        image: id,
+        test_label: "engine-broken".into(),
+    };
+    // Truncate the largest layer blob (busybox): the archive writer fails mid-stream.
+    let blobs = dir.join("blobs/sha256");
+    let largest = std::fs::read_dir(&blobs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.is_symlink())
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    let content = std::fs::read(&largest).unwrap();
+    std::fs::remove_file(&largest).unwrap();
+    std::fs::write(&largest, &content[..content.len() / 2]).unwrap();
+
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let error = rt
+        .block_on(engine.load_layout(&dir, "latest", &[]))
+        .unwrap_err();
+    let text = error.to_string();
+    eprintln!("{text}");
+    assert!(matches!(error, EngineError::Oci(_)), "{text}");
+    assert!(text.contains(&dir.display().to_string()), "{text}");
+    assert!(!rt.block_on(engine.image_exists(&id.to_string())).unwrap());
+
+    // A missing ref names what the layout has.
+    let error = rt
+        .block_on(engine.load_layout(&dir, "nope", &[]))
+        .unwrap_err();
+    assert!(error.to_string().contains("latest"), "{error}");
+}
+
+/// Load throughput of a large image with an incompressible uncompressed layer, against
+/// `docker load` of a plain tar of the same layout. Run by hand:
+/// `CUDASTACK_LOAD_BENCH_MB=2048 cargo test --test engine_docker -- --ignored --nocapture`.
+#[test]
+#[ignore = "benchmark: writes and loads a multi-GB image"]
+fn load_throughput() {
+    require_docker!();
+    let megabytes: u64 = std::env::var("CUDASTACK_LOAD_BENCH_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let work = tempfile::tempdir_in(std::env::var("CUDASTACK_BENCH_DIR").unwrap_or("/tmp".into()))
+        .unwrap();
+    let data = work.path().join("data");
+    run_ok(Command::new("sh").arg("-c").arg(format!(
+        "head -c {}M /dev/urandom > {}",
+        megabytes,
+        data.display()
+    )));
+    let store = BlobStore::open(work.path().join("store")).unwrap();
+    let contents = LayerContents::from_entries([Entry::file(
+        p("data/blob"),
+        0o644,
+        megabytes << 20,
+        cudastack::layer::FileSource::Path(data.clone()),
+    )])
+    .unwrap();
+    let big = layer::build(
+        &store,
+        &contents,
+        &BuildOptions::new(EPOCH, Compression::None),
+    )
+    .unwrap();
+    let image = Image::new(EPOCH)
+        .with_layer(big, "bench")
+        .with_label("io.cudastack.bench", &std::process::id().to_string());
+    let dir = work.path().join("layout");
+    layout::write(&image, &dir, "latest").unwrap();
+    let id = image.documents().unwrap().config.digest;
+    let _cleanup = Cleanup {
+        image: id,
+        test_label: "engine-bench".into(),
+    };
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let report = rt
+        .block_on(engine.load_layout(&dir, "latest", &[]))
+        .unwrap();
+    assert!(!report.skipped);
+    eprintln!(
+        "cudastack load: {} bytes in {:.1} s = {:.0} MB/s",
+        report.bytes,
+        report.seconds,
+        report.throughput() / 1e6
+    );
+    let again = rt
+        .block_on(engine.load_layout(&dir, "latest", &[]))
+        .unwrap();
+    eprintln!(
+        "second load (skipped: {}): {:.3} s",
+        again.skipped, again.seconds
+    );
+    assert!(rt.block_on(engine.remove_image(&id.to_string())).unwrap());
+    let started = Instant::now();
+    run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("tar -C {} -cf - . | docker load -q", dir.display())),
+    );
+    let seconds = started.elapsed().as_secs_f64();
+    eprintln!(
+        "tar | docker load: {:.1} s = {:.0} MB/s",
+        seconds,
+        report.bytes as f64 / seconds / 1e6
+    );
+}
+
+fn run_ok(command: &mut Command) {
+    let status = command.status().unwrap();
+    assert!(status.success(), "{command:?}: {status}");
+}
+
+/// The child half of `ctrl_c_removes_the_container`: runs a long command in the image
+/// named by `CUDASTACK_ENGINE_CHILD_IMAGE` and expects to be interrupted.
+#[test]
+#[ignore = "run by ctrl_c_removes_the_container in a child process"]
+fn ctrl_c_child() {
+    let Ok(image) = std::env::var("CUDASTACK_ENGINE_CHILD_IMAGE") else {
+        return;
+    };
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let mut run = RunSpec::new(
+        image,
+        vec!["/bin/sh".into(), "-c".into(), "sleep 60".into()],
+    );
+    run.labels
+        .push(("io.cudastack.test".into(), "engine-ctrl-c".into()));
+    let error = rt.block_on(engine.run(&run)).unwrap_err();
+    assert!(matches!(error, EngineError::Interrupted), "{error}");
+    println!("child: {error}");
+}
+
+#[test]
+fn ctrl_c_removes_the_container() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    let label = "engine-ctrl-c";
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let cleanup = rt.block_on(loaded(&engine, work.path(), label));
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["ctrl_c_child", "--exact", "--ignored", "--nocapture"])
+        .env("CUDASTACK_ENGINE_CHILD_IMAGE", cleanup.image.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let child_label = format!("label={RUN_LABEL}={}", child.id());
+    let running = || {
+        let output = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &child_label])
+            .args(["--filter", "status=running"])
+            .output()
+            .unwrap();
+        !output.stdout.is_empty()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !running() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the child's container never ran");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    run_ok(Command::new("kill").args(["-INT", &child.id().to_string()]));
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("child: interrupted"), "{stdout}");
+    let left = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &child_label])
+        .output()
+        .unwrap();
+    assert!(left.stdout.is_empty(), "Ctrl-C left a container behind");
+}
+
+#[test]
+fn a_layer_the_daemon_rejects_is_a_load_error_with_its_message() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    // A "layer" that is not a tar at all (its digests are right, its content is not).
+    let mut junk = format!("not a tar {} ", std::process::id()).into_bytes();
+    junk.resize(3 << 20, b'x');
+    let blob = work.path().join("junk");
+    std::fs::write(&blob, &junk).unwrap();
+    let digest = Digest::of_bytes(&junk);
+    let layer = cudastack::layer::Layer {
+        digest,
+        diff_id: digest,
+        size: junk.len() as u64,
+        uncompressed_size: Some(junk.len() as u64),
+        media_type: oci_spec::image::MediaType::ImageLayer,
+        blob,
+    };
+    let image = Image::new(EPOCH).with_layer(layer, "junk");
+    let dir = work.path().join("layout");
+    layout::write(&image, &dir, "latest").unwrap();
+    let id = image.documents().unwrap().config.digest;
+    let _cleanup = Cleanup {
+        image: id,
+        test_label: "engine-junk".into(),
+    };
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let error = rt
+        .block_on(engine.load_layout(&dir, "latest", &[]))
+        .unwrap_err();
+    let text = error.to_string();
+    eprintln!("{text}");
+    assert!(matches!(error, EngineError::LoadFailed { .. }), "{text}");
+    assert!(
+        text.contains("tar") && !text.contains("stream error"),
+        "{text}"
+    );
+    assert!(text.contains(&dir.display().to_string()), "{text}");
+    assert!(!rt.block_on(engine.image_exists(&id.to_string())).unwrap());
 }

@@ -80,7 +80,9 @@ impl Engine {
         for tag in tags {
             split_tag(tag)?;
         }
-        let image_id = image.documents()?.config.digest;
+        let documents = image.documents()?;
+        let image_id = documents.config.digest;
+        let manifest_digest = documents.manifest.digest;
         let report = |skipped: bool, bytes: u64| LoadReport {
             image_id,
             skipped,
@@ -88,9 +90,9 @@ impl Engine {
             seconds: started.elapsed().as_secs_f64(),
             tags: tags.to_vec(),
         };
-        if self.image_exists(&image_id.to_string()).await? {
+        if let Some(present) = self.present_as(&image_id, &manifest_digest).await? {
             for tag in tags {
-                self.tag(&image_id.to_string(), tag).await?;
+                self.tag(&present, tag).await?;
             }
             return Ok(report(true, 0));
         }
@@ -141,27 +143,52 @@ impl Engine {
         }
         drop(responses);
         let written = writer.join().expect("the archive writer does not panic");
-        // The writer's own error says more than the daemon's "unexpected EOF".
-        let bytes = written?;
-        if let Some(message) = failure {
-            return Err(EngineError::LoadFailed {
-                layout: origin.to_string(),
-                message,
-            });
-        }
-        if !self.image_exists(&image_id.to_string()).await? {
+        let load_failed = |message| EngineError::LoadFailed {
+            layout: origin.to_string(),
+            message,
+        };
+        let bytes = match (written, failure) {
+            (Ok(bytes), None) => bytes,
+            // The daemon gave up first: its message is the cause, the broken pipe the effect.
+            (Err(OciError::WriteArchive(e)), Some(message))
+                if e.kind() == io::ErrorKind::BrokenPipe =>
+            {
+                return Err(load_failed(message))
+            }
+            // The writer's own error (a missing or corrupt blob) says more than the
+            // daemon's "unexpected EOF".
+            (Err(error), _) => return Err(error.into()),
+            (Ok(_), Some(message)) => return Err(load_failed(message)),
+        };
+        let Some(present) = self.present_as(&image_id, &manifest_digest).await? else {
             return Err(EngineError::LoadMismatch {
                 layout: origin.to_string(),
                 expected: image_id,
                 said: messages.join("; "),
             });
-        }
+        };
         // manifest.json already names the tags; tagging again also moves a tag that a
         // daemon kept on an older image.
         for tag in tags {
-            self.tag(&image_id.to_string(), tag).await?;
+            self.tag(&present, tag).await?;
         }
         Ok(report(false, bytes))
+    }
+
+    /// How the daemon names the image, if it has it: the classic image store's ID is the
+    /// config digest; the containerd image store (Docker 25+ option, default in 29)
+    /// identifies images by manifest (or index) digest.
+    async fn present_as(
+        &self,
+        config: &Digest,
+        manifest: &Digest,
+    ) -> Result<Option<String>, EngineError> {
+        for reference in [config.to_string(), manifest.to_string()] {
+            if self.image_exists(&reference).await? {
+                return Ok(Some(reference));
+            }
+        }
+        Ok(None)
     }
 
     /// Whether the daemon has `reference` (an image ID `sha256:...` or `name:tag`).

@@ -215,6 +215,7 @@ pub(crate) fn status_of(error: &bollard::errors::Error) -> Option<u16> {
 pub(crate) fn message_of(error: &bollard::errors::Error) -> String {
     match error {
         bollard::errors::Error::DockerResponseServerError { message, .. } => message.clone(),
+        bollard::errors::Error::DockerStreamError { error } => error.clone(),
         other => other.to_string(),
     }
 }

@@ -190,7 +190,7 @@ impl Engine {
         };
         let result = tokio::select! {
             result = self.drive(&id, spec) => result,
-            _ = tokio::signal::ctrl_c() => Err(EngineError::Interrupted),
+            () = ctrl_c() => Err(EngineError::Interrupted),
         };
         let removed = remove_container(&self.docker, &id).await;
         guard.id = None;
@@ -343,6 +343,13 @@ impl Engine {
             what: format!("{step} failed"),
             source,
         }
+    }
+}
+
+/// Resolves on Ctrl-C; never, when the runtime cannot listen for signals.
+async fn ctrl_c() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
