@@ -99,8 +99,11 @@ class Probe:
         return status
 
     def skip_level(self, level, ids):
+        # The first check that found the GPU missing says why in full; the rest point at it.
+        cause = next((c for c in self.checks if c["detail"] == self.gpu_unavailable), None)
+        reason = "not run: %s" % (("see " + cause["id"]) if cause else self.gpu_unavailable)
         for check_id in ids:
-            self.run(check_id, level, lambda: _raise(Skip(self.gpu_unavailable)))
+            self.run(check_id, level, lambda: _raise(Skip(reason)))
 
 
 def _raise(error):

@@ -12,6 +12,7 @@ mod matrix;
 mod refresh;
 mod solve;
 mod validate;
+mod verify;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -54,6 +55,9 @@ enum Command {
     Check(check::CheckArgs),
     /// Load an OCI layout's image into the Docker daemon and tag it (skipped if present).
     Load(load::LoadArgs),
+    /// Run the verification probe in a container from the image (on GPUs when available),
+    /// record the report, and label the image only if every level passed on a GPU.
+    Verify(verify::VerifyArgs),
 }
 
 /// What every command gets: output format and verbosity.
@@ -111,6 +115,7 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(args, &printer),
         Command::Check(args) => check::run(args, &printer),
         Command::Load(args) => load::run(args, &printer),
+        Command::Verify(args) => verify::run(args, &printer),
     };
     match result {
         Ok(code) => code,

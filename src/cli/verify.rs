@@ -1,0 +1,179 @@
+//! `cudastack verify IMAGE`: run the probe in a container from the image (GPUs through the
+//! NVIDIA runtime when there are any), record the report in the layout, and on a full pass
+//! on a GPU label and tag the verified image. Also `--native` (this host's PyTorch, no
+//! Docker) and `--from-log` (a report a Kubernetes Job printed).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use cudastack::engine::run::GpuRequest;
+use cudastack::engine::Engine;
+use cudastack::verify::record::{record_in_layout, Recorded};
+use cudastack::verify::report::{Level, Report, Verdict};
+use cudastack::verify::runner::{verify_layout, verify_native, GpuChoice, VerifySettings};
+use cudastack::verify::source::ImageLocation;
+use serde::Serialize;
+
+use super::{CommandResult, Printer};
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The image: an OCI layout (`images/NAME` or `oci:DIR[:REF]`). Not needed with --native.
+    pub image: Option<String>,
+    /// The ref name inside the layout.
+    #[arg(long = "ref", default_value = "latest")]
+    pub ref_name: String,
+    /// GPUs for the container: auto (all when the host and daemon can provide them, else
+    /// none: static level only), none, all, a count, or device ids (`0,1` or UUIDs).
+    #[arg(long, default_value = "auto")]
+    pub gpus: String,
+    /// Fail instead of running the static level only when no GPU can be provided.
+    #[arg(long)]
+    pub require_gpu: bool,
+    /// Run the levels up to this one: static, driver, device, ops, train (all).
+    #[arg(long, default_value = "train")]
+    pub level: Level,
+    /// Stop the probe after this many seconds.
+    #[arg(long, default_value_t = 1800)]
+    pub timeout: u64,
+    /// Run the probe with this host's Python instead of a container (a GPU machine without
+    /// Docker); proves the host's PyTorch stack, records nothing on an image.
+    #[arg(long, conflicts_with = "from_log")]
+    pub native: bool,
+    /// The Python for --native.
+    #[arg(long, default_value = "python3", requires = "native")]
+    pub python: String,
+    /// Expectations file for --native (default: none, versions are reported, not compared).
+    #[arg(long, requires = "native")]
+    pub expect: Option<PathBuf>,
+    /// Record the report found in this log (e.g. `kubectl logs job/NAME`) instead of running.
+    #[arg(long)]
+    pub from_log: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Output<'a> {
+    verdict: Verdict,
+    report: &'a Report,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recorded: Option<&'a Recorded>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    load: Option<&'a cudastack::engine::LoadReport>,
+}
+
+pub fn parse_gpus(text: &str) -> Result<Option<GpuRequest>, String> {
+    Ok(Some(match text {
+        "auto" => return Ok(None),
+        "none" | "0" => GpuRequest::None,
+        "all" => GpuRequest::All,
+        n if n.parse::<u32>().is_ok() => GpuRequest::Count(n.parse().expect("checked")),
+        ids if !ids.is_empty() => GpuRequest::DeviceIds(ids.split(',').map(str::to_string).collect()),
+        _ => return Err("--gpus takes auto, none, all, a count, or device ids".into()),
+    }))
+}
+
+pub fn run(args: VerifyArgs, printer: &Printer) -> CommandResult {
+    if args.native {
+        let (report, _) = verify_native(&args.python, args.level, args.expect.as_deref())?;
+        return finish(&report, None, None, printer);
+    }
+    let Some(image) = &args.image else {
+        return Err("give the image to verify (images/NAME), or --native".into());
+    };
+    let (dir, ref_name) = match ImageLocation::parse(image, Some(&args.ref_name))? {
+        ImageLocation::Layout { dir, ref_name } => (dir, ref_name),
+        ImageLocation::Registry(reference) => {
+            return Err(format!(
+                "`{reference}` is a registry reference: pull it into a layout first \
+                 (`cudastack pull {reference} --layout DIR`), or run the probe as a Kubernetes \
+                 Job (`--emit k8s-job`) and record its log with --from-log"
+            )
+            .into())
+        }
+    };
+    if let Some(log) = &args.from_log {
+        let text = fs_err::read_to_string(log)?;
+        let mut report = Report::from_output(&text, &format!("log {}", log.display()))?;
+        if report.runner.is_none() {
+            report.runner = Some(cudastack::verify::report::RunnerFacts {
+                kind: "kubernetes".to_string(),
+                cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
+                gpus_requested: "see the Job".to_string(),
+                engine: None,
+                note: Some(format!("recorded from {}", log.display())),
+            });
+        }
+        let recorded = record_in_layout(&dir, &ref_name, &report)?;
+        return finish(&report, Some(&recorded), None, printer);
+    }
+    let gpus = match (parse_gpus(&args.gpus)?, args.require_gpu) {
+        (None, false) => GpuChoice::Auto,
+        (None, true) => GpuChoice::Required(GpuRequest::All),
+        (Some(request), true) => GpuChoice::Required(request),
+        (Some(request), false) => GpuChoice::Exactly(request),
+    };
+    let settings = VerifySettings {
+        gpus,
+        level: args.level,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let outcome = runtime.block_on(async {
+        let engine = Engine::connect().await?;
+        printer.status(format!(
+            "verifying oci:{}:{ref_name} through the Docker daemon at {}",
+            dir.display(),
+            engine.host()
+        ));
+        verify_layout(&engine, &dir, &ref_name, &settings)
+            .await
+            .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
+    })?;
+    finish(
+        &outcome.report,
+        Some(&outcome.recorded),
+        Some(&outcome.load),
+        printer,
+    )
+}
+
+/// Print the report and what was recorded; exit 1 when a check failed.
+pub fn finish(
+    report: &Report,
+    recorded: Option<&Recorded>,
+    load: Option<&cudastack::engine::LoadReport>,
+    printer: &Printer,
+) -> CommandResult {
+    let verdict = report.verdict();
+    if printer.json {
+        printer.json(&Output {
+            verdict: verdict.clone(),
+            report,
+            recorded,
+            load,
+        });
+    } else {
+        print!("{}", report.render());
+        if let Some(note) = report.runner.as_ref().and_then(|r| r.note.as_ref()) {
+            println!("note: {note}");
+        }
+        if let Some(recorded) = recorded {
+            println!("report stored as {} ({})", recorded.report_ref, recorded.report_digest);
+            match &recorded.verified_manifest {
+                Some(digest) => println!(
+                    "verified image {digest}: {}",
+                    recorded.verified_refs.join(", ")
+                ),
+                None => println!("no verified label or tag: {verdict}"),
+            }
+        }
+    }
+    Ok(match verdict {
+        Verdict::Failed { .. } => ExitCode::from(1),
+        _ => ExitCode::SUCCESS,
+    })
+}
