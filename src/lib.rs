@@ -13,5 +13,6 @@ pub mod lock;
 pub mod matrix;
 pub mod oci;
 pub mod recipe;
+pub mod registry;
 pub mod stack;
 pub mod version;
