@@ -21,6 +21,7 @@ mod client;
 pub mod pull;
 pub mod push;
 pub mod reference;
+pub mod referrers;
 
 use std::path::PathBuf;
 
