@@ -14,8 +14,8 @@ use cudastack::fetch::http::RetryPolicy;
 use cudastack::oci;
 use cudastack::registry::referrers::{list_referrers, push_referrer, ArtifactLayer, Subject};
 use cudastack::registry::{
-    pull, push_image, push_layout, BlobOutcome, ClientOptions, Platform, PushOptions,
-    Reference, RegistryClient, OCI_MANIFEST,
+    pull, push_image, push_layout, BlobOutcome, ClientOptions, Platform, PushOptions, Reference,
+    RegistryClient, OCI_MANIFEST,
 };
 use registry_support::*;
 
@@ -37,11 +37,8 @@ fn skopeo_digest(reference: &str) -> Option<String> {
         eprintln!("skopeo is not installed: its cross-check is skipped");
         return None;
     }
-    let output = oci_support::run(Command::new("skopeo").args([
-        "inspect",
-        "--tls-verify=false",
-        reference,
-    ]));
+    let output =
+        oci_support::run(Command::new("skopeo").args(["inspect", "--tls-verify=false", reference]));
     let value: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     Some(value["Digest"].as_str().unwrap().to_string())
 }
@@ -62,9 +59,15 @@ async fn push_then_skopeo_docker_and_our_pull_agree() {
         .parse()
         .unwrap();
     let client = client(&reference);
-    let report = push_layout(&client, &layout, "latest", &reference, &PushOptions::default())
-        .await
-        .unwrap();
+    let report = push_layout(
+        &client,
+        &layout,
+        "latest",
+        &reference,
+        &PushOptions::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.manifest_digest, digest);
     assert_eq!(report.blobs.len(), 3);
     assert!(
@@ -149,7 +152,10 @@ async fn push_then_skopeo_docker_and_our_pull_agree() {
 
     // The generic calls the verify stage uses.
     let manifest = client.get_manifest(&reference).await.unwrap();
-    assert_eq!((manifest.digest, manifest.media_type.as_str()), (digest, OCI_MANIFEST));
+    assert_eq!(
+        (manifest.digest, manifest.media_type.as_str()),
+        (digest, OCI_MANIFEST)
+    );
     let config = image.documents().unwrap().config;
     let bytes = client
         .get_blob_bytes("cudastack/test", &config.digest, 1 << 20)
@@ -160,7 +166,10 @@ async fn push_then_skopeo_docker_and_our_pull_agree() {
         .get_blob_bytes("cudastack/test", &config.digest, 10)
         .await
         .unwrap_err();
-    assert!(too_small.to_string().contains("larger than the 10 bytes"), "{too_small}");
+    assert!(
+        too_small.to_string().contains("larger than the 10 bytes"),
+        "{too_small}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,9 +265,7 @@ async fn push_resumes_after_the_registry_is_killed_mid_upload() {
     let store = BlobStore::open(work.path().join("cache")).unwrap();
     let big = random_layer(&store, "big", 21, 6 << 20);
     let image = image_of(&[big.clone()], "resume");
-    let reference: Reference = format!("{}/stack/resume:v1", proxy.host())
-        .parse()
-        .unwrap();
+    let reference: Reference = format!("{}/stack/resume:v1", proxy.host()).parse().unwrap();
     let client = client(&reference);
     let options = PushOptions {
         chunk_size: 1 << 20,
@@ -268,7 +275,11 @@ async fn push_resumes_after_the_registry_is_killed_mid_upload() {
     let report = push_image(&client, &image, &reference, &options)
         .await
         .unwrap_or_else(|e| panic!("{e:?}\nregistry log:\n{}", registry.log()));
-    let layer = report.blobs.iter().find(|b| b.digest == big.digest).unwrap();
+    let layer = report
+        .blobs
+        .iter()
+        .find(|b| b.digest == big.digest)
+        .unwrap();
     assert_eq!(layer.outcome, BlobOutcome::Resumed, "{report:?}");
     assert!(patches.load(Ordering::SeqCst) > 4);
     // Every byte reached the registry exactly once: the first 3 MiB were not sent again.
@@ -280,7 +291,10 @@ async fn push_resumes_after_the_registry_is_killed_mid_upload() {
     // The registry holds the image under the digest computed here, and its layer is whole
     // (pull verifies every digest).
     let digest = image.digest().unwrap();
-    assert_eq!(client.get_manifest(&reference).await.unwrap().digest, digest);
+    assert_eq!(
+        client.get_manifest(&reference).await.unwrap().digest,
+        digest
+    );
     let store2 = BlobStore::open(work.path().join("cache2")).unwrap();
     let pulled = pull(
         &client,
@@ -308,8 +322,9 @@ async fn a_registry_failing_blob_puts_gets_retries_then_a_precise_error() {
                 return Action::Respond {
                     status: 500,
                     headers: vec![("Content-Type".to_string(), "application/json".to_string())],
-                    body: br#"{"errors":[{"code":"UNKNOWN","message":"injected storage failure"}]}"#
-                        .to_vec(),
+                    body:
+                        br#"{"errors":[{"code":"UNKNOWN","message":"injected storage failure"}]}"#
+                            .to_vec(),
                 };
             }
             Action::Forward
@@ -345,7 +360,10 @@ async fn a_registry_failing_blob_puts_gets_retries_then_a_precise_error() {
         chain.push_str(&format!("\n  Caused by: {cause}"));
         source = cause.source();
     }
-    let first = format!("Failed to upload blob {} ({} bytes)", layer.digest, layer.size);
+    let first = format!(
+        "Failed to upload blob {} ({} bytes)",
+        layer.digest, layer.size
+    );
     for expected in [
         first.as_str(),
         "stack/fail",
@@ -354,7 +372,10 @@ async fn a_registry_failing_blob_puts_gets_retries_then_a_precise_error() {
         "injected storage failure",
         "after 3 attempts",
     ] {
-        assert!(chain.contains(expected), "missing {expected:?} in:\n{chain}");
+        assert!(
+            chain.contains(expected),
+            "missing {expected:?} in:\n{chain}"
+        );
     }
     let puts = proxy
         .requests()

@@ -46,6 +46,11 @@ pub struct BuildArgs {
     /// Cache directory (blobs, layers, staging).
     #[arg(long, env = "CUDASTACK_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// After writing the layout, push the image to this registry reference.
+    #[arg(long, value_name = "REF")]
+    push: Option<String>,
+    #[command(flatten)]
+    registry_args: super::push::RegistryArgs,
 }
 
 struct StderrProgress {
@@ -81,9 +86,20 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         },
         (CompressionArg::None, _) => Compression::None,
     };
+    // Parse the push target before the (long) build, so a typo fails at once.
+    // Credentials too (stdin, credential helpers), so the push cannot fail on them later.
+    let push_target = match args.push.as_deref() {
+        Some(text) => {
+            let reference: cudastack::registry::Reference = text.parse()?;
+            let options = args.registry_args.client_options(&reference)?;
+            Some((reference, options))
+        }
+        None => None,
+    };
+    let cache_root = args.cache_dir.clone().unwrap_or_else(default_cache_root);
     let settings = BuildSettings {
         recipe_path: args.recipe,
-        cache_root: args.cache_dir.unwrap_or_else(default_cache_root),
+        cache_root: cache_root.clone(),
         layout_dir: args.layout,
         compression,
         offline: args.offline,
@@ -97,8 +113,23 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         .enable_all()
         .build()?;
     let report = runtime.block_on(build(&settings, Matrix::embedded(), &progress))?;
+    let pushed = match push_target {
+        Some((reference, options)) => Some(super::push::push_and_report(
+            &report.layout,
+            &report.ref_name,
+            &reference,
+            &super::push::PushFlags::defaults(cache_root),
+            options,
+            printer,
+            &runtime,
+        )?),
+        None => None,
+    };
     if printer.json {
-        printer.json(&report);
+        match &pushed {
+            Some(push) => printer.json(&serde_json::json!({"build": report, "push": push})),
+            None => printer.json(&report),
+        }
     } else {
         printer.status(format!(
             "built {} in {:.1}s: {} layers, {} compressed; audit: {} ELF files, {} NEEDED entries checked{}",
@@ -114,6 +145,9 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         println!("oci:{}:{}", report.layout.display(), report.ref_name);
         for tag in &report.tags {
             println!("{tag}");
+        }
+        if let Some(push) = &pushed {
+            println!("{}@{}", push.reference, push.manifest_digest);
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -5,6 +5,8 @@
 mod build;
 mod lock;
 mod matrix;
+mod pull;
+mod push;
 mod refresh;
 mod solve;
 mod validate;
@@ -44,6 +46,10 @@ enum Command {
     Matrix(matrix::MatrixArgs),
     /// Find the torch/CUDA/cuDNN builds that fit a driver and GPUs, ranked, with reasons.
     Solve(solve::SolveArgs),
+    /// Push an image of an OCI layout to a registry (no daemon needed).
+    Push(push::PushArgs),
+    /// Pull an image from a registry into an OCI layout (no daemon needed).
+    Pull(pull::PullArgs),
 }
 
 /// What every command gets: output format and verbosity.
@@ -98,6 +104,8 @@ pub fn main() -> ExitCode {
         Command::Lock(args) => lock::run(args, &printer),
         Command::Matrix(args) => matrix::run(args, &printer),
         Command::Solve(args) => solve::run(args, &printer),
+        Command::Push(args) => push::run(args, &printer),
+        Command::Pull(args) => pull::run(args, &printer),
     };
     match result {
         Ok(code) => code,

@@ -199,6 +199,9 @@ pub struct RegistryClient {
     credentials: Credentials,
     retry: RetryPolicy,
     auth: Mutex<AuthState>,
+    /// Held while a token is fetched, so parallel uploads needing the same scope wait
+    /// for one token instead of each asking the token service.
+    token_fetch: tokio::sync::Mutex<()>,
 }
 
 /// `repository:NAME:ACTIONS` scopes for the token service.
@@ -238,6 +241,7 @@ impl RegistryClient {
                 scheme: Scheme::Unknown,
                 tokens: HashMap::new(),
             }),
+            token_fetch: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -350,10 +354,19 @@ impl RegistryClient {
             },
             Scheme::Bearer { realm, service } => {
                 let key = scopes.join(" ");
-                if let Some((token, expiry)) = self.auth.lock().unwrap().tokens.get(&key) {
-                    if Instant::now() < *expiry {
-                        return Ok(Some(format!("Bearer {}", token.expose())));
-                    }
+                let cached = || {
+                    let auth = self.auth.lock().unwrap();
+                    auth.tokens
+                        .get(&key)
+                        .filter(|(_, expiry)| Instant::now() < *expiry)
+                        .map(|(token, _)| format!("Bearer {}", token.expose()))
+                };
+                if let Some(header) = cached() {
+                    return Ok(Some(header));
+                }
+                let _fetching = self.token_fetch.lock().await;
+                if let Some(header) = cached() {
+                    return Ok(Some(header));
                 }
                 let (token, lifetime) =
                     self.fetch_token(&realm, service.as_deref(), scopes).await?;

@@ -13,7 +13,9 @@ use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use super::client::{scope, status_error, Body, RegistryClient, OCI_EMPTY, OCI_INDEX, OCI_MANIFEST};
+use super::client::{
+    scope, status_error, Body, RegistryClient, OCI_EMPTY, OCI_INDEX, OCI_MANIFEST,
+};
 use super::reference::Reference;
 use super::RegistryError;
 use crate::digest::Digest;

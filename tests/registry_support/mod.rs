@@ -59,7 +59,10 @@ fn wait_for_port(port: u16, up: bool) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    panic!("port {port} did not come {}", if up { "up" } else { "down" });
+    panic!(
+        "port {port} did not come {}",
+        if up { "up" } else { "down" }
+    );
 }
 
 /// A `docker-registry` process with its own storage; killed on drop.
@@ -231,7 +234,8 @@ impl Proxy {
                         break;
                     }
                     let Ok(stream) = stream else { continue };
-                    let (hook, upload_bytes, log) = (hook.clone(), upload_bytes.clone(), log.clone());
+                    let (hook, upload_bytes, log) =
+                        (hook.clone(), upload_bytes.clone(), log.clone());
                     std::thread::spawn(move || {
                         let _ = handle(stream, backend_port, &hook, upload_bytes, &log);
                     });
