@@ -302,7 +302,7 @@ async fn bearer_token_flow_with_cached_tokens() {
 
     // A mount from another repository needs a token covering both (the challenge says so).
     let other: Reference = format!("{}/team/other:v1", proxy.host()).parse().unwrap();
-    let second = image_of(&[base.clone()], "bearer-2");
+    let second = image_of(std::slice::from_ref(&base), "bearer-2");
     let mounted = push_image(
         &client,
         &second,

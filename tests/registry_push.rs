@@ -264,7 +264,7 @@ async fn push_resumes_after_the_registry_is_killed_mid_upload() {
     let work = tempfile::tempdir().unwrap();
     let store = BlobStore::open(work.path().join("cache")).unwrap();
     let big = random_layer(&store, "big", 21, 6 << 20);
-    let image = image_of(&[big.clone()], "resume");
+    let image = image_of(std::slice::from_ref(&big), "resume");
     let reference: Reference = format!("{}/stack/resume:v1", proxy.host()).parse().unwrap();
     let client = client(&reference);
     let options = PushOptions {
@@ -333,7 +333,7 @@ async fn a_registry_failing_blob_puts_gets_retries_then_a_precise_error() {
     let work = tempfile::tempdir().unwrap();
     let store = BlobStore::open(work.path().join("cache")).unwrap();
     let layer = random_layer(&store, "l", 31, 256 << 10);
-    let image = image_of(&[layer.clone()], "fail");
+    let image = image_of(std::slice::from_ref(&layer), "fail");
     let reference: Reference = format!("{}/stack/fail:v1", proxy.host()).parse().unwrap();
     let client = RegistryClient::new(
         &reference,

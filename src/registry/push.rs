@@ -202,7 +202,7 @@ pub async fn push_layout(
                 client,
                 &reference.with_digest(child_digest),
                 Bytes::from(child_bytes.clone()),
-                &child.media_type().to_string(),
+                child.media_type().as_ref(),
                 manifest_blobs(dir, &child_bytes, &child_digest)?,
                 options,
             )
