@@ -312,6 +312,63 @@ async fn push_resumes_after_the_registry_is_killed_mid_upload() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_mid_chunk_still_completes_the_push() {
+    require_registry!();
+    let registry = Registry::start(None);
+    // The 3rd chunk's connection is cut after half of its bytes reached the registry. The
+    // session then holds more than its last acknowledged offset; distribution 2.8 refuses
+    // to resume such a session, so the client must notice and start the blob over.
+    let patches = Arc::new(AtomicU32::new(0));
+    let hook_patches = patches.clone();
+    let proxy = Proxy::start(
+        registry.port,
+        Arc::new(move |head| {
+            if head.method == "PATCH" && hook_patches.fetch_add(1, Ordering::SeqCst) + 1 == 3 {
+                return Action::ForwardCut(512 << 10);
+            }
+            Action::Forward
+        }),
+    );
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let big = random_layer(&store, "cut", 71, 4 << 20);
+    let image = image_of(std::slice::from_ref(&big), "cut");
+    let reference: Reference = format!("{}/stack/cut:v1", proxy.host()).parse().unwrap();
+    let client = client(&reference);
+    let options = PushOptions {
+        chunk_size: 1 << 20,
+        parallel: 1,
+        ..PushOptions::default()
+    };
+    let report = push_image(&client, &image, &reference, &options)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\nregistry log:\n{}", registry.log()));
+    let layer = report
+        .blobs
+        .iter()
+        .find(|b| b.digest == big.digest)
+        .unwrap();
+    assert_eq!(layer.outcome, BlobOutcome::Uploaded, "{report:?}");
+    // 2 MiB acknowledged + 0.5 MiB cut, then the whole blob again.
+    let config_size = image.documents().unwrap().config.size();
+    assert_eq!(
+        proxy.upload_bytes.load(Ordering::SeqCst),
+        (2 << 20) + (512 << 10) + big.size + config_size
+    );
+    let pulled = pull(
+        &client,
+        &reference,
+        &Platform::default(),
+        &BlobStore::open(work.path().join("cache2")).unwrap(),
+        &work.path().join("pulled"),
+        "latest",
+    )
+    .await
+    .unwrap();
+    assert_eq!(pulled.manifest_digest, image.digest().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_failing_blob_puts_gets_retries_then_a_precise_error() {
     require_registry!();
     let registry = Registry::start(None);

@@ -497,7 +497,9 @@ impl RegistryClient {
                 value.set_sensitive(true);
                 request = request.header(AUTHORIZATION, value);
             }
-            if !matches!(body, Body::Empty) || method == Method::PUT || method == Method::PATCH {
+            // Every request that may carry a body says how long it is (some registries
+            // refuse a bodiless POST without `Content-Length: 0`).
+            if ![Method::GET, Method::HEAD, Method::DELETE].contains(&method) {
                 request = request
                     .header(reqwest::header::CONTENT_LENGTH, body.len())
                     .body(body.open().await?);

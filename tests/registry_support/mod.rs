@@ -205,6 +205,9 @@ pub enum Action {
     },
     /// Close the connection without an answer.
     Drop,
+    /// Forward the head and the first N body bytes, then cut both connections (a network
+    /// failure in the middle of an upload; the registry stays up).
+    ForwardCut(u64),
 }
 
 pub type Hook = Arc<dyn Fn(&RequestHead) -> Action + Send + Sync>;
@@ -309,7 +312,12 @@ fn handle(
     log.lock()
         .unwrap()
         .push(format!("{} {}", head.method, head.target));
+    let mut cut_after = None;
     let strip_auth = match hook(&head) {
+        Action::ForwardCut(after) => {
+            cut_after = Some(after);
+            false
+        }
         Action::Forward => false,
         Action::ForwardWithoutAuth => true,
         Action::Drop => {
@@ -360,6 +368,26 @@ fn handle(
     }
     request.push_str("Connection: close\r\n\r\n");
     backend.write_all(request.as_bytes())?;
+    if let Some(after) = cut_after {
+        let mut sent = leftover.len().min(after as usize);
+        backend.write_all(&leftover[..sent])?;
+        let mut buffer = [0u8; 65536];
+        while (sent as u64) < after {
+            let want = buffer.len().min(after as usize - sent);
+            let n = client.read(&mut buffer[..want])?;
+            if n == 0 {
+                break;
+            }
+            backend.write_all(&buffer[..n])?;
+            sent += n;
+        }
+        upload_bytes.fetch_add(sent as u64, Ordering::Relaxed);
+        // Give the registry a moment to take in what it got, then cut both sides.
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = backend.shutdown(Shutdown::Both);
+        let _ = client.shutdown(Shutdown::Both);
+        return Ok(());
+    }
     backend.write_all(&leftover)?;
     let counts = head.is_blob_upload() && (head.method == "PUT" || head.method == "PATCH");
     if counts {
