@@ -501,3 +501,87 @@ async fn referrers_use_the_fallback_tag_on_a_registry_without_the_api() {
         pushed.manifest_digest
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_platform_index_push_and_platform_pull() {
+    require_registry!();
+    let registry = Registry::start(None);
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let amd64 = image_of(&[random_layer(&store, "amd", 81, 128 << 10)], "amd64");
+    let arm64 = image_of(&[random_layer(&store, "arm", 82, 128 << 10)], "arm64")
+        .with_platform(oci_spec::image::Arch::ARM64, oci_spec::image::Os::Linux);
+    // A layout holding both images and an index over them named "multi".
+    let layout = work.path().join("layout");
+    let amd64_digest = oci::layout::write(&amd64, &layout, "amd64").unwrap();
+    let arm64_digest = oci::layout::write(&arm64, &layout, "arm64").unwrap();
+    let entry = |digest: cudastack::digest::Digest, size: u64, arch: &str| {
+        serde_json::json!({"mediaType": OCI_MANIFEST, "digest": digest.to_string(), "size": size,
+            "platform": {"os": "linux", "architecture": arch}})
+    };
+    let index = serde_json::json!({"schemaVersion": 2, "mediaType": cudastack::registry::OCI_INDEX,
+    "manifests": [
+        entry(amd64_digest, amd64.documents().unwrap().manifest.size(), "amd64"),
+        entry(arm64_digest, arm64.documents().unwrap().manifest.size(), "arm64"),
+    ]});
+    let index_bytes = serde_json::to_vec(&index).unwrap();
+    let index_digest = cudastack::digest::Digest::of_bytes(&index_bytes);
+    std::fs::write(oci::layout::blob_path(&layout, &index_digest), &index_bytes).unwrap();
+    let mut top: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    top["manifests"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+        "mediaType": cudastack::registry::OCI_INDEX, "digest": index_digest.to_string(),
+        "size": index_bytes.len(), "annotations": {"org.opencontainers.image.ref.name": "multi"}}));
+    std::fs::write(layout.join("index.json"), serde_json::to_vec(&top).unwrap()).unwrap();
+
+    let reference: Reference = format!("{}/stack/multi:v1", registry.host())
+        .parse()
+        .unwrap();
+    let client = client(&reference);
+    let report = push_layout(
+        &client,
+        &layout,
+        "multi",
+        &reference,
+        &PushOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.manifest_digest, index_digest);
+    assert_eq!(report.blobs.len(), 4);
+    let manifest = client.get_manifest(&reference).await.unwrap();
+    assert!(manifest.is_index());
+    assert_eq!(manifest.digest, index_digest);
+
+    for (platform, expected) in [("linux/amd64", amd64_digest), ("linux/arm64", arm64_digest)] {
+        let platform: Platform = platform.parse().unwrap();
+        let resolved = client
+            .get_image_manifest(&reference, &platform)
+            .await
+            .unwrap();
+        assert_eq!(resolved.digest, expected);
+        let pulled = pull(
+            &client,
+            &reference,
+            &platform,
+            &store,
+            &work.path().join("pulled"),
+            &platform.architecture,
+        )
+        .await
+        .unwrap();
+        assert_eq!(pulled.manifest_digest, expected);
+    }
+    let error = client
+        .get_image_manifest(&reference, &"linux/s390x".parse().unwrap())
+        .await
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.contains("no image for linux/s390x") && text.contains("linux/amd64, linux/arm64"),
+        "{text}"
+    );
+}
