@@ -441,7 +441,10 @@ async fn a_registry_failing_blob_puts_gets_retries_then_a_precise_error() {
         .count();
     assert_eq!(puts, 3, "{:?}", proxy.requests());
     // No manifest was pushed for an image whose blobs failed.
-    assert!(client.get_manifest(&reference).await.is_err());
+    assert!(matches!(
+        client.get_manifest(&reference).await,
+        Err(cudastack::registry::RegistryError::ManifestNotFound { .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -750,6 +750,11 @@ impl RegistryClient {
         let (response, attempts) = self
             .request(Method::GET, &url, &scopes, headers, &Body::Empty)
             .await?;
+        if response.status() == StatusCode::NOT_FOUND {
+            return Err(RegistryError::ManifestNotFound {
+                reference: reference.to_string(),
+            });
+        }
         if !response.status().is_success() {
             return Err(status_error(Method::GET, &url, response, attempts).await);
         }

@@ -103,6 +103,8 @@ pub enum RegistryError {
         digest: Digest,
         max: u64,
     },
+    #[error("`{reference}` does not exist in the registry (manifest unknown)")]
+    ManifestNotFound { reference: String },
     #[error("`{reference}` has no image for {platform} (it has: {available})")]
     NoPlatform {
         reference: String,

@@ -122,7 +122,7 @@ pub async fn push_referrer(
                 detail: e.to_string(),
             }
         })?,
-        Err(RegistryError::Status { status, .. }) if status == StatusCode::NOT_FOUND => {
+        Err(RegistryError::ManifestNotFound { .. }) => {
             json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []})
         }
         Err(error) => return Err(error),
@@ -195,9 +195,7 @@ pub async fn list_referrers(
                     detail: e.to_string(),
                 })?
             }
-            Err(RegistryError::Status { status, .. }) if status == StatusCode::NOT_FOUND => {
-                return Ok(Vec::new())
-            }
+            Err(RegistryError::ManifestNotFound { .. }) => return Ok(Vec::new()),
             Err(error) => return Err(error),
         }
     } else {
