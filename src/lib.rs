@@ -14,6 +14,7 @@ pub mod lock;
 pub mod matrix;
 pub mod oci;
 pub mod recipe;
+pub mod registry;
 pub mod stack;
 pub mod verify;
 pub mod version;

@@ -46,10 +46,18 @@ pub struct BuildArgs {
     /// Cache directory (blobs, layers, staging).
     #[arg(long, env = "CUDASTACK_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// After writing the layout, push the image to this registry reference.
+    #[arg(long, value_name = "REF")]
+    push: Option<String>,
+    #[command(flatten)]
+    registry_args: super::push::RegistryArgs,
     /// Also load the image into the Docker daemon (DOCKER_HOST or the default socket),
     /// tagged with the recipe's tags.
     #[arg(long)]
     load: bool,
+    /// Skip the verification stage whatever the recipe's `verify.gpu` says.
+    #[arg(long)]
+    no_verify: bool,
 }
 
 struct StderrProgress {
@@ -85,9 +93,20 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         },
         (CompressionArg::None, _) => Compression::None,
     };
+    // Parse the push target before the (long) build, so a typo fails at once.
+    // Credentials too (stdin, credential helpers), so the push cannot fail on them later.
+    let push_target = match args.push.as_deref() {
+        Some(text) => {
+            let reference: cudastack::registry::Reference = text.parse()?;
+            let options = args.registry_args.client_options(&reference)?;
+            Some((reference, options))
+        }
+        None => None,
+    };
+    let cache_root = args.cache_dir.clone().unwrap_or_else(default_cache_root);
     let settings = BuildSettings {
         recipe_path: args.recipe,
-        cache_root: args.cache_dir.unwrap_or_else(default_cache_root),
+        cache_root: cache_root.clone(),
         layout_dir: args.layout,
         compression,
         offline: args.offline,
@@ -100,28 +119,48 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let policy = cudastack::recipe::Recipe::load(&settings.recipe_path)?.verify.gpu;
     let report = runtime.block_on(build(&settings, Matrix::embedded(), &progress))?;
+    // Verify before loading or pushing, so a verified image is what gets published.
+    let verified = if args.no_verify {
+        None
+    } else {
+        super::verify::after_build(&report.layout, &report.ref_name, policy, printer, &runtime)?
+    };
     let loaded = if args.load {
-        let tags = &report.tags;
         Some(runtime.block_on(super::load::load(
             &report.layout,
             &report.ref_name,
-            tags,
+            &report.tags,
             printer,
         ))?)
     } else {
         None
     };
+    let pushed = match push_target {
+        Some((reference, options)) => Some(super::push::push_and_report(
+            &report.layout,
+            &report.ref_name,
+            &reference,
+            &super::push::PushFlags::defaults(cache_root),
+            options,
+            printer,
+            &runtime,
+        )?),
+        None => None,
+    };
     if printer.json {
-        match &loaded {
-            // The build report with the load report under "load".
-            Some(load) => {
-                let mut value = serde_json::to_value(&report)?;
-                value["load"] = serde_json::to_value(load)?;
-                printer.json(&value);
-            }
-            None => printer.json(&report),
+        let mut value = serde_json::to_value(&report)?;
+        if let Some(verified) = &verified {
+            value["verify"] = serde_json::to_value(verified)?;
         }
+        if let Some(load) = &loaded {
+            value["load"] = serde_json::to_value(load)?;
+        }
+        if let Some(push) = &pushed {
+            value["push"] = serde_json::to_value(push)?;
+        }
+        printer.json(&value);
     } else {
         printer.status(format!(
             "built {} in {:.1}s: {} layers, {} compressed; audit: {} ELF files, {} NEEDED entries checked{}",
@@ -140,6 +179,9 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         }
         if let Some(load) = &loaded {
             println!("docker:{}", load.image_id);
+        }
+        if let Some(push) = &pushed {
+            println!("{}@{}", push.reference, push.manifest_digest);
         }
     }
     Ok(ExitCode::SUCCESS)

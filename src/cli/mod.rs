@@ -9,6 +9,8 @@ mod inspect;
 mod load;
 mod lock;
 mod matrix;
+mod pull;
+mod push;
 mod refresh;
 mod solve;
 mod validate;
@@ -58,6 +60,10 @@ enum Command {
     /// Run the verification probe in a container from the image (on GPUs when available),
     /// record the report, and label the image only if every level passed on a GPU.
     Verify(verify::VerifyArgs),
+    /// Push an image of an OCI layout to a registry (no daemon needed).
+    Push(push::PushArgs),
+    /// Pull an image from a registry into an OCI layout (no daemon needed).
+    Pull(pull::PullArgs),
 }
 
 /// What every command gets: output format and verbosity.
@@ -116,6 +122,8 @@ pub fn main() -> ExitCode {
         Command::Check(args) => check::run(args, &printer),
         Command::Load(args) => load::run(args, &printer),
         Command::Verify(args) => verify::run(args, &printer),
+        Command::Push(args) => push::run(args, &printer),
+        Command::Pull(args) => pull::run(args, &printer),
     };
     match result {
         Ok(code) => code,

@@ -177,3 +177,74 @@ pub fn finish(
         _ => ExitCode::SUCCESS,
     })
 }
+
+/// The verification stage of `cudastack build`, as the recipe's `verify.gpu` asks:
+/// `auto` runs the probe when a Docker daemon is reachable (on GPUs when there are any,
+/// else the static level) and says so when none is; `required` fails without a GPU;
+/// `skip` runs nothing. A failed check fails the build. Output goes to stderr.
+pub fn after_build(
+    layout: &std::path::Path,
+    ref_name: &str,
+    policy: cudastack::recipe::GpuPolicy,
+    printer: &Printer,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<Option<cudastack::verify::runner::VerifyOutcome>, Box<dyn std::error::Error + Send + Sync>>
+{
+    use cudastack::recipe::GpuPolicy;
+    let gpus = match policy {
+        GpuPolicy::Skip => {
+            printer.status("verify  skipped: the recipe says verify.gpu: skip");
+            return Ok(None);
+        }
+        GpuPolicy::Auto => GpuChoice::Auto,
+        GpuPolicy::Required => GpuChoice::Required(GpuRequest::All),
+    };
+    let engine = match runtime.block_on(Engine::connect()) {
+        Ok(engine) => engine,
+        Err(error) if policy == GpuPolicy::Auto => {
+            printer.status(format!(
+                "verify  skipped: {}",
+                error.to_string().lines().next().unwrap_or_default()
+            ));
+            return Ok(None);
+        }
+        Err(error) => return Err(error.into()),
+    };
+    printer.status(format!(
+        "verify  running the probe in a container ({})",
+        engine.host()
+    ));
+    let settings = VerifySettings {
+        gpus,
+        ..VerifySettings::default()
+    };
+    let outcome = runtime.block_on(verify_layout(&engine, layout, ref_name, &settings))?;
+    if !printer.quiet {
+        eprint!("{}", outcome.report.render());
+        if let Some(note) = outcome.report.runner.as_ref().and_then(|r| r.note.as_ref()) {
+            eprintln!("note: {note}");
+        }
+    }
+    match outcome.report.verdict() {
+        Verdict::Failed { checks } => Err(format!(
+            "verification failed: {} (report stored as {} in {})",
+            checks.join(", "),
+            outcome.recorded.report_ref,
+            layout.display()
+        )
+        .into()),
+        Verdict::Verified => {
+            printer.status(format!(
+                "verify  verified: {}",
+                outcome.recorded.verified_refs.join(", ")
+            ));
+            Ok(Some(outcome))
+        }
+        Verdict::Partial { reason } => {
+            printer.status(format!(
+                "verify  static level passed; no verified label: {reason}"
+            ));
+            Ok(Some(outcome))
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! `cudastack pull REF --layout DIR`: pull an image (by tag or digest) into the blob cache
+//! and write it as an OCI layout, every digest verified, no daemon.
+//! stdout: the manifest digest and `oci:DIR:REF_NAME` (or `--json`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use cudastack::cas::{default_cache_root, BlobStore};
+use cudastack::registry::{pull, Platform, Reference, RegistryClient};
+
+use super::push::RegistryArgs;
+use super::{CommandResult, Printer};
+
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    /// What to pull: [registry/]repository[:tag][@sha256:...].
+    reference: String,
+    /// The OCI layout directory to write (created if needed).
+    #[arg(long)]
+    layout: PathBuf,
+    /// The name of the image in the layout (default: the tag, else `latest`).
+    #[arg(long)]
+    ref_name: Option<String>,
+    /// The platform to pick from a multi-platform index.
+    #[arg(long, default_value = "linux/amd64")]
+    platform: Platform,
+    /// Cache directory (the blobs are kept there too).
+    #[arg(long, env = "CUDASTACK_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+pub fn run(args: PullArgs, printer: &Printer) -> CommandResult {
+    let reference: Reference = args.reference.parse()?;
+    let ref_name = args
+        .ref_name
+        .clone()
+        .unwrap_or_else(|| reference.tag().unwrap_or("latest").to_string());
+    let store = BlobStore::open(args.cache_dir.unwrap_or_else(default_cache_root))?;
+    let client = RegistryClient::new(&reference, args.registry.client_options(&reference)?)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    printer.status(format!("pulling {reference} ({})", args.platform));
+    let report = runtime.block_on(pull(
+        &client,
+        &reference,
+        &args.platform,
+        &store,
+        &args.layout,
+        &ref_name,
+    ))?;
+    if printer.json {
+        printer.json(&report);
+    } else {
+        printer.status(format!(
+            "pulled {} blobs in {:.1}s ({} from the cache), {:.1} MB downloaded",
+            report.blobs.len(),
+            report.seconds,
+            report.blobs.iter().filter(|b| b.cached).count(),
+            report.bytes_downloaded as f64 / 1e6
+        ));
+        println!("{}", report.manifest_digest);
+        println!("oci:{}:{}", report.layout.display(), report.ref_name);
+    }
+    Ok(ExitCode::SUCCESS)
+}

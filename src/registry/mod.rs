@@ -1,0 +1,176 @@
+//! OCI distribution client: push and pull images with no daemon.
+//!
+//! Position in the pipeline: an output (beside `oci::layout` and the Docker engine) and,
+//! for `pull`, an input that fills the blob cache and writes an OCI layout. It speaks the
+//! distribution HTTP API directly over reqwest:
+//!
+//! ```text
+//! Reference ──RegistryClient (auth: anonymous | basic | bearer token per scope,
+//!              retries with backoff, http only for localhost / --insecure-registry)
+//!   push: HEAD blob ─ present? ─ mount from another repo ─ upload (monolithic PUT streamed
+//!         from the file; chunked PATCH for big blobs; resume from the session's Range)
+//!         ─ manifest PUT (raw bytes: the digest is the one computed locally)
+//!   pull: manifest (index -> platform) ─ config ─ layers, every digest verified ─ BlobStore
+//!         ─ OCI layout
+//! ```
+//! The module must not build images or decide tags; it moves bytes whose digests are
+//! already known, and checks them. It never holds a layer in memory.
+
+// Errors carry the URL they are about (as in crate::fetch); they are not on a hot path.
+#![allow(clippy::result_large_err)]
+
+pub mod auth;
+mod client;
+pub mod pull;
+pub mod push;
+pub mod reference;
+pub mod referrers;
+
+use std::path::PathBuf;
+
+use reqwest::{Method, StatusCode, Url};
+
+use crate::digest::Digest;
+
+pub use auth::{Credentials, Secret};
+pub use client::{
+    ClientOptions, Manifest, Platform, RegistryClient, DOCKER_MANIFEST, DOCKER_MANIFEST_LIST,
+    OCI_EMPTY, OCI_INDEX, OCI_MANIFEST,
+};
+pub use pull::{pull, PullReport};
+pub use push::{
+    push_image, push_layout, BlobOutcome, BlobReport, PushHistory, PushOptions, PushReport,
+};
+pub use reference::{Reference, ReferenceError};
+
+/// Errors from talking to registries. Every variant names the registry, URL, blob or file
+/// involved; none ever contains a password or token.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    #[error("Failed to build the HTTP client")]
+    Client(#[source] reqwest::Error),
+    #[error("{method} `{url}` failed{}", attempts_note(*attempts))]
+    Transport {
+        method: Method,
+        url: Url,
+        attempts: u32,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{method} `{url}`: HTTP {status}{}{}", detail_note(detail), attempts_note(*attempts))]
+    Status {
+        method: Method,
+        url: Url,
+        status: StatusCode,
+        detail: String,
+        attempts: u32,
+    },
+    #[error("Authentication to `{registry}` failed{}: {detail}\n  hint: check the username and password (or token), e.g. with `docker login {registry}`", user_note(username.as_deref()))]
+    Unauthorized {
+        registry: String,
+        username: Option<String>,
+        detail: String,
+    },
+    #[error("`{registry}` requires credentials and none were found\n  hint: pass --username and --password-stdin, set CUDASTACK_REGISTRY_USERNAME/PASSWORD, or run `docker login {registry}`")]
+    AuthRequired { registry: String },
+    #[error("The token service `{realm}` did not issue a token: {detail}")]
+    Token { realm: String, detail: String },
+    #[error("The registry `{registry}` answered {what} that cannot be used: {detail}")]
+    Protocol {
+        registry: String,
+        what: &'static str,
+        detail: String,
+    },
+    #[error("Failed to upload blob {digest} ({size} bytes) to `{repository}`")]
+    BlobUpload {
+        repository: String,
+        digest: Digest,
+        size: u64,
+        #[source]
+        source: Box<RegistryError>,
+    },
+    #[error("{what} does not match its digest\n  Expected: {expected}\n  Found:    {found}")]
+    DigestMismatch {
+        what: String,
+        expected: Digest,
+        found: Digest,
+    },
+    #[error("Blob {digest} in `{repository}` is larger than the {max} bytes allowed for it")]
+    TooLarge {
+        repository: String,
+        digest: Digest,
+        max: u64,
+    },
+    #[error("`{reference}` does not exist in the registry (manifest unknown)")]
+    ManifestNotFound { reference: String },
+    #[error("`{reference}` has no image for {platform} (it has: {available})")]
+    NoPlatform {
+        reference: String,
+        platform: String,
+        available: String,
+    },
+    #[error("`{reference}` is a {media_type}, which cudastack cannot use here")]
+    UnsupportedMediaType {
+        reference: String,
+        media_type: String,
+    },
+    #[error("I/O error on `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("The Docker config `{path}` is unusable: {detail}")]
+    DockerConfig { path: PathBuf, detail: String },
+    #[error("The credential helper `{helper}` failed: {detail}")]
+    CredentialHelper { helper: String, detail: String },
+    #[error("`{path}` is not {what}: {detail}")]
+    Document {
+        path: String,
+        what: &'static str,
+        detail: String,
+    },
+    #[error(transparent)]
+    Oci(#[from] crate::oci::OciError),
+    #[error(transparent)]
+    Cas(#[from] crate::cas::CasError),
+}
+
+fn attempts_note(attempts: u32) -> String {
+    if attempts > 1 {
+        format!(" (after {attempts} attempts)")
+    } else {
+        String::new()
+    }
+}
+
+fn detail_note(detail: &str) -> String {
+    if detail.is_empty() {
+        String::new()
+    } else {
+        format!(" ({detail})")
+    }
+}
+
+fn user_note(username: Option<&str>) -> String {
+    username
+        .map(|user| format!(" for user `{user}`"))
+        .unwrap_or_default()
+}
+
+impl RegistryError {
+    /// Worth another try (connection trouble, 5xx, 429, 408)?
+    pub fn is_transient(&self) -> bool {
+        match self {
+            RegistryError::Transport { source, .. } => {
+                crate::fetch::http::is_transient_error(source)
+            }
+            RegistryError::Status { status, .. } => {
+                crate::fetch::http::is_transient_status(*status)
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! Pull: manifest (an index resolved to one platform), config and layers into the blob
+//! cache, every digest verified, then an OCI layout holding the manifest byte for byte
+//! (so the layout's manifest digest is the registry's).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use oci_spec::image::{ImageIndex, ImageManifest, MediaType, ANNOTATION_REF_NAME};
+use serde::Serialize;
+
+use super::client::{Platform, RegistryClient};
+use super::reference::Reference;
+use super::RegistryError;
+use crate::cas::BlobStore;
+use crate::digest::Digest;
+
+/// Configs are small; refuse a "config" bigger than this.
+const MAX_CONFIG: u64 = 16 << 20;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PulledBlob {
+    pub digest: Digest,
+    pub size: u64,
+    /// Already in the blob cache: nothing was downloaded.
+    pub cached: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PullReport {
+    pub reference: String,
+    pub manifest_digest: Digest,
+    pub media_type: String,
+    pub platform: Platform,
+    pub layout: PathBuf,
+    pub ref_name: String,
+    pub blobs: Vec<PulledBlob>,
+    pub bytes_downloaded: u64,
+    pub seconds: f64,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError + '_ {
+    move |source| RegistryError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Pull `reference` for `platform` into `store` and write it into the OCI layout at
+/// `layout_dir` under `ref_name`.
+pub async fn pull(
+    client: &RegistryClient,
+    reference: &Reference,
+    platform: &Platform,
+    store: &BlobStore,
+    layout_dir: &Path,
+    ref_name: &str,
+) -> Result<PullReport, RegistryError> {
+    let started = Instant::now();
+    let manifest = client.get_image_manifest(reference, platform).await?;
+    let parsed: ImageManifest =
+        serde_json::from_slice(&manifest.bytes).map_err(|e| RegistryError::Document {
+            path: reference.to_string(),
+            what: "an image manifest",
+            detail: e.to_string(),
+        })?;
+    let repository = reference.repository();
+    let digest_of = |descriptor: &oci_spec::image::Descriptor| {
+        descriptor
+            .digest()
+            .to_string()
+            .parse::<Digest>()
+            .map_err(|e| RegistryError::Document {
+                path: reference.to_string(),
+                what: "a manifest with sha256 digests",
+                detail: e.to_string(),
+            })
+    };
+
+    let config_digest = digest_of(parsed.config())?;
+    let mut blobs = Vec::new();
+    let config_cached = store.contains(&config_digest);
+    if !config_cached {
+        let bytes = client
+            .get_blob_bytes(repository, &config_digest, MAX_CONFIG)
+            .await?;
+        store.put_bytes(&bytes)?;
+    }
+    blobs.push(PulledBlob {
+        digest: config_digest,
+        size: parsed.config().size(),
+        cached: config_cached,
+    });
+
+    let layers = parsed
+        .layers()
+        .iter()
+        .map(|d| Ok((digest_of(d)?, d.size())))
+        .collect::<Result<Vec<_>, RegistryError>>()?;
+    let pulled: Vec<PulledBlob> = futures_util::stream::iter(layers)
+        .map(|(digest, size)| pull_layer(client, repository, store, digest, size))
+        .buffered(3)
+        .try_collect()
+        .await?;
+    let bytes_downloaded = pulled.iter().filter(|b| !b.cached).map(|b| b.size).sum();
+    blobs.extend(pulled);
+
+    write_layout(
+        store,
+        layout_dir,
+        ref_name,
+        &manifest.bytes,
+        &manifest.media_type,
+        &manifest.digest,
+        blobs.iter().map(|b| &b.digest),
+    )?;
+    Ok(PullReport {
+        reference: reference.to_string(),
+        manifest_digest: manifest.digest,
+        media_type: manifest.media_type,
+        platform: platform.clone(),
+        layout: layout_dir.to_path_buf(),
+        ref_name: ref_name.to_string(),
+        blobs,
+        bytes_downloaded,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+async fn pull_layer(
+    client: &RegistryClient,
+    repository: &str,
+    store: &BlobStore,
+    digest: Digest,
+    size: u64,
+) -> Result<PulledBlob, RegistryError> {
+    if store.contains(&digest) {
+        return Ok(PulledBlob {
+            digest,
+            size,
+            cached: true,
+        });
+    }
+    let policy = client.retry_policy().clone();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        // A fresh temp file per attempt; dropping a failed one deletes it.
+        let mut pending = store.begin()?;
+        let tmp = store.tmp_dir();
+        match client
+            .download_blob(repository, &digest, &mut pending, &tmp)
+            .await
+        {
+            Ok(_) => {
+                pending.flush().map_err(io(&tmp))?;
+                let what = format!("blob {digest} of `{}/{repository}`", client.registry());
+                let (_, found_size) = pending.commit(Some(&digest), &what)?;
+                if found_size != size {
+                    return Err(RegistryError::Document {
+                        path: what,
+                        what: "the size its manifest gives",
+                        detail: format!("{found_size} bytes, the manifest says {size}"),
+                    });
+                }
+                return Ok(PulledBlob {
+                    digest,
+                    size,
+                    cached: false,
+                });
+            }
+            Err(error) if error.is_transient() && attempts < policy.max_attempts => {
+                tokio::time::sleep(policy.backoff(attempts)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Put the blobs (hardlinked from the store when possible) and the manifest into the layout
+/// and name the manifest `ref_name` in its `index.json`.
+fn write_layout<'a>(
+    store: &BlobStore,
+    dir: &Path,
+    ref_name: &str,
+    manifest: &Bytes,
+    media_type: &str,
+    manifest_digest: &Digest,
+    blobs: impl Iterator<Item = &'a Digest>,
+) -> Result<(), RegistryError> {
+    let blob_dir = dir.join("blobs").join("sha256");
+    fs_err::create_dir_all(&blob_dir).map_err(io(&blob_dir))?;
+    write_atomic(
+        dir,
+        &dir.join("oci-layout"),
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+    )?;
+    for digest in blobs {
+        let target = crate::oci::layout::blob_path(dir, digest);
+        if target.is_file() {
+            continue;
+        }
+        let source = store.path(digest);
+        let temp = blob_dir.join(format!(".tmp-{}", digest.hex()));
+        let _ = std::fs::remove_file(&temp);
+        if std::fs::hard_link(&source, &temp).is_err() {
+            fs_err::copy(&source, &temp).map_err(io(&temp))?;
+        }
+        fs_err::rename(&temp, &target).map_err(io(&target))?;
+    }
+    let manifest_path = crate::oci::layout::blob_path(dir, manifest_digest);
+    if !manifest_path.is_file() {
+        write_atomic(dir, &manifest_path, manifest)?;
+    }
+
+    let index_path = dir.join("index.json");
+    let mut manifests = match std::fs::read(&index_path) {
+        Ok(bytes) => serde_json::from_slice::<ImageIndex>(&bytes)
+            .map_err(|e| RegistryError::Document {
+                path: index_path.display().to_string(),
+                what: "an OCI image index",
+                detail: e.to_string(),
+            })?
+            .manifests()
+            .clone(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(source) => return Err(io(&index_path)(source)),
+    };
+    let name_of = |d: &oci_spec::image::Descriptor| {
+        d.annotations()
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_REF_NAME))
+            .cloned()
+    };
+    manifests.retain(|d| name_of(d).as_deref() != Some(ref_name));
+    let descriptor = crate::oci::descriptor(
+        MediaType::from(media_type),
+        manifest_digest,
+        manifest.len() as u64,
+    );
+    manifests.push(crate::oci::annotated(
+        descriptor,
+        HashMap::from([(ANNOTATION_REF_NAME.to_string(), ref_name.to_string())]),
+    ));
+    manifests.sort_by_key(|d| (name_of(d), d.digest().to_string()));
+    let (_, bytes) = crate::oci::image_index(manifests)?;
+    write_atomic(dir, &index_path, &bytes)
+}
+
+fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), RegistryError> {
+    let mut temp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .map_err(io(dir))?;
+    temp.write_all(bytes).map_err(io(temp.path()))?;
+    temp.as_file().sync_all().map_err(io(path))?;
+    temp.persist(path).map_err(|e| io(path)(e.error))?;
+    Ok(())
+}

@@ -1,0 +1,713 @@
+//! Push: blobs first (skipping what the registry has, mounting what another repository
+//! has, uploading the rest in parallel and resumably), then the manifest as raw bytes.
+//!
+//! Uploads follow pitfall 4 of CRATES.md: a blob up to `chunk_size` goes as one streaming
+//! PUT with a known Content-Length (every registry accepts it; no chunk-size limits to
+//! meet); a bigger one goes as PATCH chunks of `chunk_size`, so an interrupted upload
+//! loses at most one chunk. After a failure the client asks the upload session how much it
+//! holds (`GET` on the upload URL -> `Range: 0-N`) and continues from there with PATCH;
+//! when the session is gone (registry restarted without it, or it refuses the resume) the
+//! blob starts over. A failed cross-repository mount is "upload instead".
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use oci_spec::image::{ImageIndex, ImageManifest, ANNOTATION_REF_NAME};
+use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use reqwest::{Method, StatusCode, Url};
+use serde::{Deserialize, Serialize};
+
+use super::client::{scope, status_error, Body, RegistryClient, OCI_INDEX, OCI_MANIFEST};
+use super::reference::Reference;
+use super::RegistryError;
+use crate::digest::Digest;
+use crate::oci::Image;
+
+/// How to push.
+#[derive(Debug, Clone)]
+pub struct PushOptions {
+    /// Blobs uploaded at the same time.
+    pub parallel: usize,
+    /// Blobs up to this size go in one PUT; bigger ones in PATCH chunks of this size.
+    pub chunk_size: u64,
+    /// Repositories of the same registry to try cross-repository mounts from.
+    pub mount_from: Vec<String>,
+}
+
+impl Default for PushOptions {
+    fn default() -> Self {
+        Self {
+            parallel: 3,
+            chunk_size: 64 << 20,
+            mount_from: Vec::new(),
+        }
+    }
+}
+
+/// What happened to one blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BlobOutcome {
+    /// Sent in full.
+    Uploaded,
+    /// The repository already had it.
+    Present,
+    /// Linked from another repository of the registry, nothing sent.
+    Mounted,
+    /// An interrupted upload was continued from where the registry's session stood.
+    Resumed,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BlobReport {
+    pub digest: Digest,
+    pub size: u64,
+    pub outcome: BlobOutcome,
+    /// The repository a mounted blob came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mounted_from: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PushReport {
+    pub reference: String,
+    pub manifest_digest: Digest,
+    pub media_type: String,
+    pub blobs: Vec<BlobReport>,
+    /// Blob bytes put on the wire (re-sent bytes of retried uploads included).
+    pub bytes_uploaded: u64,
+    pub seconds: f64,
+}
+
+/// A blob to push: its identity and where its bytes are.
+#[derive(Debug, Clone)]
+pub(crate) struct BlobSource {
+    pub digest: Digest,
+    pub size: u64,
+    pub data: BlobData,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum BlobData {
+    File(PathBuf),
+    Bytes(Bytes),
+}
+
+impl BlobSource {
+    fn body(&self, offset: u64, len: u64, counter: &Arc<AtomicU64>) -> Body {
+        match &self.data {
+            BlobData::File(path) => Body::File {
+                path: path.clone(),
+                offset,
+                len,
+                counter: Some(counter.clone()),
+            },
+            BlobData::Bytes(bytes) => {
+                counter.fetch_add(len, Ordering::Relaxed);
+                Body::Bytes(bytes.slice(offset as usize..(offset + len) as usize))
+            }
+        }
+    }
+}
+
+/// Push an image value (its layers are read from their blob files) as `reference`.
+pub async fn push_image(
+    client: &RegistryClient,
+    image: &Image,
+    reference: &Reference,
+    options: &PushOptions,
+) -> Result<PushReport, RegistryError> {
+    let documents = image.documents()?;
+    let mut blobs: Vec<BlobSource> = image
+        .layers()
+        .iter()
+        .map(|layer| BlobSource {
+            digest: layer.digest,
+            size: layer.size,
+            data: BlobData::File(layer.blob.clone()),
+        })
+        .collect();
+    blobs.push(BlobSource {
+        digest: documents.config.digest,
+        size: documents.config.size(),
+        data: BlobData::Bytes(Bytes::from(documents.config.bytes.clone())),
+    });
+    push_manifest_with_blobs(
+        client,
+        reference,
+        Bytes::from(documents.manifest.bytes),
+        OCI_MANIFEST,
+        blobs,
+        options,
+    )
+    .await
+}
+
+/// Push the image named `ref_name` in the OCI layout `dir` as `reference`, byte for byte
+/// (the pushed manifest digest is the layout's). An index entry is pushed with each of
+/// its manifests.
+pub async fn push_layout(
+    client: &RegistryClient,
+    dir: &Path,
+    ref_name: &str,
+    reference: &Reference,
+    options: &PushOptions,
+) -> Result<PushReport, RegistryError> {
+    let index: ImageIndex = read_json(&dir.join("index.json"), "an OCI image index")?;
+    let Some(entry) = index.manifests().iter().find(|m| {
+        m.annotations()
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_REF_NAME))
+            .map(String::as_str)
+            == Some(ref_name)
+    }) else {
+        let available: Vec<String> = index
+            .manifests()
+            .iter()
+            .filter_map(|m| m.annotations().as_ref()?.get(ANNOTATION_REF_NAME).cloned())
+            .collect();
+        return Err(crate::oci::OciError::RefNotFound {
+            dir: dir.to_path_buf(),
+            reference: ref_name.to_string(),
+            available: if available.is_empty() {
+                "no named images".to_string()
+            } else {
+                available.join(", ")
+            },
+        }
+        .into());
+    };
+    let digest = descriptor_digest(entry, dir)?;
+    let bytes = read_verified(dir, &digest)?;
+    let media_type = entry.media_type().to_string();
+    if media_type == OCI_INDEX || media_type == super::DOCKER_MANIFEST_LIST {
+        let child_index: ImageIndex =
+            serde_json::from_slice(&bytes).map_err(|e| RegistryError::Document {
+                path: blob(dir, &digest).display().to_string(),
+                what: "an image index",
+                detail: e.to_string(),
+            })?;
+        let started = Instant::now();
+        let mut blobs = Vec::new();
+        let mut uploaded = 0;
+        for child in child_index.manifests() {
+            let child_digest = descriptor_digest(child, dir)?;
+            let child_bytes = read_verified(dir, &child_digest)?;
+            let report = push_manifest_with_blobs(
+                client,
+                &reference.with_digest(child_digest),
+                Bytes::from(child_bytes.clone()),
+                child.media_type().as_ref(),
+                manifest_blobs(dir, &child_bytes, &child_digest)?,
+                options,
+            )
+            .await?;
+            blobs.extend(report.blobs);
+            uploaded += report.bytes_uploaded;
+        }
+        let manifest_digest = client
+            .put_manifest(reference, &media_type, Bytes::from(bytes))
+            .await?;
+        return Ok(PushReport {
+            reference: reference.to_string(),
+            manifest_digest,
+            media_type,
+            blobs,
+            bytes_uploaded: uploaded,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
+    let blobs = manifest_blobs(dir, &bytes, &digest)?;
+    push_manifest_with_blobs(
+        client,
+        reference,
+        Bytes::from(bytes),
+        &media_type,
+        blobs,
+        options,
+    )
+    .await
+}
+
+fn blob(dir: &Path, digest: &Digest) -> PathBuf {
+    crate::oci::layout::blob_path(dir, digest)
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    what: &'static str,
+) -> Result<T, RegistryError> {
+    let bytes = fs_err::read(path).map_err(|source| RegistryError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| RegistryError::Document {
+        path: path.display().to_string(),
+        what,
+        detail: e.to_string(),
+    })
+}
+
+fn descriptor_digest(
+    descriptor: &oci_spec::image::Descriptor,
+    dir: &Path,
+) -> Result<Digest, RegistryError> {
+    descriptor
+        .digest()
+        .to_string()
+        .parse()
+        .map_err(|e: crate::digest::DigestError| RegistryError::Document {
+            path: dir.display().to_string(),
+            what: "a layout with sha256 digests",
+            detail: e.to_string(),
+        })
+}
+
+/// A small document of the layout, checked against its name.
+fn read_verified(dir: &Path, digest: &Digest) -> Result<Vec<u8>, RegistryError> {
+    let path = blob(dir, digest);
+    let bytes = fs_err::read(&path).map_err(|source| RegistryError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let found = Digest::of_bytes(&bytes);
+    if found != *digest {
+        return Err(RegistryError::DigestMismatch {
+            what: format!("`{}`", path.display()),
+            expected: *digest,
+            found,
+        });
+    }
+    Ok(bytes)
+}
+
+/// The config and layer blobs a manifest names, as files of the layout.
+fn manifest_blobs(
+    dir: &Path,
+    manifest_bytes: &[u8],
+    manifest_digest: &Digest,
+) -> Result<Vec<BlobSource>, RegistryError> {
+    let manifest: ImageManifest =
+        serde_json::from_slice(manifest_bytes).map_err(|e| RegistryError::Document {
+            path: blob(dir, manifest_digest).display().to_string(),
+            what: "an image manifest",
+            detail: e.to_string(),
+        })?;
+    let mut blobs = Vec::new();
+    for descriptor in manifest.layers().iter().chain([manifest.config()]) {
+        let digest = descriptor_digest(descriptor, dir)?;
+        let path = blob(dir, &digest);
+        let size = fs_err::metadata(&path)
+            .map_err(|source| RegistryError::Io {
+                path: path.clone(),
+                source,
+            })?
+            .len();
+        if size != descriptor.size() {
+            return Err(RegistryError::Document {
+                path: path.display().to_string(),
+                what: "the blob its manifest describes",
+                detail: format!(
+                    "it has {size} bytes, the manifest says {}",
+                    descriptor.size()
+                ),
+            });
+        }
+        blobs.push(BlobSource {
+            digest,
+            size,
+            data: BlobData::File(path),
+        });
+    }
+    Ok(blobs)
+}
+
+/// Push `blobs` (bounded parallel), then the manifest bytes under `reference`.
+pub(crate) async fn push_manifest_with_blobs(
+    client: &RegistryClient,
+    reference: &Reference,
+    manifest: Bytes,
+    media_type: &str,
+    blobs: Vec<BlobSource>,
+    options: &PushOptions,
+) -> Result<PushReport, RegistryError> {
+    let started = Instant::now();
+    let counter = Arc::new(AtomicU64::new(0));
+    let repository = reference.repository();
+    // The same blob may appear twice (an empty layer); push it once.
+    let mut seen = std::collections::HashSet::new();
+    let unique: Vec<BlobSource> = blobs
+        .into_iter()
+        .filter(|b| seen.insert(b.digest))
+        .collect();
+    let reports: Vec<BlobReport> = futures_util::stream::iter(unique.iter())
+        .map(|blob| push_blob(client, repository, blob, options, &counter))
+        .buffered(options.parallel.max(1))
+        .try_collect()
+        .await?;
+    let manifest_digest = client.put_manifest(reference, media_type, manifest).await?;
+    Ok(PushReport {
+        reference: reference.to_string(),
+        manifest_digest,
+        media_type: media_type.to_string(),
+        blobs: reports,
+        bytes_uploaded: counter.load(Ordering::Relaxed),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+async fn push_blob(
+    client: &RegistryClient,
+    repository: &str,
+    blob: &BlobSource,
+    options: &PushOptions,
+    counter: &Arc<AtomicU64>,
+) -> Result<BlobReport, RegistryError> {
+    let wrap = |source: RegistryError| RegistryError::BlobUpload {
+        repository: format!("{}/{repository}", client.registry()),
+        digest: blob.digest,
+        size: blob.size,
+        source: Box::new(source),
+    };
+    let report = |outcome, mounted_from| BlobReport {
+        digest: blob.digest,
+        size: blob.size,
+        outcome,
+        mounted_from,
+    };
+    if client
+        .has_blob(repository, &blob.digest)
+        .await
+        .map_err(wrap)?
+    {
+        return Ok(report(BlobOutcome::Present, None));
+    }
+    let mut session = None;
+    for from in options.mount_from.iter().filter(|from| *from != repository) {
+        match mount(client, repository, from, &blob.digest).await {
+            Ok(Mount::Mounted) => return Ok(report(BlobOutcome::Mounted, Some(from.clone()))),
+            Ok(Mount::Session(url)) => {
+                session = Some(url);
+                break;
+            }
+            Err(error) => {
+                tracing::debug!(%from, digest = %blob.digest, %error, "cross-repository mount failed; uploading")
+            }
+        }
+    }
+    let outcome = upload(client, repository, blob, options, counter, session)
+        .await
+        .map_err(wrap)?;
+    Ok(report(outcome, None))
+}
+
+enum Mount {
+    Mounted,
+    /// The registry could not mount and opened an upload session instead.
+    Session(Url),
+}
+
+async fn mount(
+    client: &RegistryClient,
+    repository: &str,
+    from: &str,
+    digest: &Digest,
+) -> Result<Mount, RegistryError> {
+    let mut url = client.url(&format!("{repository}/blobs/uploads/"));
+    url.query_pairs_mut()
+        .append_pair("mount", &digest.to_string())
+        .append_pair("from", from);
+    let scopes = [scope(repository, "pull,push"), scope(from, "pull")];
+    let (response, attempts) = client
+        .request(Method::POST, &url, &scopes, HeaderMap::new(), &Body::Empty)
+        .await?;
+    match response.status() {
+        StatusCode::CREATED => Ok(Mount::Mounted),
+        StatusCode::ACCEPTED => Ok(Mount::Session(client.location(&response)?)),
+        _ => Err(status_error(Method::POST, &url, response, attempts).await),
+    }
+}
+
+/// Where an upload stands between attempts.
+struct Upload {
+    session: Option<Url>,
+    /// Bytes the session holds.
+    offset: u64,
+    /// The last request failed: ask the session how much it holds before sending more.
+    check_session: bool,
+    resumed: bool,
+}
+
+async fn upload(
+    client: &RegistryClient,
+    repository: &str,
+    blob: &BlobSource,
+    options: &PushOptions,
+    counter: &Arc<AtomicU64>,
+    session: Option<Url>,
+) -> Result<BlobOutcome, RegistryError> {
+    let mut state = Upload {
+        session,
+        offset: 0,
+        check_session: false,
+        resumed: false,
+    };
+    let policy = client.retry_policy().clone();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match upload_attempt(client, repository, blob, options, counter, &mut state).await {
+            Ok(()) => {
+                return Ok(if state.resumed {
+                    BlobOutcome::Resumed
+                } else {
+                    BlobOutcome::Uploaded
+                })
+            }
+            Err(error) if error.is_transient() && attempts < policy.max_attempts => {
+                tracing::debug!(digest = %blob.digest, attempts, %error, "blob upload failed; will resume");
+                tokio::time::sleep(policy.backoff(attempts)).await;
+            }
+            Err(RegistryError::Status { status, .. })
+                if (status == StatusCode::NOT_FOUND
+                    || status == StatusCode::RANGE_NOT_SATISFIABLE)
+                    && attempts < policy.max_attempts =>
+            {
+                // The session is gone or disagrees about the offset: start the blob over.
+                state.session = None;
+                state.offset = 0;
+                state.check_session = false;
+            }
+            Err(RegistryError::Status {
+                method,
+                url,
+                status,
+                detail,
+                ..
+            }) => {
+                return Err(RegistryError::Status {
+                    method,
+                    url,
+                    status,
+                    detail,
+                    attempts,
+                })
+            }
+            Err(RegistryError::Transport {
+                method,
+                url,
+                source,
+                ..
+            }) => {
+                return Err(RegistryError::Transport {
+                    method,
+                    url,
+                    attempts,
+                    source,
+                })
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+fn octet_stream() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    headers
+}
+
+/// `Range: 0-N` of an upload session -> bytes held. (`0-0` is what distribution answers
+/// for an empty session, so it is read as 0.)
+fn range_end(response: &reqwest::Response) -> Option<u64> {
+    let value = response.headers().get("range")?.to_str().ok()?;
+    let value = value.trim().trim_start_matches("bytes=");
+    let (start, end) = value.split_once('-')?;
+    let (start, end): (u64, u64) = (start.trim().parse().ok()?, end.trim().parse().ok()?);
+    if start != 0 {
+        return None;
+    }
+    Some(if end == 0 { 0 } else { end + 1 })
+}
+
+async fn upload_attempt(
+    client: &RegistryClient,
+    repository: &str,
+    blob: &BlobSource,
+    options: &PushOptions,
+    counter: &Arc<AtomicU64>,
+    state: &mut Upload,
+) -> Result<(), RegistryError> {
+    let scopes = [scope(repository, "pull,push")];
+    if state.check_session {
+        if let Some(url) = state.session.clone() {
+            let response = client
+                .send(Method::GET, &url, &scopes, HeaderMap::new(), &Body::Empty)
+                .await?;
+            match response.status() {
+                StatusCode::NO_CONTENT | StatusCode::OK => {
+                    let held = range_end(&response).unwrap_or(0).min(blob.size);
+                    if held > 0 {
+                        state.resumed = true;
+                    }
+                    state.offset = held;
+                    state.session = Some(client.location(&response).unwrap_or(url));
+                    tracing::debug!(digest = %blob.digest, held, "upload session found");
+                }
+                status if status.is_server_error() => {
+                    return Err(status_error(Method::GET, &url, response, 1).await)
+                }
+                _ => {
+                    // Unknown or invalid session: start the blob over.
+                    state.session = None;
+                    state.offset = 0;
+                }
+            }
+        }
+        state.check_session = false;
+    }
+    let url = match state.session.clone() {
+        Some(url) => url,
+        None => {
+            let url = client.url(&format!("{repository}/blobs/uploads/"));
+            let response = client
+                .send(Method::POST, &url, &scopes, HeaderMap::new(), &Body::Empty)
+                .await?;
+            if response.status() != StatusCode::ACCEPTED {
+                return Err(status_error(Method::POST, &url, response, 1).await);
+            }
+            let location = client.location(&response)?;
+            state.session = Some(location.clone());
+            state.offset = 0;
+            location
+        }
+    };
+    let mut url = url;
+    // From here on a failure may leave bytes in the session.
+    state.check_session = true;
+    if state.offset == 0 && blob.size <= options.chunk_size {
+        let mut put_url = url.clone();
+        put_url
+            .query_pairs_mut()
+            .append_pair("digest", &blob.digest.to_string());
+        let body = blob.body(0, blob.size, counter);
+        let response = client
+            .send(Method::PUT, &put_url, &scopes, octet_stream(), &body)
+            .await?;
+        if response.status() != StatusCode::CREATED {
+            return Err(status_error(Method::PUT, &put_url, response, 1).await);
+        }
+        return Ok(());
+    }
+    while state.offset < blob.size {
+        let len = options.chunk_size.max(1).min(blob.size - state.offset);
+        let mut headers = octet_stream();
+        headers.insert(
+            reqwest::header::CONTENT_RANGE,
+            HeaderValue::from_str(&format!("{}-{}", state.offset, state.offset + len - 1))
+                .expect("a range is ASCII"),
+        );
+        let body = blob.body(state.offset, len, counter);
+        let response = client
+            .send(Method::PATCH, &url, &scopes, headers, &body)
+            .await?;
+        if response.status() != StatusCode::ACCEPTED {
+            return Err(status_error(Method::PATCH, &url, response, 1).await);
+        }
+        let held = range_end(&response).unwrap_or(state.offset + len);
+        if held != state.offset + len {
+            return Err(RegistryError::Protocol {
+                registry: client.registry().to_string(),
+                what: "a chunk upload",
+                detail: format!(
+                    "after bytes {}-{} it holds {held} bytes",
+                    state.offset,
+                    state.offset + len - 1
+                ),
+            });
+        }
+        state.offset = held;
+        url = client.location(&response)?;
+        state.session = Some(url.clone());
+    }
+    let mut put_url = url.clone();
+    put_url
+        .query_pairs_mut()
+        .append_pair("digest", &blob.digest.to_string());
+    let response = client
+        .send(Method::PUT, &put_url, &scopes, octet_stream(), &Body::Empty)
+        .await?;
+    if response.status() != StatusCode::CREATED {
+        return Err(status_error(Method::PUT, &put_url, response, 1).await);
+    }
+    Ok(())
+}
+
+/// Repositories pushed to before, per registry: candidates for cross-repository mounts.
+/// Kept as a small JSON file (e.g. in the cache directory).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct PushHistory {
+    registries: BTreeMap<String, Vec<String>>,
+}
+
+impl PushHistory {
+    /// Read the history; a missing or unreadable file is an empty history (it is a hint).
+    pub fn load(path: &Path) -> Self {
+        std::fs::read(path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default()
+    }
+
+    /// Repositories of `registry` pushed to before, most recent first.
+    pub fn repositories(&self, registry: &str) -> Vec<String> {
+        self.registries.get(registry).cloned().unwrap_or_default()
+    }
+
+    pub fn record(&mut self, registry: &str, repository: &str) {
+        let list = self.registries.entry(registry.to_string()).or_default();
+        list.retain(|r| r != repository);
+        list.insert(0, repository.to_string());
+        list.truncate(20);
+    }
+
+    /// Write the history atomically.
+    pub fn save(&self, path: &Path) -> Result<(), RegistryError> {
+        let io = |source| RegistryError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let dir = path.parent().unwrap_or(Path::new("."));
+        fs_err::create_dir_all(dir).map_err(io)?;
+        let temp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
+        serde_json::to_writer_pretty(temp.as_file(), self).map_err(|e| io(e.into()))?;
+        temp.persist(path).map_err(|e| io(e.error))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_keeps_recent_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.json");
+        let mut history = PushHistory::load(&path);
+        history.record("r:5000", "a");
+        history.record("r:5000", "b");
+        history.record("r:5000", "a");
+        history.save(&path).unwrap();
+        assert_eq!(PushHistory::load(&path).repositories("r:5000"), ["a", "b"]);
+        assert!(PushHistory::load(&path).repositories("other").is_empty());
+    }
+}

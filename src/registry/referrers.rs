@@ -1,0 +1,205 @@
+//! Referrers: attach an artifact (a verification report, an SBOM) to an image manifest.
+//!
+//! The artifact is an OCI 1.1 image manifest with `artifactType`, the empty config and a
+//! `subject` naming the image. A registry with the referrers API says so by answering the
+//! PUT with an `OCI-Subject` header; for one without it (docker-registry 2.8, many
+//! mirrors) the client maintains the spec's fallback: an image index tagged
+//! `sha256-<hex of the subject>` listing the referrers.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use reqwest::header::HeaderMap;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use super::client::{
+    scope, status_error, Body, RegistryClient, OCI_EMPTY, OCI_INDEX, OCI_MANIFEST,
+};
+use super::reference::Reference;
+use super::RegistryError;
+use crate::digest::Digest;
+use crate::oci::canonical::to_canonical_json;
+
+/// The manifest an artifact refers to.
+#[derive(Debug, Clone)]
+pub struct Subject {
+    pub media_type: String,
+    pub digest: Digest,
+    pub size: u64,
+}
+
+/// One payload of an artifact.
+#[derive(Debug, Clone)]
+pub struct ArtifactLayer {
+    pub media_type: String,
+    pub bytes: Bytes,
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReferrerReport {
+    /// The artifact manifest's digest.
+    pub digest: Digest,
+    /// The fallback tag written when the registry has no referrers API.
+    pub fallback_tag: Option<String>,
+}
+
+/// The tag the referrers fallback uses for `subject` (`sha256-<hex>`).
+pub fn fallback_tag(subject: &Digest) -> String {
+    format!("sha256-{}", subject.hex())
+}
+
+fn descriptor(media_type: &str, digest: &Digest, size: u64) -> Value {
+    json!({"mediaType": media_type, "digest": digest.to_string(), "size": size})
+}
+
+/// Push an artifact of `artifact_type` whose subject is `subject` in the repository of
+/// `repository` (its tag and digest are ignored). Returns the artifact's digest.
+pub async fn push_referrer(
+    client: &RegistryClient,
+    repository: &Reference,
+    subject: &Subject,
+    artifact_type: &str,
+    layers: Vec<ArtifactLayer>,
+    annotations: BTreeMap<String, String>,
+) -> Result<ReferrerReport, RegistryError> {
+    let repo = repository.repository();
+    let empty = Bytes::from_static(b"{}");
+    let empty_digest = client.put_blob_bytes(repo, empty.clone()).await?;
+    let mut layer_descriptors = Vec::new();
+    for layer in &layers {
+        let digest = client.put_blob_bytes(repo, layer.bytes.clone()).await?;
+        let mut d = descriptor(&layer.media_type, &digest, layer.bytes.len() as u64);
+        if !layer.annotations.is_empty() {
+            d["annotations"] = json!(layer.annotations);
+        }
+        layer_descriptors.push(d);
+    }
+    let mut manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "artifactType": artifact_type,
+        "config": descriptor(OCI_EMPTY, &empty_digest, 2),
+        "layers": layer_descriptors,
+        "subject": descriptor(&subject.media_type, &subject.digest, subject.size),
+    });
+    if !annotations.is_empty() {
+        manifest["annotations"] = json!(annotations);
+    }
+    let bytes = Bytes::from(to_canonical_json(&manifest).expect("JSON values serialise"));
+    let digest = Digest::of_bytes(&bytes);
+    let size = bytes.len() as u64;
+
+    // PUT by digest, keeping the response to see whether the registry indexes subjects.
+    let url = client.url(&format!("{repo}/manifests/{digest}"));
+    let scopes = [scope(repo, "pull,push")];
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        reqwest::header::CONTENT_TYPE,
+        reqwest::header::HeaderValue::from_static(OCI_MANIFEST),
+    );
+    let (response, attempts) = client
+        .request(Method::PUT, &url, &scopes, headers, &Body::Bytes(bytes))
+        .await?;
+    if !response.status().is_success() {
+        return Err(status_error(Method::PUT, &url, response, attempts).await);
+    }
+    if response.headers().contains_key("oci-subject") {
+        return Ok(ReferrerReport {
+            digest,
+            fallback_tag: None,
+        });
+    }
+
+    let tag = fallback_tag(&subject.digest);
+    let tag_reference = repository.with_tag(&tag)?;
+    let mut index = match client.get_manifest(&tag_reference).await {
+        Ok(existing) => serde_json::from_slice::<Value>(&existing.bytes).map_err(|e| {
+            RegistryError::Document {
+                path: tag_reference.to_string(),
+                what: "a referrers index",
+                detail: e.to_string(),
+            }
+        })?,
+        Err(RegistryError::ManifestNotFound { .. }) => {
+            json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []})
+        }
+        Err(error) => return Err(error),
+    };
+    let mut entry = descriptor(OCI_MANIFEST, &digest, size);
+    entry["artifactType"] = json!(artifact_type);
+    if !annotations.is_empty() {
+        entry["annotations"] = json!(annotations);
+    }
+    let manifests = index["manifests"]
+        .as_array_mut()
+        .ok_or_else(|| RegistryError::Document {
+            path: tag_reference.to_string(),
+            what: "a referrers index",
+            detail: "it has no `manifests` list".to_string(),
+        })?;
+    if !manifests
+        .iter()
+        .any(|m| m["digest"].as_str() == Some(&digest.to_string()))
+    {
+        manifests.push(entry);
+    }
+    let index_bytes = Bytes::from(to_canonical_json(&index).expect("JSON values serialise"));
+    client
+        .put_manifest(&tag_reference, OCI_INDEX, index_bytes)
+        .await?;
+    Ok(ReferrerReport {
+        digest,
+        fallback_tag: Some(tag),
+    })
+}
+
+/// The referrers of `subject` (descriptors with `artifactType`), from the referrers API,
+/// or the fallback tag when the registry has none.
+pub async fn list_referrers(
+    client: &RegistryClient,
+    repository: &Reference,
+    subject: &Digest,
+) -> Result<Vec<Value>, RegistryError> {
+    let repo = repository.repository();
+    let url = client.url(&format!("{repo}/referrers/{subject}"));
+    let (response, attempts) = client
+        .request(
+            Method::GET,
+            &url,
+            &[scope(repo, "pull")],
+            HeaderMap::new(),
+            &Body::Empty,
+        )
+        .await?;
+    let index: Value = if response.status().is_success() {
+        response
+            .json()
+            .await
+            .map_err(|source| RegistryError::Transport {
+                method: Method::GET,
+                url: url.clone(),
+                attempts,
+                source,
+            })?
+    } else if response.status() == StatusCode::NOT_FOUND {
+        match client
+            .get_manifest(&repository.with_tag(&fallback_tag(subject))?)
+            .await
+        {
+            Ok(manifest) => {
+                serde_json::from_slice(&manifest.bytes).map_err(|e| RegistryError::Document {
+                    path: repository.to_string(),
+                    what: "a referrers index",
+                    detail: e.to_string(),
+                })?
+            }
+            Err(RegistryError::ManifestNotFound { .. }) => return Ok(Vec::new()),
+            Err(error) => return Err(error),
+        }
+    } else {
+        return Err(status_error(Method::GET, &url, response, attempts).await);
+    };
+    Ok(index["manifests"].as_array().cloned().unwrap_or_default())
+}
