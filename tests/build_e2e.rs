@@ -4,6 +4,11 @@
 //! stack (versions, sm list, exactly one libcudnn.so.9 on disk, in `ldconfig -p` and in
 //! /proc/self/maps). A rebuild must give the same manifest digest with every layer cached.
 //!
+//! The build's verification stage (recipe `verify.gpu: auto`) runs the probe in a container
+//! through the Docker API: with no GPU here, the static level must pass, every GPU level be
+//! skipped with the reason, and the image must carry no verified label or tag. A planted
+//! second cuDNN copy on LD_LIBRARY_PATH must make the probe fail, naming it.
+//!
 //! Needs root (mmdebstrap --mode=root), mmdebstrap, skopeo and a Docker daemon; without them
 //! it says why and stops. No GPU is needed: nothing here launches a kernel.
 
@@ -14,6 +19,8 @@ use std::process::Command;
 
 const RECIPE: &str = "recipes/torch2.4.1-cu121-py3.11.yaml";
 const IMAGE: &str = "cudastack-e2e-torch241:test";
+/// The recipe's own tag, which the verification stage loads the image under.
+const RECIPE_TAG: &str = "localhost/torch:2.4.1-cuda12.1-cudnn9-py3.11";
 
 fn build(layout: &Path) -> (String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
@@ -49,7 +56,9 @@ fn docker_run(script: &str) -> String {
 struct RemoveImage;
 impl Drop for RemoveImage {
     fn drop(&mut self) {
-        let _ = Command::new("docker").args(["rmi", "-f", IMAGE]).output();
+        let _ = Command::new("docker")
+            .args(["rmi", "-f", IMAGE, RECIPE_TAG])
+            .output();
     }
 }
 
@@ -61,9 +70,11 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
         eprintln!("skipped: {reason}");
         return;
     }
+    let _cleanup = RemoveImage;
     let work = tempfile::tempdir().unwrap();
     let (digest, first_log) = build(&work.path().join("layout-a"));
     assert!(digest.starts_with("sha256:"), "{digest}\n{first_log}");
+    check_static_verification(&work.path().join("layout-a"), &digest, &first_log);
 
     // Rebuild into another layout: same digest, nothing rebuilt.
     let (again, second_log) = build(&work.path().join("layout-b"));
@@ -81,7 +92,6 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
     }
 
     // skopeo, a real peer, accepts the layout and loads it into the daemon.
-    let _cleanup = RemoveImage;
     let copy = Command::new("skopeo")
         .args(["copy", "--quiet"])
         .arg(format!(
@@ -122,4 +132,84 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
     );
     let cudart = docker_run("python3 -c 'import torch; print(open(\"/proc/self/maps\").read())' | grep -o '/[^ ]*libcudart[^ ]*' | sort -u");
     assert_eq!(cudart.lines().count(), 1, "{cudart}");
+}
+
+/// The verification stage ran in the build: static level passed, GPU levels skipped with
+/// the reason, the report stored beside the image, no verified label or ref anywhere.
+fn check_static_verification(layout: &Path, digest: &str, log: &str) {
+    assert!(
+        log.contains("verify  running the probe in a container"),
+        "{log}"
+    );
+    for check in [
+        "static.torch",
+        "static.cudnn",
+        "static.arch_list",
+        "static.loaded_libraries",
+        "static.ld_library_path",
+    ] {
+        assert!(
+            log.lines().any(|l| l.contains(check) && l.contains("pass")),
+            "{check} did not pass:\n{log}"
+        );
+    }
+    assert!(
+        log.lines().any(|l| l.contains("driver.version")
+            && l.contains("skip")
+            && l.contains("no NVIDIA driver")),
+        "{log}"
+    );
+    assert!(log.contains("no verified label"), "{log}");
+
+    let index = std::fs::read_to_string(layout.join("index.json")).unwrap();
+    assert!(index.contains("latest.verify-report"), "{index}");
+    assert!(
+        !index.contains("verified\""),
+        "a verified ref appeared: {index}"
+    );
+    let inspect = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["--json", "inspect"])
+        .arg(layout)
+        .output()
+        .unwrap();
+    assert!(inspect.status.success());
+    let value: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    assert_eq!(
+        value["manifest_digest"], digest,
+        "the image was not replaced"
+    );
+    assert_eq!(value["declared"]["verified"], serde_json::json!([]));
+    assert!(
+        !value["labels"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.starts_with("io.cudastack.verified")),
+        "{value}"
+    );
+
+    // A second cuDNN copy planted on LD_LIBRARY_PATH: the probe must fail and name it.
+    let planted = Command::new("docker")
+        .args(["run", "--rm", RECIPE_TAG, "sh", "-c"])
+        .arg(
+            "mkdir /tmp/stale && cp -P /usr/local/cuda-12.1/targets/x86_64-linux/lib/libcudnn.so* /tmp/stale/ \
+             && LD_LIBRARY_PATH=/tmp/stale:$LD_LIBRARY_PATH python3 /opt/cudastack/probe/probe.py --level static",
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&planted.stdout);
+    assert_eq!(planted.status.code(), Some(1), "{stdout}");
+    let report =
+        cudastack::verify::report::Report::from_output(&stdout, "the planted run").unwrap();
+    let status = |id: &str| {
+        let check = report.checks.iter().find(|c| c.id == id).unwrap();
+        (check.status, check.detail.clone())
+    };
+    use cudastack::verify::report::Status;
+    let (loaded, detail) = status("static.loaded_libraries");
+    assert_eq!(loaded, Status::Fail, "{detail}");
+    assert!(detail.contains("/tmp/stale"), "{detail}");
+    let (path, detail) = status("static.ld_library_path");
+    assert_eq!(path, Status::Fail, "{detail}");
+    assert!(detail.contains("libcudnn in /tmp/stale"), "{detail}");
 }

@@ -119,7 +119,9 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let policy = cudastack::recipe::Recipe::load(&settings.recipe_path)?.verify.gpu;
+    let policy = cudastack::recipe::Recipe::load(&settings.recipe_path)?
+        .verify
+        .gpu;
     let report = runtime.block_on(build(&settings, Matrix::embedded(), &progress))?;
     // Verify before loading or pushing, so a verified image is what gets published.
     let verified = if args.no_verify {

@@ -1,31 +1,53 @@
-//! Shared by inspect, check and verify: reading an image's documents from a layout or a
-//! registry, and detecting the local node.
+//! Shared by inspect, check and verify: reading an image's documents (manifest and config,
+//! never a layer) from a layout or a registry, and detecting the local node.
 
-use clap::Args;
+use cudastack::registry::{Platform, Reference, RegistryClient};
 use cudastack::verify::check::Node;
 use cudastack::verify::source::{read_layout, ImageDocuments, ImageLocation};
 
+pub use super::push::RegistryArgs;
 use super::Printer;
 
-/// How to reach a registry.
-#[derive(Debug, Args, Default)]
-pub struct RegistryArgs {}
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Configs are small JSON documents; refuse anything that is not.
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
 pub fn read_documents(
     location: &ImageLocation,
-    _registry: &RegistryArgs,
-) -> Result<ImageDocuments, Box<dyn std::error::Error + Send + Sync>> {
+    registry: &RegistryArgs,
+) -> Result<ImageDocuments, Error> {
     match location {
         ImageLocation::Layout { dir, ref_name } => Ok(read_layout(dir, ref_name)?),
-        ImageLocation::Registry(reference) => {
-            Err(format!("registry reference {reference}: not wired yet").into())
+        ImageLocation::Registry(text) => {
+            let reference: Reference = text.parse()?;
+            let client = RegistryClient::new(&reference, registry.client_options(&reference)?)?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let manifest = client
+                    .get_image_manifest(&reference, &Platform::default())
+                    .await?;
+                let parsed: oci_spec::image::ImageManifest =
+                    serde_json::from_slice(&manifest.bytes)?;
+                let config_digest: cudastack::digest::Digest =
+                    parsed.config().digest().to_string().parse()?;
+                let config_bytes = client
+                    .get_blob_bytes(reference.repository(), &config_digest, MAX_CONFIG_BYTES)
+                    .await?;
+                Ok(ImageDocuments {
+                    location: reference.to_string(),
+                    manifest_digest: manifest.digest,
+                    config_digest,
+                    config: serde_json::from_slice(&config_bytes)?,
+                    bytes_read: (manifest.bytes.len() + config_bytes.len()) as u64,
+                })
+            })
         }
     }
 }
 
-pub fn detect_node(
-    _node: &mut Node,
-    _printer: &Printer,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+pub fn detect_node(_node: &mut Node, _printer: &Printer) -> Result<(), Error> {
     Err("--detect: not wired yet".into())
 }

@@ -69,7 +69,9 @@ pub fn parse_gpus(text: &str) -> Result<Option<GpuRequest>, String> {
         "none" | "0" => GpuRequest::None,
         "all" => GpuRequest::All,
         n if n.parse::<u32>().is_ok() => GpuRequest::Count(n.parse().expect("checked")),
-        ids if !ids.is_empty() => GpuRequest::DeviceIds(ids.split(',').map(str::to_string).collect()),
+        ids if !ids.is_empty() => {
+            GpuRequest::DeviceIds(ids.split(',').map(str::to_string).collect())
+        }
         _ => return Err("--gpus takes auto, none, all, a count, or device ids".into()),
     }))
 }
@@ -162,7 +164,10 @@ pub fn finish(
             println!("note: {note}");
         }
         if let Some(recorded) = recorded {
-            println!("report stored as {} ({})", recorded.report_ref, recorded.report_digest);
+            println!(
+                "report stored as {} ({})",
+                recorded.report_ref, recorded.report_digest
+            );
             match &recorded.verified_manifest {
                 Some(digest) => println!(
                     "verified image {digest}: {}",
@@ -188,8 +193,10 @@ pub fn after_build(
     policy: cudastack::recipe::GpuPolicy,
     printer: &Printer,
     runtime: &tokio::runtime::Runtime,
-) -> Result<Option<cudastack::verify::runner::VerifyOutcome>, Box<dyn std::error::Error + Send + Sync>>
-{
+) -> Result<
+    Option<cudastack::verify::runner::VerifyOutcome>,
+    Box<dyn std::error::Error + Send + Sync>,
+> {
     use cudastack::recipe::GpuPolicy;
     let gpus = match policy {
         GpuPolicy::Skip => {

@@ -82,7 +82,8 @@ pub struct VerifyOutcome {
 /// Whether this host looks able to give a container a GPU: the daemon has the nvidia
 /// runtime or CDI specs, and the kernel driver is loaded.
 fn gpu_visible(info: &crate::engine::EngineInfo) -> Result<(), String> {
-    let driver = Path::new("/proc/driver/nvidia/version").exists() || Path::new("/dev/nvidiactl").exists();
+    let driver =
+        Path::new("/proc/driver/nvidia/version").exists() || Path::new("/dev/nvidiactl").exists();
     let runtime = info.nvidia_runtime || !info.cdi_spec_dirs.is_empty();
     match (driver, runtime) {
         (true, true) => Ok(()),
@@ -112,7 +113,10 @@ pub async fn verify_layout(
         }
         GpuChoice::Auto => match gpu_visible(&info) {
             Ok(()) => (GpuRequest::All, None),
-            Err(reason) => (GpuRequest::None, Some(format!("{reason}: static level only"))),
+            Err(reason) => (
+                GpuRequest::None,
+                Some(format!("{reason}: static level only")),
+            ),
         },
     };
     let resolved = layout::resolve(dir, ref_name)?;
@@ -123,7 +127,10 @@ pub async fn verify_layout(
     spec.entrypoint = Some(Vec::new());
     spec.gpus = gpus.clone();
     spec.timeout = settings.timeout;
-    spec.labels = vec![("io.cudastack.verify".to_string(), resolved.manifest_digest.to_string())];
+    spec.labels = vec![(
+        "io.cudastack.verify".to_string(),
+        resolved.manifest_digest.to_string(),
+    )];
     // The image stays loaded and tagged (like `docker build` leaves its result).
     let outcome = engine.run(&spec).await?;
     let location = format!("oci:{}:{ref_name}", dir.display());
@@ -133,13 +140,14 @@ pub async fn verify_layout(
             seconds: settings.timeout.as_secs(),
         });
     }
-    let mut report = Report::from_output(&outcome.stdout, "the container's stdout").map_err(
-        |source| VerifyError::NoReport {
-            image: location.clone(),
-            exit_code: outcome.exit_code,
-            source: with_stderr(source, &outcome.stderr),
-        },
-    )?;
+    let mut report =
+        Report::from_output(&outcome.stdout, "the container's stdout").map_err(|source| {
+            VerifyError::NoReport {
+                image: location.clone(),
+                exit_code: outcome.exit_code,
+                source: with_stderr(source, &outcome.stderr),
+            }
+        })?;
     report.image = Some(ImageFacts {
         reference: location,
         manifest_digest: Some(resolved.manifest_digest.to_string()),

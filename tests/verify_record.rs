@@ -1,0 +1,273 @@
+//! Recording verification results and answering "will it run here?" from the config only.
+//!
+//! The verified path needs a report from a real GPU run, which this machine cannot produce:
+//! `gpu_report` below is the report the probe prints on a GPU, written by hand in the
+//! probe's format (a stand-in for the GPU, as the project rules allow), and the tests
+//! check what cudastack does with it. The probe itself runs for real in tests/build_e2e.rs.
+
+mod registry_support;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use cudastack::cas::BlobStore;
+use cudastack::oci::layout;
+use cudastack::verify::record::{record_in_layout, LABEL_MATRIX, LABEL_VERIFIED};
+use cudastack::verify::report::{Report, Verdict};
+use registry_support::{random_layer, Action, Proxy, Registry};
+
+const REQUIRE: &str = "cuda>=12.1";
+
+/// A small real image with the labels and env a cudastack build writes.
+fn write_image(dir: &Path, store: &BlobStore) -> cudastack::digest::Digest {
+    let layer = random_layer(store, "payload", 7, 3 << 20);
+    let image = cudastack::oci::Image::new(1_700_000_000)
+        .with_layer(layer, "payload")
+        .with_env("NVIDIA_REQUIRE_CUDA", REQUIRE)
+        .with_label("io.cudastack.recipe", "torch2.4.1-cu121-py3.11")
+        .with_label("io.cudastack.driver-floor", "530.30.02")
+        .with_label(
+            "io.cudastack.torch.sm",
+            "sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90",
+        )
+        .with_label("io.cudastack.torch", "2.4.1+cu121");
+    layout::write(&image, dir, "latest").unwrap();
+    layout::write(&image, dir, "localhost/torch:2.4.1-cu121").unwrap()
+}
+
+fn report(levels: &str, gpu: bool) -> Report {
+    let gpu_checks = [
+        ("driver.version", "driver"),
+        ("driver.cuda", "driver"),
+        ("device.count", "device"),
+        ("device.kernels", "device"),
+        ("ops.matmul", "ops"),
+        ("ops.conv", "ops"),
+        ("ops.conv_benchmark", "ops"),
+        ("ops.loaded_libraries", "ops"),
+        ("train.mlp", "train"),
+    ];
+    let mut checks = vec![
+        serde_json::json!({"id": "static.torch", "level": "static", "status": "pass", "seconds": 3.1, "detail": "torch 2.4.1+cu121"}),
+    ];
+    for (id, level) in gpu_checks {
+        checks.push(serde_json::json!({"id": id, "level": level,
+            "status": if gpu { "pass" } else { "skip" }, "seconds": 0.5,
+            "detail": if gpu { "ok" } else { "no NVIDIA driver visible in the container" }}));
+    }
+    let value = serde_json::json!({
+        "schema": "cudastack.verify.report/v1", "probe_version": "1",
+        "started": "2026-11-29T23:00:00Z", "seconds": 42.0, "hostname": "gpu-node-1",
+        "levels": levels.split(',').collect::<Vec<_>>(), "expect": {}, "torch": "2.4.1+cu121",
+        "driver": if gpu { serde_json::json!({"version": "550.54.15", "cuda": "12.4"}) } else { serde_json::Value::Null },
+        "gpus": if gpu { serde_json::json!([{"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0",
+            "memory_bytes": 150_000_000_000u64, "kernels": "sass:sm_90"}]) } else { serde_json::json!([]) },
+        "checks": checks,
+        "counts": {"pass": if gpu { 10 } else { 1 }, "fail": 0, "skip": if gpu { 0 } else { 9 }},
+    });
+    Report::from_json(value.to_string().as_bytes()).unwrap()
+}
+
+fn labels(dir: &Path, ref_name: &str) -> serde_json::Map<String, serde_json::Value> {
+    let resolved = layout::resolve(dir, ref_name).unwrap();
+    serde_json::to_value(resolved.config.config().as_ref().unwrap().labels())
+        .unwrap()
+        .as_object()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_partial_report_is_stored_but_never_labels() {
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(&work.path().join("cache")).unwrap();
+    let dir = work.path().join("layout");
+    let before = write_image(&dir, &store);
+    let partial = report("static,driver,device,ops,train", false);
+    let recorded = record_in_layout(&dir, "latest", &partial).unwrap();
+    assert!(matches!(recorded.verdict, Verdict::Partial { .. }));
+    assert_eq!(recorded.verified_manifest, None);
+    assert_eq!(
+        layout::resolve(&dir, "latest").unwrap().manifest_digest,
+        before
+    );
+    assert!(!labels(&dir, "latest")
+        .keys()
+        .any(|k| k.contains("verified")));
+    let refs = layout::list_refs(&dir).unwrap();
+    assert!(
+        refs.contains(&"latest.verify-report".to_string()),
+        "{refs:?}"
+    );
+    assert!(!refs
+        .iter()
+        .any(|r| r.contains("-verified") || r == "verified"));
+    // A report claiming every check passed but requested without the GPU levels is no proof.
+    let static_only = report("static", true);
+    assert!(record_in_layout(&dir, "latest", &static_only)
+        .unwrap()
+        .verified_manifest
+        .is_none());
+}
+
+#[test]
+fn a_verified_report_labels_a_new_config_with_the_same_layers() {
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(&work.path().join("cache")).unwrap();
+    let dir = work.path().join("layout");
+    let before = write_image(&dir, &store);
+    let layers_before = layout::read(&dir, "latest").unwrap().layers().to_vec();
+    let recorded = record_in_layout(
+        &dir,
+        "latest",
+        &report("static,driver,device,ops,train", true),
+    )
+    .unwrap();
+    assert_eq!(recorded.verdict, Verdict::Verified);
+    let verified = recorded.verified_manifest.unwrap();
+    assert_ne!(verified, before);
+    assert_eq!(
+        recorded.verified_refs,
+        vec![
+            "latest",
+            "localhost/torch:2.4.1-cu121",
+            "localhost/torch:2.4.1-cu121-verified",
+            "verified"
+        ]
+    );
+    for name in &recorded.verified_refs {
+        assert_eq!(
+            layout::resolve(&dir, name).unwrap().manifest_digest,
+            verified
+        );
+    }
+    let after = layout::read(&dir, "verified").unwrap();
+    assert_eq!(
+        after.layers().iter().map(|l| l.digest).collect::<Vec<_>>(),
+        layers_before.iter().map(|l| l.digest).collect::<Vec<_>>()
+    );
+    let labels = labels(&dir, "verified");
+    assert_eq!(labels[LABEL_VERIFIED], "2026-11-29T23:00:00Z");
+    let matrix: serde_json::Value =
+        serde_json::from_str(labels[LABEL_MATRIX].as_str().unwrap()).unwrap();
+    assert_eq!(matrix[0]["gpu"], "NVIDIA H200");
+    assert_eq!(matrix[0]["driver"], "550.54.15");
+    assert_eq!(matrix[0]["checks"].as_object().unwrap().len(), 10);
+    // skopeo, a real peer, reads the verified image and its labels from the layout.
+    if registry_support::have("skopeo") {
+        let out = Command::new("skopeo")
+            .arg("inspect")
+            .arg(format!("oci:{}:verified", dir.display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("io.cudastack.verified.matrix"), "{text}");
+    } else {
+        eprintln!("skopeo check skipped: skopeo is not installed");
+    }
+}
+
+fn cudastack(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn check_and_inspect_read_only_the_config_from_a_registry() {
+    if let Some(reason) = registry_support::skip_reason() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(&work.path().join("cache")).unwrap();
+    let dir = work.path().join("layout");
+    write_image(&dir, &store);
+    let layer = layout::read(&dir, "latest").unwrap().layers()[0].clone();
+    let registry = Registry::start(None);
+    let pushed = cudastack(&[
+        "--quiet",
+        "push",
+        dir.to_str().unwrap(),
+        &format!("{}/cudastack/torch:2.4.1", registry.host()),
+        "--cache-dir",
+        work.path().join("cache").to_str().unwrap(),
+    ]);
+    assert!(
+        pushed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pushed.stderr)
+    );
+
+    // Every read goes through a proxy that logs the requests.
+    let proxy = Proxy::start(registry.port, Arc::new(|_| Action::Forward));
+    let image = format!("{}/cudastack/torch:2.4.1", proxy.host());
+    let old_driver = cudastack(&["--json", "check", &image, "--driver", "470.82.01"]);
+    assert_eq!(
+        old_driver.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&old_driver.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&old_driver.stdout).unwrap();
+    assert_eq!(answer["fits"], "no");
+    let text = answer.to_string();
+    assert!(
+        text.contains("supports CUDA up to 11.4") && text.contains("cuda>=12.1"),
+        "{text}"
+    );
+    assert!(answer["bytes_read"].as_u64().unwrap() < 10_000, "{answer}");
+
+    let blackwell = cudastack(&[
+        "check",
+        &image,
+        "--driver",
+        "570.124.06",
+        "--gpu",
+        "RTX 5090",
+    ]);
+    assert_eq!(blackwell.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&blackwell.stdout);
+    assert!(
+        text.contains("no kernel image is available") && text.contains("no:"),
+        "{text}"
+    );
+
+    let fits = cudastack(&["check", &image, "--driver", "550.54.15", "--gpu", "A100"]);
+    assert_eq!(
+        fits.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&fits.stdout)
+    );
+    assert!(String::from_utf8_lossy(&fits.stdout).contains("yes:"));
+
+    let inspect = cudastack(&["--json", "inspect", &image]);
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    let value: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    assert_eq!(value["declared"]["driver_floor"], "530.30.02");
+
+    // Only manifests and the config were fetched: never the 3 MiB layer.
+    let requests = proxy.requests();
+    assert!(!requests.is_empty());
+    let layer_hex = layer.digest.hex().to_string();
+    assert!(
+        requests.iter().all(|r| !r.contains(&layer_hex)),
+        "a layer was fetched: {requests:#?}"
+    );
+    assert!(
+        requests.iter().any(|r| r.contains("/blobs/sha256:")),
+        "{requests:#?}"
+    );
+}
