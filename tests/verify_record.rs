@@ -191,6 +191,13 @@ fn check_and_inspect_read_only_the_config_from_a_registry() {
     let dir = work.path().join("layout");
     write_image(&dir, &store);
     let layer = layout::read(&dir, "latest").unwrap().layers()[0].clone();
+    // A static-only report in the layout travels with the push as a referrer.
+    record_in_layout(
+        &dir,
+        "latest",
+        &report("static,driver,device,ops,train", false),
+    )
+    .unwrap();
     let registry = Registry::start(None);
     let pushed = cudastack(&[
         "--quiet",
@@ -204,6 +211,24 @@ fn check_and_inspect_read_only_the_config_from_a_registry() {
         pushed.status.success(),
         "{}",
         String::from_utf8_lossy(&pushed.stderr)
+    );
+
+    let reference: cudastack::registry::Reference =
+        format!("{}/cudastack/torch:2.4.1", registry.host())
+            .parse()
+            .unwrap();
+    let client = cudastack::registry::RegistryClient::new(&reference, Default::default()).unwrap();
+    let manifest = layout::resolve(&dir, "latest").unwrap().manifest_digest;
+    let referrers = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(cudastack::registry::referrers::list_referrers(
+            &client, &reference, &manifest,
+        ))
+        .unwrap();
+    assert_eq!(referrers.len(), 1, "{referrers:?}");
+    assert_eq!(
+        referrers[0]["artifactType"],
+        cudastack::verify::REPORT_ARTIFACT_TYPE
     );
 
     // Every read goes through a proxy that logs the requests.

@@ -165,6 +165,9 @@ pub fn push_and_report(
     if let Err(error) = history.save(&history_path) {
         tracing::warn!(%error, "could not save the push history");
     }
+    push_report_referrer(
+        &client, layout, ref_name, reference, &report, printer, runtime,
+    )?;
     let count = |outcome| report.blobs.iter().filter(|b| b.outcome == outcome).count();
     use cudastack::registry::BlobOutcome::*;
     printer.status(format!(
@@ -179,6 +182,49 @@ pub fn push_and_report(
         report.bytes_uploaded as f64 / 1e6 / report.seconds.max(1e-3),
     ));
     Ok(report)
+}
+
+/// The verification report stored beside the image in the layout goes to the registry as
+/// an OCI artifact whose `subject` is the pushed manifest (found through the referrers API,
+/// or the `sha256-<hex>` fallback tag on registries without it).
+fn push_report_referrer(
+    client: &RegistryClient,
+    layout: &std::path::Path,
+    ref_name: &str,
+    reference: &Reference,
+    pushed: &PushReport,
+    printer: &Printer,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use cudastack::registry::referrers::{push_referrer, ArtifactLayer, Subject};
+    use cudastack::verify::REPORT_ARTIFACT_TYPE;
+    let Some(report) = cudastack::verify::record::stored_report(layout, ref_name)? else {
+        return Ok(());
+    };
+    let manifest = cudastack::oci::layout::resolve(layout, ref_name)?.manifest;
+    let subject = Subject {
+        media_type: manifest.media_type().to_string(),
+        digest: pushed.manifest_digest,
+        size: manifest.size(),
+    };
+    let layer = ArtifactLayer {
+        media_type: REPORT_ARTIFACT_TYPE.to_string(),
+        bytes: report.into(),
+        annotations: Default::default(),
+    };
+    let referrer = runtime.block_on(push_referrer(
+        client,
+        reference,
+        &subject,
+        REPORT_ARTIFACT_TYPE,
+        vec![layer],
+        Default::default(),
+    ))?;
+    printer.status(format!(
+        "pushed the verification report as a referrer of {}: {}",
+        pushed.manifest_digest, referrer.digest
+    ));
+    Ok(())
 }
 
 pub fn run(args: PushArgs, printer: &Printer) -> CommandResult {
