@@ -3,6 +3,7 @@
 //! final reference, or `--json`); progress and logs go to stderr.
 
 mod build;
+mod ci;
 mod lock;
 mod matrix;
 mod refresh;
@@ -42,6 +43,8 @@ enum Command {
     Lock(lock::LockArgs),
     /// Show the compatibility matrix, or regenerate its torch data from PyPI.
     Matrix(matrix::MatrixArgs),
+    /// Generate the CI workflows that publish and verify the recipe matrix.
+    Ci(ci::CiArgs),
     /// Find the torch/CUDA/cuDNN builds that fit a driver and GPUs, ranked, with reasons.
     Solve(solve::SolveArgs),
 }
@@ -98,6 +101,7 @@ pub fn main() -> ExitCode {
         Command::Lock(args) => lock::run(args, &printer),
         Command::Matrix(args) => matrix::run(args, &printer),
         Command::Solve(args) => solve::run(args, &printer),
+        Command::Ci(args) => ci::run(args, &printer),
     };
     match result {
         Ok(code) => code,
