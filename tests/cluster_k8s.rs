@@ -51,7 +51,7 @@ fn verification_jobs_validate_against_the_kubernetes_schema() {
     }
     let dir = tempfile::tempdir().unwrap();
     let image = "ghcr.io/acme/torch:2.4.1-cuda12.1@sha256:4a5d132a06a77c8331e15845f2e925adc788b00105097ad55409afa3f4fa4860".parse().unwrap();
-    let mut specs = vec![
+    let mut specs = [
         JobSpec::probe(image, Some("NVIDIA-H100-80GB-HBM3".into())),
         JobSpec::probe(
             "localhost:5000/torch@sha256:0000000000000000000000000000000000000000000000000000000000000000"

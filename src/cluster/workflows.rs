@@ -328,7 +328,7 @@ jobs:
         include:
 "#,
         registry_help = match &options.registry {
-            Some(registry) => format!("{registry}"),
+            Some(registry) => registry.clone(),
             None => "ghcr.io/<owner>".to_string(),
         },
         registry_default = q(registry_default),
