@@ -18,9 +18,11 @@ pub mod slurm;
 pub mod workflows;
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::digest::Digest;
+use slurm::Runtime;
 
 /// What a cluster generator refuses, with the field and the rule it breaks.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,73 @@ pub enum ClusterError {
         #[source]
         source: serde_saphyr::SerializeError,
     },
+}
+
+/// What `cudastack verify REF --emit TARGET` writes: `k8s-job`, `sbatch` (enroot +
+/// pyxis) or `sbatch-apptainer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Emit {
+    K8sJob,
+    Sbatch(Runtime),
+}
+
+impl FromStr for Emit {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "k8s-job" | "k8s" | "kubernetes" => Ok(Emit::K8sJob),
+            "sbatch" | "sbatch-pyxis" | "sbatch-enroot" => Ok(Emit::Sbatch(Runtime::Pyxis)),
+            "sbatch-apptainer" | "sbatch-singularity" => Ok(Emit::Sbatch(Runtime::Apptainer)),
+            other => Err(format!(
+                "unknown emit target `{other}`: expected k8s-job, sbatch (enroot + pyxis) or sbatch-apptainer"
+            )),
+        }
+    }
+}
+
+/// The knobs `--emit` exposes; everything else takes the generators' defaults. Slurm's
+/// partition, account and time limit need no flags here: `sbatch --partition=… FILE`
+/// overrides the script's `#SBATCH` lines.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EmitOptions {
+    /// Kubernetes: a value of the node label `nvidia.com/gpu.product`
+    /// (`NVIDIA-A100-SXM4-80GB`). Slurm: the site's GRES type (`a100`).
+    pub gpu_type: Option<String>,
+    /// GPUs to ask for (default 1).
+    pub gpus: Option<u32>,
+    /// Kubernetes namespace (default `default`).
+    pub namespace: Option<String>,
+    /// Slurm: a squashfs/SIF made on the login node, for nodes without registry access.
+    pub local_image: Option<PathBuf>,
+}
+
+/// Render the verification job for `target`: one entry point for the CLI.
+pub fn emit(
+    target: Emit,
+    image: PinnedImage,
+    options: &EmitOptions,
+) -> Result<String, ClusterError> {
+    match target {
+        Emit::K8sJob => {
+            let mut spec = k8s::JobSpec::probe(image, options.gpu_type.clone());
+            if let Some(gpus) = options.gpus {
+                spec.gpu_count = gpus;
+            }
+            if let Some(namespace) = &options.namespace {
+                spec.namespace = namespace.clone();
+            }
+            k8s::job_manifest(&spec)
+        }
+        Emit::Sbatch(runtime) => {
+            let mut spec = slurm::SbatchSpec::probe(image, runtime);
+            spec.gpu_type = options.gpu_type.clone();
+            if let Some(gpus) = options.gpus {
+                spec.gpus = gpus;
+            }
+            spec.local_image = options.local_image.clone();
+            slurm::sbatch_script(&spec)
+        }
+    }
 }
 
 /// An image reference pinned by digest: `REPOSITORY@sha256:HEX`, where REPOSITORY may
@@ -232,6 +301,31 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn emit_targets() {
+        let image: PinnedImage = format!("ghcr.io/acme/torch@sha256:{HEX}").parse().unwrap();
+        let options = EmitOptions {
+            gpu_type: Some("a100".into()),
+            gpus: Some(2),
+            ..Default::default()
+        };
+        let job = emit("k8s-job".parse().unwrap(), image.clone(), &options).unwrap();
+        assert!(
+            job.contains("nvidia.com/gpu: 2") && job.contains("- a100"),
+            "{job}"
+        );
+        let pyxis = emit("sbatch".parse().unwrap(), image.clone(), &options).unwrap();
+        assert!(
+            pyxis.contains("#SBATCH --gres=gpu:a100:2") && pyxis.contains("--container-image=")
+        );
+        let apptainer = emit("sbatch-apptainer".parse().unwrap(), image, &options).unwrap();
+        assert!(apptainer.contains("apptainer exec --nv"));
+        assert!("docker-compose"
+            .parse::<Emit>()
+            .unwrap_err()
+            .contains("k8s-job"));
     }
 
     #[test]
