@@ -356,16 +356,24 @@ jobs:
     registry_step(&mut out, options);
     let _ = write!(
         out,
-        r#"      - name: Install the base builder
+        r#"      # A torch stack needs about 15 GB (downloads, staged tree, layout); hosted runners
+      # start with less free, most of it taken by toolchains this job does not use.
+      - name: Free disk space
+        run: sudo rm -rf /usr/share/dotnet /usr/local/lib/android /opt/ghc /opt/hostedtoolcache/CodeQL
+      - name: Install the base builder
         run: |
           sudo apt-get update -qq
           sudo apt-get install -y -qq mmdebstrap
       # Every download is content-addressed: a cache keyed by the lock file holds exactly the
       # blobs this recipe needs; an older cache of the same recipe still saves most of them.
+      # The layer index rides along (a hit whose blob is gone is a miss); the staged trees
+      # do not (several GB each, rebuilt from the blobs).
       - name: Restore the blob cache
         uses: {CACHE}
         with:
-          path: .cudastack-cache
+          path: |
+            .cudastack-cache/blobs
+            .cudastack-cache/layers
           key: cudastack-blobs-${{{{ matrix.recipe }}}}-${{{{ hashFiles(matrix.lock) }}}}
           restore-keys: |
             cudastack-blobs-${{{{ matrix.recipe }}}}-
@@ -450,6 +458,8 @@ jobs:
         run: |
           cat pinned/image.env >> "$GITHUB_ENV"
           . pinned/image.env
+          # Self-hosted workspaces persist between runs: never verify a stale layout.
+          rm -rf "images/$RECIPE"
           cudastack pull "$IMAGE_REPOSITORY@$IMAGE_DIGEST" --layout "images/$RECIPE"
       # Exits non-zero unless every check ran on the GPU and passed; then nothing is pushed.
       - name: Verify on ${{{{ matrix.gpu }}}}
