@@ -164,3 +164,140 @@ fn generated_workflows_pass_actionlint() {
     assert!(log.contains("gpu-unknown-label"), "{log}");
     assert!(log.contains("expression"), "{log}");
 }
+
+/// The `run:` script of the step named `name` in job `job` of the committed publish.yml.
+fn step_script(job: &str, name: &str) -> String {
+    let text = std::fs::read_to_string(root().join(PUBLISH_PATH)).unwrap();
+    let workflow: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    workflow["jobs"][job]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|step| step["name"] == name)
+        .unwrap_or_else(|| panic!("no step `{name}` in job `{job}`"))["run"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Run a step's script as GitHub does (`bash -eo pipefail`), with `cudastack` on PATH
+/// replaced by a recorder that answers like `cudastack push --json`.
+fn run_step(dir: &Path, script: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let stub = bin.join("cudastack");
+    std::fs::write(
+        &stub,
+        "#!/bin/bash\nprintf '%s\\n' \"$*\" >> \"$CALLS\"\nif [ \"$1\" = push ]; then echo '{\"manifest_digest\": \"sha256:1111111111111111111111111111111111111111111111111111111111111111\"}'; fi\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(dir.join("step.sh"), script).unwrap();
+    let mut command = Command::new("bash");
+    command
+        .args(["--noprofile", "--norc", "-eo", "pipefail", "step.sh"])
+        .current_dir(dir)
+        .env(
+            "PATH",
+            format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+        )
+        .env("CALLS", dir.join("calls"))
+        .env("GITHUB_STEP_SUMMARY", dir.join("summary"))
+        .env("GITHUB_ENV", dir.join("github_env"))
+        .env("GITHUB_SHA", "0123456789abcdef0123456789abcdef01234567");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().unwrap()
+}
+
+#[test]
+fn publish_scripts_push_by_digest_and_verify_that_digest() {
+    if Command::new("jq").arg("--version").output().is_err() {
+        eprintln!("skipped: `jq` is not installed (GitHub's runners have it)");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let build = work.path().join("build");
+    std::fs::create_dir_all(&build).unwrap();
+    // What `cudastack build --json` reports for a recipe with a tag template.
+    std::fs::write(
+        build.join("build.json"),
+        r#"{"layout": "images/torch2.4.1-cu121-py3.11", "tags": ["localhost:5000/acme/torch:2.4.1-cuda12.1-cudnn9-py3.11"]}"#,
+    )
+    .unwrap();
+    let push = run_step(
+        &build,
+        &step_script("build", "Push by digest"),
+        &[
+            ("REGISTRY", "localhost:5000/acme"),
+            ("RECIPE", "torch2.4.1-cu121-py3.11"),
+        ],
+    );
+    assert!(
+        push.status.success(),
+        "{}",
+        String::from_utf8_lossy(&push.stderr)
+    );
+    let calls = std::fs::read_to_string(build.join("calls")).unwrap();
+    assert_eq!(
+        calls.trim(),
+        "push images/torch2.4.1-cu121-py3.11 localhost:5000/acme/torch:2.4.1-cuda12.1-cudnn9-py3.11-build-0123456789ab --json"
+    );
+    let pinned = std::fs::read_to_string(build.join("pinned/image.env")).unwrap();
+    assert_eq!(
+        pinned,
+        "IMAGE_REPOSITORY=localhost:5000/acme/torch\nIMAGE_TAG=2.4.1-cuda12.1-cudnn9-py3.11\nIMAGE_DIGEST=sha256:1111111111111111111111111111111111111111111111111111111111111111\n"
+    );
+
+    // A recipe without tags is pushed as REGISTRY/RECIPE.
+    std::fs::write(
+        build.join("build.json"),
+        r#"{"layout": "images/cuda-only", "tags": []}"#,
+    )
+    .unwrap();
+    std::fs::remove_file(build.join("calls")).unwrap();
+    let push = run_step(
+        &build,
+        &step_script("build", "Push by digest"),
+        &[("REGISTRY", "localhost:5000/acme"), ("RECIPE", "cuda-only")],
+    );
+    assert!(
+        push.status.success(),
+        "{}",
+        String::from_utf8_lossy(&push.stderr)
+    );
+    let calls = std::fs::read_to_string(build.join("calls")).unwrap();
+    assert!(
+        calls.starts_with("push images/cuda-only localhost:5000/acme/cuda-only:latest-build-"),
+        "{calls}"
+    );
+
+    // The verify job pulls exactly the pushed digest into a fresh layout.
+    let verify = work.path().join("verify");
+    std::fs::create_dir_all(verify.join("pinned")).unwrap();
+    std::fs::create_dir_all(verify.join("images/torch2.4.1-cu121-py3.11/stale")).unwrap();
+    std::fs::write(verify.join("pinned/image.env"), &pinned).unwrap();
+    let pull = run_step(
+        &verify,
+        &step_script("verify", "Pull by digest"),
+        &[("RECIPE", "torch2.4.1-cu121-py3.11")],
+    );
+    assert!(
+        pull.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pull.stderr)
+    );
+    let calls = std::fs::read_to_string(verify.join("calls")).unwrap();
+    assert_eq!(
+        calls.trim(),
+        "pull localhost:5000/acme/torch@sha256:1111111111111111111111111111111111111111111111111111111111111111 --layout images/torch2.4.1-cu121-py3.11"
+    );
+    assert!(!verify.join("images/torch2.4.1-cu121-py3.11/stale").exists());
+    let github_env = std::fs::read_to_string(verify.join("github_env")).unwrap();
+    assert!(
+        github_env.contains("IMAGE_DIGEST=sha256:1111"),
+        "{github_env}"
+    );
+}

@@ -394,6 +394,7 @@ jobs:
           layout="$(jq -r .layout build.json)"
           tag="$(jq -r '.tags[0] // empty' build.json)"
           [ -n "$tag" ] || tag="$REGISTRY/$RECIPE:latest"
+          case "${{tag##*/}}" in *:*) ;; *) tag="$tag:latest" ;; esac
           repository="${{tag%:*}}"
           matrix_tag="${{tag##*:}}"
           cudastack push "$layout" "$repository:$matrix_tag-build-${{GITHUB_SHA::12}}" --json > push.json
