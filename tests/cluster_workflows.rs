@@ -301,3 +301,62 @@ fn publish_scripts_push_by_digest_and_verify_that_digest() {
         "{github_env}"
     );
 }
+
+#[test]
+fn relock_script_tries_every_recipe_and_names_the_failures() {
+    let text = std::fs::read_to_string(root().join(RELOCK_PATH)).unwrap();
+    let workflow: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    let script = workflow["jobs"]["relock"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|step| step["id"] == "lock")
+        .unwrap()["run"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    assert!(Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(dir)
+        .status()
+        .unwrap()
+        .success());
+    // A stand-in for the freshly built binary: records each recipe, fails on the cu118 one
+    // (its index is unreachable from CI).
+    std::fs::create_dir_all(dir.join("target/release")).unwrap();
+    let stub = dir.join("target/release/cudastack");
+    std::fs::write(
+        &stub,
+        "#!/bin/bash\necho \"$2\" >> calls\ncase \"$2\" in *cu118*) exit 2 ;; esac\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(dir.join("step.sh"), &script).unwrap();
+    let output = Command::new("bash")
+        .args(["--noprofile", "--norc", "-eo", "pipefail", "step.sh"])
+        .current_dir(dir)
+        .env("GITHUB_OUTPUT", dir.join("output"))
+        .env("GITHUB_STEP_SUMMARY", dir.join("summary"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let recipes = cudastack::cluster::workflows::recipes_in(root()).unwrap();
+    let calls = std::fs::read_to_string(dir.join("calls")).unwrap();
+    let called: Vec<&str> = calls.lines().collect();
+    let expected: Vec<&str> = recipes.iter().map(|r| r.file.as_str()).collect();
+    assert_eq!(called, expected);
+    let failed: Vec<&str> = expected
+        .iter()
+        .copied()
+        .filter(|f| f.contains("cu118"))
+        .collect();
+    let output = std::fs::read_to_string(dir.join("output")).unwrap();
+    assert_eq!(output, format!("failed={}\n", failed.join(" ")));
+}

@@ -489,7 +489,11 @@ pub fn relock_workflow(recipes: &[WorkflowRecipe], options: &WorkflowOptions) ->
         "# Re-lock every recipe weekly: when upstream moved (a new wheel build, a yanked file), the\n\
          # changed locks come back as a pull request, so the change is reviewed and CI-tested.",
     );
-    let files: Vec<String> = recipes.iter().map(|r| q(&r.file)).collect();
+    // One recipe per line, so a new recipe is a one-line change in review.
+    let files: Vec<String> = recipes
+        .iter()
+        .map(|r| format!(" \\\n              {}", q(&r.file)))
+        .collect();
     let _ = write!(
         out,
         r#"name: relock
@@ -526,7 +530,7 @@ jobs:
         id: lock
         run: |
           failed=""
-          for recipe in {files}; do
+          for recipe in{files}; do
             if ! target/release/cudastack lock "$recipe"; then
               failed="$failed $recipe"
             fi
@@ -556,7 +560,7 @@ jobs:
           echo "::error::could not re-lock: $FAILED"
           exit 1
 "#,
-        files = files.join(" "),
+        files = files.concat(),
     );
     out
 }
