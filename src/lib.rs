@@ -4,6 +4,7 @@
 //! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
 pub mod audit;
 pub mod cas;
+pub mod cluster;
 pub mod digest;
 pub mod elf;
 pub mod engine;

@@ -7,6 +7,7 @@ mod check;
 mod image_source;
 mod inspect;
 mod load;
+mod ci;
 mod lock;
 mod matrix;
 mod pull;
@@ -49,6 +50,8 @@ enum Command {
     Lock(lock::LockArgs),
     /// Show the compatibility matrix, or regenerate its torch data from PyPI.
     Matrix(matrix::MatrixArgs),
+    /// Generate the CI workflows that publish and verify the recipe matrix.
+    Ci(ci::CiArgs),
     /// Find the torch/CUDA/cuDNN builds that fit a driver and GPUs, ranked, with reasons.
     Solve(solve::SolveArgs),
     /// Show an image's declared and verified matrix (reads only manifest and config).
@@ -124,6 +127,7 @@ pub fn main() -> ExitCode {
         Command::Verify(args) => verify::run(args, &printer),
         Command::Push(args) => push::run(args, &printer),
         Command::Pull(args) => pull::run(args, &printer),
+        Command::Ci(args) => ci::run(args, &printer),
     };
     match result {
         Ok(code) => code,

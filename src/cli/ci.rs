@@ -1,0 +1,88 @@
+//! `cudastack ci emit`: write the GitHub Actions workflows that publish and re-lock the
+//! recipe matrix (`.github/workflows/publish.yml`, `relock.yml`) and actionlint's runner
+//! labels, generated from recipes/ by `cluster::workflows`. `--check` writes nothing and
+//! exits 1 when a committed file differs from what the recipes give.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use cudastack::cluster::workflows::{generate, WorkflowOptions, PUBLISH_PATH};
+
+use super::{CommandResult, Printer};
+
+#[derive(Debug, Args)]
+pub struct CiArgs {
+    #[command(subcommand)]
+    command: CiCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum CiCommand {
+    /// Write the publish and relock workflows for every recipe in recipes/.
+    Emit {
+        /// Registry and namespace to push to (default: ghcr.io/<repository owner>, with the
+        /// workflow's GITHUB_TOKEN). With --check, the registry the files were made with.
+        #[arg(long)]
+        registry: Option<String>,
+        /// Repository root (holds recipes/ and .github/).
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+        /// Write nothing; exit 1 if a file is missing or differs from the generator's output.
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+pub fn run(args: CiArgs, printer: &Printer) -> CommandResult {
+    let CiCommand::Emit {
+        registry,
+        root,
+        check,
+    } = args.command;
+    let mut options = WorkflowOptions { registry };
+    if check && options.registry.is_none() {
+        // Check against the options the committed files were generated with.
+        if let Ok(text) = fs_err::read_to_string(root.join(PUBLISH_PATH)) {
+            options = WorkflowOptions::from_header(&text).unwrap_or(options);
+        }
+    }
+    let files = generate(&root, &options)?;
+    let mut report = Vec::new();
+    let mut stale = Vec::new();
+    for file in &files {
+        let path = root.join(&file.path);
+        let current = std::fs::read_to_string(&path).ok();
+        let status = match &current {
+            Some(text) if *text == file.contents => "unchanged",
+            Some(_) => "changed",
+            None => "new",
+        };
+        if check {
+            if status != "unchanged" {
+                stale.push(file.path.display().to_string());
+            }
+        } else if status != "unchanged" {
+            if let Some(parent) = path.parent() {
+                fs_err::create_dir_all(parent)?;
+            }
+            fs_err::write(&path, &file.contents)?;
+        }
+        report.push(serde_json::json!({ "path": file.path, "status": status }));
+        if !printer.json {
+            println!("{:<9} {}", status, file.path.display());
+        }
+    }
+    if printer.json {
+        printer.json(&report);
+    }
+    if !stale.is_empty() {
+        printer.status(format!(
+            "{} out of date with recipes/: run `{}`",
+            stale.join(", "),
+            options.command()
+        ));
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,399 @@
+//! A Kubernetes Job that runs the verification probe on one GPU node of a cluster run with
+//! the NVIDIA GPU Operator, so an image is proven on the cluster's own GPUs through the
+//! cluster's own scheduler.
+//!
+//! The Job asks for `nvidia.com/gpu` (the device plugin's resource), pins the node to a
+//! GPU type through the `nvidia.com/gpu.product` label that GPU feature discovery sets
+//! (values such as `NVIDIA-A100-SXM4-80GB`: see `kubectl get nodes -L
+//! nvidia.com/gpu.product`), tolerates the `nvidia.com/gpu` taint GPU pools commonly
+//! carry, runs the image by digest so the node runs exactly the bytes that were built,
+//! and never retries (`backoffLimit: 0`, `restartPolicy: Never`): a failing probe must
+//! fail the Job, not be retried into a pass. The results channel is the pod log: the
+//! probe's last stdout line is `cudastack-report-v1 <JSON>`, which
+//! `cudastack verify --from-log` reads from `kubectl logs job/NAME`.
+//!
+//! The YAML comes from typed structs serialised in field order, so it is deterministic;
+//! the tests validate it against the Kubernetes API schema.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::{is_dns_label, slug, to_yaml, ClusterError, PinnedImage};
+
+/// The extended resource the NVIDIA device plugin advertises.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// The node label GPU feature discovery (part of the GPU Operator) sets to the product name.
+pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+/// Where every cudastack image carries its probe (issue 7).
+pub const PROBE_PATH: &str = "/opt/cudastack/probe/probe.py";
+/// Prefix of the report line the probe prints last on stdout.
+pub const REPORT_PREFIX: &str = "cudastack-report-v1 ";
+
+/// The probe command every cudastack image can run: all levels, report on stdout.
+pub fn probe_command() -> Vec<String> {
+    ["python3", PROBE_PATH, "--level", "all"]
+        .map(String::from)
+        .to_vec()
+}
+
+/// What the Job runs and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSpec {
+    /// Job name: an RFC 1123 label (pods get it as the `job-name` label, so at most 63).
+    pub name: String,
+    pub namespace: String,
+    /// The image by digest.
+    pub image: PinnedImage,
+    /// `nvidia.com/gpu` limit, at least 1.
+    pub gpu_count: u32,
+    /// Value of the node label `nvidia.com/gpu.product` to run on (None: any GPU node).
+    pub gpu_type: Option<String>,
+    /// The container command (usually [`probe_command`]).
+    pub command: Vec<String>,
+    /// The Job is killed (and fails) after this many seconds, pull time included.
+    pub active_deadline_seconds: u64,
+}
+
+impl JobSpec {
+    /// A probe Job for `image` with defaults: one GPU, namespace `default`, 30 minutes
+    /// (a cold pull of a 3 GB image plus the probe's training level), named after the
+    /// image and GPU type.
+    pub fn probe(image: PinnedImage, gpu_type: Option<String>) -> Self {
+        JobSpec {
+            name: default_job_name(&image, gpu_type.as_deref()),
+            namespace: "default".to_string(),
+            image,
+            gpu_count: 1,
+            gpu_type,
+            command: probe_command(),
+            active_deadline_seconds: 1800,
+        }
+    }
+}
+
+/// `cudastack-verify-<repository>-<gpu>-<first 8 digest hex digits>`, shortened to a valid
+/// Job name: stable for one image and GPU type, distinct across digests.
+pub fn default_job_name(image: &PinnedImage, gpu_type: Option<&str>) -> String {
+    let short = &image.digest.hex()[..8];
+    let repository = image.path().rsplit('/').next().unwrap_or("image");
+    let mut middle = slug(repository, 20);
+    if let Some(gpu) = gpu_type {
+        let gpu = slug(gpu.trim_start_matches("NVIDIA-"), 16);
+        if !gpu.is_empty() {
+            middle = format!("{middle}-{gpu}");
+        }
+    }
+    let name = format!("cudastack-verify-{middle}-{short}");
+    debug_assert!(is_dns_label(&name), "{name}");
+    name
+}
+
+/// A Kubernetes label value: at most 63 characters, alphanumerics with `-`, `_`, `.`
+/// inside, starting and ending alphanumeric.
+fn is_label_value(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 63
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && text.as_bytes()[0].is_ascii_alphanumeric()
+        && text.as_bytes()[text.len() - 1].is_ascii_alphanumeric()
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Job<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: Metadata<'a>,
+    spec: JobBody<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Metadata<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace: Option<&'a str>,
+    labels: BTreeMap<&'static str, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    annotations: BTreeMap<&'static str, String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JobBody<'a> {
+    backoff_limit: u32,
+    active_deadline_seconds: u64,
+    template: PodTemplate<'a>,
+}
+
+#[derive(Serialize)]
+struct PodTemplate<'a> {
+    metadata: Metadata<'a>,
+    spec: PodSpec<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PodSpec<'a> {
+    restart_policy: &'static str,
+    automount_service_account_token: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    affinity: Option<Affinity<'a>>,
+    tolerations: Vec<Toleration>,
+    containers: Vec<Container<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Affinity<'a> {
+    node_affinity: NodeAffinity<'a>,
+}
+
+#[derive(Serialize)]
+struct NodeAffinity<'a> {
+    #[serde(rename = "requiredDuringSchedulingIgnoredDuringExecution")]
+    required: NodeSelector<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeSelector<'a> {
+    node_selector_terms: Vec<NodeSelectorTerm<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeSelectorTerm<'a> {
+    match_expressions: Vec<Requirement<'a>>,
+}
+
+#[derive(Serialize)]
+struct Requirement<'a> {
+    key: &'static str,
+    operator: &'static str,
+    values: Vec<&'a str>,
+}
+
+#[derive(Serialize)]
+struct Toleration {
+    key: &'static str,
+    operator: &'static str,
+    effect: &'static str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Container<'a> {
+    name: &'static str,
+    image: String,
+    image_pull_policy: &'static str,
+    command: &'a [String],
+    resources: Resources,
+    /// The report line also lands in the termination message when the probe fails, so
+    /// `kubectl describe` shows it.
+    termination_message_policy: &'static str,
+}
+
+#[derive(Serialize)]
+struct Resources {
+    limits: BTreeMap<&'static str, u32>,
+}
+
+/// Render the Job as YAML (one document, deterministic), after checking every field the
+/// API server would reject.
+pub fn job_manifest(spec: &JobSpec) -> Result<String, ClusterError> {
+    let invalid = |field, value: &str, rule| ClusterError::Invalid {
+        field,
+        value: value.to_string(),
+        rule,
+    };
+    if !is_dns_label(&spec.name) {
+        return Err(invalid("Job name", &spec.name, "an RFC 1123 label: at most 63 lowercase letters, digits or `-`, starting and ending with a letter or digit"));
+    }
+    if !is_dns_label(&spec.namespace) {
+        return Err(invalid(
+            "namespace",
+            &spec.namespace,
+            "an RFC 1123 label: at most 63 lowercase letters, digits or `-`",
+        ));
+    }
+    if spec.gpu_count == 0 {
+        return Err(invalid(
+            "GPU count",
+            "0",
+            "the probe needs at least one GPU (`--gpus 1` or more)",
+        ));
+    }
+    if let Some(gpu_type) = &spec.gpu_type {
+        if !is_label_value(gpu_type) {
+            return Err(invalid("GPU type", gpu_type, "a value of the node label nvidia.com/gpu.product, e.g. NVIDIA-A100-SXM4-80GB (see `kubectl get nodes -L nvidia.com/gpu.product`)"));
+        }
+    }
+    if spec.command.is_empty() {
+        return Err(invalid("command", "", "the container needs a command"));
+    }
+    if spec.active_deadline_seconds == 0 {
+        return Err(invalid(
+            "active deadline",
+            "0",
+            "a Job deadline must be at least one second",
+        ));
+    }
+
+    let mut labels = BTreeMap::new();
+    labels.insert("app.kubernetes.io/name", "cudastack-verify".to_string());
+    labels.insert("app.kubernetes.io/managed-by", "cudastack".to_string());
+    labels.insert(
+        "io.cudastack/digest",
+        spec.image.digest.hex()[..12].to_string(),
+    );
+    if let Some(gpu_type) = &spec.gpu_type {
+        labels.insert("io.cudastack/gpu-type", gpu_type.clone());
+    }
+    let mut annotations = BTreeMap::new();
+    annotations.insert("io.cudastack/image", spec.image.by_digest());
+    let job = Job {
+        api_version: "batch/v1",
+        kind: "Job",
+        metadata: Metadata {
+            name: Some(&spec.name),
+            namespace: Some(&spec.namespace),
+            labels: labels.clone(),
+            annotations,
+        },
+        spec: JobBody {
+            backoff_limit: 0,
+            active_deadline_seconds: spec.active_deadline_seconds,
+            template: PodTemplate {
+                metadata: Metadata {
+                    name: None,
+                    namespace: None,
+                    labels,
+                    annotations: BTreeMap::new(),
+                },
+                spec: PodSpec {
+                    restart_policy: "Never",
+                    automount_service_account_token: false,
+                    affinity: spec.gpu_type.as_deref().map(|gpu_type| Affinity {
+                        node_affinity: NodeAffinity {
+                            required: NodeSelector {
+                                node_selector_terms: vec![NodeSelectorTerm {
+                                    match_expressions: vec![Requirement {
+                                        key: GPU_PRODUCT_LABEL,
+                                        operator: "In",
+                                        values: vec![gpu_type],
+                                    }],
+                                }],
+                            },
+                        },
+                    }),
+                    tolerations: vec![Toleration {
+                        key: GPU_RESOURCE,
+                        operator: "Exists",
+                        effect: "NoSchedule",
+                    }],
+                    containers: vec![Container {
+                        name: "probe",
+                        image: spec.image.by_digest(),
+                        image_pull_policy: "IfNotPresent",
+                        command: &spec.command,
+                        resources: Resources {
+                            limits: BTreeMap::from([(GPU_RESOURCE, spec.gpu_count)]),
+                        },
+                        termination_message_policy: "FallbackToLogsOnError",
+                    }],
+                },
+            },
+        },
+    };
+    let body = to_yaml(&job, "the Kubernetes Job")?;
+    Ok(format!(
+        "# Verification Job generated by cudastack: runs the probe in {image} on {gpus}.\n\
+         #   kubectl apply -f THIS_FILE\n\
+         #   kubectl wait -n {ns} --for=condition=complete --timeout={deadline}s job/{name}\n\
+         #   kubectl logs -n {ns} job/{name} > {name}.log\n\
+         #   cudastack verify --from-log {name}.log\n\
+         {body}",
+        image = spec.image.by_digest(),
+        gpus = match &spec.gpu_type {
+            Some(gpu_type) => format!("{} x {gpu_type}", spec.gpu_count),
+            None => format!("{} GPU(s) of any type", spec.gpu_count),
+        },
+        ns = spec.namespace,
+        name = spec.name,
+        deadline = spec.active_deadline_seconds,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image() -> PinnedImage {
+        "ghcr.io/acme/torch:2.4.1@sha256:4a5d132a06a77c8331e15845f2e925adc788b00105097ad55409afa3f4fa4860"
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn manifest_pins_digest_gpu_type_and_never_retries() {
+        let spec = JobSpec::probe(image(), Some("NVIDIA-A100-SXM4-80GB".into()));
+        assert_eq!(spec.name, "cudastack-verify-torch-a100-sxm4-80gb-4a5d132a");
+        let yaml = job_manifest(&spec).unwrap();
+        insta::assert_snapshot!(yaml);
+        // Deterministic: the same spec renders the same bytes.
+        assert_eq!(yaml, job_manifest(&spec).unwrap());
+    }
+
+    #[test]
+    fn without_a_gpu_type_there_is_no_affinity() {
+        let mut spec = JobSpec::probe(image(), None);
+        spec.gpu_count = 2;
+        let yaml = job_manifest(&spec).unwrap();
+        assert!(!yaml.contains("affinity"), "{yaml}");
+        assert!(yaml.contains("nvidia.com/gpu: 2"), "{yaml}");
+        assert!(yaml.contains("2 GPU(s) of any type"), "{yaml}");
+    }
+
+    #[test]
+    fn invalid_fields_are_refused_with_the_rule() {
+        let mut spec = JobSpec::probe(image(), Some("A100 80GB".into()));
+        let error = job_manifest(&spec).unwrap_err().to_string();
+        assert!(error.contains("nvidia.com/gpu.product"), "{error}");
+        spec.gpu_type = None;
+        spec.gpu_count = 0;
+        assert!(job_manifest(&spec)
+            .unwrap_err()
+            .to_string()
+            .contains("GPU count"));
+        spec.gpu_count = 1;
+        spec.name = "Verify_Torch".into();
+        assert!(job_manifest(&spec)
+            .unwrap_err()
+            .to_string()
+            .contains("Job name"));
+        spec.name = "ok".into();
+        spec.namespace = "".into();
+        assert!(job_manifest(&spec)
+            .unwrap_err()
+            .to_string()
+            .contains("namespace"));
+    }
+
+    #[test]
+    fn long_names_are_shortened_to_a_valid_label() {
+        let image: PinnedImage = format!(
+            "registry.example.com/team/{}@sha256:{}",
+            "a-very-long-repository-name-for-torch-images",
+            "0".repeat(64)
+        )
+        .parse()
+        .unwrap();
+        let name = default_job_name(&image, Some("NVIDIA-GeForce-RTX-4090-Laptop-GPU-Edition"));
+        assert!(is_dns_label(&name), "{name}");
+    }
+}

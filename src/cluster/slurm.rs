@@ -1,0 +1,343 @@
+//! sbatch scripts that verify an image on a Slurm compute node, with the two container
+//! runtimes HPC sites run: enroot through NVIDIA's pyxis plugin (`srun --container-image`)
+//! and Apptainer (`apptainer exec --nv`).
+//!
+//! The job runs the probe baked into the image; its stdout goes to its own file
+//! (`--output`, stderr to `--error`), so the report line `cudastack-report-v1 <JSON>` is
+//! the last line of that file and `cudastack verify --from-log` reads it. The image is
+//! named by digest. Compute nodes often cannot reach a registry: with
+//! [`SbatchSpec::local_image`] the script runs a squashfs (enroot) or SIF (Apptainer) file
+//! imported on the login node instead, and the script's comments say how to make it.
+//!
+//! Host Python settings must not leak into the container (a PYTHONPATH from an
+//! environment module, packages in ~/.local shadowing the image's torch): the script
+//! clears them, pyxis runs without the home mount, Apptainer with `--cleanenv --no-home`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::k8s::probe_command;
+use super::{ClusterError, PinnedImage};
+
+/// Which container runtime the compute nodes use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    /// enroot through the pyxis SPANK plugin: `srun --container-image=...`. Digest
+    /// references need enroot >= 4.0 (older versions only parse `:TAG`).
+    Pyxis,
+    /// `apptainer exec --nv` (Singularity's successor); `--nv` binds the host driver.
+    Apptainer,
+}
+
+/// What the sbatch job runs and what it asks Slurm for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SbatchSpec {
+    pub image: PinnedImage,
+    pub runtime: Runtime,
+    /// GPUs for the one task, at least 1.
+    pub gpus: u32,
+    /// A site's GRES type name (`a100`): asks `--gres=gpu:TYPE:N` instead of `--gpus=N`.
+    pub gpu_type: Option<String>,
+    pub partition: Option<String>,
+    pub account: Option<String>,
+    /// Wall-clock limit (`--time`), at least one minute.
+    pub time: Duration,
+    pub job_name: String,
+    /// A squashfs (pyxis) or SIF (Apptainer) file made from `image` on the login node, for
+    /// compute nodes without registry access.
+    pub local_image: Option<PathBuf>,
+    /// The container command (usually the probe).
+    pub command: Vec<String>,
+}
+
+impl SbatchSpec {
+    /// The probe on one GPU for 30 minutes, named `cudastack-verify`.
+    pub fn probe(image: PinnedImage, runtime: Runtime) -> Self {
+        SbatchSpec {
+            image,
+            runtime,
+            gpus: 1,
+            gpu_type: None,
+            partition: None,
+            account: None,
+            time: Duration::from_secs(30 * 60),
+            job_name: "cudastack-verify".to_string(),
+            local_image: None,
+            command: probe_command(),
+        }
+    }
+}
+
+/// enroot's URI for an image: `docker://REGISTRY#PATH@sha256:…` (`#` separates the
+/// registry; no registry means Docker Hub).
+pub fn enroot_uri(image: &PinnedImage) -> String {
+    match image.registry() {
+        Some(host) => format!("docker://{host}#{}@{}", image.path(), image.digest),
+        None => format!("docker://{}@{}", image.path(), image.digest),
+    }
+}
+
+/// Apptainer's URI for an image: `docker://REGISTRY/PATH@sha256:…`.
+pub fn apptainer_uri(image: &PinnedImage) -> String {
+    format!("docker://{}", image.by_digest())
+}
+
+/// Slurm's `--time`: `[D-]HH:MM:SS`.
+fn slurm_time(time: Duration) -> String {
+    let seconds = time.as_secs();
+    let (days, rest) = (seconds / 86_400, seconds % 86_400);
+    let clock = format!(
+        "{:02}:{:02}:{:02}",
+        rest / 3600,
+        (rest % 3600) / 60,
+        rest % 60
+    );
+    if days > 0 {
+        format!("{days}-{clock}")
+    } else {
+        clock
+    }
+}
+
+/// Quote one word for bash (single quotes; a `'` inside becomes `'\''`). Plain words
+/// stay bare so the script reads naturally.
+fn shell_quote(word: &str) -> String {
+    // `#` and `~` are special only at the start of a word.
+    let plain = !word.is_empty()
+        && !word.starts_with(['#', '~'])
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:@,+%#".contains(&b));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+fn is_slurm_word(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 128
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// Render the sbatch script.
+pub fn sbatch_script(spec: &SbatchSpec) -> Result<String, ClusterError> {
+    let invalid = |field, value: &str, rule| ClusterError::Invalid {
+        field,
+        value: value.to_string(),
+        rule,
+    };
+    const WORD: &str = "letters, digits, `-`, `_` or `.` (it goes on an #SBATCH line)";
+    if !is_slurm_word(&spec.job_name) {
+        return Err(invalid("job name", &spec.job_name, WORD));
+    }
+    for (field, value) in [
+        ("partition", &spec.partition),
+        ("account", &spec.account),
+        ("GPU type", &spec.gpu_type),
+    ] {
+        if let Some(value) = value {
+            if !is_slurm_word(value) {
+                return Err(invalid(field, value, WORD));
+            }
+        }
+    }
+    if spec.gpus == 0 {
+        return Err(invalid(
+            "GPU count",
+            "0",
+            "the probe needs at least one GPU",
+        ));
+    }
+    if spec.time < Duration::from_secs(60) {
+        return Err(invalid(
+            "time limit",
+            &format!("{}s", spec.time.as_secs()),
+            "Slurm's --time has minute granularity: give at least one minute",
+        ));
+    }
+    if spec.command.is_empty() {
+        return Err(invalid("command", "", "the container needs a command"));
+    }
+
+    let runtime = match spec.runtime {
+        Runtime::Pyxis => "enroot + pyxis",
+        Runtime::Apptainer => "Apptainer",
+    };
+    let log = format!("{}-%j.out", spec.job_name);
+    let mut out = String::new();
+    let _ = writeln!(out, "#!/bin/bash");
+    let _ = writeln!(
+        out,
+        "# Verify {} on a compute node with {runtime}; generated by cudastack.",
+        spec.image
+    );
+    let _ = writeln!(out, "#   sbatch --wait THIS_FILE");
+    let _ = writeln!(
+        out,
+        "#   cudastack verify --from-log {}   (%j: the job id sbatch printed)",
+        log
+    );
+    if let Some(local) = &spec.local_image {
+        let local = shell_quote(&local.display().to_string());
+        match spec.runtime {
+            Runtime::Pyxis => {
+                let _ = writeln!(
+                    out,
+                    "# Made on the login node with: enroot import -o {local} {}",
+                    shell_quote(&enroot_uri(&spec.image))
+                );
+            }
+            Runtime::Apptainer => {
+                let _ = writeln!(
+                    out,
+                    "# Made on the login node with: apptainer pull {local} {}",
+                    shell_quote(&apptainer_uri(&spec.image))
+                );
+            }
+        }
+    }
+    let _ = writeln!(out, "#SBATCH --job-name={}", spec.job_name);
+    if let Some(partition) = &spec.partition {
+        let _ = writeln!(out, "#SBATCH --partition={partition}");
+    }
+    if let Some(account) = &spec.account {
+        let _ = writeln!(out, "#SBATCH --account={account}");
+    }
+    let _ = writeln!(out, "#SBATCH --nodes=1");
+    let _ = writeln!(out, "#SBATCH --ntasks=1");
+    match &spec.gpu_type {
+        Some(gpu_type) => {
+            let _ = writeln!(out, "#SBATCH --gres=gpu:{gpu_type}:{}", spec.gpus);
+        }
+        None => {
+            let _ = writeln!(out, "#SBATCH --gpus={}", spec.gpus);
+        }
+    }
+    let _ = writeln!(out, "#SBATCH --time={}", slurm_time(spec.time));
+    let _ = writeln!(
+        out,
+        "# stdout alone in --output: the probe's report line is that file's last line."
+    );
+    let _ = writeln!(out, "#SBATCH --output={log}");
+    let _ = writeln!(out, "#SBATCH --error={}-%j.err", spec.job_name);
+    let _ = writeln!(out, "set -euo pipefail");
+    let _ = writeln!(
+        out,
+        "# The host's Python settings must not reach the image's Python."
+    );
+    let _ = writeln!(out, "unset PYTHONPATH PYTHONHOME");
+    let _ = writeln!(out, "export PYTHONNOUSERSITE=1");
+    let command: Vec<String> = spec.command.iter().map(|w| shell_quote(w)).collect();
+    let command = command.join(" ");
+    match spec.runtime {
+        Runtime::Pyxis => {
+            let image = match &spec.local_image {
+                Some(local) => local.display().to_string(),
+                None => enroot_uri(&spec.image),
+            };
+            let _ = writeln!(
+                out,
+                "srun --container-image={} --no-container-mount-home {command}",
+                shell_quote(&image)
+            );
+        }
+        Runtime::Apptainer => {
+            let image = match &spec.local_image {
+                Some(local) => local.display().to_string(),
+                None => apptainer_uri(&spec.image),
+            };
+            let _ = writeln!(
+                out,
+                "srun apptainer exec --nv --cleanenv --no-home {} {command}",
+                shell_quote(&image)
+            );
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image() -> PinnedImage {
+        "ghcr.io/acme/torch@sha256:4a5d132a06a77c8331e15845f2e925adc788b00105097ad55409afa3f4fa4860"
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn pyxis_script_uses_enroot_uri_and_separate_stdout() {
+        let mut spec = SbatchSpec::probe(image(), Runtime::Pyxis);
+        spec.partition = Some("gpu".into());
+        spec.gpu_type = Some("a100".into());
+        spec.gpus = 2;
+        let script = sbatch_script(&spec).unwrap();
+        insta::assert_snapshot!(script);
+    }
+
+    #[test]
+    fn apptainer_script_from_a_sif_made_on_the_login_node() {
+        let mut spec = SbatchSpec::probe(image(), Runtime::Apptainer);
+        spec.local_image = Some("/scratch/me/torch 2.4.sif".into());
+        spec.time = Duration::from_secs(26 * 3600 + 61);
+        spec.account = Some("ml-team".into());
+        let script = sbatch_script(&spec).unwrap();
+        insta::assert_snapshot!(script);
+    }
+
+    #[test]
+    fn uris_and_times() {
+        assert_eq!(
+            enroot_uri(&image()),
+            "docker://ghcr.io#acme/torch@sha256:4a5d132a06a77c8331e15845f2e925adc788b00105097ad55409afa3f4fa4860"
+        );
+        let hub: PinnedImage = format!("acme/torch@sha256:{}", "0".repeat(64))
+            .parse()
+            .unwrap();
+        assert_eq!(
+            enroot_uri(&hub),
+            format!("docker://acme/torch@sha256:{}", "0".repeat(64))
+        );
+        assert!(apptainer_uri(&image()).starts_with("docker://ghcr.io/acme/torch@sha256:"));
+        assert_eq!(slurm_time(Duration::from_secs(90)), "00:01:30");
+        assert_eq!(slurm_time(Duration::from_secs(86_400 + 3600)), "1-01:00:00");
+    }
+
+    #[test]
+    fn shell_words_are_quoted() {
+        assert_eq!(shell_quote("--level"), "--level");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote("$(rm -rf /)"), "'$(rm -rf /)'");
+        assert_eq!(shell_quote("#comment"), "'#comment'");
+        assert_eq!(shell_quote("docker://a#b"), "docker://a#b");
+    }
+
+    #[test]
+    fn invalid_fields_are_refused() {
+        let mut spec = SbatchSpec::probe(image(), Runtime::Pyxis);
+        spec.partition = Some("gpu;rm".into());
+        assert!(sbatch_script(&spec)
+            .unwrap_err()
+            .to_string()
+            .contains("partition"));
+        spec.partition = None;
+        spec.time = Duration::from_secs(30);
+        assert!(sbatch_script(&spec)
+            .unwrap_err()
+            .to_string()
+            .contains("time limit"));
+        spec.time = Duration::from_secs(600);
+        spec.gpus = 0;
+        assert!(sbatch_script(&spec)
+            .unwrap_err()
+            .to_string()
+            .contains("GPU count"));
+    }
+}
