@@ -188,12 +188,13 @@ fn check_static_verification(layout: &Path, digest: &str, log: &str) {
         "{value}"
     );
 
-    // A second cuDNN copy planted on LD_LIBRARY_PATH: the probe must fail and name it.
+    // A second cuDNN copy planted on LD_LIBRARY_PATH and winning the loader race (preloaded,
+    // as a stale copy found first would be): the probe must fail and name it.
     let planted = Command::new("docker")
         .args(["run", "--rm", RECIPE_TAG, "sh", "-c"])
         .arg(
             "mkdir /tmp/stale && cp -P /usr/local/cuda-12.1/targets/x86_64-linux/lib/libcudnn.so* /tmp/stale/ \
-             && LD_LIBRARY_PATH=/tmp/stale:$LD_LIBRARY_PATH python3 /opt/cudastack/probe/probe.py --level static",
+             && LD_PRELOAD=/tmp/stale/libcudnn.so.9 LD_LIBRARY_PATH=/tmp/stale:$LD_LIBRARY_PATH python3 /opt/cudastack/probe/probe.py --level static",
         )
         .output()
         .unwrap();
@@ -208,7 +209,10 @@ fn check_static_verification(layout: &Path, digest: &str, log: &str) {
     use cudastack::verify::report::Status;
     let (loaded, detail) = status("static.loaded_libraries");
     assert_eq!(loaded, Status::Fail, "{detail}");
-    assert!(detail.contains("/tmp/stale"), "{detail}");
+    assert!(
+        detail.contains("libcudnn is loaded from 2 directories") && detail.contains("/tmp/stale"),
+        "{detail}"
+    );
     let (path, detail) = status("static.ld_library_path");
     assert_eq!(path, Status::Fail, "{detail}");
     assert!(detail.contains("libcudnn in /tmp/stale"), "{detail}");

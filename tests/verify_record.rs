@@ -283,6 +283,27 @@ fn check_and_inspect_read_only_the_config_from_a_registry() {
     let value: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
     assert_eq!(value["declared"]["driver_floor"], "530.30.02");
 
+    // A Kubernetes Job for the image, pinned to the digest the tag names now.
+    let job = cudastack(&[
+        "verify",
+        &image,
+        "--emit",
+        "k8s-job",
+        "--gpu-type",
+        "NVIDIA-H200",
+    ]);
+    assert!(
+        job.status.success(),
+        "{}",
+        String::from_utf8_lossy(&job.stderr)
+    );
+    let yaml = String::from_utf8_lossy(&job.stdout);
+    assert!(yaml.contains(&format!("@{manifest}")), "{yaml}");
+    assert!(
+        yaml.contains("/opt/cudastack/probe/probe.py") && yaml.contains("NVIDIA-H200"),
+        "{yaml}"
+    );
+
     // Only manifests and the config were fetched: never the 3 MiB layer.
     let requests = proxy.requests();
     assert!(!requests.is_empty());

@@ -4,10 +4,10 @@
 
 mod build;
 mod check;
+mod ci;
 mod image_source;
 mod inspect;
 mod load;
-mod ci;
 mod lock;
 mod matrix;
 mod pull;

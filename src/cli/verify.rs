@@ -51,6 +51,23 @@ pub struct VerifyArgs {
     /// Record the report found in this log (e.g. `kubectl logs job/NAME`) instead of running.
     #[arg(long)]
     pub from_log: Option<PathBuf>,
+    /// Instead of running, print a job that runs the probe on a cluster: k8s-job (a
+    /// Kubernetes Job for the NVIDIA GPU Operator), sbatch (enroot + pyxis) or
+    /// sbatch-apptainer. IMAGE is then a registry reference; a tag is pinned to its digest.
+    #[arg(long, value_name = "TARGET", conflicts_with_all = ["native", "from_log"])]
+    pub emit: Option<cudastack::cluster::Emit>,
+    /// With --emit: the GPU type (k8s: the `nvidia.com/gpu.product` label value; Slurm: the
+    /// GRES type).
+    #[arg(long, requires = "emit")]
+    pub gpu_type: Option<String>,
+    /// With --emit k8s-job: the namespace.
+    #[arg(long, requires = "emit")]
+    pub namespace: Option<String>,
+    /// With --emit sbatch*: a squashfs/SIF made on the login node.
+    #[arg(long, requires = "emit")]
+    pub local_image: Option<PathBuf>,
+    #[command(flatten)]
+    pub registry: super::image_source::RegistryArgs,
 }
 
 #[derive(Serialize)]
@@ -84,6 +101,9 @@ pub fn run(args: VerifyArgs, printer: &Printer) -> CommandResult {
     let Some(image) = &args.image else {
         return Err("give the image to verify (images/NAME), or --native".into());
     };
+    if let Some(target) = args.emit {
+        return emit(target, image, &args, printer);
+    }
     let (dir, ref_name) = match ImageLocation::parse(image, Some(&args.ref_name))? {
         ImageLocation::Layout { dir, ref_name } => (dir, ref_name),
         ImageLocation::Registry(reference) => {
@@ -141,6 +161,48 @@ pub fn run(args: VerifyArgs, printer: &Printer) -> CommandResult {
         Some(&outcome.load),
         printer,
     )
+}
+
+/// Print a cluster job that runs the probe on the image pinned by digest.
+fn emit(
+    target: cudastack::cluster::Emit,
+    image: &str,
+    args: &VerifyArgs,
+    printer: &Printer,
+) -> CommandResult {
+    use cudastack::cluster::{EmitOptions, PinnedImage};
+    let pinned: PinnedImage = match image.parse() {
+        Ok(pinned) => pinned,
+        Err(_) => {
+            // A tag: pin it to the digest the registry serves now.
+            let location = ImageLocation::parse(image, None)?;
+            let ImageLocation::Registry(reference) = &location else {
+                return Err(format!("--emit needs a registry reference (host/repo:tag or @sha256:...), not `{image}`: push the image first").into());
+            };
+            let documents = super::image_source::read_documents(&location, &args.registry)?;
+            let repository = reference.split('@').next().unwrap_or(reference);
+            let pinned = format!("{repository}@{}", documents.manifest_digest);
+            printer.status(format!("pinned {image} to {pinned}"));
+            pinned.parse()?
+        }
+    };
+    let gpus = match parse_gpus(&args.gpus)? {
+        Some(GpuRequest::Count(n)) => Some(n),
+        Some(GpuRequest::DeviceIds(ids)) => Some(ids.len() as u32),
+        _ => None,
+    };
+    let text = cudastack::cluster::emit(
+        target,
+        pinned,
+        &EmitOptions {
+            gpu_type: args.gpu_type.clone(),
+            gpus,
+            namespace: args.namespace.clone(),
+            local_image: args.local_image.clone(),
+        },
+    )?;
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Print the report and what was recorded; exit 1 when a check failed.
