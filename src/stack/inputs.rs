@@ -62,7 +62,14 @@ pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>
     let mut requirements = Vec::new();
     let torch_build = selected_torch_build(matrix, recipe);
     match (&recipe.torch, torch_build) {
-        (Some(torch), _) => requirements.push(format!("torch=={}", torch.version)),
+        // A PyTorch index variant publishes local versions (`2.1.2+cu118`), which `==2.1.2`
+        // excludes once the specifier becomes a version range: pin the local version.
+        (Some(torch), _) => match torch.index.variant() {
+            Some(variant) if !torch.version.to_string().contains('+') => {
+                requirements.push(format!("torch=={}+{variant}", torch.version))
+            }
+            _ => requirements.push(format!("torch=={}", torch.version)),
+        },
         (None, _) if cuda.major >= 13 => requirements.push(format!(
             "cuda-toolkit[cudart,cublas]=={}.{}.*",
             cuda.major, cuda.minor
@@ -177,6 +184,16 @@ mod tests {
         assert_eq!(
             root_requirements(Matrix::embedded(), &r).unwrap(),
             vec!["torch==2.4.1", "numpy==1.26.4"]
+        );
+    }
+
+    #[test]
+    fn index_variants_pin_the_local_version() {
+        let r =
+            recipe("cuda: { version: \"11.8\" }\ntorch: { version: \"2.1.2\", index: cu118 }\n");
+        assert_eq!(
+            root_requirements(Matrix::embedded(), &r).unwrap(),
+            vec!["torch==2.1.2+cu118"]
         );
     }
 
