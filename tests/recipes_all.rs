@@ -25,8 +25,10 @@ use cudastack::fetch::source::PackageSource;
 use cudastack::lock::{resolve, ArtifactKind, LockError, Lockfile};
 use cudastack::matrix::validate::{selected_torch_build, validate};
 use cudastack::matrix::Matrix;
-use cudastack::recipe::{Recipe, TorchIndex};
-use cudastack::stack::inputs::{base_glibc, lock_path, lock_request, root_requirements};
+use cudastack::recipe::{Platform, Recipe, TorchIndex};
+use cudastack::stack::inputs::{
+    base_glibc, lock_path, lock_request_for, platform_arch, platform_lock_path, root_requirements,
+};
 use fetch_support::{sha256_hex, wheel_bytes, FixtureServer};
 
 /// The recipe whose lock is made against the cu118 index fixture.
@@ -89,6 +91,11 @@ fn the_recipe_set_covers_the_well_trodden_stacks() {
     }
     assert!(names.iter().any(|n| n.ends_with("-devel")));
     assert!(names.iter().any(|n| n.contains("py3.12")));
+    // linux/arm64 (SBSA) where PyPI has aarch64 CUDA wheels (torch >= 2.11).
+    assert!(recipe_paths().iter().any(|path| Recipe::load(path)
+        .unwrap()
+        .platforms()
+        .contains(&Platform::LinuxArm64)));
 }
 
 #[test]
@@ -153,127 +160,173 @@ fn the_cli_validates_every_recipe() {
     );
 }
 
+/// Every lock file in recipes/ belongs to a recipe and one of its platforms.
+#[test]
+fn no_lock_is_orphaned() {
+    let mut expected: Vec<PathBuf> = recipe_paths()
+        .iter()
+        .flat_map(|path| {
+            let recipe = Recipe::load(path).unwrap();
+            recipe
+                .platforms()
+                .into_iter()
+                .map(|platform| platform_lock_path(path, platform))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    expected.sort();
+    let mut found: Vec<PathBuf> = std::fs::read_dir(recipes_dir())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "lock"))
+        .collect();
+    found.sort();
+    assert_eq!(found, expected);
+}
+
 #[test]
 fn every_lock_is_fresh_and_pins_what_its_recipe_asks_for() {
     let matrix = Matrix::embedded();
     for path in recipe_paths() {
         let recipe = Recipe::load(&path).unwrap();
-        let lock_file = lock_path(&path);
-        let lock = Lockfile::read(&lock_file)
-            .unwrap_or_else(|e| panic!("{}: {e} (run `cudastack lock`)", lock_file.display()));
-        let name = &recipe.name;
-        assert!(
+        for platform in recipe.platforms() {
+            check_lock(matrix, &path, &recipe, platform);
+        }
+    }
+}
+
+fn check_lock(matrix: &Matrix, path: &Path, recipe: &Recipe, platform: Platform) {
+    let lock_file = platform_lock_path(path, platform);
+    let lock = Lockfile::read(&lock_file)
+        .unwrap_or_else(|e| panic!("{}: {e} (run `cudastack lock`)", lock_file.display()));
+    let name = &format!("{} ({platform})", recipe.name);
+    assert_eq!(lock.target.arch, platform_arch(platform), "{name}");
+    assert!(
             !lock.is_stale(&recipe.digest()),
             "{name}: the lock was made for another recipe digest ({}, recipe is {}): run `cudastack lock {}`",
             lock.recipe_digest,
             recipe.digest(),
             path.display()
         );
-        // The lock's target is the recipe's Python on its base's glibc.
+    // The lock's target is the recipe's Python on its base's glibc.
+    assert_eq!(
+        lock.target.python.to_string(),
+        recipe.python.to_string(),
+        "{name}"
+    );
+    assert_eq!(
+        Some(lock.target.glibc),
+        base_glibc(matrix, &recipe),
+        "{name}"
+    );
+    // The root requirements are exactly what the recipe asks for.
+    assert_eq!(
+        lock.requirements,
+        root_requirements(matrix, recipe).unwrap(),
+        "{name}"
+    );
+    let fixture = recipe.name == FIXTURE_RECIPE;
+    assert!(!lock.artifacts.is_empty(), "{name}");
+    for artifact in &lock.artifacts {
         assert_eq!(
-            lock.target.python.to_string(),
-            recipe.python.to_string(),
-            "{name}"
+            artifact.kind,
+            ArtifactKind::Wheel,
+            "{name}: {}",
+            artifact.name
         );
-        assert_eq!(
-            Some(lock.target.glibc),
-            base_glibc(matrix, &recipe),
-            "{name}"
+        assert!(artifact.size > 0, "{name}: {} has no size", artifact.name);
+        assert!(
+            artifact
+                .url
+                .ends_with(&artifact.filename.replace('+', "%2B"))
+                || artifact.url.ends_with(&artifact.filename),
+            "{name}: {} does not name {}",
+            artifact.url,
+            artifact.filename
         );
-        // The root requirements are exactly what the recipe asks for.
-        assert_eq!(
-            lock.requirements,
-            root_requirements(matrix, &recipe).unwrap(),
-            "{name}"
-        );
-        let fixture = recipe.name == FIXTURE_RECIPE;
-        assert!(!lock.artifacts.is_empty(), "{name}");
-        for artifact in &lock.artifacts {
-            assert_eq!(
-                artifact.kind,
-                ArtifactKind::Wheel,
-                "{name}: {}",
-                artifact.name
-            );
-            assert!(artifact.size > 0, "{name}: {} has no size", artifact.name);
+        let from_fixture = artifact.url.starts_with(&format!("{FIXTURE_ORIGIN}/"));
+        if fixture && artifact.name == "torch" {
             assert!(
-                artifact
-                    .url
-                    .ends_with(&artifact.filename.replace('+', "%2B"))
-                    || artifact.url.ends_with(&artifact.filename),
-                "{name}: {} does not name {}",
-                artifact.url,
-                artifact.filename
+                from_fixture,
+                "{name}: torch comes from the cu118 index fixture"
             );
-            let from_fixture = artifact.url.starts_with(&format!("{FIXTURE_ORIGIN}/"));
-            if fixture && artifact.name == "torch" {
-                assert!(
-                    from_fixture,
-                    "{name}: torch comes from the cu118 index fixture"
-                );
-            } else {
-                assert!(
-                    artifact.url.starts_with("https://files.pythonhosted.org/"),
-                    "{name}: {} is not a PyPI file URL",
-                    artifact.url
-                );
-            }
-            // A sha256 digest that is not the empty file's.
-            assert_ne!(
-                artifact.sha256.hex(),
-                sha256_hex(b""),
-                "{name}: {}",
-                artifact.name
+        } else {
+            assert!(
+                artifact.url.starts_with("https://files.pythonhosted.org/"),
+                "{name}: {} is not a PyPI file URL",
+                artifact.url
             );
         }
-        let torch = lock
-            .artifact("torch")
-            .unwrap_or_else(|| panic!("{name}: no torch in the lock"));
-        let wanted = recipe.torch.as_ref().unwrap();
-        let build = selected_torch_build(matrix, &recipe).unwrap();
-        let expected_version = match &wanted.index {
-            TorchIndex::Pypi => wanted.version.to_string(),
-            TorchIndex::Variant { variant, .. } => format!("{}+{variant}", wanted.version),
+        // A sha256 digest that is not the empty file's.
+        assert_ne!(
+            artifact.sha256.hex(),
+            sha256_hex(b""),
+            "{name}: {}",
+            artifact.name
+        );
+    }
+    let torch = lock
+        .artifact("torch")
+        .unwrap_or_else(|| panic!("{name}: no torch in the lock"));
+    let wanted = recipe.torch.as_ref().unwrap();
+    let build = selected_torch_build(matrix, recipe).unwrap();
+    // Every platform-specific wheel is for this platform's architecture.
+    for artifact in &lock.artifacts {
+        let arch = platform_arch(platform).as_str();
+        assert!(
+            artifact.filename.ends_with("-any.whl")
+                || artifact.filename.ends_with(&format!("_{arch}.whl")),
+            "{name}: {} is not for {arch}",
+            artifact.filename
+        );
+    }
+    let expected_version = match &wanted.index {
+        TorchIndex::Pypi => wanted.version.to_string(),
+        TorchIndex::Variant { variant, .. } => format!("{}+{variant}", wanted.version),
+    };
+    assert_eq!(torch.version, expected_version, "{name}: torch pin");
+    // cuDNN as a wheel: torch pins the exact one the recipe names.
+    if let Some(cudnn) = recipe.cudnn.as_ref() {
+        let wheel = format!("nvidia-cudnn-cu{}", recipe.cuda.version.major);
+        match lock.artifact(&wheel) {
+            Some(found) => assert_eq!(found.version, cudnn.version.to_string(), "{name}"),
+            // PyTorch's cu118 wheels of the 2.1 era bundle cuDNN in torch/lib.
+            None => assert!(fixture, "{name}: no {wheel} in the lock"),
+        }
+    }
+    // The CUDA runtime wheel is the build's exact runtime, where the matrix knows it.
+    if let Some(runtime) = build.cuda_runtime.as_deref() {
+        let wheel = if recipe.cuda.version.major >= 13 {
+            "nvidia-cuda-runtime".to_string()
+        } else {
+            format!("nvidia-cuda-runtime-cu{}", recipe.cuda.version.major)
         };
-        assert_eq!(torch.version, expected_version, "{name}: torch pin");
-        // cuDNN as a wheel: torch pins the exact one the recipe names.
-        if let Some(cudnn) = recipe.cudnn.as_ref() {
-            let wheel = format!("nvidia-cudnn-cu{}", recipe.cuda.version.major);
-            match lock.artifact(&wheel) {
-                Some(found) => assert_eq!(found.version, cudnn.version.to_string(), "{name}"),
-                // PyTorch's cu118 wheels of the 2.1 era bundle cuDNN in torch/lib.
-                None => assert!(fixture, "{name}: no {wheel} in the lock"),
-            }
-        }
-        // The CUDA runtime wheel is the build's exact runtime, where the matrix knows it.
-        if let Some(runtime) = build.cuda_runtime.as_deref() {
-            let wheel = if recipe.cuda.version.major >= 13 {
-                "nvidia-cuda-runtime".to_string()
-            } else {
-                format!("nvidia-cuda-runtime-cu{}", recipe.cuda.version.major)
-            };
-            let found = lock
-                .artifact(&wheel)
-                .unwrap_or_else(|| panic!("{name}: no {wheel}"));
-            assert_eq!(found.version, runtime, "{name}: {wheel}");
-        }
-        // Devel recipes carry nvcc of the same release as the runtime.
-        if recipe.name.ends_with("-devel") {
-            assert!(
-                lock.artifacts
-                    .iter()
-                    .any(|a| a.name.starts_with("nvidia-cuda-nvcc")),
-                "{name}: a devel lock has nvcc"
-            );
-        }
+        let found = lock
+            .artifact(&wheel)
+            .unwrap_or_else(|| panic!("{name}: no {wheel}"));
+        assert_eq!(found.version, runtime, "{name}: {wheel}");
+    }
+    // Devel recipes carry nvcc of the same release as the runtime.
+    if recipe.name.ends_with("-devel") {
+        assert!(
+            lock.artifacts
+                .iter()
+                .any(|a| a.name.starts_with("nvidia-cuda-nvcc")),
+            "{name}: a devel lock has nvcc"
+        );
     }
 }
 
 /// Resolve `recipe` with `sources` replacing the recipe's own (None: as the recipe says).
-fn relock(recipe: &Recipe, sources: Option<Vec<PackageSource>>) -> Result<Lockfile, LockError> {
+fn relock(
+    recipe: &Recipe,
+    sources: Option<Vec<PackageSource>>,
+    platform: Platform,
+) -> Result<Lockfile, LockError> {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let client = client();
-    let mut request = lock_request(Matrix::embedded(), recipe, &client, None).unwrap();
+    let mut request =
+        lock_request_for(Matrix::embedded(), recipe, &client, None, platform).unwrap();
     if let Some(sources) = sources {
         request.sources = sources;
     }
@@ -298,15 +351,20 @@ fn relocking_against_real_pypi_reproduces_the_committed_locks() {
         eprintln!("skipping: {reason}");
         return;
     }
-    for name in ["torch2.4.1-cu121-py3.11", "torch2.15.0-cu132-py3.12"] {
+    for (name, platform) in [
+        ("torch2.4.1-cu121-py3.11", Platform::LinuxAmd64),
+        ("torch2.15.0-cu132-py3.12", Platform::LinuxAmd64),
+        ("torch2.15.0-cu132-py3.12", Platform::LinuxArm64),
+    ] {
         let path = recipes_dir().join(format!("{name}.yaml"));
         let recipe = Recipe::load(&path).unwrap();
-        let fresh = relock(&recipe, None).unwrap();
-        let committed = std::fs::read_to_string(lock_path(&path)).unwrap();
+        assert!(recipe.platforms().contains(&platform), "{name}: {platform}");
+        let fresh = relock(&recipe, None, platform).unwrap();
+        let committed = std::fs::read_to_string(platform_lock_path(&path, platform)).unwrap();
         assert_eq!(
             fresh.to_json(),
             committed,
-            "{name}: upstream moved (a dependency published a new version); run `cudastack lock {}` and commit the lock",
+            "{name} ({platform}): upstream moved (a dependency published a new version); run `cudastack lock {}` and commit the lock",
             path.display()
         );
     }
@@ -373,7 +431,7 @@ fn the_cu118_lock_reproduces_against_the_index_fixture() {
         },
         PackageSource::pypi(client),
     ];
-    let mut lock = relock(&recipe, Some(sources)).unwrap();
+    let mut lock = relock(&recipe, Some(sources), Platform::LinuxAmd64).unwrap();
     // The recipe's digest is that of the real recipe (index: cu118), not of a rewritten one.
     assert_eq!(lock.recipe_digest, recipe.digest());
     for artifact in &mut lock.artifacts {
