@@ -205,6 +205,9 @@ docker import "$WORK/img1/blobs/sha256/$BASE_DIGEST" "$TAG-base:latest" >/dev/nu
 rm -rf "$WORK/img1" "$WORK/img2" "$WORK/cache"
 
 # ---------------------------------------------------------------- docker
+# The Docker image of this stack takes about 8 GB, plus the build context while it builds.
+free_gib() { df -BG --output=avail /var/lib/docker 2>/dev/null | tail -n1 | tr -dc 0-9; }
+[ "$(free_gib)" -ge 14 ] || die "only $(free_gib) GiB free under /var/lib/docker; the docker build needs about 14"
 log "docker build: cold ($NAME)"
 t0=$(now)
 docker build -q -t "$TAG:one" "$WORK/ctx1" > /dev/null
@@ -213,17 +216,13 @@ D_SIZE=$(docker image inspect -f '{{.Size}}' "$TAG:one")
 COPY_LAYER=$(docker history --no-trunc --format '{{.Size}}\t{{.CreatedBy}}' --human=false "$TAG:one" | awk -F'\t' '/COPY dir:|COPY wheels|ADD dir:/ {print $1; exit}')
 COPY_LAYER=${COPY_LAYER:-0}
 
-log "docker build: the naive image (system CUDA/cuDNN copied to /usr/local/cuda + pip's copies)"
-SITE=/usr/local/lib/python3*/dist-packages
-mkdir -p "$WORK/naive"
-cat > "$WORK/naive/Dockerfile" <<EOF
-FROM $TAG:one
-RUN mkdir -p /usr/local/cuda/lib64 /usr/local/cuda/include && for d in $SITE/nvidia/*/; do [ -d "\$d/lib" ] && cp -a "\$d/lib/." /usr/local/cuda/lib64/; [ -d "\$d/include" ] && cp -a "\$d/include/." /usr/local/cuda/include/; done; true
-EOF
-docker build -q -t "$TAG:naive" "$WORK/naive" > /dev/null
-NAIVE_SIZE=$(( $(docker image inspect -f '{{.Size}}' "$TAG:naive") - COPY_LAYER ))
-docker rmi -f "$TAG:naive" >/dev/null
-
+log "the naive image: the docker-built image plus a system copy of pip's CUDA/cuDNN"
+# Measured, not built (a third multi-GB image does not fit beside the others on a shared
+# disk): the naive image is this one plus `cp -a nvidia/*/lib/. /usr/local/cuda/lib64` and
+# the same for include/, i.e. plus the bytes of those directories, minus the COPY-wheels
+# layer (a naive image installs from an index, it does not keep the wheels).
+NVIDIA_BYTES=$(docker run --rm --entrypoint /bin/sh "$TAG:one" -c 'du -scb /usr/local/lib/python3*/dist-packages/nvidia/*/lib /usr/local/lib/python3*/dist-packages/nvidia/*/include 2>/dev/null | tail -n1 | cut -f1')
+NAIVE_SIZE=$(( D_SIZE - COPY_LAYER + NVIDIA_BYTES ))
 # The first image goes before the rebuild to keep disk use near one image (about 8 GB):
 # Docker's rebuild could reuse only FROM and the small pip COPY from it anyway, since the
 # wheels COPY changes and every step after it runs again.
@@ -291,9 +290,12 @@ $(sed 's/^/  /' "$WORK/ctx1/Dockerfile")
   \`\`\`
   with \`wheels/\` holding the same wheel files. The rebuild runs it with the second recipe's wheels
   (the COPY layer changes, so pip installs everything again).
-- naive image: the docker-built image plus \`cp -a\` of every \`nvidia/*/lib\` and \`include\` into
-  /usr/local/cuda (what \`FROM nvidia/cuda:*-cudnn-runtime\` + \`pip install torch\` gives: a system
-  CUDA/cuDNN and pip's own copies); its size excludes the COPY-wheels layer ($(gib "$COPY_LAYER")).
+- naive image: what \`FROM nvidia/cuda:*-cudnn-runtime\` + \`pip install torch\` gives, a system
+  CUDA/cuDNN beside pip's own nvidia-* copies: the docker-built image without its COPY-wheels layer
+  ($(gib "$COPY_LAYER")) plus the bytes of every \`nvidia/*/lib\` and \`nvidia/*/include\` in it
+  ($(gib "$NVIDIA_BYTES"), \`du -scb\` inside the image), which is what copying them to /usr/local/cuda adds.
+- the first Docker image is removed before the Docker rebuild (disk); that rebuild could only have
+  reused FROM and the pip COPY, since the wheels COPY changes.
 - push: \`cudastack push DIR localhost:$PORT/bench:N --json\` to a local \`docker-registry\`, the first
   recipe then the second; \`bytes_uploaded\` of the second against its whole compressed size.
 EOF
