@@ -10,7 +10,7 @@ use cudastack::lock::resolve;
 use cudastack::matrix::validate::validate;
 use cudastack::matrix::Matrix;
 use cudastack::recipe::Recipe;
-use cudastack::stack::inputs::{lock_path, lock_request};
+use cudastack::stack::inputs::{lock_request_for, platform_lock_path};
 
 use super::{CommandResult, Printer};
 
@@ -45,17 +45,21 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
             )
             .into());
         }
-        printer.status(format!("locking {} ...", path.display()));
-        let request = lock_request(matrix, &recipe, &client, args.mirror.as_deref())?;
-        let lockfile = runtime.block_on(resolve(&client, &request))?;
-        let out = lock_path(path);
-        lockfile.write(&out)?;
-        printer.status(format!(
-            "wrote {} ({} artifacts)",
-            out.display(),
-            lockfile.artifacts.len()
-        ));
-        written.push(serde_json::json!({ "recipe": path, "lock": out, "artifacts": lockfile.artifacts.len(), "recipe_digest": lockfile.recipe_digest }));
+        // One lock per platform: NAME.lock (linux/amd64), NAME.linux-arm64.lock, ...
+        for platform in recipe.platforms() {
+            printer.status(format!("locking {} for {platform} ...", path.display()));
+            let request =
+                lock_request_for(matrix, &recipe, &client, args.mirror.as_deref(), platform)?;
+            let lockfile = runtime.block_on(resolve(&client, &request))?;
+            let out = platform_lock_path(path, platform);
+            lockfile.write(&out)?;
+            printer.status(format!(
+                "wrote {} ({} artifacts)",
+                out.display(),
+                lockfile.artifacts.len()
+            ));
+            written.push(serde_json::json!({ "recipe": path, "platform": platform.as_str(), "lock": out, "artifacts": lockfile.artifacts.len(), "recipe_digest": lockfile.recipe_digest }));
+        }
     }
     if printer.json {
         printer.json(&written);

@@ -71,6 +71,87 @@ pub struct Recipe {
     /// Fixed timestamp for every file and the image's `created` (reproducibility).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_date_epoch: Option<u64>,
+    /// Platforms to build for, e.g. `[linux/amd64, linux/arm64]`; absent means
+    /// `[linux/amd64]`. Each platform is locked separately ([`Platform::lock_suffix`]);
+    /// several platforms are published as one OCI image index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub platforms: Vec<Platform>,
+}
+
+/// A platform an image is built for, as OCI and Docker name it (`os/architecture`). Only
+/// Linux: CUDA containers run nowhere else. arm64 is NVIDIA's SBSA (Grace, GH200, Jetson
+/// Thor), whose redist archives are `linux-sbsa` and whose wheels are `*_aarch64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Platform {
+    LinuxAmd64,
+    LinuxArm64,
+}
+
+impl Platform {
+    pub const ALL: [Platform; 2] = [Platform::LinuxAmd64, Platform::LinuxArm64];
+
+    /// `linux/amd64`, `linux/arm64`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Platform::LinuxAmd64 => "linux/amd64",
+            Platform::LinuxArm64 => "linux/arm64",
+        }
+    }
+
+    /// The OCI `architecture` (GOARCH spelling).
+    pub fn oci_architecture(&self) -> &'static str {
+        match self {
+            Platform::LinuxAmd64 => "amd64",
+            Platform::LinuxArm64 => "arm64",
+        }
+    }
+
+    /// The Debian/Ubuntu architecture (`mmdebstrap --architectures`).
+    pub fn debian_architecture(&self) -> &'static str {
+        self.oci_architecture()
+    }
+
+    /// What goes between the recipe name and `.lock`: nothing for amd64 (so single-platform
+    /// recipes keep `NAME.lock`), `.linux-arm64` otherwise.
+    pub fn lock_suffix(&self) -> &'static str {
+        match self {
+            Platform::LinuxAmd64 => "",
+            Platform::LinuxArm64 => ".linux-arm64",
+        }
+    }
+}
+
+impl fmt::Display for Platform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Platform {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "linux/amd64" | "linux/x86_64" => Ok(Platform::LinuxAmd64),
+            "linux/arm64" | "linux/arm64/v8" | "linux/aarch64" => Ok(Platform::LinuxArm64),
+            other => Err(format!(
+                "`{other}` is not a supported platform; use one of: {}",
+                Platform::ALL.map(|p| p.as_str()).join(", ")
+            )),
+        }
+    }
+}
+
+impl Serialize for Platform {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Platform {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 fn is_false(value: &bool) -> bool {
@@ -370,6 +451,11 @@ impl Recipe {
         if !name_ok {
             return Err(invalid(format!("name `{}` must be lowercase letters, digits, `.`, `_` or `-` (it becomes an image name)", self.name)));
         }
+        for (i, platform) in self.platforms.iter().enumerate() {
+            if self.platforms[..i].contains(platform) {
+                return Err(invalid(format!("platform `{platform}` is listed twice")));
+            }
+        }
         if let Base::Image(reference) = &self.base {
             if !reference.contains("@sha256:") {
                 return Err(invalid(format!("base image `{reference}` must be pinned by digest (`REF@sha256:...`) so the build is reproducible")));
@@ -403,6 +489,15 @@ impl Recipe {
     /// Digest of the normalised recipe; lock files and image labels carry it.
     pub fn digest(&self) -> Digest {
         Digest::of_bytes(self.canonical_json().as_bytes())
+    }
+
+    /// The platforms to build for, in the recipe's order (`[linux/amd64]` when not given).
+    pub fn platforms(&self) -> Vec<Platform> {
+        if self.platforms.is_empty() {
+            vec![Platform::LinuxAmd64]
+        } else {
+            self.platforms.clone()
+        }
     }
 
     /// `major.minor` of the CUDA version.
@@ -494,6 +589,45 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
         assert_eq!(a.digest(), b.digest());
         let c = parse(&GOOD.replace("2.4.1\" }", "2.4.0\" }")).unwrap();
         assert_ne!(a.digest(), c.digest());
+    }
+
+    #[test]
+    fn platforms_default_to_amd64_and_leave_the_digest_alone() {
+        let plain = parse(GOOD).unwrap();
+        assert_eq!(plain.platforms(), vec![Platform::LinuxAmd64]);
+        assert!(!plain.canonical_json().contains("platforms"));
+        let amd64 = parse(&format!("{GOOD}platforms: [linux/amd64]\n")).unwrap();
+        assert_ne!(
+            plain.digest(),
+            amd64.digest(),
+            "an explicit list is a different recipe"
+        );
+        let both = parse(&format!("{GOOD}platforms: [linux/amd64, linux/arm64]\n")).unwrap();
+        assert_eq!(
+            both.platforms(),
+            vec![Platform::LinuxAmd64, Platform::LinuxArm64]
+        );
+        assert!(both
+            .canonical_json()
+            .contains(r#""platforms":["linux/amd64","linux/arm64"]"#));
+        assert_eq!(Platform::LinuxArm64.lock_suffix(), ".linux-arm64");
+        assert_eq!(Platform::LinuxArm64.oci_architecture(), "arm64");
+        assert_eq!("linux/aarch64".parse(), Ok(Platform::LinuxArm64));
+    }
+
+    #[test]
+    fn platform_errors() {
+        let error = parse(&format!("{GOOD}platforms: [linux/s390x]\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("`linux/s390x` is not a supported platform"),
+            "{error}"
+        );
+        let error = parse(&format!("{GOOD}platforms: [linux/arm64, linux/arm64]\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("listed twice"), "{error}");
     }
 
     #[test]

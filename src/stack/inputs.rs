@@ -20,7 +20,7 @@ use crate::lock::target::{Arch, GlibcVersion, PythonVersion as TargetPython, Tar
 use crate::lock::LockRequest;
 use crate::matrix::validate::selected_torch_build;
 use crate::matrix::Matrix;
-use crate::recipe::{Flavor, Recipe, TorchIndex};
+use crate::recipe::{Flavor, Platform, Recipe, TorchIndex};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InputsError {
@@ -38,9 +38,53 @@ pub enum InputsError {
     Mirror(#[from] crate::fetch::mirror::MirrorError),
 }
 
-/// `recipes/NAME.yaml` -> `recipes/NAME.lock`.
+/// `recipes/NAME.yaml` -> `recipes/NAME.lock` (the linux/amd64 lock).
 pub fn lock_path(recipe_path: &Path) -> PathBuf {
     recipe_path.with_extension("lock")
+}
+
+/// The lock of one platform: `NAME.lock` for linux/amd64, `NAME.linux-arm64.lock` for arm64.
+pub fn platform_lock_path(recipe_path: &Path, platform: Platform) -> PathBuf {
+    let stem = recipe_path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    recipe_path.with_file_name(format!("{stem}{}.lock", platform.lock_suffix()))
+}
+
+/// The wheel architecture of a platform.
+pub fn platform_arch(platform: Platform) -> Arch {
+    match platform {
+        Platform::LinuxAmd64 => Arch::X86_64,
+        Platform::LinuxArm64 => Arch::Aarch64,
+    }
+}
+
+/// The first PyPI torch release with CUDA wheels for linux/aarch64 (`manylinux_2_28_aarch64`
+/// next to the x86_64 ones, the nvidia-* and cuda-toolkit wheels too); older releases were
+/// CPU-only on aarch64, so an arm64 lock of them would silently lose CUDA.
+pub const FIRST_ARM64_CUDA_TORCH: &str = "2.11.0";
+
+/// Why `recipe` cannot be locked for `platform`, if it cannot.
+fn platform_unsupported(recipe: &Recipe, platform: Platform) -> Option<String> {
+    if platform == Platform::LinuxAmd64 {
+        return None;
+    }
+    let torch = recipe.torch.as_ref()?;
+    if torch.index.variant().is_some() {
+        return Some(format!(
+            "{platform} is locked from PyPI only; PyTorch's {} index is not supported for it: use `index: pypi` with torch >= {FIRST_ARM64_CUDA_TORCH}",
+            torch.index
+        ));
+    }
+    let first: pep440_rs::Version = FIRST_ARM64_CUDA_TORCH.parse().expect("a valid version");
+    if torch.version < first {
+        return Some(format!(
+            "torch {} has no CUDA wheels for {platform} on PyPI (only CPU builds); use torch >= {FIRST_ARM64_CUDA_TORCH} or drop {platform} from `platforms`",
+            torch.version
+        ));
+    }
+    None
 }
 
 /// The glibc of the base, which sets the newest manylinux level the wheels may use.
@@ -62,7 +106,14 @@ pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>
     let mut requirements = Vec::new();
     let torch_build = selected_torch_build(matrix, recipe);
     match (&recipe.torch, torch_build) {
-        (Some(torch), _) => requirements.push(format!("torch=={}", torch.version)),
+        // A PyTorch index variant publishes local versions (`2.1.2+cu118`), which `==2.1.2`
+        // excludes once the specifier becomes a version range: pin the local version.
+        (Some(torch), _) => match torch.index.variant() {
+            Some(variant) if !torch.version.to_string().contains('+') => {
+                requirements.push(format!("torch=={}+{variant}", torch.version))
+            }
+            _ => requirements.push(format!("torch=={}", torch.version)),
+        },
         (None, _) if cuda.major >= 13 => requirements.push(format!(
             "cuda-toolkit[cudart,cublas]=={}.{}.*",
             cuda.major, cuda.minor
@@ -110,14 +161,32 @@ pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>
     Ok(requirements)
 }
 
-/// Build the lock request for `recipe`. `mirror` (an air-gapped directory of wheels) is
-/// searched first when given; a torch index variant comes before PyPI.
+/// Build the linux/amd64 lock request for `recipe` (see [`lock_request_for`]).
 pub fn lock_request(
     matrix: &Matrix,
     recipe: &Recipe,
     client: &HttpClient,
     mirror: Option<&Path>,
 ) -> Result<LockRequest, InputsError> {
+    lock_request_for(matrix, recipe, client, mirror, Platform::LinuxAmd64)
+}
+
+/// Build the lock request of one platform of `recipe`. `mirror` (an air-gapped directory of
+/// wheels) is searched first when given; a torch index variant comes before PyPI. The base
+/// is the same release on every platform, so its glibc is too.
+pub fn lock_request_for(
+    matrix: &Matrix,
+    recipe: &Recipe,
+    client: &HttpClient,
+    mirror: Option<&Path>,
+    platform: Platform,
+) -> Result<LockRequest, InputsError> {
+    if let Some(message) = platform_unsupported(recipe, platform) {
+        return Err(InputsError::Unsupported {
+            recipe: recipe.name.clone(),
+            message,
+        });
+    }
     let glibc = base_glibc(matrix, recipe).ok_or_else(|| InputsError::Unsupported {
         recipe: recipe.name.clone(),
         message: format!("the glibc of base {} is unknown; cudastack locks for the bases in `cudastack matrix` (data/nvidia.yaml: bases)", recipe.base),
@@ -127,11 +196,12 @@ pub fn lock_request(
         minor: recipe.python.minor as u8,
         patch: None,
     };
-    let target =
-        Target::new(python, Arch::X86_64, glibc).map_err(|e| InputsError::Unsupported {
+    let target = Target::new(python, platform_arch(platform), glibc).map_err(|e| {
+        InputsError::Unsupported {
             recipe: recipe.name.clone(),
             message: e.to_string(),
-        })?;
+        }
+    })?;
     let mut requirements = Vec::new();
     for text in root_requirements(matrix, recipe)? {
         let requirement = Requirement::from_str(&text).map_err(|e| InputsError::Requirement {
@@ -181,6 +251,16 @@ mod tests {
     }
 
     #[test]
+    fn index_variants_pin_the_local_version() {
+        let r =
+            recipe("cuda: { version: \"11.8\" }\ntorch: { version: \"2.1.2\", index: cu118 }\n");
+        assert_eq!(
+            root_requirements(Matrix::embedded(), &r).unwrap(),
+            vec!["torch==2.1.2+cu118"]
+        );
+    }
+
+    #[test]
     fn devel_adds_the_matching_nvcc() {
         let r =
             recipe("cuda: { version: \"12.1\", flavor: devel }\ntorch: { version: \"2.4.1\" }\n");
@@ -201,6 +281,51 @@ mod tests {
                 "nvidia-cudnn-cu12==9.1.0.70"
             ]
         );
+    }
+
+    #[test]
+    fn arm64_locks_sit_beside_the_amd64_lock() {
+        let path = Path::new("recipes/torch2.15.0-cu132-py3.12.yaml");
+        assert_eq!(
+            platform_lock_path(path, Platform::LinuxAmd64),
+            lock_path(path)
+        );
+        assert_eq!(
+            platform_lock_path(path, Platform::LinuxArm64),
+            PathBuf::from("recipes/torch2.15.0-cu132-py3.12.linux-arm64.lock")
+        );
+    }
+
+    #[test]
+    fn arm64_needs_a_torch_with_aarch64_cuda_wheels() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let client = runtime
+            .block_on(async { HttpClient::with_defaults() })
+            .unwrap();
+        let old = recipe("cuda: { version: \"12.4\" }\ntorch: { version: \"2.6.0\" }\n");
+        let error = lock_request_for(
+            Matrix::embedded(),
+            &old,
+            &client,
+            None,
+            Platform::LinuxArm64,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("no CUDA wheels for linux/arm64"), "{error}");
+        // The amd64 lock of the same recipe is fine.
+        lock_request(Matrix::embedded(), &old, &client, None).unwrap();
+        let new = recipe("cuda: { version: \"13.0\" }\ntorch: { version: \"2.11.0\" }\n");
+        let request = lock_request_for(
+            Matrix::embedded(),
+            &new,
+            &client,
+            None,
+            Platform::LinuxArm64,
+        )
+        .unwrap();
+        assert_eq!(request.target.arch, Arch::Aarch64);
+        assert_eq!(request.target.glibc.to_string(), "2.36");
     }
 
     #[test]
