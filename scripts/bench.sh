@@ -6,6 +6,7 @@
 #                                           vs  buildah bud (when installed)
 #   rebuild        after adding one package (a second recipe sharing base, CUDA and cuDNN)
 #   no-op rebuild  cudastack build again (target: < 1 s)
+#   (cudastack builds run with --no-verify: docker build verifies nothing either)
 #   image size     vs the docker-built image and vs the naive image (system CUDA/cuDNN in
 #                  /usr/local/cuda plus pip's own nvidia-* copies)
 #   push           bytes uploaded for the second recipe after the first, to a local registry
@@ -87,7 +88,7 @@ log "locking $R2 (PyPI)"
 "$BIN" -q lock "$R2" >/dev/null
 
 log "warming the main cache ($MAIN_CACHE): the recipe's wheels and base rootfs"
-"$BIN" -q build "$R1" --cache-dir "$MAIN_CACHE" --layout "$WORK/warm1" >/dev/null
+"$BIN" -q build "$R1" --no-verify --cache-dir "$MAIN_CACHE" --layout "$WORK/warm1" >/dev/null
 rm -rf "$WORK/warm1"
 
 # Where a locked wheel's bytes are: the main cache, or (the second recipe's extra wheels)
@@ -146,7 +147,7 @@ make_context "$WORK/recipes/$NAME2.lock" "$WORK/ctx2"
 # ---------------------------------------------------------------- cudastack
 log "cudastack: cold build of $NAME"
 t0=$(now)
-/usr/bin/time -v -o "$WORK/cold.time" "$BIN" --json build "$R1" --cache-dir "$WORK/cache" --layout "$WORK/img1" > "$WORK/cold.json"
+/usr/bin/time -v -o "$WORK/cold.time" "$BIN" --json build "$R1" --no-verify --cache-dir "$WORK/cache" --layout "$WORK/img1" > "$WORK/cold.json"
 CS_COLD=$(secs "$t0" "$(now)")
 CS_RSS_KIB=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$WORK/cold.time")
 CS_RSS=$(mib $((CS_RSS_KIB * 1024)))
@@ -154,13 +155,13 @@ log "cold: $CS_COLD s, peak RSS $CS_RSS"
 
 log "cudastack: no-op rebuild"
 t0=$(now)
-"$BIN" --json build "$R1" --cache-dir "$WORK/cache" --layout "$WORK/img1" > "$WORK/noop.json"
+"$BIN" --json build "$R1" --no-verify --cache-dir "$WORK/cache" --layout "$WORK/img1" > "$WORK/noop.json"
 CS_NOOP=$(secs "$t0" "$(now)")
 NOOP_CACHED=$(jq '[.layers[] | select(.cached)] | length' "$WORK/noop.json")/$(jq '.layers | length' "$WORK/noop.json")
 
 log "cudastack: rebuild with $EXTRA_PACKAGE added"
 t0=$(now)
-"$BIN" --json build "$R2" --cache-dir "$WORK/cache" --layout "$WORK/img2" > "$WORK/rebuild.json"
+"$BIN" --json build "$R2" --no-verify --cache-dir "$WORK/cache" --layout "$WORK/img2" > "$WORK/rebuild.json"
 CS_REBUILD=$(secs "$t0" "$(now)")
 REBUILT=$(jq -r '[.layers[] | select(.cached | not) | .name] | join(", ")' "$WORK/rebuild.json")
 
@@ -169,7 +170,7 @@ REBUILT=$(jq -r '[.layers[] | select(.cached | not) | .name] | join(", ")' "$WOR
 log "cudastack: cold build, --compression none"
 seed_cache "$WORK/cache-none"
 t0=$(now)
-"$BIN" -q build "$R1" --compression none --cache-dir "$WORK/cache-none" --layout "$WORK/img-none" > /dev/null
+"$BIN" -q build "$R1" --no-verify --compression none --cache-dir "$WORK/cache-none" --layout "$WORK/img-none" > /dev/null
 CS_COLD_NONE=$(secs "$t0" "$(now)")
 rm -rf "$WORK/cache-none" "$WORK/img-none"
 
