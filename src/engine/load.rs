@@ -39,6 +39,9 @@ pub struct LoadReport {
     pub bytes: u64,
     /// Wall time of the whole call.
     pub seconds: f64,
+    /// Leading layers the daemon already had, sent as empty placeholders.
+    pub layers_present: usize,
+    pub layers: usize,
     /// The tags the image has now (those asked for).
     pub tags: Vec<String>,
 }
@@ -83,19 +86,23 @@ impl Engine {
         let documents = image.documents()?;
         let image_id = documents.config.digest;
         let manifest_digest = documents.manifest.digest;
-        let report = |skipped: bool, bytes: u64| LoadReport {
+        let layers = image.layers().len();
+        let report = |skipped: bool, bytes: u64, layers_present: usize| LoadReport {
             image_id,
             skipped,
             bytes,
             seconds: started.elapsed().as_secs_f64(),
+            layers_present,
+            layers,
             tags: tags.to_vec(),
         };
         if let Some(present) = self.present_as(&image_id, &manifest_digest).await? {
             for tag in tags {
                 self.tag(&present, tag).await?;
             }
-            return Ok(report(true, 0));
+            return Ok(report(true, 0, layers));
         }
+        let layers_present = self.present_layer_prefix(image).await?;
 
         let (sender, receiver) = mpsc::channel::<io::Result<Bytes>>(CHUNKS_IN_FLIGHT);
         let writer_image = image.clone();
@@ -106,8 +113,13 @@ impl Engine {
                 buffer: BytesMut::with_capacity(CHUNK),
                 written: 0,
             };
-            let result = oci::docker_archive::write(&writer_image, &writer_tags, out)
-                .and_then(|mut out| out.finish().map_err(OciError::WriteArchive));
+            let result = oci::docker_archive::write_skipping(
+                &writer_image,
+                &writer_tags,
+                layers_present,
+                out,
+            )
+            .and_then(|mut out| out.finish().map_err(OciError::WriteArchive));
             if let Err(error) = &result {
                 // Abort the request body, so the daemon does not load a truncated tar.
                 let _ = sender.blocking_send(Err(io::Error::other(error.to_string())));
@@ -172,12 +184,58 @@ impl Engine {
         for tag in tags {
             self.tag(&present, tag).await?;
         }
-        Ok(report(false, bytes))
+        Ok(report(false, bytes, layers_present))
     }
 
     /// How the daemon names the image, if it has it: the classic image store's ID is the
     /// config digest; the containerd image store (Docker 25+ option, default in 29)
     /// identifies images by manifest (or index) digest.
+    /// How many leading layers of `image` the daemon already has: the longest prefix of
+    /// its diff_ids that some image in the daemon starts with (equal prefixes mean equal
+    /// chain IDs). Zero on the containerd image store, whose importer needs every blob.
+    async fn present_layer_prefix(&self, image: &Image) -> Result<usize, EngineError> {
+        if self.info().await?.containerd_image_store {
+            return Ok(0);
+        }
+        let wanted: Vec<String> = image
+            .layers()
+            .iter()
+            .map(|l| l.diff_id.to_string())
+            .collect();
+        let api = |what: &'static str| {
+            move |source| EngineError::Api {
+                what: what.to_string(),
+                source,
+            }
+        };
+        let options = bollard::query_parameters::ListImagesOptions {
+            all: true,
+            ..Default::default()
+        };
+        let summaries = self
+            .docker
+            .list_images(Some(options))
+            .await
+            .map_err(api("listing images"))?;
+        let mut best = 0;
+        for summary in summaries {
+            let Ok(inspect) = self.docker.inspect_image(&summary.id).await else {
+                continue; // removed meanwhile
+            };
+            let layers = inspect.root_fs.and_then(|r| r.layers).unwrap_or_default();
+            let common = layers
+                .iter()
+                .zip(&wanted)
+                .take_while(|(have, want)| have == want)
+                .count();
+            best = best.max(common);
+            if best == wanted.len() {
+                break;
+            }
+        }
+        Ok(best)
+    }
+
     async fn present_as(
         &self,
         config: &Digest,

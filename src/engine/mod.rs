@@ -127,6 +127,9 @@ pub struct EngineInfo {
     pub nvidia_runtime: bool,
     /// CDI spec directories, when the daemon reports them (Docker >= 25).
     pub cdi_spec_dirs: Vec<String>,
+    /// The daemon stores images in containerd (Docker >= 24 with the containerd image
+    /// store) rather than in its classic layer store.
+    pub containerd_image_store: bool,
 }
 
 impl Engine {
@@ -199,6 +202,10 @@ impl Engine {
             runtimes,
             default_runtime: info.default_runtime,
             cdi_spec_dirs: info.cdi_spec_dirs.unwrap_or_default(),
+            containerd_image_store: info.driver_status.unwrap_or_default().iter().any(|pair| {
+                pair.iter()
+                    .any(|v| v.starts_with("io.containerd.snapshotter"))
+            }),
         })
     }
 }

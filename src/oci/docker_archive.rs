@@ -20,6 +20,19 @@ use crate::layer::{ContentError, Header, TarWriter};
 /// Stream `image` as a docker-archive tar (also a valid OCI layout tar) into `out`,
 /// tagged with `tags` (`name:tag`). Returns `out`.
 pub fn write<W: Write>(image: &Image, tags: &[String], out: W) -> Result<W, OciError> {
+    write_skipping(image, tags, 0, out)
+}
+
+/// Like [`write`], but the first `present` layers are written as empty files: a daemon
+/// with the classic image store (Docker's `tarexport` loader) looks each layer's chain ID
+/// up before opening its file, so layers it already has need not be sent. The result is
+/// only for such a daemon: it is not a valid OCI layout any more.
+pub fn write_skipping<W: Write>(
+    image: &Image,
+    tags: &[String],
+    present: usize,
+    out: W,
+) -> Result<W, OciError> {
     for tag in tags {
         check_tag(tag)?;
     }
@@ -45,11 +58,22 @@ pub fn write<W: Write>(image: &Image, tags: &[String], out: W) -> Result<W, OciE
     .map_err(write_err)?;
 
     let mut written = std::collections::HashSet::new();
-    for layer in image.layers() {
+    // A blob that also appears after the present prefix must be sent whole.
+    let needed: std::collections::HashSet<_> = image
+        .layers()
+        .iter()
+        .skip(present)
+        .map(|l| l.digest)
+        .collect();
+    for (index, layer) in image.layers().iter().enumerate() {
         if !written.insert(layer.digest) {
             continue;
         }
         let name = blob_name(layer.digest.hex());
+        if index < present && !needed.contains(&layer.digest) {
+            small(&mut tar, &name, b"").map_err(write_err)?;
+            continue;
+        }
         let mut reader = layer.open()?;
         tar.append_reader(&header(&name, b'0', 0o644, layer.size), &mut reader)
             .map_err(|error| match error {
