@@ -5,8 +5,10 @@
 pub mod audit;
 pub mod cas;
 pub mod digest;
+pub mod doctor;
 pub mod elf;
 pub mod fetch;
+pub mod host;
 pub mod install;
 pub mod layer;
 pub mod lock;
