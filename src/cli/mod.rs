@@ -3,6 +3,8 @@
 //! final reference, or `--json`); progress and logs go to stderr.
 
 mod build;
+mod doctor;
+mod explain;
 mod lock;
 mod matrix;
 mod refresh;
@@ -44,6 +46,11 @@ enum Command {
     Matrix(matrix::MatrixArgs),
     /// Find the torch/CUDA/cuDNN builds that fit a driver and GPUs, ranked, with reasons.
     Solve(solve::SolveArgs),
+    /// Diagnose this host from the driver up: driver and GPUs, container runtime, CUDA
+    /// libraries on the loader path, the Python in use; stops at the first broken layer.
+    Doctor(doctor::DoctorArgs),
+    /// Explain an error message (argument, --file LOG, or stdin): cause, checks, fix.
+    Explain(explain::ExplainArgs),
 }
 
 /// What every command gets: output format and verbosity.
@@ -98,6 +105,8 @@ pub fn main() -> ExitCode {
         Command::Lock(args) => lock::run(args, &printer),
         Command::Matrix(args) => matrix::run(args, &printer),
         Command::Solve(args) => solve::run(args, &printer),
+        Command::Doctor(args) => doctor::run(args, &printer),
+        Command::Explain(args) => explain::run(args, &printer),
     };
     match result {
         Ok(code) => code,

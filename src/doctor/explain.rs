@@ -351,9 +351,31 @@ fn driver_found_version(found: i32, context: &Context, matrix: &Matrix) -> Vec<S
                 "newest torch build this driver runs natively: {} (CUDA {}, index {}); `cudastack solve --driver {driver}` lists all",
                 best.torch_build, best.cuda, best.index
             )),
-            None => notes.push(format!(
-                "no torch build in the matrix runs natively on a CUDA {ceiling} driver; upgrade the driver"
-            )),
+            None => {
+                let with_compat = solve(
+                    matrix,
+                    &SolveQuery {
+                        driver: Some(driver.clone()),
+                        allow_minor_compat: true,
+                        ..Default::default()
+                    },
+                );
+                notes.push(match with_compat.best() {
+                    Some(best) => format!(
+                        "no torch build in the matrix runs natively on a CUDA {ceiling} driver; with CUDA {}.x minor-version compatibility {} (CUDA {}) could, if the driver is >= {}; otherwise upgrade the driver",
+                        best.cuda.major,
+                        best.torch_build,
+                        best.cuda,
+                        matrix
+                            .minor_compat_floor(best.cuda.major)
+                            .map(|m| m.min_driver.to_string())
+                            .unwrap_or_default()
+                    ),
+                    None => format!(
+                        "no torch build in the matrix runs on a CUDA {ceiling} driver; upgrade the driver"
+                    ),
+                });
+            }
         }
     }
     notes
