@@ -497,12 +497,22 @@ fn capability(cc: ComputeCapability, supported: Option<&String>, matrix: &Matrix
             .max_by(|a, b| a.torch.cmp(&b.torch).then(a.cuda.cmp(&b.cuda)))
     };
     match (fitting(true), fitting(false)) {
-        (Some(pypi), _) => notes.push(format!(
-            "newest PyPI torch with {} kernels: {} (CUDA {}); `cudastack solve --cc {cc}` ranks all",
-            cc.sm(),
-            pypi.label(),
-            pypi.cuda
-        )),
+        (Some(pypi), newest) => {
+            notes.push(format!(
+                "newest PyPI torch with {} kernels: {} (CUDA {}); `cudastack solve --cc {cc}` ranks all",
+                cc.sm(),
+                pypi.label(),
+                pypi.cuda
+            ));
+            if let Some(index) = newest.filter(|b| b.torch > pypi.torch) {
+                notes.push(format!(
+                    "newer builds with {} kernels exist on PyTorch's own index: {} from download.pytorch.org/whl/{}",
+                    cc.sm(),
+                    index.label(),
+                    index.variant
+                ));
+            }
+        }
         (None, Some(index)) => notes.push(format!(
             "no PyPI default build has {} kernels; newest build that does: {} from download.pytorch.org/whl/{}",
             cc.sm(),

@@ -66,7 +66,7 @@ pub enum PythonProbe {
     Ok {
         path: PathBuf,
         #[serde(flatten)]
-        info: PythonInfo,
+        info: Box<PythonInfo>,
     },
 }
 
@@ -129,7 +129,10 @@ pub fn probe_with(host: &HostRoot, path: PathBuf, timeout: Duration) -> PythonPr
         _ => None,
     };
     match parsed {
-        Some(info) => PythonProbe::Ok { path, info },
+        Some(info) => PythonProbe::Ok {
+            path,
+            info: Box::new(info),
+        },
         None => PythonProbe::Failed {
             path,
             output: outcome.describe(),
