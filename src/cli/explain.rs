@@ -1,6 +1,6 @@
 //! `cudastack explain "TEXT" | --file LOG | -` (stdin when no text is given)
 
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -24,6 +24,9 @@ pub fn run(args: ExplainArgs, printer: &Printer) -> CommandResult {
         (_, Some(file)) => fs_err::read(file).map(|b| String::from_utf8_lossy(&b).into_owned())?,
         (Some(text), None) if text != "-" => text.clone(),
         _ => {
+            if std::io::stdin().is_terminal() {
+                printer.status("reading the error text from stdin (end it with Ctrl-D)");
+            }
             let mut bytes = Vec::new();
             std::io::stdin().read_to_end(&mut bytes)?;
             String::from_utf8_lossy(&bytes).into_owned()

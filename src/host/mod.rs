@@ -150,8 +150,10 @@ impl HostRoot {
     }
 
     /// Read a small text file of the host (`/proc/...`, `version.json`); `None` if absent.
+    /// Links are followed inside the root, never out of it.
     pub fn read_text(&self, host_path: impl AsRef<Path>) -> Option<String> {
-        std::fs::read_to_string(self.path(host_path)).ok()
+        let resolved = self.resolve(host_path)?;
+        std::fs::read_to_string(self.path(resolved)).ok()
     }
 
     /// Split a `:`-separated path variable into its non-empty entries, in order.
@@ -296,13 +298,18 @@ pub fn run_with_timeout(mut command: Command, timeout: Duration) -> CommandOutco
     }
 }
 
-/// The directories of a host directory's entries whose name satisfies `keep`, sorted by name.
+/// The entries of a host directory whose name satisfies `keep`, as host paths under
+/// `host_dir`, sorted by name. The directory is resolved inside the root first, so a planted
+/// `/usr/local/cuda -> /usr/local/cuda-12.1` never lists the real machine's directory.
 pub(crate) fn list_dir(
     host: &HostRoot,
     host_dir: &Path,
     keep: impl Fn(&OsStr) -> bool,
 ) -> Vec<PathBuf> {
-    let mut names: Vec<PathBuf> = std::fs::read_dir(host.path(host_dir))
+    let Some(resolved) = host.resolve(host_dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<PathBuf> = std::fs::read_dir(host.path(resolved))
         .map(|entries| {
             entries
                 .filter_map(Result::ok)
@@ -349,6 +356,19 @@ mod tests {
             Some(PathBuf::from("/usr/local/cuda-12.1/lib64"))
         );
         assert_eq!(host.resolve("/usr/local/stale"), None);
+    }
+
+    #[test]
+    fn planted_links_never_reach_the_real_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("config")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root.join("name")).unwrap();
+        let host = HostRoot::planted(root, BTreeMap::new());
+        // The real /etc has entries; the planted one is empty.
+        assert!(list_dir(&host, Path::new("/config"), |_| true).is_empty());
+        assert_eq!(host.read_text("/name"), None);
     }
 
     #[test]
