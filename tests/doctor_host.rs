@@ -595,6 +595,19 @@ fn plant_torch(
     cudnn: Option<u32>,
     archs: &[&str],
 ) -> bool {
+    plant_torch_loading(plant, version, cuda, cudnn, archs, &[])
+}
+
+/// The same, and its import maps `load` (host paths) into the process with ctypes, as a real
+/// torch maps its cuDNN.
+fn plant_torch_loading(
+    plant: &mut Plant,
+    version: &str,
+    cuda: Option<&str>,
+    cudnn: Option<u32>,
+    archs: &[&str],
+    load: &[&str],
+) -> bool {
     let Some(python) = real_python() else {
         eprintln!("skip: no python3 on this machine");
         return false;
@@ -602,10 +615,19 @@ fn plant_torch(
     plant.link("/usr/bin/python3", python.to_str().unwrap());
     let cuda = cuda.map_or("None".to_string(), |c| format!("'{c}'"));
     let cudnn = cudnn.map_or("None".to_string(), |c| c.to_string());
+    let loads: String = load
+        .iter()
+        .map(|host_path| {
+            format!(
+                "ctypes.CDLL({:?})\n",
+                plant.at(host_path).display().to_string()
+            )
+        })
+        .collect();
     plant.write(
         "/opt/site/torch/__init__.py",
         &format!(
-            "__version__ = '{version}'\nclass version:\n    cuda = {cuda}\nclass backends:\n    class cudnn:\n        @staticmethod\n        def version():\n            return {cudnn}\nclass cuda:\n    @staticmethod\n    def is_available():\n        return False\n    @staticmethod\n    def get_arch_list():\n        return {archs:?}\n"
+            "import ctypes\n{loads}__version__ = '{version}'\nclass version:\n    cuda = {cuda}\nclass backends:\n    class cudnn:\n        @staticmethod\n        def version():\n            return {cudnn}\nclass cuda:\n    @staticmethod\n    def is_available():\n        return False\n    @staticmethod\n    def get_arch_list():\n        return {archs:?}\n"
         ),
     );
     let site = plant.at("/opt/site");
@@ -664,6 +686,44 @@ fn planted_cu124_torch_on_a_470_driver_without_sm80_kernels() {
     );
     assert_finding(&report, "python.torch_no_kernels", Severity::Error);
     assert_finding(&report, "python.cuda_unavailable", Severity::Error);
+}
+
+#[test]
+fn planted_torch_mapping_a_system_cudnn_and_a_second_copy() {
+    let mut plant = Plant::new();
+    plant.driver(
+        "550.54.15",
+        "550.54.15",
+        12040,
+        "NVIDIA H100 80GB HBM3",
+        (9, 0),
+    );
+    plant.library("/usr/lib/x86_64-linux-gnu", "libcudnn", "9.0.0");
+    plant.library("/opt/other/lib", "libcudnn", "9.1.0");
+    if !plant_torch_loading(
+        &mut plant,
+        "2.4.1",
+        Some("12.1"),
+        Some(90100),
+        &["sm_80", "sm_90"],
+        &[
+            "/usr/lib/x86_64-linux-gnu/libcudnn.so.9",
+            "/opt/other/lib/libcudnn.so.9.1.0",
+        ],
+    ) {
+        return;
+    }
+    let report = plant.diagnose(true);
+    let two = assert_finding(&report, "python.cudnn_two_copies", Severity::Error);
+    assert_eq!(two.evidence.len(), 2, "{two:?}");
+    let outside = assert_finding(&report, "python.cudnn_outside_env", Severity::Warning);
+    assert!(
+        outside
+            .evidence
+            .iter()
+            .any(|e| e.ends_with("/usr/lib/x86_64-linux-gnu/libcudnn.so.9.0.0")),
+        "{outside:?}"
+    );
 }
 
 #[test]

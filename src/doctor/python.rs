@@ -75,7 +75,71 @@ pub fn check(probe: &PythonProbe, driver: &DriverReport, matrix: &Matrix) -> Vec
         return findings;
     }
     check_torch(torch, driver, matrix, &mut findings);
+    check_mapped(torch, &info.prefix, &mut findings);
     findings
+}
+
+/// Which cuDNN files the torch process really mapped: two different files of one library,
+/// or a copy from outside the Python environment, is the shadowing DESIGN.md warns about.
+fn check_mapped(torch: &TorchInfo, prefix: &str, findings: &mut Vec<Finding>) {
+    let cudnn: Vec<&String> = torch
+        .mapped
+        .iter()
+        .filter(|path| {
+            let name = path.rsplit('/').next().unwrap_or(path);
+            name.starts_with("libcudnn.so") || name.starts_with("libcudnn_")
+        })
+        .collect();
+    if cudnn.is_empty() {
+        return;
+    }
+    let main: Vec<&&String> = cudnn
+        .iter()
+        .filter(|path| {
+            path.rsplit('/')
+                .next()
+                .is_some_and(|n| n.starts_with("libcudnn.so"))
+        })
+        .collect();
+    let dirs: std::collections::BTreeSet<&str> = main
+        .iter()
+        .filter_map(|path| path.rsplit_once('/').map(|(dir, _)| dir))
+        .collect();
+    if dirs.len() > 1 {
+        findings.push(
+            Finding::new(
+                "python.cudnn_two_copies",
+                Severity::Error,
+                "torch's process maps libcudnn from more than one directory: two cuDNN copies in one process",
+            )
+            .evidences(main.iter().map(|p| format!("mapped: {p}")))
+            .fix("leave only the cuDNN torch pins reachable: remove the other directory from LD_LIBRARY_PATH / ld.so.conf.d"),
+        );
+    }
+    let outside: Vec<&&String> = cudnn
+        .iter()
+        .filter(|path| !prefix.is_empty() && !path.starts_with(prefix))
+        .collect();
+    if !outside.is_empty() {
+        findings.push(
+            Finding::new(
+                "python.cudnn_outside_env",
+                Severity::Warning,
+                format!("torch maps cuDNN from outside its Python environment ({prefix})"),
+            )
+            .evidences(outside.iter().map(|p| format!("mapped: {p}")))
+            .fix("a system or LD_LIBRARY_PATH copy shadows the one installed with torch: remove it from the loader path unless you installed torch against it on purpose"),
+        );
+    } else {
+        findings.push(
+            Finding::new(
+                "python.cudnn_mapped",
+                Severity::Ok,
+                "torch maps the cuDNN of its own environment",
+            )
+            .evidences(cudnn.iter().map(|p| format!("mapped: {p}"))),
+        );
+    }
 }
 
 fn check_torch(

@@ -265,10 +265,17 @@ pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
                 Finding::new(
                     "stack.library_duplicates",
                     Severity::Warning,
-                    format!(
-                        "{} copies of {soname} (same version) on the loader path",
-                        group.len()
-                    ),
+                    if group.iter().any(|c| c.version.is_none()) {
+                        format!(
+                            "{} copies of {soname} on the loader path (their versions could not be read)",
+                            group.len()
+                        )
+                    } else {
+                        format!(
+                            "{} copies of {soname} (same version) on the loader path",
+                            group.len()
+                        )
+                    },
                 )
                 .evidences(evidence)
                 .fix("harmless today, skew tomorrow: keep one copy"),

@@ -14,7 +14,7 @@ use super::{CommandOutcome, HostRoot};
 /// Printed by the host's Python. Kept to the standard library and torch's public API.
 pub const PROBE_SCRIPT: &str = r#"
 import json, sys
-out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable, "torch": None}
+out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable, "prefix": sys.prefix, "torch": None}
 try:
     import torch
 except ImportError as e:
@@ -51,6 +51,19 @@ else:
         except Exception as e:
             t["cuda_error"] = "%s: %s" % (type(e).__name__, e)
     t["devices"] = devices
+    mapped = set()
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) == 6:
+                    path = fields[5].strip()
+                    name = path.rsplit("/", 1)[-1]
+                    if name.startswith(("libcudnn", "libcudart", "libcublas", "libcuda.so", "libnccl")):
+                        mapped.add(path)
+    except OSError:
+        pass
+    t["mapped"] = sorted(mapped)
     out["torch"] = t
 print(json.dumps(out))
 "#;
@@ -74,6 +87,9 @@ pub enum PythonProbe {
 pub struct PythonInfo {
     pub python: String,
     pub executable: String,
+    /// `sys.prefix`: the environment the interpreter belongs to.
+    #[serde(default)]
+    pub prefix: String,
     /// `None` when torch is not installed.
     pub torch: Option<TorchInfo>,
 }
@@ -102,6 +118,10 @@ pub struct TorchInfo {
     pub arch_list: Vec<String>,
     #[serde(default)]
     pub devices: Vec<TorchDevice>,
+    /// CUDA libraries mapped into the process after `import torch` (from /proc/self/maps):
+    /// the files that actually won the loader's search.
+    #[serde(default)]
+    pub mapped: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -328,7 +328,8 @@ pub fn library_copies(host: &HostRoot, search: &[SearchDir]) -> Vec<LibraryCopy>
                 .to_string_lossy()
                 .into_owned();
             copies.push(LibraryCopy {
-                version: version_from_file_name(&soname, &file),
+                version: version_from_file_name(&soname, &file)
+                    .or_else(|| version_from_surroundings(host, &soname, &file)),
                 soname,
                 dir: dir.dir.clone(),
                 source: dir.source,
@@ -357,6 +358,52 @@ fn version_from_file_name(soname: &str, file: &Path) -> Option<String> {
     let version = name.strip_prefix(stem)?.strip_prefix(".so.")?;
     let soname_version = soname.split_once(".so.")?.1;
     (version != soname_version && version.starts_with(soname_version)).then(|| version.to_string())
+}
+
+/// When the file name carries only the SONAME's major (pip wheels ship `libcudnn.so.9`
+/// alone), read the version next to it: cuDNN's `../include/cudnn_version.h` (tarballs,
+/// toolkit installs, and the nvidia-cudnn wheels), else the `*.dist-info` of the nvidia wheel
+/// that installed it (`site-packages/nvidia/cudnn/lib` -> `nvidia_cudnn_cu12-9.1.0.70.dist-info`).
+fn version_from_surroundings(host: &HostRoot, soname: &str, file: &Path) -> Option<String> {
+    let lib_dir = file.parent()?;
+    let package_dir = lib_dir.parent()?;
+    if soname.starts_with("libcudnn") {
+        if let Some(text) = host.read_text(package_dir.join("include/cudnn_version.h")) {
+            let define = |name: &str| -> Option<u32> {
+                text.lines().find_map(|line| {
+                    let rest = line.trim().strip_prefix("#define")?.trim();
+                    let value = rest.strip_prefix(name)?;
+                    value.trim().parse().ok()
+                })
+            };
+            if let (Some(major), Some(minor), Some(patch)) = (
+                define("CUDNN_MAJOR"),
+                define("CUDNN_MINOR"),
+                define("CUDNN_PATCHLEVEL"),
+            ) {
+                return Some(format!("{major}.{minor}.{patch}"));
+            }
+        }
+    }
+    // site-packages/nvidia/<component>/lib/<file>
+    let component = package_dir.file_name()?.to_string_lossy().into_owned();
+    let nvidia = package_dir.parent()?;
+    if nvidia.file_name()? != "nvidia" {
+        return None;
+    }
+    let site_packages = nvidia.parent()?;
+    let prefix = format!("nvidia_{}_cu", component.replace('-', "_"));
+    list_dir(host, site_packages, |name| {
+        let name = name.to_string_lossy();
+        name.starts_with(&prefix) && name.ends_with(".dist-info")
+    })
+    .iter()
+    .filter_map(|dist| {
+        let name = dist.file_name()?.to_string_lossy().into_owned();
+        let stem = name.strip_suffix(".dist-info")?;
+        Some(stem.rsplit_once('-')?.1.to_string())
+    })
+    .max_by(|a, b| crate::elf::chain::compare_versioned_names(a, b))
 }
 
 /// Copies grouped by SONAME, in search order (the first one is what the loader maps when
@@ -482,6 +529,48 @@ mod tests {
         );
         assert_eq!(
             version_from_file_name("libcudnn.so.8", Path::new("/x/libcudnn.so.8")),
+            None
+        );
+    }
+
+    #[test]
+    fn versions_of_wheel_and_tarball_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let site = root.join("venv/lib/python3.11/site-packages");
+        std::fs::create_dir_all(site.join("nvidia/cudnn/lib")).unwrap();
+        std::fs::create_dir_all(site.join("nvidia_cudnn_cu12-9.1.0.70.dist-info")).unwrap();
+        std::fs::write(site.join("nvidia/cudnn/lib/libcudnn.so.9"), b"").unwrap();
+        std::fs::create_dir_all(root.join("opt/cudnn/include")).unwrap();
+        std::fs::create_dir_all(root.join("opt/cudnn/lib")).unwrap();
+        std::fs::write(
+            root.join("opt/cudnn/include/cudnn_version.h"),
+            "#define CUDNN_MAJOR 8\n#define CUDNN_MINOR 9\n#define CUDNN_PATCHLEVEL 7\n#define CUDNN_VERSION (CUDNN_MAJOR * 1000 + CUDNN_MINOR * 100 + CUDNN_PATCHLEVEL)\n",
+        )
+        .unwrap();
+        let host = HostRoot::planted(root, BTreeMap::new());
+        assert_eq!(
+            version_from_surroundings(
+                &host,
+                "libcudnn.so.9",
+                Path::new("/venv/lib/python3.11/site-packages/nvidia/cudnn/lib/libcudnn.so.9")
+            ),
+            Some("9.1.0.70".into())
+        );
+        assert_eq!(
+            version_from_surroundings(
+                &host,
+                "libcudnn.so.8",
+                Path::new("/opt/cudnn/lib/libcudnn.so.8")
+            ),
+            Some("8.9.7".into())
+        );
+        assert_eq!(
+            version_from_surroundings(
+                &host,
+                "libcudart.so.12",
+                Path::new("/usr/lib/libcudart.so.12")
+            ),
             None
         );
     }
