@@ -417,3 +417,29 @@ fn stdin_and_log_file_inputs() {
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/train.log"));
 }
+
+#[test]
+fn mixed_copies_and_cublas() {
+    let first = expect(
+        "Could not load library libcudnn_cnn_infer.so.8. Error: /usr/lib/x86_64-linux-gnu/libcudnn_cnn_infer.so.8: undefined symbol: _ZN11nvrtcHelper4loadEb, version libcudnn_ops_infer.so.8\nPlease make sure libcudnn_cnn_infer.so.8 is in your library path!",
+        "cudnn-mixed-copies",
+        &["two different cudnn releases"],
+        &["remove the system copy"],
+        &[],
+    );
+    assert_eq!(first["captures"]["library"], "libcudnn_ops_infer.so.8");
+    expect(
+        "    return F.linear(input, self.weight, self.bias)\nRuntimeError: CUDA error: CUBLAS_STATUS_INVALID_VALUE when calling `cublasSgemm( handle, opa, opb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc)`",
+        "cublas-invalid-value",
+        &["LD_LIBRARY_PATH"],
+        &["unset LD_LIBRARY_PATH"],
+        &[],
+    );
+    expect(
+        "RuntimeError: CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.",
+        "illegal-memory-access",
+        &["index out of range"],
+        &["device='cpu'"],
+        &[],
+    );
+}
