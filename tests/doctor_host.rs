@@ -773,3 +773,89 @@ fn cli_root_and_json_shape() {
         }
     }
 }
+
+/// Serve one `GET /info` on a planted Docker socket the way dockerd answers an HTTP/1.0
+/// request (headers, JSON body, close).
+fn serve_docker_info(socket: &Path, body: &'static str) -> std::thread::JoinHandle<String> {
+    use std::io::{Read, Write};
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut request = [0u8; 1024];
+        let n = stream.read(&mut request).unwrap();
+        let request = String::from_utf8_lossy(&request[..n]).into_owned();
+        write!(
+            stream,
+            "HTTP/1.0 200 OK\r\nApi-Version: 1.41\r\nContent-Type: application/json\r\nServer: Docker/20.10.24+dfsg1 (linux)\r\n\r\n{body}\n"
+        )
+        .unwrap();
+        request
+    })
+}
+
+#[test]
+fn planted_docker_with_the_nvidia_runtime() {
+    let plant = Plant::new();
+    plant.driver("550.54.15", "550.54.15", 12040, "NVIDIA L40S", (8, 9));
+    let server = serve_docker_info(
+        &plant.at("/var/run/docker.sock"),
+        r#"{"ID":"7TRN:IPZB","Containers":0,"ServerVersion":"20.10.24+dfsg1","Runtimes":{"io.containerd.runc.v2":{"path":"runc"},"nvidia":{"path":"nvidia-container-runtime"},"runc":{"path":"runc"}},"DefaultRuntime":"runc","OperatingSystem":"Debian GNU/Linux 12 (bookworm)"}"#,
+    );
+    let report = plant.diagnose(false);
+    let request = server.join().unwrap();
+    assert!(request.starts_with("GET /info HTTP/1.0\r\n"), "{request}");
+    assert_finding(&report, "docker.reachable", Severity::Ok);
+    let runtime = assert_finding(&report, "docker.nvidia_runtime", Severity::Ok);
+    assert!(
+        runtime.summary.contains("nvidia runtime is registered"),
+        "{runtime:?}"
+    );
+    assert_eq!(
+        report.layer(Layer::ContainerRuntime).status,
+        LayerStatus::Ok
+    );
+}
+
+#[test]
+fn planted_docker_without_gpu_support_and_a_stale_socket() {
+    let plant = Plant::new();
+    plant.driver("550.54.15", "550.54.15", 12040, "NVIDIA L40S", (8, 9));
+    let server = serve_docker_info(
+        &plant.at("/var/run/docker.sock"),
+        r#"{"ServerVersion":"20.10.24+dfsg1","Runtimes":{"runc":{"path":"runc"}},"DefaultRuntime":"runc"}"#,
+    );
+    let report = plant.diagnose(false);
+    server.join().unwrap();
+    let finding = assert_finding(&report, "docker.no_nvidia_runtime", Severity::Error);
+    assert!(finding
+        .fix
+        .as_ref()
+        .unwrap()
+        .contains("nvidia-ctk runtime configure"));
+    assert_eq!(report.stopped_at, Some(Layer::ContainerRuntime));
+    assert_eq!(
+        report.layer(Layer::HostStack).status,
+        LayerStatus::NotChecked
+    );
+
+    // The listener is gone, its socket file stays: a daemon that died.
+    let report = plant.diagnose(false);
+    let finding = assert_finding(&report, "docker.unreachable", Severity::Error);
+    assert!(finding.summary.contains("no daemon answers"), "{finding:?}");
+
+    // A CDI spec is another way for GPUs to reach containers.
+    let plant = Plant::new();
+    plant.write(
+        "/etc/cdi/nvidia.yaml",
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: all\n",
+    );
+    let server = serve_docker_info(
+        &plant.at("/var/run/docker.sock"),
+        r#"{"ServerVersion":"25.0.3","Runtimes":{"runc":{"path":"runc"}},"DefaultRuntime":"runc"}"#,
+    );
+    let report = plant.diagnose(true);
+    server.join().unwrap();
+    let runtime = assert_finding(&report, "docker.nvidia_runtime", Severity::Ok);
+    assert!(runtime.summary.contains("CDI"), "{runtime:?}");
+}
