@@ -859,3 +859,52 @@ fn planted_docker_without_gpu_support_and_a_stale_socket() {
     let runtime = assert_finding(&report, "docker.nvidia_runtime", Severity::Ok);
     assert!(runtime.summary.contains("CDI"), "{runtime:?}");
 }
+
+#[test]
+fn planted_nvml_reports_the_version_mismatch() {
+    let plant = Plant::new();
+    // The libraries agree by name; NVML itself refuses (NVML_ERROR_LIB_RM_VERSION_MISMATCH),
+    // as it does when the loaded module is older than what /proc shows after a reinstall.
+    plant.driver("535.183.01", "535.183.01", 12020, "NVIDIA A10", (8, 6));
+    build_library(
+        "int nvmlInit_v2(void) { return 18; }\nint nvmlShutdown(void) { return 0; }\n",
+        "libnvidia-ml.so.1",
+        &[],
+        &plant.at("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.535.183.01"),
+    );
+    plant.link(
+        "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        "libnvidia-ml.so.535.183.01",
+    );
+    let report = plant.diagnose(false);
+    let finding = assert_finding(&report, "driver.library_mismatch", Severity::Error);
+    assert!(
+        finding.evidence[0].contains("NVML_ERROR_LIB_RM_VERSION_MISMATCH"),
+        "{finding:?}"
+    );
+
+    // A healthy NVML gives the driver version.
+    let plant = Plant::new();
+    plant.driver("535.183.01", "535.183.01", 12020, "NVIDIA A10", (8, 6));
+    build_library(
+        "#include <stdio.h>\nint nvmlInit_v2(void) { return 0; }\nint nvmlShutdown(void) { return 0; }\nint nvmlSystemGetDriverVersion(char *v, unsigned int n) { snprintf(v, n, \"535.183.01\"); return 0; }\n",
+        "libnvidia-ml.so.1",
+        &[],
+        &plant.at("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.535.183.01"),
+    );
+    plant.link(
+        "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        "libnvidia-ml.so.535.183.01",
+    );
+    let report = plant.diagnose(false);
+    assert!(
+        report.finding("driver.library_mismatch").is_none(),
+        "{:?}",
+        ids(&report)
+    );
+    let nvml = cudastack::host::driver::detect(&plant.host()).nvml;
+    assert!(
+        matches!(&nvml, cudastack::host::driver::NvmlProbe::Ok { driver_version: Some(v), .. } if v == "535.183.01"),
+        "{nvml:?}"
+    );
+}

@@ -4,7 +4,7 @@
 //! the GPU, and WSL2 with a Linux driver installed inside it.
 
 use super::{Finding, Severity};
-use crate::host::driver::{DriverReport, LibcudaProbe, NvidiaSmiProbe};
+use crate::host::driver::{DriverReport, LibcudaProbe, NvidiaSmiProbe, NvmlProbe};
 use crate::host::HostRoot;
 use crate::matrix::Matrix;
 
@@ -160,6 +160,28 @@ pub fn check(_host: &HostRoot, report: &DriverReport, matrix: &Matrix) -> Vec<Fi
                     .fix("the libraries were upgraded without reloading the module: reboot (or unload and reload the nvidia modules); hold the driver packages to stop unattended upgrades from splitting them"),
                 );
             }
+        }
+    }
+    if let NvmlProbe::InitFailed { path, code, name } = &report.nvml {
+        if !findings.iter().any(|f| f.id == "driver.library_mismatch") {
+            let mismatch = report.nvml.version_mismatch();
+            findings.push(
+                Finding::new(
+                    if mismatch { "driver.library_mismatch" } else { "driver.nvml_failed" },
+                    if mismatch { Severity::Error } else { Severity::Warning },
+                    if mismatch {
+                        "Failed to initialize NVML: Driver/library version mismatch".to_string()
+                    } else {
+                        format!("NVML could not be initialised ({name})")
+                    },
+                )
+                .evidence(format!("{path}: nvmlInit_v2() = {code} ({name})"))
+                .fix(if mismatch {
+                    "reboot (or reload the nvidia modules) so the kernel module matches the libraries"
+                } else {
+                    "check `dmesg | grep -i nvrm`; reinstall the driver and reboot"
+                }),
+            );
         }
     }
     if let NvidiaSmiProbe::Failed { path, output } = &report.nvidia_smi {

@@ -6,7 +6,8 @@
 //!    library or symbol is an observation, never a panic.
 //! 2. `/proc/driver/nvidia/version` (the kernel module's version) and
 //!    `/proc/driver/nvidia/gpus/*/information` (one per GPU).
-//! 3. `nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total`.
+//! 3. `libnvidia-ml.so.1` (`nvmlInit_v2`: error 18 is the "Driver/library version mismatch"
+//!    nvidia-smi prints) and `nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total`.
 //!
 //! Also: the user-space library version (`libcuda.so.1 -> libcuda.so.535.104.05`) to catch a
 //! kernel module / library mismatch, `nouveau` in `/proc/modules`, WSL2 (`/proc/version`
@@ -32,6 +33,8 @@ pub struct DriverReport {
     /// The version in the file name `libcuda.so.1` / `libnvidia-ml.so.1` resolve to.
     pub user_space_libraries: Vec<UserSpaceLibrary>,
     pub nvidia_smi: NvidiaSmiProbe,
+    /// `nvmlInit_v2` through `libnvidia-ml.so.1` (what nvidia-smi does first).
+    pub nvml: NvmlProbe,
     /// GPUs, from the best source that listed any (libcuda, nvidia-smi, /proc).
     pub gpus: Vec<GpuDevice>,
     /// The driver version: kernel module, else nvidia-smi, else libcuda's file name.
@@ -126,6 +129,114 @@ impl CuResult {
     }
 }
 
+/// What initialising NVML gave.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum NvmlProbe {
+    NotFound,
+    LoadFailed {
+        path: String,
+        error: String,
+    },
+    /// `nvmlInit_v2` failed; `code` 18 is `NVML_ERROR_LIB_RM_VERSION_MISMATCH`, the
+    /// "Driver/library version mismatch" of nvidia-smi.
+    InitFailed {
+        path: String,
+        code: i32,
+        name: &'static str,
+    },
+    Ok {
+        path: String,
+        driver_version: Option<String>,
+    },
+}
+
+impl NvmlProbe {
+    pub fn version_mismatch(&self) -> bool {
+        matches!(self, NvmlProbe::InitFailed { code: 18, .. })
+    }
+}
+
+fn nvml_error_name(code: i32) -> &'static str {
+    match code {
+        1 => "NVML_ERROR_UNINITIALIZED",
+        2 => "NVML_ERROR_INVALID_ARGUMENT",
+        3 => "NVML_ERROR_NOT_SUPPORTED",
+        4 => "NVML_ERROR_NO_PERMISSION",
+        9 => "NVML_ERROR_DRIVER_NOT_LOADED",
+        12 => "NVML_ERROR_LIBRARY_NOT_FOUND",
+        18 => "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+        999 => "NVML_ERROR_UNKNOWN",
+        _ => "NVML_ERROR_(unlisted)",
+    }
+}
+
+type NvmlInit = unsafe extern "C" fn() -> c_int;
+type NvmlShutdown = unsafe extern "C" fn() -> c_int;
+type NvmlSystemGetDriverVersion = unsafe extern "C" fn(*mut c_char, u32) -> c_int;
+
+/// Load `libnvidia-ml.so.1` from the host's loader path and initialise NVML, as nvidia-smi
+/// does; a kernel module / library mismatch shows up here as error 18.
+fn probe_nvml(host: &HostRoot, search: &[SearchDir]) -> NvmlProbe {
+    let found = super::stack::find_library(host, search, "libnvidia-ml.so.1");
+    let (target, shown): (PathBuf, String) = match &found {
+        Some(path) => (host.path(path), path.display().to_string()),
+        None if host.is_live() => (
+            PathBuf::from("libnvidia-ml.so.1"),
+            "libnvidia-ml.so.1".into(),
+        ),
+        None => return NvmlProbe::NotFound,
+    };
+    // SAFETY: loading NVML runs its initialisers, as nvidia-smi does.
+    let library = match unsafe { libloading::Library::new(&target) } {
+        Ok(library) => library,
+        Err(_) if found.is_none() => return NvmlProbe::NotFound,
+        Err(error) => {
+            return NvmlProbe::LoadFailed {
+                path: shown,
+                error: error.to_string(),
+            }
+        }
+    };
+    // SAFETY: signatures from nvml.h.
+    unsafe {
+        let symbol = |name: &[u8]| library.get::<*const ()>(name).ok().map(|s| *s);
+        let Some(init) = symbol(b"nvmlInit_v2\0").or_else(|| symbol(b"nvmlInit\0")) else {
+            return NvmlProbe::LoadFailed {
+                path: shown,
+                error: "no nvmlInit_v2 symbol".into(),
+            };
+        };
+        let init: NvmlInit = std::mem::transmute::<*const (), NvmlInit>(init);
+        let code = init();
+        if code != 0 {
+            return NvmlProbe::InitFailed {
+                path: shown,
+                code,
+                name: nvml_error_name(code),
+            };
+        }
+        let driver_version = symbol(b"nvmlSystemGetDriverVersion\0").and_then(|f| {
+            let f: NvmlSystemGetDriverVersion =
+                std::mem::transmute::<*const (), NvmlSystemGetDriverVersion>(f);
+            let mut buffer = [0 as c_char; 96];
+            (f(buffer.as_mut_ptr(), buffer.len() as u32) == 0).then(|| {
+                CStr::from_ptr(buffer.as_ptr())
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        });
+        if let Some(shutdown) = symbol(b"nvmlShutdown\0") {
+            let shutdown: NvmlShutdown = std::mem::transmute::<*const (), NvmlShutdown>(shutdown);
+            shutdown();
+        }
+        NvmlProbe::Ok {
+            path: shown,
+            driver_version,
+        }
+    }
+}
+
 /// What `nvidia-smi` gave.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
@@ -153,6 +264,7 @@ pub fn detect(host: &HostRoot) -> DriverReport {
     let (libcuda, libcuda_gpus) = probe_libcuda(host, &search);
     let user_space_libraries = user_space_libraries(host, &search);
     let (nvidia_smi, smi_gpus, smi_driver) = probe_nvidia_smi(host);
+    let nvml = probe_nvml(host, &search);
     let proc_gpus = proc_gpus(host);
 
     let gpus = [libcuda_gpus, smi_gpus.clone(), proc_gpus]
@@ -207,6 +319,7 @@ pub fn detect(host: &HostRoot) -> DriverReport {
         libcuda,
         user_space_libraries,
         nvidia_smi,
+        nvml,
         gpus,
         driver_version,
         cuda_ceiling,
