@@ -64,7 +64,7 @@ pub fn run(args: ExplainArgs, printer: &Printer) -> CommandResult {
         }
         println!("  confirm:");
         for step in &explanation.confirm {
-            println!("    $ {step}");
+            println!("    - {step}");
         }
         if !explanation.decision.is_empty() {
             println!("  decide:");
