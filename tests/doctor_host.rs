@@ -550,6 +550,13 @@ fn planted_stale_libcudnn_in_the_system_directory() {
         .as_ref()
         .unwrap()
         .contains("/usr/lib/x86_64-linux-gnu"));
+    assert!(
+        finding
+            .evidence
+            .iter()
+            .any(|e| e.ends_with("libcudnn.so.8.2.4 belongs to no dpkg package (copied by hand)")),
+        "{finding:?}"
+    );
     // Complete sets: no partial finding.
     assert!(
         report.finding("stack.cudnn_partial").is_none(),
@@ -907,4 +914,28 @@ fn planted_nvml_reports_the_version_mismatch() {
         matches!(&nvml, cudastack::host::driver::NvmlProbe::Ok { driver_version: Some(v), .. } if v == "535.183.01"),
         "{nvml:?}"
     );
+}
+
+#[test]
+fn planted_packaged_old_cuda_runtime_is_a_warning() {
+    let mut plant = Plant::new();
+    // Debian's nvidia-cuda-toolkit puts an older runtime in the system directory; a newer
+    // toolkit sits on LD_LIBRARY_PATH.
+    plant.library("/usr/lib/x86_64-linux-gnu", "libcudart", "12.0.146");
+    plant.library("/usr/local/cuda-12.4/lib64", "libcudart", "12.4.127");
+    plant.write(
+        "/var/lib/dpkg/info/libcudart12:amd64.list",
+        "/.\n/usr\n/usr/lib\n/usr/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu/libcudart.so.12.0.146\n/usr/lib/x86_64-linux-gnu/libcudart.so.12\n",
+    );
+    plant.env("LD_LIBRARY_PATH", "/usr/local/cuda-12.4/lib64");
+    let report = plant.diagnose(true);
+    let finding = assert_finding(&report, "stack.stale_system_copy", Severity::Warning);
+    assert!(
+        finding
+            .evidence
+            .iter()
+            .any(|e| e.ends_with("is installed by the package libcudart12:amd64")),
+        "{finding:?}"
+    );
+    assert_ne!(report.layer(Layer::HostStack).status, LayerStatus::Broken);
 }

@@ -16,7 +16,7 @@ use crate::host::stack::{
     loader_search_path, toolkit_version, toolkits, CudaLink, LibraryCopy, SearchSource,
     DEFAULT_LIB_DIRS,
 };
-use crate::host::HostRoot;
+use crate::host::{list_dir, HostRoot};
 use crate::matrix::Matrix;
 
 pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
@@ -230,11 +230,33 @@ pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
             .map(|(i, c)| format!("{}. {}", i + 1, describe(c)))
             .collect();
         let family = soname.split(".so").next().unwrap_or(soname);
+        // Two cuDNN builds in reach is the EXECUTION_FAILED recipe; two CUDA runtimes or
+        // cuBLAS builds (several toolkits registered in ld.so.conf.d) are a risk, not a break.
+        let severity = if family == "libcudnn" {
+            Severity::Error
+        } else {
+            Severity::Warning
+        };
         if !stale.is_empty() {
+            let owners: Vec<String> = stale
+                .iter()
+                .map(|c| {
+                    let path = c.dir.join(&c.soname);
+                    match dpkg_owner(host, &c.file).or_else(|| dpkg_owner(host, &path)) {
+                        Some(package) => {
+                            format!("{} is installed by the package {package}", c.file.display())
+                        }
+                        None => format!(
+                            "{} belongs to no dpkg package (copied by hand)",
+                            c.file.display()
+                        ),
+                    }
+                })
+                .collect();
             findings.push(
                 Finding::new(
                     "stack.stale_system_copy",
-                    Severity::Error,
+                    severity,
                     format!(
                         "stale {soname} in a system directory: {} is older than the {} also on the loader path",
                         stale.iter().map(|c| c.version.clone().unwrap_or_default()).collect::<Vec<_>>().join(", "),
@@ -242,8 +264,9 @@ pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
                     ),
                 )
                 .evidences(evidence)
+                .evidences(owners)
                 .fix(format!(
-                    "remove the hand-copied {family}* files from {} (check `dpkg -S` first; if a package owns them, remove the package) and run `sudo ldconfig`",
+                    "remove the old {family}* files from {} (if a package owns them, remove the package instead) and run `sudo ldconfig`",
                     stale.iter().map(|c| c.dir.display().to_string()).collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>().join(", ")
                 )),
             );
@@ -251,7 +274,7 @@ pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
             findings.push(
                 Finding::new(
                     "stack.library_versions",
-                    Severity::Error,
+                    severity,
                     format!(
                         "{} copies of {soname} with different versions on the loader path; which one a process maps depends on LD_LIBRARY_PATH and the program's RUNPATH",
                         group.len()
@@ -385,6 +408,22 @@ pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
         );
     }
     findings
+}
+
+/// The dpkg package that installed a host file (`/var/lib/dpkg/info/*.list`), if any.
+fn dpkg_owner(host: &HostRoot, file: &Path) -> Option<String> {
+    let wanted = file.to_string_lossy();
+    list_dir(host, Path::new("/var/lib/dpkg/info"), |name| {
+        name.to_string_lossy().ends_with(".list")
+    })
+    .into_iter()
+    .find_map(|list| {
+        let text = host.read_text(&list)?;
+        text.lines().any(|line| line == wanted).then(|| {
+            let name = list.file_name()?.to_string_lossy().into_owned();
+            Some(name.trim_end_matches(".list").to_string())
+        })?
+    })
 }
 
 fn is_system_dir(dir: &Path) -> bool {
