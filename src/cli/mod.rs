@@ -8,6 +8,8 @@ mod ci;
 mod image_source;
 mod inspect;
 mod load;
+mod doctor;
+mod explain;
 mod lock;
 mod matrix;
 mod pull;
@@ -67,6 +69,11 @@ enum Command {
     Push(push::PushArgs),
     /// Pull an image from a registry into an OCI layout (no daemon needed).
     Pull(pull::PullArgs),
+    /// Diagnose this host from the driver up: driver and GPUs, container runtime, CUDA
+    /// libraries on the loader path, the Python in use; stops at the first broken layer.
+    Doctor(doctor::DoctorArgs),
+    /// Explain an error message (argument, --file LOG, or stdin): cause, checks, fix.
+    Explain(explain::ExplainArgs),
 }
 
 /// What every command gets: output format and verbosity.
@@ -128,6 +135,8 @@ pub fn main() -> ExitCode {
         Command::Push(args) => push::run(args, &printer),
         Command::Pull(args) => pull::run(args, &printer),
         Command::Ci(args) => ci::run(args, &printer),
+        Command::Doctor(args) => doctor::run(args, &printer),
+        Command::Explain(args) => explain::run(args, &printer),
     };
     match result {
         Ok(code) => code,

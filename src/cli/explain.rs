@@ -1,0 +1,81 @@
+//! `cudastack explain "TEXT" | --file LOG | -` (stdin when no text is given)
+
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use cudastack::doctor::explain::Knowledge;
+use cudastack::matrix::Matrix;
+
+use super::{CommandResult, Printer};
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The error message (quote it). Without it (or with `-`), the text is read from stdin.
+    text: Option<String>,
+    /// Read the text from a log file.
+    #[arg(long, value_name = "LOG", conflicts_with = "text")]
+    file: Option<PathBuf>,
+}
+
+pub fn run(args: ExplainArgs, printer: &Printer) -> CommandResult {
+    let text = match (&args.text, &args.file) {
+        (_, Some(file)) => fs_err::read(file).map(|b| String::from_utf8_lossy(&b).into_owned())?,
+        (Some(text), None) if text != "-" => text.clone(),
+        _ => {
+            if std::io::stdin().is_terminal() {
+                printer.status("reading the error text from stdin (end it with Ctrl-D)");
+            }
+            let mut bytes = Vec::new();
+            std::io::stdin().read_to_end(&mut bytes)?;
+            String::from_utf8_lossy(&bytes).into_owned()
+        }
+    };
+    let report = Knowledge::embedded().explain(&text, Matrix::embedded());
+    let code = if report.recognised {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    };
+    if printer.json {
+        printer.json(&report);
+        return Ok(code);
+    }
+    if !report.recognised {
+        println!("not recognised.");
+        if let Some(suggestion) = &report.suggestion {
+            println!("{suggestion}");
+        }
+        return Ok(code);
+    }
+    for (index, explanation) in report.explanations.iter().enumerate() {
+        if index > 0 {
+            println!();
+        }
+        println!("{} ({})", explanation.title, explanation.id);
+        println!("  matched: {}", explanation.matched);
+        println!("  cause: {}", explanation.cause);
+        if !explanation.matrix.is_empty() {
+            println!("  matrix:");
+            for note in &explanation.matrix {
+                println!("    - {note}");
+            }
+        }
+        println!("  confirm:");
+        for step in &explanation.confirm {
+            println!("    - {step}");
+        }
+        if !explanation.decision.is_empty() {
+            println!("  decide:");
+            for (n, step) in explanation.decision.iter().enumerate() {
+                println!("    {}. if {}: {}", n + 1, step.when, step.then);
+            }
+        }
+        println!("  fix:");
+        for step in &explanation.fix {
+            println!("    - {step}");
+        }
+    }
+    Ok(code)
+}

@@ -1,0 +1,691 @@
+//! `cudastack explain`: turn an error message into its cause, how to confirm it, and the fix.
+//!
+//! The knowledge is data, not code: `data/explain.yaml` (embedded at build time) holds one
+//! entry per known failure with regex patterns, cause, checks, fixes, an optional decision
+//! path, sources, and the real messages it must recognise (`examples`, tested). The only
+//! code per entry kind is the *matrix tie-in* ([`Tie`]): numbers captured from the message
+//! (`found version 12080`, `cuda>=12.4`, `sm_86`, `libcudnn.so.8`) are looked up in the
+//! compatibility [`Matrix`] to say which driver is needed or which torch build fits.
+//!
+//! Text that matches nothing gets an honest "not recognised" and the suggestion to run
+//! `cudastack doctor`.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+use crate::host::driver::cuda_version_from_int;
+use crate::matrix::solve::{solve, SolveQuery};
+use crate::matrix::{KernelSupport, Matrix};
+use crate::version::{ComputeCapability, CudaVersion, DriverVersion};
+
+/// The embedded knowledge file.
+pub const EXPLAIN_DATA: &str = include_str!("../../data/explain.yaml");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    #[error("the knowledge file is not valid YAML for cudastack explain: {0}")]
+    Yaml(String),
+    #[error("entry `{id}`: pattern `{pattern}` is not a valid regex: {message}")]
+    Pattern {
+        id: String,
+        pattern: String,
+        message: String,
+    },
+    #[error("entry `{id}`: {problem}")]
+    Entry { id: String, problem: String },
+}
+
+/// Which matrix computation an entry adds to its explanation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tie {
+    /// `found version N` is the driver's CUDA ceiling; name the driver floor and a torch
+    /// build that fits.
+    DriverFoundVersion,
+    /// Driver version and needed CUDA, when the surrounding text names them.
+    DriverVsRuntime,
+    /// `cuda>=X.Y` of an image: the driver it needs.
+    ContainerRequirement,
+    /// `sm_XY`: which torch builds carry kernels for it.
+    Capability,
+    /// A missing `libX.so.N`: what provides it, with versions.
+    MissingLibrary,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DecisionStep {
+    pub when: String,
+    pub then: String,
+}
+
+/// One known failure.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Entry {
+    pub id: String,
+    pub title: String,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default)]
+    pub tie: Option<Tie>,
+    pub patterns: Vec<String>,
+    pub cause: String,
+    pub confirm: Vec<String>,
+    pub fix: Vec<String>,
+    #[serde(default)]
+    pub decision: Vec<DecisionStep>,
+    pub sources: Vec<String>,
+    pub examples: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct KnowledgeFile {
+    entries: Vec<Entry>,
+}
+
+/// The parsed knowledge: entries with compiled patterns.
+#[derive(Debug)]
+pub struct Knowledge {
+    entries: Vec<(Entry, Vec<Regex>)>,
+}
+
+/// One recognised failure in the text.
+#[derive(Debug, Clone, Serialize)]
+pub struct Explanation {
+    pub id: String,
+    pub title: String,
+    /// The line of the text where the pattern matched.
+    pub matched: String,
+    /// Named captures of the pattern (`found`, `cuda`, `library`, ...).
+    pub captures: BTreeMap<String, String>,
+    pub cause: String,
+    pub confirm: Vec<String>,
+    pub fix: Vec<String>,
+    pub decision: Vec<DecisionStep>,
+    /// What the compatibility matrix adds for these numbers.
+    pub matrix: Vec<String>,
+    pub sources: Vec<String>,
+}
+
+/// The answer for one text.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExplainReport {
+    pub schema: &'static str,
+    pub recognised: bool,
+    /// Most specific first.
+    pub explanations: Vec<Explanation>,
+    /// What to do next when nothing (or not everything) is explained.
+    pub suggestion: Option<String>,
+}
+
+pub const EXPLAIN_SCHEMA: &str = "cudastack.explain/v1";
+
+impl Knowledge {
+    /// The knowledge embedded in the binary. Its validity is a unit test, so a broken data
+    /// file fails the build's tests, not a user's command.
+    pub fn embedded() -> &'static Knowledge {
+        static KNOWLEDGE: OnceLock<Knowledge> = OnceLock::new();
+        KNOWLEDGE.get_or_init(|| {
+            Knowledge::parse(EXPLAIN_DATA).expect("data/explain.yaml is checked by unit tests")
+        })
+    }
+
+    pub fn parse(yaml: &str) -> Result<Knowledge, ExplainError> {
+        let file: KnowledgeFile =
+            serde_saphyr::from_str(yaml).map_err(|e| ExplainError::Yaml(e.to_string()))?;
+        let mut entries = Vec::new();
+        for entry in file.entries {
+            if entry.patterns.is_empty() || entry.examples.is_empty() || entry.fix.is_empty() {
+                return Err(ExplainError::Entry {
+                    id: entry.id,
+                    problem: "needs at least one pattern, one example and one fix".into(),
+                });
+            }
+            if entries.iter().any(|(e, _): &(Entry, _)| e.id == entry.id) {
+                return Err(ExplainError::Entry {
+                    id: entry.id,
+                    problem: "duplicate id".into(),
+                });
+            }
+            let regexes = entry
+                .patterns
+                .iter()
+                .map(|pattern| {
+                    Regex::new(pattern).map_err(|e| ExplainError::Pattern {
+                        id: entry.id.clone(),
+                        pattern: pattern.clone(),
+                        message: e.to_string(),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            entries.push((entry, regexes));
+        }
+        Ok(Knowledge { entries })
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.iter().map(|(entry, _)| entry)
+    }
+
+    /// Explain a text (one message or a whole log).
+    pub fn explain(&self, text: &str, matrix: &Matrix) -> ExplainReport {
+        let context = Context::read(text);
+        let mut found: Vec<(i32, usize, Explanation)> = Vec::new();
+        for (entry, regexes) in &self.entries {
+            let Some((position, captures)) = regexes.iter().find_map(|regex| {
+                let caps = regex.captures(text)?;
+                let position = caps.get(0)?.start();
+                let named = regex
+                    .capture_names()
+                    .flatten()
+                    .filter_map(|name| {
+                        caps.name(name)
+                            .map(|m| (name.to_string(), m.as_str().trim().to_string()))
+                    })
+                    .filter(|(_, value)| !value.is_empty())
+                    .collect::<BTreeMap<_, _>>();
+                Some((position, named))
+            }) else {
+                continue;
+            };
+            let matrix_notes = entry
+                .tie
+                .map(|tie| tie_in(tie, &captures, &context, matrix))
+                .unwrap_or_default();
+            found.push((
+                entry.priority,
+                position,
+                Explanation {
+                    id: entry.id.clone(),
+                    title: entry.title.clone(),
+                    matched: line_at(text, position),
+                    captures,
+                    cause: entry.cause.clone(),
+                    confirm: entry.confirm.clone(),
+                    fix: entry.fix.clone(),
+                    decision: entry.decision.clone(),
+                    matrix: matrix_notes,
+                    sources: entry.sources.clone(),
+                },
+            ));
+        }
+        found.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let explanations: Vec<Explanation> = found.into_iter().map(|(_, _, e)| e).collect();
+        let recognised = !explanations.is_empty();
+        ExplainReport {
+            schema: EXPLAIN_SCHEMA,
+            recognised,
+            explanations,
+            suggestion: (!recognised).then(|| {
+                "This message is not in cudastack's knowledge. Run `cudastack doctor` to check the host layer by layer (driver, container runtime, libraries on the loader path, the Python in use).".to_string()
+            }),
+        }
+    }
+}
+
+/// The line containing byte `position`, trimmed and bounded.
+fn line_at(text: &str, position: usize) -> String {
+    let start = text[..position].rfind('\n').map_or(0, |i| i + 1);
+    let end = text[position..]
+        .find('\n')
+        .map_or(text.len(), |i| position + i);
+    let line = text[start..end].trim();
+    if line.chars().count() > 400 {
+        let cut: String = line.chars().take(400).collect();
+        format!("{cut}...")
+    } else {
+        line.to_string()
+    }
+}
+
+/// Versions named elsewhere in the text (an nvidia-smi header, a pip line), used by the
+/// tie-ins that need both sides of a comparison.
+#[derive(Debug, Default)]
+struct Context {
+    driver: Option<DriverVersion>,
+    /// The CUDA a program needs: `torch 2.4.1+cu124`, `torch.version.cuda: 12.4`, `cu124`.
+    needed_cuda: Option<CudaVersion>,
+}
+
+impl Context {
+    fn read(text: &str) -> Context {
+        static DRIVER: OnceLock<Regex> = OnceLock::new();
+        static NEEDED: OnceLock<Regex> = OnceLock::new();
+        let driver = DRIVER.get_or_init(|| {
+            Regex::new(r"(?i)driver(?:[ _]version)?[:= ]+(\d{3}\.\d+(?:\.\d+)?)").expect("valid")
+        });
+        let needed = NEEDED.get_or_init(|| {
+            Regex::new(r"(?i)(?:\+cu(\d{3,4})\b|torch\.version\.cuda\W+(\d+\.\d+)|CUDA runtime(?: version)?[:= ]+(\d+\.\d+))")
+                .expect("valid")
+        });
+        let driver = driver
+            .captures(text)
+            .and_then(|c| c.get(1)?.as_str().parse().ok());
+        let needed_cuda = needed.captures(text).and_then(|c| {
+            if let Some(variant) = c.get(1) {
+                format!("cu{}", variant.as_str()).parse().ok()
+            } else {
+                c.get(2).or(c.get(3))?.as_str().parse().ok()
+            }
+        });
+        Context {
+            driver,
+            needed_cuda,
+        }
+    }
+}
+
+/// The matrix notes for an entry's tie.
+fn tie_in(
+    tie: Tie,
+    captures: &BTreeMap<String, String>,
+    context: &Context,
+    matrix: &Matrix,
+) -> Vec<String> {
+    match tie {
+        Tie::DriverFoundVersion => captures
+            .get("found")
+            .and_then(|found| found.parse::<i32>().ok())
+            .map(|found| driver_found_version(found, context, matrix))
+            .unwrap_or_default(),
+        Tie::DriverVsRuntime => driver_vs_runtime(context, matrix),
+        Tie::ContainerRequirement => captures
+            .get("cuda")
+            .and_then(|cuda| cuda.parse::<CudaVersion>().ok())
+            .map(|cuda| container_requirement(cuda, matrix))
+            .unwrap_or_default(),
+        Tie::Capability => captures
+            .get("sm")
+            .and_then(|sm| sm.parse::<ComputeCapability>().ok())
+            .map(|cc| capability(cc, captures.get("supported"), matrix))
+            .unwrap_or_default(),
+        Tie::MissingLibrary => captures
+            .get("library")
+            .map(|library| missing_library(library, matrix))
+            .unwrap_or_default(),
+    }
+}
+
+fn driver_found_version(found: i32, context: &Context, matrix: &Matrix) -> Vec<String> {
+    let ceiling = cuda_version_from_int(found);
+    let mut notes = vec![format!(
+        "found version {found} means the driver supports CUDA <= {ceiling} (cuDriverGetVersion encodes 1000*major + 10*minor)"
+    )];
+    let floor = matrix.min_driver_for(&ceiling).cloned();
+    let next = matrix
+        .cuda_releases
+        .iter()
+        .filter(|row| row.version.line() > ceiling)
+        .min_by(|a, b| a.version.cmp(&b.version));
+    match (&floor, next) {
+        (Some(floor), Some(next)) => notes.push(format!(
+            "so the driver is between {floor} and {}: CUDA {} and newer need >= {}",
+            next.min_driver,
+            next.version.line(),
+            next.min_driver
+        )),
+        (Some(floor), None) => notes.push(format!("so the driver is >= {floor}")),
+        _ => {}
+    }
+    if let Some(needed) = context.needed_cuda {
+        if let Some(need) = matrix.min_driver_for(&needed) {
+            notes.push(format!(
+                "the text names CUDA {needed}: that needs a driver >= {need}"
+            ));
+        }
+    }
+    // The newest torch build that runs on the lowest driver consistent with this ceiling.
+    if let Some(driver) = floor {
+        let solution = solve(
+            matrix,
+            &SolveQuery {
+                driver: Some(driver.clone()),
+                allow_minor_compat: false,
+                ..Default::default()
+            },
+        );
+        match solution.best() {
+            Some(best) => notes.push(format!(
+                "newest torch build this driver runs natively: {} (CUDA {}, index {}); `cudastack solve --driver {driver}` lists all",
+                best.torch_build, best.cuda, best.index
+            )),
+            None => {
+                let with_compat = solve(
+                    matrix,
+                    &SolveQuery {
+                        driver: Some(driver.clone()),
+                        allow_minor_compat: true,
+                        ..Default::default()
+                    },
+                );
+                notes.push(match with_compat.best() {
+                    Some(best) => format!(
+                        "no torch build in the matrix runs natively on a CUDA {ceiling} driver; with CUDA {}.x minor-version compatibility {} (CUDA {}) could, if the driver is >= {}; otherwise upgrade the driver",
+                        best.cuda.major,
+                        best.torch_build,
+                        best.cuda,
+                        matrix
+                            .minor_compat_floor(best.cuda.major)
+                            .map(|m| m.min_driver.to_string())
+                            .unwrap_or_default()
+                    ),
+                    None => format!(
+                        "no torch build in the matrix runs on a CUDA {ceiling} driver; upgrade the driver"
+                    ),
+                });
+            }
+        }
+    }
+    notes
+}
+
+fn driver_vs_runtime(context: &Context, matrix: &Matrix) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(driver) = &context.driver {
+        match matrix.cuda_ceiling(driver) {
+            Some(ceiling) => notes.push(format!("driver {driver} supports CUDA <= {ceiling}")),
+            None => notes.push(format!(
+                "driver {driver} is older than every CUDA release in the matrix"
+            )),
+        }
+    }
+    if let Some(needed) = context.needed_cuda {
+        if let Some(need) = matrix.min_driver_for(&needed) {
+            notes.push(format!("CUDA {needed} needs a driver >= {need}"));
+            if let Some(driver) = &context.driver {
+                if driver < need {
+                    let minor = matrix
+                        .minor_compat_floor(needed.major)
+                        .filter(|m| m.min_driver <= *driver);
+                    notes.push(match minor {
+                        Some(m) => format!("driver {driver} is below that, but >= {} so CUDA {}.x minor-version compatibility could run the runtime API (not PTX JIT, not the container check)", m.min_driver, needed.major),
+                        None => format!("driver {driver} is below that: upgrade the driver or use a build for CUDA <= {}", matrix.cuda_ceiling(driver).map(|c| c.to_string()).unwrap_or_else(|| "none".into())),
+                    });
+                }
+            }
+        }
+    }
+    if notes.is_empty() {
+        notes.push("the message names no versions: `nvidia-smi` shows the driver's CUDA ceiling, `python -c \"import torch; print(torch.version.cuda)\"` the runtime needed; `cudastack doctor` compares them".into());
+    }
+    notes
+}
+
+fn container_requirement(cuda: CudaVersion, matrix: &Matrix) -> Vec<String> {
+    let mut notes = Vec::new();
+    match matrix.min_driver_for(&cuda) {
+        Some(need) => notes.push(format!(
+            "cuda>={cuda} needs a host driver >= {need} (CUDA {cuda} GA, NVIDIA release notes Table 3)"
+        )),
+        None => notes.push(format!("CUDA {cuda} has no driver row in the matrix")),
+    }
+    if let Some(minor) = matrix.minor_compat_floor(cuda.major) {
+        notes.push(format!(
+            "minor-version compatibility (CUDA {}.x from {}) does not help here: the container runtime compares the driver's CUDA version with {cuda} directly",
+            cuda.major, minor.min_driver
+        ));
+    }
+    notes
+}
+
+fn capability(cc: ComputeCapability, supported: Option<&String>, matrix: &Matrix) -> Vec<String> {
+    let mut notes = Vec::new();
+    let gpu_names: Vec<&str> = matrix
+        .gpus
+        .iter()
+        .filter(|g| g.cc == cc)
+        .map(|g| g.name.as_str())
+        .collect();
+    notes.push(if gpu_names.is_empty() {
+        format!("{} is compute capability {cc}", cc.sm())
+    } else {
+        format!(
+            "{} is compute capability {cc} ({})",
+            cc.sm(),
+            gpu_names.join(", ")
+        )
+    });
+    if let Some(supported) = supported {
+        let archs: Vec<ComputeCapability> = supported
+            .split_whitespace()
+            .filter_map(|s| s.parse().ok())
+            .collect();
+        if !archs.is_empty() {
+            let same_major: Vec<String> = archs
+                .iter()
+                .filter(|a| a.major == cc.major)
+                .map(|a| a.sm())
+                .collect();
+            notes.push(if same_major.is_empty() {
+                format!(
+                    "the installed torch has no sm_{}x kernels at all; cubins never cross a major version",
+                    cc.major
+                )
+            } else {
+                format!(
+                    "the installed torch has {} but a cubin only runs on the same major with an equal or higher minor",
+                    same_major.join(" ")
+                )
+            });
+        }
+    }
+    if let Some(arch) = matrix.arch_support.iter().find(|a| a.cc == cc) {
+        match (arch.first_cuda, arch.removed_in) {
+            (Some(first), Some(removed)) => notes.push(format!(
+                "CUDA toolkits compile for {} from {first} until {removed} (removed there)",
+                cc.sm()
+            )),
+            (Some(first), None) => notes.push(format!(
+                "CUDA toolkits compile for {} from {first}",
+                cc.sm()
+            )),
+            (None, Some(removed)) => notes.push(format!(
+                "CUDA {removed} and newer no longer compile for {}",
+                cc.sm()
+            )),
+            (None, None) => {}
+        }
+    }
+    let fitting = |pypi_only: bool| {
+        matrix
+            .torch_builds
+            .iter()
+            .filter(|b| !pypi_only || b.pypi_default)
+            .filter(|b| matches!(b.kernels_for(&cc), KernelSupport::Sass(_)))
+            .max_by(|a, b| a.torch.cmp(&b.torch).then(a.cuda.cmp(&b.cuda)))
+    };
+    match (fitting(true), fitting(false)) {
+        (Some(pypi), newest) => {
+            notes.push(format!(
+                "newest PyPI torch with {} kernels: {} (CUDA {}); `cudastack solve --cc {cc}` ranks all",
+                cc.sm(),
+                pypi.label(),
+                pypi.cuda
+            ));
+            if let Some(index) = newest.filter(|b| b.torch > pypi.torch) {
+                notes.push(format!(
+                    "newer builds with {} kernels exist on PyTorch's own index: {} from download.pytorch.org/whl/{}",
+                    cc.sm(),
+                    index.label(),
+                    index.variant
+                ));
+            }
+        }
+        (None, Some(index)) => notes.push(format!(
+            "no PyPI default build has {} kernels; newest build that does: {} from download.pytorch.org/whl/{}",
+            cc.sm(),
+            index.label(),
+            index.variant
+        )),
+        (None, None) => notes.push(format!(
+            "no torch build in the matrix has {} kernels",
+            cc.sm()
+        )),
+    }
+    notes
+}
+
+fn missing_library(library: &str, matrix: &Matrix) -> Vec<String> {
+    let mut notes = Vec::new();
+    let Some((stem, version)) = library.split_once(".so") else {
+        return notes;
+    };
+    let major: Option<u32> = version
+        .trim_start_matches('.')
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok());
+    match (stem, major) {
+        ("libcudart", Some(major)) => {
+            notes.push(format!(
+                "{library} is the CUDA {major} runtime (pip: nvidia-cuda-runtime-cu{major}, or a CUDA {major}.x toolkit's lib64)"
+            ));
+            let ga = CudaVersion::new(major, 0, Some(0));
+            if let Some(need) = matrix.min_driver_for(&ga) {
+                notes.push(format!("CUDA {major}.0 needs a driver >= {need}"));
+            }
+            if let Some(minor) = matrix.minor_compat_floor(major) {
+                notes.push(format!(
+                    "any CUDA {major}.x runtime runs on >= {} with minor-version compatibility",
+                    minor.min_driver
+                ));
+            }
+        }
+        ("libcudnn", Some(major)) => {
+            notes.push(format!("{library} is cuDNN {major}"));
+            let builds: Vec<_> = matrix
+                .torch_builds
+                .iter()
+                .filter(|b| b.cudnn.as_ref().is_some_and(|c| c.major() == major))
+                .collect();
+            if let (Some(oldest), Some(newest)) = (
+                builds.iter().min_by(|a, b| a.torch.cmp(&b.torch)),
+                builds.iter().max_by(|a, b| a.torch.cmp(&b.torch)),
+            ) {
+                notes.push(format!(
+                    "torch builds {} .. {} pin cuDNN {major} (e.g. {} pins {})",
+                    oldest.torch,
+                    newest.torch,
+                    newest.label(),
+                    newest
+                        .cudnn
+                        .as_ref()
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
+                ));
+            }
+        }
+        (sub, Some(major)) if sub.starts_with("libcudnn_") => {
+            if let Some(set) = matrix.cudnn_library_set(major) {
+                notes.push(format!(
+                    "a complete cuDNN {major} is these {} files: {}",
+                    set.libs.len(),
+                    set.libs.join(", ")
+                ));
+                if !set.libs.iter().any(|l| l == library) {
+                    notes.push(format!(
+                        "{library} is not part of cuDNN {major}'s library set"
+                    ));
+                }
+            }
+            if major == 8 {
+                if let Some(set9) = matrix.cudnn_library_set(9) {
+                    notes.push(format!(
+                        "cuDNN 9 renamed the split ({}), so installing cuDNN 9 does not provide it",
+                        set9.libs.join(", ")
+                    ));
+                }
+            }
+        }
+        ("libcuda", _) => notes.push(
+            "libcuda.so.1 comes with the NVIDIA driver (host) or is mounted by the NVIDIA container runtime; no pip package or toolkit provides a working one (the toolkit's stubs/libcuda.so only satisfies the linker)".into(),
+        ),
+        _ => {}
+    }
+    notes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_knowledge_parses_and_every_example_hits_its_own_entry_first() {
+        let knowledge = Knowledge::parse(EXPLAIN_DATA).unwrap();
+        let matrix = Matrix::embedded();
+        let mut count = 0;
+        for entry in knowledge.entries() {
+            for example in &entry.examples {
+                let report = knowledge.explain(example, matrix);
+                assert!(report.recognised, "{}: not recognised: {example}", entry.id);
+                assert_eq!(
+                    report.explanations[0].id, entry.id,
+                    "{}: example explained first by {}: {example}",
+                    entry.id, report.explanations[0].id
+                );
+                count += 1;
+            }
+        }
+        assert!(count >= 40, "only {count} examples");
+    }
+
+    #[test]
+    fn issue_8_messages_are_all_covered() {
+        let knowledge = Knowledge::embedded();
+        let ids: Vec<&str> = knowledge.entries().map(|e| e.id.as_str()).collect();
+        for id in [
+            "no-kernel-image",
+            "driver-too-old-found-version",
+            "cuda-driver-insufficient",
+            "libcudart-missing",
+            "libcudnn-missing",
+            "cudnn8-sublibrary-missing",
+            "cudnn-not-initialized",
+            "cudnn-execution-failed",
+            "undefined-reference-cudnn",
+            "cuda-is-available-false",
+            "torch-not-compiled-with-cuda",
+            "no-nvidia-driver",
+            "cuda-out-of-memory",
+            "nvml-driver-library-mismatch",
+            "container-cuda-requirement",
+            "corrupt-installer-download",
+            "nvcc-not-found",
+            "cudnn-header-missing",
+            "windows-dll-load-failed",
+        ] {
+            assert!(ids.contains(&id), "missing entry {id}");
+        }
+    }
+
+    #[test]
+    fn unknown_text_is_not_recognised() {
+        let report =
+            Knowledge::embedded().explain("Segmentation fault (core dumped)", Matrix::embedded());
+        assert!(!report.recognised);
+        assert!(report.suggestion.unwrap().contains("cudastack doctor"));
+    }
+
+    #[test]
+    fn broken_knowledge_is_rejected() {
+        let bad = "entries:\n  - id: x\n    title: t\n    patterns: ['(unclosed']\n    cause: c\n    confirm: []\n    fix: [f]\n    sources: []\n    examples: [e]\n";
+        assert!(matches!(
+            Knowledge::parse(bad),
+            Err(ExplainError::Pattern { .. })
+        ));
+        let no_example = "entries:\n  - id: x\n    title: t\n    patterns: ['a']\n    cause: c\n    confirm: []\n    fix: [f]\n    sources: []\n    examples: []\n";
+        assert!(matches!(
+            Knowledge::parse(no_example),
+            Err(ExplainError::Entry { .. })
+        ));
+    }
+
+    #[test]
+    fn context_reads_driver_and_needed_cuda() {
+        let context = Context::read("| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Version: 12.2 |\ntorch 2.5.1+cu124");
+        assert_eq!(context.driver.unwrap().to_string(), "535.104.05");
+        assert_eq!(context.needed_cuda, Some(CudaVersion::new(12, 4, None)));
+    }
+}

@@ -1,0 +1,445 @@
+//! `cudastack explain` fed real error messages as they appear in PyTorch, the CUDA runtime,
+//! cuDNN, the dynamic loader, nvidia-smi, nvidia-container-cli, Docker, gzip, gcc/ld and
+//! Windows Python, each checked for the entry, its cause, its fix and the matrix numbers.
+//! The texts are copied from the projects' sources and from public logs that quote them.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+fn explain_json(text: &str) -> (Value, Option<i32>) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["explain", "--json", text])
+        .output()
+        .unwrap();
+    let json = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    (json, output.status.code())
+}
+
+/// The first explanation must be `id`; its cause, fix and matrix notes must contain the
+/// given words (case-insensitive).
+fn expect(text: &str, id: &str, cause: &[&str], fix: &[&str], matrix: &[&str]) -> Value {
+    let (json, code) = explain_json(text);
+    assert_eq!(code, Some(0), "{json}");
+    assert_eq!(json["schema"], "cudastack.explain/v1");
+    assert_eq!(json["recognised"], true);
+    let first = json["explanations"][0].clone();
+    assert_eq!(first["id"], id, "for {text:?} got {}", first["id"]);
+    let joined = |value: &Value| -> String {
+        match value {
+            Value::Array(items) => items
+                .iter()
+                .map(|i| i.as_str().unwrap_or_default().to_string())
+                .collect::<Vec<_>>()
+                .join(" | "),
+            other => other.as_str().unwrap_or_default().to_string(),
+        }
+        .to_lowercase()
+    };
+    let (cause_text, fix_text, matrix_text) = (
+        joined(&first["cause"]),
+        joined(&first["fix"]),
+        joined(&first["matrix"]),
+    );
+    for word in cause {
+        assert!(
+            cause_text.contains(&word.to_lowercase()),
+            "{id}: cause lacks {word:?}: {cause_text}"
+        );
+    }
+    for word in fix {
+        assert!(
+            fix_text.contains(&word.to_lowercase()),
+            "{id}: fix lacks {word:?}: {fix_text}"
+        );
+    }
+    for word in matrix {
+        assert!(
+            matrix_text.contains(&word.to_lowercase()),
+            "{id}: matrix lacks {word:?}: {matrix_text}"
+        );
+    }
+    assert!(!first["confirm"].as_array().unwrap().is_empty());
+    assert!(!first["sources"].as_array().unwrap().is_empty());
+    first
+}
+
+#[test]
+fn no_kernel_image_traceback() {
+    expect(
+        "Traceback (most recent call last):\n  File \"train.py\", line 12, in <module>\n    x = torch.randn(4, 4, device='cuda') @ w\nRuntimeError: CUDA error: no kernel image is available for execution on the device\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1.\n",
+        "no-kernel-image",
+        &["compute capability", "PTX"],
+        &["TORCH_CUDA_ARCH_LIST"],
+        &[],
+    );
+}
+
+#[test]
+fn capability_warning_with_kernel_error_names_a_fitting_build() {
+    let first = expect(
+        "/nfs/anaconda3/envs/gan/lib/python3.9/site-packages/torch/cuda/__init__.py:104: UserWarning: \nNVIDIA RTX A6000 with CUDA capability sm_86 is not compatible with the current PyTorch installation.\nThe current PyTorch install supports CUDA capabilities sm_37 sm_50 sm_60 sm_70.\nIf you want to use the NVIDIA RTX A6000 GPU with PyTorch, please check the instructions at https://pytorch.org/get-started/locally/\n\n  warnings.warn(incompatible_device_warn.format(device_name, capability, \" \".join(arch_list), device_name))\nRuntimeError: CUDA error: no kernel image is available for execution on the device",
+        "capability-not-compatible",
+        &["same major"],
+        &["arch list"],
+        &["sm_86 is compute capability 8.6", "no sm_8x kernels", "newest pypi torch with sm_86 kernels"],
+    );
+    assert_eq!(first["captures"]["sm"], "sm_86");
+    assert_eq!(first["captures"]["gpu"], "NVIDIA RTX A6000");
+    // The generic kernel-image entry is also listed, after the specific one.
+    let (json, _) = explain_json("NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the current PyTorch installation.\nRuntimeError: CUDA error: no kernel image is available for execution on the device");
+    let ids: Vec<&str> = json["explanations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["capability-not-compatible", "no-kernel-image"]);
+    let notes = json["explanations"][0]["matrix"].to_string();
+    assert!(notes.contains("12.8"), "sm_120 needs CUDA 12.8: {notes}");
+}
+
+#[test]
+fn old_gpu_on_new_wheel() {
+    expect(
+        "Tesla P100-PCIE-16GB with CUDA capability sm_60 is not compatible with the current PyTorch installation.\nThe current PyTorch install supports CUDA capabilities sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120.",
+        "capability-not-compatible",
+        &["too old"],
+        &["cu126"],
+        &["sm_60 is compute capability 6.0", "no longer compile", "13.0", "2.7.1+cu126", "download.pytorch.org/whl/cu126"],
+    );
+}
+
+#[test]
+fn driver_too_old_found_version_gives_the_ceiling_and_a_build() {
+    let first = expect(
+        "/home2/user/.local/lib/python3.10/site-packages/torch/cuda/__init__.py:228: UserWarning: CUDA initialization: The NVIDIA driver on your system is too old (found version 12080). Please update your GPU driver by downloading and installing a new version from the URL: http://www.nvidia.com/Download/index.aspx Alternatively, go to: https://pytorch.org to install a PyTorch version that has been compiled with your version of the CUDA driver. (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:109.)",
+        "driver-too-old-found-version",
+        &["ceiling", "torch.version.cuda"],
+        &["upgrade the driver"],
+        &["cuda <= 12.8", "570.26", "newest torch build this driver runs natively"],
+    );
+    assert_eq!(first["captures"]["found"], "12080");
+    // An 11.4 driver: only minor-version compatibility can run a cu118 build.
+    expect(
+        "RuntimeError: The NVIDIA driver on your system is too old (found version 11040). Please update your GPU driver",
+        "driver-too-old-found-version",
+        &[],
+        &[],
+        &["cuda <= 11.4", "470.42.01", "minor-version compatibility", "450.80.02"],
+    );
+}
+
+#[test]
+fn cuda_runtime_insufficient_driver_with_context() {
+    expect(
+        "RuntimeError: cuda runtime error (35) : CUDA driver version is insufficient for CUDA runtime version at /pytorch/aten/src/THC/THCGeneral.cpp:50",
+        "cuda-driver-insufficient",
+        &["newer than the CUDA version the installed driver supports"],
+        &["upgrade the driver"],
+        &["nvidia-smi"],
+    );
+    // With an nvidia-smi header and a pip line in the same log, the matrix compares them.
+    expect(
+        "| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Version: 12.2 |\nSuccessfully installed torch-2.5.1+cu124\nCUDA error: CUDA driver version is insufficient for CUDA runtime version",
+        "cuda-driver-insufficient",
+        &[],
+        &[],
+        &["driver 535.104.05 supports cuda <= 12.2", "cuda 12.4 needs a driver >= 550.54.14", "minor-version compatibility"],
+    );
+}
+
+#[test]
+fn missing_runtime_and_cudnn_libraries() {
+    expect(
+        "ImportError: libcudart.so.11.0: cannot open shared object file: No such file or directory",
+        "libcudart-missing",
+        &["runtime major"],
+        &["nvidia-cuda-runtime"],
+        &[
+            "cuda 11 runtime",
+            "cuda 11.0 needs a driver >= 450.36.06",
+            "450.80.02",
+        ],
+    );
+    expect(
+        "OSError: libcudnn.so.8: cannot open shared object file: No such file or directory",
+        "libcudnn-missing",
+        &["libcudnn.so.9 does not satisfy libcudnn.so.8"],
+        &["ldconfig"],
+        &["cudnn 8", "2.0.0 .."],
+    );
+    expect(
+        "Could not load library libcudnn_ops_train.so.8. Error: libcudnn_ops_train.so.8: cannot open shared object file: No such file or directory\nPlease make sure libcudnn_ops_train.so.8 is in your library path!",
+        "cudnn8-sublibrary-missing",
+        &["six sub-libraries", "without -P"],
+        &["cp -P"],
+        &["libcudnn_cnn_infer.so.8", "cudnn 9 renamed"],
+    );
+    expect(
+        "Could not load library libcudnn_cnn_infer.so.8. Error: libcudnn_cnn_infer.so.8: cannot open shared object file: No such file or directory",
+        "cudnn8-sublibrary-missing",
+        &[],
+        &[],
+        &["a complete cudnn 8 is these 7 files"],
+    );
+    expect(
+        "Could not load library libcudnn_cnn_infer.so.8. Error: libcuda.so: cannot open shared object file: No such file or directory\nPlease make sure libcudnn_cnn_infer.so.8 is in your library path!\nAborted",
+        "cudnn-needs-unversioned-libcuda",
+        &["wsl2"],
+        &["/usr/lib/wsl/lib"],
+        &[],
+    );
+    expect(
+        "ImportError: libcuda.so.1: cannot open shared object file: No such file or directory",
+        "libcuda-missing",
+        &["part of the nvidia driver"],
+        &["--gpus all"],
+        &["stubs"],
+    );
+}
+
+#[test]
+fn cudnn_status_errors() {
+    expect(
+        "RuntimeError: cuDNN error: CUDNN_STATUS_NOT_INITIALIZED",
+        "cudnn-not-initialized",
+        &["shadowing", "out of memory"],
+        &["batch size"],
+        &[],
+    );
+    let first = expect(
+        "  File \"/opt/conda/lib/python3.10/site-packages/torch/nn/modules/conv.py\", line 456, in _conv_forward\n    return F.conv2d(input, weight, bias, self.stride,\nRuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
+        "cudnn-execution-failed",
+        &["two copies of cudnn"],
+        &["decision path"],
+        &[],
+    );
+    // The decision path from the field notes: versions, GPU/driver change, shapes, exotic.
+    let steps = first["decision"].as_array().unwrap();
+    assert_eq!(steps.len(), 4);
+    assert!(steps[0]["when"].as_str().unwrap().contains("do not match"));
+    assert!(steps[1]["when"]
+        .as_str()
+        .unwrap()
+        .contains("GPU or driver change"));
+    assert!(steps[2]["when"].as_str().unwrap().contains("input shapes"));
+    assert!(steps[3]["when"].as_str().unwrap().contains("unusual"));
+}
+
+#[test]
+fn linker_and_compiler_errors() {
+    let first = expect(
+        "/usr/bin/ld: libdlib.a(cudnn_dlibapi.cpp.o): in function `dlib::cuda::tensor_descriptor::set_size(int, int, int, int)':\ncudnn_dlibapi.cpp:(.text+0x4b): undefined reference to `cudnnDestroyTensorDescriptor'\ncollect2: error: ld returned 1 exit status",
+        "undefined-reference-cudnn",
+        &["-lcudnn"],
+        &["-lcudnn after the objects"],
+        &[],
+    );
+    assert_eq!(first["captures"]["symbol"], "cudnnDestroyTensorDescriptor");
+    expect(
+        "/bin/sh: 1: nvcc: not found\nerror: command '/usr/local/cuda/bin/nvcc' failed",
+        "nvcc-not-found",
+        &["runtime libraries, not the compiler"],
+        &["CUDA_HOME"],
+        &[],
+    );
+    expect(
+        "OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root.",
+        "nvcc-not-found",
+        &[],
+        &["CUDA_HOME"],
+        &[],
+    );
+    expect(
+        "csrc/ops.cu:3:10: fatal error: cudnn.h: No such file or directory\n    3 | #include <cudnn.h>\n      |          ^~~~~~~~~\ncompilation terminated.",
+        "cudnn-header-missing",
+        &["headers"],
+        &["dev package"],
+        &[],
+    );
+}
+
+#[test]
+fn torch_cuda_unavailable_family() {
+    expect(
+        "AssertionError: Torch not compiled with CUDA enabled",
+        "torch-not-compiled-with-cuda",
+        &["cpu"],
+        &["download.pytorch.org/whl/cu"],
+        &[],
+    );
+    expect(
+        "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed a driver from http://www.nvidia.com/Download/index.aspx",
+        "no-nvidia-driver",
+        &["nouveau"],
+        &["cudastack doctor"],
+        &[],
+    );
+    let first = expect(
+        ">>> import torch\n>>> torch.cuda.is_available()\nFalse",
+        "cuda-is-available-false",
+        &["cpu-only build"],
+        &["cudastack doctor"],
+        &[],
+    );
+    assert_eq!(first["decision"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn out_of_memory() {
+    expect(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.65 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 22.58 GiB memory in use.",
+        "cuda-out-of-memory",
+        &["not a version problem"],
+        &["expandable_segments"],
+        &[],
+    );
+}
+
+#[test]
+fn driver_and_container_errors() {
+    let first = expect(
+        "$ nvidia-smi\nFailed to initialize NVML: Driver/library version mismatch\nNVML library version: 535.183",
+        "nvml-driver-library-mismatch",
+        &["kernel module"],
+        &["reboot"],
+        &[],
+    );
+    assert_eq!(first["captures"]["library_version"], "535.183");
+    let first = expect(
+        "docker: Error response from daemon: failed to create task for container: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: error during container init: error running hook #0: error running hook: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'\nnvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.5, please update your driver to a newer version, or use an earlier cuda container: unknown.",
+        "container-cuda-requirement",
+        &["NVIDIA_REQUIRE_CUDA"],
+        &["NVIDIA_DISABLE_REQUIRE"],
+        &["cuda>=12.5 needs a host driver >= 555.42.02", "does not help"],
+    );
+    assert_eq!(first["captures"]["cuda"], "12.5");
+    expect(
+        "docker: Error response from daemon: could not select device driver \"\" with capabilities: [[gpu]].",
+        "docker-no-gpu-device-driver",
+        &["nvidia-container-runtime-hook"],
+        &["nvidia-ctk runtime configure"],
+        &[],
+    );
+    expect(
+        "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling NumCudaDevices() that might have already set an error? Error 804: forward compatibility was attempted on non supported HW",
+        "forward-compat-unsupported",
+        &["datacenter"],
+        &["compat"],
+        &[],
+    );
+}
+
+#[test]
+fn corrupt_installer_and_windows() {
+    expect(
+        "$ sudo sh cuda_12.1.1_530.30.02_linux.run\ngzip: stdin: invalid compressed data--format violated\ntar: Child returned status 1",
+        "corrupt-installer-download",
+        &["truncated"],
+        &["checksum"],
+        &[],
+    );
+    expect(
+        "Traceback (most recent call last):\n  File \"<stdin>\", line 1, in <module>\n  File \"C:\\Python311\\Lib\\site-packages\\torch\\__init__.py\", line 128, in <module>\n    raise err\nOSError: [WinError 126] The specified module could not be found. Error loading \"C:\\Python311\\Lib\\site-packages\\torch\\lib\\c10.dll\" or one of its dependencies.",
+        "windows-dll-load-failed",
+        &["Visual C++"],
+        &["Redistributable"],
+        &[],
+    );
+}
+
+#[test]
+fn unknown_text_is_honest_and_points_to_doctor() {
+    let (json, code) = explain_json("Segmentation fault (core dumped)");
+    assert_eq!(code, Some(1));
+    assert_eq!(json["recognised"], false);
+    assert!(json["explanations"].as_array().unwrap().is_empty());
+    assert!(json["suggestion"]
+        .as_str()
+        .unwrap()
+        .contains("cudastack doctor"));
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["explain", "something else entirely"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.starts_with("not recognised."), "{stdout}");
+}
+
+#[test]
+fn stdin_and_log_file_inputs() {
+    let log =
+        "epoch 3 step 1200 loss 0.41\nRuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED\n";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["explain", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(log.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["explanations"][0]["id"], "cudnn-execution-failed");
+    assert_eq!(
+        json["explanations"][0]["matched"],
+        "RuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("train.log");
+    std::fs::write(&file, format!("{log}ImportError: libcudart.so.12: cannot open shared object file: No such file or directory\n")).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["explain", "--file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("(cudnn-execution-failed)"), "{stdout}");
+    assert!(stdout.contains("(libcudart-missing)"), "{stdout}");
+    assert!(
+        stdout.contains("CUDA 12.0 needs a driver >= 525.60.13"),
+        "{stdout}"
+    );
+
+    let missing = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["explain", "--file", "/nonexistent/train.log"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/train.log"));
+}
+
+#[test]
+fn mixed_copies_and_cublas() {
+    let first = expect(
+        "Could not load library libcudnn_cnn_infer.so.8. Error: /usr/lib/x86_64-linux-gnu/libcudnn_cnn_infer.so.8: undefined symbol: _ZN11nvrtcHelper4loadEb, version libcudnn_ops_infer.so.8\nPlease make sure libcudnn_cnn_infer.so.8 is in your library path!",
+        "cudnn-mixed-copies",
+        &["two different cudnn releases"],
+        &["remove the system copy"],
+        &[],
+    );
+    assert_eq!(first["captures"]["library"], "libcudnn_ops_infer.so.8");
+    expect(
+        "    return F.linear(input, self.weight, self.bias)\nRuntimeError: CUDA error: CUBLAS_STATUS_INVALID_VALUE when calling `cublasSgemm( handle, opa, opb, m, n, k, &alpha, a, lda, b, ldb, &beta, c, ldc)`",
+        "cublas-invalid-value",
+        &["LD_LIBRARY_PATH"],
+        &["unset LD_LIBRARY_PATH"],
+        &[],
+    );
+    expect(
+        "RuntimeError: CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.",
+        "illegal-memory-access",
+        &["index out of range"],
+        &["device='cpu'"],
+        &[],
+    );
+}
