@@ -317,3 +317,32 @@ fn check_and_inspect_read_only_the_config_from_a_registry() {
         "{requests:#?}"
     );
 }
+
+/// On this GPU-less machine `--detect` finds no driver and says so; the answer is "unknown",
+/// never a made-up yes. Given a driver by hand, the same layout answers from its config.
+#[test]
+fn check_detect_on_a_machine_without_a_driver() {
+    if std::path::Path::new("/proc/driver/nvidia/version").exists() {
+        eprintln!("skipped: this machine has an NVIDIA driver; the test is about one without");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(&work.path().join("cache")).unwrap();
+    let dir = work.path().join("layout");
+    write_image(&dir, &store);
+    let detect = cudastack(&["--json", "check", dir.to_str().unwrap(), "--detect"]);
+    assert_eq!(detect.status.code(), Some(0));
+    let answer: serde_json::Value = serde_json::from_slice(&detect.stdout).unwrap();
+    assert_eq!(answer["fits"], "unknown", "{answer}");
+    assert!(String::from_utf8_lossy(&detect.stderr).contains("no NVIDIA driver"));
+    let given = cudastack(&[
+        "check",
+        dir.to_str().unwrap(),
+        "--driver",
+        "535.104.05",
+        "--cc",
+        "8.0",
+    ]);
+    assert_eq!(given.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&given.stdout).contains("runs the build's sm_80 kernels"));
+}

@@ -48,6 +48,36 @@ pub fn read_documents(
     }
 }
 
-pub fn detect_node(_node: &mut Node, _printer: &Printer) -> Result<(), Error> {
-    Err("--detect: not wired yet".into())
+/// Add this machine's driver and GPUs (libcuda, NVML, /proc, nvidia-smi; see src/host) to
+/// `node`; GPUs whose compute capability no source gave are looked up by name in the matrix.
+pub fn detect_node(node: &mut Node, printer: &Printer) -> Result<(), Error> {
+    use cudastack::verify::check::NodeGpu;
+    let report = cudastack::host::driver::detect(&cudastack::host::HostRoot::live());
+    match &report.driver_version {
+        Some(version) => {
+            if node.driver.is_none() {
+                node.driver = Some(version.clone());
+            }
+        }
+        None => printer.status(
+            "--detect: no NVIDIA driver on this machine (no kernel module, libcuda or nvidia-smi)",
+        ),
+    }
+    let matrix = cudastack::matrix::Matrix::embedded();
+    for gpu in &report.gpus {
+        let cc = gpu
+            .cc
+            .or_else(|| matrix.gpu(&gpu.name).map(|known| known.cc));
+        match cc {
+            Some(compute_capability) => node.gpus.push(NodeGpu {
+                name: gpu.name.clone(),
+                compute_capability,
+            }),
+            None => printer.status(format!(
+                "--detect: compute capability of `{}` unknown; give it with --cc",
+                gpu.name
+            )),
+        }
+    }
+    Ok(())
 }

@@ -5,11 +5,11 @@
 mod build;
 mod check;
 mod ci;
+mod doctor;
+mod explain;
 mod image_source;
 mod inspect;
 mod load;
-mod doctor;
-mod explain;
 mod lock;
 mod matrix;
 mod pull;
