@@ -271,6 +271,18 @@ fn duplicate_soname_is_found_but_links_are_one_copy() {
     .unwrap();
     let report = audit(&root, &pins()).unwrap();
     assert!(report.is_clean(), "{}", report.render());
+
+    // A package's private copy that nothing links and no search path names (as triton ships
+    // its own CUPTI, opened by absolute path) cannot win a loader race: not a duplicate.
+    let private = root.join(SITE).join("triton/backends/nvidia/lib/cupti");
+    std::fs::create_dir_all(&private).unwrap();
+    std::fs::copy(
+        root.join(TOOLKIT_LIB).join("libcudnn.so.9.1.0"),
+        private.join("libcudnn.so.9"),
+    )
+    .unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    assert!(report.is_clean(), "{}", report.render());
 }
 
 #[test]

@@ -850,9 +850,45 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
     }
     findings.extend(pending.into_iter().map(|(_, _, finding)| finding));
 
-    // One real file per SONAME.
+    // One real file per SONAME among the copies a loader can reach: those some object's
+    // DT_NEEDED resolved to; those in a directory searched by every process
+    // (LD_LIBRARY_PATH, ld.so.conf, the defaults) or named by some object's RPATH/RUNPATH;
+    // torch's preload directories (`site-packages/nvidia/*/lib`, which torch globs for the
+    // libraries it preloads); and every copy of a preloaded SONAME. A package's private copy
+    // that nothing links and no search path names (triton's bundled CUPTI, which its
+    // profiler opens by absolute path) cannot win a loader race, so it is not a duplicate.
+    let mut search_dirs: BTreeSet<PathBuf> = options
+        .ld_library_path
+        .iter()
+        .filter(|dir| !dir.to_string_lossy().contains("$ORIGIN"))
+        .cloned()
+        .chain(auditor.ld_so_conf.iter().cloned())
+        .chain(DEFAULT_LIBRARY_DIRS.iter().map(PathBuf::from))
+        .collect();
+    for (path, info) in &objects {
+        let origin = path.parent().unwrap_or(Path::new("/")).to_path_buf();
+        search_dirs.extend(info.expanded_rpath(&origin));
+        search_dirs.extend(info.expanded_runpath(&origin));
+    }
+    let torch_preload_dir = |dir: &Path| {
+        let parts: Vec<_> = dir.components().rev().take(4).collect();
+        matches!(parts.as_slice(), [lib, _, nvidia, packages]
+            if lib.as_os_str() == "lib" && nvidia.as_os_str() == "nvidia"
+                && (packages.as_os_str() == "site-packages" || packages.as_os_str() == "dist-packages"))
+    };
+    let reachable = |path: &PathBuf| {
+        loaded_by.contains_key(path)
+            || path
+                .parent()
+                .is_some_and(|dir| search_dirs.contains(dir) || torch_preload_dir(dir))
+    };
     for (soname, paths) in &providers {
-        if paths.len() < 2 {
+        let reached = if options.preloaded.contains(soname) {
+            paths.len()
+        } else {
+            paths.iter().filter(|p| reachable(p)).count()
+        };
+        if reached < 2 {
             continue;
         }
         let mut evidence = format!("{} files provide `{soname}`:\n", paths.len());

@@ -399,7 +399,19 @@ fn assemble(
         Base::Ubuntu(release) => ("ubuntu", release.as_str()),
         other => return Err(BuildError::Unsupported(format!("base {other} is not supported by `cudastack build` yet; build from `debian:` or `ubuntu:` releases"))),
     };
-    let base_spec = DebootstrapSpec::for_python_stack(distro, release, options.mtime);
+    let mut base_spec = DebootstrapSpec::for_python_stack(distro, release, options.mtime);
+    // cuFile's RDMA plugin (GPUDirect Storage, nvidia-cufile wheels from torch 2.7 on) links
+    // the rdma-core user-space libraries; the distribution's packages provide them, so every
+    // DT_NEEDED in the image resolves.
+    if lock
+        .artifacts
+        .iter()
+        .any(|a| a.name.starts_with("nvidia-cufile"))
+    {
+        base_spec
+            .packages
+            .extend(["libibverbs1", "librdmacm1", "ibverbs-providers"].map(String::from));
+    }
     let base_key = CacheKey::new(&format!("{ASSEMBLER}/base-mmdebstrap"), &[], &base_spec);
     let base_dir = staging.dir(&base_key);
 
