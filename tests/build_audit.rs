@@ -173,12 +173,28 @@ fn stack(root: &Path, name: &str, defects: &Defects) -> PathBuf {
             &[],
             "other_cudart_fn",
         );
+        // And the extension module that loads it through RUNPATH=$ORIGIN, as vendoring
+        // packages ship them: that makes the second copy one the loader really reaches.
+        let ext_source = libs.join("vendored_ext.c");
+        std::fs::write(&ext_source, "int vendored_ext_fn(void) { return 1; }\n").unwrap();
+        let ext = libs.join("_ext.so");
+        assert!(Command::new("gcc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&ext)
+            .arg(&ext_source)
+            .arg("-Wl,--no-as-needed")
+            .arg(libs.join("libcudart.so.12"))
+            .args(["-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN"])
+            .status()
+            .unwrap()
+            .success());
         write_wheel(
             &mirror,
             "vendored-cudart",
             "1.0",
             &[
                 ("vendored_cudart/__init__.py", vec![]),
+                ("vendored_cudart/_ext.so", std::fs::read(&ext).unwrap()),
                 ("vendored_cudart/libcudart.so.12", other),
             ],
         );
