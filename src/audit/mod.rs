@@ -876,11 +876,23 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
             if lib.as_os_str() == "lib" && nvidia.as_os_str() == "nvidia"
                 && (packages.as_os_str() == "site-packages" || packages.as_os_str() == "dist-packages"))
     };
+    // A CUDA toolkit's library directory is the one users and images put on LD_LIBRARY_PATH
+    // (`/usr/local/cuda*/lib64`, `/usr/local/cuda*/targets/*/lib`): count it as searched.
+    let toolkit_lib_dir = |dir: &Path| {
+        let text = dir.to_string_lossy();
+        text.strip_prefix("/usr/local/cuda").is_some_and(|rest| {
+            let rest = rest.split_once('/').map_or("", |(_, tail)| tail);
+            rest == "lib64"
+                || rest
+                    .strip_prefix("targets/")
+                    .is_some_and(|t| t.ends_with("/lib") && t.matches('/').count() == 1)
+        })
+    };
     let reachable = |path: &PathBuf| {
         loaded_by.contains_key(path)
-            || path
-                .parent()
-                .is_some_and(|dir| search_dirs.contains(dir) || torch_preload_dir(dir))
+            || path.parent().is_some_and(|dir| {
+                search_dirs.contains(dir) || torch_preload_dir(dir) || toolkit_lib_dir(dir)
+            })
     };
     for (soname, paths) in &providers {
         let reached = if options.preloaded.contains(soname) {
