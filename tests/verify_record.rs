@@ -81,7 +81,7 @@ fn labels(dir: &Path, ref_name: &str) -> serde_json::Map<String, serde_json::Val
 #[test]
 fn a_partial_report_is_stored_but_never_labels() {
     let work = tempfile::tempdir().unwrap();
-    let store = BlobStore::open(&work.path().join("cache")).unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
     let dir = work.path().join("layout");
     let before = write_image(&dir, &store);
     let partial = report("static,driver,device,ops,train", false);
@@ -114,7 +114,7 @@ fn a_partial_report_is_stored_but_never_labels() {
 #[test]
 fn a_verified_report_labels_a_new_config_with_the_same_layers() {
     let work = tempfile::tempdir().unwrap();
-    let store = BlobStore::open(&work.path().join("cache")).unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
     let dir = work.path().join("layout");
     let before = write_image(&dir, &store);
     let layers_before = layout::read(&dir, "latest").unwrap().layers().to_vec();
@@ -187,7 +187,7 @@ fn check_and_inspect_read_only_the_config_from_a_registry() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
-    let store = BlobStore::open(&work.path().join("cache")).unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
     let dir = work.path().join("layout");
     write_image(&dir, &store);
     let layer = layout::read(&dir, "latest").unwrap().layers()[0].clone();
@@ -327,7 +327,7 @@ fn check_detect_on_a_machine_without_a_driver() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
-    let store = BlobStore::open(&work.path().join("cache")).unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
     let dir = work.path().join("layout");
     write_image(&dir, &store);
     let detect = cudastack(&["--json", "check", dir.to_str().unwrap(), "--detect"]);

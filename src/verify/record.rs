@@ -250,6 +250,56 @@ pub fn verified_ref(name: &str) -> String {
     }
 }
 
+/// The report stored beside `ref_name` in the layout at `dir`, as its canonical bytes.
+pub fn stored_report(dir: &Path, ref_name: &str) -> Result<Option<Vec<u8>>, OciError> {
+    let name = report_ref(ref_name);
+    if !layout::list_refs(dir)?.contains(&name) {
+        return Ok(None);
+    }
+    let index: serde_json::Value =
+        serde_json::from_slice(&fs_err::read(dir.join("index.json")).map_err(|e| {
+            OciError::Io {
+                path: dir.join("index.json"),
+                source: e,
+            }
+        })?)
+        .map_err(|source| OciError::Json {
+            path: dir.join("index.json"),
+            what: "an OCI image index",
+            source,
+        })?;
+    let blob = |digest: &str| -> Result<Vec<u8>, OciError> {
+        let digest: Digest =
+            digest
+                .parse()
+                .map_err(|e: crate::digest::DigestError| OciError::InvalidLayout {
+                    dir: dir.to_path_buf(),
+                    problem: e.to_string(),
+                })?;
+        let path = layout::blob_path(dir, &digest);
+        fs_err::read(&path).map_err(|e| OciError::Io { path, source: e })
+    };
+    let Some(entry) = index["manifests"].as_array().and_then(|entries| {
+        entries.iter().find(|e| {
+            e["annotations"]["org.opencontainers.image.ref.name"].as_str() == Some(name.as_str())
+        })
+    }) else {
+        return Ok(None);
+    };
+    let manifest: serde_json::Value = serde_json::from_slice(&blob(
+        entry["digest"].as_str().unwrap_or_default(),
+    )?)
+    .map_err(|source| OciError::Json {
+        path: dir.join("blobs"),
+        what: "a report artifact manifest",
+        source,
+    })?;
+    match manifest["layers"][0]["digest"].as_str() {
+        Some(digest) => Ok(Some(blob(digest)?)),
+        None => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,58 +354,5 @@ mod tests {
         assert_eq!(second[LABEL_VERIFIED], "2026-03-01T00:00:00Z");
         assert_eq!(second[LABEL_DRIVER], "535.104.05,550.54.15");
         assert!(second[LABEL_GPUS].contains("NVIDIA H200 (sm_90)"));
-    }
-}
-
-/// The report stored beside `ref_name` in the layout at `dir`, as its canonical bytes.
-pub fn stored_report(dir: &Path, ref_name: &str) -> Result<Option<Vec<u8>>, OciError> {
-    let name = report_ref(ref_name);
-    if !layout::list_refs(dir)?.contains(&name) {
-        return Ok(None);
-    }
-    let index: serde_json::Value =
-        serde_json::from_slice(&fs_err::read(dir.join("index.json")).map_err(|e| {
-            OciError::Io {
-                path: dir.join("index.json"),
-                source: e.into(),
-            }
-        })?)
-        .map_err(|source| OciError::Json {
-            path: dir.join("index.json"),
-            what: "an OCI image index",
-            source,
-        })?;
-    let blob = |digest: &str| -> Result<Vec<u8>, OciError> {
-        let digest: Digest =
-            digest
-                .parse()
-                .map_err(|e: crate::digest::DigestError| OciError::InvalidLayout {
-                    dir: dir.to_path_buf(),
-                    problem: e.to_string(),
-                })?;
-        let path = layout::blob_path(dir, &digest);
-        fs_err::read(&path).map_err(|e| OciError::Io {
-            path,
-            source: e.into(),
-        })
-    };
-    let Some(entry) = index["manifests"].as_array().and_then(|entries| {
-        entries.iter().find(|e| {
-            e["annotations"]["org.opencontainers.image.ref.name"].as_str() == Some(name.as_str())
-        })
-    }) else {
-        return Ok(None);
-    };
-    let manifest: serde_json::Value = serde_json::from_slice(&blob(
-        entry["digest"].as_str().unwrap_or_default(),
-    )?)
-    .map_err(|source| OciError::Json {
-        path: dir.join("blobs"),
-        what: "a report artifact manifest",
-        source,
-    })?;
-    match manifest["layers"][0]["digest"].as_str() {
-        Some(digest) => Ok(Some(blob(digest)?)),
-        None => Ok(None),
     }
 }
