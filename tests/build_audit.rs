@@ -218,7 +218,7 @@ fn stack(root: &Path, name: &str, defects: &Defects) -> PathBuf {
 
 fn build(recipe: &Path, layout: &Path) -> (bool, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
-        .args(["build", "--layout"])
+        .args(["build", "--no-verify", "--layout"])
         .arg(layout)
         .arg("--cache-dir")
         .arg(e2e_support::cache_dir())

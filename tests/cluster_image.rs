@@ -147,7 +147,7 @@ fn default_build_is_ready_for_enroot_apptainer_and_kubernetes() {
     let layout = work.path().join("layout");
     // No --compression flag: the default is what clusters get.
     let build = Command::new(env!("CARGO_BIN_EXE_cudastack"))
-        .args(["build", "--layout"])
+        .args(["build", "--no-verify", "--layout"])
         .arg(&layout)
         .arg("--cache-dir")
         .arg(e2e_support::cache_dir())

@@ -346,3 +346,68 @@ fn check_detect_on_a_machine_without_a_driver() {
     assert_eq!(given.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&given.stdout).contains("runs the build's sm_80 kernels"));
 }
+
+/// A container whose image has no probe: the runner says the probe produced no report
+/// (with the container's output), and an untagged image it loaded is not left behind.
+#[test]
+fn an_image_without_the_probe_is_a_clear_error_and_leaves_nothing() {
+    use cudastack::layer::{self, BuildOptions, Compression, Entry, LayerContents, LayerPath};
+    if !std::path::Path::new("/bin/busybox").exists()
+        || !Command::new("docker")
+            .arg("info")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    {
+        eprintln!("skipped: needs /bin/busybox (busybox-static) and a running Docker daemon");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let p = |s: &str| LayerPath::parse(s).unwrap();
+    let contents = LayerContents::from_entries([
+        Entry::file_bytes(
+            p("bin/busybox"),
+            0o755,
+            std::fs::read("/bin/busybox").unwrap(),
+        ),
+        Entry::symlink(p("bin/sh"), "busybox"),
+        Entry::symlink(p("bin/python3"), "busybox"),
+        Entry::file_bytes(
+            p("etc/marker"),
+            0o644,
+            format!("verify-noprobe {}\n", std::process::id()).into_bytes(),
+        ),
+    ])
+    .unwrap();
+    let layer = layer::build(
+        &store,
+        &contents,
+        &BuildOptions::new(1_700_000_000, Compression::Gzip { level: 1 }),
+    )
+    .unwrap();
+    let image = cudastack::oci::Image::new(1_700_000_000)
+        .with_layer(layer, "busybox")
+        .with_env("PATH", "/bin");
+    let dir = work.path().join("layout");
+    layout::write(&image, &dir, "latest").unwrap();
+    let id = image.documents().unwrap().config.digest.to_string();
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let engine = rt.block_on(cudastack::engine::Engine::connect()).unwrap();
+    let settings = cudastack::verify::runner::VerifySettings {
+        gpus: cudastack::verify::runner::GpuChoice::Exactly(cudastack::engine::GpuRequest::None),
+        timeout: std::time::Duration::from_secs(120),
+        ..Default::default()
+    };
+    let error = rt
+        .block_on(cudastack::verify::runner::verify_layout(
+            &engine, &dir, "latest", &settings,
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("produced no report"), "{error}");
+    assert!(
+        !rt.block_on(engine.image_exists(&id)).unwrap(),
+        "the untagged image {id} was left in the daemon"
+    );
+}

@@ -121,6 +121,9 @@ pub async fn verify_layout(
     };
     let resolved = layout::resolve(dir, ref_name)?;
     let tags = layout_tags(dir, ref_name)?;
+    let was_present = engine
+        .image_exists(&resolved.config_digest.to_string())
+        .await?;
     let load = engine.load_layout(dir, ref_name, &tags).await?;
     let image = load.image_id.to_string();
     let mut spec = RunSpec::new(image.clone(), probe_command(settings.level));
@@ -131,8 +134,13 @@ pub async fn verify_layout(
         "io.cudastack.verify".to_string(),
         resolved.manifest_digest.to_string(),
     )];
-    // The image stays loaded and tagged (like `docker build` leaves its result).
-    let outcome = engine.run(&spec).await?;
+    // A tagged image stays loaded (like `docker build` leaves its result); one without tags
+    // would only be an anonymous leftover, so it goes again if this run brought it.
+    let outcome = engine.run(&spec).await;
+    if tags.is_empty() && !was_present {
+        let _ = engine.remove_image(&image).await;
+    }
+    let outcome = outcome?;
     let location = format!("oci:{}:{ref_name}", dir.display());
     if outcome.timed_out {
         return Err(VerifyError::TimedOut {
