@@ -21,6 +21,7 @@
 
 pub mod check;
 pub mod expect;
+pub mod glibc;
 pub mod record;
 pub mod report;
 pub mod runner;
