@@ -7,7 +7,8 @@
 //!   is no `DT_RUNPATH`), `LD_LIBRARY_PATH` (from the image config), `DT_RUNPATH` (`$ORIGIN`
 //!   expanded), the `/etc/ld.so.conf(.d)` directories inside the root, then the default
 //!   directories. Libraries the NVIDIA container runtime injects from the host driver are
-//!   exempt ([`is_driver_library`]), and so are SONAMEs the caller declares preloaded
+//!   exempt ([`is_driver_library`]), as are the site MPI/UCX libraries of NVSHMEM's
+//!   optional plugins ([`is_site_fabric_dependency`]), and so are SONAMEs the caller declares preloaded
 //!   ([`AuditOptions::preloaded`]) when the image holds exactly one copy;
 //! - the library a NEEDED resolved to defines every symbol version required from it
 //!   (`GLIBC_2.34`: the "version not found" load failure), and every executable's program
@@ -38,13 +39,17 @@ use crate::digest::{Digest, HashingWriter};
 use crate::elf::{expand_origin, read_elf, ElfClass, ElfError, ElfInfo, ElfProbe, Machine};
 use rootfs::{host_path, resolve_in_root, Resolution};
 
-/// The loader's built-in search directories (glibc on x86_64 Debian/Ubuntu/RHEL: the
-/// trusted directories plus the multiarch ones ldconfig caches by default).
+/// The loader's built-in search directories (glibc on Debian/Ubuntu/RHEL: the trusted
+/// directories plus the multiarch ones ldconfig caches by default), for x86_64 and
+/// aarch64 images alike: a directory of the other architecture cannot satisfy a NEEDED,
+/// because every candidate must match the requester's ELF class and machine.
 pub const DEFAULT_LIBRARY_DIRS: &[&str] = &[
     "/lib",
     "/usr/lib",
     "/lib/x86_64-linux-gnu",
     "/usr/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
     "/lib64",
     "/usr/lib64",
 ];
@@ -191,6 +196,23 @@ pub fn is_driver_library(name: &str) -> bool {
         name,
         "libcuda.so" | "libcuda.so.1" | "libcudadebugger.so.1" | "libnvcuvid.so.1"
     ) || name.starts_with("libnvidia-")
+}
+
+/// NVSHMEM's bootstrap and transport plugins (`nvshmem_bootstrap_mpi.so.3`,
+/// `nvshmem_transport_ucx.so.3`, ...) link the cluster's own MPI / PMIx / OpenSHMEM / UCX /
+/// libfabric, which must match the site's network stack and so come from the host or a
+/// site module; NVSHMEM opens a plugin only when `NVSHMEM_BOOTSTRAP` or
+/// `NVSHMEM_REMOTE_TRANSPORT` selects it. Those NEEDED entries of those plugins are
+/// expected to be unresolved in the image (torch >= 2.9 pulls nvidia-nvshmem in).
+pub fn is_site_fabric_dependency(requester: &Path, needed: &str) -> bool {
+    let plugin = requester
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("nvshmem_bootstrap_") || n.starts_with("nvshmem_transport_"));
+    plugin
+        && ["libmpi.so", "liboshmem.so", "libpmix.so", "libucp.so", "libucs.so", "libuct.so", "libfabric.so"]
+            .iter()
+            .any(|prefix| needed.starts_with(prefix))
 }
 
 /// A cuDNN version as one source states it; sources that only know the major leave the rest None.
@@ -678,7 +700,7 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
         let mut resolved_needed: HashMap<&str, PathBuf> = HashMap::new();
         for needed in &info.needed {
             needed_checked += 1;
-            if is_driver_library(needed) {
+            if is_driver_library(needed) || is_site_fabric_dependency(path, needed) {
                 continue;
             }
             if needed.contains('/') {
@@ -1091,6 +1113,10 @@ mod tests {
             assert!(is_driver_library(name), "{name}");
         }
         assert!(!is_driver_library("libcudart.so.12"));
+        let plugin = Path::new("/usr/local/cuda-13.0/targets/sbsa-linux/lib/nvshmem_bootstrap_mpi.so.3.4.5");
+        assert!(is_site_fabric_dependency(plugin, "libmpi.so.40"));
+        assert!(!is_site_fabric_dependency(plugin, "libstdc++.so.6"));
+        assert!(!is_site_fabric_dependency(Path::new("/usr/lib/libtorch.so"), "libmpi.so.40"));
         assert!(!is_driver_library("libcudnn.so.9"));
     }
 

@@ -58,6 +58,11 @@ pub struct BuildArgs {
     /// Skip the verification stage whatever the recipe's `verify.gpu` says.
     #[arg(long)]
     no_verify: bool,
+    /// Build only these of the recipe's platforms (`linux/amd64`, `linux/arm64`; repeat or
+    /// separate with commas). Default: every platform the recipe names; several give an
+    /// OCI image index.
+    #[arg(long = "platform", value_delimiter = ',', value_name = "PLATFORM")]
+    platforms: Vec<cudastack::recipe::Platform>,
 }
 
 struct StderrProgress {
@@ -111,6 +116,7 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         compression,
         offline: args.offline,
         registry: args.registry,
+        platforms: (!args.platforms.is_empty()).then_some(args.platforms),
     };
     let progress = StderrProgress {
         quiet: printer.quiet,
@@ -124,20 +130,36 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         .gpu;
     let report = runtime.block_on(build(&settings, Matrix::embedded(), &progress))?;
     // Verify before loading or pushing, so a verified image is what gets published.
-    let verified = if args.no_verify {
-        None
-    } else {
-        super::verify::after_build(&report.layout, &report.ref_name, policy, printer, &runtime)?
+    // Both run the image of this host's platform; an image index is pushed whole.
+    let verified = match (&report.host_ref, args.no_verify) {
+        (_, true) => None,
+        (Some(host_ref), false) => {
+            super::verify::after_build(&report.layout, host_ref, policy, printer, &runtime)?
+        }
+        (None, false) => {
+            printer.status(format!(
+                "verify  skipped: this build has no image for this host ({}); verify it on a {} machine",
+                std::env::consts::ARCH,
+                report.platforms.iter().map(|p| p.platform.as_str()).collect::<Vec<_>>().join(" or ")
+            ));
+            None
+        }
     };
-    let loaded = if args.load {
-        Some(runtime.block_on(super::load::load(
+    let loaded = match (&report.host_ref, args.load) {
+        (_, false) => None,
+        (Some(host_ref), true) => Some(runtime.block_on(super::load::load(
             &report.layout,
-            &report.ref_name,
+            host_ref,
             &report.tags,
             printer,
-        ))?)
-    } else {
-        None
+        ))?),
+        (None, true) => {
+            return Err(format!(
+                "--load: this build has no image for this host's platform ({}); Docker runs images of its own platform",
+                std::env::consts::ARCH
+            )
+            .into())
+        }
     };
     let pushed = match push_target {
         Some((reference, options)) => Some(super::push::push_and_report(
@@ -174,6 +196,18 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
             report.audit.needed_checked,
             if report.audit_cached { " (cached)" } else { "" }
         ));
+        if report.platforms.len() > 1 {
+            for platform in &report.platforms {
+                printer.status(format!(
+                    "  {}: {} ({}), oci:{}:{}",
+                    platform.platform,
+                    platform.manifest_digest,
+                    human_bytes(platform.size),
+                    report.layout.display(),
+                    platform.ref_name
+                ));
+            }
+        }
         println!("{}", report.manifest_digest);
         println!("oci:{}:{}", report.layout.display(), report.ref_name);
         for tag in &report.tags {

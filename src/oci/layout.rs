@@ -45,6 +45,47 @@ pub fn write(image: &Image, dir: &Path, ref_name: &str) -> Result<Digest, OciErr
         }
     }
 
+    name_in_index(dir, documents.manifest_descriptor(), ref_name)?;
+    Ok(documents.manifest.digest)
+}
+
+/// Write an image index over images already in the layout at `dir` (each given by its
+/// manifest descriptor and platform) and name it `ref_name`: a multi-platform image, as
+/// `docker buildx` publishes one. Returns the index digest.
+pub fn write_index(
+    dir: &Path,
+    images: &[(oci_spec::image::Descriptor, oci_spec::image::Platform)],
+    ref_name: &str,
+) -> Result<Digest, OciError> {
+    let children = images
+        .iter()
+        .map(|(descriptor, platform)| {
+            let mut child = descriptor.clone();
+            child.set_platform(Some(platform.clone()));
+            child.set_annotations(None);
+            child
+        })
+        .collect();
+    let (_, bytes) = super::image_index(children)?;
+    let digest = Digest::of_bytes(&bytes);
+    let path = blob_path(dir, &digest);
+    if !path.is_file() {
+        write_atomic(dir, &path, &bytes)?;
+    }
+    name_in_index(
+        dir,
+        super::descriptor(MediaType::ImageIndex, &digest, bytes.len() as u64),
+        ref_name,
+    )?;
+    Ok(digest)
+}
+
+/// Add (or move) the name `ref_name` in the layout's `index.json` to `descriptor`.
+fn name_in_index(
+    dir: &Path,
+    descriptor: oci_spec::image::Descriptor,
+    ref_name: &str,
+) -> Result<(), OciError> {
     let index_path = dir.join("index.json");
     let mut manifests = match read_index(dir) {
         Ok(index) => index.manifests().clone(),
@@ -53,15 +94,82 @@ pub fn write(image: &Image, dir: &Path, ref_name: &str) -> Result<Digest, OciErr
     };
     manifests.retain(|existing| ref_name_of(existing) != Some(ref_name));
     let annotations = HashMap::from([(ANNOTATION_REF_NAME.to_string(), ref_name.to_string())]);
-    manifests.push(annotated(documents.manifest_descriptor(), annotations));
+    manifests.push(annotated(descriptor, annotations));
     // A fixed order, so the same set of images gives the same index.json.
     manifests.sort_by(|a, b| {
         (ref_name_of(a), a.digest().to_string()).cmp(&(ref_name_of(b), b.digest().to_string()))
     });
     let (index, bytes) = super::image_index(manifests)?;
     write_docker_manifest(dir, index.manifests())?;
-    write_atomic(dir, &index_path, &bytes)?;
-    Ok(documents.manifest.digest)
+    write_atomic(dir, &index_path, &bytes)
+}
+
+/// The OCI architecture of the build host (`amd64`, `arm64`): which image of a
+/// multi-platform index the commands that run or inspect one image pick.
+pub fn host_architecture() -> oci_spec::image::Arch {
+    match std::env::consts::ARCH {
+        "aarch64" => oci_spec::image::Arch::ARM64,
+        _ => oci_spec::image::Arch::Amd64,
+    }
+}
+
+/// The image manifest `ref_name` names: itself, or for an image index, its linux image of
+/// the host's architecture.
+fn image_entry(
+    dir: &Path,
+    index: &ImageIndex,
+    ref_name: &str,
+) -> Result<oci_spec::image::Descriptor, OciError> {
+    let Some(entry) = index
+        .manifests()
+        .iter()
+        .find(|m| ref_name_of(m) == Some(ref_name))
+    else {
+        return Err(OciError::RefNotFound {
+            dir: dir.to_path_buf(),
+            reference: ref_name.to_string(),
+            available: {
+                let names = ref_names(index);
+                if names.is_empty() {
+                    "no named images".to_string()
+                } else {
+                    names.join(", ")
+                }
+            },
+        });
+    };
+    if entry.media_type() != &MediaType::ImageIndex {
+        return Ok(entry.clone());
+    }
+    let child_index: ImageIndex =
+        serde_json::from_slice(&read_blob(dir, entry)?).map_err(|source| OciError::Json {
+            path: dir.join("blobs"),
+            what: "an OCI image index",
+            source,
+        })?;
+    let host = host_architecture();
+    let platforms: Vec<String> = child_index
+        .manifests()
+        .iter()
+        .filter_map(|m| m.platform().as_ref())
+        .map(|p| format!("{}/{}", p.os(), p.architecture()))
+        .collect();
+    child_index
+        .manifests()
+        .iter()
+        .find(|m| {
+            m.platform().as_ref().is_some_and(|p| {
+                p.architecture() == &host && p.os() == &oci_spec::image::Os::Linux
+            })
+        })
+        .cloned()
+        .ok_or_else(|| OciError::InvalidLayout {
+            dir: dir.to_path_buf(),
+            problem: format!(
+                "`{ref_name}` is an image index without a linux/{host} image (it has: {}); name one platform's image instead (`{ref_name}-linux-<arch>`)",
+                platforms.join(", ")
+            ),
+        })
 }
 
 /// Keep a docker-save `manifest.json` beside `index.json` (as Docker 25+ `save` does),
@@ -230,23 +338,7 @@ pub fn blob_path(dir: &Path, digest: &Digest) -> PathBuf {
 /// image's creation time is 0: set the new image's with [`Image::with_created`].
 pub fn read(dir: &Path, ref_name: &str) -> Result<Image, OciError> {
     let index = read_index(dir)?;
-    let Some(entry) = index
-        .manifests()
-        .iter()
-        .find(|m| ref_name_of(m) == Some(ref_name))
-    else {
-        let mut available: Vec<&str> = index.manifests().iter().filter_map(ref_name_of).collect();
-        available.sort();
-        return Err(OciError::RefNotFound {
-            dir: dir.to_path_buf(),
-            reference: ref_name.to_string(),
-            available: if available.is_empty() {
-                "no named images".to_string()
-            } else {
-                available.join(", ")
-            },
-        });
-    };
+    let entry = &image_entry(dir, &index, ref_name)?;
     let invalid = |problem: String| OciError::InvalidLayout {
         dir: dir.to_path_buf(),
         problem,
@@ -331,17 +423,7 @@ pub struct ResolvedImage {
 /// Find `ref_name` in the layout at `dir` and read its manifest and config.
 pub fn resolve(dir: &Path, ref_name: &str) -> Result<ResolvedImage, OciError> {
     let index = read_index(dir)?;
-    let Some(entry) = index
-        .manifests()
-        .iter()
-        .find(|m| ref_name_of(m) == Some(ref_name))
-    else {
-        return Err(OciError::RefNotFound {
-            dir: dir.to_path_buf(),
-            reference: ref_name.to_string(),
-            available: ref_names(&index).join(", "),
-        });
-    };
+    let entry = &image_entry(dir, &index, ref_name)?;
     let invalid = |problem: String| OciError::InvalidLayout {
         dir: dir.to_path_buf(),
         problem,

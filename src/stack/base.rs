@@ -47,6 +47,11 @@ pub struct DebootstrapSpec {
     pub packages: Vec<String>,
     pub mirror: Option<String>,
     pub source_date_epoch: u64,
+    /// The Debian architecture when it is not the build host's (`arm64` on x86_64): the
+    /// packages are unpacked, not configured, and [`foreign_base`] finishes the root.
+    /// Absent from the cache key of native bases, so their keys did not change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub foreign_architecture: Option<String>,
 }
 
 impl DebootstrapSpec {
@@ -60,16 +65,50 @@ impl DebootstrapSpec {
             packages: ["python3", "ca-certificates"].map(String::from).to_vec(),
             mirror: None,
             source_date_epoch,
+            foreign_architecture: None,
         }
     }
 
+    /// The same base for the Debian architecture `architecture` (`amd64`, `arm64`):
+    /// foreign when it is not the build host's.
+    pub fn for_architecture(mut self, architecture: &str) -> Self {
+        self.foreign_architecture =
+            (architecture != host_debian_architecture()).then(|| architecture.to_string());
+        self
+    }
+
     fn mirror(&self) -> String {
+        let architecture = self
+            .foreign_architecture
+            .as_deref()
+            .unwrap_or(host_debian_architecture());
+        let ports = !matches!(architecture, "amd64" | "i386");
         self.mirror
             .clone()
             .unwrap_or_else(|| match self.distro.as_str() {
+                // Ubuntu serves architectures other than amd64/i386 from a separate archive.
+                "ubuntu" if ports => "http://ports.ubuntu.com/ubuntu-ports".to_string(),
                 "ubuntu" => "http://archive.ubuntu.com/ubuntu".to_string(),
                 _ => "http://deb.debian.org/debian".to_string(),
             })
+    }
+}
+
+/// The Debian name of the build host's architecture.
+pub fn host_debian_architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "powerpc64" => "ppc64el",
+        other => other,
+    }
+}
+
+/// The ELF machine of a Debian architecture's objects.
+fn machine_of(architecture: &str) -> crate::elf::Machine {
+    match architecture {
+        "arm64" => crate::elf::Machine::Aarch64,
+        _ => crate::elf::Machine::X86_64,
     }
 }
 
@@ -79,14 +118,40 @@ pub fn debootstrap(spec: &DebootstrapSpec, dest: &Path) -> Result<(), BaseError>
     if which("mmdebstrap").is_none() {
         return Err(BaseError::MmdebstrapMissing);
     }
+    // Caches, logs and the package lists change with every run and are no use in an image.
+    const CLEAN: &str = "rm -rf \"$1\"/var/cache/apt/* \"$1\"/var/lib/apt/lists/* \"$1\"/var/log/* \"$1\"/var/cache/ldconfig/aux-cache";
     let mut command = Command::new("mmdebstrap");
+    command.arg("--mode=root").arg("--quiet");
+    match &spec.foreign_architecture {
+        None => {
+            command
+                .arg("--variant=minbase")
+                .arg(format!("--include={}", spec.packages.join(",")))
+                .arg(format!("--customize-hook={CLEAN}"));
+        }
+        Some(architecture) => {
+            // No emulation: unpack what minbase installs (the Essential set and apt, whose
+            // libstdc++ every C++ wheel links) and ours,
+            // keep the .debs for the dpkg database hook, and finish the root below. The
+            // extract variant runs only extract hooks.
+            command
+                .arg("--variant=extract")
+                .arg(format!("--architectures={architecture}"))
+                .arg("--include=?essential")
+                .arg(format!("--include=apt,{}", spec.packages.join(",")))
+                .arg("--skip=download/empty")
+                .arg(format!(
+                    "--extract-hook={}",
+                    crate::stack::foreign_base::DPKG_STATUS_HOOK
+                ))
+                .arg(format!("--extract-hook={CLEAN}"));
+            let merged_usr = Path::new("/usr/share/mmdebstrap/hooks/merged-usr");
+            if merged_usr.is_dir() {
+                command.arg(format!("--hook-dir={}", merged_usr.display()));
+            }
+        }
+    }
     command
-        .arg("--variant=minbase")
-        .arg("--mode=root")
-        .arg("--quiet")
-        .arg(format!("--include={}", spec.packages.join(",")))
-        // Caches, logs and the package lists change with every run and are no use in an image.
-        .arg("--customize-hook=rm -rf \"$1\"/var/cache/apt/* \"$1\"/var/lib/apt/lists/* \"$1\"/var/log/* \"$1\"/var/cache/ldconfig/aux-cache")
         .arg(&spec.release)
         .arg(dest)
         .arg(spec.mirror())
@@ -113,6 +178,9 @@ pub fn debootstrap(spec: &DebootstrapSpec, dest: &Path) -> Result<(), BaseError>
             command: shown,
             output: tail.join("\n"),
         });
+    }
+    if let Some(architecture) = &spec.foreign_architecture {
+        crate::stack::foreign_base::finish_unpacked_root(dest, machine_of(architecture))?;
     }
     // Device nodes are the runtime's business (it mounts /dev); keep /dev itself, empty.
     let dev = dest.join("dev");
@@ -182,7 +250,8 @@ pub fn inspect_rootfs(root: &Path) -> Result<RootfsFacts, BaseError> {
     })
 }
 
-/// The installed version of `package` in a dpkg status file.
+/// The version of `package` in a dpkg status file, when its files are on disk: installed,
+/// or unpacked (a foreign-architecture base, see [`crate::stack::foreign_base`]).
 pub fn dpkg_version(status: &str, package: &str) -> Option<String> {
     status.split("\n\n").find_map(|stanza| {
         let mut name = None;
@@ -194,7 +263,8 @@ pub fn dpkg_version(status: &str, package: &str) -> Option<String> {
             } else if let Some(value) = line.strip_prefix("Version: ") {
                 version = Some(value.trim());
             } else if let Some(value) = line.strip_prefix("Status: ") {
-                installed = value.trim().ends_with(" installed");
+                let value = value.trim();
+                installed = value.ends_with(" installed") || value.ends_with(" unpacked");
             }
         }
         (name == Some(package) && installed)

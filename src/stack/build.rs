@@ -33,10 +33,11 @@ use crate::lock::lockfile::{ArtifactKind, Lockfile};
 use crate::matrix::validate::{selected_torch_build, validate, Problem};
 use crate::matrix::Matrix;
 use crate::oci::{self, Image};
-use crate::recipe::{Base, Recipe};
+use crate::recipe::{Base, Platform, Recipe};
 use crate::stack::base::{debootstrap, inspect_rootfs, DebootstrapSpec, RootfsFacts};
 use crate::stack::config::{ld_so_conf, stack_config, StackFacts, ToolkitPaths};
-use crate::stack::inputs::lock_path;
+use crate::stack::inputs::platform_lock_path;
+use crate::stack::ldcache;
 use crate::stack::toolkit::{self, NvidiaWheel, Placement};
 use crate::verify::{self, expect::Expectations};
 
@@ -141,6 +142,8 @@ pub struct BuildSettings {
     pub offline: bool,
     /// Substituted for `{registry}` in tag templates.
     pub registry: String,
+    /// The platforms to build; the recipe's `platforms` when None.
+    pub platforms: Option<Vec<Platform>>,
 }
 
 /// Progress lines, one per stage; downloads get their own reporter (bars).
@@ -162,15 +165,45 @@ pub struct LayerReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct BuildReport {
     pub recipe: String,
+    /// What `ref_name` names: the image manifest, or with several platforms the image index.
     pub manifest_digest: Digest,
     pub layout: PathBuf,
     pub ref_name: String,
     pub tags: Vec<String>,
+    /// The ref of the image of the build host's platform, which the verification stage and
+    /// `--load` run (`latest`, or `latest-linux-amd64` beside an index); None when the
+    /// host's platform was not built.
+    pub host_ref: Option<String>,
+    /// The first platform's layers, size and audit (the only one in a single-platform build).
     pub layers: Vec<LayerReport>,
     /// Compressed size of all layers.
     pub size: u64,
     pub audit: AuditSummary,
     pub audit_cached: bool,
+    pub platforms: Vec<PlatformReport>,
+}
+
+/// One platform's image of a build.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlatformReport {
+    pub platform: String,
+    pub manifest_digest: Digest,
+    /// Its own ref in the layout when the build has several platforms.
+    pub ref_name: String,
+    pub layers: Vec<LayerReport>,
+    pub size: u64,
+    pub audit: AuditSummary,
+    pub audit_cached: bool,
+}
+
+/// One platform's assembled image, before it is written.
+struct Assembled {
+    platform: Platform,
+    image: Image,
+    layers: Vec<LayerReport>,
+    audit: AuditSummary,
+    audit_cached: bool,
+    facts: StackFacts,
 }
 
 /// What the static audit looked at (it found nothing wrong, or the build failed).
@@ -273,7 +306,61 @@ pub async fn build(
             problems: validation.errors().cloned().collect(),
         });
     }
-    let lock_file = lock_path(&settings.recipe_path);
+    let platforms = match &settings.platforms {
+        Some(requested) => {
+            let declared = recipe.platforms();
+            if let Some(missing) = requested.iter().find(|p| !declared.contains(p)) {
+                return Err(BuildError::Unsupported(format!(
+                    "recipe `{}` is not made for {missing} (its platforms: {}); add it to `platforms:` and run `cudastack lock` again",
+                    recipe.name,
+                    declared.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ")
+                )));
+            }
+            requested.clone()
+        }
+        None => recipe.platforms(),
+    };
+    let torch_build = selected_torch_build(matrix, &recipe);
+    let epoch = source_date_epoch(&recipe);
+    let options = BuildOptions::new(epoch, settings.compression);
+    let store = BlobStore::open(&settings.cache_root)?;
+    let cache = LayerCache::open(store.clone())?;
+    let staging = Staging::open(&settings.cache_root)?;
+
+    let mut assembled = Vec::new();
+    for &platform in &platforms {
+        if platforms.len() > 1 {
+            progress.stage("platform", platform.as_str());
+        }
+        let lock = read_lock(settings, &recipe, platform)?;
+        // 2. Fetch every artifact by hash.
+        let wheel_paths = fetch_wheels(settings, &lock, &store, progress).await?;
+        // 3. Layers. Heavy work runs on blocking threads.
+        assembled.push(tokio::task::block_in_place(|| {
+            assemble(
+                matrix,
+                &recipe,
+                torch_build,
+                &lock,
+                platform,
+                &wheel_paths,
+                &cache,
+                &staging,
+                &options,
+                progress,
+            )
+        })?);
+    }
+    write_output(settings, &recipe, assembled, progress)
+}
+
+/// The lock of `platform`, present and made from this recipe.
+fn read_lock(
+    settings: &BuildSettings,
+    recipe: &Recipe,
+    platform: Platform,
+) -> Result<Lockfile, BuildError> {
+    let lock_file = platform_lock_path(&settings.recipe_path, platform);
     if !lock_file.exists() {
         return Err(BuildError::NoLock {
             recipe: settings.recipe_path.clone(),
@@ -289,14 +376,17 @@ pub async fn build(
             found: lock.recipe_digest,
         });
     }
-    let torch_build = selected_torch_build(matrix, &recipe);
-    let epoch = source_date_epoch(&recipe);
-    let options = BuildOptions::new(epoch, settings.compression);
-    let store = BlobStore::open(&settings.cache_root)?;
-    let cache = LayerCache::open(store.clone())?;
-    let staging = Staging::open(&settings.cache_root)?;
+    Ok(lock)
+}
 
-    // 2. Fetch every artifact by hash.
+/// Download (or find in the blob store) every wheel of `lock`, each linked under its file
+/// name: wheel name -> (path, sha256, version).
+async fn fetch_wheels(
+    settings: &BuildSettings,
+    lock: &Lockfile,
+    store: &BlobStore,
+    progress: &dyn BuildProgress,
+) -> Result<BTreeMap<String, (PathBuf, Digest, String)>, BuildError> {
     let wheels: Vec<_> = lock
         .artifacts
         .iter()
@@ -346,22 +436,111 @@ pub async fn build(
             (link, artifact.sha256, artifact.version.clone()),
         );
     }
+    Ok(wheel_paths)
+}
 
-    // 3. Layers. Heavy work runs on blocking threads.
-    tokio::task::block_in_place(|| {
-        assemble(
-            settings,
-            matrix,
-            &recipe,
-            torch_build,
-            &lock,
-            &wheel_paths,
-            &cache,
-            &staging,
-            &options,
-            progress,
-        )
+/// The OCI platform of a recipe platform.
+fn oci_platform(platform: Platform) -> oci_spec::image::Platform {
+    let mut oci = oci_spec::image::Platform::default();
+    oci.set_os(oci_spec::image::Os::Linux);
+    oci.set_architecture(match platform {
+        Platform::LinuxAmd64 => oci_spec::image::Arch::Amd64,
+        Platform::LinuxArm64 => oci_spec::image::Arch::ARM64,
+    });
+    oci
+}
+
+/// `latest` -> `latest-linux-arm64`: the ref of one platform's image beside the index.
+pub fn platform_ref(ref_name: &str, platform: Platform) -> String {
+    format!("{ref_name}-linux-{}", platform.oci_architecture())
+}
+
+/// Write the assembled images into the OCI layout: one image under `latest` and the
+/// recipe's tags, or with several platforms each image under its platform ref and an image
+/// index over them under `latest` and the tags.
+fn write_output(
+    settings: &BuildSettings,
+    recipe: &Recipe,
+    assembled: Vec<Assembled>,
+    progress: &dyn BuildProgress,
+) -> Result<BuildReport, BuildError> {
+    let first = assembled.first().expect("at least one platform");
+    let tags = render_tags(
+        recipe,
+        first.facts.torch.as_deref(),
+        first.facts.cudnn.as_deref(),
+        &settings.registry,
+    );
+    let layout = settings
+        .layout_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("images").join(&recipe.name));
+    progress.stage("output", &format!("OCI layout {}", layout.display()));
+    let host = host_platform();
+    let mut platforms = Vec::new();
+    let (manifest_digest, host_ref) = if assembled.len() == 1 {
+        let manifest_digest = oci::layout::write(&first.image, &layout, "latest")?;
+        for tag in &tags {
+            oci::layout::write(&first.image, &layout, tag)?;
+        }
+        (manifest_digest, (Some(first.platform) == host).then(|| "latest".to_string()))
+    } else {
+        let mut children = Vec::new();
+        for built in &assembled {
+            let ref_name = platform_ref("latest", built.platform);
+            oci::layout::write(&built.image, &layout, &ref_name)?;
+            children.push((
+                built.image.documents()?.manifest_descriptor(),
+                oci_platform(built.platform),
+            ));
+        }
+        let digest = oci::layout::write_index(&layout, &children, "latest")?;
+        for tag in &tags {
+            oci::layout::write_index(&layout, &children, tag)?;
+        }
+        let host_ref = host
+            .filter(|h| assembled.iter().any(|a| a.platform == *h))
+            .map(|h| platform_ref("latest", h));
+        (digest, host_ref)
+    };
+    for built in &assembled {
+        platforms.push(PlatformReport {
+            platform: built.platform.as_str().to_string(),
+            manifest_digest: built.image.digest()?,
+            ref_name: if assembled.len() == 1 {
+                "latest".to_string()
+            } else {
+                platform_ref("latest", built.platform)
+            },
+            size: built.layers.iter().map(|l| l.size).sum(),
+            layers: built.layers.clone(),
+            audit: built.audit.clone(),
+            audit_cached: built.audit_cached,
+        });
+    }
+    let first = &platforms[0];
+    Ok(BuildReport {
+        recipe: recipe.name.clone(),
+        manifest_digest,
+        layout,
+        ref_name: "latest".into(),
+        tags,
+        host_ref,
+        layers: first.layers.clone(),
+        size: first.size,
+        audit: first.audit.clone(),
+        audit_cached: first.audit_cached,
+        platforms,
     })
+}
+
+/// The recipe platform of the build host, if it is one cudastack builds.
+pub fn host_platform() -> Option<Platform> {
+    match std::env::consts::ARCH {
+        "x86_64" => Some(Platform::LinuxAmd64),
+        "aarch64" => Some(Platform::LinuxArm64),
+        _ => None,
+    }
 }
 
 /// Fills a staging directory with a layer's tree.
@@ -377,19 +556,22 @@ struct LayerPlan<'a> {
 
 #[allow(clippy::too_many_arguments)]
 fn assemble(
-    settings: &BuildSettings,
     matrix: &Matrix,
     recipe: &Recipe,
     torch_build: Option<&crate::matrix::TorchBuild>,
     lock: &Lockfile,
+    platform: Platform,
     wheels: &BTreeMap<String, (PathBuf, Digest, String)>,
     cache: &LayerCache,
     staging: &Staging,
     options: &BuildOptions,
     progress: &dyn BuildProgress,
-) -> Result<BuildReport, BuildError> {
-    let paths = ToolkitPaths {
-        cuda: recipe.cuda.version,
+) -> Result<Assembled, BuildError> {
+    let arch = lock.target.arch;
+    let paths = ToolkitPaths::new(recipe.cuda.version, arch);
+    let machine = match arch {
+        crate::lock::target::Arch::X86_64 => crate::elf::Machine::X86_64,
+        crate::lock::target::Arch::Aarch64 => crate::elf::Machine::Aarch64,
     };
     let flavor = recipe.cuda.flavor;
 
@@ -399,7 +581,8 @@ fn assemble(
         Base::Ubuntu(release) => ("ubuntu", release.as_str()),
         other => return Err(BuildError::Unsupported(format!("base {other} is not supported by `cudastack build` yet; build from `debian:` or `ubuntu:` releases"))),
     };
-    let mut base_spec = DebootstrapSpec::for_python_stack(distro, release, options.mtime);
+    let mut base_spec = DebootstrapSpec::for_python_stack(distro, release, options.mtime)
+        .for_architecture(platform.debian_architecture());
     // cuFile's RDMA plugin (GPUDirect Storage, nvidia-cufile wheels from torch 2.7 on) links
     // the rdma-core user-space libraries; the distribution's packages provide them, so every
     // DT_NEEDED in the image resolves.
@@ -412,7 +595,14 @@ fn assemble(
             .packages
             .extend(["libibverbs1", "librdmacm1", "ibverbs-providers"].map(String::from));
     }
-    let base_key = CacheKey::new(&format!("{ASSEMBLER}/base-mmdebstrap"), &[], &base_spec);
+    let base_assembler = match base_spec.foreign_architecture {
+        None => format!("{ASSEMBLER}/base-mmdebstrap"),
+        Some(_) => format!(
+            "{ASSEMBLER}/base-mmdebstrap-{}",
+            crate::stack::foreign_base::ASSEMBLER
+        ),
+    };
+    let base_key = CacheKey::new(&base_assembler, &[], &base_spec);
     let base_dir = staging.dir(&base_key);
 
     // CUDA toolkit and cuDNN from the nvidia-* wheels.
@@ -555,9 +745,14 @@ fn assemble(
             &[&base_dir, &toolkit_dir, &cudnn_dir, &python_dir, dir],
             &merged,
         )?;
-        run(Command::new("ldconfig").arg("-r").arg(&merged))?;
-        let cache_bytes =
-            fs_err::read(merged.join("etc/ld.so.cache")).map_err(io_error(&merged))?;
+        let cache_bytes = if Some(platform) == host_platform() {
+            run(Command::new("ldconfig").arg("-r").arg(&merged))?;
+            fs_err::read(merged.join("etc/ld.so.cache")).map_err(io_error(&merged))?
+        } else {
+            // The host's ldconfig skips objects of another machine.
+            ldcache::ld_so_cache(&merged, machine)
+                .map_err(|e| BuildError::Unsupported(e.to_string()))?
+        };
         write_file(&dir.join("etc/ld.so.cache"), &cache_bytes)
     };
 
@@ -709,7 +904,7 @@ fn assemble(
         os: base_facts.os.clone(),
         created: oci::rfc3339(options.mtime),
     };
-    let config = stack_config(matrix, recipe, torch_build, &stack_facts);
+    let config = stack_config(matrix, recipe, torch_build, &stack_facts, arch);
 
     // The static audit of the assembled filesystem, cached per set of layers.
     let diff_ids: Vec<Digest> = layers.iter().map(|(report, _)| report.diff_id).collect();
@@ -780,8 +975,10 @@ fn assemble(
         fs_err::remove_dir_all(&merged).map_err(io_error(&merged))?;
     }
 
-    // Image and output.
-    let mut image = Image::new(options.mtime);
+    let mut image = Image::new(options.mtime).with_platform(
+        oci_platform(platform).architecture().clone(),
+        oci_spec::image::Os::Linux,
+    );
     for (report, layer) in &layers {
         image = image.with_layer(layer.clone(), &format!("cudastack {} layer", report.name));
     }
@@ -792,31 +989,13 @@ fn assemble(
         image = image.with_label(name, value);
     }
     image = image.with_cmd(config.cmd.clone());
-    let tags = render_tags(
-        recipe,
-        stack_facts.torch.as_deref(),
-        stack_facts.cudnn.as_deref(),
-        &settings.registry,
-    );
-    let layout = settings
-        .layout_dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("images").join(&recipe.name));
-    progress.stage("output", &format!("OCI layout {}", layout.display()));
-    let manifest_digest = oci::layout::write(&image, &layout, "latest")?;
-    for tag in &tags {
-        oci::layout::write(&image, &layout, tag)?;
-    }
-    Ok(BuildReport {
-        recipe: recipe.name.clone(),
-        manifest_digest,
-        layout,
-        ref_name: "latest".into(),
-        tags,
-        size: layers.iter().map(|(r, _)| r.size).sum(),
+    Ok(Assembled {
+        platform,
+        image,
         layers: layers.into_iter().map(|(r, _)| r).collect(),
         audit: summary,
         audit_cached,
+        facts: stack_facts,
     })
 }
 

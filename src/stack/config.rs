@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::lock::target::Arch;
 use crate::matrix::validate::nvidia_require_cuda;
 use crate::matrix::{Matrix, TorchBuild};
 use crate::recipe::Recipe;
@@ -22,19 +23,31 @@ pub const NVIDIA_DRIVER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolkitPaths {
     pub cuda: CudaVersion,
+    pub arch: Arch,
 }
 
 impl ToolkitPaths {
+    pub fn new(cuda: CudaVersion, arch: Arch) -> Self {
+        Self { cuda, arch }
+    }
+    /// The `targets/` directory NVIDIA's installers use: `x86_64-linux`, and `sbsa-linux`
+    /// for arm64 servers (the CUDA packages for Grace/GH200/Jetson Thor).
+    pub fn target(&self) -> &'static str {
+        match self.arch {
+            Arch::X86_64 => "x86_64-linux",
+            Arch::Aarch64 => "sbsa-linux",
+        }
+    }
     /// `/usr/local/cuda-12.1`
     pub fn home(&self) -> String {
         format!("/usr/local/cuda-{}", self.cuda.line())
     }
     /// `/usr/local/cuda-12.1/targets/x86_64-linux/lib`: the one CUDA library directory.
     pub fn lib_dir(&self) -> String {
-        format!("{}/targets/x86_64-linux/lib", self.home())
+        format!("{}/targets/{}/lib", self.home(), self.target())
     }
     pub fn include_dir(&self) -> String {
-        format!("{}/targets/x86_64-linux/include", self.home())
+        format!("{}/targets/{}/include", self.home(), self.target())
     }
     pub fn bin_dir(&self) -> String {
         format!("{}/bin", self.home())
@@ -65,10 +78,9 @@ pub fn stack_config(
     recipe: &Recipe,
     torch_build: Option<&TorchBuild>,
     facts: &StackFacts,
+    arch: Arch,
 ) -> StackConfig {
-    let paths = ToolkitPaths {
-        cuda: recipe.cuda.version,
-    };
+    let paths = ToolkitPaths::new(recipe.cuda.version, arch);
     let mut env = vec![
         (
             "PATH".to_string(),
@@ -181,11 +193,24 @@ mod tests {
                 created: "2024-10-01T00:00:00Z".into(),
                 ..Default::default()
             },
+            Arch::X86_64,
         );
         let env: BTreeMap<_, _> = config.env.into_iter().collect();
         assert_eq!(
             env["LD_LIBRARY_PATH"],
             "/usr/local/cuda-12.1/targets/x86_64-linux/lib:/usr/local/nvidia/lib64"
+        );
+        let arm64 = stack_config(
+            Matrix::embedded(),
+            &recipe,
+            None,
+            &StackFacts::default(),
+            Arch::Aarch64,
+        );
+        let arm64_env: BTreeMap<_, _> = arm64.env.into_iter().collect();
+        assert_eq!(
+            arm64_env["LD_LIBRARY_PATH"],
+            "/usr/local/cuda-12.1/targets/sbsa-linux/lib:/usr/local/nvidia/lib64"
         );
         assert_eq!(env["CUDA_HOME"], "/usr/local/cuda-12.1");
         // The floor driver supports 12.2, but the image needs only 12.1.

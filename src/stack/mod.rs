@@ -4,5 +4,7 @@
 pub mod base;
 pub mod build;
 pub mod config;
+pub mod foreign_base;
 pub mod inputs;
+pub mod ldcache;
 pub mod toolkit;

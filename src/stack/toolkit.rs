@@ -6,6 +6,7 @@
 //! /usr/local/cuda-12.1/{lib64 -> targets/x86_64-linux/lib, include -> targets/x86_64-linux/include}
 //! /usr/local/cuda-12.1/{bin,nvvm}          (devel flavor: nvcc and its helpers)
 //! ```
+//! (`targets/sbsa-linux` for linux/arm64, as NVIDIA's SBSA packages have it).
 //! Wheels cannot hold symlinks, so each library arrives as one regular file named after its
 //! SONAME (`libcudnn.so.9`). The file is renamed to its full version (`libcudnn.so.9.1.0`,
 //! as NVIDIA's archives name it) and the chain `libcudnn.so -> libcudnn.so.9 ->
@@ -213,11 +214,12 @@ pub fn stage(
 
     if top_links {
         let home = root.join(paths.home().trim_start_matches('/'));
+        let targets = format!("targets/{}", paths.target());
         for (link, target) in [
-            ("lib64", "targets/x86_64-linux/lib"),
-            ("include", "targets/x86_64-linux/include"),
+            ("lib64", format!("{targets}/lib")),
+            ("include", format!("{targets}/include")),
         ] {
-            fs_err::create_dir_all(home.join(target)).map_err(io_error(&home))?;
+            fs_err::create_dir_all(home.join(&target)).map_err(io_error(&home))?;
             let path = home.join(link);
             std::os::unix::fs::symlink(target, &path).map_err(io_error(&path))?;
         }
@@ -242,6 +244,7 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), ToolkitError> {
 mod tests {
     use super::*;
     use crate::version::CudaVersion;
+    use crate::lock::target::Arch;
 
     #[test]
     fn versioned_names_follow_nvidia_archives() {
@@ -274,9 +277,7 @@ mod tests {
 
     #[test]
     fn member_destinations_by_flavor() {
-        let paths = ToolkitPaths {
-            cuda: CudaVersion::new(12, 1, None),
-        };
+        let paths = ToolkitPaths::new(CudaVersion::new(12, 1, None), Arch::X86_64);
         let lib = "usr/local/cuda-12.1/targets/x86_64-linux/lib";
         assert_eq!(
             destination(

@@ -41,9 +41,7 @@ impl Expectations {
                 .find(|a| pick(&a.name))
                 .map(|a| a.version.clone())
         };
-        let paths = ToolkitPaths {
-            cuda: recipe.cuda.version,
-        };
+        let paths = ToolkitPaths::new(recipe.cuda.version, lock.target.arch);
         Self {
             recipe: recipe.name.clone(),
             python: recipe.python.to_string(),

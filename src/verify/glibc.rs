@@ -8,59 +8,29 @@
 //! binary built on Debian 12 (glibc 2.36) needs GLIBC_2.34 (`__libc_start_main@GLIBC_2.34`),
 //! too new for Ubuntu 20.04 (2.31) and UBI 8 (2.28).
 
-use object::elf;
-use object::read::elf::{FileHeader, SectionHeader};
-use object::{Endianness, FileKind};
+use crate::elf::{read_elf_from, ElfProbe};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GlibcError {
-    #[error("not an ELF file ({0})")]
-    NotElf(String),
-    #[error("reading the ELF's version needs: {0}")]
-    Parse(#[from] object::read::Error),
+    #[error("not an ELF file")]
+    NotElf,
+    #[error(transparent)]
+    Elf(#[from] crate::elf::ElfError),
 }
 
-/// `GLIBC_2.2.5` -> (2, 2); `GLIBC_PRIVATE` and other names -> None.
-fn glibc_version(name: &[u8]) -> Option<(u32, u32)> {
-    let text = std::str::from_utf8(name).ok()?.strip_prefix("GLIBC_")?;
-    let mut parts = text.split('.');
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next().unwrap_or("0").parse().ok()?;
-    Some((major, minor))
-}
-
-fn highest<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<Option<(u32, u32)>, GlibcError> {
-    let header = Elf::parse(data)?;
-    let endian = header.endian()?;
-    let sections = header.sections(endian, data)?;
-    let mut best: Option<(u32, u32)> = None;
-    for section in sections.iter() {
-        let Some((mut needs, link)) = section.gnu_verneed(endian, data)? else {
-            continue;
-        };
-        let strings = sections.strings(endian, data, link)?;
-        while let Some((need, mut aux)) = needs.next()? {
-            // Every file's GLIBC_ versions count (libc, libm, libpthread, libdl, librt,
-            // ld-linux ...); other libraries name other version prefixes (GCC_3.0, ...).
-            let _file = need.file(endian, strings)?;
-            while let Some(entry) = aux.next()? {
-                if let Some(version) = glibc_version(entry.name(endian, strings)?) {
-                    best = best.max(Some(version));
-                }
-            }
-        }
-    }
-    Ok(best)
-}
-
-/// The highest `GLIBC_x.y` the ELF's `.gnu.version_r` requires; `None` when it needs no
-/// glibc symbol versions (a static binary, or a musl one).
+/// The highest `GLIBC_x.y` the ELF's `.gnu.version_r` requires (from any glibc library:
+/// libc, libm, libpthread, ld-linux, ...); `None` when it needs no glibc symbol versions
+/// (a static binary, or a musl one). The ELF reading is [`crate::elf`]'s.
 pub fn required_glibc(elf_bytes: &[u8]) -> Result<Option<(u32, u32)>, GlibcError> {
-    match FileKind::parse(elf_bytes).map_err(|e| GlibcError::NotElf(e.to_string()))? {
-        FileKind::Elf64 => highest::<elf::FileHeader64<Endianness>>(elf_bytes),
-        FileKind::Elf32 => highest::<elf::FileHeader32<Endianness>>(elf_bytes),
-        other => Err(GlibcError::NotElf(format!("{other:?}"))),
-    }
+    let probe = read_elf_from(std::io::Cursor::new(elf_bytes), std::path::Path::new("<probe>"))?;
+    let ElfProbe::Elf(info) = probe else {
+        return Err(GlibcError::NotElf);
+    };
+    Ok(info
+        .glibc_versions_required()
+        .into_iter()
+        .max()
+        .map(|v| (v.major, v.minor)))
 }
 
 /// Whether a binary needing `required` starts on an image with glibc `image_glibc`.
@@ -104,14 +74,6 @@ mod tests {
     }
 
     #[test]
-    fn versions_parse() {
-        assert_eq!(glibc_version(b"GLIBC_2.2.5"), Some((2, 2)));
-        assert_eq!(glibc_version(b"GLIBC_2.34"), Some((2, 34)));
-        assert_eq!(glibc_version(b"GLIBC_PRIVATE"), None);
-        assert_eq!(glibc_version(b"GCC_3.0"), None);
-    }
-
-    #[test]
     fn a_gcc_built_program_needs_the_hosts_glibc_at_most() {
         let source = "#include <stdio.h>\n#include <math.h>\nint main(int c, char **v) { printf(\"%f\\n\", exp((double)c)); return 0; }\n";
         let bytes = compile("dyn", source, &["-lm"]).expect("gcc is installed");
@@ -141,7 +103,7 @@ mod tests {
 
     #[test]
     fn not_an_elf_is_an_error() {
-        assert!(matches!(required_glibc(b"#!/bin/sh\necho hi\n"), Err(GlibcError::NotElf(_))));
+        assert!(matches!(required_glibc(b"#!/bin/sh\necho hi\n"), Err(GlibcError::NotElf)));
         assert!(required_glibc(b"\x7fELF\x02\x01\x01").is_err());
     }
 

@@ -2,6 +2,8 @@
 //! cache they share across runs (so a second run is the warm-cache case).
 #![allow(dead_code)]
 
+pub mod stand_in;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

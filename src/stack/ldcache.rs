@@ -1,0 +1,281 @@
+//! `/etc/ld.so.cache` written by cudastack, for images whose architecture the build host's
+//! `ldconfig` cannot read (an x86_64 `ldconfig -r` skips every aarch64 object as "for
+//! unknown machine 183" and searches the x86_64 multiarch directories).
+//!
+//! What it writes is what glibc's `ldconfig` writes (`elf/cache.c`, format
+//! `glibc-ld.so.cache1.1`, no old-format section, no extensions): one entry per SONAME
+//! and directory, for every directory of `/etc/ld.so.conf` (with its includes) and the
+//! loader's system directories, in that order; entries sorted in *descending*
+//! `_dl_cache_libcmp` order because the loader binary-searches them and takes the first
+//! match of a name, so for a SONAME present in two directories the earlier directory wins.
+//! The entry flags carry the ABI the loader of that architecture accepts
+//! (`_DL_CACHE_DEFAULT_ID`); entries with other flags are ignored by it.
+
+use std::cmp::Ordering;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use crate::audit::rootfs::{host_path, resolve_in_root, Resolution};
+use crate::audit::{ld_so_conf_dirs, AuditError};
+use crate::elf::{read_elf, ElfClass, ElfError, ElfProbe, Machine, ObjectKind};
+
+const MAGIC: &[u8; 20] = b"glibc-ld.so.cache1.1";
+const HEADER_SIZE: usize = 48;
+const ENTRY_SIZE: usize = 24;
+/// `cache_file_new_flags_endian_little`.
+const FLAGS_LITTLE_ENDIAN: u8 = 2;
+/// `FLAG_ELF_LIBC6`.
+const FLAG_ELF_LIBC6: i32 = 0x0003;
+/// `FLAG_X8664_LIB64`.
+const FLAG_X8664_LIB64: i32 = 0x0300;
+/// `FLAG_AARCH64_LIB64`.
+const FLAG_AARCH64_LIB64: i32 = 0x0a00;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LdCacheError {
+    #[error("cudastack cannot write a loader cache for {0:?} objects")]
+    UnsupportedMachine(Machine),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+    #[error("failed to read `{path}` while writing the loader cache")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One cache entry: a SONAME and the image path the loader maps for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheEntry {
+    pub soname: String,
+    pub path: String,
+    flags: i32,
+}
+
+/// The loader's system directories of a Debian/Ubuntu (multiarch) glibc, searched after
+/// the ld.so.conf ones.
+fn system_dirs(machine: Machine) -> Result<&'static [&'static str], LdCacheError> {
+    match machine {
+        Machine::X86_64 => Ok(&[
+            "/lib/x86_64-linux-gnu",
+            "/usr/lib/x86_64-linux-gnu",
+            "/lib64",
+            "/usr/lib64",
+            "/lib",
+            "/usr/lib",
+        ]),
+        Machine::Aarch64 => Ok(&[
+            "/lib/aarch64-linux-gnu",
+            "/usr/lib/aarch64-linux-gnu",
+            "/lib64",
+            "/usr/lib64",
+            "/lib",
+            "/usr/lib",
+        ]),
+        other => Err(LdCacheError::UnsupportedMachine(other)),
+    }
+}
+
+fn entry_flags(machine: Machine) -> Result<i32, LdCacheError> {
+    match machine {
+        Machine::X86_64 => Ok(FLAG_ELF_LIBC6 | FLAG_X8664_LIB64),
+        Machine::Aarch64 => Ok(FLAG_ELF_LIBC6 | FLAG_AARCH64_LIB64),
+        other => Err(LdCacheError::UnsupportedMachine(other)),
+    }
+}
+
+/// glibc's `_dl_cache_libcmp`: byte order, except that runs of digits compare as numbers
+/// (`libfoo.so.10` > `libfoo.so.9`) and a digit sorts after any non-digit.
+pub fn libcmp(a: &str, b: &str) -> Ordering {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() {
+        if a[i].is_ascii_digit() {
+            if j < b.len() && b[j].is_ascii_digit() {
+                let (mut x, mut y) = (0u64, 0u64);
+                while i < a.len() && a[i].is_ascii_digit() {
+                    x = x.saturating_mul(10).saturating_add(u64::from(a[i] - b'0'));
+                    i += 1;
+                }
+                while j < b.len() && b[j].is_ascii_digit() {
+                    y = y.saturating_mul(10).saturating_add(u64::from(b[j] - b'0'));
+                    j += 1;
+                }
+                if x != y {
+                    return x.cmp(&y);
+                }
+            } else {
+                return Ordering::Greater;
+            }
+        } else if j < b.len() && b[j].is_ascii_digit() {
+            return Ordering::Less;
+        } else if j >= b.len() || a[i] != b[j] {
+            return a[i].cmp(b.get(j).unwrap_or(&0));
+        } else {
+            i += 1;
+            j += 1;
+        }
+    }
+    0u8.cmp(b.get(j).unwrap_or(&0))
+}
+
+/// The entries `ldconfig` would cache for the image at `root`, in cache order.
+pub fn cache_entries(root: &Path, machine: Machine) -> Result<Vec<CacheEntry>, LdCacheError> {
+    let flags = entry_flags(machine)?;
+    let mut dirs = ld_so_conf_dirs(root)?;
+    dirs.extend(system_dirs(machine)?.iter().map(PathBuf::from));
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LdCacheError::Io { path, source }
+    };
+    let mut scanned = BTreeSet::new();
+    let mut entries = Vec::new();
+    for dir in dirs {
+        // A directory reached twice (merged /usr: /lib/x86_64-linux-gnu is
+        // /usr/lib/x86_64-linux-gnu) is scanned once, under the first name it was given.
+        let Resolution::Found(resolved) = resolve_in_root(root, &dir).map_err(io(&dir))? else {
+            continue;
+        };
+        let host_dir = host_path(root, &resolved);
+        if !host_dir.is_dir() || !scanned.insert(resolved) {
+            continue;
+        }
+        let mut names: Vec<String> = fs_err::read_dir(&host_dir)
+            .map_err(io(&host_dir))?
+            .filter_map(Result::ok)
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| (name.starts_with("lib") || name.starts_with("ld-")) && name.contains(".so"))
+            .collect();
+        names.sort();
+        let mut sonames = BTreeSet::new();
+        for name in names {
+            let image_path = dir.join(&name);
+            let Resolution::Found(target) = resolve_in_root(root, &image_path).map_err(io(&image_path))?
+            else {
+                continue;
+            };
+            let host_file = host_path(root, &target);
+            if !host_file.is_file() {
+                continue;
+            }
+            let info = match read_elf(&host_file) {
+                Ok(ElfProbe::Elf(info)) => info,
+                Ok(ElfProbe::NotElf) | Err(ElfError::Malformed { .. }) => continue,
+                Err(e) => {
+                    return Err(LdCacheError::Io {
+                        path: host_file,
+                        source: std::io::Error::other(e.to_string()),
+                    })
+                }
+            };
+            if info.kind != ObjectKind::SharedObject
+                || info.machine != machine
+                || info.class != ElfClass::Elf64
+            {
+                continue;
+            }
+            let soname = info.soname.unwrap_or_else(|| name.clone());
+            if !sonames.insert(soname.clone()) {
+                continue;
+            }
+            // ldconfig points the entry at DIR/SONAME (the link it maintains); where that
+            // link is missing, at the file itself, so the loader never gets a dead path.
+            let linked = dir.join(&soname);
+            let path = match resolve_in_root(root, &linked).map_err(io(&linked))? {
+                Resolution::Found(_) => linked,
+                _ => image_path,
+            };
+            entries.push(CacheEntry {
+                soname,
+                path: path.to_string_lossy().into_owned(),
+                flags,
+            });
+        }
+    }
+    // Stable: among equal names the earlier directory stays first, and wins.
+    entries.sort_by(|a, b| libcmp(&b.soname, &a.soname));
+    Ok(entries)
+}
+
+/// The bytes of `/etc/ld.so.cache` for `entries` (in the order given).
+pub fn serialize(entries: &[CacheEntry]) -> Vec<u8> {
+    let strings_start = HEADER_SIZE + ENTRY_SIZE * entries.len();
+    let mut strings: Vec<u8> = Vec::new();
+    let mut offsets = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let key = strings_start + strings.len();
+        strings.extend_from_slice(entry.soname.as_bytes());
+        strings.push(0);
+        let value = strings_start + strings.len();
+        strings.extend_from_slice(entry.path.as_bytes());
+        strings.push(0);
+        offsets.push((key as u32, value as u32));
+    }
+    let mut out = Vec::with_capacity(strings_start + strings.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(strings.len() as u32).to_le_bytes());
+    out.push(FLAGS_LITTLE_ENDIAN);
+    out.extend_from_slice(&[0; 3]);
+    // extension_offset (none) and three unused words.
+    out.extend_from_slice(&[0; 16]);
+    debug_assert_eq!(out.len(), HEADER_SIZE);
+    for (entry, (key, value)) in entries.iter().zip(offsets) {
+        out.extend_from_slice(&entry.flags.to_le_bytes());
+        out.extend_from_slice(&key.to_le_bytes());
+        out.extend_from_slice(&value.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes()); // osversion (unused)
+        out.extend_from_slice(&0u64.to_le_bytes()); // hwcap
+    }
+    out.extend_from_slice(&strings);
+    out
+}
+
+/// `ldconfig -r root` for an image of `machine`, as bytes for its `/etc/ld.so.cache`.
+pub fn ld_so_cache(root: &Path, machine: Machine) -> Result<Vec<u8>, LdCacheError> {
+    Ok(serialize(&cache_entries(root, machine)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libcmp_orders_like_glibc() {
+        assert_eq!(libcmp("libfoo.so.10", "libfoo.so.9"), Ordering::Greater);
+        assert_eq!(libcmp("libfoo.so.1", "libfoo.so.1"), Ordering::Equal);
+        assert_eq!(libcmp("libfoo.so", "libfoo.so.1"), Ordering::Less);
+        assert_eq!(libcmp("libc.so.6", "libcap.so.2"), Ordering::Less);
+        // A digit sorts after a non-digit, whatever their bytes.
+        assert_eq!(libcmp("lib1", "libz"), Ordering::Greater);
+        assert_eq!(libcmp("libz", "lib1"), Ordering::Less);
+    }
+
+    #[test]
+    fn serialised_cache_parses_back() {
+        let entries = vec![
+            CacheEntry {
+                soname: "libz.so.1".into(),
+                path: "/usr/lib/aarch64-linux-gnu/libz.so.1".into(),
+                flags: FLAG_ELF_LIBC6 | FLAG_AARCH64_LIB64,
+            },
+            CacheEntry {
+                soname: "libc.so.6".into(),
+                path: "/usr/lib/aarch64-linux-gnu/libc.so.6".into(),
+                flags: FLAG_ELF_LIBC6 | FLAG_AARCH64_LIB64,
+            },
+        ];
+        let bytes = serialize(&entries);
+        let parsed = crate::host::stack::parse_ld_so_cache(&bytes).expect("a cache");
+        let pairs: Vec<_> = parsed.iter().map(|e| (e.name.as_str(), e.path.as_str())).collect();
+        assert_eq!(
+            pairs,
+            [
+                ("libz.so.1", "/usr/lib/aarch64-linux-gnu/libz.so.1"),
+                ("libc.so.6", "/usr/lib/aarch64-linux-gnu/libc.so.6")
+            ]
+        );
+        assert_eq!(i32::from_le_bytes(bytes[48..52].try_into().unwrap()), 0x0a03);
+    }
+}
