@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(docker.io skopeo umoci mmdebstrap docker-registry pigz zstd xz-utils gcc busybox-static shellcheck)
+packages=(docker.io skopeo umoci mmdebstrap docker-registry pigz zstd xz-utils gcc busybox-static shellcheck
+  gcc-aarch64-linux-gnu qemu-user)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
@@ -38,3 +39,13 @@ fi
 
 cargo build --release --locked
 echo "setup: built target/release/cudastack" >&2
+
+# The native verification probe of images without torch, one per CUDA major (cudarc fixes
+# library names at compile time); `cudastack build` bakes target/probe/cudastack-probe-cudaNN.
+mkdir -p target/probe
+for major in 12 13; do
+  cargo build --release --locked --quiet --manifest-path probe/rust/Cargo.toml \
+    --target-dir "target/probe-build/cuda$major" --no-default-features --features "cuda$major"
+  install -m 0755 "target/probe-build/cuda$major/release/cudastack-probe" "target/probe/cudastack-probe-cuda$major"
+done
+echo "setup: built target/probe/cudastack-probe-cuda{12,13}" >&2

@@ -24,3 +24,5 @@ cleanup() {
 trap cleanup EXIT
 
 cargo test --locked --all-targets -- --test-threads="${CUDASTACK_TEST_THREADS:-2}"
+# The native probe's own crate (probe/rust), in the target dir setup.sh built it in.
+cargo test --locked --manifest-path probe/rust/Cargo.toml --target-dir target/probe-build/cuda12

@@ -45,6 +45,7 @@ fn default_build_is_ready_for_enroot_apptainer_and_kubernetes() {
         .arg("--cache-dir")
         .arg(e2e_support::cache_dir())
         .arg(&recipe)
+        .env("CUDASTACK_PROBE_DIR", native_probe_dir())
         .output()
         .unwrap();
     assert!(
@@ -93,6 +94,8 @@ fn default_build_is_ready_for_enroot_apptainer_and_kubernetes() {
         image.layers().len()
     );
 
+    native_probe_runs_in_the_image(&layout, &env, work.path());
+
     match Command::new("apptainer").arg("--version").output() {
         Ok(output) if output.status.success() => {
             let sif = work.path().join("image.sif");
@@ -133,4 +136,58 @@ fn default_build_is_ready_for_enroot_apptainer_and_kubernetes() {
         ),
     }
     eprintln!("skipped the enroot import: `enroot` is not installed (not packaged in Debian; it imports from registries, not OCI layouts)");
+}
+
+/// Where scripts/setup.sh puts the native probes (the build is pointed there explicitly).
+fn native_probe_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/probe")
+}
+
+/// This image has no torch: when the native probe is built (scripts/setup.sh), it is baked
+/// beside probe.py, and `python3 probe.py` in the image hands over to it. Run in a chroot
+/// of the unpacked image with the image's LD_LIBRARY_PATH (no Docker needed, no GPU here:
+/// the GPU levels skip with the reason), against the stand-in libraries.
+fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
+    let Ok(probe) = std::fs::read(native_probe_dir().join(cudastack::verify::native_probe::file_name(12))) else {
+        eprintln!("the native probe is not built (scripts/setup.sh builds target/probe): not checked");
+        return;
+    };
+    let bundle = work.join("bundle");
+    let unpack = Command::new("umoci")
+        .args(["unpack", "--image"])
+        .arg(format!("{}:latest", layout.display()))
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(unpack.status.success(), "{}", String::from_utf8_lossy(&unpack.stderr));
+    let root = bundle.join("rootfs");
+    let baked = root.join(cudastack::verify::native_probe::NATIVE_PROBE_PATH.trim_start_matches('/'));
+    assert_eq!(std::fs::read(&baked).unwrap(), probe, "{}", baked.display());
+    let ld_library_path = env
+        .iter()
+        .find_map(|e| e.strip_prefix("LD_LIBRARY_PATH="))
+        .unwrap();
+    // A private mount namespace with /proc (the probe reads /proc/self/maps) that vanishes
+    // with the process.
+    let output = Command::new("unshare")
+        .args(["--mount", "--fork", "sh", "-c", "mount -t proc proc \"$0/proc\" && exec chroot \"$0\" \"$@\""])
+        .arg(&root)
+        .args(["/usr/bin/env", "-i", "PATH=/usr/bin:/bin"])
+        .arg(format!("LD_LIBRARY_PATH={ld_library_path}"))
+        .args(["python3", cudastack::verify::PROBE_PATH, "--level", "all"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report = cudastack::verify::report::Report::from_output(&stdout, "the probe in the image")
+        .unwrap_or_else(|e| panic!("{e}\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr)));
+    let json = serde_json::to_value(&report).unwrap();
+    assert!(json["probe_version"].as_str().unwrap().starts_with("rust-"), "{json}");
+    for check in json["checks"].as_array().unwrap() {
+        let (id, status) = (check["id"].as_str().unwrap(), check["status"].as_str().unwrap());
+        match check["level"].as_str().unwrap() {
+            "static" => assert_ne!(status, "fail", "{check}"),
+            _ => assert_eq!(status, "skip", "{id} on a machine without a GPU: {check}"),
+        }
+    }
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
 }

@@ -705,6 +705,25 @@ fn assemble(
     // The verification probe and what it should find travel in the config layer, so every
     // runner (Docker, a Kubernetes Job, enroot) runs the same probe with nothing to mount.
     let expect_json = Expectations::for_stack(recipe, torch_build, lock).to_json();
+    // Images without torch get the native probe too (if built, and if it can run there).
+    let has_torch = lock.artifacts.iter().any(|a| a.name == "torch");
+    let native_probe = match (has_torch, Some(platform) == host_platform()) {
+        (true, _) => None,
+        (false, false) => {
+            progress.stage(
+                "probe",
+                &format!("no native probe for {platform} (it is built for this host only): the probe runs the static level alone"),
+            );
+            None
+        }
+        (false, true) => match verify::native_probe::locate(recipe.cuda.version.major) {
+            Ok(probe) => Some(probe),
+            Err(why) => {
+                progress.stage("probe", &format!("{why}: the probe runs the static level alone"));
+                None
+            }
+        },
+    };
     let config_key = CacheKey::new(
         &format!("{ASSEMBLER}/config"),
         &[
@@ -716,7 +735,10 @@ fn assemble(
             Digest::of_bytes(lock_json.as_bytes()),
             Digest::of_bytes(verify::PROBE_SOURCE.as_bytes()),
             Digest::of_bytes(&expect_json),
-        ],
+        ]
+        .into_iter()
+        .chain(native_probe.as_ref().map(|p| p.digest))
+        .collect::<Vec<_>>(),
         &conf_text,
     );
     let config_dir = staging.dir(&config_key);
@@ -741,6 +763,21 @@ fn assemble(
         write_file(&probe, verify::PROBE_SOURCE.as_bytes())?;
         std::fs::set_permissions(&probe, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .map_err(io_error(&probe))?;
+        if let Some(native) = &native_probe {
+            let glibc = inspect_rootfs(&base_dir)?.glibc;
+            match (native.required_glibc, glibc) {
+                (Some(need), Some(have)) if need > have => progress.stage(
+                    "probe",
+                    &verify::glibc::can_run_on(Some(need), have).unwrap_err(),
+                ),
+                _ => {
+                    let path = dir.join(verify::native_probe::NATIVE_PROBE_PATH.trim_start_matches('/'));
+                    write_file(&path, &native.bytes)?;
+                    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                        .map_err(io_error(&path))?;
+                }
+            }
+        }
         merge_trees(
             &[&base_dir, &toolkit_dir, &cudnn_dir, &python_dir, dir],
             &merged,

@@ -22,6 +22,7 @@
 pub mod check;
 pub mod expect;
 pub mod glibc;
+pub mod native_probe;
 pub mod record;
 pub mod report;
 pub mod runner;
