@@ -71,26 +71,45 @@ fn two_platforms_build_into_an_index_without_emulation() {
         .args(["inspect", "--raw"])
         .arg(format!("oci:{}:latest", layout.display()))))
     .unwrap();
-    assert_eq!(raw["mediaType"], "application/vnd.oci.image.index.v1+json", "{raw}");
+    assert_eq!(
+        raw["mediaType"], "application/vnd.oci.image.index.v1+json",
+        "{raw}"
+    );
     let platforms: Vec<String> = raw["manifests"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| format!("{}/{}", m["platform"]["os"].as_str().unwrap(), m["platform"]["architecture"].as_str().unwrap()))
+        .map(|m| {
+            format!(
+                "{}/{}",
+                m["platform"]["os"].as_str().unwrap(),
+                m["platform"]["architecture"].as_str().unwrap()
+            )
+        })
         .collect();
     assert_eq!(platforms, ["linux/amd64", "linux/arm64"]);
     let index_bytes = std::fs::read(
-        layout.join("blobs/sha256").join(index_digest.trim_start_matches("sha256:")),
+        layout
+            .join("blobs/sha256")
+            .join(index_digest.trim_start_matches("sha256:")),
     )
     .unwrap();
-    assert_eq!(serde_json::from_slice::<serde_json::Value>(&index_bytes).unwrap(), raw);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&index_bytes).unwrap(),
+        raw
+    );
     for (arch, lib_dir) in [("amd64", "x86_64-linux"), ("arm64", "sbsa-linux")] {
         let inspected: serde_json::Value = serde_json::from_str(&run(Command::new("skopeo")
             .args(["inspect", "--override-os", "linux", "--override-arch", arch])
             .arg(format!("oci:{}:latest", layout.display()))))
         .unwrap();
         assert_eq!(inspected["Architecture"], arch, "{inspected}");
-        let env: Vec<&str> = inspected["Env"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        let env: Vec<&str> = inspected["Env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
         assert!(
             env.contains(&format!("LD_LIBRARY_PATH=/usr/local/cuda-12.4/targets/{lib_dir}/lib:/usr/local/nvidia/lib64").as_str()),
             "{env:?}"
@@ -98,7 +117,12 @@ fn two_platforms_build_into_an_index_without_emulation() {
     }
     // The recipe's tag names the index too; inspect/check on this x86_64 host pick amd64.
     let refs = cudastack::oci::layout::list_refs(&layout).unwrap();
-    for name in ["latest", "latest-linux-amd64", "latest-linux-arm64", "localhost/two:12.4"] {
+    for name in [
+        "latest",
+        "latest-linux-amd64",
+        "latest-linux-arm64",
+        "localhost/two:12.4",
+    ] {
         assert!(refs.contains(&name.to_string()), "{refs:?}");
     }
     let host = cudastack::oci::layout::resolve(&layout, "latest").unwrap();
@@ -114,24 +138,57 @@ fn two_platforms_build_into_an_index_without_emulation() {
     assert_eq!(machine(&root.join("usr/bin/python3.11")), Machine::Aarch64);
     let cudart = root.join("usr/local/cuda-12.4/targets/sbsa-linux/lib/libcudart.so.12");
     assert_eq!(machine(&cudart), Machine::Aarch64);
-    assert!(std::fs::read_to_string(root.join("etc/passwd")).unwrap().starts_with("root:"));
-    assert!(std::fs::metadata(root.join("etc/ssl/certs/ca-certificates.crt")).unwrap().len() > 100_000);
-    assert_eq!(std::fs::read_link(root.join("usr/bin/awk")).unwrap(), Path::new("/etc/alternatives/awk"));
+    assert!(std::fs::read_to_string(root.join("etc/passwd"))
+        .unwrap()
+        .starts_with("root:"));
+    assert!(
+        std::fs::metadata(root.join("etc/ssl/certs/ca-certificates.crt"))
+            .unwrap()
+            .len()
+            > 100_000
+    );
+    assert_eq!(
+        std::fs::read_link(root.join("usr/bin/awk")).unwrap(),
+        Path::new("/etc/alternatives/awk")
+    );
     let status = std::fs::read_to_string(root.join("var/lib/dpkg/status")).unwrap();
     assert!(
-        status.split("\n\n").any(|s| s.contains("Package: libc6\n") && s.contains("Architecture: arm64") && s.contains("Status: install ok unpacked")),
+        status.split("\n\n").any(|s| s.contains("Package: libc6\n")
+            && s.contains("Architecture: arm64")
+            && s.contains("Status: install ok unpacked")),
         "libc6 is not recorded as unpacked:\n{}",
         &status[..status.len().min(2000)]
     );
     assert!(root.join("var/lib/dpkg/info/libc6:arm64.list").is_file());
-    let cache = cudastack::host::stack::parse_ld_so_cache(&std::fs::read(root.join("etc/ld.so.cache")).unwrap()).unwrap();
-    let lookup = |name: &str| cache.iter().find(|e| e.name == name).map(|e| e.path.clone());
-    assert_eq!(lookup("libcudart.so.12").as_deref(), Some("/usr/local/cuda-12.4/targets/sbsa-linux/lib/libcudart.so.12"));
-    assert!(lookup("libc.so.6").unwrap().contains("aarch64-linux-gnu"), "{cache:?}");
-    assert!(!cache.iter().any(|e| e.path.contains("x86_64")), "{cache:?}");
+    let cache = cudastack::host::stack::parse_ld_so_cache(
+        &std::fs::read(root.join("etc/ld.so.cache")).unwrap(),
+    )
+    .unwrap();
+    let lookup = |name: &str| {
+        cache
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| e.path.clone())
+    };
+    assert_eq!(
+        lookup("libcudart.so.12").as_deref(),
+        Some("/usr/local/cuda-12.4/targets/sbsa-linux/lib/libcudart.so.12")
+    );
+    assert!(
+        lookup("libc.so.6").unwrap().contains("aarch64-linux-gnu"),
+        "{cache:?}"
+    );
+    assert!(
+        !cache.iter().any(|e| e.path.contains("x86_64")),
+        "{cache:?}"
+    );
 
     // The real aarch64 loader, under emulation (the test's only use of it).
-    if Command::new("qemu-aarch64").arg("--version").output().is_err() {
+    if Command::new("qemu-aarch64")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         eprintln!("qemu-aarch64 is not installed: the arm64 loader was not run");
         return;
     }

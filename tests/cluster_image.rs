@@ -148,8 +148,12 @@ fn native_probe_dir() -> PathBuf {
 /// of the unpacked image with the image's LD_LIBRARY_PATH (no Docker needed, no GPU here:
 /// the GPU levels skip with the reason), against the stand-in libraries.
 fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
-    let Ok(probe) = std::fs::read(native_probe_dir().join(cudastack::verify::native_probe::file_name(12))) else {
-        eprintln!("the native probe is not built (scripts/setup.sh builds target/probe): not checked");
+    let Ok(probe) =
+        std::fs::read(native_probe_dir().join(cudastack::verify::native_probe::file_name(12)))
+    else {
+        eprintln!(
+            "the native probe is not built (scripts/setup.sh builds target/probe): not checked"
+        );
         return;
     };
     let bundle = work.join("bundle");
@@ -159,9 +163,14 @@ fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
         .arg(&bundle)
         .output()
         .unwrap();
-    assert!(unpack.status.success(), "{}", String::from_utf8_lossy(&unpack.stderr));
+    assert!(
+        unpack.status.success(),
+        "{}",
+        String::from_utf8_lossy(&unpack.stderr)
+    );
     let root = bundle.join("rootfs");
-    let baked = root.join(cudastack::verify::native_probe::NATIVE_PROBE_PATH.trim_start_matches('/'));
+    let baked =
+        root.join(cudastack::verify::native_probe::NATIVE_PROBE_PATH.trim_start_matches('/'));
     assert_eq!(std::fs::read(&baked).unwrap(), probe, "{}", baked.display());
     let ld_library_path = env
         .iter()
@@ -170,7 +179,13 @@ fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
     // A private mount namespace with /proc (the probe reads /proc/self/maps) that vanishes
     // with the process.
     let output = Command::new("unshare")
-        .args(["--mount", "--fork", "sh", "-c", "mount -t proc proc \"$0/proc\" && exec chroot \"$0\" \"$@\""])
+        .args([
+            "--mount",
+            "--fork",
+            "sh",
+            "-c",
+            "mount -t proc proc \"$0/proc\" && exec chroot \"$0\" \"$@\"",
+        ])
         .arg(&root)
         .args(["/usr/bin/env", "-i", "PATH=/usr/bin:/bin"])
         .arg(format!("LD_LIBRARY_PATH={ld_library_path}"))
@@ -181,9 +196,15 @@ fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
     let report = cudastack::verify::report::Report::from_output(&stdout, "the probe in the image")
         .unwrap_or_else(|e| panic!("{e}\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr)));
     let json = serde_json::to_value(&report).unwrap();
-    assert!(json["probe_version"].as_str().unwrap().starts_with("rust-"), "{json}");
+    assert!(
+        json["probe_version"].as_str().unwrap().starts_with("rust-"),
+        "{json}"
+    );
     for check in json["checks"].as_array().unwrap() {
-        let (id, status) = (check["id"].as_str().unwrap(), check["status"].as_str().unwrap());
+        let (id, status) = (
+            check["id"].as_str().unwrap(),
+            check["status"].as_str().unwrap(),
+        );
         match check["level"].as_str().unwrap() {
             "static" => assert_ne!(status, "fail", "{check}"),
             _ => assert_eq!(status, "skip", "{id} on a machine without a GPU: {check}"),

@@ -208,11 +208,21 @@ pub fn is_site_fabric_dependency(requester: &Path, needed: &str) -> bool {
     let plugin = requester
         .file_name()
         .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with("nvshmem_bootstrap_") || n.starts_with("nvshmem_transport_"));
+        .is_some_and(|n| {
+            n.starts_with("nvshmem_bootstrap_") || n.starts_with("nvshmem_transport_")
+        });
     plugin
-        && ["libmpi.so", "liboshmem.so", "libpmix.so", "libucp.so", "libucs.so", "libuct.so", "libfabric.so"]
-            .iter()
-            .any(|prefix| needed.starts_with(prefix))
+        && [
+            "libmpi.so",
+            "liboshmem.so",
+            "libpmix.so",
+            "libucp.so",
+            "libucs.so",
+            "libuct.so",
+            "libfabric.so",
+        ]
+        .iter()
+        .any(|prefix| needed.starts_with(prefix))
 }
 
 /// A cuDNN version as one source states it; sources that only know the major leave the rest None.
@@ -1113,10 +1123,14 @@ mod tests {
             assert!(is_driver_library(name), "{name}");
         }
         assert!(!is_driver_library("libcudart.so.12"));
-        let plugin = Path::new("/usr/local/cuda-13.0/targets/sbsa-linux/lib/nvshmem_bootstrap_mpi.so.3.4.5");
+        let plugin =
+            Path::new("/usr/local/cuda-13.0/targets/sbsa-linux/lib/nvshmem_bootstrap_mpi.so.3.4.5");
         assert!(is_site_fabric_dependency(plugin, "libmpi.so.40"));
         assert!(!is_site_fabric_dependency(plugin, "libstdc++.so.6"));
-        assert!(!is_site_fabric_dependency(Path::new("/usr/lib/libtorch.so"), "libmpi.so.40"));
+        assert!(!is_site_fabric_dependency(
+            Path::new("/usr/lib/libtorch.so"),
+            "libmpi.so.40"
+        ));
         assert!(!is_driver_library("libcudnn.so.9"));
     }
 

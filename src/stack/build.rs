@@ -483,7 +483,10 @@ fn write_output(
         for tag in &tags {
             oci::layout::write(&first.image, &layout, tag)?;
         }
-        (manifest_digest, (Some(first.platform) == host).then(|| "latest".to_string()))
+        (
+            manifest_digest,
+            (Some(first.platform) == host).then(|| "latest".to_string()),
+        )
     } else {
         let mut children = Vec::new();
         for built in &assembled {
@@ -719,7 +722,10 @@ fn assemble(
         (false, true) => match verify::native_probe::locate(recipe.cuda.version.major) {
             Ok(probe) => Some(probe),
             Err(why) => {
-                progress.stage("probe", &format!("{why}: the probe runs the static level alone"));
+                progress.stage(
+                    "probe",
+                    &format!("{why}: the probe runs the static level alone"),
+                );
                 None
             }
         },
@@ -771,10 +777,14 @@ fn assemble(
                     &verify::glibc::can_run_on(Some(need), have).unwrap_err(),
                 ),
                 _ => {
-                    let path = dir.join(verify::native_probe::NATIVE_PROBE_PATH.trim_start_matches('/'));
+                    let path =
+                        dir.join(verify::native_probe::NATIVE_PROBE_PATH.trim_start_matches('/'));
                     write_file(&path, &native.bytes)?;
-                    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-                        .map_err(io_error(&path))?;
+                    std::fs::set_permissions(
+                        &path,
+                        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+                    )
+                    .map_err(io_error(&path))?;
                 }
             }
         }

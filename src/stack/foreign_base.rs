@@ -86,7 +86,10 @@ pub fn finish_unpacked_root(root: &Path, machine: Machine) -> Result<(), BaseErr
 
 /// base-passwd's postinst: the master files become `/etc/passwd` and `/etc/group`.
 fn users_and_groups(root: &Path) -> Result<(), BaseError> {
-    for (master, target) in [("passwd.master", "etc/passwd"), ("group.master", "etc/group")] {
+    for (master, target) in [
+        ("passwd.master", "etc/passwd"),
+        ("group.master", "etc/group"),
+    ] {
         let from = root.join("usr/share/base-passwd").join(master);
         let to = root.join(target);
         if from.is_file() && !to.exists() {
@@ -156,7 +159,10 @@ fn parse_alternatives(script: &str) -> Vec<Alternative> {
         let Some(start) = words.iter().position(|w| *w == "--install") else {
             continue;
         };
-        if !words[..start].iter().any(|w| w.ends_with("update-alternatives")) {
+        if !words[..start]
+            .iter()
+            .any(|w| w.ends_with("update-alternatives"))
+        {
             continue;
         }
         let args = &words[start + 1..];
@@ -167,7 +173,11 @@ fn parse_alternatives(script: &str) -> Vec<Alternative> {
         let Ok(priority) = args[3].parse() else {
             continue;
         };
-        let mut links = vec![(args[0].to_string(), args[1].to_string(), args[2].to_string())];
+        let mut links = vec![(
+            args[0].to_string(),
+            args[1].to_string(),
+            args[2].to_string(),
+        )];
         let mut rest = &args[4..];
         while let [flag, link, name, path, tail @ ..] = rest {
             if *flag != "--slave" || ![link, name, path].iter().all(|w| literal(w)) {
@@ -203,7 +213,10 @@ fn alternatives(root: &Path) -> Result<(), BaseError> {
             if !target.exists() {
                 continue;
             }
-            if best.get(&master).is_none_or(|b| alternative.priority > b.priority) {
+            if best
+                .get(&master)
+                .is_none_or(|b| alternative.priority > b.priority)
+            {
                 best.insert(master, alternative);
             }
         }
@@ -248,7 +261,11 @@ mod tests {
                     "awk.1.gz".into(),
                     "/usr/share/man/man1/mawk.1.gz".into()
                 ),
-                ("/usr/bin/nawk".into(), "nawk".into(), "/usr/bin/mawk".into()),
+                (
+                    "/usr/bin/nawk".into(),
+                    "nawk".into(),
+                    "/usr/bin/mawk".into()
+                ),
             ]
         );
         assert!(parse_alternatives("update-alternatives --install \"$LINK\" x $P 10\n").is_empty());
@@ -258,26 +275,58 @@ mod tests {
     fn finishes_an_unpacked_root() {
         let root = tempfile::tempdir().unwrap();
         let r = root.path();
-        for dir in ["usr/share/base-passwd", "usr/share/ca-certificates/mozilla", "usr/bin", "etc", "var/lib/dpkg/info"] {
+        for dir in [
+            "usr/share/base-passwd",
+            "usr/share/ca-certificates/mozilla",
+            "usr/bin",
+            "etc",
+            "var/lib/dpkg/info",
+        ] {
             fs_err::create_dir_all(r.join(dir)).unwrap();
         }
-        fs_err::write(r.join("usr/share/base-passwd/passwd.master"), "root:*:0:0:root:/root:/bin/bash\n").unwrap();
+        fs_err::write(
+            r.join("usr/share/base-passwd/passwd.master"),
+            "root:*:0:0:root:/root:/bin/bash\n",
+        )
+        .unwrap();
         fs_err::write(r.join("usr/share/base-passwd/group.master"), "root:*:0:\n").unwrap();
-        fs_err::write(r.join("usr/share/ca-certificates/mozilla/B.crt"), "-----B-----").unwrap();
-        fs_err::write(r.join("usr/share/ca-certificates/mozilla/A.crt"), "-----A-----\n").unwrap();
+        fs_err::write(
+            r.join("usr/share/ca-certificates/mozilla/B.crt"),
+            "-----B-----",
+        )
+        .unwrap();
+        fs_err::write(
+            r.join("usr/share/ca-certificates/mozilla/A.crt"),
+            "-----A-----\n",
+        )
+        .unwrap();
         fs_err::write(r.join("usr/bin/mawk"), "").unwrap();
         fs_err::write(r.join("var/lib/dpkg/info/mawk.postinst"), MAWK_POSTINST).unwrap();
         finish_unpacked_root(r, Machine::Aarch64).unwrap();
-        assert_eq!(fs_err::read_to_string(r.join("etc/passwd")).unwrap(), "root:*:0:0:root:/root:/bin/bash\n");
+        assert_eq!(
+            fs_err::read_to_string(r.join("etc/passwd")).unwrap(),
+            "root:*:0:0:root:/root:/bin/bash\n"
+        );
         assert_eq!(
             fs_err::read_to_string(r.join("etc/ssl/certs/ca-certificates.crt")).unwrap(),
             "-----A-----\n-----B-----\n"
         );
-        assert!(fs_err::read_to_string(r.join("etc/ca-certificates.conf")).unwrap().contains("mozilla/A.crt\nmozilla/B.crt\n"));
-        assert_eq!(fs_err::read_link(r.join("usr/bin/awk")).unwrap(), Path::new("/etc/alternatives/awk"));
-        assert_eq!(fs_err::read_link(r.join("etc/alternatives/awk")).unwrap(), Path::new("/usr/bin/mawk"));
+        assert!(fs_err::read_to_string(r.join("etc/ca-certificates.conf"))
+            .unwrap()
+            .contains("mozilla/A.crt\nmozilla/B.crt\n"));
+        assert_eq!(
+            fs_err::read_link(r.join("usr/bin/awk")).unwrap(),
+            Path::new("/etc/alternatives/awk")
+        );
+        assert_eq!(
+            fs_err::read_link(r.join("etc/alternatives/awk")).unwrap(),
+            Path::new("/usr/bin/mawk")
+        );
         // The man page is not in this root: no dangling slave link.
-        assert!(r.join("etc/alternatives/awk.1.gz").symlink_metadata().is_err());
+        assert!(r
+            .join("etc/alternatives/awk.1.gz")
+            .symlink_metadata()
+            .is_err());
         let cache = fs_err::read(r.join("etc/ld.so.cache")).unwrap();
         assert!(cache.starts_with(b"glibc-ld.so.cache1.1"));
     }

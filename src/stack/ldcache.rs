@@ -145,13 +145,16 @@ pub fn cache_entries(root: &Path, machine: Machine) -> Result<Vec<CacheEntry>, L
             .map_err(io(&host_dir))?
             .filter_map(Result::ok)
             .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .filter(|name| (name.starts_with("lib") || name.starts_with("ld-")) && name.contains(".so"))
+            .filter(|name| {
+                (name.starts_with("lib") || name.starts_with("ld-")) && name.contains(".so")
+            })
             .collect();
         names.sort();
         let mut sonames = BTreeSet::new();
         for name in names {
             let image_path = dir.join(&name);
-            let Resolution::Found(target) = resolve_in_root(root, &image_path).map_err(io(&image_path))?
+            let Resolution::Found(target) =
+                resolve_in_root(root, &image_path).map_err(io(&image_path))?
             else {
                 continue;
             };
@@ -268,7 +271,10 @@ mod tests {
         ];
         let bytes = serialize(&entries);
         let parsed = crate::host::stack::parse_ld_so_cache(&bytes).expect("a cache");
-        let pairs: Vec<_> = parsed.iter().map(|e| (e.name.as_str(), e.path.as_str())).collect();
+        let pairs: Vec<_> = parsed
+            .iter()
+            .map(|e| (e.name.as_str(), e.path.as_str()))
+            .collect();
         assert_eq!(
             pairs,
             [
@@ -276,6 +282,9 @@ mod tests {
                 ("libc.so.6", "/usr/lib/aarch64-linux-gnu/libc.so.6")
             ]
         );
-        assert_eq!(i32::from_le_bytes(bytes[48..52].try_into().unwrap()), 0x0a03);
+        assert_eq!(
+            i32::from_le_bytes(bytes[48..52].try_into().unwrap()),
+            0x0a03
+        );
     }
 }

@@ -243,8 +243,8 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), ToolkitError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::version::CudaVersion;
     use crate::lock::target::Arch;
+    use crate::version::CudaVersion;
 
     #[test]
     fn versioned_names_follow_nvidia_archives() {

@@ -22,7 +22,10 @@ pub enum GlibcError {
 /// libc, libm, libpthread, ld-linux, ...); `None` when it needs no glibc symbol versions
 /// (a static binary, or a musl one). The ELF reading is [`crate::elf`]'s.
 pub fn required_glibc(elf_bytes: &[u8]) -> Result<Option<(u32, u32)>, GlibcError> {
-    let probe = read_elf_from(std::io::Cursor::new(elf_bytes), std::path::Path::new("<probe>"))?;
+    let probe = read_elf_from(
+        std::io::Cursor::new(elf_bytes),
+        std::path::Path::new("<probe>"),
+    )?;
     let ElfProbe::Elf(info) = probe else {
         return Err(GlibcError::NotElf);
     };
@@ -53,7 +56,10 @@ mod tests {
 
     /// This machine's glibc, from `ldd --version` (`ldd (Debian GLIBC 2.36-9+deb12u14) 2.36`).
     fn host_glibc() -> (u32, u32) {
-        let out = Command::new("ldd").arg("--version").output().expect("ldd runs");
+        let out = Command::new("ldd")
+            .arg("--version")
+            .output()
+            .expect("ldd runs");
         let text = String::from_utf8_lossy(&out.stdout);
         let first = text.lines().next().unwrap_or_default();
         let version = first.split_whitespace().last().expect("a version");
@@ -62,12 +68,19 @@ mod tests {
     }
 
     fn compile(name: &str, source: &str, extra: &[&str]) -> Option<Vec<u8>> {
-        let dir = std::env::temp_dir().join(format!("cudastack-glibc-{}-{name}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("cudastack-glibc-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let c = dir.join("main.c");
         std::fs::write(&c, source).unwrap();
         let exe = dir.join("main");
-        let status = Command::new("gcc").arg(&c).arg("-o").arg(&exe).args(extra).status().ok()?;
+        let status = Command::new("gcc")
+            .arg(&c)
+            .arg("-o")
+            .arg(&exe)
+            .args(extra)
+            .status()
+            .ok()?;
         let bytes = status.success().then(|| std::fs::read(&exe).unwrap());
         let _ = std::fs::remove_dir_all(&dir);
         bytes
@@ -77,7 +90,9 @@ mod tests {
     fn a_gcc_built_program_needs_the_hosts_glibc_at_most() {
         let source = "#include <stdio.h>\n#include <math.h>\nint main(int c, char **v) { printf(\"%f\\n\", exp((double)c)); return 0; }\n";
         let bytes = compile("dyn", source, &["-lm"]).expect("gcc is installed");
-        let required = required_glibc(&bytes).unwrap().expect("a dynamic program needs glibc versions");
+        let required = required_glibc(&bytes)
+            .unwrap()
+            .expect("a dynamic program needs glibc versions");
         let host = host_glibc();
         assert!(required <= host, "{required:?} > host {host:?}");
         assert!(required >= (2, 2), "{required:?}");
@@ -87,7 +102,10 @@ mod tests {
         }
         assert!(can_run_on(Some(required), host).is_ok());
         let err = can_run_on(Some((2, 34)), (2, 31)).unwrap_err();
-        assert!(err.starts_with("the Rust probe needs GLIBC_2.34 but the image has glibc 2.31; "), "{err}");
+        assert!(
+            err.starts_with("the Rust probe needs GLIBC_2.34 but the image has glibc 2.31; "),
+            "{err}"
+        );
         assert!(can_run_on(Some((2, 28)), (2, 31)).is_ok());
         assert!(can_run_on(None, (2, 17)).is_ok());
     }
@@ -103,19 +121,30 @@ mod tests {
 
     #[test]
     fn not_an_elf_is_an_error() {
-        assert!(matches!(required_glibc(b"#!/bin/sh\necho hi\n"), Err(GlibcError::NotElf)));
+        assert!(matches!(
+            required_glibc(b"#!/bin/sh\necho hi\n"),
+            Err(GlibcError::NotElf)
+        ));
         assert!(required_glibc(b"\x7fELF\x02\x01\x01").is_err());
     }
 
     #[test]
     fn the_built_rust_probe_if_present() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("probe/rust/target/release/cudastack-probe");
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("probe/rust/target/release/cudastack-probe");
         let Ok(bytes) = std::fs::read(&path) else {
             eprintln!("{} is not built: skipping", path.display());
             return;
         };
-        let required = required_glibc(&bytes).unwrap().expect("the probe links glibc dynamically");
-        eprintln!("{} needs GLIBC_{}.{}", path.display(), required.0, required.1);
+        let required = required_glibc(&bytes)
+            .unwrap()
+            .expect("the probe links glibc dynamically");
+        eprintln!(
+            "{} needs GLIBC_{}.{}",
+            path.display(),
+            required.0,
+            required.1
+        );
         assert!(required <= host_glibc());
         assert!(required >= (2, 17));
     }

@@ -37,7 +37,10 @@ fn search_dirs() -> Vec<PathBuf> {
     if let Some(dir) = std::env::var_os("CUDASTACK_PROBE_DIR") {
         dirs.push(PathBuf::from(dir));
     }
-    if let Some(exe_dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+    if let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
         dirs.push(exe_dir.join("../probe"));
         dirs.push(exe_dir);
     }
@@ -63,7 +66,10 @@ pub fn locate(cuda_major: u32) -> Result<NativeProbe, String> {
     }
     Err(format!(
         "no `{name}` in {} (scripts/setup.sh builds it; or set CUDASTACK_PROBE_DIR)",
-        dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     ))
 }
 
@@ -73,7 +79,11 @@ mod tests {
 
     #[test]
     fn probe_py_hands_over_to_the_baked_native_probe() {
-        let name = Path::new(NATIVE_PROBE_PATH).file_name().unwrap().to_str().unwrap();
+        let name = Path::new(NATIVE_PROBE_PATH)
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap();
         assert!(super::super::PROBE_SOURCE.contains(&format!("NATIVE_PROBE = \"{name}\"")));
         assert_eq!(
             Path::new(NATIVE_PROBE_PATH).parent(),

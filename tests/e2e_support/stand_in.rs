@@ -37,7 +37,10 @@ pub fn gcc_lib(target: Target, dir: &Path, soname: &str, needed: &[&str], body: 
     std::fs::create_dir_all(&dir).unwrap();
     let source = dir.join(format!("{soname}.c"));
     let body = if body.is_empty() {
-        format!("int {}(void) {{ return 42; }}\n", soname.replace(['.', '-'], "_"))
+        format!(
+            "int {}(void) {{ return 42; }}\n",
+            soname.replace(['.', '-'], "_")
+        )
     } else {
         body.to_string()
     };
@@ -109,7 +112,13 @@ pub fn write_wheel(
 /// `cublasGetProperty`, `cudnnGetVersion`) with those versions.
 pub fn cuda_12_4_wheels(target: Target, libs: &Path, mirror: &Path) {
     std::fs::create_dir_all(mirror).unwrap();
-    let cudart = gcc_lib(target, libs, "libcudart.so.12", &[], "int cudaRuntimeGetVersion(int *v) { *v = 12040; return 0; }\n");
+    let cudart = gcc_lib(
+        target,
+        libs,
+        "libcudart.so.12",
+        &[],
+        "int cudaRuntimeGetVersion(int *v) { *v = 12040; return 0; }\n",
+    );
     let lt = gcc_lib(target, libs, "libcublasLt.so.12", &[], "");
     let cublas = gcc_lib(
         target,
@@ -118,14 +127,23 @@ pub fn cuda_12_4_wheels(target: Target, libs: &Path, mirror: &Path) {
         &["libcublasLt.so.12"],
         "int cublasGetProperty(int type, int *v) { static const int p[3] = {12, 4, 5}; if (type < 0 || type > 2) return 7; *v = p[type]; return 0; }\n",
     );
-    let cudnn = gcc_lib(target, libs, "libcudnn.so.9", &[], "unsigned long cudnnGetVersion(void) { return 90100; }\n");
+    let cudnn = gcc_lib(
+        target,
+        libs,
+        "libcudnn.so.9",
+        &[],
+        "unsigned long cudnnGetVersion(void) { return 90100; }\n",
+    );
     let init = ("nvidia/__init__.py", Vec::new());
     write_wheel(
         mirror,
         target,
         "nvidia-cuda-runtime-cu12",
         "12.4.127",
-        &[init.clone(), ("nvidia/cuda_runtime/lib/libcudart.so.12", cudart)],
+        &[
+            init.clone(),
+            ("nvidia/cuda_runtime/lib/libcudart.so.12", cudart),
+        ],
     );
     write_wheel(
         mirror,
@@ -148,7 +166,8 @@ pub fn cuda_12_4_wheels(target: Target, libs: &Path, mirror: &Path) {
             ("nvidia/cudnn/lib/libcudnn.so.9", cudnn),
             (
                 "nvidia/cudnn/include/cudnn_version.h",
-                b"#define CUDNN_MAJOR 9\n#define CUDNN_MINOR 1\n#define CUDNN_PATCHLEVEL 0\n".to_vec(),
+                b"#define CUDNN_MAJOR 9\n#define CUDNN_MINOR 1\n#define CUDNN_PATCHLEVEL 0\n"
+                    .to_vec(),
             ),
         ],
     );
