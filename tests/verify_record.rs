@@ -173,6 +173,99 @@ fn a_verified_report_labels_a_new_config_with_the_same_layers() {
     }
 }
 
+/// A two-platform layout (what `build` writes for `platforms: [linux/amd64, linux/arm64]`):
+/// verifying the host's (amd64) image replaces it inside the index, leaves the arm64 image
+/// alone, and the index refs move to the new index.
+#[test]
+fn a_verified_platform_image_replaces_itself_inside_the_index() {
+    use oci_spec::image::{Arch, Os, Platform};
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let dir = work.path().join("layout");
+    let mut children = Vec::new();
+    for (arch, seed) in [(Arch::Amd64, 11), (Arch::ARM64, 12)] {
+        let image = cudastack::oci::Image::new(1_700_000_000)
+            .with_platform(arch.clone(), Os::Linux)
+            .with_layer(random_layer(&store, "payload", seed, 1 << 20), "payload")
+            .with_env("NVIDIA_REQUIRE_CUDA", REQUIRE)
+            .with_label("io.cudastack.torch.sm", "sm_80 sm_90");
+        let name = format!("latest-linux-{arch}");
+        layout::write(&image, &dir, &name).unwrap();
+        let mut platform = Platform::default();
+        platform.set_architecture(arch);
+        platform.set_os(Os::Linux);
+        children.push((image.documents().unwrap().manifest_descriptor(), platform));
+    }
+    layout::write_index(&dir, &children, "latest").unwrap();
+    let amd64_before = layout::resolve(&dir, "latest").unwrap().manifest_digest;
+    assert_eq!(
+        amd64_before,
+        layout::resolve(&dir, "latest-linux-amd64")
+            .unwrap()
+            .manifest_digest
+    );
+
+    let recorded = record_in_layout(
+        &dir,
+        "latest",
+        &report("static,driver,device,ops,train", true),
+    )
+    .unwrap();
+    let verified = recorded.verified_manifest.unwrap();
+    assert_ne!(verified, amd64_before);
+    for name in ["latest", "verified"] {
+        let images = layout::index_images(&dir, name)
+            .unwrap()
+            .expect("still an index");
+        let digests: Vec<_> = images
+            .iter()
+            .map(|(d, p)| {
+                (
+                    p.architecture().to_string(),
+                    cudastack::oci::digest_of(d).unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(digests[0], ("amd64".to_string(), verified), "{name}");
+        assert_eq!(digests[1].0, "arm64");
+        assert_eq!(
+            digests[1].1,
+            layout::resolve(&dir, "latest-linux-arm64")
+                .unwrap()
+                .manifest_digest
+        );
+        assert!(labels(&dir, name).contains_key(LABEL_VERIFIED), "{name}");
+    }
+    assert_eq!(
+        layout::resolve(&dir, "latest-linux-amd64-verified")
+            .unwrap()
+            .manifest_digest,
+        verified
+    );
+    // The report was stored for the image it proves.
+    assert!(cudastack::verify::record::stored_report(&dir, "latest")
+        .unwrap()
+        .is_some());
+    // skopeo, a real peer, reads the new index per platform.
+    if registry_support::have("skopeo") {
+        let out = Command::new("skopeo")
+            .args(["inspect", "--override-arch", "amd64"])
+            .arg(format!("oci:{}:latest", dir.display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&verified.to_string()) || text.contains("io.cudastack.verified"),
+            "{text}"
+        );
+    }
+}
+
 fn cudastack(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_cudastack"))
         .args(args)

@@ -316,25 +316,18 @@ impl Engine {
     }
 }
 
-/// The image `ref_name` of the layout `dir`, exactly as stored: [`oci::layout::read`]
-/// gives the layers and config; the creation time it leaves at 0 is restored from the
-/// stored config, and the result must reproduce the stored config digest (the daemon's
-/// image ID must be the layout's).
+/// The image `ref_name` of the layout `dir` (for an image index, the host platform's
+/// image), exactly as stored: the result must reproduce the stored config digest (the
+/// daemon's image ID must be the layout's).
 pub fn layout_image(dir: &Path, ref_name: &str) -> Result<Image, EngineError> {
     let image = oci::layout::read(dir, ref_name)?;
-    let (config_digest, config) = stored_config(dir, ref_name)?;
-    let created = config
-        .get("created")
-        .and_then(|c| c.as_str())
-        .and_then(parse_rfc3339)
-        .unwrap_or(0);
-    let image = image.with_created(created);
+    let expected = oci::layout::resolve(dir, ref_name)?.config_digest;
     let found = image.documents()?.config.digest;
-    if found != config_digest {
+    if found != expected {
         return Err(EngineError::NotReproducible {
             layout: dir.display().to_string(),
             ref_name: ref_name.to_string(),
-            expected: config_digest,
+            expected,
             found,
         });
     }
@@ -381,71 +374,6 @@ fn read_json(path: &Path, what: &'static str) -> Result<serde_json::Value, OciEr
         what,
         source,
     })
-}
-
-/// The stored config of `ref_name`: its digest and its JSON.
-fn stored_config(dir: &Path, ref_name: &str) -> Result<(Digest, serde_json::Value), OciError> {
-    let invalid = |problem: String| OciError::InvalidLayout {
-        dir: dir.to_path_buf(),
-        problem,
-    };
-    let index = read_json(&dir.join("index.json"), "an OCI image index")?;
-    let manifest_digest = index["manifests"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|e| e["annotations"][oci_spec::image::ANNOTATION_REF_NAME] == ref_name)
-        .and_then(|e| e["digest"].as_str())
-        .ok_or_else(|| invalid(format!("no manifest digest for `{ref_name}`")))?;
-    let parse = |text: &str| -> Result<Digest, OciError> {
-        text.parse()
-            .map_err(|e: crate::digest::DigestError| invalid(e.to_string()))
-    };
-    let manifest = read_json(
-        &oci::layout::blob_path(dir, &parse(manifest_digest)?),
-        "an OCI image manifest",
-    )?;
-    let config_digest = parse(
-        manifest["config"]["digest"]
-            .as_str()
-            .ok_or_else(|| invalid(format!("the manifest of `{ref_name}` has no config")))?,
-    )?;
-    let config = read_json(
-        &oci::layout::blob_path(dir, &config_digest),
-        "an OCI image configuration",
-    )?;
-    Ok((config_digest, config))
-}
-
-/// `YYYY-MM-DDTHH:MM:SSZ` (what [`oci::rfc3339`] writes) to seconds since the epoch.
-pub fn parse_rfc3339(text: &str) -> Option<u64> {
-    let bytes = text.as_bytes();
-    if bytes.len() != 20
-        || bytes[4] != b'-'
-        || bytes[7] != b'-'
-        || bytes[10] != b'T'
-        || bytes[13] != b':'
-        || bytes[16] != b':'
-        || bytes[19] != b'Z'
-    {
-        return None;
-    }
-    let number = |range: std::ops::Range<usize>| text.get(range)?.parse::<i64>().ok();
-    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
-    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
-        return None;
-    }
-    // Howard Hinnant's days_from_civil (the inverse of oci::rfc3339's civil_from_days).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second;
-    u64::try_from(seconds).ok()
 }
 
 /// A `Write` that hands 1 MiB chunks to the request body; a closed body (the request
@@ -499,22 +427,6 @@ impl Write for ChannelWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rfc3339_round_trips() {
-        for epoch in [0, 951_782_400, 1_700_000_000, 1_714_521_600, 4_102_444_799] {
-            assert_eq!(parse_rfc3339(&oci::rfc3339(epoch)), Some(epoch), "{epoch}");
-        }
-        for bad in [
-            "",
-            "2024-05-01",
-            "2024-05-01T12:00:00.5Z",
-            "2024-13-01T00:00:00Z",
-            "1969-12-31T23:59:59Z",
-        ] {
-            assert_eq!(parse_rfc3339(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn the_channel_writer_sends_full_chunks_and_breaks_when_the_reader_is_gone() {

@@ -30,6 +30,17 @@ const LAYOUT_FILE: &str = r#"{"imageLayoutVersion":"1.0.0"}"#;
 /// Write `image` into the layout at `dir` under `ref_name` (e.g. `torch2.4-cu121`).
 /// Returns the manifest digest.
 pub fn write(image: &Image, dir: &Path, ref_name: &str) -> Result<Digest, OciError> {
+    let descriptor = write_blobs(image, dir)?;
+    name_in_index(dir, descriptor.clone(), ref_name)?;
+    digest_of(&descriptor).map_err(|problem| OciError::InvalidLayout {
+        dir: dir.to_path_buf(),
+        problem,
+    })
+}
+
+/// Put `image`'s layers, config and manifest into the layout at `dir` without naming it
+/// (an image index that refers to it names it). Returns the manifest descriptor.
+pub fn write_blobs(image: &Image, dir: &Path) -> Result<oci_spec::image::Descriptor, OciError> {
     let blobs = dir.join("blobs").join("sha256");
     fs_err::create_dir_all(&blobs).map_err(io_error(&blobs))?;
     write_atomic(dir, &dir.join("oci-layout"), LAYOUT_FILE.as_bytes())?;
@@ -45,8 +56,7 @@ pub fn write(image: &Image, dir: &Path, ref_name: &str) -> Result<Digest, OciErr
         }
     }
 
-    name_in_index(dir, documents.manifest_descriptor(), ref_name)?;
-    Ok(documents.manifest.digest)
+    Ok(documents.manifest_descriptor())
 }
 
 /// Write an image index over images already in the layout at `dir` (each given by its
@@ -524,22 +534,65 @@ pub fn write_artifact(dir: &Path, artifact: &Artifact, ref_name: &str) -> Result
     let manifest = artifact.manifest_bytes();
     let digest = Digest::of_bytes(&manifest);
     write_atomic(dir, &blobs.join(digest.hex()), &manifest)?;
-    let mut manifests = read_index(dir)?.manifests().clone();
-    manifests.retain(|existing| ref_name_of(existing) != Some(ref_name));
     let mut entry = super::descriptor(MediaType::ImageManifest, &digest, manifest.len() as u64);
     entry.set_artifact_type(Some(MediaType::Other(artifact.artifact_type.clone())));
-    entry.set_annotations(Some(HashMap::from([(
-        ANNOTATION_REF_NAME.to_string(),
-        ref_name.to_string(),
-    )])));
-    manifests.push(entry);
-    manifests.sort_by(|a, b| {
-        (ref_name_of(a), a.digest().to_string()).cmp(&(ref_name_of(b), b.digest().to_string()))
-    });
-    let (index, bytes) = super::image_index(manifests)?;
-    write_docker_manifest(dir, index.manifests())?;
-    write_atomic(dir, &dir.join("index.json"), &bytes)?;
+    name_in_index(dir, entry, ref_name)?;
     Ok(digest)
+}
+
+/// The first blob of the artifact named `ref_name` (digest-verified), or None when the
+/// layout has no such name.
+pub fn read_artifact_blob(dir: &Path, ref_name: &str) -> Result<Option<Vec<u8>>, OciError> {
+    let index = read_index(dir)?;
+    let Some(entry) = index
+        .manifests()
+        .iter()
+        .find(|m| ref_name_of(m) == Some(ref_name))
+    else {
+        return Ok(None);
+    };
+    let manifest: ImageManifest =
+        serde_json::from_slice(&read_blob(dir, entry)?).map_err(|source| OciError::Json {
+            path: dir.join("blobs"),
+            what: "an artifact manifest",
+            source,
+        })?;
+    match manifest.layers().first() {
+        Some(blob) => Ok(Some(read_blob(dir, blob)?)),
+        None => Ok(None),
+    }
+}
+
+/// The images of the image index `ref_name` names, with their platforms; None when the
+/// name is one image's.
+pub fn index_images(
+    dir: &Path,
+    ref_name: &str,
+) -> Result<Option<Vec<(oci_spec::image::Descriptor, oci_spec::image::Platform)>>, OciError> {
+    let index = read_index(dir)?;
+    let Some(entry) = index
+        .manifests()
+        .iter()
+        .find(|m| ref_name_of(m) == Some(ref_name))
+    else {
+        return Ok(None);
+    };
+    if entry.media_type() != &MediaType::ImageIndex {
+        return Ok(None);
+    }
+    let child_index: ImageIndex =
+        serde_json::from_slice(&read_blob(dir, entry)?).map_err(|source| OciError::Json {
+            path: dir.join("blobs"),
+            what: "an OCI image index",
+            source,
+        })?;
+    Ok(Some(
+        child_index
+            .manifests()
+            .iter()
+            .map(|m| (m.clone(), m.platform().clone().unwrap_or_default()))
+            .collect(),
+    ))
 }
 
 /// Docker's layer media types name the same bytes as OCI's; an OCI manifest must use

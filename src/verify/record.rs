@@ -215,10 +215,32 @@ pub fn record_in_layout(
     for (key, value) in verified_labels(&existing, rows) {
         image = image.with_label(&key, &value);
     }
-    // Every ref that named the unverified image moves to the verified one.
+    // Every ref that named the unverified image moves to the verified one; an image index
+    // that held it (a multi-platform image) gets the verified image in its place, the other
+    // platforms untouched.
+    let verified_descriptor = image.documents()?.manifest_descriptor();
     let mut refs = Vec::new();
+    let mut index_refs = Vec::new();
     for name in layout::list_refs(dir)? {
-        if layout::resolve(dir, &name)
+        if let Some(children) = layout::index_images(dir, &name)? {
+            if children
+                .iter()
+                .any(|(d, _)| crate::oci::digest_of(d).ok() == Some(resolved.manifest_digest))
+            {
+                let replaced: Vec<_> = children
+                    .into_iter()
+                    .map(|(d, platform)| {
+                        if crate::oci::digest_of(&d).ok() == Some(resolved.manifest_digest) {
+                            (verified_descriptor.clone(), platform)
+                        } else {
+                            (d, platform)
+                        }
+                    })
+                    .collect();
+                index_refs.push((name.clone(), replaced.clone()));
+                index_refs.push((verified_ref(&name), replaced));
+            }
+        } else if layout::resolve(dir, &name)
             .map(|r| r.manifest_digest == resolved.manifest_digest)
             .unwrap_or(false)
         {
@@ -231,6 +253,14 @@ pub fn record_in_layout(
     let mut digest = None;
     for name in &refs {
         digest = Some(layout::write(&image, dir, name)?);
+    }
+    if !index_refs.is_empty() && digest.is_none() {
+        layout::write_blobs(&image, dir)?;
+        digest = Some(image.digest()?);
+    }
+    for (name, children) in &index_refs {
+        layout::write_index(dir, children, name)?;
+        refs.push(name.clone());
     }
     Ok(Recorded {
         verdict,
@@ -252,52 +282,7 @@ pub fn verified_ref(name: &str) -> String {
 
 /// The report stored beside `ref_name` in the layout at `dir`, as its canonical bytes.
 pub fn stored_report(dir: &Path, ref_name: &str) -> Result<Option<Vec<u8>>, OciError> {
-    let name = report_ref(ref_name);
-    if !layout::list_refs(dir)?.contains(&name) {
-        return Ok(None);
-    }
-    let index: serde_json::Value =
-        serde_json::from_slice(&fs_err::read(dir.join("index.json")).map_err(|e| {
-            OciError::Io {
-                path: dir.join("index.json"),
-                source: e,
-            }
-        })?)
-        .map_err(|source| OciError::Json {
-            path: dir.join("index.json"),
-            what: "an OCI image index",
-            source,
-        })?;
-    let blob = |digest: &str| -> Result<Vec<u8>, OciError> {
-        let digest: Digest =
-            digest
-                .parse()
-                .map_err(|e: crate::digest::DigestError| OciError::InvalidLayout {
-                    dir: dir.to_path_buf(),
-                    problem: e.to_string(),
-                })?;
-        let path = layout::blob_path(dir, &digest);
-        fs_err::read(&path).map_err(|e| OciError::Io { path, source: e })
-    };
-    let Some(entry) = index["manifests"].as_array().and_then(|entries| {
-        entries.iter().find(|e| {
-            e["annotations"]["org.opencontainers.image.ref.name"].as_str() == Some(name.as_str())
-        })
-    }) else {
-        return Ok(None);
-    };
-    let manifest: serde_json::Value = serde_json::from_slice(&blob(
-        entry["digest"].as_str().unwrap_or_default(),
-    )?)
-    .map_err(|source| OciError::Json {
-        path: dir.join("blobs"),
-        what: "a report artifact manifest",
-        source,
-    })?;
-    match manifest["layers"][0]["digest"].as_str() {
-        Some(digest) => Ok(Some(blob(digest)?)),
-        None => Ok(None),
-    }
+    layout::read_artifact_blob(dir, &report_ref(ref_name))
 }
 
 #[cfg(test)]
