@@ -337,10 +337,19 @@ pub async fn build(
         let wheel_paths = fetch_wheels(settings, &lock, &store, progress).await?;
         // 3. Layers. Heavy work runs on blocking threads.
         assembled.push(tokio::task::block_in_place(|| {
+            // The arch list this platform's torch wheel really carries (aarch64 builds
+            // carry fewer SASS targets than the x86_64 one the matrix was read from), so
+            // the labels and the probe's expectations describe this image.
+            let platform_build = match (torch_build, wheel_paths.get("torch")) {
+                (Some(build), Some((wheel, _, _))) => {
+                    Some(with_wheel_arch_list(build, wheel, progress)?)
+                }
+                (build, _) => build.cloned(),
+            };
             assemble(
                 matrix,
                 &recipe,
-                torch_build,
+                platform_build.as_ref(),
                 &lock,
                 platform,
                 &wheel_paths,
@@ -352,6 +361,57 @@ pub async fn build(
         })?);
     }
     write_output(settings, &recipe, assembled, progress)
+}
+
+/// `build` with the CUDA arch list read from `wheel`'s libtorch_python.so (streamed out of
+/// the zip, as `matrix refresh` reads it over HTTP); the matrix's list when none is found.
+fn with_wheel_arch_list(
+    build: &crate::matrix::TorchBuild,
+    wheel: &Path,
+    progress: &dyn BuildProgress,
+) -> Result<crate::matrix::TorchBuild, BuildError> {
+    use std::io::Read;
+    let file = fs_err::File::open(wheel).map_err(io_error(wheel))?;
+    let zip_error = |e: zip::result::ZipError| BuildError::Io {
+        path: wheel.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    };
+    let mut archive = zip::ZipArchive::new(file).map_err(zip_error)?;
+    let mut member = match archive.by_name(crate::matrix::refresh::ARCH_MEMBER) {
+        Ok(member) => member,
+        Err(zip::result::ZipError::FileNotFound) => return Ok(build.clone()),
+        Err(e) => return Err(zip_error(e)),
+    };
+    let mut scanner = crate::matrix::refresh::ArchScanner::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let read = member.read(&mut chunk).map_err(io_error(wheel))?;
+        if read == 0 {
+            break;
+        }
+        scanner.feed(&chunk[..read]);
+    }
+    let Some((arch_list, ptx)) = scanner.finish() else {
+        return Ok(build.clone());
+    };
+    if arch_list != build.arch_list {
+        let sm = |list: &[crate::version::ComputeCapability]| {
+            list.iter().map(|cc| cc.sm()).collect::<Vec<_>>().join(" ")
+        };
+        progress.stage(
+            "torch",
+            &format!(
+                "this wheel carries {} (the matrix row, read from another wheel: {})",
+                sm(&arch_list),
+                sm(&build.arch_list)
+            ),
+        );
+    }
+    Ok(crate::matrix::TorchBuild {
+        arch_list,
+        ptx,
+        ..build.clone()
+    })
 }
 
 /// The lock of `platform`, present and made from this recipe.

@@ -178,20 +178,26 @@ pub fn cache_entries(root: &Path, machine: Machine) -> Result<Vec<CacheEntry>, L
             {
                 continue;
             }
-            let soname = info.soname.unwrap_or_else(|| name.clone());
+            let mut soname = info.soname.unwrap_or_else(|| name.clone());
+            // ldconfig's rule for links: one whose target is the SONAME (`libz.so ->
+            // libz.so.1`) or a `.so` name the SONAME starts with is cached under its own
+            // name; any other link counts as the file it points to.
+            if let Ok(target) = std::fs::read_link(host_path(root, &image_path)) {
+                let target = target
+                    .file_name()
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if target == soname || (target.ends_with(".so") && soname.starts_with(&target)) {
+                    soname = name.clone();
+                }
+            }
             if !sonames.insert(soname.clone()) {
                 continue;
             }
-            // ldconfig points the entry at DIR/SONAME (the link it maintains); where that
-            // link is missing, at the file itself, so the loader never gets a dead path.
-            let linked = dir.join(&soname);
-            let path = match resolve_in_root(root, &linked).map_err(io(&linked))? {
-                Resolution::Found(_) => linked,
-                _ => image_path,
-            };
+            // Like ldconfig, the entry names DIR/SONAME: the link the SONAME chain provides.
             entries.push(CacheEntry {
+                path: dir.join(&soname).to_string_lossy().into_owned(),
                 soname,
-                path: path.to_string_lossy().into_owned(),
                 flags,
             });
         }
