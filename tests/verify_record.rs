@@ -173,30 +173,61 @@ fn a_verified_report_labels_a_new_config_with_the_same_layers() {
     }
 }
 
-/// A two-platform layout (what `build` writes for `platforms: [linux/amd64, linux/arm64]`):
-/// verifying the host's (amd64) image replaces it inside the index, leaves the arm64 image
-/// alone, and the index refs move to the new index.
-#[test]
-fn a_verified_platform_image_replaces_itself_inside_the_index() {
+/// `latest-linux-amd64` (torch.sm `amd64_sm`), `latest-linux-arm64` (sm_90 only) and an
+/// image index over both as `latest`: what `build` writes for two platforms.
+fn two_platform_layout(dir: &Path, store: &BlobStore, amd64_sm: &str) {
     use oci_spec::image::{Arch, Os, Platform};
-    let work = tempfile::tempdir().unwrap();
-    let store = BlobStore::open(work.path().join("cache")).unwrap();
-    let dir = work.path().join("layout");
     let mut children = Vec::new();
-    for (arch, seed) in [(Arch::Amd64, 11), (Arch::ARM64, 12)] {
+    for (arch, seed, sm) in [(Arch::Amd64, 11, amd64_sm), (Arch::ARM64, 12, "sm_90")] {
         let image = cudastack::oci::Image::new(1_700_000_000)
             .with_platform(arch.clone(), Os::Linux)
-            .with_layer(random_layer(&store, "payload", seed, 1 << 20), "payload")
+            .with_layer(random_layer(store, "payload", seed, 1 << 20), "payload")
             .with_env("NVIDIA_REQUIRE_CUDA", REQUIRE)
-            .with_label("io.cudastack.torch.sm", "sm_80 sm_90");
-        let name = format!("latest-linux-{arch}");
-        layout::write(&image, &dir, &name).unwrap();
+            .with_label("io.cudastack.driver-floor", "530.30.02")
+            .with_label("io.cudastack.torch.sm", sm);
+        layout::write(&image, dir, &format!("latest-linux-{arch}")).unwrap();
         let mut platform = Platform::default();
         platform.set_architecture(arch);
         platform.set_os(Os::Linux);
         children.push((image.documents().unwrap().manifest_descriptor(), platform));
     }
-    layout::write_index(&dir, &children, "latest").unwrap();
+    layout::write_index(dir, &children, "latest").unwrap();
+}
+
+/// `check` of a multi-platform image answers for the platform asked (a login node on
+/// x86_64 asking about GH200 arm64 nodes), by default for this machine's.
+#[test]
+fn check_answers_for_the_platform_asked() {
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let dir = work.path().join("layout");
+    two_platform_layout(&dir, &store, "sm_75 sm_80 sm_90");
+    let image = dir.to_str().unwrap();
+    let t4 = ["check", image, "--driver", "550.54.15", "--gpu", "T4"];
+    let host = cudastack(&t4);
+    assert!(
+        host.status.success(),
+        "{}",
+        String::from_utf8_lossy(&host.stdout)
+    );
+    let arm64 = cudastack(&[&t4[..], &["--platform", "linux/arm64"]].concat());
+    assert_eq!(arm64.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&arm64.stdout);
+    assert!(
+        text.contains("sm_75") && text.contains("no kernels"),
+        "{text}"
+    );
+}
+
+/// A two-platform layout (what `build` writes for `platforms: [linux/amd64, linux/arm64]`):
+/// verifying the host's (amd64) image replaces it inside the index, leaves the arm64 image
+/// alone, and the index refs move to the new index.
+#[test]
+fn a_verified_platform_image_replaces_itself_inside_the_index() {
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let dir = work.path().join("layout");
+    two_platform_layout(&dir, &store, "sm_80 sm_90");
     let amd64_before = layout::resolve(&dir, "latest").unwrap().manifest_digest;
     assert_eq!(
         amd64_before,

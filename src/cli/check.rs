@@ -31,6 +31,10 @@ pub struct CheckArgs {
     /// Read the driver and GPUs of this machine.
     #[arg(long)]
     pub detect: bool,
+    /// Of a multi-platform image, the platform's image to read (`linux/amd64`,
+    /// `linux/arm64`; default: this machine's).
+    #[arg(long)]
+    pub platform: Option<cudastack::recipe::Platform>,
     #[command(flatten)]
     pub registry: super::image_source::RegistryArgs,
 }
@@ -70,7 +74,7 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
         super::image_source::detect_node(&mut node, printer)?;
     }
     let location = ImageLocation::parse(&args.image, Some(&args.ref_name))?;
-    let documents = super::image_source::read_documents(&location, &args.registry)?;
+    let documents = super::image_source::read_documents(&location, &args.registry, args.platform)?;
     let claims = ImageClaims::from_config(&documents.config.config().clone().unwrap_or_default());
     let answer = check(matrix, &claims, &node);
     if printer.json {

@@ -13,12 +13,22 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 /// Configs are small JSON documents; refuse anything that is not.
 const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
+/// The documents of the image at `location`; of `platform`'s image when it names a
+/// multi-platform image (default: this machine's platform).
 pub fn read_documents(
     location: &ImageLocation,
     registry: &RegistryArgs,
+    platform: Option<cudastack::recipe::Platform>,
 ) -> Result<ImageDocuments, Error> {
+    let platform = platform.or_else(cudastack::stack::build::host_platform);
+    let architecture = platform.map(|p| match p {
+        cudastack::recipe::Platform::LinuxAmd64 => oci_spec::image::Arch::Amd64,
+        cudastack::recipe::Platform::LinuxArm64 => oci_spec::image::Arch::ARM64,
+    });
     match location {
-        ImageLocation::Layout { dir, ref_name } => Ok(read_layout(dir, ref_name)?),
+        ImageLocation::Layout { dir, ref_name } => {
+            Ok(read_layout(dir, ref_name, architecture.as_ref())?)
+        }
         ImageLocation::Registry(text) => {
             let reference: Reference = text.parse()?;
             let client = RegistryClient::new(&reference, registry.client_options(&reference)?)?;
@@ -26,9 +36,14 @@ pub fn read_documents(
                 .enable_all()
                 .build()?;
             runtime.block_on(async {
-                let manifest = client
-                    .get_image_manifest(&reference, &Platform::default())
-                    .await?;
+                let wanted = match platform {
+                    Some(p) => Platform {
+                        architecture: p.oci_architecture().to_string(),
+                        ..Platform::default()
+                    },
+                    None => Platform::default(),
+                };
+                let manifest = client.get_image_manifest(&reference, &wanted).await?;
                 let parsed: oci_spec::image::ImageManifest =
                     serde_json::from_slice(&manifest.bytes)?;
                 let config_digest: cudastack::digest::Digest =

@@ -19,6 +19,10 @@ pub struct InspectArgs {
     /// The ref name inside an OCI layout.
     #[arg(long = "ref", default_value = "latest")]
     pub ref_name: String,
+    /// Of a multi-platform image, the platform's image to read (`linux/amd64`,
+    /// `linux/arm64`; default: this machine's).
+    #[arg(long)]
+    pub platform: Option<cudastack::recipe::Platform>,
     #[command(flatten)]
     pub registry: super::image_source::RegistryArgs,
 }
@@ -36,7 +40,7 @@ struct Inspection<'a> {
 
 pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
     let location = ImageLocation::parse(&args.image, Some(&args.ref_name))?;
-    let documents = super::image_source::read_documents(&location, &args.registry)?;
+    let documents = super::image_source::read_documents(&location, &args.registry, args.platform)?;
     let config = documents.config.config().clone().unwrap_or_default();
     let claims = ImageClaims::from_config(&config);
     let labels: BTreeMap<String, String> = config

@@ -66,6 +66,10 @@ pub struct VerifyArgs {
     /// With --emit sbatch*: a squashfs/SIF made on the login node.
     #[arg(long, requires = "emit")]
     pub local_image: Option<PathBuf>,
+    /// With --emit, of a multi-platform image the platform whose image the job pins
+    /// (`linux/arm64` for GH200 nodes; default: this machine's).
+    #[arg(long)]
+    pub platform: Option<cudastack::recipe::Platform>,
     #[command(flatten)]
     pub registry: super::image_source::RegistryArgs,
 }
@@ -179,7 +183,8 @@ fn emit(
             let ImageLocation::Registry(reference) = &location else {
                 return Err(format!("--emit needs a registry reference (host/repo:tag or @sha256:...), not `{image}`: push the image first").into());
             };
-            let documents = super::image_source::read_documents(&location, &args.registry)?;
+            let documents =
+                super::image_source::read_documents(&location, &args.registry, args.platform)?;
             let repository = reference.split('@').next().unwrap_or(reference);
             let pinned = format!("{repository}@{}", documents.manifest_digest);
             printer.status(format!("pinned {image} to {pinned}"));

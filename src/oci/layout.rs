@@ -129,6 +129,7 @@ fn image_entry(
     dir: &Path,
     index: &ImageIndex,
     ref_name: &str,
+    architecture: Option<&oci_spec::image::Arch>,
 ) -> Result<oci_spec::image::Descriptor, OciError> {
     let Some(entry) = index
         .manifests()
@@ -157,7 +158,7 @@ fn image_entry(
             what: "an OCI image index",
             source,
         })?;
-    let host = host_architecture();
+    let host = architecture.cloned().unwrap_or_else(host_architecture);
     let platforms: Vec<String> = child_index
         .manifests()
         .iter()
@@ -348,7 +349,7 @@ pub fn blob_path(dir: &Path, digest: &Digest) -> PathBuf {
 /// image's creation time is 0: set the new image's with [`Image::with_created`].
 pub fn read(dir: &Path, ref_name: &str) -> Result<Image, OciError> {
     let index = read_index(dir)?;
-    let entry = &image_entry(dir, &index, ref_name)?;
+    let entry = &image_entry(dir, &index, ref_name, None)?;
     let invalid = |problem: String| OciError::InvalidLayout {
         dir: dir.to_path_buf(),
         problem,
@@ -430,10 +431,20 @@ pub struct ResolvedImage {
     pub config: ImageConfiguration,
 }
 
-/// Find `ref_name` in the layout at `dir` and read its manifest and config.
+/// Find `ref_name` in the layout at `dir` and read its manifest and config (of the host's
+/// platform, for an image index).
 pub fn resolve(dir: &Path, ref_name: &str) -> Result<ResolvedImage, OciError> {
+    resolve_platform(dir, ref_name, None)
+}
+
+/// [`resolve`], picking `architecture`'s image from an image index (None: the host's).
+pub fn resolve_platform(
+    dir: &Path,
+    ref_name: &str,
+    architecture: Option<&oci_spec::image::Arch>,
+) -> Result<ResolvedImage, OciError> {
     let index = read_index(dir)?;
-    let entry = &image_entry(dir, &index, ref_name)?;
+    let entry = &image_entry(dir, &index, ref_name, architecture)?;
     let invalid = |problem: String| OciError::InvalidLayout {
         dir: dir.to_path_buf(),
         problem,

@@ -80,8 +80,12 @@ pub struct ImageDocuments {
 }
 
 /// Read the manifest and config of a layout image.
-pub fn read_layout(dir: &Path, ref_name: &str) -> Result<ImageDocuments, SourceError> {
-    let resolved = layout::resolve(dir, ref_name)?;
+pub fn read_layout(
+    dir: &Path,
+    ref_name: &str,
+    architecture: Option<&oci_spec::image::Arch>,
+) -> Result<ImageDocuments, SourceError> {
+    let resolved = layout::resolve_platform(dir, ref_name, architecture)?;
     let size = |digest: &Digest| {
         std::fs::metadata(layout::blob_path(dir, digest))
             .map(|m| m.len())
