@@ -12,11 +12,8 @@
 
 mod e2e_support;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-use sha2::{Digest as _, Sha256};
 
 /// Compile a shared library with gcc.
 fn gcc_lib(dir: &Path, file: &str, soname: &str, needed: &[&str], symbol: &str) -> Vec<u8> {
@@ -52,43 +49,15 @@ fn gcc_lib(dir: &Path, file: &str, soname: &str, needed: &[&str], symbol: &str) 
     std::fs::read(out).unwrap()
 }
 
-fn record_hash(bytes: &[u8]) -> String {
-    format!(
-        "sha256={}",
-        cudastack::install::record::urlsafe_b64_nopad(&Sha256::digest(bytes))
-    )
-}
-
-/// Write a wheel whose RECORD is valid.
+/// Write a wheel whose RECORD is valid (the shared stand-in writer, for x86_64).
 fn write_wheel(dir: &Path, project: &str, version: &str, files: &[(&str, Vec<u8>)]) {
-    let dist = project.replace('-', "_");
-    let filename = format!("{dist}-{version}-py3-none-manylinux2014_x86_64.whl");
-    let dist_info = format!("{dist}-{version}.dist-info");
-    let mut all: Vec<(String, Vec<u8>)> = files
-        .iter()
-        .map(|(n, b)| (n.to_string(), b.clone()))
-        .collect();
-    all.push((
-        format!("{dist_info}/METADATA"),
-        format!("Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n\n").into_bytes(),
-    ));
-    all.push((format!("{dist_info}/WHEEL"), b"Wheel-Version: 1.0\nGenerator: cudastack-test\nRoot-Is-Purelib: false\nTag: py3-none-manylinux2014_x86_64\n".to_vec()));
-    let mut record = String::new();
-    for (name, bytes) in &all {
-        record.push_str(&format!("{name},{},{}\n", record_hash(bytes), bytes.len()));
-    }
-    record.push_str(&format!("{dist_info}/RECORD,,\n"));
-    all.push((format!("{dist_info}/RECORD"), record.into_bytes()));
-    let file = std::fs::File::create(dir.join(filename)).unwrap();
-    let mut zip = zip::ZipWriter::new(file);
-    let options = zip::write::SimpleFileOptions::default()
-        .compression_method(zip::CompressionMethod::Deflated)
-        .unix_permissions(0o644);
-    for (name, bytes) in &all {
-        zip.start_file(name.as_str(), options).unwrap();
-        zip.write_all(bytes).unwrap();
-    }
-    zip.finish().unwrap();
+    e2e_support::stand_in::write_wheel(
+        dir,
+        e2e_support::stand_in::Target::X86_64,
+        project,
+        version,
+        files,
+    );
 }
 
 const CUDNN_HEADER: &str = "#define CUDNN_MAJOR 9\n#define CUDNN_MINOR {minor}\n#define CUDNN_PATCHLEVEL 0\n#define CUDNN_VERSION (CUDNN_MAJOR * 10000 + CUDNN_MINOR * 100 + CUDNN_PATCHLEVEL)\n";

@@ -42,22 +42,8 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
     let location = ImageLocation::parse(&args.image, Some(&args.ref_name))?;
     let documents = super::image_source::read_documents(&location, &args.registry, args.platform)?;
     let config = documents.config.config().clone().unwrap_or_default();
-    let claims = ImageClaims::from_config(&config);
-    let labels: BTreeMap<String, String> = config
-        .labels()
-        .clone()
-        .map(|l| l.into_iter().collect())
-        .unwrap_or_default();
-    let env: BTreeMap<String, String> = config
-        .env()
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|e| {
-            e.split_once('=')
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-        })
-        .collect();
+    let (labels, env) = cudastack::verify::check::labels_and_env(&config);
+    let claims = ImageClaims::from_labels_and_env(&labels, &env);
     let report = match &location {
         ImageLocation::Layout { dir, ref_name } => {
             let name = report_ref(ref_name);

@@ -26,23 +26,31 @@ pub struct ImageClaims {
     pub verified: Vec<VerifiedOn>,
 }
 
+/// An image config's labels and environment (`NAME=value` entries split), sorted.
+pub fn labels_and_env(
+    config: &oci_spec::image::Config,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let labels = config
+        .labels()
+        .clone()
+        .map(|l| l.into_iter().collect())
+        .unwrap_or_default();
+    let env = config
+        .env()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|e| {
+            e.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect();
+    (labels, env)
+}
+
 impl ImageClaims {
     pub fn from_config(config: &oci_spec::image::Config) -> Self {
-        let labels: BTreeMap<String, String> = config
-            .labels()
-            .clone()
-            .map(|l| l.into_iter().collect())
-            .unwrap_or_default();
-        let env: BTreeMap<String, String> = config
-            .env()
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|e| {
-                e.split_once('=')
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-            })
-            .collect();
+        let (labels, env) = labels_and_env(config);
         Self::from_labels_and_env(&labels, &env)
     }
 
