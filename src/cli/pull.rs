@@ -22,8 +22,8 @@ pub struct PullArgs {
     /// The name of the image in the layout (default: the tag, else `latest`).
     #[arg(long)]
     ref_name: Option<String>,
-    /// The platform to pick from a multi-platform index.
-    #[arg(long, default_value = "linux/amd64")]
+    /// The platform to pick from a multi-platform index (default: this machine's).
+    #[arg(long, default_value_t = Platform::default())]
     platform: Platform,
     /// Cache directory (the blobs are kept there too).
     #[arg(long, env = "CUDASTACK_CACHE_DIR")]

@@ -59,11 +59,17 @@ pub struct Platform {
     pub variant: Option<String>,
 }
 
+/// linux and this machine's architecture (amd64 on x86_64, arm64 on aarch64): the image
+/// of a multi-platform index this machine can run.
 impl Default for Platform {
     fn default() -> Self {
         Platform {
             os: "linux".to_string(),
-            architecture: "amd64".to_string(),
+            architecture: match std::env::consts::ARCH {
+                "aarch64" => "arm64",
+                _ => "amd64",
+            }
+            .to_string(),
             variant: None,
         }
     }
