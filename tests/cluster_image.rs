@@ -211,4 +211,45 @@ fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
         }
     }
     assert_eq!(output.status.code(), Some(0), "{stdout}");
+
+    // The same through the real runner: `cudastack verify` loads the image into Docker,
+    // runs `python3 probe.py` in a container (no GPU here: static level), which hands over.
+    let docker = Command::new("docker").arg("info").output();
+    if !docker.map(|o| o.status.success()).unwrap_or(false) {
+        eprintln!("no Docker daemon: the container run of the native probe was not checked");
+        return;
+    }
+    let verify = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["--json", "verify"])
+        .arg(layout)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&verify.stdout);
+    assert!(
+        verify.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for check in value["report"]["checks"].as_array().unwrap() {
+        eprintln!(
+            "{:<24} {:<4} {}",
+            check["id"].as_str().unwrap(),
+            check["status"].as_str().unwrap(),
+            check["detail"].as_str().unwrap_or("")
+        );
+    }
+    assert!(
+        value["report"]["probe_version"]
+            .as_str()
+            .unwrap()
+            .starts_with("rust-"),
+        "{value}"
+    );
+    assert!(value["report"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["id"] == "static.cudart" && c["status"] == "pass"));
+    assert!(value["recorded"]["verified_manifest"].is_null(), "{value}");
 }
