@@ -41,11 +41,25 @@ cargo build --release --locked
 echo "setup: built target/release/cudastack" >&2
 
 # The native verification probe of images without torch, one per CUDA major (cudarc fixes
-# library names at compile time); `cudastack build` bakes target/probe/cudastack-probe-cudaNN.
+# library names at compile time); `cudastack build` bakes target/probe/cudastack-probe-cudaNN
+# into images whose glibc can run it. cargo-zigbuild (zig as the linker, both from PyPI)
+# links it against glibc 2.17, so it runs on every base back to CentOS 7 / UBI 8 / Ubuntu
+# 20.04; without it the probe needs this machine's glibc (2.34 symbols on Debian 12).
+if ! command -v cargo-zigbuild >/dev/null 2>&1; then
+  python3 -m pip install --quiet ziglang cargo-zigbuild >&2 \
+    || echo "setup: no cargo-zigbuild; the native probe is linked against this machine's glibc" >&2
+fi
 mkdir -p target/probe
 for major in 12 13; do
-  cargo build --release --locked --quiet --manifest-path probe/rust/Cargo.toml \
-    --target-dir "target/probe-build/cuda$major" --no-default-features --features "cuda$major"
-  install -m 0755 "target/probe-build/cuda$major/release/cudastack-probe" "target/probe/cudastack-probe-cuda$major"
+  probe_args=(--release --locked --quiet --manifest-path probe/rust/Cargo.toml
+    --target-dir "target/probe-build/cuda$major" --no-default-features --features "cuda$major")
+  if command -v cargo-zigbuild >/dev/null 2>&1; then
+    cargo zigbuild "${probe_args[@]}" --target x86_64-unknown-linux-gnu.2.17
+    built="target/probe-build/cuda$major/x86_64-unknown-linux-gnu/release/cudastack-probe"
+  else
+    cargo build "${probe_args[@]}"
+    built="target/probe-build/cuda$major/release/cudastack-probe"
+  fi
+  install -m 0755 "$built" "target/probe/cudastack-probe-cuda$major"
 done
 echo "setup: built target/probe/cudastack-probe-cuda{12,13}" >&2

@@ -130,8 +130,9 @@ mod tests {
 
     #[test]
     fn the_built_rust_probe_if_present() {
+        // Where scripts/setup.sh installs it.
         let path =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("probe/rust/target/release/cudastack-probe");
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/probe/cudastack-probe-cuda12");
         let Ok(bytes) = std::fs::read(&path) else {
             eprintln!("{} is not built: skipping", path.display());
             return;
