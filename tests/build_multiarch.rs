@@ -128,6 +128,31 @@ fn two_platforms_build_into_an_index_without_emulation() {
     let host = cudastack::oci::layout::resolve(&layout, "latest").unwrap();
     assert_eq!(host.config.architecture().to_string(), "amd64");
 
+    // `load` of the index puts this host's (amd64) image into Docker under the index's tag.
+    if Command::new("docker")
+        .arg("info")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+    {
+        let tag = "localhost/two:12.4";
+        run(Command::new(env!("CARGO_BIN_EXE_cudastack"))
+            .arg("load")
+            .arg(&layout));
+        let machine = run(Command::new("docker").args([
+            "run",
+            "--rm",
+            tag,
+            "python3",
+            "-c",
+            "import platform; print(platform.machine())",
+        ]));
+        let _ = Command::new("docker").args(["rmi", "-f", tag]).output();
+        assert_eq!(machine.trim(), "x86_64");
+    } else {
+        eprintln!("no Docker daemon: `load` of the index was not checked");
+    }
+
     // The arm64 root, as a runtime unpacks it.
     let bundle = work.path().join("bundle");
     run(Command::new("umoci")
