@@ -38,12 +38,13 @@
 //!
 //! # glibc
 //!
-//! The binary links against the build machine's glibc symbol versions: built on Debian 12
-//! (glibc 2.36) it needs GLIBC_2.34 (`__libc_start_main@GLIBC_2.34` and friends), so it does
-//! not start on Ubuntu 20.04 (2.31) or UBI 8 (2.28) images. cudastack's
+//! A plain `cargo build` links against the build machine's glibc symbol versions: built on
+//! Debian 12 (glibc 2.36) it needs GLIBC_2.34 (`__libc_start_main@GLIBC_2.34` and friends),
+//! so it does not start on Ubuntu 20.04 (2.31) or UBI 8 (2.28) images. scripts/setup.sh
+//! therefore builds it with `cargo zigbuild --target x86_64-unknown-linux-gnu.2.17` (zig as
+//! the linker against glibc 2.17 stubs) when it can install cargo-zigbuild. cudastack's
 //! `verify::glibc::required_glibc` reads the binary's `.gnu.version_r` and `can_run_on`
-//! compares it with the image's glibc before the binary is baked in; for old images build
-//! with an older sysroot (e.g. `cargo zigbuild --target x86_64-unknown-linux-gnu.2.28`).
+//! compares it with the image's glibc before the binary is baked in.
 
 mod gpu;
 mod libs;
