@@ -61,6 +61,7 @@ fn each_invalid_case_has_a_precise_error_and_hint() {
         ("unknown-gpu", &["GPU `Voodoo 5` is not in the matrix"]),
         ("base-python-mismatch", &["base debian:bookworm ships Python 3.11; the recipe asks for Python 3.12"]),
         ("gpu-arch-removed", &["CUDA 13.0 cannot compile for Tesla V100 (sm_70)"]),
+        ("gpu-host-platform", &["GPU `GH200` exists only in linux/arm64 machines", "add linux/arm64 to `platforms:`"]),
     ];
     for (name, fragments) in cases {
         let path = format!("tests/fixtures/recipes/invalid/{name}.yaml");

@@ -90,12 +90,32 @@ fn a_new_recipe_makes_the_check_fail_until_emitted() {
 
     assert!(cudastack(&["ci", "emit"], work.path()).status.success());
     let publish = std::fs::read_to_string(work.path().join(PUBLISH_PATH)).unwrap();
-    assert!(publish.contains(r#"{ recipe: "zz-cuda-only", gpu: "L40S", runner: "gpu-l40s" }"#));
+    assert!(publish.contains(
+        r#"{ recipe: "zz-cuda-only", gpu: "L40S", runner: "gpu-l40s", arch: "x64", tool: "cudastack" }"#
+    ));
     let config = std::fs::read_to_string(work.path().join(ACTIONLINT_CONFIG_PATH)).unwrap();
     assert!(config.contains("\"gpu-l40s\""), "{config}");
     assert!(cudastack(&["ci", "emit", "--check"], work.path())
         .status
         .success());
+
+    // A Grace GPU: its verify job runs on an arm64 runner with an aarch64 cudastack, and
+    // the workflow with that job is lint clean too.
+    std::fs::write(
+        work.path().join("recipes/zz-grace.yaml"),
+        "name: zz-grace\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ngpus: [\"GH200\"]\nplatforms: [linux/amd64, linux/arm64]\n",
+    )
+    .unwrap();
+    assert!(cudastack(&["ci", "emit"], work.path()).status.success());
+    let publish = std::fs::read_to_string(work.path().join(PUBLISH_PATH)).unwrap();
+    assert!(publish.contains(
+        r#"{ recipe: "zz-grace", gpu: "GH200", runner: "gpu-gh200", arch: "arm64", tool: "cudastack-arm64" }"#
+    ));
+    assert!(publish.contains("runs-on: ubuntu-24.04-arm"), "{publish}");
+    if actionlint_missing().is_none() {
+        let (ok, log) = actionlint(work.path(), &[PUBLISH_PATH]);
+        assert!(ok, "actionlint on the workflow with an arm64 leg:\n{log}");
+    }
 }
 
 fn actionlint_missing() -> Option<String> {

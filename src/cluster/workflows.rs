@@ -223,6 +223,15 @@ fn verify_legs(recipes: &[WorkflowRecipe]) -> Vec<(&WorkflowRecipe, &str, String
     legs
 }
 
+/// Whether `gpu` sits only next to an Arm host (GH200, GB10: `host: linux/arm64` in the
+/// matrix), so its verify job needs an arm64 runner and an aarch64 cudastack.
+fn arm64_gpu(gpu: &str) -> bool {
+    crate::matrix::Matrix::embedded()
+        .gpu(gpu)
+        .and_then(|g| g.host)
+        == Some(crate::recipe::Platform::LinuxArm64)
+}
+
 /// The step that sets REGISTRY: the dispatch input, else the generator's registry, else
 /// GHCR under the repository owner (lowercased: GHCR repository names must be).
 fn registry_step(out: &mut String, options: &WorkflowOptions) {
@@ -248,10 +257,10 @@ const CREDENTIALS_ENV: &str = r#"      CUDASTACK_REGISTRY_USERNAME: ${{ secrets.
       CUDASTACK_REGISTRY_PASSWORD: ${{ secrets.REGISTRY_PASSWORD || secrets.GITHUB_TOKEN }}
 "#;
 
-/// Download the cudastack binary the `tool` job built and put it on PATH.
+/// Download the cudastack binary the `tool` job built (artifact TOOL) and put it on PATH.
 const INSTALL_TOOL: &str = r#"      - uses: DOWNLOAD
         with:
-          name: cudastack
+          name: TOOL
           path: ${{ runner.temp }}/cudastack-bin
       - name: Put cudastack on PATH
         run: |
@@ -351,7 +360,9 @@ jobs:
 {CREDENTIALS_ENV}    steps:
       - uses: {CHECKOUT}
 {install}"#,
-        install = INSTALL_TOOL.replace("DOWNLOAD", DOWNLOAD),
+        install = INSTALL_TOOL
+            .replace("DOWNLOAD", DOWNLOAD)
+            .replace("TOOL", "cudastack"),
     );
     registry_step(&mut out, options);
     let _ = write!(
@@ -418,31 +429,68 @@ jobs:
     if legs.is_empty() {
         return out;
     }
+    let any_arm64 = legs.iter().any(|(_, gpu, _)| arm64_gpu(gpu));
+    if any_arm64 {
+        let _ = write!(
+            out,
+            r#"
+  tool-arm64:
+    name: build cudastack (arm64)
+    # The verify jobs on Grace GPUs (GH200) run on arm64 hosts: an aarch64 cudastack, from
+    # GitHub's hosted Arm runner (the images themselves are built on x64, without emulation).
+    runs-on: ubuntu-24.04-arm
+    steps:
+      - uses: {CHECKOUT}
+      - uses: {RUST_TOOLCHAIN}
+      - uses: {RUST_CACHE}
+      - run: cargo build --release --locked
+      - uses: {UPLOAD}
+        with:
+          name: cudastack-arm64
+          path: target/release/cudastack
+          retention-days: 7
+"#
+        );
+    }
     let _ = write!(
         out,
         r#"
   verify:
     name: verify ${{{{ matrix.recipe }}}} on ${{{{ matrix.gpu }}}}
-    needs: build
+    needs: {needs}
     # A recipe whose build failed fails its own verify jobs (no pinned image); the others run.
     if: ${{{{ !cancelled() && (github.event_name != 'workflow_dispatch' || inputs.verify) }}}}
     # Self-hosted runners with an NVIDIA GPU, Docker and the NVIDIA container toolkit, one
-    # label per GPU type (docs/cluster.md). A job waits until a runner with its label is free.
-    runs-on: [self-hosted, linux, x64, "${{{{ matrix.runner }}}}"]
+    # label per GPU type (docs/cluster.md), x64 or arm64 (Grace) hosts; `cudastack pull`
+    # takes the runner's platform from a multi-platform image. A job waits until a runner
+    # with its labels is free.
+    runs-on: [self-hosted, linux, "${{{{ matrix.arch }}}}", "${{{{ matrix.runner }}}}"]
     timeout-minutes: 60
     strategy:
       fail-fast: false
       matrix:
         include:
-"#
+"#,
+        needs = if any_arm64 {
+            "[build, tool-arm64]"
+        } else {
+            "build"
+        },
     );
     for (recipe, gpu, label) in &legs {
+        let (arch, tool) = if arm64_gpu(gpu) {
+            ("arm64", "cudastack-arm64")
+        } else {
+            ("x64", "cudastack")
+        };
         let _ = writeln!(
             out,
-            "          - {{ recipe: {}, gpu: {}, runner: {} }}",
+            "          - {{ recipe: {}, gpu: {}, runner: {}, arch: {}, tool: {} }}",
             q(&recipe.name),
             q(gpu),
-            q(label)
+            q(label),
+            q(arch),
+            q(tool)
         );
     }
     let _ = write!(
@@ -476,7 +524,9 @@ jobs:
           path: report.json
           if-no-files-found: ignore
 "#,
-        install = INSTALL_TOOL.replace("DOWNLOAD", DOWNLOAD),
+        install = INSTALL_TOOL
+            .replace("DOWNLOAD", DOWNLOAD)
+            .replace("TOOL", "${{ matrix.tool }}"),
     );
     out
 }
@@ -615,12 +665,33 @@ mod tests {
         let text = publish_workflow(&recipes(), &WorkflowOptions::default());
         assert_eq!(text.matches("{ recipe: ").count(), 2 + 2, "{text}");
         assert!(text.contains(
-            r#"- { recipe: "torch2.4.1-cu121-py3.11", gpu: "RTX 4090", runner: "gpu-rtx-4090" }"#
+            r#"- { recipe: "torch2.4.1-cu121-py3.11", gpu: "RTX 4090", runner: "gpu-rtx-4090", arch: "x64", tool: "cudastack" }"#
         ));
+        // No Grace GPU: no arm64 tool build.
+        assert!(!text.contains("tool-arm64"), "{text}");
         // "RTX 4090" and "rtx-4090" are one runner label: one job, not two.
         assert_eq!(text.matches(r#"runner: "gpu-rtx-4090""#).count(), 1);
         assert!(text.contains("ghcr.io/${GITHUB_REPOSITORY_OWNER}"));
         assert!(text.contains("hashFiles(matrix.lock)"));
+    }
+
+    /// A GH200 (Grace: an Arm host) is verified on an arm64 runner with an aarch64 cudastack
+    /// built on GitHub's hosted Arm runner; the x64 legs keep the x64 tool.
+    #[test]
+    fn grace_gpus_are_verified_on_arm64_runners() {
+        let mut with_grace = recipes();
+        with_grace[0].gpus.push("GH200".into());
+        let text = publish_workflow(&with_grace, &WorkflowOptions::default());
+        assert!(text.contains("\n  tool-arm64:\n"), "{text}");
+        assert!(text.contains("runs-on: ubuntu-24.04-arm"), "{text}");
+        assert!(text.contains("needs: [build, tool-arm64]"), "{text}");
+        assert!(text.contains(
+            r#"gpu: "GH200", runner: "gpu-gh200", arch: "arm64", tool: "cudastack-arm64" }"#
+        ));
+        assert!(
+            text.contains(r#"gpu: "A100", runner: "gpu-a100", arch: "x64", tool: "cudastack" }"#)
+        );
+        assert!(text.contains("name: ${{ matrix.tool }}"), "{text}");
     }
 
     #[test]

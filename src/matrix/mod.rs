@@ -90,6 +90,10 @@ pub struct Gpu {
     pub name: String,
     pub cc: ComputeCapability,
     pub arch: String,
+    /// The only platform whose images run next to this GPU, for GPUs that exist only with
+    /// an Arm host (the Grace superchips: GH200; GB10); absent: linux/amd64 machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<crate::recipe::Platform>,
     pub source: String,
     pub status: Status,
 }

@@ -451,6 +451,16 @@ fn check_gpus(
     problems: &mut Collector,
 ) {
     for name in &recipe.gpus {
+        if let Some(host) = matrix.gpu(name).and_then(|g| g.host) {
+            if !recipe.platforms().contains(&host) {
+                problems.error(
+                    "gpu-host-platform",
+                    format!("GPU `{name}` exists only in {host} machines, and the recipe does not build {host}"),
+                    format!("its host CPU runs {host} images only, so no image of this recipe can be verified on it or run next to it"),
+                    format!("add {host} to `platforms:` (torch >= 2.11 has aarch64 CUDA wheels on PyPI) and run `cudastack lock` again"),
+                );
+            }
+        }
         let Some(gpu) = matrix
             .gpu(name)
             .map(|g| (g.name.clone(), g.cc))
