@@ -544,7 +544,12 @@ def main():
     native = os.path.join(os.path.dirname(os.path.abspath(__file__)), NATIVE_PROBE)
     if not expect.get("torch") and os.access(native, os.X_OK):
         sys.stdout.flush()
-        os.execv(native, [native, "--level", args.level, "--expect", args.expect])
+        try:
+            os.execv(native, [native, "--level", args.level, "--expect", args.expect])
+        except OSError as error:
+            # Not runnable here (another architecture, a missing loader): this probe's
+            # static level still reports, and says why the GPU levels did not run.
+            print(f"cudastack-probe: cannot run {native}: {error}; using probe.py", file=sys.stderr)
     started = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     probe = Probe(expect, levels)
     clock = time.monotonic()

@@ -54,8 +54,10 @@ for major in 12 13; do
   probe_args=(--release --locked --quiet --manifest-path probe/rust/Cargo.toml
     --target-dir "target/probe-build/cuda$major" --no-default-features --features "cuda$major")
   if command -v cargo-zigbuild >/dev/null 2>&1; then
-    cargo zigbuild "${probe_args[@]}" --target x86_64-unknown-linux-gnu.2.17
-    built="target/probe-build/cuda$major/x86_64-unknown-linux-gnu/release/cudastack-probe"
+    # This machine's architecture: the probe goes into images of the build host's platform.
+    triple="$(uname -m)-unknown-linux-gnu"
+    cargo zigbuild "${probe_args[@]}" --target "$triple.2.17"
+    built="target/probe-build/cuda$major/$triple/release/cudastack-probe"
   else
     cargo build "${probe_args[@]}"
     built="target/probe-build/cuda$major/release/cudastack-probe"

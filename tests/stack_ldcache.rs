@@ -76,6 +76,11 @@ fn the_cache_cudastack_writes_equals_ldconfigs() {
         (&cuda, "libcudart.so.12", "libcudart.so.12.4.127"),
         (&cuda, "libcublas.so.12", "libcublas.so.12.4.5.8"),
         (&multiarch, "libcublas.so.12", "libcublas.so.12.0.0"),
+        // A -dev link straight to the file (cached under its own name), an alias and a
+        // compat link to the SONAME link (neither is a library of its own).
+        (&multiarch, "libabc.so", "libabc.so.2.0"),
+        (&multiarch, "libalias.so.7", "libz.so.1"),
+        (&multiarch, "libz-compat.so", "libz.so.1"),
     ] {
         std::os::unix::fs::symlink(target, dir.join(link)).unwrap();
     }

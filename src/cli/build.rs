@@ -116,7 +116,16 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         compression,
         offline: args.offline,
         registry: args.registry,
-        platforms: (!args.platforms.is_empty()).then_some(args.platforms),
+        // `--platform linux/arm64,linux/arm64` builds arm64 once.
+        platforms: (!args.platforms.is_empty()).then(|| {
+            let mut unique = Vec::new();
+            for platform in &args.platforms {
+                if !unique.contains(platform) {
+                    unique.push(*platform);
+                }
+            }
+            unique
+        }),
     };
     let progress = StderrProgress {
         quiet: printer.quiet,

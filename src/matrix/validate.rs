@@ -444,6 +444,18 @@ fn glibc_key(text: &str) -> (u32, u32) {
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
+/// The errors of the recipe's `gpus:` against one platform's torch build (its own wheel's
+/// arch list, which differs between x86_64 and aarch64 wheels of one release).
+pub fn gpu_errors(matrix: &Matrix, recipe: &Recipe, build: &TorchBuild) -> Vec<Problem> {
+    let mut problems = Collector(Vec::new());
+    check_gpus(matrix, recipe, Some(build), &mut problems);
+    problems
+        .0
+        .into_iter()
+        .filter(|p| p.severity == Severity::Error)
+        .collect()
+}
+
 fn check_gpus(
     matrix: &Matrix,
     recipe: &Recipe,
@@ -536,5 +548,37 @@ fn check_gpus(
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// The aarch64 torch 2.11 wheel carries sm_80 and up only: the same recipe GPU that the
+    /// x86_64 row accepts is an error against that platform's build.
+    #[test]
+    fn gpu_errors_use_the_platform_build_given() {
+        let matrix = Matrix::embedded();
+        let recipe = Recipe::parse(
+            "name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"580.65.06\"\ncuda: { version: \"13.0\" }\ncudnn: { version: \"9.19.0.56\" }\ntorch: { version: \"2.11.0\" }\ngpus: [\"Tesla T4\"]\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let x86_64 = selected_torch_build(matrix, &recipe).expect("torch 2.11.0 is in the matrix");
+        assert!(gpu_errors(matrix, &recipe, x86_64).is_empty());
+        let aarch64 = TorchBuild {
+            arch_list: ["8.0", "9.0", "10.0", "11.0", "12.0"]
+                .iter()
+                .map(|cc| cc.parse().unwrap())
+                .collect(),
+            ptx: false,
+            ..x86_64.clone()
+        };
+        let errors = gpu_errors(matrix, &recipe, &aarch64);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].code, "gpu-no-kernels");
+        assert!(errors[0].what.contains("sm_75"), "{}", errors[0].what);
     }
 }

@@ -52,6 +52,11 @@ pub struct DebootstrapSpec {
     /// Absent from the cache key of native bases, so their keys did not change.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub foreign_architecture: Option<String>,
+    /// The base's Debian architecture when it is not amd64 (native arm64 on an aarch64
+    /// builder): in the cache key, so a cache shared between machines never mixes them.
+    /// Absent for amd64, so the keys of amd64 bases did not change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
 }
 
 impl DebootstrapSpec {
@@ -66,6 +71,8 @@ impl DebootstrapSpec {
             mirror: None,
             source_date_epoch,
             foreign_architecture: None,
+            architecture: (host_debian_architecture() != "amd64")
+                .then(|| host_debian_architecture().to_string()),
         }
     }
 
@@ -74,6 +81,7 @@ impl DebootstrapSpec {
     pub fn for_architecture(mut self, architecture: &str) -> Self {
         self.foreign_architecture =
             (architecture != host_debian_architecture()).then(|| architecture.to_string());
+        self.architecture = (architecture != "amd64").then(|| architecture.to_string());
         self
     }
 
@@ -131,15 +139,14 @@ pub fn debootstrap(spec: &DebootstrapSpec, dest: &Path) -> Result<(), BaseError>
         }
         Some(architecture) => {
             // No emulation: unpack what minbase installs (the Essential set and apt, whose
-            // libstdc++ every C++ wheel links) and ours,
-            // keep the .debs for the dpkg database hook, and finish the root below. The
-            // extract variant runs only extract hooks.
+            // libstdc++ every C++ wheel links) and ours, and finish the root below. The
+            // extract variant runs only extract hooks, and the .debs are still in the apt
+            // cache then (for the dpkg database hook) until the clean hook.
             command
                 .arg("--variant=extract")
                 .arg(format!("--architectures={architecture}"))
                 .arg("--include=?essential")
                 .arg(format!("--include=apt,{}", spec.packages.join(",")))
-                .arg("--skip=download/empty")
                 .arg(format!(
                     "--extract-hook={}",
                     crate::stack::foreign_base::DPKG_STATUS_HOOK

@@ -327,32 +327,56 @@ pub async fn build(
     let cache = LayerCache::open(store.clone())?;
     let staging = Staging::open(&settings.cache_root)?;
 
-    let mut assembled = Vec::new();
+    // 2. Every platform's lock and artifacts first, so a platform that cannot work (no
+    //    kernels for a recipe GPU in its own wheel) fails before any layer is assembled.
+    let mut inputs = Vec::new();
     for &platform in &platforms {
         if platforms.len() > 1 {
             progress.stage("platform", platform.as_str());
         }
         let lock = read_lock(settings, &recipe, platform)?;
-        // 2. Fetch every artifact by hash.
         let wheel_paths = fetch_wheels(settings, &lock, &store, progress).await?;
-        // 3. Layers. Heavy work runs on blocking threads.
+        // The arch list this platform's torch wheel really carries (aarch64 builds carry
+        // fewer SASS targets than the x86_64 one the matrix was read from), so the labels
+        // and the probe's expectations describe this image.
+        let platform_build = match (torch_build, wheel_paths.get("torch")) {
+            (Some(build), Some((wheel, sha256, _))) => Some(tokio::task::block_in_place(|| {
+                with_wheel_arch_list(
+                    build,
+                    wheel,
+                    &staging
+                        .root
+                        .join(format!("arch-list-{}.json", sha256.hex())),
+                    progress,
+                )
+            })?),
+            (build, _) => build.cloned(),
+        };
+        if let Some(build) = &platform_build {
+            let problems = crate::matrix::validate::gpu_errors(matrix, &recipe, build);
+            if !problems.is_empty() {
+                return Err(BuildError::Invalid {
+                    recipe: format!("{} ({platform})", recipe.name),
+                    problems,
+                });
+            }
+        }
+        inputs.push((platform, lock, wheel_paths, platform_build));
+    }
+    // 3. Layers. Heavy work runs on blocking threads.
+    let mut assembled = Vec::new();
+    for (platform, lock, wheel_paths, platform_build) in &inputs {
+        if platforms.len() > 1 {
+            progress.stage("platform", &format!("{platform}: layers"));
+        }
         assembled.push(tokio::task::block_in_place(|| {
-            // The arch list this platform's torch wheel really carries (aarch64 builds
-            // carry fewer SASS targets than the x86_64 one the matrix was read from), so
-            // the labels and the probe's expectations describe this image.
-            let platform_build = match (torch_build, wheel_paths.get("torch")) {
-                (Some(build), Some((wheel, _, _))) => {
-                    Some(with_wheel_arch_list(build, wheel, progress)?)
-                }
-                (build, _) => build.cloned(),
-            };
             assemble(
                 matrix,
                 &recipe,
                 platform_build.as_ref(),
-                &lock,
-                platform,
-                &wheel_paths,
+                lock,
+                *platform,
+                wheel_paths,
                 &cache,
                 &staging,
                 &options,
@@ -368,30 +392,30 @@ pub async fn build(
 fn with_wheel_arch_list(
     build: &crate::matrix::TorchBuild,
     wheel: &Path,
+    record: &Path,
     progress: &dyn BuildProgress,
 ) -> Result<crate::matrix::TorchBuild, BuildError> {
-    use std::io::Read;
-    let file = fs_err::File::open(wheel).map_err(io_error(wheel))?;
-    let zip_error = |e: zip::result::ZipError| BuildError::Io {
-        path: wheel.to_path_buf(),
-        source: std::io::Error::other(e.to_string()),
-    };
-    let mut archive = zip::ZipArchive::new(file).map_err(zip_error)?;
-    let mut member = match archive.by_name(crate::matrix::refresh::ARCH_MEMBER) {
-        Ok(member) => member,
-        Err(zip::result::ZipError::FileNotFound) => return Ok(build.clone()),
-        Err(e) => return Err(zip_error(e)),
-    };
-    let mut scanner = crate::matrix::refresh::ArchScanner::new();
-    let mut chunk = vec![0u8; 1 << 20];
-    loop {
-        let read = member.read(&mut chunk).map_err(io_error(wheel))?;
-        if read == 0 {
-            break;
+    // What a wheel carries never changes: scanned once per wheel digest.
+    let scanned: Option<(Vec<crate::version::ComputeCapability>, bool)> = match fs_err::read(record)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+    {
+        Some(found) => found,
+        None => {
+            let found = scan_wheel_arch_list(wheel)?;
+            fs_err::write(record, serde_json::to_vec(&found).expect("serialises"))
+                .map_err(io_error(record))?;
+            found
         }
-        scanner.feed(&chunk[..read]);
-    }
-    let Some((arch_list, ptx)) = scanner.finish() else {
+    };
+    let Some((arch_list, ptx)) = scanned else {
+        progress.stage(
+            "torch",
+            &format!(
+                "no CUDA arch list found in {}: labels use the matrix row's",
+                crate::matrix::refresh::ARCH_MEMBER
+            ),
+        );
         return Ok(build.clone());
     };
     if arch_list != build.arch_list {
@@ -412,6 +436,34 @@ fn with_wheel_arch_list(
         ptx,
         ..build.clone()
     })
+}
+
+/// The arch list in `wheel`'s libtorch_python.so, streamed out of the zip.
+fn scan_wheel_arch_list(
+    wheel: &Path,
+) -> Result<Option<(Vec<crate::version::ComputeCapability>, bool)>, BuildError> {
+    use std::io::Read;
+    let file = fs_err::File::open(wheel).map_err(io_error(wheel))?;
+    let zip_error = |e: zip::result::ZipError| BuildError::Io {
+        path: wheel.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    };
+    let mut archive = zip::ZipArchive::new(file).map_err(zip_error)?;
+    let mut member = match archive.by_name(crate::matrix::refresh::ARCH_MEMBER) {
+        Ok(member) => member,
+        Err(zip::result::ZipError::FileNotFound) => return Ok(None),
+        Err(e) => return Err(zip_error(e)),
+    };
+    let mut scanner = crate::matrix::refresh::ArchScanner::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let read = member.read(&mut chunk).map_err(io_error(wheel))?;
+        if read == 0 {
+            break;
+        }
+        scanner.feed(&chunk[..read]);
+    }
+    Ok(scanner.finish())
 }
 
 /// The lock of `platform`, present and made from this recipe.
@@ -435,6 +487,15 @@ fn read_lock(
             expected: recipe.digest(),
             found: lock.recipe_digest,
         });
+    }
+    let wanted = crate::stack::inputs::platform_arch(platform);
+    if lock.target.arch != wanted {
+        return Err(BuildError::Unsupported(format!(
+            "lock file `{}` is for {} wheels, but {platform} needs {wanted}; run `cudastack lock {}` again",
+            lock_file.display(),
+            lock.target.arch,
+            settings.recipe_path.display()
+        )));
     }
     Ok(lock)
 }
@@ -780,7 +841,18 @@ fn assemble(
             None
         }
         (false, true) => match verify::native_probe::locate(recipe.cuda.version.major) {
-            Ok(probe) => Some(probe),
+            Ok(probe) if probe.machine == machine => Some(probe),
+            Ok(probe) => {
+                progress.stage(
+                    "probe",
+                    &format!(
+                        "`{}` is built for {:?}, not this image's {machine:?}: the probe runs the static level alone",
+                        probe.path.display(),
+                        probe.machine
+                    ),
+                );
+                None
+            }
             Err(why) => {
                 progress.stage(
                     "probe",

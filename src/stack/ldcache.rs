@@ -57,19 +57,16 @@ pub struct CacheEntry {
 /// the ld.so.conf ones.
 fn system_dirs(machine: Machine) -> Result<&'static [&'static str], LdCacheError> {
     match machine {
+        // What Debian's ldconfig scans after ld.so.conf (its SYSTEM_DIRS; not /lib64).
         Machine::X86_64 => Ok(&[
             "/lib/x86_64-linux-gnu",
             "/usr/lib/x86_64-linux-gnu",
-            "/lib64",
-            "/usr/lib64",
             "/lib",
             "/usr/lib",
         ]),
         Machine::Aarch64 => Ok(&[
             "/lib/aarch64-linux-gnu",
             "/usr/lib/aarch64-linux-gnu",
-            "/lib64",
-            "/usr/lib64",
             "/lib",
             "/usr/lib",
         ]),
@@ -179,17 +176,16 @@ pub fn cache_entries(root: &Path, machine: Machine) -> Result<Vec<CacheEntry>, L
                 continue;
             }
             let mut soname = info.soname.unwrap_or_else(|| name.clone());
-            // ldconfig's rule for links: one whose target is the SONAME (`libz.so ->
-            // libz.so.1`) or a `.so` name the SONAME starts with is cached under its own
-            // name; any other link counts as the file it points to.
-            if let Ok(target) = std::fs::read_link(host_path(root, &image_path)) {
-                let target = target
-                    .file_name()
-                    .map(|t| t.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                if target == soname || (target.ends_with(".so") && soname.starts_with(&target)) {
-                    soname = name.clone();
-                }
+            // ldconfig's rule for links (elf/ldconfig.c, search_dir): a link named like the
+            // SONAME, or a `.so` development link whose name the SONAME starts with
+            // (`libz.so -> libz.so.1.2.13`), is cached under its own name; any other link
+            // (`libalias.so.7 -> libfoo.so.1`) counts as the file it points to, under its SONAME.
+            let is_link = host_dir
+                .join(&name)
+                .symlink_metadata()
+                .is_ok_and(|m| m.file_type().is_symlink());
+            if is_link && (name == soname || (name.ends_with(".so") && soname.starts_with(&name))) {
+                soname = name.clone();
             }
             if !sonames.insert(soname.clone()) {
                 continue;

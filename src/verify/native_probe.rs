@@ -23,6 +23,8 @@ pub struct NativeProbe {
     pub digest: Digest,
     /// The newest `GLIBC_x.y` it needs.
     pub required_glibc: Option<(u32, u32)>,
+    /// The machine its code is for: it is baked only into images of that architecture.
+    pub machine: crate::elf::Machine,
 }
 
 /// The file name of the probe built for CUDA `major`.
@@ -54,13 +56,20 @@ pub fn locate(cuda_major: u32) -> Result<NativeProbe, String> {
     for dir in &dirs {
         let path = dir.join(&name);
         if let Ok(bytes) = std::fs::read(&path) {
-            let required_glibc = super::glibc::required_glibc(&bytes)
-                .map_err(|e| format!("`{}` is not a usable probe: {e}", path.display()))?;
+            let unusable = |e: String| format!("`{}` is not a usable probe: {e}", path.display());
+            let required_glibc =
+                super::glibc::required_glibc(&bytes).map_err(|e| unusable(e.to_string()))?;
+            let machine = match crate::elf::read_elf_from(std::io::Cursor::new(&bytes), &path) {
+                Ok(crate::elf::ElfProbe::Elf(info)) => info.machine,
+                Ok(crate::elf::ElfProbe::NotElf) => return Err(unusable("not an ELF file".into())),
+                Err(e) => return Err(unusable(e.to_string())),
+            };
             return Ok(NativeProbe {
                 digest: Digest::of_bytes(&bytes),
                 path,
                 bytes,
                 required_glibc,
+                machine,
             });
         }
     }
