@@ -244,7 +244,15 @@ fn a_verified_platform_image_replaces_itself_inside_the_index() {
     .unwrap();
     let verified = recorded.verified_manifest.unwrap();
     assert_ne!(verified, amd64_before);
-    for name in ["latest", "verified"] {
+    // The arm64 image has not run anywhere: no `verified` index may offer it.
+    assert!(
+        !layout::list_refs(&dir)
+            .unwrap()
+            .contains(&"verified".to_string()),
+        "{:?}",
+        layout::list_refs(&dir).unwrap()
+    );
+    for name in ["latest"] {
         let images = layout::index_images(&dir, name)
             .unwrap()
             .expect("still an index");
@@ -273,10 +281,41 @@ fn a_verified_platform_image_replaces_itself_inside_the_index() {
             .manifest_digest,
         verified
     );
-    // The report was stored for the image it proves.
+    // The report was stored for the image it proves, under its platform ref.
     assert!(cudastack::verify::record::stored_report(&dir, "latest")
         .unwrap()
         .is_some());
+    assert!(layout::list_refs(&dir)
+        .unwrap()
+        .contains(&"latest-linux-amd64.verify-report".to_string()));
+
+    // Verified on an arm64 node too (its report recorded here by platform ref): now every
+    // platform is verified, and `verified` names an index of both verified images.
+    let arm64 = record_in_layout(
+        &dir,
+        "latest-linux-arm64",
+        &report("static,driver,device,ops,train", true),
+    )
+    .unwrap()
+    .verified_manifest
+    .unwrap();
+    let both = layout::index_images(&dir, "verified")
+        .unwrap()
+        .expect("an index of both platforms");
+    let digests: Vec<_> = both
+        .iter()
+        .map(|(d, _)| cudastack::oci::digest_of(d).unwrap())
+        .collect();
+    assert_eq!(digests, [verified, arm64]);
+    let refs = layout::list_refs(&dir).unwrap();
+    assert!(
+        !refs.iter().any(|r| r.contains("verified-verified")),
+        "{refs:?}"
+    );
+    assert!(
+        refs.contains(&"latest-linux-arm64.verify-report".to_string()),
+        "{refs:?}"
+    );
     // skopeo, a real peer, reads the new index per platform.
     if registry_support::have("skopeo") {
         let out = Command::new("skopeo")
@@ -295,6 +334,60 @@ fn a_verified_platform_image_replaces_itself_inside_the_index() {
             "{text}"
         );
     }
+}
+
+/// Pushing a two-platform image sends each platform's report as a referrer of that
+/// platform's manifest (the subject a registry's referrers API answers for).
+#[test]
+fn each_platform_report_refers_to_its_own_manifest_when_pushed() {
+    if let Some(reason) = registry_support::skip_reason() {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let dir = work.path().join("layout");
+    two_platform_layout(&dir, &store, "sm_80 sm_90");
+    // What `build` records on an x86_64 host without a GPU: the amd64 image's report.
+    record_in_layout(
+        &dir,
+        "latest-linux-amd64",
+        &report("static,driver,device,ops,train", false),
+    )
+    .unwrap();
+    let registry = Registry::start(None);
+    let target = format!("{}/cudastack/two:1", registry.host());
+    let pushed = cudastack(&[
+        "--quiet",
+        "push",
+        dir.to_str().unwrap(),
+        &target,
+        "--cache-dir",
+        work.path().join("cache").to_str().unwrap(),
+    ]);
+    assert!(
+        pushed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pushed.stderr)
+    );
+    let reference: cudastack::registry::Reference = target.parse().unwrap();
+    let client = cudastack::registry::RegistryClient::new(&reference, Default::default()).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let referrers_of = |name: &str| {
+        let digest = layout::resolve(&dir, name).unwrap().manifest_digest;
+        runtime
+            .block_on(cudastack::registry::referrers::list_referrers(
+                &client, &reference, &digest,
+            ))
+            .unwrap()
+    };
+    let amd64 = referrers_of("latest-linux-amd64");
+    assert_eq!(amd64.len(), 1, "{amd64:?}");
+    assert_eq!(
+        amd64[0]["artifactType"],
+        cudastack::verify::REPORT_ARTIFACT_TYPE
+    );
+    assert!(referrers_of("latest-linux-arm64").is_empty());
 }
 
 fn cudastack(args: &[&str]) -> std::process::Output {

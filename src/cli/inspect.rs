@@ -46,7 +46,7 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
     let claims = ImageClaims::from_labels_and_env(&labels, &env);
     let report = match &location {
         ImageLocation::Layout { dir, ref_name } => {
-            let name = report_ref(ref_name);
+            let name = report_ref(&cudastack::verify::record::image_ref(dir, ref_name)?);
             cudastack::oci::layout::list_refs(dir)?
                 .contains(&name)
                 .then_some(name)

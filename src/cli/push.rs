@@ -196,34 +196,64 @@ fn push_report_referrer(
     printer: &Printer,
     runtime: &tokio::runtime::Runtime,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use cudastack::oci::layout;
     use cudastack::registry::referrers::{push_referrer, ArtifactLayer, Subject};
+    use cudastack::verify::record::{report_ref, stored_report};
     use cudastack::verify::REPORT_ARTIFACT_TYPE;
-    let Some(report) = cudastack::verify::record::stored_report(layout, ref_name)? else {
-        return Ok(());
-    };
-    let manifest = cudastack::oci::layout::resolve(layout, ref_name)?.manifest;
-    let subject = Subject {
-        media_type: manifest.media_type().to_string(),
-        digest: pushed.manifest_digest,
-        size: manifest.size(),
-    };
-    let layer = ArtifactLayer {
-        media_type: REPORT_ARTIFACT_TYPE.to_string(),
-        bytes: report.into(),
-        annotations: Default::default(),
-    };
-    let referrer = runtime.block_on(push_referrer(
-        client,
-        reference,
-        &subject,
-        REPORT_ARTIFACT_TYPE,
-        vec![layer],
-        Default::default(),
-    ))?;
-    printer.status(format!(
-        "pushed the verification report as a referrer of {}: {}",
-        pushed.manifest_digest, referrer.digest
-    ));
+    // (report, subject): the image's own, or one per platform of an image index, each on
+    // the platform's manifest (its report is stored under its platform ref).
+    let mut reports = Vec::new();
+    match layout::index_images(layout, ref_name)? {
+        None => {
+            if let Some(report) = stored_report(layout, ref_name)? {
+                let manifest = layout::resolve(layout, ref_name)?.manifest;
+                reports.push((
+                    report,
+                    Subject {
+                        media_type: manifest.media_type().to_string(),
+                        digest: pushed.manifest_digest,
+                        size: manifest.size(),
+                    },
+                ));
+            }
+        }
+        Some(children) => {
+            for (child, platform) in children {
+                let name =
+                    layout::platform_ref_name(ref_name, &platform.architecture().to_string());
+                let Some(report) = layout::read_artifact_blob(layout, &report_ref(&name))? else {
+                    continue;
+                };
+                reports.push((
+                    report,
+                    Subject {
+                        media_type: child.media_type().to_string(),
+                        digest: cudastack::oci::digest_of(&child)?,
+                        size: child.size(),
+                    },
+                ));
+            }
+        }
+    }
+    for (report, subject) in reports {
+        let layer = ArtifactLayer {
+            media_type: REPORT_ARTIFACT_TYPE.to_string(),
+            bytes: report.into(),
+            annotations: Default::default(),
+        };
+        let referrer = runtime.block_on(push_referrer(
+            client,
+            reference,
+            &subject,
+            REPORT_ARTIFACT_TYPE,
+            vec![layer],
+            Default::default(),
+        ))?;
+        printer.status(format!(
+            "pushed the verification report as a referrer of {}: {}",
+            subject.digest, referrer.digest
+        ));
+    }
     Ok(())
 }
 

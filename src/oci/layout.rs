@@ -114,6 +114,30 @@ fn name_in_index(
     write_atomic(dir, &index_path, &bytes)
 }
 
+/// `latest` + `arm64` -> `latest-linux-arm64`: the ref of one platform's image beside the
+/// image index named `ref_name`.
+pub fn platform_ref_name(ref_name: &str, architecture: &str) -> String {
+    format!("{ref_name}-linux-{architecture}")
+}
+
+/// The configuration of the image manifest `descriptor` names (digest-verified).
+pub fn config_of(
+    dir: &Path,
+    descriptor: &oci_spec::image::Descriptor,
+) -> Result<ImageConfiguration, OciError> {
+    let manifest: ImageManifest =
+        serde_json::from_slice(&read_blob(dir, descriptor)?).map_err(|source| OciError::Json {
+            path: dir.join("blobs"),
+            what: "an OCI image manifest",
+            source,
+        })?;
+    serde_json::from_slice(&read_blob(dir, manifest.config())?).map_err(|source| OciError::Json {
+        path: dir.join("blobs"),
+        what: "an OCI image configuration",
+        source,
+    })
+}
+
 /// The OCI architecture of the build host (`amd64`, `arm64`): which image of a
 /// multi-platform index the commands that run or inspect one image pick.
 pub fn host_architecture() -> oci_spec::image::Arch {

@@ -573,7 +573,7 @@ fn oci_platform(platform: Platform) -> oci_spec::image::Platform {
 
 /// `latest` -> `latest-linux-arm64`: the ref of one platform's image beside the index.
 pub fn platform_ref(ref_name: &str, platform: Platform) -> String {
-    format!("{ref_name}-linux-{}", platform.oci_architecture())
+    oci::layout::platform_ref_name(ref_name, platform.oci_architecture())
 }
 
 /// Write the assembled images into the OCI layout: one image under `latest` and the

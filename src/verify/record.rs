@@ -191,7 +191,7 @@ pub fn record_in_layout(
             ),
         ]),
     };
-    let report_ref = report_ref(ref_name);
+    let report_ref = report_ref(&image_ref(dir, ref_name)?);
     layout::write_artifact(dir, &artifact, &report_ref)?;
     let verdict = report.verdict();
     if verdict != Verdict::Verified {
@@ -237,15 +237,29 @@ pub fn record_in_layout(
                         }
                     })
                     .collect();
-                index_refs.push((name.clone(), replaced.clone()));
-                index_refs.push((verified_ref(&name), replaced));
+                // A `-verified` index only when every platform in it is verified: an arm64
+                // node pulling `:tag-verified` must never get an image nobody ran.
+                let all_verified = replaced.iter().all(|(d, _)| {
+                    d.digest() == verified_descriptor.digest()
+                        || layout::config_of(dir, d)
+                            .ok()
+                            .and_then(|c| c.config().clone())
+                            .and_then(|c| c.labels().clone())
+                            .is_some_and(|l| l.contains_key(LABEL_VERIFIED))
+                });
+                if all_verified && !is_verified_ref(&name) {
+                    index_refs.push((verified_ref(&name), replaced.clone()));
+                }
+                index_refs.push((name.clone(), replaced));
             }
         } else if layout::resolve(dir, &name)
             .map(|r| r.manifest_digest == resolved.manifest_digest)
             .unwrap_or(false)
         {
             refs.push(name.clone());
-            refs.push(verified_ref(&name));
+            if !is_verified_ref(&name) {
+                refs.push(verified_ref(&name));
+            }
         }
     }
     refs.sort();
@@ -281,8 +295,27 @@ pub fn verified_ref(name: &str) -> String {
 }
 
 /// The report stored beside `ref_name` in the layout at `dir`, as its canonical bytes.
+/// For an image index, the host platform's image (whose report it is).
 pub fn stored_report(dir: &Path, ref_name: &str) -> Result<Option<Vec<u8>>, OciError> {
-    layout::read_artifact_blob(dir, &report_ref(ref_name))
+    layout::read_artifact_blob(dir, &report_ref(&image_ref(dir, ref_name)?))
+}
+
+/// The name reports of the image `ref_name` resolves to are stored under: `ref_name`
+/// itself, or for an image index the platform ref of the image verified on this host
+/// (`latest-linux-amd64`), so each platform keeps its own report.
+pub fn image_ref(dir: &Path, ref_name: &str) -> Result<String, OciError> {
+    if layout::index_images(dir, ref_name)?.is_none() {
+        return Ok(ref_name.to_string());
+    }
+    let config = layout::resolve(dir, ref_name)?.config;
+    Ok(layout::platform_ref_name(
+        ref_name,
+        &config.architecture().to_string(),
+    ))
+}
+
+fn is_verified_ref(name: &str) -> bool {
+    name == "verified" || name.ends_with("-verified")
 }
 
 #[cfg(test)]
