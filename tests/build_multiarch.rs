@@ -166,6 +166,20 @@ fn two_platforms_build_into_an_index_without_emulation() {
     assert!(std::fs::read_to_string(root.join("etc/passwd"))
         .unwrap()
         .starts_with("root:"));
+    // What base-files, passwd and tzdata's maintainer scripts would have made.
+    for file in [
+        "etc/shadow",
+        "etc/profile",
+        "root/.bashrc",
+        "etc/shells",
+        "etc/timezone",
+    ] {
+        assert!(root.join(file).is_file(), "{file} is missing");
+    }
+    assert_eq!(
+        std::fs::read_link(root.join("etc/localtime")).unwrap(),
+        Path::new("/usr/share/zoneinfo/Etc/UTC")
+    );
     assert!(
         std::fs::metadata(root.join("etc/ssl/certs/ca-certificates.crt"))
             .unwrap()
@@ -223,6 +237,6 @@ fn two_platforms_build_into_an_index_without_emulation() {
         .arg("-L")
         .arg(&root)
         .arg(root.join("usr/bin/python3.11"))
-        .args(["-c", "import ctypes, ssl; v = ctypes.c_int(); ctypes.CDLL('libcudart.so.12').cudaRuntimeGetVersion(ctypes.byref(v)); print(v.value, ssl.create_default_context().cert_store_stats()['x509_ca'] > 100)"]));
+        .args(["-c", "import ctypes, ssl; v = ctypes.c_int(); ctypes.CDLL('libcudart.so.12').cudaRuntimeGetVersion(ctypes.byref(v)); import zoneinfo; zoneinfo.ZoneInfo('Europe/Berlin'); print(v.value, ssl.create_default_context().cert_store_stats()['x509_ca'] > 100)"]));
     assert_eq!(version.trim(), "12040 True");
 }

@@ -146,6 +146,7 @@ pub fn debootstrap(spec: &DebootstrapSpec, dest: &Path) -> Result<(), BaseError>
                 .arg("--variant=extract")
                 .arg(format!("--architectures={architecture}"))
                 .arg("--include=?essential")
+                .arg("--include=?priority(required)")
                 .arg(format!("--include=apt,{}", spec.packages.join(",")))
                 .arg(format!(
                     "--extract-hook={}",
@@ -187,7 +188,11 @@ pub fn debootstrap(spec: &DebootstrapSpec, dest: &Path) -> Result<(), BaseError>
         });
     }
     if let Some(architecture) = &spec.foreign_architecture {
-        crate::stack::foreign_base::finish_unpacked_root(dest, machine_of(architecture))?;
+        crate::stack::foreign_base::finish_unpacked_root(
+            dest,
+            machine_of(architecture),
+            spec.source_date_epoch,
+        )?;
     }
     // Device nodes are the runtime's business (it mounts /dev); keep /dev itself, empty.
     let dev = dest.join("dev");

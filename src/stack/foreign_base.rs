@@ -3,7 +3,10 @@
 //! mmdebstrap cannot run an arm64 package's maintainer scripts on x86_64 without qemu, so
 //! it *unpacks* the packages (`--variant=extract`: the Essential set, then ours) and
 //! cudastack does, in Rust, the configuration steps a container needs from those scripts:
-//! - `base-passwd`: `/etc/passwd` and `/etc/group` from its master files;
+//! - `base-passwd`, `passwd`: `/etc/passwd` and `/etc/group` from the master files, the
+//!   shadow files;
+//! - `base-files`: `/etc/profile`, root's dot files, `/opt`, `/srv`, `/usr/local/*`, ...;
+//! - debianutils' `/etc/shells`, tzdata's UTC `/etc/localtime`, libc-bin's nsswitch.conf;
 //! - `ca-certificates`: `/etc/ca-certificates.conf` and the bundle
 //!   `/etc/ssl/certs/ca-certificates.crt` that OpenSSL (and so Python's `ssl`) reads;
 //! - `update-alternatives --install` lines of the postinst scripts (`awk -> mawk`);
@@ -22,7 +25,7 @@ use crate::stack::base::BaseError;
 use crate::stack::ldcache;
 
 /// Bump when what an unpacked base holds changes (part of its layer cache key).
-pub const ASSEMBLER: &str = "unpacked-2";
+pub const ASSEMBLER: &str = "unpacked-3";
 
 /// An mmdebstrap extract hook (run on the build host, `$1` = the root): write the dpkg
 /// status, control files and file lists of the unpacked packages from the downloaded
@@ -71,9 +74,13 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BaseError + '_ {
 }
 
 /// Do what the maintainer scripts of an unpacked `machine` root would have done that a
-/// container needs (see the module documentation).
-pub fn finish_unpacked_root(root: &Path, machine: Machine) -> Result<(), BaseError> {
+/// container needs (see the module documentation). `epoch` is SOURCE_DATE_EPOCH (the
+/// shadow files' last-change day, as pwconv writes it under mmdebstrap).
+pub fn finish_unpacked_root(root: &Path, machine: Machine, epoch: u64) -> Result<(), BaseError> {
     users_and_groups(root)?;
+    shadow_files(root, epoch)?;
+    base_files(root)?;
+    small_defaults(root)?;
     ca_bundle(root)?;
     alternatives(root)?;
     let cache = ldcache::ld_so_cache(root, machine).map_err(|e| BaseError::Io {
@@ -97,6 +104,152 @@ fn users_and_groups(root: &Path) -> Result<(), BaseError> {
         }
     }
     Ok(())
+}
+
+/// passwd's postinst (shadowconfig/pwconv, grpconv): `/etc/shadow` and `/etc/gshadow`
+/// with locked passwords, mode 0640, group shadow.
+fn shadow_files(root: &Path, epoch: u64) -> Result<(), BaseError> {
+    let read = |name: &str| fs_err::read_to_string(root.join("etc").join(name)).unwrap_or_default();
+    let (passwd, group) = (read("passwd"), read("group"));
+    if passwd.is_empty() {
+        return Ok(());
+    }
+    let day = epoch / 86_400;
+    let shadow: String = passwd
+        .lines()
+        .filter_map(|line| line.split(':').next())
+        .map(|user| format!("{user}:*:{day}:0:99999:7:::\n"))
+        .collect();
+    let gshadow: String = group
+        .lines()
+        .filter_map(|line| line.split(':').next())
+        .map(|name| format!("{name}:*::\n"))
+        .collect();
+    let shadow_gid = group
+        .lines()
+        .find_map(|line| line.strip_prefix("shadow:*:"))
+        .and_then(|rest| rest.split(':').next()?.parse::<u32>().ok());
+    for (name, text) in [("shadow", shadow), ("gshadow", gshadow)] {
+        let path = root.join("etc").join(name);
+        if path.exists() {
+            continue;
+        }
+        fs_err::write(&path, text).map_err(io_error(&path))?;
+        set_mode(&path, 0o640)?;
+        std::os::unix::fs::chown(&path, Some(0), shadow_gid).map_err(io_error(&path))?;
+    }
+    Ok(())
+}
+
+/// base-files' postinst: the default profile and root's dot files, the top-level and
+/// /usr/local directories with their modes, /var/spool/mail, the dpkg origin.
+fn base_files(root: &Path) -> Result<(), BaseError> {
+    let defaults = root.join("usr/share/base-files");
+    for (from, to) in [
+        ("dot.profile", "root/.profile"),
+        ("dot.bashrc", "root/.bashrc"),
+        ("profile", "etc/profile"),
+        ("motd", "etc/motd"),
+    ] {
+        let (from, to) = (defaults.join(from), root.join(to));
+        if from.is_file() && !to.exists() {
+            if let Some(parent) = to.parent() {
+                fs_err::create_dir_all(parent).map_err(io_error(parent))?;
+            }
+            fs_err::copy(&from, &to).map_err(io_error(&to))?;
+        }
+    }
+    let mail_gid = fs_err::read_to_string(root.join("etc/group"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("mail:*:")
+                .or_else(|| line.strip_prefix("mail:x:"))
+        })
+        .and_then(|rest| rest.split(':').next()?.parse::<u32>().ok());
+    for (dir, mode, gid) in [
+        ("mnt", 0o755, Some(0)),
+        ("srv", 0o755, Some(0)),
+        ("opt", 0o755, Some(0)),
+        ("etc/opt", 0o755, Some(0)),
+        ("var/opt", 0o755, Some(0)),
+        ("media", 0o755, Some(0)),
+        ("var/mail", 0o2775, mail_gid),
+        ("run/lock", 0o1777, Some(0)),
+        ("usr/local", 0o755, Some(0)),
+        ("usr/local/share", 0o755, Some(0)),
+        ("usr/local/share/man", 0o755, Some(0)),
+        ("usr/local/bin", 0o755, Some(0)),
+        ("usr/local/games", 0o755, Some(0)),
+        ("usr/local/lib", 0o755, Some(0)),
+        ("usr/local/include", 0o755, Some(0)),
+        ("usr/local/sbin", 0o755, Some(0)),
+        ("usr/local/src", 0o755, Some(0)),
+        ("usr/local/etc", 0o755, Some(0)),
+    ] {
+        let path = root.join(dir);
+        if path.symlink_metadata().is_ok() {
+            continue;
+        }
+        fs_err::create_dir_all(&path).map_err(io_error(&path))?;
+        std::os::unix::fs::chown(&path, Some(0), gid).map_err(io_error(&path))?;
+        set_mode(&path, mode)?;
+    }
+    for (link, target) in [
+        ("var/spool/mail", "../mail"),
+        ("usr/local/man", "share/man"),
+        ("etc/dpkg/origins/default", "debian"),
+    ] {
+        let path = root.join(link);
+        let target_exists = path.parent().is_some_and(|p| p.join(target).exists());
+        if path.symlink_metadata().is_err() && target_exists {
+            std::os::unix::fs::symlink(target, &path).map_err(io_error(&path))?;
+        }
+    }
+    Ok(())
+}
+
+/// The files other postinsts create: debianutils' /etc/shells, tzdata's UTC default,
+/// libc-bin's nsswitch.conf, libpam-modules' /etc/environment, passwd's subuid/subgid.
+fn small_defaults(root: &Path) -> Result<(), BaseError> {
+    let shells = root.join("etc/shells");
+    if !shells.exists() {
+        let mut text = String::from("# /etc/shells: valid login shells\n");
+        let present: Vec<&str> = ["sh", "bash", "rbash", "dash"]
+            .into_iter()
+            .filter(|shell| root.join("usr/bin").join(shell).symlink_metadata().is_ok())
+            .collect();
+        for dir in ["/bin", "/usr/bin"] {
+            for shell in &present {
+                text.push_str(&format!("{dir}/{shell}\n"));
+            }
+        }
+        fs_err::write(&shells, text).map_err(io_error(&shells))?;
+    }
+    let localtime = root.join("etc/localtime");
+    if root.join("usr/share/zoneinfo/Etc/UTC").exists() && localtime.symlink_metadata().is_err() {
+        std::os::unix::fs::symlink("/usr/share/zoneinfo/Etc/UTC", &localtime)
+            .map_err(io_error(&localtime))?;
+        let timezone = root.join("etc/timezone");
+        fs_err::write(&timezone, "Etc/UTC\n").map_err(io_error(&timezone))?;
+    }
+    let nsswitch = root.join("etc/nsswitch.conf");
+    let template = root.join("usr/share/libc-bin/nsswitch.conf");
+    if template.is_file() && !nsswitch.exists() {
+        fs_err::copy(&template, &nsswitch).map_err(io_error(&nsswitch))?;
+    }
+    for empty in ["etc/environment", "etc/subuid", "etc/subgid"] {
+        let path = root.join(empty);
+        if !path.exists() {
+            fs_err::write(&path, "").map_err(io_error(&path))?;
+        }
+    }
+    Ok(())
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), BaseError> {
+    use std::os::unix::fs::PermissionsExt;
+    fs_err::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io_error(path))
 }
 
 /// ca-certificates' postinst: trust every certificate the package ships (the default
@@ -302,7 +455,7 @@ mod tests {
         .unwrap();
         fs_err::write(r.join("usr/bin/mawk"), "").unwrap();
         fs_err::write(r.join("var/lib/dpkg/info/mawk.postinst"), MAWK_POSTINST).unwrap();
-        finish_unpacked_root(r, Machine::Aarch64).unwrap();
+        finish_unpacked_root(r, Machine::Aarch64, 1_700_000_000).unwrap();
         assert_eq!(
             fs_err::read_to_string(r.join("etc/passwd")).unwrap(),
             "root:*:0:0:root:/root:/bin/bash\n"
