@@ -28,18 +28,25 @@ fn build_library(source: &str, soname: &str, defines: &[&str], out: &Path) {
         h.finish()
     });
     let built = dir.path().join(format!("{key}.so"));
+    // Tests run in parallel and share this cache: build under a lock and rename into
+    // place, so no test ever copies a library gcc is still writing (a truncated libcuda
+    // made `driver.libcuda_load_failed` appear at random and the Docker tests wait).
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     if !built.exists() {
         let c = dir.path().join(format!("{key}.c"));
         std::fs::write(&c, source).unwrap();
+        let partial = dir.path().join(format!("{key}.so.partial"));
         let status = Command::new("gcc")
             .args(["-shared", "-fPIC", "-o"])
-            .arg(&built)
+            .arg(&partial)
             .arg(&c)
             .arg(format!("-Wl,-soname,{soname}"))
             .args(defines.iter().map(|d| format!("-D{d}")))
             .status()
             .expect("gcc runs (scripts/setup.sh installs it)");
         assert!(status.success(), "gcc failed for {soname}");
+        std::fs::rename(&partial, &built).unwrap();
     }
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
     std::fs::copy(&built, out).unwrap();
@@ -787,8 +794,23 @@ fn serve_docker_info(socket: &Path, body: &'static str) -> std::thread::JoinHand
     use std::io::{Read, Write};
     std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
     let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    // Never block a test forever: a doctor that does not connect within 30 s fails it.
+    listener.set_nonblocking(true).unwrap();
     std::thread::spawn(move || {
-        let (mut stream, _) = listener.accept().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut stream = loop {
+            match listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => return format!("no connection: {e}"),
+            }
+        };
+        stream.set_nonblocking(false).unwrap();
         let mut request = [0u8; 1024];
         let n = stream.read(&mut request).unwrap();
         let request = String::from_utf8_lossy(&request[..n]).into_owned();
@@ -811,7 +833,11 @@ fn planted_docker_with_the_nvidia_runtime() {
     );
     let report = plant.diagnose(false);
     let request = server.join().unwrap();
-    assert!(request.starts_with("GET /info HTTP/1.0\r\n"), "{request}");
+    assert!(
+        request.starts_with("GET /info HTTP/1.0\r\n"),
+        "{request}\n{:?}",
+        ids(&report)
+    );
     assert_finding(&report, "docker.reachable", Severity::Ok);
     let runtime = assert_finding(&report, "docker.nvidia_runtime", Severity::Ok);
     assert!(
@@ -833,7 +859,12 @@ fn planted_docker_without_gpu_support_and_a_stale_socket() {
         r#"{"ServerVersion":"20.10.24+dfsg1","Runtimes":{"runc":{"path":"runc"}},"DefaultRuntime":"runc"}"#,
     );
     let report = plant.diagnose(false);
-    server.join().unwrap();
+    let request = server.join().unwrap();
+    assert!(
+        request.starts_with("GET /info"),
+        "{request}\n{:?}",
+        ids(&report)
+    );
     let finding = assert_finding(&report, "docker.no_nvidia_runtime", Severity::Error);
     assert!(finding
         .fix

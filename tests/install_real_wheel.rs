@@ -38,6 +38,10 @@ fn wheel() -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("wheels");
     let path = dir.join(FILE);
     let expected: Digest = format!("sha256:{SHA256}").parse().unwrap();
+    // Tests in this file run in parallel: one downloads while the others wait, so none
+    // reads a file pip is still writing.
+    static DOWNLOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = DOWNLOADING.lock().unwrap_or_else(|e| e.into_inner());
     if !path.exists() {
         let output = std::process::Command::new("python3")
             .args([
