@@ -155,21 +155,8 @@ fn a_verified_report_labels_a_new_config_with_the_same_layers() {
     assert_eq!(matrix[0]["driver"], "550.54.15");
     assert_eq!(matrix[0]["checks"].as_object().unwrap().len(), 10);
     // skopeo, a real peer, reads the verified image and its labels from the layout.
-    if registry_support::have("skopeo") {
-        let out = Command::new("skopeo")
-            .arg("inspect")
-            .arg(format!("oci:{}:verified", dir.display()))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = String::from_utf8_lossy(&out.stdout);
+    if let Some(text) = skopeo_inspect(&dir, "verified", &[]) {
         assert!(text.contains("io.cudastack.verified.matrix"), "{text}");
-    } else {
-        eprintln!("skopeo check skipped: skopeo is not installed");
     }
 }
 
@@ -316,22 +303,8 @@ fn a_verified_platform_image_replaces_itself_inside_the_index() {
         "{refs:?}"
     );
     // skopeo, a real peer, reads the new index per platform.
-    if registry_support::have("skopeo") {
-        let out = Command::new("skopeo")
-            .args(["inspect", "--override-arch", "amd64"])
-            .arg(format!("oci:{}:latest", dir.display()))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            text.contains(&verified.to_string()) || text.contains("io.cudastack.verified"),
-            "{text}"
-        );
+    if let Some(text) = skopeo_inspect(&dir, "latest", &["--override-arch", "amd64"]) {
+        assert!(text.contains("io.cudastack.verified"), "{text}");
     }
 }
 
@@ -387,6 +360,27 @@ fn each_platform_report_refers_to_its_own_manifest_when_pushed() {
         cudastack::verify::REPORT_ARTIFACT_TYPE
     );
     assert!(referrers_of("latest-linux-arm64").is_empty());
+}
+
+/// `skopeo inspect [ARGS] oci:DIR:REF` (a real peer reading the layout); None, saying so,
+/// when skopeo is not installed.
+fn skopeo_inspect(dir: &Path, ref_name: &str, args: &[&str]) -> Option<String> {
+    if !registry_support::have("skopeo") {
+        eprintln!("skopeo check skipped: skopeo is not installed");
+        return None;
+    }
+    let out = Command::new("skopeo")
+        .arg("inspect")
+        .args(args)
+        .arg(format!("oci:{}:{ref_name}", dir.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn cudastack(args: &[&str]) -> std::process::Output {

@@ -268,6 +268,27 @@ const INSTALL_TOOL: &str = r#"      - uses: DOWNLOAD
           echo "$RUNNER_TEMP/cudastack-bin" >> "$GITHUB_PATH"
 "#;
 
+/// A job that builds cudastack on `runs_on` and uploads it as the artifact `artifact`.
+fn tool_job(job: &str, name: &str, comment: &str, runs_on: &str, artifact: &str) -> String {
+    format!(
+        r#"  {job}:
+    name: {name}
+    # {comment}
+    runs-on: {runs_on}
+    steps:
+      - uses: {CHECKOUT}
+      - uses: {RUST_TOOLCHAIN}
+      - uses: {RUST_CACHE}
+      - run: cargo build --release --locked
+      - uses: {UPLOAD}
+        with:
+          name: {artifact}
+          path: target/release/cudastack
+          retention-days: 7
+"#
+    )
+}
+
 pub fn publish_workflow(recipes: &[WorkflowRecipe], options: &WorkflowOptions) -> String {
     let mut out = String::new();
     header(
@@ -311,21 +332,7 @@ defaults:
     shell: bash
 
 jobs:
-  tool:
-    name: build cudastack
-    # The oldest supported Ubuntu: the binary then runs on self-hosted runners with glibc >= 2.35.
-    runs-on: ubuntu-22.04
-    steps:
-      - uses: {CHECKOUT}
-      - uses: {RUST_TOOLCHAIN}
-      - uses: {RUST_CACHE}
-      - run: cargo build --release --locked
-      - uses: {UPLOAD}
-        with:
-          name: cudastack
-          path: target/release/cudastack
-          retention-days: 7
-
+{tool}
   build:
     name: build ${{{{ matrix.recipe }}}}
     needs: tool
@@ -336,6 +343,13 @@ jobs:
       matrix:
         include:
 "#,
+        tool = tool_job(
+            "tool",
+            "build cudastack",
+            "The oldest supported Ubuntu: the binary then runs on self-hosted runners with glibc >= 2.35.",
+            "ubuntu-22.04",
+            "cudastack",
+        ),
         registry_help = match &options.registry {
             Some(registry) => registry.clone(),
             None => "ghcr.io/<owner>".to_string(),
@@ -431,26 +445,14 @@ jobs:
     }
     let any_arm64 = legs.iter().any(|(_, gpu, _)| arm64_gpu(gpu));
     if any_arm64 {
-        let _ = write!(
-            out,
-            r#"
-  tool-arm64:
-    name: build cudastack (arm64)
-    # The verify jobs on Grace GPUs (GH200) run on arm64 hosts: an aarch64 cudastack, from
-    # GitHub's hosted Arm runner (the images themselves are built on x64, without emulation).
-    runs-on: ubuntu-24.04-arm
-    steps:
-      - uses: {CHECKOUT}
-      - uses: {RUST_TOOLCHAIN}
-      - uses: {RUST_CACHE}
-      - run: cargo build --release --locked
-      - uses: {UPLOAD}
-        with:
-          name: cudastack-arm64
-          path: target/release/cudastack
-          retention-days: 7
-"#
-        );
+        out.push('\n');
+        out.push_str(&tool_job(
+            "tool-arm64",
+            "build cudastack (arm64)",
+            "The verify jobs on Grace GPUs (GH200) run on arm64 hosts: an aarch64 cudastack, from\n    # GitHub's hosted Arm runner (the images themselves are built on x64, without emulation).",
+            "ubuntu-24.04-arm",
+            "cudastack-arm64",
+        ));
     }
     let _ = write!(
         out,

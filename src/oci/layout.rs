@@ -125,17 +125,8 @@ pub fn config_of(
     dir: &Path,
     descriptor: &oci_spec::image::Descriptor,
 ) -> Result<ImageConfiguration, OciError> {
-    let manifest: ImageManifest =
-        serde_json::from_slice(&read_blob(dir, descriptor)?).map_err(|source| OciError::Json {
-            path: dir.join("blobs"),
-            what: "an OCI image manifest",
-            source,
-        })?;
-    serde_json::from_slice(&read_blob(dir, manifest.config())?).map_err(|source| OciError::Json {
-        path: dir.join("blobs"),
-        what: "an OCI image configuration",
-        source,
-    })
+    let manifest: ImageManifest = read_json_blob(dir, descriptor, "an OCI image manifest")?;
+    read_json_blob(dir, manifest.config(), "an OCI image configuration")
 }
 
 /// The OCI architecture of the build host (`amd64`, `arm64`): which image of a
@@ -155,11 +146,7 @@ fn image_entry(
     ref_name: &str,
     architecture: Option<&oci_spec::image::Arch>,
 ) -> Result<oci_spec::image::Descriptor, OciError> {
-    let Some(entry) = index
-        .manifests()
-        .iter()
-        .find(|m| ref_name_of(m) == Some(ref_name))
-    else {
+    let Some(entry) = named(index, ref_name) else {
         return Err(OciError::RefNotFound {
             dir: dir.to_path_buf(),
             reference: ref_name.to_string(),
@@ -176,12 +163,7 @@ fn image_entry(
     if entry.media_type() != &MediaType::ImageIndex {
         return Ok(entry.clone());
     }
-    let child_index: ImageIndex =
-        serde_json::from_slice(&read_blob(dir, entry)?).map_err(|source| OciError::Json {
-            path: dir.join("blobs"),
-            what: "an OCI image index",
-            source,
-        })?;
+    let child_index: ImageIndex = read_json_blob(dir, entry, "an OCI image index")?;
     let host = architecture.cloned().unwrap_or_else(host_architecture);
     let platforms: Vec<String> = child_index
         .manifests()
@@ -222,12 +204,7 @@ fn write_docker_manifest(
         {
             continue;
         }
-        let manifest: ImageManifest = serde_json::from_slice(&read_blob(dir, descriptor)?)
-            .map_err(|source| OciError::Json {
-                path: dir.join("blobs"),
-                what: "an OCI image manifest",
-                source,
-            })?;
+        let manifest: ImageManifest = read_json_blob(dir, descriptor, "an OCI image manifest")?;
         let name = |d: &oci_spec::image::Descriptor| -> Result<String, OciError> {
             let digest = digest_of(d).map_err(|problem| OciError::InvalidLayout {
                 dir: dir.to_path_buf(),
@@ -258,6 +235,27 @@ fn write_docker_manifest(
     }
     let bytes = to_canonical_json(&entries).expect("manifest.json serialises");
     write_atomic(dir, &dir.join("manifest.json"), &bytes)
+}
+
+/// The entry of `index` named `ref_name`.
+fn named<'a>(index: &'a ImageIndex, ref_name: &str) -> Option<&'a oci_spec::image::Descriptor> {
+    index
+        .manifests()
+        .iter()
+        .find(|m| ref_name_of(m) == Some(ref_name))
+}
+
+/// A small JSON document (manifest, config, index) a descriptor names, digest-verified.
+fn read_json_blob<T: serde::de::DeserializeOwned>(
+    dir: &Path,
+    descriptor: &oci_spec::image::Descriptor,
+    what: &'static str,
+) -> Result<T, OciError> {
+    serde_json::from_slice(&read_blob(dir, descriptor)?).map_err(|source| OciError::Json {
+        path: dir.join("blobs"),
+        what,
+        source,
+    })
 }
 
 fn ref_name_of(descriptor: &oci_spec::image::Descriptor) -> Option<&str> {
@@ -378,20 +376,9 @@ pub fn read(dir: &Path, ref_name: &str) -> Result<Image, OciError> {
         dir: dir.to_path_buf(),
         problem,
     };
-    let manifest_bytes = read_blob(dir, entry)?;
-    let manifest: ImageManifest =
-        serde_json::from_slice(&manifest_bytes).map_err(|source| OciError::Json {
-            path: dir.join("blobs"),
-            what: "an OCI image manifest",
-            source,
-        })?;
-    let config_bytes = read_blob(dir, manifest.config())?;
+    let manifest: ImageManifest = read_json_blob(dir, entry, "an OCI image manifest")?;
     let config: ImageConfiguration =
-        serde_json::from_slice(&config_bytes).map_err(|source| OciError::Json {
-            path: dir.join("blobs"),
-            what: "an OCI image configuration",
-            source,
-        })?;
+        read_json_blob(dir, manifest.config(), "an OCI image configuration")?;
     let diff_ids = config.rootfs().diff_ids();
     if diff_ids.len() != manifest.layers().len() {
         return Err(invalid(format!(
@@ -473,18 +460,9 @@ pub fn resolve_platform(
         dir: dir.to_path_buf(),
         problem,
     };
-    let manifest: ImageManifest =
-        serde_json::from_slice(&read_blob(dir, entry)?).map_err(|source| OciError::Json {
-            path: dir.join("blobs"),
-            what: "an OCI image manifest",
-            source,
-        })?;
-    let config: ImageConfiguration = serde_json::from_slice(&read_blob(dir, manifest.config())?)
-        .map_err(|source| OciError::Json {
-            path: dir.join("blobs"),
-            what: "an OCI image configuration",
-            source,
-        })?;
+    let manifest: ImageManifest = read_json_blob(dir, entry, "an OCI image manifest")?;
+    let config: ImageConfiguration =
+        read_json_blob(dir, manifest.config(), "an OCI image configuration")?;
     Ok(ResolvedImage {
         manifest: entry.clone(),
         manifest_digest: digest_of(entry).map_err(invalid)?,
@@ -579,19 +557,10 @@ pub fn write_artifact(dir: &Path, artifact: &Artifact, ref_name: &str) -> Result
 /// layout has no such name.
 pub fn read_artifact_blob(dir: &Path, ref_name: &str) -> Result<Option<Vec<u8>>, OciError> {
     let index = read_index(dir)?;
-    let Some(entry) = index
-        .manifests()
-        .iter()
-        .find(|m| ref_name_of(m) == Some(ref_name))
-    else {
+    let Some(entry) = named(&index, ref_name) else {
         return Ok(None);
     };
-    let manifest: ImageManifest =
-        serde_json::from_slice(&read_blob(dir, entry)?).map_err(|source| OciError::Json {
-            path: dir.join("blobs"),
-            what: "an artifact manifest",
-            source,
-        })?;
+    let manifest: ImageManifest = read_json_blob(dir, entry, "an artifact manifest")?;
     match manifest.layers().first() {
         Some(blob) => Ok(Some(read_blob(dir, blob)?)),
         None => Ok(None),
@@ -605,22 +574,13 @@ pub fn index_images(
     ref_name: &str,
 ) -> Result<Option<Vec<(oci_spec::image::Descriptor, oci_spec::image::Platform)>>, OciError> {
     let index = read_index(dir)?;
-    let Some(entry) = index
-        .manifests()
-        .iter()
-        .find(|m| ref_name_of(m) == Some(ref_name))
-    else {
+    let Some(entry) = named(&index, ref_name) else {
         return Ok(None);
     };
     if entry.media_type() != &MediaType::ImageIndex {
         return Ok(None);
     }
-    let child_index: ImageIndex =
-        serde_json::from_slice(&read_blob(dir, entry)?).map_err(|source| OciError::Json {
-            path: dir.join("blobs"),
-            what: "an OCI image index",
-            source,
-        })?;
+    let child_index: ImageIndex = read_json_blob(dir, entry, "an OCI image index")?;
     Ok(Some(
         child_index
             .manifests()

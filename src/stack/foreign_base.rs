@@ -125,10 +125,7 @@ fn shadow_files(root: &Path, epoch: u64) -> Result<(), BaseError> {
         .filter_map(|line| line.split(':').next())
         .map(|name| format!("{name}:*::\n"))
         .collect();
-    let shadow_gid = group
-        .lines()
-        .find_map(|line| line.strip_prefix("shadow:*:"))
-        .and_then(|rest| rest.split(':').next()?.parse::<u32>().ok());
+    let shadow_gid = group_id(&group, "shadow");
     for (name, text) in [("shadow", shadow), ("gshadow", gshadow)] {
         let path = root.join("etc").join(name);
         if path.exists() {
@@ -159,14 +156,8 @@ fn base_files(root: &Path) -> Result<(), BaseError> {
             fs_err::copy(&from, &to).map_err(io_error(&to))?;
         }
     }
-    let mail_gid = fs_err::read_to_string(root.join("etc/group"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix("mail:*:")
-                .or_else(|| line.strip_prefix("mail:x:"))
-        })
-        .and_then(|rest| rest.split(':').next()?.parse::<u32>().ok());
+    let group = fs_err::read_to_string(root.join("etc/group")).unwrap_or_default();
+    let mail_gid = group_id(&group, "mail");
     for (dir, mode, gid) in [
         ("mnt", 0o755, Some(0)),
         ("srv", 0o755, Some(0)),
@@ -245,6 +236,16 @@ fn small_defaults(root: &Path) -> Result<(), BaseError> {
         }
     }
     Ok(())
+}
+
+/// The id of group `name` in the text of an `/etc/group` file.
+fn group_id(group_file: &str, name: &str) -> Option<u32> {
+    group_file.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        (fields.next() == Some(name))
+            .then(|| fields.nth(1)?.parse().ok())
+            .flatten()
+    })
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), BaseError> {
@@ -399,6 +400,14 @@ mod tests {
     use super::*;
 
     const MAWK_POSTINST: &str = "#!/bin/sh\nset -e\nif [ \"$1\" = configure ]; then\n  update-alternatives --install /usr/bin/awk awk /usr/bin/mawk 5 \\\n    --slave /usr/share/man/man1/awk.1.gz awk.1.gz /usr/share/man/man1/mawk.1.gz \\\n    --slave /usr/bin/nawk nawk /usr/bin/mawk\nfi\n";
+
+    #[test]
+    fn group_ids_by_name() {
+        let group = "root:x:0:\nshadow:*:42:\nmail:x:8:\n";
+        assert_eq!(group_id(group, "shadow"), Some(42));
+        assert_eq!(group_id(group, "mail"), Some(8));
+        assert_eq!(group_id(group, "staff"), None);
+    }
 
     #[test]
     fn reads_literal_alternatives() {

@@ -185,24 +185,21 @@ pub fn conv_forward(shape: ConvShape, benchmark: bool) -> Result<ConvRun, String
     unsafe {
         let handle = dnn::create_handle().map_err(dnn_err("cudnnCreate"))?;
         dnn::set_stream(handle, stream.cu_stream() as _).map_err(dnn_err("cudnnSetStream"))?;
-        let x_desc =
-            dnn::create_tensor_descriptor().map_err(dnn_err("cudnnCreateTensorDescriptor"))?;
-        dnn::set_tensor4d_descriptor(
-            x_desc,
-            nchw,
-            float,
+        // An NCHW float tensor descriptor of `extent`; `what` names it in errors.
+        let tensor = |extent: [i32; 4], what: &'static str| {
+            let desc =
+                dnn::create_tensor_descriptor().map_err(dnn_err("cudnnCreateTensorDescriptor"))?;
+            dnn::set_tensor4d_descriptor(desc, nchw, float, extent).map_err(dnn_err(what))?;
+            Ok::<_, String>(desc)
+        };
+        let x_desc = tensor(
             dims(shape.n, shape.c, shape.h, shape.w),
-        )
-        .map_err(dnn_err("cudnnSetTensor4dDescriptor(x)"))?;
-        let y_desc =
-            dnn::create_tensor_descriptor().map_err(dnn_err("cudnnCreateTensorDescriptor"))?;
-        dnn::set_tensor4d_descriptor(
-            y_desc,
-            nchw,
-            float,
+            "cudnnSetTensor4dDescriptor(x)",
+        )?;
+        let y_desc = tensor(
             dims(shape.n, shape.k, shape.out_h(), shape.out_w()),
-        )
-        .map_err(dnn_err("cudnnSetTensor4dDescriptor(y)"))?;
+            "cudnnSetTensor4dDescriptor(y)",
+        )?;
         let w_desc =
             dnn::create_filter_descriptor().map_err(dnn_err("cudnnCreateFilterDescriptor"))?;
         dnn::set_filter4d_descriptor(

@@ -27,7 +27,7 @@
 //!
 //! One binary per CUDA major. cudarc's dynamic loading (`get_lib_name_candidates`) tries, for
 //! each library, `lib<x>.so`, `lib<x>.so.<MAJOR>` with MAJOR fixed at compile time by the
-//! `cuda-1xxx0` feature, then the hard-coded `.so.12`, `.so.11`, `.so.10`, `.so.9`, `.so.1`.
+//! `cuda-1xxx0` feature, then cudarc's own fixed fallback list `.so.12`, `.so.11`, `.so.10`, `.so.9`, `.so.1`.
 //! A CUDA 12 build therefore cannot find `libcublas.so.13` (only a dev `libcublas.so` link
 //! would save it); a CUDA 13 build would find `.so.12` by name, but its bindings are the
 //! CUDA 13 ones (and cuDNN 8's `libcudnn.so.8` is in no list at all). So build per major:
