@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(docker.io skopeo umoci mmdebstrap docker-registry pigz zstd xz-utils gcc busybox-static shellcheck
-  gcc-aarch64-linux-gnu qemu-user)
+  gcc-aarch64-linux-gnu qemu-user qemu-user-static)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
@@ -40,28 +40,6 @@ fi
 cargo build --release --locked
 echo "setup: built target/release/cudastack" >&2
 
-# The native verification probe of images without torch, one per CUDA major (cudarc fixes
-# library names at compile time); `cudastack build` bakes target/probe/cudastack-probe-cudaNN
-# into images whose glibc can run it. cargo-zigbuild (zig as the linker, both from PyPI)
-# links it against glibc 2.17, so it runs on every base back to CentOS 7 / UBI 8 / Ubuntu
-# 20.04; without it the probe needs this machine's glibc (2.34 symbols on Debian 12).
-if ! command -v cargo-zigbuild >/dev/null 2>&1; then
-  python3 -m pip install --quiet ziglang cargo-zigbuild >&2 \
-    || echo "setup: no cargo-zigbuild; the native probe is linked against this machine's glibc" >&2
-fi
-mkdir -p target/probe
-for major in 12 13; do
-  probe_args=(--release --locked --quiet --manifest-path probe/rust/Cargo.toml
-    --target-dir "target/probe-build/cuda$major" --no-default-features --features "cuda$major")
-  if command -v cargo-zigbuild >/dev/null 2>&1; then
-    # This machine's architecture: the probe goes into images of the build host's platform.
-    triple="$(uname -m)-unknown-linux-gnu"
-    cargo zigbuild "${probe_args[@]}" --target "$triple.2.17"
-    built="target/probe-build/cuda$major/$triple/release/cudastack-probe"
-  else
-    cargo build "${probe_args[@]}"
-    built="target/probe-build/cuda$major/release/cudastack-probe"
-  fi
-  install -m 0755 "$built" "target/probe/cudastack-probe-cuda$major"
-done
-echo "setup: built target/probe/cudastack-probe-cuda{12,13}" >&2
+# The native verification probe of images without torch, for this machine and (in a
+# Debian chroot with the other architecture's Rust std) for the other one.
+scripts/build-probe.sh

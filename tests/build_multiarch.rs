@@ -63,7 +63,8 @@ fn two_platforms_build_into_an_index_without_emulation() {
         .arg(&layout)
         .arg("--cache-dir")
         .arg(e2e_support::cache_dir())
-        .arg(&recipe));
+        .arg(&recipe)
+        .env("CUDASTACK_PROBE_DIR", native_probe_dir()));
     let index_digest = stdout.lines().next().unwrap().to_string();
 
     // The ref names the index; skopeo resolves it per platform.
@@ -239,4 +240,91 @@ fn two_platforms_build_into_an_index_without_emulation() {
         .arg(root.join("usr/bin/python3.11"))
         .args(["-c", "import ctypes, ssl; v = ctypes.c_int(); ctypes.CDLL('libcudart.so.12').cudaRuntimeGetVersion(ctypes.byref(v)); import zoneinfo; zoneinfo.ZoneInfo('Europe/Berlin'); print(v.value, ssl.create_default_context().cert_store_stats()['x509_ca'] > 100)"]));
     assert_eq!(version.trim(), "12040 True");
+
+    // The aarch64 native probe (built in a Debian chroot by scripts/build-probe.sh) is baked
+    // into this torch-free image and runs there against the image's glibc and libraries.
+    let built = native_probe_dir()
+        .join(cudastack::verify::native_probe::file_name(12, Machine::Aarch64).unwrap());
+    let Ok(probe) = std::fs::read(&built) else {
+        eprintln!(
+            "{} is not built: the arm64 native probe was not run",
+            built.display()
+        );
+        return;
+    };
+    let baked =
+        root.join(cudastack::verify::native_probe::NATIVE_PROBE_PATH.trim_start_matches('/'));
+    assert_eq!(std::fs::read(&baked).unwrap(), probe, "{}", baked.display());
+    // In a chroot of the image, so /proc/self/maps names the image's paths (qemu-aarch64 -L
+    // from outside shows the host's paths of the unpacked files): statically linked
+    // qemu-user, in a private mount namespace with /proc that vanishes with the process.
+    let Ok(qemu) = std::fs::read("/usr/bin/qemu-aarch64-static") else {
+        eprintln!("qemu-user-static is not installed: the arm64 native probe was not run");
+        return;
+    };
+    std::fs::write(root.join("qemu-aarch64-static"), qemu).unwrap();
+    std::fs::set_permissions(
+        root.join("qemu-aarch64-static"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let output = Command::new("unshare")
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .args([
+            "--mount",
+            "--fork",
+            "sh",
+            "-c",
+            "mount -t proc proc \"$0/proc\" && exec chroot \"$0\" \"$@\"",
+        ])
+        .arg(&root)
+        .args([
+            "/qemu-aarch64-static",
+            "-E",
+            "LD_LIBRARY_PATH=/usr/local/cuda-12.4/targets/sbsa-linux/lib:/usr/local/nvidia/lib64",
+            cudastack::verify::native_probe::NATIVE_PROBE_PATH,
+            "--level",
+            "all",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report = cudastack::verify::report::Report::from_output(&stdout, "the arm64 probe")
+        .unwrap_or_else(|e| panic!("{e}\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr)));
+    let json = serde_json::to_value(&report).unwrap();
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    let status = |id: &str| {
+        json["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("no {id} in {json}"))["status"]
+            .clone()
+    };
+    // The aarch64 libraries of the image, opened by SONAME and asked their versions.
+    for id in [
+        "static.cuda_libraries",
+        "static.dlopen",
+        "static.cudart",
+        "static.cudnn",
+        "static.cublas",
+        "static.loaded_libraries",
+    ] {
+        assert_eq!(status(id), "pass", "{id}: {json}");
+    }
+    for check in json["checks"].as_array().unwrap() {
+        match check["level"].as_str().unwrap() {
+            "static" => assert_ne!(check["status"], "fail", "{check}"),
+            // No GPU and no libcuda.so.1 in this image: every GPU level skips with the reason.
+            _ => assert_eq!(check["status"], "skip", "{check}"),
+        }
+    }
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+}
+
+/// Where scripts/build-probe.sh puts the native probes.
+fn native_probe_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/probe")
 }

@@ -138,7 +138,16 @@ fn default_build_is_ready_for_enroot_apptainer_and_kubernetes() {
     eprintln!("skipped the enroot import: `enroot` is not installed (not packaged in Debian; it imports from registries, not OCI layouts)");
 }
 
-/// Where scripts/setup.sh puts the native probes (the build is pointed there explicitly).
+/// The machine this test (and the image it builds) runs on.
+fn host_machine() -> cudastack::elf::Machine {
+    if cfg!(target_arch = "aarch64") {
+        cudastack::elf::Machine::Aarch64
+    } else {
+        cudastack::elf::Machine::X86_64
+    }
+}
+
+/// Where scripts/build-probe.sh puts the native probes (the build is pointed there explicitly).
 fn native_probe_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("target/probe")
 }
@@ -148,9 +157,10 @@ fn native_probe_dir() -> PathBuf {
 /// of the unpacked image with the image's LD_LIBRARY_PATH (no Docker needed, no GPU here:
 /// the GPU levels skip with the reason), against the stand-in libraries.
 fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
-    let Ok(probe) =
-        std::fs::read(native_probe_dir().join(cudastack::verify::native_probe::file_name(12)))
-    else {
+    let Ok(probe) = std::fs::read(
+        native_probe_dir()
+            .join(cudastack::verify::native_probe::file_name(12, host_machine()).unwrap()),
+    ) else {
         eprintln!(
             "the native probe is not built (scripts/setup.sh builds target/probe): not checked"
         );

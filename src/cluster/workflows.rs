@@ -289,6 +289,34 @@ fn tool_job(job: &str, name: &str, comment: &str, runs_on: &str, artifact: &str)
     )
 }
 
+/// The job that builds the native probes images without torch carry (docs/verify.md):
+/// this runner's x86_64 one with the rustup toolchain, the aarch64 one under sudo in a
+/// Debian chroot with that architecture's Rust std. Its artifact goes beside the cudastack
+/// binary in the build job, where `cudastack build` looks for it.
+fn probe_job() -> String {
+    format!(
+        r#"  probe:
+    name: build the native probes
+    runs-on: ubuntu-24.04
+    timeout-minutes: 30
+    steps:
+      - uses: {CHECKOUT}
+      - uses: {RUST_TOOLCHAIN}
+      - name: Install the chroot builder
+        run: |
+          sudo apt-get update -qq
+          sudo apt-get install -y -qq mmdebstrap debian-archive-keyring
+      - run: scripts/build-probe.sh --host
+      - run: sudo scripts/build-probe.sh --foreign
+      - uses: {UPLOAD}
+        with:
+          name: cudastack-probe
+          path: target/probe/
+          retention-days: 7
+"#
+    )
+}
+
 pub fn publish_workflow(recipes: &[WorkflowRecipe], options: &WorkflowOptions) -> String {
     let mut out = String::new();
     header(
@@ -333,9 +361,10 @@ defaults:
 
 jobs:
 {tool}
+{probe}
   build:
     name: build ${{{{ matrix.recipe }}}}
-    needs: tool
+    needs: [tool, probe]
     runs-on: ubuntu-24.04
     timeout-minutes: 120
     strategy:
@@ -350,6 +379,7 @@ jobs:
             "ubuntu-22.04",
             "cudastack",
         ),
+        probe = probe_job(),
         registry_help = match &options.registry {
             Some(registry) => registry.clone(),
             None => "ghcr.io/<owner>".to_string(),
@@ -377,6 +407,15 @@ jobs:
         install = INSTALL_TOOL
             .replace("DOWNLOAD", DOWNLOAD)
             .replace("TOOL", "cudastack"),
+    );
+    let _ = write!(
+        out,
+        r#"      # Beside the binary (`target/probe` relative to it), where `cudastack build` looks.
+      - uses: {DOWNLOAD}
+        with:
+          name: cudastack-probe
+          path: ${{{{ runner.temp }}}}/probe
+"#
     );
     registry_step(&mut out, options);
     let _ = write!(
@@ -675,6 +714,13 @@ mod tests {
         assert_eq!(text.matches(r#"runner: "gpu-rtx-4090""#).count(), 1);
         assert!(text.contains("ghcr.io/${GITHUB_REPOSITORY_OWNER}"));
         assert!(text.contains("hashFiles(matrix.lock)"));
+        // Both native probes are built once and land where the build's cudastack looks:
+        // `../probe` relative to its binary in `$RUNNER_TEMP/cudastack-bin`.
+        assert!(text.contains("  probe:\n"), "{text}");
+        assert!(text.contains("needs: [tool, probe]"), "{text}");
+        assert!(text.contains("run: sudo scripts/build-probe.sh --foreign"));
+        assert!(text.contains("name: cudastack-probe\n          path: ${{ runner.temp }}/probe\n"));
+        assert!(text.contains("path: ${{ runner.temp }}/cudastack-bin\n"));
     }
 
     /// A GH200 (Grace: an Arm host) is verified on an arm64 runner with an aarch64 cudastack

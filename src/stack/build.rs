@@ -831,28 +831,11 @@ fn assemble(
     let expect_json = Expectations::for_stack(recipe, torch_build, lock).to_json();
     // Images without torch get the native probe too (if built, and if it can run there).
     let has_torch = lock.artifacts.iter().any(|a| a.name == "torch");
-    let native_probe = match (has_torch, Some(platform) == host_platform()) {
-        (true, _) => None,
-        (false, false) => {
-            progress.stage(
-                "probe",
-                &format!("no native probe for {platform} (it is built for this host only): the probe runs the static level alone"),
-            );
-            None
-        }
-        (false, true) => match verify::native_probe::locate(recipe.cuda.version.major) {
-            Ok(probe) if probe.machine == machine => Some(probe),
-            Ok(probe) => {
-                progress.stage(
-                    "probe",
-                    &format!(
-                        "`{}` is built for {:?}, not this image's {machine:?}: the probe runs the static level alone",
-                        probe.path.display(),
-                        probe.machine
-                    ),
-                );
-                None
-            }
+    let native_probe = if has_torch {
+        None
+    } else {
+        match verify::native_probe::locate(recipe.cuda.version.major, machine) {
+            Ok(probe) => Some(probe),
             Err(why) => {
                 progress.stage(
                     "probe",
@@ -860,7 +843,7 @@ fn assemble(
                 );
                 None
             }
-        },
+        }
     };
     let config_key = CacheKey::new(
         &format!("{ASSEMBLER}/config"),
