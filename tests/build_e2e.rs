@@ -40,6 +40,22 @@ fn build(layout: &Path) -> (String, String) {
     )
 }
 
+/// The ops and train levels of the image's probe.py, run on the CPU with the image's real
+/// torch. There is no GPU here, so the device is the test's substitution (a verification
+/// always runs them on "cuda"): what it proves is that the GPU levels' code works against
+/// this torch (its API, the state_dict copy, backward, the optimizer), that the matmul bound
+/// holds for a correct fp32 product, and that the network's loss falls as the check demands.
+const CPU_REHEARSAL: &str = r#"
+import json, sys
+sys.path.insert(0, "/opt/cudastack/probe")
+import probe, torch
+run = probe.Probe(json.load(open(probe.EXPECT_PATH)), probe.LEVELS)
+run.torch, run.device = torch, "cpu"
+probe.ops_level(run)
+probe.train_level(run)
+print(json.dumps(run.checks))
+"#;
+
 fn docker_run(script: &str) -> String {
     let output = Command::new("docker")
         .args(["run", "--rm", IMAGE, "sh", "-c", script])
@@ -132,6 +148,33 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
     );
     let cudart = docker_run("python3 -c 'import torch; print(open(\"/proc/self/maps\").read())' | grep -o '/[^ ]*libcudart[^ ]*' | sort -u");
     assert_eq!(cudart.lines().count(), 1, "{cudart}");
+
+    let rehearsal = docker_run(&format!("python3 -c '{CPU_REHEARSAL}'"));
+    let checks: Vec<serde_json::Value> = serde_json::from_str(rehearsal.trim()).unwrap();
+    let ids: Vec<&str> = checks.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        [
+            "ops.matmul",
+            "ops.conv",
+            "ops.conv_benchmark",
+            "ops.loaded_libraries",
+            "train.mlp"
+        ]
+    );
+    for check in &checks {
+        eprintln!("rehearsed on the CPU: {check}");
+        assert_eq!(check["status"], "pass", "{check}");
+    }
+    let error = checks[0]["data"]["relative_error"].as_f64().unwrap();
+    assert!(error > 0.0 && error < 1e-5, "fp32 against float64: {error}");
+    let losses: Vec<f64> = checks[4]["data"]["losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_f64().unwrap())
+        .collect();
+    assert!(losses.windows(2).all(|w| w[1] < w[0]), "{losses:?}");
 }
 
 /// The verification stage ran in the build: static level passed, GPU levels skipped with

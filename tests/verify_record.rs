@@ -621,3 +621,73 @@ fn an_image_without_the_probe_is_a_clear_error_and_leaves_nothing() {
         "the untagged image {id} was left in the daemon"
     );
 }
+
+/// An image index written by another tool may leave out the children's `platform`: each
+/// child then takes the platform its own config names, so rewriting the index (verifying
+/// one of its images) never relabels the arm64 image amd64.
+#[test]
+fn an_index_without_child_platforms_keeps_each_images_own_platform() {
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let dir = work.path().join("layout");
+    two_platform_layout(&dir, &store, "sm_80 sm_90");
+    // Strip the platforms out of the index `latest` names, as such a tool would write it.
+    let index_path = dir.join("index.json");
+    let mut top: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+    let entry = top["manifests"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == "latest")
+        .unwrap();
+    let blob = |digest: &str| {
+        dir.join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:"))
+    };
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(blob(entry["digest"].as_str().unwrap())).unwrap())
+            .unwrap();
+    for child in index["manifests"].as_array_mut().unwrap() {
+        child.as_object_mut().unwrap().remove("platform");
+    }
+    let bytes = serde_json::to_vec(&index).unwrap();
+    let digest = cudastack::digest::Digest::of_bytes(&bytes).to_string();
+    std::fs::write(blob(&digest), &bytes).unwrap();
+    entry["digest"] = digest.into();
+    entry["size"] = bytes.len().into();
+    std::fs::write(&index_path, serde_json::to_vec(&top).unwrap()).unwrap();
+
+    let architectures = |name: &str| -> Vec<String> {
+        layout::index_images(&dir, name)
+            .unwrap()
+            .expect("an index")
+            .iter()
+            .map(|(_, p)| p.architecture().to_string())
+            .collect()
+    };
+    assert_eq!(architectures("latest"), ["amd64", "arm64"]);
+    record_in_layout(
+        &dir,
+        "latest-linux-amd64",
+        &report("static,driver,device,ops,train", true),
+    )
+    .unwrap();
+    // The rewritten index names both platforms, as cudastack's own indexes do.
+    assert_eq!(architectures("latest"), ["amd64", "arm64"]);
+    let top: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+    let latest = top["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == "latest")
+        .unwrap();
+    let rewritten: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(blob(latest["digest"].as_str().unwrap())).unwrap())
+            .unwrap();
+    assert_eq!(
+        rewritten["manifests"][1]["platform"]["architecture"],
+        "arm64"
+    );
+}

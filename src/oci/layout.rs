@@ -581,13 +581,25 @@ pub fn index_images(
         return Ok(None);
     }
     let child_index: ImageIndex = read_json_blob(dir, entry, "an OCI image index")?;
-    Ok(Some(
-        child_index
-            .manifests()
-            .iter()
-            .map(|m| (m.clone(), m.platform().clone().unwrap_or_default()))
-            .collect(),
-    ))
+    let mut images = Vec::new();
+    for child in child_index.manifests() {
+        // cudastack's indexes always name each child's platform; one written by another
+        // tool may not, and then the child's own config says which platform it is (a
+        // default would relabel an arm64 image amd64 when the index is rewritten).
+        let platform = match child.platform() {
+            Some(platform) => platform.clone(),
+            None => {
+                let config = config_of(dir, child)?;
+                let mut platform = oci_spec::image::Platform::default();
+                platform.set_os(config.os().clone());
+                platform.set_architecture(config.architecture().clone());
+                platform.set_variant(config.variant().clone());
+                platform
+            }
+        };
+        images.push((child.clone(), platform));
+    }
+    Ok(Some(images))
 }
 
 /// Docker's layer media types name the same bytes as OCI's; an OCI manifest must use
