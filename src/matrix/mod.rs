@@ -265,6 +265,21 @@ fn source_text(value: &serde_json::Value) -> String {
 }
 
 impl Matrix {
+    /// The compute capabilities the toolkit of CUDA `cuda` (its release line) generates code
+    /// for, oldest first: what the CUDA libraries of an image without torch can carry.
+    pub fn cuda_archs(&self, cuda: CudaVersion) -> Vec<ComputeCapability> {
+        let line = cuda.line();
+        let mut archs: Vec<ComputeCapability> = self
+            .arch_support
+            .iter()
+            .filter(|row| row.first_cuda.is_none_or(|first| line >= first))
+            .filter(|row| row.removed_in.is_none_or(|removed| line < removed))
+            .map(|row| row.cc)
+            .collect();
+        archs.sort();
+        archs
+    }
+
     /// The matrix compiled into this binary.
     pub fn embedded() -> &'static Matrix {
         static MATRIX: OnceLock<Matrix> = OnceLock::new();

@@ -828,7 +828,7 @@ fn assemble(
     let lock_json = lock.to_json();
     // The verification probe and what it should find travel in the config layer, so every
     // runner (Docker, a Kubernetes Job, enroot) runs the same probe with nothing to mount.
-    let expect_json = Expectations::for_stack(recipe, torch_build, lock).to_json();
+    let expect_json = Expectations::for_stack(matrix, recipe, torch_build, lock).to_json();
     // Images without torch get the native probe too (if built, and if it can run there).
     let has_torch = lock.artifacts.iter().any(|a| a.name == "torch");
     let native_probe = if has_torch {

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::lock::lockfile::Lockfile;
-use crate::matrix::TorchBuild;
+use crate::matrix::{Matrix, TorchBuild};
 use crate::recipe::Recipe;
 use crate::stack::config::ToolkitPaths;
 
@@ -31,10 +31,20 @@ pub struct Expectations {
     pub sm: Vec<String>,
     /// The one CUDA library directory every CUDA library must load from.
     pub cuda_lib_dir: String,
+    /// The archs the recipe's CUDA toolkit generates code for (`sm_50` ... `sm_90` for
+    /// 12.4), from the matrix: for an image without torch, what its libraries can carry,
+    /// so the native probe's device.kernels can say a GPU is too new (or too old) for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cuda_archs: Vec<String>,
 }
 
 impl Expectations {
-    pub fn for_stack(recipe: &Recipe, torch_build: Option<&TorchBuild>, lock: &Lockfile) -> Self {
+    pub fn for_stack(
+        matrix: &Matrix,
+        recipe: &Recipe,
+        torch_build: Option<&TorchBuild>,
+        lock: &Lockfile,
+    ) -> Self {
         let version_of = |pick: &dyn Fn(&str) -> bool| {
             lock.artifacts
                 .iter()
@@ -57,6 +67,11 @@ impl Expectations {
                 .map(|b| b.arch_list.iter().map(|cc| cc.sm()).collect())
                 .unwrap_or_default(),
             cuda_lib_dir: paths.lib_dir(),
+            cuda_archs: matrix
+                .cuda_archs(recipe.cuda.version)
+                .iter()
+                .map(|cc| cc.sm())
+                .collect(),
         }
     }
 
@@ -65,5 +80,36 @@ impl Expectations {
         let mut bytes = crate::oci::canonical::to_canonical_json(self).expect("serialises");
         bytes.push(b'\n');
         bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::version::CudaVersion;
+
+    fn archs(cuda: &str) -> Vec<String> {
+        let cuda: CudaVersion = cuda.parse().unwrap();
+        crate::matrix::Matrix::embedded()
+            .cuda_archs(cuda)
+            .iter()
+            .map(|cc| cc.sm())
+            .collect()
+    }
+
+    /// From data/nvidia.yaml's ptxas rows: 12.4 knows nothing newer than Hopper, 12.8 adds
+    /// Blackwell, 13.0 drops Maxwell to Volta and adds Thor (sm_110).
+    #[test]
+    fn cuda_archs_follow_the_toolkit_release() {
+        let v124 = archs("12.4");
+        assert_eq!(v124.first().unwrap(), "sm_50");
+        assert_eq!(v124.last().unwrap(), "sm_90");
+        assert!(!v124.contains(&"sm_37".to_string()));
+        let v128 = archs("12.8");
+        assert!(v128.contains(&"sm_100".to_string()) && v128.contains(&"sm_120".to_string()));
+        assert!(!v128.contains(&"sm_103".to_string()));
+        let v130 = archs("13.0");
+        assert_eq!(v130.first().unwrap(), "sm_75");
+        assert!(v130.contains(&"sm_110".to_string()));
+        assert!(!v130.contains(&"sm_70".to_string()));
     }
 }

@@ -170,6 +170,14 @@ pub struct ConvRun {
 /// and takes the fastest, like torch's cudnn.benchmark); otherwise the heuristic's choice
 /// (cudnnGetConvolutionForwardAlgorithm_v7, like benchmark off).
 pub fn conv_forward(shape: ConvShape, benchmark: bool) -> Result<ConvRun, String> {
+    // cudarc's bindings are cuDNN 9's (status codes from 1000): a cuDNN 8 reached through a
+    // stray `libcudnn.so` would hand back codes outside that enum.
+    let version = dnn::get_version();
+    if version < 90000 {
+        return Err(format!(
+            "the loaded cuDNN reports version {version}: this probe speaks cuDNN 9's API (>= 90000)"
+        ));
+    }
     let (_ctx, stream) = context()?;
     let mut rng = Rng::new(1);
     let x = rng.vec(shape.input_len());

@@ -583,35 +583,15 @@ fn device_level(checks: &mut Checks, state: &mut State) {
     }
     let mut kernels = vec![None; state.gpus.len()];
     let status = checks.run("device.kernels", "device", || {
-        let sm: Vec<String> = state
-            .expect
-            .get("sm")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
-            .unwrap_or_default();
+        let sm = string_list(&state.expect, "sm");
         let mut missing = Vec::new();
         let mut lines = Vec::new();
         for (slot, g) in kernels.iter_mut().zip(&state.gpus) {
-            if !sm.is_empty() {
-                match libs::has_kernels(&sm, g.major, g.minor) {
-                    Some((kind, arch)) => {
-                        *slot = Some(format!("{kind}:{arch}"));
-                        lines.push(format!("{} -> {kind}:{arch}", g.name));
-                    }
-                    None => {
-                        *slot = Some("none".to_string());
-                        missing.push(format!("{} is sm_{}{} and this build has kernels only for {}", g.name, g.major, g.minor, sm.join(" ")));
-                    }
-                }
-                continue;
-            }
-            let major = state.cuda_major().unwrap_or(CUDA_MAJOR as u64);
-            match libs::oldest_cc_for_cuda(major) {
-                Some(oldest) if (g.major, g.minor) < oldest => missing.push(format!(
-                    "{} is sm_{}{}, and CUDA {major}'s cuBLAS/cuDNN have kernels only for sm_{}{} and newer",
-                    g.name, g.major, g.minor, oldest.0, oldest.1
-                )),
-                _ => lines.push(format!("{} (sm_{}{}) is within CUDA {major}'s arch range", g.name, g.major, g.minor)),
+            let (kind, verdict) = gpu_kernels(&state.expect, &g.name, g.major, g.minor);
+            *slot = kind;
+            match verdict {
+                Ok(line) => lines.push(line),
+                Err(why) => missing.push(why),
             }
         }
         if !missing.is_empty() {
@@ -627,6 +607,73 @@ fn device_level(checks: &mut Checks, state: &mut State) {
     state.kernels = kernels;
     if status == "fail" {
         state.gpu_unavailable = Some("no kernels for this GPU in this stack".to_string());
+    }
+}
+
+/// The strings of the array `key` of expect.json (empty when absent).
+fn string_list(expect: &Value, key: &str) -> Vec<String> {
+    expect
+        .get(key)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// device.kernels for one GPU (sm_`major``minor`): the kernels it gets (`sass:sm_90`,
+/// `none`, or unknown) and the line for the report, or why it has none. Against the torch
+/// build's arch list when the image has torch; otherwise against the archs the image's CUDA
+/// toolkit targets (expect.json's `cuda_archs`, from cudastack's matrix), so a GPU newer than
+/// the toolkit (sm_100 under CUDA 12.4) is named here, not found out by a failing GEMM; for
+/// an expect.json without that list, the CUDA major's oldest arch.
+fn gpu_kernels(
+    expect: &Value,
+    name: &str,
+    major: u32,
+    minor: u32,
+) -> (Option<String>, Result<String, String>) {
+    let sm = string_list(expect, "sm");
+    let cuda_archs = string_list(expect, "cuda_archs");
+    let cuda = expect.get("cuda").and_then(Value::as_str).unwrap_or("?");
+    for (archs, whose) in [(&sm, None), (&cuda_archs, Some(cuda))] {
+        if archs.is_empty() {
+            continue;
+        }
+        return match (libs::has_kernels(archs, major, minor), whose) {
+            (Some((kind, arch)), None) => (Some(format!("{kind}:{arch}")), Ok(format!("{name} -> {kind}:{arch}"))),
+            (Some((kind, arch)), Some(cuda)) => (
+                Some(format!("{kind}:{arch}")),
+                Ok(format!("{name} -> {kind}:{arch} (CUDA {cuda})")),
+            ),
+            (None, None) => (
+                Some("none".to_string()),
+                Err(format!("{name} is sm_{major}{minor} and this build has kernels only for {}", archs.join(" "))),
+            ),
+            (None, Some(cuda)) => (
+                Some("none".to_string()),
+                Err(format!(
+                    "{name} is sm_{major}{minor}, and CUDA {cuda} generates code only for {}: its cuBLAS/cuDNN carry no kernels for this GPU",
+                    archs.join(" ")
+                )),
+            ),
+        };
+    }
+    let cuda_major = libs::version_tuple(cuda)
+        .first()
+        .copied()
+        .unwrap_or(CUDA_MAJOR as u64);
+    match libs::oldest_cc_for_cuda(cuda_major) {
+        Some(oldest) if (major, minor) < oldest => (
+            None,
+            Err(format!(
+                "{name} is sm_{major}{minor}, and CUDA {cuda_major}'s cuBLAS/cuDNN have kernels only for sm_{}{} and newer",
+                oldest.0, oldest.1
+            )),
+        ),
+        _ => (None, Ok(format!("{name} (sm_{major}{minor}) is within CUDA {cuda_major}'s arch range"))),
     }
 }
 
@@ -659,7 +706,7 @@ fn ops_level(checks: &mut Checks, state: &mut State) {
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return fail(format!(
                 "cuBLAS is not loadable under the names this CUDA {CUDA_MAJOR} build of the probe looks for \
-                 (libcublas.so, libcublas.so.{CUDA_MAJOR}, .so.12, .so.11)"
+                 (libcublas.so, libcublas.so.{CUDA_MAJOR}, then cudarc's fixed fallbacks .so.12 ... .so.9, .so.1)"
             ));
         }
         let (error, tflops) = gpu::sgemm(GEMM_N).map_err(report::Stop::Fail)?;
@@ -801,6 +848,61 @@ fn main() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// expect.json of a torch-free CUDA 12.4 and a CUDA 12.8 image, as cudastack writes
+    /// `cuda_archs` for them (src/verify/expect.rs in the main crate checks the lists).
+    fn cuda_only(cuda: &str, archs: &str) -> Value {
+        json!({"cuda": cuda, "sm": [], "cuda_archs": archs.split(' ').collect::<Vec<_>>()})
+    }
+
+    #[test]
+    fn gpu_kernels_against_the_toolkits_archs() {
+        let v124 = cuda_only(
+            "12.4",
+            "sm_50 sm_52 sm_60 sm_61 sm_70 sm_72 sm_75 sm_80 sm_86 sm_87 sm_89 sm_90",
+        );
+        let (slot, verdict) = gpu_kernels(&v124, "NVIDIA H200", 9, 0);
+        assert_eq!(slot.as_deref(), Some("sass:sm_90"));
+        assert_eq!(verdict.unwrap(), "NVIDIA H200 -> sass:sm_90 (CUDA 12.4)");
+        // A Blackwell GPU under a toolkit that predates it: no kernels, said before any launch.
+        let (slot, verdict) = gpu_kernels(&v124, "NVIDIA B200", 10, 0);
+        assert_eq!(slot.as_deref(), Some("none"));
+        let why = verdict.unwrap_err();
+        assert!(
+            why.contains("NVIDIA B200 is sm_100, and CUDA 12.4 generates code only for sm_50"),
+            "{why}"
+        );
+        // Same-major rule: a 10.3 GPU runs sm_100 code from CUDA 12.8.
+        let v128 = cuda_only("12.8", "sm_75 sm_80 sm_86 sm_87 sm_89 sm_90 sm_100 sm_120");
+        assert_eq!(
+            gpu_kernels(&v128, "B300", 10, 3).0.as_deref(),
+            Some("sass:sm_100")
+        );
+        // Too old for the toolkit's range.
+        assert!(gpu_kernels(&v128, "V100", 7, 0).1.is_err());
+    }
+
+    #[test]
+    fn gpu_kernels_against_a_torch_build_and_an_old_expect_file() {
+        let torch =
+            json!({"cuda": "12.1", "sm": ["sm_80", "sm_90"], "cuda_archs": ["sm_50", "sm_120"]});
+        // The torch build's list wins over the toolkit's.
+        assert_eq!(
+            gpu_kernels(&torch, "A10", 8, 6).0.as_deref(),
+            Some("sass:sm_80")
+        );
+        assert!(gpu_kernels(&torch, "RTX 5090", 12, 0)
+            .1
+            .unwrap_err()
+            .contains("this build has kernels only for sm_80 sm_90"));
+        // expect.json from before `cuda_archs`: the CUDA major's oldest arch only.
+        let old = json!({"cuda": "13.0", "sm": []});
+        assert!(gpu_kernels(&old, "V100", 7, 0)
+            .1
+            .unwrap_err()
+            .contains("sm_75 and newer"));
+        assert_eq!(gpu_kernels(&old, "H200", 9, 0).0, None);
+    }
 
     fn args(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
