@@ -186,34 +186,49 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
     for gpu in &node.gpus {
         let cc = gpu.compute_capability;
         let subject = format!("{} (sm_{}{})", gpu.name, cc.major, cc.minor);
-        if image.sm.is_empty() {
+        let sm_list = |archs: &[ComputeCapability]| {
+            archs.iter().map(|s| s.sm()).collect::<Vec<_>>().join(" ")
+        };
+        if !image.sm.is_empty() {
+            match image.sm.iter().filter(|arch| arch.cubin_runs_on(&cc)).max() {
+                Some(arch) => push(
+                    true,
+                    subject.clone(),
+                    format!("runs the build's {} kernels", arch.sm()),
+                    None,
+                ),
+                None => push(
+                    false,
+                    subject.clone(),
+                    format!("has no kernels in this build ({}): torch fails with `no kernel image is available for execution on the device`", sm_list(&image.sm)),
+                    Some("use a torch build whose arch list covers this GPU (`cudastack solve --gpu NAME`)".to_string()),
+                ),
+            }
+        } else if let Some(cuda) = image.require_cuda {
+            // No torch: the CUDA libraries carry code for what the toolkit targets, the
+            // native probe's device.kernels rule (expect.json's `cuda_archs`).
+            let archs = matrix.cuda_archs(cuda);
+            match archs.iter().filter(|arch| arch.cubin_runs_on(&cc)).max() {
+                Some(arch) => push(
+                    true,
+                    subject.clone(),
+                    format!("within CUDA {cuda}'s archs: its libraries can carry {} kernels (no torch arch list to compare)", arch.sm()),
+                    None,
+                ),
+                None => push(
+                    false,
+                    subject.clone(),
+                    format!("is not among the archs CUDA {cuda} generates code for ({}): its cuBLAS/cuDNN carry no kernels for this GPU", sm_list(&archs)),
+                    Some("use an image of a CUDA release that targets this GPU (`cudastack check` of a recipe names it: error[gpu-arch-too-new] / error[gpu-arch-removed])".to_string()),
+                ),
+            }
+        } else {
             push(
                 true,
-                subject,
-                "the image declares no kernel arch list (no torch), nothing to compare".to_string(),
+                subject.clone(),
+                "the image declares no kernel arch list and no CUDA requirement, nothing to compare".to_string(),
                 None,
             );
-            continue;
-        }
-        let list = image
-            .sm
-            .iter()
-            .map(|s| s.sm())
-            .collect::<Vec<_>>()
-            .join(" ");
-        match image.sm.iter().filter(|arch| arch.cubin_runs_on(&cc)).max() {
-            Some(arch) => push(
-                true,
-                subject.clone(),
-                format!("runs the build's {} kernels", arch.sm()),
-                None,
-            ),
-            None => push(
-                false,
-                subject,
-                format!("has no kernels in this build ({list}): torch fails with `no kernel image is available for execution on the device`"),
-                Some("use a torch build whose arch list covers this GPU (`cudastack solve --gpu NAME`)".to_string()),
-            ),
         }
         if let Some(row) = image
             .verified
@@ -300,6 +315,37 @@ mod tests {
         );
         assert_eq!(answer.fits, Fit::Yes, "{answer:?}");
         assert!(answer.findings.iter().any(|f| f.what.contains("sm_86")));
+    }
+
+    /// An image without torch: the GPU is checked against the archs its CUDA toolkit
+    /// targets, as the native probe does.
+    #[test]
+    fn a_torch_free_image_is_checked_against_its_cuda_archs() {
+        let claims = ImageClaims {
+            require_cuda: Some("12.4".parse().unwrap()),
+            ..ImageClaims::default()
+        };
+        let b200 = check(
+            Matrix::embedded(),
+            &claims,
+            &node("570.124.06", &[("NVIDIA B200", "10.0")]),
+        );
+        assert_eq!(b200.fits, Fit::No, "{b200:?}");
+        let text = serde_json::to_string(&b200).unwrap();
+        assert!(
+            text.contains("CUDA 12.4 generates code for (sm_50"),
+            "{text}"
+        );
+        let h200 = check(
+            Matrix::embedded(),
+            &claims,
+            &node("570.124.06", &[("NVIDIA H200", "9.0")]),
+        );
+        assert_eq!(h200.fits, Fit::Yes, "{h200:?}");
+        assert!(h200
+            .findings
+            .iter()
+            .any(|f| f.what.contains("sm_90 kernels")));
     }
 
     #[test]
