@@ -161,6 +161,9 @@ fn dnn_err(what: &str) -> impl Fn(dnn::CudnnError) -> String + '_ {
 pub struct ConvRun {
     pub error: f64,
     pub algo: String,
+    /// The math type cuDNN reported for the chosen algorithm (FMA expected: a first GPU run
+    /// tells whether the algorithm filter may demand it).
+    pub math: String,
     pub cudnn_version: usize,
     pub milliseconds: f64,
 }
@@ -339,6 +342,7 @@ pub fn conv_forward(shape: ConvShape, benchmark: bool) -> Result<ConvRun, String
         Ok(ConvRun {
             error: reference::relative_max(&out, &reference),
             algo: format!("{:?}", chosen.algo),
+            math: format!("{:?}", chosen.mathType),
             cudnn_version: dnn::get_version(),
             milliseconds,
         })

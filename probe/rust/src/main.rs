@@ -734,7 +734,7 @@ fn ops_level(checks: &mut Checks, state: &mut State) {
             }
             pass_with(
                 format!("forward through cuDNN {} ({}), max relative error {:.2e}", run.cudnn_version, run.algo, run.error),
-                json!({"forward": run.error, "algo": run.algo, "milliseconds": run.milliseconds}),
+                json!({"forward": run.error, "algo": run.algo, "math": run.math, "milliseconds": run.milliseconds}),
             )
         });
     }
