@@ -256,8 +256,7 @@ fn two_platforms_build_into_an_index_without_emulation() {
         root.join(cudastack::verify::native_probe::NATIVE_PROBE_PATH.trim_start_matches('/'));
     assert_eq!(std::fs::read(&baked).unwrap(), probe, "{}", baked.display());
     // In a chroot of the image, so /proc/self/maps names the image's paths (qemu-aarch64 -L
-    // from outside shows the host's paths of the unpacked files): statically linked
-    // qemu-user, in a private mount namespace with /proc that vanishes with the process.
+    // from outside shows the host's paths of the unpacked files): statically linked qemu-user.
     let Ok(qemu) = std::fs::read("/usr/bin/qemu-aarch64-static") else {
         eprintln!("qemu-user-static is not installed: the arm64 native probe was not run");
         return;
@@ -268,17 +267,9 @@ fn two_platforms_build_into_an_index_without_emulation() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    let output = Command::new("unshare")
+    let output = e2e_support::in_image_chroot(&root)
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .args([
-            "--mount",
-            "--fork",
-            "sh",
-            "-c",
-            "mount -t proc proc \"$0/proc\" && exec chroot \"$0\" \"$@\"",
-        ])
-        .arg(&root)
         .args([
             "/qemu-aarch64-static",
             "-E",

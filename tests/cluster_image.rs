@@ -186,17 +186,7 @@ fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
         .iter()
         .find_map(|e| e.strip_prefix("LD_LIBRARY_PATH="))
         .unwrap();
-    // A private mount namespace with /proc (the probe reads /proc/self/maps) that vanishes
-    // with the process.
-    let output = Command::new("unshare")
-        .args([
-            "--mount",
-            "--fork",
-            "sh",
-            "-c",
-            "mount -t proc proc \"$0/proc\" && exec chroot \"$0\" \"$@\"",
-        ])
-        .arg(&root)
+    let output = e2e_support::in_image_chroot(&root)
         .args(["/usr/bin/env", "-i", "PATH=/usr/bin:/bin"])
         .arg(format!("LD_LIBRARY_PATH={ld_library_path}"))
         .args(["python3", cudastack::verify::PROBE_PATH, "--level", "all"])

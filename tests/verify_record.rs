@@ -635,12 +635,17 @@ fn an_index_without_child_platforms_keeps_each_images_own_platform() {
     let index_path = dir.join("index.json");
     let mut top: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
-    let entry = top["manifests"]
-        .as_array_mut()
-        .unwrap()
-        .iter_mut()
-        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == "latest")
-        .unwrap();
+    // index.json's entry for the ref `latest`.
+    let latest = |top: &serde_json::Value| {
+        top["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|m| m["annotations"]["org.opencontainers.image.ref.name"] == "latest")
+            .unwrap()
+    };
+    let at = latest(&top);
+    let entry = &mut top["manifests"][at];
     let blob = |digest: &str| {
         dir.join("blobs/sha256")
             .join(digest.trim_start_matches("sha256:"))
@@ -677,14 +682,9 @@ fn an_index_without_child_platforms_keeps_each_images_own_platform() {
     assert_eq!(architectures("latest"), ["amd64", "arm64"]);
     let top: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
-    let latest = top["manifests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == "latest")
-        .unwrap();
+    let entry = &top["manifests"][latest(&top)];
     let rewritten: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(blob(latest["digest"].as_str().unwrap())).unwrap())
+        serde_json::from_slice(&std::fs::read(blob(entry["digest"].as_str().unwrap())).unwrap())
             .unwrap();
     assert_eq!(
         rewritten["manifests"][1]["platform"]["architecture"],

@@ -42,3 +42,20 @@ pub fn cache_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-cache"))
 }
+
+/// `unshare … chroot ROOT`: the command to which the program to run in the unpacked image
+/// `root` and its arguments are added. A private mount namespace gets /proc (the probes
+/// read /proc/self/maps), which vanishes with the process.
+pub fn in_image_chroot(root: &Path) -> Command {
+    let mut command = Command::new("unshare");
+    command
+        .args([
+            "--mount",
+            "--fork",
+            "sh",
+            "-c",
+            "mount -t proc proc \"$0/proc\" && exec chroot \"$0\" \"$@\"",
+        ])
+        .arg(root);
+    command
+}
