@@ -251,7 +251,12 @@ fn static_level(checks: &mut Checks, state: &mut State) {
         for name in &sonames {
             match unsafe { Library::open(Some(name), RTLD_NOW | RTLD_GLOBAL) } {
                 Ok(lib) => opened.push((name.clone(), lib)),
-                Err(e) => errors.push(format!("{name}: {e}")),
+                // The loader's own words (a missing dependency, a GLIBC version): libloading's
+                // Display says only "dlopen failed".
+                Err(e) => errors.push(match std::error::Error::source(&e) {
+                    Some(why) => why.to_string(),
+                    None => format!("{name}: {e}"),
+                }),
             }
         }
         if !errors.is_empty() {

@@ -360,3 +360,55 @@ fn a_broken_expect_file_is_a_probe_error() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
 }
+
+/// A library whose dependency is missing: static.dlopen fails with the loader's own words
+/// (which file it could not find), not libloading's bare "dlopen failed".
+#[test]
+fn a_library_with_a_missing_dependency_names_it() {
+    let planted = plant("missing-dependency");
+    // libcudnn.so.9 rebuilt to need a library that is nowhere.
+    let gone = planted.root.join("gone");
+    std::fs::create_dir_all(&gone).unwrap();
+    gcc_so(
+        &gone,
+        "libcudnn_gone.so.9",
+        "libcudnn_gone.so.9",
+        "int gone(void) { return 1; }\n",
+    );
+    std::fs::remove_file(planted.lib.join("libcudnn.so.9")).unwrap();
+    std::fs::remove_file(planted.lib.join("libcudnn.so.9.1.0")).unwrap();
+    let c = planted.root.join("cudnn.c");
+    std::fs::write(
+        &c,
+        "unsigned long cudnnGetVersion(void) { return 90100; }\n",
+    )
+    .unwrap();
+    let status = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(planted.lib.join("libcudnn.so.9.1.0"))
+        .arg(&c)
+        .arg("-Wl,-soname,libcudnn.so.9")
+        .arg("-Wl,--no-as-needed")
+        .arg(gone.join("libcudnn_gone.so.9"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::os::unix::fs::symlink("libcudnn.so.9.1.0", planted.lib.join("libcudnn.so.9")).unwrap();
+    std::fs::remove_dir_all(&gone).unwrap();
+
+    let run = run_probe(
+        &planted,
+        &expect_for(&planted),
+        &planted.lib.display().to_string(),
+        &["--level", "static"],
+    );
+    let dlopen = check(&run.report, "static.dlopen");
+    assert_eq!(dlopen["status"], "fail", "{}", run.stderr);
+    let detail = dlopen["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("libcudnn_gone.so.9: cannot open shared object file"),
+        "{detail}"
+    );
+    assert_eq!(run.code, 1);
+    let _ = std::fs::remove_dir_all(&planted.root);
+}
