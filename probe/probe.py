@@ -75,8 +75,9 @@ class Probe:
         self.seed = 0
 
     def synchronize(self):
-        if self.device == "cuda":
-            self.torch.cuda.synchronize()
+        if self.device != "cpu":
+            for index in range(self.torch.cuda.device_count()):
+                self.torch.cuda.synchronize(index)
 
     def run(self, check_id, level, function):
         started = time.monotonic()
@@ -203,7 +204,8 @@ def check_loaded_libraries(expect):
 
 
 def has_kernels(arch_flags, major, minor):
-    """Same-major rule: a cubin for sm_Xy runs on X.z with z >= y; PTX (compute_XY) JITs forward."""
+    """Same-major rule: a cubin for sm_Xy runs on X.z with z >= y (a family cubin, sm_100f, too; an
+    arch-specific one, sm_90a, only on its own arch); PTX (compute_XY) JITs forward."""
     sass = []
     ptx = []
     for flag in arch_flags:
@@ -211,14 +213,15 @@ def has_kernels(arch_flags, major, minor):
         if not found:
             continue
         kind, arch_major, arch_minor, suffix = found.group(1), int(found.group(2)), int(found.group(3)), found.group(4)
-        if kind == "sm" and arch_major == major and arch_minor <= minor and (not suffix or (arch_major, arch_minor) == (major, minor)):
+        if kind == "sm" and arch_major == major and arch_minor <= minor and (suffix in ("", "f") or (arch_major, arch_minor) == (major, minor)):
             sass.append(flag)
         if kind == "compute" and not suffix and (arch_major, arch_minor) <= (major, minor):
             ptx.append(flag)
+    # By number: as strings, compute_90 would sort above compute_100.
     if sass:
-        return "sass", max(sass)
+        return "sass", max(sass, key=version_tuple)
     if ptx:
-        return "ptx", max(ptx)
+        return "ptx", max(ptx, key=version_tuple)
     return None, None
 
 
@@ -252,7 +255,7 @@ def static_level(probe):
         return "torch %s from %s" % (torch.__version__, os.path.dirname(torch.__file__)), {
             "version": torch.__version__}
 
-    if probe.run("static.torch", "static", torch_import) != "pass":
+    if probe.run("static.torch", "static", torch_import) != "pass" and probe.torch is None:
         probe.gpu_unavailable = "torch could not be imported"
         return
     torch = probe.torch
@@ -362,6 +365,20 @@ def cuda_driver_version():
     return "%d.%d" % (version.value // 1000, (version.value % 1000) // 10)
 
 
+def cuda_device_count():
+    """(cuInit's result, cuDeviceGetCount) through the driver API, before torch touches CUDA."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None, 0
+    code = cuda.cuInit(0)
+    if code != 0:
+        return code, 0
+    count = ctypes.c_int(0)
+    code = cuda.cuDeviceGetCount(ctypes.byref(count))
+    return code, count.value
+
+
 def driver_level(probe):
     expect = probe.expect
     if probe.gpu_unavailable:
@@ -407,6 +424,17 @@ def device_level(probe):
     torch = probe.torch
 
     def device_count():
+        # Zero GPUs behind a visible driver (NVIDIA_VISIBLE_DEVICES=none or void, a MIG GPU
+        # without instances) is a GPU missing, not a broken stack: skip, as without a driver.
+        code, count = cuda_device_count()
+        if code == 100 or (code == 0 and count == 0):
+            probe.gpu_unavailable = ("the driver is visible but no GPU is (cuInit: CUDA_ERROR_NO_DEVICE): "
+                                     "give the container GPUs (--gpus, NVIDIA_VISIBLE_DEVICES)")
+            raise Skip(probe.gpu_unavailable)
+        if code not in (None, 0):
+            probe.gpu_unavailable = "cuInit failed"
+            raise Fail("cuInit returned CUDA error %d (804: this GPU or driver does not support the forward "
+                       "compatibility libcuda loaded; 999: unknown, see the kernel log)" % code)
         if not torch.cuda.is_available():
             probe.gpu_unavailable = "torch.cuda.is_available() is False although the driver is visible"
             raise Fail(probe.gpu_unavailable)
@@ -424,6 +452,8 @@ def device_level(probe):
             "%s (sm_%s)" % (g["name"], g["compute_capability"].replace(".", "")) for g in probe.gpus))
 
     if probe.run("device.count", "device", device_count) != "pass":
+        # A crash inside the check leaves no reason behind: point at the check.
+        probe.gpu_unavailable = probe.gpu_unavailable or "device.count did not pass"
         probe.skip_level("device", ["device.kernels"])
         return
 
@@ -452,24 +482,39 @@ def ops_level(probe):
     torch = probe.torch
 
     def matmul():
+        # This variable makes cuBLAS use TF32 whatever allow_tf32 says (error ~3e-4).
+        override = os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "")
+        if override not in ("", "0"):
+            raise Fail("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=%s forces TF32 matmuls: unset it to check fp32" % override)
         torch.backends.cuda.matmul.allow_tf32 = False
         generator = torch.Generator().manual_seed(0)
         a = torch.randn(4096, 4096, generator=generator)
         b = torch.randn(4096, 4096, generator=generator)
         reference = (a.double() @ b.double())
-        da, db = a.to(probe.device), b.to(probe.device)
-        probe.synchronize()
-        started = time.monotonic()
-        for _ in range(5):
-            product = da @ db
-        probe.synchronize()
-        seconds = (time.monotonic() - started) / 5
-        error = float(torch.linalg.norm(product.cpu().double() - reference) / torch.linalg.norm(reference))
-        tflops = 2 * 4096 ** 3 / seconds / 1e12
-        if not math.isfinite(error) or error > 1e-5:
-            raise Fail("4096x4096 fp32 matmul differs from the CPU reference: relative error %.3g > 1e-5" % error)
-        return "relative error %.2g, %.1f TFLOP/s fp32" % (error, tflops), {
-            "relative_error": error, "tflops_fp32": round(tflops, 2)}
+        # Every GPU, against the one reference: a broken GPU 3 of 8 must not pass.
+        devices = [probe.device] if probe.device == "cpu" else ["cuda:%d" % i for i in range(len(probe.gpus))]
+        results = []
+        for device in devices:
+            da, db = a.to(device), b.to(device)
+            product = da @ db  # warm-up: cuBLAS's handle and the first kernel load are not timed
+            probe.synchronize()
+            started = time.monotonic()
+            for _ in range(5):
+                product = da @ db
+            probe.synchronize()
+            seconds = (time.monotonic() - started) / 5
+            error = float(torch.linalg.norm(product.cpu().double() - reference) / torch.linalg.norm(reference))
+            results.append({"device": device, "relative_error": error,
+                            "tflops_fp32": round(2 * 4096 ** 3 / seconds / 1e12, 2)})
+        bad = [r for r in results if not math.isfinite(r["relative_error"]) or r["relative_error"] > 1e-5]
+        if bad:
+            raise Fail("4096x4096 fp32 matmul differs from the CPU reference: %s" % ", ".join(
+                "%s relative error %.3g > 1e-5" % (r["device"], r["relative_error"]) for r in bad))
+        worst = max(results, key=lambda r: r["relative_error"])
+        return "%d device(s), worst relative error %.2g, %s TFLOP/s fp32" % (
+            len(results), worst["relative_error"], "/".join("%.1f" % r["tflops_fp32"] for r in results)), {
+            "relative_error": worst["relative_error"], "tflops_fp32": results[0]["tflops_fp32"],
+            "devices": results}
 
     probe.run("ops.matmul", "ops", matmul)
 
@@ -557,6 +602,10 @@ def main():
             expect = json.load(handle)
     except OSError:
         expect = {}
+    except ValueError as error:
+        # A probe error (2), not a failed check (1).
+        print("cudastack-probe: %s is not valid JSON: %s" % (args.expect, error), file=sys.stderr)
+        return 2
     # An image without torch carries the native probe (probe/rust: the driver API, cuBLAS
     # and cuDNN through cudarc) beside this file when its glibc can run it; every runner
     # starts this script, which hands over so the GPU levels run without torch.

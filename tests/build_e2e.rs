@@ -175,6 +175,22 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
         .map(|l| l.as_f64().unwrap())
         .collect();
     assert!(losses.windows(2).all(|w| w[1] < w[0]), "{losses:?}");
+
+    // A runtime setting that forces TF32 whatever the probe asks is named, not reported as
+    // a wrong product.
+    let forced = docker_run(&format!(
+        "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 python3 -c '{CPU_REHEARSAL}'"
+    ));
+    let checks: Vec<serde_json::Value> = serde_json::from_str(forced.trim()).unwrap();
+    assert_eq!(checks[0]["status"], "fail", "{}", checks[0]);
+    assert!(
+        checks[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 forces TF32"),
+        "{}",
+        checks[0]
+    );
 }
 
 /// The verification stage ran in the build: static level passed, GPU levels skipped with
