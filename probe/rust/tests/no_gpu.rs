@@ -28,6 +28,11 @@ impl Drop for Planted {
 }
 
 fn gcc_so(dir: &Path, file: &str, soname: &str, source: &str) {
+    gcc_so_needing(dir, file, soname, source, &[]);
+}
+
+/// `gcc_so` with DT_NEEDED entries on the libraries `needed`.
+fn gcc_so_needing(dir: &Path, file: &str, soname: &str, source: &str, needed: &[&Path]) {
     let c = dir.join(format!("{file}.c"));
     std::fs::write(&c, source).unwrap();
     let status = Command::new("gcc")
@@ -35,6 +40,8 @@ fn gcc_so(dir: &Path, file: &str, soname: &str, source: &str) {
         .arg(dir.join(file))
         .arg(&c)
         .arg(format!("-Wl,-soname,{soname}"))
+        .arg("-Wl,--no-as-needed")
+        .args(needed)
         .status()
         .expect("gcc is installed");
     assert!(status.success(), "gcc failed for {file}");
@@ -377,23 +384,13 @@ fn a_library_with_a_missing_dependency_names_it() {
     );
     std::fs::remove_file(planted.lib.join("libcudnn.so.9")).unwrap();
     std::fs::remove_file(planted.lib.join("libcudnn.so.9.1.0")).unwrap();
-    let c = planted.root.join("cudnn.c");
-    std::fs::write(
-        &c,
+    gcc_so_needing(
+        &planted.lib,
+        "libcudnn.so.9.1.0",
+        "libcudnn.so.9",
         "unsigned long cudnnGetVersion(void) { return 90100; }\n",
-    )
-    .unwrap();
-    let status = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(planted.lib.join("libcudnn.so.9.1.0"))
-        .arg(&c)
-        .arg("-Wl,-soname,libcudnn.so.9")
-        .arg("-Wl,--no-as-needed")
-        .arg(gone.join("libcudnn_gone.so.9"))
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::os::unix::fs::symlink("libcudnn.so.9.1.0", planted.lib.join("libcudnn.so.9")).unwrap();
+        &[&gone.join("libcudnn_gone.so.9")],
+    );
     std::fs::remove_dir_all(&gone).unwrap();
 
     let run = run_probe(
