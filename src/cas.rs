@@ -127,10 +127,7 @@ impl BlobStore {
     /// Start writing a new blob; its digest is known only when it is committed.
     pub fn begin(&self) -> Result<PendingBlob, CasError> {
         let tmp_dir = self.tmp_dir();
-        let file = tempfile::Builder::new()
-            .prefix("blob-")
-            .tempfile_in(&tmp_dir)
-            .map_err(io_err(&tmp_dir))?;
+        let file = crate::atomic_file::temp_in(&tmp_dir, "blob-").map_err(io_err(&tmp_dir))?;
         Ok(PendingBlob {
             store: self.clone(),
             writer: HashingWriter::new(io::BufWriter::with_capacity(1 << 20, file)),

@@ -2,6 +2,7 @@
 //!
 //! The modules follow the data flow of a build (see DESIGN.md):
 //! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
+pub mod atomic_file;
 pub mod audit;
 pub mod cas;
 pub mod cluster;

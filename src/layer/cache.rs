@@ -162,10 +162,8 @@ impl LayerCache {
         let bytes = to_canonical_json(layer).expect("layer descriptor serialises");
         let tmp_dir = self.store.tmp_dir();
         let io = |path: PathBuf| move |source| LayerError::Io { path, source };
-        let mut temp = tempfile::Builder::new()
-            .prefix("layer-index-")
-            .tempfile_in(&tmp_dir)
-            .map_err(io(tmp_dir.clone()))?;
+        let mut temp =
+            crate::atomic_file::temp_in(&tmp_dir, "layer-index-").map_err(io(tmp_dir.clone()))?;
         std::io::Write::write_all(&mut temp, &bytes).map_err(io(temp.path().to_path_buf()))?;
         temp.persist(&path).map_err(|e| LayerError::Io {
             path: path.clone(),

@@ -182,14 +182,7 @@ impl Lockfile {
             path: path.to_path_buf(),
             source,
         };
-        let dir = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let mut temp = tempfile::NamedTempFile::new_in(dir).map_err(io_error)?;
-        std::io::Write::write_all(&mut temp, self.to_json().as_bytes()).map_err(io_error)?;
-        temp.persist(path).map_err(|e| io_error(e.error))?;
-        Ok(())
+        crate::atomic_file::write(path, self.to_json().as_bytes()).map_err(io_error)
     }
 }
 

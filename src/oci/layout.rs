@@ -312,14 +312,9 @@ fn same_file(a: &Path, b: &Path) -> bool {
 
 /// Write `bytes` to `path` through a temp file in `dir` and an atomic rename.
 fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), OciError> {
-    let mut temp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .tempfile_in(dir)
-        .map_err(io_error(dir))?;
+    let mut temp = crate::atomic_file::temp_in(dir, ".tmp-").map_err(io_error(dir))?;
     temp.write_all(bytes).map_err(io_error(temp.path()))?;
-    temp.as_file().sync_all().map_err(io_error(temp.path()))?;
-    temp.persist(path).map_err(|e| io_error(path)(e.error))?;
-    Ok(())
+    crate::atomic_file::persist(temp, path).map_err(io_error(path))
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(

@@ -251,12 +251,7 @@ fn write_layout<'a>(
 }
 
 fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), RegistryError> {
-    let mut temp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .tempfile_in(dir)
-        .map_err(io(dir))?;
+    let mut temp = crate::atomic_file::temp_in(dir, ".tmp-").map_err(io(dir))?;
     temp.write_all(bytes).map_err(io(temp.path()))?;
-    temp.as_file().sync_all().map_err(io(path))?;
-    temp.persist(path).map_err(|e| io(path)(e.error))?;
-    Ok(())
+    crate::atomic_file::persist(temp, path).map_err(io(path))
 }

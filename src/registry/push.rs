@@ -687,10 +687,8 @@ impl PushHistory {
         };
         let dir = path.parent().unwrap_or(Path::new("."));
         fs_err::create_dir_all(dir).map_err(io)?;
-        let temp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
-        serde_json::to_writer_pretty(temp.as_file(), self).map_err(|e| io(e.into()))?;
-        temp.persist(path).map_err(|e| io(e.error))?;
-        Ok(())
+        let bytes = serde_json::to_vec_pretty(self).map_err(|e| io(e.into()))?;
+        crate::atomic_file::write(path, &bytes).map_err(io)
     }
 }
 
