@@ -16,6 +16,10 @@ struct FileResult {
     valid: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     parse_error: Option<String>,
+    /// The causes under `parse_error`, outermost first ("Permission denied (os error 13)",
+    /// "invalid utf-8 sequence of 1 bytes from index 3").
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    caused_by: Vec<String>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     validation: Option<Validation>,
 }
@@ -31,6 +35,7 @@ pub fn run(paths: &[PathBuf], printer: &Printer) -> CommandResult {
                     path: path.display().to_string(),
                     valid: validation.is_valid(),
                     parse_error: None,
+                    caused_by: Vec::new(),
                     validation: Some(validation),
                 }
             }
@@ -38,6 +43,7 @@ pub fn run(paths: &[PathBuf], printer: &Printer) -> CommandResult {
                 path: path.display().to_string(),
                 valid: false,
                 parse_error: Some(error.to_string()),
+                caused_by: causes(&error),
                 validation: None,
             },
         };
@@ -58,9 +64,23 @@ pub fn run(paths: &[PathBuf], printer: &Printer) -> CommandResult {
     })
 }
 
+/// The source chain of `error`, outermost first.
+fn causes(error: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut causes = Vec::new();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        causes.push(cause.to_string());
+        source = cause.source();
+    }
+    causes
+}
+
 fn print_human(result: &FileResult) {
     if let Some(error) = &result.parse_error {
         println!("{}: invalid\n  error: {error}", result.path);
+        for cause in &result.caused_by {
+            println!("  Caused by: {cause}");
+        }
         return;
     }
     let Some(validation) = &result.validation else {

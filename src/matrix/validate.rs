@@ -397,6 +397,20 @@ fn check_base(
     problems: &mut Collector,
 ) {
     let Some((distro, release)) = recipe.base.distro() else {
+        // `image:` and `oci:` parse (the recipe format reserves them) but nothing builds
+        // them yet: refusing here refuses them in `validate`, `lock` and `build` alike,
+        // and `build` validates before it reads the lock or fetches anything (issue 16).
+        let known: Vec<String> = matrix
+            .bases
+            .iter()
+            .map(|b| format!("{{ {}: {} }}", b.distro, b.release))
+            .collect();
+        problems.error(
+            "unsupported-base",
+            format!("base {} is not supported: cudastack builds its own base from a Debian or Ubuntu release", recipe.base),
+            "the lock needs the base's Python and glibc (known for the releases in the matrix, not for an arbitrary image), and the build assembles, audits and labels a root filesystem it made itself with mmdebstrap; an existing image would otherwise only fail in `build`, after the wheels are downloaded",
+            format!("use `base:` with one of {}", known.join(", ")),
+        );
         return;
     };
     let Some(base) = matrix.base(distro, release) else {
@@ -409,7 +423,7 @@ fn check_base(
             "unknown-base",
             format!("base {} is not a release cudastack can build", recipe.base),
             "cudastack needs the release's Python and glibc to choose wheels",
-            format!("use one of: {}; or give an existing image with `base: {{ image: REF@sha256:... }}`", known.join(", ")),
+            format!("use one of: {}", known.join(", ")),
         );
         return;
     };
@@ -580,5 +594,27 @@ mod tests {
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert_eq!(errors[0].code, "gpu-no-kernels");
         assert!(errors[0].what.contains("sm_75"), "{}", errors[0].what);
+    }
+
+    /// Issue 16: `image:` and `oci:` bases passed `validate` and failed in `build` only
+    /// after the downloads; `build` and `lock` run this before anything else.
+    #[test]
+    fn image_and_oci_bases_are_refused() {
+        let matrix = Matrix::embedded();
+        for base in [
+            "{ image: \"debian:bookworm@sha256:0000000000000000000000000000000000000000000000000000000000000000\" }",
+            "{ oci: \"layouts/debian:latest\" }",
+        ] {
+            let recipe = Recipe::parse(
+                &format!("name: t\nbase: {base}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\n"),
+                Path::new("t.yaml"),
+            )
+            .unwrap();
+            let validation = validate(matrix, &recipe);
+            let errors: Vec<&Problem> = validation.errors().collect();
+            assert_eq!(errors.len(), 1, "{base}: {errors:?}");
+            assert_eq!(errors[0].code, "unsupported-base");
+            assert!(errors[0].hint.contains("{ debian: bookworm }"), "{}", errors[0].hint);
+        }
     }
 }

@@ -17,6 +17,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::digest::Digest;
 use crate::version::{CudaVersion, CudnnVersion, DriverVersion, PythonVersion};
 
+mod tag;
+
+pub use tag::{check_template, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS};
+
 #[derive(Debug, thiserror::Error)]
 pub enum RecipeError {
     #[error("failed to read recipe `{path}`")]
@@ -25,6 +29,14 @@ pub enum RecipeError {
         #[source]
         source: std::io::Error,
     },
+    #[error("recipe `{path}` is not UTF-8 text: invalid UTF-8 at byte {offset} (line {line})\n  hint: a recipe is a YAML text file; check that this is the file you meant")]
+    NotText {
+        path: PathBuf,
+        offset: usize,
+        line: usize,
+        #[source]
+        source: std::str::Utf8Error,
+    },
     #[error("{path}:{line}:{column}: {message}")]
     Syntax {
         path: PathBuf,
@@ -32,6 +44,15 @@ pub enum RecipeError {
         column: u64,
         message: String,
     },
+    #[error("{path}:{line}:{column}: the key `{key}` is given twice in the same mapping\n  hint: keep one `{key}:` and delete the other; YAML gives a key one value per mapping, and cudastack will not guess which one you meant")]
+    DuplicateKey {
+        path: PathBuf,
+        key: String,
+        line: u64,
+        column: u64,
+    },
+    #[error("{path}: {error}\n  hint: {hint}", hint = .error.hint())]
+    Tag { path: PathBuf, error: TagError },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
 }
@@ -68,8 +89,13 @@ pub struct Recipe {
     /// Tag templates: {registry} {name} {torch} {cuda} {cuda_mm} {cudnn} {cudnn_major} {python}.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
-    /// Fixed timestamp for every file and the image's `created` (reproducibility).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Fixed timestamp for every file and the image's `created` (reproducibility), in
+    /// seconds since 1970; at most [`MAX_SOURCE_DATE_EPOCH`] (the end of year 9999).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "deserialize_source_date_epoch"
+    )]
     pub source_date_epoch: Option<u64>,
     /// Platforms to build for, e.g. `[linux/amd64, linux/arm64]`; absent means
     /// `[linux/amd64]`. Each platform is locked separately ([`Platform::lock_suffix`]);
@@ -166,8 +192,10 @@ pub enum Base {
     /// An Ubuntu release built with mmdebstrap (`jammy`).
     Ubuntu(String),
     /// A registry or local Docker image, pinned by digest (`ubuntu:22.04@sha256:...`).
+    /// Parsed, but not built yet: `validate` refuses it (`unsupported-base`).
     Image(String),
-    /// An OCI image layout directory, optionally `PATH:REF`.
+    /// An OCI image layout directory, optionally `PATH:REF`. Parsed, but not built yet:
+    /// `validate` refuses it (`unsupported-base`).
     Oci(String),
 }
 
@@ -394,26 +422,85 @@ where
     T::from_str(&text).map_err(serde::de::Error::custom)
 }
 
-/// Template placeholders a tag may use.
-pub const TAG_PLACEHOLDERS: &[&str] = &[
-    "registry",
-    "name",
-    "torch",
-    "cuda",
-    "cuda_mm",
-    "cudnn",
-    "cudnn_major",
-    "python",
-];
+/// The last second of year 9999 (`9999-12-31T23:59:59Z`). Image timestamps are RFC 3339,
+/// whose years have four digits: Docker, containerd and Go's `time.Parse` refuse the
+/// `created` of a later epoch, so such an image would build and then fail to load.
+pub const MAX_SOURCE_DATE_EPOCH: u64 = 253_402_300_799;
+
+/// A SOURCE_DATE_EPOCH an image timestamp can carry, or why not.
+pub fn check_source_date_epoch(epoch: u64) -> Result<u64, String> {
+    if epoch > MAX_SOURCE_DATE_EPOCH {
+        return Err(format!(
+            "source_date_epoch {epoch} is after the year 9999 (the largest is {MAX_SOURCE_DATE_EPOCH}, 9999-12-31T23:59:59Z): image timestamps are RFC 3339 with four-digit years, and Docker refuses to load an image whose `created` has more; use the seconds since 1970 of the release you build (`date -d 2024-06-01 +%s`)"
+        ));
+    }
+    Ok(epoch)
+}
+
+fn deserialize_source_date_epoch<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let epoch = u64::deserialize(d)?;
+    check_source_date_epoch(epoch)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+/// serde-saphyr's messages for users (`UserMessageFormatter`), except where it addresses the
+/// programmer: a duplicate key becomes [`RecipeError::DuplicateKey`] before this is used,
+/// and anything left that names serde-saphyr's `Options` is reworded here.
+struct RecipeMessages;
+
+impl serde_saphyr::MessageFormatter for RecipeMessages {
+    fn format_message<'a>(&self, error: &'a serde_saphyr::Error) -> std::borrow::Cow<'a, str> {
+        match error {
+            serde_saphyr::Error::DuplicateMappingKey { key: Some(key), .. } => {
+                format!("the key `{key}` is given twice in the same mapping; keep one").into()
+            }
+            serde_saphyr::Error::DuplicateMappingKey { key: None, .. } => {
+                "a key is given twice in the same mapping; keep one".into()
+            }
+            _ => serde_saphyr::UserMessageFormatter.format_message(error),
+        }
+    }
+}
+
+/// The error serde-saphyr wraps (snippet and alias wrappers removed).
+fn original_error(mut error: &serde_saphyr::Error) -> &serde_saphyr::Error {
+    loop {
+        match error {
+            serde_saphyr::Error::WithSnippet { error: inner, .. }
+            | serde_saphyr::Error::AliasError { error: inner, .. } => error = inner,
+            other => return other,
+        }
+    }
+}
+
+/// Where `bytes` stop being UTF-8, as a recipe error.
+fn not_text(path: &Path, bytes: &[u8], source: std::str::Utf8Error) -> RecipeError {
+    let offset = source.valid_up_to();
+    RecipeError::NotText {
+        path: path.to_path_buf(),
+        offset,
+        line: 1 + bytes[..offset].iter().filter(|&&b| b == b'\n').count(),
+        source,
+    }
+}
 
 impl Recipe {
     /// Read and parse a recipe file.
     pub fn load(path: &Path) -> Result<Recipe, RecipeError> {
-        let text = fs_err::read_to_string(path).map_err(|source| RecipeError::Read {
+        // std::fs, not fs_err: the error names the path already, and the OS's reason
+        // ("Permission denied", "Is a directory") is the cause shown under it.
+        let bytes = std::fs::read(path).map_err(|source| RecipeError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Recipe::parse(&text, path)
+        Recipe::parse_bytes(&bytes, path)
+    }
+
+    /// Parse recipe bytes: UTF-8 text, else [`RecipeError::NotText`] with the offset.
+    pub fn parse_bytes(bytes: &[u8], path: &Path) -> Result<Recipe, RecipeError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| not_text(path, bytes, e))?;
+        Recipe::parse(text, path)
     }
 
     /// Parse recipe text; `path` is only used in messages.
@@ -423,11 +510,25 @@ impl Recipe {
                 .location()
                 .map(|l| (l.line(), l.column()))
                 .unwrap_or((0, 0));
+            if let serde_saphyr::Error::DuplicateMappingKey { key, location } =
+                original_error(&error)
+            {
+                return RecipeError::DuplicateKey {
+                    path: path.to_path_buf(),
+                    key: key.clone().unwrap_or_else(|| "?".into()),
+                    line: location.line(),
+                    column: location.column(),
+                };
+            }
+            // The message alone (our `path:line:column:` goes in front), control
+            // characters escaped as serde-saphyr's own renderer does.
+            use serde_saphyr::MessageFormatter;
+            let message = RecipeMessages.format_message(original_error(&error));
             RecipeError::Syntax {
                 path: path.to_path_buf(),
                 line,
                 column,
-                message: strip_location(&error.to_string()),
+                message: tag::escape(&message),
             }
         })?;
         recipe.check_shape(path)?;
@@ -449,7 +550,7 @@ impl Recipe {
                 c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')
             });
         if !name_ok {
-            return Err(invalid(format!("name `{}` must be lowercase letters, digits, `.`, `_` or `-` (it becomes an image name)", self.name)));
+            return Err(invalid(format!("name `{}` must be lowercase letters, digits, `.`, `_` or `-` (it becomes an image name)", tag::escape(&self.name))));
         }
         for (i, platform) in self.platforms.iter().enumerate() {
             if self.platforms[..i].contains(platform) {
@@ -458,26 +559,59 @@ impl Recipe {
         }
         if let Base::Image(reference) = &self.base {
             if !reference.contains("@sha256:") {
-                return Err(invalid(format!("base image `{reference}` must be pinned by digest (`REF@sha256:...`) so the build is reproducible")));
+                return Err(invalid(format!("base image `{}` must be pinned by digest (`REF@sha256:...`) so the build is reproducible", tag::escape(reference))));
             }
         }
-        for tag in &self.tags {
-            let mut rest = tag.as_str();
-            while let Some(open) = rest.find('{') {
-                let close = rest[open..]
-                    .find('}')
-                    .ok_or_else(|| invalid(format!("tag template `{tag}` has an unclosed `{{`")))?;
-                let key = &rest[open + 1..open + close];
-                if !TAG_PLACEHOLDERS.contains(&key) {
-                    return Err(invalid(format!(
-                        "tag template `{tag}` uses unknown placeholder `{{{key}}}`; known: {}",
-                        TAG_PLACEHOLDERS.join(", ")
-                    )));
-                }
-                rest = &rest[open + close + 1..];
-            }
-        }
+        // Every tag as `build` will render it: the recipe's own values, and stand-ins of the
+        // right shape for what only the lock knows.
+        let values = self.tag_values("localhost", None, None);
+        self.render_tags(&values).map_err(|error| RecipeError::Tag {
+            path: path.to_path_buf(),
+            error,
+        })?;
         Ok(())
+    }
+
+    /// The placeholder values of this recipe. `torch` and `cudnn` are the locked versions
+    /// (`2.1.2+cu118`, `9.1.0.70`); without them, what the recipe implies: its torch version
+    /// (with `+VARIANT` for a PyTorch index, as that index's wheels are versioned) and its
+    /// cuDNN version, else `none`.
+    pub fn tag_values(&self, registry: &str, torch: Option<&str>, cudnn: Option<&str>) -> TagValues {
+        let torch = torch.map(str::to_string).or_else(|| {
+            self.torch.as_ref().map(|spec| {
+                let version = spec.version.to_string();
+                match spec.index.variant() {
+                    Some(variant) if !version.contains('+') => format!("{version}+{variant}"),
+                    _ => version,
+                }
+            })
+        });
+        let cudnn = cudnn
+            .map(str::to_string)
+            .or_else(|| self.cudnn.as_ref().map(|spec| spec.version.to_string()));
+        let cudnn_major = cudnn
+            .as_deref()
+            .and_then(|c| c.split('.').next())
+            .unwrap_or("none")
+            .to_string();
+        TagValues {
+            registry: registry.to_string(),
+            name: self.name.clone(),
+            torch: torch.unwrap_or_else(|| "none".into()),
+            cuda: self.cuda.version.to_string(),
+            cuda_mm: self.cuda.version.line().to_string(),
+            cudnn: cudnn.unwrap_or_else(|| "none".into()),
+            cudnn_major,
+            python: self.python.to_string(),
+        }
+    }
+
+    /// The recipe's tags rendered with `values`, each checked as an image reference.
+    pub fn render_tags(&self, values: &TagValues) -> Result<Vec<String>, TagError> {
+        self.tags
+            .iter()
+            .map(|template| tag::render(template, values))
+            .collect()
     }
 
     /// The recipe in canonical JSON: sorted keys, defaults made explicit, no comments.
@@ -504,19 +638,6 @@ impl Recipe {
     pub fn cuda_mm(&self) -> CudaVersion {
         self.cuda.version.line()
     }
-}
-
-/// serde-saphyr appends its own location to messages; we print ours in front instead.
-fn strip_location(message: &str) -> String {
-    let first_line = message.lines().next().unwrap_or(message);
-    let without_prefix = first_line.strip_prefix("error: ").unwrap_or(first_line);
-    // "line 5 column 1: unknown field ..." -> "unknown field ..."
-    if without_prefix.starts_with("line ") {
-        if let Some((_, rest)) = without_prefix.split_once(": ") {
-            return rest.to_string();
-        }
-    }
-    without_prefix.to_string()
 }
 
 #[cfg(test)]
@@ -659,5 +780,97 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
             .unwrap_err()
             .to_string()
             .contains("unknown placeholder `{pyton}`"));
+    }
+
+    /// Issue 16: tags that Docker refuses passed `validate` and `build` and failed in `load`.
+    #[test]
+    fn tags_are_image_references_once_rendered() {
+        let with_tag = |tag: &str| {
+            parse(&GOOD.replace(
+                "\"{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}\"",
+                tag,
+            ))
+        };
+        for (tag, expected) in [
+            (r#""{registry}/torch:{torch}\nlatest""#, "the tag `2.4.1\\nlatest`"),
+            (r#""{registry}/Torch:{torch}""#, "must be lowercase"),
+            (r#""""#, "it is empty"),
+            (r#""../torch:{torch}""#, "the registry `..`"),
+            (r#""{registry}/../torch""#, "the repository `../torch`"),
+            (r#""{registry}/torch:{torch}@sha256:0000000000000000000000000000000000000000000000000000000000000000""#, "names a digest"),
+        ] {
+            let error = with_tag(tag).unwrap_err();
+            let text = error.to_string();
+            assert!(matches!(error, RecipeError::Tag { .. }), "{tag}: {text}");
+            assert!(text.contains(expected), "{tag}: expected `{expected}` in {text}");
+            assert!(text.contains("\n  hint: "), "{tag}: {text}");
+            // One line for the what, one for the hint: a newline in the tag is escaped.
+            assert_eq!(text.lines().count(), 2, "{text}");
+        }
+        // A PyTorch index build's version has `+cu118`, which a tag cannot carry.
+        let error = parse(&GOOD.replace("torch: { version: \"2.4.1\" }", "torch: { version: \"2.4.1\", index: cu121 }"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("2.4.1+cu121"), "{error}");
+        assert!(error.contains("spell the version out"), "{error}");
+        // The design example renders as before.
+        let recipe = parse(GOOD).unwrap();
+        assert_eq!(
+            recipe
+                .render_tags(&recipe.tag_values("127.0.0.1:5000", Some("2.4.1"), Some("9.1.0.70")))
+                .unwrap(),
+            vec!["127.0.0.1:5000/torch:2.4.1-cuda12.1-cudnn9-py3.11"]
+        );
+        // A bad registry is refused when the tags are rendered for a build.
+        let error = recipe
+            .render_tags(&recipe.tag_values("Bad Registry", None, None))
+            .unwrap_err();
+        assert!(error.to_string().contains("Bad Registry"), "{error}");
+    }
+
+    /// Issue 16: an epoch past year 9999 built an image Docker cannot load.
+    #[test]
+    fn source_date_epoch_ends_with_year_9999() {
+        let last = parse(&format!("{GOOD}source_date_epoch: {MAX_SOURCE_DATE_EPOCH}\n")).unwrap();
+        assert_eq!(last.source_date_epoch, Some(MAX_SOURCE_DATE_EPOCH));
+        assert_eq!(crate::oci::rfc3339(MAX_SOURCE_DATE_EPOCH), "9999-12-31T23:59:59Z");
+        let error = parse(&format!("{GOOD}source_date_epoch: {}\n", MAX_SOURCE_DATE_EPOCH + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("r.yaml:13:"), "{error}");
+        assert!(error.contains("after the year 9999"), "{error}");
+        let error = parse(&format!("{GOOD}source_date_epoch: {}\n", u64::MAX)).unwrap_err();
+        assert!(error.to_string().contains("after the year 9999"), "{error}");
+        assert!(parse(&format!("{GOOD}source_date_epoch: -1\n")).is_err());
+    }
+
+    /// Issue 16: serde-saphyr's advice to programmers reached users.
+    #[test]
+    fn duplicate_keys_name_the_key_the_line_and_what_to_do() {
+        let error = parse(&GOOD.replace("python: \"3.11\"", "python: \"3.11\"\npython: \"3.12\""))
+            .unwrap_err();
+        let text = error.to_string();
+        assert!(matches!(error, RecipeError::DuplicateKey { ref key, line: 5, .. } if key == "python"), "{text}");
+        assert!(text.starts_with("r.yaml:5:1: the key `python` is given twice"), "{text}");
+        assert!(text.contains("hint: keep one `python:`"), "{text}");
+        assert!(!text.contains("DuplicateKeyPolicy") && !text.contains("Options"), "{text}");
+        // Nested mappings too.
+        let text = parse(&GOOD.replace("flavor: runtime }", "flavor: runtime, flavor: devel }"))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("the key `flavor` is given twice"), "{text}");
+        assert!(text.starts_with("r.yaml:6:"), "{text}");
+    }
+
+    /// Issue 16: `validate` of a binary file said nothing of where or why.
+    #[test]
+    fn binary_input_names_the_byte() {
+        let mut bytes = GOOD.as_bytes().to_vec();
+        bytes.splice(20..20, [0xff, 0xfe]);
+        let error = Recipe::parse_bytes(&bytes, Path::new("r.yaml")).unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("invalid UTF-8 at byte 20 (line 2)"), "{text}");
+        let cause = std::error::Error::source(&error).expect("the cause is kept").to_string();
+        assert!(cause.contains("index 20"), "{cause}");
     }
 }

@@ -215,29 +215,21 @@ pub struct AuditSummary {
     pub distributions: usize,
 }
 
-/// Render the recipe's tag templates.
+/// Render the recipe's tag templates, each checked as an image reference
+/// ([`Recipe::render_tags`]; a bad `--registry` is an error naming the tag).
 pub fn render_tags(
+    recipe_path: &Path,
     recipe: &Recipe,
     torch: Option<&str>,
     cudnn: Option<&str>,
     registry: &str,
-) -> Vec<String> {
+) -> Result<Vec<String>, crate::recipe::RecipeError> {
     recipe
-        .tags
-        .iter()
-        .map(|template| {
-            let cudnn_major = cudnn.and_then(|c| c.split('.').next()).unwrap_or("none");
-            template
-                .replace("{registry}", registry)
-                .replace("{name}", &recipe.name)
-                .replace("{torch}", torch.unwrap_or("none"))
-                .replace("{cuda_mm}", &recipe.cuda.version.line().to_string())
-                .replace("{cuda}", &recipe.cuda.version.to_string())
-                .replace("{cudnn_major}", cudnn_major)
-                .replace("{cudnn}", cudnn.unwrap_or("none"))
-                .replace("{python}", &recipe.python.to_string())
+        .render_tags(&recipe.tag_values(registry, torch, cudnn))
+        .map_err(|error| crate::recipe::RecipeError::Tag {
+            path: recipe_path.to_path_buf(),
+            error,
         })
-        .collect()
 }
 
 /// A staged tree, kept per cache key so audits and later builds can reuse it.
@@ -306,6 +298,8 @@ pub async fn build(
             problems: validation.errors().cloned().collect(),
         });
     }
+    // The tags with this build's --registry, before anything is fetched.
+    render_tags(&settings.recipe_path, &recipe, None, None, &settings.registry)?;
     let platforms = match &settings.platforms {
         Some(requested) => {
             let declared = recipe.platforms();
@@ -587,11 +581,12 @@ fn write_output(
 ) -> Result<BuildReport, BuildError> {
     let first = assembled.first().expect("at least one platform");
     let tags = render_tags(
+        &settings.recipe_path,
         recipe,
         first.facts.torch.as_deref(),
         first.facts.cudnn.as_deref(),
         &settings.registry,
-    );
+    )?;
     let layout = settings
         .layout_dir
         .clone()

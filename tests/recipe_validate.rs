@@ -1,0 +1,192 @@
+//! Issue 16 ("Trust"), recipe part: what `validate` must refuse where the recipe is parsed,
+//! so that `build` never starts (or downloads) what `load` would then refuse. Runs the real
+//! binary on the fixtures in tests/fixtures/recipes/invalid/ and on files made here, and
+//! `build` against a wheel server on 127.0.0.1 whose request log proves nothing was fetched.
+
+mod fetch_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cudastack::recipe::Recipe;
+use fetch_support::FixtureServer;
+
+fn manifest_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `cudastack ARGS` from the repository root: (exit code, stdout, stderr).
+fn run(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .current_dir(manifest_dir())
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn invalid_fixture(name: &str) -> String {
+    format!("tests/fixtures/recipes/invalid/{name}.yaml")
+}
+
+/// Each of these passed `validate` before issue 16 and failed later (in `load`, in `build`
+/// after the downloads, or with a message meant for programmers).
+#[test]
+fn validate_refuses_what_later_stages_would() {
+    let cases: &[(&str, &[&str])] = &[
+        ("tag-newline", &["tag-newline.yaml: tag `{registry}/torch:{cuda}\\nlatest`", "the tag `12.4\\nlatest`", "hint: "]),
+        ("tag-uppercase", &["rendered `localhost/Torch:12.4`", "repository names must be lowercase", "hint: write the image name in lowercase"]),
+        ("tag-empty", &["tag `` is not a valid image reference: it is empty", "hint: remove the empty tag"]),
+        ("tag-parent", &["the registry `..` is not a host name", "hint: give the registry as `host[:port]`"]),
+        ("source-date-epoch-year-10000", &["source-date-epoch-year-10000.yaml:6:", "253402300800 is after the year 9999", "date -d"]),
+        ("duplicate-key", &["duplicate-key.yaml:6:1: the key `cuda` is given twice in the same mapping", "hint: keep one `cuda:`"]),
+    ];
+    for (name, fragments) in cases {
+        let (code, stdout, stderr) = run(&["validate", &invalid_fixture(name)]);
+        assert_eq!(code, 1, "{name} should be invalid:\n{stdout}\n{stderr}");
+        assert!(stdout.contains(": invalid\n  error: "), "{name}:\n{stdout}");
+        for fragment in *fragments {
+            assert!(stdout.contains(fragment), "{name}: expected `{fragment}` in:\n{stdout}");
+        }
+        assert!(
+            !stdout.contains("DuplicateKeyPolicy") && !stdout.contains("Options"),
+            "{name}: advice to programmers reached the user:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn image_and_oci_bases_are_refused_with_the_supported_ones() {
+    for name in ["base-image", "base-oci"] {
+        let (code, stdout, _) = run(&["validate", &invalid_fixture(name)]);
+        assert_eq!(code, 1, "{name}:\n{stdout}");
+        assert!(stdout.contains("error[unsupported-base]"), "{name}:\n{stdout}");
+        assert!(stdout.contains("is not supported"), "{name}:\n{stdout}");
+        assert!(
+            stdout.contains("hint: use `base:` with one of { debian: bookworm }"),
+            "{name}:\n{stdout}"
+        );
+        assert!(stdout.contains("{ ubuntu: noble }"), "{name}:\n{stdout}");
+    }
+}
+
+/// Write `recipe_text` and a lock for it (the shipped torch 2.4.1 lock with its recipe
+/// digest replaced and every wheel URL pointing at `server`), as `build` would find them.
+fn recipe_with_lock(dir: &Path, recipe_text: &str, server: &FixtureServer) -> PathBuf {
+    let recipe_path = dir.join("r.yaml");
+    std::fs::write(&recipe_path, recipe_text).unwrap();
+    let recipe = Recipe::load(&recipe_path).unwrap();
+    let shipped =
+        std::fs::read_to_string(manifest_dir().join("recipes/torch2.4.1-cu121-py3.11.lock"))
+            .unwrap();
+    let mut lock: serde_json::Value = serde_json::from_str(&shipped).unwrap();
+    lock["recipe_digest"] = recipe.digest().to_string().into();
+    for artifact in lock["artifacts"].as_array_mut().unwrap() {
+        let url = artifact["url"].as_str().unwrap().to_string();
+        artifact["url"] =
+            url.replace("https://files.pythonhosted.org", &server.base).into();
+    }
+    std::fs::write(dir.join("r.lock"), serde_json::to_string_pretty(&lock).unwrap()).unwrap();
+    recipe_path
+}
+
+/// `build` of a recipe whose build would fail: it must fail before any download (the
+/// server sees no request) and say why.
+fn build_fails_before_fetching(recipe_text: &str, extra: &[&str], expected: &str) {
+    let server = FixtureServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = recipe_with_lock(dir.path(), recipe_text, &server);
+    let cache = dir.path().join("cache");
+    let layout = dir.path().join("layout");
+    let mut args = vec![
+        "build",
+        recipe.to_str().unwrap(),
+        "--no-verify",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--layout",
+        layout.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let (code, stdout, stderr) = run(&args);
+    assert_ne!(code, 0, "build should fail:\n{stdout}\n{stderr}");
+    assert!(stderr.contains(expected), "expected `{expected}` in:\n{stderr}");
+    assert_eq!(
+        server.log().len(),
+        0,
+        "build fetched before refusing: {:?}",
+        server.log().iter().map(|r| &r.path).collect::<Vec<_>>()
+    );
+    assert!(!layout.exists(), "build wrote a layout");
+}
+
+const TORCH_241: &str = "name: r\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: { version: \"12.1\" }\ncudnn: { version: \"9.1.0.70\" }\ntorch: { version: \"2.4.1\" }\npackages: [\"numpy==1.26.4\"]\ntags: [\"{registry}/torch:{torch}\"]\n";
+
+/// Before issue 16, an `image:` base passed validation, the lock was read and every wheel
+/// (2.7 GB for torch 2.4.1) was downloaded before `build` said it cannot build that base.
+#[test]
+fn build_refuses_an_image_base_before_any_fetch() {
+    let digest = "a".repeat(64);
+    let text = TORCH_241.replace(
+        "{ debian: bookworm }",
+        &format!("{{ image: \"docker.io/library/debian:bookworm@sha256:{digest}\" }}"),
+    );
+    build_fails_before_fetching(&text, &[], "error[unsupported-base]");
+    let text = TORCH_241.replace("{ debian: bookworm }", "{ oci: \"layouts/debian\" }");
+    build_fails_before_fetching(&text, &[], "error[unsupported-base]");
+}
+
+/// A `--registry` that makes the tags invalid fails before the build, not at `load`.
+#[test]
+fn build_refuses_a_registry_that_breaks_the_tags_before_any_fetch() {
+    build_fails_before_fetching(
+        TORCH_241,
+        &["--registry", "Bad Registry"],
+        "tag `{registry}/torch:{torch}` (rendered `Bad Registry/torch:2.4.1`) is not a valid image reference",
+    );
+}
+
+/// The cause of a failed read reaches the user, under the error that names the file.
+#[test]
+fn unreadable_and_binary_files_keep_their_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    // A directory: EISDIR, whoever runs the test.
+    let (code, stdout, _) = run(&["validate", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("error: failed to read recipe"), "{stdout}");
+    assert!(stdout.contains("Caused by: Is a directory (os error 21)"), "{stdout}");
+    // Binary: the first bytes of a gzip file.
+    let binary = dir.path().join("image.tar.gz.yaml");
+    std::fs::write(&binary, b"name: x\n\x1f\x8b\x08\x00\x00\x00").unwrap();
+    let (code, stdout, _) = run(&["--json", "validate", binary.to_str().unwrap()]);
+    assert_eq!(code, 1, "{stdout}");
+    let results: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let result = &results[0];
+    assert!(
+        result["parse_error"]
+            .as_str()
+            .unwrap()
+            .contains("is not UTF-8 text: invalid UTF-8 at byte 9 (line 2)"),
+        "{result}"
+    );
+    assert!(
+        result["caused_by"][0].as_str().unwrap().contains("from index 9"),
+        "{result}"
+    );
+    // Permission denied: only meaningful when not root (root reads any file).
+    let locked = dir.path().join("locked.yaml");
+    std::fs::write(&locked, "name: x\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+    if std::fs::read(&locked).is_ok() {
+        eprintln!("skipping the permission-denied case: this user reads mode 0000 files (root)");
+        return;
+    }
+    let (code, stdout, _) = run(&["validate", locked.to_str().unwrap()]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("Caused by: Permission denied"), "{stdout}");
+}
