@@ -122,6 +122,35 @@ fn document() -> impl Strategy<Value = String> {
         })
 }
 
+/// A valid recipe with a few of its lines changed: a value replaced by any node, a line
+/// repeated (duplicate keys), dropped, or a key added; reaches the checks behind the
+/// syntax (versions, tags, bases, epochs).
+fn mutated_recipe() -> impl Strategy<Value = String> {
+    (
+        fields(),
+        prop::collection::vec((any::<prop::sample::Index>(), 0u8..4, key(), node()), 1..4),
+    )
+        .prop_map(|(fields, mutations)| {
+            let mut lines: Vec<String> = render(&fields).lines().map(str::to_string).collect();
+            for (index, kind, key, node) in mutations {
+                let at = index.index(lines.len().max(1)).min(lines.len().saturating_sub(1));
+                match kind {
+                    0 if !lines.is_empty() => {
+                        let line = &lines[at];
+                        let head = line.split_once(": ").map(|(k, _)| k.to_string()).unwrap_or_else(|| line.clone());
+                        lines[at] = format!("{head}: {}", flow(&node));
+                    }
+                    1 if !lines.is_empty() => lines.insert(at, lines[at].clone()),
+                    2 if !lines.is_empty() => {
+                        lines.remove(at);
+                    }
+                    _ => lines.insert(at, format!("{key}: {}", flow(&node))),
+                }
+            }
+            lines.join("\n") + "\n"
+        })
+}
+
 /// The pieces of a valid tag: placeholders and text the grammar allows after the `:`.
 fn tag_template() -> impl Strategy<Value = String> {
     let piece = prop_oneof![
@@ -241,7 +270,7 @@ proptest! {
     }
 
     #[test]
-    fn yaml_shaped_documents_never_panic(text in document()) {
+    fn yaml_shaped_documents_never_panic(text in prop_oneof![document(), mutated_recipe()]) {
         if let Err(error) = Recipe::parse(&text, Path::new("fuzz.yaml")) {
             // Every error renders, and none addresses the programmer.
             let message = error.to_string();
