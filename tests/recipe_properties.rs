@@ -28,22 +28,95 @@ enum Node {
 /// The recipe's keys and the words of its values, so documents reach deep into the
 /// deserializer rather than failing at the first key.
 const KEYS: &[&str] = &[
-    "name", "base", "python", "driver_floor", "minor_version_compat", "cuda", "version",
-    "flavor", "cudnn", "torch", "index", "packages", "gpus", "verify", "gpu", "tags",
-    "source_date_epoch", "platforms", "debian", "ubuntu", "image", "oci", "<<",
+    "name",
+    "base",
+    "python",
+    "driver_floor",
+    "minor_version_compat",
+    "cuda",
+    "version",
+    "flavor",
+    "cudnn",
+    "torch",
+    "index",
+    "packages",
+    "gpus",
+    "verify",
+    "gpu",
+    "tags",
+    "source_date_epoch",
+    "platforms",
+    "debian",
+    "ubuntu",
+    "image",
+    "oci",
+    "<<",
 ];
 
 fn scalar() -> impl Strategy<Value = String> {
     prop_oneof![
         prop::sample::select(vec![
-            "bookworm", "noble", "3.11", "\"3.11\"", "550.54.14", "12.4", "12.4.1", "9.1.0.70",
-            "2.4.1", "cu121", "pypi", "runtime", "devel", "auto", "skip", "true", "false", "~",
-            "null", "", "''", "\"\"", "-1", "0", "253402300799", "253402300800",
-            "18446744073709551616", "1e400", ".nan", ".inf", "0x10", "&a x", "*a", "*b",
-            "!!binary AAAA", "!!str 3", "\"{registry}/torch:{torch}\"", "\"{\"", "\"{x}\"",
-            "\"a\\nb\"", "\"\\u0000\"", "linux/amd64", "linux/s390x", "\"numpy==1.26.4\"",
-            "\"numpy===\"", "A100", "\"RTX 4090\"", "'ünïcödé'", "|", ">", "- x", ": x", "? x",
-            "[", "]", "{", "}", "#", "%YAML 1.2", "---", "...",
+            "bookworm",
+            "noble",
+            "3.11",
+            "\"3.11\"",
+            "550.54.14",
+            "12.4",
+            "12.4.1",
+            "9.1.0.70",
+            "2.4.1",
+            "cu121",
+            "pypi",
+            "runtime",
+            "devel",
+            "auto",
+            "skip",
+            "true",
+            "false",
+            "~",
+            "null",
+            "",
+            "''",
+            "\"\"",
+            "-1",
+            "0",
+            "253402300799",
+            "253402300800",
+            "18446744073709551616",
+            "1e400",
+            ".nan",
+            ".inf",
+            "0x10",
+            "&a x",
+            "*a",
+            "*b",
+            "!!binary AAAA",
+            "!!str 3",
+            "\"{registry}/torch:{torch}\"",
+            "\"{\"",
+            "\"{x}\"",
+            "\"a\\nb\"",
+            "\"\\u0000\"",
+            "linux/amd64",
+            "linux/s390x",
+            "\"numpy==1.26.4\"",
+            "\"numpy===\"",
+            "A100",
+            "\"RTX 4090\"",
+            "'ünïcödé'",
+            "|",
+            ">",
+            "- x",
+            ": x",
+            "? x",
+            "[",
+            "]",
+            "{",
+            "}",
+            "#",
+            "%YAML 1.2",
+            "---",
+            "...",
         ])
         .prop_map(str::to_string),
         "[ -~]{0,12}",
@@ -60,18 +133,23 @@ fn key() -> impl Strategy<Value = String> {
 }
 
 fn node() -> impl Strategy<Value = Node> {
-    scalar().prop_map(Node::Scalar).prop_recursive(4, 48, 6, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..5).prop_map(Node::Seq),
-            prop::collection::vec((key(), inner), 0..7).prop_map(Node::Map),
-        ]
-    })
+    scalar()
+        .prop_map(Node::Scalar)
+        .prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Node::Seq),
+                prop::collection::vec((key(), inner), 0..7).prop_map(Node::Map),
+            ]
+        })
 }
 
 fn flow(node: &Node) -> String {
     match node {
         Node::Scalar(text) => text.clone(),
-        Node::Seq(items) => format!("[{}]", items.iter().map(flow).collect::<Vec<_>>().join(", ")),
+        Node::Seq(items) => format!(
+            "[{}]",
+            items.iter().map(flow).collect::<Vec<_>>().join(", ")
+        ),
         Node::Map(entries) => format!(
             "{{ {} }}",
             entries
@@ -117,7 +195,12 @@ fn document() -> impl Strategy<Value = String> {
     )
         .prop_map(|(map, other, flow_depth, top_is_map)| {
             let mut out = String::new();
-            block(if top_is_map { &map } else { &other }, 0, &mut out, flow_depth);
+            block(
+                if top_is_map { &map } else { &other },
+                0,
+                &mut out,
+                flow_depth,
+            );
             out
         })
 }
@@ -133,11 +216,16 @@ fn mutated_recipe() -> impl Strategy<Value = String> {
         .prop_map(|(fields, mutations)| {
             let mut lines: Vec<String> = render(&fields).lines().map(str::to_string).collect();
             for (index, kind, key, node) in mutations {
-                let at = index.index(lines.len().max(1)).min(lines.len().saturating_sub(1));
+                let at = index
+                    .index(lines.len().max(1))
+                    .min(lines.len().saturating_sub(1));
                 match kind {
                     0 if !lines.is_empty() => {
                         let line = &lines[at];
-                        let head = line.split_once(": ").map(|(k, _)| k.to_string()).unwrap_or_else(|| line.clone());
+                        let head = line
+                            .split_once(": ")
+                            .map(|(k, _)| k.to_string())
+                            .unwrap_or_else(|| line.clone());
                         lines[at] = format!("{head}: {}", flow(&node));
                     }
                     1 if !lines.is_empty() => lines.insert(at, lines[at].clone()),
@@ -155,7 +243,13 @@ fn mutated_recipe() -> impl Strategy<Value = String> {
 fn tag_template() -> impl Strategy<Value = String> {
     let piece = prop_oneof![
         prop::sample::select(vec![
-            "{torch}", "{cuda}", "{cuda_mm}", "{cudnn}", "{cudnn_major}", "{python}", "{name}",
+            "{torch}",
+            "{cuda}",
+            "{cuda_mm}",
+            "{cudnn}",
+            "{cudnn_major}",
+            "{python}",
+            "{name}",
         ])
         .prop_map(str::to_string),
         "[a-z0-9]{1,5}",
@@ -165,7 +259,10 @@ fn tag_template() -> impl Strategy<Value = String> {
         prop::sample::select(vec!["{registry}/", "ghcr.io/org/", "127.0.0.1:5000/", ""]),
         "[a-z0-9]{1,6}(/[a-z0-9]{1,6}){0,2}",
         prop::option::of((
-            prop_oneof!["[a-z0-9]{1,4}".prop_map(|s| s), Just("{python}".to_string())],
+            prop_oneof![
+                "[a-z0-9]{1,4}".prop_map(|s| s),
+                Just("{python}".to_string())
+            ],
             prop::collection::vec(piece, 0..5),
         )),
     )
@@ -198,7 +295,11 @@ struct Fields {
 fn fields() -> impl Strategy<Value = Fields> {
     (
         "[a-z0-9][a-z0-9._-]{0,20}",
-        prop::sample::select(vec![("debian", "bookworm"), ("ubuntu", "noble"), ("ubuntu", "jammy")]),
+        prop::sample::select(vec![
+            ("debian", "bookworm"),
+            ("ubuntu", "noble"),
+            ("ubuntu", "jammy"),
+        ]),
         8u32..14,
         (400u32..999, 0u32..200, prop::option::of(0u32..100)).prop_map(|(a, b, c)| match c {
             Some(c) => format!("{a}.{b}.{c:02}"),
@@ -217,7 +318,19 @@ fn fields() -> impl Strategy<Value = Fields> {
     )
         .prop_map(
             |(name, base, python, driver, cuda, cudnn, torch, packages, tags, epoch, platforms)| {
-                Fields { name, base, python, driver, cuda, cudnn, torch, packages, tags, epoch, platforms }
+                Fields {
+                    name,
+                    base,
+                    python,
+                    driver,
+                    cuda,
+                    cudnn,
+                    torch,
+                    packages,
+                    tags,
+                    epoch,
+                    platforms,
+                }
             },
         )
 }
@@ -240,11 +353,17 @@ fn render(f: &Fields) -> String {
         out.push_str(&format!("cudnn: {{ version: {} }}\n", quoted(cudnn)));
     }
     if let Some((version, index)) = &f.torch {
-        out.push_str(&format!("torch:\n  version: {}\n  index: {index}\n", quoted(version)));
+        out.push_str(&format!(
+            "torch:\n  version: {}\n  index: {index}\n",
+            quoted(version)
+        ));
     }
     let list = |items: Vec<String>| format!("[{}]", items.join(", "));
     if !f.packages.is_empty() {
-        out.push_str(&format!("packages: {}\n", list(f.packages.iter().map(|p| quoted(p)).collect())));
+        out.push_str(&format!(
+            "packages: {}\n",
+            list(f.packages.iter().map(|p| quoted(p)).collect())
+        ));
     }
     if !f.tags.is_empty() {
         out.push_str("tags:\n");
@@ -256,7 +375,10 @@ fn render(f: &Fields) -> String {
         out.push_str(&format!("source_date_epoch: {epoch}\n"));
     }
     if !f.platforms.is_empty() {
-        out.push_str(&format!("platforms: {}\n", list(f.platforms.iter().map(|p| p.to_string()).collect())));
+        out.push_str(&format!(
+            "platforms: {}\n",
+            list(f.platforms.iter().map(|p| p.to_string()).collect())
+        ));
     }
     out
 }
@@ -265,7 +387,10 @@ proptest! {
     #![proptest_config(config(512))]
 
     #[test]
-    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
+    fn arbitrary_bytes_never_panic(bytes in prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..600),
+        "(?s).{0,300}".prop_map(String::into_bytes),
+    ]) {
         let _ = Recipe::parse_bytes(&bytes, Path::new("fuzz.yaml"));
     }
 

@@ -38,19 +38,61 @@ fn invalid_fixture(name: &str) -> String {
 #[test]
 fn validate_refuses_what_later_stages_would() {
     let cases: &[(&str, &[&str])] = &[
-        ("tag-newline", &["tag-newline.yaml: tag `{registry}/torch:{cuda}\\nlatest`", "the tag `12.4\\nlatest`", "hint: "]),
-        ("tag-uppercase", &["rendered `localhost/Torch:12.4`", "repository names must be lowercase", "hint: write the image name in lowercase"]),
-        ("tag-empty", &["tag `` is not a valid image reference: it is empty", "hint: remove the empty tag"]),
-        ("tag-parent", &["the registry `..` is not a host name", "hint: give the registry as `host[:port]`"]),
-        ("source-date-epoch-year-10000", &["source-date-epoch-year-10000.yaml:6:", "253402300800 is after the year 9999", "date -d"]),
-        ("duplicate-key", &["duplicate-key.yaml:6:1: the key `cuda` is given twice in the same mapping", "hint: keep one `cuda:`"]),
+        (
+            "tag-newline",
+            &[
+                "tag-newline.yaml: tag `{registry}/torch:{cuda}\\nlatest`",
+                "the tag `12.4\\nlatest`",
+                "hint: ",
+            ],
+        ),
+        (
+            "tag-uppercase",
+            &[
+                "rendered `localhost/Torch:12.4`",
+                "repository names must be lowercase",
+                "hint: write the image name in lowercase",
+            ],
+        ),
+        (
+            "tag-empty",
+            &[
+                "tag `` is not a valid image reference: it is empty",
+                "hint: remove the empty tag",
+            ],
+        ),
+        (
+            "tag-parent",
+            &[
+                "the registry `..` is not a host name",
+                "hint: give the registry as `host[:port]`",
+            ],
+        ),
+        (
+            "source-date-epoch-year-10000",
+            &[
+                "source-date-epoch-year-10000.yaml:6:",
+                "253402300800 is after the year 9999",
+                "date -d",
+            ],
+        ),
+        (
+            "duplicate-key",
+            &[
+                "duplicate-key.yaml:6:1: the key `cuda` is given twice in the same mapping",
+                "hint: keep one `cuda:`",
+            ],
+        ),
     ];
     for (name, fragments) in cases {
         let (code, stdout, stderr) = run(&["validate", &invalid_fixture(name)]);
         assert_eq!(code, 1, "{name} should be invalid:\n{stdout}\n{stderr}");
         assert!(stdout.contains(": invalid\n  error: "), "{name}:\n{stdout}");
         for fragment in *fragments {
-            assert!(stdout.contains(fragment), "{name}: expected `{fragment}` in:\n{stdout}");
+            assert!(
+                stdout.contains(fragment),
+                "{name}: expected `{fragment}` in:\n{stdout}"
+            );
         }
         assert!(
             !stdout.contains("DuplicateKeyPolicy") && !stdout.contains("Options"),
@@ -64,7 +106,10 @@ fn image_and_oci_bases_are_refused_with_the_supported_ones() {
     for name in ["base-image", "base-oci"] {
         let (code, stdout, _) = run(&["validate", &invalid_fixture(name)]);
         assert_eq!(code, 1, "{name}:\n{stdout}");
-        assert!(stdout.contains("error[unsupported-base]"), "{name}:\n{stdout}");
+        assert!(
+            stdout.contains("error[unsupported-base]"),
+            "{name}:\n{stdout}"
+        );
         assert!(stdout.contains("is not supported"), "{name}:\n{stdout}");
         assert!(
             stdout.contains("hint: use `base:` with one of { debian: bookworm }"),
@@ -87,10 +132,15 @@ fn recipe_with_lock(dir: &Path, recipe_text: &str, server: &FixtureServer) -> Pa
     lock["recipe_digest"] = recipe.digest().to_string().into();
     for artifact in lock["artifacts"].as_array_mut().unwrap() {
         let url = artifact["url"].as_str().unwrap().to_string();
-        artifact["url"] =
-            url.replace("https://files.pythonhosted.org", &server.base).into();
+        artifact["url"] = url
+            .replace("https://files.pythonhosted.org", &server.base)
+            .into();
     }
-    std::fs::write(dir.join("r.lock"), serde_json::to_string_pretty(&lock).unwrap()).unwrap();
+    std::fs::write(
+        dir.join("r.lock"),
+        serde_json::to_string_pretty(&lock).unwrap(),
+    )
+    .unwrap();
     recipe_path
 }
 
@@ -114,7 +164,10 @@ fn build_fails_before_fetching(recipe_text: &str, extra: &[&str], expected: &str
     args.extend(extra);
     let (code, stdout, stderr) = run(&args);
     assert_ne!(code, 0, "build should fail:\n{stdout}\n{stderr}");
-    assert!(stderr.contains(expected), "expected `{expected}` in:\n{stderr}");
+    assert!(
+        stderr.contains(expected),
+        "expected `{expected}` in:\n{stderr}"
+    );
     assert_eq!(
         server.log().len(),
         0,
@@ -158,7 +211,10 @@ fn unreadable_and_binary_files_keep_their_cause() {
     let (code, stdout, _) = run(&["validate", dir.path().to_str().unwrap()]);
     assert_eq!(code, 1, "{stdout}");
     assert!(stdout.contains("error: failed to read recipe"), "{stdout}");
-    assert!(stdout.contains("Caused by: Is a directory (os error 21)"), "{stdout}");
+    assert!(
+        stdout.contains("Caused by: Is a directory (os error 21)"),
+        "{stdout}"
+    );
     // Binary: the first bytes of a gzip file.
     let binary = dir.path().join("image.tar.gz.yaml");
     std::fs::write(&binary, b"name: x\n\x1f\x8b\x08\x00\x00\x00").unwrap();
@@ -174,7 +230,10 @@ fn unreadable_and_binary_files_keep_their_cause() {
         "{result}"
     );
     assert!(
-        result["caused_by"][0].as_str().unwrap().contains("from index 9"),
+        result["caused_by"][0]
+            .as_str()
+            .unwrap()
+            .contains("from index 9"),
         "{result}"
     );
     // Permission denied: only meaningful when not root (root reads any file).

@@ -268,6 +268,17 @@ fn check_lock(matrix: &Matrix, path: &Path, recipe: &Recipe, platform: Platform)
     let torch = lock
         .artifact("torch")
         .unwrap_or_else(|| panic!("{name}: no torch in the lock"));
+    // The tags as `build` renders them from this lock are image references (issue 16).
+    let cudnn = lock
+        .artifacts
+        .iter()
+        .find(|a| a.name.starts_with("nvidia-cudnn"))
+        .map(|a| a.version.as_str());
+    let values = recipe.tag_values("127.0.0.1:5000", Some(&torch.version), cudnn);
+    let tags = recipe
+        .render_tags(&values)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(tags.len(), recipe.tags.len(), "{name}");
     let wanted = recipe.torch.as_ref().unwrap();
     let build = selected_torch_build(matrix, recipe).unwrap();
     // Every platform-specific wheel is for this platform's architecture.

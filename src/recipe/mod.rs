@@ -565,10 +565,11 @@ impl Recipe {
         // Every tag as `build` will render it: the recipe's own values, and stand-ins of the
         // right shape for what only the lock knows.
         let values = self.tag_values("localhost", None, None);
-        self.render_tags(&values).map_err(|error| RecipeError::Tag {
-            path: path.to_path_buf(),
-            error,
-        })?;
+        self.render_tags(&values)
+            .map_err(|error| RecipeError::Tag {
+                path: path.to_path_buf(),
+                error,
+            })?;
         Ok(())
     }
 
@@ -576,7 +577,12 @@ impl Recipe {
     /// (`2.1.2+cu118`, `9.1.0.70`); without them, what the recipe implies: its torch version
     /// (with `+VARIANT` for a PyTorch index, as that index's wheels are versioned) and its
     /// cuDNN version, else `none`.
-    pub fn tag_values(&self, registry: &str, torch: Option<&str>, cudnn: Option<&str>) -> TagValues {
+    pub fn tag_values(
+        &self,
+        registry: &str,
+        torch: Option<&str>,
+        cudnn: Option<&str>,
+    ) -> TagValues {
         let torch = torch.map(str::to_string).or_else(|| {
             self.torch.as_ref().map(|spec| {
                 let version = spec.version.to_string();
@@ -792,25 +798,37 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
             ))
         };
         for (tag, expected) in [
-            (r#""{registry}/torch:{torch}\nlatest""#, "the tag `2.4.1\\nlatest`"),
+            (
+                r#""{registry}/torch:{torch}\nlatest""#,
+                "the tag `2.4.1\\nlatest`",
+            ),
             (r#""{registry}/Torch:{torch}""#, "must be lowercase"),
             (r#""""#, "it is empty"),
             (r#""../torch:{torch}""#, "the registry `..`"),
             (r#""{registry}/../torch""#, "the repository `../torch`"),
-            (r#""{registry}/torch:{torch}@sha256:0000000000000000000000000000000000000000000000000000000000000000""#, "names a digest"),
+            (
+                r#""{registry}/torch:{torch}@sha256:0000000000000000000000000000000000000000000000000000000000000000""#,
+                "names a digest",
+            ),
         ] {
             let error = with_tag(tag).unwrap_err();
             let text = error.to_string();
             assert!(matches!(error, RecipeError::Tag { .. }), "{tag}: {text}");
-            assert!(text.contains(expected), "{tag}: expected `{expected}` in {text}");
+            assert!(
+                text.contains(expected),
+                "{tag}: expected `{expected}` in {text}"
+            );
             assert!(text.contains("\n  hint: "), "{tag}: {text}");
             // One line for the what, one for the hint: a newline in the tag is escaped.
             assert_eq!(text.lines().count(), 2, "{text}");
         }
         // A PyTorch index build's version has `+cu118`, which a tag cannot carry.
-        let error = parse(&GOOD.replace("torch: { version: \"2.4.1\" }", "torch: { version: \"2.4.1\", index: cu121 }"))
-            .unwrap_err()
-            .to_string();
+        let error = parse(&GOOD.replace(
+            "torch: { version: \"2.4.1\" }",
+            "torch: { version: \"2.4.1\", index: cu121 }",
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(error.contains("2.4.1+cu121"), "{error}");
         assert!(error.contains("spell the version out"), "{error}");
         // The design example renders as before.
@@ -831,12 +849,21 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
     /// Issue 16: an epoch past year 9999 built an image Docker cannot load.
     #[test]
     fn source_date_epoch_ends_with_year_9999() {
-        let last = parse(&format!("{GOOD}source_date_epoch: {MAX_SOURCE_DATE_EPOCH}\n")).unwrap();
+        let last = parse(&format!(
+            "{GOOD}source_date_epoch: {MAX_SOURCE_DATE_EPOCH}\n"
+        ))
+        .unwrap();
         assert_eq!(last.source_date_epoch, Some(MAX_SOURCE_DATE_EPOCH));
-        assert_eq!(crate::oci::rfc3339(MAX_SOURCE_DATE_EPOCH), "9999-12-31T23:59:59Z");
-        let error = parse(&format!("{GOOD}source_date_epoch: {}\n", MAX_SOURCE_DATE_EPOCH + 1))
-            .unwrap_err()
-            .to_string();
+        assert_eq!(
+            crate::oci::rfc3339(MAX_SOURCE_DATE_EPOCH),
+            "9999-12-31T23:59:59Z"
+        );
+        let error = parse(&format!(
+            "{GOOD}source_date_epoch: {}\n",
+            MAX_SOURCE_DATE_EPOCH + 1
+        ))
+        .unwrap_err()
+        .to_string();
         assert!(error.starts_with("r.yaml:13:"), "{error}");
         assert!(error.contains("after the year 9999"), "{error}");
         let error = parse(&format!("{GOOD}source_date_epoch: {}\n", u64::MAX)).unwrap_err();
@@ -850,10 +877,19 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
         let error = parse(&GOOD.replace("python: \"3.11\"", "python: \"3.11\"\npython: \"3.12\""))
             .unwrap_err();
         let text = error.to_string();
-        assert!(matches!(error, RecipeError::DuplicateKey { ref key, line: 5, .. } if key == "python"), "{text}");
-        assert!(text.starts_with("r.yaml:5:1: the key `python` is given twice"), "{text}");
+        assert!(
+            matches!(error, RecipeError::DuplicateKey { ref key, line: 5, .. } if key == "python"),
+            "{text}"
+        );
+        assert!(
+            text.starts_with("r.yaml:5:1: the key `python` is given twice"),
+            "{text}"
+        );
         assert!(text.contains("hint: keep one `python:`"), "{text}");
-        assert!(!text.contains("DuplicateKeyPolicy") && !text.contains("Options"), "{text}");
+        assert!(
+            !text.contains("DuplicateKeyPolicy") && !text.contains("Options"),
+            "{text}"
+        );
         // Nested mappings too.
         let text = parse(&GOOD.replace("flavor: runtime }", "flavor: runtime, flavor: devel }"))
             .unwrap_err()
@@ -870,7 +906,9 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
         let error = Recipe::parse_bytes(&bytes, Path::new("r.yaml")).unwrap_err();
         let text = error.to_string();
         assert!(text.contains("invalid UTF-8 at byte 20 (line 2)"), "{text}");
-        let cause = std::error::Error::source(&error).expect("the cause is kept").to_string();
+        let cause = std::error::Error::source(&error)
+            .expect("the cause is kept")
+            .to_string();
         assert!(cause.contains("index 20"), "{cause}");
     }
 }

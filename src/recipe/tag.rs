@@ -171,10 +171,7 @@ pub fn check_template(template: &str) -> Result<(), TagError> {
 
 /// `template` with every placeholder replaced by its value, in one pass (a value that
 /// contains `{name}` stays as it is).
-fn expand<'v>(
-    template: &str,
-    value: impl Fn(&str) -> Option<&'v str>,
-) -> Result<String, TagError> {
+fn expand<'v>(template: &str, value: impl Fn(&str) -> Option<&'v str>) -> Result<String, TagError> {
     let mut out = String::with_capacity(template.len());
     let mut rest = template;
     while let Some(open) = rest.find('{') {
@@ -228,7 +225,8 @@ fn check_reference(text: &str) -> Result<(), TagProblem> {
     }
     // The registry as written: the first path component when the parser took it as one.
     let written = text.split('/').next().unwrap_or_default();
-    if text.contains('/') && (written.contains(['.', ':']) || written == "localhost" || written.starts_with('['))
+    if text.contains('/')
+        && (written.contains(['.', ':']) || written == "localhost" || written.starts_with('['))
         && !valid_host_port(written)
     {
         return Err(TagProblem::Registry {
@@ -262,9 +260,8 @@ fn valid_host_port(text: &str) -> bool {
             None => (Some(text), None),
         }
     };
-    let port_ok = port.is_none_or(|p| {
-        !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit())
-    });
+    let port_ok =
+        port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
     let host_ok = host.is_none_or(|host| {
         !host.is_empty()
             && host.split('.').all(|component| {
@@ -272,7 +269,9 @@ fn valid_host_port(text: &str) -> bool {
                 !bytes.is_empty()
                     && bytes[0].is_ascii_alphanumeric()
                     && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-                    && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-')
+                    && bytes
+                        .iter()
+                        .all(|b| b.is_ascii_alphanumeric() || *b == b'-')
             })
     });
     port_ok && host_ok
@@ -312,19 +311,66 @@ mod tests {
     #[test]
     fn the_grammar_is_enforced_after_rendering() {
         let bad = |template: &str| render(template, &values()).unwrap_err();
-        assert!(matches!(bad("{registry}/torch:a\nb"), TagError::Reference { problem: TagProblem::Tag { .. }, .. }));
-        assert!(matches!(bad("{registry}/Torch:1"), TagError::Reference { problem: TagProblem::Repository { .. }, .. }));
-        assert!(matches!(bad(""), TagError::Reference { problem: TagProblem::Empty, .. }));
-        assert!(matches!(bad("../torch:1"), TagError::Reference { problem: TagProblem::Registry { .. }, .. }));
-        assert!(matches!(bad("{registry}/../torch:1"), TagError::Reference { problem: TagProblem::Repository { .. }, .. }));
-        assert!(matches!(bad("a..b:5000/torch:1"), TagError::Reference { problem: TagProblem::Registry { .. }, .. }));
-        assert!(matches!(bad("-a.io/torch:1"), TagError::Reference { problem: TagProblem::Registry { .. }, .. }));
+        assert!(matches!(
+            bad("{registry}/torch:a\nb"),
+            TagError::Reference {
+                problem: TagProblem::Tag { .. },
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad("{registry}/Torch:1"),
+            TagError::Reference {
+                problem: TagProblem::Repository { .. },
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad(""),
+            TagError::Reference {
+                problem: TagProblem::Empty,
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad("../torch:1"),
+            TagError::Reference {
+                problem: TagProblem::Registry { .. },
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad("{registry}/../torch:1"),
+            TagError::Reference {
+                problem: TagProblem::Repository { .. },
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad("a..b:5000/torch:1"),
+            TagError::Reference {
+                problem: TagProblem::Registry { .. },
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad("-a.io/torch:1"),
+            TagError::Reference {
+                problem: TagProblem::Registry { .. },
+                ..
+            }
+        ));
         assert!(matches!(bad("{registry}/torch:1@sha256:0000000000000000000000000000000000000000000000000000000000000000"), TagError::Reference { problem: TagProblem::Digest, .. }));
         let mut variant = values();
         variant.torch = "2.1.2+cu118".into();
         let error = render("{registry}/torch:{torch}", &variant).unwrap_err();
         assert!(error.hint().contains("`+`"), "{}", error.hint());
-        assert!(error.to_string().contains("rendered `localhost/torch:2.1.2+cu118`"), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("rendered `localhost/torch:2.1.2+cu118`"),
+            "{error}"
+        );
         // A newline is shown escaped, so the message stays on one line.
         assert!(!bad("{registry}/torch:a\nb").to_string().contains('\n'));
     }
@@ -349,8 +395,13 @@ mod tests {
 
     #[test]
     fn placeholders_are_checked() {
-        assert!(matches!(check_template("{registry/x"), Err(TagError::Unclosed { .. })));
-        assert!(matches!(check_template("{pyton}"), Err(TagError::UnknownPlaceholder { key, .. }) if key == "pyton"));
+        assert!(matches!(
+            check_template("{registry/x"),
+            Err(TagError::Unclosed { .. })
+        ));
+        assert!(
+            matches!(check_template("{pyton}"), Err(TagError::UnknownPlaceholder { key, .. }) if key == "pyton")
+        );
         check_template("{registry}/{name}:{cuda}").unwrap();
     }
 }

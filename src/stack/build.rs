@@ -299,7 +299,13 @@ pub async fn build(
         });
     }
     // The tags with this build's --registry, before anything is fetched.
-    render_tags(&settings.recipe_path, &recipe, None, None, &settings.registry)?;
+    render_tags(
+        &settings.recipe_path,
+        &recipe,
+        None,
+        None,
+        &settings.registry,
+    )?;
     let platforms = match &settings.platforms {
         Some(requested) => {
             let declared = recipe.platforms();
