@@ -59,6 +59,13 @@ pub enum RegistryError {
         #[source]
         source: reqwest::Error,
     },
+    #[error("Cannot connect to the registry `{registry}` (`{url}`): it has not answered once, so this is not retried\n  hint: check that a registry runs at this host and port; one that speaks plain http needs --insecure-registry {registry} (only localhost gets http without it)")]
+    Unreachable {
+        registry: String,
+        url: Url,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("{method} `{url}`: HTTP {status}{}{}", detail_note(detail), attempts_note(*attempts))]
     Status {
         method: Method,
@@ -94,6 +101,12 @@ pub enum RegistryError {
     #[error("{what} does not match its digest\n  Expected: {expected}\n  Found:    {found}")]
     DigestMismatch {
         what: String,
+        expected: Digest,
+        found: Digest,
+    },
+    #[error("`{reference}` pins a digest that is not the image's: nothing was pushed\n  Expected: {expected}\n  Found:    {found}\n  hint: push to the reference without `@{expected}`, or pin the digest the image has")]
+    PinnedDigestMismatch {
+        reference: String,
         expected: Digest,
         found: Digest,
     },
