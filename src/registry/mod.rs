@@ -59,7 +59,7 @@ pub enum RegistryError {
         #[source]
         source: reqwest::Error,
     },
-    #[error("Cannot connect to the registry `{registry}` (`{url}`): it has not answered once, so this is not retried\n  hint: check that a registry runs at this host and port; one that speaks plain http needs --insecure-registry {registry} (only localhost gets http without it)")]
+    #[error("Cannot connect to the registry `{registry}` (`{url}`): it has not answered once, so this is not retried\n  hint: {}", unreachable_hint(registry, url))]
     Unreachable {
         registry: String,
         url: Url,
@@ -149,6 +149,14 @@ pub enum RegistryError {
     Oci(#[from] crate::oci::OciError),
     #[error(transparent)]
     Cas(#[from] crate::cas::CasError),
+}
+
+fn unreachable_hint(registry: &str, url: &Url) -> String {
+    if url.scheme() == "https" {
+        format!("check the host and port, and that a registry runs there; one that speaks plain http needs --insecure-registry {registry} (only localhost gets http without it)")
+    } else {
+        "check the host and port, and that the registry is started".to_string()
+    }
 }
 
 fn attempts_note(attempts: u32) -> String {

@@ -490,19 +490,28 @@ mod tests {
         /// them), so that a good share of the cases parse.
         fn reference_like() -> impl Strategy<Value = String> {
             let registry = prop_oneof![
-                Just(String::new()),
-                "[a-zA-Z0-9.-]{1,12}(:[0-9+]{0,6})?/",
-                Just("localhost/".to_string()),
-                Just("[::1]:5000/".to_string()),
-                "\\[[0-9a-f:.]{0,10}\\](:[0-9]{1,5})?/",
-                Just("index.docker.io/".to_string()),
+                4 => Just(String::new()),
+                4 => "[a-z0-9]{1,6}\\.[a-z]{2,4}(:[0-9]{1,5})?/",
+                1 => "[a-zA-Z0-9.-]{1,12}(:[0-9+]{0,6})?/",
+                1 => Just("localhost/".to_string()),
+                1 => Just("localhost:5000/".to_string()),
+                1 => Just("[::1]:5000/".to_string()),
+                1 => "\\[[0-9a-f:.]{0,10}\\](:[0-9]{1,5})?/",
+                1 => Just("index.docker.io/".to_string()),
             ];
-            let repository = "[a-z0-9._-]{1,10}(/[a-z0-9._-]{1,10}){0,3}";
-            let tag = prop_oneof![Just(String::new()), ":[A-Za-z0-9_.-]{0,12}"];
+            let repository = prop_oneof![
+                6 => "[a-z0-9]{1,6}([._-][a-z0-9]{1,6}){0,2}(/[a-z0-9]{1,6}(__[a-z0-9]{1,4})?){0,3}",
+                1 => "[a-z0-9._-]{1,10}(/[a-z0-9._-]{1,10}){0,3}",
+            ];
+            let tag = prop_oneof![
+                3 => Just(String::new()),
+                3 => ":[A-Za-z0-9_][A-Za-z0-9_.-]{0,12}",
+                1 => ":[A-Za-z0-9_.-]{0,12}",
+            ];
             let digest = prop_oneof![
-                Just(String::new()),
-                "@sha256:[0-9a-f]{64}",
-                "@[a-z0-9]{0,8}:[0-9a-fA-F]{0,66}",
+                4 => Just(String::new()),
+                2 => "@sha256:[0-9a-f]{64}",
+                1 => "@[a-z0-9]{0,8}:[0-9a-fA-F]{0,66}",
             ];
             (registry, repository, tag, digest).prop_map(|(r, p, t, d)| format!("{r}{p}{t}{d}"))
         }
@@ -522,6 +531,22 @@ mod tests {
                 let _ = reference.is_localhost();
             }
             Ok(())
+        }
+
+        /// The round-trip property means something only if the generated text parses
+        /// often: at least a quarter of it does.
+        #[test]
+        fn reference_shaped_text_mostly_parses() {
+            use proptest::strategy::ValueTree;
+            let mut runner = proptest::test_runner::TestRunner::deterministic();
+            let strategy = reference_like();
+            let parsed = (0..400)
+                .filter(|_| {
+                    let text = strategy.new_tree(&mut runner).unwrap().current();
+                    text.parse::<Reference>().is_ok()
+                })
+                .count();
+            assert!(parsed >= 100, "{parsed} of 400 parse");
         }
 
         proptest! {
