@@ -50,7 +50,14 @@ fn assert_quiet_exit(args: &[&str]) {
 #[test]
 fn solve_into_a_closed_pipe_exits_quietly() {
     assert_quiet_exit(&["solve", "--driver", "535.104.05", "--gpu", "RTX 3090"]);
-    assert_quiet_exit(&["--json", "solve", "--driver", "535.104.05", "--gpu", "RTX 3090"]);
+    assert_quiet_exit(&[
+        "--json",
+        "solve",
+        "--driver",
+        "535.104.05",
+        "--gpu",
+        "RTX 3090",
+    ]);
 }
 
 #[test]
@@ -115,7 +122,13 @@ fn check_of_an_image_that_declares_nothing_is_unknown_with_exit_3() {
     );
     assert!(!stdout.contains("yes"), "{stdout}");
     let (code, stdout, _) = run(&[
-        "--json", "check", &bare, "--driver", "550.54.15", "--cc", "8.0",
+        "--json",
+        "check",
+        &bare,
+        "--driver",
+        "550.54.15",
+        "--cc",
+        "8.0",
     ]);
     assert_eq!(code, Some(3));
     let answer: serde_json::Value = serde_json::from_str(&stdout).unwrap();
@@ -130,7 +143,10 @@ fn check_exit_codes_are_yes_0_no_1_error_2_unknown_3() {
     let (_, built) = layouts(work.path());
     let (code, stdout, stderr) = run(&["check", &built]);
     assert_eq!(code, Some(3), "{stdout}{stderr}");
-    assert!(stdout.contains("unknown: nothing is known about the node"), "{stdout}");
+    assert!(
+        stdout.contains("unknown: nothing is known about the node"),
+        "{stdout}"
+    );
     let (code, stdout, _) = run(&["check", &built, "--driver", "550.54.15"]);
     assert_eq!(code, Some(3), "{stdout}");
     let (code, stdout, _) = run(&["check", &built, "--driver", "550.54.15", "--cc", "8.0"]);
@@ -144,7 +160,10 @@ fn check_exit_codes_are_yes_0_no_1_error_2_unknown_3() {
     let (code, help, _) = run(&["check", "--help"]);
     assert_eq!(code, Some(0));
     assert!(
-        help.contains("0 yes") && help.contains("1 no") && help.contains("2 error") && help.contains("3 unknown"),
+        help.contains("0 yes")
+            && help.contains("1 no")
+            && help.contains("2 error")
+            && help.contains("3 unknown"),
         "{help}"
     );
 }

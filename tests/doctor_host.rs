@@ -980,16 +980,17 @@ fn cli_root_that_is_not_a_directory_is_an_error() {
     let missing = work.path().join("no-such-host");
     let file = work.path().join("a-file");
     std::fs::write(&file, "not a root\n").unwrap();
-    for (root, what) in [
-        (&missing, "does not exist"),
-        (&file, "is not a directory"),
-    ] {
+    for (root, what) in [(&missing, "does not exist"), (&file, "is not a directory")] {
         for json in [false, true] {
             let mut command = Command::new(env!("CARGO_BIN_EXE_cudastack"));
             if json {
                 command.arg("--json");
             }
-            let output = command.args(["doctor", "--root"]).arg(root).output().unwrap();
+            let output = command
+                .args(["doctor", "--root"])
+                .arg(root)
+                .output()
+                .unwrap();
             let stderr = String::from_utf8_lossy(&output.stderr);
             assert_eq!(output.status.code(), Some(2), "{stderr}");
             assert!(
@@ -997,7 +998,11 @@ fn cli_root_that_is_not_a_directory_is_an_error() {
                 "{stderr}"
             );
             assert!(stderr.contains("hint:"), "{stderr}");
-            assert!(output.stdout.is_empty(), "{}", String::from_utf8_lossy(&output.stdout));
+            assert!(
+                output.stdout.is_empty(),
+                "{}",
+                String::from_utf8_lossy(&output.stdout)
+            );
         }
     }
 }

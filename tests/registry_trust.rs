@@ -61,7 +61,10 @@ async fn a_registry_refusing_connections_fails_at_once() {
     let elapsed = started.elapsed();
     let text = full_chain(&error);
     eprintln!("failed in {elapsed:?}:\n{text}");
-    assert!(elapsed < Duration::from_secs(3), "took {elapsed:?}:\n{text}");
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "took {elapsed:?}:\n{text}"
+    );
     assert!(
         matches!(error, RegistryError::Unreachable { .. }),
         "{error:?}"
@@ -92,9 +95,14 @@ fn pull_from_a_port_nothing_listens_on_fails_fast_and_says_why() {
     ]);
     let elapsed = started.elapsed();
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}:\n{stderr}");
     assert!(
-        stderr.contains(&format!("Cannot connect to the registry `127.0.0.1:{port}`")),
+        elapsed < Duration::from_secs(5),
+        "took {elapsed:?}:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "Cannot connect to the registry `127.0.0.1:{port}`"
+        )),
         "{stderr}"
     );
     assert!(!stderr.contains("retrying"), "{stderr}");
@@ -139,7 +147,8 @@ fn every_retry_is_a_line_on_stderr() {
     let proxy = Proxy::start(
         registry.port,
         Arc::new(move |head| {
-            if head.target.contains("/manifests/") && hook_failures.fetch_add(1, Ordering::SeqCst) < 2
+            if head.target.contains("/manifests/")
+                && hook_failures.fetch_add(1, Ordering::SeqCst) < 2
             {
                 return Action::Respond {
                     status: 503,
@@ -163,10 +172,15 @@ fn every_retry_is_a_line_on_stderr() {
     let retries: Vec<&str> = stderr.lines().filter(|l| l.contains("retrying")).collect();
     assert_eq!(retries.len(), 2, "{stderr}");
     assert!(
-        retries[0].contains("GET") && retries[0].contains("/manifests/v1") && retries[0].contains("503"),
+        retries[0].contains("GET")
+            && retries[0].contains("/manifests/v1")
+            && retries[0].contains("503"),
         "{stderr}"
     );
-    assert!(stderr.contains("does not exist in the registry"), "{stderr}");
+    assert!(
+        stderr.contains("does not exist in the registry"),
+        "{stderr}"
+    );
 }
 
 fn layout_with_image(dir: &std::path::Path) -> (std::path::PathBuf, Digest, oci::Image) {
@@ -207,7 +221,11 @@ fn push_refuses_a_pinned_digest_the_image_does_not_have() {
         "{stderr}"
     );
     assert!(stdout.is_empty(), "{stdout}");
-    assert_eq!(proxy.requests(), Vec::<String>::new(), "nothing may be sent");
+    assert_eq!(
+        proxy.requests(),
+        Vec::<String>::new(),
+        "nothing may be sent"
+    );
     assert_eq!(proxy.upload_bytes.load(Ordering::SeqCst), 0);
 
     let (code, stdout, stderr) = push(&format!("{}/stack/pinned:v1@{digest}", proxy.host()));

@@ -105,7 +105,10 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
                 Fit::No => format!("no: {} will not run on this node", documents.location),
                 Fit::Unknown => format!(
                     "unknown: {}",
-                    answer.unknown_because.as_deref().unwrap_or("not every requirement was compared")
+                    answer
+                        .unknown_because
+                        .as_deref()
+                        .unwrap_or("not every requirement was compared")
                 ),
             }
         );

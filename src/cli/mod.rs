@@ -199,6 +199,12 @@ pub fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: warnings such as registry retries also
+        // land in CI logs and files, where escape codes are noise (and NO_COLOR says no).
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none(),
+        )
         .init();
     let printer = Printer {
         json: cli.json,

@@ -214,10 +214,7 @@ pub enum DoctorError {
 /// readable directory. Every file the diagnosis reads is looked up under the root, so a
 /// missing root would otherwise read as a host with nothing installed: "no driver"
 /// instead of "no such directory" (issue 16).
-pub fn planted_host(
-    root: &Path,
-    env: BTreeMap<String, String>,
-) -> Result<HostRoot, DoctorError> {
+pub fn planted_host(root: &Path, env: BTreeMap<String, String>) -> Result<HostRoot, DoctorError> {
     let metadata = std::fs::metadata(root).map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => DoctorError::RootMissing {
             path: root.to_path_buf(),

@@ -1140,6 +1140,15 @@ mod tests {
             "http://localhost/v2/a/blobs/x"
         );
         assert_eq!(client("reg.lan:5000/a", &[]).url("").scheme(), "https");
+        // Issue 16: a host name that starts with `127.` is not this machine.
+        assert_eq!(
+            client("127.evil.example:5000/a", &[]).url("").as_str(),
+            "https://127.evil.example:5000/v2/"
+        );
+        assert_eq!(
+            client("[::1]:5000/a", &[]).url("").as_str(),
+            "http://[::1]:5000/v2/"
+        );
         assert_eq!(
             client("reg.lan:5000/a", &["reg.lan:5000"]).url("").scheme(),
             "http"

@@ -246,7 +246,10 @@ fn valid_registry(registry: &str) -> bool {
         (host_ok, port)
     };
     let port_ok = port.is_none_or(|p| {
-        !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
+        !p.is_empty()
+            && p.len() <= 5
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse::<u16>().is_ok()
     });
     host_ok && port_ok
 }
@@ -465,7 +468,10 @@ mod tests {
             "a.b:/c",
         ] {
             assert!(
-                matches!(bad.parse::<Reference>(), Err(ReferenceError::Registry { .. })),
+                matches!(
+                    bad.parse::<Reference>(),
+                    Err(ReferenceError::Registry { .. })
+                ),
                 "{bad}: {:?}",
                 bad.parse::<Reference>()
             );
@@ -479,7 +485,10 @@ mod tests {
         let r = parse(&format!("ghcr.io/a/b:v1@{old}"));
         assert_eq!(r.pinned(new).to_string(), format!("ghcr.io/a/b:v1@{new}"));
         assert_eq!(r.without_digest().to_string(), "ghcr.io/a/b:v1");
-        assert_eq!(parse("a/b").pinned(new).to_string(), format!("docker.io/a/b@{new}"));
+        assert_eq!(
+            parse("a/b").pinned(new).to_string(),
+            format!("docker.io/a/b@{new}")
+        );
     }
 
     mod properties {
