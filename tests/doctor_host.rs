@@ -970,3 +970,50 @@ fn planted_packaged_old_cuda_runtime_is_a_warning() {
     );
     assert_ne!(report.layer(Layer::HostStack).status, LayerStatus::Broken);
 }
+
+/// Issue 16: `doctor --root /nonexistent` read as a host with no driver ("no driver",
+/// exit 1). A root that is not a directory is an error naming the path, exit 2, and no
+/// diagnosis is printed.
+#[test]
+fn cli_root_that_is_not_a_directory_is_an_error() {
+    let work = tempfile::tempdir().unwrap();
+    let missing = work.path().join("no-such-host");
+    let file = work.path().join("a-file");
+    std::fs::write(&file, "not a root\n").unwrap();
+    for (root, what) in [(&missing, "does not exist"), (&file, "is not a directory")] {
+        for json in [false, true] {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_cudastack"));
+            if json {
+                command.arg("--json");
+            }
+            let output = command
+                .args(["doctor", "--root"])
+                .arg(root)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{stderr}");
+            assert!(
+                stderr.contains(&format!("the host root `{}` {what}", root.display())),
+                "{stderr}"
+            );
+            assert!(stderr.contains("hint:"), "{stderr}");
+            assert!(
+                output.stdout.is_empty(),
+                "{}",
+                String::from_utf8_lossy(&output.stdout)
+            );
+        }
+    }
+}
+
+#[test]
+fn planted_host_accepts_a_directory_only() {
+    let work = tempfile::tempdir().unwrap();
+    assert!(cudastack::doctor::planted_host(work.path(), BTreeMap::new()).is_ok());
+    let missing = work.path().join("missing");
+    assert!(matches!(
+        cudastack::doctor::planted_host(&missing, BTreeMap::new()),
+        Err(cudastack::doctor::DoctorError::RootMissing { path }) if path == missing
+    ));
+}

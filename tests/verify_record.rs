@@ -541,7 +541,8 @@ fn check_detect_on_a_machine_without_a_driver() {
     let dir = work.path().join("layout");
     write_image(&dir, &store);
     let detect = cudastack(&["--json", "check", dir.to_str().unwrap(), "--detect"]);
-    assert_eq!(detect.status.code(), Some(0));
+    // Unknown is not yes: its own exit status (issue 16).
+    assert_eq!(detect.status.code(), Some(3));
     let answer: serde_json::Value = serde_json::from_slice(&detect.stdout).unwrap();
     assert_eq!(answer["fits"], "unknown", "{answer}");
     assert!(String::from_utf8_lossy(&detect.stderr).contains("no NVIDIA driver"));

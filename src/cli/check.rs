@@ -1,5 +1,6 @@
 //! `cudastack check IMAGE [--driver V] [--gpu NAME|--cc X.Y] [--detect]`: will this image
 //! run on this node? From the image config alone (labels and NVIDIA_REQUIRE_CUDA).
+//! Exit status: 0 yes, 1 no, 2 error, 3 unknown.
 
 use std::process::ExitCode;
 
@@ -102,12 +103,30 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
             match answer.fits {
                 Fit::Yes => format!("yes: {} runs on this node", documents.location),
                 Fit::No => format!("no: {} will not run on this node", documents.location),
-                Fit::Unknown => "unknown: give --driver and --gpu/--cc, or --detect".to_string(),
+                Fit::Unknown => format!(
+                    "unknown: {}",
+                    answer
+                        .unknown_because
+                        .as_deref()
+                        .unwrap_or("not every requirement was compared")
+                ),
             }
         );
     }
-    Ok(match answer.fits {
-        Fit::No => ExitCode::from(1),
-        _ => ExitCode::SUCCESS,
+    Ok(exit_code(answer.fits))
+}
+
+/// The exit status of `check` (documented in its `--help` and in README): 0 yes, 1 no,
+/// 3 unknown; 2 is an error, from `cli::main`. Unknown is not yes, so scripts that test
+/// `$?` never read "cannot tell" as "runs" (issue 16).
+pub const EXIT_YES: u8 = 0;
+pub const EXIT_NO: u8 = 1;
+pub const EXIT_UNKNOWN: u8 = 3;
+
+fn exit_code(fits: Fit) -> ExitCode {
+    ExitCode::from(match fits {
+        Fit::Yes => EXIT_YES,
+        Fit::No => EXIT_NO,
+        Fit::Unknown => EXIT_UNKNOWN,
     })
 }

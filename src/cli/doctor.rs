@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use cudastack::doctor::{diagnose, DoctorOptions, LayerStatus, Severity};
+use cudastack::doctor::{diagnose, planted_host, DoctorOptions, LayerStatus, Severity};
 use cudastack::host::HostRoot;
 
 use super::{CommandResult, Printer};
@@ -31,7 +31,7 @@ pub struct DoctorArgs {
 
 pub fn run(args: DoctorArgs, printer: &Printer) -> CommandResult {
     let host = match &args.root {
-        Some(root) => HostRoot::planted(root, std::env::vars().collect::<BTreeMap<_, _>>()),
+        Some(root) => planted_host(root, std::env::vars().collect::<BTreeMap<_, _>>())?,
         None => HostRoot::live(),
     };
     let options = DoctorOptions {

@@ -1,6 +1,46 @@
 //! Command-line interface: clap definitions (their doc comments are the help text), one
 //! function per command, and the shared printer. stdout carries data only (tables, the
 //! final reference, or `--json`); progress and logs go to stderr.
+//!
+//! Every line a command prints goes through [`write_stdout`] / [`write_stderr`]: the
+//! `println!`, `print!`, `eprintln!` and `eprint!` macros are redefined below, before the
+//! command modules, so no command can reach std's versions (which panic, exit 101, when
+//! the reader of a pipe has gone: `cudastack solve ... | head`).
+
+/// `println!` for this binary: through [`write_stdout`], which ends the process quietly
+/// when stdout is a closed pipe instead of panicking.
+macro_rules! println {
+    () => {
+        $crate::cli::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` for this binary, through [`write_stdout`].
+macro_rules! print {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// `eprintln!` for this binary, through [`write_stderr`] (never panics).
+macro_rules! eprintln {
+    () => {
+        $crate::cli::write_stderr(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::write_stderr(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `eprint!` for this binary, through [`write_stderr`].
+macro_rules! eprint {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stderr(format_args!($($arg)*))
+    };
+}
 
 mod build;
 mod check;
@@ -26,7 +66,13 @@ use clap::{Parser, Subcommand};
 
 /// Build reproducible, verified container images for GPU deep learning.
 #[derive(Debug, Parser)]
-#[command(name = "cudastack", version, about, propagate_version = true)]
+#[command(
+    name = "cudastack",
+    version,
+    about,
+    propagate_version = true,
+    after_help = "Exit status: 0 success (check: yes); 1 a negative answer (validate: invalid, check: no, doctor: a broken layer); 2 error; 3 unknown (check); 141 stdout closed early (a pipe into `head`)."
+)]
 pub struct Cli {
     /// Print machine-readable JSON on stdout instead of tables.
     #[arg(long, global = true)]
@@ -58,7 +104,12 @@ enum Command {
     Solve(solve::SolveArgs),
     /// Show an image's declared and verified matrix (reads only manifest and config).
     Inspect(inspect::InspectArgs),
-    /// Will this image run on this node? From the image config alone; exit 1 if not.
+    /// Will this image run on this node? From the image config alone.
+    ///
+    /// Exit status: 0 yes (every requirement the image declares was compared with the
+    /// node and met), 1 no, 2 error, 3 unknown (the image declares nothing, or a node fact
+    /// a requirement needs was not given).
+    #[command(after_help = "Exit status: 0 yes, 1 no, 2 error, 3 unknown.")]
     Check(check::CheckArgs),
     /// Load an OCI layout's image into the Docker daemon and tag it (skipped if present).
     Load(load::LoadArgs),
@@ -74,6 +125,37 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Explain an error message (argument, --file LOG, or stdin): cause, checks, fix.
     Explain(explain::ExplainArgs),
+}
+
+/// The exit status when stdout is a pipe whose reader has gone: 128 + SIGPIPE, what a
+/// shell reports for a process the signal ended (`yes | head` under `set -o pipefail`).
+/// Not 0, so that `cudastack check IMG | head -1` under pipefail never turns a cut-off
+/// "no" into success; not 101, which is a panic.
+pub const EXIT_BROKEN_PIPE: u8 = 141;
+
+/// Write to stdout. When the reader has closed the pipe (EPIPE) there is nobody left to
+/// tell: exit at once, quietly, with [`EXIT_BROKEN_PIPE`]. Any other write error (a full
+/// disk behind `> file`) is an error like any other: said on stderr, exit 2.
+pub fn write_stdout(arguments: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let result = stdout.write_fmt(arguments).and_then(|()| stdout.flush());
+    match result {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {
+            std::process::exit(EXIT_BROKEN_PIPE.into())
+        }
+        Err(error) => {
+            write_stderr(format_args!("error: failed to write to stdout: {error}\n"));
+            std::process::exit(2)
+        }
+    }
+}
+
+/// Write to stderr, ignoring failure: with stderr gone there is nowhere to report it.
+pub fn write_stderr(arguments: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_fmt(arguments);
 }
 
 /// What every command gets: output format and verbosity.
@@ -117,6 +199,12 @@ pub fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: warnings such as registry retries also
+        // land in CI logs and files, where escape codes are noise (and NO_COLOR says no).
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none(),
+        )
         .init();
     let printer = Printer {
         json: cli.json,

@@ -274,7 +274,7 @@ pub fn run(args: PushArgs, printer: &Printer) -> CommandResult {
     if printer.json {
         printer.json(&report);
     } else {
-        println!("{}@{}", report.reference, report.manifest_digest);
+        println!("{}", reference.pinned(report.manifest_digest));
     }
     Ok(ExitCode::SUCCESS)
 }

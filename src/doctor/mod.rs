@@ -19,6 +19,8 @@ pub mod python;
 pub mod runtime;
 pub mod stack;
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -191,6 +193,47 @@ impl DoctorReport {
             .find(|l| l.layer == layer)
             .expect("every layer is reported")
     }
+}
+
+/// Errors that stop the diagnosis before it starts.
+#[derive(Debug, thiserror::Error)]
+pub enum DoctorError {
+    #[error("the host root `{path}` does not exist\n  hint: give --root the directory a host is planted under, or leave --root out to examine this machine")]
+    RootMissing { path: PathBuf },
+    #[error("the host root `{path}` is not a directory\n  hint: give --root the directory a host is planted under (its `/`), not a file in it")]
+    RootNotDirectory { path: PathBuf },
+    #[error("cannot read the host root `{path}`")]
+    RootUnreadable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The host planted under `root` (`doctor --root DIR`), once `root` is known to be a
+/// readable directory. Every file the diagnosis reads is looked up under the root, so a
+/// missing root would otherwise read as a host with nothing installed: "no driver"
+/// instead of "no such directory" (issue 16).
+pub fn planted_host(root: &Path, env: BTreeMap<String, String>) -> Result<HostRoot, DoctorError> {
+    let metadata = std::fs::metadata(root).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => DoctorError::RootMissing {
+            path: root.to_path_buf(),
+        },
+        _ => DoctorError::RootUnreadable {
+            path: root.to_path_buf(),
+            source,
+        },
+    })?;
+    if !metadata.is_dir() {
+        return Err(DoctorError::RootNotDirectory {
+            path: root.to_path_buf(),
+        });
+    }
+    std::fs::read_dir(root).map_err(|source| DoctorError::RootUnreadable {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    Ok(HostRoot::planted(root, env))
 }
 
 #[derive(Debug, Clone)]

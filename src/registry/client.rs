@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -208,6 +208,10 @@ pub struct RegistryClient {
     /// Held while a token is fetched, so parallel uploads needing the same scope wait
     /// for one token instead of each asking the token service.
     token_fetch: tokio::sync::Mutex<()>,
+    /// Whether the registry has ever answered this client. Until it has, a failure to
+    /// connect means nothing listens there (a wrong host or port, a registry not started,
+    /// https to a plain-http registry): retrying only hides that for half a minute.
+    answered: AtomicBool,
 }
 
 /// `repository:NAME:ACTIONS` scopes for the token service.
@@ -248,6 +252,7 @@ impl RegistryClient {
                 tokens: HashMap::new(),
             }),
             token_fetch: tokio::sync::Mutex::new(()),
+            answered: AtomicBool::new(false),
         })
     }
 
@@ -513,12 +518,8 @@ impl RegistryClient {
             let response = request
                 .send()
                 .await
-                .map_err(|source| RegistryError::Transport {
-                    method: method.clone(),
-                    url: url.clone(),
-                    attempts: 1,
-                    source,
-                })?;
+                .map_err(|source| self.transport_error(&method, url, 1, source))?;
+            self.answered.store(true, Ordering::Relaxed);
             if response.status() != StatusCode::UNAUTHORIZED {
                 return Ok(response);
             }
@@ -580,27 +581,73 @@ impl RegistryClient {
         loop {
             attempts += 1;
             let last = attempts >= self.retry.max_attempts;
-            match attempt().await {
-                Ok(response)
-                    if !crate::fetch::http::is_transient_status(response.status()) || last =>
-                {
-                    return Ok(response)
+            let why = match attempt().await {
+                Ok(response) => {
+                    self.answered.store(true, Ordering::Relaxed);
+                    if !crate::fetch::http::is_transient_status(response.status()) || last {
+                        return Ok(response);
+                    }
+                    format!("answered {}", response.status())
                 }
-                Err(source) if !crate::fetch::http::is_transient_error(&source) || last => {
-                    return Err(RegistryError::Transport {
-                        method: method.clone(),
-                        url: url.clone(),
-                        attempts,
-                        source,
-                    })
+                Err(source) => {
+                    let error = self.transport_error(method, url, attempts, source);
+                    if !error.is_transient() || last {
+                        return Err(error);
+                    }
+                    transport_reason(&error)
                 }
-                _ => tokio::time::sleep(self.retry.backoff(attempts)).await,
+            };
+            self.note_retry(method, url, attempts, &why);
+            self.back_off(attempts).await;
+        }
+    }
+
+    /// A failed send as an error: [`RegistryError::Unreachable`] (not retried) when the
+    /// registry has never answered and the connection itself failed, else `Transport`.
+    fn transport_error(
+        &self,
+        method: &Method,
+        url: &Url,
+        attempts: u32,
+        source: reqwest::Error,
+    ) -> RegistryError {
+        if source.is_connect() && !self.answered.load(Ordering::Relaxed) {
+            RegistryError::Unreachable {
+                registry: self.registry.clone(),
+                url: url.clone(),
+                source,
+            }
+        } else {
+            RegistryError::Transport {
+                method: method.clone(),
+                url: url.clone(),
+                attempts,
+                source,
             }
         }
     }
 
-    /// [`send`] with retries on transient failures (idempotent requests only). The
-    /// response may still have a failure status: the caller decides what it means.
+    /// Say on stderr (a warning, so `--quiet` hides it) what is retried, why, and when:
+    /// a registry that stalls is visible while it stalls, not after the last attempt.
+    fn note_retry(&self, method: &Method, url: &Url, attempt: u32, why: &str) {
+        let wait = self.retry.backoff(attempt);
+        tracing::warn!(
+            "{method} `{url}` {why}; retrying in {:.1}s (attempt {} of {})",
+            wait.as_secs_f64(),
+            attempt + 1,
+            self.retry.max_attempts
+        );
+    }
+
+    /// Sleep the backoff after failed attempt number `attempt`.
+    async fn back_off(&self, attempt: u32) {
+        tokio::time::sleep(self.retry.backoff(attempt)).await;
+    }
+
+    /// [`send`] with retries on transient failures (idempotent requests only), each
+    /// said on stderr. The response may still have a failure status: the caller decides
+    /// what it means. A registry that never answered is not retried: see
+    /// [`RegistryError::Unreachable`].
     pub(crate) async fn request(
         &self,
         method: Method,
@@ -609,11 +656,14 @@ impl RegistryClient {
         headers: HeaderMap,
         body: &Body,
     ) -> Result<(Response, u32), RegistryError> {
+        // The auth scheme first, with its own retries: learnt inside the loop below, a
+        // registry that does not answer was tried max_attempts² times (45 s, issue 16).
+        self.discover().await?;
         let mut attempts = 0;
         loop {
             attempts += 1;
             let last = attempts >= self.retry.max_attempts;
-            match self
+            let why = match self
                 .send(method.clone(), url, scopes, headers.clone(), body)
                 .await
             {
@@ -622,8 +672,8 @@ impl RegistryClient {
                 {
                     return Ok((response, attempts))
                 }
-                Err(RegistryError::Transport { source, .. })
-                    if crate::fetch::http::is_transient_error(&source) && !last => {}
+                Ok(response) => format!("answered {}", response.status()),
+                Err(error) if error.is_transient() && !last => transport_reason(&error),
                 Err(RegistryError::Transport { source, .. }) => {
                     return Err(RegistryError::Transport {
                         method,
@@ -633,10 +683,9 @@ impl RegistryClient {
                     })
                 }
                 Err(other) => return Err(other),
-                Ok(_) => {}
-            }
-            tracing::debug!(%url, attempts, "retrying registry request");
-            tokio::time::sleep(self.retry.backoff(attempts)).await;
+            };
+            self.note_retry(&method, url, attempts, &why);
+            self.back_off(attempts).await;
         }
     }
 
@@ -699,6 +748,7 @@ impl RegistryClient {
         bytes: Bytes,
     ) -> Result<Digest, RegistryError> {
         let digest = Digest::of_bytes(&bytes);
+        super::push::check_pinned(reference, &digest)?;
         let target = match (reference.tag(), reference.digest()) {
             (Some(tag), _) => tag.to_string(),
             (None, Some(_)) | (None, None) => digest.to_string(),
@@ -947,6 +997,21 @@ impl RegistryClient {
     }
 }
 
+/// Why a request failed, for a retry line: its innermost cause (`Connection refused`,
+/// `connection closed before message completed`).
+pub(crate) fn transport_reason(error: &RegistryError) -> String {
+    let mut innermost = None;
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        innermost = Some(cause.to_string());
+        source = cause.source();
+    }
+    match innermost {
+        Some(cause) => format!("failed ({cause})"),
+        None => format!("failed ({error})"),
+    }
+}
+
 /// The `Docker-Content-Digest` header, when present and sha256.
 pub(crate) fn header_digest(response: &Response) -> Option<Digest> {
     response
@@ -1075,6 +1140,15 @@ mod tests {
             "http://localhost/v2/a/blobs/x"
         );
         assert_eq!(client("reg.lan:5000/a", &[]).url("").scheme(), "https");
+        // Issue 16: a host name that starts with `127.` is not this machine.
+        assert_eq!(
+            client("127.evil.example:5000/a", &[]).url("").as_str(),
+            "https://127.evil.example:5000/v2/"
+        );
+        assert_eq!(
+            client("[::1]:5000/a", &[]).url("").as_str(),
+            "http://[::1]:5000/v2/"
+        );
         assert_eq!(
             client("reg.lan:5000/a", &["reg.lan:5000"]).url("").scheme(),
             "http"

@@ -59,6 +59,13 @@ pub enum RegistryError {
         #[source]
         source: reqwest::Error,
     },
+    #[error("Cannot connect to the registry `{registry}` (`{url}`): it has not answered once, so this is not retried\n  hint: {}", unreachable_hint(registry, url))]
+    Unreachable {
+        registry: String,
+        url: Url,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("{method} `{url}`: HTTP {status}{}{}", detail_note(detail), attempts_note(*attempts))]
     Status {
         method: Method,
@@ -94,6 +101,12 @@ pub enum RegistryError {
     #[error("{what} does not match its digest\n  Expected: {expected}\n  Found:    {found}")]
     DigestMismatch {
         what: String,
+        expected: Digest,
+        found: Digest,
+    },
+    #[error("`{reference}` pins a digest that is not the image's: nothing was pushed\n  Expected: {expected}\n  Found:    {found}\n  hint: push to the reference without `@{expected}`, or pin the digest the image has")]
+    PinnedDigestMismatch {
+        reference: String,
         expected: Digest,
         found: Digest,
     },
@@ -136,6 +149,14 @@ pub enum RegistryError {
     Oci(#[from] crate::oci::OciError),
     #[error(transparent)]
     Cas(#[from] crate::cas::CasError),
+}
+
+fn unreachable_hint(registry: &str, url: &Url) -> String {
+    if url.scheme() == "https" {
+        format!("check the host and port, and that a registry runs there; one that speaks plain http needs --insecure-registry {registry} (only localhost gets http without it)")
+    } else {
+        "check the host and port, and that the registry is started".to_string()
+    }
 }
 
 fn attempts_note(attempts: u32) -> String {

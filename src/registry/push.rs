@@ -75,6 +75,8 @@ pub struct BlobReport {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct PushReport {
+    /// Where the image went, without a digest (`registry/repo:tag`); with
+    /// `@manifest_digest` appended it pins what was pushed.
     pub reference: String,
     pub manifest_digest: Digest,
     pub media_type: String,
@@ -123,6 +125,7 @@ pub async fn push_image(
     options: &PushOptions,
 ) -> Result<PushReport, RegistryError> {
     let documents = image.documents()?;
+    check_pinned(reference, &Digest::of_bytes(&documents.manifest.bytes))?;
     let mut blobs: Vec<BlobSource> = image
         .layers()
         .iter()
@@ -183,6 +186,8 @@ pub async fn push_layout(
         .into());
     };
     let digest = descriptor_digest(entry, dir)?;
+    // Before a single blob goes out: a pinned digest the image does not have is refused.
+    check_pinned(reference, &digest)?;
     let bytes = read_verified(dir, &digest)?;
     let media_type = entry.media_type().to_string();
     if media_type == OCI_INDEX || media_type == super::DOCKER_MANIFEST_LIST {
@@ -214,7 +219,7 @@ pub async fn push_layout(
             .put_manifest(reference, &media_type, Bytes::from(bytes))
             .await?;
         return Ok(PushReport {
-            reference: reference.to_string(),
+            reference: reference.without_digest().to_string(),
             manifest_digest,
             media_type,
             blobs,
@@ -232,6 +237,19 @@ pub async fn push_layout(
         options,
     )
     .await
+}
+
+/// A reference that pins a digest (`repo:tag@sha256:...`) names the image it wants: one
+/// with another digest is refused, naming both (issue 16: the pin used to be ignored).
+pub(crate) fn check_pinned(reference: &Reference, found: &Digest) -> Result<(), RegistryError> {
+    match reference.digest() {
+        Some(expected) if expected != found => Err(RegistryError::PinnedDigestMismatch {
+            reference: reference.to_string(),
+            expected: *expected,
+            found: *found,
+        }),
+        _ => Ok(()),
+    }
 }
 
 fn blob(dir: &Path, digest: &Digest) -> PathBuf {
@@ -352,7 +370,7 @@ pub(crate) async fn push_manifest_with_blobs(
         .await?;
     let manifest_digest = client.put_manifest(reference, media_type, manifest).await?;
     Ok(PushReport {
-        reference: reference.to_string(),
+        reference: reference.without_digest().to_string(),
         manifest_digest,
         media_type: media_type.to_string(),
         blobs: reports,
@@ -470,7 +488,15 @@ async fn upload(
                 })
             }
             Err(error) if error.is_transient() && attempts < policy.max_attempts => {
-                tracing::debug!(digest = %blob.digest, attempts, %error, "blob upload failed; will resume");
+                tracing::warn!(
+                    "uploading blob {} to `{}/{repository}` {}; resuming in {:.1}s (attempt {} of {})",
+                    blob.digest,
+                    client.registry(),
+                    super::client::transport_reason(&error),
+                    policy.backoff(attempts).as_secs_f64(),
+                    attempts + 1,
+                    policy.max_attempts
+                );
                 tokio::time::sleep(policy.backoff(attempts)).await;
             }
             Err(RegistryError::Status { status, .. })

@@ -113,6 +113,23 @@ impl Reference {
         }
     }
 
+    /// The same repository and tag pinned to `digest` (`repo:tag@digest`): what a push
+    /// prints, whatever digest the reference carried before.
+    pub fn pinned(&self, digest: Digest) -> Self {
+        Self {
+            digest: Some(digest),
+            ..self.clone()
+        }
+    }
+
+    /// The same reference without its digest (`repo:tag`, or `repo` for `repo@digest`).
+    pub fn without_digest(&self) -> Self {
+        Self {
+            digest: None,
+            ..self.clone()
+        }
+    }
+
     /// The same repository at another tag (the digest is dropped).
     pub fn with_tag(&self, tag: &str) -> Result<Self, ReferenceError> {
         Self::new(&self.registry, &self.repository, Some(tag), None)
@@ -124,14 +141,24 @@ impl Reference {
     }
 }
 
-/// `localhost`, `127.x.x.x` and `[::1]`, with or without a port.
+/// Whether `registry` (host[:port], as in a reference) is this machine: the name
+/// `localhost` (any case), or an IP address that is loopback (`127.0.0.0/8`, `[::1]`,
+/// `[::ffff:127.0.0.1]`), with or without a port. Anything else is a host name, however it
+/// starts: `127.evil.example` resolves wherever its owner wants, so it gets https and no
+/// plain-http credentials (issue 16).
 pub fn is_localhost(registry: &str) -> bool {
-    let host = if let Some(rest) = registry.strip_prefix('[') {
-        rest.split(']').next().unwrap_or_default()
-    } else {
-        registry.split(':').next().unwrap_or_default()
-    };
-    host == "localhost" || host == "::1" || host.starts_with("127.")
+    if let Some(rest) = registry.strip_prefix('[') {
+        // Brackets hold an IPv6 address and nothing else (RFC 3986 IP-literal).
+        return rest.split_once(']').is_some_and(|(host, _)| {
+            host.parse::<std::net::Ipv6Addr>()
+                .is_ok_and(|ip| ip.to_canonical().is_loopback())
+        });
+    }
+    let host = registry.split(':').next().unwrap_or_default();
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 impl fmt::Display for Reference {
@@ -192,23 +219,38 @@ fn valid_tag(tag: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
+/// `host[:port]`: a host name (letters, digits, `-`, `.`), or an IPv6 address in
+/// brackets; a port is 1-5 decimal digits below 65536.
 fn valid_registry(registry: &str) -> bool {
-    let (host, port) = if let Some(rest) = registry.strip_prefix('[') {
-        match rest.split_once(']') {
-            Some((host, tail)) => (host, tail.strip_prefix(':')),
-            None => return false,
-        }
+    let (host_ok, port) = if let Some(rest) = registry.strip_prefix('[') {
+        let Some((host, tail)) = rest.split_once(']') else {
+            return false;
+        };
+        let port = match tail {
+            "" => None,
+            _ => match tail.strip_prefix(':') {
+                Some(port) => Some(port),
+                None => return false,
+            },
+        };
+        (host.parse::<std::net::Ipv6Addr>().is_ok(), port)
     } else {
-        match registry.split_once(':') {
+        let (host, port) = match registry.split_once(':') {
             Some((host, port)) => (host, Some(port)),
             None => (registry, None),
-        }
+        };
+        let host_ok = !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b));
+        (host_ok, port)
     };
-    let host_ok = !host.is_empty()
-        && host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-.:".contains(&b));
-    let port_ok = port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.parse::<u16>().is_ok());
+    let port_ok = port.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 5
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse::<u16>().is_ok()
+    });
     host_ok && port_ok
 }
 
@@ -374,5 +416,168 @@ mod tests {
         assert!("ghcr.io/a-/b".parse::<Reference>().is_err());
         assert!("ghcr.io/a__b/c".parse::<Reference>().is_ok());
         assert!("ghcr.io/a___b/c".parse::<Reference>().is_err());
+    }
+
+    /// Issue 16: only loopback addresses and `localhost` are this machine. A name that
+    /// merely starts with `127.` is a DNS name anyone can point anywhere.
+    #[test]
+    fn only_loopback_addresses_and_localhost_are_local() {
+        for local in [
+            "localhost",
+            "localhost:5000",
+            "LocalHost:5000",
+            "127.0.0.1",
+            "127.0.0.1:5000",
+            "127.1.2.3:80",
+            "[::1]",
+            "[::1]:5000",
+            "[::ffff:127.0.0.1]:5000",
+        ] {
+            assert!(is_localhost(local), "{local} is this machine");
+        }
+        for remote in [
+            "127.evil.example",
+            "127.evil.example:5000",
+            "127.0.0.1.nip.io",
+            "127.0.0.1.evil.example:443",
+            "localhost.evil.example",
+            "127.1",
+            "[::2]:5000",
+            "[127.0.0.1]",
+            "[::1",
+            "ghcr.io",
+            "10.0.0.1:5000",
+            "",
+        ] {
+            assert!(!is_localhost(remote), "{remote} is not this machine");
+        }
+        let r = parse("127.evil.example/team/img:v1");
+        assert_eq!(r.registry(), "127.evil.example");
+        assert!(!r.is_localhost());
+        assert!(parse("[::1]:5000/a").is_localhost());
+    }
+
+    #[test]
+    fn registries_are_a_host_and_a_decimal_port() {
+        for bad in [
+            "a.b:+1/c",
+            "[a]b/c",
+            "[::1]x:5000/c",
+            "[not-an-address]:5000/c",
+            "[]:5000/c",
+            "a.b:/c",
+        ] {
+            assert!(
+                matches!(
+                    bad.parse::<Reference>(),
+                    Err(ReferenceError::Registry { .. })
+                ),
+                "{bad}: {:?}",
+                bad.parse::<Reference>()
+            );
+        }
+    }
+
+    #[test]
+    fn pinned_keeps_the_tag_and_replaces_the_digest() {
+        let old = Digest::of_bytes(b"old");
+        let new = Digest::of_bytes(b"new");
+        let r = parse(&format!("ghcr.io/a/b:v1@{old}"));
+        assert_eq!(r.pinned(new).to_string(), format!("ghcr.io/a/b:v1@{new}"));
+        assert_eq!(r.without_digest().to_string(), "ghcr.io/a/b:v1");
+        assert_eq!(
+            parse("a/b").pinned(new).to_string(),
+            format!("docker.io/a/b@{new}")
+        );
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Text made of the characters references are made of (and a few that break
+        /// them), so that a good share of the cases parse.
+        fn reference_like() -> impl Strategy<Value = String> {
+            let registry = prop_oneof![
+                4 => Just(String::new()),
+                4 => "[a-z0-9]{1,6}\\.[a-z]{2,4}(:[0-9]{1,5})?/",
+                1 => "[a-zA-Z0-9.-]{1,12}(:[0-9+]{0,6})?/",
+                1 => Just("localhost/".to_string()),
+                1 => Just("localhost:5000/".to_string()),
+                1 => Just("[::1]:5000/".to_string()),
+                1 => "\\[[0-9a-f:.]{0,10}\\](:[0-9]{1,5})?/",
+                1 => Just("index.docker.io/".to_string()),
+            ];
+            let repository = prop_oneof![
+                6 => "[a-z0-9]{1,6}([._-][a-z0-9]{1,6}){0,2}(/[a-z0-9]{1,6}(__[a-z0-9]{1,4})?){0,3}",
+                1 => "[a-z0-9._-]{1,10}(/[a-z0-9._-]{1,10}){0,3}",
+            ];
+            let tag = prop_oneof![
+                3 => Just(String::new()),
+                3 => ":[A-Za-z0-9_][A-Za-z0-9_.-]{0,12}",
+                1 => ":[A-Za-z0-9_.-]{0,12}",
+            ];
+            let digest = prop_oneof![
+                4 => Just(String::new()),
+                2 => "@sha256:[0-9a-f]{64}",
+                1 => "@[a-z0-9]{0,8}:[0-9a-fA-F]{0,66}",
+            ];
+            (registry, repository, tag, digest).prop_map(|(r, p, t, d)| format!("{r}{p}{t}{d}"))
+        }
+
+        fn round_trips(text: &str) -> Result<(), TestCaseError> {
+            if let Ok(reference) = text.parse::<Reference>() {
+                let printed = reference.to_string();
+                let again = printed.parse::<Reference>();
+                prop_assert_eq!(
+                    again.as_ref(),
+                    Ok(&reference),
+                    "`{}` printed as `{}`",
+                    text,
+                    printed
+                );
+                // Deciding whether it is this machine never panics either.
+                let _ = reference.is_localhost();
+            }
+            Ok(())
+        }
+
+        /// The round-trip property means something only if the generated text parses
+        /// often: at least a quarter of it does.
+        #[test]
+        fn reference_shaped_text_mostly_parses() {
+            use proptest::strategy::ValueTree;
+            let mut runner = proptest::test_runner::TestRunner::deterministic();
+            let strategy = reference_like();
+            let parsed = (0..400)
+                .filter(|_| {
+                    let text = strategy.new_tree(&mut runner).unwrap().current();
+                    text.parse::<Reference>().is_ok()
+                })
+                .count();
+            assert!(parsed >= 100, "{parsed} of 400 parse");
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+            /// Any string at all: an answer, never a panic.
+            #[test]
+            fn arbitrary_strings_never_panic(text in any::<String>()) {
+                round_trips(&text)?;
+            }
+
+            /// Printable ASCII, where the separators `/ : @ [ ]` are common.
+            #[test]
+            fn ascii_noise_never_panics(text in "[ -~]{0,80}") {
+                round_trips(&text)?;
+            }
+
+            /// Reference-shaped text: what parses prints back to the same reference.
+            #[test]
+            fn parsed_references_print_back_to_themselves(text in reference_like()) {
+                round_trips(&text)?;
+            }
+        }
     }
 }

@@ -105,9 +105,13 @@ pub struct NodeGpu {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Fit {
+    /// Every requirement the image declares was compared with a fact of the node, and met.
     Yes,
+    /// A requirement is not met.
     No,
-    /// Nothing about the node was given, or the image declares nothing to check against.
+    /// Nothing failed, but something was not compared: the image declares nothing to
+    /// check, or the node fact a declared requirement needs is missing. Unknown is not
+    /// yes (issue 16): `cudastack check` exits 3 for it.
     Unknown,
 }
 
@@ -123,6 +127,9 @@ pub struct Finding {
 #[derive(Debug, Clone, Serialize)]
 pub struct Answer {
     pub fits: Fit,
+    /// For `unknown`: what was missing, and what to give to get an answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unknown_because: Option<String>,
     pub findings: Vec<Finding>,
 }
 
@@ -247,14 +254,53 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
         }
     }
 
-    let fits = if findings.iter().any(|f| !f.ok) {
-        Fit::No
-    } else if node.driver.is_none() && node.gpus.is_empty() {
-        Fit::Unknown
-    } else {
-        Fit::Yes
-    };
-    Answer { fits, findings }
+    if findings.iter().any(|f| !f.ok) {
+        return Answer {
+            fits: Fit::No,
+            unknown_because: None,
+            findings,
+        };
+    }
+    let unknown_because = unknown_because(image, node);
+    Answer {
+        fits: if unknown_because.is_some() {
+            Fit::Unknown
+        } else {
+            Fit::Yes
+        },
+        unknown_because,
+        findings,
+    }
+}
+
+/// Why nothing-failed is not yet a yes: a requirement with no node fact to compare it
+/// with, or no requirement at all. `None` when every declared requirement was compared.
+fn unknown_because(image: &ImageClaims, node: &Node) -> Option<String> {
+    // What the driver is compared with, and what the GPUs are (the torch arch list, or
+    // the archs of the required CUDA when there is no torch).
+    let needs_driver = image.require_cuda.is_some() || image.driver_floor.is_some();
+    let needs_gpus = !image.sm.is_empty() || image.require_cuda.is_some();
+    if !needs_driver && !needs_gpus {
+        return Some(
+            "the image declares nothing to check against (no NVIDIA_REQUIRE_CUDA, no io.cudastack.driver-floor, no io.cudastack.torch.sm label): it was not built by cudastack, or its labels were removed".to_string(),
+        );
+    }
+    if node.driver.is_none() && node.gpus.is_empty() {
+        return Some(
+            "nothing is known about the node: give --driver and --gpu/--cc, or --detect on the node".to_string(),
+        );
+    }
+    if needs_driver && node.driver.is_none() {
+        return Some(
+            "the image has a driver requirement and the node's driver is not known: give --driver (as nvidia-smi prints it) or --detect".to_string(),
+        );
+    }
+    if needs_gpus && node.gpus.is_empty() {
+        return Some(
+            "the image carries kernels for some GPUs only and the node's GPUs are not known: give --gpu NAME or --cc X.Y, or --detect".to_string(),
+        );
+    }
+    None
 }
 
 #[cfg(test)]
@@ -350,9 +396,58 @@ mod tests {
 
     #[test]
     fn nothing_known_is_unknown() {
-        assert_eq!(
-            check(Matrix::embedded(), &claims(), &Node::default()).fits,
-            Fit::Unknown
+        let answer = check(Matrix::embedded(), &claims(), &Node::default());
+        assert_eq!(answer.fits, Fit::Unknown);
+        assert!(answer
+            .unknown_because
+            .unwrap()
+            .contains("nothing is known about the node"));
+    }
+
+    /// Issue 16: an image that declares nothing was answered "yes" for any node.
+    #[test]
+    fn an_image_that_declares_nothing_is_unknown_not_yes() {
+        let answer = check(
+            Matrix::embedded(),
+            &ImageClaims::default(),
+            &node("550.54.15", &[("NVIDIA A100", "8.0")]),
         );
+        assert_eq!(answer.fits, Fit::Unknown, "{answer:?}");
+        assert!(answer
+            .unknown_because
+            .as_deref()
+            .unwrap()
+            .contains("declares nothing to check"));
+        let text = serde_json::to_string(&answer).unwrap();
+        assert!(text.contains(r#""fits":"unknown""#), "{text}");
+    }
+
+    /// Half the node is not half a yes: a driver alone cannot say the GPUs have kernels,
+    /// and GPUs alone cannot say the driver is new enough.
+    #[test]
+    fn a_requirement_without_its_node_fact_is_unknown() {
+        let driver_only = Node {
+            driver: Some("550.54.15".parse().unwrap()),
+            gpus: Vec::new(),
+        };
+        let answer = check(Matrix::embedded(), &claims(), &driver_only);
+        assert_eq!(answer.fits, Fit::Unknown, "{answer:?}");
+        assert!(answer.unknown_because.unwrap().contains("--gpu"));
+        let gpus_only = Node {
+            driver: None,
+            gpus: vec![NodeGpu {
+                name: "NVIDIA A100".to_string(),
+                compute_capability: "8.0".parse().unwrap(),
+            }],
+        };
+        let answer = check(Matrix::embedded(), &claims(), &gpus_only);
+        assert_eq!(answer.fits, Fit::Unknown, "{answer:?}");
+        assert!(answer.unknown_because.unwrap().contains("--driver"));
+        // A failure needs no more facts: no is no.
+        let old = Node {
+            driver: Some("470.82.01".parse().unwrap()),
+            gpus: Vec::new(),
+        };
+        assert_eq!(check(Matrix::embedded(), &claims(), &old).fits, Fit::No);
     }
 }
