@@ -13,13 +13,17 @@
 //! grammar before anything is sent ([`super::split_tag`]): Docker creates the image before
 //! it parses the archive's RepoTags, so a tag it refuses used to leave the image untagged.
 //! Any failure after the upload began removes the image if it was not there before (the
-//! daemon names it only by ID then). An upload cut short (the process killed, SIGTERM)
-//! is a truncated tar the daemon rejects before creating the image, and the archive's
-//! RepoTags make the daemon create and tag the image in one step, so no image without
-//! its tags is ever left behind.
+//! daemon names it only by ID then). SIGINT, SIGTERM or SIGHUP during a load end the
+//! upload early (the daemon rejects a truncated tar before creating anything), wait for
+//! the daemon's answer (it may have had the whole upload already and created the image)
+//! and remove what it created: the load returns [`EngineError::Interrupted`]. Only
+//! SIGKILL after the whole upload was sent can leave the image, and then with its tags
+//! (the archive's RepoTags make the daemon create and tag it in one step).
 
 use std::io::{self, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bollard::query_parameters::{ImportImageOptions, RemoveImageOptions, TagImageOptions};
@@ -178,18 +182,45 @@ impl Engine {
             }
             result
         });
-        let body = futures_util::stream::unfold(receiver, |mut receiver| async move {
-            receiver.recv().await.map(|item| (item, receiver))
+        // Set on SIGINT/SIGTERM/SIGHUP: the body ends in an error, so the daemon gets a
+        // truncated upload and creates nothing.
+        let abort = Arc::new(AtomicBool::new(false));
+        let body_abort = abort.clone();
+        let body = futures_util::stream::unfold(receiver, move |mut receiver| {
+            let abort = body_abort.clone();
+            async move {
+                let item = receiver.recv().await?;
+                if abort.load(Ordering::SeqCst) {
+                    let error = io::Error::new(io::ErrorKind::Interrupted, "the load was interrupted");
+                    return Some((Err(error), receiver));
+                }
+                Some((item, receiver))
+            }
         });
         let docker = self.with_timeout(LOAD_TIMEOUT);
         let options = ImportImageOptions {
             quiet: true,
             ..Default::default()
         };
+        // A signal no longer ends the process mid-load: the load ends the upload and waits
+        // for the daemon's answer (which comes after it created the image, if the whole
+        // upload was already sent), so that the caller removes whatever it created.
+        let mut signals = super::run::Signals::listen();
+        let _active = super::run::ActiveRun::enter();
+        let mut interrupted = None;
         let mut responses = Box::pin(docker.import_image_stream(options, body, None));
         let mut messages = Vec::new();
         let mut failure = None;
-        while let Some(item) = responses.next().await {
+        loop {
+            let item = tokio::select! {
+                item = responses.next() => item,
+                signal = signals.recv(), if interrupted.is_none() => {
+                    interrupted = Some(signal);
+                    abort.store(true, Ordering::SeqCst);
+                    continue;
+                }
+            };
+            let Some(item) = item else { break };
             match item {
                 Ok(info) => {
                     if let Some(error) = info.error_detail.and_then(|d| d.message) {
@@ -207,6 +238,9 @@ impl Engine {
         }
         drop(responses);
         let written = writer.join().expect("the archive writer does not panic");
+        if let Some(signal) = interrupted {
+            return Err(EngineError::Interrupted { signal });
+        }
         let load_failed = |message| EngineError::LoadFailed {
             layout: origin.to_string(),
             message,

@@ -95,7 +95,7 @@ pub enum EngineError {
     },
     #[error("copying `{path}` out of the container failed: {problem}")]
     CopyOut { path: String, problem: String },
-    #[error("interrupted by {signal}; the container was removed")]
+    #[error("interrupted by {signal}; what it had started in the daemon was removed")]
     Interrupted { signal: &'static str },
     #[error(
         "`{tag}` is not a valid image tag: {reason}\n  hint: a tag is [HOST[:PORT]/]NAME[:TAG] \

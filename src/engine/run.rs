@@ -569,15 +569,16 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Runs in flight in this process; a signal with none in flight takes the default path.
+/// Runs and loads in flight in this process; a signal with none in flight takes the
+/// default path.
 static ACTIVE_RUNS: AtomicUsize = AtomicUsize::new(0);
 /// Whether a [`default_action_watcher`] is alive (it dies with its runtime).
 static WATCHER_ALIVE: AtomicBool = AtomicBool::new(false);
 
-struct ActiveRun;
+pub(super) struct ActiveRun;
 
 impl ActiveRun {
-    fn enter() -> Self {
+    pub(super) fn enter() -> Self {
         ACTIVE_RUNS.fetch_add(1, Ordering::SeqCst);
         Self
     }
@@ -591,7 +592,7 @@ impl Drop for ActiveRun {
 
 /// The signals that end a run: SIGINT (Ctrl-C), SIGTERM (CI cancel, `docker stop`,
 /// systemd, `timeout`), SIGHUP (the terminal closed).
-struct Signals {
+pub(super) struct Signals {
     streams: Vec<(&'static str, tokio::signal::unix::Signal)>,
 }
 
@@ -599,7 +600,7 @@ impl Signals {
     const LIST: [(&'static str, i32); 3] = [("SIGINT", 2), ("SIGTERM", 15), ("SIGHUP", 1)];
 
     /// Start listening (a signal that cannot be listened for is simply not handled).
-    fn listen() -> Self {
+    pub(super) fn listen() -> Self {
         use tokio::signal::unix::{signal, SignalKind};
         let streams = Self::LIST
             .iter()
@@ -616,7 +617,7 @@ impl Signals {
     }
 
     /// The name of the first signal received; never resolves when listening failed.
-    async fn recv(&mut self) -> &'static str {
+    pub(super) async fn recv(&mut self) -> &'static str {
         if self.streams.is_empty() {
             return std::future::pending().await;
         }
