@@ -191,7 +191,8 @@ impl Engine {
             async move {
                 let item = receiver.recv().await?;
                 if abort.load(Ordering::SeqCst) {
-                    let error = io::Error::new(io::ErrorKind::Interrupted, "the load was interrupted");
+                    let error =
+                        io::Error::new(io::ErrorKind::Interrupted, "the load was interrupted");
                     return Some((Err(error), receiver));
                 }
                 Some((item, receiver))
