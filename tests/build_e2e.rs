@@ -276,3 +276,68 @@ fn check_static_verification(layout: &Path, digest: &str, log: &str) {
     assert_eq!(path, Status::Fail, "{detail}");
     assert!(detail.contains("libcudnn in /tmp/stale"), "{detail}");
 }
+
+/// Issue 16: every no-op rebuild with a Docker daemon loaded the whole image again and
+/// re-ran the probe. The smallest stack the tests build (stand-in CUDA 12.4 wheels on
+/// Debian bookworm, no tags) is built three times into one layout: the second build must
+/// take its verification from the cache (nothing loaded, no container), the third, with
+/// the verification cache emptied, does what every rebuild did before. Prints the times.
+#[test]
+fn a_no_op_rebuild_with_docker_loads_and_runs_nothing() {
+    use e2e_support::stand_in::{cuda_12_4_wheels, lock, Target};
+    if let Some(reason) =
+        e2e_support::skip_reason(&[("gcc", &["--version"][..]), ("docker", &["info"][..])])
+    {
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let mirror = work.path().join("mirror");
+    cuda_12_4_wheels(Target::X86_64, &work.path().join("libs"), &mirror);
+    let recipe = work.path().join("noop-rebuild.yaml");
+    std::fs::write(&recipe, "name: noop-rebuild\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000000\n").unwrap();
+    lock(&recipe, &mirror);
+    let cache = e2e_support::cache_dir();
+    let layout = work.path().join("layout");
+    let build = || {
+        let started = std::time::Instant::now();
+        let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+            .args(["build", "--layout"])
+            .arg(&layout)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .arg(&recipe)
+            .output()
+            .unwrap();
+        let seconds = started.elapsed().as_secs_f64();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "build failed:\n{stderr}");
+        let digest = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        (digest, stderr, seconds)
+    };
+    let forget_verifications = || {
+        let _ = std::fs::remove_dir_all(cache.join("verify"));
+    };
+    forget_verifications();
+    let (digest, first, first_s) = build();
+    assert!(!first.contains("cached report"), "{first}");
+    let (again, second, second_s) = build();
+    assert_eq!(digest, again);
+    assert!(
+        second.contains("verification: cached report of ") && second.contains(&digest),
+        "{second}"
+    );
+    forget_verifications();
+    let (_, third, third_s) = build();
+    assert!(!third.contains("cached report"), "{third}");
+    eprintln!(
+        "cudastack build (verify.gpu: auto, Docker): first {first_s:.2} s; no-op rebuild \
+         {second_s:.2} s; no-op rebuild without the verification cache (what every rebuild \
+         did before) {third_s:.2} s"
+    );
+    assert!(second_s < third_s, "{second_s:.2} s >= {third_s:.2} s");
+}

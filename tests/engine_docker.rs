@@ -588,7 +588,7 @@ fn ctrl_c_child() {
     run.labels
         .push(("io.cudastack.test".into(), "engine-ctrl-c".into()));
     let error = rt.block_on(engine.run(&run)).unwrap_err();
-    assert!(matches!(error, EngineError::Interrupted), "{error}");
+    assert!(matches!(error, EngineError::Interrupted { .. }), "{error}");
     println!("child: {error}");
 }
 
@@ -743,4 +743,129 @@ fn layers_the_daemon_has_are_not_sent_again() {
     assert_eq!(third.layers_present, 2, "{third:?}");
     assert!(third.bytes < 20_000, "{third:?}");
     assert!(rt.block_on(engine.image_exists(&id_c.to_string())).unwrap());
+}
+
+/// The child half of `an_interrupted_load_leaves_nothing`: one run (so the signal
+/// handlers are installed, as after a build's verification), then a long load.
+#[test]
+#[ignore = "run by an_interrupted_load_leaves_nothing in a child process"]
+fn interrupted_load_child() {
+    let (Ok(small), Ok(big)) = (
+        std::env::var("CUDASTACK_ENGINE_CHILD_IMAGE"),
+        std::env::var("CUDASTACK_ENGINE_CHILD_LAYOUT"),
+    ) else {
+        return;
+    };
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let mut run = RunSpec::new(small, vec!["/bin/sh".into(), "-c".into(), "true".into()]);
+    run.labels
+        .push(("io.cudastack.test".into(), "engine-load-interrupted".into()));
+    assert!(rt.block_on(engine.run(&run)).unwrap().success());
+    use std::io::Write;
+    println!("loading");
+    std::io::stdout().flush().unwrap();
+    match rt.block_on(engine.load_layout(Path::new(&big), "latest", &[])) {
+        Err(error @ EngineError::Interrupted { .. }) => println!("child: {error}"),
+        other => println!("child: the load was not interrupted: {other:?}"),
+    }
+    // Outside a load or run, a signal ends the process as its default action would.
+    println!("waiting");
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(Duration::from_secs(60));
+    println!("child: the second signal did not end the process");
+}
+
+/// Issue 16: a load interrupted midway (SIGTERM) leaves nothing it created, even when the
+/// daemon already had the whole upload; and a SIGTERM outside a load or run still ends the
+/// process (the handlers an earlier run installed would otherwise swallow it).
+#[test]
+fn an_interrupted_load_leaves_nothing() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    let label = "engine-load-interrupted";
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let small = rt.block_on(loaded(&engine, &work.path().join("small"), label));
+    // 256 MiB of random data: seconds of upload at the daemon's ~110 MB/s.
+    let data = work.path().join("data");
+    run_ok(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("head -c 256M /dev/urandom > {}", data.display())),
+    );
+    let store = BlobStore::open(work.path().join("store")).unwrap();
+    let contents = LayerContents::from_entries([Entry::file(
+        p("data/blob"),
+        0o644,
+        256 << 20,
+        cudastack::layer::FileSource::Path(data),
+    )])
+    .unwrap();
+    let big = layer::build(
+        &store,
+        &contents,
+        &BuildOptions::new(EPOCH, Compression::None),
+    )
+    .unwrap();
+    let image = Image::new(EPOCH).with_layer(big, "big").with_label(
+        "io.cudastack.test",
+        &format!("{label}-{}", std::process::id()),
+    );
+    let dir = work.path().join("big");
+    layout::write(&image, &dir, "latest").unwrap();
+    let id = image.documents().unwrap().config.digest;
+    let _big = Cleanup {
+        image: id,
+        test_label: label.into(),
+    };
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "interrupted_load_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("CUDASTACK_ENGINE_CHILD_IMAGE", small.image.to_string())
+        .env("CUDASTACK_ENGINE_CHILD_LAYOUT", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::BufRead;
+    while !line.contains("loading") {
+        line.clear();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            let _ = child.kill();
+            panic!("the child ended before loading");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    run_ok(Command::new("kill").args(["-TERM", &child.id().to_string()]));
+    let mut said = String::new();
+    while !line.contains("waiting") {
+        line.clear();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        said.push_str(&line);
+    }
+    assert!(said.contains("child: interrupted by SIGTERM"), "{said}");
+    assert!(
+        !rt.block_on(engine.image_exists(&id.to_string())).unwrap(),
+        "the interrupted load left {id}"
+    );
+    run_ok(Command::new("kill").args(["-TERM", &child.id().to_string()]));
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert_eq!(status.code(), Some(143), "{status}: {rest}");
+    // The daemon may still be reading the cut-off upload; it must end with nothing.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !rt.block_on(engine.image_exists(&id.to_string())).unwrap(),
+        "the interrupted load left {id}"
+    );
 }

@@ -142,9 +142,14 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
     // Both run the image of this host's platform; an image index is pushed whole.
     let verified = match (&report.host_ref, args.no_verify) {
         (_, true) => None,
-        (Some(host_ref), false) => {
-            super::verify::after_build(&report.layout, host_ref, policy, printer, &runtime)?
-        }
+        (Some(host_ref), false) => super::verify::after_build(
+            &report.layout,
+            host_ref,
+            policy,
+            &cache_root,
+            printer,
+            &runtime,
+        )?,
         (None, false) => {
             printer.status(format!(
                 "verify  skipped: this build has no image for this host ({}); verify it on a {} machine",

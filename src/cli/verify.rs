@@ -38,6 +38,13 @@ pub struct VerifyArgs {
     /// Stop the probe after this many seconds.
     #[arg(long, default_value_t = 1800)]
     pub timeout: u64,
+    /// Run the probe even when the verification cache holds a report for this image,
+    /// probe and host.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Cache directory (its `verify/` holds reports by image, probe and host).
+    #[arg(long, env = "CUDASTACK_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
     /// Run the probe with this host's Python instead of a container (a GPU machine without
     /// Docker); proves the host's PyTorch stack, records nothing on an image.
     #[arg(long, conflicts_with = "from_log")]
@@ -99,7 +106,12 @@ pub fn parse_gpus(text: &str) -> Result<Option<GpuRequest>, String> {
 
 pub fn run(args: VerifyArgs, printer: &Printer) -> CommandResult {
     if args.native {
-        let (report, _) = verify_native(&args.python, args.level, args.expect.as_deref())?;
+        let (report, _) = verify_native(
+            &args.python,
+            args.level,
+            args.expect.as_deref(),
+            args.require_gpu,
+        )?;
         return finish(&report, None, None, printer);
     }
     let Some(image) = &args.image else {
@@ -144,6 +156,11 @@ pub fn run(args: VerifyArgs, printer: &Printer) -> CommandResult {
         gpus,
         level: args.level,
         timeout: Duration::from_secs(args.timeout),
+        cache: (!args.no_cache).then(|| {
+            args.cache_dir
+                .clone()
+                .unwrap_or_else(cudastack::cas::default_cache_root)
+        }),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -159,12 +176,36 @@ pub fn run(args: VerifyArgs, printer: &Printer) -> CommandResult {
             .await
             .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
     })?;
+    print_housekeeping(&outcome, printer);
     finish(
         &outcome.report,
         Some(&outcome.recorded),
-        Some(&outcome.load),
+        outcome.load.as_ref(),
         printer,
     )
+}
+
+/// On stderr: the orphaned containers removed, and a cached report used instead of a run.
+fn print_housekeeping(outcome: &cudastack::verify::runner::VerifyOutcome, printer: &Printer) {
+    for reaped in &outcome.reaped {
+        printer.status(format!(
+            "removed container {} ({}) left behind: {}",
+            &reaped.id[..reaped.id.len().min(12)],
+            reaped.image,
+            reaped.reason
+        ));
+    }
+    if let Some(date) = &outcome.cached {
+        let digest = outcome
+            .report
+            .image
+            .as_ref()
+            .and_then(|image| image.manifest_digest.as_deref())
+            .unwrap_or("the image");
+        printer.status(format!(
+            "verification: cached report of {date} for {digest}"
+        ));
+    }
 }
 
 /// Print a cluster job that runs the probe on the image pinned by digest.
@@ -258,6 +299,7 @@ pub fn after_build(
     layout: &std::path::Path,
     ref_name: &str,
     policy: cudastack::recipe::GpuPolicy,
+    cache_root: &std::path::Path,
     printer: &Printer,
     runtime: &tokio::runtime::Runtime,
 ) -> Result<
@@ -290,9 +332,11 @@ pub fn after_build(
     ));
     let settings = VerifySettings {
         gpus,
+        cache: Some(cache_root.to_path_buf()),
         ..VerifySettings::default()
     };
     let outcome = runtime.block_on(verify_layout(&engine, layout, ref_name, &settings))?;
+    print_housekeeping(&outcome, printer);
     if !printer.quiet {
         eprint!("{}", outcome.report.render());
         if let Some(note) = outcome.report.runner.as_ref().and_then(|r| r.note.as_ref()) {

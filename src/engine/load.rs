@@ -8,9 +8,22 @@
 //! there and only the tags need setting (a sub-second path, whatever the image's size).
 //! Docker 20.10 answers a load only after reading the whole upload, so the load request
 //! runs without bollard's 120 s timeout (CRATES.md pitfall 3).
+//!
+//! A load is all or nothing (issue 16). The tags are checked against the daemon's own
+//! grammar before anything is sent ([`super::split_tag`]): Docker creates the image before
+//! it parses the archive's RepoTags, so a tag it refuses used to leave the image untagged.
+//! Any failure after the upload began removes the image if it was not there before (the
+//! daemon names it only by ID then). SIGINT, SIGTERM or SIGHUP during a load end the
+//! upload early (the daemon rejects a truncated tar before creating anything), wait for
+//! the daemon's answer (it may have had the whole upload already and created the image)
+//! and remove what it created: the load returns [`EngineError::Interrupted`]. Only
+//! SIGKILL after the whole upload was sent can leave the image, and then with its tags
+//! (the archive's RepoTags make the daemon create and tag it in one step).
 
 use std::io::{self, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bollard::query_parameters::{ImportImageOptions, RemoveImageOptions, TagImageOptions};
@@ -79,10 +92,21 @@ impl Engine {
         tags: &[String],
         origin: &str,
     ) -> Result<LoadReport, EngineError> {
-        let started = Instant::now();
         for tag in tags {
             split_tag(tag)?;
         }
+        self.load_checked(image, tags, origin).await
+    }
+
+    /// [`Self::load_image`] once the tags are checked (a test feeds it tags the daemon
+    /// refuses, to prove that a load failing inside the daemon leaves nothing).
+    async fn load_checked(
+        &self,
+        image: &Image,
+        tags: &[String],
+        origin: &str,
+    ) -> Result<LoadReport, EngineError> {
+        let started = Instant::now();
         let documents = image.documents()?;
         let image_id = documents.config.digest;
         let manifest_digest = documents.manifest.digest;
@@ -102,6 +126,38 @@ impl Engine {
             }
             return Ok(report(true, 0, layers));
         }
+        match self.upload(image, tags, origin).await {
+            Ok((bytes, layers_present)) => Ok(report(false, bytes, layers_present)),
+            Err(error) => {
+                // The image was not in the daemon before: whatever of it is now is ours.
+                self.remove_loaded(&image_id, &manifest_digest).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Remove what a failed load left: the image by ID (with any tag it got), under
+    /// either name the daemon may know it by. Best effort: the load's error is the one
+    /// to report.
+    async fn remove_loaded(&self, config: &Digest, manifest: &Digest) {
+        for reference in [config.to_string(), manifest.to_string()] {
+            if let Err(error) = self.remove_image(&reference).await {
+                tracing::warn!("a failed load left {reference} in the daemon: {error}");
+            }
+        }
+    }
+
+    /// Stream `image` to the daemon and tag it: the bytes sent and the leading layers
+    /// that were already there. Tags must have been checked.
+    async fn upload(
+        &self,
+        image: &Image,
+        tags: &[String],
+        origin: &str,
+    ) -> Result<(u64, usize), EngineError> {
+        let documents = image.documents()?;
+        let image_id = documents.config.digest;
+        let manifest_digest = documents.manifest.digest;
         let layers_present = self.present_layer_prefix(image).await?;
 
         let (sender, receiver) = mpsc::channel::<io::Result<Bytes>>(CHUNKS_IN_FLIGHT);
@@ -126,18 +182,46 @@ impl Engine {
             }
             result
         });
-        let body = futures_util::stream::unfold(receiver, |mut receiver| async move {
-            receiver.recv().await.map(|item| (item, receiver))
+        // Set on SIGINT/SIGTERM/SIGHUP: the body ends in an error, so the daemon gets a
+        // truncated upload and creates nothing.
+        let abort = Arc::new(AtomicBool::new(false));
+        let body_abort = abort.clone();
+        let body = futures_util::stream::unfold(receiver, move |mut receiver| {
+            let abort = body_abort.clone();
+            async move {
+                let item = receiver.recv().await?;
+                if abort.load(Ordering::SeqCst) {
+                    let error =
+                        io::Error::new(io::ErrorKind::Interrupted, "the load was interrupted");
+                    return Some((Err(error), receiver));
+                }
+                Some((item, receiver))
+            }
         });
         let docker = self.with_timeout(LOAD_TIMEOUT);
         let options = ImportImageOptions {
             quiet: true,
             ..Default::default()
         };
+        // A signal no longer ends the process mid-load: the load ends the upload and waits
+        // for the daemon's answer (which comes after it created the image, if the whole
+        // upload was already sent), so that the caller removes whatever it created.
+        let mut signals = super::run::Signals::listen();
+        let _active = super::run::ActiveRun::enter();
+        let mut interrupted = None;
         let mut responses = Box::pin(docker.import_image_stream(options, body, None));
         let mut messages = Vec::new();
         let mut failure = None;
-        while let Some(item) = responses.next().await {
+        loop {
+            let item = tokio::select! {
+                item = responses.next() => item,
+                signal = signals.recv(), if interrupted.is_none() => {
+                    interrupted = Some(signal);
+                    abort.store(true, Ordering::SeqCst);
+                    continue;
+                }
+            };
+            let Some(item) = item else { break };
             match item {
                 Ok(info) => {
                     if let Some(error) = info.error_detail.and_then(|d| d.message) {
@@ -155,6 +239,9 @@ impl Engine {
         }
         drop(responses);
         let written = writer.join().expect("the archive writer does not panic");
+        if let Some(signal) = interrupted {
+            return Err(EngineError::Interrupted { signal });
+        }
         let load_failed = |message| EngineError::LoadFailed {
             layout: origin.to_string(),
             message,
@@ -184,7 +271,7 @@ impl Engine {
         for tag in tags {
             self.tag(&present, tag).await?;
         }
-        Ok(report(false, bytes, layers_present))
+        Ok((bytes, layers_present))
     }
 
     /// How the daemon names the image, if it has it: the classic image store's ID is the
@@ -234,6 +321,12 @@ impl Engine {
             }
         }
         Ok(best)
+    }
+
+    /// Whether the daemon has the image with config `config` and manifest `manifest`,
+    /// under either name (see [`Self::present_as`]).
+    pub async fn has_image(&self, config: &Digest, manifest: &Digest) -> Result<bool, EngineError> {
+        Ok(self.present_as(config, manifest).await?.is_some())
     }
 
     async fn present_as(
@@ -447,5 +540,61 @@ mod tests {
         drop(receiver);
         let error = writer.write_all(&data).unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    /// Issue 16: Docker creates the image, then parses the archive's RepoTags; a tag it
+    /// refuses failed the load and left the image untagged in the daemon. Past the tag
+    /// check (which refuses such tags up front), a load that fails inside the daemon must
+    /// still leave nothing. Needs a Docker daemon; says why it skips otherwise.
+    #[tokio::test]
+    async fn a_load_the_daemon_fails_after_creating_the_image_leaves_nothing() {
+        use crate::layer::{self, BuildOptions, Compression, Entry, LayerContents, LayerPath};
+        let Ok(engine) = Engine::connect().await else {
+            eprintln!("skipping: no Docker daemon");
+            return;
+        };
+        let work = tempfile::tempdir().unwrap();
+        let store = crate::cas::BlobStore::open(work.path().join("store")).unwrap();
+        let marker = format!(
+            "load-rollback {} {:?}\n",
+            std::process::id(),
+            Instant::now()
+        );
+        let contents = LayerContents::from_entries([Entry::file_bytes(
+            LayerPath::parse("etc/marker").unwrap(),
+            0o644,
+            marker.into_bytes(),
+        )])
+        .unwrap();
+        let layer = layer::build(
+            &store,
+            &contents,
+            &BuildOptions::new(1_700_000_000, Compression::None),
+        )
+        .unwrap();
+        let image = Image::new(1_700_000_000).with_layer(layer, "marker");
+        let id = image.documents().unwrap().config.digest;
+        let pid = std::process::id();
+        let tags = vec![
+            format!("cudastack-test/rollback:{pid}-ok"),
+            format!("cudastack-test/Rollback:{pid}"),
+        ];
+        // The public path refuses the tag before sending anything.
+        let error = engine.load_image(&image, &tags, "test").await.unwrap_err();
+        assert!(matches!(error, EngineError::InvalidTag { .. }), "{error}");
+        assert!(!engine.image_exists(&id.to_string()).await.unwrap());
+
+        let error = engine
+            .load_checked(&image, &tags, "test")
+            .await
+            .unwrap_err();
+        let text = error.to_string();
+        eprintln!("{text}");
+        assert!(matches!(error, EngineError::LoadFailed { .. }), "{text}");
+        let left = engine.image_exists(&id.to_string()).await.unwrap();
+        let tagged = engine.image_exists(&tags[0]).await.unwrap();
+        let _ = engine.remove_image(&id.to_string()).await;
+        assert!(!left, "the failed load left {id} in the daemon");
+        assert!(!tagged, "the failed load left the tag {}", tags[0]);
     }
 }

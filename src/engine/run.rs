@@ -9,21 +9,35 @@
 //! [`EngineError::GpuUnavailable`] with what to install.
 //!
 //! Every container is labelled `io.cudastack.run=<pid>` and removed on every path: after
-//! a normal exit, on timeout (killed first), on any error, on Ctrl-C, and (best effort, by
-//! a spawned task) when the caller drops the future. Listening for Ctrl-C replaces the
-//! process's default SIGINT action for the rest of its life (a tokio property), so the
-//! run returns [`EngineError::Interrupted`] and the caller exits.
+//! a normal exit, on timeout (killed first), on any error, on SIGINT, SIGTERM or SIGHUP
+//! (a CI runner cancels a job with SIGTERM: issue 16), and (best effort, by a spawned
+//! task) when the caller drops the future. The run then returns
+//! [`EngineError::Interrupted`] and the caller exits. Listening for a signal replaces the
+//! process's default action for the rest of its life (a tokio property), so a watcher
+//! restores it: a signal that arrives while no run is in flight exits the process with
+//! 128 + the signal's number, as the default action would have ended it.
+//!
+//! Nothing can clean up after SIGKILL (or a power cut), so each container also carries
+//! who started it and until when ([`RunOwner`], `io.cudastack.run.owner` and
+//! `io.cudastack.run.deadline`), and [`Engine::reap_orphans`] (called by every verify)
+//! removes the containers whose run is provably dead: the same boot and PID namespace
+//! with that pid gone or reused (its start time differs), or any run past its deadline
+//! (the run would have killed the container by then). A live run, a run in another
+//! PID namespace or on another host before its deadline, or a container an older
+//! cudastack started without these labels is never touched.
 
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bollard::container::LogOutput;
 use bollard::errors::Error as BollardError;
 use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
 use bollard::query_parameters::{
-    DownloadFromContainerOptions, KillContainerOptions, LogsOptions, RemoveContainerOptions,
+    DownloadFromContainerOptions, KillContainerOptions, ListContainersOptions, LogsOptions,
+    RemoveContainerOptions,
 };
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -32,6 +46,154 @@ use super::{message_of, status_of, Engine, EngineError};
 
 /// The label every container started by cudastack carries; its value is the pid.
 pub const RUN_LABEL: &str = "io.cudastack.run";
+/// Who started the container: [`RunOwner`] as text (boot, PID namespace, pid, start time).
+pub const OWNER_LABEL: &str = "io.cudastack.run.owner";
+/// Unix time (seconds) after which the run that started the container would have killed
+/// it: a container still there later is an orphan, wherever its run was.
+pub const DEADLINE_LABEL: &str = "io.cudastack.run.deadline";
+/// Added to a run's timeout for its deadline: the wait, log and copy-out after the kill,
+/// and clock skew between the host of the run and the daemon's.
+const DEADLINE_GRACE: Duration = Duration::from_secs(600);
+
+/// The process that started a container, precisely enough to tell whether it still runs:
+/// a pid alone is not (pids are reused, and another PID namespace or host has its own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOwner {
+    /// `/proc/sys/kernel/random/boot_id`: this boot of this kernel.
+    pub boot_id: String,
+    /// The PID namespace (`/proc/self/ns/pid`, e.g. `pid:[4026531836]`): pids mean
+    /// something only inside it (a CI job in a container has its own).
+    pub pid_namespace: String,
+    pub pid: u32,
+    /// Field 22 of `/proc/PID/stat`: start time in clock ticks since boot, which differs
+    /// when the pid has been reused.
+    pub start_ticks: u64,
+}
+
+/// Whether a container's run still exists, as far as this process can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    Alive,
+    Dead,
+    /// Another boot, PID namespace or host, or /proc would not say: left alone.
+    Unknown,
+}
+
+impl RunOwner {
+    /// This process, or `None` where /proc does not tell (not Linux).
+    pub fn current() -> Option<Self> {
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let pid_namespace = std::fs::read_link("/proc/self/ns/pid").ok()?;
+        let pid = std::process::id();
+        Some(Self {
+            boot_id: boot_id.trim().to_string(),
+            pid_namespace: pid_namespace.to_string_lossy().into_owned(),
+            pid,
+            start_ticks: start_ticks(pid).ok()??,
+        })
+    }
+
+    /// The label value: `BOOT_ID/PID_NAMESPACE/PID/START_TICKS`.
+    pub fn to_label(&self) -> String {
+        format!(
+            "{}/{}/{}/{}",
+            self.boot_id, self.pid_namespace, self.pid, self.start_ticks
+        )
+    }
+
+    /// Parse a label value; `None` for anything else (never trusted to mean "dead").
+    pub fn parse(label: &str) -> Option<Self> {
+        let mut parts = label.rsplitn(3, '/');
+        let start_ticks = parts.next()?.parse().ok()?;
+        let pid = parts.next()?.parse().ok()?;
+        let (boot_id, pid_namespace) = parts.next()?.split_once('/')?;
+        if boot_id.is_empty() || pid_namespace.is_empty() || pid_namespace.contains('/') {
+            return None;
+        }
+        Some(Self {
+            boot_id: boot_id.to_string(),
+            pid_namespace: pid_namespace.to_string(),
+            pid,
+            start_ticks,
+        })
+    }
+
+    /// Whether this owner still runs, seen from `observer` (this process).
+    pub fn liveness(&self, observer: &RunOwner) -> Liveness {
+        if self.boot_id != observer.boot_id || self.pid_namespace != observer.pid_namespace {
+            return Liveness::Unknown;
+        }
+        match start_ticks(self.pid) {
+            Ok(None) => Liveness::Dead,
+            Ok(Some(ticks)) if ticks != self.start_ticks => Liveness::Dead,
+            Ok(Some(_)) => Liveness::Alive,
+            Err(_) => Liveness::Unknown,
+        }
+    }
+}
+
+/// The start time of `pid` (`Ok(None)`: no such process, or a zombie: it has exited and
+/// only waits for its parent to collect the status).
+fn start_ticks(pid: u32) -> std::io::Result<Option<u64>> {
+    let text = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(error),
+    };
+    // `pid (comm) state ppid ...`: comm may hold spaces and parentheses, so count the
+    // fields after the last `)`; starttime is field 22, the 20th after comm.
+    let after = text
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| std::io::Error::other(format!("unexpected /proc/{pid}/stat")))?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return Ok(None);
+    }
+    fields
+        .get(19)
+        .and_then(|field| field.parse().ok())
+        .map(Some)
+        .ok_or_else(|| std::io::Error::other(format!("no start time in /proc/{pid}/stat")))
+}
+
+/// A container [`Engine::reap_orphans`] removed, and why.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Reaped {
+    pub id: String,
+    pub image: String,
+    pub reason: String,
+}
+
+/// Why the container with these labels is an orphan, or `None` to leave it.
+fn orphan_reason(
+    labels: &HashMap<String, String>,
+    observer: Option<&RunOwner>,
+    now: u64,
+) -> Option<String> {
+    if let (Some(owner), Some(observer)) = (
+        labels.get(OWNER_LABEL).and_then(|l| RunOwner::parse(l)),
+        observer,
+    ) {
+        match owner.liveness(observer) {
+            Liveness::Alive => return None,
+            Liveness::Dead => {
+                return Some(format!(
+                    "the cudastack run that started it (pid {}) is gone",
+                    owner.pid
+                ))
+            }
+            Liveness::Unknown => {}
+        }
+    }
+    let deadline: u64 = labels.get(DEADLINE_LABEL)?.parse().ok()?;
+    (now > deadline).then(|| {
+        format!(
+            "it outlived its run's deadline by {} s",
+            now.saturating_sub(deadline)
+        )
+    })
+}
 
 /// Which GPUs the container gets.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -153,6 +315,11 @@ impl Engine {
             || (spec.gpus != GpuRequest::None && self.info().await?.nvidia_runtime);
         let mut labels: HashMap<String, String> = spec.labels.iter().cloned().collect();
         labels.insert(RUN_LABEL.to_string(), std::process::id().to_string());
+        if let Some(owner) = RunOwner::current() {
+            labels.insert(OWNER_LABEL.to_string(), owner.to_label());
+        }
+        let deadline = unix_now() + (spec.timeout + DEADLINE_GRACE).as_secs();
+        labels.insert(DEADLINE_LABEL.to_string(), deadline.to_string());
         let host_config = HostConfig {
             binds: (!spec.binds.is_empty()).then(|| {
                 spec.binds
@@ -178,6 +345,9 @@ impl Engine {
             host_config: Some(host_config),
             ..Default::default()
         };
+        // Listen before the container exists, so no signal falls between create and select.
+        let mut signals = Signals::listen();
+        let _active = ActiveRun::enter();
         let created = self
             .docker
             .create_container(None, body)
@@ -190,7 +360,7 @@ impl Engine {
         };
         let result = tokio::select! {
             result = self.drive(&id, spec) => result,
-            () = ctrl_c() => Err(EngineError::Interrupted),
+            signal = signals.recv() => Err(EngineError::Interrupted { signal }),
         };
         let removed = remove_container(&self.docker, &id).await;
         guard.id = None;
@@ -346,10 +516,154 @@ impl Engine {
     }
 }
 
-/// Resolves on Ctrl-C; never, when the runtime cannot listen for signals.
-async fn ctrl_c() {
-    if tokio::signal::ctrl_c().await.is_err() {
-        std::future::pending::<()>().await;
+impl Engine {
+    /// Remove the containers that cudastack runs left behind and that are provably
+    /// orphans (see the module docs): their run is dead, or past its deadline. Containers
+    /// of live runs, of runs this process cannot see, or without the labels stay.
+    pub async fn reap_orphans(&self) -> Result<Vec<Reaped>, EngineError> {
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([(
+                "label".to_string(),
+                vec![RUN_LABEL.to_string()],
+            )])),
+            ..Default::default()
+        };
+        let containers = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|source| EngineError::Api {
+                what: "listing cudastack's containers".to_string(),
+                source,
+            })?;
+        let observer = RunOwner::current();
+        let now = unix_now();
+        let mut reaped = Vec::new();
+        for container in containers {
+            let (Some(id), Some(labels)) = (container.id, container.labels) else {
+                continue;
+            };
+            let Some(reason) = orphan_reason(&labels, observer.as_ref(), now) else {
+                continue;
+            };
+            remove_container(&self.docker, &id)
+                .await
+                .map_err(|source| EngineError::Api {
+                    what: format!("removing the orphaned container {id} ({reason})"),
+                    source,
+                })?;
+            reaped.push(Reaped {
+                id,
+                image: container.image.unwrap_or_default(),
+                reason,
+            });
+        }
+        Ok(reaped)
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Runs and loads in flight in this process; a signal with none in flight takes the
+/// default path.
+static ACTIVE_RUNS: AtomicUsize = AtomicUsize::new(0);
+/// Whether a [`default_action_watcher`] is alive (it dies with its runtime).
+static WATCHER_ALIVE: AtomicBool = AtomicBool::new(false);
+
+pub(super) struct ActiveRun;
+
+impl ActiveRun {
+    pub(super) fn enter() -> Self {
+        ACTIVE_RUNS.fetch_add(1, Ordering::SeqCst);
+        Self
+    }
+}
+
+impl Drop for ActiveRun {
+    fn drop(&mut self) {
+        ACTIVE_RUNS.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The signals that end a run: SIGINT (Ctrl-C), SIGTERM (CI cancel, `docker stop`,
+/// systemd, `timeout`), SIGHUP (the terminal closed).
+pub(super) struct Signals {
+    streams: Vec<(&'static str, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    const LIST: [(&'static str, i32); 3] = [("SIGINT", 2), ("SIGTERM", 15), ("SIGHUP", 1)];
+
+    /// Start listening (a signal that cannot be listened for is simply not handled).
+    pub(super) fn listen() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        let streams = Self::LIST
+            .iter()
+            .filter_map(|(name, number)| {
+                signal(SignalKind::from_raw(*number))
+                    .ok()
+                    .map(|s| (*name, s))
+            })
+            .collect();
+        if !WATCHER_ALIVE.swap(true, Ordering::SeqCst) {
+            tokio::spawn(default_action_watcher());
+        }
+        Self { streams }
+    }
+
+    /// The name of the first signal received; never resolves when listening failed.
+    pub(super) async fn recv(&mut self) -> &'static str {
+        if self.streams.is_empty() {
+            return std::future::pending().await;
+        }
+        let waits = self.streams.iter_mut().map(|(name, stream)| {
+            Box::pin(async move {
+                stream.recv().await;
+                *name
+            })
+        });
+        futures_util::future::select_all(waits).await.0
+    }
+}
+
+/// Once a handler is installed the default action of these signals is gone for the
+/// process's life: this restores its effect when no run is in flight (exit status 128 +
+/// the signal's number, as a shell reports a process the signal ended), so a SIGTERM
+/// during a later load or push still ends the process.
+async fn default_action_watcher() {
+    struct Alive;
+    impl Drop for Alive {
+        fn drop(&mut self) {
+            WATCHER_ALIVE.store(false, Ordering::SeqCst);
+        }
+    }
+    let _alive = Alive;
+    let mut signals = Signals {
+        streams: Vec::new(),
+    };
+    for (name, number) in Signals::LIST {
+        if let Ok(stream) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(number))
+        {
+            signals.streams.push((name, stream));
+        }
+    }
+    loop {
+        let name = signals.recv().await;
+        // A run in flight handles it itself (removes its container, and its caller exits).
+        if ACTIVE_RUNS.load(Ordering::SeqCst) == 0 {
+            let number = Signals::LIST
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(15, |(_, number)| *number);
+            eprintln!("cudastack: {name} received, exiting");
+            std::process::exit(128 + number);
+        }
     }
 }
 
@@ -385,6 +699,123 @@ async fn remove_container(docker: &Docker, id: &str) -> Result<(), BollardError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn labels(owner: Option<&RunOwner>, deadline: Option<u64>) -> HashMap<String, String> {
+        let mut labels = HashMap::from([(RUN_LABEL.to_string(), "1".to_string())]);
+        if let Some(owner) = owner {
+            labels.insert(OWNER_LABEL.to_string(), owner.to_label());
+        }
+        if let Some(deadline) = deadline {
+            labels.insert(DEADLINE_LABEL.to_string(), deadline.to_string());
+        }
+        labels
+    }
+
+    #[test]
+    fn the_owner_label_round_trips_and_junk_is_not_an_owner() {
+        let me = RunOwner::current().expect("Linux has /proc");
+        assert_eq!(me.pid, std::process::id());
+        assert_eq!(RunOwner::parse(&me.to_label()), Some(me.clone()));
+        for junk in [
+            "",
+            "1",
+            "a/b/c",
+            "boot/ns/x/1",
+            "boot/ns/1/x",
+            "/ns/1/2",
+            "b/a/b/1/2",
+        ] {
+            assert_eq!(RunOwner::parse(junk), None, "{junk}");
+        }
+    }
+
+    /// Issue 16: reaping must only remove containers whose run is dead; a concurrent
+    /// live run on the same host keeps its container.
+    #[test]
+    fn only_provably_dead_runs_are_orphans() {
+        let me = RunOwner::current().unwrap();
+        let now = unix_now();
+        let later = now + 3600;
+        // This process: alive, so never an orphan, not even past its deadline.
+        assert_eq!(me.liveness(&me), Liveness::Alive);
+        assert_eq!(
+            orphan_reason(&labels(Some(&me), Some(later)), Some(&me), now),
+            None
+        );
+        assert_eq!(
+            orphan_reason(&labels(Some(&me), Some(now - 5)), Some(&me), now),
+            None
+        );
+        // A process that has exited: first a zombie (killed, its status not collected
+        // yet), then gone.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let gone = RunOwner {
+            pid: child.id(),
+            start_ticks: start_ticks(child.id()).unwrap().unwrap(),
+            ..me.clone()
+        };
+        assert_eq!(gone.liveness(&me), Liveness::Alive);
+        child.kill().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while gone.liveness(&me) != Liveness::Dead && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(gone.liveness(&me), Liveness::Dead, "a zombie is dead");
+        child.wait().unwrap();
+        assert_eq!(gone.liveness(&me), Liveness::Dead);
+        let reason = orphan_reason(&labels(Some(&gone), Some(later)), Some(&me), now).unwrap();
+        assert!(reason.contains(&format!("pid {}", gone.pid)), "{reason}");
+        // A live pid that started at another time: reused, so the run is dead.
+        let reused = RunOwner {
+            start_ticks: me.start_ticks + 1,
+            ..me.clone()
+        };
+        assert_eq!(reused.liveness(&me), Liveness::Dead);
+        // Another PID namespace or boot: not ours to judge, until the deadline.
+        for stranger in [
+            RunOwner {
+                pid_namespace: "pid:[1]".into(),
+                pid: gone.pid,
+                ..me.clone()
+            },
+            RunOwner {
+                boot_id: "another-boot".into(),
+                pid: gone.pid,
+                ..me.clone()
+            },
+        ] {
+            assert_eq!(stranger.liveness(&me), Liveness::Unknown);
+            assert_eq!(
+                orphan_reason(&labels(Some(&stranger), Some(later)), Some(&me), now),
+                None
+            );
+            let reason =
+                orphan_reason(&labels(Some(&stranger), Some(now - 5)), Some(&me), now).unwrap();
+            assert!(reason.contains("deadline by 5 s"), "{reason}");
+        }
+        // No labels but the pid (an older cudastack): left alone.
+        assert_eq!(orphan_reason(&labels(None, None), Some(&me), now), None);
+        // An unreadable deadline is no deadline.
+        let mut odd = labels(None, None);
+        odd.insert(DEADLINE_LABEL.into(), "soon".into());
+        assert_eq!(orphan_reason(&odd, Some(&me), now), None);
+    }
+
+    #[test]
+    fn start_ticks_survive_a_process_name_with_spaces_and_parentheses() {
+        let dir = tempfile::tempdir().unwrap();
+        let odd = dir.path().join("a b) (c");
+        std::fs::copy("/bin/sleep", &odd).unwrap();
+        let mut child = std::process::Command::new(&odd).arg("5").spawn().unwrap();
+        let ticks = start_ticks(child.id()).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        let mine = start_ticks(std::process::id()).unwrap().unwrap();
+        assert!(ticks.unwrap() >= mine);
+    }
 
     #[test]
     fn gpu_requests_become_device_requests() {

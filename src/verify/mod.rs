@@ -19,6 +19,7 @@
 //! few tens of KiB in the small config layer, and a probe change rebuilds only that layer.
 //! The report schema is documented in docs/verify.md.
 
+pub mod cache;
 pub mod check;
 pub mod expect;
 pub mod glibc;

@@ -1,17 +1,24 @@
 //! Running the probe: in a container through the Docker Engine API (GPUs through
 //! DeviceRequests and the `nvidia` runtime when the daemon has it), or natively with the
 //! host's Python (a GPU machine without Docker).
+//!
+//! Every container verify starts first reaps the containers dead runs left
+//! ([`Engine::reap_orphans`]); a report already in the verification cache for this image,
+//! probe and host ([`super::cache`]) is recorded again without loading or running
+//! anything. A GPU asked for as required is a claim about what the probe saw: a report
+//! naming no GPU fails it, whichever runner produced it ([`require_gpu_seen`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
 
+use super::cache::{CacheKey, HostFacts, VerifyCache};
 use super::record::{record_in_layout, RecordError, Recorded};
-use super::report::{ImageFacts, Level, Report, ReportError, RunnerFacts};
+use super::report::{ImageFacts, Level, Report, ReportError, RunnerFacts, Status};
 use super::{probe_command, PROBE_SOURCE};
 use crate::engine::load::layout_tags;
-use crate::engine::run::{GpuRequest, RunSpec};
+use crate::engine::run::{GpuRequest, Reaped, RunSpec};
 use crate::engine::{Engine, EngineError, LoadReport};
 use crate::oci::layout;
 
@@ -32,7 +39,7 @@ pub enum VerifyError {
     },
     #[error("the probe in `{image}` ran past {seconds} s and was stopped")]
     TimedOut { image: String, seconds: u64 },
-    #[error("verification needs a GPU (verify.gpu: required) but {reason}\n  hint: run on a host with an NVIDIA GPU, the driver and the NVIDIA Container Toolkit, or set verify.gpu: auto to accept the static level")]
+    #[error("verification needs a GPU (--require-gpu, or verify.gpu: required) but {reason}\n  hint: run on a host with an NVIDIA GPU, its driver and (for containers) the NVIDIA Container Toolkit; or accept the static level: drop --require-gpu, or set verify.gpu: auto")]
     NoGpu { reason: String },
     #[error("running `{command}` failed: {source}")]
     Native {
@@ -58,6 +65,9 @@ pub struct VerifySettings {
     pub gpus: GpuChoice,
     pub level: Level,
     pub timeout: Duration,
+    /// The cache root whose `verify/` holds reports by image, probe and host; `None`
+    /// always runs the probe.
+    pub cache: Option<PathBuf>,
 }
 
 impl Default for VerifySettings {
@@ -66,6 +76,7 @@ impl Default for VerifySettings {
             gpus: GpuChoice::Auto,
             level: Level::Train,
             timeout: Duration::from_secs(1800),
+            cache: None,
         }
     }
 }
@@ -74,9 +85,34 @@ impl Default for VerifySettings {
 pub struct VerifyOutcome {
     pub report: Report,
     pub recorded: Recorded,
-    pub load: LoadReport,
+    /// The load into the daemon; `None` when the report came from the cache.
+    pub load: Option<LoadReport>,
     pub exit_code: i64,
     pub seconds: f64,
+    /// The date of the cached report used instead of running the probe.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached: Option<String>,
+    /// Containers of dead runs removed before this one started.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reaped: Vec<Reaped>,
+}
+
+/// Fail unless the report saw a GPU: `--require-gpu` (or `verify.gpu: required`) asks
+/// for a verification on a GPU, and a report without one proves only the static level,
+/// whatever was requested of the daemon or found in /dev.
+pub fn require_gpu_seen(report: &Report) -> Result<(), VerifyError> {
+    if !report.gpus.is_empty() {
+        return Ok(());
+    }
+    let why = report
+        .checks
+        .iter()
+        .find(|c| c.status == Status::Skip && c.level.needs_gpu())
+        .map(|c| format!(": {} skipped: {}", c.id, c.detail))
+        .unwrap_or_default();
+    Err(VerifyError::NoGpu {
+        reason: format!("the probe saw no GPU{why}"),
+    })
 }
 
 /// Whether this host looks able to give a container a GPU: the daemon has the nvidia
@@ -105,6 +141,7 @@ pub async fn verify_layout(
 ) -> Result<VerifyOutcome, VerifyError> {
     let started = std::time::Instant::now();
     let info = engine.info().await?;
+    let reaped = engine.reap_orphans().await?;
     let (gpus, note) = match &settings.gpus {
         GpuChoice::Exactly(request) => (request.clone(), None),
         GpuChoice::Required(request) => {
@@ -120,9 +157,44 @@ pub async fn verify_layout(
         },
     };
     let resolved = layout::resolve(dir, ref_name)?;
+    let location = format!("oci:{}:{ref_name}", dir.display());
+    let image_facts = ImageFacts {
+        reference: location.clone(),
+        manifest_digest: Some(resolved.manifest_digest.to_string()),
+        config_digest: Some(resolved.config_digest.to_string()),
+    };
+    let cache = settings.cache.as_deref().map(|root| {
+        (
+            VerifyCache::new(root),
+            CacheKey::new(
+                &resolved.manifest_digest,
+                settings.level,
+                &describe(&gpus),
+                HostFacts::read(&info),
+            ),
+        )
+    });
+    if let Some(mut report) = cache.as_ref().and_then(|(cache, key)| cache.get(key)) {
+        // The same image may live in another layout now: the report names this one.
+        report.image = Some(image_facts);
+        let recorded = record_in_layout(dir, ref_name, &report)?;
+        if matches!(settings.gpus, GpuChoice::Required(_)) {
+            require_gpu_seen(&report)?;
+        }
+        return Ok(VerifyOutcome {
+            cached: Some(report.started.clone()),
+            report,
+            recorded,
+            load: None,
+            exit_code: 0,
+            seconds: started.elapsed().as_secs_f64(),
+            reaped,
+        });
+    }
     let tags = layout_tags(dir, ref_name)?;
+    // By config or manifest digest: the containerd image store names images by the latter.
     let was_present = engine
-        .image_exists(&resolved.config_digest.to_string())
+        .has_image(&resolved.config_digest, &resolved.manifest_digest)
         .await?;
     let load = engine.load_layout(dir, ref_name, &tags).await?;
     let image = load.image_id.to_string();
@@ -141,7 +213,6 @@ pub async fn verify_layout(
         let _ = engine.remove_image(&image).await;
     }
     let outcome = outcome?;
-    let location = format!("oci:{}:{ref_name}", dir.display());
     if outcome.timed_out {
         return Err(VerifyError::TimedOut {
             image: location,
@@ -156,11 +227,7 @@ pub async fn verify_layout(
                 source: with_stderr(source, &outcome.stderr),
             }
         })?;
-    report.image = Some(ImageFacts {
-        reference: location,
-        manifest_digest: Some(resolved.manifest_digest.to_string()),
-        config_digest: Some(resolved.config_digest.to_string()),
-    });
+    report.image = Some(image_facts);
     report.runner = Some(RunnerFacts {
         kind: "docker".to_string(),
         cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -171,13 +238,24 @@ pub async fn verify_layout(
         )),
         note,
     });
+    if let Some((cache, key)) = &cache {
+        // A cache that cannot be written costs the next run time, not this one its result.
+        if let Err(error) = cache.put(key, &report) {
+            tracing::warn!("the verification cache was not written: {error}");
+        }
+    }
     let recorded = record_in_layout(dir, ref_name, &report)?;
+    if matches!(settings.gpus, GpuChoice::Required(_)) {
+        require_gpu_seen(&report)?;
+    }
     Ok(VerifyOutcome {
         report,
         recorded,
-        load,
+        load: Some(load),
         exit_code: outcome.exit_code,
         seconds: started.elapsed().as_secs_f64(),
+        cached: None,
+        reaped,
     })
 }
 
@@ -204,11 +282,13 @@ pub fn describe(gpus: &GpuRequest) -> String {
 }
 
 /// Run the probe with this host's `python3` (a GPU machine without Docker): proves the
-/// host's PyTorch, driver and GPUs. Nothing is recorded on any image.
+/// host's PyTorch, driver and GPUs. Nothing is recorded on any image. With `require_gpu`
+/// a report that saw no GPU is [`VerifyError::NoGpu`].
 pub fn verify_native(
     python: &str,
     level: Level,
     expect: Option<&Path>,
+    require_gpu: bool,
 ) -> Result<(Report, i32), VerifyError> {
     let dir = tempfile::tempdir().map_err(|source| VerifyError::Native {
         command: "mktemp".into(),
@@ -256,5 +336,8 @@ pub fn verify_native(
         engine: None,
         note: Some(format!("{python} on the host, not an image")),
     });
+    if require_gpu {
+        require_gpu_seen(&report)?;
+    }
     Ok((report, output.status.code().unwrap_or(2)))
 }
