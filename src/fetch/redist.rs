@@ -14,6 +14,7 @@ use reqwest::Url;
 use serde_json::Value;
 
 use crate::digest::{Digest, DigestError};
+use crate::fetch::file_name::{FileName, FileNameError};
 use crate::fetch::http::{HttpClient, HttpError};
 
 #[derive(Debug, thiserror::Error)]
@@ -115,12 +116,14 @@ pub struct RedistArtifact {
 }
 
 impl RedistArtifact {
-    /// The archive's file name (last path segment).
-    pub fn filename(&self) -> String {
-        self.url
-            .path_segments()
-            .and_then(|mut s| s.next_back().map(str::to_string))
-            .unwrap_or_default()
+    /// The archive's file name (last path segment), checked to be a plain file name.
+    pub fn filename(&self) -> Result<FileName, FileNameError> {
+        FileName::new(
+            self.url
+                .path_segments()
+                .and_then(|mut s| s.next_back().map(str::to_string))
+                .unwrap_or_default(),
+        )
     }
 }
 
@@ -366,7 +369,7 @@ mod tests {
             "https://developer.download.nvidia.com/compute/cuda/redist/cuda_cudart/linux-x86_64/cuda_cudart-linux-x86_64-12.4.127-archive.tar.xz"
         );
         assert_eq!(
-            artifact.filename(),
+            artifact.filename().unwrap(),
             "cuda_cudart-linux-x86_64-12.4.127-archive.tar.xz"
         );
         let error = manifest
