@@ -232,9 +232,9 @@ impl Downloader {
         let result = self.transfer(item, &partial, id).await;
         self.reporter.finish(id);
         let result = result.and_then(|(found, size)| {
-            Ok(self
-                .store
-                .adopt(&partial, found, size, &item.sha256, item.url.as_str())?)
+            self.store
+                .adopt(&partial, found, size, &item.sha256, item.url.as_str())
+                .map_err(DownloadError::from)
         });
         if let Err(error) = &result {
             // `adopt` removes a mismatching file itself; everything else is decided here.
@@ -426,7 +426,7 @@ fn copy_local(
     let limit = item.size.map_or(u64::MAX, |size| size.saturating_add(1));
     let mut input = input.take(limit);
     let id = reporter.start(&item.name, item.size);
-    let result = (|| {
+    let mut copy = || -> Result<Digest, DownloadError> {
         let mut pending = store.begin()?;
         let mut buffer = vec![0u8; 1 << 20];
         loop {
@@ -454,7 +454,8 @@ fn copy_local(
             }),
             _ => Ok(pending.commit(Some(&item.sha256), item.url.as_str())?.0),
         }
-    })();
+    };
+    let result = copy();
     reporter.finish(id);
     Ok(store.path(&result?))
 }

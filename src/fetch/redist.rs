@@ -238,10 +238,19 @@ impl RedistManifest {
                 url: url.clone(),
                 reason: "not a local file URL".into(),
             })?;
-            let body = fs_err::read(&path).map_err(|error| RedistError::Malformed {
+            let malformed = |reason: String| RedistError::Malformed {
                 url: url.clone(),
-                reason: error.to_string(),
-            })?;
+                reason,
+            };
+            // The same bound as a manifest fetched over HTTP.
+            let limit = crate::fetch::http::MAX_DOCUMENT_BYTES;
+            let file = fs_err::File::open(&path).map_err(|e| malformed(e.to_string()))?;
+            let mut body = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::Read::take(file, limit + 1), &mut body)
+                .map_err(|e| malformed(e.to_string()))?;
+            if body.len() as u64 > limit {
+                return Err(malformed(format!("larger than {limit} bytes")));
+            }
             return Self::parse(url, &body);
         }
         let body = client.get_bytes(&url, Some("application/json")).await?;

@@ -327,6 +327,7 @@ impl Lockfile {
 mod tests {
     use super::*;
     use crate::lock::target::Arch;
+    use proptest::prelude::*;
 
     fn sample() -> Lockfile {
         Lockfile {
@@ -491,8 +492,7 @@ mod tests {
         assert!(matches!(error, LockfileError::TooLarge { .. }), "{error}");
     }
 
-    fn artifact_strategy() -> impl proptest::strategy::Strategy<Value = Artifact> {
-        use proptest::prelude::*;
+    fn artifact_strategy() -> impl Strategy<Value = Artifact> {
         (
             "[a-z][a-z0-9]{0,8}(-[a-z0-9]{1,4})?",
             (0u32..30, 0u32..30, 0u32..30),
@@ -553,7 +553,6 @@ mod tests {
                 proptest::prelude::Just(serde_json::json!({"a": [1, 2]})),
             ],
         ) {
-            use proptest::prelude::*;
             if let Ok(lock) = read_text(&with_torch_field(field, value)) {
                 for artifact in &lock.artifacts {
                     prop_assert!(artifact.check().is_ok());

@@ -141,7 +141,7 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
         for (resolved, size) in resolved.into_iter().zip(sizes) {
             let file = &resolved.candidate.file;
             let sha256 = file.sha256.ok_or_else(|| LockError::NoHash {
-                filename: file.filename.clone(),
+                filename: file.filename.to_string(),
                 url: file.url.to_string(),
             })?;
             artifacts.push(Artifact {
