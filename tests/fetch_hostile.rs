@@ -124,8 +124,8 @@ async fn local_files_are_read_only_up_to_the_locked_size() {
     let mirror = dir.path().join("mirror");
     std::fs::create_dir(&mirror).unwrap();
     let store = BlobStore::open(dir.path().join("cache")).unwrap();
-    let downloader =
-        Downloader::new(client(1), store.clone(), Arc::new(NoReporter)).mirrors(vec![mirror.clone()]);
+    let downloader = Downloader::new(client(1), store.clone(), Arc::new(NoReporter))
+        .mirrors(vec![mirror.clone()]);
     let bytes = payload(3 << 20);
     let file = mirror.join("big-1.0-py3-none-any.whl");
     std::fs::write(&file, &bytes).unwrap();
@@ -390,7 +390,14 @@ fn central_record(zip: &[u8], name: &str) -> usize {
 async fn lying_content_range_is_an_error() {
     let server = FixtureServer::start();
     let zip = wheel_with_metadata(b"Name: pkg\nVersion: 1.0\n");
-    for lie in [0u64, 10, zip.len() as u64 - 1, zip.len() as u64 + 1, 1 << 40, u64::MAX] {
+    for lie in [
+        0u64,
+        10,
+        zip.len() as u64 - 1,
+        zip.len() as u64 + 1,
+        1 << 40,
+        u64::MAX,
+    ] {
         let path = format!("/lie-{lie}.whl");
         server.add(
             &path,
@@ -419,10 +426,7 @@ async fn huge_claimed_metadata_sizes_are_refused_before_allocating() {
     let error = wheel_metadata_by_range(&client(1), &dist_file(&server, "/claims.whl"))
         .await
         .unwrap_err();
-    assert!(
-        matches!(error, MetadataError::TooLarge { .. }),
-        "{error}"
-    );
+    assert!(matches!(error, MetadataError::TooLarge { .. }), "{error}");
     let zip_reader = RemoteZip::open(&client(1), server.url("/claims.whl").parse().unwrap())
         .await
         .unwrap();

@@ -61,7 +61,10 @@ pub enum DownloadError {
     TooLarge { url: Url, expected: u64, found: u64 },
     #[error("`{url}` ended after {found} bytes; the lock records {expected}")]
     TooSmall { url: Url, expected: u64, found: u64 },
-    #[error("`{url}` is a local file outside every mirror directory{}", mirrors_note(mirrors))]
+    #[error(
+        "`{url}` is a local file outside every mirror directory{}",
+        mirrors_note(mirrors)
+    )]
     LocalNotAllowed { url: Url, mirrors: Vec<PathBuf> },
     #[error("`{url}` is not a regular file")]
     NotAFile { url: Url },
@@ -95,9 +98,8 @@ impl DownloadError {
     /// itself failed (the bytes so far are good, the rest may come on a rerun).
     fn keeps_partial(&self) -> bool {
         match self {
-            DownloadError::Interrupted { .. } | DownloadError::Http(HttpError::Transport { .. }) => {
-                true
-            }
+            DownloadError::Interrupted { .. }
+            | DownloadError::Http(HttpError::Transport { .. }) => true,
             DownloadError::Http(HttpError::Status { status, .. }) => is_transient_status(*status),
             _ => false,
         }
@@ -238,8 +240,8 @@ impl Downloader {
         });
         if let Err(error) = &result {
             // `adopt` removes a mismatching file itself; everything else is decided here.
-            let worth_resuming = error.keeps_partial()
-                && fs_err::metadata(&partial).is_ok_and(|m| m.len() > 0);
+            let worth_resuming =
+                error.keeps_partial() && fs_err::metadata(&partial).is_ok_and(|m| m.len() > 0);
             if !worth_resuming {
                 let _ = fs_err::remove_file(&partial);
             }
@@ -406,9 +408,9 @@ fn copy_local(
     let source: PathBuf = item.url.to_file_path().map_err(|()| not_allowed())?;
     // Canonical paths on both sides: `..` and symlinks cannot lead out of a mirror.
     let source = fs_err::canonicalize(&source).map_err(|_| not_allowed())?;
-    let inside = mirrors.iter().any(|mirror| {
-        fs_err::canonicalize(mirror).is_ok_and(|mirror| source.starts_with(&mirror))
-    });
+    let inside = mirrors
+        .iter()
+        .any(|mirror| fs_err::canonicalize(mirror).is_ok_and(|mirror| source.starts_with(&mirror)));
     if !inside {
         return Err(not_allowed());
     }

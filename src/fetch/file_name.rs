@@ -147,7 +147,10 @@ mod tests {
             &"a".repeat(256),
         ] {
             let error = FileName::new(bad).unwrap_err();
-            assert!(error.to_string().contains("not a plain file name"), "{error}");
+            assert!(
+                error.to_string().contains("not a plain file name"),
+                "{error}"
+            );
         }
     }
 
@@ -166,7 +169,10 @@ mod tests {
     #[test]
     fn serde_checks_too() {
         let error = serde_json::from_str::<FileName>(r#""../../etc/passwd""#).unwrap_err();
-        assert!(error.to_string().contains("not a plain file name"), "{error}");
+        assert!(
+            error.to_string().contains("not a plain file name"),
+            "{error}"
+        );
         let name: FileName = serde_json::from_str(r#""a.whl""#).unwrap();
         assert_eq!(serde_json::to_string(&name).unwrap(), r#""a.whl""#);
     }

@@ -38,7 +38,9 @@ pub enum HttpError {
     RangeUnsupported { url: Url, status: StatusCode },
     #[error("Server for `{url}` sent a malformed `Content-Range` header: `{value}`")]
     BadContentRange { url: Url, value: String },
-    #[error("`{url}` sent more than {limit} bytes, more than cudastack reads for it; refusing the rest")]
+    #[error(
+        "`{url}` sent more than {limit} bytes, more than cudastack reads for it; refusing the rest"
+    )]
     TooLarge { url: Url, limit: u64 },
     #[error("`{url}` is not a valid URL")]
     BadUrl {
@@ -340,7 +342,10 @@ impl HttpClient {
             attempt += 1;
             let mut response = self.get(url, headers.clone()).await?;
             let response_headers = response.headers().clone();
-            if response.content_length().is_some_and(|length| length > limit) {
+            if response
+                .content_length()
+                .is_some_and(|length| length > limit)
+            {
                 return Err(too_large());
             }
             // Grow with what arrives, never with what a header claims.

@@ -59,7 +59,9 @@ pub enum IndexError {
         #[source]
         source: FileNameError,
     },
-    #[error("Index page `{url}` links to `{href}`; an index may link only to http and https files")]
+    #[error(
+        "Index page `{url}` links to `{href}`; an index may link only to http and https files"
+    )]
     BadScheme { url: Url, href: Url },
     #[error("Index page `{url}` is neither PEP 691 JSON nor PEP 503 HTML (Content-Type `{content_type}`)")]
     UnknownFormat { url: Url, content_type: String },
@@ -317,10 +319,7 @@ pub fn parse_json(page: &Url, body: &[u8]) -> Result<Vec<DistFile>, IndexError> 
                 },
             };
             Ok(DistFile {
-                requires_python: parse_requires_python(
-                    file.requires_python.as_deref(),
-                    &filename,
-                ),
+                requires_python: parse_requires_python(file.requires_python.as_deref(), &filename),
                 filename,
                 url,
                 sha256,
@@ -533,7 +532,10 @@ mod tests {
                 r#"{{"files":[{{"filename":"{name}","url":"https://files.example/x","hashes":{{}}}}]}}"#
             );
             let error = parse_json(&page, body.as_bytes()).unwrap_err();
-            assert!(matches!(error, IndexError::BadFileName { .. }), "{name}: {error}");
+            assert!(
+                matches!(error, IndexError::BadFileName { .. }),
+                "{name}: {error}"
+            );
         }
         // In HTML the name is the last path segment: `%2F` must not decode into a path.
         let html = r#"<a href="https://files.example/..%2F..%2Fetc%2Fx.whl">x</a>"#;
@@ -547,10 +549,7 @@ mod tests {
         let page = Url::parse("https://pypi.org/simple/torch/").unwrap();
         let html = r#"<a href="file:///etc/shadow#sha256=00">torch-1.0-py3-none-any.whl</a>"#;
         let error = parse_html(&page, html).unwrap_err();
-        assert!(
-            error.to_string().contains("file:///etc/shadow"),
-            "{error}"
-        );
+        assert!(error.to_string().contains("file:///etc/shadow"), "{error}");
         let json = r#"{"files":[{"filename":"torch-1.0-py3-none-any.whl","url":"file:///etc/shadow","hashes":{}}]}"#;
         let error = parse_json(&page, json.as_bytes()).unwrap_err();
         assert!(matches!(error, IndexError::BadScheme { .. }), "{error}");

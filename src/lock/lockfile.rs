@@ -39,7 +39,10 @@ pub enum LockfileError {
         source: serde_json::Error,
     },
     #[error("`{path}` is larger than {limit} bytes; no cudastack lock is that big")]
-    TooLarge { path: std::path::PathBuf, limit: u64 },
+    TooLarge {
+        path: std::path::PathBuf,
+        limit: u64,
+    },
     #[error("`{path}` is lock format {found}; this cudastack reads format {expected}: run `cudastack lock` again")]
     Format {
         path: std::path::PathBuf,
@@ -185,8 +188,12 @@ impl Artifact {
         if self.kind == ArtifactKind::Wheel {
             let wheel = WheelFilename::from_str(&self.filename)
                 .map_err(|e| error("filename", e.to_string()))?;
-            let name = PackageName::from_str(&self.name)
-                .map_err(|e| error("name", format!("`{}` is not a package name: {e}", self.name)))?;
+            let name = PackageName::from_str(&self.name).map_err(|e| {
+                error(
+                    "name",
+                    format!("`{}` is not a package name: {e}", self.name),
+                )
+            })?;
             let version = Version::from_str(&self.version).map_err(|e| {
                 error(
                     "version",
@@ -431,7 +438,13 @@ mod tests {
     /// Issue 16: a lock's file name was joined onto `wheels/` and the target replaced.
     #[test]
     fn refuses_file_names_that_are_paths() {
-        for bad in ["/tmp/x", "../../x", "..", "a/torch-2.4.1-py3-none-any.whl", ""] {
+        for bad in [
+            "/tmp/x",
+            "../../x",
+            "..",
+            "a/torch-2.4.1-py3-none-any.whl",
+            "",
+        ] {
             let error = read_text(&with_torch_field("filename", bad.into())).unwrap_err();
             let chain = format!("{error}: {}", std::error::Error::source(&error).unwrap());
             assert!(
@@ -504,13 +517,13 @@ mod tests {
             .prop_map(|(name, (major, minor, patch), wheel, size, seed, edges)| {
                 let version = format!("{major}.{minor}.{patch}");
                 let (kind, filename) = if wheel {
-                    let file = format!(
-                        "{}-{version}-py3-none-any.whl",
-                        name.replace('-', "_")
-                    );
+                    let file = format!("{}-{version}-py3-none-any.whl", name.replace('-', "_"));
                     (ArtifactKind::Wheel, file)
                 } else {
-                    (ArtifactKind::RedistArchive, format!("{name}-{version}.tar.xz"))
+                    (
+                        ArtifactKind::RedistArchive,
+                        format!("{name}-{version}.tar.xz"),
+                    )
                 };
                 Artifact {
                     kind,

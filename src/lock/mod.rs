@@ -88,7 +88,9 @@ pub enum LockError {
     },
     #[error("Refusing to lock: {0}")]
     Artifact(#[from] ArtifactError),
-    #[error("Index file `{url}` is a local file; only a `--mirror` directory may provide local files")]
+    #[error(
+        "Index file `{url}` is a local file; only a `--mirror` directory may provide local files"
+    )]
     LocalFile { url: String },
     #[error("The resolver task failed")]
     Join(#[from] tokio::task::JoinError),
@@ -167,10 +169,12 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
                 kind: ArtifactKind::RedistArchive,
                 name: artifact.component.clone(),
                 version: artifact.version.clone(),
-                filename: artifact.filename().map_err(|source| LockError::BadFileName {
-                    url: artifact.url.to_string(),
-                    source,
-                })?,
+                filename: artifact
+                    .filename()
+                    .map_err(|source| LockError::BadFileName {
+                        url: artifact.url.to_string(),
+                        source,
+                    })?,
                 url: artifact.url.clone(),
                 sha256: artifact.sha256,
                 size: artifact.size,
