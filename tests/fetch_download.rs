@@ -436,7 +436,8 @@ async fn mirror_files_are_copied_and_checked() {
     std::fs::write(&file, b"wheel bytes").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let store = BlobStore::open(dir.path()).unwrap();
-    let downloader = Downloader::new(client(1), store.clone(), Arc::new(NoReporter));
+    let downloader = Downloader::new(client(1), store.clone(), Arc::new(NoReporter))
+        .mirrors(vec![mirror.path().to_path_buf()]);
     let url = url::Url::from_file_path(&file).unwrap();
     let good = FetchItem {
         name: "pkg".into(),

@@ -246,7 +246,7 @@ async fn torch_2_4_1_matches_pip_report() {
     let ours: BTreeSet<(String, String, String)> = lock
         .artifacts
         .iter()
-        .map(|a| (a.name.clone(), a.version.clone(), a.url.clone()))
+        .map(|a| (a.name.clone(), a.version.clone(), a.url.to_string()))
         .collect();
     assert_eq!(ours, pip);
 }

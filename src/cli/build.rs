@@ -40,6 +40,9 @@ pub struct BuildArgs {
     /// Use only the local cache; fail listing what is missing.
     #[arg(long)]
     offline: bool,
+    /// A local directory of wheels the lock's `file://` URLs may read (repeatable).
+    #[arg(long, value_name = "DIR")]
+    mirror: Vec<PathBuf>,
     /// Registry host substituted for {registry} in the recipe's tags.
     #[arg(long, default_value = "localhost")]
     registry: String,
@@ -115,6 +118,7 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         layout_dir: args.layout,
         compression,
         offline: args.offline,
+        mirrors: args.mirror,
         registry: args.registry,
         // `--platform linux/arm64,linux/arm64` builds arm64 once.
         platforms: (!args.platforms.is_empty()).then(|| {

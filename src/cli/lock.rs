@@ -19,7 +19,9 @@ pub struct LockArgs {
     /// Recipe files (YAML); each gets NAME.lock beside it.
     #[arg(required = true)]
     recipes: Vec<PathBuf>,
-    /// A local directory of wheels searched before any index (air-gapped sites).
+    /// A local directory of wheels searched before any index (air-gapped sites). Its
+    /// files are locked as `file://` URLs; `cudastack build --mirror DIR` reads them, and no
+    /// other local file (an index cannot point `lock` at one).
     #[arg(long)]
     mirror: Option<PathBuf>,
 }

@@ -8,6 +8,17 @@
 //! resumes from the same partial file. Memory stays flat: one network chunk and a 1 MiB
 //! write buffer per transfer, whatever the artifact's size.
 //!
+//! What is left behind (issue 16): a partial file survives only a *transfer* failure
+//! (the connection broke, the server answered 5xx or could not be reached) and only when it
+//! holds bytes, so the next run can resume; it never grows past the locked size, because
+//! every source stops reading at `size + 1` bytes and fails. Every other failure (too many
+//! bytes, too few, wrong hash, a 4xx, a local I/O error) deletes it: bytes known to be wrong
+//! are never kept. Local copies write a temp blob that is deleted on every error.
+//!
+//! `file://` URLs are read only under the mirror directories the user named
+//! ([`Downloader::mirrors`]), and only regular files: a lock is not allowed to copy (and
+//! report the hash of) `/etc/shadow` or fill the disk from `/dev/zero`.
+//!
 //! Several downloads run at once, bounded by the client's semaphore. Progress goes to a
 //! [`Reporter`] (quiet in tests, indicatif bars on stderr in the CLI). In offline mode
 //! nothing is fetched and the error lists exactly what the cache lacks.
@@ -22,7 +33,9 @@ use reqwest::{StatusCode, Url};
 
 use crate::cas::{BlobStore, CasError};
 use crate::digest::{Digest, Hasher};
-use crate::fetch::http::{is_transient_error, ContentRange, HttpClient, HttpError};
+use crate::fetch::http::{
+    is_transient_error, is_transient_status, ContentRange, HttpClient, HttpError,
+};
 use crate::fetch::progress::Reporter;
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +59,15 @@ pub enum DownloadError {
     },
     #[error("`{url}` is larger than the {expected} bytes the lock records (got {found} so far); refusing the rest")]
     TooLarge { url: Url, expected: u64, found: u64 },
+    #[error("`{url}` ended after {found} bytes; the lock records {expected}")]
+    TooSmall { url: Url, expected: u64, found: u64 },
+    #[error(
+        "`{url}` is a local file outside every mirror directory{}",
+        mirrors_note(mirrors)
+    )]
+    LocalNotAllowed { url: Url, mirrors: Vec<PathBuf> },
+    #[error("`{url}` is not a regular file")]
+    NotAFile { url: Url },
     #[error("Offline: {} artifact(s) are not in the cache `{cache}`:\n{}", missing.len(), missing.iter().map(|m| format!("  {m}")).collect::<Vec<_>>().join("\n"))]
     Offline {
         cache: PathBuf,
@@ -53,6 +75,35 @@ pub enum DownloadError {
     },
     #[error("The download task failed")]
     Join(#[from] tokio::task::JoinError),
+}
+
+fn mirrors_note(mirrors: &[PathBuf]) -> String {
+    if mirrors.is_empty() {
+        "; cudastack reads `file://` URLs only under a directory given with `--mirror DIR`"
+            .to_string()
+    } else {
+        format!(
+            " ({}); pass the directory that holds it with `--mirror DIR`",
+            mirrors
+                .iter()
+                .map(|m| m.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
+impl DownloadError {
+    /// Whether a partial file is worth keeping after this error: only when the transfer
+    /// itself failed (the bytes so far are good, the rest may come on a rerun).
+    fn keeps_partial(&self) -> bool {
+        match self {
+            DownloadError::Interrupted { .. }
+            | DownloadError::Http(HttpError::Transport { .. }) => true,
+            DownloadError::Http(HttpError::Status { status, .. }) => is_transient_status(*status),
+            _ => false,
+        }
+    }
 }
 
 /// One thing to fetch.
@@ -79,6 +130,7 @@ pub struct Downloader {
     store: BlobStore,
     reporter: Arc<dyn Reporter>,
     offline: bool,
+    mirrors: Vec<PathBuf>,
 }
 
 impl Downloader {
@@ -88,7 +140,15 @@ impl Downloader {
             store,
             reporter,
             offline: false,
+            mirrors: Vec::new(),
         }
+    }
+
+    /// The directories `file://` URLs may read from (`--mirror`). With none, every
+    /// `file://` URL is refused.
+    pub fn mirrors(mut self, mirrors: Vec<PathBuf>) -> Self {
+        self.mirrors = mirrors;
+        self
     }
 
     /// Use only the cache: [`Downloader::fetch_all`] fails listing what is missing.
@@ -159,16 +219,46 @@ impl Downloader {
             let store = self.store.clone();
             let item = item.clone();
             let reporter = self.reporter.clone();
-            return tokio::task::spawn_blocking(move || copy_local(&store, &item, &*reporter))
-                .await?;
+            let mirrors = self.mirrors.clone();
+            return tokio::task::spawn_blocking(move || {
+                copy_local(&store, &item, &mirrors, &*reporter)
+            })
+            .await?;
         }
         self.download(item).await
     }
 
     async fn download(&self, item: &FetchItem) -> Result<PathBuf, DownloadError> {
         let partial = self.store.partial_path(&item.sha256);
+        let id = self.reporter.start(&item.name, item.size);
+        let result = self.transfer(item, &partial, id).await;
+        self.reporter.finish(id);
+        let result = result.and_then(|(found, size)| {
+            self.store
+                .adopt(&partial, found, size, &item.sha256, item.url.as_str())
+                .map_err(DownloadError::from)
+        });
+        if let Err(error) = &result {
+            // `adopt` removes a mismatching file itself; everything else is decided here.
+            let worth_resuming =
+                error.keeps_partial() && fs_err::metadata(&partial).is_ok_and(|m| m.len() > 0);
+            if !worth_resuming {
+                let _ = fs_err::remove_file(&partial);
+            }
+        }
+        result
+    }
+
+    /// Stream `item` into `partial` (resuming what is there), retrying interrupted transfers.
+    /// Returns the digest and size of the whole file; the caller adopts or removes it.
+    async fn transfer(
+        &self,
+        item: &FetchItem,
+        partial: &Path,
+        id: usize,
+    ) -> Result<(Digest, u64), DownloadError> {
         let io_error = |source| DownloadError::Io {
-            path: partial.clone(),
+            path: partial.to_path_buf(),
             source,
         };
         let mut file = fs_err::OpenOptions::new()
@@ -176,10 +266,17 @@ impl Downloader {
             .truncate(false)
             .read(true)
             .write(true)
-            .open(&partial)
+            .open(partial)
             .map_err(io_error)?;
-        // Hash what an earlier, interrupted run left behind.
+        // Hash what an earlier, interrupted run left behind (never more than the locked
+        // size: a longer partial is not ours to trust, so start over).
         let mut hasher = Hasher::new();
+        if item
+            .size
+            .is_some_and(|size| file.metadata().is_ok_and(|m| m.len() > size))
+        {
+            file.set_len(0).map_err(io_error)?;
+        }
         {
             let mut buffer = vec![0u8; 1 << 16];
             loop {
@@ -194,13 +291,12 @@ impl Downloader {
         if have > 0 {
             tracing::info!(url = %item.url, bytes = have, "resuming partial download");
         }
-        let id = self.reporter.start(&item.name, item.size);
         self.reporter.advance(id, have);
         let retry = self.client.retry_policy().clone();
         let mut failures = 0u32;
-        let result = loop {
+        loop {
             if item.size.is_some_and(|size| have >= size) {
-                break Ok(());
+                break;
             }
             let mut headers = HeaderMap::new();
             headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
@@ -216,9 +312,9 @@ impl Downloader {
                 Err(HttpError::Status { status, .. })
                     if status == StatusCode::RANGE_NOT_SATISFIABLE && have > 0 =>
                 {
-                    break Ok(());
+                    break;
                 }
-                Err(error) => break Err(error.into()),
+                Err(error) => return Err(error.into()),
             };
             let resumed = response.status() == StatusCode::PARTIAL_CONTENT
                 && response
@@ -243,21 +339,17 @@ impl Downloader {
             while let Some(chunk) = stream.next().await {
                 match chunk {
                     Ok(chunk) => {
-                        if let Some(expected) = item.size {
-                            if have + chunk.len() as u64 > expected {
-                                drop(writer);
-                                let _ = fs_err::remove_file(&partial);
-                                self.reporter.finish(id);
-                                return Err(DownloadError::TooLarge {
-                                    url: item.url.clone(),
-                                    expected,
-                                    found: have + chunk.len() as u64,
-                                });
-                            }
+                        let found = have + chunk.len() as u64;
+                        if let Some(expected) = item.size.filter(|&expected| found > expected) {
+                            return Err(DownloadError::TooLarge {
+                                url: item.url.clone(),
+                                expected,
+                                found,
+                            });
                         }
                         writer.write_all(&chunk).map_err(io_error)?;
                         hasher.update(&chunk);
-                        have += chunk.len() as u64;
+                        have = found;
                         progressed = true;
                         self.reporter.advance(id, chunk.len() as u64);
                     }
@@ -270,60 +362,102 @@ impl Downloader {
             writer.flush().map_err(io_error)?;
             drop(writer);
             match stream_error {
-                None => break Ok(()),
+                None => break,
                 Some(error) => {
                     failures = if progressed { 1 } else { failures + 1 };
                     if !is_transient_error(&error) || failures >= retry.max_attempts {
-                        break Err(DownloadError::Interrupted {
+                        return Err(DownloadError::Interrupted {
                             url: item.url.clone(),
                             attempts: failures,
                             source: error,
                         });
                     }
-                    tracing::info!(url = %item.url, bytes = have, "transfer interrupted; resuming");
-                    tokio::time::sleep(retry.backoff(failures)).await;
+                    let wait = retry.backoff(failures);
+                    tracing::warn!(
+                        "transfer of `{}` interrupted after {have} bytes ({error}); resuming in {wait:?}",
+                        item.url
+                    );
+                    tokio::time::sleep(wait).await;
                 }
             }
-        };
-        self.reporter.finish(id);
+        }
         drop(file);
-        result?;
-        let (found, size) = hasher.finish();
-        Ok(self
-            .store
-            .adopt(&partial, found, size, &item.sha256, item.url.as_str())?)
+        if let Some(expected) = item.size.filter(|&expected| have != expected) {
+            return Err(DownloadError::TooSmall {
+                url: item.url.clone(),
+                expected,
+                found: have,
+            });
+        }
+        Ok(hasher.finish())
     }
 }
 
-/// Copy a `file://` artifact (a mirror directory) into the store, hash-checked.
+/// Copy a `file://` artifact (a mirror directory) into the store, hash-checked. Only a
+/// regular file under one of `mirrors` is read, and never more than its locked size + 1.
 fn copy_local(
     store: &BlobStore,
     item: &FetchItem,
+    mirrors: &[PathBuf],
     reporter: &dyn Reporter,
 ) -> Result<PathBuf, DownloadError> {
-    let source: PathBuf = item.url.to_file_path().map_err(|()| DownloadError::Io {
-        path: PathBuf::from(item.url.path()),
-        source: io::Error::new(io::ErrorKind::InvalidInput, "not a local file URL"),
-    })?;
+    let not_allowed = || DownloadError::LocalNotAllowed {
+        url: item.url.clone(),
+        mirrors: mirrors.to_vec(),
+    };
+    let source: PathBuf = item.url.to_file_path().map_err(|()| not_allowed())?;
+    // Canonical paths on both sides: `..` and symlinks cannot lead out of a mirror.
+    let source = fs_err::canonicalize(&source).map_err(|_| not_allowed())?;
+    let inside = mirrors
+        .iter()
+        .any(|mirror| fs_err::canonicalize(mirror).is_ok_and(|mirror| source.starts_with(&mirror)));
+    if !inside {
+        return Err(not_allowed());
+    }
     let io_error = |path: &Path| {
         let path = path.to_path_buf();
         move |source| DownloadError::Io { path, source }
     };
-    let mut input = fs_err::File::open(&source).map_err(io_error(&source))?;
-    let id = reporter.start(&item.name, item.size);
-    let mut pending = store.begin()?;
-    let mut buffer = vec![0u8; 1 << 20];
-    loop {
-        let n = input.read(&mut buffer).map_err(io_error(&source))?;
-        if n == 0 {
-            break;
-        }
-        pending
-            .write_all(&buffer[..n])
-            .map_err(io_error(&store.tmp_dir()))?;
-        reporter.advance(id, n as u64);
+    let input = fs_err::File::open(&source).map_err(io_error(&source))?;
+    let metadata = input.metadata().map_err(io_error(&source))?;
+    if !metadata.is_file() {
+        return Err(DownloadError::NotAFile {
+            url: item.url.clone(),
+        });
     }
+    let limit = item.size.map_or(u64::MAX, |size| size.saturating_add(1));
+    let mut input = input.take(limit);
+    let id = reporter.start(&item.name, item.size);
+    let mut copy = || -> Result<Digest, DownloadError> {
+        let mut pending = store.begin()?;
+        let mut buffer = vec![0u8; 1 << 20];
+        loop {
+            let n = input.read(&mut buffer).map_err(io_error(&source))?;
+            if n == 0 {
+                break;
+            }
+            pending
+                .write_all(&buffer[..n])
+                .map_err(io_error(&store.tmp_dir()))?;
+            reporter.advance(id, n as u64);
+        }
+        let found = pending.bytes_written();
+        match item.size {
+            // Dropping `pending` deletes its temp file.
+            Some(expected) if found > expected => Err(DownloadError::TooLarge {
+                url: item.url.clone(),
+                expected,
+                found,
+            }),
+            Some(expected) if found < expected => Err(DownloadError::TooSmall {
+                url: item.url.clone(),
+                expected,
+                found,
+            }),
+            _ => Ok(pending.commit(Some(&item.sha256), item.url.as_str())?.0),
+        }
+    };
+    let result = copy();
     reporter.finish(id);
-    let (digest, _) = pending.commit(Some(&item.sha256), item.url.as_str())?;
-    Ok(store.path(&digest))
+    Ok(store.path(&result?))
 }

@@ -38,6 +38,10 @@ pub enum HttpError {
     RangeUnsupported { url: Url, status: StatusCode },
     #[error("Server for `{url}` sent a malformed `Content-Range` header: `{value}`")]
     BadContentRange { url: Url, value: String },
+    #[error(
+        "`{url}` sent more than {limit} bytes, more than cudastack reads for it; refusing the rest"
+    )]
+    TooLarge { url: Url, limit: u64 },
     #[error("`{url}` is not a valid URL")]
     BadUrl {
         url: String,
@@ -63,10 +67,15 @@ impl HttpError {
             | HttpError::Status { url, .. }
             | HttpError::Transport { url, .. }
             | HttpError::RangeUnsupported { url, .. }
-            | HttpError::BadContentRange { url, .. } => Some(url),
+            | HttpError::BadContentRange { url, .. }
+            | HttpError::TooLarge { url, .. } => Some(url),
         }
     }
 }
+
+/// The most a document read whole (an index page, a manifest, a METADATA file) may be.
+/// PyPI's JSON page for torch, the largest listing cudastack reads, is a few MB.
+pub const MAX_DOCUMENT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Parse a URL at the edge, with an error that names it.
 pub fn parse_url(url: &str) -> Result<Url, HttpError> {
@@ -245,7 +254,7 @@ impl HttpClient {
                 .headers(headers.clone())
                 .send()
                 .await;
-            let retry_after = match result {
+            let (retry_after, why) = match result {
                 Ok(response) => {
                     let status = response.status();
                     if status.is_success() {
@@ -261,7 +270,7 @@ impl HttpClient {
                             attempts: attempt,
                         });
                     }
-                    retry_after(response.headers())
+                    (retry_after(response.headers()), format!("HTTP {status}"))
                 }
                 Err(source) => {
                     if !is_transient_error(&source) || attempt >= self.retry.max_attempts {
@@ -271,13 +280,19 @@ impl HttpClient {
                             source,
                         });
                     }
-                    None
+                    (None, error_chain(&source))
                 }
             };
             let wait = retry_after
                 .unwrap_or_else(|| self.retry.backoff(attempt))
                 .min(self.retry.max_backoff);
-            tracing::debug!(%url, attempt, ?wait, "retrying request");
+            // One line per retry on stderr (warn is shown unless `--quiet`): a slow or
+            // failing server is visible, never a silent wait.
+            tracing::warn!(
+                "retrying `{url}` in {wait:?} (attempt {} of {}): {why}",
+                attempt + 1,
+                self.retry.max_attempts
+            );
             tokio::time::sleep(wait).await;
         }
     }
@@ -292,22 +307,63 @@ impl HttpClient {
                 HeaderValue::from_str(accept).expect("accept header is ASCII"),
             );
         }
-        Ok(self.get_bytes_with_headers(url, headers).await?.1)
+        Ok(self
+            .get_bytes_limited(url, headers, MAX_DOCUMENT_BYTES)
+            .await?
+            .1)
     }
 
-    /// Like [`HttpClient::get_bytes`], also returning the response headers.
+    /// Like [`HttpClient::get_bytes`], also returning the response headers. At most
+    /// [`MAX_DOCUMENT_BYTES`] are read.
     pub async fn get_bytes_with_headers(
         &self,
         url: &Url,
         headers: HeaderMap,
     ) -> Result<(HeaderMap, Bytes), HttpError> {
+        self.get_bytes_limited(url, headers, MAX_DOCUMENT_BYTES)
+            .await
+    }
+
+    /// GET a body into memory, refusing it ([`HttpError::TooLarge`]) as soon as it passes
+    /// `limit` bytes, whatever `Content-Length` says: a hostile server cannot make cudastack
+    /// allocate more than `limit`.
+    pub async fn get_bytes_limited(
+        &self,
+        url: &Url,
+        headers: HeaderMap,
+        limit: u64,
+    ) -> Result<(HeaderMap, Bytes), HttpError> {
+        let too_large = || HttpError::TooLarge {
+            url: url.clone(),
+            limit,
+        };
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let response = self.get(url, headers.clone()).await?;
+            let mut response = self.get(url, headers.clone()).await?;
             let response_headers = response.headers().clone();
-            match response.bytes().await {
-                Ok(bytes) => return Ok((response_headers, bytes)),
+            if response
+                .content_length()
+                .is_some_and(|length| length > limit)
+            {
+                return Err(too_large());
+            }
+            // Grow with what arrives, never with what a header claims.
+            let mut body = Vec::new();
+            let result = loop {
+                match response.chunk().await {
+                    Ok(Some(chunk)) => {
+                        if body.len() as u64 + chunk.len() as u64 > limit {
+                            return Err(too_large());
+                        }
+                        body.extend_from_slice(&chunk);
+                    }
+                    Ok(None) => break Ok(()),
+                    Err(error) => break Err(error),
+                }
+            };
+            match result {
+                Ok(()) => return Ok((response_headers, Bytes::from(body))),
                 Err(source) => {
                     if attempt >= self.retry.max_attempts {
                         return Err(HttpError::Transport {
@@ -316,7 +372,14 @@ impl HttpClient {
                             source,
                         });
                     }
-                    tokio::time::sleep(self.retry.backoff(attempt)).await;
+                    let wait = self.retry.backoff(attempt);
+                    tracing::warn!(
+                        "retrying `{url}` in {wait:?} (attempt {} of {}): {}",
+                        attempt + 1,
+                        self.retry.max_attempts,
+                        error_chain(&source)
+                    );
+                    tokio::time::sleep(wait).await;
                 }
             }
         }
@@ -336,7 +399,14 @@ impl HttpClient {
             reqwest::header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
         );
-        let (response_headers, bytes) = self.get_bytes_with_headers(url, headers).await?;
+        // A range answer is exactly as long as the range asked for; never read more.
+        let limit = match range {
+            ByteRange::Inclusive { start, end } => end.saturating_sub(start).saturating_add(1),
+            ByteRange::Suffix(n) => n,
+            ByteRange::From(_) => MAX_DOCUMENT_BYTES,
+        }
+        .min(MAX_DOCUMENT_BYTES);
+        let (response_headers, bytes) = self.get_bytes_limited(url, headers, limit).await?;
         let value = response_headers
             .get(CONTENT_RANGE)
             .ok_or_else(|| HttpError::RangeUnsupported {
@@ -350,7 +420,11 @@ impl HttpClient {
             url: url.clone(),
             value: value.clone(),
         })?;
-        if range.end < range.start || range.end - range.start + 1 != bytes.len() as u64 {
+        // The answer must be the bytes it claims to be, inside the file it claims to have.
+        if range.end < range.start
+            || range.end - range.start + 1 != bytes.len() as u64
+            || range.total.is_some_and(|total| range.end >= total)
+        {
             return Err(HttpError::BadContentRange {
                 url: url.clone(),
                 value,
@@ -371,6 +445,11 @@ pub fn is_transient_status(status: StatusCode) -> bool {
 /// A body cut short surfaces as a decode error wrapping an I/O error, so the whole source
 /// chain is inspected.
 pub fn is_transient_error(error: &reqwest::Error) -> bool {
+    // Nobody listening, or no such host: waiting will not change that (issue 16: a refused
+    // connection used to be retried silently for 45 s).
+    if is_refused_or_unresolved(error) {
+        return false;
+    }
     if error.is_timeout() || error.is_connect() || error.is_request() || error.is_body() {
         return true;
     }
@@ -393,6 +472,44 @@ pub fn is_transient_error(error: &reqwest::Error) -> bool {
         source = cause.source();
     }
     false
+}
+
+/// A connection refused, or a host name that does not resolve.
+pub fn is_refused_or_unresolved(error: &reqwest::Error) -> bool {
+    if !error.is_connect() {
+        return false;
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if let Some(io_error) = cause.downcast_ref::<std::io::Error>() {
+            if io_error.kind() == std::io::ErrorKind::ConnectionRefused {
+                return true;
+            }
+        }
+        // hyper-util's resolver error reads `dns error`; getaddrinfo's reads `failed to
+        // lookup address information`. Neither has a type or kind of its own to test.
+        let text = cause.to_string();
+        if text.starts_with("dns error") || text.contains("failed to lookup address") {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// An error and its causes on one line, for retry messages.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {

@@ -17,6 +17,7 @@ use reqwest::Url;
 use serde::Deserialize;
 
 use crate::digest::{Digest, DigestError};
+use crate::fetch::file_name::{FileName, FileNameError};
 use crate::fetch::html;
 use crate::fetch::http::{HttpClient, HttpError};
 use crate::fetch::wheel_filename::{PackageName, WheelFilename};
@@ -52,6 +53,16 @@ pub enum IndexError {
         #[source]
         source: url::ParseError,
     },
+    #[error("Index page `{url}` lists a file name that cudastack will not use")]
+    BadFileName {
+        url: Url,
+        #[source]
+        source: FileNameError,
+    },
+    #[error(
+        "Index page `{url}` links to `{href}`; an index may link only to http and https files"
+    )]
+    BadScheme { url: Url, href: Url },
     #[error("Index page `{url}` is neither PEP 691 JSON nor PEP 503 HTML (Content-Type `{content_type}`)")]
     UnknownFormat { url: Url, content_type: String },
 }
@@ -68,7 +79,8 @@ pub enum CoreMetadata {
 /// One file of a project as listed by an index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DistFile {
-    pub filename: String,
+    /// A plain file name (checked when the page is parsed: no separators, no `..`).
+    pub filename: FileName,
     pub url: Url,
     pub sha256: Option<Digest>,
     /// Size in bytes (PEP 700; JSON indexes only).
@@ -108,11 +120,17 @@ pub struct ProjectPage {
 }
 
 impl ProjectPage {
-    /// The wheels on the page, parsed. Files that are not wheels are skipped.
+    /// The wheels of this project on the page, parsed. Files that are not wheels, and
+    /// wheels of another project (a page for `torch` listing `evil-1.0-...whl`), are skipped.
     pub fn wheels(&self) -> impl Iterator<Item = (WheelFilename, &DistFile)> {
-        self.files
-            .iter()
-            .filter_map(|file| file.wheel().map(|wheel| (wheel, file)))
+        self.files.iter().filter_map(|file| {
+            let wheel = file.wheel()?;
+            if wheel.name != self.name {
+                tracing::debug!(page = %self.url, filename = %file.filename, "skipping a wheel of another project");
+                return None;
+            }
+            Some((wheel, file))
+        })
     }
 }
 
@@ -235,6 +253,31 @@ fn parse_requires_python(value: Option<&str>, filename: &str) -> Option<VersionS
     }
 }
 
+/// Resolve a file's link against its page. A page served over HTTP may link only to HTTP
+/// files: a `file:` link would make `lock` read (and hash into the lock) a local file the
+/// index chose.
+fn file_url(page: &Url, href: &str) -> Result<Url, IndexError> {
+    let url = page.join(href).map_err(|source| IndexError::BadHref {
+        url: page.clone(),
+        href: href.to_string(),
+        source,
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(IndexError::BadScheme {
+            url: page.clone(),
+            href: url,
+        });
+    }
+    Ok(url)
+}
+
+fn file_name(page: &Url, name: String) -> Result<FileName, IndexError> {
+    FileName::new(name).map_err(|source| IndexError::BadFileName {
+        url: page.clone(),
+        source,
+    })
+}
+
 fn parse_digest(page: &Url, filename: &str, hex: &str) -> Result<Digest, IndexError> {
     Digest::from_hex(hex).map_err(|source| IndexError::BadDigest {
         url: page.clone(),
@@ -253,15 +296,12 @@ pub fn parse_json(page: &Url, body: &[u8]) -> Result<Vec<DistFile>, IndexError> 
         .files
         .into_iter()
         .map(|file| {
-            let url = page.join(&file.url).map_err(|source| IndexError::BadHref {
-                url: page.clone(),
-                href: file.url.clone(),
-                source,
-            })?;
+            let url = file_url(page, &file.url)?;
+            let filename = file_name(page, file.filename)?;
             let sha256 = file
                 .hashes
                 .get("sha256")
-                .map(|hex| parse_digest(page, &file.filename, hex))
+                .map(|hex| parse_digest(page, &filename, hex))
                 .transpose()?;
             let (yanked, yanked_reason) = match file.yanked {
                 None | Some(BoolOrString::Bool(false)) => (false, None),
@@ -274,16 +314,13 @@ pub fn parse_json(page: &Url, body: &[u8]) -> Result<Vec<DistFile>, IndexError> 
                 Some(BoolOrHashes::Hashes(hashes)) => CoreMetadata::Present {
                     sha256: hashes
                         .get("sha256")
-                        .map(|hex| parse_digest(page, &file.filename, hex))
+                        .map(|hex| parse_digest(page, &filename, hex))
                         .transpose()?,
                 },
             };
             Ok(DistFile {
-                requires_python: parse_requires_python(
-                    file.requires_python.as_deref(),
-                    &file.filename,
-                ),
-                filename: file.filename,
+                requires_python: parse_requires_python(file.requires_python.as_deref(), &filename),
+                filename,
                 url,
                 sha256,
                 size: file.size,
@@ -305,11 +342,7 @@ pub fn parse_html(page: &Url, body: &str) -> Result<Vec<DistFile>, IndexError> {
         let Some(href) = anchor.attribute("href") else {
             continue;
         };
-        let mut url = page.join(href).map_err(|source| IndexError::BadHref {
-            url: page.clone(),
-            href: href.to_string(),
-            source,
-        })?;
+        let mut url = file_url(page, href)?;
         let filename = url
             .path_segments()
             .and_then(|mut segments| segments.next_back().map(str::to_string))
@@ -318,6 +351,7 @@ pub fn parse_html(page: &Url, body: &str) -> Result<Vec<DistFile>, IndexError> {
         if filename.is_empty() {
             continue;
         }
+        let filename = file_name(page, filename)?;
         let mut sha256 = None;
         if let Some(fragment) = url.fragment() {
             if let Some(hex) = fragment.strip_prefix("sha256=") {
@@ -487,5 +521,74 @@ mod tests {
         assert_eq!(percent_decode("a%2Bb"), "a+b");
         assert_eq!(percent_decode("100%"), "100%");
         assert_eq!(percent_decode("x%zz"), "x%zz");
+    }
+
+    /// Issue 16: names from an index become paths; a page cannot smuggle in a separator.
+    #[test]
+    fn file_names_that_are_paths_refuse_the_page() {
+        let page = Url::parse("https://pypi.org/simple/torch/").unwrap();
+        for name in ["../../x.whl", "/tmp/x", "a/b.whl", ".."] {
+            let body = format!(
+                r#"{{"files":[{{"filename":"{name}","url":"https://files.example/x","hashes":{{}}}}]}}"#
+            );
+            let error = parse_json(&page, body.as_bytes()).unwrap_err();
+            assert!(
+                matches!(error, IndexError::BadFileName { .. }),
+                "{name}: {error}"
+            );
+        }
+        // In HTML the name is the last path segment: `%2F` must not decode into a path.
+        let html = r#"<a href="https://files.example/..%2F..%2Fetc%2Fx.whl">x</a>"#;
+        let error = parse_html(&page, html).unwrap_err();
+        assert!(matches!(error, IndexError::BadFileName { .. }), "{error}");
+    }
+
+    /// An index page linking to `file:` would make `lock` hash local files into the lock.
+    #[test]
+    fn links_to_local_files_refuse_the_page() {
+        let page = Url::parse("https://pypi.org/simple/torch/").unwrap();
+        let html = r#"<a href="file:///etc/shadow#sha256=00">torch-1.0-py3-none-any.whl</a>"#;
+        let error = parse_html(&page, html).unwrap_err();
+        assert!(error.to_string().contains("file:///etc/shadow"), "{error}");
+        let json = r#"{"files":[{"filename":"torch-1.0-py3-none-any.whl","url":"file:///etc/shadow","hashes":{}}]}"#;
+        let error = parse_json(&page, json.as_bytes()).unwrap_err();
+        assert!(matches!(error, IndexError::BadScheme { .. }), "{error}");
+    }
+
+    #[test]
+    fn wheels_of_other_projects_are_not_offered() {
+        let url = Url::parse("https://pypi.org/simple/torch/").unwrap();
+        let json = r#"{"files":[
+            {"filename":"torch-1.0-py3-none-any.whl","url":"https://f.example/a","hashes":{}},
+            {"filename":"evil-1.0-py3-none-any.whl","url":"https://f.example/b","hashes":{}}]}"#;
+        let page = ProjectPage {
+            name: "torch".parse().unwrap(),
+            files: parse_json(&url, json.as_bytes()).unwrap(),
+            url,
+        };
+        let names: Vec<String> = page.wheels().map(|(w, _)| w.name.to_string()).collect();
+        assert_eq!(names, ["torch"]);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Whatever a page says, every file name parsed from it is one plain component.
+        #[test]
+        fn parsed_names_are_plain(name in "[a-z./%2F\\\\]{0,12}", href in "[a-z./%2F:]{0,16}") {
+            let page = Url::parse("https://pypi.org/simple/torch/").unwrap();
+            let json = serde_json::json!({"files": [{"filename": name, "url": href, "hashes": {}}]});
+            if let Ok(files) = parse_json(&page, json.to_string().as_bytes()) {
+                for file in files {
+                    proptest::prop_assert_eq!(file.filename.as_path().components().count(), 1);
+                    proptest::prop_assert!(matches!(file.url.scheme(), "http" | "https"));
+                }
+            }
+            let html = format!("<a href=\"{href}{name}\">x</a>");
+            if let Ok(files) = parse_html(&page, &html) {
+                for file in files {
+                    proptest::prop_assert_eq!(file.filename.as_path().components().count(), 1);
+                }
+            }
+        }
     }
 }

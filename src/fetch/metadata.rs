@@ -17,6 +17,11 @@ use crate::fetch::http::{HttpClient, HttpError};
 use crate::fetch::index::{CoreMetadata, DistFile};
 use crate::fetch::remote_zip::{RemoteZip, RemoteZipError};
 
+/// The largest METADATA read, from a `.metadata` file, a remote wheel or a local one
+/// (issue 16: a 1.5 MB wheel whose METADATA inflated to 1.5 GB made `lock` use 1.5 GB).
+/// The biggest on PyPI are long READMEs of a few hundred kB.
+pub const MAX_METADATA_BYTES: u64 = 8 * 1024 * 1024;
+
 #[derive(Debug, thiserror::Error)]
 pub enum MetadataError {
     #[error(transparent)]
@@ -45,6 +50,8 @@ pub enum MetadataError {
         #[source]
         source: std::io::Error,
     },
+    #[error("METADATA of `{location}` is {size} bytes; cudastack reads at most {} (real ones are a few kB)", MAX_METADATA_BYTES)]
+    TooLarge { location: String, size: u64 },
     #[error("METADATA of `{location}` is invalid: {reason}")]
     Invalid { location: String, reason: String },
 }
@@ -61,8 +68,11 @@ pub async fn wheel_metadata(client: &HttpClient, file: &DistFile) -> Result<Stri
         CoreMetadata::Absent => None,
     };
     let url = file.metadata_url();
-    match client.get_bytes(&url, None).await {
-        Ok(bytes) => {
+    match client
+        .get_bytes_limited(&url, Default::default(), MAX_METADATA_BYTES)
+        .await
+    {
+        Ok((_, bytes)) => {
             if let Some(expected) = expected {
                 let found = Digest::of_bytes(&bytes);
                 if found != expected {
@@ -104,6 +114,15 @@ pub async fn wheel_metadata_by_range(
                 location: zip.url().to_string(),
             }
         })?;
+    let size = zip
+        .entry(&name)
+        .map_or(0, |e| e.uncompressed_size.max(e.compressed_size));
+    if size > MAX_METADATA_BYTES {
+        return Err(MetadataError::TooLarge {
+            location: zip.url().to_string(),
+            size,
+        });
+    }
     let bytes = zip.read_entry(&name).await?;
     String::from_utf8(bytes).map_err(|_| MetadataError::NotUtf8 {
         location: zip.url().to_string(),
@@ -130,13 +149,32 @@ pub fn local_wheel_metadata(path: &Path) -> Result<String, MetadataError> {
             location: path.display().to_string(),
         }
     })?;
-    let mut entry = archive.by_name(&name).map_err(zip_error)?;
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut entry, &mut text).map_err(|source| MetadataError::Io {
+    let entry = archive.by_name(&name).map_err(zip_error)?;
+    if entry.size() > MAX_METADATA_BYTES {
+        return Err(MetadataError::TooLarge {
+            location: path.display().to_string(),
+            size: entry.size(),
+        });
+    }
+    // The recorded size is the archive's word; the inflated stream is bounded on its own.
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(entry, MAX_METADATA_BYTES + 1),
+        &mut bytes,
+    )
+    .map_err(|source| MetadataError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    Ok(text)
+    if bytes.len() as u64 > MAX_METADATA_BYTES {
+        return Err(MetadataError::TooLarge {
+            location: path.display().to_string(),
+            size: bytes.len() as u64,
+        });
+    }
+    String::from_utf8(bytes).map_err(|_| MetadataError::NotUtf8 {
+        location: path.display().to_string(),
+    })
 }
 
 /// The one top-level `<name>-<version>.dist-info/METADATA` entry.

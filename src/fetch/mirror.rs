@@ -14,6 +14,7 @@ use std::str::FromStr;
 use reqwest::Url;
 
 use crate::digest::HashingReader;
+use crate::fetch::file_name::FileName;
 use crate::fetch::index::{CoreMetadata, DistFile, ProjectPage};
 use crate::fetch::wheel_filename::{PackageName, WheelFilename};
 
@@ -96,12 +97,15 @@ impl MirrorDir {
             let Ok(wheel) = WheelFilename::from_str(filename) else {
                 continue;
             };
+            let Ok(filename) = FileName::new(filename) else {
+                continue;
+            };
             if &wheel.name != name {
                 continue;
             }
             let (sha256, size) = hash_file(&path)?;
             files.push(DistFile {
-                filename: filename.to_string(),
+                filename,
                 url: Url::from_file_path(&path).expect("absolute path"),
                 sha256: Some(sha256),
                 size: Some(size),

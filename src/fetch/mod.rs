@@ -6,6 +6,7 @@
 //! - [`index`]: PEP 691 JSON and PEP 503 HTML simple indexes (PyPI, PyTorch's indexes),
 //!   with [`html`] as its anchor reader;
 //! - [`wheel_filename`]: wheel names parsed into name, version, build and tags;
+//! - [`file_name`]: every outside name that becomes a path, checked to be one component;
 //! - [`remote_zip`] and [`metadata`]: a wheel's METADATA without downloading the wheel
 //!   (PEP 658 file, else HTTP range reads), and big zip entries streamed;
 //! - [`redist`]: NVIDIA `redistrib_<version>.json` manifests (CUDA components, cuDNN);
@@ -20,6 +21,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod download;
+pub mod file_name;
 pub mod html;
 pub mod http;
 pub mod index;

@@ -14,6 +14,7 @@ use reqwest::Url;
 use serde_json::Value;
 
 use crate::digest::{Digest, DigestError};
+use crate::fetch::file_name::{FileName, FileNameError};
 use crate::fetch::http::{HttpClient, HttpError};
 
 #[derive(Debug, thiserror::Error)]
@@ -115,12 +116,14 @@ pub struct RedistArtifact {
 }
 
 impl RedistArtifact {
-    /// The archive's file name (last path segment).
-    pub fn filename(&self) -> String {
-        self.url
-            .path_segments()
-            .and_then(|mut s| s.next_back().map(str::to_string))
-            .unwrap_or_default()
+    /// The archive's file name (last path segment), checked to be a plain file name.
+    pub fn filename(&self) -> Result<FileName, FileNameError> {
+        FileName::new(
+            self.url
+                .path_segments()
+                .and_then(|mut s| s.next_back().map(str::to_string))
+                .unwrap_or_default(),
+        )
     }
 }
 
@@ -235,10 +238,19 @@ impl RedistManifest {
                 url: url.clone(),
                 reason: "not a local file URL".into(),
             })?;
-            let body = fs_err::read(&path).map_err(|error| RedistError::Malformed {
+            let malformed = |reason: String| RedistError::Malformed {
                 url: url.clone(),
-                reason: error.to_string(),
-            })?;
+                reason,
+            };
+            // The same bound as a manifest fetched over HTTP.
+            let limit = crate::fetch::http::MAX_DOCUMENT_BYTES;
+            let file = fs_err::File::open(&path).map_err(|e| malformed(e.to_string()))?;
+            let mut body = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::Read::take(file, limit + 1), &mut body)
+                .map_err(|e| malformed(e.to_string()))?;
+            if body.len() as u64 > limit {
+                return Err(malformed(format!("larger than {limit} bytes")));
+            }
             return Self::parse(url, &body);
         }
         let body = client.get_bytes(&url, Some("application/json")).await?;
@@ -366,7 +378,7 @@ mod tests {
             "https://developer.download.nvidia.com/compute/cuda/redist/cuda_cudart/linux-x86_64/cuda_cudart-linux-x86_64-12.4.127-archive.tar.xz"
         );
         assert_eq!(
-            artifact.filename(),
+            artifact.filename().unwrap(),
             "cuda_cudart-linux-x86_64-12.4.127-archive.tar.xz"
         );
         let error = manifest

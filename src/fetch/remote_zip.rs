@@ -29,6 +29,14 @@ const EOCD_MIN: u64 = 22;
 const TAIL_BYTES: u64 = 128 * 1024;
 /// Guess for the local header's extra field, so most entries take one request.
 const LOCAL_EXTRA_GUESS: u64 = 256;
+/// The largest central directory read (torch's, ~10k entries, is about 1 MB). Every size
+/// below comes from the server; each is bounded before anything is allocated (issue 16).
+pub const MAX_CENTRAL_DIRECTORY_BYTES: u64 = 64 * 1024 * 1024;
+/// The largest entry [`RemoteZip::read_entry`] holds in memory, compressed or inflated
+/// (METADATA is kB; bigger entries go through [`RemoteZip::entry_reader`]).
+pub const MAX_BUFFERED_ENTRY_BYTES: u64 = 16 * 1024 * 1024;
+/// The smallest central directory record.
+const CENTRAL_RECORD_MIN: u64 = 46;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteZipError {
@@ -40,6 +48,13 @@ pub enum RemoteZipError {
     NoSuchEntry { url: Url, name: String },
     #[error("Entry `{name}` of `{url}` uses compression method {method}; only stored (0) and deflate (8) are supported")]
     UnsupportedMethod { url: Url, name: String, method: u16 },
+    #[error("Entry `{name}` of `{url}` is {size} bytes; cudastack reads entries of at most {limit} bytes into memory")]
+    EntryTooLarge {
+        url: Url,
+        name: String,
+        size: u64,
+        limit: u64,
+    },
     #[error("Entry `{name}` of `{url}` is corrupt: {reason}")]
     CorruptEntry {
         url: Url,
@@ -94,6 +109,13 @@ impl RemoteZip {
             .ok_or_else(|| malformed("the server did not report the file size"))?;
         let tail_start = tail.range.start;
         let tail_bytes = &tail.bytes[..];
+        // `get_range` checked that the bytes are the range they claim; a suffix must also
+        // end where the file does, or every offset below would point at the wrong bytes.
+        if tail.range.end.checked_add(1) != Some(size) {
+            return Err(malformed(
+                "the server's answer to a suffix range does not end at the file's end",
+            ));
+        }
         if (tail_bytes.len() as u64) < EOCD_MIN {
             return Err(malformed(
                 "file is shorter than an end-of-central-directory record",
@@ -113,9 +135,9 @@ impl RemoteZip {
         {
             let record_offset = u64_at(tail_bytes, locator + 8);
             let record = if record_offset >= tail_start {
-                let at = (record_offset - tail_start) as usize;
-                tail_bytes
-                    .get(at..at + 56)
+                usize::try_from(record_offset - tail_start)
+                    .ok()
+                    .and_then(|at| tail_bytes.get(at..at.checked_add(56)?))
                     .ok_or_else(|| malformed("zip64 end record is truncated"))?
                     .to_vec()
             } else {
@@ -141,9 +163,22 @@ impl RemoteZip {
         if cd_offset.checked_add(cd_size).is_none_or(|end| end > size) {
             return Err(malformed("central directory lies outside the file"));
         }
+        if cd_size > MAX_CENTRAL_DIRECTORY_BYTES {
+            return Err(malformed(&format!(
+                "central directory claims {cd_size} bytes, more than the {MAX_CENTRAL_DIRECTORY_BYTES} cudastack reads"
+            )));
+        }
+        if entry_count > cd_size / CENTRAL_RECORD_MIN {
+            return Err(malformed(&format!(
+                "{entry_count} entries cannot fit in a {cd_size}-byte central directory"
+            )));
+        }
         let central = if cd_offset >= tail_start {
-            let at = (cd_offset - tail_start) as usize;
-            tail_bytes[at..at + cd_size as usize].to_vec()
+            usize::try_from(cd_offset - tail_start)
+                .ok()
+                .and_then(|at| tail_bytes.get(at..at.checked_add(cd_size as usize)?))
+                .ok_or_else(|| malformed("central directory lies outside the file"))?
+                .to_vec()
         } else if cd_size == 0 {
             Vec::new()
         } else {
@@ -211,14 +246,26 @@ impl RemoteZip {
     }
 
     /// Read and inflate one entry into memory (for small entries such as METADATA).
-    /// Size and CRC-32 are checked.
+    /// Size and CRC-32 are checked; an entry whose compressed or inflated size passes
+    /// [`MAX_BUFFERED_ENTRY_BYTES`] is refused before anything is fetched.
     pub async fn read_entry(&self, name: &str) -> Result<Vec<u8>, RemoteZipError> {
         let entry = self.require(name)?;
-        let guess_end = entry.local_header_offset
-            + 30
-            + entry.name.len() as u64
-            + LOCAL_EXTRA_GUESS
-            + entry.compressed_size;
+        let largest = entry.compressed_size.max(entry.uncompressed_size);
+        if largest > MAX_BUFFERED_ENTRY_BYTES {
+            return Err(RemoteZipError::EntryTooLarge {
+                url: self.url.clone(),
+                name: name.to_string(),
+                size: largest,
+                limit: MAX_BUFFERED_ENTRY_BYTES,
+            });
+        }
+        if entry.local_header_offset >= self.size {
+            return Err(self.corrupt(name, "local header lies outside the file"));
+        }
+        let guess_end = entry
+            .local_header_offset
+            .saturating_add(30 + entry.name.len() as u64 + LOCAL_EXTRA_GUESS)
+            .saturating_add(entry.compressed_size);
         let first = self
             .client
             .get_range(
@@ -230,25 +277,32 @@ impl RemoteZip {
             )
             .await?;
         let data_start = self.data_offset_from_header(name, &first.bytes)?;
+        let data_end = data_start
+            .checked_add(entry.compressed_size)
+            .filter(|&end| end <= self.size)
+            .ok_or_else(|| self.corrupt(name, "compressed data runs past the end of the file"))?;
         let relative = (data_start - entry.local_header_offset) as usize;
-        let compressed = if relative as u64 + entry.compressed_size <= first.bytes.len() as u64 {
-            first.bytes[relative..relative + entry.compressed_size as usize].to_vec()
-        } else {
-            self.client
+        let compressed = match first
+            .bytes
+            .get(relative..relative + entry.compressed_size as usize)
+        {
+            Some(bytes) => bytes.to_vec(),
+            None if entry.compressed_size == 0 => Vec::new(),
+            None => self
+                .client
                 .get_range(
                     &self.url,
                     ByteRange::Inclusive {
                         start: data_start,
-                        end: data_start + entry.compressed_size - 1,
+                        end: data_end - 1,
                     },
                 )
                 .await?
                 .bytes
-                .to_vec()
+                .to_vec(),
         };
         let mut out = Vec::with_capacity(entry.uncompressed_size as usize);
-        let reader = checked_reader(entry, io::Cursor::new(compressed));
-        let mut reader = reader;
+        let mut reader = checked_reader(entry, io::Cursor::new(compressed));
         reader
             .read_to_end(&mut out)
             .map_err(|error| self.corrupt(name, error.to_string()))?;
@@ -263,7 +317,11 @@ impl RemoteZip {
         }
         let name_len = u64::from(u16_at(header, 26));
         let extra_len = u64::from(u16_at(header, 28));
-        Ok(entry.local_header_offset + 30 + name_len + extra_len)
+        entry
+            .local_header_offset
+            .checked_add(30 + name_len + extra_len)
+            .filter(|&start| start <= self.size)
+            .ok_or_else(|| self.corrupt(name, "local header lies outside the file"))
     }
 
     /// Stream one entry, inflated, as a blocking [`Read`]: nothing larger than the
@@ -276,10 +334,14 @@ impl RemoteZip {
     /// until dropped.
     pub async fn entry_reader(&self, name: &str) -> Result<EntryReader, RemoteZipError> {
         let entry = self.require(name)?.clone();
-        let header_end =
-            (entry.local_header_offset + 30 + entry.name.len() as u64 + LOCAL_EXTRA_GUESS)
-                .min(self.size)
-                - 1;
+        if entry.local_header_offset >= self.size {
+            return Err(self.corrupt(name, "local header lies outside the file"));
+        }
+        let header_end = entry
+            .local_header_offset
+            .saturating_add(30 + entry.name.len() as u64 + LOCAL_EXTRA_GUESS)
+            .min(self.size)
+            - 1;
         let header = self
             .client
             .get_range(
@@ -291,6 +353,12 @@ impl RemoteZip {
             )
             .await?;
         let data_start = self.data_offset_from_header(name, &header.bytes)?;
+        if data_start
+            .checked_add(entry.compressed_size)
+            .is_none_or(|end| end > self.size)
+        {
+            return Err(self.corrupt(name, "compressed data runs past the end of the file"));
+        }
         let permit = self.client.acquire().await;
         let body: Box<dyn Read + Send> = if entry.compressed_size == 0 {
             Box::new(io::empty())
@@ -410,11 +478,13 @@ impl<R: Read> Read for CheckedReader<R> {
 
 /// Parse `count` central directory records (zip64 extra fields included).
 pub fn parse_central_directory(bytes: &[u8], count: u64) -> Result<Vec<ZipEntry>, String> {
-    let mut entries = Vec::with_capacity(count.min(1 << 20) as usize);
+    // Each record takes at least 46 bytes: `count` cannot make us reserve more than that.
+    let fits = bytes.len() as u64 / CENTRAL_RECORD_MIN;
+    let mut entries = Vec::with_capacity(count.min(fits) as usize);
     let mut at = 0usize;
     for index in 0..count {
         let fixed = bytes
-            .get(at..at + 46)
+            .get(at..at.saturating_add(46))
             .ok_or_else(|| format!("central directory record {index} is truncated"))?;
         if u32_at(fixed, 0) != CENTRAL_SIGNATURE {
             return Err(format!(
@@ -465,4 +535,31 @@ pub fn parse_central_directory(bytes: &[u8], count: u64) -> Result<Vec<ZipEntry>
         at += 46 + name_len + extra_len + comment_len;
     }
     Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Any bytes and any claimed count: an error or entries, never a panic, and never a
+        /// reservation larger than the bytes can hold.
+        #[test]
+        fn central_directory_parser_never_panics(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+            count in proptest::prelude::any::<u64>(),
+            signatures in proptest::collection::vec(0usize..400, 0..4),
+        ) {
+            let mut bytes = bytes;
+            for at in signatures {
+                if at + 4 <= bytes.len() {
+                    bytes[at..at + 4].copy_from_slice(&CENTRAL_SIGNATURE.to_le_bytes());
+                }
+            }
+            if let Ok(entries) = parse_central_directory(&bytes, count) {
+                proptest::prop_assert!(entries.len() as u64 <= bytes.len() as u64 / 46);
+            }
+        }
+    }
 }

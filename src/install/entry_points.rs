@@ -59,10 +59,9 @@ pub fn parse_scripts(text: &str) -> Result<Vec<ScriptEntry>, EntryPointError> {
         if !is_dotted_identifier(module) || !is_dotted_identifier(attribute) {
             return Err(malformed());
         }
-        if name.is_empty()
-            || name.contains(['/', '\\', '\0'])
-            || name == "."
-            || name == ".."
+        // The name becomes a file in the scripts directory: one plain component (the same
+        // check as every other outside name, issue 16), and no whitespace.
+        if crate::fetch::file_name::FileName::new(name).is_err()
             || name.chars().any(char::is_whitespace)
         {
             return Err(EntryPointError::BadName {

@@ -8,11 +8,16 @@
 //! `preserve_order` is deterministic.
 
 use std::path::Path;
+use std::str::FromStr;
 
+use pep440_rs::Version;
+use reqwest::Url;
 use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::fetch::download::FetchItem;
+use crate::fetch::file_name::FileName;
+use crate::fetch::wheel_filename::{PackageName, WheelFilename};
 use crate::lock::target::Target;
 
 /// Bumped when the format changes incompatibly.
@@ -26,18 +31,17 @@ pub enum LockfileError {
         #[source]
         source: std::io::Error,
     },
+    /// The serde error names the artifact and field ([`ArtifactError`]) and the line.
     #[error("`{path}` is not a valid cudastack lock file")]
     Parse {
         path: std::path::PathBuf,
         #[source]
         source: serde_json::Error,
     },
-    #[error("Lock entry `{name}` has an invalid URL `{url}`")]
-    BadUrl {
-        name: String,
-        url: String,
-        #[source]
-        source: url::ParseError,
+    #[error("`{path}` is larger than {limit} bytes; no cudastack lock is that big")]
+    TooLarge {
+        path: std::path::PathBuf,
+        limit: u64,
     },
     #[error("`{path}` is lock format {found}; this cudastack reads format {expected}: run `cudastack lock` again")]
     Format {
@@ -46,6 +50,9 @@ pub enum LockfileError {
         expected: u32,
     },
 }
+
+/// Locks of the largest stacks are a few hundred kB; anything past this is not a lock.
+pub const MAX_LOCK_BYTES: u64 = 64 * 1024 * 1024;
 
 /// What an artifact is, which decides how it is installed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -57,15 +64,21 @@ pub enum ArtifactKind {
     Wheel,
 }
 
-/// One pinned artifact.
+/// One pinned artifact. Every field that later becomes a path or a request is parsed when
+/// the lock is read ([`Artifact::check`]), so a hostile lock is refused before anything is
+/// fetched or written, with an error that names the artifact and the field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawArtifact")]
 pub struct Artifact {
     pub kind: ArtifactKind,
     /// Normalised package name, or the redist component name (`cuda_cudart`, `cudnn`).
     pub name: String,
     pub version: String,
-    pub filename: String,
-    pub url: String,
+    /// The artifact's file name: one path component (it names the link under `wheels/`);
+    /// for wheels, a wheel file name of `name` and `version`.
+    pub filename: FileName,
+    /// `http`, `https`, or `file` (a mirror directory, read only under `--mirror`).
+    pub url: Url,
     pub sha256: Digest,
     pub size: u64,
     /// The index base URL, mirror directory URL or manifest URL it was resolved from.
@@ -83,19 +96,131 @@ pub struct Artifact {
     pub required_by: Vec<String>,
 }
 
+/// An artifact as written in the file, before [`Artifact::check`].
+#[derive(Deserialize)]
+struct RawArtifact {
+    kind: ArtifactKind,
+    name: String,
+    version: String,
+    filename: String,
+    url: String,
+    sha256: Digest,
+    size: u64,
+    source: String,
+    #[serde(default)]
+    platform: Option<String>,
+    #[serde(default)]
+    variant: Option<String>,
+    #[serde(default)]
+    requires: Vec<String>,
+    #[serde(default)]
+    required_by: Vec<String>,
+}
+
+/// Why one artifact of a lock is refused; always names the artifact and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("artifact `{name} {version}`: field `{field}`: {reason}")]
+pub struct ArtifactError {
+    pub name: String,
+    pub version: String,
+    pub field: &'static str,
+    pub reason: String,
+}
+
+/// The URL schemes a lock may name: the downloader speaks HTTP(S), and `file` is read only
+/// under a mirror directory given on the command line.
+const LOCK_URL_SCHEMES: [&str; 3] = ["https", "http", "file"];
+
+impl TryFrom<RawArtifact> for Artifact {
+    type Error = ArtifactError;
+
+    fn try_from(raw: RawArtifact) -> Result<Self, ArtifactError> {
+        let error = |field: &'static str, reason: String| ArtifactError {
+            name: raw.name.clone(),
+            version: raw.version.clone(),
+            field,
+            reason,
+        };
+        let filename =
+            FileName::new(raw.filename.clone()).map_err(|e| error("filename", e.to_string()))?;
+        let url = Url::parse(&raw.url)
+            .map_err(|e| error("url", format!("`{}` is not a URL: {e}", raw.url)))?;
+        let artifact = Artifact {
+            kind: raw.kind,
+            name: raw.name,
+            version: raw.version,
+            filename,
+            url,
+            sha256: raw.sha256,
+            size: raw.size,
+            source: raw.source,
+            platform: raw.platform,
+            variant: raw.variant,
+            requires: raw.requires,
+            required_by: raw.required_by,
+        };
+        artifact.check()?;
+        Ok(artifact)
+    }
+}
+
 impl Artifact {
+    /// The checks every artifact passes, whether read from a lock or made by the resolver:
+    /// a URL scheme the downloader may use, and for wheels a file name that is a wheel of
+    /// this artifact's name and version (a lock naming `torch` cannot install `evil.whl`).
+    pub fn check(&self) -> Result<(), ArtifactError> {
+        let error = |field: &'static str, reason: String| ArtifactError {
+            name: self.name.clone(),
+            version: self.version.clone(),
+            field,
+            reason,
+        };
+        if !LOCK_URL_SCHEMES.contains(&self.url.scheme()) {
+            return Err(error(
+                "url",
+                format!(
+                    "`{}` has scheme `{}`; a lock may name only https, http or file URLs",
+                    self.url,
+                    self.url.scheme()
+                ),
+            ));
+        }
+        if self.kind == ArtifactKind::Wheel {
+            let wheel = WheelFilename::from_str(&self.filename)
+                .map_err(|e| error("filename", e.to_string()))?;
+            let name = PackageName::from_str(&self.name).map_err(|e| {
+                error(
+                    "name",
+                    format!("`{}` is not a package name: {e}", self.name),
+                )
+            })?;
+            let version = Version::from_str(&self.version).map_err(|e| {
+                error(
+                    "version",
+                    format!("`{}` is not a PEP 440 version: {e}", self.version),
+                )
+            })?;
+            if wheel.name != name || wheel.version != version {
+                return Err(error(
+                    "filename",
+                    format!(
+                        "`{}` is a wheel of `{} {}`, not of this artifact",
+                        self.filename, wheel.name, wheel.version
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The download of this artifact: URL, expected sha256 and size.
-    pub fn fetch_item(&self) -> Result<FetchItem, LockfileError> {
-        Ok(FetchItem {
+    pub fn fetch_item(&self) -> FetchItem {
+        FetchItem {
             name: format!("{} {}", self.name, self.version),
-            url: self.url.parse().map_err(|source| LockfileError::BadUrl {
-                name: self.name.clone(),
-                url: self.url.clone(),
-                source,
-            })?,
+            url: self.url.clone(),
             sha256: self.sha256,
             size: Some(self.size),
-        })
+        }
     }
 }
 
@@ -147,7 +272,7 @@ impl Lockfile {
     }
 
     /// What the downloader needs to fetch every artifact of the lock, in lock order.
-    pub fn fetch_items(&self) -> Result<Vec<FetchItem>, LockfileError> {
+    pub fn fetch_items(&self) -> Vec<FetchItem> {
         self.artifacts.iter().map(Artifact::fetch_item).collect()
     }
 
@@ -156,16 +281,35 @@ impl Lockfile {
         self.artifacts.iter().find(|a| a.name == name)
     }
 
+    /// Read and check a lock. Every artifact goes through [`Artifact::check`]; a file larger
+    /// than [`MAX_LOCK_BYTES`] is refused before it is read.
     pub fn read(path: &Path) -> Result<Self, LockfileError> {
-        let text = fs_err::read_to_string(path).map_err(|source| LockfileError::Io {
+        let io_error = |source| LockfileError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = fs_err::File::open(path).map_err(io_error)?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(file, MAX_LOCK_BYTES + 1),
+            &mut text,
+        )
+        .map_err(io_error)?;
+        if text.len() as u64 > MAX_LOCK_BYTES {
+            return Err(LockfileError::TooLarge {
+                path: path.to_path_buf(),
+                limit: MAX_LOCK_BYTES,
+            });
+        }
+        Self::from_json(&text, path)
+    }
+
+    /// Parse and check the text of a lock; `path` names it in errors.
+    pub fn from_json(text: &str, path: &Path) -> Result<Self, LockfileError> {
+        let lock: Lockfile = serde_json::from_str(text).map_err(|source| LockfileError::Parse {
             path: path.to_path_buf(),
             source,
         })?;
-        let lock: Lockfile =
-            serde_json::from_str(&text).map_err(|source| LockfileError::Parse {
-                path: path.to_path_buf(),
-                source,
-            })?;
         if lock.lock_format != LOCK_FORMAT_VERSION {
             return Err(LockfileError::Format {
                 path: path.to_path_buf(),
@@ -190,6 +334,7 @@ impl Lockfile {
 mod tests {
     use super::*;
     use crate::lock::target::Arch;
+    use proptest::prelude::*;
 
     fn sample() -> Lockfile {
         Lockfile {
@@ -207,8 +352,10 @@ mod tests {
                     kind: ArtifactKind::Wheel,
                     name: "torch".into(),
                     version: "2.4.1".into(),
-                    filename: "torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl".into(),
-                    url: "https://files.example/torch.whl".into(),
+                    filename: "torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl"
+                        .parse()
+                        .unwrap(),
+                    url: "https://files.example/torch.whl".parse().unwrap(),
                     sha256: Digest::of_bytes(b"torch"),
                     size: 10,
                     source: "https://pypi.org/simple/".into(),
@@ -221,8 +368,8 @@ mod tests {
                     kind: ArtifactKind::RedistArchive,
                     name: "cudnn".into(),
                     version: "9.1.0.70".into(),
-                    filename: "cudnn.tar.xz".into(),
-                    url: "http://127.0.0.1/cudnn.tar.xz".into(),
+                    filename: "cudnn.tar.xz".parse().unwrap(),
+                    url: "http://127.0.0.1/cudnn.tar.xz".parse().unwrap(),
                     sha256: Digest::of_bytes(b"cudnn"),
                     size: 5,
                     source: "http://127.0.0.1/redistrib_9.1.0.json".into(),
@@ -269,5 +416,175 @@ mod tests {
         fs_err::write(&path, serde_json::to_string(&lock).unwrap()).unwrap();
         let error = Lockfile::read(&path).unwrap_err();
         assert!(error.to_string().contains("format 99"), "{error}");
+    }
+
+    /// The sample lock as JSON with one field of its torch artifact replaced.
+    fn with_torch_field(field: &str, value: serde_json::Value) -> String {
+        let mut json: serde_json::Value = serde_json::from_str(&sample().to_json()).unwrap();
+        let torch = json["artifacts"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|a| a["name"] == "torch")
+            .unwrap();
+        torch[field] = value;
+        json.to_string()
+    }
+
+    fn read_text(text: &str) -> Result<Lockfile, LockfileError> {
+        Lockfile::from_json(text, Path::new("hostile.lock"))
+    }
+
+    /// Issue 16: a lock's file name was joined onto `wheels/` and the target replaced.
+    #[test]
+    fn refuses_file_names_that_are_paths() {
+        for bad in [
+            "/tmp/x",
+            "../../x",
+            "..",
+            "a/torch-2.4.1-py3-none-any.whl",
+            "",
+        ] {
+            let error = read_text(&with_torch_field("filename", bad.into())).unwrap_err();
+            let chain = format!("{error}: {}", std::error::Error::source(&error).unwrap());
+            assert!(
+                chain.contains("hostile.lock")
+                    && chain.contains("artifact `torch 2.4.1`")
+                    && chain.contains("field `filename`")
+                    && chain.contains("not a plain file name"),
+                "{chain}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_wheels_of_another_package_or_version() {
+        for other in [
+            "evil-2.4.1-cp311-cp311-manylinux1_x86_64.whl",
+            "torch-2.4.0-cp311-cp311-manylinux1_x86_64.whl",
+            "torch.tar.gz",
+        ] {
+            let error = read_text(&with_torch_field("filename", other.into())).unwrap_err();
+            let cause = std::error::Error::source(&error).unwrap().to_string();
+            assert!(cause.contains("field `filename`"), "{cause}");
+        }
+        // The same name spelled differently is the same wheel.
+        let lock = read_text(&with_torch_field(
+            "filename",
+            "Torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl".into(),
+        ))
+        .unwrap();
+        assert_eq!(lock.artifacts.len(), 2);
+    }
+
+    /// Issue 16: `a.url.parse().expect("lock URLs are valid")` panicked on a bad URL.
+    #[test]
+    fn refuses_bad_urls_naming_the_artifact() {
+        for (bad, says) in [
+            ("not a url", "is not a URL"),
+            ("", "is not a URL"),
+            ("ftp://example.com/torch.whl", "scheme `ftp`"),
+            ("data:text/plain,hello", "scheme `data`"),
+        ] {
+            let error = read_text(&with_torch_field("url", bad.into())).unwrap_err();
+            let cause = std::error::Error::source(&error).unwrap().to_string();
+            assert!(
+                cause.contains("artifact `torch 2.4.1`: field `url`") && cause.contains(says),
+                "{cause}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_oversized_files_before_reading_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.lock");
+        let file = fs_err::File::create(&path).unwrap();
+        file.set_len(MAX_LOCK_BYTES + 10).unwrap();
+        let error = Lockfile::read(&path).unwrap_err();
+        assert!(matches!(error, LockfileError::TooLarge { .. }), "{error}");
+    }
+
+    fn artifact_strategy() -> impl Strategy<Value = Artifact> {
+        (
+            "[a-z][a-z0-9]{0,8}(-[a-z0-9]{1,4})?",
+            (0u32..30, 0u32..30, 0u32..30),
+            any::<bool>(),
+            any::<u64>(),
+            any::<[u8; 4]>(),
+            proptest::collection::vec("[a-z]{1,6}", 0..3),
+        )
+            .prop_map(|(name, (major, minor, patch), wheel, size, seed, edges)| {
+                let version = format!("{major}.{minor}.{patch}");
+                let (kind, filename) = if wheel {
+                    let file = format!("{}-{version}-py3-none-any.whl", name.replace('-', "_"));
+                    (ArtifactKind::Wheel, file)
+                } else {
+                    (
+                        ArtifactKind::RedistArchive,
+                        format!("{name}-{version}.tar.xz"),
+                    )
+                };
+                Artifact {
+                    kind,
+                    url: format!("https://files.example/{filename}").parse().unwrap(),
+                    filename: filename.parse().unwrap(),
+                    name,
+                    version,
+                    sha256: Digest::of_bytes(&seed),
+                    size,
+                    source: "https://pypi.org/simple/".into(),
+                    platform: (!wheel).then(|| "linux-x86_64".into()),
+                    variant: None,
+                    requires: edges.clone(),
+                    required_by: edges,
+                }
+            })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Arbitrary bytes are an error, never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let text = String::from_utf8_lossy(&bytes);
+            let _ = read_text(&text);
+        }
+
+        /// Arbitrary values in every field of a real lock are an error or a lock whose
+        /// names are all plain file names, never a panic.
+        #[test]
+        fn arbitrary_fields_never_panic(
+            field in proptest::sample::select(vec!["kind", "name", "version", "filename", "url", "sha256", "size", "source", "platform", "requires"]),
+            value in proptest::prop_oneof![
+                "\\PC{0,30}".prop_map(serde_json::Value::from),
+                "(\\.\\./|/)?[a-z./]{0,12}".prop_map(serde_json::Value::from),
+                proptest::prelude::any::<i64>().prop_map(serde_json::Value::from),
+                proptest::prelude::any::<f64>().prop_map(serde_json::Value::from),
+                proptest::prelude::Just(serde_json::Value::Null),
+                proptest::prelude::Just(serde_json::json!({"a": [1, 2]})),
+            ],
+        ) {
+            if let Ok(lock) = read_text(&with_torch_field(field, value)) {
+                for artifact in &lock.artifacts {
+                    prop_assert!(artifact.check().is_ok());
+                    prop_assert_eq!(artifact.filename.as_path().components().count(), 1);
+                }
+            }
+        }
+
+        /// Any lock written is read back as the same lock, and written again byte for byte.
+        #[test]
+        fn round_trips(artifacts in proptest::collection::vec(artifact_strategy(), 0..6)) {
+            let mut lock = sample();
+            lock.artifacts = artifacts;
+            let text = lock.to_json();
+            let read = read_text(&text).unwrap();
+            proptest::prop_assert_eq!(read.to_json(), text);
+            let mut canonical = lock.clone();
+            canonical.canonicalize();
+            proptest::prop_assert_eq!(read, canonical);
+        }
     }
 }

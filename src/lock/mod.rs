@@ -19,11 +19,14 @@ use pep440_rs::Version;
 use pep508_rs::{PackageName, Requirement};
 
 use crate::digest::Digest;
+use crate::fetch::file_name::FileNameError;
 use crate::fetch::http::{HttpClient, HttpError};
 use crate::fetch::metadata::MetadataError;
 use crate::fetch::redist::{resolve_request, RedistError, RedistRequest};
 use crate::fetch::source::{PackageSource, SourceError};
-pub use lockfile::{Artifact, ArtifactKind, Lockfile, LockfileError, LOCK_FORMAT_VERSION};
+pub use lockfile::{
+    Artifact, ArtifactError, ArtifactKind, Lockfile, LockfileError, LOCK_FORMAT_VERSION,
+};
 pub use target::{Arch, GlibcVersion, PythonVersion, Target};
 
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +80,18 @@ pub enum LockError {
     },
     #[error(transparent)]
     Redist(#[from] RedistError),
+    #[error("The file name of `{url}` cannot be used as a file name")]
+    BadFileName {
+        url: String,
+        #[source]
+        source: FileNameError,
+    },
+    #[error("Refusing to lock: {0}")]
+    Artifact(#[from] ArtifactError),
+    #[error(
+        "Index file `{url}` is a local file; only a `--mirror` directory may provide local files"
+    )]
+    LocalFile { url: String },
     #[error("The resolver task failed")]
     Join(#[from] tokio::task::JoinError),
     #[error("internal resolver error: {0}")]
@@ -128,7 +143,7 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
         for (resolved, size) in resolved.into_iter().zip(sizes) {
             let file = &resolved.candidate.file;
             let sha256 = file.sha256.ok_or_else(|| LockError::NoHash {
-                filename: file.filename.clone(),
+                filename: file.filename.to_string(),
                 url: file.url.to_string(),
             })?;
             artifacts.push(Artifact {
@@ -136,7 +151,7 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
                 name: resolved.name.to_string(),
                 version: resolved.version.to_string(),
                 filename: file.filename.clone(),
-                url: file.url.to_string(),
+                url: file.url.clone(),
                 sha256,
                 size: size?,
                 source: request.sources[resolved.candidate.source].to_string(),
@@ -154,8 +169,13 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
                 kind: ArtifactKind::RedistArchive,
                 name: artifact.component.clone(),
                 version: artifact.version.clone(),
-                filename: artifact.filename(),
-                url: artifact.url.to_string(),
+                filename: artifact
+                    .filename()
+                    .map_err(|source| LockError::BadFileName {
+                        url: artifact.url.to_string(),
+                        source,
+                    })?,
+                url: artifact.url.clone(),
                 sha256: artifact.sha256,
                 size: artifact.size,
                 source: artifact.manifest_url.to_string(),
@@ -167,6 +187,10 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
         }
     }
 
+    // The same checks a lock read from disk passes: what `lock` writes, `build` accepts.
+    for artifact in &artifacts {
+        artifact.check()?;
+    }
     let mut lock = Lockfile {
         lock_format: LOCK_FORMAT_VERSION,
         recipe_digest: request.recipe_digest,
@@ -180,13 +204,12 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
 
 /// The size of a remote file from a one-byte range request (PEP 503 pages carry no sizes).
 async fn remote_size(client: &HttpClient, url: &reqwest::Url) -> Result<u64, LockError> {
+    // Mirror files carry their size; a `file:` URL here came from an index page, and
+    // reading it would tell the index about this machine's files.
     if url.scheme() == "file" {
-        let path = url
-            .to_file_path()
-            .map_err(|()| LockError::Internal(format!("bad file URL {url}")))?;
-        return fs_err::metadata(&path)
-            .map(|m| m.len())
-            .map_err(|error| LockError::Internal(error.to_string()));
+        return Err(LockError::LocalFile {
+            url: url.to_string(),
+        });
     }
     let answer = client
         .get_range(

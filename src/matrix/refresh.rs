@@ -102,7 +102,7 @@ impl TorchSource for IndexTorchSource {
         wheel_metadata(self.index.client(), file)
             .await
             .map_err(|e| RefreshError::Metadata {
-                filename: file.filename.clone(),
+                filename: file.filename.to_string(),
                 source: boxed(e),
             })
     }
@@ -114,7 +114,7 @@ impl TorchSource for IndexTorchSource {
         scanner: &mut ArchScanner,
     ) -> Result<(), RefreshError> {
         let fail = |source: Box<dyn std::error::Error + Send + Sync>| RefreshError::ArchScan {
-            filename: file.filename.clone(),
+            filename: file.filename.to_string(),
             member: member.to_string(),
             source,
         };
@@ -558,7 +558,7 @@ mod tests {
 
     fn dist_file(filename: &str) -> DistFile {
         DistFile {
-            filename: filename.into(),
+            filename: filename.parse().unwrap(),
             url: format!("https://files.example/{filename}").parse().unwrap(),
             sha256: Some(crate::digest::Digest::of_bytes(filename.as_bytes())),
             size: None,

@@ -140,6 +140,8 @@ pub struct BuildSettings {
     pub compression: Compression,
     /// Use only the blob cache; fail listing what is missing.
     pub offline: bool,
+    /// Directories a lock's `file://` URLs may point into (`--mirror`); none by default.
+    pub mirrors: Vec<PathBuf>,
     /// Substituted for `{registry}` in tag templates.
     pub registry: String,
     /// The platforms to build; the recipe's `platforms` when None.
@@ -520,21 +522,15 @@ async fn fetch_wheels(
     {
         return Err(BuildError::Unsupported("this lock names NVIDIA redist archives; `cudastack build` installs the CUDA stack from nvidia-* wheels so far".into()));
     }
-    let items: Vec<FetchItem> = wheels
-        .iter()
-        .map(|a| FetchItem {
-            name: format!("{} {}", a.name, a.version),
-            url: a.url.parse().expect("lock URLs are valid"),
-            sha256: a.sha256,
-            size: Some(a.size),
-        })
-        .collect();
+    // URLs and file names were checked when the lock was read (`Artifact::check`).
+    let items: Vec<FetchItem> = wheels.iter().map(|a| a.fetch_item()).collect();
     let downloader = Downloader::new(
         HttpClient::with_defaults()?,
         store.clone(),
         progress.downloads(),
     )
-    .offline(settings.offline);
+    .offline(settings.offline)
+    .mirrors(settings.mirrors.clone());
     let missing = downloader.missing(&items).len();
     progress.stage(
         "fetch",
@@ -547,7 +543,8 @@ async fn fetch_wheels(
     fs_err::create_dir_all(&named).map_err(io_error(&named))?;
     let mut wheel_paths: BTreeMap<String, (PathBuf, Digest, String)> = BTreeMap::new();
     for (artifact, blob) in wheels.iter().zip(paths) {
-        let link = named.join(&artifact.filename);
+        // A `FileName` is one plain component: the link is always directly in `named`.
+        let link = named.join(artifact.filename.as_path());
         if fs_err::symlink_metadata(&link).is_ok() {
             fs_err::remove_file(&link).map_err(io_error(&link))?;
         }

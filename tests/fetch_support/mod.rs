@@ -43,6 +43,11 @@ pub struct Faults {
     pub delay_ms: u64,
     /// Only delay the first `delay_times` responses (0 = all of them).
     pub delay_times: usize,
+    /// Claim this total file size in `Content-Range` (a lying index).
+    pub lie_total: Option<u64>,
+    /// Write these bytes as the whole response (status line, headers and body), whatever
+    /// was asked: arbitrary server answers.
+    pub raw_response: Option<Arc<Vec<u8>>>,
 }
 
 #[derive(Clone)]
@@ -205,6 +210,12 @@ fn handle(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         return Ok(());
     };
     let faults = &route.faults;
+    if let Some(raw) = &faults.raw_response {
+        writer.write_all(raw)?;
+        writer.flush()?;
+        let _ = writer.shutdown(std::net::Shutdown::Both);
+        return Ok(());
+    }
     if let Some(status) = faults.fail_status {
         if hit <= faults.fail_times {
             write!(writer, "HTTP/1.1 {status} Fixture Failure\r\nContent-Length: 4\r\nConnection: close\r\n\r\nfail")?;
@@ -234,7 +245,8 @@ fn handle(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         route.content_type
     );
     if status.starts_with("206") {
-        head.push_str(&format!("Content-Range: bytes {start}-{end}/{len}\r\n"));
+        let total = faults.lie_total.unwrap_or(len);
+        head.push_str(&format!("Content-Range: bytes {start}-{end}/{total}\r\n"));
     }
     head.push_str("\r\n");
     writer.write_all(head.as_bytes())?;
