@@ -68,6 +68,9 @@ pub fn default_cache_root() -> PathBuf {
     home.join(".cache").join("cudastack")
 }
 
+/// How long a temp file in `tmp/` may go unwritten before it counts as abandoned.
+const STALE_TEMP_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+
 /// A content-addressed store of sha256 blobs.
 #[derive(Debug, Clone)]
 pub struct BlobStore {
@@ -88,7 +91,35 @@ impl BlobStore {
                 source,
             })?;
         }
-        Ok(Self { root })
+        let store = Self { root };
+        store.sweep_stale_temp_files();
+        Ok(store)
+    }
+
+    /// Remove temp files of writers that were killed (a `kill -9`, a lost CI runner): a
+    /// live writer keeps its file's mtime fresh, so one untouched for a day is abandoned.
+    /// Resumable downloads (`partial-*`) stay: resuming them is their point.
+    fn sweep_stale_temp_files(&self) {
+        let Ok(entries) = std::fs::read_dir(self.tmp_dir()) else {
+            return;
+        };
+        let now = std::time::SystemTime::now();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if !(name.starts_with("blob-") || name.starts_with("layer-index-")) {
+                continue;
+            }
+            let stale = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|modified| now.duration_since(modified).ok())
+                .is_some_and(|age| age > STALE_TEMP_AGE);
+            if stale {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -492,5 +523,24 @@ mod tests {
         std::fs::write(store.record_path(&digest), b"size=\xff garbage").unwrap();
         assert!(store.contains(&digest));
         assert!(Stamp::parse(&std::fs::read_to_string(store.record_path(&digest)).unwrap()).is_some());
+    }
+
+    #[test]
+    fn temp_files_of_killed_writers_are_swept_live_ones_and_partials_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path()).unwrap();
+        let old = std::time::SystemTime::now() - STALE_TEMP_AGE * 2;
+        for name in ["blob-abandoned", "layer-index-abandoned", "partial-abc"] {
+            let file = std::fs::File::create(store.tmp_dir().join(name)).unwrap();
+            file.set_modified(old).unwrap();
+        }
+        std::fs::write(store.tmp_dir().join("blob-live"), b"x").unwrap();
+        let store = BlobStore::open(dir.path()).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(store.tmp_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["blob-live", "partial-abc"]);
     }
 }
