@@ -331,7 +331,10 @@ impl Stamp {
         let mut fields = text.split_whitespace();
         let mut next = |name: &str| {
             let field = fields.next()?;
-            field.strip_prefix(name)?.strip_prefix('=').map(str::to_string)
+            field
+                .strip_prefix(name)?
+                .strip_prefix('=')
+                .map(str::to_string)
         };
         Some(Self {
             size: next("size")?.parse().ok()?,
@@ -473,8 +476,14 @@ mod tests {
             .unwrap();
         file.set_len(5).unwrap();
         drop(file);
-        assert!(!store.contains(&digest), "a truncated blob passed as cached");
-        assert!(!store.path(&digest).exists(), "the bad entry was not removed");
+        assert!(
+            !store.contains(&digest),
+            "a truncated blob passed as cached"
+        );
+        assert!(
+            !store.path(&digest).exists(),
+            "the bad entry was not removed"
+        );
         // Repaired by storing it again.
         assert_eq!(stored(&store, b"0123456789 layer bytes"), digest);
         assert_eq!(store.verified(&digest).unwrap(), Some(store.path(&digest)));
@@ -522,7 +531,9 @@ mod tests {
         let digest = stored(&store, b"bytes");
         std::fs::write(store.record_path(&digest), b"size=\xff garbage").unwrap();
         assert!(store.contains(&digest));
-        assert!(Stamp::parse(&std::fs::read_to_string(store.record_path(&digest)).unwrap()).is_some());
+        assert!(
+            Stamp::parse(&std::fs::read_to_string(store.record_path(&digest)).unwrap()).is_some()
+        );
     }
 
     #[test]

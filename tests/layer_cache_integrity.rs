@@ -8,7 +8,9 @@ use std::path::Path;
 
 use cudastack::cas::BlobStore;
 use cudastack::digest::Digest;
-use cudastack::layer::{BuildOptions, CacheKey, Compression, Entry, LayerCache, LayerContents, LayerPath};
+use cudastack::layer::{
+    BuildOptions, CacheKey, Compression, Entry, LayerCache, LayerContents, LayerPath,
+};
 use cudastack::oci::{layout, Image};
 
 const EPOCH: u64 = 1_714_521_600;
@@ -17,7 +19,9 @@ fn contents() -> LayerContents {
     LayerContents::from_entries([Entry::file_bytes(
         LayerPath::parse("usr/lib/libexample.so.1").unwrap(),
         0o755,
-        (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>(),
+        (0..200_000u32)
+            .flat_map(|i| i.to_le_bytes())
+            .collect::<Vec<u8>>(),
     )])
     .unwrap()
 }
@@ -30,7 +34,11 @@ fn hash(path: &Path) -> Digest {
 /// timestamp tick first, as there would be between a build and a later accident.
 fn flip_byte(path: &Path, at: u64) {
     std::thread::sleep(std::time::Duration::from_millis(30));
-    let mut file = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
     let mut byte = [0u8];
     file.seek(SeekFrom::Start(at)).unwrap();
     std::io::Read::read_exact(&mut file, &mut byte).unwrap();
@@ -45,25 +53,50 @@ fn a_corrupted_cached_layer_is_rebuilt_not_reused() {
     let options = BuildOptions::new(EPOCH, Compression::Gzip { level: 1 });
     let key = CacheKey::new("integrity-test/1", &[], &"x");
     let cache = LayerCache::open(store.clone()).unwrap();
-    let first = cache.get_or_build(&key, &options, || Ok(contents())).unwrap();
+    let first = cache
+        .get_or_build(&key, &options, || Ok(contents()))
+        .unwrap();
     let layout_a = work.path().join("a");
-    layout::write(&Image::new(EPOCH).with_layer(first.clone(), "x"), &layout_a, "x").unwrap();
+    layout::write(
+        &Image::new(EPOCH).with_layer(first.clone(), "x"),
+        &layout_a,
+        "x",
+    )
+    .unwrap();
 
     // Through the layout (a hard link to the cache's blob on one filesystem).
     flip_byte(&layout::blob_path(&layout_a, &first.digest), first.size / 2);
 
     let cache = LayerCache::open(store.clone()).unwrap();
-    let again = cache.get_or_build(&key, &options, || Ok(contents())).unwrap();
+    let again = cache
+        .get_or_build(&key, &options, || Ok(contents()))
+        .unwrap();
     assert_eq!(cache.stats().builds, 1, "the corrupt entry was reused");
     assert_eq!(again.digest, first.digest, "the layer is deterministic");
     assert_eq!(hash(&again.blob), again.digest);
 
     // A new layout gets good bytes; the damaged one is repaired when written again.
     let layout_b = work.path().join("b");
-    layout::write(&Image::new(EPOCH).with_layer(again.clone(), "x"), &layout_b, "x").unwrap();
-    assert_eq!(hash(&layout::blob_path(&layout_b, &again.digest)), again.digest);
-    layout::write(&Image::new(EPOCH).with_layer(again.clone(), "x"), &layout_a, "x").unwrap();
-    assert_eq!(hash(&layout::blob_path(&layout_a, &again.digest)), again.digest);
+    layout::write(
+        &Image::new(EPOCH).with_layer(again.clone(), "x"),
+        &layout_b,
+        "x",
+    )
+    .unwrap();
+    assert_eq!(
+        hash(&layout::blob_path(&layout_b, &again.digest)),
+        again.digest
+    );
+    layout::write(
+        &Image::new(EPOCH).with_layer(again.clone(), "x"),
+        &layout_a,
+        "x",
+    )
+    .unwrap();
+    assert_eq!(
+        hash(&layout::blob_path(&layout_a, &again.digest)),
+        again.digest
+    );
 }
 
 #[test]
@@ -73,7 +106,9 @@ fn a_truncated_cached_layer_of_the_right_name_is_rebuilt() {
     let options = BuildOptions::new(EPOCH, Compression::None);
     let key = CacheKey::new("integrity-test/1", &[], &"y");
     let cache = LayerCache::open(store.clone()).unwrap();
-    let first = cache.get_or_build(&key, &options, || Ok(contents())).unwrap();
+    let first = cache
+        .get_or_build(&key, &options, || Ok(contents()))
+        .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(30));
     std::fs::OpenOptions::new()
         .write(true)
@@ -82,7 +117,9 @@ fn a_truncated_cached_layer_of_the_right_name_is_rebuilt() {
         .set_len(first.size / 3)
         .unwrap();
     let cache = LayerCache::open(store).unwrap();
-    let again = cache.get_or_build(&key, &options, || Ok(contents())).unwrap();
+    let again = cache
+        .get_or_build(&key, &options, || Ok(contents()))
+        .unwrap();
     assert_eq!(cache.stats().builds, 1);
     assert_eq!(hash(&again.blob), first.digest);
 }
@@ -94,7 +131,9 @@ fn an_unreadable_index_entry_is_a_miss_not_an_error() {
     let options = BuildOptions::new(EPOCH, Compression::None);
     let key = CacheKey::new("integrity-test/1", &[], &"z");
     let cache = LayerCache::open(store.clone()).unwrap();
-    let first = cache.get_or_build(&key, &options, || Ok(contents())).unwrap();
+    let first = cache
+        .get_or_build(&key, &options, || Ok(contents()))
+        .unwrap();
     for entry in std::fs::read_dir(work.path().join("cache/layers")).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "json") {
@@ -102,7 +141,9 @@ fn an_unreadable_index_entry_is_a_miss_not_an_error() {
         }
     }
     let cache = LayerCache::open(store).unwrap();
-    let again = cache.get_or_build(&key, &options, || Ok(contents())).unwrap();
+    let again = cache
+        .get_or_build(&key, &options, || Ok(contents()))
+        .unwrap();
     assert_eq!(cache.stats().builds, 1);
     assert_eq!(again.digest, first.digest);
 }

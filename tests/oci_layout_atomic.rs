@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cudastack::cas::BlobStore;
-use cudastack::layer::{self, BuildOptions, CacheKey, Compression, Entry, LayerCache, LayerContents, LayerPath};
+use cudastack::layer::{
+    self, BuildOptions, CacheKey, Compression, Entry, LayerCache, LayerContents, LayerPath,
+};
 use cudastack::oci::{layout, Image};
 
 const EPOCH: u64 = 1_714_521_600;
@@ -34,7 +36,12 @@ fn image_of(store: &BlobStore, len: usize, seed: u64) -> Image {
         noise(len, seed),
     )])
     .unwrap();
-    let layer = layer::build(store, &contents, &BuildOptions::new(EPOCH, Compression::None)).unwrap();
+    let layer = layer::build(
+        store,
+        &contents,
+        &BuildOptions::new(EPOCH, Compression::None),
+    )
+    .unwrap();
     Image::new(EPOCH).with_layer(layer, "data")
 }
 
@@ -112,8 +119,16 @@ fn a_full_disk_leaves_no_half_layout_and_no_temp_files() {
             ("CHILD_EXISTING", &existing),
         ],
     );
-    assert!(!new_dir.exists(), "a failed write left a half layout: {:?}", tree(&new_dir));
-    assert_eq!(tree(&existing), before, "a failed write changed the existing layout");
+    assert!(
+        !new_dir.exists(),
+        "a failed write left a half layout: {:?}",
+        tree(&new_dir)
+    );
+    assert_eq!(
+        tree(&existing),
+        before,
+        "a failed write changed the existing layout"
+    );
     // And it still works once there is room.
     layout::write(&layout::read(&source, "big").unwrap(), &existing, "big").unwrap();
     assert_eq!(layout::list_refs(&existing).unwrap(), ["big", "small"]);
@@ -133,7 +148,10 @@ fn child_writes_layouts_past_the_file_size_limit() {
     for dir in [&new_dir, &existing] {
         let error = layout::write(&image, dir, "big").unwrap_err();
         let chain = format!("{error}: {:?}", std::error::Error::source(&error));
-        assert!(chain.contains("File too large") || chain.contains("No space"), "{chain}");
+        assert!(
+            chain.contains("File too large") || chain.contains("No space"),
+            "{chain}"
+        );
         eprintln!("failed as expected: {chain}");
     }
 }
@@ -149,14 +167,22 @@ fn a_layout_and_cache_written_with_umask_022_are_world_readable() {
         &[("CHILD_CACHE", &cache), ("CHILD_LAYOUT", &dir)],
     );
     let mut checked = 0;
-    for root in [&dir, &cache.join("blobs"), &cache.join("layers"), &cache.join("verified")] {
+    for root in [
+        &dir,
+        &cache.join("blobs"),
+        &cache.join("layers"),
+        &cache.join("verified"),
+    ] {
         for (path, _) in tree(root) {
             if path.ends_with(".lock") {
                 continue;
             }
             let mode = std::fs::metadata(&path).unwrap().permissions();
             let mode = std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777;
-            assert_eq!(mode, 0o644, "{path} is {mode:o}, not 0644 (0666 less umask 022)");
+            assert_eq!(
+                mode, 0o644,
+                "{path} is {mode:o}, not 0644 (0666 less umask 022)"
+            );
             checked += 1;
         }
     }

@@ -12,7 +12,9 @@ use std::path::Path;
 use cudastack::cas::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::oci;
-use cudastack::registry::{pull, push_image, ClientOptions, Platform, PushOptions, Reference, RegistryClient};
+use cudastack::registry::{
+    pull, push_image, ClientOptions, Platform, PushOptions, Reference, RegistryClient,
+};
 use registry_support::*;
 
 fn hash(path: &Path) -> Digest {
@@ -57,9 +59,16 @@ async fn a_corrupted_cached_blob_is_fetched_again_not_linked_into_the_layout() {
 
     let cache = BlobStore::open(work.path().join("cache")).unwrap();
     let first_dir = work.path().join("first");
-    let first = pull(&client, &reference, &Platform::default(), &cache, &first_dir, "a")
-        .await
-        .unwrap();
+    let first = pull(
+        &client,
+        &reference,
+        &Platform::default(),
+        &cache,
+        &first_dir,
+        "a",
+    )
+    .await
+    .unwrap();
     assert_eq!(first.manifest_digest, digest);
 
     // Flip a byte of the cached base layer in place (after a timestamp tick, as a later
@@ -80,39 +89,66 @@ async fn a_corrupted_cached_blob_is_fetched_again_not_linked_into_the_layout() {
         .unwrap();
 
     let second_dir = work.path().join("second");
-    let second = pull(&client, &reference, &Platform::default(), &cache, &second_dir, "a")
-        .await
-        .unwrap();
+    let second = pull(
+        &client,
+        &reference,
+        &Platform::default(),
+        &cache,
+        &second_dir,
+        "a",
+    )
+    .await
+    .unwrap();
     assert_eq!(
         second.bytes_downloaded,
         base.size + app.size,
         "the damaged blobs were reused: {second:?}"
     );
     for layer in [&base, &app] {
-        assert_eq!(hash(&oci::layout::blob_path(&second_dir, &layer.digest)), layer.digest);
+        assert_eq!(
+            hash(&oci::layout::blob_path(&second_dir, &layer.digest)),
+            layer.digest
+        );
         assert_eq!(hash(&cache.path(&layer.digest)), layer.digest);
     }
     // Pulling into the first layout again repairs its damaged (hard-linked) copies too.
-    pull(&client, &reference, &Platform::default(), &cache, &first_dir, "a")
-        .await
-        .unwrap();
+    pull(
+        &client,
+        &reference,
+        &Platform::default(),
+        &cache,
+        &first_dir,
+        "a",
+    )
+    .await
+    .unwrap();
     for layer in [&base, &app] {
-        assert_eq!(hash(&oci::layout::blob_path(&first_dir, &layer.digest)), layer.digest);
+        assert_eq!(
+            hash(&oci::layout::blob_path(&first_dir, &layer.digest)),
+            layer.digest
+        );
     }
     if oci_support::have("skopeo") {
-        oci_support::run(std::process::Command::new("skopeo").args([
-            "inspect",
-            &format!("oci:{}:a", second_dir.display()),
-        ]));
+        oci_support::run(
+            std::process::Command::new("skopeo")
+                .args(["inspect", &format!("oci:{}:a", second_dir.display())]),
+        );
     }
 
     // A pull that fails (the registry is gone) leaves no layout and no temp file.
     let empty_cache = BlobStore::open(work.path().join("empty-cache")).unwrap();
     registry.kill();
     let failed_dir = work.path().join("failed");
-    let error = pull(&client, &reference, &Platform::default(), &empty_cache, &failed_dir, "a")
-        .await
-        .unwrap_err();
+    let error = pull(
+        &client,
+        &reference,
+        &Platform::default(),
+        &empty_cache,
+        &failed_dir,
+        "a",
+    )
+    .await
+    .unwrap_err();
     eprintln!("failed as expected: {error}");
     assert!(!failed_dir.exists());
     assert_eq!(

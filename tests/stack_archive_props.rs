@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 
 use cudastack::cas::BlobStore;
-use cudastack::layer::{self, BuildOptions, Compression, Entry, EntryKind, LayerContents, LayerPath};
+use cudastack::layer::{
+    self, BuildOptions, Compression, Entry, EntryKind, LayerContents, LayerPath,
+};
 use cudastack::lock::target::Arch;
 use cudastack::recipe::Flavor;
 use cudastack::stack::config::ToolkitPaths;
@@ -57,7 +59,8 @@ fn member_name() -> impl Strategy<Value = String> {
         Just("../"),
         Just(""),
     ];
-    (prefix, prop::collection::vec(segment, 0..4)).prop_map(|(prefix, parts)| format!("{prefix}{}", parts.join("/")))
+    (prefix, prop::collection::vec(segment, 0..4))
+        .prop_map(|(prefix, parts)| format!("{prefix}{}", parts.join("/")))
 }
 
 fn zip_of(members: &[(String, Vec<u8>, u32)]) -> Vec<u8> {
@@ -82,7 +85,12 @@ fn stage_bytes(wheel_bytes: &[u8], flavor: Flavor, cudnn: bool) {
     std::fs::create_dir(&root).unwrap();
     let wheel = NvidiaWheel {
         path: wheel_path,
-        project: if cudnn { "nvidia-cudnn-cu12" } else { "nvidia-cuda-runtime-cu12" }.into(),
+        project: if cudnn {
+            "nvidia-cudnn-cu12"
+        } else {
+            "nvidia-cuda-runtime-cu12"
+        }
+        .into(),
         version: "12.1.105".into(),
     };
     let paths = ToolkitPaths::new(CudaVersion::new(12, 1, None), Arch::X86_64);
@@ -92,15 +100,27 @@ fn stage_bytes(wheel_bytes: &[u8], flavor: Flavor, cudnn: bool) {
         .into_iter()
         .filter(|p| p != Path::new("wheel.whl") && !p.starts_with("root"))
         .collect();
-    assert!(outside.is_empty(), "written outside the staging root: {outside:?}");
+    assert!(
+        outside.is_empty(),
+        "written outside the staging root: {outside:?}"
+    );
     // No link inside points out of the root either (a later writer could follow it).
     for relative in listing(&root) {
         let path = root.join(&relative);
         if let Ok(target) = std::fs::read_link(&path) {
-            assert!(!target.is_absolute() || target.starts_with("/usr/local"), "{relative:?} -> {target:?}");
+            assert!(
+                !target.is_absolute() || target.starts_with("/usr/local"),
+                "{relative:?} -> {target:?}"
+            );
             let depth = relative.components().count() - 1;
-            let ups = target.components().filter(|c| matches!(c, std::path::Component::ParentDir)).count();
-            assert!(ups <= depth, "{relative:?} -> {target:?} climbs out of the root");
+            let ups = target
+                .components()
+                .filter(|c| matches!(c, std::path::Component::ParentDir))
+                .count();
+            assert!(
+                ups <= depth,
+                "{relative:?} -> {target:?} climbs out of the root"
+            );
         }
     }
 }

@@ -36,8 +36,20 @@ fn mirror(root: &Path, nonce: &str) -> PathBuf {
     std::fs::create_dir_all(&libs).unwrap();
     std::fs::create_dir_all(&mirror).unwrap();
     let body = |symbol: &str| format!("int {symbol}_{nonce}(void) {{ return 42; }}\n");
-    let cudart = gcc_lib(Target::X86_64, &libs, "libcudart.so.12", &[], &body("cudart"));
-    let lt = gcc_lib(Target::X86_64, &libs, "libcublasLt.so.12", &[], &body("cublaslt"));
+    let cudart = gcc_lib(
+        Target::X86_64,
+        &libs,
+        "libcudart.so.12",
+        &[],
+        &body("cudart"),
+    );
+    let lt = gcc_lib(
+        Target::X86_64,
+        &libs,
+        "libcublasLt.so.12",
+        &[],
+        &body("cublaslt"),
+    );
     let cublas = gcc_lib(
         Target::X86_64,
         &libs,
@@ -171,7 +183,12 @@ fn concurrent_builds_sharing_one_cache_all_succeed_and_agree() {
         digests.push((name, stdout.lines().next().unwrap_or_default().to_string()));
     }
     eprintln!("6 concurrent builds took {:?}", started.elapsed());
-    assert!(failures.is_empty(), "{} of 6 builds failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of 6 builds failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     let of = |prefix: &str| -> std::collections::BTreeSet<&str> {
         digests
             .iter()
@@ -179,8 +196,16 @@ fn concurrent_builds_sharing_one_cache_all_succeed_and_agree() {
             .map(|(_, digest)| digest.as_str())
             .collect()
     };
-    assert_eq!(of("one").len(), 1, "builds of one recipe disagree: {digests:?}");
-    assert_eq!(of("two").len(), 1, "builds of one recipe disagree: {digests:?}");
+    assert_eq!(
+        of("one").len(),
+        1,
+        "builds of one recipe disagree: {digests:?}"
+    );
+    assert_eq!(
+        of("two").len(),
+        1,
+        "builds of one recipe disagree: {digests:?}"
+    );
     let leftovers: Vec<String> = std::fs::read_dir(cache.join("staging"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -197,8 +222,16 @@ fn concurrent_builds_sharing_one_cache_all_succeed_and_agree() {
             .wait_with_output()
             .unwrap();
         times.push(started.elapsed());
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        let again = String::from_utf8_lossy(&output.stdout).lines().next().unwrap_or_default().to_string();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let again = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string();
         assert!(of("one").contains(again.as_str()), "{again} vs {digests:?}");
     }
     times.sort();

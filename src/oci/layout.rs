@@ -418,13 +418,14 @@ impl LayoutWriter {
             .make_in(&blobs, |path| std::fs::hard_link(source, path));
         match linked {
             Ok(temp) => {
-                temp.persist(&target).map_err(|e| io_error(&target)(e.error))?;
+                temp.persist(&target)
+                    .map_err(|e| io_error(&target)(e.error))?;
             }
             Err(_) => {
                 // Different filesystem (or no hardlink support): copy, verifying.
                 let mut reader = fs_err::File::open(source).map_err(io_error(source))?;
-                let temp = crate::atomic_file::temp_in(&blobs, TEMP_PREFIX)
-                    .map_err(io_error(&blobs))?;
+                let temp =
+                    crate::atomic_file::temp_in(&blobs, TEMP_PREFIX).map_err(io_error(&blobs))?;
                 let temp_path = temp.path().to_path_buf();
                 let mut writer = HashingWriter::new(io::BufWriter::with_capacity(1 << 20, temp));
                 io::copy(&mut reader, &mut writer).map_err(io_error(&temp_path))?;
@@ -468,7 +469,8 @@ impl LayoutWriter {
     fn write_file(&mut self, path: &Path, bytes: &[u8]) -> Result<(), OciError> {
         let existed = path.exists();
         let folder = path.parent().unwrap_or(&self.dir);
-        let mut temp = crate::atomic_file::temp_in(folder, TEMP_PREFIX).map_err(io_error(folder))?;
+        let mut temp =
+            crate::atomic_file::temp_in(folder, TEMP_PREFIX).map_err(io_error(folder))?;
         temp.write_all(bytes).map_err(io_error(temp.path()))?;
         crate::atomic_file::persist(temp, path).map_err(io_error(path))?;
         if !existed {
