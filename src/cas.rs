@@ -6,6 +6,8 @@
 //! verified/sha256/<hex>   integrity record: the blob's size, mtime, inode and device
 //!                         when its bytes last hashed to <hex>
 //! tmp/                    in-progress writes; same filesystem so the final rename is atomic
+//! locks/                  `flock(2)` files of resumable downloads (kept: removing a lock
+//!                         file another process waits on would split the lock)
 //! ```
 //! A blob appears under `blobs/` only after its bytes hashed to the name it gets, so a
 //! reader never sees a half-written entry (DESIGN.md, "Safe"). An interrupted write leaves
@@ -85,6 +87,7 @@ impl BlobStore {
             root.join("blobs").join("sha256"),
             root.join("verified").join("sha256"),
             root.join("tmp"),
+            root.join("locks"),
         ] {
             fs_err::create_dir_all(&dir).map_err(|source| CasError::Io {
                 path: dir.clone(),
@@ -245,7 +248,8 @@ impl BlobStore {
     /// the other build may have finished the blob.
     pub fn lock_partial(&self, expected: &Digest) -> Result<std::fs::File, CasError> {
         let path = self
-            .tmp_dir()
+            .root
+            .join("locks")
             .join(format!("partial-{}.lock", expected.hex()));
         crate::atomic_file::lock(&path).map_err(io_err(&path))
     }
