@@ -123,11 +123,15 @@ fn a_full_disk_leaves_no_half_layout_and_no_temp_files() {
         !new_dir.exists(),
         "a failed write left a half layout: {:?}",
         tree(&new_dir)
+            .into_iter()
+            .map(|(path, _)| path)
+            .collect::<Vec<_>>()
     );
-    assert_eq!(
-        tree(&existing),
-        before,
-        "a failed write changed the existing layout"
+    let after = tree(&existing);
+    assert!(
+        after == before,
+        "a failed write changed the existing layout: {:?}",
+        after.into_iter().map(|(path, _)| path).collect::<Vec<_>>()
     );
     // And it still works once there is room.
     layout::write(&layout::read(&source, "big").unwrap(), &existing, "big").unwrap();
