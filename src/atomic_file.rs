@@ -42,6 +42,20 @@ pub fn persist(temp: NamedTempFile, path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Take the exclusive advisory lock (`flock(2)`) of `path`, creating it (0666 less the
+/// umask) if needed; held until the returned file is dropped, released by the kernel if the
+/// process dies. Cache entries use one lock file each, so concurrent builds of the same
+/// entry wait for each other while different entries proceed in parallel.
+pub fn lock(path: &Path) -> io::Result<std::fs::File> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    file.lock()?;
+    Ok(file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,12 +2,29 @@
 //!
 //! Layout under the cache root (default `~/.cache/cudastack`, or `$CUDASTACK_CACHE_DIR`):
 //! ```text
-//! blobs/sha256/<hex>   complete, verified blobs (downloads, compressed layers, configs)
-//! tmp/                 in-progress writes; same filesystem so the final rename is atomic
+//! blobs/sha256/<hex>      complete, verified blobs (downloads, compressed layers, configs)
+//! verified/sha256/<hex>   integrity record: the blob's size, mtime, inode and device
+//!                         when its bytes last hashed to <hex>
+//! tmp/                    in-progress writes; same filesystem so the final rename is atomic
+//! locks/                  `flock(2)` files of resumable downloads (kept: removing a lock
+//!                         file another process waits on would split the lock)
 //! ```
 //! A blob appears under `blobs/` only after its bytes hashed to the name it gets, so a
-//! reader never sees a corrupt or half-written entry (DESIGN.md, "Safe"). An interrupted
-//! write leaves at most a file in `tmp/`, which is never read as a blob.
+//! reader never sees a half-written entry (DESIGN.md, "Safe"). An interrupted write leaves
+//! at most a file in `tmp/`, which is never read as a blob.
+//!
+//! A blob can still change after it was stored: a disk that fills, a tool that truncates
+//! or edits a file of a layout that is a hard link to the blob (issue 16, "Trust"). So the
+//! store hands out a blob only through [`BlobStore::verified`] (and [`BlobStore::contains`],
+//! which uses it), and the rule is: **a blob is used only while its integrity record
+//! matches its `stat`; otherwise it is hashed again before use.** Any write, truncation or
+//! replacement changes the size, the mtime or the inode, so the record no longer matches
+//! and the bytes are hashed; a blob whose bytes do not hash to its name is removed with a
+//! warning and reported missing, so the caller fetches or builds it again. The record costs
+//! one `stat` and one small read per use (a no-op rebuild stays instant) instead of hashing
+//! gigabytes at ~1.2 GB/s. What the record cannot see is a change that keeps size and mtime
+//! (bit rot, or someone restoring the mtime on purpose; whoever can write the blob can
+//! write its record too); `cudastack` never writes a blob in place, it renames new ones in.
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -53,6 +70,9 @@ pub fn default_cache_root() -> PathBuf {
     home.join(".cache").join("cudastack")
 }
 
+/// How long a temp file in `tmp/` may go unwritten before it counts as abandoned.
+const STALE_TEMP_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+
 /// A content-addressed store of sha256 blobs.
 #[derive(Debug, Clone)]
 pub struct BlobStore {
@@ -63,13 +83,46 @@ impl BlobStore {
     /// Open (creating if needed) the store under `root`.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, CasError> {
         let root = root.into();
-        for dir in [root.join("blobs").join("sha256"), root.join("tmp")] {
+        for dir in [
+            root.join("blobs").join("sha256"),
+            root.join("verified").join("sha256"),
+            root.join("tmp"),
+            root.join("locks"),
+        ] {
             fs_err::create_dir_all(&dir).map_err(|source| CasError::Io {
                 path: dir.clone(),
                 source,
             })?;
         }
-        Ok(Self { root })
+        let store = Self { root };
+        store.sweep_stale_temp_files();
+        Ok(store)
+    }
+
+    /// Remove temp files of writers that were killed (a `kill -9`, a lost CI runner): a
+    /// live writer keeps its file's mtime fresh, so one untouched for a day is abandoned.
+    /// Resumable downloads (`partial-*`) stay: resuming them is their point.
+    fn sweep_stale_temp_files(&self) {
+        let Ok(entries) = std::fs::read_dir(self.tmp_dir()) else {
+            return;
+        };
+        let now = std::time::SystemTime::now();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if !(name.starts_with("blob-") || name.starts_with("layer-index-")) {
+                continue;
+            }
+            let stale = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|modified| now.duration_since(modified).ok())
+                .is_some_and(|age| age > STALE_TEMP_AGE);
+            if stale {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -81,8 +134,101 @@ impl BlobStore {
         self.root.join("blobs").join("sha256").join(digest.hex())
     }
 
+    /// Whether the store holds the blob `digest` with bytes that hash to it (see
+    /// [`BlobStore::verified`]; a corrupt entry is removed and counts as absent, an I/O
+    /// error counts as absent, so the caller fetches or builds the blob again).
     pub fn contains(&self, digest: &Digest) -> bool {
-        self.path(digest).is_file()
+        match self.verified(digest) {
+            Ok(found) => found.is_some(),
+            Err(error) => {
+                tracing::warn!(%digest, error = %error, "cannot check a cached blob; fetching it again");
+                false
+            }
+        }
+    }
+
+    /// The path of the blob `digest` if it is present and its bytes hash to its name:
+    /// checked against the integrity record (one `stat`), and hashed again when the record
+    /// is missing or no longer matches. A blob whose bytes are not what its name says is
+    /// removed with a warning and `None` is returned, so callers repair the entry by
+    /// fetching or rebuilding it.
+    pub fn verified(&self, digest: &Digest) -> Result<Option<PathBuf>, CasError> {
+        let path = self.path(digest);
+        let meta = match fs_err::symlink_metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(io_err(&path)(source)),
+        };
+        if !meta.is_file() {
+            tracing::warn!(path = %path.display(), "a cached blob is not a regular file; removing it");
+            remove_any(&path).map_err(io_err(&path))?;
+            return Ok(None);
+        }
+        if self.read_record(digest).as_ref() == Some(&Stamp::of(&meta)) {
+            return Ok(Some(path));
+        }
+        // No record, or the file changed since it was hashed: hash it (through one open
+        // file, so the record describes exactly the bytes that were hashed).
+        let mut file = match fs_err::File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(io_err(&path)(source)),
+        };
+        let stamp = Stamp::of(&file.metadata().map_err(io_err(&path))?);
+        let mut hashing = HashingWriter::new(io::sink());
+        io::copy(&mut file, &mut hashing).map_err(io_err(&path))?;
+        let (_, found, size) = hashing.finish();
+        if found == *digest {
+            self.write_record(digest, &stamp);
+            return Ok(Some(path));
+        }
+        tracing::warn!(
+            path = %path.display(),
+            expected = %digest,
+            found = %found,
+            size,
+            "a cached blob does not match its digest (truncated or modified on disk); removing it, it will be fetched or built again"
+        );
+        // Remove it only if it is still the file that was hashed (another process may have
+        // just renamed a good copy into place).
+        if fs_err::symlink_metadata(&path).is_ok_and(|now| Stamp::of(&now).same_file(&stamp)) {
+            match fs_err::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => return Err(io_err(&path)(source)),
+            }
+        }
+        let _ = std::fs::remove_file(self.record_path(digest));
+        Ok(None)
+    }
+
+    fn record_path(&self, digest: &Digest) -> PathBuf {
+        self.root.join("verified").join("sha256").join(digest.hex())
+    }
+
+    fn read_record(&self, digest: &Digest) -> Option<Stamp> {
+        let text = std::fs::read_to_string(self.record_path(digest)).ok()?;
+        Stamp::parse(&text)
+    }
+
+    /// Record that the blob `digest`, as `stamp` describes it, hashed to its name. Best
+    /// effort: without a record the next use hashes the blob again.
+    fn write_record(&self, digest: &Digest, stamp: &Stamp) {
+        let path = self.record_path(digest);
+        let written = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| crate::atomic_file::write(&path, stamp.to_string().as_bytes()));
+        if let Err(error) = written {
+            tracing::debug!(path = %path.display(), %error, "could not write an integrity record");
+        }
+    }
+
+    /// Write the integrity record of a blob just renamed into place after hashing.
+    fn record_new(&self, digest: &Digest) {
+        if let Ok(meta) = std::fs::metadata(self.path(digest)) {
+            self.write_record(digest, &Stamp::of(&meta));
+        }
     }
 
     /// Directory for temporary files on the store's filesystem.
@@ -94,6 +240,18 @@ impl BlobStore {
     /// can continue where an interrupted one stopped. Never read as a blob until adopted.
     pub fn partial_path(&self, expected: &Digest) -> PathBuf {
         self.tmp_dir().join(format!("partial-{}", expected.hex()))
+    }
+
+    /// Take the lock of the resumable download of `expected` ([`BlobStore::partial_path`]),
+    /// held until the returned file is dropped: two builds sharing the cache must never
+    /// append to one partial file. After taking it, check [`BlobStore::verified`] again:
+    /// the other build may have finished the blob.
+    pub fn lock_partial(&self, expected: &Digest) -> Result<std::fs::File, CasError> {
+        let path = self
+            .root
+            .join("locks")
+            .join(format!("partial-{}.lock", expected.hex()));
+        crate::atomic_file::lock(&path).map_err(io_err(&path))
     }
 
     /// Move a fully written and hashed temp file (e.g. a finished partial download) into
@@ -121,6 +279,7 @@ impl BlobStore {
             .map_err(io_err(temp_path))?;
         let final_path = self.path(expected);
         fs_err::rename(temp_path, &final_path).map_err(io_err(&final_path))?;
+        self.record_new(expected);
         Ok(final_path)
     }
 
@@ -144,6 +303,66 @@ impl BlobStore {
         pending.write_all(bytes).map_err(io_err(&self.tmp_dir()))?;
         pending.commit(Some(&digest), "in-memory blob")?;
         Ok(digest)
+    }
+}
+
+/// What an integrity record holds: enough of a blob's `stat` that any write, truncation or
+/// replacement of the file changes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamp {
+    size: u64,
+    mtime_ns: i128,
+    inode: u64,
+    device: u64,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            size: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            inode: meta.ino(),
+            device: meta.dev(),
+        }
+    }
+
+    fn same_file(&self, other: &Stamp) -> bool {
+        self.inode == other.inode && self.device == other.device
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        let mut fields = text.split_whitespace();
+        let mut next = |name: &str| {
+            let field = fields.next()?;
+            field
+                .strip_prefix(name)?
+                .strip_prefix('=')
+                .map(str::to_string)
+        };
+        Some(Self {
+            size: next("size")?.parse().ok()?,
+            mtime_ns: next("mtime_ns")?.parse().ok()?,
+            inode: next("inode")?.parse().ok()?,
+            device: next("device")?.parse().ok()?,
+        })
+    }
+}
+
+impl std::fmt::Display for Stamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "size={} mtime_ns={} inode={} device={}",
+            self.size, self.mtime_ns, self.inode, self.device
+        )
+    }
+}
+
+fn remove_any(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(_) if path.is_dir() => std::fs::remove_dir_all(path),
+        other => other,
     }
 }
 
@@ -186,6 +405,7 @@ impl PendingBlob {
             path: final_path.clone(),
             source: e.error,
         })?;
+        self.store.record_new(&digest);
         Ok((digest, size))
     }
 }
@@ -233,5 +453,109 @@ mod tests {
         assert!(!store.contains(&expected));
         assert!(!store.contains(&Digest::of_bytes(b"corrupt")));
         assert_eq!(fs_err::read_dir(store.tmp_dir()).unwrap().count(), 0);
+    }
+
+    fn stored(store: &BlobStore, bytes: &[u8]) -> Digest {
+        let mut pending = store.begin().unwrap();
+        pending.write_all(bytes).unwrap();
+        pending.commit(None, "test").unwrap().0
+    }
+
+    /// Coarse kernel timestamps tick every few milliseconds: wait one tick so a change
+    /// made right after a write gets a new mtime, as any later corruption would.
+    fn next_tick() {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+    }
+
+    #[test]
+    fn a_truncated_blob_is_not_handed_out_and_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path()).unwrap();
+        let digest = stored(&store, b"0123456789 layer bytes");
+        assert!(store.contains(&digest));
+        next_tick();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(store.path(&digest))
+            .unwrap();
+        file.set_len(5).unwrap();
+        drop(file);
+        assert!(
+            !store.contains(&digest),
+            "a truncated blob passed as cached"
+        );
+        assert!(
+            !store.path(&digest).exists(),
+            "the bad entry was not removed"
+        );
+        // Repaired by storing it again.
+        assert_eq!(stored(&store, b"0123456789 layer bytes"), digest);
+        assert_eq!(store.verified(&digest).unwrap(), Some(store.path(&digest)));
+    }
+
+    #[test]
+    fn a_flipped_byte_of_the_same_size_is_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path()).unwrap();
+        let digest = stored(&store, b"abcdefgh");
+        next_tick();
+        // In place, as an editor of a hard-linked layout file would.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(store.path(&digest))
+            .unwrap();
+        file.write_all(b"X").unwrap();
+        drop(file);
+        assert_eq!(store.verified(&digest).unwrap(), None);
+        assert!(!store.path(&digest).exists());
+    }
+
+    #[test]
+    fn a_blob_without_a_record_is_hashed_once_then_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path()).unwrap();
+        let bytes = b"from an older cudastack";
+        let digest = Digest::of_bytes(bytes);
+        std::fs::write(store.path(&digest), bytes).unwrap();
+        assert!(!store.record_path(&digest).exists());
+        assert!(store.contains(&digest));
+        let record = std::fs::read_to_string(store.record_path(&digest)).unwrap();
+        assert!(record.starts_with("size=23 "), "{record}");
+        // A blob placed under a wrong name is never handed out.
+        let wrong = Digest::of_bytes(b"something else");
+        std::fs::write(store.path(&wrong), bytes).unwrap();
+        assert!(!store.contains(&wrong));
+        assert!(!store.path(&wrong).exists());
+    }
+
+    #[test]
+    fn a_corrupt_record_only_costs_a_rehash() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path()).unwrap();
+        let digest = stored(&store, b"bytes");
+        std::fs::write(store.record_path(&digest), b"size=\xff garbage").unwrap();
+        assert!(store.contains(&digest));
+        assert!(
+            Stamp::parse(&std::fs::read_to_string(store.record_path(&digest)).unwrap()).is_some()
+        );
+    }
+
+    #[test]
+    fn temp_files_of_killed_writers_are_swept_live_ones_and_partials_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path()).unwrap();
+        let old = std::time::SystemTime::now() - STALE_TEMP_AGE * 2;
+        for name in ["blob-abandoned", "layer-index-abandoned", "partial-abc"] {
+            let file = std::fs::File::create(store.tmp_dir().join(name)).unwrap();
+            file.set_modified(old).unwrap();
+        }
+        std::fs::write(store.tmp_dir().join("blob-live"), b"x").unwrap();
+        let store = BlobStore::open(dir.path()).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(store.tmp_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["blob-live", "partial-abc"]);
     }
 }

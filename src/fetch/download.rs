@@ -229,6 +229,11 @@ impl Downloader {
     }
 
     async fn download(&self, item: &FetchItem) -> Result<PathBuf, DownloadError> {
+        // Another build sharing the cache may be downloading the same blob (issue 16).
+        let _lock = self.store.lock_partial(&item.sha256)?;
+        if let Some(path) = self.store.verified(&item.sha256)? {
+            return Ok(path);
+        }
         let partial = self.store.partial_path(&item.sha256);
         let id = self.reporter.start(&item.name, item.size);
         let result = self.transfer(item, &partial, id).await;

@@ -10,7 +10,16 @@
 //! ```
 //! The index file is written after the blob is committed and is itself renamed into
 //! place atomically, so an interrupted build leaves no entry that points at nothing.
-//! A hit whose blob has gone missing is treated as a miss.
+//! A hit is only a hit if the blob is present and its bytes still hash to its digest
+//! ([`BlobStore::verified`]: an integrity record, rehashing when it no longer matches); a
+//! missing or corrupt blob, or an unreadable index entry, is a miss, repaired by building
+//! the layer again (with a warning).
+//!
+//! Concurrent builds sharing one cache: each entry has a lock file
+//! (`<key-hex>.lock`, `flock(2)`), taken by [`LayerCache::get_or_build`] around the
+//! lookup and the build, so two builds of the same layer build it once and different
+//! layers build in parallel. Blobs and index entries are renamed into place, so readers
+//! that take no lock see a whole entry or none.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,13 +132,26 @@ impl LayerCache {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(LayerError::Io { path, source }),
         };
-        let mut layer: Layer = serde_json::from_slice(&bytes)
-            .map_err(|source| LayerError::CacheIndex { path, source })?;
-        layer.blob = self.store.path(&layer.digest);
-        match fs_err::metadata(&layer.blob) {
-            Ok(meta) if meta.is_file() && meta.len() == layer.size => Ok(Some(layer)),
+        let mut layer: Layer = match serde_json::from_slice(&bytes) {
+            Ok(layer) => layer,
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "unreadable layer cache entry; building the layer again");
+                return Ok(None);
+            }
+        };
+        match self.store.verified(&layer.digest)? {
+            Some(blob) if fs_err::metadata(&blob).is_ok_and(|m| m.len() == layer.size) => {
+                layer.blob = blob;
+                Ok(Some(layer))
+            }
+            // Missing, or removed by `verified` as corrupt (it warned): build it again.
             _ => Ok(None),
         }
+    }
+
+    fn lock_path(&self, key: &CacheKey, options: &BuildOptions) -> PathBuf {
+        self.index_dir
+            .join(format!("{}.lock", key.with_build(options).hex()))
     }
 
     /// Return the cached layer, or build it from `contents()` and record it. On a hit
@@ -143,6 +165,17 @@ impl LayerCache {
         if let Some(layer) = self.get(key, options)? {
             self.hits.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(digest = %layer.digest, "layer cache hit");
+            return Ok(layer);
+        }
+        // Another build may be writing this layer: wait for it, then look again.
+        let lock_path = self.lock_path(key, options);
+        let _lock = crate::atomic_file::lock(&lock_path).map_err(|source| LayerError::Io {
+            path: lock_path.clone(),
+            source,
+        })?;
+        if let Some(layer) = self.get(key, options)? {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(digest = %layer.digest, "layer cache hit after waiting for another build");
             return Ok(layer);
         }
         let contents = contents()?;
@@ -165,10 +198,6 @@ impl LayerCache {
         let mut temp =
             crate::atomic_file::temp_in(&tmp_dir, "layer-index-").map_err(io(tmp_dir.clone()))?;
         std::io::Write::write_all(&mut temp, &bytes).map_err(io(temp.path().to_path_buf()))?;
-        temp.persist(&path).map_err(|e| LayerError::Io {
-            path: path.clone(),
-            source: e.error,
-        })?;
-        Ok(())
+        crate::atomic_file::persist(temp, &path).map_err(io(path.clone()))
     }
 }

@@ -90,12 +90,6 @@ pub enum LayerError {
     Compress(#[source] io::Error),
     #[error(transparent)]
     Store(#[from] CasError),
-    #[error("layer cache index `{path}` is unreadable")]
-    CacheIndex {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
 }
 
 /// How a layer is written: everything that changes its bytes, plus parallelism.

@@ -11,6 +11,22 @@
 //! Writing a second image into the same directory adds (or replaces, for the same ref
 //! name) its entry in `index.json`; every file is renamed into place atomically.
 //! [`read`] turns an image of a layout back into an [`Image`], to be used as a base.
+//!
+//! Every write goes through one [`LayoutWriter`] (issue 16, "Trust"): it holds the
+//! layout directory's `flock(2)` for the whole write, so concurrent builds and pulls into
+//! one layout never lose each other's `index.json` entries; it writes blobs first and
+//! `index.json` last; and dropped without [`LayoutWriter::commit`] (any error, a full
+//! disk) it removes every file and directory it created, so a failed write leaves the
+//! layout as it was, and a new layout not at all. Temp files (`.tmp-*`) left by a killed
+//! writer are removed by the next one, under the lock.
+//!
+//! Hard links stay (copying gigabytes per build would cost more than the risk): a layout's
+//! layer blob and the cache's blob are one file. The cache checks that file against its
+//! integrity record before every reuse ([`crate::cas::BlobStore::verified`]), so an edit
+//! through the layout is caught at the next build and the cache entry is rebuilt into a
+//! new file (the old layout keeps the damaged one, which `skopeo`/`docker` reject by digest).
+//! A blob already in the layout is kept only when it is the very file being placed or
+//! hashes to its name; otherwise it is replaced with a warning.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -30,8 +46,10 @@ const LAYOUT_FILE: &str = r#"{"imageLayoutVersion":"1.0.0"}"#;
 /// Write `image` into the layout at `dir` under `ref_name` (e.g. `torch2.4-cu121`).
 /// Returns the manifest digest.
 pub fn write(image: &Image, dir: &Path, ref_name: &str) -> Result<Digest, OciError> {
-    let descriptor = write_blobs(image, dir)?;
-    name_in_index(dir, descriptor.clone(), ref_name)?;
+    let mut writer = LayoutWriter::open(dir)?;
+    let descriptor = put_image(&mut writer, image)?;
+    name_in_index(&mut writer, descriptor.clone(), ref_name)?;
+    writer.commit();
     digest_of(&descriptor).map_err(|problem| OciError::InvalidLayout {
         dir: dir.to_path_buf(),
         problem,
@@ -41,21 +59,23 @@ pub fn write(image: &Image, dir: &Path, ref_name: &str) -> Result<Digest, OciErr
 /// Put `image`'s layers, config and manifest into the layout at `dir` without naming it
 /// (an image index that refers to it names it). Returns the manifest descriptor.
 pub fn write_blobs(image: &Image, dir: &Path) -> Result<oci_spec::image::Descriptor, OciError> {
-    let blobs = dir.join("blobs").join("sha256");
-    fs_err::create_dir_all(&blobs).map_err(io_error(&blobs))?;
-    write_atomic(dir, &dir.join("oci-layout"), LAYOUT_FILE.as_bytes())?;
+    let mut writer = LayoutWriter::open(dir)?;
+    let descriptor = put_image(&mut writer, image)?;
+    writer.commit();
+    Ok(descriptor)
+}
 
+fn put_image(
+    writer: &mut LayoutWriter,
+    image: &Image,
+) -> Result<oci_spec::image::Descriptor, OciError> {
     for layer in image.layers() {
-        place_layer(layer, &blobs)?;
+        writer.put_file(&layer.blob, &layer.digest)?;
     }
     let documents = image.documents()?;
     for blob in [&documents.config, &documents.manifest] {
-        let path = blobs.join(blob.digest.hex());
-        if !path.is_file() {
-            write_atomic(dir, &path, &blob.bytes)?;
-        }
+        writer.put_bytes(&blob.bytes)?;
     }
-
     Ok(documents.manifest_descriptor())
 }
 
@@ -77,26 +97,25 @@ pub fn write_index(
         })
         .collect();
     let (_, bytes) = super::image_index(children)?;
-    let digest = Digest::of_bytes(&bytes);
-    let path = blob_path(dir, &digest);
-    if !path.is_file() {
-        write_atomic(dir, &path, &bytes)?;
-    }
+    let mut writer = LayoutWriter::open(dir)?;
+    let digest = writer.put_bytes(&bytes)?;
     name_in_index(
-        dir,
+        &mut writer,
         super::descriptor(MediaType::ImageIndex, &digest, bytes.len() as u64),
         ref_name,
     )?;
+    writer.commit();
     Ok(digest)
 }
 
 /// Add (or move) the name `ref_name` in the layout's `index.json` to `descriptor`.
 fn name_in_index(
-    dir: &Path,
+    writer: &mut LayoutWriter,
     descriptor: oci_spec::image::Descriptor,
     ref_name: &str,
 ) -> Result<(), OciError> {
-    let index_path = dir.join("index.json");
+    let dir = writer.dir().to_path_buf();
+    let dir = dir.as_path();
     let mut manifests = match read_index(dir) {
         Ok(index) => index.manifests().clone(),
         Err(OciError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Vec::new(),
@@ -110,8 +129,8 @@ fn name_in_index(
         (ref_name_of(a), a.digest().to_string()).cmp(&(ref_name_of(b), b.digest().to_string()))
     });
     let (index, bytes) = super::image_index(manifests)?;
-    write_docker_manifest(dir, index.manifests())?;
-    write_atomic(dir, &index_path, &bytes)
+    write_docker_manifest(writer, index.manifests())?;
+    writer.put_top_level("index.json", &bytes)
 }
 
 /// `latest` + `arm64` -> `latest-linux-arm64`: the ref of one platform's image beside the
@@ -194,9 +213,11 @@ fn image_entry(
 /// need it (Docker < 25, and the classic image store of later versions). A ref name
 /// that is a valid Docker reference becomes the tag (`name` means `name:latest`).
 fn write_docker_manifest(
-    dir: &Path,
+    writer: &mut LayoutWriter,
     manifests: &[oci_spec::image::Descriptor],
 ) -> Result<(), OciError> {
+    let dir = writer.dir().to_path_buf();
+    let dir = dir.as_path();
     let mut entries = Vec::new();
     for descriptor in manifests {
         if descriptor.media_type() != &MediaType::ImageManifest
@@ -234,7 +255,7 @@ fn write_docker_manifest(
         });
     }
     let bytes = to_canonical_json(&entries).expect("manifest.json serialises");
-    write_atomic(dir, &dir.join("manifest.json"), &bytes)
+    writer.put_top_level("manifest.json", &bytes)
 }
 
 /// The entry of `index` named `ref_name`.
@@ -266,42 +287,6 @@ fn ref_name_of(descriptor: &oci_spec::image::Descriptor) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// Put a layer blob into `blobs`: hardlink if possible, else a verified copy.
-fn place_layer(layer: &Layer, blobs: &Path) -> Result<(), OciError> {
-    let target = blobs.join(layer.digest.hex());
-    if let Ok(meta) = fs_err::metadata(&target) {
-        if meta.len() == layer.size {
-            return Ok(());
-        }
-    }
-    if same_file(&layer.blob, &target) {
-        return Ok(());
-    }
-    let temp_path = blobs.join(format!(".tmp-{}", layer.digest.hex()));
-    let _ = std::fs::remove_file(&temp_path);
-    if std::fs::hard_link(&layer.blob, &temp_path).is_err() {
-        // Different filesystem (or no hardlink support): copy, and verify while copying.
-        let mut source = layer.open()?;
-        let file = fs_err::File::create(&temp_path).map_err(io_error(&temp_path))?;
-        let mut writer = HashingWriter::new(io::BufWriter::with_capacity(1 << 20, file));
-        io::copy(&mut source, &mut writer).map_err(io_error(&layer.blob))?;
-        let (buffered, found, _) = writer.finish();
-        let file = buffered
-            .into_inner()
-            .map_err(|e| io_error(&temp_path)(e.into_error()))?;
-        file.sync_all().map_err(io_error(&temp_path))?;
-        if found != layer.digest {
-            let _ = std::fs::remove_file(&temp_path);
-            return Err(OciError::BlobMismatch {
-                path: layer.blob.clone(),
-                expected: layer.digest,
-                found,
-            });
-        }
-    }
-    fs_err::rename(&temp_path, &target).map_err(io_error(&target))
-}
-
 fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     match (std::fs::metadata(a), std::fs::metadata(b)) {
@@ -310,11 +295,203 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Write `bytes` to `path` through a temp file in `dir` and an atomic rename.
-fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), OciError> {
-    let mut temp = crate::atomic_file::temp_in(dir, ".tmp-").map_err(io_error(dir))?;
-    temp.write_all(bytes).map_err(io_error(temp.path()))?;
-    crate::atomic_file::persist(temp, path).map_err(io_error(path))
+/// The digest of the file at `path`, streamed.
+fn hash_file(path: &Path) -> io::Result<Digest> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hashing = HashingWriter::new(io::sink());
+    io::copy(&mut file, &mut hashing)?;
+    Ok(hashing.finish().1)
+}
+
+const TEMP_PREFIX: &str = ".tmp-";
+
+/// One exclusive, all-or-nothing write into an OCI layout directory (see the module
+/// docs): the directory's lock, blobs placed first, `index.json` last, and on drop without
+/// [`LayoutWriter::commit`] every file and directory it created removed again.
+#[derive(Debug)]
+pub struct LayoutWriter {
+    dir: PathBuf,
+    /// The open layout directory, whose `flock(2)` is held while the writer lives.
+    _lock: std::fs::File,
+    /// Files this writer created (not ones it replaced), removed unless committed.
+    created: Vec<PathBuf>,
+    /// Directories this writer created, outermost first, removed (if empty) unless committed.
+    created_dirs: Vec<PathBuf>,
+    committed: bool,
+}
+
+impl LayoutWriter {
+    /// Open (creating if needed) the layout at `dir` and take its lock, waiting for any
+    /// other writer of it.
+    pub fn open(dir: &Path) -> Result<Self, OciError> {
+        let blobs = dir.join("blobs").join("sha256");
+        let (lock, created_dirs) = loop {
+            let created_dirs: Vec<PathBuf> = [dir.to_path_buf(), dir.join("blobs"), blobs.clone()]
+                .into_iter()
+                .filter(|d| !d.exists())
+                .collect();
+            fs_err::create_dir_all(&blobs).map_err(io_error(&blobs))?;
+            let handle = std::fs::File::open(dir).map_err(io_error(dir))?;
+            handle.lock().map_err(io_error(dir))?;
+            // A writer that failed while we waited may have removed the directory it had
+            // created: lock the directory that is there now.
+            let current = std::fs::metadata(dir).ok();
+            let locked = handle.metadata().map_err(io_error(dir))?;
+            if current.is_some_and(|c| {
+                use std::os::unix::fs::MetadataExt;
+                c.ino() == locked.ino() && c.dev() == locked.dev()
+            }) && blobs.is_dir()
+            {
+                break (handle, created_dirs);
+            }
+        };
+        let mut writer = Self {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+            created: Vec::new(),
+            created_dirs,
+            committed: false,
+        };
+        // Temp files of a writer that was killed: nobody else writes while we hold the lock.
+        for folder in [dir.to_path_buf(), blobs] {
+            if let Ok(entries) = std::fs::read_dir(&folder) {
+                for entry in entries.flatten() {
+                    if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+                        let _ = std::fs::remove_file(entry.path());
+                    }
+                }
+            }
+        }
+        let layout_file = dir.join("oci-layout");
+        if fs_err::read(&layout_file).ok().as_deref() != Some(LAYOUT_FILE.as_bytes()) {
+            writer.put_top_level("oci-layout", LAYOUT_FILE.as_bytes())?;
+        }
+        Ok(writer)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Keep everything written.
+    pub fn commit(mut self) {
+        self.committed = true;
+    }
+
+    /// Whether the layout already holds the blob `digest` as the file `source` or as a
+    /// file that hashes to `digest`. A blob with other bytes is reported and will be
+    /// replaced.
+    fn holds(&self, target: &Path, digest: &Digest, source: Option<&Path>) -> bool {
+        if !target.is_file() {
+            return false;
+        }
+        if source.is_some_and(|source| same_file(source, target)) {
+            return true;
+        }
+        match hash_file(target) {
+            Ok(found) if found == *digest => true,
+            Ok(found) => {
+                tracing::warn!(
+                    path = %target.display(),
+                    expected = %digest,
+                    found = %found,
+                    "a blob of the OCI layout does not match its digest; replacing it"
+                );
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Put the blob at `source`, whose bytes are `digest`, into the layout: a hard link
+    /// when the filesystem allows, else a copy hashed on the way (a mismatch is an error
+    /// and nothing is kept).
+    pub fn put_file(&mut self, source: &Path, digest: &Digest) -> Result<(), OciError> {
+        let blobs = self.dir.join("blobs").join("sha256");
+        let target = blobs.join(digest.hex());
+        if self.holds(&target, digest, Some(source)) {
+            return Ok(());
+        }
+        let existed = target.exists();
+        let linked = tempfile::Builder::new()
+            .prefix(TEMP_PREFIX)
+            .make_in(&blobs, |path| std::fs::hard_link(source, path));
+        match linked {
+            Ok(temp) => {
+                temp.persist(&target)
+                    .map_err(|e| io_error(&target)(e.error))?;
+            }
+            Err(_) => {
+                // Different filesystem (or no hardlink support): copy, verifying.
+                let mut reader = fs_err::File::open(source).map_err(io_error(source))?;
+                let temp =
+                    crate::atomic_file::temp_in(&blobs, TEMP_PREFIX).map_err(io_error(&blobs))?;
+                let temp_path = temp.path().to_path_buf();
+                let mut writer = HashingWriter::new(io::BufWriter::with_capacity(1 << 20, temp));
+                io::copy(&mut reader, &mut writer).map_err(io_error(&temp_path))?;
+                let (buffered, found, _) = writer.finish();
+                let temp = buffered
+                    .into_inner()
+                    .map_err(|e| io_error(&temp_path)(e.into_error()))?;
+                if found != *digest {
+                    return Err(OciError::BlobMismatch {
+                        path: source.to_path_buf(),
+                        expected: *digest,
+                        found,
+                    });
+                }
+                crate::atomic_file::persist(temp, &target).map_err(io_error(&target))?;
+            }
+        }
+        if !existed {
+            self.created.push(target);
+        }
+        Ok(())
+    }
+
+    /// Put a small document (config, manifest, index) into the layout; returns its digest.
+    pub fn put_bytes(&mut self, bytes: &[u8]) -> Result<Digest, OciError> {
+        let digest = Digest::of_bytes(bytes);
+        let path = blob_path(&self.dir, &digest);
+        if !self.holds(&path, &digest, None) {
+            self.write_file(&path, bytes)?;
+        }
+        Ok(digest)
+    }
+
+    /// Replace a file at the top of the layout (`index.json`, `manifest.json`,
+    /// `oci-layout`) atomically.
+    pub fn put_top_level(&mut self, name: &str, bytes: &[u8]) -> Result<(), OciError> {
+        let path = self.dir.join(name);
+        self.write_file(&path, bytes)
+    }
+
+    fn write_file(&mut self, path: &Path, bytes: &[u8]) -> Result<(), OciError> {
+        let existed = path.exists();
+        let folder = path.parent().unwrap_or(&self.dir);
+        let mut temp =
+            crate::atomic_file::temp_in(folder, TEMP_PREFIX).map_err(io_error(folder))?;
+        temp.write_all(bytes).map_err(io_error(temp.path()))?;
+        crate::atomic_file::persist(temp, path).map_err(io_error(path))?;
+        if !existed {
+            self.created.push(path.to_path_buf());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LayoutWriter {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        for path in self.created.iter().rev() {
+            let _ = std::fs::remove_file(path);
+        }
+        for dir in self.created_dirs.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(
@@ -529,22 +706,18 @@ impl Artifact {
 /// Store `artifact` in the layout at `dir` under `ref_name`; returns its manifest digest.
 /// Artifacts are left out of the docker-save `manifest.json` (they are not images).
 pub fn write_artifact(dir: &Path, artifact: &Artifact, ref_name: &str) -> Result<Digest, OciError> {
-    let blobs = dir.join("blobs").join("sha256");
-    fs_err::create_dir_all(&blobs).map_err(io_error(&blobs))?;
+    let mut writer = LayoutWriter::open(dir)?;
     for bytes in
         std::iter::once(EMPTY_CONFIG).chain(artifact.blobs.iter().map(|(_, b)| b.as_slice()))
     {
-        let path = blobs.join(Digest::of_bytes(bytes).hex());
-        if !path.is_file() {
-            write_atomic(dir, &path, bytes)?;
-        }
+        writer.put_bytes(bytes)?;
     }
     let manifest = artifact.manifest_bytes();
-    let digest = Digest::of_bytes(&manifest);
-    write_atomic(dir, &blobs.join(digest.hex()), &manifest)?;
+    let digest = writer.put_bytes(&manifest)?;
     let mut entry = super::descriptor(MediaType::ImageManifest, &digest, manifest.len() as u64);
     entry.set_artifact_type(Some(MediaType::Other(artifact.artifact_type.clone())));
-    name_in_index(dir, entry, ref_name)?;
+    name_in_index(&mut writer, entry, ref_name)?;
+    writer.commit();
     Ok(digest)
 }
 

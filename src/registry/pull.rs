@@ -181,7 +181,9 @@ async fn pull_layer(
 }
 
 /// Put the blobs (hardlinked from the store when possible) and the manifest into the layout
-/// and name the manifest `ref_name` in its `index.json`.
+/// and name the manifest `ref_name` in its `index.json`, through one
+/// [`LayoutWriter`](crate::oci::layout::LayoutWriter): under the layout's lock, `index.json`
+/// last, and on any error every file and directory this pull created removed again.
 fn write_layout<'a>(
     store: &BlobStore,
     dir: &Path,
@@ -191,29 +193,18 @@ fn write_layout<'a>(
     manifest_digest: &Digest,
     blobs: impl Iterator<Item = &'a Digest>,
 ) -> Result<(), RegistryError> {
-    let blob_dir = dir.join("blobs").join("sha256");
-    fs_err::create_dir_all(&blob_dir).map_err(io(&blob_dir))?;
-    write_atomic(
-        dir,
-        &dir.join("oci-layout"),
-        br#"{"imageLayoutVersion":"1.0.0"}"#,
-    )?;
+    let mut writer = crate::oci::layout::LayoutWriter::open(dir)?;
     for digest in blobs {
-        let target = crate::oci::layout::blob_path(dir, digest);
-        if target.is_file() {
-            continue;
-        }
-        let source = store.path(digest);
-        let temp = blob_dir.join(format!(".tmp-{}", digest.hex()));
-        let _ = std::fs::remove_file(&temp);
-        if std::fs::hard_link(&source, &temp).is_err() {
-            fs_err::copy(&source, &temp).map_err(io(&temp))?;
-        }
-        fs_err::rename(&temp, &target).map_err(io(&target))?;
+        // Verified (and repaired) when it was found in or fetched into the store.
+        writer.put_file(&store.path(digest), digest)?;
     }
-    let manifest_path = crate::oci::layout::blob_path(dir, manifest_digest);
-    if !manifest_path.is_file() {
-        write_atomic(dir, &manifest_path, manifest)?;
+    let written = writer.put_bytes(manifest)?;
+    if written != *manifest_digest {
+        return Err(RegistryError::Document {
+            path: dir.display().to_string(),
+            what: "a manifest whose bytes match its digest",
+            detail: format!("expected {manifest_digest}, found {written}"),
+        });
     }
 
     let index_path = dir.join("index.json");
@@ -247,11 +238,7 @@ fn write_layout<'a>(
     ));
     manifests.sort_by_key(|d| (name_of(d), d.digest().to_string()));
     let (_, bytes) = crate::oci::image_index(manifests)?;
-    write_atomic(dir, &index_path, &bytes)
-}
-
-fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), RegistryError> {
-    let mut temp = crate::atomic_file::temp_in(dir, ".tmp-").map_err(io(dir))?;
-    temp.write_all(bytes).map_err(io(temp.path()))?;
-    crate::atomic_file::persist(temp, path).map_err(io(path))
+    writer.put_top_level("index.json", &bytes)?;
+    writer.commit();
+    Ok(())
 }

@@ -235,6 +235,14 @@ pub fn render_tags(
 }
 
 /// A staged tree, kept per cache key so audits and later builds can reuse it.
+///
+/// Several builds may share one cache (CI runners, a user's parallel builds; issue 16).
+/// Each tree has a lock file (`<key-hex>.lock`, `flock(2)`): a build stages a tree only
+/// while holding it, and the tree counts only once its `.complete` marker exists, which
+/// is renamed into place after the tree and its records are whole. So a second build of
+/// the same tree waits and then reuses it, builds of different trees run in parallel,
+/// and a complete tree is never removed or rewritten. Scratch trees (the merged root for
+/// `ldconfig` and the audit) are private to each build ([`Staging::scratch`]).
 struct Staging {
     root: PathBuf,
 }
@@ -254,7 +262,8 @@ impl Staging {
             .exists()
     }
     /// Stage into a fresh directory with `fill`, marking it complete only on success, so an
-    /// interrupted build never leaves a half-staged tree that looks finished.
+    /// interrupted build never leaves a half-staged tree that looks finished; under the
+    /// tree's lock, so concurrent builds never stage the same tree at once.
     fn ensure(
         &self,
         key: &CacheKey,
@@ -264,15 +273,39 @@ impl Staging {
         if self.is_complete(key) && dir.is_dir() {
             return Ok(dir);
         }
-        if dir.exists() {
+        let lock_path = self.root.join(format!("{}.lock", key.digest().hex()));
+        let _lock = crate::atomic_file::lock(&lock_path).map_err(io_error(&lock_path))?;
+        // Another build may have staged it while this one waited.
+        if self.is_complete(key) && dir.is_dir() {
+            return Ok(dir);
+        }
+        // What is there is a partial tree of a build that died: start over.
+        if fs_err::symlink_metadata(&dir).is_ok() {
             fs_err::remove_dir_all(&dir).map_err(io_error(&dir))?;
         }
         fs_err::create_dir_all(&dir).map_err(io_error(&dir))?;
-        fill(&dir)?;
+        if let Err(error) = fill(&dir) {
+            let _ = fs_err::remove_dir_all(&dir);
+            return Err(error);
+        }
         let marker = self.root.join(format!("{}.complete", key.digest().hex()));
-        fs_err::write(&marker, b"").map_err(io_error(&marker))?;
+        write_record(&marker, b"")?;
         Ok(dir)
     }
+    /// A new empty directory for this build alone (named after `key`, removed when dropped),
+    /// on the staging filesystem so trees can be hard-linked into it.
+    fn scratch(&self, key: &CacheKey, what: &str) -> Result<tempfile::TempDir, BuildError> {
+        tempfile::Builder::new()
+            .prefix(&format!("{}.{what}-", key.digest().hex()))
+            .tempdir_in(&self.root)
+            .map_err(io_error(&self.root))
+    }
+}
+
+/// Write a small record of the cache (a marker, a scan result, audit facts) whole or not
+/// at all, so a concurrent build never reads half of one.
+fn write_record(path: &Path, bytes: &[u8]) -> Result<(), BuildError> {
+    crate::atomic_file::write(path, bytes).map_err(io_error(path))
 }
 
 fn source_date_epoch(recipe: &Recipe) -> u64 {
@@ -405,8 +438,7 @@ fn with_wheel_arch_list(
         Some(found) => found,
         None => {
             let found = scan_wheel_arch_list(wheel)?;
-            fs_err::write(record, serde_json::to_vec(&found).expect("serialises"))
-                .map_err(io_error(record))?;
+            write_record(record, &serde_json::to_vec(&found).expect("serialises"))?;
             found
         }
     };
@@ -766,11 +798,10 @@ fn assemble(
         |dir: &Path, wheels: &[&NvidiaWheel], top_links: bool| -> Result<(), BuildError> {
             let placed = toolkit::stage(wheels, &paths, flavor, top_links, dir)?;
             let record = placement_record(dir);
-            fs_err::write(
+            write_record(
                 &record,
-                serde_json::to_vec(&placed).expect("placement serialises"),
+                &serde_json::to_vec(&placed).expect("placement serialises"),
             )
-            .map_err(io_error(&record))
         };
 
     // Python wheels, with nvidia/*/lib pointing at the toolkit's copies.
@@ -861,9 +892,6 @@ fn assemble(
         &conf_text,
     );
     let config_dir = staging.dir(&config_key);
-    let merged = staging
-        .root
-        .join(format!("{}.merged", config_key.digest().hex()));
     let stage_config = |dir: &Path| -> Result<(), BuildError> {
         write_file(&dir.join(&conf_path), conf_text.as_bytes())?;
         write_file(
@@ -901,16 +929,20 @@ fn assemble(
                 }
             }
         }
+        // A merged root private to this build: two builds of one recipe must not merge
+        // into (or run ldconfig over) the same directory.
+        let scratch = staging.scratch(&config_key, "merged")?;
+        let merged = scratch.path();
         merge_trees(
             &[&base_dir, &toolkit_dir, &cudnn_dir, &python_dir, dir],
-            &merged,
+            merged,
         )?;
         let cache_bytes = if Some(platform) == host_platform() {
-            run(Command::new("ldconfig").arg("-r").arg(&merged))?;
-            fs_err::read(merged.join("etc/ld.so.cache")).map_err(io_error(&merged))?
+            run(Command::new("ldconfig").arg("-r").arg(merged))?;
+            fs_err::read(merged.join("etc/ld.so.cache")).map_err(io_error(merged))?
         } else {
             // The host's ldconfig skips objects of another machine.
-            ldcache::ld_so_cache(&merged, machine)
+            ldcache::ld_so_cache(merged, machine)
                 .map_err(|e| BuildError::Unsupported(e.to_string()))?
         };
         write_file(&dir.join("etc/ld.so.cache"), &cache_bytes)
@@ -993,11 +1025,10 @@ fn assemble(
                 if plan.name == "base" {
                     let facts = inspect_rootfs(&dir)?;
                     check_base(recipe, &facts, lock)?;
-                    fs_err::write(
+                    write_record(
                         &facts_record,
-                        serde_json::to_vec(&facts).expect("facts serialise"),
-                    )
-                    .map_err(io_error(&facts_record))?;
+                        &serde_json::to_vec(&facts).expect("facts serialise"),
+                    )?;
                 }
                 match cached {
                     Some(layer) => (layer, true),
@@ -1079,6 +1110,8 @@ fn assemble(
                 "audit",
                 "every ELF's NEEDED, one copy per SONAME, symlinks, cuDNN header, pins",
             );
+            let scratch = staging.scratch(&config_key, "audit")?;
+            let merged = scratch.path();
             merge_trees(
                 &[
                     &base_dir,
@@ -1087,7 +1120,7 @@ fn assemble(
                     &python_dir,
                     &config_dir,
                 ],
-                &merged,
+                merged,
             )?;
             let ld_library_path = config
                 .env
@@ -1105,14 +1138,14 @@ fn assemble(
                 })
                 .unwrap_or_default();
             let report = audit(
-                &merged,
+                merged,
                 &AuditOptions {
                     pins,
                     ..Default::default()
                 }
                 .with_ld_library_path(&ld_library_path),
             );
-            let _ = fs_err::remove_dir_all(&merged);
+            drop(scratch);
             let report = report?;
             if !report.is_clean() {
                 return Err(BuildError::AuditFailed(report.render()));
@@ -1123,18 +1156,13 @@ fn assemble(
                 symlinks: report.symlinks,
                 distributions: report.distributions,
             };
-            fs_err::write(
+            write_record(
                 &record,
-                serde_json::to_vec(&summary).expect("summary serialises"),
-            )
-            .map_err(io_error(&record))?;
+                &serde_json::to_vec(&summary).expect("summary serialises"),
+            )?;
             (summary, false)
         }
     };
-    if merged.exists() {
-        fs_err::remove_dir_all(&merged).map_err(io_error(&merged))?;
-    }
-
     let mut image = Image::new(options.mtime).with_platform(
         oci_platform(platform).architecture().clone(),
         oci_spec::image::Os::Linux,
@@ -1247,5 +1275,75 @@ pub fn human_bytes(bytes: u64) -> String {
         format!("{bytes} B")
     } else {
         format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Barrier};
+
+    /// Concurrent builds staging the same trees (and scratch dirs) in one cache: each tree
+    /// is filled once, nobody sees a half-filled tree, and scratch dirs are private.
+    #[test]
+    fn concurrent_staging_fills_each_tree_once_and_never_shows_a_partial_one() {
+        let cache = tempfile::tempdir().unwrap();
+        let fills = Arc::new(AtomicUsize::new(0));
+        const THREADS: usize = 6;
+        let barrier = Arc::new(Barrier::new(THREADS));
+        std::thread::scope(|scope| {
+            for thread in 0..THREADS {
+                let (fills, barrier, root) = (fills.clone(), barrier.clone(), cache.path());
+                scope.spawn(move || {
+                    let staging = Staging::open(root).unwrap();
+                    // Two trees, three threads each.
+                    let key = CacheKey::new("staging-test", &[], &(thread % 2));
+                    barrier.wait();
+                    let dir = staging
+                        .ensure(&key, |dir| {
+                            fills.fetch_add(1, Ordering::SeqCst);
+                            for i in 0..200 {
+                                write_file(&dir.join(format!("f/{i}")), b"x")?;
+                            }
+                            std::thread::sleep(std::time::Duration::from_millis(50));
+                            write_file(&dir.join("last"), b"done")
+                        })
+                        .unwrap();
+                    assert_eq!(fs_err::read(dir.join("last")).unwrap(), b"done");
+                    assert_eq!(fs_err::read_dir(dir.join("f")).unwrap().count(), 200);
+                    let scratch = staging.scratch(&key, "merged").unwrap();
+                    merge_trees(&[&dir], scratch.path()).unwrap();
+                    assert!(scratch.path().join("last").is_file());
+                });
+            }
+        });
+        assert_eq!(fills.load(Ordering::SeqCst), 2, "a tree was staged twice");
+        let names: Vec<String> = fs_err::read_dir(cache.path().join("staging"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("merged") || n.contains(".tmp-"))
+            .collect();
+        assert!(names.is_empty(), "scratch left behind: {names:?}");
+    }
+
+    #[test]
+    fn a_failed_fill_leaves_no_tree_and_the_next_build_restages() {
+        let cache = tempfile::tempdir().unwrap();
+        let staging = Staging::open(cache.path()).unwrap();
+        let key = CacheKey::new("staging-test", &[], &"fail");
+        let error = staging
+            .ensure(&key, |dir| {
+                write_file(&dir.join("half"), b"x")?;
+                Err(BuildError::Unsupported("disk full".into()))
+            })
+            .unwrap_err();
+        assert!(error.to_string().contains("disk full"));
+        assert!(!staging.dir(&key).exists());
+        assert!(!staging.is_complete(&key));
+        let dir = staging
+            .ensure(&key, |dir| write_file(&dir.join("whole"), b"y"))
+            .unwrap();
+        assert!(dir.join("whole").is_file() && !dir.join("half").exists());
     }
 }
