@@ -187,7 +187,9 @@ fn stack(root: &Path, name: &str, defects: &Defects) -> PathBuf {
 
 fn build(recipe: &Path, layout: &Path) -> (bool, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
-        .args(["build", "--no-verify", "--layout"])
+        .args(["build", "--no-verify", "--mirror"])
+        .arg(recipe.parent().unwrap().join("mirror"))
+        .arg("--layout")
         .arg(layout)
         .arg("--cache-dir")
         .arg(e2e_support::cache_dir())

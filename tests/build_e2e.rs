@@ -302,7 +302,9 @@ fn a_no_op_rebuild_with_docker_loads_and_runs_nothing() {
     let build = || {
         let started = std::time::Instant::now();
         let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
-            .args(["build", "--layout"])
+            .args(["build", "--mirror"])
+            .arg(&mirror)
+            .arg("--layout")
             .arg(&layout)
             .arg("--cache-dir")
             .arg(&cache)

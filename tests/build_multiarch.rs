@@ -59,7 +59,9 @@ fn two_platforms_build_into_an_index_without_emulation() {
 
     let layout = work.path().join("layout");
     let stdout = run(Command::new(env!("CARGO_BIN_EXE_cudastack"))
-        .args(["build", "--no-verify", "--layout"])
+        .args(["build", "--no-verify", "--mirror"])
+        .arg(&mirror)
+        .arg("--layout")
         .arg(&layout)
         .arg("--cache-dir")
         .arg(e2e_support::cache_dir())

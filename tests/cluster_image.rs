@@ -40,7 +40,9 @@ fn default_build_is_ready_for_enroot_apptainer_and_kubernetes() {
     let layout = work.path().join("layout");
     // No --compression flag: the default is what clusters get.
     let build = Command::new(env!("CARGO_BIN_EXE_cudastack"))
-        .args(["build", "--no-verify", "--layout"])
+        .args(["build", "--no-verify", "--mirror"])
+        .arg(work.path().join("mirror"))
+        .arg("--layout")
         .arg(&layout)
         .arg("--cache-dir")
         .arg(e2e_support::cache_dir())

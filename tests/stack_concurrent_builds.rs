@@ -11,12 +11,9 @@
 //! share their wheels (so their toolkit, cuDNN and Python layers) and differ in the config
 //! layer.
 //!
-//! The builds start [`STAGGER`] apart. The fetch stage links each wheel under
-//! `<cache>/wheels/<filename>` by removing the old link and creating a new one, which two
-//! builds doing it at the same instant race on (`File exists`); that function belongs to
-//! the fetch side of issue 16. The stagger keeps the fetch stages (0.2 s each here) apart
-//! while the staging, layer, audit and layout stages still overlap; set it to zero once
-//! those links are replaced atomically.
+//! The builds start at once ([`STAGGER`] is zero): every stage overlaps, the fetch stage's
+//! wheel links included (they are renamed into place; a remove-then-create raced with
+//! `File exists` when two builds met).
 //!
 //! Needs root and mmdebstrap for the Debian base; otherwise it says why and stops.
 
@@ -27,7 +24,7 @@ use std::process::{Child, Command, Stdio};
 
 use e2e_support::stand_in::{gcc_lib, write_wheel, Target};
 
-const STAGGER: std::time::Duration = std::time::Duration::from_millis(1500);
+const STAGGER: std::time::Duration = std::time::Duration::from_millis(0);
 
 /// A mirror of stand-in nvidia-* wheels whose libraries carry `nonce` in a symbol name.
 fn mirror(root: &Path, nonce: &str) -> PathBuf {
@@ -116,7 +113,9 @@ fn spawn_build(recipe: &Path, layout: &Path, cache: &Path) -> Child {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_cudastack")));
     Command::new(program)
-        .args(["build", "--no-verify", "--layout"])
+        .args(["build", "--no-verify", "--mirror"])
+        .arg(recipe.parent().unwrap().join("mirror"))
+        .arg("--layout")
         .arg(layout)
         .arg("--cache-dir")
         .arg(cache)

@@ -29,7 +29,7 @@ use crate::install::{
 use crate::layer::{
     BuildOptions, CacheKey, Compression, DirOptions, Layer, LayerCache, LayerContents, ModePolicy,
 };
-use crate::lock::lockfile::{ArtifactKind, Lockfile};
+use crate::lock::lockfile::{Artifact, ArtifactKind, Lockfile};
 use crate::matrix::validate::{selected_torch_build, validate, Problem};
 use crate::matrix::Matrix;
 use crate::oci::{self, Image};
@@ -308,15 +308,25 @@ fn write_record(path: &Path, bytes: &[u8]) -> Result<(), BuildError> {
     crate::atomic_file::write(path, bytes).map_err(io_error(path))
 }
 
-fn source_date_epoch(recipe: &Recipe) -> u64 {
-    recipe
-        .source_date_epoch
-        .or_else(|| {
-            std::env::var("SOURCE_DATE_EPOCH")
-                .ok()
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(DEFAULT_SOURCE_DATE_EPOCH)
+/// The recipe's `source_date_epoch`, else `$SOURCE_DATE_EPOCH`, else the default. The
+/// environment value is checked as the recipe's is: a value that is not a number, or is past
+/// year 9999, is an error rather than silently another timestamp.
+fn source_date_epoch(recipe: &Recipe) -> Result<u64, BuildError> {
+    if let Some(epoch) = recipe.source_date_epoch {
+        return Ok(epoch);
+    }
+    let Some(value) = std::env::var_os("SOURCE_DATE_EPOCH") else {
+        return Ok(DEFAULT_SOURCE_DATE_EPOCH);
+    };
+    let text = value.to_string_lossy();
+    let epoch: u64 = text.trim().parse().map_err(|_| {
+        BuildError::Unsupported(format!(
+            "SOURCE_DATE_EPOCH is `{}`, not a number of seconds since 1970\n  hint: unset it, or set it to e.g. `date -d 2024-06-01 +%s`",
+            text.escape_debug()
+        ))
+    })?;
+    crate::recipe::check_source_date_epoch(epoch)
+        .map_err(|why| BuildError::Unsupported(format!("SOURCE_DATE_EPOCH: {why}")))
 }
 
 pub async fn build(
@@ -356,7 +366,7 @@ pub async fn build(
         None => recipe.platforms(),
     };
     let torch_build = selected_torch_build(matrix, &recipe);
-    let epoch = source_date_epoch(&recipe);
+    let epoch = source_date_epoch(&recipe)?;
     let options = BuildOptions::new(epoch, settings.compression);
     let store = BlobStore::open(&settings.cache_root)?;
     let cache = LayerCache::open(store.clone())?;
@@ -575,18 +585,43 @@ async fn fetch_wheels(
     fs_err::create_dir_all(&named).map_err(io_error(&named))?;
     let mut wheel_paths: BTreeMap<String, (PathBuf, Digest, String)> = BTreeMap::new();
     for (artifact, blob) in wheels.iter().zip(paths) {
-        // A `FileName` is one plain component: the link is always directly in `named`.
-        let link = named.join(artifact.filename.as_path());
-        if fs_err::symlink_metadata(&link).is_ok() {
-            fs_err::remove_file(&link).map_err(io_error(&link))?;
-        }
-        std::os::unix::fs::symlink(&blob, &link).map_err(io_error(&link))?;
+        let link = link_wheel(&named, artifact, &blob)?;
         wheel_paths.insert(
             artifact.name.clone(),
             (link, artifact.sha256, artifact.version.clone()),
         );
     }
     Ok(wheel_paths)
+}
+
+/// `wheels/<sha256>/<filename>` -> the blob. One directory per digest: two indexes may serve
+/// different bytes under one file name (PyPI's and PyTorch's torch wheels), and neither may
+/// replace the other's link. The link is made under a temp name and renamed into place, so a
+/// concurrent build of the same wheel sees the old link or the new one, never none (the
+/// remove-then-create it replaced failed with "File exists" when two builds met).
+fn link_wheel(named: &Path, artifact: &Artifact, blob: &Path) -> Result<PathBuf, BuildError> {
+    let dir = named.join(artifact.sha256.hex());
+    fs_err::create_dir_all(&dir).map_err(io_error(&dir))?;
+    // A `FileName` is one plain component: the link is always directly in `dir`.
+    let link = dir.join(artifact.filename.as_path());
+    if fs_err::read_link(&link).is_ok_and(|target| target == blob) {
+        return Ok(link);
+    }
+    let temp = dir.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        artifact.filename.as_path().display()
+    ));
+    let _ = std::fs::remove_file(&temp);
+    std::os::unix::fs::symlink(blob, &temp).map_err(io_error(&temp))?;
+    fs_err::rename(&temp, &link).map_err(|source| {
+        let _ = std::fs::remove_file(&temp);
+        BuildError::Io {
+            path: link.clone(),
+            source: source.into(),
+        }
+    })?;
+    Ok(link)
 }
 
 /// The OCI platform of a recipe platform.
