@@ -464,7 +464,10 @@ fn load_refuses_a_bad_tag_before_contacting_the_daemon() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{tag}: {stderr}");
-        assert!(stderr.contains("is not a valid image tag"), "{tag}: {stderr}");
+        assert!(
+            stderr.contains("is not a valid image tag"),
+            "{tag}: {stderr}"
+        );
         assert!(stderr.contains("hint:"), "{tag}: {stderr}");
         assert!(!stderr.contains("no Docker daemon"), "{tag}: {stderr}");
         assert!(!stderr.contains("loading"), "{tag}: {stderr}");
@@ -488,7 +491,10 @@ fn load_refuses_a_bad_tag_before_contacting_the_daemon() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("`Engine-Badtag`"), "{stderr}");
     assert!(!stderr.contains("loading"), "{stderr}");
-    assert!(inspect_id(&id.to_string()).is_none(), "the image was loaded");
+    assert!(
+        inspect_id(&id.to_string()).is_none(),
+        "the image was loaded"
+    );
     assert!(inspect_id(&good).is_none(), "the good tag was set");
 }
 

@@ -225,7 +225,10 @@ fn validate_refuses_tags_the_docker_daemon_refuses() {
         std::fs::write(&path, &text).unwrap();
         let (code, stdout, stderr) = run(&["validate", path.to_str().unwrap()]);
         assert_eq!(code, 1, "{tag} should be invalid:\n{stdout}\n{stderr}");
-        assert!(stdout.contains(fragment), "{tag}: `{fragment}` in:\n{stdout}");
+        assert!(
+            stdout.contains(fragment),
+            "{tag}: `{fragment}` in:\n{stdout}"
+        );
         assert!(stdout.contains("hint: "), "{tag}:\n{stdout}");
     }
     // The longest name Docker takes passes.

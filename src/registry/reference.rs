@@ -31,7 +31,8 @@ impl ReferenceError {
 }
 
 /// What is wrong with a reference, in the grammar's terms. Every variant names the part
-/// as written (control characters escaped, so a message stays on one line).
+/// as written (control characters escaped, so a message stays on one line). The reasons
+/// are `Box<str>` to keep this small: it travels inside every recipe and build error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReferenceProblem {
     #[error("it is empty")]
@@ -40,9 +41,12 @@ pub enum ReferenceProblem {
         "the registry `{}` is not a host name, IPv4 or [IPv6] address with an optional :port: {reason}",
         escape(.registry)
     )]
-    Registry { registry: String, reason: String },
+    Registry { registry: String, reason: Box<str> },
     #[error("the repository `{}`: {reason}", escape(.repository))]
-    Repository { repository: String, reason: String },
+    Repository {
+        repository: String,
+        reason: Box<str>,
+    },
     #[error(
         "the tag `{}` must be 1-128 of [A-Za-z0-9_.-], not starting with `.` or `-`",
         escape(.tag)
@@ -361,7 +365,9 @@ fn registry_problem(registry: &str) -> Option<String> {
             }
             if !bytes[0].is_ascii_alphanumeric()
                 || !bytes[bytes.len() - 1].is_ascii_alphanumeric()
-                || !bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-')
+                || !bytes
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || *b == b'-')
             {
                 return Some(format!(
                     "`{}` is not a part of a registry host name (letters and digits, with `-` \
@@ -482,7 +488,7 @@ impl FromStr for Reference {
         if let Some(reason) = registry_problem(registry) {
             return Err(fail(ReferenceProblem::Registry {
                 registry: registry.to_string(),
-                reason,
+                reason: reason.into(),
             }));
         }
         let registry = match registry {
@@ -492,7 +498,7 @@ impl FromStr for Reference {
         let bad_repository = |reason: String| {
             fail(ReferenceProblem::Repository {
                 repository: repository.to_string(),
-                reason,
+                reason: reason.into(),
             })
         };
         if repository.is_empty() {
