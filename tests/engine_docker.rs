@@ -450,6 +450,54 @@ fn an_unreachable_docker_host_is_a_clear_error() {
     assert!(output.stdout.is_empty());
 }
 
+/// Issue 16: `load --tag T` checks T before it contacts a daemon or says "loading": a
+/// dead DOCKER_HOST is never reached, and against the real daemon nothing is loaded.
+#[test]
+fn load_refuses_a_bad_tag_before_contacting_the_daemon() {
+    let work = tempfile::tempdir().unwrap();
+    let socket = work.path().join("docker.sock");
+    for tag in ["cudastack-test/Torch:1", "torch:a\nb", "[::1]:5000/torch:1"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+            .args(["load", "images/none", "--tag", tag])
+            .env("DOCKER_HOST", format!("unix://{}", socket.display()))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{tag}: {stderr}");
+        assert!(
+            stderr.contains("is not a valid image tag"),
+            "{tag}: {stderr}"
+        );
+        assert!(stderr.contains("hint:"), "{tag}: {stderr}");
+        assert!(!stderr.contains("no Docker daemon"), "{tag}: {stderr}");
+        assert!(!stderr.contains("loading"), "{tag}: {stderr}");
+        assert!(output.stdout.is_empty());
+    }
+    require_docker!();
+    let pid = std::process::id();
+    let good = format!("cudastack-test/engine-badtag:{pid}");
+    let (dir, id) = busybox_layout(work.path(), "engine-badtag", std::slice::from_ref(&good));
+    let _cleanup = Cleanup {
+        image: id,
+        test_label: "engine-badtag".into(),
+    };
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .arg("load")
+        .arg(&dir)
+        .args(["--tag", &good, "--tag", "cudastack-test/Engine-Badtag:1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("`Engine-Badtag`"), "{stderr}");
+    assert!(!stderr.contains("loading"), "{stderr}");
+    assert!(
+        inspect_id(&id.to_string()).is_none(),
+        "the image was loaded"
+    );
+    assert!(inspect_id(&good).is_none(), "the good tag was set");
+}
+
 #[test]
 fn a_broken_layout_aborts_the_upload_and_loads_nothing() {
     require_docker!();

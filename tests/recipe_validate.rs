@@ -203,6 +203,42 @@ fn build_refuses_a_registry_that_breaks_the_tags_before_any_fetch() {
     );
 }
 
+/// Tags the Docker daemon refuses (measured on Docker 20.10 with `POST /images/ID/tag`)
+/// that the reference grammar accepted before it was made the same as the daemon's: a
+/// name longer than 255 characters once normalised (`docker.io/library/` + 238), a bare
+/// 64-digit hexadecimal name (an image ID to Docker), a registry host part starting with
+/// `-`, and a registry `--registry` renders as `..`.
+#[test]
+fn validate_refuses_tags_the_docker_daemon_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let long_name = "n".repeat(238);
+    let hex = "0123456789abcdef".repeat(4);
+    for (tag, fragment) in [
+        (format!("{long_name}:1"), "at most 255"),
+        (format!("{hex}:1"), "read as an image ID"),
+        ("-mirror.example/torch:1".to_string(), "`-mirror`"),
+        ("mirror..example:5000/torch:1".to_string(), "empty part"),
+        ("[::ffff:127.0.0.1]:5000/torch:1".to_string(), "IPv6"),
+    ] {
+        let text = TORCH_241.replace("{registry}/torch:{torch}", &tag);
+        let path = dir.path().join("r.yaml");
+        std::fs::write(&path, &text).unwrap();
+        let (code, stdout, stderr) = run(&["validate", path.to_str().unwrap()]);
+        assert_eq!(code, 1, "{tag} should be invalid:\n{stdout}\n{stderr}");
+        assert!(
+            stdout.contains(fragment),
+            "{tag}: `{fragment}` in:\n{stdout}"
+        );
+        assert!(stdout.contains("hint: "), "{tag}:\n{stdout}");
+    }
+    // The longest name Docker takes passes.
+    let text = TORCH_241.replace("{registry}/torch:{torch}", &"n".repeat(237));
+    let path = dir.path().join("r.yaml");
+    std::fs::write(&path, &text).unwrap();
+    let (code, stdout, _) = run(&["validate", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stdout}");
+}
+
 /// The cause of a failed read reaches the user, under the error that names the file.
 #[test]
 fn unreadable_and_binary_files_keep_their_cause() {

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use cudastack::engine::load::layout_tags;
-use cudastack::engine::{Engine, LoadReport};
+use cudastack::engine::{split_tag, Engine, LoadReport};
 use cudastack::stack::build::human_bytes;
 
 use super::{CommandResult, Printer};
@@ -43,13 +43,18 @@ pub fn run(args: LoadArgs, printer: &Printer) -> CommandResult {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Connect and load, with a status line on stderr (also used by `build --load`).
+/// Check the tags, connect and load, with a status line on stderr (also used by
+/// `build --load`). A tag the daemon would refuse is an error before anything is said
+/// about loading or any daemon is contacted.
 pub async fn load(
     layout: &Path,
     ref_name: &str,
     tags: &[String],
     printer: &Printer,
 ) -> Result<LoadReport, Box<dyn std::error::Error + Send + Sync>> {
+    for tag in tags {
+        split_tag(tag)?;
+    }
     let engine = Engine::connect().await?;
     printer.status(format!(
         "loading {}:{ref_name} into the Docker daemon at {}",

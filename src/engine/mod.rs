@@ -28,6 +28,7 @@ pub use run::{GpuRequest, RunOutcome, RunSpec};
 
 use crate::digest::Digest;
 use crate::oci::OciError;
+use crate::registry::{escape, split_name_and_tag, Reference, ReferenceProblem};
 
 /// The timeout for ordinary requests (inspect, tag, create, remove). Long requests (load,
 /// wait) get their own; bollard's default of 120 s for everything kills large loads
@@ -98,12 +99,14 @@ pub enum EngineError {
     #[error("interrupted by {signal}; what it had started in the daemon was removed")]
     Interrupted { signal: &'static str },
     #[error(
-        "`{tag}` is not a valid image tag: {reason}\n  hint: a tag is [HOST[:PORT]/]NAME[:TAG] \
-         with NAME's parts in lowercase letters, digits and single `.`, `_`, `__` or `-` \
-         separators, and TAG of up to 128 letters, digits, `_`, `.`, `-` (not starting with \
-         `.` or `-`)"
+        "`{}` is not a valid image tag: {problem}\n  hint: {}",
+        escape(.tag),
+        problem.hint()
     )]
-    InvalidTag { tag: String, reason: String },
+    InvalidTag {
+        tag: String,
+        problem: ReferenceProblem,
+    },
 }
 
 /// A connection to a Docker daemon, with the API version negotiated.
@@ -233,143 +236,22 @@ pub(crate) fn message_of(error: &bollard::errors::Error) -> String {
     }
 }
 
-/// Split `name[:tag]` into repository and tag (a `:` before the last `/` is a registry
-/// port, not a tag; no tag means `latest`), accepting exactly what the daemon's reference
-/// parser (distribution/reference `ParseNormalizedNamed`) accepts.
+/// Split `name[:tag]` into repository and tag as written (no tag means `latest`), once
+/// [`Reference::parse_docker_name`] accepts it: the crate's one reference grammar, which
+/// refuses whatever the daemon's parser (distribution/reference `ParseNormalizedNamed`,
+/// Docker 20.10) refuses.
 ///
 /// Why this is strict: Docker's load creates the image *before* it parses the archive's
 /// RepoTags, so a tag it rejects (`torch/Cu121:x`) failed the load after the image was in
 /// the daemon, left there untagged (issue 16). Every tag is checked here, before a byte
 /// is sent.
 pub fn split_tag(reference: &str) -> Result<(&str, &str), EngineError> {
-    let invalid = |reason: &str| EngineError::InvalidTag {
+    Reference::parse_docker_name(reference).map_err(|error| EngineError::InvalidTag {
         tag: reference.to_string(),
-        reason: reason.to_string(),
-    };
-    if reference.contains('@') {
-        return Err(invalid("a digest (`@sha256:...`) is not a tag"));
-    }
-    let last_slash = reference.rfind('/').map_or(0, |i| i + 1);
-    let (repository, tag) = match reference[last_slash..].rfind(':') {
-        Some(i) => (
-            &reference[..last_slash + i],
-            &reference[last_slash + i + 1..],
-        ),
-        None => (reference, "latest"),
-    };
-    if repository.is_empty() {
-        return Err(invalid("the name is empty"));
-    }
-    if tag.is_empty() {
-        return Err(invalid("the tag after `:` is empty"));
-    }
-    if let Some(reason) = repository_problem(repository) {
-        return Err(invalid(&reason));
-    }
-    if tag.len() > 128 {
-        return Err(invalid("the tag is longer than 128 characters"));
-    }
-    let mut chars = tag.chars();
-    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    if !chars.next().is_some_and(word) || !chars.all(|c| word(c) || c == '.' || c == '-') {
-        return Err(invalid(&format!(
-            "the tag `{tag}` may hold only letters, digits, `_`, `.` and `-`, and must start \
-             with a letter, digit or `_`"
-        )));
-    }
-    Ok((repository, tag))
-}
-
-/// What the daemon would object to in `repository` (`[host[:port]/]path`), if anything.
-fn repository_problem(repository: &str) -> Option<String> {
-    if repository.len() > 255 {
-        return Some("the name is longer than 255 characters".to_string());
-    }
-    // distribution/reference splitDockerDomain: the first part is a registry host when it
-    // has a `.` or `:`, is `localhost`, or has an uppercase letter.
-    let (domain, path) = match repository.split_once('/') {
-        Some((first, rest))
-            if first.contains(['.', ':'])
-                || first == "localhost"
-                || first.chars().any(|c| c.is_ascii_uppercase()) =>
-        {
-            (Some(first), rest)
-        }
-        _ => (None, repository),
-    };
-    if let Some(domain) = domain {
-        let (host, port) = match domain.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (domain, None),
-        };
-        let label_ok = |label: &str| {
-            !label.is_empty()
-                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        };
-        if !host.split('.').all(label_ok) {
-            return Some(format!("`{domain}` is not a registry host"));
-        }
-        if port.is_some_and(|p| p.is_empty() || !p.chars().all(|c| c.is_ascii_digit())) {
-            return Some(format!("`{domain}` has a port that is not a number"));
-        }
-    }
-    for component in path.split('/') {
-        if let Some(problem) = path_component_problem(component) {
-            return Some(problem);
-        }
-    }
-    // The daemon refuses a name that looks like an image ID.
-    if domain.is_none() && path.len() == 64 && path.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Some("a 64-digit hexadecimal name is read as an image ID".to_string());
-    }
-    None
-}
-
-/// `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`, with the reason when `component` is not.
-fn path_component_problem(component: &str) -> Option<String> {
-    if component.is_empty() {
-        return Some("the name has an empty part (`//` or a trailing `/`)".to_string());
-    }
-    if component.chars().any(|c| c.is_ascii_uppercase()) {
-        return Some(format!(
-            "`{component}` has uppercase letters; names are lowercase"
-        ));
-    }
-    let bytes = component.as_bytes();
-    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let mut i = 0;
-    let mut after_separator = true;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if alnum(b) {
-            after_separator = false;
-            i += 1;
-            continue;
-        }
-        let run = bytes[i..].iter().take_while(|&&c| c == b).count();
-        let separator = match b {
-            b'.' => run == 1,
-            b'_' => run <= 2,
-            b'-' => true,
-            _ => false,
-        };
-        if !separator {
-            return Some(format!(
-                "`{component}` may hold only lowercase letters, digits and single `.`, `_`, \
-                 `__` or `-` separators"
-            ));
-        }
-        if after_separator {
-            return Some(format!(
-                "`{component}` must start with a lowercase letter or digit"
-            ));
-        }
-        after_separator = true;
-        i += run;
-    }
-    after_separator.then(|| format!("`{component}` must end with a lowercase letter or digit"))
+        problem: error.problem,
+    })?;
+    let (repository, tag) = split_name_and_tag(reference);
+    Ok((repository, tag.unwrap_or("latest")))
 }
 
 #[cfg(test)]
@@ -392,8 +274,10 @@ mod tests {
             split_tag("Registry.Example/a__b.c-d--e/f:v1.0-rc_1").unwrap(),
             ("Registry.Example/a__b.c-d--e/f", "v1.0-rc_1")
         );
-        // Uppercase first part: a registry host, as the daemon reads it.
-        assert_eq!(split_tag("Mirror/torch:x").unwrap(), ("Mirror/torch", "x"));
+        // An uppercase first part is a repository to Docker 20.10, which refuses it
+        // (measured: `POST /images/ID/tag?repo=Mirror/torch` answers 500 "repository name
+        // must be lowercase"; Docker 23 would read `Mirror` as a host).
+        assert!(split_tag("Mirror/torch:x").is_err());
         assert_eq!(split_tag(&"g".repeat(64)).unwrap().1, "latest");
         for bad in ["", ":x", "x:", "a@sha256:00"] {
             assert!(split_tag(bad).is_err(), "{bad}");
@@ -427,6 +311,8 @@ mod tests {
             (hex.as_str(), "image ID"),
             (long_tag.as_str(), "128"),
             (long_name.as_str(), "255"),
+            ("[::1]:5000/a:1", "IPv6"),
+            ("a:1\n", "`a:1\\n`"),
         ] {
             let error = split_tag(bad).unwrap_err().to_string();
             assert!(error.contains(names), "{bad}: {error}");

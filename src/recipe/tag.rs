@@ -4,10 +4,9 @@
 //! A tag becomes a Docker tag (`cudastack load`), an OCI layout ref and a registry reference,
 //! so it must follow the distribution reference grammar: `[host[:port]/]path[:tag]`, path
 //! components `[a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)*`, tag `[\w][\w.-]{0,127}`
-//! (<https://github.com/distribution/reference/blob/main/reference.go>). The path and tag
-//! are checked by [`crate::registry::Reference`]'s parser (one grammar in the crate); the
-//! host is checked here as well, because that parser accepts any of `[A-Za-z0-9.:-]` there
-//! (`../torch:1` would pass it, with `..` as the registry).
+//! (<https://github.com/distribution/reference/blob/main/reference.go>). It is checked by
+//! [`Reference::parse_name`], the one grammar in the crate (the registry client and the
+//! Docker Engine output use the same parser); nothing here adds to it.
 //!
 //! [`Recipe::parse`](super::Recipe::parse) renders every template with the values the recipe
 //! itself fixes and stand-ins for what only the lock knows (the registry is `localhost`,
@@ -16,7 +15,7 @@
 
 use std::fmt;
 
-use crate::registry::{Reference, ReferenceError};
+use crate::registry::{Reference, ReferenceProblem};
 
 /// Template placeholders a tag may use.
 pub const TAG_PLACEHOLDERS: &[&str] = &[
@@ -79,39 +78,8 @@ pub enum TagError {
     },
 }
 
-/// What is wrong with a rendered tag, in the grammar's terms.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TagProblem {
-    Empty,
-    Repository { repository: String, reason: String },
-    Tag { tag: String },
-    Registry { registry: String },
-    Digest,
-}
-
-impl fmt::Display for TagProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TagProblem::Empty => f.write_str("it is empty"),
-            TagProblem::Repository { repository, reason } => {
-                write!(f, "the repository `{}`: {reason}", escape(repository))
-            }
-            TagProblem::Tag { tag } => write!(
-                f,
-                "the tag `{}` must be 1-128 of [A-Za-z0-9_.-], not starting with `.` or `-`",
-                escape(tag)
-            ),
-            TagProblem::Registry { registry } => write!(
-                f,
-                "the registry `{}` is not a host name, IPv4 or [IPv6] address with an optional :port",
-                escape(registry)
-            ),
-            TagProblem::Digest => f.write_str(
-                "it names a digest (`@sha256:...`), which is what the image will have, not a name to give it",
-            ),
-        }
-    }
-}
+/// What is wrong with a rendered tag: the reference grammar's own answer.
+pub type TagProblem = ReferenceProblem;
 
 impl TagError {
     /// What to do about it.
@@ -132,7 +100,8 @@ impl TagError {
                 TagProblem::Tag { .. } if template.contains("{torch}") => "a torch build from a PyTorch index has a local version (`2.1.2+cu118`) and `+` cannot be in a tag: spell the version out instead of `{torch}`, or keep to [A-Za-z0-9_.-] after the `:`".into(),
                 TagProblem::Tag { .. } => "keep the part after the last `:` to letters, digits, `_`, `.` and `-`, at most 128 characters".into(),
                 TagProblem::Registry { .. } => "give the registry as `host[:port]` (`ghcr.io`, `127.0.0.1:5000`), or use `{registry}` and `cudastack build --registry HOST`".into(),
-                TagProblem::Digest => "remove the `@...` part; `cudastack build` prints the digest".into(),
+                TagProblem::Digest | TagProblem::BadDigest { .. } => "remove the `@...` part; `cudastack build` prints the digest".into(),
+                TagProblem::Ipv6ForDocker { .. } => problem.hint().into(),
             },
         }
     }
@@ -150,19 +119,7 @@ impl fmt::Display for Becomes<'_> {
     }
 }
 
-/// Control characters (a newline in a tag) shown as escapes (`\n`), so a message stays
-/// one line and cannot rewrite the terminal.
-pub(crate) fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
+pub(crate) use crate::registry::escape;
 
 /// The placeholders of `template`, in order; an error for an unclosed or unknown one.
 pub fn check_template(template: &str) -> Result<(), TagError> {
@@ -206,75 +163,11 @@ pub fn render(template: &str, values: &TagValues) -> Result<String, TagError> {
     Ok(rendered)
 }
 
-/// The distribution grammar's checks of a reference used as a tag (see the module docs).
+/// The reference grammar's checks of a name to give an image (see the module docs).
 fn check_reference(text: &str) -> Result<(), TagProblem> {
-    let reference: Reference = text.parse().map_err(|error| match error {
-        ReferenceError::Empty => TagProblem::Empty,
-        ReferenceError::Repository {
-            repository, reason, ..
-        } => TagProblem::Repository {
-            repository,
-            reason: reason.to_string(),
-        },
-        ReferenceError::Tag { tag, .. } => TagProblem::Tag { tag },
-        ReferenceError::Registry { registry, .. } => TagProblem::Registry { registry },
-        ReferenceError::Digest { .. } => TagProblem::Digest,
-    })?;
-    if reference.digest().is_some() {
-        return Err(TagProblem::Digest);
-    }
-    // The registry as written: the first path component when the parser took it as one.
-    let written = text.split('/').next().unwrap_or_default();
-    if text.contains('/')
-        && (written.contains(['.', ':']) || written == "localhost" || written.starts_with('['))
-        && !valid_host_port(written)
-    {
-        return Err(TagProblem::Registry {
-            registry: written.to_string(),
-        });
-    }
-    Ok(())
-}
-
-/// `host[:port]` of the distribution grammar: `domain-name | IPv4address | [IPv6address]`,
-/// domain components `[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?`, port digits.
-fn valid_host_port(text: &str) -> bool {
-    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
-        let Some((inside, tail)) = rest.split_once(']') else {
-            return false;
-        };
-        let port = match tail {
-            "" => None,
-            _ => match tail.strip_prefix(':') {
-                Some(port) => Some(port),
-                None => return false,
-            },
-        };
-        if inside.parse::<std::net::Ipv6Addr>().is_err() {
-            return false;
-        }
-        (None, port)
-    } else {
-        match text.split_once(':') {
-            Some((host, port)) => (Some(host), Some(port)),
-            None => (Some(text), None),
-        }
-    };
-    let port_ok =
-        port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
-    let host_ok = host.is_none_or(|host| {
-        !host.is_empty()
-            && host.split('.').all(|component| {
-                let bytes = component.as_bytes();
-                !bytes.is_empty()
-                    && bytes[0].is_ascii_alphanumeric()
-                    && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-                    && bytes
-                        .iter()
-                        .all(|b| b.is_ascii_alphanumeric() || *b == b'-')
-            })
-    });
-    port_ok && host_ok
+    Reference::parse_name(text)
+        .map(drop)
+        .map_err(|error| error.problem)
 }
 
 #[cfg(test)]
@@ -388,9 +281,18 @@ mod tests {
         ] {
             render(template, &values()).unwrap_or_else(|e| panic!("{template}: {e}"));
         }
-        assert!(!valid_host_port("[::1"));
-        assert!(!valid_host_port("host:"));
-        assert!(!valid_host_port("host:123456"));
+        for bad in ["[::1/torch", "host:/torch", "host:123456/torch"] {
+            assert!(
+                matches!(
+                    render(bad, &values()),
+                    Err(TagError::Reference {
+                        problem: TagProblem::Registry { .. },
+                        ..
+                    })
+                ),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -41,7 +41,8 @@ pub use pull::{pull, PullReport};
 pub use push::{
     push_image, push_layout, BlobOutcome, BlobReport, PushHistory, PushOptions, PushReport,
 };
-pub use reference::{Reference, ReferenceError};
+pub(crate) use reference::escape;
+pub use reference::{split_name_and_tag, Reference, ReferenceError, ReferenceProblem};
 
 /// Errors from talking to registries. Every variant names the registry, URL, blob or file
 /// involved; none ever contains a password or token.

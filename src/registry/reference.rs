@@ -8,33 +8,122 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::digest::{Digest, DigestError};
+use crate::digest::Digest;
 
 /// The registry Docker Hub references name, and the host its API actually answers on.
 pub const DOCKER_HUB: &str = "docker.io";
 pub const DOCKER_HUB_API: &str = "registry-1.docker.io";
 
-/// Errors from parsing a reference; each names the whole reference and the bad part.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ReferenceError {
-    #[error("an image reference cannot be empty")]
+/// Why a text is not an image reference: the whole text, and the part at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{}` is not a valid image reference: {problem}", escape(.reference))]
+pub struct ReferenceError {
+    /// The text as given.
+    pub reference: String,
+    pub problem: ReferenceProblem,
+}
+
+impl ReferenceError {
+    /// What to do about it.
+    pub fn hint(&self) -> &'static str {
+        self.problem.hint()
+    }
+}
+
+/// What is wrong with a reference, in the grammar's terms. Every variant names the part
+/// as written (control characters escaped, so a message stays on one line). The reasons
+/// are `Box<str>` to keep this small: it travels inside every recipe and build error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReferenceProblem {
+    #[error("it is empty")]
     Empty,
-    #[error("`{reference}`: the repository `{repository}` is not valid: {reason}")]
+    #[error(
+        "the registry `{}` is not a host name, IPv4 or [IPv6] address with an optional :port: {reason}",
+        escape(.registry)
+    )]
+    Registry { registry: String, reason: Box<str> },
+    #[error("the repository `{}`: {reason}", escape(.repository))]
     Repository {
-        reference: String,
         repository: String,
-        reason: &'static str,
+        reason: Box<str>,
     },
-    #[error("`{reference}`: the tag `{tag}` is not valid (1-128 of [A-Za-z0-9_.-], not starting with `.` or `-`)")]
-    Tag { reference: String, tag: String },
-    #[error("`{reference}`: the registry `{registry}` is not a valid host[:port]")]
-    Registry { reference: String, registry: String },
-    #[error("`{reference}`: bad digest")]
-    Digest {
-        reference: String,
-        #[source]
-        source: DigestError,
-    },
+    #[error(
+        "the tag `{}` must be 1-128 of [A-Za-z0-9_.-], not starting with `.` or `-`",
+        escape(.tag)
+    )]
+    Tag { tag: String },
+    #[error("bad digest: {reason}")]
+    BadDigest { reason: String },
+    /// A name to give an image ([`Reference::parse_name`]) carries no digest.
+    #[error(
+        "it names a digest (`@sha256:...`), which is what the image will have, not a name to give it"
+    )]
+    Digest,
+    /// Docker Engine 20.10 (distribution/reference before v2.8) has no IPv6 literals.
+    #[error(
+        "the registry `{}` is an IPv6 address, which Docker Engine before 23 cannot parse in a tag",
+        escape(.registry)
+    )]
+    Ipv6ForDocker { registry: String },
+}
+
+impl ReferenceProblem {
+    /// What to do about it, whatever the reference was for.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            ReferenceProblem::Empty => "write a reference such as `ghcr.io/org/torch:2.4.1`",
+            ReferenceProblem::Registry { .. } => {
+                "give the registry as `host[:port]` (`ghcr.io`, `127.0.0.1:5000`, `[::1]:5000`)"
+            }
+            ReferenceProblem::Repository { .. } => {
+                "write the image name in lowercase letters and digits, with `.`, `_`, `__` or `-` \
+                 between them and `/` between path parts (no `..`, no spaces), at most 255 \
+                 characters with the registry"
+            }
+            ReferenceProblem::Tag { .. } => {
+                "keep the part after the last `:` to letters, digits, `_`, `.` and `-`, at most \
+                 128 characters"
+            }
+            ReferenceProblem::BadDigest { .. } => {
+                "a digest is `sha256:` and 64 lowercase hexadecimal digits"
+            }
+            ReferenceProblem::Digest => "remove the `@...` part",
+            ReferenceProblem::Ipv6ForDocker { .. } => {
+                "name the registry `localhost:PORT` or by a host name; Docker Engine 23 and newer \
+                 accept [IPv6] addresses"
+            }
+        }
+    }
+}
+
+/// Control characters (a newline in a tag) shown as escapes (`\n`), so a message stays
+/// one line and cannot rewrite the terminal.
+pub(crate) fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `text` without its digest, split into the name and the tag: the tag is after the last
+/// `:` that comes after the last `/` (a `:` before it is a registry port). The one place
+/// this split is made, for the parser and for callers that hand the parts on as written
+/// (the Docker Engine's tag request).
+pub fn split_name_and_tag(text: &str) -> (&str, Option<&str>) {
+    let rest = text.split_once('@').map_or(text, |(rest, _)| rest);
+    let after_slash = rest.rfind('/').map_or(0, |slash| slash + 1);
+    match rest[after_slash..].rfind(':') {
+        Some(colon) => (
+            &rest[..after_slash + colon],
+            Some(&rest[after_slash + colon + 1..]),
+        ),
+        None => (rest, None),
+    }
 }
 
 /// A parsed, normalised image reference. Without a tag or digest it means `:latest`.
@@ -180,34 +269,51 @@ impl fmt::Debug for Reference {
     }
 }
 
-fn valid_component(component: &str) -> bool {
-    // [a-z0-9]+ ((\.|_|__|-+)[a-z0-9]+)*
+/// Why `component` (one `/`-separated part of a repository) is not
+/// `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`, if it is not.
+fn component_problem(component: &str) -> Option<String> {
+    if component.is_empty() {
+        return Some("the name has an empty part (`//` or a trailing `/`)".to_string());
+    }
+    let shown = escape(component);
+    if component.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Some(format!(
+            "`{shown}` has uppercase letters; repository names must be lowercase"
+        ));
+    }
     let bytes = component.as_bytes();
-    if bytes.is_empty()
-        || !bytes[0].is_ascii_alphanumeric()
-        || !bytes[bytes.len() - 1].is_ascii_alphanumeric()
-    {
-        return false;
-    }
-    let mut separator = String::new();
-    for &b in bytes {
-        if b.is_ascii_lowercase() || b.is_ascii_digit() {
-            if !(separator.is_empty()
-                || separator == "."
-                || separator == "_"
-                || separator == "__"
-                || separator.bytes().all(|s| s == b'-'))
-            {
-                return false;
-            }
-            separator.clear();
-        } else if b == b'.' || b == b'_' || b == b'-' {
-            separator.push(b as char);
-        } else {
-            return false;
+    let alphanumeric = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let mut i = 0;
+    let mut after_separator = true;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if alphanumeric(b) {
+            after_separator = false;
+            i += 1;
+            continue;
         }
+        let run = bytes[i..].iter().take_while(|&&c| c == b).count();
+        let separator = match b {
+            b'.' => run == 1,
+            b'_' => run <= 2,
+            b'-' => true,
+            _ => false,
+        };
+        if !separator {
+            return Some(format!(
+                "`{shown}` may hold only lowercase letters, digits and single `.`, `_`, `__` or \
+                 `-` separators"
+            ));
+        }
+        if after_separator {
+            return Some(format!(
+                "`{shown}` must start with a lowercase letter or digit"
+            ));
+        }
+        after_separator = true;
+        i += run;
     }
-    true
+    after_separator.then(|| format!("`{shown}` must end with a lowercase letter or digit"))
 }
 
 fn valid_tag(tag: &str) -> bool {
@@ -219,123 +325,214 @@ fn valid_tag(tag: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
-/// `host[:port]`: a host name (letters, digits, `-`, `.`), or an IPv6 address in
-/// brackets; a port is 1-5 decimal digits below 65536.
-fn valid_registry(registry: &str) -> bool {
-    let (host_ok, port) = if let Some(rest) = registry.strip_prefix('[') {
+/// Why `registry` is not `host[:port]`, if it is not: a host name of `.`-separated parts
+/// `[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?` (distribution's domainNameComponent, which
+/// also covers IPv4), or an IPv6 address in brackets (`[0-9A-Fa-f:]+`, as distribution's
+/// ipv6address, and a real address); a port is 1-5 decimal digits below 65536.
+fn registry_problem(registry: &str) -> Option<String> {
+    let port = if let Some(rest) = registry.strip_prefix('[') {
         let Some((host, tail)) = rest.split_once(']') else {
-            return false;
+            return Some("`[` opens an IPv6 address that no `]` closes".to_string());
         };
-        let port = match tail {
+        if host.is_empty()
+            || !host.bytes().all(|b| b.is_ascii_hexdigit() || b == b':')
+            || host.parse::<std::net::Ipv6Addr>().is_err()
+        {
+            return Some(format!("`{}` is not an IPv6 address", escape(host)));
+        }
+        match tail {
             "" => None,
             _ => match tail.strip_prefix(':') {
                 Some(port) => Some(port),
-                None => return false,
+                None => return Some("only `:PORT` may follow the `]`".to_string()),
             },
-        };
-        (host.parse::<std::net::Ipv6Addr>().is_ok(), port)
+        }
     } else {
         let (host, port) = match registry.split_once(':') {
             Some((host, port)) => (host, Some(port)),
             None => (registry, None),
         };
-        let host_ok = !host.is_empty()
-            && host
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b));
-        (host_ok, port)
+        if host.is_empty() {
+            return Some("the host is empty".to_string());
+        }
+        for label in host.split('.') {
+            let bytes = label.as_bytes();
+            if bytes.is_empty() {
+                return Some(format!(
+                    "the registry host `{}` has an empty part between dots",
+                    escape(host)
+                ));
+            }
+            if !bytes[0].is_ascii_alphanumeric()
+                || !bytes[bytes.len() - 1].is_ascii_alphanumeric()
+                || !bytes
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || *b == b'-')
+            {
+                return Some(format!(
+                    "`{}` is not a part of a registry host name (letters and digits, with `-` \
+                     only inside)",
+                    escape(label)
+                ));
+            }
+        }
+        port
     };
-    let port_ok = port.is_none_or(|p| {
-        !p.is_empty()
-            && p.len() <= 5
-            && p.bytes().all(|b| b.is_ascii_digit())
-            && p.parse::<u16>().is_ok()
-    });
-    host_ok && port_ok
+    match port {
+        Some(port)
+            if port.is_empty()
+                || port.len() > 5
+                || !port.bytes().all(|b| b.is_ascii_digit())
+                || port.parse::<u16>().is_err() =>
+        {
+            Some(format!(
+                "the port `{}` is not a number from 0 to 65535",
+                escape(port)
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// The longest name (registry, `/` and repository, as normalised) Docker accepts:
+/// distribution/reference's NameTotalLengthMax. Measured on Docker 20.10: a one-part name
+/// of 237 characters (`docker.io/library/` + 237 = 255) tags, 238 is refused.
+const NAME_TOTAL_LENGTH_MAX: usize = 255;
+
+impl Reference {
+    /// A name to give an image (a recipe tag, `load --tag`, an OCI layout ref): the same
+    /// grammar, without a digest (the digest is what the image will have).
+    pub fn parse_name(text: &str) -> Result<Self, ReferenceError> {
+        if text.contains('@') {
+            return Err(ReferenceError {
+                reference: text.to_string(),
+                problem: ReferenceProblem::Digest,
+            });
+        }
+        text.parse()
+    }
+
+    /// A name the Docker Engine can tag an image with: [`Self::parse_name`], and no IPv6
+    /// registry, which Docker 20.10 refuses (measured: `POST /images/ID/tag` with
+    /// `repo=[::1]:5000/a` answers 500 "invalid reference format"; IPv6 literals came with
+    /// distribution/reference v2.8, in Docker 23).
+    pub fn parse_docker_name(text: &str) -> Result<Self, ReferenceError> {
+        let reference = Self::parse_name(text)?;
+        if reference.registry.starts_with('[') {
+            return Err(ReferenceError {
+                reference: text.to_string(),
+                problem: ReferenceProblem::Ipv6ForDocker {
+                    registry: reference.registry,
+                },
+            });
+        }
+        Ok(reference)
+    }
 }
 
 impl FromStr for Reference {
     type Err = ReferenceError;
 
+    /// The grammar of distribution/reference as the Docker daemon applies it
+    /// (`ParseNormalizedNamed`, Docker 20.10): whatever it refuses is refused here, so
+    /// a name that passes here can be a Docker tag, an OCI ref and a registry reference.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let reference = text.to_string();
+        let fail = |problem| ReferenceError {
+            reference: text.to_string(),
+            problem,
+        };
         if text.is_empty() {
-            return Err(ReferenceError::Empty);
+            return Err(fail(ReferenceProblem::Empty));
         }
-        let (rest, digest) = match text.split_once('@') {
-            Some((rest, digest)) => (
-                rest,
-                Some(
-                    digest
-                        .parse::<Digest>()
-                        .map_err(|source| ReferenceError::Digest {
-                            reference: reference.clone(),
-                            source,
-                        })?,
-                ),
-            ),
-            None => (text, None),
-        };
-        // A tag is after the last `:` that comes after the last `/` (a registry port is not).
-        let last_slash = rest.rfind('/');
-        let (name, tag) = match rest.rfind(':') {
-            Some(colon) if last_slash.is_none_or(|slash| colon > slash) => {
-                (&rest[..colon], Some(&rest[colon + 1..]))
+        let digest = match text.split_once('@') {
+            Some((_, written)) => {
+                let digest = written.parse::<Digest>().map_err(|error| {
+                    fail(ReferenceProblem::BadDigest {
+                        reason: escape(&error.to_string()),
+                    })
+                })?;
+                // go-digest validates sha256 as lowercase hex; `sha256:ABC...` would print
+                // back as another text.
+                if digest.to_string() != written {
+                    return Err(fail(ReferenceProblem::BadDigest {
+                        reason: format!(
+                            "`{}` must be written in lowercase hexadecimal",
+                            escape(written)
+                        ),
+                    }));
+                }
+                Some(digest)
             }
-            _ => (rest, None),
+            None => None,
         };
+        let (name, tag) = split_name_and_tag(text);
         if let Some(tag) = tag {
             if !valid_tag(tag) {
-                return Err(ReferenceError::Tag {
-                    reference,
+                return Err(fail(ReferenceProblem::Tag {
                     tag: tag.to_string(),
-                });
+                }));
             }
         }
-        let (registry, repository) = match name.split_once('/') {
+        // distribution's splitDockerDomain (Docker 20.10): the first part is a registry
+        // when it has a `.` or `:` or is `localhost`. (Docker 23 also takes an uppercase
+        // first part as a host; 20.10 reads it as a repository and refuses it, and so
+        // does this parser.) A bracket can only open an IPv6 registry.
+        let (registry, repository, written_registry) = match name.split_once('/') {
             Some((first, remainder))
                 if first.contains(['.', ':']) || first == "localhost" || first.starts_with('[') =>
             {
-                (first.to_string(), remainder.to_string())
+                (first, remainder, true)
             }
-            _ => (DOCKER_HUB.to_string(), name.to_string()),
+            _ => (DOCKER_HUB, name, false),
         };
-        let registry = match registry.as_str() {
-            "index.docker.io" | "registry-1.docker.io" => DOCKER_HUB.to_string(),
-            _ => registry,
+        if let Some(reason) = registry_problem(registry) {
+            return Err(fail(ReferenceProblem::Registry {
+                registry: registry.to_string(),
+                reason: reason.into(),
+            }));
+        }
+        let registry = match registry {
+            "index.docker.io" | "registry-1.docker.io" => DOCKER_HUB,
+            other => other,
         };
-        if !valid_registry(&registry) {
-            return Err(ReferenceError::Registry {
-                reference,
-                registry,
-            });
+        let bad_repository = |reason: String| {
+            fail(ReferenceProblem::Repository {
+                repository: repository.to_string(),
+                reason: reason.into(),
+            })
+        };
+        if repository.is_empty() {
+            return Err(bad_repository("it is empty".to_string()));
+        }
+        if let Some(reason) = repository.split('/').find_map(component_problem) {
+            return Err(bad_repository(reason));
+        }
+        // ParseNormalizedNamed reads 64 hex digits alone as an image ID (and the daemon's
+        // tag request refuses such a repository, with or without a tag).
+        if !written_registry
+            && repository.len() == 64
+            && repository
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(bad_repository(
+                "a 64-digit hexadecimal name is read as an image ID".to_string(),
+            ));
         }
         let repository = if registry == DOCKER_HUB && !repository.contains('/') {
             format!("library/{repository}")
         } else {
-            repository
+            repository.to_string()
         };
-        let bad_repository = |reason| ReferenceError::Repository {
-            reference: reference.clone(),
-            repository: repository.clone(),
-            reason,
-        };
-        if repository.is_empty() {
-            return Err(bad_repository("it is empty"));
-        }
-        if repository.len() > 255 {
-            return Err(bad_repository("it is longer than 255 characters"));
-        }
-        if repository.bytes().any(|b| b.is_ascii_uppercase()) {
-            return Err(bad_repository("repository names must be lowercase"));
-        }
-        if !repository.split('/').all(valid_component) {
-            return Err(bad_repository(
-                "each `/`-separated part must be [a-z0-9] separated by `.`, `_`, `__` or `-`",
-            ));
+        let length = registry.len() + 1 + repository.len();
+        if length > NAME_TOTAL_LENGTH_MAX {
+            return Err(bad_repository(format!(
+                "the name `{registry}/{repository}` is {length} characters; at most \
+                 {NAME_TOTAL_LENGTH_MAX} are allowed"
+            )));
         }
         Ok(Reference {
-            registry,
+            registry: registry.to_string(),
             repository,
             tag: tag.map(str::to_string),
             digest,
@@ -393,29 +590,129 @@ mod tests {
         );
     }
 
+    fn problem(text: &str) -> ReferenceProblem {
+        match text.parse::<Reference>() {
+            Ok(reference) => panic!("{text} parsed as {reference}"),
+            Err(error) => {
+                assert_eq!(error.reference, text);
+                error.problem
+            }
+        }
+    }
+
     #[test]
     fn precise_errors() {
-        assert_eq!("".parse::<Reference>(), Err(ReferenceError::Empty));
+        assert_eq!(problem(""), ReferenceProblem::Empty);
         assert!(matches!(
-            "ghcr.io/Org/img".parse::<Reference>(),
-            Err(ReferenceError::Repository { reason, .. }) if reason.contains("lowercase")
+            problem("ghcr.io/Org/img"),
+            ReferenceProblem::Repository { reason, .. } if reason.contains("lowercase")
         ));
         assert!(matches!(
-            "img:-bad".parse::<Reference>(),
-            Err(ReferenceError::Tag { tag, .. }) if tag == "-bad"
+            problem("img:-bad"),
+            ReferenceProblem::Tag { tag } if tag == "-bad"
         ));
         assert!(matches!(
-            "img@sha256:123".parse::<Reference>(),
-            Err(ReferenceError::Digest { .. })
+            problem("img@sha256:123"),
+            ReferenceProblem::BadDigest { .. }
         ));
         assert!(matches!(
-            "host:99999/img".parse::<Reference>(),
-            Err(ReferenceError::Registry { .. })
+            problem("host:99999/img"),
+            ReferenceProblem::Registry { .. }
         ));
         assert!("a//b".parse::<Reference>().is_err());
         assert!("ghcr.io/a-/b".parse::<Reference>().is_err());
         assert!("ghcr.io/a__b/c".parse::<Reference>().is_ok());
         assert!("ghcr.io/a___b/c".parse::<Reference>().is_err());
+        // The message names the reference and the part at fault, on one line.
+        let error = "ghcr.io/team/Torch\n:1".parse::<Reference>().unwrap_err();
+        let text = error.to_string();
+        assert!(!text.contains('\n'), "{text}");
+        assert!(text.contains("`ghcr.io/team/Torch\\n:1`"), "{text}");
+    }
+
+    /// Issue 16: one grammar for every edge. Each of these is refused by the Docker 20.10
+    /// daemon (measured with `POST /images/ID/tag`), by distribution/reference, or both,
+    /// and so here, with the part at fault named.
+    #[test]
+    fn what_docker_refuses_is_refused() {
+        let hex = "0123456789abcdef".repeat(4);
+        let long_tag = format!("x:{}", "t".repeat(129));
+        // docker.io/library/ + 238 = 256 characters: refused; 237 is the longest.
+        let long_name = "n".repeat(238);
+        let longest = "n".repeat(237);
+        for (bad, names) in [
+            ("cudastack/Torch:1", "`Torch`"),
+            ("Mirror/torch:x", "`Mirror`"),
+            ("LocalHost/a", "`LocalHost`"),
+            ("torch:a+b", "`a+b`"),
+            ("a//b:1", "empty part"),
+            ("-a:1", "`-a`"),
+            ("a-:1", "`a-`"),
+            ("a..b:1", "`a..b`"),
+            ("a b:1", "`a b`"),
+            ("h\u{e9}llo:1", "`h\u{e9}llo`"),
+            ("a..b:5000/torch:1", "empty part between dots"),
+            ("../torch:1", "registry `..`"),
+            ("-a.io/torch:1", "`-a`"),
+            ("bad_host.example/a:1", "registry host"),
+            ("host.example:50x0/a:1", "port `50x0`"),
+            ("[::ffff:127.0.0.1]:5000/a", "IPv6"),
+            (hex.as_str(), "image ID"),
+            (long_tag.as_str(), "128"),
+            (long_name.as_str(), "255"),
+        ] {
+            let error = bad.parse::<Reference>().unwrap_err().to_string();
+            assert!(error.contains(names), "{bad}: {error}");
+        }
+        parse(&longest);
+        parse(&format!("docker.io/{hex}"));
+        parse(&format!("{hex}/x"));
+        parse("Registry.Example.COM/torch:Latest");
+    }
+
+    #[test]
+    fn names_carry_no_digest_and_docker_names_no_ipv6() {
+        let digest = Digest::of_bytes(b"x");
+        let pinned = format!("ghcr.io/a/b:v1@{digest}");
+        assert_eq!(
+            Reference::parse_name(&pinned).unwrap_err().problem,
+            ReferenceProblem::Digest
+        );
+        assert_eq!(
+            Reference::parse_name("a@sha256:1").unwrap_err().problem,
+            ReferenceProblem::Digest
+        );
+        assert!(Reference::parse_name("[::1]:5000/a:b").is_ok());
+        assert!(matches!(
+            Reference::parse_docker_name("[::1]:5000/a:b").unwrap_err().problem,
+            ReferenceProblem::Ipv6ForDocker { registry } if registry == "[::1]:5000"
+        ));
+        assert_eq!(
+            Reference::parse_docker_name("localhost:5000/a:b")
+                .unwrap()
+                .to_string(),
+            "localhost:5000/a:b"
+        );
+        // Uppercase hex digests print back as another text: refused.
+        let upper = format!("a@sha256:{}", digest.hex().to_uppercase());
+        assert!(matches!(
+            problem(&upper),
+            ReferenceProblem::BadDigest { .. }
+        ));
+    }
+
+    #[test]
+    fn the_split_is_at_the_last_colon_after_the_last_slash() {
+        assert_eq!(split_name_and_tag("busybox"), ("busybox", None));
+        assert_eq!(
+            split_name_and_tag("localhost:5000/torch"),
+            ("localhost:5000/torch", None)
+        );
+        assert_eq!(
+            split_name_and_tag("localhost:5000/a/torch:1@sha256:00"),
+            ("localhost:5000/a/torch", Some("1"))
+        );
+        assert_eq!(split_name_and_tag(":"), ("", Some("")));
     }
 
     /// Issue 16: only loopback addresses and `localhost` are this machine. A name that
@@ -468,10 +765,7 @@ mod tests {
             "a.b:/c",
         ] {
             assert!(
-                matches!(
-                    bad.parse::<Reference>(),
-                    Err(ReferenceError::Registry { .. })
-                ),
+                matches!(problem(bad), ReferenceProblem::Registry { .. }),
                 "{bad}: {:?}",
                 bad.parse::<Reference>()
             );
