@@ -3,6 +3,7 @@
 //! machine, then put a toolkit copy beside it and merge the two with the one-copy planner.
 //! Skips with a printed reason when pip or the network is unavailable.
 
+mod gate;
 mod elf_support;
 
 use std::collections::BTreeMap;
@@ -64,14 +65,17 @@ fn wheel() -> Option<PathBuf> {
         match output {
             Ok(output) if output.status.success() && path.exists() => {}
             Ok(output) => {
-                eprintln!(
-                    "SKIP: `pip download nvidia-cuda-runtime-cu12==12.1.105` failed (offline?): {}",
-                    String::from_utf8_lossy(&output.stderr).trim()
+                gate::skip(
+                    "network",
+                    format!(
+                        "`pip download nvidia-cuda-runtime-cu12==12.1.105` failed (offline?): {}",
+                        String::from_utf8_lossy(&output.stderr).trim()
+                    ),
                 );
                 return None;
             }
             Err(error) => {
-                eprintln!("SKIP: python3 -m pip is not available: {error}");
+                gate::skip("pip", format!("python3 -m pip is not available: {error}"));
                 return None;
             }
         }
@@ -89,10 +93,10 @@ fn wheel() -> Option<PathBuf> {
 fn glibc_base(root: &Path) -> Option<()> {
     let host_dir = Path::new("/lib/x86_64-linux-gnu");
     if !GLIBC_BASE.iter().all(|name| host_dir.join(name).exists()) {
-        eprintln!(
-            "SKIP (audit part): this machine has no x86_64 glibc in {}",
+        gate::not_applicable(format!(
+            "audit part: this machine has no x86_64 glibc in {}",
             host_dir.display()
-        );
+        ));
         return None;
     }
     let dir = root.join("usr/lib/x86_64-linux-gnu");
@@ -228,8 +232,7 @@ fn real_cuda_runtime_wheel_installs_audits_and_merges() {
 #[ignore = "needs CUDASTACK_DEBIAN_ROOT (an mmdebstrap'd Debian root) and root for chroot"]
 fn real_wheel_in_a_debian_root_loads_with_the_real_loader() {
     let Some(root) = std::env::var_os("CUDASTACK_DEBIAN_ROOT").map(PathBuf::from) else {
-        eprintln!("SKIP: CUDASTACK_DEBIAN_ROOT is not set");
-        return;
+        panic!("CUDASTACK_DEBIAN_ROOT is not set: point it at an mmdebstrap'd Debian root");
     };
     let Some(wheel) = wheel() else { return };
     let python: PythonVersion = "3.11".parse().unwrap();
@@ -288,8 +291,7 @@ fn install_wheels_from_env() {
         std::env::var_os("CUDASTACK_WHEELS"),
         std::env::var_os("CUDASTACK_INSTALL_ROOT").map(PathBuf::from),
     ) else {
-        eprintln!("SKIP: CUDASTACK_WHEELS / CUDASTACK_INSTALL_ROOT are not set");
-        return;
+        panic!("CUDASTACK_WHEELS and CUDASTACK_INSTALL_ROOT must be set: the wheels (a path list) and the root to install into");
     };
     let mut pins = BTreeMap::new();
     for wheel in std::env::split_paths(&wheels) {

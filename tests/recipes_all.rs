@@ -13,6 +13,7 @@
 //! one or built from. `CUDASTACK_BLESS_RECIPE_LOCKS=1 cargo test --test recipes_all`
 //! rewrites it.
 
+mod gate;
 mod fetch_support;
 
 use std::path::{Path, PathBuf};
@@ -360,7 +361,7 @@ fn pypi_unreachable() -> Option<String> {
 #[test]
 fn relocking_against_real_pypi_reproduces_the_committed_locks() {
     if let Some(reason) = pypi_unreachable() {
-        eprintln!("skipping: {reason}");
+        gate::skip("network", reason);
         return;
     }
     for (name, platform) in [
@@ -431,7 +432,10 @@ fn the_cu118_lock_reproduces_against_the_index_fixture() {
         Some("cu118")
     );
     if let Some(reason) = pypi_unreachable() {
-        eprintln!("skipping: {reason} (the cu118 lock takes torch's dependencies from PyPI)");
+        gate::skip(
+            "network",
+            format!("{reason} (the cu118 lock takes torch's dependencies from PyPI)"),
+        );
         return;
     }
     let server = cu118_index_fixture();
