@@ -229,7 +229,7 @@ fn real_cuda_runtime_wheel_installs_audits_and_merges() {
 /// `cudaRuntimeGetVersion` needs no GPU. Needs root for chroot.
 /// `CUDASTACK_DEBIAN_ROOT=DIR cargo test --test install_real_wheel -- --ignored --nocapture`
 #[test]
-#[ignore = "needs CUDASTACK_DEBIAN_ROOT (an mmdebstrap'd Debian root) and root for chroot"]
+#[ignore = "needs an mmdebstrap'd Debian root and root for chroot; CUDASTACK_DEBIAN_ROOT=DIR cargo test --test install_real_wheel -- --ignored --nocapture"]
 fn real_wheel_in_a_debian_root_loads_with_the_real_loader() {
     let Some(root) = std::env::var_os("CUDASTACK_DEBIAN_ROOT").map(PathBuf::from) else {
         panic!("CUDASTACK_DEBIAN_ROOT is not set: point it at an mmdebstrap'd Debian root");
@@ -285,7 +285,7 @@ fn real_wheel_in_a_debian_root_loads_with_the_real_loader() {
 /// For one-off checks on wheels too big for CI (nvidia-cudnn-cu12 is ~700 MB):
 /// `CUDASTACK_WHEELS=... CUDASTACK_INSTALL_ROOT=... cargo test --test install_real_wheel install_wheels_from_env -- --ignored --nocapture`
 #[test]
-#[ignore = "needs CUDASTACK_WHEELS and CUDASTACK_INSTALL_ROOT"]
+#[ignore = "installs given wheels; CUDASTACK_WHEELS=A.whl:B.whl CUDASTACK_INSTALL_ROOT=DIR cargo test --test install_real_wheel install_wheels_from_env -- --ignored"]
 fn install_wheels_from_env() {
     let (Some(wheels), Some(root)) = (
         std::env::var_os("CUDASTACK_WHEELS"),
