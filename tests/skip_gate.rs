@@ -107,11 +107,11 @@ fn a_developer_switch_skips_locally_and_fails_under_require() {
     assert!(output.status.success(), "{}", text(&output));
     assert!(std::fs::read_to_string(&log)
         .unwrap()
-        .contains("\tCUDASTACK_OFFLINE_TESTS\tCUDASTACK_OFFLINE_TESTS is set"));
+        .contains("\tCUDASTACK_OFFLINE_TESTS\tCUDASTACK_OFFLINE_TESTS is set (this test needs https://pypi.org)\n"));
     let output = probe("probe_switch", true, &log);
     assert!(!output.status.success(), "{}", text(&output));
     assert!(
-        text(&output).contains("CUDASTACK_OFFLINE_TESTS is set, which skips this test, but CUDASTACK_REQUIRE=1 forbids skipping"),
+        text(&output).contains("CUDASTACK_OFFLINE_TESTS is set (this test needs https://pypi.org), which skips this test, but CUDASTACK_REQUIRE=1 forbids skipping"),
         "{}",
         text(&output)
     );

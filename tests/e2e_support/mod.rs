@@ -22,7 +22,10 @@ fn have(program: &str, args: &[&str]) -> bool {
 /// reports it through the gate (`skip.report()`) and returns.
 pub fn skip_reason(tools: &[(&str, &[&str])]) -> Option<gate::Skip> {
     if std::env::var_os("CUDASTACK_SKIP_E2E").is_some() {
-        return Some(gate::Skip::switch("CUDASTACK_SKIP_E2E", "CUDASTACK_SKIP_E2E is set"));
+        return Some(gate::Skip::switch(
+            "CUDASTACK_SKIP_E2E",
+            "it switches off the real builds",
+        ));
     }
     let uid = Command::new("id")
         .arg("-u")

@@ -60,12 +60,13 @@ impl Skip {
         }
     }
 
-    /// The developer switch `variable` is set and asks to skip.
-    pub fn switch(variable: &str, reason: impl fmt::Display) -> Self {
+    /// The developer switch `variable` is set and asks to skip; `what` says what it
+    /// switches off (e.g. "this test needs https://pypi.org").
+    pub fn switch(variable: &str, what: impl fmt::Display) -> Self {
         Self {
             kind: Kind::Switch,
             component: variable.to_string(),
-            reason: reason.to_string(),
+            reason: format!("{variable} is set ({what})"),
         }
     }
 
@@ -84,9 +85,9 @@ impl Skip {
         if self.kind != Kind::Host && required() {
             match self.kind {
                 Kind::Switch => panic!(
-                    "{} is set, which skips this test, but {REQUIRE}=1 forbids skipping: {}\n\
-                     hint: unset {} (or {REQUIRE}) ",
-                    self.component, self.reason, self.component
+                    "{}, which skips this test, but {REQUIRE}=1 forbids skipping\n\
+                     hint: unset {} (or {REQUIRE})",
+                    self.reason, self.component
                 ),
                 _ => panic!(
                     "required component missing: {}: {}\n\
@@ -123,7 +124,7 @@ pub fn not_applicable(reason: impl fmt::Display) {
 pub fn switch(variable: &str, active: impl Fn(&std::ffi::OsStr) -> bool, reason: &str) -> bool {
     match std::env::var_os(variable) {
         Some(value) if active(&value) => {
-            Skip::switch(variable, format!("{variable} is set ({reason})")).report();
+            Skip::switch(variable, reason).report();
             true
         }
         _ => false,
