@@ -3,8 +3,8 @@
 //! dlopen probe inside the root with chroot. Needs root (for chroot), gcc and an x86_64
 //! glibc; skips with a printed reason otherwise.
 
-mod gate;
 mod elf_support;
+mod gate;
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -22,7 +22,10 @@ fn can_chroot() -> bool {
     }
     let uid = Command::new("id").arg("-u").output().ok();
     if uid.map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0") != Some(true) {
-        gate::skip("root", "chroot needs root; the loader comparison cannot run");
+        gate::skip(
+            "root",
+            "chroot needs root; the loader comparison cannot run",
+        );
         return false;
     }
     let host = Path::new("/lib/x86_64-linux-gnu");

@@ -10,8 +10,8 @@
 //! `qemu-aarch64 -L` (emulation used by the test only, to prove the loader cache works):
 //! the stand-in libcudart is found through /etc/ld.so.cache with no LD_LIBRARY_PATH.
 
-mod gate;
 mod e2e_support;
+mod gate;
 
 use std::path::Path;
 use std::process::Command;
@@ -230,7 +230,10 @@ fn two_platforms_build_into_an_index_without_emulation() {
         .output()
         .is_err()
     {
-        gate::skip("qemu-user", "qemu-aarch64 is not installed: the arm64 loader was not run");
+        gate::skip(
+            "qemu-user",
+            "qemu-aarch64 is not installed: the arm64 loader was not run",
+        );
         return;
     }
     let version = run(Command::new("qemu-aarch64")

@@ -11,8 +11,8 @@
 //! says why and stops. enroot and Apptainer are not packaged in Debian, so those imports
 //! are skipped here with a printed reason.
 
-mod gate;
 mod e2e_support;
+mod gate;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

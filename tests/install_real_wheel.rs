@@ -3,8 +3,8 @@
 //! machine, then put a toolkit copy beside it and merge the two with the one-copy planner.
 //! Skips with a printed reason when pip or the network is unavailable.
 
-mod gate;
 mod elf_support;
+mod gate;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;

@@ -33,7 +33,12 @@ fn uv() -> Option<String> {
     match Command::new(&candidate).arg("--version").output() {
         Ok(out) if out.status.success() => Some(candidate),
         _ => {
-            gate::skip("uv", format!("the comparison: `{candidate}` not found (pip install uv, or set CUDASTACK_UV)"));
+            gate::skip(
+                "uv",
+                format!(
+                    "the comparison: `{candidate}` not found (pip install uv, or set CUDASTACK_UV)"
+                ),
+            );
             None
         }
     }

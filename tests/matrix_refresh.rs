@@ -5,9 +5,9 @@
 //! metapackage, and the streamed arch scan. A second test re-derives real rows from PyPI
 //! and compares them with the committed data file.
 
-mod gate;
 #[path = "fetch_support/mod.rs"]
 mod fetch_support;
+mod gate;
 
 use std::io::Write;
 

@@ -3,8 +3,8 @@
 //! binary on the fixtures in tests/fixtures/recipes/invalid/ and on files made here, and
 //! `build` against a wheel server on 127.0.0.1 whose request log proves nothing was fetched.
 
-mod gate;
 mod fetch_support;
+mod gate;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -243,9 +243,7 @@ fn unreadable_and_binary_files_keep_their_cause() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
     if std::fs::read(&locked).is_ok() {
-        gate::not_applicable(
-            "the permission-denied case: this user reads mode 0000 files (root)",
-        );
+        gate::not_applicable("the permission-denied case: this user reads mode 0000 files (root)");
         return;
     }
     let (code, stdout, _) = run(&["validate", locked.to_str().unwrap()]);

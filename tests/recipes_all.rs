@@ -13,8 +13,8 @@
 //! one or built from. `CUDASTACK_BLESS_RECIPE_LOCKS=1 cargo test --test recipes_all`
 //! rewrites it.
 
-mod gate;
 mod fetch_support;
+mod gate;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

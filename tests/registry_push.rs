@@ -35,7 +35,10 @@ fn client(reference: &Reference) -> RegistryClient {
 
 fn skopeo_digest(reference: &str) -> Option<String> {
     if !have("skopeo") {
-        gate::skip("skopeo", "skopeo is not installed: its cross-check is skipped");
+        gate::skip(
+            "skopeo",
+            "skopeo is not installed: its cross-check is skipped",
+        );
         return None;
     }
     let output =

@@ -12,7 +12,13 @@ use std::process::{Command, Output};
 fn probe(name: &str, require: bool, log: &Path) -> Output {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
-        .args(["--ignored", "--exact", name, "--test-threads=1", "--nocapture"])
+        .args([
+            "--ignored",
+            "--exact",
+            name,
+            "--test-threads=1",
+            "--nocapture",
+        ])
         .env(gate::SKIP_LOG, log)
         .env_remove("CUDASTACK_OFFLINE_TESTS");
     if require {
@@ -79,7 +85,8 @@ fn a_missing_component_fails_the_test_under_require() {
     let output = probe("probe_missing_component", true, &log);
     assert!(!output.status.success(), "{}", text(&output));
     assert!(
-        text(&output).contains("required component missing: docker: the docker CLI is not installed"),
+        text(&output)
+            .contains("required component missing: docker: the docker CLI is not installed"),
         "{}",
         text(&output)
     );
@@ -139,7 +146,6 @@ fn concurrent_skips_append_whole_lines() {
     }
     let logged = std::fs::read_to_string(&log).unwrap();
     assert_eq!(logged.lines().count(), 8, "{logged}");
-    assert!(logged
-        .lines()
-        .all(|line| line == "skip_gate::probe_missing_component\tdocker\tthe docker CLI is not installed"));
+    assert!(logged.lines().all(|line| line
+        == "skip_gate::probe_missing_component\tdocker\tthe docker CLI is not installed"));
 }

@@ -326,10 +326,7 @@ pub fn gcc_shared_library(dir: &std::path::Path, soname: &str, file: &str) -> Op
     match status {
         Ok(status) if status.success() => Some(std::fs::read(output).unwrap()),
         _ => {
-            gate::skip(
-                "gcc",
-                "gcc is not available to build a fixture ELF library",
-            );
+            gate::skip("gcc", "gcc is not available to build a fixture ELF library");
             None
         }
     }

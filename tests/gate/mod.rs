@@ -164,6 +164,9 @@ fn log(component: &str, reason: &str) {
         .open(&path)
         .and_then(|mut file| file.write_all(line.as_bytes()));
     if let Err(error) = written {
-        eprintln!("note: could not append to the skip log {}: {error}", path.display());
+        eprintln!(
+            "note: could not append to the skip log {}: {error}",
+            path.display()
+        );
     }
 }
