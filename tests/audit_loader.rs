@@ -4,7 +4,8 @@
 //! glibc; skips with a printed reason otherwise.
 
 mod elf_support;
-mod gate;
+
+use elf_support::gate;
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};

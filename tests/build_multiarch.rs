@@ -11,7 +11,8 @@
 //! the stand-in libcudart is found through /etc/ld.so.cache with no LD_LIBRARY_PATH.
 
 mod e2e_support;
-mod gate;
+
+use e2e_support::gate;
 
 use std::path::Path;
 use std::process::Command;

@@ -12,7 +12,8 @@
 //! are skipped here with a printed reason.
 
 mod e2e_support;
-mod gate;
+
+use e2e_support::gate;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -4,7 +4,8 @@
 //! Skips with a printed reason when pip or the network is unavailable.
 
 mod elf_support;
-mod gate;
+
+use elf_support::gate;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;

@@ -7,7 +7,8 @@
 
 #[path = "fetch_support/mod.rs"]
 mod fetch_support;
-mod gate;
+
+use fetch_support::gate;
 
 use std::io::Write;
 

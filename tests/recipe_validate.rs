@@ -4,7 +4,8 @@
 //! `build` against a wheel server on 127.0.0.1 whose request log proves nothing was fetched.
 
 mod fetch_support;
-mod gate;
+
+use fetch_support::gate;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

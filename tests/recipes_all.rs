@@ -14,7 +14,8 @@
 //! rewrites it.
 
 mod fetch_support;
-mod gate;
+
+use fetch_support::gate;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

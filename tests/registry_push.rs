@@ -1,7 +1,6 @@
 //! Push and pull against a real registry (Debian's docker-registry, distribution 2.8) on
 //! 127.0.0.1, cross-checked with skopeo and, when a daemon is available, `docker pull`.
 
-mod gate;
 mod oci_support;
 mod registry_support;
 

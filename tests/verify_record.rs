@@ -5,8 +5,9 @@
 //! probe's format (a stand-in for the GPU, as the project rules allow), and the tests
 //! check what cudastack does with it. The probe itself runs for real in tests/build_e2e.rs.
 
-mod gate;
 mod registry_support;
+
+use registry_support::gate;
 
 use std::path::Path;
 use std::process::Command;

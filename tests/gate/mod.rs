@@ -16,8 +16,10 @@
 //! separate filesystem, the daemon has the nvidia runtime) are not missing components:
 //! [`not_applicable`] logs them under the component `host` and never panics.
 //!
-//! Included with `mod gate;` by the test files and `#[path = "../gate/mod.rs"] mod gate;`
-//! by the `*_support` modules.
+//! Included with `#[path = "../gate/mod.rs"] pub mod gate;` by the `*_support` modules
+//! that report skips, and with `mod gate;` by a test file that uses none of them; a test
+//! file with such a support module uses its gate (`use elf_support::gate;`): a file may be
+//! loaded only once per crate.
 #![allow(dead_code)]
 
 use std::fmt;
