@@ -1,8 +1,37 @@
 #!/usr/bin/env bash
 # Run the whole test suite with the real components it needs: a Docker daemon, skopeo,
 # umoci, a registry. Starts dockerd if none answers (and stops it again on exit).
+#
+# Every test that cannot run here goes through one gate (tests/gate, issue 17). With
+# CUDASTACK_REQUIRE=1 (set here when CI is set, or by the caller; `.ci/run` sets it) a
+# missing component fails its test instead of skipping, and a Docker daemon that cannot be
+# started fails the run before any test. Without it, the skips are listed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+case "${CI:-}" in
+  "" | 0 | false) ;;
+  *) export CUDASTACK_REQUIRE=1 ;;
+esac
+require="${CUDASTACK_REQUIRE:-}"
+[ "$require" = 0 ] && require=""
+
+# The skip log the gate appends to: one line per skip (test, component, reason).
+target_dir="${CARGO_TARGET_DIR:-target}"
+case "$target_dir" in /*) ;; *) target_dir="$PWD/$target_dir" ;; esac
+mkdir -p "$target_dir"
+export CUDASTACK_SKIP_LOG="$target_dir/test-skips.log"
+: >"$CUDASTACK_SKIP_LOG"
+
+# A component the run cannot do without: fatal under CUDASTACK_REQUIRE, a warning otherwise.
+missing() {
+  if [ -n "$require" ]; then
+    echo "test: error: $1" >&2
+    echo "test: CUDASTACK_REQUIRE is set (CI), so a missing component fails the run; unset it to let the tests skip" >&2
+    exit 1
+  fi
+  echo "test: warning: $1; the tests that need it will skip and say why" >&2
+}
 
 scripts/setup.sh
 
@@ -12,14 +41,34 @@ if ! docker info >/dev/null 2>&1; then
     echo "test: starting dockerd" >&2
     dockerd >/tmp/cudastack-dockerd.log 2>&1 &
     started_dockerd=$!
-    for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-    docker info >/dev/null 2>&1 || { echo "test: dockerd did not start; see /tmp/cudastack-dockerd.log" >&2; tail -20 /tmp/cudastack-dockerd.log >&2; }
+    for _ in $(seq 1 60); do
+      docker info >/dev/null 2>&1 && break
+      kill -0 "$started_dockerd" 2>/dev/null || break # it exited: no use waiting
+      sleep 1
+    done
+    if ! docker info >/dev/null 2>&1; then
+      tail -20 /tmp/cudastack-dockerd.log >&2
+      kill "$started_dockerd" 2>/dev/null || true
+      started_dockerd=""
+      missing "dockerd did not start (it exited, or did not answer within 60 s; its log, above, is /tmp/cudastack-dockerd.log)"
+    fi
+  elif ! command -v dockerd >/dev/null 2>&1; then
+    missing "no Docker daemon answers and dockerd is not installed (apt-get install docker.io)"
   else
-    echo "test: no Docker daemon and cannot start one; Docker tests will skip and say why" >&2
+    missing "no Docker daemon answers and only root can start dockerd (run as root, or start it)"
   fi
 fi
 cleanup() {
+  status=$?
   if [ -n "$started_dockerd" ]; then kill "$started_dockerd" 2>/dev/null || true; wait "$started_dockerd" 2>/dev/null || true; fi
+  # The skips a developer sees locally, at the end where they are read.
+  if [ -s "$CUDASTACK_SKIP_LOG" ]; then
+    tests=$(cut -f1 "$CUDASTACK_SKIP_LOG" | sort -u | wc -l)
+    echo >&2
+    echo "skipped here: $tests tests ($CUDASTACK_SKIP_LOG)" >&2
+    sort "$CUDASTACK_SKIP_LOG" | awk -F '\t' '{ printf "  %s [%s]: %s\n", $1, $2, $3 }' >&2
+  fi
+  exit "$status"
 }
 trap cleanup EXIT
 

@@ -5,6 +5,8 @@
 
 mod elf_support;
 
+use elf_support::gate;
+
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,15 +23,18 @@ fn can_chroot() -> bool {
     }
     let uid = Command::new("id").arg("-u").output().ok();
     if uid.map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0") != Some(true) {
-        eprintln!("SKIP: chroot needs root; the loader comparison cannot run");
+        gate::skip(
+            "root",
+            "chroot needs root; the loader comparison cannot run",
+        );
         return false;
     }
     let host = Path::new("/lib/x86_64-linux-gnu");
     if !GLIBC.iter().all(|name| host.join(name).exists()) {
-        eprintln!(
-            "SKIP: no x86_64 glibc in {} to build the root from",
+        gate::not_applicable(format!(
+            "no x86_64 glibc in {} to build the root from",
             host.display()
-        );
+        ));
         return false;
     }
     true
@@ -157,7 +162,7 @@ fn ld_library_path_and_ld_so_conf() {
 
     // ld.so.conf.d, made effective the way an image build does: ldconfig -r ROOT.
     let Ok(ldconfig) = which("ldconfig") else {
-        eprintln!("SKIP (ld.so.conf part): ldconfig not found");
+        gate::skip("ldconfig", "ld.so.conf part: ldconfig not found");
         return;
     };
     std::fs::create_dir_all(root.join("etc/ld.so.conf.d")).unwrap();

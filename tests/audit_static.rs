@@ -553,11 +553,10 @@ fn missing_symbol_version_is_found() {
 /// unpacked image) and print the report; with `CUDASTACK_AUDIT_EXPECT_CLEAN=1` it must be
 /// clean. `cargo test --test audit_static audit_root_from_env -- --ignored --nocapture`.
 #[test]
-#[ignore = "needs CUDASTACK_AUDIT_ROOT pointing at an assembled root"]
+#[ignore = "needs an assembled root; CUDASTACK_AUDIT_ROOT=DIR cargo test --test audit_static audit_root_from_env -- --ignored --nocapture"]
 fn audit_root_from_env() {
     let Some(root) = std::env::var_os("CUDASTACK_AUDIT_ROOT") else {
-        eprintln!("SKIP: CUDASTACK_AUDIT_ROOT is not set");
-        return;
+        panic!("CUDASTACK_AUDIT_ROOT is not set: point it at an assembled root to run this test");
     };
     let options = AuditOptions::default().with_ld_library_path(
         &std::env::var("CUDASTACK_AUDIT_LD_LIBRARY_PATH").unwrap_or_default(),

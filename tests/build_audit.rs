@@ -205,7 +205,7 @@ fn build(recipe: &Path, layout: &Path) -> (bool, String) {
 #[test]
 fn audit_failures_fail_the_build_with_the_right_message() {
     if let Some(reason) = e2e_support::skip_reason(&[]) {
-        eprintln!("skipped: {reason}");
+        reason.report();
         return;
     }
     let work = tempfile::tempdir().unwrap();

@@ -83,7 +83,7 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
     if let Some(reason) =
         e2e_support::skip_reason(&[("skopeo", &["--version"][..]), ("docker", &["info"][..])])
     {
-        eprintln!("skipped: {reason}");
+        reason.report();
         return;
     }
     let _cleanup = RemoveImage;

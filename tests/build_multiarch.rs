@@ -12,6 +12,8 @@
 
 mod e2e_support;
 
+use e2e_support::gate;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -44,7 +46,7 @@ fn two_platforms_build_into_an_index_without_emulation() {
         ("skopeo", &["--version"][..]),
         ("umoci", &["--version"][..]),
     ]) {
-        eprintln!("skipped: {reason}");
+        reason.report();
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -231,7 +233,10 @@ fn two_platforms_build_into_an_index_without_emulation() {
         .output()
         .is_err()
     {
-        eprintln!("qemu-aarch64 is not installed: the arm64 loader was not run");
+        gate::skip(
+            "qemu-user",
+            "qemu-aarch64 is not installed: the arm64 loader was not run",
+        );
         return;
     }
     let version = run(Command::new("qemu-aarch64")
@@ -248,9 +253,12 @@ fn two_platforms_build_into_an_index_without_emulation() {
     let built = native_probe_dir()
         .join(cudastack::verify::native_probe::file_name(12, Machine::Aarch64).unwrap());
     let Ok(probe) = std::fs::read(&built) else {
-        eprintln!(
-            "{} is not built: the arm64 native probe was not run",
-            built.display()
+        gate::skip(
+            "native-probe",
+            format!(
+                "{} is not built (scripts/build-probe.sh): the arm64 native probe was not run",
+                built.display()
+            ),
         );
         return;
     };
@@ -260,7 +268,10 @@ fn two_platforms_build_into_an_index_without_emulation() {
     // In a chroot of the image, so /proc/self/maps names the image's paths (qemu-aarch64 -L
     // from outside shows the host's paths of the unpacked files): statically linked qemu-user.
     let Ok(qemu) = std::fs::read("/usr/bin/qemu-aarch64-static") else {
-        eprintln!("qemu-user-static is not installed: the arm64 native probe was not run");
+        gate::skip(
+            "qemu-user-static",
+            "qemu-user-static is not installed: the arm64 native probe was not run",
+        );
         return;
     };
     std::fs::write(root.join("qemu-aarch64-static"), qemu).unwrap();

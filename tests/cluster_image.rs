@@ -13,6 +13,8 @@
 
 mod e2e_support;
 
+use e2e_support::gate;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -32,7 +34,7 @@ fn recipe(root: &Path) -> PathBuf {
 #[test]
 fn default_build_is_ready_for_enroot_apptainer_and_kubernetes() {
     if let Some(reason) = e2e_support::skip_reason(&[("gcc", &["--version"][..])]) {
-        eprintln!("skipped: {reason}");
+        reason.report();
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -133,11 +135,11 @@ fn default_build_is_ready_for_enroot_apptainer_and_kubernetes() {
                 ["compute,utility", "42"]
             );
         }
-        _ => eprintln!(
-            "skipped the Apptainer import: `apptainer` is not installed (not packaged in Debian)"
+        _ => gate::not_applicable(
+            "the Apptainer import: `apptainer` is not installed (not packaged in Debian)",
         ),
     }
-    eprintln!("skipped the enroot import: `enroot` is not installed (not packaged in Debian; it imports from registries, not OCI layouts)");
+    gate::not_applicable("the enroot import: `enroot` is not installed (not packaged in Debian; it imports from registries, not OCI layouts)");
 }
 
 /// The machine this test (and the image it builds) runs on.
@@ -163,8 +165,9 @@ fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
         native_probe_dir()
             .join(cudastack::verify::native_probe::file_name(12, host_machine()).unwrap()),
     ) else {
-        eprintln!(
-            "the native probe is not built (scripts/setup.sh builds target/probe): not checked"
+        gate::skip(
+            "native-probe",
+            "the native probe is not built (scripts/setup.sh builds target/probe): not checked",
         );
         return;
     };
@@ -218,7 +221,10 @@ fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
     // runs `python3 probe.py` in a container (no GPU here: static level), which hands over.
     let docker = Command::new("docker").arg("info").output();
     if !docker.map(|o| o.status.success()).unwrap_or(false) {
-        eprintln!("no Docker daemon: the container run of the native probe was not checked");
+        gate::skip(
+            "docker",
+            "no Docker daemon: the container run of the native probe was not checked",
+        );
         return;
     }
     let verify = Command::new(env!("CARGO_BIN_EXE_cudastack"))

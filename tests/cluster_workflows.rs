@@ -6,6 +6,8 @@
 //! says why and stops. A workflow with a deliberate error must fail the lint, so a linter
 //! that accepts anything cannot pass.
 
+mod gate;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -150,7 +152,7 @@ fn actionlint(dir: &Path, files: &[&str]) -> (bool, String) {
 #[test]
 fn generated_workflows_pass_actionlint() {
     if let Some(reason) = actionlint_missing() {
-        eprintln!("skipped: {reason}");
+        gate::skip("actionlint", reason);
         return;
     }
     if Command::new("shellcheck")
@@ -158,7 +160,7 @@ fn generated_workflows_pass_actionlint() {
         .output()
         .is_err()
     {
-        eprintln!("note: shellcheck is not installed; actionlint lints the workflows without checking their scripts");
+        gate::skip("shellcheck", "shellcheck is not installed; actionlint lints the workflows without checking their scripts");
     }
     let (ok, log) = actionlint(root(), &[PUBLISH_PATH, RELOCK_PATH]);
     assert!(ok, "actionlint:\n{log}");
@@ -235,7 +237,7 @@ fn run_step(dir: &Path, script: &str, env: &[(&str, &str)]) -> std::process::Out
 #[test]
 fn publish_scripts_push_by_digest_and_verify_that_digest() {
     if Command::new("jq").arg("--version").output().is_err() {
-        eprintln!("skipped: `jq` is not installed (GitHub's runners have it)");
+        gate::skip("jq", "`jq` is not installed (GitHub's runners have it)");
         return;
     }
     let work = tempfile::tempdir().unwrap();

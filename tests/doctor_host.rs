@@ -7,6 +7,8 @@
 //! `ldconfig -r`, symlinks, and the real `python3` with a planted `torch` package on
 //! `PYTHONPATH`. Each test plants one problem and checks doctor finds it.
 
+mod gate;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -623,7 +625,7 @@ fn plant_torch_loading(
     load: &[&str],
 ) -> bool {
     let Some(python) = real_python() else {
-        eprintln!("skip: no python3 on this machine");
+        gate::skip("python3", "no python3 on this machine");
         return false;
     };
     plant.link("/usr/bin/python3", python.to_str().unwrap());

@@ -7,6 +7,7 @@
 //! Every image is unique to its test and process and is removed at the end, with any
 //! container carrying the test's label.
 
+mod gate;
 mod oci_support;
 
 use std::path::{Path, PathBuf};
@@ -28,19 +29,22 @@ fn p(s: &str) -> LayerPath {
 }
 
 /// Why this test cannot run here, if it cannot.
-fn skip_reason() -> Option<String> {
+fn skip_reason() -> Option<gate::Skip> {
     if !Path::new(BUSYBOX).is_file() {
-        return Some(format!(
-            "{BUSYBOX} is missing (apt-get install busybox-static)"
+        return Some(gate::Skip::missing(
+            "busybox",
+            format!("{BUSYBOX} is missing (apt-get install busybox-static)"),
         ));
     }
-    oci_support::docker().err()
+    oci_support::docker()
+        .err()
+        .map(|reason| gate::Skip::missing("docker", reason))
 }
 
 macro_rules! require_docker {
     () => {
         if let Some(reason) = skip_reason() {
-            eprintln!("skipping: {reason}");
+            reason.report();
             return;
         }
     };
@@ -404,7 +408,7 @@ fn gpu_requests_without_the_nvidia_toolkit_are_a_clear_error() {
     let rt = runtime();
     let engine = rt.block_on(Engine::connect()).unwrap();
     if rt.block_on(engine.info()).unwrap().nvidia_runtime {
-        eprintln!("skipping: this daemon has the nvidia runtime, GPU requests may succeed");
+        gate::not_applicable("this daemon has the nvidia runtime, GPU requests may succeed");
         return;
     }
     let cleanup = rt.block_on(loaded(&engine, work.path(), label));
@@ -739,7 +743,7 @@ fn layers_the_daemon_has_are_not_sent_again() {
     let rt = runtime();
     let engine = rt.block_on(Engine::connect()).unwrap();
     if rt.block_on(engine.info()).unwrap().containerd_image_store {
-        eprintln!("skipped: the daemon uses the containerd image store, which needs every blob");
+        gate::not_applicable("the daemon uses the containerd image store, which needs every blob");
         return;
     }
     let work = tempfile::tempdir().unwrap();

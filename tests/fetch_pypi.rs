@@ -2,6 +2,8 @@
 //! Kept light: small listings, PEP 658 metadata of small packages, and one range read of a
 //! torch wheel's METADATA (the wheel itself is ~800 MB and is never downloaded).
 
+mod gate;
+
 use std::str::FromStr;
 
 use cudastack::fetch::http::HttpClient;
@@ -11,11 +13,11 @@ use cudastack::fetch::remote_zip::RemoteZip;
 use cudastack::fetch::wheel_filename::PackageName;
 
 fn offline() -> bool {
-    if std::env::var_os("CUDASTACK_OFFLINE_TESTS").is_some_and(|v| v == "1") {
-        eprintln!("skipping: CUDASTACK_OFFLINE_TESTS=1 (this test needs https://pypi.org)");
-        return true;
-    }
-    false
+    gate::switch(
+        "CUDASTACK_OFFLINE_TESTS",
+        |v| v == "1",
+        "this test needs https://pypi.org",
+    )
 }
 
 #[tokio::test]

@@ -5,6 +5,8 @@
 
 mod elf_support;
 
+use elf_support::gate;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -64,14 +66,17 @@ fn wheel() -> Option<PathBuf> {
         match output {
             Ok(output) if output.status.success() && path.exists() => {}
             Ok(output) => {
-                eprintln!(
-                    "SKIP: `pip download nvidia-cuda-runtime-cu12==12.1.105` failed (offline?): {}",
-                    String::from_utf8_lossy(&output.stderr).trim()
+                gate::skip(
+                    "network",
+                    format!(
+                        "`pip download nvidia-cuda-runtime-cu12==12.1.105` failed (offline?): {}",
+                        String::from_utf8_lossy(&output.stderr).trim()
+                    ),
                 );
                 return None;
             }
             Err(error) => {
-                eprintln!("SKIP: python3 -m pip is not available: {error}");
+                gate::skip("pip", format!("python3 -m pip is not available: {error}"));
                 return None;
             }
         }
@@ -89,10 +94,10 @@ fn wheel() -> Option<PathBuf> {
 fn glibc_base(root: &Path) -> Option<()> {
     let host_dir = Path::new("/lib/x86_64-linux-gnu");
     if !GLIBC_BASE.iter().all(|name| host_dir.join(name).exists()) {
-        eprintln!(
-            "SKIP (audit part): this machine has no x86_64 glibc in {}",
+        gate::not_applicable(format!(
+            "audit part: this machine has no x86_64 glibc in {}",
             host_dir.display()
-        );
+        ));
         return None;
     }
     let dir = root.join("usr/lib/x86_64-linux-gnu");
@@ -225,11 +230,10 @@ fn real_cuda_runtime_wheel_installs_audits_and_merges() {
 /// `cudaRuntimeGetVersion` needs no GPU. Needs root for chroot.
 /// `CUDASTACK_DEBIAN_ROOT=DIR cargo test --test install_real_wheel -- --ignored --nocapture`
 #[test]
-#[ignore = "needs CUDASTACK_DEBIAN_ROOT (an mmdebstrap'd Debian root) and root for chroot"]
+#[ignore = "needs an mmdebstrap'd Debian root and root for chroot; CUDASTACK_DEBIAN_ROOT=DIR cargo test --test install_real_wheel -- --ignored --nocapture"]
 fn real_wheel_in_a_debian_root_loads_with_the_real_loader() {
     let Some(root) = std::env::var_os("CUDASTACK_DEBIAN_ROOT").map(PathBuf::from) else {
-        eprintln!("SKIP: CUDASTACK_DEBIAN_ROOT is not set");
-        return;
+        panic!("CUDASTACK_DEBIAN_ROOT is not set: point it at an mmdebstrap'd Debian root");
     };
     let Some(wheel) = wheel() else { return };
     let python: PythonVersion = "3.11".parse().unwrap();
@@ -282,14 +286,13 @@ fn real_wheel_in_a_debian_root_loads_with_the_real_loader() {
 /// For one-off checks on wheels too big for CI (nvidia-cudnn-cu12 is ~700 MB):
 /// `CUDASTACK_WHEELS=... CUDASTACK_INSTALL_ROOT=... cargo test --test install_real_wheel install_wheels_from_env -- --ignored --nocapture`
 #[test]
-#[ignore = "needs CUDASTACK_WHEELS and CUDASTACK_INSTALL_ROOT"]
+#[ignore = "installs given wheels; CUDASTACK_WHEELS=A.whl:B.whl CUDASTACK_INSTALL_ROOT=DIR cargo test --test install_real_wheel install_wheels_from_env -- --ignored"]
 fn install_wheels_from_env() {
     let (Some(wheels), Some(root)) = (
         std::env::var_os("CUDASTACK_WHEELS"),
         std::env::var_os("CUDASTACK_INSTALL_ROOT").map(PathBuf::from),
     ) else {
-        eprintln!("SKIP: CUDASTACK_WHEELS / CUDASTACK_INSTALL_ROOT are not set");
-        return;
+        panic!("CUDASTACK_WHEELS and CUDASTACK_INSTALL_ROOT must be set: the wheels (a path list) and the root to install into");
     };
     let mut pins = BTreeMap::new();
     for wheel in std::env::split_paths(&wheels) {

@@ -1,6 +1,7 @@
 //! The native wheel installer on real wheel archives: layout, modes, RECORD, launchers,
 //! determinism, tamper and path-safety rejections, and a byte comparison against pip.
 
+mod gate;
 mod install_support;
 
 use std::collections::BTreeMap;
@@ -436,7 +437,10 @@ fn matches_pip_byte_for_byte() {
         .arg(&venv)
         .output();
     if !created.as_ref().is_ok_and(|o| o.status.success()) {
-        eprintln!("SKIP: `python3 -m venv` is not available; cannot compare against pip");
+        gate::skip(
+            "python3-venv",
+            "`python3 -m venv` is not available; cannot compare against pip",
+        );
         return;
     }
     let python = venv.join("bin/python");

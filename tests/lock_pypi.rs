@@ -8,6 +8,8 @@
 //! Hit PyPI; skipped with CUDASTACK_OFFLINE_TESTS=1. Need `uv` on PATH (`pip install uv`)
 //! or in `$CUDASTACK_UV`; without it they skip and say so.
 
+mod gate;
+
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::str::FromStr;
@@ -19,11 +21,11 @@ use cudastack::lock::{resolve, Arch, ArtifactKind, LockError, LockRequest, Lockf
 use pep508_rs::Requirement;
 
 fn offline() -> bool {
-    if std::env::var_os("CUDASTACK_OFFLINE_TESTS").is_some_and(|v| v == "1") {
-        eprintln!("skipping: CUDASTACK_OFFLINE_TESTS=1 (this test needs https://pypi.org)");
-        return true;
-    }
-    false
+    gate::switch(
+        "CUDASTACK_OFFLINE_TESTS",
+        |v| v == "1",
+        "this test needs https://pypi.org",
+    )
 }
 
 fn uv() -> Option<String> {
@@ -31,7 +33,12 @@ fn uv() -> Option<String> {
     match Command::new(&candidate).arg("--version").output() {
         Ok(out) if out.status.success() => Some(candidate),
         _ => {
-            eprintln!("skipping the comparison: `{candidate}` not found (pip install uv, or set CUDASTACK_UV)");
+            gate::skip(
+                "uv",
+                format!(
+                    "the comparison: `{candidate}` not found (pip install uv, or set CUDASTACK_UV)"
+                ),
+            );
             None
         }
     }
@@ -188,10 +195,13 @@ async fn torch_2_11_cuda_toolkit_extras_match_uv() {
 /// the older ones, so every level from 2_28 down to 2_5 and the legacy aliases are passed.
 /// Compares names, versions and the chosen wheel URLs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "downloads ~2.5 GB; CUDASTACK_PIP_COMPARE=1 cargo test --test lock_pypi torch_2_4_1_matches_pip_report -- --ignored"]
 async fn torch_2_4_1_matches_pip_report() {
-    if offline() || std::env::var_os("CUDASTACK_PIP_COMPARE").is_none_or(|v| v != "1") {
-        eprintln!("skipping: set CUDASTACK_PIP_COMPARE=1 to compare with `pip install --dry-run --report` (downloads ~2.5 GB)");
+    if offline() {
         return;
+    }
+    if std::env::var_os("CUDASTACK_PIP_COMPARE").is_none_or(|v| v != "1") {
+        panic!("set CUDASTACK_PIP_COMPARE=1 to compare with `pip install --dry-run --report` (downloads ~2.5 GB)");
     }
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("report.json");

@@ -2,6 +2,7 @@
 //! layout, `docker load` reads the docker-archive (and a tar of the layout), and
 //! `docker run` of a tiny image built here prints what its files say.
 
+mod gate;
 mod oci_support;
 
 use std::path::Path;
@@ -68,7 +69,7 @@ fn base_image(layer: Layer) -> Image {
 fn skopeo_and_umoci_accept_the_layout_and_a_base_read_back_from_it() {
     let work = tempfile::tempdir().unwrap();
     let Ok(show) = static_show_binary(work.path()) else {
-        eprintln!("SKIP: cannot build a static test binary with gcc");
+        gate::skip("gcc", "cannot build a static test binary with gcc");
         return;
     };
     let store = BlobStore::open(work.path().join("store")).unwrap();
@@ -144,7 +145,7 @@ fn skopeo_and_umoci_accept_the_layout_and_a_base_read_back_from_it() {
             .arg(format!("oci:{}:derived", dir.display()))
             .arg(format!("oci:{}:copied", work.path().join("copy").display())));
     } else {
-        eprintln!("SKIP (skopeo part): skopeo is not installed");
+        gate::skip("skopeo", "skopeo part: skopeo is not installed");
     }
 
     if have("umoci") {
@@ -175,7 +176,7 @@ fn skopeo_and_umoci_accept_the_layout_and_a_base_read_back_from_it() {
         let config = std::fs::read_to_string(bundle.join("config.json")).unwrap();
         assert!(config.contains("/etc/second"), "{config}");
     } else {
-        eprintln!("SKIP (umoci part): umoci is not installed");
+        gate::skip("umoci", "umoci part: umoci is not installed");
     }
 }
 
@@ -208,14 +209,14 @@ fn docker_run(image: &str, args: &[&str]) -> (bool, String) {
 #[test]
 fn docker_loads_and_runs_the_archive_and_the_layout_tar() {
     if let Err(reason) = docker() {
-        eprintln!("SKIP: {reason}");
+        gate::skip("docker", reason);
         return;
     }
     let work = tempfile::tempdir().unwrap();
     let show = match static_show_binary(work.path()) {
         Ok(show) => show,
         Err(reason) => {
-            eprintln!("SKIP: {reason}");
+            gate::skip("gcc", reason);
             return;
         }
     };

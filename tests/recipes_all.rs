@@ -15,6 +15,8 @@
 
 mod fetch_support;
 
+use fetch_support::gate;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -367,7 +369,7 @@ fn pypi_unreachable() -> Option<String> {
 #[test]
 fn relocking_against_real_pypi_reproduces_the_committed_locks() {
     if let Some(reason) = pypi_unreachable() {
-        eprintln!("skipping: {reason}");
+        gate::skip("network", reason);
         return;
     }
     for (name, platform) in [
@@ -438,7 +440,10 @@ fn the_cu118_lock_reproduces_against_the_index_fixture() {
         Some("cu118")
     );
     if let Some(reason) = pypi_unreachable() {
-        eprintln!("skipping: {reason} (the cu118 lock takes torch's dependencies from PyPI)");
+        gate::skip(
+            "network",
+            format!("{reason} (the cu118 lock takes torch's dependencies from PyPI)"),
+        );
         return;
     }
     let server = cu118_index_fixture();

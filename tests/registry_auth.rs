@@ -29,7 +29,7 @@ const WRONG: &str = "wrong-password-123";
 macro_rules! require_registry {
     () => {
         if let Some(reason) = skip_reason() {
-            eprintln!("skipped: {reason}");
+            reason.report();
             return;
         }
     };

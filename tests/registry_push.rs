@@ -22,7 +22,7 @@ use registry_support::*;
 macro_rules! require_registry {
     () => {
         if let Some(reason) = skip_reason() {
-            eprintln!("skipped: {reason}");
+            reason.report();
             return;
         }
     };
@@ -34,7 +34,10 @@ fn client(reference: &Reference) -> RegistryClient {
 
 fn skopeo_digest(reference: &str) -> Option<String> {
     if !have("skopeo") {
-        eprintln!("skopeo is not installed: its cross-check is skipped");
+        gate::skip(
+            "skopeo",
+            "skopeo is not installed: its cross-check is skipped",
+        );
         return None;
     }
     let output =
@@ -101,7 +104,7 @@ async fn push_then_skopeo_docker_and_our_pull_agree() {
                 "{repo_digests}"
             );
         }
-        Err(reason) => eprintln!("docker cross-check skipped: {reason}"),
+        Err(reason) => gate::skip("docker", format!("docker cross-check skipped: {reason}")),
     }
 
     // Pushing the same image again (from the value, not the layout) sends no blob.

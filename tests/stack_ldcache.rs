@@ -32,7 +32,7 @@ fn gcc_lib(path: &Path, soname: &str) {
 fn the_cache_cudastack_writes_equals_ldconfigs() {
     if let Some(reason) = e2e_support::skip_reason(&[("gcc", &["--version"][..])]) {
         // ldconfig -r chroots: root is needed (the reason says so).
-        eprintln!("skipped: {reason}");
+        reason.report();
         return;
     }
     let work = tempfile::tempdir().unwrap();

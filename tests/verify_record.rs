@@ -7,6 +7,8 @@
 
 mod registry_support;
 
+use registry_support::gate;
+
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -313,7 +315,7 @@ fn a_verified_platform_image_replaces_itself_inside_the_index() {
 #[test]
 fn each_platform_report_refers_to_its_own_manifest_when_pushed() {
     if let Some(reason) = registry_support::skip_reason() {
-        eprintln!("skipped: {reason}");
+        reason.report();
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -366,7 +368,7 @@ fn each_platform_report_refers_to_its_own_manifest_when_pushed() {
 /// when skopeo is not installed.
 fn skopeo_inspect(dir: &Path, ref_name: &str, args: &[&str]) -> Option<String> {
     if !registry_support::have("skopeo") {
-        eprintln!("skopeo check skipped: skopeo is not installed");
+        gate::skip("skopeo", "skopeo check skipped: skopeo is not installed");
         return None;
     }
     let out = Command::new("skopeo")
@@ -393,7 +395,7 @@ fn cudastack(args: &[&str]) -> std::process::Output {
 #[test]
 fn check_and_inspect_read_only_the_config_from_a_registry() {
     if let Some(reason) = registry_support::skip_reason() {
-        eprintln!("skipped: {reason}");
+        reason.report();
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -533,7 +535,7 @@ fn check_and_inspect_read_only_the_config_from_a_registry() {
 #[test]
 fn check_detect_on_a_machine_without_a_driver() {
     if std::path::Path::new("/proc/driver/nvidia/version").exists() {
-        eprintln!("skipped: this machine has an NVIDIA driver; the test is about one without");
+        gate::not_applicable("this machine has an NVIDIA driver; the test is about one without");
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -569,7 +571,10 @@ fn an_image_without_the_probe_is_a_clear_error_and_leaves_nothing() {
             .output()
             .is_ok_and(|o| o.status.success())
     {
-        eprintln!("skipped: needs /bin/busybox (busybox-static) and a running Docker daemon");
+        gate::skip(
+            "docker",
+            "needs /bin/busybox (busybox-static) and a running Docker daemon",
+        );
         return;
     }
     let work = tempfile::tempdir().unwrap();

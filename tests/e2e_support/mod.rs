@@ -2,6 +2,8 @@
 //! cache they share across runs (so a second run is the warm-cache case).
 #![allow(dead_code)]
 
+#[path = "../gate/mod.rs"]
+pub mod gate;
 pub mod stand_in;
 
 use std::path::{Path, PathBuf};
@@ -16,10 +18,14 @@ fn have(program: &str, args: &[&str]) -> bool {
 }
 
 /// Why a real build cannot run here, or None. `tools` are extra programs to require
-/// (each with arguments that succeed when it works, e.g. `docker info`).
-pub fn skip_reason(tools: &[(&str, &[&str])]) -> Option<String> {
+/// (each with arguments that succeed when it works, e.g. `docker info`). The caller
+/// reports it through the gate (`skip.report()`) and returns.
+pub fn skip_reason(tools: &[(&str, &[&str])]) -> Option<gate::Skip> {
     if std::env::var_os("CUDASTACK_SKIP_E2E").is_some() {
-        return Some("CUDASTACK_SKIP_E2E is set".into());
+        return Some(gate::Skip::switch(
+            "CUDASTACK_SKIP_E2E",
+            "it switches off the real builds",
+        ));
     }
     let uid = Command::new("id")
         .arg("-u")
@@ -27,11 +33,14 @@ pub fn skip_reason(tools: &[(&str, &[&str])]) -> Option<String> {
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     if uid.as_deref() != Some("0") {
-        return Some("not root: mmdebstrap --mode=root and ldconfig -r need root".into());
+        return Some(gate::Skip::missing(
+            "root",
+            "not root: mmdebstrap --mode=root and ldconfig -r need root",
+        ));
     }
     for (program, args) in [("mmdebstrap", &["--version"][..])].iter().chain(tools) {
         if !have(program, args) {
-            return Some(format!("`{program}` is not available (scripts/test.sh installs and starts what this test needs)"));
+            return Some(gate::Skip::missing(program, format!("`{program}` is not available (scripts/test.sh installs and starts what this test needs)")));
         }
     }
     None

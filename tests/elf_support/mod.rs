@@ -3,6 +3,9 @@
 //! each test asks for. Nothing is faked: the bytes come from gcc and ld.
 #![allow(dead_code)]
 
+#[path = "../gate/mod.rs"]
+pub mod gate;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -37,12 +40,15 @@ pub fn gcc_available() -> bool {
         .unwrap_or(false)
 }
 
-/// Skip (return true after printing why) when gcc is missing.
+/// Skip (return true after reporting it through the gate) when gcc is missing.
 pub fn skip_without_gcc() -> bool {
     if gcc_available() {
         false
     } else {
-        eprintln!("SKIP: gcc is not installed; these tests compile real ELF fixtures with it");
+        gate::skip(
+            "gcc",
+            "gcc is not installed; these tests compile real ELF fixtures with it",
+        );
         true
     }
 }

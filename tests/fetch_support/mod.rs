@@ -6,6 +6,9 @@
 //! Plain std threads so it needs no async runtime and no extra dependency.
 #![allow(dead_code)]
 
+#[path = "../gate/mod.rs"]
+pub mod gate;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::net::{TcpListener, TcpStream};
@@ -335,7 +338,7 @@ pub fn gcc_shared_library(dir: &std::path::Path, soname: &str, file: &str) -> Op
     match status {
         Ok(status) if status.success() => Some(std::fs::read(output).unwrap()),
         _ => {
-            eprintln!("skipping: gcc is not available to build a fixture ELF library");
+            gate::skip("gcc", "gcc is not available to build a fixture ELF library");
             None
         }
     }

@@ -7,6 +7,9 @@
 
 #![allow(dead_code)]
 
+#[path = "../gate/mod.rs"]
+pub mod gate;
+
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -21,13 +24,15 @@ use cudastack::oci::Image;
 
 pub const REGISTRY_BINARY: &str = "/usr/bin/docker-registry";
 
-/// Why the registry tests cannot run here, if they cannot.
-pub fn skip_reason() -> Option<String> {
+/// Why the registry tests cannot run here, if they cannot (the caller reports it through
+/// the gate: `skip.report()`).
+pub fn skip_reason() -> Option<gate::Skip> {
     if Path::new(REGISTRY_BINARY).is_file() {
         None
     } else {
-        Some(format!(
-            "{REGISTRY_BINARY} is missing (apt-get install docker-registry)"
+        Some(gate::Skip::missing(
+            "registry",
+            format!("{REGISTRY_BINARY} is missing (apt-get install docker-registry)"),
         ))
     }
 }
