@@ -447,9 +447,14 @@ pub fn is_transient_status(status: StatusCode) -> bool {
 pub fn is_transient_error(error: &reqwest::Error) -> bool {
     // Nobody listening, or no such host: waiting will not change that (issue 16: a refused
     // connection used to be retried silently for 45 s).
-    if is_refused_or_unresolved(error) {
-        return false;
-    }
+    !is_refused_or_unresolved(error) && may_pass_on_retry(error)
+}
+
+/// Whether the failure is of a kind that can go away: any connection failure (a server
+/// that answered before may be restarting), a timeout, a body cut short. Callers that know
+/// the server answered before use this; [`is_transient_error`] also refuses to wait for a
+/// server that is simply not there.
+pub fn may_pass_on_retry(error: &reqwest::Error) -> bool {
     if error.is_timeout() || error.is_connect() || error.is_request() || error.is_body() {
         return true;
     }

@@ -186,8 +186,10 @@ impl RegistryError {
     /// Worth another try (connection trouble, 5xx, 429, 408)?
     pub fn is_transient(&self) -> bool {
         match self {
+            // A registry that never answered fails earlier, as `Unreachable` (client.rs);
+            // one that answered before and now refuses is likely restarting: retry it.
             RegistryError::Transport { source, .. } => {
-                crate::fetch::http::is_transient_error(source)
+                crate::fetch::http::may_pass_on_retry(source)
             }
             RegistryError::Status { status, .. } => {
                 crate::fetch::http::is_transient_status(*status)
