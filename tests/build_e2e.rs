@@ -25,7 +25,9 @@ const RECIPE_TAG: &str = "localhost/torch:2.4.1-cuda12.1-cudnn9-py3.11";
 fn build(layout: &Path) -> (String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["build", RECIPE, "--layout"])
+        // --load: the image must be in the daemon under its tag for the planted-copy run
+        // below, also when the verification is a cached report (which loads nothing).
+        .args(["build", RECIPE, "--load", "--layout"])
         .arg(layout)
         .arg("--cache-dir")
         .arg(e2e_support::cache_dir())

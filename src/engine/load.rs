@@ -59,6 +59,14 @@ pub struct LoadReport {
     pub tags: Vec<String>,
 }
 
+/// Whether layers the daemon already has may be sent as empty placeholders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placeholders {
+    Allowed,
+    /// Every layer in full: the retry after the daemon lost a layer mid-load.
+    None,
+}
+
 impl LoadReport {
     /// Bytes per second of the upload (0 when skipped).
     pub fn throughput(&self) -> f64 {
@@ -126,7 +134,20 @@ impl Engine {
             }
             return Ok(report(true, 0, layers));
         }
-        match self.upload(image, tags, origin).await {
+        let mut result = self
+            .upload(image, tags, origin, Placeholders::Allowed)
+            .await;
+        if matches!(&result, Err(EngineError::LoadFailed { message, .. }) if message.contains("invalid diffID"))
+        {
+            // A layer the daemon had when we looked was gone when it read the archive (a
+            // `docker rmi` in between): its empty placeholder no longer stands for it.
+            tracing::warn!(
+                "the daemon removed a layer during the load of {origin}; loading again with every layer"
+            );
+            self.remove_loaded(&image_id, &manifest_digest).await;
+            result = self.upload(image, tags, origin, Placeholders::None).await;
+        }
+        match result {
             Ok((bytes, layers_present)) => Ok(report(false, bytes, layers_present)),
             Err(error) => {
                 // The image was not in the daemon before: whatever of it is now is ours.
@@ -154,11 +175,15 @@ impl Engine {
         image: &Image,
         tags: &[String],
         origin: &str,
+        placeholders: Placeholders,
     ) -> Result<(u64, usize), EngineError> {
         let documents = image.documents()?;
         let image_id = documents.config.digest;
         let manifest_digest = documents.manifest.digest;
-        let layers_present = self.present_layer_prefix(image).await?;
+        let layers_present = match placeholders {
+            Placeholders::Allowed => self.present_layer_prefix(image).await?,
+            Placeholders::None => 0,
+        };
 
         let (sender, receiver) = mpsc::channel::<io::Result<Bytes>>(CHUNKS_IN_FLIGHT);
         let writer_image = image.clone();
