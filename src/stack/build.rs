@@ -618,7 +618,7 @@ fn link_wheel(named: &Path, artifact: &Artifact, blob: &Path) -> Result<PathBuf,
         let _ = std::fs::remove_file(&temp);
         BuildError::Io {
             path: link.clone(),
-            source: source.into(),
+            source,
         }
     })?;
     Ok(link)
