@@ -12,24 +12,7 @@ use cudastack::digest::Digest;
 use cudastack::fetch::download::{DownloadError, Downloader, FetchItem};
 use cudastack::fetch::http::{HttpClient, HttpConfig, HttpError, RetryPolicy};
 use cudastack::fetch::progress::{NoReporter, Reporter};
-use fetch_support::{Body, Faults, FixtureServer};
-
-fn client(max_attempts: u32) -> HttpClient {
-    HttpClient::new(HttpConfig {
-        retry: RetryPolicy {
-            max_attempts,
-            initial_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(50),
-        },
-        read_timeout: Duration::from_secs(5),
-        ..HttpConfig::default()
-    })
-    .unwrap()
-}
-
-fn payload(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i * 7 % 251) as u8).collect()
-}
+use fetch_support::{client, payload, Body, Faults, FixtureServer};
 
 fn item(server: &FixtureServer, path: &str, bytes: &[u8]) -> FetchItem {
     FetchItem {

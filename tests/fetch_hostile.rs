@@ -19,30 +19,13 @@ use std::time::{Duration, Instant};
 use cudastack::cas::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::fetch::download::{DownloadError, Downloader, FetchItem};
-use cudastack::fetch::http::{HttpClient, HttpConfig, HttpError, RetryPolicy};
+use cudastack::fetch::http::{HttpClient, HttpError};
 use cudastack::fetch::index::DistFile;
 use cudastack::fetch::metadata::{wheel_metadata_by_range, MetadataError};
 use cudastack::fetch::progress::NoReporter;
 use cudastack::fetch::remote_zip::{RemoteZip, RemoteZipError};
-use fetch_support::{Body, Faults, FixtureServer};
+use fetch_support::{client, payload, Body, Faults, FixtureServer};
 use zip::write::SimpleFileOptions;
-
-fn client(max_attempts: u32) -> HttpClient {
-    HttpClient::new(HttpConfig {
-        retry: RetryPolicy {
-            max_attempts,
-            initial_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(50),
-        },
-        read_timeout: Duration::from_secs(5),
-        ..HttpConfig::default()
-    })
-    .unwrap()
-}
-
-fn payload(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i * 7 % 251) as u8).collect()
-}
 
 /// Everything left in the store's `tmp/` (partials, temp blobs).
 fn tmp_entries(store: &BlobStore) -> Vec<String> {

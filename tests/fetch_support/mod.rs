@@ -389,3 +389,25 @@ pub fn redist_tar_xz(top: &str, library: &[u8], real: &str, chain: &[(&str, &str
     encoder.write_all(&tar_bytes).unwrap();
     encoder.finish().unwrap()
 }
+
+/// A client for tests against the fixture server: `max_attempts` tries, backoffs in
+/// milliseconds, so retry tests take no time.
+pub fn client(max_attempts: u32) -> cudastack::fetch::http::HttpClient {
+    use cudastack::fetch::http::{HttpClient, HttpConfig, RetryPolicy};
+    use std::time::Duration;
+    HttpClient::new(HttpConfig {
+        retry: RetryPolicy {
+            max_attempts,
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(50),
+        },
+        read_timeout: Duration::from_secs(5),
+        ..HttpConfig::default()
+    })
+    .unwrap()
+}
+
+/// `len` bytes of a fixed, non-repeating-looking pattern.
+pub fn payload(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 % 251) as u8).collect()
+}
