@@ -33,7 +33,16 @@ missing() {
   echo "test: warning: $1; the tests that need it will skip and say why" >&2
 }
 
+# Disk: the debug build, the end-to-end cache (a torch stack: ~6 GB of wheels, ~6 GB staged)
+# and the images loaded into Docker. A run that dies of ENOSPC says so in its test output;
+# these lines make the cause plain before and after.
+disk_report() {
+  echo "test: disk $1: $(df -h --output=avail,target "$target_dir" | tail -1 | awk '{print $1" free on "$2}')" >&2
+}
+disk_report "before setup"
+
 scripts/setup.sh
+disk_report "before the tests"
 
 started_dockerd=""
 if ! docker info >/dev/null 2>&1; then
@@ -60,6 +69,7 @@ if ! docker info >/dev/null 2>&1; then
 fi
 cleanup() {
   status=$?
+  disk_report "at the end"
   if [ -n "$started_dockerd" ]; then kill "$started_dockerd" 2>/dev/null || true; wait "$started_dockerd" 2>/dev/null || true; fi
   # The skips a developer sees locally, at the end where they are read.
   if [ -s "$CUDASTACK_SKIP_LOG" ]; then

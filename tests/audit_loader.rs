@@ -3,7 +3,7 @@
 //! dlopen probe inside the root with chroot. Needs root (for chroot), gcc and an x86_64
 //! glibc; skips with a printed reason otherwise.
 
-mod elf_support;
+use crate::elf_support;
 
 use elf_support::gate;
 

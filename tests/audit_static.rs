@@ -1,7 +1,7 @@
 //! The static audit on image roots built from real gcc-built libraries: a clean tree passes,
 //! and each planted failure gives exactly the finding it should.
 
-mod elf_support;
+use crate::elf_support;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
@@ -551,9 +551,9 @@ fn missing_symbol_version_is_found() {
 
 /// Audit a real root given by `CUDASTACK_AUDIT_ROOT` (e.g. an mmdebstrap'd Debian, or an
 /// unpacked image) and print the report; with `CUDASTACK_AUDIT_EXPECT_CLEAN=1` it must be
-/// clean. `cargo test --test audit_static audit_root_from_env -- --ignored --nocapture`.
+/// clean. `cargo test --test suite audit_static::audit_root_from_env -- --ignored --nocapture`.
 #[test]
-#[ignore = "needs an assembled root; CUDASTACK_AUDIT_ROOT=DIR cargo test --test audit_static audit_root_from_env -- --ignored --nocapture"]
+#[ignore = "needs an assembled root; CUDASTACK_AUDIT_ROOT=DIR cargo test --test suite audit_static::audit_root_from_env -- --ignored --nocapture"]
 fn audit_root_from_env() {
     let Some(root) = std::env::var_os("CUDASTACK_AUDIT_ROOT") else {
         panic!("CUDASTACK_AUDIT_ROOT is not set: point it at an assembled root to run this test");

@@ -12,7 +12,7 @@
 //! Needs root (mmdebstrap --mode=root), mmdebstrap, skopeo and a Docker daemon; without them
 //! it says why and stops. No GPU is needed: nothing here launches a kernel.
 
-mod e2e_support;
+use crate::e2e_support;
 
 use std::path::Path;
 use std::process::Command;

@@ -10,7 +10,7 @@
 //! `qemu-aarch64 -L` (emulation used by the test only, to prove the loader cache works):
 //! the stand-in libcudart is found through /etc/ld.so.cache with no LD_LIBRARY_PATH.
 
-mod e2e_support;
+use crate::e2e_support;
 
 use e2e_support::gate;
 

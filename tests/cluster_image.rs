@@ -11,7 +11,7 @@
 //! says why and stops. enroot and Apptainer are not packaged in Debian, so those imports
 //! are skipped here with a printed reason.
 
-mod e2e_support;
+use crate::e2e_support;
 
 use e2e_support::gate;
 

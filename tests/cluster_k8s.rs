@@ -7,7 +7,7 @@
 //! manifest with a misspelt field must fail, so a validator that accepts anything cannot
 //! pass this test.
 
-mod gate;
+use crate::gate;
 
 use std::path::Path;
 use std::process::Command;

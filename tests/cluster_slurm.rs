@@ -3,7 +3,7 @@
 //! them there), and hand srun exactly the intended arguments: the scripts run under real
 //! bash with `srun` on PATH replaced by a recorder, since no Slurm is installed here.
 
-mod gate;
+use crate::gate;
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;

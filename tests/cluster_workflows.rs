@@ -6,7 +6,7 @@
 //! says why and stops. A workflow with a deliberate error must fail the lint, so a linter
 //! that accepts anything cannot pass.
 
-mod gate;
+use crate::gate;
 
 use std::path::Path;
 use std::process::Command;

@@ -7,7 +7,7 @@
 //! `ldconfig -r`, symlinks, and the real `python3` with a planted `torch` package on
 //! `PYTHONPATH`. Each test plants one problem and checks doctor finds it.
 
-mod gate;
+use crate::gate;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;

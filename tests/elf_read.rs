@@ -1,6 +1,6 @@
 //! ELF reading on real gcc-built libraries and executables.
 
-mod elf_support;
+use crate::elf_support;
 
 use std::path::Path;
 

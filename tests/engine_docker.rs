@@ -7,8 +7,8 @@
 //! Every image is unique to its test and process and is removed at the end, with any
 //! container carrying the test's label.
 
-mod gate;
-mod oci_support;
+use crate::gate;
+use crate::oci_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -543,7 +543,7 @@ fn a_broken_layout_aborts_the_upload_and_loads_nothing() {
 
 /// Load throughput of a large image with an incompressible uncompressed layer, against
 /// `docker load` of a plain tar of the same layout. Run by hand:
-/// `CUDASTACK_LOAD_BENCH_MB=2048 cargo test --test engine_docker -- --ignored --nocapture`.
+/// `CUDASTACK_LOAD_BENCH_MB=2048 cargo test --test suite engine_docker:: -- --ignored --nocapture`.
 #[test]
 #[ignore = "benchmark: writes and loads a multi-GB image"]
 fn load_throughput() {
@@ -653,7 +653,8 @@ fn ctrl_c_removes_the_container() {
     let engine = rt.block_on(Engine::connect()).unwrap();
     let cleanup = rt.block_on(loaded(&engine, work.path(), label));
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["ctrl_c_child", "--exact", "--ignored", "--nocapture"])
+        .arg(gate::test_path(module_path!(), "ctrl_c_child"))
+        .args(["--exact", "--ignored", "--nocapture"])
         .env("CUDASTACK_ENGINE_CHILD_IMAGE", cleanup.image.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -872,8 +873,8 @@ fn an_interrupted_load_leaves_nothing() {
         test_label: label.into(),
     };
     let mut child = Command::new(std::env::current_exe().unwrap())
+        .arg(gate::test_path(module_path!(), "interrupted_load_child"))
         .args([
-            "interrupted_load_child",
             "--exact",
             "--ignored",
             "--nocapture",

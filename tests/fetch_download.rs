@@ -2,7 +2,7 @@
 //! an interrupted transfer, retries on 5xx, 404, servers that ignore Range, mirrors
 //! (file:// URLs) and offline mode.
 
-mod fetch_support;
+use crate::fetch_support;
 
 use std::sync::Arc;
 use std::time::Duration;

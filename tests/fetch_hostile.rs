@@ -10,7 +10,7 @@
 //!   sizes is an error, never a panic or a huge allocation; property tests over arbitrary
 //!   server answers and zip bytes.
 
-mod fetch_support;
+use crate::fetch_support;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};

@@ -2,11 +2,11 @@
 //! 64 MiB: the body is streamed to disk and hashed on the way, never buffered.
 //!
 //! Ignored by default (it writes 600 MB to the temp dir); run it with
-//! `cargo test --release --test fetch_memory -- --ignored --nocapture`, or under
+//! `cargo test --release --test suite fetch_memory:: -- --ignored --nocapture`, or under
 //! `/usr/bin/time -v` for an outside view. The test reads its own VmHWM (peak resident set)
 //! from /proc, which also counts the fixture server thread (it streams from disk too).
 
-mod fetch_support;
+use crate::fetch_support;
 
 use std::io::Write;
 use std::sync::Arc;

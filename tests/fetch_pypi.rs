@@ -2,7 +2,7 @@
 //! Kept light: small listings, PEP 658 metadata of small packages, and one range read of a
 //! torch wheel's METADATA (the wheel itself is ~800 MB and is never downloaded).
 
-mod gate;
+use crate::gate;
 
 use std::str::FromStr;
 

@@ -1,7 +1,7 @@
 //! RemoteZip against the fixture server: a multi-megabyte deflated entry streamed through
 //! `entry_reader`, zip64 extra fields, and corruption caught by the CRC-32 check.
 
-mod fetch_support;
+use crate::fetch_support;
 
 use std::io::{Read, Write};
 use std::time::Duration;

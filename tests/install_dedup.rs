@@ -1,7 +1,7 @@
 //! One copy of every library, on gcc-built libraries: identical copies merge in either
 //! direction, differing copies are reported and left alone.
 
-mod elf_support;
+use crate::elf_support;
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};

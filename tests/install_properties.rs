@@ -3,7 +3,7 @@
 //! schemes, duplicates) and arbitrary bytes are planned and installed into a temp root:
 //! the installer errors or installs, never panics, and nothing lands outside the root.
 
-mod install_support;
+use crate::install_support;
 
 use std::io::Write;
 use std::path::{Component, Path};

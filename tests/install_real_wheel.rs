@@ -3,7 +3,7 @@
 //! machine, then put a toolkit copy beside it and merge the two with the one-copy planner.
 //! Skips with a printed reason when pip or the network is unavailable.
 
-mod elf_support;
+use crate::elf_support;
 
 use elf_support::gate;
 
@@ -228,9 +228,9 @@ fn real_cuda_runtime_wheel_installs_audits_and_merges() {
 /// `mmdebstrap --variant=minbase --include=python3 bookworm DIR`; it is modified), audit it,
 /// and load libcudart through the real loader with the image's own python in a chroot:
 /// `cudaRuntimeGetVersion` needs no GPU. Needs root for chroot.
-/// `CUDASTACK_DEBIAN_ROOT=DIR cargo test --test install_real_wheel -- --ignored --nocapture`
+/// `CUDASTACK_DEBIAN_ROOT=DIR cargo test --test suite install_real_wheel:: -- --ignored --nocapture`
 #[test]
-#[ignore = "needs an mmdebstrap'd Debian root and root for chroot; CUDASTACK_DEBIAN_ROOT=DIR cargo test --test install_real_wheel -- --ignored --nocapture"]
+#[ignore = "needs an mmdebstrap'd Debian root and root for chroot; CUDASTACK_DEBIAN_ROOT=DIR cargo test --test suite install_real_wheel:: -- --ignored --nocapture"]
 fn real_wheel_in_a_debian_root_loads_with_the_real_loader() {
     let Some(root) = std::env::var_os("CUDASTACK_DEBIAN_ROOT").map(PathBuf::from) else {
         panic!("CUDASTACK_DEBIAN_ROOT is not set: point it at an mmdebstrap'd Debian root");
@@ -284,9 +284,9 @@ fn real_wheel_in_a_debian_root_loads_with_the_real_loader() {
 /// `CUDASTACK_INSTALL_ROOT`, complete the SONAME chains of every `nvidia/*/lib`, audit the
 /// root with the pins of the installed distributions themselves, and print timings.
 /// For one-off checks on wheels too big for CI (nvidia-cudnn-cu12 is ~700 MB):
-/// `CUDASTACK_WHEELS=... CUDASTACK_INSTALL_ROOT=... cargo test --test install_real_wheel install_wheels_from_env -- --ignored --nocapture`
+/// `CUDASTACK_WHEELS=... CUDASTACK_INSTALL_ROOT=... cargo test --test suite install_real_wheel::install_wheels_from_env -- --ignored --nocapture`
 #[test]
-#[ignore = "installs given wheels; CUDASTACK_WHEELS=A.whl:B.whl CUDASTACK_INSTALL_ROOT=DIR cargo test --test install_real_wheel install_wheels_from_env -- --ignored"]
+#[ignore = "installs given wheels; CUDASTACK_WHEELS=A.whl:B.whl CUDASTACK_INSTALL_ROOT=DIR cargo test --test suite install_real_wheel::install_wheels_from_env -- --ignored"]
 fn install_wheels_from_env() {
     let (Some(wheels), Some(root)) = (
         std::env::var_os("CUDASTACK_WHEELS"),

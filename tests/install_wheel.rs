@@ -1,8 +1,8 @@
 //! The native wheel installer on real wheel archives: layout, modes, RECORD, launchers,
 //! determinism, tamper and path-safety rejections, and a byte comparison against pip.
 
-mod gate;
-mod install_support;
+use crate::gate;
+use crate::install_support;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

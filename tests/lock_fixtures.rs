@@ -4,7 +4,7 @@
 //! for the rest), NVIDIA redist manifests whose .tar.xz archives hold gcc-built ELF
 //! libraries behind real symlink chains, and a mirror directory.
 
-mod fetch_support;
+use crate::fetch_support;
 
 use std::io::Read;
 use std::str::FromStr;

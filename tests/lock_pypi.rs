@@ -8,7 +8,7 @@
 //! Hit PyPI; skipped with CUDASTACK_OFFLINE_TESTS=1. Need `uv` on PATH (`pip install uv`)
 //! or in `$CUDASTACK_UV`; without it they skip and say so.
 
-mod gate;
+use crate::gate;
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -195,7 +195,7 @@ async fn torch_2_11_cuda_toolkit_extras_match_uv() {
 /// the older ones, so every level from 2_28 down to 2_5 and the legacy aliases are passed.
 /// Compares names, versions and the chosen wheel URLs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "downloads ~2.5 GB; CUDASTACK_PIP_COMPARE=1 cargo test --test lock_pypi torch_2_4_1_matches_pip_report -- --ignored"]
+#[ignore = "downloads ~2.5 GB; CUDASTACK_PIP_COMPARE=1 cargo test --test suite lock_pypi::torch_2_4_1_matches_pip_report -- --ignored"]
 async fn torch_2_4_1_matches_pip_report() {
     if offline() {
         return;

@@ -5,8 +5,7 @@
 //! metapackage, and the streamed arch scan. A second test re-derives real rows from PyPI
 //! and compares them with the committed data file.
 
-#[path = "fetch_support/mod.rs"]
-mod fetch_support;
+use crate::fetch_support;
 
 use fetch_support::gate;
 

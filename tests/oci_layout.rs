@@ -1,7 +1,7 @@
 //! OCI layout bookkeeping: replacing a ref, copying across filesystems with
 //! verification, and reading back what was written.
 
-mod gate;
+use crate::gate;
 
 use std::path::Path;
 

@@ -5,6 +5,7 @@
 //! `ENOSPC` would, with no root and no mount needed. The umask test runs its writer in a
 //! child with `umask 022` for the same reason: the umask is the whole process's.
 
+use crate::gate;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -50,7 +51,8 @@ fn run_child(setup: &str, name: &str, env: &[(&str, &Path)]) {
     let output = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "{setup}; exec \"$0\" --exact {name} --ignored --nocapture --test-threads=1"
+            "{setup}; exec \"$0\" --exact {} --ignored --nocapture --test-threads=1",
+            gate::test_path(module_path!(), name)
         ))
         .arg(std::env::current_exe().unwrap())
         .envs(env.iter().map(|(k, v)| (k, v.as_os_str())))

@@ -2,8 +2,8 @@
 //! layout, `docker load` reads the docker-archive (and a tar of the layout), and
 //! `docker run` of a tiny image built here prints what its files say.
 
-mod gate;
-mod oci_support;
+use crate::gate;
+use crate::oci_support;
 
 use std::path::Path;
 use std::process::Command;

@@ -3,8 +3,8 @@
 //! layout, because it existed; now it is checked, fetched again with a warning, and the new
 //! layout holds the registry's bytes. A pull that fails leaves no layout and no temp file.
 
-mod oci_support;
-mod registry_support;
+use crate::oci_support;
+use crate::registry_support;
 
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;

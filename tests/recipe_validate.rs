@@ -3,7 +3,7 @@
 //! binary on the fixtures in tests/fixtures/recipes/invalid/ and on files made here, and
 //! `build` against a wheel server on 127.0.0.1 whose request log proves nothing was fetched.
 
-mod fetch_support;
+use crate::fetch_support;
 
 use fetch_support::gate;
 

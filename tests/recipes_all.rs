@@ -10,10 +10,10 @@
 //! wheel whose METADATA carries the real wheel's requirements; everything else comes from
 //! real PyPI. Its torch artifact therefore points at `http://127.0.0.1:0/...` (the port is
 //! normalised to 0, where nothing listens) so that lock can never be mistaken for a real
-//! one or built from. `CUDASTACK_BLESS_RECIPE_LOCKS=1 cargo test --test recipes_all`
+//! one or built from. `CUDASTACK_BLESS_RECIPE_LOCKS=1 cargo test --test suite recipes_all::`
 //! rewrites it.
 
-mod fetch_support;
+use crate::fetch_support;
 
 use fetch_support::gate;
 

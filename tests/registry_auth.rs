@@ -7,7 +7,7 @@
 //! token's scopes, and answers 401 with a `WWW-Authenticate: Bearer realm=…,service=…,
 //! scope=…` challenge otherwise, as the distribution token spec describes.
 
-mod registry_support;
+use crate::registry_support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

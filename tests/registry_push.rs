@@ -1,8 +1,8 @@
 //! Push and pull against a real registry (Debian's docker-registry, distribution 2.8) on
 //! 127.0.0.1, cross-checked with skopeo and, when a daemon is available, `docker pull`.
 
-mod oci_support;
-mod registry_support;
+use crate::oci_support;
+use crate::registry_support;
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};

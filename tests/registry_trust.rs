@@ -2,7 +2,7 @@
 //! 127.0.0.1: a pinned digest is a promise checked before anything is uploaded, and a
 //! registry that does not answer at all fails at once instead of after 45 s of silence.
 
-mod registry_support;
+use crate::registry_support;
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -3,7 +3,7 @@
 //! Each case re-runs this test binary on one `#[ignore]`d probe test with a chosen
 //! environment, so the outcome is that of a real test run.
 
-mod gate;
+use crate::gate;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -15,7 +15,7 @@ fn probe(name: &str, require: bool, log: &Path) -> Output {
         .args([
             "--ignored",
             "--exact",
-            name,
+            &gate::test_path(module_path!(), name),
             "--test-threads=1",
             "--nocapture",
         ])
@@ -133,7 +133,8 @@ fn concurrent_skips_append_whole_lines() {
         .map(|_| {
             let mut command = Command::new(std::env::current_exe().unwrap());
             command
-                .args(["--ignored", "--exact", "probe_missing_component"])
+                .args(["--ignored", "--exact"])
+                .arg(gate::test_path(module_path!(), "probe_missing_component"))
                 .env(gate::SKIP_LOG, &log)
                 .env_remove(gate::REQUIRE)
                 .stdout(std::process::Stdio::null())

@@ -17,7 +17,7 @@
 //!
 //! Needs root and mmdebstrap for the Debian base; otherwise it says why and stops.
 
-mod e2e_support;
+use crate::e2e_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

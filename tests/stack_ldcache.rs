@@ -5,7 +5,7 @@
 //! that sort numerically (`.so.9` < `.so.10`), a development link, a library whose file
 //! name is not its SONAME, a linker script and a non-library file.
 
-mod e2e_support;
+use crate::e2e_support;
 
 use std::path::Path;
 use std::process::Command;

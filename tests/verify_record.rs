@@ -5,7 +5,7 @@
 //! probe's format (a stand-in for the GPU, as the project rules allow), and the tests
 //! check what cudastack does with it. The probe itself runs for real in tests/build_e2e.rs.
 
-mod registry_support;
+use crate::registry_support;
 
 use registry_support::gate;
 

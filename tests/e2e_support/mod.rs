@@ -2,8 +2,7 @@
 //! cache they share across runs (so a second run is the warm-cache case).
 #![allow(dead_code)]
 
-#[path = "../gate/mod.rs"]
-pub mod gate;
+pub(crate) use crate::gate;
 pub mod stand_in;
 
 use std::path::{Path, PathBuf};

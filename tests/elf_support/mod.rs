@@ -3,8 +3,7 @@
 //! each test asks for. Nothing is faked: the bytes come from gcc and ld.
 #![allow(dead_code)]
 
-#[path = "../gate/mod.rs"]
-pub mod gate;
+pub(crate) use crate::gate;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -6,8 +6,7 @@
 //! Plain std threads so it needs no async runtime and no extra dependency.
 #![allow(dead_code)]
 
-#[path = "../gate/mod.rs"]
-pub mod gate;
+pub(crate) use crate::gate;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};

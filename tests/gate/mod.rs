@@ -16,15 +16,24 @@
 //! separate filesystem, the daemon has the nvidia runtime) are not missing components:
 //! [`not_applicable`] logs them under the component `host` and never panics.
 //!
-//! Included with `#[path = "../gate/mod.rs"] pub mod gate;` by the `*_support` modules
-//! that report skips, and with `mod gate;` by a test file that uses none of them; a test
-//! file with such a support module uses its gate (`use elf_support::gate;`): a file may be
-//! loaded only once per crate.
+//! Declared once in tests/suite.rs; test files and the `*_support` modules `use crate::gate`.
 #![allow(dead_code)]
 
 use std::fmt;
 use std::io::Write;
 use std::path::PathBuf;
+
+/// The name libtest gives the test `name` of the test module whose `module_path!()` is
+/// `module` (the path less the crate's name), for a test that runs another test of this
+/// binary in a child process with `--exact`.
+pub fn test_path(module: &str, name: &str) -> String {
+    let module = module.split_once("::").map_or("", |(_crate, rest)| rest);
+    if module.is_empty() {
+        name.to_string()
+    } else {
+        format!("{module}::{name}")
+    }
+}
 
 /// The environment variable that turns every skip of a missing component into a failure.
 pub const REQUIRE: &str = "CUDASTACK_REQUIRE";

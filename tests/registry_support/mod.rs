@@ -7,8 +7,7 @@
 
 #![allow(dead_code)]
 
-#[path = "../gate/mod.rs"]
-pub mod gate;
+pub(crate) use crate::gate;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
