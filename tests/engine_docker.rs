@@ -874,11 +874,7 @@ fn an_interrupted_load_leaves_nothing() {
     };
     let mut child = Command::new(std::env::current_exe().unwrap())
         .arg(gate::test_path(module_path!(), "interrupted_load_child"))
-        .args([
-            "--exact",
-            "--ignored",
-            "--nocapture",
-        ])
+        .args(["--exact", "--ignored", "--nocapture"])
         .env("CUDASTACK_ENGINE_CHILD_IMAGE", small.image.to_string())
         .env("CUDASTACK_ENGINE_CHILD_LAYOUT", &dir)
         .stdout(Stdio::piped())
