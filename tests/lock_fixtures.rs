@@ -21,7 +21,8 @@ use cudastack::fetch::progress::NoReporter;
 use cudastack::fetch::redist::RedistRequest;
 use cudastack::fetch::remote_zip::RemoteZip;
 use cudastack::fetch::source::PackageSource;
-use cudastack::lock::{resolve, Arch, ArtifactKind, LockError, LockRequest, Lockfile, Target};
+use cudastack::lock::{resolve, ArtifactKind, LockError, LockRequest, Lockfile, Target};
+use cudastack::platform::Platform;
 use fetch_support::{gcc_shared_library, redist_tar_xz, sha256_hex, wheel_bytes, FixtureServer};
 use pep508_rs::Requirement;
 
@@ -174,7 +175,7 @@ fn populate(server: &FixtureServer) {
 fn target() -> Target {
     Target::new(
         "3.11".parse().unwrap(),
-        Arch::X86_64,
+        Platform::LinuxAmd64,
         "2.28".parse().unwrap(),
     )
     .unwrap()

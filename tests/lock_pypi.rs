@@ -17,7 +17,8 @@ use std::str::FromStr;
 use cudastack::digest::Digest;
 use cudastack::fetch::http::HttpClient;
 use cudastack::fetch::source::PackageSource;
-use cudastack::lock::{resolve, Arch, ArtifactKind, LockError, LockRequest, Lockfile, Target};
+use cudastack::lock::{resolve, ArtifactKind, LockError, LockRequest, Lockfile, Target};
+use cudastack::platform::Platform;
 use pep508_rs::Requirement;
 
 fn offline() -> bool {
@@ -85,7 +86,7 @@ fn request(requirements: &[&str]) -> (HttpClient, LockRequest) {
     let request = LockRequest {
         target: Target::new(
             "3.11".parse().unwrap(),
-            Arch::X86_64,
+            Platform::LinuxAmd64,
             "2.28".parse().unwrap(),
         )
         .unwrap(),
@@ -283,7 +284,7 @@ async fn no_wheel_for_the_python_names_package_python_platform_and_tags() {
     let request = LockRequest {
         target: Target::new(
             "3.13".parse().unwrap(),
-            Arch::X86_64,
+            Platform::LinuxAmd64,
             "2.28".parse().unwrap(),
         )
         .unwrap(),

@@ -14,7 +14,7 @@ use cudastack::cas::BlobStore;
 use cudastack::layer::{
     self, BuildOptions, Compression, Entry, EntryKind, LayerContents, LayerPath,
 };
-use cudastack::lock::target::Arch;
+use cudastack::platform::Platform;
 use cudastack::recipe::Flavor;
 use cudastack::stack::config::ToolkitPaths;
 use cudastack::stack::toolkit::{stage, NvidiaWheel};
@@ -93,7 +93,7 @@ fn stage_bytes(wheel_bytes: &[u8], flavor: Flavor, cudnn: bool) {
         .into(),
         version: "12.1.105".into(),
     };
-    let paths = ToolkitPaths::new(CudaVersion::new(12, 1, None), Arch::X86_64);
+    let paths = ToolkitPaths::new(CudaVersion::new(12, 1, None), Platform::LinuxAmd64);
     // Ok or Err, both fine: what matters is no panic and nothing outside `root`.
     let _ = stage(&[&wheel], &paths, flavor, true, &root);
     let outside: Vec<PathBuf> = listing(work.path())

@@ -157,7 +157,7 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         (None, false) => {
             printer.status(format!(
                 "verify  skipped: this build has no image for this host ({}); verify it on a {} machine",
-                std::env::consts::ARCH,
+                cudastack::platform::host_cpu(),
                 report.platforms.iter().map(|p| p.platform.as_str()).collect::<Vec<_>>().join(" or ")
             ));
             None
@@ -174,7 +174,7 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         (None, true) => {
             return Err(format!(
                 "--load: this build has no image for this host's platform ({}); Docker runs images of its own platform",
-                std::env::consts::ARCH
+                cudastack::platform::host_cpu()
             )
             .into())
         }

@@ -21,10 +21,7 @@ pub fn read_documents(
     platform: Option<cudastack::recipe::Platform>,
 ) -> Result<ImageDocuments, Error> {
     let platform = platform.or_else(cudastack::stack::build::host_platform);
-    let architecture = platform.map(|p| match p {
-        cudastack::recipe::Platform::LinuxAmd64 => oci_spec::image::Arch::Amd64,
-        cudastack::recipe::Platform::LinuxArm64 => oci_spec::image::Arch::ARM64,
-    });
+    let architecture = platform.map(|p| p.to_oci_arch());
     match location {
         ImageLocation::Layout { dir, ref_name } => {
             Ok(read_layout(dir, ref_name, architecture.as_ref())?)
@@ -36,13 +33,7 @@ pub fn read_documents(
                 .enable_all()
                 .build()?;
             runtime.block_on(async {
-                let wanted = match platform {
-                    Some(p) => Platform {
-                        architecture: p.oci_architecture().to_string(),
-                        ..Platform::default()
-                    },
-                    None => Platform::default(),
-                };
+                let wanted = platform.map_or_else(Platform::default, Platform::from);
                 let manifest = client.get_image_manifest(&reference, &wanted).await?;
                 let parsed: oci_spec::image::ImageManifest =
                     serde_json::from_slice(&manifest.bytes)?;

@@ -62,7 +62,9 @@ pub enum ElfClass {
     Elf64,
 }
 
-/// `e_machine`, with names for the machines images are built for.
+/// `e_machine`, with names for the machines images are built for. Any ELF file may carry
+/// any machine; [`crate::platform::Platform::to_elf`] names the machine of each platform
+/// cudastack builds for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Machine {

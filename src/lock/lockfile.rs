@@ -333,7 +333,7 @@ impl Lockfile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::target::Arch;
+    use crate::platform::Platform;
     use proptest::prelude::*;
 
     fn sample() -> Lockfile {
@@ -342,7 +342,7 @@ mod tests {
             recipe_digest: Digest::of_bytes(b"recipe"),
             target: Target::new(
                 "3.11".parse().unwrap(),
-                Arch::X86_64,
+                Platform::LinuxAmd64,
                 "2.28".parse().unwrap(),
             )
             .unwrap(),

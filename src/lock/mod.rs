@@ -27,7 +27,7 @@ use crate::fetch::source::{PackageSource, SourceError};
 pub use lockfile::{
     Artifact, ArtifactError, ArtifactKind, Lockfile, LockfileError, LOCK_FORMAT_VERSION,
 };
-pub use target::{Arch, GlibcVersion, PythonVersion, Target};
+pub use target::{GlibcVersion, PythonVersion, Target};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {

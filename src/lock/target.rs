@@ -14,6 +14,7 @@ use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder};
 use serde::{Deserialize, Serialize};
 
 use crate::fetch::wheel_filename::{Tag, WheelFilename};
+use crate::platform::Platform;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TargetError {
@@ -127,43 +128,13 @@ impl<'de> Deserialize<'de> for GlibcVersion {
     }
 }
 
-/// CPU architectures cudastack builds for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Arch {
-    X86_64,
-    Aarch64,
-}
-
-impl Arch {
-    /// `platform_machine` and the arch suffix of wheel platform tags.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Arch::X86_64 => "x86_64",
-            Arch::Aarch64 => "aarch64",
-        }
-    }
-
-    /// NVIDIA's redist platform key.
-    pub fn redist_platform(&self) -> &'static str {
-        match self {
-            Arch::X86_64 => "linux-x86_64",
-            Arch::Aarch64 => "linux-sbsa",
-        }
-    }
-}
-
-impl fmt::Display for Arch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What a lock is for: CPython `python` on linux/`arch` with glibc `glibc`.
+/// What a lock is for: CPython `python` on `arch` with glibc `glibc`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Target {
     pub python: PythonVersion,
-    pub arch: Arch,
+    /// Written as the wheel architecture (`"x86_64"`, `"aarch64"`).
+    #[serde(with = "crate::platform::wheel_arch_serde")]
+    pub arch: Platform,
     pub glibc: GlibcVersion,
 }
 
@@ -191,7 +162,7 @@ impl TagPriorities {
 impl Target {
     pub fn new(
         python: PythonVersion,
-        arch: Arch,
+        arch: Platform,
         glibc: GlibcVersion,
     ) -> Result<Self, TargetError> {
         if python.major != 3 || python.minor < 7 {
@@ -208,13 +179,16 @@ impl Target {
     pub fn describe(&self) -> String {
         format!(
             "CPython {} on manylinux_{}_{}_{}",
-            self.python, self.glibc.major, self.glibc.minor, self.arch
+            self.python,
+            self.glibc.major,
+            self.glibc.minor,
+            self.arch.wheel_arch()
         )
     }
 
     /// The PEP 508 marker environment of the target.
     pub fn marker_environment(&self) -> MarkerEnvironment {
-        linux_marker_environment(&self.python.full().to_string(), self.arch.as_str())
+        linux_marker_environment(&self.python.full().to_string(), self.arch.wheel_arch())
     }
 
     /// Platform tags, most specific first: `manylinux_2_X` down to the oldest level for the
@@ -222,11 +196,11 @@ impl Target {
     /// 2.12, `manylinux1` = 2.5), then `linux_<arch>` only when `plain_linux` is true
     /// (PyTorch's own indexes publish `linux_x86_64` wheels; PyPI rejects that tag).
     pub fn platform_tags(&self, plain_linux: bool) -> Vec<String> {
-        let arch = self.arch.as_str();
+        let arch = self.arch.wheel_arch();
         // The oldest glibc with manylinux wheels per arch (PEP 600 / packaging).
         let oldest_minor = match self.arch {
-            Arch::X86_64 => 5,
-            Arch::Aarch64 => 17,
+            Platform::LinuxAmd64 => 5,
+            Platform::LinuxArm64 => 17,
         };
         let mut tags = Vec::new();
         if self.glibc.major == 2 {
@@ -234,8 +208,8 @@ impl Target {
                 tags.push(format!("manylinux_2_{minor}_{arch}"));
                 let legacy = match (minor, self.arch) {
                     (17, _) => Some("manylinux2014"),
-                    (12, Arch::X86_64) => Some("manylinux2010"),
-                    (5, Arch::X86_64) => Some("manylinux1"),
+                    (12, Platform::LinuxAmd64) => Some("manylinux2010"),
+                    (5, Platform::LinuxAmd64) => Some("manylinux1"),
                     _ => None,
                 };
                 if let Some(legacy) = legacy {
@@ -328,7 +302,7 @@ mod tests {
     fn target() -> Target {
         Target::new(
             "3.11".parse().unwrap(),
-            Arch::X86_64,
+            Platform::LinuxAmd64,
             "2.28".parse().unwrap(),
         )
         .unwrap()
@@ -386,7 +360,7 @@ mod tests {
     fn rejects_python2() {
         assert!(Target::new(
             "2.7".parse().unwrap(),
-            Arch::X86_64,
+            Platform::LinuxAmd64,
             "2.28".parse().unwrap()
         )
         .is_err());

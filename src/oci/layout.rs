@@ -151,10 +151,7 @@ pub fn config_of(
 /// The OCI architecture of the build host (`amd64`, `arm64`): which image of a
 /// multi-platform index the commands that run or inspect one image pick.
 pub fn host_architecture() -> oci_spec::image::Arch {
-    match std::env::consts::ARCH {
-        "aarch64" => oci_spec::image::Arch::ARM64,
-        _ => oci_spec::image::Arch::Amd64,
-    }
+    crate::platform::Platform::host_or_amd64().to_oci_arch()
 }
 
 /// The image manifest `ref_name` names: itself, or for an image index, its linux image of

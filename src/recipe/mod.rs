@@ -21,6 +21,9 @@ mod tag;
 
 pub use tag::{check_template, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS};
 
+/// The platforms of `platforms:`; defined in [`crate::platform`], the one platform type.
+pub use crate::platform::Platform;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RecipeError {
     #[error("failed to read recipe `{path}`")]
@@ -102,82 +105,6 @@ pub struct Recipe {
     /// several platforms are published as one OCI image index.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub platforms: Vec<Platform>,
-}
-
-/// A platform an image is built for, as OCI and Docker name it (`os/architecture`). Only
-/// Linux: CUDA containers run nowhere else. arm64 is NVIDIA's SBSA (Grace, GH200, Jetson
-/// Thor), whose redist archives are `linux-sbsa` and whose wheels are `*_aarch64`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Platform {
-    LinuxAmd64,
-    LinuxArm64,
-}
-
-impl Platform {
-    pub const ALL: [Platform; 2] = [Platform::LinuxAmd64, Platform::LinuxArm64];
-
-    /// `linux/amd64`, `linux/arm64`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Platform::LinuxAmd64 => "linux/amd64",
-            Platform::LinuxArm64 => "linux/arm64",
-        }
-    }
-
-    /// The OCI `architecture` (GOARCH spelling).
-    pub fn oci_architecture(&self) -> &'static str {
-        match self {
-            Platform::LinuxAmd64 => "amd64",
-            Platform::LinuxArm64 => "arm64",
-        }
-    }
-
-    /// The Debian/Ubuntu architecture (`mmdebstrap --architectures`).
-    pub fn debian_architecture(&self) -> &'static str {
-        self.oci_architecture()
-    }
-
-    /// What goes between the recipe name and `.lock`: nothing for amd64 (so single-platform
-    /// recipes keep `NAME.lock`), `.linux-arm64` otherwise.
-    pub fn lock_suffix(&self) -> &'static str {
-        match self {
-            Platform::LinuxAmd64 => "",
-            Platform::LinuxArm64 => ".linux-arm64",
-        }
-    }
-}
-
-impl fmt::Display for Platform {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Platform {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text.trim() {
-            "linux/amd64" | "linux/x86_64" => Ok(Platform::LinuxAmd64),
-            "linux/arm64" | "linux/arm64/v8" | "linux/aarch64" => Ok(Platform::LinuxArm64),
-            other => Err(format!(
-                "`{other}` is not a supported platform; use one of: {}",
-                Platform::ALL.map(|p| p.as_str()).join(", ")
-            )),
-        }
-    }
-}
-
-impl Serialize for Platform {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> Deserialize<'de> for Platform {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
 }
 
 fn is_false(value: &bool) -> bool {

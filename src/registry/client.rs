@@ -63,13 +63,16 @@ pub struct Platform {
 /// of a multi-platform index this machine can run.
 impl Default for Platform {
     fn default() -> Self {
+        crate::platform::Platform::host_or_amd64().into()
+    }
+}
+
+/// The index entry of one of the platforms cudastack builds (`linux/amd64`, no variant).
+impl From<crate::platform::Platform> for Platform {
+    fn from(platform: crate::platform::Platform) -> Self {
         Platform {
             os: "linux".to_string(),
-            architecture: match std::env::consts::ARCH {
-                "aarch64" => "arm64",
-                _ => "amd64",
-            }
-            .to_string(),
+            architecture: platform.oci_architecture().to_string(),
             variant: None,
         }
     }

@@ -102,22 +102,13 @@ impl DebootstrapSpec {
     }
 }
 
-/// The Debian name of the build host's architecture.
-pub fn host_debian_architecture() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        "powerpc64" => "ppc64el",
-        other => other,
-    }
-}
+pub use crate::platform::host_debian_architecture;
 
 /// The ELF machine of a Debian architecture's objects.
 fn machine_of(architecture: &str) -> crate::elf::Machine {
-    match architecture {
-        "arm64" => crate::elf::Machine::Aarch64,
-        _ => crate::elf::Machine::X86_64,
-    }
+    crate::platform::Platform::from_debian(architecture)
+        .unwrap_or(crate::platform::Platform::LinuxAmd64)
+        .to_elf()
 }
 
 /// Run mmdebstrap into `dest` (which must not exist or be empty). Device nodes are left out:

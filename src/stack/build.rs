@@ -532,12 +532,12 @@ fn read_lock(
             found: lock.recipe_digest,
         });
     }
-    let wanted = crate::stack::inputs::platform_arch(platform);
-    if lock.target.arch != wanted {
+    if lock.target.arch != platform {
+        let wanted = platform.wheel_arch();
         return Err(BuildError::Unsupported(format!(
             "lock file `{}` is for {} wheels, but {platform} needs {wanted}; run `cudastack lock {}` again",
             lock_file.display(),
-            lock.target.arch,
+            lock.target.arch.wheel_arch(),
             settings.recipe_path.display()
         )));
     }
@@ -624,17 +624,6 @@ fn link_wheel(named: &Path, artifact: &Artifact, blob: &Path) -> Result<PathBuf,
     Ok(link)
 }
 
-/// The OCI platform of a recipe platform.
-fn oci_platform(platform: Platform) -> oci_spec::image::Platform {
-    let mut oci = oci_spec::image::Platform::default();
-    oci.set_os(oci_spec::image::Os::Linux);
-    oci.set_architecture(match platform {
-        Platform::LinuxAmd64 => oci_spec::image::Arch::Amd64,
-        Platform::LinuxArm64 => oci_spec::image::Arch::ARM64,
-    });
-    oci
-}
-
 /// `latest` -> `latest-linux-arm64`: the ref of one platform's image beside the index.
 pub fn platform_ref(ref_name: &str, platform: Platform) -> String {
     oci::layout::platform_ref_name(ref_name, platform.oci_architecture())
@@ -680,7 +669,7 @@ fn write_output(
             oci::layout::write(&built.image, &layout, &ref_name)?;
             children.push((
                 built.image.documents()?.manifest_descriptor(),
-                oci_platform(built.platform),
+                built.platform.to_oci(),
             ));
         }
         let digest = oci::layout::write_index(&layout, &children, "latest")?;
@@ -725,11 +714,7 @@ fn write_output(
 
 /// The recipe platform of the build host, if it is one cudastack builds.
 pub fn host_platform() -> Option<Platform> {
-    match std::env::consts::ARCH {
-        "x86_64" => Some(Platform::LinuxAmd64),
-        "aarch64" => Some(Platform::LinuxArm64),
-        _ => None,
-    }
+    Platform::host()
 }
 
 /// Fills a staging directory with a layer's tree.
@@ -758,10 +743,7 @@ fn assemble(
 ) -> Result<Assembled, BuildError> {
     let arch = lock.target.arch;
     let paths = ToolkitPaths::new(recipe.cuda.version, arch);
-    let machine = match arch {
-        crate::lock::target::Arch::X86_64 => crate::elf::Machine::X86_64,
-        crate::lock::target::Arch::Aarch64 => crate::elf::Machine::Aarch64,
-    };
+    let machine = arch.to_elf();
     let flavor = recipe.cuda.flavor;
 
     // Base.
@@ -771,7 +753,7 @@ fn assemble(
         other => return Err(BuildError::Unsupported(format!("base {other} is not supported by `cudastack build` yet; build from `debian:` or `ubuntu:` releases"))),
     };
     let mut base_spec = DebootstrapSpec::for_python_stack(distro, release, options.mtime)
-        .for_architecture(platform.debian_architecture());
+        .for_architecture(platform.to_debian());
     // cuFile's RDMA plugin (GPUDirect Storage, nvidia-cufile wheels from torch 2.7 on) links
     // the rdma-core user-space libraries; the distribution's packages provide them, so every
     // DT_NEEDED in the image resolves.
@@ -1198,10 +1180,8 @@ fn assemble(
             (summary, false)
         }
     };
-    let mut image = Image::new(options.mtime).with_platform(
-        oci_platform(platform).architecture().clone(),
-        oci_spec::image::Os::Linux,
-    );
+    let mut image =
+        Image::new(options.mtime).with_platform(platform.to_oci_arch(), oci_spec::image::Os::Linux);
     for (report, layer) in &layers {
         image = image.with_layer(layer.clone(), &format!("cudastack {} layer", report.name));
     }

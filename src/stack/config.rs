@@ -9,9 +9,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::lock::target::Arch;
 use crate::matrix::validate::nvidia_require_cuda;
 use crate::matrix::{Matrix, TorchBuild};
+use crate::platform::Platform;
 use crate::recipe::Recipe;
 use crate::version::CudaVersion;
 
@@ -23,19 +23,19 @@ pub const NVIDIA_DRIVER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolkitPaths {
     pub cuda: CudaVersion,
-    pub arch: Arch,
+    pub arch: Platform,
 }
 
 impl ToolkitPaths {
-    pub fn new(cuda: CudaVersion, arch: Arch) -> Self {
+    pub fn new(cuda: CudaVersion, arch: Platform) -> Self {
         Self { cuda, arch }
     }
     /// The `targets/` directory NVIDIA's installers use: `x86_64-linux`, and `sbsa-linux`
     /// for arm64 servers (the CUDA packages for Grace/GH200/Jetson Thor).
     pub fn target(&self) -> &'static str {
         match self.arch {
-            Arch::X86_64 => "x86_64-linux",
-            Arch::Aarch64 => "sbsa-linux",
+            Platform::LinuxAmd64 => "x86_64-linux",
+            Platform::LinuxArm64 => "sbsa-linux",
         }
     }
     /// `/usr/local/cuda-12.1`
@@ -78,7 +78,7 @@ pub fn stack_config(
     recipe: &Recipe,
     torch_build: Option<&TorchBuild>,
     facts: &StackFacts,
-    arch: Arch,
+    arch: Platform,
 ) -> StackConfig {
     let paths = ToolkitPaths::new(recipe.cuda.version, arch);
     let mut env = vec![
@@ -193,7 +193,7 @@ mod tests {
                 created: "2024-10-01T00:00:00Z".into(),
                 ..Default::default()
             },
-            Arch::X86_64,
+            Platform::LinuxAmd64,
         );
         let env: BTreeMap<_, _> = config.env.into_iter().collect();
         assert_eq!(
@@ -205,7 +205,7 @@ mod tests {
             &recipe,
             None,
             &StackFacts::default(),
-            Arch::Aarch64,
+            Platform::LinuxArm64,
         );
         let arm64_env: BTreeMap<_, _> = arm64.env.into_iter().collect();
         assert_eq!(

@@ -16,7 +16,7 @@ use crate::fetch::http::HttpClient;
 use crate::fetch::index::SimpleIndex;
 use crate::fetch::mirror::MirrorDir;
 use crate::fetch::source::PackageSource;
-use crate::lock::target::{Arch, GlibcVersion, PythonVersion as TargetPython, Target};
+use crate::lock::target::{GlibcVersion, PythonVersion as TargetPython, Target};
 use crate::lock::LockRequest;
 use crate::matrix::validate::selected_torch_build;
 use crate::matrix::Matrix;
@@ -52,12 +52,10 @@ pub fn platform_lock_path(recipe_path: &Path, platform: Platform) -> PathBuf {
     recipe_path.with_file_name(format!("{stem}{}.lock", platform.lock_suffix()))
 }
 
-/// The wheel architecture of a platform.
-pub fn platform_arch(platform: Platform) -> Arch {
-    match platform {
-        Platform::LinuxAmd64 => Arch::X86_64,
-        Platform::LinuxArm64 => Arch::Aarch64,
-    }
+/// The platform a lock for `platform` targets: itself, since a lock's `target.arch` is a
+/// [`Platform`] (written as the wheel architecture, `x86_64`/`aarch64`).
+pub fn platform_arch(platform: Platform) -> Platform {
+    platform
 }
 
 /// The first PyPI torch release with CUDA wheels for linux/aarch64 (`manylinux_2_28_aarch64`
@@ -324,7 +322,7 @@ mod tests {
             Platform::LinuxArm64,
         )
         .unwrap();
-        assert_eq!(request.target.arch, Arch::Aarch64);
+        assert_eq!(request.target.arch, Platform::LinuxArm64);
         assert_eq!(request.target.glibc.to_string(), "2.36");
     }
 

@@ -243,7 +243,7 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), ToolkitError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::target::Arch;
+    use crate::platform::Platform;
     use crate::version::CudaVersion;
 
     #[test]
@@ -277,7 +277,7 @@ mod tests {
 
     #[test]
     fn member_destinations_by_flavor() {
-        let paths = ToolkitPaths::new(CudaVersion::new(12, 1, None), Arch::X86_64);
+        let paths = ToolkitPaths::new(CudaVersion::new(12, 1, None), Platform::LinuxAmd64);
         let lib = "usr/local/cuda-12.1/targets/x86_64-linux/lib";
         assert_eq!(
             destination(

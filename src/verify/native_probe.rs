@@ -30,11 +30,7 @@ pub struct NativeProbe {
 /// The file name of the probe built for CUDA `major` and `machine` (named as `uname -m`
 /// names it); `None` for a machine no probe is built for.
 pub fn file_name(cuda_major: u32, machine: Machine) -> Option<String> {
-    let machine = match machine {
-        Machine::X86_64 => "x86_64",
-        Machine::Aarch64 => "aarch64",
-        _ => return None,
-    };
+    let machine = crate::platform::Platform::from_elf(machine)?.wheel_arch();
     Some(format!("cudastack-probe-cuda{cuda_major}-{machine}"))
 }
 
