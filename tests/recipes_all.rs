@@ -29,7 +29,7 @@ use cudastack::matrix::validate::{selected_torch_build, validate};
 use cudastack::matrix::Matrix;
 use cudastack::recipe::{Platform, Recipe, TorchIndex};
 use cudastack::stack::inputs::{
-    base_glibc, lock_path, lock_request_for, platform_arch, platform_lock_path, root_requirements,
+    base_glibc, lock_path, lock_request_for, platform_lock_path, root_requirements,
 };
 use fetch_support::{sha256_hex, wheel_bytes, FixtureServer};
 
@@ -202,7 +202,7 @@ fn check_lock(matrix: &Matrix, path: &Path, recipe: &Recipe, platform: Platform)
     let lock = Lockfile::read(&lock_file)
         .unwrap_or_else(|e| panic!("{}: {e} (run `cudastack lock`)", lock_file.display()));
     let name = &format!("{} ({platform})", recipe.name);
-    assert_eq!(lock.target.arch, platform_arch(platform), "{name}");
+    assert_eq!(lock.target.arch, platform, "{name}");
     assert!(
             !lock.is_stale(&recipe.digest()),
             "{name}: the lock was made for another recipe digest ({}, recipe is {}): run `cudastack lock {}`",
@@ -292,7 +292,7 @@ fn check_lock(matrix: &Matrix, path: &Path, recipe: &Recipe, platform: Platform)
     let build = selected_torch_build(matrix, recipe).unwrap();
     // Every platform-specific wheel is for this platform's architecture.
     for artifact in &lock.artifacts {
-        let arch = platform_arch(platform).as_str();
+        let arch = platform.wheel_arch();
         assert!(
             artifact.filename.ends_with("-any.whl")
                 || artifact.filename.ends_with(&format!("_{arch}.whl")),

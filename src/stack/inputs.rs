@@ -52,12 +52,6 @@ pub fn platform_lock_path(recipe_path: &Path, platform: Platform) -> PathBuf {
     recipe_path.with_file_name(format!("{stem}{}.lock", platform.lock_suffix()))
 }
 
-/// The platform a lock for `platform` targets: itself, since a lock's `target.arch` is a
-/// [`Platform`] (written as the wheel architecture, `x86_64`/`aarch64`).
-pub fn platform_arch(platform: Platform) -> Platform {
-    platform
-}
-
 /// The first PyPI torch release with CUDA wheels for linux/aarch64 (`manylinux_2_28_aarch64`
 /// next to the x86_64 ones, the nvidia-* and cuda-toolkit wheels too); older releases were
 /// CPU-only on aarch64, so an arm64 lock of them would silently lose CUDA.
@@ -194,11 +188,9 @@ pub fn lock_request_for(
         minor: recipe.python.minor as u8,
         patch: None,
     };
-    let target = Target::new(python, platform_arch(platform), glibc).map_err(|e| {
-        InputsError::Unsupported {
-            recipe: recipe.name.clone(),
-            message: e.to_string(),
-        }
+    let target = Target::new(python, platform, glibc).map_err(|e| InputsError::Unsupported {
+        recipe: recipe.name.clone(),
+        message: e.to_string(),
     })?;
     let mut requirements = Vec::new();
     for text in root_requirements(matrix, recipe)? {
