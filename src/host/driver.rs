@@ -402,130 +402,169 @@ const ATTRIBUTE_CC_MINOR: c_int = 76;
 /// Load `libcuda.so.1` (found on the host's loader path; on the live system the process's
 /// own loader is the last resort) and ask it about the driver and devices.
 fn probe_libcuda(host: &HostRoot, search: &[SearchDir]) -> (LibcudaProbe, Vec<GpuDevice>) {
+    match open_libcuda(host, search) {
+        // SAFETY: the library is the CUDA driver library found as `libcuda.so.1`.
+        Ok((library, shown)) => unsafe { query_driver(&library, shown) },
+        Err(probe) => (probe, Vec::new()),
+    }
+}
+
+/// Find and load `libcuda.so.1`, with the path to show for it; what the probe reports
+/// when it cannot be loaded. A load through the process's own loader (nothing found on
+/// the search path) that fails is "not found", not a failed load.
+fn open_libcuda(
+    host: &HostRoot,
+    search: &[SearchDir],
+) -> Result<(libloading::Library, String), LibcudaProbe> {
+    let not_found = || LibcudaProbe::NotFound {
+        searched: search.len(),
+    };
     let found = super::stack::find_library(host, search, "libcuda.so.1");
     let (target, shown): (PathBuf, String) = match &found {
         Some(path) => (host.path(path), path.display().to_string()),
         None if host.is_live() => (PathBuf::from("libcuda.so.1"), "libcuda.so.1".into()),
-        None => {
-            return (
-                LibcudaProbe::NotFound {
-                    searched: search.len(),
-                },
-                Vec::new(),
-            )
-        }
+        None => return Err(not_found()),
     };
     // SAFETY: loading libcuda runs its initialisers; that is what every CUDA program does.
-    let library = match unsafe { libloading::Library::new(&target) } {
-        Ok(library) => library,
-        Err(error) if found.is_none() => {
-            let _ = error;
-            return (
-                LibcudaProbe::NotFound {
-                    searched: search.len(),
-                },
-                Vec::new(),
-            );
-        }
-        Err(error) => {
-            return (
-                LibcudaProbe::LoadFailed {
-                    path: shown,
-                    error: error.to_string(),
-                },
-                Vec::new(),
-            )
-        }
-    };
-    // SAFETY: the signatures are those of cuda.h for these driver API entry points.
-    unsafe {
-        let symbol = |name: &[u8]| library.get::<*const ()>(name).ok().map(|s| *s);
-        let Some(init) = symbol(b"cuInit\0") else {
-            return (
-                LibcudaProbe::LoadFailed {
-                    path: shown,
-                    error: "no cuInit symbol: not a CUDA driver library".into(),
-                },
-                Vec::new(),
-            );
-        };
-        let init: CuInit = std::mem::transmute::<*const (), CuInit>(init);
-        let init_result = CuResult::new(init(0));
-        let cuda_version = symbol(b"cuDriverGetVersion\0").and_then(|f| {
-            let f: CuDriverGetVersion = std::mem::transmute::<*const (), CuDriverGetVersion>(f);
-            let mut version: c_int = 0;
-            (f(&mut version) == 0 && version > 0).then(|| cuda_version_from_int(version))
-        });
-        let mut devices = Vec::new();
-        let mut device_count = None;
-        if init_result.ok() {
-            if let Some(f) = symbol(b"cuDeviceGetCount\0") {
-                let f: CuDeviceGetCount = std::mem::transmute::<*const (), CuDeviceGetCount>(f);
-                let mut count: c_int = 0;
-                if f(&mut count) == 0 {
-                    device_count = Some(count.max(0) as u32);
-                }
-            }
-            let get =
-                symbol(b"cuDeviceGet\0").map(|f| std::mem::transmute::<*const (), CuDeviceGet>(f));
-            let get_name = symbol(b"cuDeviceGetName\0")
-                .map(|f| std::mem::transmute::<*const (), CuDeviceGetName>(f));
-            let get_attribute = symbol(b"cuDeviceGetAttribute\0")
-                .map(|f| std::mem::transmute::<*const (), CuDeviceGetAttribute>(f));
-            let total_mem = symbol(b"cuDeviceTotalMem_v2\0")
-                .or_else(|| symbol(b"cuDeviceTotalMem\0"))
-                .map(|f| std::mem::transmute::<*const (), CuDeviceTotalMem>(f));
-            for ordinal in 0..device_count.unwrap_or(0).min(64) as c_int {
-                let mut device: c_int = ordinal;
-                if let Some(get) = get {
-                    if get(&mut device, ordinal) != 0 {
-                        continue;
-                    }
-                }
-                let name = get_name
-                    .and_then(|f| {
-                        let mut buffer = [0 as c_char; 256];
-                        (f(buffer.as_mut_ptr(), buffer.len() as c_int, device) == 0).then(|| {
-                            CStr::from_ptr(buffer.as_ptr())
-                                .to_string_lossy()
-                                .into_owned()
-                        })
-                    })
-                    .unwrap_or_else(|| format!("GPU {ordinal}"));
-                let attribute = |which: c_int| {
-                    get_attribute.and_then(|f| {
-                        let mut value: c_int = 0;
-                        (f(&mut value, which, device) == 0).then_some(value)
-                    })
-                };
-                let cc = match (attribute(ATTRIBUTE_CC_MAJOR), attribute(ATTRIBUTE_CC_MINOR)) {
-                    (Some(major), Some(minor)) if major > 0 && minor >= 0 => {
-                        Some(ComputeCapability::new(major as u32, minor as u32))
-                    }
-                    _ => None,
-                };
-                let memory_mib = total_mem.and_then(|f| {
-                    let mut bytes: usize = 0;
-                    (f(&mut bytes, device) == 0).then_some(bytes as u64 >> 20)
-                });
-                devices.push(GpuDevice {
-                    index: ordinal as u32,
-                    name,
-                    cc,
-                    memory_mib,
-                    source: "libcuda",
-                });
-            }
-        }
-        (
-            LibcudaProbe::Loaded {
+    match unsafe { libloading::Library::new(&target) } {
+        Ok(library) => Ok((library, shown)),
+        Err(_) if found.is_none() => Err(not_found()),
+        Err(error) => Err(LibcudaProbe::LoadFailed {
+            path: shown,
+            error: error.to_string(),
+        }),
+    }
+}
+
+/// A driver API entry point looked up by its NUL-terminated name, if the library has it.
+type Symbol<'a> = &'a dyn Fn(&[u8]) -> Option<*const ()>;
+
+/// `cuInit(0)`, `cuDriverGetVersion` and, when init succeeded, the devices.
+///
+/// # Safety
+/// `library` must be a CUDA driver library: its symbols are called with cuda.h's signatures.
+unsafe fn query_driver(
+    library: &libloading::Library,
+    shown: String,
+) -> (LibcudaProbe, Vec<GpuDevice>) {
+    let symbol = |name: &[u8]| library.get::<*const ()>(name).ok().map(|s| *s);
+    let Some(init) = symbol(b"cuInit\0") else {
+        return (
+            LibcudaProbe::LoadFailed {
                 path: shown,
-                init: init_result,
-                cuda_version,
-                device_count,
+                error: "no cuInit symbol: not a CUDA driver library".into(),
             },
-            devices,
-        )
+            Vec::new(),
+        );
+    };
+    let init: CuInit = std::mem::transmute::<*const (), CuInit>(init);
+    let init_result = CuResult::new(init(0));
+    let cuda_version = symbol(b"cuDriverGetVersion\0").and_then(|f| {
+        let f: CuDriverGetVersion = std::mem::transmute::<*const (), CuDriverGetVersion>(f);
+        let mut version: c_int = 0;
+        (f(&mut version) == 0 && version > 0).then(|| cuda_version_from_int(version))
+    });
+    let (device_count, devices) = if init_result.ok() {
+        list_devices(&symbol)
+    } else {
+        (None, Vec::new())
+    };
+    let probe = LibcudaProbe::Loaded {
+        path: shown,
+        init: init_result,
+        cuda_version,
+        device_count,
+    };
+    (probe, devices)
+}
+
+/// `cuDeviceGetCount` and each device (at most 64) after a successful `cuInit`.
+///
+/// # Safety
+/// `symbol` must look up entry points of an initialised CUDA driver library.
+unsafe fn list_devices(symbol: Symbol<'_>) -> (Option<u32>, Vec<GpuDevice>) {
+    let device_count = symbol(b"cuDeviceGetCount\0").and_then(|f| {
+        let f: CuDeviceGetCount = std::mem::transmute::<*const (), CuDeviceGetCount>(f);
+        let mut count: c_int = 0;
+        (f(&mut count) == 0).then(|| count.max(0) as u32)
+    });
+    let api = DeviceApi::load(symbol);
+    let devices = (0..device_count.unwrap_or(0).min(64) as c_int)
+        .filter_map(|ordinal| api.device(ordinal))
+        .collect();
+    (device_count, devices)
+}
+
+/// The per-device entry points of the driver API; each may be missing.
+struct DeviceApi {
+    get: Option<CuDeviceGet>,
+    get_name: Option<CuDeviceGetName>,
+    get_attribute: Option<CuDeviceGetAttribute>,
+    total_mem: Option<CuDeviceTotalMem>,
+}
+
+impl DeviceApi {
+    /// # Safety
+    /// `symbol` must look up entry points of a CUDA driver library.
+    unsafe fn load(symbol: Symbol<'_>) -> Self {
+        DeviceApi {
+            get: symbol(b"cuDeviceGet\0").map(|f| std::mem::transmute::<*const (), CuDeviceGet>(f)),
+            get_name: symbol(b"cuDeviceGetName\0")
+                .map(|f| std::mem::transmute::<*const (), CuDeviceGetName>(f)),
+            get_attribute: symbol(b"cuDeviceGetAttribute\0")
+                .map(|f| std::mem::transmute::<*const (), CuDeviceGetAttribute>(f)),
+            total_mem: symbol(b"cuDeviceTotalMem_v2\0")
+                .or_else(|| symbol(b"cuDeviceTotalMem\0"))
+                .map(|f| std::mem::transmute::<*const (), CuDeviceTotalMem>(f)),
+        }
+    }
+
+    /// The device with `ordinal`: its name (`GPU N` when unknown), compute capability and
+    /// memory; `None` when `cuDeviceGet` refuses the ordinal.
+    ///
+    /// # Safety
+    /// The entry points must come from an initialised CUDA driver library still loaded.
+    unsafe fn device(&self, ordinal: c_int) -> Option<GpuDevice> {
+        let mut device: c_int = ordinal;
+        if let Some(get) = self.get {
+            if get(&mut device, ordinal) != 0 {
+                return None;
+            }
+        }
+        let name = self
+            .get_name
+            .and_then(|f| {
+                let mut buffer = [0 as c_char; 256];
+                (f(buffer.as_mut_ptr(), buffer.len() as c_int, device) == 0).then(|| {
+                    CStr::from_ptr(buffer.as_ptr())
+                        .to_string_lossy()
+                        .into_owned()
+                })
+            })
+            .unwrap_or_else(|| format!("GPU {ordinal}"));
+        let attribute = |which: c_int| {
+            self.get_attribute.and_then(|f| {
+                let mut value: c_int = 0;
+                (f(&mut value, which, device) == 0).then_some(value)
+            })
+        };
+        let cc = match (attribute(ATTRIBUTE_CC_MAJOR), attribute(ATTRIBUTE_CC_MINOR)) {
+            (Some(major), Some(minor)) if major > 0 && minor >= 0 => {
+                Some(ComputeCapability::new(major as u32, minor as u32))
+            }
+            _ => None,
+        };
+        let memory_mib = self.total_mem.and_then(|f| {
+            let mut bytes: usize = 0;
+            (f(&mut bytes, device) == 0).then_some(bytes as u64 >> 20)
+        });
+        Some(GpuDevice {
+            index: ordinal as u32,
+            name,
+            cc,
+            memory_mib,
+            source: "libcuda",
+        })
     }
 }
 
