@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use object::elf;
-use object::read::elf::{FileHeader, ProgramHeader};
+use object::read::elf::{FileHeader, ProgramHeader, SectionTable};
 use object::read::ReadCache;
-use object::Endianness;
+use object::{Endianness, ReadRef};
 use serde::Serialize;
 
 /// Errors reading an ELF file. A file that is not ELF at all is not an error.
@@ -97,6 +97,18 @@ pub enum ObjectKind {
     SharedObject,
     Core,
     Other(u16),
+}
+
+impl ObjectKind {
+    fn from_raw(raw: elf::FileType) -> Self {
+        match raw {
+            elf::ET_REL => ObjectKind::Relocatable,
+            elf::ET_EXEC => ObjectKind::Executable,
+            elf::ET_DYN => ObjectKind::SharedObject,
+            elf::ET_CORE => ObjectKind::Core,
+            other => ObjectKind::Other(other.0),
+        }
+    }
 }
 
 /// One `SHT_GNU_VERNEED` record: the versions required from one needed library.
@@ -328,6 +340,9 @@ fn split_path_list(value: &str) -> Vec<String> {
         .collect()
 }
 
+/// The facts of one ELF file, read in file-structure order (header, program headers,
+/// dynamic section, version needs, version definitions), so the first malformed part is
+/// the one reported.
 fn parse<Elf>(
     data: &ReadCache<impl object::read::ReadCacheOps>,
     class: ElfClass,
@@ -337,20 +352,8 @@ where
 {
     let header = Elf::parse(data)?;
     let endian = header.endian()?;
-    let kind = match header.e_type(endian) {
-        elf::ET_REL => ObjectKind::Relocatable,
-        elf::ET_EXEC => ObjectKind::Executable,
-        elf::ET_DYN => ObjectKind::SharedObject,
-        elf::ET_CORE => ObjectKind::Core,
-        other => ObjectKind::Other(other.0),
-    };
-    let mut interpreter = None;
-    for segment in header.program_headers(endian, data)? {
-        if let Some(interp) = segment.interpreter(endian, data)? {
-            interpreter = Some(utf8(interp));
-        }
-    }
-
+    let kind = ObjectKind::from_raw(header.e_type(endian));
+    let interpreter = interpreter(header, endian, data)?;
     let sections = header.sections(endian, data)?;
     let mut info = ElfInfo {
         class,
@@ -364,7 +367,42 @@ where
         version_needs: Vec::new(),
         version_definitions: Vec::new(),
     };
+    read_dynamic(&sections, endian, data, &mut info)?;
+    info.version_needs = version_needs(&sections, endian, data)?;
+    info.version_definitions = version_definitions(&sections, endian, data)?;
+    Ok(info)
+}
 
+/// `PT_INTERP` (the last one, should a file have several).
+fn interpreter<'data, Elf, R>(
+    header: &Elf,
+    endian: Endianness,
+    data: R,
+) -> object::read::Result<Option<String>>
+where
+    Elf: FileHeader<Endian = Endianness>,
+    R: ReadRef<'data>,
+{
+    let mut interpreter = None;
+    for segment in header.program_headers(endian, data)? {
+        if let Some(interp) = segment.interpreter(endian, data)? {
+            interpreter = Some(utf8(interp));
+        }
+    }
+    Ok(interpreter)
+}
+
+/// `DT_SONAME`, `DT_NEEDED`, `DT_RPATH` and `DT_RUNPATH` into `info`, in file order.
+fn read_dynamic<'data, Elf, R>(
+    sections: &SectionTable<'data, Elf, R>,
+    endian: Endianness,
+    data: R,
+    info: &mut ElfInfo,
+) -> object::read::Result<()>
+where
+    Elf: FileHeader<Endian = Endianness>,
+    R: ReadRef<'data>,
+{
     let dynamic = sections.dynamic_table(endian, data)?;
     for entry in dynamic.iter() {
         let value = || dynamic.string(entry).map(utf8);
@@ -376,7 +414,20 @@ where
             _ => {}
         }
     }
+    Ok(())
+}
 
+/// `SHT_GNU_VERNEED`: the versions required per needed library.
+fn version_needs<'data, Elf, R>(
+    sections: &SectionTable<'data, Elf, R>,
+    endian: Endianness,
+    data: R,
+) -> object::read::Result<Vec<VersionNeed>>
+where
+    Elf: FileHeader<Endian = Endianness>,
+    R: ReadRef<'data>,
+{
+    let mut version_needs = Vec::new();
     if let Some((needs, link)) = sections.gnu_verneed(endian, data)? {
         let strings = sections.strings(endian, data, link)?;
         for need in needs {
@@ -385,12 +436,26 @@ where
             for aux in auxiliaries {
                 versions.push(utf8(aux?.name(endian, strings)?));
             }
-            info.version_needs.push(VersionNeed {
+            version_needs.push(VersionNeed {
                 file: utf8(verneed.file(endian, strings)?),
                 versions,
             });
         }
     }
+    Ok(version_needs)
+}
+
+/// `SHT_GNU_VERDEF`: the versions this object defines, without the base entry.
+fn version_definitions<'data, Elf, R>(
+    sections: &SectionTable<'data, Elf, R>,
+    endian: Endianness,
+    data: R,
+) -> object::read::Result<Vec<String>>
+where
+    Elf: FileHeader<Endian = Endianness>,
+    R: ReadRef<'data>,
+{
+    let mut version_definitions = Vec::new();
     if let Some((definitions, link)) = sections.gnu_verdef(endian, data)? {
         let strings = sections.strings(endian, data, link)?;
         for definition in definitions {
@@ -400,12 +465,11 @@ where
             }
             // The first auxiliary names the version; later ones name its parents.
             if let Some(aux) = auxiliaries.next()? {
-                info.version_definitions
-                    .push(utf8(aux.name(endian, strings)?));
+                version_definitions.push(utf8(aux.name(endian, strings)?));
             }
         }
     }
-    Ok(info)
+    Ok(version_definitions)
 }
 
 #[cfg(test)]
