@@ -265,25 +265,7 @@ pub fn detect(host: &HostRoot) -> DriverReport {
     let user_space_libraries = user_space_libraries(host, &search);
     let (nvidia_smi, smi_gpus, smi_driver) = probe_nvidia_smi(host);
     let nvml = probe_nvml(host, &search);
-    let proc_gpus = proc_gpus(host);
-
-    let gpus = [libcuda_gpus, smi_gpus.clone(), proc_gpus]
-        .into_iter()
-        .find(|list| !list.is_empty())
-        .unwrap_or_default();
-    // Fill capability/memory gaps from nvidia-smi (older drivers lack compute_cap there,
-    // /proc has neither).
-    let gpus = gpus
-        .into_iter()
-        .map(|mut gpu| {
-            if let Some(other) = smi_gpus.iter().find(|g| g.index == gpu.index) {
-                gpu.cc = gpu.cc.or(other.cc);
-                gpu.memory_mib = gpu.memory_mib.or(other.memory_mib);
-            }
-            gpu
-        })
-        .collect();
-
+    let gpus = merge_gpus(libcuda_gpus, smi_gpus, proc_gpus(host));
     let driver_version = kernel_module
         .as_ref()
         .map(|m| m.version.clone())
@@ -294,26 +276,7 @@ pub fn detect(host: &HostRoot) -> DriverReport {
                 .find(|l| l.soname == "libcuda.so.1")
                 .map(|l| l.version.clone())
         });
-    let cuda_ceiling = match &libcuda {
-        LibcudaProbe::Loaded { cuda_version, .. } => *cuda_version,
-        _ => None,
-    }
-    .or_else(|| {
-        driver_version
-            .as_ref()
-            .and_then(|d| crate::matrix::Matrix::embedded().cuda_ceiling(d))
-    });
-
-    let nouveau_loaded = host
-        .read_text("/proc/modules")
-        .is_some_and(|text| text.lines().any(|l| l.starts_with("nouveau ")))
-        || host.path("/sys/module/nouveau").is_dir();
-    let wsl = detect_wsl(host);
-    let device_nodes = list_dir(host, Path::new("/dev"), |n| {
-        let n = n.to_string_lossy();
-        n.starts_with("nvidia") && n[6..].bytes().all(|b| b.is_ascii_digit()) && n.len() > 6
-    });
-
+    let cuda_ceiling = cuda_ceiling(&libcuda, driver_version.as_ref());
     DriverReport {
         kernel_module,
         libcuda,
@@ -323,10 +286,61 @@ pub fn detect(host: &HostRoot) -> DriverReport {
         gpus,
         driver_version,
         cuda_ceiling,
-        nouveau_loaded,
-        wsl,
-        device_nodes,
+        nouveau_loaded: nouveau_loaded(host),
+        wsl: detect_wsl(host),
+        device_nodes: nvidia_device_nodes(host),
     }
+}
+
+/// The GPUs of the first source that lists any (libcuda, then nvidia-smi, then /proc),
+/// with capability and memory gaps filled from nvidia-smi (older drivers lack
+/// compute_cap there, /proc has neither).
+fn merge_gpus(
+    libcuda_gpus: Vec<GpuDevice>,
+    smi_gpus: Vec<GpuDevice>,
+    proc_gpus: Vec<GpuDevice>,
+) -> Vec<GpuDevice> {
+    let gpus = [libcuda_gpus, smi_gpus.clone(), proc_gpus]
+        .into_iter()
+        .find(|list| !list.is_empty())
+        .unwrap_or_default();
+    gpus.into_iter()
+        .map(|mut gpu| {
+            if let Some(other) = smi_gpus.iter().find(|g| g.index == gpu.index) {
+                gpu.cc = gpu.cc.or(other.cc);
+                gpu.memory_mib = gpu.memory_mib.or(other.memory_mib);
+            }
+            gpu
+        })
+        .collect()
+}
+
+/// The newest CUDA the driver runs: what libcuda says, else the matrix's ceiling for the
+/// driver version.
+fn cuda_ceiling(
+    libcuda: &LibcudaProbe,
+    driver_version: Option<&DriverVersion>,
+) -> Option<CudaVersion> {
+    match libcuda {
+        LibcudaProbe::Loaded { cuda_version, .. } => *cuda_version,
+        _ => None,
+    }
+    .or_else(|| driver_version.and_then(|d| crate::matrix::Matrix::embedded().cuda_ceiling(d)))
+}
+
+/// `nouveau` in `/proc/modules` or `/sys/module`.
+fn nouveau_loaded(host: &HostRoot) -> bool {
+    host.read_text("/proc/modules")
+        .is_some_and(|text| text.lines().any(|l| l.starts_with("nouveau ")))
+        || host.path("/sys/module/nouveau").is_dir()
+}
+
+/// `/dev/nvidia0`, `/dev/nvidia1`, ...: the per-GPU device nodes.
+fn nvidia_device_nodes(host: &HostRoot) -> Vec<PathBuf> {
+    list_dir(host, Path::new("/dev"), |n| {
+        let n = n.to_string_lossy();
+        n.starts_with("nvidia") && n[6..].bytes().all(|b| b.is_ascii_digit()) && n.len() > 6
+    })
 }
 
 /// `NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023`
