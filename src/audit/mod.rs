@@ -25,6 +25,13 @@
 //! it lies in the tree (not the path it was opened through), the RPATH of the loading
 //! executable (python3 has none) is not inherited (the RPATH of loading libraries is), an already-loaded object with a matching SONAME is not
 //! reused unless declared preloaded, and `$LIB`/`$PLATFORM` are not expanded.
+//!
+//! [`audit`] is one walk over the root (`inventory`) followed by one phase per kind of
+//! finding, each in its own file: `symlinks`; `needed` (the ELF scan, program interpreters,
+//! DT_NEEDED resolution in ld.so's order, symbol versions, inherited DT_RPATH), with
+//! `loader` holding what ld.so reads (ld.so.conf, the default directories, ELF headers);
+//! `sonames` (one copy per SONAME); `cudnn`; `distributions` (duplicates and pins, the pins
+//! themselves from [`pins`]). Paths inside the root resolve through [`crate::rootfs`].
 
 pub mod pins;
 /// Kept as `audit::rootfs` for the callers that still name it there; the module itself is
