@@ -19,6 +19,7 @@ pub mod matrix;
 pub mod oci;
 pub mod recipe;
 pub mod registry;
+pub mod rootfs;
 pub mod stack;
 pub mod verify;
 pub mod version;
