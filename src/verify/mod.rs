@@ -21,20 +21,15 @@
 
 pub mod cache;
 pub mod check;
-pub mod expect;
-pub mod glibc;
-pub mod native_probe;
+pub mod probe;
 pub mod record;
 pub mod report;
 pub mod runner;
 pub mod source;
 
-/// Where the probe lives inside every image cudastack builds.
-pub const PROBE_PATH: &str = "/opt/cudastack/probe/probe.py";
-/// What the recipe and lock say the image holds; the probe compares against it.
-pub const EXPECT_PATH: &str = "/usr/share/cudastack/expect.json";
-/// The probe's source, baked into images.
-pub const PROBE_SOURCE: &str = include_str!("../../probe/probe.py");
+// The probe assets under their old paths.
+pub use probe::native as native_probe;
+pub use probe::{expect, glibc, EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
 /// Prefix of the report line the probe prints last on stdout.
 pub const REPORT_PREFIX: &str = "cudastack-report-v1 ";
 /// The OCI artifact type of a stored verification report.
