@@ -9,12 +9,8 @@
 //! static audit can look at the whole filesystem without unpacking blobs again; when every
 //! layer and the audit verdict are cached, nothing is staged.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
 use crate::cas::BlobStore;
-use crate::fetch::progress::Reporter;
-use crate::layer::{BuildOptions, Compression, Layer, LayerCache};
+use crate::layer::{BuildOptions, Layer, LayerCache};
 use crate::matrix::validate::validate;
 use crate::matrix::Matrix;
 use crate::oci::{self, Image};
@@ -28,78 +24,13 @@ use crate::stack::produce::{audit_stack, produce_layers};
 use crate::stack::staging::Staging;
 
 pub use crate::stack::error::BuildError;
-pub use crate::stack::output::platform_ref;
+pub use crate::stack::output::{platform_ref, render_tags};
 pub use crate::stack::prepare::host_platform;
 pub use crate::stack::report::{
     human_bytes, AuditSummary, BuildReport, LayerReport, PlatformReport,
 };
-
-/// The timestamp used when neither the recipe nor the environment gives one:
-/// 2024-01-01T00:00:00Z. Fixed, so builds stay reproducible; recipes should set their own.
-pub const DEFAULT_SOURCE_DATE_EPOCH: u64 = 1_704_067_200;
-
-/// What to build and where.
-#[derive(Debug, Clone)]
-pub struct BuildSettings {
-    pub recipe_path: PathBuf,
-    /// Blob store, layer cache and staging root (`~/.cache/cudastack`).
-    pub cache_root: PathBuf,
-    /// The OCI layout to write; `images/NAME` when None.
-    pub layout_dir: Option<PathBuf>,
-    pub compression: Compression,
-    /// Use only the blob cache; fail listing what is missing.
-    pub offline: bool,
-    /// Directories a lock's `file://` URLs may point into (`--mirror`); none by default.
-    pub mirrors: Vec<PathBuf>,
-    /// Substituted for `{registry}` in tag templates.
-    pub registry: String,
-    /// The platforms to build; the recipe's `platforms` when None.
-    pub platforms: Option<Vec<Platform>>,
-}
-
-/// Progress lines, one per stage; downloads get their own reporter (bars).
-pub trait BuildProgress: Send + Sync {
-    fn stage(&self, stage: &str, detail: &str);
-    fn downloads(&self) -> Arc<dyn Reporter>;
-}
-
-/// Render the recipe's tag templates, each checked as an image reference
-/// ([`Recipe::render_tags`]; a bad `--registry` is an error naming the tag).
-pub fn render_tags(
-    recipe_path: &Path,
-    recipe: &Recipe,
-    torch: Option<&str>,
-    cudnn: Option<&str>,
-    registry: &str,
-) -> Result<Vec<String>, crate::recipe::RecipeError> {
-    recipe
-        .render_tags(&recipe.tag_values(registry, torch, cudnn))
-        .map_err(|error| crate::recipe::RecipeError::Tag {
-            path: recipe_path.to_path_buf(),
-            error,
-        })
-}
-
-/// The recipe's `source_date_epoch`, else `$SOURCE_DATE_EPOCH`, else the default. The
-/// environment value is checked as the recipe's is: a value that is not a number, or is past
-/// year 9999, is an error rather than silently another timestamp.
-fn source_date_epoch(recipe: &Recipe) -> Result<u64, BuildError> {
-    if let Some(epoch) = recipe.source_date_epoch {
-        return Ok(epoch);
-    }
-    let Some(value) = std::env::var_os("SOURCE_DATE_EPOCH") else {
-        return Ok(DEFAULT_SOURCE_DATE_EPOCH);
-    };
-    let text = value.to_string_lossy();
-    let epoch: u64 = text.trim().parse().map_err(|_| {
-        BuildError::Unsupported(format!(
-            "SOURCE_DATE_EPOCH is `{}`, not a number of seconds since 1970\n  hint: unset it, or set it to e.g. `date -d 2024-06-01 +%s`",
-            text.escape_debug()
-        ))
-    })?;
-    crate::recipe::check_source_date_epoch(epoch)
-        .map_err(|why| BuildError::Unsupported(format!("SOURCE_DATE_EPOCH: {why}")))
-}
+use crate::stack::settings::source_date_epoch;
+pub use crate::stack::settings::{BuildProgress, BuildSettings, DEFAULT_SOURCE_DATE_EPOCH};
 
 /// Build the image of `settings.recipe`: check the recipe, gather every platform's inputs,
 /// assemble each platform's layers, write the layout.

@@ -2,15 +2,15 @@
 //! under `latest` and the recipe's tags, or with several platforms each image under its
 //! platform ref and an image index over them under `latest` and the tags.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::oci::{self, Image};
 use crate::recipe::{Platform, Recipe};
-use crate::stack::build::{render_tags, BuildProgress, BuildSettings};
 use crate::stack::config::StackFacts;
 use crate::stack::error::BuildError;
 use crate::stack::prepare::host_platform;
 use crate::stack::report::{AuditSummary, BuildReport, LayerReport, PlatformReport};
+use crate::stack::settings::{BuildProgress, BuildSettings};
 
 /// One platform's assembled image, before it is written.
 pub(crate) struct Assembled {
@@ -20,6 +20,23 @@ pub(crate) struct Assembled {
     pub audit: AuditSummary,
     pub audit_cached: bool,
     pub facts: StackFacts,
+}
+
+/// Render the recipe's tag templates, each checked as an image reference
+/// ([`Recipe::render_tags`]; a bad `--registry` is an error naming the tag).
+pub fn render_tags(
+    recipe_path: &Path,
+    recipe: &Recipe,
+    torch: Option<&str>,
+    cudnn: Option<&str>,
+    registry: &str,
+) -> Result<Vec<String>, crate::recipe::RecipeError> {
+    recipe
+        .render_tags(&recipe.tag_values(registry, torch, cudnn))
+        .map_err(|error| crate::recipe::RecipeError::Tag {
+            path: recipe_path.to_path_buf(),
+            error,
+        })
 }
 
 /// The OCI platform of a recipe platform.

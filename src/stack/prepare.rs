@@ -18,9 +18,9 @@ use crate::lock::target::Arch;
 use crate::matrix::validate::{gpu_errors, selected_torch_build};
 use crate::matrix::{Matrix, TorchBuild};
 use crate::recipe::{Platform, Recipe};
-use crate::stack::build::{BuildProgress, BuildSettings};
 use crate::stack::config::ToolkitPaths;
 use crate::stack::error::{io_error, BuildError};
+use crate::stack::settings::{BuildProgress, BuildSettings};
 use crate::stack::staging::{write_record, Staging};
 
 /// A wheel of the lock, in the blob store and linked under its file name.

@@ -14,6 +14,10 @@
 //!         NVIDIA_REQUIRE_CUDA), so a login node can answer without pulling layers.
 //! ```
 //!
+//! [`probe`] holds the assets the build bakes in (probe.py, the native probe, the
+//! expectations document); it depends on nothing of the assembler, which computes the
+//! expectations and writes them.
+//!
 //! The probe is baked in rather than mounted at verify time so that every runner (Docker,
 //! a Kubernetes Job, enroot on Slurm) runs the same bytes with nothing to mount; it is a
 //! few tens of KiB in the small config layer, and a probe change rebuilds only that layer.

@@ -17,9 +17,9 @@ pub mod toolkit;
 use std::path::{Path, PathBuf};
 
 use crate::layer::{BuildOptions, CacheKey, DirOptions, LayerCache};
-use crate::stack::build::BuildProgress;
 use crate::stack::error::BuildError;
 use crate::stack::prepare::PlatformInputs;
+use crate::stack::settings::BuildProgress;
 use crate::stack::staging::Staging;
 
 /// Bump when what an assembler writes changes; it is part of every cache key.
