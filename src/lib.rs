@@ -20,6 +20,7 @@ pub mod oci;
 pub mod platform;
 pub mod recipe;
 pub mod registry;
+pub mod rootfs;
 pub mod stack;
 pub mod verify;
 pub mod version;

@@ -10,9 +10,9 @@ use std::str::FromStr;
 use pep508_rs::pep440_rs::Operator;
 use pep508_rs::{MarkerEnvironment, Requirement, VersionOrUrl};
 
-use super::rootfs::host_path;
 use super::AuditError;
 use crate::install::{normalize_name, PythonVersion};
+use crate::rootfs::host_path;
 
 /// The marker environment of CPython `python` on Linux `machine` (e.g. `x86_64`).
 pub fn linux_environment(python: PythonVersion, machine: &str) -> MarkerEnvironment {

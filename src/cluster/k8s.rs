@@ -206,6 +206,14 @@ struct Resources {
 /// Render the Job as YAML (one document, deterministic), after checking every field the
 /// API server would reject.
 pub fn job_manifest(spec: &JobSpec) -> Result<String, ClusterError> {
+    validate(spec)?;
+    let body = to_yaml(&job(spec), "the Kubernetes Job")?;
+    Ok(format!("{}{body}", usage_comment(spec)))
+}
+
+/// The fields the API server checks: RFC 1123 names, a GPU, a label value for the GPU type,
+/// a command, a deadline.
+fn validate(spec: &JobSpec) -> Result<(), ClusterError> {
     let invalid = |field, value: &str, rule| ClusterError::Invalid {
         field,
         value: value.to_string(),
@@ -243,7 +251,11 @@ pub fn job_manifest(spec: &JobSpec) -> Result<String, ClusterError> {
             "a Job deadline must be at least one second",
         ));
     }
+    Ok(())
+}
 
+/// The labels on the Job and its pod: what made it, the image digest, the GPU type.
+fn labels(spec: &JobSpec) -> BTreeMap<&'static str, String> {
     let mut labels = BTreeMap::new();
     labels.insert("app.kubernetes.io/name", "cudastack-verify".to_string());
     labels.insert("app.kubernetes.io/managed-by", "cudastack".to_string());
@@ -254,9 +266,15 @@ pub fn job_manifest(spec: &JobSpec) -> Result<String, ClusterError> {
     if let Some(gpu_type) = &spec.gpu_type {
         labels.insert("io.cudastack/gpu-type", gpu_type.clone());
     }
+    labels
+}
+
+/// The Job: no retries, a deadline, one pod running the probe.
+fn job(spec: &JobSpec) -> Job<'_> {
+    let labels = labels(spec);
     let mut annotations = BTreeMap::new();
     annotations.insert("io.cudastack/image", spec.image.by_digest());
-    let job = Job {
+    Job {
         api_version: "batch/v1",
         kind: "Job",
         metadata: Metadata {
@@ -275,49 +293,61 @@ pub fn job_manifest(spec: &JobSpec) -> Result<String, ClusterError> {
                     labels,
                     annotations: BTreeMap::new(),
                 },
-                spec: PodSpec {
-                    restart_policy: "Never",
-                    automount_service_account_token: false,
-                    affinity: spec.gpu_type.as_deref().map(|gpu_type| Affinity {
-                        node_affinity: NodeAffinity {
-                            required: NodeSelector {
-                                node_selector_terms: vec![NodeSelectorTerm {
-                                    match_expressions: vec![Requirement {
-                                        key: GPU_PRODUCT_LABEL,
-                                        operator: "In",
-                                        values: vec![gpu_type],
-                                    }],
-                                }],
-                            },
-                        },
-                    }),
-                    tolerations: vec![Toleration {
-                        key: GPU_RESOURCE,
-                        operator: "Exists",
-                        effect: "NoSchedule",
-                    }],
-                    containers: vec![Container {
-                        name: "probe",
-                        image: spec.image.by_digest(),
-                        image_pull_policy: "IfNotPresent",
-                        command: &spec.command,
-                        resources: Resources {
-                            limits: BTreeMap::from([(GPU_RESOURCE, spec.gpu_count)]),
-                        },
-                        termination_message_policy: "FallbackToLogsOnError",
-                    }],
-                },
+                spec: pod_spec(spec),
             },
         },
-    };
-    let body = to_yaml(&job, "the Kubernetes Job")?;
-    Ok(format!(
+    }
+}
+
+/// The pod: never restarted, no service account token, on a node of the GPU type (when
+/// one is given), tolerating GPU taints, one probe container with the GPUs as its limit.
+fn pod_spec(spec: &JobSpec) -> PodSpec<'_> {
+    PodSpec {
+        restart_policy: "Never",
+        automount_service_account_token: false,
+        affinity: spec.gpu_type.as_deref().map(gpu_type_affinity),
+        tolerations: vec![Toleration {
+            key: GPU_RESOURCE,
+            operator: "Exists",
+            effect: "NoSchedule",
+        }],
+        containers: vec![Container {
+            name: "probe",
+            image: spec.image.by_digest(),
+            image_pull_policy: "IfNotPresent",
+            command: &spec.command,
+            resources: Resources {
+                limits: BTreeMap::from([(GPU_RESOURCE, spec.gpu_count)]),
+            },
+            termination_message_policy: "FallbackToLogsOnError",
+        }],
+    }
+}
+
+fn gpu_type_affinity(gpu_type: &str) -> Affinity<'_> {
+    Affinity {
+        node_affinity: NodeAffinity {
+            required: NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: vec![Requirement {
+                        key: GPU_PRODUCT_LABEL,
+                        operator: "In",
+                        values: vec![gpu_type],
+                    }],
+                }],
+            },
+        },
+    }
+}
+
+/// The comment above the YAML: how to apply the Job, wait for it and verify its log.
+fn usage_comment(spec: &JobSpec) -> String {
+    format!(
         "# Verification Job generated by cudastack: runs the probe in {image} on {gpus}.\n\
          #   kubectl apply -f THIS_FILE\n\
          #   kubectl wait -n {ns} --for=condition=complete --timeout={deadline}s job/{name}\n\
          #   kubectl logs -n {ns} job/{name} > {name}.log\n\
-         #   cudastack verify --from-log {name}.log\n\
-         {body}",
+         #   cudastack verify --from-log {name}.log\n",
         image = spec.image.by_digest(),
         gpus = match &spec.gpu_type {
             Some(gpu_type) => format!("{} x {gpu_type}", spec.gpu_count),
@@ -326,7 +356,7 @@ pub fn job_manifest(spec: &JobSpec) -> Result<String, ClusterError> {
         ns = spec.namespace,
         name = spec.name,
         deadline = spec.active_deadline_seconds,
-    ))
+    )
 }
 
 #[cfg(test)]

@@ -124,8 +124,22 @@ fn is_slurm_word(text: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-/// Render the sbatch script.
+/// Render the sbatch script: comments saying how it was made and how to read its result,
+/// the `#SBATCH` directives, a clean Python environment, then the one `srun` line.
 pub fn sbatch_script(spec: &SbatchSpec) -> Result<String, ClusterError> {
+    validate(spec)?;
+    let log = format!("{}-%j.out", spec.job_name);
+    let mut out = String::new();
+    header_comments(&mut out, spec, &log);
+    directives(&mut out, spec, &log);
+    clean_environment(&mut out);
+    srun_line(&mut out, spec);
+    Ok(out)
+}
+
+/// Everything that goes on an `#SBATCH` line is a plain word; the job needs a GPU, a minute
+/// and a command.
+fn validate(spec: &SbatchSpec) -> Result<(), ClusterError> {
     let invalid = |field, value: &str, rule| ClusterError::Invalid {
         field,
         value: value.to_string(),
@@ -163,13 +177,14 @@ pub fn sbatch_script(spec: &SbatchSpec) -> Result<String, ClusterError> {
     if spec.command.is_empty() {
         return Err(invalid("command", "", "the container needs a command"));
     }
+    Ok(())
+}
 
+fn header_comments(out: &mut String, spec: &SbatchSpec, log: &str) {
     let runtime = match spec.runtime {
         Runtime::Pyxis => "enroot + pyxis",
         Runtime::Apptainer => "Apptainer",
     };
-    let log = format!("{}-%j.out", spec.job_name);
-    let mut out = String::new();
     let _ = writeln!(out, "#!/bin/bash");
     let _ = writeln!(
         out,
@@ -201,6 +216,9 @@ pub fn sbatch_script(spec: &SbatchSpec) -> Result<String, ClusterError> {
             }
         }
     }
+}
+
+fn directives(out: &mut String, spec: &SbatchSpec, log: &str) {
     let _ = writeln!(out, "#SBATCH --job-name={}", spec.job_name);
     if let Some(partition) = &spec.partition {
         let _ = writeln!(out, "#SBATCH --partition={partition}");
@@ -225,6 +243,9 @@ pub fn sbatch_script(spec: &SbatchSpec) -> Result<String, ClusterError> {
     );
     let _ = writeln!(out, "#SBATCH --output={log}");
     let _ = writeln!(out, "#SBATCH --error={}-%j.err", spec.job_name);
+}
+
+fn clean_environment(out: &mut String) {
     let _ = writeln!(out, "set -euo pipefail");
     let _ = writeln!(
         out,
@@ -232,6 +253,9 @@ pub fn sbatch_script(spec: &SbatchSpec) -> Result<String, ClusterError> {
     );
     let _ = writeln!(out, "unset PYTHONPATH PYTHONHOME");
     let _ = writeln!(out, "export PYTHONNOUSERSITE=1");
+}
+
+fn srun_line(out: &mut String, spec: &SbatchSpec) {
     let command: Vec<String> = spec.command.iter().map(|w| shell_quote(w)).collect();
     let command = command.join(" ");
     match spec.runtime {
@@ -258,7 +282,6 @@ pub fn sbatch_script(spec: &SbatchSpec) -> Result<String, ClusterError> {
             );
         }
     }
-    Ok(out)
 }
 
 #[cfg(test)]

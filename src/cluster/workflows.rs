@@ -317,6 +317,8 @@ fn probe_job() -> String {
     )
 }
 
+/// `publish.yml`: the tool and probe jobs, one build job per recipe, then one verify job per
+/// recipe and GPU type.
 pub fn publish_workflow(recipes: &[WorkflowRecipe], options: &WorkflowOptions) -> String {
     let mut out = String::new();
     header(
@@ -325,6 +327,15 @@ pub fn publish_workflow(recipes: &[WorkflowRecipe], options: &WorkflowOptions) -
         "# Publish every recipe: one build job per recipe, pushed by digest, then one verification\n\
          # job per recipe and GPU type on a self-hosted runner labelled gpu-<type> (docs/cluster.md).",
     );
+    publish_triggers_and_tool_jobs(&mut out, options);
+    build_job(&mut out, recipes, options);
+    verify_job(&mut out, recipes);
+    out
+}
+
+/// The triggers, permissions and defaults of `publish.yml`, and the jobs that build the
+/// cudastack binary and the native probes.
+fn publish_triggers_and_tool_jobs(out: &mut String, options: &WorkflowOptions) {
     let registry_default = options.registry.as_deref().unwrap_or("");
     let _ = write!(
         out,
@@ -362,15 +373,6 @@ defaults:
 jobs:
 {tool}
 {probe}
-  build:
-    name: build ${{{{ matrix.recipe }}}}
-    needs: [tool, probe]
-    runs-on: ubuntu-24.04
-    timeout-minutes: 120
-    strategy:
-      fail-fast: false
-      matrix:
-        include:
 "#,
         tool = tool_job(
             "tool",
@@ -386,6 +388,23 @@ jobs:
         },
         registry_default = q(registry_default),
     );
+}
+
+/// The build job: one matrix leg per recipe; builds, pushes by digest, uploads the pin.
+fn build_job(out: &mut String, recipes: &[WorkflowRecipe], options: &WorkflowOptions) {
+    let _ = write!(
+        out,
+        r#"  build:
+    name: build ${{{{ matrix.recipe }}}}
+    needs: [tool, probe]
+    runs-on: ubuntu-24.04
+    timeout-minutes: 120
+    strategy:
+      fail-fast: false
+      matrix:
+        include:
+"#
+    );
     for recipe in recipes {
         let _ = writeln!(
             out,
@@ -395,6 +414,11 @@ jobs:
             q(&recipe.lock)
         );
     }
+    build_steps(out, options);
+}
+
+/// The build job's environment and steps, up to the upload of the pinned digest.
+fn build_steps(out: &mut String, options: &WorkflowOptions) {
     let _ = write!(
         out,
         r#"    env:
@@ -417,7 +441,12 @@ jobs:
           path: ${{{{ runner.temp }}}}/probe
 "#
     );
-    registry_step(&mut out, options);
+    registry_step(out, options);
+    build_and_push_steps(out);
+}
+
+/// Free disk, restore the blob cache, lock if needed, build, push by digest, upload the pin.
+fn build_and_push_steps(out: &mut String) {
     let _ = write!(
         out,
         r#"      # A torch stack needs about 15 GB (downloads, staged tree, layout); hosted runners
@@ -477,10 +506,14 @@ jobs:
           retention-days: 30
 "#
     );
+}
 
+/// The verify job: one matrix leg per recipe and GPU type, on self-hosted GPU runners
+/// (x64, or arm64 with its own cudastack build). Nothing when no recipe names a GPU.
+fn verify_job(out: &mut String, recipes: &[WorkflowRecipe]) {
     let legs = verify_legs(recipes);
     if legs.is_empty() {
-        return out;
+        return;
     }
     let any_arm64 = legs.iter().any(|(_, gpu, _)| arm64_gpu(gpu));
     if any_arm64 {
@@ -534,6 +567,11 @@ jobs:
             q(tool)
         );
     }
+    verify_steps(out);
+}
+
+/// The verify job's environment and steps: pull by digest, verify, push the verified config.
+fn verify_steps(out: &mut String) {
     let _ = write!(
         out,
         r#"    env:
@@ -569,7 +607,6 @@ jobs:
             .replace("DOWNLOAD", DOWNLOAD)
             .replace("TOOL", "${{ matrix.tool }}"),
     );
-    out
 }
 
 pub fn relock_workflow(recipes: &[WorkflowRecipe], options: &WorkflowOptions) -> String {

@@ -430,15 +430,24 @@ fn container_requirement(cuda: CudaVersion, matrix: &Matrix) -> Vec<String> {
     notes
 }
 
+/// Notes on a compute capability: which GPUs have it, what the installed torch has, which
+/// toolkits compile for it, and which torch builds carry its kernels.
 fn capability(cc: ComputeCapability, supported: Option<&String>, matrix: &Matrix) -> Vec<String> {
-    let mut notes = Vec::new();
+    let mut notes = vec![gpus_note(cc, matrix)];
+    notes.extend(supported.and_then(|supported| installed_archs_note(cc, supported)));
+    notes.extend(toolkit_support_note(cc, matrix));
+    notes.extend(torch_builds_notes(cc, matrix));
+    notes
+}
+
+fn gpus_note(cc: ComputeCapability, matrix: &Matrix) -> String {
     let gpu_names: Vec<&str> = matrix
         .gpus
         .iter()
         .filter(|g| g.cc == cc)
         .map(|g| g.name.as_str())
         .collect();
-    notes.push(if gpu_names.is_empty() {
+    if gpu_names.is_empty() {
         format!("{} is compute capability {cc}", cc.sm())
     } else {
         format!(
@@ -446,48 +455,59 @@ fn capability(cc: ComputeCapability, supported: Option<&String>, matrix: &Matrix
             cc.sm(),
             gpu_names.join(", ")
         )
-    });
-    if let Some(supported) = supported {
-        let archs: Vec<ComputeCapability> = supported
-            .split_whitespace()
-            .filter_map(|s| s.parse().ok())
-            .collect();
-        if !archs.is_empty() {
-            let same_major: Vec<String> = archs
-                .iter()
-                .filter(|a| a.major == cc.major)
-                .map(|a| a.sm())
-                .collect();
-            notes.push(if same_major.is_empty() {
-                format!(
-                    "the installed torch has no sm_{}x kernels at all; cubins never cross a major version",
-                    cc.major
-                )
-            } else {
-                format!(
-                    "the installed torch has {} but a cubin only runs on the same major with an equal or higher minor",
-                    same_major.join(" ")
-                )
-            });
-        }
     }
-    if let Some(arch) = matrix.arch_support.iter().find(|a| a.cc == cc) {
-        match (arch.first_cuda, arch.removed_in) {
-            (Some(first), Some(removed)) => notes.push(format!(
-                "CUDA toolkits compile for {} from {first} until {removed} (removed there)",
-                cc.sm()
-            )),
-            (Some(first), None) => notes.push(format!(
-                "CUDA toolkits compile for {} from {first}",
-                cc.sm()
-            )),
-            (None, Some(removed)) => notes.push(format!(
-                "CUDA {removed} and newer no longer compile for {}",
-                cc.sm()
-            )),
-            (None, None) => {}
-        }
+}
+
+/// What the installed torch's arch list (`supported`) offers for this major.
+fn installed_archs_note(cc: ComputeCapability, supported: &str) -> Option<String> {
+    let archs: Vec<ComputeCapability> = supported
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    if archs.is_empty() {
+        return None;
     }
+    let same_major: Vec<String> = archs
+        .iter()
+        .filter(|a| a.major == cc.major)
+        .map(|a| a.sm())
+        .collect();
+    Some(if same_major.is_empty() {
+        format!(
+            "the installed torch has no sm_{}x kernels at all; cubins never cross a major version",
+            cc.major
+        )
+    } else {
+        format!(
+            "the installed torch has {} but a cubin only runs on the same major with an equal or higher minor",
+            same_major.join(" ")
+        )
+    })
+}
+
+/// The CUDA releases that compile for this capability.
+fn toolkit_support_note(cc: ComputeCapability, matrix: &Matrix) -> Option<String> {
+    let arch = matrix.arch_support.iter().find(|a| a.cc == cc)?;
+    match (arch.first_cuda, arch.removed_in) {
+        (Some(first), Some(removed)) => Some(format!(
+            "CUDA toolkits compile for {} from {first} until {removed} (removed there)",
+            cc.sm()
+        )),
+        (Some(first), None) => Some(format!(
+            "CUDA toolkits compile for {} from {first}",
+            cc.sm()
+        )),
+        (None, Some(removed)) => Some(format!(
+            "CUDA {removed} and newer no longer compile for {}",
+            cc.sm()
+        )),
+        (None, None) => None,
+    }
+}
+
+/// The newest torch builds with native kernels for this capability, PyPI first.
+fn torch_builds_notes(cc: ComputeCapability, matrix: &Matrix) -> Vec<String> {
+    let mut notes = Vec::new();
     let fitting = |pypi_only: bool| {
         matrix
             .torch_builds

@@ -142,6 +142,7 @@ fn check_mapped(torch: &TorchInfo, prefix: &str, findings: &mut Vec<Finding>) {
     }
 }
 
+/// The checks of a CUDA torch build against the layers below; a CPU-only build is one finding.
 fn check_torch(
     torch: &TorchInfo,
     driver: &DriverReport,
@@ -180,36 +181,67 @@ fn check_torch(
             torch.file.clone().unwrap_or_default()
         )),
     );
+    findings.extend(cuda_above_driver_finding(&version, cuda, driver, matrix));
+    findings.extend(kernel_findings(torch, &version, driver, matrix));
+    findings.extend(cudnn_skew_finding(torch, cuda, matrix));
+    findings.extend(cuda_available_finding(torch, have_gpus));
+}
 
-    // Driver ceiling vs the runtime torch brings.
-    if let (Some(cuda), Some(ceiling)) = (cuda, driver.cuda_ceiling) {
-        if cuda.line() > ceiling {
-            let need = matrix
-                .min_driver_for(&cuda)
-                .map(|d| d.to_string())
-                .unwrap_or_else(|| "?".into());
-            let minor_ok = driver.driver_version.as_ref().is_some_and(|d| {
-                cuda.major == ceiling.major
-                    && matrix
-                        .minor_compat_floor(cuda.major)
-                        .is_some_and(|m| m.min_driver <= *d)
-            });
-            findings.push(
-                Finding::new(
-                    "python.torch_cuda_above_driver",
-                    if minor_ok { Severity::Warning } else { Severity::Error },
-                    format!(
-                        "torch {version} needs CUDA {cuda} but the driver supports CUDA <= {ceiling}{}",
-                        if minor_ok { " (minor-version compatibility may carry it; PTX JIT and some APIs will fail)" } else { "" }
-                    ),
-                )
-                .evidence(format!("CUDA {cuda} needs a driver >= {need}"))
-                .fix(format!("upgrade the driver to >= {need}, or install a torch built for CUDA <= {ceiling}")),
-            );
-        }
+/// Driver ceiling vs the runtime torch brings.
+fn cuda_above_driver_finding(
+    version: &str,
+    cuda: Option<CudaVersion>,
+    driver: &DriverReport,
+    matrix: &Matrix,
+) -> Option<Finding> {
+    let (Some(cuda), Some(ceiling)) = (cuda, driver.cuda_ceiling) else {
+        return None;
+    };
+    if cuda.line() <= ceiling {
+        return None;
     }
+    let need = matrix
+        .min_driver_for(&cuda)
+        .map(|d| d.to_string())
+        .unwrap_or_else(|| "?".into());
+    let minor_ok = driver.driver_version.as_ref().is_some_and(|d| {
+        cuda.major == ceiling.major
+            && matrix
+                .minor_compat_floor(cuda.major)
+                .is_some_and(|m| m.min_driver <= *d)
+    });
+    Some(
+        Finding::new(
+            "python.torch_cuda_above_driver",
+            if minor_ok {
+                Severity::Warning
+            } else {
+                Severity::Error
+            },
+            format!(
+                "torch {version} needs CUDA {cuda} but the driver supports CUDA <= {ceiling}{}",
+                if minor_ok {
+                    " (minor-version compatibility may carry it; PTX JIT and some APIs will fail)"
+                } else {
+                    ""
+                }
+            ),
+        )
+        .evidence(format!("CUDA {cuda} needs a driver >= {need}"))
+        .fix(format!(
+            "upgrade the driver to >= {need}, or install a torch built for CUDA <= {ceiling}"
+        )),
+    )
+}
 
-    // Kernels for each GPU.
+/// Kernels for each GPU: native (SASS), PTX only, or none.
+fn kernel_findings(
+    torch: &TorchInfo,
+    version: &str,
+    driver: &DriverReport,
+    matrix: &Matrix,
+) -> Vec<Finding> {
+    let mut findings = Vec::new();
     let archs: Vec<ComputeCapability> = torch
         .arch_list
         .iter()
@@ -254,39 +286,47 @@ fn check_torch(
             ),
         }
     }
+    findings
+}
 
-    // cuDNN torch loaded vs the one its build pins.
-    if let (Some(loaded), Some(torch_version)) = (torch.cudnn, torch.version.as_deref()) {
-        let (release, variant) = torch_version.split_once('+').unwrap_or((torch_version, ""));
-        let build = pep440_rs::Version::from_str(release).ok().and_then(|v| {
-            let builds: Vec<_> = matrix.torch_builds_of(&v).collect();
-            builds
-                .iter()
-                .find(|b| !variant.is_empty() && b.variant == variant)
-                .or_else(|| builds.iter().find(|b| b.pypi_default && variant.is_empty()))
-                .or_else(|| {
-                    builds
-                        .iter()
-                        .find(|b| cuda.is_some_and(|c| b.cuda.line() == c.line()))
-                })
-                .copied()
-        });
-        if let Some(pinned) = build.and_then(|b| b.cudnn.as_ref()) {
-            let expected = pinned.version_macro();
-            if expected != loaded {
-                findings.push(
-                    Finding::new(
-                        "python.cudnn_skew",
-                        Severity::Warning,
-                        format!("torch {torch_version} loaded cuDNN {loaded} but its build pins cuDNN {pinned} ({expected})"),
-                    )
-                    .evidence("another libcudnn (LD_LIBRARY_PATH, ld.so.cache, or a different nvidia-cudnn wheel) won the loader race".to_string())
-                    .fix("make the pinned nvidia-cudnn wheel the only cuDNN this process can reach (see the host stack layer for copies on the loader path)"),
-                );
-            }
-        }
-    }
+/// cuDNN torch loaded vs the one its build pins.
+fn cudnn_skew_finding(
+    torch: &TorchInfo,
+    cuda: Option<CudaVersion>,
+    matrix: &Matrix,
+) -> Option<Finding> {
+    let (Some(loaded), Some(torch_version)) = (torch.cudnn, torch.version.as_deref()) else {
+        return None;
+    };
+    let (release, variant) = torch_version.split_once('+').unwrap_or((torch_version, ""));
+    let build = pep440_rs::Version::from_str(release).ok().and_then(|v| {
+        let builds: Vec<_> = matrix.torch_builds_of(&v).collect();
+        builds
+            .iter()
+            .find(|b| !variant.is_empty() && b.variant == variant)
+            .or_else(|| builds.iter().find(|b| b.pypi_default && variant.is_empty()))
+            .or_else(|| {
+                builds
+                    .iter()
+                    .find(|b| cuda.is_some_and(|c| b.cuda.line() == c.line()))
+            })
+            .copied()
+    });
+    let pinned = build.and_then(|b| b.cudnn.as_ref())?;
+    let expected = pinned.version_macro();
+    (expected != loaded).then(|| {
+        Finding::new(
+            "python.cudnn_skew",
+            Severity::Warning,
+            format!("torch {torch_version} loaded cuDNN {loaded} but its build pins cuDNN {pinned} ({expected})"),
+        )
+        .evidence("another libcudnn (LD_LIBRARY_PATH, ld.so.cache, or a different nvidia-cudnn wheel) won the loader race".to_string())
+        .fix("make the pinned nvidia-cudnn wheel the only cuDNN this process can reach (see the host stack layer for copies on the loader path)")
+    })
+}
 
+/// Whether torch sees the GPUs the driver reports.
+fn cuda_available_finding(torch: &TorchInfo, have_gpus: bool) -> Option<Finding> {
     if have_gpus && !torch.available {
         let mut finding = Finding::new(
             "python.cuda_unavailable",
@@ -296,9 +336,9 @@ fn check_torch(
         if let Some(error) = &torch.cuda_error {
             finding = finding.evidence(error.clone());
         }
-        findings.push(finding.fix("run `python -c \"import torch; torch.cuda.init()\"` and pass its message to `cudastack explain`"));
+        Some(finding.fix("run `python -c \"import torch; torch.cuda.init()\"` and pass its message to `cudastack explain`"))
     } else if torch.available {
-        findings.push(
+        Some(
             Finding::new(
                 "python.cuda_available",
                 Severity::Ok,
@@ -310,6 +350,8 @@ fn check_torch(
                     .iter()
                     .map(|d| format!("{} (compute capability {})", d.name, d.cc)),
             ),
-        );
+        )
+    } else {
+        None
     }
 }

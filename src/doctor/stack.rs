@@ -6,25 +6,35 @@
 //! sets; conda environments with their own runtime. Two copies of cuDNN in one process's
 //! reach is how version skew and `CUDNN_STATUS_EXECUTION_FAILED` happen (DESIGN.md).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::{Finding, Severity};
 use crate::elf::chain::compare_versioned_names;
 use crate::host::stack::{
     conda_envs, copies_by_soname, cuda_link, cuda_version_of_dir, library_copies,
-    loader_search_path, toolkit_version, toolkits, CudaLink, LibraryCopy, SearchSource,
+    loader_search_path, toolkit_version, toolkits, CudaLink, LibraryCopy, SearchSource, Toolkit,
     DEFAULT_LIB_DIRS,
 };
 use crate::host::{list_dir, HostRoot};
 use crate::matrix::Matrix;
 
+/// The stack checks in report order: toolkits and `/usr/local/cuda`, nvcc, LD_LIBRARY_PATH,
+/// the library copies on the loader path, conda environments.
 pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
-    let mut findings = Vec::new();
-
-    // Toolkits and /usr/local/cuda.
     let kits = toolkits(host);
     let link = cuda_link(host);
+    let mut findings = vec![toolkits_finding(&kits)];
+    findings.extend(cuda_link_finding(host, &kits, &link));
+    findings.push(nvcc_finding(host, &link));
+    findings.extend(ld_library_path_findings(host));
+    findings.extend(library_findings(host, matrix));
+    findings.extend(conda_findings(host));
+    findings
+}
+
+/// The toolkits under /usr/local.
+fn toolkits_finding(kits: &[Toolkit]) -> Finding {
     let kit_lines: Vec<String> = kits
         .iter()
         .map(|k| {
@@ -38,20 +48,22 @@ pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
             )
         })
         .collect();
-    findings.push(
-        Finding::new(
-            "stack.toolkits",
-            Severity::Info,
-            if kits.is_empty() {
-                "no CUDA toolkit under /usr/local (fine for pip/conda PyTorch, which brings its own runtime)".to_string()
-            } else {
-                format!("{} CUDA toolkit(s) under /usr/local", kits.len())
-            },
-        )
-        .evidences(kit_lines),
-    );
-    match &link {
-        CudaLink::Dangling { target } => findings.push(
+    Finding::new(
+        "stack.toolkits",
+        Severity::Info,
+        if kits.is_empty() {
+            "no CUDA toolkit under /usr/local (fine for pip/conda PyTorch, which brings its own runtime)".to_string()
+        } else {
+            format!("{} CUDA toolkit(s) under /usr/local", kits.len())
+        },
+    )
+    .evidences(kit_lines)
+}
+
+/// Where `/usr/local/cuda` points, when it is a link.
+fn cuda_link_finding(host: &HostRoot, kits: &[Toolkit], link: &CudaLink) -> Option<Finding> {
+    match link {
+        CudaLink::Dangling { target } => Some(
             Finding::new(
                 "stack.cuda_link_dangling",
                 Severity::Error,
@@ -68,7 +80,7 @@ pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
                 None => "remove the link and the PATH/LD_LIBRARY_PATH entries that go through it".to_string(),
             }),
         ),
-        CudaLink::Link { target, resolved } => findings.push(
+        CudaLink::Link { target, resolved } => Some(
             Finding::new(
                 "stack.cuda_link",
                 Severity::Ok,
@@ -79,46 +91,49 @@ pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
                 ),
             ),
         ),
-        CudaLink::Directory | CudaLink::Absent => {}
+        CudaLink::Directory | CudaLink::Absent => None,
     }
+}
 
-    // nvcc on PATH.
-    match host.which("nvcc") {
-        Some(nvcc) => {
-            let kit_dir = nvcc.parent().and_then(Path::parent).map(Path::to_path_buf);
-            let version = kit_dir.as_ref().and_then(|d| {
-                let resolved = host.resolve(d).unwrap_or_else(|| d.clone());
-                toolkit_version(host, &resolved)
-            });
-            let mut finding = Finding::new(
-                "stack.nvcc",
-                Severity::Ok,
-                format!(
-                    "nvcc on PATH: {} (CUDA {})",
-                    nvcc.display(),
-                    version.map(|v| v.to_string()).unwrap_or_else(|| "?".into())
-                ),
-            );
-            if let (Some(version), CudaLink::Link { resolved, .. }) = (version, &link) {
-                if let Some(linked) = toolkit_version(host, resolved) {
-                    if linked.line() != version.line() {
-                        finding.severity = Severity::Warning;
-                        finding = finding
-                            .evidence(format!("/usr/local/cuda is CUDA {linked}"))
-                            .fix("extensions compile with this nvcc but build systems that use /usr/local/cuda get another toolkit: put the same toolkit first on PATH and behind /usr/local/cuda");
-                    }
-                }
-            }
-            findings.push(finding);
-        }
-        None => findings.push(Finding::new(
+/// The nvcc a shell finds, and whether it is the toolkit behind /usr/local/cuda.
+fn nvcc_finding(host: &HostRoot, link: &CudaLink) -> Finding {
+    let Some(nvcc) = host.which("nvcc") else {
+        return Finding::new(
             "stack.no_nvcc",
             Severity::Info,
             "no nvcc on PATH (only needed to compile CUDA extensions; PyTorch wheels do not need it)",
-        )),
+        );
+    };
+    let kit_dir = nvcc.parent().and_then(Path::parent).map(Path::to_path_buf);
+    let version = kit_dir.as_ref().and_then(|d| {
+        let resolved = host.resolve(d).unwrap_or_else(|| d.clone());
+        toolkit_version(host, &resolved)
+    });
+    let mut finding = Finding::new(
+        "stack.nvcc",
+        Severity::Ok,
+        format!(
+            "nvcc on PATH: {} (CUDA {})",
+            nvcc.display(),
+            version.map(|v| v.to_string()).unwrap_or_else(|| "?".into())
+        ),
+    );
+    if let (Some(version), CudaLink::Link { resolved, .. }) = (version, link) {
+        if let Some(linked) = toolkit_version(host, resolved) {
+            if linked.line() != version.line() {
+                finding.severity = Severity::Warning;
+                finding = finding
+                    .evidence(format!("/usr/local/cuda is CUDA {linked}"))
+                    .fix("extensions compile with this nvcc but build systems that use /usr/local/cuda get another toolkit: put the same toolkit first on PATH and behind /usr/local/cuda");
+            }
+        }
     }
+    finding
+}
 
-    // LD_LIBRARY_PATH mixing CUDA versions.
+/// LD_LIBRARY_PATH: missing entries, and whether it mixes CUDA versions.
+fn ld_library_path_findings(host: &HostRoot) -> Vec<Finding> {
+    let mut findings = Vec::new();
     let entries = host.path_list("LD_LIBRARY_PATH");
     let mut lines = Vec::new();
     let mut versions = BTreeSet::new();
@@ -181,27 +196,16 @@ pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
             .evidences(lines),
         );
     }
+    findings
+}
 
-    // Copies of the tracked libraries on the loader path.
+/// Copies of the tracked libraries on the loader path: duplicates per SONAME, two cuDNN
+/// majors, partial cuDNN sets, and a summary when all is well.
+fn library_findings(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
     let search = loader_search_path(host);
     let copies = library_copies(host, &search);
     let groups = copies_by_soname(&copies);
-    let describe = |copy: &LibraryCopy| {
-        format!(
-            "{} -> {} ({}) [{}]",
-            copy.dir.join(&copy.soname).display(),
-            copy.file.display(),
-            copy.version
-                .clone()
-                .unwrap_or_else(|| "version not in file name".into()),
-            match copy.source {
-                SearchSource::LdLibraryPath => "LD_LIBRARY_PATH",
-                SearchSource::LdSoCache => "ld.so.cache",
-                SearchSource::LdSoConf => "ld.so.conf",
-                SearchSource::Default => "default dir",
-            }
-        )
-    };
+    let mut findings = Vec::new();
     for (soname, group) in &groups {
         // Sub-libraries of cuDNN 8 follow libcudnn.so.8; judge the main library only.
         if soname.starts_with("libcudnn_") {
@@ -210,121 +214,162 @@ pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
         if group.len() < 2 {
             continue;
         }
-        let distinct: BTreeSet<Option<&String>> =
-            group.iter().map(|c| c.version.as_ref()).collect();
-        let newest = group
-            .iter()
-            .filter_map(|c| c.version.as_deref())
-            .max_by(|a, b| compare_versioned_names(a, b));
-        let stale: Vec<&&LibraryCopy> = group
-            .iter()
-            .filter(|c| is_system_dir(&c.dir))
-            .filter(|c| match (c.version.as_deref(), newest) {
-                (Some(v), Some(n)) => compare_versioned_names(v, n).is_lt(),
-                _ => false,
-            })
-            .collect();
-        let evidence: Vec<String> = group
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{}. {}", i + 1, describe(c)))
-            .collect();
-        let family = soname.split(".so").next().unwrap_or(soname);
-        // Two cuDNN builds in reach is the EXECUTION_FAILED recipe; two CUDA runtimes or
-        // cuBLAS builds (several toolkits registered in ld.so.conf.d) are a risk, not a break.
-        let severity = if family == "libcudnn" {
-            Severity::Error
-        } else {
-            Severity::Warning
-        };
-        if !stale.is_empty() {
-            let owners: Vec<String> = stale
-                .iter()
-                .map(|c| {
-                    let path = c.dir.join(&c.soname);
-                    match dpkg_owner(host, &c.file).or_else(|| dpkg_owner(host, &path)) {
-                        Some(package) => {
-                            format!("{} is installed by the package {package}", c.file.display())
-                        }
-                        None => format!(
-                            "{} belongs to no dpkg package (copied by hand)",
-                            c.file.display()
-                        ),
-                    }
-                })
-                .collect();
-            findings.push(
-                Finding::new(
-                    "stack.stale_system_copy",
-                    severity,
-                    format!(
-                        "stale {soname} in a system directory: {} is older than the {} also on the loader path",
-                        stale.iter().map(|c| c.version.clone().unwrap_or_default()).collect::<Vec<_>>().join(", "),
-                        newest.unwrap_or("?")
-                    ),
-                )
-                .evidences(evidence)
-                .evidences(owners)
-                .fix(format!(
-                    "remove the old {family}* files from {} (if a package owns them, remove the package instead) and run `sudo ldconfig`",
-                    stale.iter().map(|c| c.dir.display().to_string()).collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>().join(", ")
-                )),
-            );
-        } else if distinct.len() > 1 {
-            findings.push(
-                Finding::new(
-                    "stack.library_versions",
-                    severity,
-                    format!(
-                        "{} copies of {soname} with different versions on the loader path; which one a process maps depends on LD_LIBRARY_PATH and the program's RUNPATH",
-                        group.len()
-                    ),
-                )
-                .evidences(evidence)
-                .fix(format!("keep one {family} per environment: remove the extra copies (or their directories from LD_LIBRARY_PATH / ld.so.conf.d) and run `sudo ldconfig`")),
-            );
-        } else {
-            findings.push(
-                Finding::new(
-                    "stack.library_duplicates",
-                    Severity::Warning,
-                    if group.iter().any(|c| c.version.is_none()) {
-                        format!(
-                            "{} copies of {soname} on the loader path (their versions could not be read)",
-                            group.len()
-                        )
-                    } else {
-                        format!(
-                            "{} copies of {soname} (same version) on the loader path",
-                            group.len()
-                        )
-                    },
-                )
-                .evidences(evidence)
-                .fix("harmless today, skew tomorrow: keep one copy"),
-            );
-        }
+        findings.push(copies_finding(host, soname, group));
     }
-    // Two cuDNN majors.
+    findings.extend(cudnn_majors_finding(&groups));
+    findings.extend(partial_cudnn_findings(&copies, matrix));
+    findings.extend(libraries_summary(&groups, &findings));
+    findings
+}
+
+fn describe_copy(copy: &LibraryCopy) -> String {
+    format!(
+        "{} -> {} ({}) [{}]",
+        copy.dir.join(&copy.soname).display(),
+        copy.file.display(),
+        copy.version
+            .clone()
+            .unwrap_or_else(|| "version not in file name".into()),
+        match copy.source {
+            SearchSource::LdLibraryPath => "LD_LIBRARY_PATH",
+            SearchSource::LdSoCache => "ld.so.cache",
+            SearchSource::LdSoConf => "ld.so.conf",
+            SearchSource::Default => "default dir",
+        }
+    )
+}
+
+/// Two or more copies of one SONAME: a stale one in a system directory, copies of different
+/// versions, or identical duplicates.
+fn copies_finding(host: &HostRoot, soname: &str, group: &[&LibraryCopy]) -> Finding {
+    let distinct: BTreeSet<Option<&String>> = group.iter().map(|c| c.version.as_ref()).collect();
+    let newest = group
+        .iter()
+        .filter_map(|c| c.version.as_deref())
+        .max_by(|a, b| compare_versioned_names(a, b));
+    let stale: Vec<&&LibraryCopy> = group
+        .iter()
+        .filter(|c| is_system_dir(&c.dir))
+        .filter(|c| match (c.version.as_deref(), newest) {
+            (Some(v), Some(n)) => compare_versioned_names(v, n).is_lt(),
+            _ => false,
+        })
+        .collect();
+    let evidence: Vec<String> = group
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{}. {}", i + 1, describe_copy(c)))
+        .collect();
+    let family = soname.split(".so").next().unwrap_or(soname);
+    // Two cuDNN builds in reach is the EXECUTION_FAILED recipe; two CUDA runtimes or
+    // cuBLAS builds (several toolkits registered in ld.so.conf.d) are a risk, not a break.
+    let severity = if family == "libcudnn" {
+        Severity::Error
+    } else {
+        Severity::Warning
+    };
+    if !stale.is_empty() {
+        stale_copy_finding(host, soname, family, severity, &stale, newest, evidence)
+    } else if distinct.len() > 1 {
+        Finding::new(
+            "stack.library_versions",
+            severity,
+            format!(
+                "{} copies of {soname} with different versions on the loader path; which one a process maps depends on LD_LIBRARY_PATH and the program's RUNPATH",
+                group.len()
+            ),
+        )
+        .evidences(evidence)
+        .fix(format!("keep one {family} per environment: remove the extra copies (or their directories from LD_LIBRARY_PATH / ld.so.conf.d) and run `sudo ldconfig`"))
+    } else {
+        Finding::new(
+            "stack.library_duplicates",
+            Severity::Warning,
+            if group.iter().any(|c| c.version.is_none()) {
+                format!(
+                    "{} copies of {soname} on the loader path (their versions could not be read)",
+                    group.len()
+                )
+            } else {
+                format!(
+                    "{} copies of {soname} (same version) on the loader path",
+                    group.len()
+                )
+            },
+        )
+        .evidences(evidence)
+        .fix("harmless today, skew tomorrow: keep one copy")
+    }
+}
+
+/// An older copy in a system directory, with the dpkg package that owns it (if any).
+fn stale_copy_finding(
+    host: &HostRoot,
+    soname: &str,
+    family: &str,
+    severity: Severity,
+    stale: &[&&LibraryCopy],
+    newest: Option<&str>,
+    evidence: Vec<String>,
+) -> Finding {
+    let owners: Vec<String> = stale
+        .iter()
+        .map(|c| {
+            let path = c.dir.join(&c.soname);
+            match dpkg_owner(host, &c.file).or_else(|| dpkg_owner(host, &path)) {
+                Some(package) => {
+                    format!("{} is installed by the package {package}", c.file.display())
+                }
+                None => format!(
+                    "{} belongs to no dpkg package (copied by hand)",
+                    c.file.display()
+                ),
+            }
+        })
+        .collect();
+    Finding::new(
+        "stack.stale_system_copy",
+        severity,
+        format!(
+            "stale {soname} in a system directory: {} is older than the {} also on the loader path",
+            stale.iter().map(|c| c.version.clone().unwrap_or_default()).collect::<Vec<_>>().join(", "),
+            newest.unwrap_or("?")
+        ),
+    )
+    .evidences(evidence)
+    .evidences(owners)
+    .fix(format!(
+        "remove the old {family}* files from {} (if a package owns them, remove the package instead) and run `sudo ldconfig`",
+        stale.iter().map(|c| c.dir.display().to_string()).collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>().join(", ")
+    ))
+}
+
+/// Two cuDNN majors on the loader path.
+fn cudnn_majors_finding(groups: &BTreeMap<String, Vec<&LibraryCopy>>) -> Option<Finding> {
     let cudnn_majors: BTreeSet<&str> = groups
         .keys()
         .filter_map(|s| s.strip_prefix("libcudnn.so."))
         .collect();
-    if cudnn_majors.len() > 1 {
-        findings.push(
-            Finding::new(
-                "stack.cudnn_majors",
-                Severity::Warning,
-                format!(
-                    "cuDNN {} are all on the loader path; each program gets the major it asks for, and headers of one with the library of the other break builds",
-                    cudnn_majors.iter().copied().collect::<Vec<_>>().join(" and ")
-                ),
-            )
-            .evidences(groups.iter().filter(|(s, _)| s.starts_with("libcudnn.so.")).flat_map(|(_, g)| g.iter().map(|c| describe(c))))
-            .fix("remove the cuDNN major nothing uses"),
-        );
+    if cudnn_majors.len() < 2 {
+        return None;
     }
-    // Partial cuDNN sets: every directory holding libcudnn.so.N must hold the whole set.
+    Some(
+        Finding::new(
+            "stack.cudnn_majors",
+            Severity::Warning,
+            format!(
+                "cuDNN {} are all on the loader path; each program gets the major it asks for, and headers of one with the library of the other break builds",
+                cudnn_majors.iter().copied().collect::<Vec<_>>().join(" and ")
+            ),
+        )
+        .evidences(groups.iter().filter(|(s, _)| s.starts_with("libcudnn.so.")).flat_map(|(_, g)| g.iter().map(|c| describe_copy(c))))
+        .fix("remove the cuDNN major nothing uses"),
+    )
+}
+
+/// Partial cuDNN sets: every directory holding libcudnn.so.N must hold the whole set.
+fn partial_cudnn_findings(copies: &[LibraryCopy], matrix: &Matrix) -> Vec<Finding> {
+    let mut findings = Vec::new();
     for copy in copies
         .iter()
         .filter(|c| c.soname.starts_with("libcudnn.so."))
@@ -365,31 +410,47 @@ pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
             );
         }
     }
+    findings
+}
+
+/// `stack.libraries`: no tracked library at all, or one copy of each (when no copy finding
+/// was raised above).
+fn libraries_summary(
+    groups: &BTreeMap<String, Vec<&LibraryCopy>>,
+    findings: &[Finding],
+) -> Option<Finding> {
     if groups.is_empty() {
-        findings.push(Finding::new(
+        return Some(Finding::new(
             "stack.libraries",
             Severity::Ok,
             "no system copy of libcudnn/libcudart/libcublas on the loader path (frameworks use their own)",
         ));
-    } else if !findings.iter().any(|f| {
+    }
+    let copies_flagged = findings.iter().any(|f| {
         matches!(
             f.id.as_str(),
             "stack.stale_system_copy" | "stack.library_versions" | "stack.library_duplicates"
         )
-    }) {
-        findings.push(
-            Finding::new(
-                "stack.libraries",
-                Severity::Ok,
-                "one copy of each CUDA library on the loader path",
-            )
-            .evidences(groups.values().flat_map(|g| g.iter().map(|c| describe(c)))),
-        );
-    }
+    });
+    (!copies_flagged).then(|| {
+        Finding::new(
+            "stack.libraries",
+            Severity::Ok,
+            "one copy of each CUDA library on the loader path",
+        )
+        .evidences(
+            groups
+                .values()
+                .flat_map(|g| g.iter().map(|c| describe_copy(c))),
+        )
+    })
+}
 
-    // Conda environments with their own runtime.
-    for env in conda_envs(host) {
-        findings.push(
+/// Conda environments with their own runtime.
+fn conda_findings(host: &HostRoot) -> Vec<Finding> {
+    conda_envs(host)
+        .into_iter()
+        .map(|env| {
             Finding::new(
                 "stack.conda_env",
                 Severity::Info,
@@ -404,10 +465,9 @@ pub fn check(host: &HostRoot, matrix: &Matrix) -> Vec<Finding> {
                 env.cuda_runtime.clone().unwrap_or_else(|| "-".into()),
                 env.cudnn.clone().unwrap_or_else(|| "-".into())
             ))
-            .fix("inside that environment use its libraries only: do not add system CUDA directories to LD_LIBRARY_PATH while it is active"),
-        );
-    }
-    findings
+            .fix("inside that environment use its libraries only: do not add system CUDA directories to LD_LIBRARY_PATH while it is active")
+        })
+        .collect()
 }
 
 /// The dpkg package that installed a host file (`/var/lib/dpkg/info/*.list`), if any.

@@ -9,6 +9,7 @@
 
 #![allow(clippy::result_large_err)] // see crate::fetch: errors name their URLs
 
+pub mod inputs;
 pub mod lockfile;
 pub mod resolver;
 pub mod target;

@@ -30,6 +30,8 @@ pub enum BaseError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Foreign(#[from] crate::stack::foreign_base::ForeignBaseError),
     #[error("the base has no {what} in `{path}`; cudastack needs {why}")]
     Missing {
         what: &'static str,
@@ -117,6 +119,20 @@ pub fn debootstrap(spec: &DebootstrapSpec, dest: &Path) -> Result<(), BaseError>
     if which("mmdebstrap").is_none() {
         return Err(BaseError::MmdebstrapMissing);
     }
+    run_mmdebstrap(spec, mmdebstrap_command(spec, dest))?;
+    if let Some(architecture) = &spec.foreign_architecture {
+        crate::stack::foreign_base::finish_unpacked_root(
+            dest,
+            machine_of(architecture),
+            spec.source_date_epoch,
+        )?;
+    }
+    remove_device_nodes(dest)
+}
+
+/// The mmdebstrap command for `spec`: minbase natively, unpack-only for another
+/// architecture.
+fn mmdebstrap_command(spec: &DebootstrapSpec, dest: &Path) -> Command {
     // Caches, logs and the package lists change with every run and are no use in an image.
     const CLEAN: &str = "rm -rf \"$1\"/var/cache/apt/* \"$1\"/var/lib/apt/lists/* \"$1\"/var/log/* \"$1\"/var/cache/ldconfig/aux-cache";
     let mut command = Command::new("mmdebstrap");
@@ -155,59 +171,55 @@ pub fn debootstrap(spec: &DebootstrapSpec, dest: &Path) -> Result<(), BaseError>
         .arg(dest)
         .arg(spec.mirror())
         .env("SOURCE_DATE_EPOCH", spec.source_date_epoch.to_string());
+    command
+}
+
+/// Run `command`; on failure the error shows it and the last lines of its output.
+fn run_mmdebstrap(spec: &DebootstrapSpec, mut command: Command) -> Result<(), BaseError> {
     let shown = format!("{command:?}");
     let output = command.output().map_err(|source| BaseError::Io {
         path: PathBuf::from("mmdebstrap"),
         source,
     })?;
-    if !output.status.success() {
-        let text = String::from_utf8_lossy(&output.stderr);
-        let tail: Vec<&str> = text
-            .lines()
-            .rev()
-            .take(15)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        return Err(BaseError::Mmdebstrap {
-            distro: spec.distro.clone(),
-            release: spec.release.clone(),
-            status: output.status.to_string(),
-            command: shown,
-            output: tail.join("\n"),
-        });
+    if output.status.success() {
+        return Ok(());
     }
-    if let Some(architecture) = &spec.foreign_architecture {
-        crate::stack::foreign_base::finish_unpacked_root(
-            dest,
-            machine_of(architecture),
-            spec.source_date_epoch,
-        )?;
-    }
-    // Device nodes are the runtime's business (it mounts /dev); keep /dev itself, empty.
+    let text = String::from_utf8_lossy(&output.stderr);
+    let tail: Vec<&str> = text
+        .lines()
+        .rev()
+        .take(15)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    Err(BaseError::Mmdebstrap {
+        distro: spec.distro.clone(),
+        release: spec.release.clone(),
+        status: output.status.to_string(),
+        command: shown,
+        output: tail.join("\n"),
+    })
+}
+
+/// Device nodes are the runtime's business (it mounts /dev); keep /dev itself, empty.
+fn remove_device_nodes(dest: &Path) -> Result<(), BaseError> {
     let dev = dest.join("dev");
-    if dev.is_dir() {
-        for entry in fs_err::read_dir(&dev).map_err(|source| BaseError::Io {
-            path: dev.clone(),
-            source,
-        })? {
-            let path = entry
-                .map_err(|source| BaseError::Io {
-                    path: dev.clone(),
-                    source,
-                })?
-                .path();
-            let removed = if path.is_dir() && !path.is_symlink() {
-                fs_err::remove_dir_all(&path)
-            } else {
-                fs_err::remove_file(&path)
-            };
-            removed.map_err(|source| BaseError::Io {
-                path: path.clone(),
-                source,
-            })?;
-        }
+    if !dev.is_dir() {
+        return Ok(());
+    }
+    let io_error = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BaseError::Io { path, source }
+    };
+    for entry in fs_err::read_dir(&dev).map_err(io_error(&dev))? {
+        let path = entry.map_err(io_error(&dev))?.path();
+        let removed = if path.is_dir() && !path.is_symlink() {
+            fs_err::remove_dir_all(&path)
+        } else {
+            fs_err::remove_file(&path)
+        };
+        removed.map_err(io_error(&path))?;
     }
     Ok(())
 }

@@ -80,6 +80,22 @@ pub fn stack_config(
     facts: &StackFacts,
     arch: Platform,
 ) -> StackConfig {
+    // Never claimed at build time: only `cudastack verify` may add io.cudastack.verified.
+    StackConfig {
+        env: stack_env(matrix, recipe, facts, arch),
+        labels: stack_labels(recipe, torch_build, facts),
+        cmd: vec!["python3".to_string()],
+    }
+}
+
+/// The environment: the toolkit on PATH, its one library directory on LD_LIBRARY_PATH,
+/// the NVIDIA runtime's switches and the driver floor.
+fn stack_env(
+    matrix: &Matrix,
+    recipe: &Recipe,
+    facts: &StackFacts,
+    arch: Platform,
+) -> Vec<(String, String)> {
     let paths = ToolkitPaths::new(recipe.cuda.version, arch);
     let mut env = vec![
         (
@@ -110,7 +126,15 @@ pub fn stack_config(
             format!("cuda>={require}"),
         ));
     }
+    env
+}
 
+/// The OCI annotations-style labels and cudastack's own (`io.cudastack.*`).
+fn stack_labels(
+    recipe: &Recipe,
+    torch_build: Option<&TorchBuild>,
+    facts: &StackFacts,
+) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
     let mut label = |key: &str, value: String| {
         labels.insert(key.to_string(), value);
@@ -160,12 +184,7 @@ pub fn stack_config(
     if let Some(os) = &facts.os {
         label("io.cudastack.os", os.clone());
     }
-    // Never claimed at build time: only `cudastack verify` may add io.cudastack.verified.
-    StackConfig {
-        env,
-        labels,
-        cmd: vec!["python3".to_string()],
-    }
+    labels
 }
 
 /// `/etc/ld.so.conf.d/` entry so `ldconfig` and programs without LD_LIBRARY_PATH find the

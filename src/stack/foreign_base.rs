@@ -21,7 +21,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::elf::Machine;
-use crate::stack::base::BaseError;
 use crate::stack::ldcache;
 
 /// Bump when what an unpacked base holds changes (part of its layer cache key).
@@ -66,8 +65,20 @@ for deb in "$root"/var/cache/apt/archives/*.deb; do
 done
 "#;
 
-fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BaseError + '_ {
-    move |source| BaseError::Io {
+/// What can go wrong finishing an unpacked root; wrapped by `stack::base::BaseError`
+/// with the same message (this module sits below `base`, which calls it).
+#[derive(Debug, thiserror::Error)]
+pub enum ForeignBaseError {
+    #[error("I/O error on `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ForeignBaseError + '_ {
+    move |source| ForeignBaseError::Io {
         path: path.to_path_buf(),
         source,
     }
@@ -76,14 +87,18 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BaseError + '_ {
 /// Do what the maintainer scripts of an unpacked `machine` root would have done that a
 /// container needs (see the module documentation). `epoch` is SOURCE_DATE_EPOCH (the
 /// shadow files' last-change day, as pwconv writes it under mmdebstrap).
-pub fn finish_unpacked_root(root: &Path, machine: Machine, epoch: u64) -> Result<(), BaseError> {
+pub fn finish_unpacked_root(
+    root: &Path,
+    machine: Machine,
+    epoch: u64,
+) -> Result<(), ForeignBaseError> {
     users_and_groups(root)?;
     shadow_files(root, epoch)?;
     base_files(root)?;
     small_defaults(root)?;
     ca_bundle(root)?;
     alternatives(root)?;
-    let cache = ldcache::ld_so_cache(root, machine).map_err(|e| BaseError::Io {
+    let cache = ldcache::ld_so_cache(root, machine).map_err(|e| ForeignBaseError::Io {
         path: root.join("etc/ld.so.cache"),
         source: std::io::Error::other(e.to_string()),
     })?;
@@ -92,7 +107,7 @@ pub fn finish_unpacked_root(root: &Path, machine: Machine, epoch: u64) -> Result
 }
 
 /// base-passwd's postinst: the master files become `/etc/passwd` and `/etc/group`.
-fn users_and_groups(root: &Path) -> Result<(), BaseError> {
+fn users_and_groups(root: &Path) -> Result<(), ForeignBaseError> {
     for (master, target) in [
         ("passwd.master", "etc/passwd"),
         ("group.master", "etc/group"),
@@ -108,7 +123,7 @@ fn users_and_groups(root: &Path) -> Result<(), BaseError> {
 
 /// passwd's postinst (shadowconfig/pwconv, grpconv): `/etc/shadow` and `/etc/gshadow`
 /// with locked passwords, mode 0640, group shadow.
-fn shadow_files(root: &Path, epoch: u64) -> Result<(), BaseError> {
+fn shadow_files(root: &Path, epoch: u64) -> Result<(), ForeignBaseError> {
     let read = |name: &str| fs_err::read_to_string(root.join("etc").join(name)).unwrap_or_default();
     let (passwd, group) = (read("passwd"), read("group"));
     if passwd.is_empty() {
@@ -140,7 +155,7 @@ fn shadow_files(root: &Path, epoch: u64) -> Result<(), BaseError> {
 
 /// base-files' postinst: the default profile and root's dot files, the top-level and
 /// /usr/local directories with their modes, /var/spool/mail, the dpkg origin.
-fn base_files(root: &Path) -> Result<(), BaseError> {
+fn base_files(root: &Path) -> Result<(), ForeignBaseError> {
     let defaults = root.join("usr/share/base-files");
     for (from, to) in [
         ("dot.profile", "root/.profile"),
@@ -202,7 +217,7 @@ fn base_files(root: &Path) -> Result<(), BaseError> {
 
 /// The files other postinsts create: debianutils' /etc/shells, tzdata's UTC default,
 /// libc-bin's nsswitch.conf, libpam-modules' /etc/environment, passwd's subuid/subgid.
-fn small_defaults(root: &Path) -> Result<(), BaseError> {
+fn small_defaults(root: &Path) -> Result<(), ForeignBaseError> {
     let shells = root.join("etc/shells");
     if !shells.exists() {
         let mut text = String::from("# /etc/shells: valid login shells\n");
@@ -248,7 +263,7 @@ fn group_id(group_file: &str, name: &str) -> Option<u32> {
     })
 }
 
-fn set_mode(path: &Path, mode: u32) -> Result<(), BaseError> {
+fn set_mode(path: &Path, mode: u32) -> Result<(), ForeignBaseError> {
     use std::os::unix::fs::PermissionsExt;
     fs_err::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io_error(path))
 }
@@ -256,7 +271,7 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), BaseError> {
 /// ca-certificates' postinst: trust every certificate the package ships (the default
 /// answer of its debconf question), listed in `/etc/ca-certificates.conf`, concatenated
 /// into the bundle.
-fn ca_bundle(root: &Path) -> Result<(), BaseError> {
+fn ca_bundle(root: &Path) -> Result<(), ForeignBaseError> {
     let shipped = root.join("usr/share/ca-certificates");
     if !shipped.is_dir() {
         return Ok(());
@@ -347,7 +362,7 @@ fn parse_alternatives(script: &str) -> Vec<Alternative> {
 
 /// Create the `/etc/alternatives` links of the highest-priority alternative per name
 /// whose target is in the image, as `update-alternatives` in auto mode would.
-fn alternatives(root: &Path) -> Result<(), BaseError> {
+fn alternatives(root: &Path) -> Result<(), ForeignBaseError> {
     let info = root.join("var/lib/dpkg/info");
     let Ok(entries) = fs_err::read_dir(&info) else {
         return Ok(());

@@ -122,10 +122,6 @@ pub fn cache_entries(root: &Path, machine: Machine) -> Result<Vec<CacheEntry>, L
     let flags = entry_flags(machine)?;
     let mut dirs = ld_so_conf_dirs(root)?;
     dirs.extend(system_dirs(machine)?.iter().map(PathBuf::from));
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| LdCacheError::Io { path, source }
-    };
     let mut scanned = BTreeSet::new();
     let mut entries = Vec::new();
     for dir in dirs {
@@ -138,55 +134,11 @@ pub fn cache_entries(root: &Path, machine: Machine) -> Result<Vec<CacheEntry>, L
         if !host_dir.is_dir() || !scanned.insert(resolved) {
             continue;
         }
-        let mut names: Vec<String> = fs_err::read_dir(&host_dir)
-            .map_err(io(&host_dir))?
-            .filter_map(Result::ok)
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .filter(|name| {
-                (name.starts_with("lib") || name.starts_with("ld-")) && name.contains(".so")
-            })
-            .collect();
-        names.sort();
         let mut sonames = BTreeSet::new();
-        for name in names {
-            let image_path = dir.join(&name);
-            let Resolution::Found(target) =
-                resolve_in_root(root, &image_path).map_err(io(&image_path))?
-            else {
+        for name in library_names(&host_dir)? {
+            let Some(soname) = cached_name(root, &dir, &host_dir, &name, machine)? else {
                 continue;
             };
-            let host_file = host_path(root, &target);
-            if !host_file.is_file() {
-                continue;
-            }
-            let info = match read_elf(&host_file) {
-                Ok(ElfProbe::Elf(info)) => info,
-                Ok(ElfProbe::NotElf) | Err(ElfError::Malformed { .. }) => continue,
-                Err(e) => {
-                    return Err(LdCacheError::Io {
-                        path: host_file,
-                        source: std::io::Error::other(e.to_string()),
-                    })
-                }
-            };
-            if info.kind != ObjectKind::SharedObject
-                || info.machine != machine
-                || info.class != ElfClass::Elf64
-            {
-                continue;
-            }
-            let mut soname = info.soname.unwrap_or_else(|| name.clone());
-            // ldconfig's rule for links (elf/ldconfig.c, search_dir): a link named like the
-            // SONAME, or a `.so` development link whose name the SONAME starts with
-            // (`libz.so -> libz.so.1.2.13`), is cached under its own name; any other link
-            // (`libalias.so.7 -> libfoo.so.1`) counts as the file it points to, under its SONAME.
-            let is_link = host_dir
-                .join(&name)
-                .symlink_metadata()
-                .is_ok_and(|m| m.file_type().is_symlink());
-            if is_link && (name == soname || (name.ends_with(".so") && soname.starts_with(&name))) {
-                soname = name.clone();
-            }
             if !sonames.insert(soname.clone()) {
                 continue;
             }
@@ -201,6 +153,71 @@ pub fn cache_entries(root: &Path, machine: Machine) -> Result<Vec<CacheEntry>, L
     // Stable: among equal names the earlier directory stays first, and wins.
     entries.sort_by(|a, b| libcmp(&b.soname, &a.soname));
     Ok(entries)
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LdCacheError {
+    let path = path.to_path_buf();
+    move |source| LdCacheError::Io { path, source }
+}
+
+/// The names in `host_dir` ldconfig looks at (`lib*.so*`, `ld-*.so*`), sorted.
+fn library_names(host_dir: &Path) -> Result<Vec<String>, LdCacheError> {
+    let mut names: Vec<String> = fs_err::read_dir(host_dir)
+        .map_err(io(host_dir))?
+        .filter_map(Result::ok)
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| (name.starts_with("lib") || name.starts_with("ld-")) && name.contains(".so"))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The name `dir/name` is cached under, if it is a 64-bit shared object of `machine`.
+fn cached_name(
+    root: &Path,
+    dir: &Path,
+    host_dir: &Path,
+    name: &str,
+    machine: Machine,
+) -> Result<Option<String>, LdCacheError> {
+    let image_path = dir.join(name);
+    let Resolution::Found(target) = resolve_in_root(root, &image_path).map_err(io(&image_path))?
+    else {
+        return Ok(None);
+    };
+    let host_file = host_path(root, &target);
+    if !host_file.is_file() {
+        return Ok(None);
+    }
+    let info = match read_elf(&host_file) {
+        Ok(ElfProbe::Elf(info)) => info,
+        Ok(ElfProbe::NotElf) | Err(ElfError::Malformed { .. }) => return Ok(None),
+        Err(e) => {
+            return Err(LdCacheError::Io {
+                path: host_file,
+                source: std::io::Error::other(e.to_string()),
+            })
+        }
+    };
+    if info.kind != ObjectKind::SharedObject
+        || info.machine != machine
+        || info.class != ElfClass::Elf64
+    {
+        return Ok(None);
+    }
+    let soname = info.soname.unwrap_or_else(|| name.to_string());
+    // ldconfig's rule for links (elf/ldconfig.c, search_dir): a link named like the
+    // SONAME, or a `.so` development link whose name the SONAME starts with
+    // (`libz.so -> libz.so.1.2.13`), is cached under its own name; any other link
+    // (`libalias.so.7 -> libfoo.so.1`) counts as the file it points to, under its SONAME.
+    let is_link = host_dir
+        .join(name)
+        .symlink_metadata()
+        .is_ok_and(|m| m.file_type().is_symlink());
+    if is_link && (name == soname || (name.ends_with(".so") && soname.starts_with(name))) {
+        return Ok(Some(name.to_string()));
+    }
+    Ok(Some(soname))
 }
 
 /// The bytes of `/etc/ld.so.cache` for `entries` (in the order given).

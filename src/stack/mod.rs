@@ -1,10 +1,27 @@
 //! The assemblers: turn a validated, locked recipe into the layers of a CUDA stack, in
 //! the order that lets images share prefixes: base -> CUDA toolkit -> cuDNN -> Python
 //! wheels -> config.
+//!
+//! [`build`] is the stage's entry point and reads as its steps: [`prepare`] each platform's
+//! inputs (lock, wheels, arch list), plan the [`layers`] (one file per layer kind),
+//! [`produce`] them through the layer cache and the [`staging`] area, audit, and write the
+//! [`output`]. The mechanics the layer kinds use live beside them: [`base`] and
+//! [`foreign_base`] (mmdebstrap roots), [`toolkit`] (wheels -> NVIDIA's layout), [`config`]
+//! (environment and labels) and [`ldcache`] (the loader cache writer).
 pub mod base;
 pub mod build;
 pub mod config;
+mod error;
 pub mod foreign_base;
-pub mod inputs;
+mod layers;
 pub mod ldcache;
+mod output;
+mod prepare;
+mod produce;
+mod report;
+mod settings;
+mod staging;
 pub mod toolkit;
+
+/// Lock-stage code, kept here under its old path for `cudastack lock` and the workflows.
+pub use crate::lock::inputs;

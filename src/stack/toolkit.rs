@@ -125,74 +125,124 @@ pub fn stage(
     top_links: bool,
     root: &Path,
 ) -> Result<Placement, ToolkitError> {
-    let io_error = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| ToolkitError::Io { path, source }
-    };
     let mut placement = Placement::new();
     let lib_dir = root.join(paths.lib_dir().trim_start_matches('/'));
     fs_err::create_dir_all(&lib_dir).map_err(io_error(&lib_dir))?;
     // Library files as extracted: file name -> (member name, wheel).
-    let mut libraries: Vec<(String, String, &NvidiaWheel)> = Vec::new();
-
+    let mut libraries: Vec<Library> = Vec::new();
     for wheel in wheels {
-        let file = fs_err::File::open(&wheel.path).map_err(io_error(&wheel.path))?;
-        let mut archive =
-            zip::ZipArchive::new(file.into_parts().0).map_err(|source| ToolkitError::Zip {
-                wheel: wheel.path.clone(),
-                source,
-            })?;
-        for index in 0..archive.len() {
-            let mut member = archive
-                .by_index(index)
-                .map_err(|source| ToolkitError::Zip {
-                    wheel: wheel.path.clone(),
-                    source,
-                })?;
-            let name = member
-                .name()
-                .map_err(|source| ToolkitError::Zip {
-                    wheel: wheel.path.clone(),
-                    source,
-                })?
-                .to_string();
-            let Some(relative) = destination(&name, paths, flavor, wheel.is_cudnn()) else {
-                continue;
-            };
-            if relative
-                .split('/')
-                .any(|part| part == ".." || part.is_empty())
-            {
-                return Err(ToolkitError::UnsafeMember {
-                    wheel: wheel.path.clone(),
-                    member: name,
-                });
-            }
-            let target = root.join(&relative);
-            if let Some(parent) = target.parent() {
-                fs_err::create_dir_all(parent).map_err(io_error(parent))?;
-            }
-            let mut out = fs_err::File::create(&target).map_err(io_error(&target))?;
-            io::copy(&mut member, &mut out).map_err(io_error(&target))?;
-            let executable = member.unix_mode().is_some_and(|mode| mode & 0o111 != 0)
-                || relative.contains("/bin/")
-                || relative.contains("/nvvm/bin/");
-            set_mode(&target, if executable { 0o755 } else { 0o644 })?;
+        for extracted in extract_wheel(wheel, paths, flavor, root)? {
+            let Extracted {
+                member,
+                relative,
+                target,
+            } = extracted;
             if target.parent() == Some(lib_dir.as_path()) {
                 let file_name = target
                     .file_name()
                     .and_then(|n| n.to_str())
                     .unwrap_or_default()
                     .to_string();
-                libraries.push((file_name, name.clone(), wheel));
+                libraries.push(Library {
+                    file_name,
+                    member,
+                    wheel,
+                });
             } else {
-                placement.insert(name, format!("/{relative}"));
+                placement.insert(member, format!("/{relative}"));
             }
         }
     }
+    version_libraries(&libraries, &lib_dir, paths, &mut placement)?;
+    for link in plan_soname_links(&scan_library_dir(&lib_dir)?) {
+        let path = lib_dir.join(&link.link);
+        std::os::unix::fs::symlink(&link.target, &path).map_err(io_error(&path))?;
+    }
+    if top_links {
+        add_top_links(paths, root)?;
+    }
+    Ok(placement)
+}
 
-    // Rename each library to its full version, keeping the SONAME as the link name.
-    for (file_name, member, wheel) in &libraries {
+fn io_error(path: &Path) -> impl FnOnce(io::Error) -> ToolkitError {
+    let path = path.to_path_buf();
+    move |source| ToolkitError::Io { path, source }
+}
+
+/// A library extracted into the one library directory.
+struct Library<'a> {
+    file_name: String,
+    member: String,
+    wheel: &'a NvidiaWheel,
+}
+
+/// A wheel member written under the root.
+struct Extracted {
+    /// Its name in the wheel.
+    member: String,
+    /// Its path under the root, relative.
+    relative: String,
+    target: PathBuf,
+}
+
+/// Write the members of `wheel` that belong in the toolkit under `root`, in wheel order.
+fn extract_wheel(
+    wheel: &NvidiaWheel,
+    paths: &ToolkitPaths,
+    flavor: Flavor,
+    root: &Path,
+) -> Result<Vec<Extracted>, ToolkitError> {
+    let zip_error = |source| ToolkitError::Zip {
+        wheel: wheel.path.clone(),
+        source,
+    };
+    let file = fs_err::File::open(&wheel.path).map_err(io_error(&wheel.path))?;
+    let mut archive = zip::ZipArchive::new(file.into_parts().0).map_err(zip_error)?;
+    let mut extracted = Vec::new();
+    for index in 0..archive.len() {
+        let mut member = archive.by_index(index).map_err(zip_error)?;
+        let name = member.name().map_err(zip_error)?.to_string();
+        let Some(relative) = destination(&name, paths, flavor, wheel.is_cudnn()) else {
+            continue;
+        };
+        if relative
+            .split('/')
+            .any(|part| part == ".." || part.is_empty())
+        {
+            return Err(ToolkitError::UnsafeMember {
+                wheel: wheel.path.clone(),
+                member: name,
+            });
+        }
+        let target = root.join(&relative);
+        if let Some(parent) = target.parent() {
+            fs_err::create_dir_all(parent).map_err(io_error(parent))?;
+        }
+        let mut out = fs_err::File::create(&target).map_err(io_error(&target))?;
+        io::copy(&mut member, &mut out).map_err(io_error(&target))?;
+        let executable = member.unix_mode().is_some_and(|mode| mode & 0o111 != 0)
+            || relative.contains("/bin/")
+            || relative.contains("/nvvm/bin/");
+        set_mode(&target, if executable { 0o755 } else { 0o644 })?;
+        extracted.push(Extracted {
+            member: name,
+            relative,
+            target,
+        });
+    }
+    Ok(extracted)
+}
+
+/// Rename each library to its full version, keeping the SONAME as the link name, and
+/// record where each library member now lives.
+fn version_libraries(
+    libraries: &[Library],
+    lib_dir: &Path,
+    paths: &ToolkitPaths,
+    placement: &mut Placement,
+) -> Result<(), ToolkitError> {
+    for library in libraries {
+        let (file_name, wheel) = (&library.file_name, library.wheel);
         let path = lib_dir.join(file_name);
         let soname = read_elf(&path)?.into_elf().and_then(|info| info.soname);
         if let Some(versioned) = soname
@@ -204,30 +254,30 @@ pub fn stage(
             fs_err::rename(&path, &renamed).map_err(io_error(&path))?;
         }
         // The member's name is what torch's RUNPATH looks for; it resolves to this path
-        // once the chain below is complete.
-        placement.insert(member.clone(), format!("{}/{file_name}", paths.lib_dir()));
+        // once the SONAME chain is complete.
+        placement.insert(
+            library.member.clone(),
+            format!("{}/{file_name}", paths.lib_dir()),
+        );
     }
-    for link in plan_soname_links(&scan_library_dir(&lib_dir)?) {
-        let path = lib_dir.join(&link.link);
-        std::os::unix::fs::symlink(&link.target, &path).map_err(io_error(&path))?;
-    }
+    Ok(())
+}
 
-    if top_links {
-        let home = root.join(paths.home().trim_start_matches('/'));
-        let targets = format!("targets/{}", paths.target());
-        for (link, target) in [
-            ("lib64", format!("{targets}/lib")),
-            ("include", format!("{targets}/include")),
-        ] {
-            fs_err::create_dir_all(home.join(&target)).map_err(io_error(&home))?;
-            let path = home.join(link);
-            std::os::unix::fs::symlink(target, &path).map_err(io_error(&path))?;
-        }
-        let cuda_link = root.join("usr/local/cuda");
-        let target = format!("cuda-{}", paths.cuda.line());
-        std::os::unix::fs::symlink(&target, &cuda_link).map_err(io_error(&cuda_link))?;
+/// `lib64` and `include` in the toolkit home, and `/usr/local/cuda` -> `cuda-X.Y`.
+fn add_top_links(paths: &ToolkitPaths, root: &Path) -> Result<(), ToolkitError> {
+    let home = root.join(paths.home().trim_start_matches('/'));
+    let targets = format!("targets/{}", paths.target());
+    for (link, target) in [
+        ("lib64", format!("{targets}/lib")),
+        ("include", format!("{targets}/include")),
+    ] {
+        fs_err::create_dir_all(home.join(&target)).map_err(io_error(&home))?;
+        let path = home.join(link);
+        std::os::unix::fs::symlink(target, &path).map_err(io_error(&path))?;
     }
-    Ok(placement)
+    let cuda_link = root.join("usr/local/cuda");
+    let target = format!("cuda-{}", paths.cuda.line());
+    std::os::unix::fs::symlink(&target, &cuda_link).map_err(io_error(&cuda_link))
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), ToolkitError> {

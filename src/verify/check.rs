@@ -135,125 +135,12 @@ pub struct Answer {
 
 pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
     let mut findings = Vec::new();
-    let mut push = |ok: bool, subject: String, what: String, hint: Option<String>| {
-        findings.push(Finding {
-            ok,
-            subject,
-            what,
-            hint,
-        })
-    };
-
     if let Some(driver) = &node.driver {
-        let subject = format!("driver {driver}");
-        match (image.require_cuda, matrix.cuda_ceiling(driver)) {
-            (Some(need), Some(ceiling)) if ceiling < need => push(
-                false,
-                subject,
-                format!("supports CUDA up to {ceiling}; the image requires CUDA >= {need} (NVIDIA_REQUIRE_CUDA), so the NVIDIA runtime refuses to start it (`requirement error: unsatisfied condition: cuda>={need}`)"),
-                Some(format!(
-                    "upgrade the driver to {} or newer, or use an image built for CUDA {ceiling} or older",
-                    matrix
-                        .min_driver_for(&need)
-                        .map(|d| d.to_string())
-                        .unwrap_or_else(|| format!("one that supports CUDA {need}"))
-                )),
-            ),
-            (Some(need), Some(ceiling)) => push(
-                true,
-                subject,
-                format!("supports CUDA up to {ceiling}; the image requires CUDA >= {need}"),
-                None,
-            ),
-            (Some(need), None) => push(
-                false,
-                subject,
-                format!("is older than every driver the matrix knows; the image requires CUDA >= {need}"),
-                Some("upgrade the driver".to_string()),
-            ),
-            (None, _) => push(
-                true,
-                subject.clone(),
-                "the image sets no NVIDIA_REQUIRE_CUDA, nothing to compare".to_string(),
-                None,
-            ),
-        }
-        if let Some(floor) = &image.driver_floor {
-            if driver < floor {
-                push(
-                    false,
-                    format!("driver {driver}"),
-                    format!("is below the recipe's driver floor {floor}"),
-                    Some(format!("upgrade the driver to {floor} or newer")),
-                );
-            }
-        }
+        check_driver(matrix, image, driver, &mut findings);
     }
-
     for gpu in &node.gpus {
-        let cc = gpu.compute_capability;
-        let subject = format!("{} (sm_{}{})", gpu.name, cc.major, cc.minor);
-        let sm_list = |archs: &[ComputeCapability]| {
-            archs.iter().map(|s| s.sm()).collect::<Vec<_>>().join(" ")
-        };
-        if !image.sm.is_empty() {
-            match image.sm.iter().filter(|arch| arch.cubin_runs_on(&cc)).max() {
-                Some(arch) => push(
-                    true,
-                    subject.clone(),
-                    format!("runs the build's {} kernels", arch.sm()),
-                    None,
-                ),
-                None => push(
-                    false,
-                    subject.clone(),
-                    format!("has no kernels in this build ({}): torch fails with `no kernel image is available for execution on the device`", sm_list(&image.sm)),
-                    Some("use a torch build whose arch list covers this GPU (`cudastack solve --gpu NAME`)".to_string()),
-                ),
-            }
-        } else if let Some(cuda) = image.require_cuda {
-            // No torch: the CUDA libraries carry code for what the toolkit targets, the
-            // native probe's device.kernels rule (expect.json's `cuda_archs`).
-            let archs = matrix.cuda_archs(cuda);
-            match archs.iter().filter(|arch| arch.cubin_runs_on(&cc)).max() {
-                Some(arch) => push(
-                    true,
-                    subject.clone(),
-                    format!("within CUDA {cuda}'s archs: its libraries can carry {} kernels (no torch arch list to compare)", arch.sm()),
-                    None,
-                ),
-                None => push(
-                    false,
-                    subject.clone(),
-                    format!("is not among the archs CUDA {cuda} generates code for ({}): its cuBLAS/cuDNN carry no kernels for this GPU", sm_list(&archs)),
-                    Some("use an image of a CUDA release that targets this GPU (`cudastack check` of a recipe names it: error[gpu-arch-too-new] / error[gpu-arch-removed])".to_string()),
-                ),
-            }
-        } else {
-            push(
-                true,
-                subject.clone(),
-                "the image declares no kernel arch list and no CUDA requirement, nothing to compare".to_string(),
-                None,
-            );
-        }
-        if let Some(row) = image
-            .verified
-            .iter()
-            .find(|row| row.compute_capability == format!("{}.{}", cc.major, cc.minor))
-        {
-            push(
-                true,
-                format!("{} (sm_{}{})", gpu.name, cc.major, cc.minor),
-                format!(
-                    "verified on {} with driver {} on {}",
-                    row.gpu, row.driver, row.date
-                ),
-                None,
-            );
-        }
+        check_gpu(matrix, image, gpu, &mut findings);
     }
-
     if findings.iter().any(|f| !f.ok) {
         return Answer {
             fits: Fit::No,
@@ -270,6 +157,139 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
         },
         unknown_because,
         findings,
+    }
+}
+
+/// The node's driver against the image's NVIDIA_REQUIRE_CUDA and driver floor.
+fn check_driver(
+    matrix: &Matrix,
+    image: &ImageClaims,
+    driver: &DriverVersion,
+    findings: &mut Vec<Finding>,
+) {
+    let mut push = |ok: bool, subject: String, what: String, hint: Option<String>| {
+        findings.push(Finding {
+            ok,
+            subject,
+            what,
+            hint,
+        })
+    };
+    let subject = format!("driver {driver}");
+    match (image.require_cuda, matrix.cuda_ceiling(driver)) {
+        (Some(need), Some(ceiling)) if ceiling < need => push(
+            false,
+            subject,
+            format!("supports CUDA up to {ceiling}; the image requires CUDA >= {need} (NVIDIA_REQUIRE_CUDA), so the NVIDIA runtime refuses to start it (`requirement error: unsatisfied condition: cuda>={need}`)"),
+            Some(format!(
+                "upgrade the driver to {} or newer, or use an image built for CUDA {ceiling} or older",
+                matrix
+                    .min_driver_for(&need)
+                    .map(|d| d.to_string())
+                    .unwrap_or_else(|| format!("one that supports CUDA {need}"))
+            )),
+        ),
+        (Some(need), Some(ceiling)) => push(
+            true,
+            subject,
+            format!("supports CUDA up to {ceiling}; the image requires CUDA >= {need}"),
+            None,
+        ),
+        (Some(need), None) => push(
+            false,
+            subject,
+            format!("is older than every driver the matrix knows; the image requires CUDA >= {need}"),
+            Some("upgrade the driver".to_string()),
+        ),
+        (None, _) => push(
+            true,
+            subject.clone(),
+            "the image sets no NVIDIA_REQUIRE_CUDA, nothing to compare".to_string(),
+            None,
+        ),
+    }
+    if let Some(floor) = &image.driver_floor {
+        if driver < floor {
+            push(
+                false,
+                format!("driver {driver}"),
+                format!("is below the recipe's driver floor {floor}"),
+                Some(format!("upgrade the driver to {floor} or newer")),
+            );
+        }
+    }
+}
+
+/// One GPU of the node against the kernels the image carries, and what it was verified on.
+fn check_gpu(matrix: &Matrix, image: &ImageClaims, gpu: &NodeGpu, findings: &mut Vec<Finding>) {
+    let mut push = |ok: bool, subject: String, what: String, hint: Option<String>| {
+        findings.push(Finding {
+            ok,
+            subject,
+            what,
+            hint,
+        })
+    };
+    let cc = gpu.compute_capability;
+    let subject = format!("{} (sm_{}{})", gpu.name, cc.major, cc.minor);
+    let sm_list =
+        |archs: &[ComputeCapability]| archs.iter().map(|s| s.sm()).collect::<Vec<_>>().join(" ");
+    if !image.sm.is_empty() {
+        match image.sm.iter().filter(|arch| arch.cubin_runs_on(&cc)).max() {
+            Some(arch) => push(
+                true,
+                subject.clone(),
+                format!("runs the build's {} kernels", arch.sm()),
+                None,
+            ),
+            None => push(
+                false,
+                subject.clone(),
+                format!("has no kernels in this build ({}): torch fails with `no kernel image is available for execution on the device`", sm_list(&image.sm)),
+                Some("use a torch build whose arch list covers this GPU (`cudastack solve --gpu NAME`)".to_string()),
+            ),
+        }
+    } else if let Some(cuda) = image.require_cuda {
+        // No torch: the CUDA libraries carry code for what the toolkit targets, the
+        // native probe's device.kernels rule (expect.json's `cuda_archs`).
+        let archs = matrix.cuda_archs(cuda);
+        match archs.iter().filter(|arch| arch.cubin_runs_on(&cc)).max() {
+            Some(arch) => push(
+                true,
+                subject.clone(),
+                format!("within CUDA {cuda}'s archs: its libraries can carry {} kernels (no torch arch list to compare)", arch.sm()),
+                None,
+            ),
+            None => push(
+                false,
+                subject.clone(),
+                format!("is not among the archs CUDA {cuda} generates code for ({}): its cuBLAS/cuDNN carry no kernels for this GPU", sm_list(&archs)),
+                Some("use an image of a CUDA release that targets this GPU (`cudastack check` of a recipe names it: error[gpu-arch-too-new] / error[gpu-arch-removed])".to_string()),
+            ),
+        }
+    } else {
+        push(
+            true,
+            subject.clone(),
+            "the image declares no kernel arch list and no CUDA requirement, nothing to compare"
+                .to_string(),
+            None,
+        );
+    }
+    if let Some(row) = image
+        .verified
+        .iter()
+        .find(|row| row.compute_capability == format!("{}.{}", cc.major, cc.minor))
+    {
+        push(
+            true,
+            format!("{} (sm_{}{})", gpu.name, cc.major, cc.minor),
+            format!(
+                "verified on {} with driver {} on {}",
+                row.gpu, row.driver, row.date
+            ),
+            None,
+        );
     }
 }
 

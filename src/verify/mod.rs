@@ -14,6 +14,10 @@
 //!         NVIDIA_REQUIRE_CUDA), so a login node can answer without pulling layers.
 //! ```
 //!
+//! [`probe`] holds the assets the build bakes in (probe.py, the native probe, the
+//! expectations document); it depends on nothing of the assembler, which computes the
+//! expectations and writes them.
+//!
 //! The probe is baked in rather than mounted at verify time so that every runner (Docker,
 //! a Kubernetes Job, enroot on Slurm) runs the same bytes with nothing to mount; it is a
 //! few tens of KiB in the small config layer, and a probe change rebuilds only that layer.
@@ -21,20 +25,15 @@
 
 pub mod cache;
 pub mod check;
-pub mod expect;
-pub mod glibc;
-pub mod native_probe;
+pub mod probe;
 pub mod record;
 pub mod report;
 pub mod runner;
 pub mod source;
 
-/// Where the probe lives inside every image cudastack builds.
-pub const PROBE_PATH: &str = "/opt/cudastack/probe/probe.py";
-/// What the recipe and lock say the image holds; the probe compares against it.
-pub const EXPECT_PATH: &str = "/usr/share/cudastack/expect.json";
-/// The probe's source, baked into images.
-pub const PROBE_SOURCE: &str = include_str!("../../probe/probe.py");
+// The probe assets under their old paths.
+pub use probe::native as native_probe;
+pub use probe::{expect, glibc, EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
 /// Prefix of the report line the probe prints last on stdout.
 pub const REPORT_PREFIX: &str = "cudastack-report-v1 ";
 /// The OCI artifact type of a stored verification report.

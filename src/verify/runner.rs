@@ -18,7 +18,7 @@ use super::record::{record_in_layout, RecordError, Recorded};
 use super::report::{ImageFacts, Level, Report, ReportError, RunnerFacts, Status};
 use super::{probe_command, PROBE_SOURCE};
 use crate::engine::load::layout_tags;
-use crate::engine::run::{GpuRequest, Reaped, RunSpec};
+use crate::engine::run::{GpuRequest, Reaped, RunOutcome, RunSpec};
 use crate::engine::{Engine, EngineError, LoadReport};
 use crate::oci::layout;
 
@@ -142,20 +142,7 @@ pub async fn verify_layout(
     let started = std::time::Instant::now();
     let info = engine.info().await?;
     let reaped = engine.reap_orphans().await?;
-    let (gpus, note) = match &settings.gpus {
-        GpuChoice::Exactly(request) => (request.clone(), None),
-        GpuChoice::Required(request) => {
-            gpu_visible(&info).map_err(|reason| VerifyError::NoGpu { reason })?;
-            (request.clone(), None)
-        }
-        GpuChoice::Auto => match gpu_visible(&info) {
-            Ok(()) => (GpuRequest::All, None),
-            Err(reason) => (
-                GpuRequest::None,
-                Some(format!("{reason}: static level only")),
-            ),
-        },
-    };
+    let (gpus, note) = choose_gpus(&settings.gpus, &info)?;
     let resolved = layout::resolve(dir, ref_name)?;
     let location = format!("oci:{}:{ref_name}", dir.display());
     let image_facts = ImageFacts {
@@ -192,27 +179,14 @@ pub async fn verify_layout(
         });
     }
     let tags = layout_tags(dir, ref_name)?;
-    // By config or manifest digest: the containerd image store names images by the latter.
-    let was_present = engine
-        .has_image(&resolved.config_digest, &resolved.manifest_digest)
-        .await?;
-    let load = engine.load_layout(dir, ref_name, &tags).await?;
-    let image = load.image_id.to_string();
-    let mut spec = RunSpec::new(image.clone(), probe_command(settings.level));
-    spec.entrypoint = Some(Vec::new());
-    spec.gpus = gpus.clone();
-    spec.timeout = settings.timeout;
-    spec.labels = vec![(
-        "io.cudastack.verify".to_string(),
-        resolved.manifest_digest.to_string(),
-    )];
-    // A tagged image stays loaded (like `docker build` leaves its result); one without tags
-    // would only be an anonymous leftover, so it goes again if this run brought it.
-    let outcome = engine.run(&spec).await;
-    if tags.is_empty() && !was_present {
-        let _ = engine.remove_image(&image).await;
-    }
-    let outcome = outcome?;
+    let image = ProbeImage {
+        dir,
+        ref_name,
+        tags: &tags,
+        manifest_digest: &resolved.manifest_digest,
+        config_digest: &resolved.config_digest,
+    };
+    let (load, outcome) = run_probe(engine, &image, &gpus, settings).await?;
     if outcome.timed_out {
         return Err(VerifyError::TimedOut {
             image: location,
@@ -228,16 +202,7 @@ pub async fn verify_layout(
             }
         })?;
     report.image = Some(image_facts);
-    report.runner = Some(RunnerFacts {
-        kind: "docker".to_string(),
-        cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
-        gpus_requested: describe(&gpus),
-        engine: Some(format!(
-            "Docker {} (API {})",
-            info.server_version, info.api_version
-        )),
-        note,
-    });
+    report.runner = Some(docker_runner_facts(&gpus, &info, note));
     if let Some((cache, key)) = &cache {
         // A cache that cannot be written costs the next run time, not this one its result.
         if let Err(error) = cache.put(key, &report) {
@@ -257,6 +222,88 @@ pub async fn verify_layout(
         cached: None,
         reaped,
     })
+}
+
+/// The GPUs to ask for, and a note for the report when the choice fell back to none.
+fn choose_gpus(
+    choice: &GpuChoice,
+    info: &crate::engine::EngineInfo,
+) -> Result<(GpuRequest, Option<String>), VerifyError> {
+    Ok(match choice {
+        GpuChoice::Exactly(request) => (request.clone(), None),
+        GpuChoice::Required(request) => {
+            gpu_visible(info).map_err(|reason| VerifyError::NoGpu { reason })?;
+            (request.clone(), None)
+        }
+        GpuChoice::Auto => match gpu_visible(info) {
+            Ok(()) => (GpuRequest::All, None),
+            Err(reason) => (
+                GpuRequest::None,
+                Some(format!("{reason}: static level only")),
+            ),
+        },
+    })
+}
+
+/// The image of a layout the probe runs in.
+struct ProbeImage<'a> {
+    dir: &'a Path,
+    ref_name: &'a str,
+    /// The tags it is loaded under (none: removed again after the run if this run
+    /// brought it).
+    tags: &'a [String],
+    manifest_digest: &'a crate::digest::Digest,
+    config_digest: &'a crate::digest::Digest,
+}
+
+/// Load the image (skipped when present) and run the probe in a container of it.
+async fn run_probe(
+    engine: &Engine,
+    image: &ProbeImage<'_>,
+    gpus: &GpuRequest,
+    settings: &VerifySettings,
+) -> Result<(LoadReport, RunOutcome), VerifyError> {
+    // By config or manifest digest: the containerd image store names images by the latter.
+    let was_present = engine
+        .has_image(image.config_digest, image.manifest_digest)
+        .await?;
+    let load = engine
+        .load_layout(image.dir, image.ref_name, image.tags)
+        .await?;
+    let image_id = load.image_id.to_string();
+    let mut spec = RunSpec::new(image_id.clone(), probe_command(settings.level));
+    spec.entrypoint = Some(Vec::new());
+    spec.gpus = gpus.clone();
+    spec.timeout = settings.timeout;
+    spec.labels = vec![(
+        "io.cudastack.verify".to_string(),
+        image.manifest_digest.to_string(),
+    )];
+    // A tagged image stays loaded (like `docker build` leaves its result); one without tags
+    // would only be an anonymous leftover, so it goes again if this run brought it.
+    let outcome = engine.run(&spec).await;
+    if image.tags.is_empty() && !was_present {
+        let _ = engine.remove_image(&image_id).await;
+    }
+    Ok((load, outcome?))
+}
+
+/// How the probe was run, for the report.
+fn docker_runner_facts(
+    gpus: &GpuRequest,
+    info: &crate::engine::EngineInfo,
+    note: Option<String>,
+) -> RunnerFacts {
+    RunnerFacts {
+        kind: "docker".to_string(),
+        cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
+        gpus_requested: describe(gpus),
+        engine: Some(format!(
+            "Docker {} (API {})",
+            info.server_version, info.api_version
+        )),
+        note,
+    }
 }
 
 fn with_stderr(error: ReportError, stderr: &str) -> ReportError {

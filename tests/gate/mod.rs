@@ -163,7 +163,8 @@ pub fn log_path() -> PathBuf {
 fn log(component: &str, reason: &str) {
     let thread = std::thread::current();
     let test = match thread.name() {
-        Some(name) if name != "main" => format!("{}::{name}", env!("CARGO_CRATE_NAME")),
+        // libtest names the thread after the test: `<file>::<test>` in the one suite binary.
+        Some(name) if name != "main" => name.to_string(),
         _ => env!("CARGO_CRATE_NAME").to_string(),
     };
     let clean = |text: &str| text.replace(['\n', '\r', '\t'], " ");

@@ -2,8 +2,13 @@
 //!
 //! An assembled image lives in a host directory, but its symlinks are written for the
 //! container: an absolute target such as `/usr/local/cuda/lib64` means `<root>/usr/local/...`,
-//! never the host's `/usr/local`. Everything that follows links in a staged root (the audit,
-//! the one-copy planner) goes through [`resolve_in_root`], which never leaves the root.
+//! never the host's `/usr/local`. Everything that follows links in a staged root (the
+//! installer, the ld.so.cache writer, the audit) goes through [`resolve_in_root`], which never
+//! leaves the root.
+//!
+//! Shared vocabulary at the bottom of the dependency order: it depends on `std` only, so
+//! `install`, `stack` and `audit` can all use it without depending on each other (it used to
+//! be `audit::rootfs`, which made install depend on audit; issue 17).
 
 use std::collections::VecDeque;
 use std::ffi::OsString;

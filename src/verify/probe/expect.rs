@@ -1,12 +1,9 @@
 //! What the probe should find: written at build time from the recipe, the lock and the
-//! matrix into EXPECT_PATH, so the probe needs no arguments in any runner.
+//! matrix into EXPECT_PATH, so the probe needs no arguments in any runner. The assembler
+//! computes it from the stack it builds (`stack::layers::config::expectations`); this
+//! module only defines the document.
 
 use serde::{Deserialize, Serialize};
-
-use crate::lock::lockfile::Lockfile;
-use crate::matrix::{Matrix, TorchBuild};
-use crate::recipe::Recipe;
-use crate::stack::config::ToolkitPaths;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Expectations {
@@ -39,42 +36,6 @@ pub struct Expectations {
 }
 
 impl Expectations {
-    pub fn for_stack(
-        matrix: &Matrix,
-        recipe: &Recipe,
-        torch_build: Option<&TorchBuild>,
-        lock: &Lockfile,
-    ) -> Self {
-        let version_of = |pick: &dyn Fn(&str) -> bool| {
-            lock.artifacts
-                .iter()
-                .find(|a| pick(&a.name))
-                .map(|a| a.version.clone())
-        };
-        let paths = ToolkitPaths::new(recipe.cuda.version, lock.target.arch);
-        Self {
-            recipe: recipe.name.clone(),
-            python: recipe.python.to_string(),
-            torch: version_of(&|name| name == "torch"),
-            cuda: torch_build
-                .map(|b| b.cuda.line().to_string())
-                .unwrap_or_else(|| recipe.cuda.version.line().to_string()),
-            cuda_runtime: version_of(&|name| name.starts_with("nvidia-cuda-runtime")),
-            cudnn: version_of(&|name| name.starts_with("nvidia-cudnn")),
-            driver_floor: recipe.driver_floor.to_string(),
-            minor_version_compat: recipe.minor_version_compat,
-            sm: torch_build
-                .map(|b| b.arch_list.iter().map(|cc| cc.sm()).collect())
-                .unwrap_or_default(),
-            cuda_lib_dir: paths.lib_dir(),
-            cuda_archs: matrix
-                .cuda_archs(recipe.cuda.version)
-                .iter()
-                .map(|cc| cc.sm())
-                .collect(),
-        }
-    }
-
     /// Canonical bytes (sorted keys), so the config layer is deterministic.
     pub fn to_json(&self) -> Vec<u8> {
         let mut bytes = crate::oci::canonical::to_canonical_json(self).expect("serialises");

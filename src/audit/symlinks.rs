@@ -1,0 +1,37 @@
+//! Symlinks: every link resolves inside the root (absolute targets mean the image's `/`),
+//! without a loop.
+
+use std::path::{Path, PathBuf};
+
+use super::{io_error, AuditError, Finding, FindingKind};
+use crate::rootfs::{host_path, resolve_in_root, Resolution};
+
+/// A finding for each dangling or looping link among `links` (image paths).
+pub(super) fn check(root: &Path, links: &[PathBuf]) -> Result<Vec<Finding>, AuditError> {
+    let mut findings = Vec::new();
+    for link in links {
+        match resolve_in_root(root, link).map_err(io_error(link))? {
+            Resolution::Found(_) => {}
+            Resolution::Missing { at } => {
+                let target = std::fs::read_link(host_path(root, link)).map_err(io_error(link))?;
+                findings.push(Finding {
+                    kind: FindingKind::DanglingSymlink,
+                    paths: vec![link.clone()],
+                    evidence: format!(
+                        "points to `{}`; `{}` does not exist in the image",
+                        target.display(),
+                        at.display()
+                    ),
+                    hint: "copy the target with the link (`cp -P` / keep the whole symlink chain), or remove the link".into(),
+                });
+            }
+            Resolution::Loop => findings.push(Finding {
+                kind: FindingKind::SymlinkLoop,
+                paths: vec![link.clone()],
+                evidence: "more than 40 symlinks followed".into(),
+                hint: "break the cycle of links".into(),
+            }),
+        }
+    }
+    Ok(findings)
+}

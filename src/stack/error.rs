@@ -1,0 +1,89 @@
+//! The one error type of `cudastack build` ([`BuildError`]), shared by every step of the
+//! assembly (inputs, staging, the layer stagers, the output), so each step can use `?`
+//! without converting, and the messages stay in one voice.
+
+use std::path::{Path, PathBuf};
+
+use crate::digest::Digest;
+use crate::matrix::validate::Problem;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Recipe(#[from] crate::recipe::RecipeError),
+    #[error("recipe `{recipe}` is not valid:\n{}", render_problems(problems))]
+    Invalid {
+        recipe: String,
+        problems: Vec<Problem>,
+    },
+    #[error("recipe `{recipe}` has no lock file `{lock}`; run `cudastack lock {recipe}` first")]
+    NoLock { recipe: PathBuf, lock: PathBuf },
+    #[error("lock file `{lock}` is stale: it was made from another version of the recipe\n  Expected: {expected}\n  Found:    {found}\nrun `cudastack lock {recipe}` again")]
+    StaleLock {
+        recipe: PathBuf,
+        lock: PathBuf,
+        expected: Digest,
+        found: Digest,
+    },
+    #[error(transparent)]
+    Lockfile(#[from] crate::lock::lockfile::LockfileError),
+    #[error(transparent)]
+    Download(#[from] crate::fetch::download::DownloadError),
+    #[error(transparent)]
+    Http(#[from] crate::fetch::http::HttpError),
+    #[error(transparent)]
+    Cas(#[from] crate::cas::CasError),
+    #[error(transparent)]
+    Base(#[from] crate::stack::base::BaseError),
+    #[error(transparent)]
+    Toolkit(#[from] crate::stack::toolkit::ToolkitError),
+    #[error(transparent)]
+    Install(#[from] crate::install::InstallError),
+    #[error(transparent)]
+    Layer(#[from] crate::layer::LayerError),
+    #[error(transparent)]
+    Oci(#[from] crate::oci::OciError),
+    #[error(transparent)]
+    Audit(#[from] crate::audit::AuditError),
+    #[error("the static audit of the assembled image failed:\n{0}")]
+    AuditFailed(String),
+    #[error(
+        "the base {base} provides {what} {found}, but the wheels need {expected}\n  hint: {hint}"
+    )]
+    BaseMismatch {
+        base: String,
+        what: &'static str,
+        found: String,
+        expected: String,
+        hint: String,
+    },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("I/O error on `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{command}` failed ({status}):\n{output}")]
+    Command {
+        command: String,
+        status: String,
+        output: String,
+    },
+}
+
+fn render_problems(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  error[{}]: {}\n    hint: {}", p.code, p.what, p.hint))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+pub(crate) fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
+    move |source| BuildError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}

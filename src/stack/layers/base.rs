@@ -1,0 +1,148 @@
+//! The `base` layer: a Debian or Ubuntu root built by mmdebstrap ([`crate::stack::base`]),
+//! with the packages the rest of the stack needs, checked against the Python and glibc the
+//! locked wheels were chosen for.
+
+use std::path::{Path, PathBuf};
+
+use super::{LayerStager, ASSEMBLER};
+use crate::layer::{CacheKey, DirOptions, ModePolicy};
+use crate::lock::lockfile::Lockfile;
+use crate::recipe::{Base, Recipe};
+use crate::stack::base::{debootstrap, inspect_rootfs, DebootstrapSpec, RootfsFacts};
+use crate::stack::error::BuildError;
+use crate::stack::prepare::PlatformInputs;
+use crate::stack::staging::{write_record, Staging};
+
+/// The base layer of one platform: the mmdebstrap spec is its whole cache key.
+pub(crate) struct BaseLayer<'a> {
+    spec: DebootstrapSpec,
+    key: CacheKey,
+    /// The base's facts, recorded beside its staged tree ([`Self::facts`]).
+    facts_record: PathBuf,
+    recipe: &'a Recipe,
+    lock: &'a Lockfile,
+}
+
+impl<'a> BaseLayer<'a> {
+    pub fn plan(
+        inputs: &'a PlatformInputs,
+        mtime: u64,
+        staging: &Staging,
+    ) -> Result<Self, BuildError> {
+        let (distro, release) = match &inputs.recipe.base {
+            Base::Debian(release) => ("debian", release.as_str()),
+            Base::Ubuntu(release) => ("ubuntu", release.as_str()),
+            other => return Err(BuildError::Unsupported(format!("base {other} is not supported by `cudastack build` yet; build from `debian:` or `ubuntu:` releases"))),
+        };
+        let mut spec = DebootstrapSpec::for_python_stack(distro, release, mtime)
+            .for_architecture(inputs.platform.to_debian());
+        // cuFile's RDMA plugin (GPUDirect Storage, nvidia-cufile wheels from torch 2.7 on)
+        // links the rdma-core user-space libraries; the distribution's packages provide
+        // them, so every DT_NEEDED in the image resolves.
+        if inputs
+            .lock
+            .artifacts
+            .iter()
+            .any(|a| a.name.starts_with("nvidia-cufile"))
+        {
+            spec.packages
+                .extend(["libibverbs1", "librdmacm1", "ibverbs-providers"].map(String::from));
+        }
+        let assembler = match spec.foreign_architecture {
+            None => format!("{ASSEMBLER}/base-mmdebstrap"),
+            Some(_) => format!(
+                "{ASSEMBLER}/base-mmdebstrap-{}",
+                crate::stack::foreign_base::ASSEMBLER
+            ),
+        };
+        let key = CacheKey::new(&assembler, &[], &spec);
+        let facts_record = staging.dir(&key).with_extension("facts.json");
+        Ok(Self {
+            spec,
+            key,
+            facts_record,
+            recipe: inputs.recipe,
+            lock: &inputs.lock,
+        })
+    }
+
+    /// Where the base's [`RootfsFacts`] are recorded once its tree has been opened.
+    pub fn facts_record(&self) -> &Path {
+        &self.facts_record
+    }
+
+    /// The recorded facts of the base; none known when the record is missing or unreadable.
+    pub fn facts(&self) -> RootfsFacts {
+        fs_err::read(&self.facts_record)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(RootfsFacts {
+                python: None,
+                glibc: None,
+                os: None,
+            })
+    }
+}
+
+impl LayerStager for BaseLayer<'_> {
+    fn name(&self) -> &'static str {
+        "base"
+    }
+    fn key(&self) -> &CacheKey {
+        &self.key
+    }
+    fn stage(&self, dir: &Path) -> Result<(), BuildError> {
+        Ok(debootstrap(&self.spec, dir)?)
+    }
+    /// The base is a root filesystem: modes and owners as the packages set them.
+    fn walk(&self) -> DirOptions {
+        DirOptions {
+            modes: ModePolicy::Exact,
+            keep_owners: true,
+            prefix: None,
+        }
+    }
+    fn staged(&self, dir: &Path) -> Result<(), BuildError> {
+        let facts = inspect_rootfs(dir)?;
+        check_base(self.recipe, &facts, self.lock)?;
+        write_record(
+            &self.facts_record,
+            &serde_json::to_vec(&facts).expect("facts serialise"),
+        )
+    }
+}
+
+/// The base must provide the Python and glibc the locked wheels were chosen for.
+fn check_base(recipe: &Recipe, facts: &RootfsFacts, lock: &Lockfile) -> Result<(), BuildError> {
+    match facts.python {
+        Some(python) if python == recipe.python => {}
+        found => {
+            return Err(BuildError::BaseMismatch {
+                base: recipe.base.to_string(),
+                what: "Python",
+                found: found
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "no python3".into()),
+                expected: recipe.python.to_string(),
+                hint: "set `python:` to the base's version, or pick a base release that ships it"
+                    .into(),
+            })
+        }
+    }
+    let target = (
+        u32::from(lock.target.glibc.major),
+        u32::from(lock.target.glibc.minor),
+    );
+    if let Some(glibc) = facts.glibc {
+        if glibc < target {
+            return Err(BuildError::BaseMismatch {
+                base: recipe.base.to_string(),
+                what: "glibc",
+                found: format!("{}.{}", glibc.0, glibc.1),
+                expected: format!(">= {}.{} (the lock's manylinux level)", target.0, target.1),
+                hint: "lock again for this base, or use a newer base release".into(),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,216 @@
+//! The `config` layer: the small top layer that makes the stack one coherent environment
+//! and carries its own proof. It holds the loader configuration (`ld.so.conf.d` naming the
+//! one CUDA library directory) and the loader cache over the whole merged tree, the recipe
+//! and lock it was built from, and the verification probe with what it should find, so
+//! every runner (Docker, a Kubernetes Job, enroot) runs the same probe with nothing to
+//! mount. Its key names the keys of every layer below: the loader cache covers them all.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::{BuildEnv, LayerStager, ASSEMBLER};
+use crate::digest::Digest;
+use crate::elf::Machine;
+use crate::layer::CacheKey;
+use crate::recipe::Platform;
+use crate::stack::base::inspect_rootfs;
+use crate::stack::config::ld_so_conf;
+use crate::stack::error::{io_error, BuildError};
+use crate::stack::ldcache;
+use crate::stack::prepare::{host_platform, PlatformInputs};
+use crate::stack::settings::BuildProgress;
+use crate::stack::staging::{merge_trees, run, write_file, Staging};
+use crate::verify::probe::expect::Expectations;
+use crate::verify::probe::glibc::can_run_on;
+use crate::verify::probe::native::{self, NativeProbe, NATIVE_PROBE_PATH};
+use crate::verify::probe::{EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
+
+/// The config layer of one platform.
+pub(crate) struct ConfigLayer<'a> {
+    key: CacheKey,
+    /// `etc/ld.so.conf.d/000-cuda-X.Y.conf` and its one line.
+    conf_path: String,
+    conf_text: String,
+    recipe_json: String,
+    lock_json: String,
+    expect_json: Vec<u8>,
+    /// The native probe, for images without torch, when one is built for them.
+    native_probe: Option<NativeProbe>,
+    /// The staged trees of the base, cuda, cudnn and python layers.
+    below: [PathBuf; 4],
+    platform: Platform,
+    machine: Machine,
+    staging: &'a Staging,
+    progress: &'a dyn BuildProgress,
+}
+
+impl<'a> ConfigLayer<'a> {
+    /// Plan the config layer over the four layers `below` (base, cuda, cudnn, python).
+    pub fn plan(inputs: &PlatformInputs, below: [&dyn LayerStager; 4], env: &BuildEnv<'a>) -> Self {
+        let (conf_path, conf_text) = ld_so_conf(&inputs.paths());
+        let recipe_json = inputs.recipe.canonical_json();
+        let lock_json = inputs.lock.to_json();
+        let expect_json = expectations(inputs).to_json();
+        let native_probe = native_probe(inputs, env.progress);
+        let key = CacheKey::new(
+            &format!("{ASSEMBLER}/config"),
+            &below
+                .iter()
+                .map(|layer| layer.key().digest())
+                .chain([
+                    Digest::of_bytes(recipe_json.as_bytes()),
+                    Digest::of_bytes(lock_json.as_bytes()),
+                    Digest::of_bytes(PROBE_SOURCE.as_bytes()),
+                    Digest::of_bytes(&expect_json),
+                ])
+                .chain(native_probe.as_ref().map(|p| p.digest))
+                .collect::<Vec<_>>(),
+            &conf_text,
+        );
+        Self {
+            key,
+            conf_path,
+            conf_text,
+            recipe_json,
+            lock_json,
+            expect_json,
+            native_probe,
+            below: below.map(|layer| env.staging.dir(layer.key())),
+            platform: inputs.platform,
+            machine: inputs.machine(),
+            staging: env.staging,
+            progress: env.progress,
+        }
+    }
+
+    /// The loader configuration, the provenance files, the probe and its expectations.
+    fn write_files(&self, dir: &Path) -> Result<(), BuildError> {
+        write_file(&dir.join(&self.conf_path), self.conf_text.as_bytes())?;
+        write_file(
+            &dir.join("usr/share/cudastack/recipe.json"),
+            self.recipe_json.as_bytes(),
+        )?;
+        write_file(
+            &dir.join("usr/share/cudastack/lock.json"),
+            self.lock_json.as_bytes(),
+        )?;
+        write_file(
+            &dir.join(EXPECT_PATH.trim_start_matches('/')),
+            &self.expect_json,
+        )?;
+        write_executable(
+            &dir.join(PROBE_PATH.trim_start_matches('/')),
+            PROBE_SOURCE.as_bytes(),
+        )
+    }
+
+    /// The native probe, when the base's glibc can run it.
+    fn write_native_probe(&self, dir: &Path) -> Result<(), BuildError> {
+        let Some(native) = &self.native_probe else {
+            return Ok(());
+        };
+        let glibc = inspect_rootfs(&self.below[0])?.glibc;
+        match (native.required_glibc, glibc) {
+            (Some(need), Some(have)) if need > have => {
+                self.progress
+                    .stage("probe", &can_run_on(Some(need), have).unwrap_err());
+                Ok(())
+            }
+            _ => write_executable(
+                &dir.join(NATIVE_PROBE_PATH.trim_start_matches('/')),
+                &native.bytes,
+            ),
+        }
+    }
+
+    /// `etc/ld.so.cache` over every layer: the host's `ldconfig` for the host's platform,
+    /// cudastack's own writer for another (the host's ldconfig skips objects of another
+    /// machine).
+    fn write_loader_cache(&self, dir: &Path) -> Result<(), BuildError> {
+        // A merged root private to this build: two builds of one recipe must not merge
+        // into (or run ldconfig over) the same directory.
+        let scratch = self.staging.scratch(&self.key, "merged")?;
+        let merged = scratch.path();
+        let [base, cuda, cudnn, python] = &self.below;
+        merge_trees(&[base, cuda, cudnn, python, dir], merged)?;
+        let cache_bytes = if Some(self.platform) == host_platform() {
+            run(Command::new("ldconfig").arg("-r").arg(merged))?;
+            fs_err::read(merged.join("etc/ld.so.cache")).map_err(io_error(merged))?
+        } else {
+            ldcache::ld_so_cache(merged, self.machine)
+                .map_err(|e| BuildError::Unsupported(e.to_string()))?
+        };
+        write_file(&dir.join("etc/ld.so.cache"), &cache_bytes)
+    }
+}
+
+impl LayerStager for ConfigLayer<'_> {
+    fn name(&self) -> &'static str {
+        "config"
+    }
+    fn key(&self) -> &CacheKey {
+        &self.key
+    }
+    fn stage(&self, dir: &Path) -> Result<(), BuildError> {
+        self.write_files(dir)?;
+        self.write_native_probe(dir)?;
+        self.write_loader_cache(dir)
+    }
+}
+
+fn write_executable(path: &Path, bytes: &[u8]) -> Result<(), BuildError> {
+    write_file(path, bytes)?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .map_err(io_error(path))
+}
+
+/// Images without torch get the native probe too (if built, and if it can run there).
+fn native_probe(inputs: &PlatformInputs, progress: &dyn BuildProgress) -> Option<NativeProbe> {
+    if inputs.lock.artifacts.iter().any(|a| a.name == "torch") {
+        return None;
+    }
+    match native::locate(inputs.recipe.cuda.version.major, inputs.machine()) {
+        Ok(probe) => Some(probe),
+        Err(why) => {
+            progress.stage(
+                "probe",
+                &format!("{why}: the probe runs the static level alone"),
+            );
+            None
+        }
+    }
+}
+
+/// What the probe should find, from the recipe, the lock and the matrix: the stack decides
+/// what it holds, and the probe (in [`crate::verify::probe`]) only compares.
+pub(crate) fn expectations(inputs: &PlatformInputs) -> Expectations {
+    let (matrix, recipe, lock) = (inputs.matrix, inputs.recipe, &inputs.lock);
+    let torch_build = inputs.torch_build.as_ref();
+    let version_of = |pick: &dyn Fn(&str) -> bool| {
+        lock.artifacts
+            .iter()
+            .find(|a| pick(&a.name))
+            .map(|a| a.version.clone())
+    };
+    Expectations {
+        recipe: recipe.name.clone(),
+        python: recipe.python.to_string(),
+        torch: version_of(&|name| name == "torch"),
+        cuda: torch_build
+            .map(|b| b.cuda.line().to_string())
+            .unwrap_or_else(|| recipe.cuda.version.line().to_string()),
+        cuda_runtime: version_of(&|name| name.starts_with("nvidia-cuda-runtime")),
+        cudnn: version_of(&|name| name.starts_with("nvidia-cudnn")),
+        driver_floor: recipe.driver_floor.to_string(),
+        minor_version_compat: recipe.minor_version_compat,
+        sm: torch_build
+            .map(|b| b.arch_list.iter().map(|cc| cc.sm()).collect())
+            .unwrap_or_default(),
+        cuda_lib_dir: inputs.paths().lib_dir(),
+        cuda_archs: matrix
+            .cuda_archs(recipe.cuda.version)
+            .iter()
+            .map(|cc| cc.sm())
+            .collect(),
+    }
+}

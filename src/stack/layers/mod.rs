@@ -1,0 +1,96 @@
+//! The five layers of a CUDA stack, one file per kind, in image order:
+//! [`base`] (a Debian or Ubuntu root) -> [`toolkit`] (the `cuda` and `cudnn` layers, from
+//! the nvidia-* wheels) -> [`python`] (every wheel, nvidia libraries linked to the toolkit's
+//! copies) -> [`config`] (loader configuration and cache, provenance, the probe).
+//!
+//! Each kind is a type that is planned from the platform's inputs (which gives its cache
+//! key) and implements [`LayerStager`] (which fills a staging directory). Planning does no
+//! filesystem work, so a fully cached build stages nothing; [`super::produce`] decides what
+//! to stage. A layer's key names exactly the inputs its tree depends on, including the keys
+//! of the layers below it when it reads their trees.
+
+pub mod base;
+pub mod config;
+pub mod python;
+pub mod toolkit;
+
+use std::path::{Path, PathBuf};
+
+use crate::layer::{BuildOptions, CacheKey, DirOptions, LayerCache};
+use crate::stack::error::BuildError;
+use crate::stack::prepare::PlatformInputs;
+use crate::stack::settings::BuildProgress;
+use crate::stack::staging::Staging;
+
+/// Bump when what an assembler writes changes; it is part of every cache key.
+pub(crate) const ASSEMBLER: &str = concat!("cudastack-", env!("CARGO_PKG_VERSION"), "-stack-1");
+
+/// What every step of the assembly shares: the caches, the layer options, the progress.
+pub(crate) struct BuildEnv<'a> {
+    pub cache: &'a LayerCache,
+    pub staging: &'a Staging,
+    pub options: &'a BuildOptions,
+    pub progress: &'a dyn BuildProgress,
+}
+
+/// One layer kind: its name in the image, its cache key, how to fill its staging directory
+/// and how to walk that directory into a layer.
+pub(crate) trait LayerStager {
+    /// The layer's name in reports and history (`base`, `cuda`, ...).
+    fn name(&self) -> &'static str;
+    fn key(&self) -> &CacheKey;
+    /// Stage the layer's tree into `dir`, a fresh empty directory.
+    fn stage(&self, dir: &Path) -> Result<(), BuildError>;
+    /// How the tree becomes a layer (modes, owners).
+    fn walk(&self) -> DirOptions {
+        DirOptions::default()
+    }
+    /// Checks and records on the staged tree, whether staged now or by an earlier build;
+    /// run whenever the tree is opened.
+    fn staged(&self, _dir: &Path) -> Result<(), BuildError> {
+        Ok(())
+    }
+}
+
+/// The planned layers of one platform's image, bottom to top.
+pub(crate) struct StackLayers<'a> {
+    pub base: base::BaseLayer<'a>,
+    pub cuda: toolkit::ToolkitLayer,
+    pub cudnn: toolkit::ToolkitLayer,
+    pub python: python::PythonLayer<'a>,
+    pub config: config::ConfigLayer<'a>,
+}
+
+impl<'a> StackLayers<'a> {
+    /// Plan every layer (keys, what each reads) from the platform's inputs. Nothing is
+    /// staged; the config layer's planning looks for the native probe.
+    pub fn plan(inputs: &'a PlatformInputs, env: &'a BuildEnv) -> Result<Self, BuildError> {
+        let base = base::BaseLayer::plan(inputs, env.options.mtime, env.staging)?;
+        let (cuda, cudnn) = toolkit::ToolkitLayer::plan(inputs, env.staging);
+        let python = python::PythonLayer::plan(inputs, &cuda, &cudnn);
+        let config = config::ConfigLayer::plan(inputs, [&base, &cuda, &cudnn, &python], env);
+        Ok(Self {
+            base,
+            cuda,
+            cudnn,
+            python,
+            config,
+        })
+    }
+
+    /// The layers in image order.
+    pub fn all(&self) -> [&dyn LayerStager; 5] {
+        [
+            &self.base,
+            &self.cuda,
+            &self.cudnn,
+            &self.python,
+            &self.config,
+        ]
+    }
+
+    /// Where each layer's tree is staged, in image order.
+    pub fn dirs(&self, staging: &Staging) -> Vec<PathBuf> {
+        self.all().iter().map(|l| staging.dir(l.key())).collect()
+    }
+}

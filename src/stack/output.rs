@@ -1,0 +1,128 @@
+//! The last step of a build: the assembled images written into the OCI layout, one image
+//! under `latest` and the recipe's tags, or with several platforms each image under its
+//! platform ref and an image index over them under `latest` and the tags.
+
+use std::path::{Path, PathBuf};
+
+use crate::oci::{self, Image};
+use crate::recipe::{Platform, Recipe};
+use crate::stack::config::StackFacts;
+use crate::stack::error::BuildError;
+use crate::stack::prepare::host_platform;
+use crate::stack::report::{AuditSummary, BuildReport, LayerReport, PlatformReport};
+use crate::stack::settings::{BuildProgress, BuildSettings};
+
+/// One platform's assembled image, before it is written.
+pub(crate) struct Assembled {
+    pub platform: Platform,
+    pub image: Image,
+    pub layers: Vec<LayerReport>,
+    pub audit: AuditSummary,
+    pub audit_cached: bool,
+    pub facts: StackFacts,
+}
+
+/// Render the recipe's tag templates, each checked as an image reference
+/// ([`Recipe::render_tags`]; a bad `--registry` is an error naming the tag).
+pub fn render_tags(
+    recipe_path: &Path,
+    recipe: &Recipe,
+    torch: Option<&str>,
+    cudnn: Option<&str>,
+    registry: &str,
+) -> Result<Vec<String>, crate::recipe::RecipeError> {
+    recipe
+        .render_tags(&recipe.tag_values(registry, torch, cudnn))
+        .map_err(|error| crate::recipe::RecipeError::Tag {
+            path: recipe_path.to_path_buf(),
+            error,
+        })
+}
+
+/// `latest` -> `latest-linux-arm64`: the ref of one platform's image beside the index.
+pub fn platform_ref(ref_name: &str, platform: Platform) -> String {
+    oci::layout::platform_ref_name(ref_name, platform.oci_architecture())
+}
+
+/// Write the assembled images into the OCI layout: one image under `latest` and the
+/// recipe's tags, or with several platforms each image under its platform ref and an image
+/// index over them under `latest` and the tags.
+pub(crate) fn write_output(
+    settings: &BuildSettings,
+    recipe: &Recipe,
+    assembled: Vec<Assembled>,
+    progress: &dyn BuildProgress,
+) -> Result<BuildReport, BuildError> {
+    let first = assembled.first().expect("at least one platform");
+    let tags = render_tags(
+        &settings.recipe_path,
+        recipe,
+        first.facts.torch.as_deref(),
+        first.facts.cudnn.as_deref(),
+        &settings.registry,
+    )?;
+    let layout = settings
+        .layout_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("images").join(&recipe.name));
+    progress.stage("output", &format!("OCI layout {}", layout.display()));
+    let host = host_platform();
+    let mut platforms = Vec::new();
+    let (manifest_digest, host_ref) = if assembled.len() == 1 {
+        let manifest_digest = oci::layout::write(&first.image, &layout, "latest")?;
+        for tag in &tags {
+            oci::layout::write(&first.image, &layout, tag)?;
+        }
+        (
+            manifest_digest,
+            (Some(first.platform) == host).then(|| "latest".to_string()),
+        )
+    } else {
+        let mut children = Vec::new();
+        for built in &assembled {
+            let ref_name = platform_ref("latest", built.platform);
+            oci::layout::write(&built.image, &layout, &ref_name)?;
+            children.push((
+                built.image.documents()?.manifest_descriptor(),
+                built.platform.to_oci(),
+            ));
+        }
+        let digest = oci::layout::write_index(&layout, &children, "latest")?;
+        for tag in &tags {
+            oci::layout::write_index(&layout, &children, tag)?;
+        }
+        let host_ref = host
+            .filter(|h| assembled.iter().any(|a| a.platform == *h))
+            .map(|h| platform_ref("latest", h));
+        (digest, host_ref)
+    };
+    for built in &assembled {
+        platforms.push(PlatformReport {
+            platform: built.platform.as_str().to_string(),
+            manifest_digest: built.image.digest()?,
+            ref_name: if assembled.len() == 1 {
+                "latest".to_string()
+            } else {
+                platform_ref("latest", built.platform)
+            },
+            size: built.layers.iter().map(|l| l.size).sum(),
+            layers: built.layers.clone(),
+            audit: built.audit.clone(),
+            audit_cached: built.audit_cached,
+        });
+    }
+    let first = &platforms[0];
+    Ok(BuildReport {
+        recipe: recipe.name.clone(),
+        manifest_digest,
+        layout,
+        ref_name: "latest".into(),
+        tags,
+        host_ref,
+        layers: first.layers.clone(),
+        size: first.size,
+        audit: first.audit.clone(),
+        audit_cached: first.audit_cached,
+        platforms,
+    })
+}

@@ -1,0 +1,307 @@
+//! The inputs of one platform's image, gathered before any layer is assembled: its lock
+//! (present, made from this recipe, for this platform's wheels), its wheels fetched into
+//! the blob store and linked under their file names, and the CUDA arch list its torch
+//! wheel really carries. Gathering every platform's inputs first makes a platform that
+//! cannot work fail before any layer is staged.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::cas::BlobStore;
+use crate::digest::Digest;
+use crate::elf::Machine;
+use crate::fetch::download::{Downloader, FetchItem};
+use crate::fetch::http::HttpClient;
+use crate::lock::inputs::platform_lock_path;
+use crate::lock::lockfile::{Artifact, ArtifactKind, Lockfile};
+use crate::matrix::validate::{gpu_errors, selected_torch_build};
+use crate::matrix::{Matrix, TorchBuild};
+use crate::recipe::{Platform, Recipe};
+use crate::stack::config::ToolkitPaths;
+use crate::stack::error::{io_error, BuildError};
+use crate::stack::settings::{BuildProgress, BuildSettings};
+use crate::stack::staging::{write_record, Staging};
+
+/// A wheel of the lock, in the blob store and linked under its file name.
+#[derive(Debug, Clone)]
+pub(crate) struct FetchedWheel {
+    /// `wheels/<sha256>/<filename>`, a link to the blob.
+    pub path: PathBuf,
+    pub sha256: Digest,
+    pub version: String,
+}
+
+/// Everything one platform's layers are made from.
+pub(crate) struct PlatformInputs<'a> {
+    pub matrix: &'a Matrix,
+    pub recipe: &'a Recipe,
+    pub platform: Platform,
+    pub lock: Lockfile,
+    /// Wheel name -> the fetched wheel, every wheel of the lock.
+    pub wheels: BTreeMap<String, FetchedWheel>,
+    /// The recipe's torch build with the arch list of this platform's wheel; None without
+    /// torch.
+    pub torch_build: Option<TorchBuild>,
+}
+
+impl PlatformInputs<'_> {
+    /// The wheel architecture the lock was made for.
+    pub fn arch(&self) -> Platform {
+        self.lock.target.arch
+    }
+    /// Where the toolkit lives in this image.
+    pub fn paths(&self) -> ToolkitPaths {
+        ToolkitPaths::new(self.recipe.cuda.version, self.arch())
+    }
+    /// The ELF machine of the image's code.
+    pub fn machine(&self) -> Machine {
+        self.arch().to_elf()
+    }
+}
+
+/// Read `platform`'s lock, fetch its wheels and read its torch wheel's arch list; fail
+/// when a recipe GPU has no kernels in this platform's torch wheel.
+pub(crate) async fn prepare_platform<'a>(
+    settings: &BuildSettings,
+    matrix: &'a Matrix,
+    recipe: &'a Recipe,
+    platform: Platform,
+    store: &BlobStore,
+    staging: &Staging,
+    progress: &dyn BuildProgress,
+) -> Result<PlatformInputs<'a>, BuildError> {
+    let lock = read_lock(settings, recipe, platform)?;
+    let wheels = fetch_wheels(settings, &lock, store, progress).await?;
+    // The arch list this platform's torch wheel really carries (aarch64 builds carry
+    // fewer SASS targets than the x86_64 one the matrix was read from), so the labels
+    // and the probe's expectations describe this image.
+    let torch_build = match (selected_torch_build(matrix, recipe), wheels.get("torch")) {
+        (Some(build), Some(torch)) => Some(tokio::task::block_in_place(|| {
+            with_wheel_arch_list(
+                build,
+                &torch.path,
+                &staging.record_path(&format!("arch-list-{}.json", torch.sha256.hex())),
+                progress,
+            )
+        })?),
+        (build, _) => build.cloned(),
+    };
+    if let Some(build) = &torch_build {
+        let problems = gpu_errors(matrix, recipe, build);
+        if !problems.is_empty() {
+            return Err(BuildError::Invalid {
+                recipe: format!("{} ({platform})", recipe.name),
+                problems,
+            });
+        }
+    }
+    Ok(PlatformInputs {
+        matrix,
+        recipe,
+        platform,
+        lock,
+        wheels,
+        torch_build,
+    })
+}
+
+/// `build` with the CUDA arch list read from `wheel`'s libtorch_python.so (streamed out of
+/// the zip, as `matrix refresh` reads it over HTTP); the matrix's list when none is found.
+fn with_wheel_arch_list(
+    build: &TorchBuild,
+    wheel: &Path,
+    record: &Path,
+    progress: &dyn BuildProgress,
+) -> Result<TorchBuild, BuildError> {
+    // What a wheel carries never changes: scanned once per wheel digest.
+    let scanned: Option<(Vec<crate::version::ComputeCapability>, bool)> = match fs_err::read(record)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+    {
+        Some(found) => found,
+        None => {
+            let found = scan_wheel_arch_list(wheel)?;
+            write_record(record, &serde_json::to_vec(&found).expect("serialises"))?;
+            found
+        }
+    };
+    let Some((arch_list, ptx)) = scanned else {
+        progress.stage(
+            "torch",
+            &format!(
+                "no CUDA arch list found in {}: labels use the matrix row's",
+                crate::matrix::refresh::ARCH_MEMBER
+            ),
+        );
+        return Ok(build.clone());
+    };
+    if arch_list != build.arch_list {
+        let sm = |list: &[crate::version::ComputeCapability]| {
+            list.iter().map(|cc| cc.sm()).collect::<Vec<_>>().join(" ")
+        };
+        progress.stage(
+            "torch",
+            &format!(
+                "this wheel carries {} (the matrix row, read from another wheel: {})",
+                sm(&arch_list),
+                sm(&build.arch_list)
+            ),
+        );
+    }
+    Ok(TorchBuild {
+        arch_list,
+        ptx,
+        ..build.clone()
+    })
+}
+
+/// The arch list in `wheel`'s libtorch_python.so, streamed out of the zip.
+fn scan_wheel_arch_list(
+    wheel: &Path,
+) -> Result<Option<(Vec<crate::version::ComputeCapability>, bool)>, BuildError> {
+    use std::io::Read;
+    let file = fs_err::File::open(wheel).map_err(io_error(wheel))?;
+    let zip_error = |e: zip::result::ZipError| BuildError::Io {
+        path: wheel.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    };
+    let mut archive = zip::ZipArchive::new(file).map_err(zip_error)?;
+    let mut member = match archive.by_name(crate::matrix::refresh::ARCH_MEMBER) {
+        Ok(member) => member,
+        Err(zip::result::ZipError::FileNotFound) => return Ok(None),
+        Err(e) => return Err(zip_error(e)),
+    };
+    let mut scanner = crate::matrix::refresh::ArchScanner::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let read = member.read(&mut chunk).map_err(io_error(wheel))?;
+        if read == 0 {
+            break;
+        }
+        scanner.feed(&chunk[..read]);
+    }
+    Ok(scanner.finish())
+}
+
+/// The lock of `platform`, present and made from this recipe.
+fn read_lock(
+    settings: &BuildSettings,
+    recipe: &Recipe,
+    platform: Platform,
+) -> Result<Lockfile, BuildError> {
+    let lock_file = platform_lock_path(&settings.recipe_path, platform);
+    if !lock_file.exists() {
+        return Err(BuildError::NoLock {
+            recipe: settings.recipe_path.clone(),
+            lock: lock_file,
+        });
+    }
+    let lock = Lockfile::read(&lock_file)?;
+    if lock.is_stale(&recipe.digest()) {
+        return Err(BuildError::StaleLock {
+            recipe: settings.recipe_path.clone(),
+            lock: lock_file,
+            expected: recipe.digest(),
+            found: lock.recipe_digest,
+        });
+    }
+    if lock.target.arch != platform {
+        let wanted = platform.wheel_arch();
+        return Err(BuildError::Unsupported(format!(
+            "lock file `{}` is for {} wheels, but {platform} needs {wanted}; run `cudastack lock {}` again",
+            lock_file.display(),
+            lock.target.arch.wheel_arch(),
+            settings.recipe_path.display()
+        )));
+    }
+    Ok(lock)
+}
+
+/// Download (or find in the blob store) every wheel of `lock`, each linked under its file
+/// name: wheel name -> (path, sha256, version).
+async fn fetch_wheels(
+    settings: &BuildSettings,
+    lock: &Lockfile,
+    store: &BlobStore,
+    progress: &dyn BuildProgress,
+) -> Result<BTreeMap<String, FetchedWheel>, BuildError> {
+    let wheels: Vec<_> = lock
+        .artifacts
+        .iter()
+        .filter(|a| a.kind == ArtifactKind::Wheel)
+        .collect();
+    if lock
+        .artifacts
+        .iter()
+        .any(|a| a.kind == ArtifactKind::RedistArchive)
+    {
+        return Err(BuildError::Unsupported("this lock names NVIDIA redist archives; `cudastack build` installs the CUDA stack from nvidia-* wheels so far".into()));
+    }
+    // URLs and file names were checked when the lock was read (`Artifact::check`).
+    let items: Vec<FetchItem> = wheels.iter().map(|a| a.fetch_item()).collect();
+    let downloader = Downloader::new(
+        HttpClient::with_defaults()?,
+        store.clone(),
+        progress.downloads(),
+    )
+    .offline(settings.offline)
+    .mirrors(settings.mirrors.clone());
+    let missing = downloader.missing(&items).len();
+    progress.stage(
+        "fetch",
+        &format!("{} artifacts, {} to download", items.len(), missing),
+    );
+    let paths = downloader.fetch_all(&items).await?;
+    // Blobs are named by digest; the installer reads a wheel's tags from its file name, so
+    // each gets a link under its real name.
+    let named = settings.cache_root.join("wheels");
+    fs_err::create_dir_all(&named).map_err(io_error(&named))?;
+    let mut wheel_paths: BTreeMap<String, FetchedWheel> = BTreeMap::new();
+    for (artifact, blob) in wheels.iter().zip(paths) {
+        let link = link_wheel(&named, artifact, &blob)?;
+        wheel_paths.insert(
+            artifact.name.clone(),
+            FetchedWheel {
+                path: link,
+                sha256: artifact.sha256,
+                version: artifact.version.clone(),
+            },
+        );
+    }
+    Ok(wheel_paths)
+}
+
+/// `wheels/<sha256>/<filename>` -> the blob. One directory per digest: two indexes may serve
+/// different bytes under one file name (PyPI's and PyTorch's torch wheels), and neither may
+/// replace the other's link. The link is made under a temp name and renamed into place, so a
+/// concurrent build of the same wheel sees the old link or the new one, never none (the
+/// remove-then-create it replaced failed with "File exists" when two builds met).
+fn link_wheel(named: &Path, artifact: &Artifact, blob: &Path) -> Result<PathBuf, BuildError> {
+    let dir = named.join(artifact.sha256.hex());
+    fs_err::create_dir_all(&dir).map_err(io_error(&dir))?;
+    // A `FileName` is one plain component: the link is always directly in `dir`.
+    let link = dir.join(artifact.filename.as_path());
+    if fs_err::read_link(&link).is_ok_and(|target| target == blob) {
+        return Ok(link);
+    }
+    let temp = dir.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        artifact.filename.as_path().display()
+    ));
+    let _ = std::fs::remove_file(&temp);
+    std::os::unix::fs::symlink(blob, &temp).map_err(io_error(&temp))?;
+    fs_err::rename(&temp, &link).map_err(|source| {
+        let _ = std::fs::remove_file(&temp);
+        BuildError::Io {
+            path: link.clone(),
+            source,
+        }
+    })?;
+    Ok(link)
+}
+
+/// The recipe platform of the build host, if it is one cudastack builds.
+pub fn host_platform() -> Option<Platform> {
+    Platform::host()
+}

@@ -1,0 +1,60 @@
+//! What a build is asked to do ([`BuildSettings`]) and how it reports progress
+//! ([`BuildProgress`]): the inputs every step of the assembly reads, below all of them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::fetch::progress::Reporter;
+use crate::layer::Compression;
+use crate::recipe::{Platform, Recipe};
+use crate::stack::error::BuildError;
+
+/// What to build and where.
+#[derive(Debug, Clone)]
+pub struct BuildSettings {
+    pub recipe_path: PathBuf,
+    /// Blob store, layer cache and staging root (`~/.cache/cudastack`).
+    pub cache_root: PathBuf,
+    /// The OCI layout to write; `images/NAME` when None.
+    pub layout_dir: Option<PathBuf>,
+    pub compression: Compression,
+    /// Use only the blob cache; fail listing what is missing.
+    pub offline: bool,
+    /// Directories a lock's `file://` URLs may point into (`--mirror`); none by default.
+    pub mirrors: Vec<PathBuf>,
+    /// Substituted for `{registry}` in tag templates.
+    pub registry: String,
+    /// The platforms to build; the recipe's `platforms` when None.
+    pub platforms: Option<Vec<Platform>>,
+}
+
+/// Progress lines, one per stage; downloads get their own reporter (bars).
+pub trait BuildProgress: Send + Sync {
+    fn stage(&self, stage: &str, detail: &str);
+    fn downloads(&self) -> Arc<dyn Reporter>;
+}
+
+/// The timestamp used when neither the recipe nor the environment gives one:
+/// 2024-01-01T00:00:00Z. Fixed, so builds stay reproducible; recipes should set their own.
+pub const DEFAULT_SOURCE_DATE_EPOCH: u64 = 1_704_067_200;
+
+/// The recipe's `source_date_epoch`, else `$SOURCE_DATE_EPOCH`, else the default. The
+/// environment value is checked as the recipe's is: a value that is not a number, or is past
+/// year 9999, is an error rather than silently another timestamp.
+pub(crate) fn source_date_epoch(recipe: &Recipe) -> Result<u64, BuildError> {
+    if let Some(epoch) = recipe.source_date_epoch {
+        return Ok(epoch);
+    }
+    let Some(value) = std::env::var_os("SOURCE_DATE_EPOCH") else {
+        return Ok(DEFAULT_SOURCE_DATE_EPOCH);
+    };
+    let text = value.to_string_lossy();
+    let epoch: u64 = text.trim().parse().map_err(|_| {
+        BuildError::Unsupported(format!(
+            "SOURCE_DATE_EPOCH is `{}`, not a number of seconds since 1970\n  hint: unset it, or set it to e.g. `date -d 2024-06-01 +%s`",
+            text.escape_debug()
+        ))
+    })?;
+    crate::recipe::check_source_date_epoch(epoch)
+        .map_err(|why| BuildError::Unsupported(format!("SOURCE_DATE_EPOCH: {why}")))
+}
