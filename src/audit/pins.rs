@@ -12,7 +12,8 @@ use pep508_rs::{MarkerEnvironment, Requirement, VersionOrUrl};
 
 use super::rootfs::host_path;
 use super::AuditError;
-use crate::install::{normalize_name, PythonVersion};
+use crate::names::normalize_name;
+use crate::version::PythonVersion;
 
 /// The marker environment of CPython `python` on Linux `machine` (e.g. `x86_64`).
 pub fn linux_environment(python: PythonVersion, machine: &str) -> MarkerEnvironment {

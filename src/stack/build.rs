@@ -23,8 +23,7 @@ use crate::fetch::download::{Downloader, FetchItem};
 use crate::fetch::http::HttpClient;
 use crate::fetch::progress::Reporter;
 use crate::install::{
-    apply_entries, plan_with_reader, EntryContent, InstallOptions, PythonVersion as InstallPython,
-    Scheme, WheelReader,
+    apply_entries, plan_with_reader, EntryContent, InstallOptions, Scheme, WheelReader,
 };
 use crate::layer::{
     BuildOptions, CacheKey, Compression, DirOptions, Layer, LayerCache, LayerContents, ModePolicy,
@@ -840,11 +839,7 @@ fn assemble(
         };
 
     // Python wheels, with nvidia/*/lib pointing at the toolkit's copies.
-    let python = InstallPython {
-        major: recipe.python.major as u8,
-        minor: recipe.python.minor as u8,
-    };
-    let install_options = InstallOptions::new(Scheme::debian_local(python));
+    let install_options = InstallOptions::new(Scheme::debian_local(recipe.python));
     let wheel_digests: Vec<Digest> = wheels.values().map(|(_, digest, _)| *digest).collect();
     let python_key = CacheKey::new(
         &format!("{ASSEMBLER}/python"),
