@@ -67,7 +67,7 @@ pub fn apply_entries(
                     path: host.clone(),
                     source: io::Error::other("a zip member was planned but no wheel is open"),
                 })?;
-                write_member(reader, (*index, name, *digest, *size), &host)?;
+                write_member(reader, *index, name, *digest, *size, &host)?;
                 set_mode(&host, entry.mode)?;
             }
         }
@@ -135,11 +135,14 @@ fn set_mode(host: &Path, mode: u32) -> Result<(), InstallError> {
     })
 }
 
-/// Stream the zip member `(index, name, digest, size)` into a new file at `host`. On a read
-/// or RECORD mismatch the partial file is removed.
+/// Stream zip member `index` (`name`, with the `digest` and `size` RECORD promises) into a
+/// new file at `host`. On a read error or RECORD mismatch the partial file is removed.
 fn write_member(
     reader: &mut WheelReader,
-    (index, name, digest, size): (usize, &String, Digest, u64),
+    index: usize,
+    name: &str,
+    digest: Digest,
+    size: u64,
     host: &Path,
 ) -> Result<(), InstallError> {
     let wheel = reader.path.clone();
@@ -159,13 +162,13 @@ fn write_member(
     Err(match mismatch {
         Some(mismatch) => InstallError::HashMismatch {
             wheel,
-            member: name.clone(),
+            member: name.to_string(),
             expected: mismatch.expected.clone(),
             found: mismatch.found.clone(),
         },
         None => InstallError::ReadMember {
             wheel,
-            member: name.clone(),
+            member: name.to_string(),
             source: error,
         },
     })
