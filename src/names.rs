@@ -91,6 +91,27 @@ impl Ord for BuildTag {
     }
 }
 
+impl FromStr for BuildTag {
+    /// Why the tag is invalid, for [`WheelFilenameError::Invalid`].
+    type Err = String;
+
+    /// A build tag: digits, then an optional suffix (`2`, `2abc`).
+    fn from_str(build: &str) -> Result<Self, Self::Err> {
+        let digits_end = build
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(build.len());
+        if digits_end == 0 {
+            return Err(format!("build tag `{build}` must start with a digit"));
+        }
+        Ok(BuildTag {
+            number: build[..digits_end]
+                .parse()
+                .map_err(|_| format!("build tag `{build}` is too large"))?,
+            suffix: build[digits_end..].to_string(),
+        })
+    }
+}
+
 impl fmt::Display for BuildTag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}{}", self.number, self.suffix)
@@ -185,25 +206,9 @@ impl FromStr for WheelFilename {
             .map_err(|e| invalid(format!("bad package name `{name}`: {e}")))?;
         let version = Version::from_str(version)
             .map_err(|e| invalid(format!("bad version `{version}`: {e}")))?;
-        let build = match build {
-            None => None,
-            Some(build) => {
-                let digits_end = build
-                    .find(|c: char| !c.is_ascii_digit())
-                    .unwrap_or(build.len());
-                if digits_end == 0 {
-                    return Err(invalid(format!(
-                        "build tag `{build}` must start with a digit"
-                    )));
-                }
-                Some(BuildTag {
-                    number: build[..digits_end]
-                        .parse()
-                        .map_err(|_| invalid(format!("build tag `{build}` is too large")))?,
-                    suffix: build[digits_end..].to_string(),
-                })
-            }
-        };
+        let build = build
+            .map(|build| BuildTag::from_str(build).map_err(invalid))
+            .transpose()?;
         let split = |field: &str, what: &str| -> Result<Vec<String>, WheelFilenameError> {
             let tags: Vec<String> = field.split('.').map(str::to_string).collect();
             if tags.iter().any(String::is_empty) {
