@@ -16,6 +16,7 @@ pub mod install;
 pub mod layer;
 pub mod lock;
 pub mod matrix;
+pub mod names;
 pub mod oci;
 pub mod recipe;
 pub mod registry;

@@ -16,7 +16,7 @@ use crate::fetch::http::HttpClient;
 use crate::fetch::index::SimpleIndex;
 use crate::fetch::mirror::MirrorDir;
 use crate::fetch::source::PackageSource;
-use crate::lock::target::{Arch, GlibcVersion, PythonVersion as TargetPython, Target};
+use crate::lock::target::{Arch, GlibcVersion, Target};
 use crate::lock::LockRequest;
 use crate::matrix::validate::selected_torch_build;
 use crate::matrix::Matrix;
@@ -191,12 +191,7 @@ pub fn lock_request_for(
         recipe: recipe.name.clone(),
         message: format!("the glibc of base {} is unknown; cudastack locks for the bases in `cudastack matrix` (data/nvidia.yaml: bases)", recipe.base),
     })?;
-    let python = TargetPython {
-        major: recipe.python.major as u8,
-        minor: recipe.python.minor as u8,
-        patch: None,
-    };
-    let target = Target::new(python, platform_arch(platform), glibc).map_err(|e| {
+    let target = Target::new(recipe.python, platform_arch(platform), glibc).map_err(|e| {
         InputsError::Unsupported {
             recipe: recipe.name.clone(),
             message: e.to_string(),
