@@ -4,6 +4,7 @@
 //! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
 pub mod atomic_file;
 pub mod audit;
+pub mod canonical;
 pub mod cas;
 pub mod cluster;
 pub mod digest;
@@ -18,6 +19,7 @@ pub mod lock;
 pub mod matrix;
 pub mod oci;
 pub mod recipe;
+pub mod reference;
 pub mod registry;
 pub mod stack;
 pub mod verify;

@@ -28,7 +28,7 @@ pub use run::{GpuRequest, RunOutcome, RunSpec};
 
 use crate::digest::Digest;
 use crate::oci::OciError;
-use crate::registry::{escape, split_name_and_tag, Reference, ReferenceProblem};
+use crate::reference::{escape, split_name_and_tag, Reference, ReferenceProblem};
 
 /// The timeout for ordinary requests (inspect, tag, create, remove). Long requests (load,
 /// wait) get their own; bollard's default of 120 s for everything kills large loads
@@ -65,17 +65,6 @@ pub enum EngineError {
         layout: String,
         expected: Digest,
         said: String,
-    },
-    #[error(
-        "image `{layout}:{ref_name}` does not reproduce its stored config from the layout\n  \
-         Expected: {expected}\n  Found:    {found}\n  hint: only layouts written by cudastack \
-         can be loaded"
-    )]
-    NotReproducible {
-        layout: String,
-        ref_name: String,
-        expected: Digest,
-        found: Digest,
     },
     #[error(transparent)]
     Oci(#[from] OciError),

@@ -15,10 +15,10 @@ use reqwest::{Method, Response, StatusCode, Url};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::auth::{Challenge, Credentials, Secret};
-use super::reference::Reference;
 use super::RegistryError;
 use crate::digest::Digest;
 use crate::fetch::http::RetryPolicy;
+use crate::reference::Reference;
 
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";

@@ -23,7 +23,6 @@ pub mod auth;
 mod client;
 pub mod pull;
 pub mod push;
-pub mod reference;
 pub mod referrers;
 
 use std::path::PathBuf;
@@ -32,6 +31,10 @@ use reqwest::{Method, StatusCode, Url};
 
 use crate::digest::Digest;
 
+/// The reference grammar lives at the vocabulary level ([`crate::reference`]; recipes name
+/// tags with it too); these paths are kept for callers that name it here.
+pub use crate::reference;
+pub use crate::reference::{split_name_and_tag, Reference, ReferenceError, ReferenceProblem};
 pub use auth::{Credentials, Secret};
 pub use client::{
     ClientOptions, Manifest, Platform, RegistryClient, DOCKER_MANIFEST, DOCKER_MANIFEST_LIST,
@@ -41,8 +44,6 @@ pub use pull::{pull, PullReport};
 pub use push::{
     push_image, push_layout, BlobOutcome, BlobReport, PushHistory, PushOptions, PushReport,
 };
-pub(crate) use reference::escape;
-pub use reference::{split_name_and_tag, Reference, ReferenceError, ReferenceProblem};
 
 /// Errors from talking to registries. Every variant names the registry, URL, blob or file
 /// involved; none ever contains a password or token.

@@ -17,16 +17,17 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
-use oci_spec::image::{ImageIndex, ImageManifest, ANNOTATION_REF_NAME};
+use oci_spec::image::{Descriptor, MediaType};
 use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use reqwest::{Method, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
-use super::client::{scope, status_error, Body, RegistryClient, OCI_INDEX, OCI_MANIFEST};
-use super::reference::Reference;
+use super::client::{scope, status_error, Body, RegistryClient};
 use super::RegistryError;
 use crate::digest::Digest;
-use crate::oci::Image;
+use crate::oci::layout::Layout;
+use crate::oci::{Image, StoredImage};
+use crate::reference::Reference;
 
 /// How to push.
 #[derive(Debug, Clone)]
@@ -124,28 +125,24 @@ pub async fn push_image(
     reference: &Reference,
     options: &PushOptions,
 ) -> Result<PushReport, RegistryError> {
-    let documents = image.documents()?;
-    check_pinned(reference, &Digest::of_bytes(&documents.manifest.bytes))?;
-    let mut blobs: Vec<BlobSource> = image
-        .layers()
-        .iter()
-        .map(|layer| BlobSource {
-            digest: layer.digest,
-            size: layer.size,
-            data: BlobData::File(layer.blob.clone()),
-        })
-        .collect();
-    blobs.push(BlobSource {
-        digest: documents.config.digest,
-        size: documents.config.size(),
-        data: BlobData::Bytes(Bytes::from(documents.config.bytes.clone())),
-    });
+    push_stored(client, &StoredImage::of(image)?, reference, options).await
+}
+
+/// Push an image as it is stored (its manifest bytes as they are: the pushed manifest
+/// digest is the stored one) as `reference`.
+pub async fn push_stored(
+    client: &RegistryClient,
+    image: &StoredImage,
+    reference: &Reference,
+    options: &PushOptions,
+) -> Result<PushReport, RegistryError> {
+    check_pinned(reference, &image.manifest_digest())?;
     push_manifest_with_blobs(
         client,
         reference,
-        Bytes::from(documents.manifest.bytes),
-        OCI_MANIFEST,
-        blobs,
+        Bytes::from(image.manifest.bytes.clone()),
+        image.media_type().as_ref(),
+        stored_blobs(image)?,
         options,
     )
     .await
@@ -161,82 +158,39 @@ pub async fn push_layout(
     reference: &Reference,
     options: &PushOptions,
 ) -> Result<PushReport, RegistryError> {
-    let index: ImageIndex = read_json(&dir.join("index.json"), "an OCI image index")?;
-    let Some(entry) = index.manifests().iter().find(|m| {
-        m.annotations()
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_REF_NAME))
-            .map(String::as_str)
-            == Some(ref_name)
-    }) else {
-        let available: Vec<String> = index
-            .manifests()
-            .iter()
-            .filter_map(|m| m.annotations().as_ref()?.get(ANNOTATION_REF_NAME).cloned())
-            .collect();
-        return Err(crate::oci::OciError::RefNotFound {
-            dir: dir.to_path_buf(),
-            reference: ref_name.to_string(),
-            available: if available.is_empty() {
-                "no named images".to_string()
-            } else {
-                available.join(", ")
-            },
-        }
-        .into());
-    };
-    let digest = descriptor_digest(entry, dir)?;
+    let layout = Layout::open(dir)?;
+    let entry = layout.entry(ref_name)?;
     // Before a single blob goes out: a pinned digest the image does not have is refused.
-    check_pinned(reference, &digest)?;
-    let bytes = read_verified(dir, &digest)?;
-    let media_type = entry.media_type().to_string();
-    if media_type == OCI_INDEX || media_type == super::DOCKER_MANIFEST_LIST {
-        let child_index: ImageIndex =
-            serde_json::from_slice(&bytes).map_err(|e| RegistryError::Document {
-                path: blob(dir, &digest).display().to_string(),
-                what: "an image index",
-                detail: e.to_string(),
-            })?;
-        let started = Instant::now();
-        let mut blobs = Vec::new();
-        let mut uploaded = 0;
-        for child in child_index.manifests() {
-            let child_digest = descriptor_digest(child, dir)?;
-            let child_bytes = read_verified(dir, &child_digest)?;
-            let report = push_manifest_with_blobs(
-                client,
-                &reference.with_digest(child_digest),
-                Bytes::from(child_bytes.clone()),
-                child.media_type().as_ref(),
-                manifest_blobs(dir, &child_bytes, &child_digest)?,
-                options,
-            )
-            .await?;
-            blobs.extend(report.blobs);
-            uploaded += report.bytes_uploaded;
-        }
-        let manifest_digest = client
-            .put_manifest(reference, &media_type, Bytes::from(bytes))
-            .await?;
-        return Ok(PushReport {
-            reference: reference.without_digest().to_string(),
-            manifest_digest,
-            media_type,
-            blobs,
-            bytes_uploaded: uploaded,
-            seconds: started.elapsed().as_secs_f64(),
-        });
+    check_pinned(reference, &descriptor_digest(entry, dir)?)?;
+    if entry.media_type() != &MediaType::ImageIndex
+        && entry.media_type().as_ref() != super::DOCKER_MANIFEST_LIST
+    {
+        let image = layout.image_at(entry, Some(ref_name))?;
+        return push_stored(client, &image, reference, options).await;
     }
-    let blobs = manifest_blobs(dir, &bytes, &digest)?;
-    push_manifest_with_blobs(
-        client,
-        reference,
-        Bytes::from(bytes),
-        &media_type,
+    let started = Instant::now();
+    let index_bytes = layout.read_blob(entry)?;
+    let mut blobs = Vec::new();
+    let mut uploaded = 0;
+    for child in layout.child_index(entry)?.manifests() {
+        let image = layout.image_at(child, None)?;
+        let child_reference = reference.with_digest(image.manifest_digest());
+        let report = push_stored(client, &image, &child_reference, options).await?;
+        blobs.extend(report.blobs);
+        uploaded += report.bytes_uploaded;
+    }
+    let media_type = entry.media_type().to_string();
+    let manifest_digest = client
+        .put_manifest(reference, &media_type, Bytes::from(index_bytes))
+        .await?;
+    Ok(PushReport {
+        reference: reference.without_digest().to_string(),
+        manifest_digest,
+        media_type,
         blobs,
-        options,
-    )
-    .await
+        bytes_uploaded: uploaded,
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }
 
 /// A reference that pins a digest (`repo:tag@sha256:...`) names the image it wants: one
@@ -252,29 +206,7 @@ pub(crate) fn check_pinned(reference: &Reference, found: &Digest) -> Result<(), 
     }
 }
 
-fn blob(dir: &Path, digest: &Digest) -> PathBuf {
-    crate::oci::layout::blob_path(dir, digest)
-}
-
-fn read_json<T: serde::de::DeserializeOwned>(
-    path: &Path,
-    what: &'static str,
-) -> Result<T, RegistryError> {
-    let bytes = fs_err::read(path).map_err(|source| RegistryError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| RegistryError::Document {
-        path: path.display().to_string(),
-        what,
-        detail: e.to_string(),
-    })
-}
-
-fn descriptor_digest(
-    descriptor: &oci_spec::image::Descriptor,
-    dir: &Path,
-) -> Result<Digest, RegistryError> {
+fn descriptor_digest(descriptor: &Descriptor, dir: &Path) -> Result<Digest, RegistryError> {
     descriptor
         .digest()
         .to_string()
@@ -286,62 +218,35 @@ fn descriptor_digest(
         })
 }
 
-/// A small document of the layout, checked against its name.
-fn read_verified(dir: &Path, digest: &Digest) -> Result<Vec<u8>, RegistryError> {
-    let path = blob(dir, digest);
-    let bytes = fs_err::read(&path).map_err(|source| RegistryError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    let found = Digest::of_bytes(&bytes);
-    if found != *digest {
-        return Err(RegistryError::DigestMismatch {
-            what: format!("`{}`", path.display()),
-            expected: *digest,
-            found,
-        });
-    }
-    Ok(bytes)
-}
-
-/// The config and layer blobs a manifest names, as files of the layout.
-fn manifest_blobs(
-    dir: &Path,
-    manifest_bytes: &[u8],
-    manifest_digest: &Digest,
-) -> Result<Vec<BlobSource>, RegistryError> {
-    let manifest: ImageManifest =
-        serde_json::from_slice(manifest_bytes).map_err(|e| RegistryError::Document {
-            path: blob(dir, manifest_digest).display().to_string(),
-            what: "an image manifest",
-            detail: e.to_string(),
-        })?;
+/// The layer blobs (as files, each checked to have the size its descriptor gives) and the
+/// config (as the stored bytes) of `image`.
+fn stored_blobs(image: &StoredImage) -> Result<Vec<BlobSource>, RegistryError> {
     let mut blobs = Vec::new();
-    for descriptor in manifest.layers().iter().chain([manifest.config()]) {
-        let digest = descriptor_digest(descriptor, dir)?;
-        let path = blob(dir, &digest);
-        let size = fs_err::metadata(&path)
+    for layer in &image.layers {
+        let size = fs_err::metadata(&layer.blob)
             .map_err(|source| RegistryError::Io {
-                path: path.clone(),
+                path: layer.blob.clone(),
                 source,
             })?
             .len();
-        if size != descriptor.size() {
+        if size != layer.size {
             return Err(RegistryError::Document {
-                path: path.display().to_string(),
+                path: layer.blob.display().to_string(),
                 what: "the blob its manifest describes",
-                detail: format!(
-                    "it has {size} bytes, the manifest says {}",
-                    descriptor.size()
-                ),
+                detail: format!("it has {size} bytes, the manifest says {}", layer.size),
             });
         }
         blobs.push(BlobSource {
-            digest,
+            digest: layer.digest,
             size,
-            data: BlobData::File(path),
+            data: BlobData::File(layer.blob.clone()),
         });
     }
+    blobs.push(BlobSource {
+        digest: image.config.digest,
+        size: image.config.size(),
+        data: BlobData::Bytes(Bytes::from(image.config.bytes.clone())),
+    });
     Ok(blobs)
 }
 

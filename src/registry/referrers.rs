@@ -16,10 +16,10 @@ use serde_json::{json, Value};
 use super::client::{
     scope, status_error, Body, RegistryClient, OCI_EMPTY, OCI_INDEX, OCI_MANIFEST,
 };
-use super::reference::Reference;
 use super::RegistryError;
+use crate::canonical::to_canonical_json;
 use crate::digest::Digest;
-use crate::oci::canonical::to_canonical_json;
+use crate::reference::Reference;
 
 /// The manifest an artifact refers to.
 #[derive(Debug, Clone)]

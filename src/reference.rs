@@ -4,6 +4,10 @@
 //! the first path component is a registry only when it contains a `.` or a `:`, or is
 //! `localhost`; otherwise the registry is `docker.io`, and a one-component repository on
 //! Docker Hub lives under `library/` (`ubuntu` is `docker.io/library/ubuntu:latest`).
+//!
+//! Shared vocabulary, below the pipeline (issue 17): `recipe` checks the tags a recipe names
+//! with it, `engine` and `registry` address images with it. It depends only on `digest`;
+//! `registry::Reference` is a re-export of [`Reference`].
 
 use std::fmt;
 use std::str::FromStr;
