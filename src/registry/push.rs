@@ -469,6 +469,7 @@ fn range_end(response: &reqwest::Response) -> Option<u64> {
     Some(if end == 0 { 0 } else { end + 1 })
 }
 
+/// One try at uploading `blob`, continuing from where `state` says the session stands.
 async fn upload_attempt(
     client: &RegistryClient,
     repository: &str,
@@ -479,65 +480,88 @@ async fn upload_attempt(
 ) -> Result<(), RegistryError> {
     let scopes = [scope(repository, "pull,push")];
     if state.check_session {
-        if let Some(url) = state.session.clone() {
-            let response = client
-                .send(Method::GET, &url, &scopes, HeaderMap::new(), &Body::Empty)
-                .await?;
-            match response.status() {
-                StatusCode::NO_CONTENT | StatusCode::OK => {
-                    let held = range_end(&response).unwrap_or(0).min(blob.size);
-                    if held > 0 {
-                        state.resumed = true;
-                    }
-                    state.offset = held;
-                    state.session = Some(client.location(&response).unwrap_or(url));
-                    tracing::debug!(digest = %blob.digest, held, "upload session found");
-                }
-                status if status.is_server_error() => {
-                    return Err(status_error(Method::GET, &url, response, 1).await)
-                }
-                _ => {
-                    // Unknown or invalid session: start the blob over.
-                    state.session = None;
-                    state.offset = 0;
-                }
-            }
-        }
+        ask_session(client, &scopes, blob, state).await?;
         state.check_session = false;
     }
     let url = match state.session.clone() {
         Some(url) => url,
-        None => {
-            let url = client.url(&format!("{repository}/blobs/uploads/"));
-            let response = client
-                .send(Method::POST, &url, &scopes, HeaderMap::new(), &Body::Empty)
-                .await?;
-            if response.status() != StatusCode::ACCEPTED {
-                return Err(status_error(Method::POST, &url, response, 1).await);
-            }
-            let location = client.location(&response)?;
-            state.session = Some(location.clone());
-            state.offset = 0;
-            location
-        }
+        None => open_session(client, repository, &scopes, state).await?,
     };
-    let mut url = url;
     // From here on a failure may leave bytes in the session.
     state.check_session = true;
     if state.offset == 0 && blob.size <= options.chunk_size {
-        let mut put_url = url.clone();
-        put_url
-            .query_pairs_mut()
-            .append_pair("digest", &blob.digest.to_string());
         let body = blob.body(0, blob.size, counter);
-        let response = client
-            .send(Method::PUT, &put_url, &scopes, octet_stream(), &body)
-            .await?;
-        if response.status() != StatusCode::CREATED {
-            return Err(status_error(Method::PUT, &put_url, response, 1).await);
-        }
-        return Ok(());
+        return close_session(client, &scopes, &url, blob, &body).await;
     }
+    let url = send_chunks(client, &scopes, url, blob, options, counter, state).await?;
+    close_session(client, &scopes, &url, blob, &Body::Empty).await
+}
+
+/// After a failure: ask the upload session how much of the blob it holds. An unknown or
+/// invalid session means starting the blob over.
+async fn ask_session(
+    client: &RegistryClient,
+    scopes: &[String],
+    blob: &BlobSource,
+    state: &mut Upload,
+) -> Result<(), RegistryError> {
+    let Some(url) = state.session.clone() else {
+        return Ok(());
+    };
+    let response = client
+        .send(Method::GET, &url, scopes, HeaderMap::new(), &Body::Empty)
+        .await?;
+    match response.status() {
+        StatusCode::NO_CONTENT | StatusCode::OK => {
+            let held = range_end(&response).unwrap_or(0).min(blob.size);
+            if held > 0 {
+                state.resumed = true;
+            }
+            state.offset = held;
+            state.session = Some(client.location(&response).unwrap_or(url));
+            tracing::debug!(digest = %blob.digest, held, "upload session found");
+        }
+        status if status.is_server_error() => {
+            return Err(status_error(Method::GET, &url, response, 1).await)
+        }
+        _ => {
+            state.session = None;
+            state.offset = 0;
+        }
+    }
+    Ok(())
+}
+
+/// Start an upload session (`POST .../blobs/uploads/`); returns its URL.
+async fn open_session(
+    client: &RegistryClient,
+    repository: &str,
+    scopes: &[String],
+    state: &mut Upload,
+) -> Result<Url, RegistryError> {
+    let url = client.url(&format!("{repository}/blobs/uploads/"));
+    let response = client
+        .send(Method::POST, &url, scopes, HeaderMap::new(), &Body::Empty)
+        .await?;
+    if response.status() != StatusCode::ACCEPTED {
+        return Err(status_error(Method::POST, &url, response, 1).await);
+    }
+    let location = client.location(&response)?;
+    state.session = Some(location.clone());
+    state.offset = 0;
+    Ok(location)
+}
+
+/// PATCH the rest of the blob in chunks of `chunk_size`; returns the session's last URL.
+async fn send_chunks(
+    client: &RegistryClient,
+    scopes: &[String],
+    mut url: Url,
+    blob: &BlobSource,
+    options: &PushOptions,
+    counter: &Arc<AtomicU64>,
+    state: &mut Upload,
+) -> Result<Url, RegistryError> {
     while state.offset < blob.size {
         let len = options.chunk_size.max(1).min(blob.size - state.offset);
         let mut headers = octet_stream();
@@ -548,7 +572,7 @@ async fn upload_attempt(
         );
         let body = blob.body(state.offset, len, counter);
         let response = client
-            .send(Method::PATCH, &url, &scopes, headers, &body)
+            .send(Method::PATCH, &url, scopes, headers, &body)
             .await?;
         if response.status() != StatusCode::ACCEPTED {
             return Err(status_error(Method::PATCH, &url, response, 1).await);
@@ -569,12 +593,24 @@ async fn upload_attempt(
         url = client.location(&response)?;
         state.session = Some(url.clone());
     }
+    Ok(url)
+}
+
+/// Close the session with `PUT ?digest=` (with `body`: the whole blob, or nothing after
+/// the chunks).
+async fn close_session(
+    client: &RegistryClient,
+    scopes: &[String],
+    url: &Url,
+    blob: &BlobSource,
+    body: &Body,
+) -> Result<(), RegistryError> {
     let mut put_url = url.clone();
     put_url
         .query_pairs_mut()
         .append_pair("digest", &blob.digest.to_string());
     let response = client
-        .send(Method::PUT, &put_url, &scopes, octet_stream(), &Body::Empty)
+        .send(Method::PUT, &put_url, scopes, octet_stream(), body)
         .await?;
     if response.status() != StatusCode::CREATED {
         return Err(status_error(Method::PUT, &put_url, response, 1).await);
