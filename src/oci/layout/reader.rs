@@ -273,3 +273,140 @@ fn read_document(dir: &Path, descriptor: &Descriptor) -> Result<Blob, OciError> 
     }
     Ok(Blob { bytes, digest })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oci::layout::{self, LayoutWriter};
+    use crate::oci::{docker_archive, Image};
+
+    /// An image of one small layer whose blob is a file under `dir`.
+    fn image_in(dir: &Path) -> Image {
+        let bytes = b"not really a tar, but hashed like one".to_vec();
+        let blob = dir.join("layer-blob");
+        std::fs::write(&blob, &bytes).unwrap();
+        let layer = Layer {
+            digest: Digest::of_bytes(&bytes),
+            diff_id: Digest::of_bytes(b"diff"),
+            size: bytes.len() as u64,
+            uncompressed_size: None,
+            media_type: MediaType::ImageLayer,
+            blob,
+        };
+        Image::new(1_700_000_000)
+            .with_layer(layer, "one layer")
+            .with_label("io.cudastack.test", "reader")
+    }
+
+    #[test]
+    fn a_written_image_reads_back_as_the_same_stored_bytes() {
+        let work = tempfile::tempdir().unwrap();
+        let image = image_in(work.path());
+        let dir = work.path().join("layout");
+        let digest = layout::write(&image, &dir, "latest").unwrap();
+        layout::write(&image, &dir, "cudastack/test:1").unwrap();
+
+        let layout = Layout::open(&dir).unwrap();
+        let stored = layout.complete_image("latest", None).unwrap();
+        let value = StoredImage::of(&image).unwrap();
+        assert_eq!(stored.manifest_digest(), digest);
+        assert_eq!(stored.manifest, value.manifest);
+        assert_eq!(stored.config, value.config);
+        assert_eq!(stored.ref_name.as_deref(), Some("latest"));
+        assert_eq!(
+            stored.layers[0].blob,
+            blob_path(&dir, &stored.layers[0].digest)
+        );
+        assert_eq!(
+            layout.index().names_of_same_manifest(&stored.entry),
+            ["cudastack/test:1", "latest"]
+        );
+        // Stored again elsewhere, from what was read: the same files, byte for byte.
+        let copy = work.path().join("copy");
+        layout::write_stored(&stored, &copy, "latest").unwrap();
+        layout::write_stored(&stored, &copy, "cudastack/test:1").unwrap();
+        for file in ["index.json", "manifest.json", "oci-layout"] {
+            assert_eq!(
+                std::fs::read(dir.join(file)).unwrap(),
+                std::fs::read(copy.join(file)).unwrap(),
+                "{file}"
+            );
+        }
+        // The docker archive of the stored image is the value's.
+        let tags = ["cudastack/test:1".to_string()];
+        assert_eq!(
+            docker_archive::write_stored(&stored, &tags, 0, Vec::new()).unwrap(),
+            docker_archive::write(&image, &tags, Vec::new()).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_config_written_by_another_tool_is_kept_byte_for_byte() {
+        let work = tempfile::tempdir().unwrap();
+        let image = image_in(work.path());
+        let documents = image.documents().unwrap();
+        // The same config, spelled with whitespace (as other tools write it): another digest.
+        let value: serde_json::Value = serde_json::from_slice(&documents.config.bytes).unwrap();
+        let config = serde_json::to_vec_pretty(&value).unwrap();
+        let mut manifest: serde_json::Value =
+            serde_json::from_slice(&documents.manifest.bytes).unwrap();
+        manifest["config"]["digest"] = Digest::of_bytes(&config).to_string().into();
+        manifest["config"]["size"] = config.len().into();
+        let manifest = serde_json::to_vec_pretty(&manifest).unwrap();
+
+        let dir = work.path().join("layout");
+        let mut writer = LayoutWriter::open(&dir).unwrap();
+        let layer = &image.layers()[0];
+        writer.put_file(&layer.blob, &layer.digest).unwrap();
+        writer.put_bytes(&config).unwrap();
+        let digest = writer.put_bytes(&manifest).unwrap();
+        let entry =
+            crate::oci::descriptor(MediaType::ImageManifest, &digest, manifest.len() as u64);
+        writer.name(entry, "foreign").unwrap();
+        writer.commit();
+
+        let stored = Layout::open(&dir).unwrap().image("foreign", None).unwrap();
+        assert_eq!(stored.config.bytes, config);
+        assert_eq!(stored.config_digest(), Digest::of_bytes(&config));
+        assert_eq!(stored.manifest_digest(), digest);
+        assert_ne!(stored.config_digest(), documents.config.digest);
+        assert_eq!(stored.created(), 1_700_000_000);
+    }
+
+    #[test]
+    fn an_index_gives_the_image_of_the_platform_asked_for() {
+        let work = tempfile::tempdir().unwrap();
+        let amd64 = image_in(work.path());
+        let arm64 = amd64
+            .clone()
+            .with_platform(Arch::ARM64, Os::Linux)
+            .with_label("arch", "arm64");
+        let dir = work.path().join("layout");
+        let mut children = Vec::new();
+        for (image, arch) in [(&amd64, Arch::Amd64), (&arm64, Arch::ARM64)] {
+            let mut platform = Platform::default();
+            platform.set_architecture(arch);
+            platform.set_os(Os::Linux);
+            children.push((layout::write_blobs(image, &dir).unwrap(), platform));
+        }
+        layout::write_index(&dir, &children, "latest").unwrap();
+
+        let layout = Layout::open(&dir).unwrap();
+        let stored = layout.image("latest", Some(&Arch::ARM64)).unwrap();
+        assert_eq!(stored.manifest_digest(), arm64.digest().unwrap());
+        assert_eq!(
+            stored.platform().map(|p| p.architecture().clone()),
+            Some(Arch::ARM64)
+        );
+        let error = layout
+            .image("latest", Some(&Arch::s390x))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("without a linux/s390x image (it has: linux/amd64, linux/arm64)"),
+            "{error}"
+        );
+        let error = layout.image("nope", None).unwrap_err().to_string();
+        assert!(error.contains("it has: latest"), "{error}");
+    }
+}
