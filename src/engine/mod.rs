@@ -6,15 +6,18 @@
 //! never the docker CLI. [`Engine::connect`] honours `DOCKER_HOST` (else the default
 //! socket) and negotiates the API version, so Docker 20.10 (API 1.41) and newer work.
 //!
-//! Loading ([`load`]) streams a docker-archive produced on the fly from the layout into
-//! the request body; the daemon's image ID is the config digest, so an image the daemon
-//! already has is only (re)tagged. Running ([`run`]) creates, starts, waits, collects the
+//! Loading ([`load`]) takes an image as stored ([`crate::oci::StoredImage`], read from a
+//! layout by [`crate::oci::layout::Layout`], never by parsing the layout here) and streams a
+//! docker-archive of its stored bytes, produced on the fly, into the request body; the
+//! daemon's image ID is the config digest, so an image the daemon already has is only
+//! (re)tagged. Running ([`run`]) creates, starts, waits, collects the
 //! output, copies a result file out and always removes the container, on timeout,
 //! on every error path and on SIGINT, SIGTERM or SIGHUP; containers left by a run that
 //! died (SIGKILL) are removed by [`Engine::reap_orphans`].
 //!
-//! What this module must not do: build or change images (that is `oci`), or read the
-//! whole archive into memory.
+//! What this module must not do: build or change images (that is `oci`), read an OCI
+//! layout's files itself, or read the whole archive into memory. Depends on `oci`,
+//! `reference` (tags), `layer` and `digest`; the verify stage and the binary use it.
 
 pub mod load;
 pub mod run;

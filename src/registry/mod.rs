@@ -13,8 +13,13 @@
 //!   pull: manifest (index -> platform) ─ config ─ layers, every digest verified ─ BlobStore
 //!         ─ OCI layout
 //! ```
-//! The module must not build images or decide tags; it moves bytes whose digests are
-//! already known, and checks them. It never holds a layer in memory.
+//! Push takes an image as stored ([`crate::oci::StoredImage`]: from a layout through
+//! [`crate::oci::layout::Layout`], or a value serialised once), and pull writes its layout
+//! through [`crate::oci::layout::LayoutWriter`]: this module never parses or writes a
+//! layout's `index.json` itself. The module must not build images or decide tags; it moves
+//! bytes whose digests are already known, and checks them. It never holds a layer in
+//! memory. Depends on `oci`, `reference`, `cas`, `canonical`, `digest` and `fetch::http`
+//! (retry policy).
 
 // Errors carry the URL they are about (as in crate::fetch); they are not on a hot path.
 #![allow(clippy::result_large_err)]

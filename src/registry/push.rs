@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
-use oci_spec::image::{Descriptor, MediaType};
+use oci_spec::image::{Descriptor, ImageManifest, MediaType};
 use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use reqwest::{Method, StatusCode, Url};
 use serde::{Deserialize, Serialize};
@@ -165,6 +165,10 @@ pub async fn push_layout(
     if entry.media_type() != &MediaType::ImageIndex
         && entry.media_type().as_ref() != super::DOCKER_MANIFEST_LIST
     {
+        let manifest: ImageManifest = layout.read_json_blob(entry, "an OCI image manifest")?;
+        if manifest.artifact_type().is_some() {
+            return push_artifact(client, &layout, entry, &manifest, reference, options).await;
+        }
         let image = layout.image_at(entry, Some(ref_name))?;
         return push_stored(client, &image, reference, options).await;
     }
@@ -191,6 +195,39 @@ pub async fn push_layout(
         bytes_uploaded: uploaded,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Push the artifact (a verification report, say) whose `manifest` `entry` names: its
+/// manifest bytes as stored, with its config and blobs as files of the layout. Not an
+/// image, so not a [`StoredImage`].
+async fn push_artifact(
+    client: &RegistryClient,
+    layout: &Layout,
+    entry: &Descriptor,
+    manifest: &ImageManifest,
+    reference: &Reference,
+    options: &PushOptions,
+) -> Result<PushReport, RegistryError> {
+    let bytes = layout.read_blob(entry)?;
+    let mut blobs = Vec::new();
+    for descriptor in manifest.layers().iter().chain([manifest.config()]) {
+        let digest = descriptor_digest(descriptor, layout.dir())?;
+        let path = crate::oci::layout::blob_path(layout.dir(), &digest);
+        blobs.push(BlobSource {
+            digest,
+            size: file_size(&path, descriptor.size())?,
+            data: BlobData::File(path),
+        });
+    }
+    push_manifest_with_blobs(
+        client,
+        reference,
+        Bytes::from(bytes),
+        entry.media_type().as_ref(),
+        blobs,
+        options,
+    )
+    .await
 }
 
 /// A reference that pins a digest (`repo:tag@sha256:...`) names the image it wants: one
@@ -223,22 +260,9 @@ fn descriptor_digest(descriptor: &Descriptor, dir: &Path) -> Result<Digest, Regi
 fn stored_blobs(image: &StoredImage) -> Result<Vec<BlobSource>, RegistryError> {
     let mut blobs = Vec::new();
     for layer in &image.layers {
-        let size = fs_err::metadata(&layer.blob)
-            .map_err(|source| RegistryError::Io {
-                path: layer.blob.clone(),
-                source,
-            })?
-            .len();
-        if size != layer.size {
-            return Err(RegistryError::Document {
-                path: layer.blob.display().to_string(),
-                what: "the blob its manifest describes",
-                detail: format!("it has {size} bytes, the manifest says {}", layer.size),
-            });
-        }
         blobs.push(BlobSource {
             digest: layer.digest,
-            size,
+            size: file_size(&layer.blob, layer.size)?,
             data: BlobData::File(layer.blob.clone()),
         });
     }
@@ -248,6 +272,24 @@ fn stored_blobs(image: &StoredImage) -> Result<Vec<BlobSource>, RegistryError> {
         data: BlobData::Bytes(Bytes::from(image.config.bytes.clone())),
     });
     Ok(blobs)
+}
+
+/// The size of the blob file at `path`, which must be the `expected` size its manifest gives.
+fn file_size(path: &Path, expected: u64) -> Result<u64, RegistryError> {
+    let size = fs_err::metadata(path)
+        .map_err(|source| RegistryError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .len();
+    if size != expected {
+        return Err(RegistryError::Document {
+            path: path.display().to_string(),
+            what: "the blob its manifest describes",
+            detail: format!("it has {size} bytes, the manifest says {expected}"),
+        });
+    }
+    Ok(size)
 }
 
 /// Push `blobs` (bounded parallel), then the manifest bytes under `reference`.
