@@ -456,36 +456,39 @@ async fn upload(
                 state.offset = 0;
                 state.check_session = false;
             }
-            Err(RegistryError::Status {
-                method,
-                url,
-                status,
-                detail,
-                ..
-            }) => {
-                return Err(RegistryError::Status {
-                    method,
-                    url,
-                    status,
-                    detail,
-                    attempts,
-                })
-            }
-            Err(RegistryError::Transport {
-                method,
-                url,
-                source,
-                ..
-            }) => {
-                return Err(RegistryError::Transport {
-                    method,
-                    url,
-                    attempts,
-                    source,
-                })
-            }
-            Err(error) => return Err(error),
+            Err(error) => return Err(with_attempts(error, attempts)),
         }
+    }
+}
+
+/// `error` saying how many attempts were made (for the errors that say so).
+fn with_attempts(error: RegistryError, attempts: u32) -> RegistryError {
+    match error {
+        RegistryError::Status {
+            method,
+            url,
+            status,
+            detail,
+            ..
+        } => RegistryError::Status {
+            method,
+            url,
+            status,
+            detail,
+            attempts,
+        },
+        RegistryError::Transport {
+            method,
+            url,
+            source,
+            ..
+        } => RegistryError::Transport {
+            method,
+            url,
+            attempts,
+            source,
+        },
+        error => error,
     }
 }
 
