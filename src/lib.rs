@@ -4,6 +4,7 @@
 //! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
 pub mod atomic_file;
 pub mod audit;
+pub mod canonical;
 pub mod cas;
 pub mod cluster;
 pub mod digest;
@@ -19,6 +20,7 @@ pub mod matrix;
 pub mod names;
 pub mod oci;
 pub mod recipe;
+pub mod reference;
 pub mod registry;
 pub mod rootfs;
 pub mod stack;
