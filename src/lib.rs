@@ -17,6 +17,7 @@ pub mod layer;
 pub mod lock;
 pub mod matrix;
 pub mod oci;
+pub mod pipeline;
 pub mod recipe;
 pub mod registry;
 pub mod stack;
