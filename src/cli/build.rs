@@ -17,7 +17,6 @@ use cudastack::pipeline::{
 use cudastack::registry::Reference;
 use cudastack::stack::build::{human_bytes, BuildProgress, BuildSettings};
 
-use super::printer::write_stderr;
 use super::{CommandResult, Printer};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -74,22 +73,20 @@ pub struct BuildArgs {
 }
 
 /// The build's stages on stderr, timed from the start, and download bars.
-struct StderrProgress {
-    quiet: bool,
+struct StderrProgress<'a> {
+    printer: &'a Printer,
     started: Instant,
 }
 
-impl BuildProgress for StderrProgress {
+impl BuildProgress for StderrProgress<'_> {
     fn stage(&self, stage: &str, detail: &str) {
-        if !self.quiet {
-            write_stderr(format_args!(
-                "[{:>6.1}s] {stage:<7} {detail}\n",
-                self.started.elapsed().as_secs_f64()
-            ));
-        }
+        self.printer.status(format!(
+            "[{:>6.1}s] {stage:<7} {detail}",
+            self.started.elapsed().as_secs_f64()
+        ));
     }
     fn downloads(&self) -> Arc<dyn Reporter> {
-        if self.quiet {
+        if self.printer.quiet {
             Arc::new(NoReporter)
         } else {
             Arc::new(IndicatifReporter::default())
@@ -100,7 +97,7 @@ impl BuildProgress for StderrProgress {
 pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
     let settings = settings(args)?;
     let progress = StderrProgress {
-        quiet: printer.quiet,
+        printer,
         started: Instant::now(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -197,7 +194,7 @@ fn print_human(report: &PipelineReport, started: Instant, printer: &Printer) {
             ));
         }
     }
-    printer.line(&built.manifest_digest);
+    printer.line(built.manifest_digest);
     printer.line(format_args!(
         "oci:{}:{}",
         built.layout.display(),

@@ -45,7 +45,7 @@ pub fn run(args: ExplainArgs, printer: &Printer) -> CommandResult {
     if !report.recognised {
         printer.line("not recognised.");
         if let Some(suggestion) = &report.suggestion {
-            printer.line(&suggestion);
+            printer.line(suggestion);
         }
         return Ok(code);
     }

@@ -26,7 +26,7 @@ pub fn read_documents(
         },
         ImageLocation::Registry(text) => {
             let reference: Reference = text.parse()?;
-            let client = registry.client_options(&reference)?;
+            let client = Box::new(registry.client_options(&reference)?);
             ImageSource::Registry { reference, client }
         }
     };

@@ -45,7 +45,7 @@ pub fn run(args: LoadArgs, printer: &Printer) -> CommandResult {
 
 /// The human output on stdout: the image ID, then one tag per line.
 fn print_report(report: &LoadReport, printer: &Printer) {
-    printer.line(&report.image_id);
+    printer.line(report.image_id);
     for tag in &report.tags {
         printer.line(tag);
     }

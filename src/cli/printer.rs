@@ -20,7 +20,7 @@ pub const EXIT_BROKEN_PIPE: u8 = 141;
 /// Write to stdout. When the reader has closed the pipe (EPIPE) there is nobody left to
 /// tell: exit at once, quietly, with [`EXIT_BROKEN_PIPE`]. Any other write error (a full
 /// disk behind `> file`) is an error like any other: said on stderr, exit 2.
-pub fn write_stdout(arguments: std::fmt::Arguments<'_>) {
+fn write_stdout(arguments: std::fmt::Arguments<'_>) {
     let mut stdout = std::io::stdout().lock();
     let result = stdout.write_fmt(arguments).and_then(|()| stdout.flush());
     match result {
@@ -36,7 +36,7 @@ pub fn write_stdout(arguments: std::fmt::Arguments<'_>) {
 }
 
 /// Write to stderr, ignoring failure: with stderr gone there is nowhere to report it.
-pub fn write_stderr(arguments: std::fmt::Arguments<'_>) {
+fn write_stderr(arguments: std::fmt::Arguments<'_>) {
     let _ = std::io::stderr().lock().write_fmt(arguments);
 }
 

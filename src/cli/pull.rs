@@ -62,7 +62,7 @@ pub fn run(args: PullArgs, printer: &Printer) -> CommandResult {
             report.blobs.iter().filter(|b| b.cached).count(),
             report.bytes_downloaded as f64 / 1e6
         ));
-        printer.line(&report.manifest_digest);
+        printer.line(report.manifest_digest);
         printer.line(format_args!(
             "oci:{}:{}",
             report.layout.display(),

@@ -19,10 +19,11 @@ const MAX_CONFIG_BYTES: u64 = 4 << 20;
 pub enum ImageSource {
     /// `ref_name` of the OCI layout at `dir`.
     Layout { dir: PathBuf, ref_name: String },
-    /// A registry reference, and how to reach that registry.
+    /// A registry reference, and how to reach that registry (boxed: the options are
+    /// large beside a layout's path).
     Registry {
         reference: Reference,
-        client: ClientOptions,
+        client: Box<ClientOptions>,
     },
 }
 
@@ -42,7 +43,7 @@ pub async fn read_documents(
             Ok(read_layout(&dir, &ref_name, architecture.as_ref())?)
         }
         ImageSource::Registry { reference, client } => {
-            let client = RegistryClient::new(&reference, client)?;
+            let client = RegistryClient::new(&reference, *client)?;
             read_registry(&client, &reference, platform).await
         }
     }

@@ -33,23 +33,23 @@ pub use push::PushSettings;
 
 /// Everything that can stop the pipeline. The stages' own errors pass through unchanged
 /// (`transparent`: the same message and `Caused by:` chain as when a command calls the
-/// stage itself).
+/// stage itself); boxed, so that a `Result` of the pipeline stays small.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     #[error(transparent)]
-    Recipe(#[from] crate::recipe::RecipeError),
+    Recipe(Box<crate::recipe::RecipeError>),
     #[error(transparent)]
-    Build(#[from] crate::stack::build::BuildError),
+    Build(Box<crate::stack::build::BuildError>),
     #[error(transparent)]
-    Verify(#[from] crate::verify::runner::VerifyError),
+    Verify(Box<crate::verify::runner::VerifyError>),
     #[error(transparent)]
-    Engine(#[from] crate::engine::EngineError),
+    Engine(Box<crate::engine::EngineError>),
     #[error(transparent)]
-    Registry(#[from] crate::registry::RegistryError),
+    Registry(Box<crate::registry::RegistryError>),
     #[error(transparent)]
-    Layout(#[from] crate::oci::OciError),
+    Layout(Box<crate::oci::OciError>),
     #[error(transparent)]
-    Source(#[from] crate::verify::source::SourceError),
+    Source(Box<crate::verify::source::SourceError>),
     #[error(transparent)]
     Digest(#[from] crate::digest::DigestError),
     #[error(transparent)]
@@ -68,6 +68,27 @@ pub enum PipelineError {
     #[error("--load: this build has no image for this host's platform ({architecture}); Docker runs images of its own platform")]
     NoHostImageToLoad { architecture: &'static str },
 }
+
+/// `?` on a stage's error boxes it into its variant.
+macro_rules! boxed_from {
+    ($($variant:ident: $error:ty),* $(,)?) => {$(
+        impl From<$error> for PipelineError {
+            fn from(error: $error) -> Self {
+                PipelineError::$variant(Box::new(error))
+            }
+        }
+    )*};
+}
+
+boxed_from!(
+    Recipe: crate::recipe::RecipeError,
+    Build: crate::stack::build::BuildError,
+    Verify: crate::verify::runner::VerifyError,
+    Engine: crate::engine::EngineError,
+    Registry: crate::registry::RegistryError,
+    Layout: crate::oci::OciError,
+    Source: crate::verify::source::SourceError,
+);
 
 /// What a person watching the pipeline reads (stderr in the binary, nothing with
 /// `--quiet`). The build's own stages and downloads go through [`BuildProgress`].
