@@ -305,4 +305,31 @@ mod tests {
         let value = serde_json::to_value(&report).unwrap();
         assert_eq!(value, serde_json::to_value(&report.build).unwrap());
     }
+
+    /// `build --json` was the build report as a `serde_json::Value` with a key patched in
+    /// per stage; the typed report must give the same document.
+    #[test]
+    fn the_report_is_the_document_build_json_always_printed() {
+        let load = LoadReport {
+            image_id: Digest::of_bytes(b"config"),
+            skipped: true,
+            bytes: 0,
+            seconds: 0.5,
+            layers_present: 2,
+            layers: 2,
+            tags: vec!["localhost/r:1".into()],
+        };
+        let report = PipelineReport {
+            build: built(Some("latest")),
+            verify: None,
+            load: Some(load.clone()),
+            push: None,
+        };
+        let mut patched = serde_json::to_value(&report.build).unwrap();
+        patched["load"] = serde_json::to_value(&load).unwrap();
+        assert_eq!(
+            serde_json::to_string_pretty(&serde_json::to_value(&report).unwrap()).unwrap(),
+            serde_json::to_string_pretty(&patched).unwrap()
+        );
+    }
 }
