@@ -118,7 +118,8 @@ pub struct PipelineSettings {
 }
 
 /// What the pipeline did, stage by stage. Serialised as `build --json`: the build report's
-/// keys, and `verify`, `load` and `push` for the stages that ran.
+/// keys, and `verify`, `load` and `push` for the stages that ran (the binary prints every
+/// object's keys sorted, as `build --json` always was).
 #[derive(Debug, Serialize)]
 pub struct PipelineReport {
     #[serde(flatten)]
@@ -143,13 +144,15 @@ pub async fn build_verify_publish(
 ) -> Result<PipelineReport, PipelineError> {
     let policy = Recipe::load(&settings.build.recipe_path)?.verify.gpu;
     let built = build(&settings.build, matrix, build_progress).await?;
-    let verified = match settings.verify {
-        true => verify::after_build(&built, policy, &settings.build.cache_root, progress).await?,
-        false => None,
+    let verified = if settings.verify {
+        verify::after_build(&built, policy, &settings.build.cache_root, progress).await?
+    } else {
+        None
     };
-    let loaded = match settings.load {
-        true => Some(load_built(&built, progress).await?),
-        false => None,
+    let loaded = if settings.load {
+        Some(load_built(&built, progress).await?)
+    } else {
+        None
     };
     let pushed = match &settings.push {
         Some(target) => Some(
