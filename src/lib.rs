@@ -19,6 +19,7 @@ pub mod lock;
 pub mod matrix;
 pub mod names;
 pub mod oci;
+pub mod pipeline;
 pub mod recipe;
 pub mod reference;
 pub mod registry;
