@@ -4,6 +4,7 @@
 //! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
 pub mod atomic_file;
 pub mod audit;
+pub mod canonical;
 pub mod cas;
 pub mod cluster;
 pub mod digest;
@@ -16,9 +17,12 @@ pub mod install;
 pub mod layer;
 pub mod lock;
 pub mod matrix;
+pub mod names;
 pub mod oci;
+pub mod pipeline;
 pub mod platform;
 pub mod recipe;
+pub mod reference;
 pub mod registry;
 pub mod rootfs;
 pub mod stack;

@@ -4,7 +4,11 @@
 //! (`535.104.05`) sets a ceiling, a CUDA version (`12.1`) is what a runtime was built for,
 //! a cuDNN version (`9.1.0.70`) is what a framework pins, a compute capability (`8.6`) is
 //! what a GPU is. Giving each its own type keeps them from being compared with each other.
-//! Python package versions use `pep440_rs::Version`.
+//! The CPython line (`3.11`) and the glibc level (`2.28`, or a symbol version `GLIBC_2.2.5`)
+//! of an image are here too: every stage (recipe, matrix, lock, install, elf, audit) uses
+//! these one definitions. Python package versions use `pep440_rs::Version`.
+//!
+//! This module is shared vocabulary: it depends on no other module of the crate.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -369,6 +373,14 @@ impl PythonVersion {
     }
 }
 
+impl PythonVersion {
+    /// The full version for `python_full_version` markers and `Requires-Python` checks:
+    /// the patch is unknown and taken as `.0` (`3.11` -> `3.11.0`).
+    pub fn full(&self) -> pep440_rs::Version {
+        pep440_rs::Version::new([u64::from(self.major), u64::from(self.minor), 0])
+    }
+}
+
 impl FromStr for PythonVersion {
     type Err = VersionError;
     fn from_str(text: &str) -> Result<Self, Self::Err> {
@@ -392,6 +404,65 @@ impl fmt::Display for PythonVersion {
     }
 }
 serde_via_str!(PythonVersion);
+
+/// A glibc version: the release of an image's `libc.so.6` (`2.36`), the level a manylinux
+/// tag promises (`manylinux_2_28` -> `2.28`), or a symbol version a binary needs
+/// (`GLIBC_2.2.5`). Ordered numerically; printed without a zero patch (`2.28`, `2.2.5`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GlibcVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+impl GlibcVersion {
+    pub const fn new(major: u32, minor: u32) -> Self {
+        Self {
+            major,
+            minor,
+            patch: 0,
+        }
+    }
+}
+
+impl fmt::Display for GlibcVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.patch == 0 {
+            write!(f, "{}.{}", self.major, self.minor)
+        } else {
+            write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+        }
+    }
+}
+
+/// Error for a version name that is not `GLIBC_<n>.<n>[.<n>]` (or a bare `<n>.<n>[.<n>]`).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("`{0}` is not a glibc version (expected GLIBC_2.34 or 2.34)")]
+pub struct GlibcVersionError(String);
+
+impl FromStr for GlibcVersion {
+    type Err = GlibcVersionError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let numbers = s.strip_prefix("GLIBC_").unwrap_or(s);
+        let parts: Vec<&str> = numbers.split('.').collect();
+        if !(2..=3).contains(&parts.len()) {
+            return Err(GlibcVersionError(s.to_string()));
+        }
+        let mut values = [0u32; 3];
+        for (slot, part) in values.iter_mut().zip(&parts) {
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(GlibcVersionError(s.to_string()));
+            }
+            *slot = part.parse().map_err(|_| GlibcVersionError(s.to_string()))?;
+        }
+        Ok(GlibcVersion {
+            major: values[0],
+            minor: values[1],
+            patch: values[2],
+        })
+    }
+}
+serde_via_str!(GlibcVersion);
 
 #[cfg(test)]
 mod tests {
@@ -468,5 +539,22 @@ mod tests {
             "3.13"
         );
         assert!("2.7".parse::<PythonVersion>().is_err());
+        assert_eq!(py.full().to_string(), "3.11.0");
+    }
+
+    #[test]
+    fn glibc_versions_parse_symbol_names_and_levels() {
+        let level: GlibcVersion = "2.28".parse().unwrap();
+        assert_eq!(level, GlibcVersion::new(2, 28));
+        assert_eq!(level.to_string(), "2.28");
+        let symbol: GlibcVersion = "GLIBC_2.2.5".parse().unwrap();
+        assert_eq!(symbol.to_string(), "2.2.5");
+        assert!(symbol < GlibcVersion::new(2, 5));
+        assert_eq!(serde_json::to_string(&level).unwrap(), "\"2.28\"");
+        assert_eq!(
+            serde_json::from_str::<GlibcVersion>("\"2.36\"").unwrap(),
+            GlibcVersion::new(2, 36)
+        );
+        assert!("2_28".parse::<GlibcVersion>().is_err());
     }
 }

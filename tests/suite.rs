@@ -35,7 +35,6 @@ mod fetch_hostile;
 mod fetch_memory;
 mod fetch_pypi;
 mod fetch_remote_zip;
-mod install_dedup;
 mod install_properties;
 mod install_real_wheel;
 mod install_wheel;

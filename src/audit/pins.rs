@@ -11,8 +11,9 @@ use pep508_rs::pep440_rs::Operator;
 use pep508_rs::{MarkerEnvironment, Requirement, VersionOrUrl};
 
 use super::AuditError;
-use crate::install::{normalize_name, PythonVersion};
+use crate::names::normalize_name;
 use crate::rootfs::host_path;
+use crate::version::PythonVersion;
 
 /// The marker environment of CPython `python` on Linux `machine` (e.g. `x86_64`).
 pub fn linux_environment(python: PythonVersion, machine: &str) -> MarkerEnvironment {

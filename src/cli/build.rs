@@ -11,7 +11,11 @@ use cudastack::cas::default_cache_root;
 use cudastack::fetch::progress::{IndicatifReporter, NoReporter, Reporter};
 use cudastack::layer::Compression;
 use cudastack::matrix::Matrix;
-use cudastack::stack::build::{build, human_bytes, BuildProgress, BuildSettings};
+use cudastack::pipeline::{
+    build_verify_publish, PipelineReport, PipelineSettings, PushSettings, PushTarget,
+};
+use cudastack::registry::Reference;
+use cudastack::stack::build::{human_bytes, BuildProgress, BuildSettings};
 
 use super::{CommandResult, Printer};
 
@@ -68,22 +72,21 @@ pub struct BuildArgs {
     platforms: Vec<cudastack::recipe::Platform>,
 }
 
-struct StderrProgress {
-    quiet: bool,
+/// The build's stages on stderr, timed from the start, and download bars.
+struct StderrProgress<'a> {
+    printer: &'a Printer,
     started: Instant,
 }
 
-impl BuildProgress for StderrProgress {
+impl BuildProgress for StderrProgress<'_> {
     fn stage(&self, stage: &str, detail: &str) {
-        if !self.quiet {
-            eprintln!(
-                "[{:>6.1}s] {stage:<7} {detail}",
-                self.started.elapsed().as_secs_f64()
-            );
-        }
+        self.printer.status(format!(
+            "[{:>6.1}s] {stage:<7} {detail}",
+            self.started.elapsed().as_secs_f64()
+        ));
     }
     fn downloads(&self) -> Arc<dyn Reporter> {
-        if self.quiet {
+        if self.printer.quiet {
             Arc::new(NoReporter)
         } else {
             Arc::new(IndicatifReporter::default())
@@ -92,6 +95,32 @@ impl BuildProgress for StderrProgress {
 }
 
 pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
+    let settings = settings(args)?;
+    let progress = StderrProgress {
+        printer,
+        started: Instant::now(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(build_verify_publish(
+        &settings,
+        Matrix::embedded(),
+        &progress,
+        printer,
+    ))?;
+    if printer.json {
+        printer.json_sorted(&report);
+    } else {
+        print_human(&report, progress.started, printer);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The pipeline's settings from the arguments. The push target is parsed here, before the
+/// (long) build, so a typo fails at once; credentials too (stdin, credential helpers), so
+/// the push cannot fail on them later.
+fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Error + Send + Sync>> {
     let compression = match (args.compression, args.level) {
         (CompressionArg::Gzip, level) => Compression::Gzip {
             level: level.unwrap_or(6).clamp(1, 9) as u32,
@@ -101,142 +130,83 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         },
         (CompressionArg::None, _) => Compression::None,
     };
-    // Parse the push target before the (long) build, so a typo fails at once.
-    // Credentials too (stdin, credential helpers), so the push cannot fail on them later.
-    let push_target = match args.push.as_deref() {
+    let cache_root = args.cache_dir.clone().unwrap_or_else(default_cache_root);
+    let push = match args.push.as_deref() {
         Some(text) => {
-            let reference: cudastack::registry::Reference = text.parse()?;
-            let options = args.registry_args.client_options(&reference)?;
-            Some((reference, options))
+            let reference: Reference = text.parse()?;
+            let client = args.registry_args.client_options(&reference)?;
+            Some(PushTarget {
+                reference,
+                client,
+                settings: PushSettings::defaults(cache_root.clone()),
+            })
         }
         None => None,
     };
-    let cache_root = args.cache_dir.clone().unwrap_or_else(default_cache_root);
-    let settings = BuildSettings {
+    // `--platform linux/arm64,linux/arm64` builds arm64 once.
+    let mut platforms = Vec::new();
+    for platform in args.platforms {
+        if !platforms.contains(&platform) {
+            platforms.push(platform);
+        }
+    }
+    let build = BuildSettings {
         recipe_path: args.recipe,
-        cache_root: cache_root.clone(),
+        cache_root,
         layout_dir: args.layout,
         compression,
         offline: args.offline,
         mirrors: args.mirror,
         registry: args.registry,
-        // `--platform linux/arm64,linux/arm64` builds arm64 once.
-        platforms: (!args.platforms.is_empty()).then(|| {
-            let mut unique = Vec::new();
-            for platform in &args.platforms {
-                if !unique.contains(platform) {
-                    unique.push(*platform);
-                }
-            }
-            unique
-        }),
+        platforms: (!platforms.is_empty()).then_some(platforms),
     };
-    let progress = StderrProgress {
-        quiet: printer.quiet,
-        started: Instant::now(),
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let policy = cudastack::recipe::Recipe::load(&settings.recipe_path)?
-        .verify
-        .gpu;
-    let report = runtime.block_on(build(&settings, Matrix::embedded(), &progress))?;
-    // Verify before loading or pushing, so a verified image is what gets published.
-    // Both run the image of this host's platform; an image index is pushed whole.
-    let verified = match (&report.host_ref, args.no_verify) {
-        (_, true) => None,
-        (Some(host_ref), false) => super::verify::after_build(
-            &report.layout,
-            host_ref,
-            policy,
-            &cache_root,
-            printer,
-            &runtime,
-        )?,
-        (None, false) => {
+    Ok(PipelineSettings {
+        build,
+        verify: !args.no_verify,
+        load: args.load,
+        push,
+    })
+}
+
+/// The human output: a summary on stderr; on stdout the manifest digest, the layout
+/// reference, the tags, then what was loaded and pushed.
+fn print_human(report: &PipelineReport, started: Instant, printer: &Printer) {
+    let built = &report.build;
+    printer.status(format!(
+        "built {} in {:.1}s: {} layers, {} compressed; audit: {} ELF files, {} NEEDED entries checked{}",
+        built.recipe,
+        started.elapsed().as_secs_f64(),
+        built.layers.len(),
+        human_bytes(built.size),
+        built.audit.elf_files,
+        built.audit.needed_checked,
+        if built.audit_cached { " (cached)" } else { "" }
+    ));
+    if built.platforms.len() > 1 {
+        for platform in &built.platforms {
             printer.status(format!(
-                "verify  skipped: this build has no image for this host ({}); verify it on a {} machine",
-                cudastack::platform::host_cpu(),
-                report.platforms.iter().map(|p| p.platform.as_str()).collect::<Vec<_>>().join(" or ")
+                "  {}: {} ({}), oci:{}:{}",
+                platform.platform,
+                platform.manifest_digest,
+                human_bytes(platform.size),
+                built.layout.display(),
+                platform.ref_name
             ));
-            None
-        }
-    };
-    let loaded = match (&report.host_ref, args.load) {
-        (_, false) => None,
-        (Some(host_ref), true) => Some(runtime.block_on(super::load::load(
-            &report.layout,
-            host_ref,
-            &report.tags,
-            printer,
-        ))?),
-        (None, true) => {
-            return Err(format!(
-                "--load: this build has no image for this host's platform ({}); Docker runs images of its own platform",
-                cudastack::platform::host_cpu()
-            )
-            .into())
-        }
-    };
-    let pushed = match push_target {
-        Some((reference, options)) => Some(super::push::push_and_report(
-            &report.layout,
-            &report.ref_name,
-            &reference,
-            &super::push::PushFlags::defaults(cache_root),
-            options,
-            printer,
-            &runtime,
-        )?),
-        None => None,
-    };
-    if printer.json {
-        let mut value = serde_json::to_value(&report)?;
-        if let Some(verified) = &verified {
-            value["verify"] = serde_json::to_value(verified)?;
-        }
-        if let Some(load) = &loaded {
-            value["load"] = serde_json::to_value(load)?;
-        }
-        if let Some(push) = &pushed {
-            value["push"] = serde_json::to_value(push)?;
-        }
-        printer.json(&value);
-    } else {
-        printer.status(format!(
-            "built {} in {:.1}s: {} layers, {} compressed; audit: {} ELF files, {} NEEDED entries checked{}",
-            report.recipe,
-            progress.started.elapsed().as_secs_f64(),
-            report.layers.len(),
-            human_bytes(report.size),
-            report.audit.elf_files,
-            report.audit.needed_checked,
-            if report.audit_cached { " (cached)" } else { "" }
-        ));
-        if report.platforms.len() > 1 {
-            for platform in &report.platforms {
-                printer.status(format!(
-                    "  {}: {} ({}), oci:{}:{}",
-                    platform.platform,
-                    platform.manifest_digest,
-                    human_bytes(platform.size),
-                    report.layout.display(),
-                    platform.ref_name
-                ));
-            }
-        }
-        println!("{}", report.manifest_digest);
-        println!("oci:{}:{}", report.layout.display(), report.ref_name);
-        for tag in &report.tags {
-            println!("{tag}");
-        }
-        if let Some(load) = &loaded {
-            println!("docker:{}", load.image_id);
-        }
-        if let Some(push) = &pushed {
-            println!("{}@{}", push.reference, push.manifest_digest);
         }
     }
-    Ok(ExitCode::SUCCESS)
+    printer.line(built.manifest_digest);
+    printer.line(format_args!(
+        "oci:{}:{}",
+        built.layout.display(),
+        built.ref_name
+    ));
+    for tag in &built.tags {
+        printer.line(tag);
+    }
+    if let Some(load) = &report.load {
+        printer.line(format_args!("docker:{}", load.image_id));
+    }
+    if let Some(push) = &report.push {
+        printer.line(format_args!("{}@{}", push.reference, push.manifest_digest));
+    }
 }

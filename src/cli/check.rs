@@ -88,17 +88,17 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
         });
     } else {
         for finding in &answer.findings {
-            println!(
+            printer.line(format_args!(
                 "{} {} {}",
                 if finding.ok { "ok " } else { "NO " },
                 finding.subject,
                 finding.what
-            );
+            ));
             if let Some(hint) = &finding.hint {
-                println!("    hint: {hint}");
+                printer.line(format_args!("    hint: {hint}"));
             }
         }
-        println!(
+        printer.line(format_args!(
             "{}",
             match answer.fits {
                 Fit::Yes => format!("yes: {} runs on this node", documents.location),
@@ -111,7 +111,7 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
                         .unwrap_or("not every requirement was compared")
                 ),
             }
-        );
+        ));
     }
     Ok(exit_code(answer.fits))
 }

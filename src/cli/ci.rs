@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use cudastack::cluster::workflows::{generate, WorkflowOptions, PUBLISH_PATH};
+use serde::Serialize;
 
 use super::{CommandResult, Printer};
 
@@ -32,6 +33,13 @@ enum CiCommand {
         #[arg(long)]
         check: bool,
     },
+}
+
+/// One generated file: an item of `ci --json`.
+#[derive(Serialize)]
+struct FileStatus<'a> {
+    path: &'a std::path::Path,
+    status: &'static str,
 }
 
 pub fn run(args: CiArgs, printer: &Printer) -> CommandResult {
@@ -68,9 +76,12 @@ pub fn run(args: CiArgs, printer: &Printer) -> CommandResult {
             }
             fs_err::write(&path, &file.contents)?;
         }
-        report.push(serde_json::json!({ "path": file.path, "status": status }));
+        report.push(FileStatus {
+            path: &file.path,
+            status,
+        });
         if !printer.json {
-            println!("{:<9} {}", status, file.path.display());
+            printer.line(format_args!("{:<9} {}", status, file.path.display()));
         }
     }
     if printer.json {

@@ -56,7 +56,7 @@ pub fn run(args: DoctorArgs, printer: &Printer) -> CommandResult {
             LayerStatus::Broken => "BROKEN",
             LayerStatus::NotChecked => "not checked",
         };
-        println!("== {} [{status}]", layer.title);
+        printer.line(format_args!("== {} [{status}]", layer.title));
         for finding in &layer.findings {
             let mark = match finding.severity {
                 Severity::Ok => "ok  ",
@@ -64,34 +64,40 @@ pub fn run(args: DoctorArgs, printer: &Printer) -> CommandResult {
                 Severity::Warning => "warn",
                 Severity::Error => "FAIL",
             };
-            println!("  {mark} {} ({})", finding.summary, finding.id);
+            printer.line(format_args!(
+                "  {mark} {} ({})",
+                finding.summary, finding.id
+            ));
             for line in &finding.evidence {
-                println!("         | {line}");
+                printer.line(format_args!("         | {line}"));
             }
             if let Some(fix) = &finding.fix {
-                println!("         fix: {fix}");
+                printer.line(format_args!("         fix: {fix}"));
             }
         }
     }
-    println!();
+    printer.line("");
     if let Some(layer) = report.stopped_at {
-        println!("stopped at the first broken layer: {}", layer.title());
+        printer.line(format_args!(
+            "stopped at the first broken layer: {}",
+            layer.title()
+        ));
     }
     match &report.recommendation.best {
         Some(best) => {
-            println!(
+            printer.line(format_args!(
                 "solve picks for this host ({}): torch {} (index {}, CUDA {}, cuDNN {})",
                 report.recommendation.reason,
                 best.torch_build,
                 best.index,
                 best.cuda,
                 best.cudnn.as_deref().unwrap_or("-")
-            );
+            ));
             if let Some(recipe) = &best.recipe {
-                println!("---\n{recipe}");
+                printer.line(format_args!("---\n{recipe}"));
             }
         }
-        None => println!("solve: {}", report.recommendation.reason),
+        None => printer.line(format_args!("solve: {}", report.recommendation.reason)),
     }
     Ok(code)
 }

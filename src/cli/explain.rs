@@ -43,38 +43,43 @@ pub fn run(args: ExplainArgs, printer: &Printer) -> CommandResult {
         return Ok(code);
     }
     if !report.recognised {
-        println!("not recognised.");
+        printer.line("not recognised.");
         if let Some(suggestion) = &report.suggestion {
-            println!("{suggestion}");
+            printer.line(suggestion);
         }
         return Ok(code);
     }
     for (index, explanation) in report.explanations.iter().enumerate() {
         if index > 0 {
-            println!();
+            printer.line("");
         }
-        println!("{} ({})", explanation.title, explanation.id);
-        println!("  matched: {}", explanation.matched);
-        println!("  cause: {}", explanation.cause);
+        printer.line(format_args!("{} ({})", explanation.title, explanation.id));
+        printer.line(format_args!("  matched: {}", explanation.matched));
+        printer.line(format_args!("  cause: {}", explanation.cause));
         if !explanation.matrix.is_empty() {
-            println!("  matrix:");
+            printer.line("  matrix:");
             for note in &explanation.matrix {
-                println!("    - {note}");
+                printer.line(format_args!("    - {note}"));
             }
         }
-        println!("  confirm:");
+        printer.line("  confirm:");
         for step in &explanation.confirm {
-            println!("    - {step}");
+            printer.line(format_args!("    - {step}"));
         }
         if !explanation.decision.is_empty() {
-            println!("  decide:");
+            printer.line("  decide:");
             for (n, step) in explanation.decision.iter().enumerate() {
-                println!("    {}. if {}: {}", n + 1, step.when, step.then);
+                printer.line(format_args!(
+                    "    {}. if {}: {}",
+                    n + 1,
+                    step.when,
+                    step.then
+                ));
             }
         }
-        println!("  fix:");
+        printer.line("  fix:");
         for step in &explanation.fix {
-            println!("    - {step}");
+            printer.line(format_args!("    - {step}"));
         }
     }
     Ok(code)

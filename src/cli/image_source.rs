@@ -1,17 +1,16 @@
-//! Shared by inspect, check and verify: reading an image's documents (manifest and config,
-//! never a layer) from a layout or a registry, and detecting the local node.
+//! Shared by inspect, check and verify: the image a person named (a layout or a registry
+//! reference, with the registry's credentials) as the library's [`ImageSource`], read
+//! through `cudastack::pipeline::image_source`; and detecting the local node.
 
-use cudastack::registry::{Platform, Reference, RegistryClient};
+use cudastack::pipeline::image_source::{self, ImageSource};
+use cudastack::registry::Reference;
 use cudastack::verify::check::Node;
-use cudastack::verify::source::{read_layout, ImageDocuments, ImageLocation};
+use cudastack::verify::source::{ImageDocuments, ImageLocation};
 
 pub use super::push::RegistryArgs;
 use super::Printer;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
-
-/// Configs are small JSON documents; refuse anything that is not.
-const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
 /// The documents of the image at `location`; of `platform`'s image when it names a
 /// multi-platform image (default: this machine's platform).
@@ -20,38 +19,21 @@ pub fn read_documents(
     registry: &RegistryArgs,
     platform: Option<cudastack::recipe::Platform>,
 ) -> Result<ImageDocuments, Error> {
-    let platform = platform.or_else(cudastack::stack::build::host_platform);
-    let architecture = platform.map(|p| p.to_oci_arch());
-    match location {
-        ImageLocation::Layout { dir, ref_name } => {
-            Ok(read_layout(dir, ref_name, architecture.as_ref())?)
-        }
+    let source = match location {
+        ImageLocation::Layout { dir, ref_name } => ImageSource::Layout {
+            dir: dir.clone(),
+            ref_name: ref_name.clone(),
+        },
         ImageLocation::Registry(text) => {
             let reference: Reference = text.parse()?;
-            let client = RegistryClient::new(&reference, registry.client_options(&reference)?)?;
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(async {
-                let wanted = platform.map_or_else(Platform::default, Platform::from);
-                let manifest = client.get_image_manifest(&reference, &wanted).await?;
-                let parsed: oci_spec::image::ImageManifest =
-                    serde_json::from_slice(&manifest.bytes)?;
-                let config_digest: cudastack::digest::Digest =
-                    parsed.config().digest().to_string().parse()?;
-                let config_bytes = client
-                    .get_blob_bytes(reference.repository(), &config_digest, MAX_CONFIG_BYTES)
-                    .await?;
-                Ok(ImageDocuments {
-                    location: reference.to_string(),
-                    manifest_digest: manifest.digest,
-                    config_digest,
-                    config: serde_json::from_slice(&config_bytes)?,
-                    bytes_read: (manifest.bytes.len() + config_bytes.len()) as u64,
-                })
-            })
+            let client = Box::new(registry.client_options(&reference)?);
+            ImageSource::Registry { reference, client }
         }
-    }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok(runtime.block_on(image_source::read_documents(source, platform))?)
 }
 
 /// Add this machine's driver and GPUs (libcuda, NVML, /proc, nvidia-smi; see src/host) to

@@ -64,31 +64,47 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
         printer.json(&inspection);
         return Ok(ExitCode::SUCCESS);
     }
+    print_human(&inspection, printer);
+    printer.status(format!(
+        "read {} bytes (manifest and config only)",
+        documents.bytes_read
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The human output: where the image is, its digests, what it declares (recipe, versions,
+/// driver floor, kernels), where it was verified, and the report stored beside it.
+fn print_human(inspection: &Inspection, printer: &Printer) {
+    let documents = inspection.documents;
+    let claims = inspection.declared;
     let or_none = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_string());
-    println!("{}", documents.location);
-    println!("  manifest      {}", documents.manifest_digest);
-    println!("  config        {}", documents.config_digest);
-    println!("  recipe        {}", or_none(&claims.recipe));
-    println!("  torch         {}", or_none(&claims.torch));
-    println!("  CUDA          {}", or_none(&claims.cuda));
-    println!("  cuDNN         {}", or_none(&claims.cudnn));
-    println!(
+    printer.line(&documents.location);
+    printer.line(format_args!(
+        "  manifest      {}",
+        documents.manifest_digest
+    ));
+    printer.line(format_args!("  config        {}", documents.config_digest));
+    printer.line(format_args!("  recipe        {}", or_none(&claims.recipe)));
+    printer.line(format_args!("  torch         {}", or_none(&claims.torch)));
+    printer.line(format_args!("  CUDA          {}", or_none(&claims.cuda)));
+    printer.line(format_args!("  cuDNN         {}", or_none(&claims.cudnn)));
+    printer.line(format_args!(
         "  driver floor  {}",
         claims
             .driver_floor
             .as_ref()
             .map(|d| d.to_string())
             .unwrap_or_else(|| "-".into())
-    );
-    println!(
+    ));
+    printer.line(format_args!(
         "  requires      {}",
         inspection
             .env
             .get("NVIDIA_REQUIRE_CUDA")
             .cloned()
             .unwrap_or_else(|| "-".into())
-    );
-    println!(
+    ));
+    printer.line(format_args!(
         "  kernels       {}",
         claims
             .sm
@@ -96,13 +112,13 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
             .map(|c| c.sm())
             .collect::<Vec<_>>()
             .join(" ")
-    );
+    ));
     if claims.verified.is_empty() {
-        println!("  verified      no (no io.cudastack.verified label)");
+        printer.line("  verified      no (no io.cudastack.verified label)");
     } else {
-        println!("  verified on:");
+        printer.line("  verified on:");
         for row in &claims.verified {
-            println!(
+            printer.line(format_args!(
                 "    {} x{} (compute capability {}), driver {} (CUDA {}), {} checks passed, {} by cudastack {}",
                 row.gpu,
                 row.count,
@@ -112,15 +128,10 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
                 row.checks.len(),
                 row.date,
                 row.cudastack
-            );
+            ));
         }
     }
     if let Some(report) = &inspection.report_ref {
-        println!("  report        {report} (in the layout)");
+        printer.line(format_args!("  report        {report} (in the layout)"));
     }
-    printer.status(format!(
-        "read {} bytes (manifest and config only)",
-        documents.bytes_read
-    ));
-    Ok(ExitCode::SUCCESS)
 }

@@ -11,6 +11,7 @@ use cudastack::matrix::validate::validate;
 use cudastack::matrix::Matrix;
 use cudastack::recipe::Recipe;
 use cudastack::stack::inputs::{lock_request_for, platform_lock_path};
+use serde::Serialize;
 
 use super::{CommandResult, Printer};
 
@@ -24,6 +25,17 @@ pub struct LockArgs {
     /// other local file (an index cannot point `lock` at one).
     #[arg(long)]
     mirror: Option<PathBuf>,
+}
+
+/// One lock file written: an item of `lock --json` (keys in alphabetical order, as they
+/// have always been printed).
+#[derive(Serialize)]
+struct Written<'a> {
+    artifacts: usize,
+    lock: PathBuf,
+    platform: &'static str,
+    recipe: &'a PathBuf,
+    recipe_digest: cudastack::digest::Digest,
 }
 
 pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
@@ -60,14 +72,20 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
                 out.display(),
                 lockfile.artifacts.len()
             ));
-            written.push(serde_json::json!({ "recipe": path, "platform": platform.as_str(), "lock": out, "artifacts": lockfile.artifacts.len(), "recipe_digest": lockfile.recipe_digest }));
+            written.push(Written {
+                artifacts: lockfile.artifacts.len(),
+                lock: out,
+                platform: platform.as_str(),
+                recipe: path,
+                recipe_digest: lockfile.recipe_digest,
+            });
         }
     }
     if printer.json {
         printer.json(&written);
     } else {
         for item in &written {
-            println!("{}", item["lock"].as_str().unwrap_or_default());
+            printer.line(item.lock.display());
         }
     }
     Ok(ExitCode::SUCCESS)

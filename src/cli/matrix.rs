@@ -1,7 +1,6 @@
 //! `cudastack matrix [--torch SPEC] [--cuda X.Y] [--gpu NAME] [--table T]` and
 //! `cudastack matrix refresh`.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand, ValueEnum};
@@ -47,23 +46,7 @@ enum TableKind {
 #[derive(Debug, Subcommand)]
 enum MatrixCommand {
     /// Regenerate data/torch-pypi.json from PyPI (simple JSON API + wheel METADATA).
-    Refresh(RefreshArgs),
-}
-
-#[derive(Debug, Args)]
-pub struct RefreshArgs {
-    /// PEP 691 JSON simple index to read torch from.
-    #[arg(long, default_value = "https://pypi.org/simple/")]
-    pub index: String,
-    /// Where to write the data file.
-    #[arg(long, default_value = "data/torch-pypi.json")]
-    pub output: PathBuf,
-    /// Oldest torch release to include.
-    #[arg(long, default_value = "2.0.0")]
-    pub since: String,
-    /// Skip reading each release's sm list from libtorch (reuses rows already in --output).
-    #[arg(long)]
-    pub no_arch_scan: bool,
+    Refresh(super::refresh::RefreshArgs),
 }
 
 pub fn run(args: MatrixArgs, printer: &Printer) -> CommandResult {
@@ -156,7 +139,7 @@ fn torch_table(matrix: &Matrix, args: &MatrixArgs, printer: &Printer) -> Command
             format!("{:?}", build.status),
         ]);
     }
-    println!("{table}");
+    printer.line(&table);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -204,8 +187,8 @@ fn cuda_table(matrix: &Matrix, args: &MatrixArgs, printer: &Printer) -> CommandR
             format!("{:?}", row.status),
         ]);
     }
-    println!("{table}");
-    println!("source: {}", matrix.cuda_releases_source);
+    printer.line(&table);
+    printer.line(format_args!("source: {}", matrix.cuda_releases_source));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -223,7 +206,7 @@ fn cudnn_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
             majors.join(", "),
         ]);
     }
-    println!("{table}");
+    printer.line(&table);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -241,6 +224,6 @@ fn gpu_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
             format!("{:?}", gpu.status),
         ]);
     }
-    println!("{table}");
+    printer.line(&table);
     Ok(ExitCode::SUCCESS)
 }

@@ -2,45 +2,11 @@
 //! function per command, and the shared printer. stdout carries data only (tables, the
 //! final reference, or `--json`); progress and logs go to stderr.
 //!
-//! Every line a command prints goes through [`write_stdout`] / [`write_stderr`]: the
-//! `println!`, `print!`, `eprintln!` and `eprint!` macros are redefined below, before the
-//! command modules, so no command can reach std's versions (which panic, exit 101, when
-//! the reader of a pipe has gone: `cudastack solve ... | head`).
-
-/// `println!` for this binary: through [`write_stdout`], which ends the process quietly
-/// when stdout is a closed pipe instead of panicking.
-macro_rules! println {
-    () => {
-        $crate::cli::write_stdout(format_args!("\n"))
-    };
-    ($($arg:tt)*) => {
-        $crate::cli::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
-    };
-}
-
-/// `print!` for this binary, through [`write_stdout`].
-macro_rules! print {
-    ($($arg:tt)*) => {
-        $crate::cli::write_stdout(format_args!($($arg)*))
-    };
-}
-
-/// `eprintln!` for this binary, through [`write_stderr`] (never panics).
-macro_rules! eprintln {
-    () => {
-        $crate::cli::write_stderr(format_args!("\n"))
-    };
-    ($($arg:tt)*) => {
-        $crate::cli::write_stderr(format_args!("{}\n", format_args!($($arg)*)))
-    };
-}
-
-/// `eprint!` for this binary, through [`write_stderr`].
-macro_rules! eprint {
-    ($($arg:tt)*) => {
-        $crate::cli::write_stderr(format_args!($($arg)*))
-    };
-}
+//! The three layers of every command: a clap struct whose doc comments are the help text,
+//! its translation into the library's settings, and one library call whose result is
+//! printed through the [`Printer`] (typed structs for `--json`). Deciding anything about
+//! images belongs to the library (`cudastack::pipeline` and the stages below it).
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 mod build;
 mod check;
@@ -52,6 +18,7 @@ mod inspect;
 mod load;
 mod lock;
 mod matrix;
+mod printer;
 mod pull;
 mod push;
 mod refresh;
@@ -63,6 +30,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+pub use printer::{report_error, Printer};
 
 /// Build reproducible, verified container images for GPU deep learning.
 #[derive(Debug, Parser)]
@@ -125,69 +94,6 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Explain an error message (argument, --file LOG, or stdin): cause, checks, fix.
     Explain(explain::ExplainArgs),
-}
-
-/// The exit status when stdout is a pipe whose reader has gone: 128 + SIGPIPE, what a
-/// shell reports for a process the signal ended (`yes | head` under `set -o pipefail`).
-/// Not 0, so that `cudastack check IMG | head -1` under pipefail never turns a cut-off
-/// "no" into success; not 101, which is a panic.
-pub const EXIT_BROKEN_PIPE: u8 = 141;
-
-/// Write to stdout. When the reader has closed the pipe (EPIPE) there is nobody left to
-/// tell: exit at once, quietly, with [`EXIT_BROKEN_PIPE`]. Any other write error (a full
-/// disk behind `> file`) is an error like any other: said on stderr, exit 2.
-pub fn write_stdout(arguments: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
-    let result = stdout.write_fmt(arguments).and_then(|()| stdout.flush());
-    match result {
-        Ok(()) => {}
-        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {
-            std::process::exit(EXIT_BROKEN_PIPE.into())
-        }
-        Err(error) => {
-            write_stderr(format_args!("error: failed to write to stdout: {error}\n"));
-            std::process::exit(2)
-        }
-    }
-}
-
-/// Write to stderr, ignoring failure: with stderr gone there is nowhere to report it.
-pub fn write_stderr(arguments: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let _ = std::io::stderr().lock().write_fmt(arguments);
-}
-
-/// What every command gets: output format and verbosity.
-pub struct Printer {
-    pub json: bool,
-    pub quiet: bool,
-}
-
-impl Printer {
-    /// Print a JSON value on stdout.
-    pub fn json<T: serde::Serialize>(&self, value: &T) {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(value).expect("output types serialise")
-        );
-    }
-    /// A progress or log line on stderr.
-    pub fn status(&self, line: impl AsRef<str>) {
-        if !self.quiet {
-            eprintln!("{}", line.as_ref());
-        }
-    }
-}
-
-/// Print an error with its cause chain, cargo/uv style.
-pub fn report_error(error: &(dyn std::error::Error + 'static)) {
-    eprintln!("error: {error}");
-    let mut source = error.source();
-    while let Some(cause) = source {
-        eprintln!("  Caused by: {cause}");
-        source = cause.source();
-    }
 }
 
 pub fn main() -> ExitCode {

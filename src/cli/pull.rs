@@ -62,8 +62,12 @@ pub fn run(args: PullArgs, printer: &Printer) -> CommandResult {
             report.blobs.iter().filter(|b| b.cached).count(),
             report.bytes_downloaded as f64 / 1e6
         ));
-        println!("{}", report.manifest_digest);
-        println!("oci:{}:{}", report.layout.display(), report.ref_name);
+        printer.line(report.manifest_digest);
+        printer.line(format_args!(
+            "oci:{}:{}",
+            report.layout.display(),
+            report.ref_name
+        ));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -8,11 +8,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 use cudastack::cas::default_cache_root;
+use cudastack::pipeline::push::{push, PushSettings};
 use cudastack::registry::auth::{docker_config_path, from_docker_config};
-use cudastack::registry::{
-    push_layout, ClientOptions, Credentials, PushHistory, PushOptions, PushReport, Reference,
-    RegistryClient, Secret,
-};
+use cudastack::registry::{ClientOptions, Credentials, Reference, Secret};
 
 use super::{CommandResult, Printer};
 
@@ -99,7 +97,7 @@ pub struct PushArgs {
     registry: RegistryArgs,
 }
 
-/// Upload tuning shared by `push` and `build --push`.
+/// Upload tuning of `push` (`build --push` uses the defaults).
 #[derive(Debug, Args)]
 pub struct PushFlags {
     /// Blobs uploaded at the same time.
@@ -119,142 +117,15 @@ pub struct PushFlags {
 }
 
 impl PushFlags {
-    /// The defaults, for `build --push`.
-    pub fn defaults(cache_dir: PathBuf) -> Self {
-        PushFlags {
-            parallel: 3,
-            chunk_mib: 64,
-            mount_from: Vec::new(),
-            cache_dir: Some(cache_dir),
+    /// The pipeline's upload settings; the cache directory defaults to the user's.
+    fn settings(&self) -> PushSettings {
+        PushSettings {
+            parallel: self.parallel,
+            chunk_mib: self.chunk_mib,
+            mount_from: self.mount_from.clone(),
+            cache_root: self.cache_dir.clone().unwrap_or_else(default_cache_root),
         }
     }
-}
-
-/// Push `ref_name` of `layout` to `reference` and print the result.
-pub fn push_and_report(
-    layout: &std::path::Path,
-    ref_name: &str,
-    reference: &Reference,
-    flags: &PushFlags,
-    client_options: ClientOptions,
-    printer: &Printer,
-    runtime: &tokio::runtime::Runtime,
-) -> Result<PushReport, Box<dyn std::error::Error + Send + Sync>> {
-    let client = RegistryClient::new(reference, client_options)?;
-    let history_path = flags
-        .cache_dir
-        .clone()
-        .unwrap_or_else(default_cache_root)
-        .join("registry")
-        .join("push-history.json");
-    let mut history = PushHistory::load(&history_path);
-    let mut mount_from = flags.mount_from.clone();
-    for repository in history.repositories(reference.registry()) {
-        if !mount_from.contains(&repository) {
-            mount_from.push(repository);
-        }
-    }
-    let options = PushOptions {
-        parallel: flags.parallel.max(1),
-        chunk_size: flags.chunk_mib.max(1) << 20,
-        mount_from,
-    };
-    printer.status(format!("pushing {} to {reference}", layout.display()));
-    let report = runtime.block_on(push_layout(&client, layout, ref_name, reference, &options))?;
-    history.record(reference.registry(), reference.repository());
-    if let Err(error) = history.save(&history_path) {
-        tracing::warn!(%error, "could not save the push history");
-    }
-    push_report_referrer(
-        &client, layout, ref_name, reference, &report, printer, runtime,
-    )?;
-    let count = |outcome| report.blobs.iter().filter(|b| b.outcome == outcome).count();
-    use cudastack::registry::BlobOutcome::*;
-    printer.status(format!(
-        "pushed {} blobs in {:.1}s: {} uploaded, {} resumed, {} mounted, {} already present; {:.1} MB sent ({:.1} MB/s)",
-        report.blobs.len(),
-        report.seconds,
-        count(Uploaded),
-        count(Resumed),
-        count(Mounted),
-        count(Present),
-        report.bytes_uploaded as f64 / 1e6,
-        report.bytes_uploaded as f64 / 1e6 / report.seconds.max(1e-3),
-    ));
-    Ok(report)
-}
-
-/// The verification report stored beside the image in the layout goes to the registry as
-/// an OCI artifact whose `subject` is the pushed manifest (found through the referrers API,
-/// or the `sha256-<hex>` fallback tag on registries without it).
-fn push_report_referrer(
-    client: &RegistryClient,
-    layout: &std::path::Path,
-    ref_name: &str,
-    reference: &Reference,
-    pushed: &PushReport,
-    printer: &Printer,
-    runtime: &tokio::runtime::Runtime,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    use cudastack::oci::layout;
-    use cudastack::registry::referrers::{push_referrer, ArtifactLayer, Subject};
-    use cudastack::verify::record::{report_ref, stored_report};
-    use cudastack::verify::REPORT_ARTIFACT_TYPE;
-    // (report, subject): the image's own, or one per platform of an image index, each on
-    // the platform's manifest (its report is stored under its platform ref).
-    let mut reports = Vec::new();
-    match layout::index_images(layout, ref_name)? {
-        None => {
-            if let Some(report) = stored_report(layout, ref_name)? {
-                let manifest = layout::resolve(layout, ref_name)?.manifest;
-                reports.push((
-                    report,
-                    Subject {
-                        media_type: manifest.media_type().to_string(),
-                        digest: pushed.manifest_digest,
-                        size: manifest.size(),
-                    },
-                ));
-            }
-        }
-        Some(children) => {
-            for (child, platform) in children {
-                let name =
-                    layout::platform_ref_name(ref_name, &platform.architecture().to_string());
-                let Some(report) = layout::read_artifact_blob(layout, &report_ref(&name))? else {
-                    continue;
-                };
-                reports.push((
-                    report,
-                    Subject {
-                        media_type: child.media_type().to_string(),
-                        digest: cudastack::oci::digest_of(&child)?,
-                        size: child.size(),
-                    },
-                ));
-            }
-        }
-    }
-    for (report, subject) in reports {
-        let layer = ArtifactLayer {
-            media_type: REPORT_ARTIFACT_TYPE.to_string(),
-            bytes: report.into(),
-            annotations: Default::default(),
-        };
-        let referrer = runtime.block_on(push_referrer(
-            client,
-            reference,
-            &subject,
-            REPORT_ARTIFACT_TYPE,
-            vec![layer],
-            Default::default(),
-        ))?;
-        printer.status(format!(
-            "pushed the verification report as a referrer of {}: {}",
-            subject.digest, referrer.digest
-        ));
-    }
-    Ok(())
 }
 
 pub fn run(args: PushArgs, printer: &Printer) -> CommandResult {
@@ -262,19 +133,19 @@ pub fn run(args: PushArgs, printer: &Printer) -> CommandResult {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let report = push_and_report(
+    let client = args.registry.client_options(&reference)?;
+    let report = runtime.block_on(push(
         &args.layout,
         &args.ref_name,
         &reference,
-        &args.push,
-        args.registry.client_options(&reference)?,
+        &args.push.settings(),
+        client,
         printer,
-        &runtime,
-    )?;
+    ))?;
     if printer.json {
         printer.json(&report);
     } else {
-        println!("{}", reference.pinned(report.manifest_digest));
+        printer.line(reference.pinned(report.manifest_digest));
     }
     Ok(ExitCode::SUCCESS)
 }

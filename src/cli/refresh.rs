@@ -1,16 +1,40 @@
 //! `cudastack matrix refresh`: regenerate data/torch-pypi.json from PyPI.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 
+use clap::Args;
 use cudastack::fetch::http::HttpClient;
 use cudastack::fetch::index::SimpleIndex;
 use cudastack::matrix::refresh::{refresh, to_canonical_json, IndexTorchSource, RefreshReporter};
 use cudastack::matrix::TorchPypiData;
 use pep440_rs::Version;
 
-use super::matrix::RefreshArgs;
 use super::{CommandResult, Printer};
+
+#[derive(Debug, Args)]
+pub struct RefreshArgs {
+    /// PEP 691 JSON simple index to read torch from.
+    #[arg(long, default_value = "https://pypi.org/simple/")]
+    pub index: String,
+    /// Where to write the data file.
+    #[arg(long, default_value = "data/torch-pypi.json")]
+    pub output: PathBuf,
+    /// Oldest torch release to include.
+    #[arg(long, default_value = "2.0.0")]
+    pub since: String,
+    /// Skip reading each release's sm list from libtorch (reuses rows already in --output).
+    #[arg(long)]
+    pub no_arch_scan: bool,
+}
+
+/// `matrix refresh --json`: the file written and how many releases it holds.
+#[derive(serde::Serialize)]
+struct Written<'a> {
+    output: &'a std::path::Path,
+    releases: usize,
+}
 
 struct StderrReporter<'a>(&'a Printer);
 
@@ -54,14 +78,16 @@ pub fn run(args: RefreshArgs, printer: &Printer) -> CommandResult {
     fs_err::write(&temp, &text)?;
     fs_err::rename(&temp, &args.output)?;
     if printer.json {
-        printer
-            .json(&serde_json::json!({ "output": args.output, "releases": data.releases.len() }));
+        printer.json(&Written {
+            output: &args.output,
+            releases: data.releases.len(),
+        });
     } else {
-        println!(
+        printer.line(format_args!(
             "wrote {} torch releases to {}",
             data.releases.len(),
             args.output.display()
-        );
+        ));
     }
     Ok(ExitCode::SUCCESS)
 }

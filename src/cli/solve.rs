@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use cudastack::matrix::solve::{solve, SolveQuery};
+use cudastack::matrix::solve::{solve, Solution, SolveQuery};
 use cudastack::matrix::Matrix;
 use cudastack::version::{DriverVersion, PythonVersion};
 
@@ -57,6 +57,17 @@ pub fn run(args: SolveArgs, printer: &Printer) -> CommandResult {
             ExitCode::from(1)
         });
     }
+    print_human(&solution, args.top, printer);
+    Ok(if solution.accepted().next().is_none() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The human output: the host, the accepted candidates (best first) with their reasons,
+/// the rejected ones (newest first), and the recipe of the best answer.
+fn print_human(solution: &Solution, top: usize, printer: &Printer) {
     let mut host = Vec::new();
     if let Some(driver) = &solution.driver {
         host.push(format!(
@@ -71,49 +82,50 @@ pub fn run(args: SolveArgs, printer: &Printer) -> CommandResult {
         host.push(format!("{} (compute capability {})", gpu.name, gpu.cc));
     }
     if !host.is_empty() {
-        println!("host: {}", host.join(", "));
+        printer.line(format_args!("host: {}", host.join(", ")));
     }
     let accepted: Vec<_> = solution.accepted().collect();
     if accepted.is_empty() {
-        println!("no torch build fits.");
+        printer.line("no torch build fits.");
     } else {
-        println!("\naccepted ({} in all, best first):", accepted.len());
-        for (rank, candidate) in accepted.iter().take(args.top).enumerate() {
+        printer.line(format_args!(
+            "\naccepted ({} in all, best first):",
+            accepted.len()
+        ));
+        for (rank, candidate) in accepted.iter().take(top).enumerate() {
             let compat = if candidate.minor_compat {
                 " [minor-version compat]"
             } else {
                 ""
             };
-            println!(
+            printer.line(format_args!(
                 "  {}. torch {} (index {}, CUDA {}, cuDNN {}){compat}",
                 rank + 1,
                 candidate.torch_build,
                 candidate.index,
                 candidate.cuda,
                 candidate.cudnn.as_deref().unwrap_or("-")
-            );
+            ));
             for reason in &candidate.reasons {
-                println!("       - {reason}");
+                printer.line(format_args!("       - {reason}"));
             }
         }
     }
     let rejected: Vec<_> = solution.candidates.iter().filter(|c| !c.accepted).collect();
     if !rejected.is_empty() {
-        println!("\nrejected ({} in all, newest first):", rejected.len());
-        for candidate in rejected.iter().take(args.top) {
-            println!(
+        printer.line(format_args!(
+            "\nrejected ({} in all, newest first):",
+            rejected.len()
+        ));
+        for candidate in rejected.iter().take(top) {
+            printer.line(format_args!(
                 "  - torch {}: {}",
                 candidate.torch_build,
                 candidate.reasons.join("; ")
-            );
+            ));
         }
     }
     if let Some(best) = accepted.first().and_then(|c| c.recipe.as_ref()) {
-        println!("\nrecipe for the best answer:\n---\n{best}");
+        printer.line(format_args!("\nrecipe for the best answer:\n---\n{best}"));
     }
-    Ok(if accepted.is_empty() {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
 }

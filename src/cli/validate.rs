@@ -54,7 +54,7 @@ pub fn run(paths: &[PathBuf], printer: &Printer) -> CommandResult {
         printer.json(&results);
     } else {
         for result in &results {
-            print_human(result);
+            print_human(result, printer);
         }
     }
     Ok(if all_valid {
@@ -75,11 +75,11 @@ fn causes(error: &(dyn std::error::Error + 'static)) -> Vec<String> {
     causes
 }
 
-fn print_human(result: &FileResult) {
+fn print_human(result: &FileResult, printer: &Printer) {
     if let Some(error) = &result.parse_error {
-        println!("{}: invalid\n  error: {error}", result.path);
+        printer.line(format_args!("{}: invalid\n  error: {error}", result.path));
         for cause in &result.caused_by {
-            println!("  Caused by: {cause}");
+            printer.line(format_args!("  Caused by: {cause}"));
         }
         return;
     }
@@ -95,13 +95,17 @@ fn print_human(result: &FileResult) {
         if let Some(require) = &validation.nvidia_require_cuda {
             facts.push(format!("NVIDIA_REQUIRE_CUDA={require}"));
         }
-        println!("{}: valid ({})", result.path, facts.join(", "));
+        printer.line(format_args!(
+            "{}: valid ({})",
+            result.path,
+            facts.join(", ")
+        ));
     } else {
-        println!(
+        printer.line(format_args!(
             "{}: invalid, {errors} error{}",
             result.path,
             if errors == 1 { "" } else { "s" }
-        );
+        ));
     }
     for problem in &validation.problems {
         let label = match problem.severity {
@@ -109,8 +113,11 @@ fn print_human(result: &FileResult) {
             Severity::Warning => "warning",
             Severity::Note => "note",
         };
-        println!("  {label}[{}]: {}", problem.code, problem.what);
-        println!("    why:  {}", problem.why);
-        println!("    hint: {}", problem.hint);
+        printer.line(format_args!(
+            "  {label}[{}]: {}",
+            problem.code, problem.what
+        ));
+        printer.line(format_args!("    why:  {}", problem.why));
+        printer.line(format_args!("    hint: {}", problem.hint));
     }
 }

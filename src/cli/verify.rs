@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use clap::Args;
 use cudastack::engine::run::GpuRequest;
-use cudastack::engine::Engine;
+
+use cudastack::pipeline::verify::verify;
 use cudastack::verify::record::{record_in_layout, Recorded};
 use cudastack::verify::report::{Level, Report, Verdict};
-use cudastack::verify::runner::{verify_layout, verify_native, GpuChoice, VerifySettings};
+use cudastack::verify::runner::{verify_native, GpuChoice, VerifySettings};
 use cudastack::verify::source::ImageLocation;
 use serde::Serialize;
 
@@ -120,63 +121,15 @@ pub fn run(args: VerifyArgs, printer: &Printer) -> CommandResult {
     if let Some(target) = args.emit {
         return emit(target, image, &args, printer);
     }
-    let (dir, ref_name) = match ImageLocation::parse(image, Some(&args.ref_name))? {
-        ImageLocation::Layout { dir, ref_name } => (dir, ref_name),
-        ImageLocation::Registry(reference) => {
-            return Err(format!(
-                "`{reference}` is a registry reference: pull it into a layout first \
-                 (`cudastack pull {reference} --layout DIR`), or run the probe as a Kubernetes \
-                 Job (`--emit k8s-job`) and record its log with --from-log"
-            )
-            .into())
-        }
-    };
+    let (dir, ref_name) = layout_of(image, &args.ref_name)?;
     if let Some(log) = &args.from_log {
-        let text = fs_err::read_to_string(log)?;
-        let mut report = Report::from_output(&text, &format!("log {}", log.display()))?;
-        if report.runner.is_none() {
-            report.runner = Some(cudastack::verify::report::RunnerFacts {
-                kind: "kubernetes".to_string(),
-                cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
-                gpus_requested: "see the Job".to_string(),
-                engine: None,
-                note: Some(format!("recorded from {}", log.display())),
-            });
-        }
-        let recorded = record_in_layout(&dir, &ref_name, &report)?;
-        return finish(&report, Some(&recorded), None, printer);
+        return record_log(log, &dir, &ref_name, printer);
     }
-    let gpus = match (parse_gpus(&args.gpus)?, args.require_gpu) {
-        (None, false) => GpuChoice::Auto,
-        (None, true) => GpuChoice::Required(GpuRequest::All),
-        (Some(request), true) => GpuChoice::Required(request),
-        (Some(request), false) => GpuChoice::Exactly(request),
-    };
-    let settings = VerifySettings {
-        gpus,
-        level: args.level,
-        timeout: Duration::from_secs(args.timeout),
-        cache: (!args.no_cache).then(|| {
-            args.cache_dir
-                .clone()
-                .unwrap_or_else(cudastack::cas::default_cache_root)
-        }),
-    };
+    let settings = settings(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let outcome = runtime.block_on(async {
-        let engine = Engine::connect().await?;
-        printer.status(format!(
-            "verifying oci:{}:{ref_name} through the Docker daemon at {}",
-            dir.display(),
-            engine.host()
-        ));
-        verify_layout(&engine, &dir, &ref_name, &settings)
-            .await
-            .map_err(Box::<dyn std::error::Error + Send + Sync>::from)
-    })?;
-    print_housekeeping(&outcome, printer);
+    let outcome = runtime.block_on(verify(&dir, &ref_name, &settings, printer))?;
     finish(
         &outcome.report,
         Some(&outcome.recorded),
@@ -185,27 +138,63 @@ pub fn run(args: VerifyArgs, printer: &Printer) -> CommandResult {
     )
 }
 
-/// On stderr: the orphaned containers removed, and a cached report used instead of a run.
-fn print_housekeeping(outcome: &cudastack::verify::runner::VerifyOutcome, printer: &Printer) {
-    for reaped in &outcome.reaped {
-        printer.status(format!(
-            "removed container {} ({}) left behind: {}",
-            &reaped.id[..reaped.id.len().min(12)],
-            reaped.image,
-            reaped.reason
-        ));
+/// The layout and ref of IMAGE: a registry reference cannot be verified in place.
+fn layout_of(
+    image: &str,
+    ref_name: &str,
+) -> Result<(PathBuf, String), Box<dyn std::error::Error + Send + Sync>> {
+    match ImageLocation::parse(image, Some(ref_name))? {
+        ImageLocation::Layout { dir, ref_name } => Ok((dir, ref_name)),
+        ImageLocation::Registry(reference) => Err(format!(
+            "`{reference}` is a registry reference: pull it into a layout first \
+             (`cudastack pull {reference} --layout DIR`), or run the probe as a Kubernetes \
+             Job (`--emit k8s-job`) and record its log with --from-log"
+        )
+        .into()),
     }
-    if let Some(date) = &outcome.cached {
-        let digest = outcome
-            .report
-            .image
-            .as_ref()
-            .and_then(|image| image.manifest_digest.as_deref())
-            .unwrap_or("the image");
-        printer.status(format!(
-            "verification: cached report of {date} for {digest}"
-        ));
+}
+
+/// `--from-log`: record the report a Kubernetes Job printed, as if it had run here.
+fn record_log(
+    log: &std::path::Path,
+    dir: &std::path::Path,
+    ref_name: &str,
+    printer: &Printer,
+) -> CommandResult {
+    let text = fs_err::read_to_string(log)?;
+    let mut report = Report::from_output(&text, &format!("log {}", log.display()))?;
+    if report.runner.is_none() {
+        report.runner = Some(cudastack::verify::report::RunnerFacts {
+            kind: "kubernetes".to_string(),
+            cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
+            gpus_requested: "see the Job".to_string(),
+            engine: None,
+            note: Some(format!("recorded from {}", log.display())),
+        });
     }
+    let recorded = record_in_layout(dir, ref_name, &report)?;
+    finish(&report, Some(&recorded), None, printer)
+}
+
+/// The runner's settings from `--gpus`, `--require-gpu`, `--level`, `--timeout` and the
+/// cache options.
+fn settings(args: &VerifyArgs) -> Result<VerifySettings, String> {
+    let gpus = match (parse_gpus(&args.gpus)?, args.require_gpu) {
+        (None, false) => GpuChoice::Auto,
+        (None, true) => GpuChoice::Required(GpuRequest::All),
+        (Some(request), true) => GpuChoice::Required(request),
+        (Some(request), false) => GpuChoice::Exactly(request),
+    };
+    Ok(VerifySettings {
+        gpus,
+        level: args.level,
+        timeout: Duration::from_secs(args.timeout),
+        cache: (!args.no_cache).then(|| {
+            args.cache_dir
+                .clone()
+                .unwrap_or_else(cudastack::cas::default_cache_root)
+        }),
+    })
 }
 
 /// Print a cluster job that runs the probe on the image pinned by digest.
@@ -247,7 +236,7 @@ fn emit(
             local_image: args.local_image.clone(),
         },
     )?;
-    print!("{text}");
+    printer.text(text);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -267,21 +256,21 @@ pub fn finish(
             load,
         });
     } else {
-        print!("{}", report.render());
+        printer.text(report.render());
         if let Some(note) = report.runner.as_ref().and_then(|r| r.note.as_ref()) {
-            println!("note: {note}");
+            printer.line(format_args!("note: {note}"));
         }
         if let Some(recorded) = recorded {
-            println!(
+            printer.line(format_args!(
                 "report stored as {} ({})",
                 recorded.report_ref, recorded.report_digest
-            );
+            ));
             match &recorded.verified_manifest {
-                Some(digest) => println!(
+                Some(digest) => printer.line(format_args!(
                     "verified image {digest}: {}",
                     recorded.verified_refs.join(", ")
-                ),
-                None => println!("no verified label or tag: {verdict}"),
+                )),
+                None => printer.line(format_args!("no verified label or tag: {verdict}")),
             }
         }
     }
@@ -289,80 +278,4 @@ pub fn finish(
         Verdict::Failed { .. } => ExitCode::from(1),
         _ => ExitCode::SUCCESS,
     })
-}
-
-/// The verification stage of `cudastack build`, as the recipe's `verify.gpu` asks:
-/// `auto` runs the probe when a Docker daemon is reachable (on GPUs when there are any,
-/// else the static level) and says so when none is; `required` fails without a GPU;
-/// `skip` runs nothing. A failed check fails the build. Output goes to stderr.
-pub fn after_build(
-    layout: &std::path::Path,
-    ref_name: &str,
-    policy: cudastack::recipe::GpuPolicy,
-    cache_root: &std::path::Path,
-    printer: &Printer,
-    runtime: &tokio::runtime::Runtime,
-) -> Result<
-    Option<cudastack::verify::runner::VerifyOutcome>,
-    Box<dyn std::error::Error + Send + Sync>,
-> {
-    use cudastack::recipe::GpuPolicy;
-    let gpus = match policy {
-        GpuPolicy::Skip => {
-            printer.status("verify  skipped: the recipe says verify.gpu: skip");
-            return Ok(None);
-        }
-        GpuPolicy::Auto => GpuChoice::Auto,
-        GpuPolicy::Required => GpuChoice::Required(GpuRequest::All),
-    };
-    let engine = match runtime.block_on(Engine::connect()) {
-        Ok(engine) => engine,
-        Err(error) if policy == GpuPolicy::Auto => {
-            printer.status(format!(
-                "verify  skipped: {}",
-                error.to_string().lines().next().unwrap_or_default()
-            ));
-            return Ok(None);
-        }
-        Err(error) => return Err(error.into()),
-    };
-    printer.status(format!(
-        "verify  running the probe in a container ({})",
-        engine.host()
-    ));
-    let settings = VerifySettings {
-        gpus,
-        cache: Some(cache_root.to_path_buf()),
-        ..VerifySettings::default()
-    };
-    let outcome = runtime.block_on(verify_layout(&engine, layout, ref_name, &settings))?;
-    print_housekeeping(&outcome, printer);
-    if !printer.quiet {
-        eprint!("{}", outcome.report.render());
-        if let Some(note) = outcome.report.runner.as_ref().and_then(|r| r.note.as_ref()) {
-            eprintln!("note: {note}");
-        }
-    }
-    match outcome.report.verdict() {
-        Verdict::Failed { checks } => Err(format!(
-            "verification failed: {} (report stored as {} in {})",
-            checks.join(", "),
-            outcome.recorded.report_ref,
-            layout.display()
-        )
-        .into()),
-        Verdict::Verified => {
-            printer.status(format!(
-                "verify  verified: {}",
-                outcome.recorded.verified_refs.join(", ")
-            ));
-            Ok(Some(outcome))
-        }
-        Verdict::Partial { reason } => {
-            printer.status(format!(
-                "verify  static level passed; no verified label: {reason}"
-            ));
-            Ok(Some(outcome))
-        }
-    }
 }

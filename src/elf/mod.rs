@@ -12,10 +12,12 @@
 
 pub mod chain;
 
-use std::fmt;
+/// The one glibc version type lives with the other versions; the ELF reader parses
+/// `GLIBC_*` symbol version names into it.
+pub use crate::version::{GlibcVersion, GlibcVersionError};
+
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use object::elf;
 use object::read::elf::{FileHeader, ProgramHeader, SectionTable};
@@ -192,58 +194,6 @@ impl ElfInfo {
             .iter()
             .map(|entry| expand_origin(entry, origin_dir))
             .collect()
-    }
-}
-
-/// A glibc symbol version such as `GLIBC_2.34` (`2.34`), ordered numerically.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct GlibcVersion {
-    pub major: u32,
-    pub minor: u32,
-    pub patch: u32,
-}
-
-impl fmt::Display for GlibcVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.patch == 0 {
-            write!(f, "{}.{}", self.major, self.minor)
-        } else {
-            write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
-        }
-    }
-}
-
-impl Serialize for GlibcVersion {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-/// Error for a version name that is not `GLIBC_<n>.<n>[.<n>]` (or a bare `<n>.<n>[.<n>]`).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("`{0}` is not a glibc version (expected GLIBC_2.34 or 2.34)")]
-pub struct GlibcVersionError(String);
-
-impl FromStr for GlibcVersion {
-    type Err = GlibcVersionError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let numbers = s.strip_prefix("GLIBC_").unwrap_or(s);
-        let parts: Vec<&str> = numbers.split('.').collect();
-        if !(2..=3).contains(&parts.len()) {
-            return Err(GlibcVersionError(s.to_string()));
-        }
-        let mut values = [0u32; 3];
-        for (slot, part) in values.iter_mut().zip(&parts) {
-            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(GlibcVersionError(s.to_string()));
-            }
-            *slot = part.parse().map_err(|_| GlibcVersionError(s.to_string()))?;
-        }
-        Ok(GlibcVersion {
-            major: values[0],
-            minor: values[1],
-            patch: values[2],
-        })
     }
 }
 

@@ -1,7 +1,10 @@
 //! Loading an image into the daemon: a docker-archive written on the fly into the
 //! request body, skipped entirely when the daemon already has the image.
 //!
-//! The archive is produced by [`oci::docker_archive::write`] on a thread that fills a
+//! The image is loaded as it is stored ([`StoredImage`]): the daemon gets the manifest and
+//! config bytes of the layout, so its image ID is the layout's config digest whoever wrote
+//! the layout. The archive is produced by [`oci::docker_archive::write_stored`] on a thread
+//! that fills a
 //! bounded channel of 1 MiB chunks; the request body reads that channel. Nothing but a few
 //! chunks is ever in memory, and no temp file is written. The daemon's image ID is the
 //! config digest, so `GET /images/sha256:<config>/json` answering 200 means the image is
@@ -33,7 +36,8 @@ use tokio::sync::mpsc;
 
 use super::{message_of, split_tag, status_of, Engine, EngineError};
 use crate::digest::Digest;
-use crate::oci::{self, Image, OciError};
+use crate::oci::layout::Layout;
+use crate::oci::{self, Image, OciError, StoredImage};
 
 /// The load request may take as long as the upload does (hours for a slow disk).
 const LOAD_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -87,8 +91,8 @@ impl Engine {
         ref_name: &str,
         tags: &[String],
     ) -> Result<LoadReport, EngineError> {
-        let image = layout_image(dir, ref_name)?;
-        self.load_image(&image, tags, &dir.display().to_string())
+        let image = Layout::open(dir)?.complete_image(ref_name, None)?;
+        self.load_stored(&image, tags, &dir.display().to_string())
             .await
     }
 
@@ -100,25 +104,34 @@ impl Engine {
         tags: &[String],
         origin: &str,
     ) -> Result<LoadReport, EngineError> {
-        for tag in tags {
-            split_tag(tag)?;
-        }
+        check_tags(tags)?;
+        self.load_checked(&StoredImage::of(image)?, tags, origin)
+            .await
+    }
+
+    /// [`Self::load_image`] for an image as stored (a layout's, or a value's serialised).
+    pub async fn load_stored(
+        &self,
+        image: &StoredImage,
+        tags: &[String],
+        origin: &str,
+    ) -> Result<LoadReport, EngineError> {
+        check_tags(tags)?;
         self.load_checked(image, tags, origin).await
     }
 
-    /// [`Self::load_image`] once the tags are checked (a test feeds it tags the daemon
+    /// [`Self::load_stored`] once the tags are checked (a test feeds it tags the daemon
     /// refuses, to prove that a load failing inside the daemon leaves nothing).
     async fn load_checked(
         &self,
-        image: &Image,
+        image: &StoredImage,
         tags: &[String],
         origin: &str,
     ) -> Result<LoadReport, EngineError> {
         let started = Instant::now();
-        let documents = image.documents()?;
-        let image_id = documents.config.digest;
-        let manifest_digest = documents.manifest.digest;
-        let layers = image.layers().len();
+        let image_id = image.config_digest();
+        let manifest_digest = image.manifest_digest();
+        let layers = image.layers.len();
         let report = |skipped: bool, bytes: u64, layers_present: usize| LoadReport {
             image_id,
             skipped,
@@ -172,123 +185,35 @@ impl Engine {
     /// that were already there. Tags must have been checked.
     async fn upload(
         &self,
-        image: &Image,
+        image: &StoredImage,
         tags: &[String],
         origin: &str,
         placeholders: Placeholders,
     ) -> Result<(u64, usize), EngineError> {
-        let documents = image.documents()?;
-        let image_id = documents.config.digest;
-        let manifest_digest = documents.manifest.digest;
         let layers_present = match placeholders {
             Placeholders::Allowed => self.present_layer_prefix(image).await?,
             Placeholders::None => 0,
         };
-
-        let (sender, receiver) = mpsc::channel::<io::Result<Bytes>>(CHUNKS_IN_FLIGHT);
-        let writer_image = image.clone();
-        let writer_tags = tags.to_vec();
-        let writer = std::thread::spawn(move || -> Result<u64, OciError> {
-            let out = ChannelWriter {
-                sender: sender.clone(),
-                buffer: BytesMut::with_capacity(CHUNK),
-                written: 0,
-            };
-            let result = oci::docker_archive::write_skipping(
-                &writer_image,
-                &writer_tags,
-                layers_present,
-                out,
-            )
-            .and_then(|mut out| out.finish().map_err(OciError::WriteArchive));
-            if let Err(error) = &result {
-                // Abort the request body, so the daemon does not load a truncated tar.
-                let _ = sender.blocking_send(Err(io::Error::other(error.to_string())));
-            }
-            result
-        });
-        // Set on SIGINT/SIGTERM/SIGHUP: the body ends in an error, so the daemon gets a
-        // truncated upload and creates nothing.
-        let abort = Arc::new(AtomicBool::new(false));
-        let body_abort = abort.clone();
-        let body = futures_util::stream::unfold(receiver, move |mut receiver| {
-            let abort = body_abort.clone();
-            async move {
-                let item = receiver.recv().await?;
-                if abort.load(Ordering::SeqCst) {
-                    let error =
-                        io::Error::new(io::ErrorKind::Interrupted, "the load was interrupted");
-                    return Some((Err(error), receiver));
-                }
-                Some((item, receiver))
-            }
-        });
-        let docker = self.with_timeout(LOAD_TIMEOUT);
-        let options = ImportImageOptions {
-            quiet: true,
-            ..Default::default()
-        };
-        // A signal no longer ends the process mid-load: the load ends the upload and waits
-        // for the daemon's answer (which comes after it created the image, if the whole
-        // upload was already sent), so that the caller removes whatever it created.
+        let archive = ArchiveStream::start(image, tags, layers_present);
+        // A signal no longer ends the process mid-load (see `send_archive`); the load stays
+        // in flight until its outcome is known and the tags are set.
         let mut signals = super::run::Signals::listen();
         let _active = super::run::ActiveRun::enter();
-        let mut interrupted = None;
-        let mut responses = Box::pin(docker.import_image_stream(options, body, None));
-        let mut messages = Vec::new();
-        let mut failure = None;
-        loop {
-            let item = tokio::select! {
-                item = responses.next() => item,
-                signal = signals.recv(), if interrupted.is_none() => {
-                    interrupted = Some(signal);
-                    abort.store(true, Ordering::SeqCst);
-                    continue;
-                }
-            };
-            let Some(item) = item else { break };
-            match item {
-                Ok(info) => {
-                    if let Some(error) = info.error_detail.and_then(|d| d.message) {
-                        failure = Some(error);
-                    }
-                    if let Some(line) = info.stream {
-                        messages.push(line.trim().to_string());
-                    }
-                }
-                Err(error) => {
-                    failure = Some(message_of(&error));
-                    break;
-                }
-            }
-        }
-        drop(responses);
-        let written = writer.join().expect("the archive writer does not panic");
-        if let Some(signal) = interrupted {
+        let answer = self.send_archive(archive.body, &mut signals).await;
+        let written = archive
+            .writer
+            .join()
+            .expect("the archive writer does not panic");
+        if let Some(signal) = answer.interrupted {
             return Err(EngineError::Interrupted { signal });
         }
-        let load_failed = |message| EngineError::LoadFailed {
-            layout: origin.to_string(),
-            message,
-        };
-        let bytes = match (written, failure) {
-            (Ok(bytes), None) => bytes,
-            // The daemon gave up first: its message is the cause, the broken pipe the effect.
-            (Err(OciError::WriteArchive(e)), Some(message))
-                if e.kind() == io::ErrorKind::BrokenPipe =>
-            {
-                return Err(load_failed(message))
-            }
-            // The writer's own error (a missing or corrupt blob) says more than the
-            // daemon's "unexpected EOF".
-            (Err(error), _) => return Err(error.into()),
-            (Ok(_), Some(message)) => return Err(load_failed(message)),
-        };
+        let bytes = outcome(written, answer.failure, origin)?;
+        let (image_id, manifest_digest) = (image.config_digest(), image.manifest_digest());
         let Some(present) = self.present_as(&image_id, &manifest_digest).await? else {
             return Err(EngineError::LoadMismatch {
                 layout: origin.to_string(),
                 expected: image_id,
-                said: messages.join("; "),
+                said: answer.messages.join("; "),
             });
         };
         // manifest.json already names the tags; tagging again also moves a tag that a
@@ -299,21 +224,62 @@ impl Engine {
         Ok((bytes, layers_present))
     }
 
+    /// Send the archive `body` as a load request and collect the daemon's answer. A signal
+    /// no longer ends the process mid-load: the load ends the upload and waits for the
+    /// daemon's answer (which comes after it created the image, if the whole upload was
+    /// already sent), so that the caller removes whatever it created.
+    async fn send_archive(
+        &self,
+        body: ArchiveBody,
+        signals: &mut super::run::Signals,
+    ) -> DaemonAnswer {
+        let docker = self.with_timeout(LOAD_TIMEOUT);
+        let options = ImportImageOptions {
+            quiet: true,
+            ..Default::default()
+        };
+        let abort = body.abort.clone();
+        let mut responses = Box::pin(docker.import_image_stream(options, body.stream, None));
+        let mut answer = DaemonAnswer::default();
+        loop {
+            let item = tokio::select! {
+                item = responses.next() => item,
+                signal = signals.recv(), if answer.interrupted.is_none() => {
+                    answer.interrupted = Some(signal);
+                    abort.store(true, Ordering::SeqCst);
+                    continue;
+                }
+            };
+            let Some(item) = item else { break };
+            match item {
+                Ok(info) => {
+                    if let Some(error) = info.error_detail.and_then(|d| d.message) {
+                        answer.failure = Some(error);
+                    }
+                    if let Some(line) = info.stream {
+                        answer.messages.push(line.trim().to_string());
+                    }
+                }
+                Err(error) => {
+                    answer.failure = Some(message_of(&error));
+                    break;
+                }
+            }
+        }
+        answer
+    }
+
     /// How the daemon names the image, if it has it: the classic image store's ID is the
     /// config digest; the containerd image store (Docker 25+ option, default in 29)
     /// identifies images by manifest (or index) digest.
     /// How many leading layers of `image` the daemon already has: the longest prefix of
     /// its diff_ids that some image in the daemon starts with (equal prefixes mean equal
     /// chain IDs). Zero on the containerd image store, whose importer needs every blob.
-    async fn present_layer_prefix(&self, image: &Image) -> Result<usize, EngineError> {
+    async fn present_layer_prefix(&self, image: &StoredImage) -> Result<usize, EngineError> {
         if self.info().await?.containerd_image_store {
             return Ok(0);
         }
-        let wanted: Vec<String> = image
-            .layers()
-            .iter()
-            .map(|l| l.diff_id.to_string())
-            .collect();
+        let wanted: Vec<String> = image.layers.iter().map(|l| l.diff_id.to_string()).collect();
         let api = |what: &'static str| {
             move |source| EngineError::Api {
                 what: what.to_string(),
@@ -434,64 +400,122 @@ impl Engine {
     }
 }
 
-/// The image `ref_name` of the layout `dir` (for an image index, the host platform's
-/// image), exactly as stored: the result must reproduce the stored config digest (the
-/// daemon's image ID must be the layout's).
-pub fn layout_image(dir: &Path, ref_name: &str) -> Result<Image, EngineError> {
-    let image = oci::layout::read(dir, ref_name)?;
-    let expected = oci::layout::resolve(dir, ref_name)?.config_digest;
-    let found = image.documents()?.config.digest;
-    if found != expected {
-        return Err(EngineError::NotReproducible {
-            layout: dir.display().to_string(),
-            ref_name: ref_name.to_string(),
-            expected,
-            found,
-        });
-    }
-    Ok(image)
-}
-
 /// Docker tags among the layout's ref names that name the same manifest as `ref_name`
 /// (cudastack writes each recipe tag as a ref name beside `latest`), sorted.
 pub fn layout_tags(dir: &Path, ref_name: &str) -> Result<Vec<String>, EngineError> {
-    let index = read_json(&dir.join("index.json"), "an OCI image index")?;
-    let entries = index["manifests"].as_array().cloned().unwrap_or_default();
-    let ref_of = |entry: &serde_json::Value| {
-        entry["annotations"][oci_spec::image::ANNOTATION_REF_NAME]
-            .as_str()
-            .map(str::to_string)
-    };
-    let Some(digest) = entries
-        .iter()
-        .find(|e| ref_of(e).as_deref() == Some(ref_name))
-        .map(|e| e["digest"].clone())
-    else {
-        // Let the layout reader say which refs exist.
-        oci::layout::read(dir, ref_name)?;
-        return Ok(Vec::new());
-    };
-    let mut tags: Vec<String> = entries
-        .iter()
-        .filter(|e| e["digest"] == digest)
-        .filter_map(ref_of)
-        .filter(|name| name != ref_name && name.contains(':') && split_tag(name).is_ok())
+    let layout = Layout::open(dir)?;
+    let entry = layout.entry(ref_name)?;
+    let mut tags: Vec<String> = layout
+        .index()
+        .names_of_same_manifest(entry)
+        .into_iter()
+        .filter(|name| *name != ref_name && name.contains(':') && split_tag(name).is_ok())
+        .map(str::to_string)
         .collect();
     tags.sort();
     tags.dedup();
     Ok(tags)
 }
 
-fn read_json(path: &Path, what: &'static str) -> Result<serde_json::Value, OciError> {
-    let bytes = fs_err::read(path).map_err(|e| OciError::Io {
-        path: path.to_path_buf(),
-        source: io::Error::new(e.kind(), e),
-    })?;
-    serde_json::from_slice(&bytes).map_err(|source| OciError::Json {
-        path: path.to_path_buf(),
-        what,
-        source,
-    })
+fn check_tags(tags: &[String]) -> Result<(), EngineError> {
+    for tag in tags {
+        split_tag(tag)?;
+    }
+    Ok(())
+}
+
+/// What the daemon answered a load request.
+#[derive(Default)]
+struct DaemonAnswer {
+    /// Its progress lines.
+    messages: Vec<String>,
+    /// The error it reported, if any.
+    failure: Option<String>,
+    /// The signal that ended the upload early, if one came.
+    interrupted: Option<&'static str>,
+}
+
+/// The load's result from what the archive writer and the daemon said: the archive's size,
+/// or the error that explains the failure best.
+fn outcome(
+    written: Result<u64, OciError>,
+    failure: Option<String>,
+    origin: &str,
+) -> Result<u64, EngineError> {
+    let load_failed = |message| EngineError::LoadFailed {
+        layout: origin.to_string(),
+        message,
+    };
+    match (written, failure) {
+        (Ok(bytes), None) => Ok(bytes),
+        // The daemon gave up first: its message is the cause, the broken pipe the effect.
+        (Err(OciError::WriteArchive(e)), Some(message))
+            if e.kind() == io::ErrorKind::BrokenPipe =>
+        {
+            Err(load_failed(message))
+        }
+        // The writer's own error (a missing or corrupt blob) says more than the
+        // daemon's "unexpected EOF".
+        (Err(error), _) => Err(error.into()),
+        (Ok(_), Some(message)) => Err(load_failed(message)),
+    }
+}
+
+/// The request body of a load: the chunks the archive writer sends, ended early in an
+/// error once `abort` is set (on SIGINT/SIGTERM/SIGHUP), so the daemon gets a truncated
+/// upload and creates nothing.
+struct ArchiveBody {
+    stream: futures_util::stream::BoxStream<'static, io::Result<Bytes>>,
+    abort: Arc<AtomicBool>,
+}
+
+/// The docker-archive of an image being written on its own thread into a load body.
+struct ArchiveStream {
+    writer: std::thread::JoinHandle<Result<u64, OciError>>,
+    body: ArchiveBody,
+}
+
+impl ArchiveStream {
+    fn start(image: &StoredImage, tags: &[String], layers_present: usize) -> Self {
+        let (sender, receiver) = mpsc::channel::<io::Result<Bytes>>(CHUNKS_IN_FLIGHT);
+        let image = image.clone();
+        let tags = tags.to_vec();
+        let writer = std::thread::spawn(move || -> Result<u64, OciError> {
+            let out = ChannelWriter {
+                sender: sender.clone(),
+                buffer: BytesMut::with_capacity(CHUNK),
+                written: 0,
+            };
+            let result = oci::docker_archive::write_stored(&image, &tags, layers_present, out)
+                .and_then(|mut out| out.finish().map_err(OciError::WriteArchive));
+            if let Err(error) = &result {
+                // Abort the request body, so the daemon does not load a truncated tar.
+                let _ = sender.blocking_send(Err(io::Error::other(error.to_string())));
+            }
+            result
+        });
+        let abort = Arc::new(AtomicBool::new(false));
+        let body_abort = abort.clone();
+        let stream = futures_util::stream::unfold(receiver, move |mut receiver| {
+            let abort = body_abort.clone();
+            async move {
+                let item = receiver.recv().await?;
+                if abort.load(Ordering::SeqCst) {
+                    let error =
+                        io::Error::new(io::ErrorKind::Interrupted, "the load was interrupted");
+                    return Some((Err(error), receiver));
+                }
+                Some((item, receiver))
+            }
+        });
+        Self {
+            writer,
+            body: ArchiveBody {
+                stream: stream.boxed(),
+                abort,
+            },
+        }
+    }
 }
 
 /// A `Write` that hands 1 MiB chunks to the request body; a closed body (the request
@@ -610,7 +634,7 @@ mod tests {
         assert!(!engine.image_exists(&id.to_string()).await.unwrap());
 
         let error = engine
-            .load_checked(&image, &tags, "test")
+            .load_checked(&StoredImage::of(&image).unwrap(), &tags, "test")
             .await
             .unwrap_err();
         let text = error.to_string();

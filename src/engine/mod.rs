@@ -6,15 +6,18 @@
 //! never the docker CLI. [`Engine::connect`] honours `DOCKER_HOST` (else the default
 //! socket) and negotiates the API version, so Docker 20.10 (API 1.41) and newer work.
 //!
-//! Loading ([`load`]) streams a docker-archive produced on the fly from the layout into
-//! the request body; the daemon's image ID is the config digest, so an image the daemon
-//! already has is only (re)tagged. Running ([`run`]) creates, starts, waits, collects the
+//! Loading ([`load`]) takes an image as stored ([`crate::oci::StoredImage`], read from a
+//! layout by [`crate::oci::layout::Layout`], never by parsing the layout here) and streams a
+//! docker-archive of its stored bytes, produced on the fly, into the request body; the
+//! daemon's image ID is the config digest, so an image the daemon already has is only
+//! (re)tagged. Running ([`run`]) creates, starts, waits, collects the
 //! output, copies a result file out and always removes the container, on timeout,
 //! on every error path and on SIGINT, SIGTERM or SIGHUP; containers left by a run that
 //! died (SIGKILL) are removed by [`Engine::reap_orphans`].
 //!
-//! What this module must not do: build or change images (that is `oci`), or read the
-//! whole archive into memory.
+//! What this module must not do: build or change images (that is `oci`), read an OCI
+//! layout's files itself, or read the whole archive into memory. Depends on `oci`,
+//! `reference` (tags), `layer` and `digest`; the verify stage and the binary use it.
 
 pub mod load;
 pub mod run;
@@ -28,7 +31,7 @@ pub use run::{GpuRequest, RunOutcome, RunSpec};
 
 use crate::digest::Digest;
 use crate::oci::OciError;
-use crate::registry::{escape, split_name_and_tag, Reference, ReferenceProblem};
+use crate::reference::{escape, split_name_and_tag, Reference, ReferenceProblem};
 
 /// The timeout for ordinary requests (inspect, tag, create, remove). Long requests (load,
 /// wait) get their own; bollard's default of 120 s for everything kills large loads
@@ -65,17 +68,6 @@ pub enum EngineError {
         layout: String,
         expected: Digest,
         said: String,
-    },
-    #[error(
-        "image `{layout}:{ref_name}` does not reproduce its stored config from the layout\n  \
-         Expected: {expected}\n  Found:    {found}\n  hint: only layouts written by cudastack \
-         can be loaded"
-    )]
-    NotReproducible {
-        layout: String,
-        ref_name: String,
-        expected: Digest,
-        found: Digest,
     },
     #[error(transparent)]
     Oci(#[from] OciError),

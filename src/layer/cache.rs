@@ -27,9 +27,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 
 use super::{build, BuildOptions, Layer, LayerContents, LayerError};
+use crate::canonical::to_canonical_json;
 use crate::cas::BlobStore;
 use crate::digest::Digest;
-use crate::oci::canonical::to_canonical_json;
 
 /// The identity of a layer's inputs, computed by the caller's assembler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

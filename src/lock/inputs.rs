@@ -16,7 +16,7 @@ use crate::fetch::http::HttpClient;
 use crate::fetch::index::SimpleIndex;
 use crate::fetch::mirror::MirrorDir;
 use crate::fetch::source::PackageSource;
-use crate::lock::target::{GlibcVersion, PythonVersion as TargetPython, Target};
+use crate::lock::target::{GlibcVersion, Target};
 use crate::lock::LockRequest;
 use crate::matrix::validate::selected_torch_build;
 use crate::matrix::Matrix;
@@ -183,15 +183,11 @@ pub fn lock_request_for(
         recipe: recipe.name.clone(),
         message: format!("the glibc of base {} is unknown; cudastack locks for the bases in `cudastack matrix` (data/nvidia.yaml: bases)", recipe.base),
     })?;
-    let python = TargetPython {
-        major: recipe.python.major as u8,
-        minor: recipe.python.minor as u8,
-        patch: None,
-    };
-    let target = Target::new(python, platform, glibc).map_err(|e| InputsError::Unsupported {
-        recipe: recipe.name.clone(),
-        message: e.to_string(),
-    })?;
+    let target =
+        Target::new(recipe.python, platform, glibc).map_err(|e| InputsError::Unsupported {
+            recipe: recipe.name.clone(),
+            message: e.to_string(),
+        })?;
     let mut requirements = Vec::new();
     for text in root_requirements(matrix, recipe)? {
         let requirement = Requirement::from_str(&text).map_err(|e| InputsError::Requirement {

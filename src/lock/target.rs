@@ -6,129 +6,23 @@
 //! CPython on manylinux, so the wheel chosen per version is the one pip would choose.
 
 use std::collections::HashMap;
-use std::fmt;
-use std::str::FromStr;
 
-use pep440_rs::Version;
 use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder};
 use serde::{Deserialize, Serialize};
 
-use crate::fetch::wheel_filename::{Tag, WheelFilename};
+use crate::names::{legacy_manylinux_alias, Tag, WheelFilename};
 use crate::platform::Platform;
+/// The target's versions are the crate's one Python and glibc types (kept reachable as
+/// `lock::target::PythonVersion` / `GlibcVersion`).
+pub use crate::version::{GlibcVersion, PythonVersion};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TargetError {
-    #[error("`{0}` is not a Python version like `3.11` or `3.11.9`")]
-    Python(String),
-    #[error("`{0}` is not a glibc version like `2.28`")]
-    Glibc(String),
     #[error("Python {0} is not supported: cudastack locks for CPython 3.7 or newer")]
     UnsupportedPython(PythonVersion),
 }
 
-/// A CPython version: `3.11` (patch unknown, taken as `.0` for markers) or `3.11.9`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PythonVersion {
-    pub major: u8,
-    pub minor: u8,
-    pub patch: Option<u8>,
-}
-
-impl FromStr for PythonVersion {
-    type Err = TargetError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let error = || TargetError::Python(s.to_string());
-        let parts: Vec<&str> = s.trim().split('.').collect();
-        let number = |p: &str| p.parse::<u8>().map_err(|_| error());
-        match parts.as_slice() {
-            [major, minor] => Ok(PythonVersion {
-                major: number(major)?,
-                minor: number(minor)?,
-                patch: None,
-            }),
-            [major, minor, patch] => Ok(PythonVersion {
-                major: number(major)?,
-                minor: number(minor)?,
-                patch: Some(number(patch)?),
-            }),
-            _ => Err(error()),
-        }
-    }
-}
-
-impl fmt::Display for PythonVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.major, self.minor)?;
-        if let Some(patch) = self.patch {
-            write!(f, ".{patch}")?;
-        }
-        Ok(())
-    }
-}
-
-impl Serialize for PythonVersion {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for PythonVersion {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl PythonVersion {
-    /// The full version used for `python_full_version` and `Requires-Python` checks.
-    pub fn full(&self) -> Version {
-        Version::new([
-            u64::from(self.major),
-            u64::from(self.minor),
-            u64::from(self.patch.unwrap_or(0)),
-        ])
-    }
-}
-
-/// A glibc version, the manylinux level a base image supports (bookworm: 2.36).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct GlibcVersion {
-    pub major: u16,
-    pub minor: u16,
-}
-
-impl FromStr for GlibcVersion {
-    type Err = TargetError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let error = || TargetError::Glibc(s.to_string());
-        let (major, minor) = s.trim().split_once('.').ok_or_else(error)?;
-        Ok(GlibcVersion {
-            major: major.parse().map_err(|_| error())?,
-            minor: minor.parse().map_err(|_| error())?,
-        })
-    }
-}
-
-impl fmt::Display for GlibcVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.major, self.minor)
-    }
-}
-
-impl Serialize for GlibcVersion {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for GlibcVersion {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// What a lock is for: CPython `python` on `arch` with glibc `glibc`.
+/// What a lock is for: CPython `python` on linux/`arch` with glibc `glibc`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Target {
     pub python: PythonVersion,
@@ -206,13 +100,9 @@ impl Target {
         if self.glibc.major == 2 {
             for minor in (oldest_minor..=self.glibc.minor).rev() {
                 tags.push(format!("manylinux_2_{minor}_{arch}"));
-                let legacy = match (minor, self.arch) {
-                    (17, _) => Some("manylinux2014"),
-                    (12, Platform::LinuxAmd64) => Some("manylinux2010"),
-                    (5, Platform::LinuxAmd64) => Some("manylinux1"),
-                    _ => None,
-                };
-                if let Some(legacy) = legacy {
+                // manylinux2010 and manylinux1 exist only for x86_64, whose levels are the
+                // only ones below the aarch64 floor of 2.17.
+                if let Some(legacy) = legacy_manylinux_alias(GlibcVersion::new(2, minor)) {
                     tags.push(format!("{legacy}_{arch}"));
                 }
             }
@@ -358,8 +248,10 @@ mod tests {
 
     #[test]
     fn rejects_python2() {
+        // `"2.7".parse()` already fails (version::PythonVersion takes CPython 3 only), so
+        // the value is built directly to check Target's own guard.
         assert!(Target::new(
-            "2.7".parse().unwrap(),
+            PythonVersion::new(2, 7),
             Platform::LinuxAmd64,
             "2.28".parse().unwrap()
         )

@@ -148,22 +148,10 @@ pub fn x86_64_glibc(wheel: &WheelFilename) -> Option<(u32, u32)> {
     wheel
         .platform_tags
         .iter()
-        .filter_map(|p| manylinux_glibc(p))
+        .filter_map(|tag| crate::names::manylinux_glibc(tag))
+        .filter(|(_, arch)| *arch == "x86_64")
+        .map(|(glibc, _)| (glibc.major, glibc.minor))
         .min()
-}
-
-fn manylinux_glibc(platform: &str) -> Option<(u32, u32)> {
-    let arch_less = platform.strip_suffix("_x86_64")?;
-    match arch_less {
-        "manylinux1" => Some((2, 5)),
-        "manylinux2010" => Some((2, 12)),
-        "manylinux2014" => Some((2, 17)),
-        other => {
-            let rest = other.strip_prefix("manylinux_")?;
-            let (major, minor) = rest.split_once('_')?;
-            Some((major.parse().ok()?, minor.parse().ok()?))
-        }
-    }
 }
 
 /// The marker environment pins are read for: CPython on linux x86_64.

@@ -12,6 +12,12 @@
 //! name) its entry in `index.json`; every file is renamed into place atomically.
 //! [`read`] turns an image of a layout back into an [`Image`], to be used as a base.
 //!
+//! One reader and one writer (issue 17): [`Layout`] parses `index.json` and hands out each
+//! image as a [`StoredImage`] (its manifest and config bytes as stored, digest-verified);
+//! [`LayoutWriter`] is the only code that writes the layout's files, and
+//! [`LayoutWriter::name`] the only one that writes `index.json` ([`index`] is its format).
+//! The functions below are the short paths other stages call.
+//!
 //! Every write goes through one [`LayoutWriter`] (issue 16, "Trust"): it holds the
 //! layout directory's `flock(2)` for the whole write, so concurrent builds and pulls into
 //! one layout never lose each other's `index.json` entries; it writes blobs first and
@@ -28,55 +34,56 @@
 //! A blob already in the layout is kept only when it is the very file being placed or
 //! hashes to its name; otherwise it is replaced with a warning.
 
-use std::collections::HashMap;
-use std::io::{self, Write};
+mod index;
+mod reader;
+mod writer;
+
 use std::path::{Path, PathBuf};
 
-use oci_spec::image::{
-    ImageConfiguration, ImageIndex, ImageManifest, MediaType, ANNOTATION_REF_NAME,
-};
+use oci_spec::image::{Descriptor, ImageConfiguration, MediaType};
 
-use super::canonical::to_canonical_json;
-use super::{annotated, check_tag, digest_of, io_error, DockerManifestEntry, Image, OciError};
-use crate::digest::{Digest, HashingWriter};
-use crate::layer::Layer;
+use super::{Image, OciError, StoredImage};
+use crate::canonical::to_canonical_json;
+use crate::digest::Digest;
+pub use index::{ref_name_of, LayoutIndex};
+pub use reader::Layout;
+pub use writer::LayoutWriter;
 
 const LAYOUT_FILE: &str = r#"{"imageLayoutVersion":"1.0.0"}"#;
 
 /// Write `image` into the layout at `dir` under `ref_name` (e.g. `torch2.4-cu121`).
 /// Returns the manifest digest.
 pub fn write(image: &Image, dir: &Path, ref_name: &str) -> Result<Digest, OciError> {
+    write_stored(&StoredImage::of(image)?, dir, ref_name)
+}
+
+/// Write a stored image (its layer blobs are linked or copied from where they are) into the
+/// layout at `dir` under `ref_name`. Returns the manifest digest.
+pub fn write_stored(image: &StoredImage, dir: &Path, ref_name: &str) -> Result<Digest, OciError> {
     let mut writer = LayoutWriter::open(dir)?;
     let descriptor = put_image(&mut writer, image)?;
-    name_in_index(&mut writer, descriptor.clone(), ref_name)?;
+    writer.name(descriptor, ref_name)?;
     writer.commit();
-    digest_of(&descriptor).map_err(|problem| OciError::InvalidLayout {
-        dir: dir.to_path_buf(),
-        problem,
-    })
+    Ok(image.manifest_digest())
 }
 
 /// Put `image`'s layers, config and manifest into the layout at `dir` without naming it
 /// (an image index that refers to it names it). Returns the manifest descriptor.
-pub fn write_blobs(image: &Image, dir: &Path) -> Result<oci_spec::image::Descriptor, OciError> {
+pub fn write_blobs(image: &Image, dir: &Path) -> Result<Descriptor, OciError> {
     let mut writer = LayoutWriter::open(dir)?;
-    let descriptor = put_image(&mut writer, image)?;
+    let descriptor = put_image(&mut writer, &StoredImage::of(image)?)?;
     writer.commit();
     Ok(descriptor)
 }
 
-fn put_image(
-    writer: &mut LayoutWriter,
-    image: &Image,
-) -> Result<oci_spec::image::Descriptor, OciError> {
-    for layer in image.layers() {
+fn put_image(writer: &mut LayoutWriter, image: &StoredImage) -> Result<Descriptor, OciError> {
+    for layer in &image.layers {
         writer.put_file(&layer.blob, &layer.digest)?;
     }
-    let documents = image.documents()?;
-    for blob in [&documents.config, &documents.manifest] {
+    for blob in [&image.config, &image.manifest] {
         writer.put_bytes(&blob.bytes)?;
     }
-    Ok(documents.manifest_descriptor())
+    Ok(image.manifest_descriptor())
 }
 
 /// Write an image index over images already in the layout at `dir` (each given by its
@@ -84,7 +91,7 @@ fn put_image(
 /// `docker buildx` publishes one. Returns the index digest.
 pub fn write_index(
     dir: &Path,
-    images: &[(oci_spec::image::Descriptor, oci_spec::image::Platform)],
+    images: &[(Descriptor, oci_spec::image::Platform)],
     ref_name: &str,
 ) -> Result<Digest, OciError> {
     let children = images
@@ -99,38 +106,12 @@ pub fn write_index(
     let (_, bytes) = super::image_index(children)?;
     let mut writer = LayoutWriter::open(dir)?;
     let digest = writer.put_bytes(&bytes)?;
-    name_in_index(
-        &mut writer,
+    writer.name(
         super::descriptor(MediaType::ImageIndex, &digest, bytes.len() as u64),
         ref_name,
     )?;
     writer.commit();
     Ok(digest)
-}
-
-/// Add (or move) the name `ref_name` in the layout's `index.json` to `descriptor`.
-fn name_in_index(
-    writer: &mut LayoutWriter,
-    descriptor: oci_spec::image::Descriptor,
-    ref_name: &str,
-) -> Result<(), OciError> {
-    let dir = writer.dir().to_path_buf();
-    let dir = dir.as_path();
-    let mut manifests = match read_index(dir) {
-        Ok(index) => index.manifests().clone(),
-        Err(OciError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e),
-    };
-    manifests.retain(|existing| ref_name_of(existing) != Some(ref_name));
-    let annotations = HashMap::from([(ANNOTATION_REF_NAME.to_string(), ref_name.to_string())]);
-    manifests.push(annotated(descriptor, annotations));
-    // A fixed order, so the same set of images gives the same index.json.
-    manifests.sort_by(|a, b| {
-        (ref_name_of(a), a.digest().to_string()).cmp(&(ref_name_of(b), b.digest().to_string()))
-    });
-    let (index, bytes) = super::image_index(manifests)?;
-    write_docker_manifest(writer, index.manifests())?;
-    writer.put_top_level("index.json", &bytes)
 }
 
 /// `latest` + `arm64` -> `latest-linux-arm64`: the ref of one platform's image beside the
@@ -140,393 +121,16 @@ pub fn platform_ref_name(ref_name: &str, architecture: &str) -> String {
 }
 
 /// The configuration of the image manifest `descriptor` names (digest-verified).
-pub fn config_of(
-    dir: &Path,
-    descriptor: &oci_spec::image::Descriptor,
-) -> Result<ImageConfiguration, OciError> {
-    let manifest: ImageManifest = read_json_blob(dir, descriptor, "an OCI image manifest")?;
-    read_json_blob(dir, manifest.config(), "an OCI image configuration")
+pub fn config_of(dir: &Path, descriptor: &Descriptor) -> Result<ImageConfiguration, OciError> {
+    let manifest: oci_spec::image::ImageManifest =
+        reader::read_json_blob(dir, descriptor, "an OCI image manifest")?;
+    reader::read_json_blob(dir, manifest.config(), "an OCI image configuration")
 }
 
 /// The OCI architecture of the build host (`amd64`, `arm64`): which image of a
 /// multi-platform index the commands that run or inspect one image pick.
 pub fn host_architecture() -> oci_spec::image::Arch {
     crate::platform::Platform::host_or_amd64().to_oci_arch()
-}
-
-/// The image manifest `ref_name` names: itself, or for an image index, its linux image of
-/// the host's architecture.
-fn image_entry(
-    dir: &Path,
-    index: &ImageIndex,
-    ref_name: &str,
-    architecture: Option<&oci_spec::image::Arch>,
-) -> Result<oci_spec::image::Descriptor, OciError> {
-    let Some(entry) = named(index, ref_name) else {
-        return Err(OciError::RefNotFound {
-            dir: dir.to_path_buf(),
-            reference: ref_name.to_string(),
-            available: {
-                let names = ref_names(index);
-                if names.is_empty() {
-                    "no named images".to_string()
-                } else {
-                    names.join(", ")
-                }
-            },
-        });
-    };
-    if entry.media_type() != &MediaType::ImageIndex {
-        return Ok(entry.clone());
-    }
-    let child_index: ImageIndex = read_json_blob(dir, entry, "an OCI image index")?;
-    let host = architecture.cloned().unwrap_or_else(host_architecture);
-    let platforms: Vec<String> = child_index
-        .manifests()
-        .iter()
-        .filter_map(|m| m.platform().as_ref())
-        .map(|p| format!("{}/{}", p.os(), p.architecture()))
-        .collect();
-    child_index
-        .manifests()
-        .iter()
-        .find(|m| {
-            m.platform().as_ref().is_some_and(|p| {
-                p.architecture() == &host && p.os() == &oci_spec::image::Os::Linux
-            })
-        })
-        .cloned()
-        .ok_or_else(|| OciError::InvalidLayout {
-            dir: dir.to_path_buf(),
-            problem: format!(
-                "`{ref_name}` is an image index without a linux/{host} image (it has: {}); name one platform's image instead (`{ref_name}-linux-<arch>`)",
-                platforms.join(", ")
-            ),
-        })
-}
-
-/// Keep a docker-save `manifest.json` beside `index.json` (as Docker 25+ `save` does),
-/// so a plain tar of the layout is also accepted by `docker load` on daemons that
-/// need it (Docker < 25, and the classic image store of later versions). A ref name
-/// that is a valid Docker reference becomes the tag (`name` means `name:latest`).
-fn write_docker_manifest(
-    writer: &mut LayoutWriter,
-    manifests: &[oci_spec::image::Descriptor],
-) -> Result<(), OciError> {
-    let dir = writer.dir().to_path_buf();
-    let dir = dir.as_path();
-    let mut entries = Vec::new();
-    for descriptor in manifests {
-        if descriptor.media_type() != &MediaType::ImageManifest
-            || descriptor.artifact_type().is_some()
-        {
-            continue;
-        }
-        let manifest: ImageManifest = read_json_blob(dir, descriptor, "an OCI image manifest")?;
-        let name = |d: &oci_spec::image::Descriptor| -> Result<String, OciError> {
-            let digest = digest_of(d).map_err(|problem| OciError::InvalidLayout {
-                dir: dir.to_path_buf(),
-                problem,
-            })?;
-            Ok(format!("blobs/sha256/{}", digest.hex()))
-        };
-        let repo_tags = ref_name_of(descriptor)
-            .map(|name| {
-                if name.contains(':') {
-                    name.to_string()
-                } else {
-                    format!("{name}:latest")
-                }
-            })
-            .filter(|tag| check_tag(tag).is_ok())
-            .into_iter()
-            .collect();
-        entries.push(DockerManifestEntry {
-            config: name(manifest.config())?,
-            repo_tags,
-            layers: manifest
-                .layers()
-                .iter()
-                .map(name)
-                .collect::<Result<_, _>>()?,
-        });
-    }
-    let bytes = to_canonical_json(&entries).expect("manifest.json serialises");
-    writer.put_top_level("manifest.json", &bytes)
-}
-
-/// The entry of `index` named `ref_name`.
-fn named<'a>(index: &'a ImageIndex, ref_name: &str) -> Option<&'a oci_spec::image::Descriptor> {
-    index
-        .manifests()
-        .iter()
-        .find(|m| ref_name_of(m) == Some(ref_name))
-}
-
-/// A small JSON document (manifest, config, index) a descriptor names, digest-verified.
-fn read_json_blob<T: serde::de::DeserializeOwned>(
-    dir: &Path,
-    descriptor: &oci_spec::image::Descriptor,
-    what: &'static str,
-) -> Result<T, OciError> {
-    serde_json::from_slice(&read_blob(dir, descriptor)?).map_err(|source| OciError::Json {
-        path: dir.join("blobs"),
-        what,
-        source,
-    })
-}
-
-fn ref_name_of(descriptor: &oci_spec::image::Descriptor) -> Option<&str> {
-    descriptor
-        .annotations()
-        .as_ref()
-        .and_then(|a| a.get(ANNOTATION_REF_NAME))
-        .map(String::as_str)
-}
-
-fn same_file(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
-    }
-}
-
-/// The digest of the file at `path`, streamed.
-fn hash_file(path: &Path) -> io::Result<Digest> {
-    let mut file = std::fs::File::open(path)?;
-    let mut hashing = HashingWriter::new(io::sink());
-    io::copy(&mut file, &mut hashing)?;
-    Ok(hashing.finish().1)
-}
-
-const TEMP_PREFIX: &str = ".tmp-";
-
-/// One exclusive, all-or-nothing write into an OCI layout directory (see the module
-/// docs): the directory's lock, blobs placed first, `index.json` last, and on drop without
-/// [`LayoutWriter::commit`] every file and directory it created removed again.
-#[derive(Debug)]
-pub struct LayoutWriter {
-    dir: PathBuf,
-    /// The open layout directory, whose `flock(2)` is held while the writer lives.
-    _lock: std::fs::File,
-    /// Files this writer created (not ones it replaced), removed unless committed.
-    created: Vec<PathBuf>,
-    /// Directories this writer created, outermost first, removed (if empty) unless committed.
-    created_dirs: Vec<PathBuf>,
-    committed: bool,
-}
-
-impl LayoutWriter {
-    /// Open (creating if needed) the layout at `dir` and take its lock, waiting for any
-    /// other writer of it.
-    pub fn open(dir: &Path) -> Result<Self, OciError> {
-        let blobs = dir.join("blobs").join("sha256");
-        let (lock, created_dirs) = loop {
-            let created_dirs: Vec<PathBuf> = [dir.to_path_buf(), dir.join("blobs"), blobs.clone()]
-                .into_iter()
-                .filter(|d| !d.exists())
-                .collect();
-            fs_err::create_dir_all(&blobs).map_err(io_error(&blobs))?;
-            let handle = std::fs::File::open(dir).map_err(io_error(dir))?;
-            handle.lock().map_err(io_error(dir))?;
-            // A writer that failed while we waited may have removed the directory it had
-            // created: lock the directory that is there now.
-            let current = std::fs::metadata(dir).ok();
-            let locked = handle.metadata().map_err(io_error(dir))?;
-            if current.is_some_and(|c| {
-                use std::os::unix::fs::MetadataExt;
-                c.ino() == locked.ino() && c.dev() == locked.dev()
-            }) && blobs.is_dir()
-            {
-                break (handle, created_dirs);
-            }
-        };
-        let mut writer = Self {
-            dir: dir.to_path_buf(),
-            _lock: lock,
-            created: Vec::new(),
-            created_dirs,
-            committed: false,
-        };
-        // Temp files of a writer that was killed: nobody else writes while we hold the lock.
-        for folder in [dir.to_path_buf(), blobs] {
-            if let Ok(entries) = std::fs::read_dir(&folder) {
-                for entry in entries.flatten() {
-                    if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
-                        let _ = std::fs::remove_file(entry.path());
-                    }
-                }
-            }
-        }
-        let layout_file = dir.join("oci-layout");
-        if fs_err::read(&layout_file).ok().as_deref() != Some(LAYOUT_FILE.as_bytes()) {
-            writer.put_top_level("oci-layout", LAYOUT_FILE.as_bytes())?;
-        }
-        Ok(writer)
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// Keep everything written.
-    pub fn commit(mut self) {
-        self.committed = true;
-    }
-
-    /// Whether the layout already holds the blob `digest` as the file `source` or as a
-    /// file that hashes to `digest`. A blob with other bytes is reported and will be
-    /// replaced.
-    fn holds(&self, target: &Path, digest: &Digest, source: Option<&Path>) -> bool {
-        if !target.is_file() {
-            return false;
-        }
-        if source.is_some_and(|source| same_file(source, target)) {
-            return true;
-        }
-        match hash_file(target) {
-            Ok(found) if found == *digest => true,
-            Ok(found) => {
-                tracing::warn!(
-                    path = %target.display(),
-                    expected = %digest,
-                    found = %found,
-                    "a blob of the OCI layout does not match its digest; replacing it"
-                );
-                false
-            }
-            Err(_) => false,
-        }
-    }
-
-    /// Put the blob at `source`, whose bytes are `digest`, into the layout: a hard link
-    /// when the filesystem allows, else a copy hashed on the way (a mismatch is an error
-    /// and nothing is kept).
-    pub fn put_file(&mut self, source: &Path, digest: &Digest) -> Result<(), OciError> {
-        let blobs = self.dir.join("blobs").join("sha256");
-        let target = blobs.join(digest.hex());
-        if self.holds(&target, digest, Some(source)) {
-            return Ok(());
-        }
-        let existed = target.exists();
-        let linked = tempfile::Builder::new()
-            .prefix(TEMP_PREFIX)
-            .make_in(&blobs, |path| std::fs::hard_link(source, path));
-        match linked {
-            Ok(temp) => {
-                temp.persist(&target)
-                    .map_err(|e| io_error(&target)(e.error))?;
-            }
-            Err(_) => {
-                // Different filesystem (or no hardlink support): copy, verifying.
-                let mut reader = fs_err::File::open(source).map_err(io_error(source))?;
-                let temp =
-                    crate::atomic_file::temp_in(&blobs, TEMP_PREFIX).map_err(io_error(&blobs))?;
-                let temp_path = temp.path().to_path_buf();
-                let mut writer = HashingWriter::new(io::BufWriter::with_capacity(1 << 20, temp));
-                io::copy(&mut reader, &mut writer).map_err(io_error(&temp_path))?;
-                let (buffered, found, _) = writer.finish();
-                let temp = buffered
-                    .into_inner()
-                    .map_err(|e| io_error(&temp_path)(e.into_error()))?;
-                if found != *digest {
-                    return Err(OciError::BlobMismatch {
-                        path: source.to_path_buf(),
-                        expected: *digest,
-                        found,
-                    });
-                }
-                crate::atomic_file::persist(temp, &target).map_err(io_error(&target))?;
-            }
-        }
-        if !existed {
-            self.created.push(target);
-        }
-        Ok(())
-    }
-
-    /// Put a small document (config, manifest, index) into the layout; returns its digest.
-    pub fn put_bytes(&mut self, bytes: &[u8]) -> Result<Digest, OciError> {
-        let digest = Digest::of_bytes(bytes);
-        let path = blob_path(&self.dir, &digest);
-        if !self.holds(&path, &digest, None) {
-            self.write_file(&path, bytes)?;
-        }
-        Ok(digest)
-    }
-
-    /// Replace a file at the top of the layout (`index.json`, `manifest.json`,
-    /// `oci-layout`) atomically.
-    pub fn put_top_level(&mut self, name: &str, bytes: &[u8]) -> Result<(), OciError> {
-        let path = self.dir.join(name);
-        self.write_file(&path, bytes)
-    }
-
-    fn write_file(&mut self, path: &Path, bytes: &[u8]) -> Result<(), OciError> {
-        let existed = path.exists();
-        let folder = path.parent().unwrap_or(&self.dir);
-        let mut temp =
-            crate::atomic_file::temp_in(folder, TEMP_PREFIX).map_err(io_error(folder))?;
-        temp.write_all(bytes).map_err(io_error(temp.path()))?;
-        crate::atomic_file::persist(temp, path).map_err(io_error(path))?;
-        if !existed {
-            self.created.push(path.to_path_buf());
-        }
-        Ok(())
-    }
-}
-
-impl Drop for LayoutWriter {
-    fn drop(&mut self) {
-        if self.committed {
-            return;
-        }
-        for path in self.created.iter().rev() {
-            let _ = std::fs::remove_file(path);
-        }
-        for dir in self.created_dirs.iter().rev() {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
-}
-
-fn read_json<T: serde::de::DeserializeOwned>(
-    path: &Path,
-    what: &'static str,
-) -> Result<T, OciError> {
-    let bytes = fs_err::read(path).map_err(|e| OciError::Io {
-        path: path.to_path_buf(),
-        source: io::Error::new(e.kind(), e),
-    })?;
-    serde_json::from_slice(&bytes).map_err(|source| OciError::Json {
-        path: path.to_path_buf(),
-        what,
-        source,
-    })
-}
-
-fn read_index(dir: &Path) -> Result<ImageIndex, OciError> {
-    read_json(&dir.join("index.json"), "an OCI image index")
-}
-
-/// Read a blob named by a descriptor, verifying its digest (small documents only).
-fn read_blob(dir: &Path, descriptor: &oci_spec::image::Descriptor) -> Result<Vec<u8>, OciError> {
-    let digest = digest_of(descriptor).map_err(|problem| OciError::InvalidLayout {
-        dir: dir.to_path_buf(),
-        problem,
-    })?;
-    let path = blob_path(dir, &digest);
-    let bytes = fs_err::read(&path).map_err(io_error(&path))?;
-    let found = Digest::of_bytes(&bytes);
-    if found != digest {
-        return Err(OciError::BlobMismatch {
-            path,
-            expected: digest,
-            found,
-        });
-    }
-    Ok(bytes)
 }
 
 /// Where a blob lives in a layout.
@@ -539,43 +143,18 @@ pub fn blob_path(dir: &Path, digest: &Digest) -> PathBuf {
 /// The layer blobs are not read (they are referenced where they are). The returned
 /// image's creation time is 0: set the new image's with [`Image::with_created`].
 pub fn read(dir: &Path, ref_name: &str) -> Result<Image, OciError> {
-    let index = read_index(dir)?;
-    let entry = &image_entry(dir, &index, ref_name, None)?;
-    let invalid = |problem: String| OciError::InvalidLayout {
-        dir: dir.to_path_buf(),
-        problem,
-    };
-    let manifest: ImageManifest = read_json_blob(dir, entry, "an OCI image manifest")?;
-    let config: ImageConfiguration =
-        read_json_blob(dir, manifest.config(), "an OCI image configuration")?;
-    let diff_ids = config.rootfs().diff_ids();
-    if diff_ids.len() != manifest.layers().len() {
-        return Err(invalid(format!(
-            "image `{ref_name}` has {} layers but {} diff_ids",
-            manifest.layers().len(),
-            diff_ids.len()
-        )));
-    }
-    let mut layers = Vec::new();
-    for (descriptor, diff_id) in manifest.layers().iter().zip(diff_ids) {
-        let digest = digest_of(descriptor).map_err(invalid)?;
-        let diff_id: Digest = diff_id
-            .parse()
-            .map_err(|e: crate::digest::DigestError| invalid(e.to_string()))?;
-        let blob = blob_path(dir, &digest);
-        if !blob.is_file() {
-            return Err(invalid(format!("layer blob {digest} is missing")));
-        }
-        layers.push(Layer {
-            digest,
-            diff_id,
-            size: descriptor.size(),
-            uncompressed_size: None,
-            media_type: normalise_layer_media_type(descriptor.media_type()),
-            blob,
-        });
-    }
-    let mut history = config.history().clone().unwrap_or_default();
+    let stored = Layout::open(dir)?.complete_image(ref_name, None)?;
+    let created = stored.created();
+    let configuration = stored.configuration;
+    let layers: Vec<_> = stored
+        .layers
+        .into_iter()
+        .map(|mut layer| {
+            layer.media_type = normalise_layer_media_type(&layer.media_type);
+            layer
+        })
+        .collect();
+    let mut history = configuration.history().clone().unwrap_or_default();
     if history.is_empty() {
         history = layers
             .iter()
@@ -590,14 +169,10 @@ pub fn read(dir: &Path, ref_name: &str) -> Result<Image, OciError> {
     Ok(Image {
         layers,
         history,
-        config: config.config().clone().unwrap_or_default(),
-        architecture: config.architecture().clone(),
-        os: config.os().clone(),
-        created: config
-            .created()
-            .as_deref()
-            .and_then(super::parse_rfc3339)
-            .unwrap_or(0),
+        config: configuration.config().clone().unwrap_or_default(),
+        architecture: configuration.architecture().clone(),
+        os: configuration.os().clone(),
+        created,
     })
 }
 
@@ -605,7 +180,7 @@ pub fn read(dir: &Path, ref_name: &str) -> Result<Image, OciError> {
 /// touching layers.
 #[derive(Debug, Clone)]
 pub struct ResolvedImage {
-    pub manifest: oci_spec::image::Descriptor,
+    pub manifest: Descriptor,
     pub manifest_digest: Digest,
     pub config_digest: Digest,
     pub config: ImageConfiguration,
@@ -623,37 +198,18 @@ pub fn resolve_platform(
     ref_name: &str,
     architecture: Option<&oci_spec::image::Arch>,
 ) -> Result<ResolvedImage, OciError> {
-    let index = read_index(dir)?;
-    let entry = &image_entry(dir, &index, ref_name, architecture)?;
-    let invalid = |problem: String| OciError::InvalidLayout {
-        dir: dir.to_path_buf(),
-        problem,
-    };
-    let manifest: ImageManifest = read_json_blob(dir, entry, "an OCI image manifest")?;
-    let config: ImageConfiguration =
-        read_json_blob(dir, manifest.config(), "an OCI image configuration")?;
+    let stored = Layout::open(dir)?.image(ref_name, architecture)?;
     Ok(ResolvedImage {
-        manifest: entry.clone(),
-        manifest_digest: digest_of(entry).map_err(invalid)?,
-        config_digest: digest_of(manifest.config()).map_err(invalid)?,
-        config,
+        manifest_digest: stored.manifest_digest(),
+        config_digest: stored.config_digest(),
+        manifest: stored.entry,
+        config: stored.configuration,
     })
 }
 
 /// The ref names of a layout's index, sorted.
 pub fn list_refs(dir: &Path) -> Result<Vec<String>, OciError> {
-    Ok(ref_names(&read_index(dir)?))
-}
-
-fn ref_names(index: &ImageIndex) -> Vec<String> {
-    let mut names: Vec<String> = index
-        .manifests()
-        .iter()
-        .filter_map(ref_name_of)
-        .map(str::to_string)
-        .collect();
-    names.sort();
-    names
+    Ok(LayoutIndex::read(dir)?.ref_names())
 }
 
 /// An OCI 1.1 artifact: typed blobs attached to an image through `subject`
@@ -713,7 +269,7 @@ pub fn write_artifact(dir: &Path, artifact: &Artifact, ref_name: &str) -> Result
     let digest = writer.put_bytes(&manifest)?;
     let mut entry = super::descriptor(MediaType::ImageManifest, &digest, manifest.len() as u64);
     entry.set_artifact_type(Some(MediaType::Other(artifact.artifact_type.clone())));
-    name_in_index(&mut writer, entry, ref_name)?;
+    writer.name(entry, ref_name)?;
     writer.commit();
     Ok(digest)
 }
@@ -721,13 +277,14 @@ pub fn write_artifact(dir: &Path, artifact: &Artifact, ref_name: &str) -> Result
 /// The first blob of the artifact named `ref_name` (digest-verified), or None when the
 /// layout has no such name.
 pub fn read_artifact_blob(dir: &Path, ref_name: &str) -> Result<Option<Vec<u8>>, OciError> {
-    let index = read_index(dir)?;
-    let Some(entry) = named(&index, ref_name) else {
+    let layout = Layout::open(dir)?;
+    let Some(entry) = layout.index().named(ref_name) else {
         return Ok(None);
     };
-    let manifest: ImageManifest = read_json_blob(dir, entry, "an artifact manifest")?;
+    let manifest: oci_spec::image::ImageManifest =
+        layout.read_json_blob(entry, "an artifact manifest")?;
     match manifest.layers().first() {
-        Some(blob) => Ok(Some(read_blob(dir, blob)?)),
+        Some(blob) => Ok(Some(layout.read_blob(blob)?)),
         None => Ok(None),
     }
 }
@@ -737,34 +294,8 @@ pub fn read_artifact_blob(dir: &Path, ref_name: &str) -> Result<Option<Vec<u8>>,
 pub fn index_images(
     dir: &Path,
     ref_name: &str,
-) -> Result<Option<Vec<(oci_spec::image::Descriptor, oci_spec::image::Platform)>>, OciError> {
-    let index = read_index(dir)?;
-    let Some(entry) = named(&index, ref_name) else {
-        return Ok(None);
-    };
-    if entry.media_type() != &MediaType::ImageIndex {
-        return Ok(None);
-    }
-    let child_index: ImageIndex = read_json_blob(dir, entry, "an OCI image index")?;
-    let mut images = Vec::new();
-    for child in child_index.manifests() {
-        // cudastack's indexes always name each child's platform; one written by another
-        // tool may not, and then the child's own config says which platform it is (a
-        // default would relabel an arm64 image amd64 when the index is rewritten).
-        let platform = match child.platform() {
-            Some(platform) => platform.clone(),
-            None => {
-                let config = config_of(dir, child)?;
-                let mut platform = oci_spec::image::Platform::default();
-                platform.set_os(config.os().clone());
-                platform.set_architecture(config.architecture().clone());
-                platform.set_variant(config.variant().clone());
-                platform
-            }
-        };
-        images.push((child.clone(), platform));
-    }
-    Ok(Some(images))
+) -> Result<Option<Vec<(Descriptor, oci_spec::image::Platform)>>, OciError> {
+    Layout::open(dir)?.index_images(ref_name)
 }
 
 /// Docker's layer media types name the same bytes as OCI's; an OCI manifest must use

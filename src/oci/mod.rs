@@ -7,13 +7,22 @@
 //! The config and manifest are built with oci-spec and serialised canonically
 //! ([`canonical`]): the bytes hashed are the bytes written.
 //!
-//! Every output takes the same `&Image` (STYLE.md 3): [`layout::write`] (an OCI image
-//! layout directory) and [`docker_archive::write`] (a `docker load` stream). Reading an
-//! existing layout as a base image is [`layout::read`].
+//! Every output takes the same image as it is stored, a [`StoredImage`] (STYLE.md 3,
+//! issue 17): its manifest and config bytes, computed once from an [`Image`]
+//! ([`StoredImage::of`]) or read from a layout ([`layout::Layout`]), and its layer blobs.
+//! [`layout::write_stored`] (an OCI image layout directory), [`docker_archive::write_stored`]
+//! (a `docker load` stream), and the outputs above this module (`engine`, `registry`) take
+//! it. Reading an existing layout as a base image is [`layout::read`]; [`layout::Layout`]
+//! is the one reader of a layout's `index.json` and [`layout::LayoutWriter`] its one writer.
+//!
+//! Depends on `layer` (the [`Layer`] blobs), `digest` and `canonical`; never on an output.
 
-pub mod canonical;
+/// Canonical JSON lives at the vocabulary level ([`crate::canonical`]), below both `layer`
+/// and `oci`; this path is kept for callers that name it here.
+pub use crate::canonical;
 pub mod docker_archive;
 pub mod layout;
+pub mod stored;
 
 use std::io;
 use std::path::PathBuf;
@@ -25,9 +34,10 @@ use oci_spec::image::{
     Os, RootFsBuilder,
 };
 
+use crate::canonical::to_canonical_json;
 use crate::digest::Digest;
 use crate::layer::{Layer, LayerError};
-use canonical::to_canonical_json;
+pub use stored::StoredImage;
 
 /// Errors from building and writing images.
 #[derive(Debug, thiserror::Error)]
@@ -432,7 +442,7 @@ pub fn image_index(
             what: "index",
             source,
         })?;
-    let bytes = canonical::to_canonical_json(&index).expect("index serialises");
+    let bytes = to_canonical_json(&index).expect("index serialises");
     Ok((index, bytes))
 }
 

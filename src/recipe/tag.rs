@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use crate::registry::{Reference, ReferenceProblem};
+use crate::reference::{Reference, ReferenceProblem};
 
 /// Template placeholders a tag may use.
 pub const TAG_PLACEHOLDERS: &[&str] = &[
@@ -119,7 +119,7 @@ impl fmt::Display for Becomes<'_> {
     }
 }
 
-pub(crate) use crate::registry::escape;
+pub(crate) use crate::reference::escape;
 
 /// The placeholders of `template`, in order; an error for an unclosed or unknown one.
 pub fn check_template(template: &str) -> Result<(), TagError> {

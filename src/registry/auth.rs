@@ -20,8 +20,8 @@ use std::process::{Command, Stdio};
 
 use base64::Engine as _;
 
-use super::reference::DOCKER_HUB;
 use super::RegistryError;
+use crate::reference::DOCKER_HUB;
 
 /// A password or token. Never printed: `Debug` shows `<redacted>`, there is no `Display`.
 #[derive(Clone, PartialEq, Eq)]

@@ -15,10 +15,10 @@ use reqwest::{Method, Response, StatusCode, Url};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::auth::{Challenge, Credentials, Secret};
-use super::reference::Reference;
 use super::RegistryError;
 use crate::digest::Digest;
 use crate::fetch::http::RetryPolicy;
+use crate::reference::Reference;
 
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -408,39 +408,7 @@ impl RegistryClient {
             realm: realm.to_string(),
             detail,
         };
-        let mut url = realm.clone();
-        let request = if let Credentials::IdentityToken(refresh) = &self.credentials {
-            // OAuth2 refresh-token grant, as Docker does for an `identitytoken`.
-            let mut form = url::form_urlencoded::Serializer::new(String::new());
-            form.append_pair("grant_type", "refresh_token")
-                .append_pair("refresh_token", refresh.expose())
-                .append_pair("client_id", "cudastack");
-            if let Some(service) = service {
-                form.append_pair("service", service);
-            }
-            for scope in scopes {
-                form.append_pair("scope", scope);
-            }
-            self.http
-                .post(url.clone())
-                .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-                .body(form.finish())
-        } else {
-            {
-                let mut query = url.query_pairs_mut();
-                if let Some(service) = service {
-                    query.append_pair("service", service);
-                }
-                for scope in scopes {
-                    query.append_pair("scope", scope);
-                }
-            }
-            let mut request = self.http.get(url.clone());
-            if let Some(header) = self.credentials.basic_header() {
-                request = request.header(AUTHORIZATION, header);
-            }
-            request
-        };
+        let request = self.token_request(realm, service, scopes);
         let response = request
             .send()
             .await
@@ -463,24 +431,50 @@ impl RegistryClient {
         if !status.is_success() {
             return Err(failed(format!("HTTP {status}")));
         }
-        #[derive(serde::Deserialize)]
-        struct TokenAnswer {
-            token: Option<String>,
-            access_token: Option<String>,
-            expires_in: Option<u64>,
+        read_token(response).await.map_err(failed)
+    }
+
+    /// The request for a token: an OAuth2 refresh-token grant (as Docker does for an
+    /// `identitytoken`), else a GET with the service and scopes in the query, with basic
+    /// credentials when there are some.
+    fn token_request(
+        &self,
+        realm: &Url,
+        service: Option<&str>,
+        scopes: &[String],
+    ) -> reqwest::RequestBuilder {
+        let mut url = realm.clone();
+        if let Credentials::IdentityToken(refresh) = &self.credentials {
+            let mut form = url::form_urlencoded::Serializer::new(String::new());
+            form.append_pair("grant_type", "refresh_token")
+                .append_pair("refresh_token", refresh.expose())
+                .append_pair("client_id", "cudastack");
+            if let Some(service) = service {
+                form.append_pair("service", service);
+            }
+            for scope in scopes {
+                form.append_pair("scope", scope);
+            }
+            return self
+                .http
+                .post(url)
+                .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .body(form.finish());
         }
-        let answer: TokenAnswer = response
-            .json()
-            .await
-            .map_err(|_| failed("the answer is not the JSON {token, expires_in}".to_string()))?;
-        let token = answer
-            .token
-            .or(answer.access_token)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| failed("the answer has no token".to_string()))?;
-        // The spec's default lifetime is 60 s.
-        let lifetime = Duration::from_secs(answer.expires_in.unwrap_or(60).max(60));
-        Ok((Secret::new(token), lifetime))
+        {
+            let mut query = url.query_pairs_mut();
+            if let Some(service) = service {
+                query.append_pair("service", service);
+            }
+            for scope in scopes {
+                query.append_pair("scope", scope);
+            }
+        }
+        let mut request = self.http.get(url);
+        if let Some(header) = self.credentials.basic_header() {
+            request = request.header(AUTHORIZATION, header);
+        }
+        request
     }
 
     /// Send once with auth; on 401 re-learn the challenge (a token for the scope the
@@ -795,16 +789,7 @@ impl RegistryClient {
         let mut headers = HeaderMap::new();
         headers.insert(
             ACCEPT,
-            HeaderValue::from_str(
-                &[
-                    OCI_MANIFEST,
-                    OCI_INDEX,
-                    DOCKER_MANIFEST,
-                    DOCKER_MANIFEST_LIST,
-                ]
-                .join(", "),
-            )
-            .expect("media types are ASCII"),
+            HeaderValue::from_str(&MANIFEST_TYPES.join(", ")).expect("media types are ASCII"),
         );
         let (response, attempts) = self
             .request(Method::GET, &url, &scopes, headers, &Body::Empty)
@@ -839,30 +824,7 @@ impl RegistryClient {
                 });
             }
         }
-        #[derive(serde::Deserialize)]
-        struct Typed {
-            #[serde(rename = "mediaType")]
-            media_type: Option<String>,
-        }
-        let body_type = serde_json::from_slice::<Typed>(&bytes)
-            .ok()
-            .and_then(|t| t.media_type);
-        let media_type = body_type
-            .or(header_type)
-            .unwrap_or_else(|| OCI_MANIFEST.to_string());
-        if ![
-            OCI_MANIFEST,
-            OCI_INDEX,
-            DOCKER_MANIFEST,
-            DOCKER_MANIFEST_LIST,
-        ]
-        .contains(&media_type.as_str())
-        {
-            return Err(RegistryError::UnsupportedMediaType {
-                reference: reference.to_string(),
-                media_type,
-            });
-        }
+        let media_type = manifest_media_type(reference, &bytes, header_type)?;
         Ok(Manifest {
             bytes,
             media_type,
@@ -1104,6 +1066,63 @@ pub(crate) async fn status_error(
         detail,
         attempts,
     }
+}
+
+/// The token (and its lifetime) a token service answered, or what is wrong with the answer.
+async fn read_token(response: reqwest::Response) -> Result<(Secret, Duration), String> {
+    #[derive(serde::Deserialize)]
+    struct TokenAnswer {
+        token: Option<String>,
+        access_token: Option<String>,
+        expires_in: Option<u64>,
+    }
+    let answer: TokenAnswer = response
+        .json()
+        .await
+        .map_err(|_| "the answer is not the JSON {token, expires_in}".to_string())?;
+    let token = answer
+        .token
+        .or(answer.access_token)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| "the answer has no token".to_string())?;
+    // The spec's default lifetime is 60 s.
+    let lifetime = Duration::from_secs(answer.expires_in.unwrap_or(60).max(60));
+    Ok((Secret::new(token), lifetime))
+}
+
+/// The manifest types cudastack reads, in the order of its `Accept` header.
+const MANIFEST_TYPES: [&str; 4] = [
+    OCI_MANIFEST,
+    OCI_INDEX,
+    DOCKER_MANIFEST,
+    DOCKER_MANIFEST_LIST,
+];
+
+/// A manifest's media type: its own `mediaType`, else the `Content-Type` the registry sent,
+/// else OCI's; one cudastack cannot read is an error.
+fn manifest_media_type(
+    reference: &Reference,
+    bytes: &[u8],
+    header_type: Option<String>,
+) -> Result<String, RegistryError> {
+    #[derive(serde::Deserialize)]
+    struct Typed {
+        #[serde(rename = "mediaType")]
+        media_type: Option<String>,
+    }
+    let body_type = serde_json::from_slice::<Typed>(bytes)
+        .ok()
+        .and_then(|t| t.media_type);
+    let media_type = body_type
+        .or(header_type)
+        .unwrap_or_else(|| OCI_MANIFEST.to_string());
+    if !MANIFEST_TYPES.contains(&media_type.as_str()) {
+        return Err(RegistryError::UnsupportedMediaType {
+            reference: reference.to_string(),
+            media_type,
+        });
+    }
+    Ok(media_type)
 }
 
 #[cfg(test)]

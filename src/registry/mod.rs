@@ -13,8 +13,13 @@
 //!   pull: manifest (index -> platform) ─ config ─ layers, every digest verified ─ BlobStore
 //!         ─ OCI layout
 //! ```
-//! The module must not build images or decide tags; it moves bytes whose digests are
-//! already known, and checks them. It never holds a layer in memory.
+//! Push takes an image as stored ([`crate::oci::StoredImage`]: from a layout through
+//! [`crate::oci::layout::Layout`], or a value serialised once), and pull writes its layout
+//! through [`crate::oci::layout::LayoutWriter`]: this module never parses or writes a
+//! layout's `index.json` itself. The module must not build images or decide tags; it moves
+//! bytes whose digests are already known, and checks them. It never holds a layer in
+//! memory. Depends on `oci`, `reference`, `cas`, `canonical`, `digest` and `fetch::http`
+//! (retry policy).
 
 // Errors carry the URL they are about (as in crate::fetch); they are not on a hot path.
 #![allow(clippy::result_large_err)]
@@ -23,7 +28,6 @@ pub mod auth;
 mod client;
 pub mod pull;
 pub mod push;
-pub mod reference;
 pub mod referrers;
 
 use std::path::PathBuf;
@@ -32,6 +36,10 @@ use reqwest::{Method, StatusCode, Url};
 
 use crate::digest::Digest;
 
+/// The reference grammar lives at the vocabulary level ([`crate::reference`]; recipes name
+/// tags with it too); these paths are kept for callers that name it here.
+pub use crate::reference;
+pub use crate::reference::{split_name_and_tag, Reference, ReferenceError, ReferenceProblem};
 pub use auth::{Credentials, Secret};
 pub use client::{
     ClientOptions, Manifest, Platform, RegistryClient, DOCKER_MANIFEST, DOCKER_MANIFEST_LIST,
@@ -41,8 +49,6 @@ pub use pull::{pull, PullReport};
 pub use push::{
     push_image, push_layout, BlobOutcome, BlobReport, PushHistory, PushOptions, PushReport,
 };
-pub(crate) use reference::escape;
-pub use reference::{split_name_and_tag, Reference, ReferenceError, ReferenceProblem};
 
 /// Errors from talking to registries. Every variant names the registry, URL, blob or file
 /// involved; none ever contains a password or token.

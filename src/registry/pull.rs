@@ -2,21 +2,20 @@
 //! cache, every digest verified, then an OCI layout holding the manifest byte for byte
 //! (so the layout's manifest digest is the registry's).
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
-use oci_spec::image::{ImageIndex, ImageManifest, MediaType, ANNOTATION_REF_NAME};
+use oci_spec::image::{ImageManifest, MediaType};
 use serde::Serialize;
 
 use super::client::{Platform, RegistryClient};
-use super::reference::Reference;
 use super::RegistryError;
 use crate::cas::BlobStore;
 use crate::digest::Digest;
+use crate::reference::Reference;
 
 /// Configs are small; refuse a "config" bigger than this.
 const MAX_CONFIG: u64 = 16 << 20;
@@ -182,8 +181,9 @@ async fn pull_layer(
 
 /// Put the blobs (hardlinked from the store when possible) and the manifest into the layout
 /// and name the manifest `ref_name` in its `index.json`, through one
-/// [`LayoutWriter`](crate::oci::layout::LayoutWriter): under the layout's lock, `index.json`
-/// last, and on any error every file and directory this pull created removed again.
+/// [`LayoutWriter`](crate::oci::layout::LayoutWriter) (the one writer of a layout): under the
+/// layout's lock, `index.json` last, and on any error every file and directory this pull
+/// created removed again.
 fn write_layout<'a>(
     store: &BlobStore,
     dir: &Path,
@@ -207,38 +207,13 @@ fn write_layout<'a>(
         });
     }
 
-    let index_path = dir.join("index.json");
-    let mut manifests = match std::fs::read(&index_path) {
-        Ok(bytes) => serde_json::from_slice::<ImageIndex>(&bytes)
-            .map_err(|e| RegistryError::Document {
-                path: index_path.display().to_string(),
-                what: "an OCI image index",
-                detail: e.to_string(),
-            })?
-            .manifests()
-            .clone(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(source) => return Err(io(&index_path)(source)),
-    };
-    let name_of = |d: &oci_spec::image::Descriptor| {
-        d.annotations()
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_REF_NAME))
-            .cloned()
-    };
-    manifests.retain(|d| name_of(d).as_deref() != Some(ref_name));
     let descriptor = crate::oci::descriptor(
         MediaType::from(media_type),
         manifest_digest,
         manifest.len() as u64,
     );
-    manifests.push(crate::oci::annotated(
-        descriptor,
-        HashMap::from([(ANNOTATION_REF_NAME.to_string(), ref_name.to_string())]),
-    ));
-    manifests.sort_by_key(|d| (name_of(d), d.digest().to_string()));
-    let (_, bytes) = crate::oci::image_index(manifests)?;
-    writer.put_top_level("index.json", &bytes)?;
+    // A pulled image gets no docker-save `manifest.json` entry (that file is left as it was).
+    writer.name_in_index_only(descriptor, ref_name)?;
     writer.commit();
     Ok(())
 }

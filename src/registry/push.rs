@@ -17,16 +17,17 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
-use oci_spec::image::{ImageIndex, ImageManifest, ANNOTATION_REF_NAME};
+use oci_spec::image::{Descriptor, ImageManifest, MediaType};
 use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use reqwest::{Method, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
-use super::client::{scope, status_error, Body, RegistryClient, OCI_INDEX, OCI_MANIFEST};
-use super::reference::Reference;
+use super::client::{scope, status_error, Body, RegistryClient};
 use super::RegistryError;
 use crate::digest::Digest;
-use crate::oci::Image;
+use crate::oci::layout::Layout;
+use crate::oci::{Image, StoredImage};
+use crate::reference::Reference;
 
 /// How to push.
 #[derive(Debug, Clone)]
@@ -124,28 +125,24 @@ pub async fn push_image(
     reference: &Reference,
     options: &PushOptions,
 ) -> Result<PushReport, RegistryError> {
-    let documents = image.documents()?;
-    check_pinned(reference, &Digest::of_bytes(&documents.manifest.bytes))?;
-    let mut blobs: Vec<BlobSource> = image
-        .layers()
-        .iter()
-        .map(|layer| BlobSource {
-            digest: layer.digest,
-            size: layer.size,
-            data: BlobData::File(layer.blob.clone()),
-        })
-        .collect();
-    blobs.push(BlobSource {
-        digest: documents.config.digest,
-        size: documents.config.size(),
-        data: BlobData::Bytes(Bytes::from(documents.config.bytes.clone())),
-    });
+    push_stored(client, &StoredImage::of(image)?, reference, options).await
+}
+
+/// Push an image as it is stored (its manifest bytes as they are: the pushed manifest
+/// digest is the stored one) as `reference`.
+pub async fn push_stored(
+    client: &RegistryClient,
+    image: &StoredImage,
+    reference: &Reference,
+    options: &PushOptions,
+) -> Result<PushReport, RegistryError> {
+    check_pinned(reference, &image.manifest_digest())?;
     push_manifest_with_blobs(
         client,
         reference,
-        Bytes::from(documents.manifest.bytes),
-        OCI_MANIFEST,
-        blobs,
+        Bytes::from(image.manifest.bytes.clone()),
+        image.media_type().as_ref(),
+        stored_blobs(image)?,
         options,
     )
     .await
@@ -161,78 +158,72 @@ pub async fn push_layout(
     reference: &Reference,
     options: &PushOptions,
 ) -> Result<PushReport, RegistryError> {
-    let index: ImageIndex = read_json(&dir.join("index.json"), "an OCI image index")?;
-    let Some(entry) = index.manifests().iter().find(|m| {
-        m.annotations()
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_REF_NAME))
-            .map(String::as_str)
-            == Some(ref_name)
-    }) else {
-        let available: Vec<String> = index
-            .manifests()
-            .iter()
-            .filter_map(|m| m.annotations().as_ref()?.get(ANNOTATION_REF_NAME).cloned())
-            .collect();
-        return Err(crate::oci::OciError::RefNotFound {
-            dir: dir.to_path_buf(),
-            reference: ref_name.to_string(),
-            available: if available.is_empty() {
-                "no named images".to_string()
-            } else {
-                available.join(", ")
-            },
-        }
-        .into());
-    };
-    let digest = descriptor_digest(entry, dir)?;
+    let layout = Layout::open(dir)?;
+    let entry = layout.entry(ref_name)?;
     // Before a single blob goes out: a pinned digest the image does not have is refused.
-    check_pinned(reference, &digest)?;
-    let bytes = read_verified(dir, &digest)?;
-    let media_type = entry.media_type().to_string();
-    if media_type == OCI_INDEX || media_type == super::DOCKER_MANIFEST_LIST {
-        let child_index: ImageIndex =
-            serde_json::from_slice(&bytes).map_err(|e| RegistryError::Document {
-                path: blob(dir, &digest).display().to_string(),
-                what: "an image index",
-                detail: e.to_string(),
-            })?;
-        let started = Instant::now();
-        let mut blobs = Vec::new();
-        let mut uploaded = 0;
-        for child in child_index.manifests() {
-            let child_digest = descriptor_digest(child, dir)?;
-            let child_bytes = read_verified(dir, &child_digest)?;
-            let report = push_manifest_with_blobs(
-                client,
-                &reference.with_digest(child_digest),
-                Bytes::from(child_bytes.clone()),
-                child.media_type().as_ref(),
-                manifest_blobs(dir, &child_bytes, &child_digest)?,
-                options,
-            )
-            .await?;
-            blobs.extend(report.blobs);
-            uploaded += report.bytes_uploaded;
+    check_pinned(reference, &descriptor_digest(entry, dir)?)?;
+    if entry.media_type() != &MediaType::ImageIndex
+        && entry.media_type().as_ref() != super::DOCKER_MANIFEST_LIST
+    {
+        let manifest: ImageManifest = layout.read_json_blob(entry, "an OCI image manifest")?;
+        if manifest.artifact_type().is_some() {
+            return push_artifact(client, &layout, entry, &manifest, reference, options).await;
         }
-        let manifest_digest = client
-            .put_manifest(reference, &media_type, Bytes::from(bytes))
-            .await?;
-        return Ok(PushReport {
-            reference: reference.without_digest().to_string(),
-            manifest_digest,
-            media_type,
-            blobs,
-            bytes_uploaded: uploaded,
-            seconds: started.elapsed().as_secs_f64(),
+        let image = layout.image_at(entry, Some(ref_name))?;
+        return push_stored(client, &image, reference, options).await;
+    }
+    let started = Instant::now();
+    let index_bytes = layout.read_blob(entry)?;
+    let mut blobs = Vec::new();
+    let mut uploaded = 0;
+    for child in layout.child_index(entry)?.manifests() {
+        let image = layout.image_at(child, None)?;
+        let child_reference = reference.with_digest(image.manifest_digest());
+        let report = push_stored(client, &image, &child_reference, options).await?;
+        blobs.extend(report.blobs);
+        uploaded += report.bytes_uploaded;
+    }
+    let media_type = entry.media_type().to_string();
+    let manifest_digest = client
+        .put_manifest(reference, &media_type, Bytes::from(index_bytes))
+        .await?;
+    Ok(PushReport {
+        reference: reference.without_digest().to_string(),
+        manifest_digest,
+        media_type,
+        blobs,
+        bytes_uploaded: uploaded,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Push the artifact (a verification report, say) whose `manifest` `entry` names: its
+/// manifest bytes as stored, with its config and blobs as files of the layout. Not an
+/// image, so not a [`StoredImage`].
+async fn push_artifact(
+    client: &RegistryClient,
+    layout: &Layout,
+    entry: &Descriptor,
+    manifest: &ImageManifest,
+    reference: &Reference,
+    options: &PushOptions,
+) -> Result<PushReport, RegistryError> {
+    let bytes = layout.read_blob(entry)?;
+    let mut blobs = Vec::new();
+    for descriptor in manifest.layers().iter().chain([manifest.config()]) {
+        let digest = descriptor_digest(descriptor, layout.dir())?;
+        let path = crate::oci::layout::blob_path(layout.dir(), &digest);
+        blobs.push(BlobSource {
+            digest,
+            size: file_size(&path, descriptor.size())?,
+            data: BlobData::File(path),
         });
     }
-    let blobs = manifest_blobs(dir, &bytes, &digest)?;
     push_manifest_with_blobs(
         client,
         reference,
         Bytes::from(bytes),
-        &media_type,
+        entry.media_type().as_ref(),
         blobs,
         options,
     )
@@ -252,29 +243,7 @@ pub(crate) fn check_pinned(reference: &Reference, found: &Digest) -> Result<(), 
     }
 }
 
-fn blob(dir: &Path, digest: &Digest) -> PathBuf {
-    crate::oci::layout::blob_path(dir, digest)
-}
-
-fn read_json<T: serde::de::DeserializeOwned>(
-    path: &Path,
-    what: &'static str,
-) -> Result<T, RegistryError> {
-    let bytes = fs_err::read(path).map_err(|source| RegistryError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| RegistryError::Document {
-        path: path.display().to_string(),
-        what,
-        detail: e.to_string(),
-    })
-}
-
-fn descriptor_digest(
-    descriptor: &oci_spec::image::Descriptor,
-    dir: &Path,
-) -> Result<Digest, RegistryError> {
+fn descriptor_digest(descriptor: &Descriptor, dir: &Path) -> Result<Digest, RegistryError> {
     descriptor
         .digest()
         .to_string()
@@ -286,63 +255,41 @@ fn descriptor_digest(
         })
 }
 
-/// A small document of the layout, checked against its name.
-fn read_verified(dir: &Path, digest: &Digest) -> Result<Vec<u8>, RegistryError> {
-    let path = blob(dir, digest);
-    let bytes = fs_err::read(&path).map_err(|source| RegistryError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    let found = Digest::of_bytes(&bytes);
-    if found != *digest {
-        return Err(RegistryError::DigestMismatch {
-            what: format!("`{}`", path.display()),
-            expected: *digest,
-            found,
+/// The layer blobs (as files, each checked to have the size its descriptor gives) and the
+/// config (as the stored bytes) of `image`.
+fn stored_blobs(image: &StoredImage) -> Result<Vec<BlobSource>, RegistryError> {
+    let mut blobs = Vec::new();
+    for layer in &image.layers {
+        blobs.push(BlobSource {
+            digest: layer.digest,
+            size: file_size(&layer.blob, layer.size)?,
+            data: BlobData::File(layer.blob.clone()),
         });
     }
-    Ok(bytes)
+    blobs.push(BlobSource {
+        digest: image.config.digest,
+        size: image.config.size(),
+        data: BlobData::Bytes(Bytes::from(image.config.bytes.clone())),
+    });
+    Ok(blobs)
 }
 
-/// The config and layer blobs a manifest names, as files of the layout.
-fn manifest_blobs(
-    dir: &Path,
-    manifest_bytes: &[u8],
-    manifest_digest: &Digest,
-) -> Result<Vec<BlobSource>, RegistryError> {
-    let manifest: ImageManifest =
-        serde_json::from_slice(manifest_bytes).map_err(|e| RegistryError::Document {
-            path: blob(dir, manifest_digest).display().to_string(),
-            what: "an image manifest",
-            detail: e.to_string(),
-        })?;
-    let mut blobs = Vec::new();
-    for descriptor in manifest.layers().iter().chain([manifest.config()]) {
-        let digest = descriptor_digest(descriptor, dir)?;
-        let path = blob(dir, &digest);
-        let size = fs_err::metadata(&path)
-            .map_err(|source| RegistryError::Io {
-                path: path.clone(),
-                source,
-            })?
-            .len();
-        if size != descriptor.size() {
-            return Err(RegistryError::Document {
-                path: path.display().to_string(),
-                what: "the blob its manifest describes",
-                detail: format!(
-                    "it has {size} bytes, the manifest says {}",
-                    descriptor.size()
-                ),
-            });
-        }
-        blobs.push(BlobSource {
-            digest,
-            size,
-            data: BlobData::File(path),
+/// The size of the blob file at `path`, which must be the `expected` size its manifest gives.
+fn file_size(path: &Path, expected: u64) -> Result<u64, RegistryError> {
+    let size = fs_err::metadata(path)
+        .map_err(|source| RegistryError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .len();
+    if size != expected {
+        return Err(RegistryError::Document {
+            path: path.display().to_string(),
+            what: "the blob its manifest describes",
+            detail: format!("it has {size} bytes, the manifest says {expected}"),
         });
     }
-    Ok(blobs)
+    Ok(size)
 }
 
 /// Push `blobs` (bounded parallel), then the manifest bytes under `reference`.
@@ -509,36 +456,39 @@ async fn upload(
                 state.offset = 0;
                 state.check_session = false;
             }
-            Err(RegistryError::Status {
-                method,
-                url,
-                status,
-                detail,
-                ..
-            }) => {
-                return Err(RegistryError::Status {
-                    method,
-                    url,
-                    status,
-                    detail,
-                    attempts,
-                })
-            }
-            Err(RegistryError::Transport {
-                method,
-                url,
-                source,
-                ..
-            }) => {
-                return Err(RegistryError::Transport {
-                    method,
-                    url,
-                    attempts,
-                    source,
-                })
-            }
-            Err(error) => return Err(error),
+            Err(error) => return Err(with_attempts(error, attempts)),
         }
+    }
+}
+
+/// `error` saying how many attempts were made (for the errors that say so).
+fn with_attempts(error: RegistryError, attempts: u32) -> RegistryError {
+    match error {
+        RegistryError::Status {
+            method,
+            url,
+            status,
+            detail,
+            ..
+        } => RegistryError::Status {
+            method,
+            url,
+            status,
+            detail,
+            attempts,
+        },
+        RegistryError::Transport {
+            method,
+            url,
+            source,
+            ..
+        } => RegistryError::Transport {
+            method,
+            url,
+            attempts,
+            source,
+        },
+        error => error,
     }
 }
 
@@ -564,6 +514,7 @@ fn range_end(response: &reqwest::Response) -> Option<u64> {
     Some(if end == 0 { 0 } else { end + 1 })
 }
 
+/// One try at uploading `blob`, continuing from where `state` says the session stands.
 async fn upload_attempt(
     client: &RegistryClient,
     repository: &str,
@@ -574,65 +525,88 @@ async fn upload_attempt(
 ) -> Result<(), RegistryError> {
     let scopes = [scope(repository, "pull,push")];
     if state.check_session {
-        if let Some(url) = state.session.clone() {
-            let response = client
-                .send(Method::GET, &url, &scopes, HeaderMap::new(), &Body::Empty)
-                .await?;
-            match response.status() {
-                StatusCode::NO_CONTENT | StatusCode::OK => {
-                    let held = range_end(&response).unwrap_or(0).min(blob.size);
-                    if held > 0 {
-                        state.resumed = true;
-                    }
-                    state.offset = held;
-                    state.session = Some(client.location(&response).unwrap_or(url));
-                    tracing::debug!(digest = %blob.digest, held, "upload session found");
-                }
-                status if status.is_server_error() => {
-                    return Err(status_error(Method::GET, &url, response, 1).await)
-                }
-                _ => {
-                    // Unknown or invalid session: start the blob over.
-                    state.session = None;
-                    state.offset = 0;
-                }
-            }
-        }
+        ask_session(client, &scopes, blob, state).await?;
         state.check_session = false;
     }
     let url = match state.session.clone() {
         Some(url) => url,
-        None => {
-            let url = client.url(&format!("{repository}/blobs/uploads/"));
-            let response = client
-                .send(Method::POST, &url, &scopes, HeaderMap::new(), &Body::Empty)
-                .await?;
-            if response.status() != StatusCode::ACCEPTED {
-                return Err(status_error(Method::POST, &url, response, 1).await);
-            }
-            let location = client.location(&response)?;
-            state.session = Some(location.clone());
-            state.offset = 0;
-            location
-        }
+        None => open_session(client, repository, &scopes, state).await?,
     };
-    let mut url = url;
     // From here on a failure may leave bytes in the session.
     state.check_session = true;
     if state.offset == 0 && blob.size <= options.chunk_size {
-        let mut put_url = url.clone();
-        put_url
-            .query_pairs_mut()
-            .append_pair("digest", &blob.digest.to_string());
         let body = blob.body(0, blob.size, counter);
-        let response = client
-            .send(Method::PUT, &put_url, &scopes, octet_stream(), &body)
-            .await?;
-        if response.status() != StatusCode::CREATED {
-            return Err(status_error(Method::PUT, &put_url, response, 1).await);
-        }
-        return Ok(());
+        return close_session(client, &scopes, &url, blob, &body).await;
     }
+    let url = send_chunks(client, &scopes, url, blob, options, counter, state).await?;
+    close_session(client, &scopes, &url, blob, &Body::Empty).await
+}
+
+/// After a failure: ask the upload session how much of the blob it holds. An unknown or
+/// invalid session means starting the blob over.
+async fn ask_session(
+    client: &RegistryClient,
+    scopes: &[String],
+    blob: &BlobSource,
+    state: &mut Upload,
+) -> Result<(), RegistryError> {
+    let Some(url) = state.session.clone() else {
+        return Ok(());
+    };
+    let response = client
+        .send(Method::GET, &url, scopes, HeaderMap::new(), &Body::Empty)
+        .await?;
+    match response.status() {
+        StatusCode::NO_CONTENT | StatusCode::OK => {
+            let held = range_end(&response).unwrap_or(0).min(blob.size);
+            if held > 0 {
+                state.resumed = true;
+            }
+            state.offset = held;
+            state.session = Some(client.location(&response).unwrap_or(url));
+            tracing::debug!(digest = %blob.digest, held, "upload session found");
+        }
+        status if status.is_server_error() => {
+            return Err(status_error(Method::GET, &url, response, 1).await)
+        }
+        _ => {
+            state.session = None;
+            state.offset = 0;
+        }
+    }
+    Ok(())
+}
+
+/// Start an upload session (`POST .../blobs/uploads/`); returns its URL.
+async fn open_session(
+    client: &RegistryClient,
+    repository: &str,
+    scopes: &[String],
+    state: &mut Upload,
+) -> Result<Url, RegistryError> {
+    let url = client.url(&format!("{repository}/blobs/uploads/"));
+    let response = client
+        .send(Method::POST, &url, scopes, HeaderMap::new(), &Body::Empty)
+        .await?;
+    if response.status() != StatusCode::ACCEPTED {
+        return Err(status_error(Method::POST, &url, response, 1).await);
+    }
+    let location = client.location(&response)?;
+    state.session = Some(location.clone());
+    state.offset = 0;
+    Ok(location)
+}
+
+/// PATCH the rest of the blob in chunks of `chunk_size`; returns the session's last URL.
+async fn send_chunks(
+    client: &RegistryClient,
+    scopes: &[String],
+    mut url: Url,
+    blob: &BlobSource,
+    options: &PushOptions,
+    counter: &Arc<AtomicU64>,
+    state: &mut Upload,
+) -> Result<Url, RegistryError> {
     while state.offset < blob.size {
         let len = options.chunk_size.max(1).min(blob.size - state.offset);
         let mut headers = octet_stream();
@@ -643,7 +617,7 @@ async fn upload_attempt(
         );
         let body = blob.body(state.offset, len, counter);
         let response = client
-            .send(Method::PATCH, &url, &scopes, headers, &body)
+            .send(Method::PATCH, &url, scopes, headers, &body)
             .await?;
         if response.status() != StatusCode::ACCEPTED {
             return Err(status_error(Method::PATCH, &url, response, 1).await);
@@ -664,12 +638,24 @@ async fn upload_attempt(
         url = client.location(&response)?;
         state.session = Some(url.clone());
     }
+    Ok(url)
+}
+
+/// Close the session with `PUT ?digest=` (with `body`: the whole blob, or nothing after
+/// the chunks).
+async fn close_session(
+    client: &RegistryClient,
+    scopes: &[String],
+    url: &Url,
+    blob: &BlobSource,
+    body: &Body,
+) -> Result<(), RegistryError> {
     let mut put_url = url.clone();
     put_url
         .query_pairs_mut()
         .append_pair("digest", &blob.digest.to_string());
     let response = client
-        .send(Method::PUT, &put_url, &scopes, octet_stream(), &Body::Empty)
+        .send(Method::PUT, &put_url, scopes, octet_stream(), body)
         .await?;
     if response.status() != StatusCode::CREATED {
         return Err(status_error(Method::PUT, &put_url, response, 1).await);

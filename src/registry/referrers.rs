@@ -16,10 +16,10 @@ use serde_json::{json, Value};
 use super::client::{
     scope, status_error, Body, RegistryClient, OCI_EMPTY, OCI_INDEX, OCI_MANIFEST,
 };
-use super::reference::Reference;
 use super::RegistryError;
+use crate::canonical::to_canonical_json;
 use crate::digest::Digest;
-use crate::oci::canonical::to_canonical_json;
+use crate::reference::Reference;
 
 /// The manifest an artifact refers to.
 #[derive(Debug, Clone)]
@@ -65,10 +65,43 @@ pub async fn push_referrer(
     annotations: BTreeMap<String, String>,
 ) -> Result<ReferrerReport, RegistryError> {
     let repo = repository.repository();
+    let bytes =
+        artifact_manifest(client, repo, subject, artifact_type, &layers, &annotations).await?;
+    let digest = Digest::of_bytes(&bytes);
+    let size = bytes.len() as u64;
+    if put_artifact_manifest(client, repo, &digest, bytes).await? {
+        return Ok(ReferrerReport {
+            digest,
+            fallback_tag: None,
+        });
+    }
+    let mut entry = descriptor(OCI_MANIFEST, &digest, size);
+    entry["artifactType"] = json!(artifact_type);
+    if !annotations.is_empty() {
+        entry["annotations"] = json!(annotations);
+    }
+    let tag = fallback_tag(&subject.digest);
+    add_to_fallback_index(client, &repository.with_tag(&tag)?, &digest, entry).await?;
+    Ok(ReferrerReport {
+        digest,
+        fallback_tag: Some(tag),
+    })
+}
+
+/// Upload the artifact's blobs (the empty config and `layers`) to `repo`; returns its
+/// manifest's canonical bytes.
+async fn artifact_manifest(
+    client: &RegistryClient,
+    repo: &str,
+    subject: &Subject,
+    artifact_type: &str,
+    layers: &[ArtifactLayer],
+    annotations: &BTreeMap<String, String>,
+) -> Result<Bytes, RegistryError> {
     let empty = Bytes::from_static(b"{}");
     let empty_digest = client.put_blob_bytes(repo, empty.clone()).await?;
     let mut layer_descriptors = Vec::new();
-    for layer in &layers {
+    for layer in layers {
         let digest = client.put_blob_bytes(repo, layer.bytes.clone()).await?;
         let mut d = descriptor(&layer.media_type, &digest, layer.bytes.len() as u64);
         if !layer.annotations.is_empty() {
@@ -87,11 +120,19 @@ pub async fn push_referrer(
     if !annotations.is_empty() {
         manifest["annotations"] = json!(annotations);
     }
-    let bytes = Bytes::from(to_canonical_json(&manifest).expect("JSON values serialise"));
-    let digest = Digest::of_bytes(&bytes);
-    let size = bytes.len() as u64;
+    Ok(Bytes::from(
+        to_canonical_json(&manifest).expect("JSON values serialise"),
+    ))
+}
 
-    // PUT by digest, keeping the response to see whether the registry indexes subjects.
+/// PUT the artifact manifest by digest; true when the registry indexes its subject (it
+/// answers with `OCI-Subject`), so no fallback tag is needed.
+async fn put_artifact_manifest(
+    client: &RegistryClient,
+    repo: &str,
+    digest: &Digest,
+    bytes: Bytes,
+) -> Result<bool, RegistryError> {
     let url = client.url(&format!("{repo}/manifests/{digest}"));
     let scopes = [scope(repo, "pull,push")];
     let mut headers = HeaderMap::new();
@@ -105,40 +146,33 @@ pub async fn push_referrer(
     if !response.status().is_success() {
         return Err(status_error(Method::PUT, &url, response, attempts).await);
     }
-    if response.headers().contains_key("oci-subject") {
-        return Ok(ReferrerReport {
-            digest,
-            fallback_tag: None,
-        });
-    }
+    Ok(response.headers().contains_key("oci-subject"))
+}
 
-    let tag = fallback_tag(&subject.digest);
-    let tag_reference = repository.with_tag(&tag)?;
-    let mut index = match client.get_manifest(&tag_reference).await {
-        Ok(existing) => serde_json::from_slice::<Value>(&existing.bytes).map_err(|e| {
-            RegistryError::Document {
-                path: tag_reference.to_string(),
-                what: "a referrers index",
-                detail: e.to_string(),
-            }
-        })?,
+/// Add `entry` (the artifact `digest`) to the referrers index under the fallback tag
+/// `tag_reference`, creating the index when there is none.
+async fn add_to_fallback_index(
+    client: &RegistryClient,
+    tag_reference: &Reference,
+    digest: &Digest,
+    entry: Value,
+) -> Result<(), RegistryError> {
+    let not_an_index = |detail: String| RegistryError::Document {
+        path: tag_reference.to_string(),
+        what: "a referrers index",
+        detail,
+    };
+    let mut index = match client.get_manifest(tag_reference).await {
+        Ok(existing) => serde_json::from_slice::<Value>(&existing.bytes)
+            .map_err(|e| not_an_index(e.to_string()))?,
         Err(RegistryError::ManifestNotFound { .. }) => {
             json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []})
         }
         Err(error) => return Err(error),
     };
-    let mut entry = descriptor(OCI_MANIFEST, &digest, size);
-    entry["artifactType"] = json!(artifact_type);
-    if !annotations.is_empty() {
-        entry["annotations"] = json!(annotations);
-    }
     let manifests = index["manifests"]
         .as_array_mut()
-        .ok_or_else(|| RegistryError::Document {
-            path: tag_reference.to_string(),
-            what: "a referrers index",
-            detail: "it has no `manifests` list".to_string(),
-        })?;
+        .ok_or_else(|| not_an_index("it has no `manifests` list".to_string()))?;
     if !manifests
         .iter()
         .any(|m| m["digest"].as_str() == Some(&digest.to_string()))
@@ -147,12 +181,9 @@ pub async fn push_referrer(
     }
     let index_bytes = Bytes::from(to_canonical_json(&index).expect("JSON values serialise"));
     client
-        .put_manifest(&tag_reference, OCI_INDEX, index_bytes)
+        .put_manifest(tag_reference, OCI_INDEX, index_bytes)
         .await?;
-    Ok(ReferrerReport {
-        digest,
-        fallback_tag: Some(tag),
-    })
+    Ok(())
 }
 
 /// The referrers of `subject` (descriptors with `artifactType`), from the referrers API,

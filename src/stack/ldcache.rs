@@ -15,9 +15,9 @@ use std::cmp::Ordering;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::audit::rootfs::{host_path, resolve_in_root, Resolution};
 use crate::audit::{ld_so_conf_dirs, AuditError};
 use crate::elf::{read_elf, ElfClass, ElfError, ElfProbe, Machine, ObjectKind};
+use crate::rootfs::{host_path, resolve_in_root, Resolution};
 
 const MAGIC: &[u8; 20] = b"glibc-ld.so.cache1.1";
 const HEADER_SIZE: usize = 48;

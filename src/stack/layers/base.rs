@@ -129,10 +129,7 @@ fn check_base(recipe: &Recipe, facts: &RootfsFacts, lock: &Lockfile) -> Result<(
             })
         }
     }
-    let target = (
-        u32::from(lock.target.glibc.major),
-        u32::from(lock.target.glibc.minor),
-    );
+    let target = (lock.target.glibc.major, lock.target.glibc.minor);
     if let Some(glibc) = facts.glibc {
         if glibc < target {
             return Err(BuildError::BaseMismatch {

@@ -10,8 +10,7 @@ use super::toolkit::ToolkitLayer;
 use super::{LayerStager, ASSEMBLER};
 use crate::digest::Digest;
 use crate::install::{
-    apply_entries, plan_with_reader, EntryContent, InstallOptions, PythonVersion as InstallPython,
-    Scheme, WheelReader,
+    apply_entries, plan_with_reader, EntryContent, InstallOptions, Scheme, WheelReader,
 };
 use crate::layer::CacheKey;
 use crate::stack::error::{io_error, BuildError};
@@ -31,10 +30,6 @@ pub(crate) struct PythonLayer<'a> {
 impl<'a> PythonLayer<'a> {
     pub fn plan(inputs: &'a PlatformInputs, cuda: &ToolkitLayer, cudnn: &ToolkitLayer) -> Self {
         let recipe = inputs.recipe;
-        let python = InstallPython {
-            major: recipe.python.major as u8,
-            minor: recipe.python.minor as u8,
-        };
         let wheel_digests: Vec<Digest> = inputs.wheels.values().map(|w| w.sha256).collect();
         let key = CacheKey::new(
             &format!("{ASSEMBLER}/python"),
@@ -48,7 +43,7 @@ impl<'a> PythonLayer<'a> {
         Self {
             key,
             wheels: &inputs.wheels,
-            install_options: InstallOptions::new(Scheme::debian_local(python)),
+            install_options: InstallOptions::new(Scheme::debian_local(recipe.python)),
             placements: [
                 cuda.placement_record().to_path_buf(),
                 cudnn.placement_record().to_path_buf(),

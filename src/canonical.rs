@@ -5,6 +5,10 @@
 //! manifest, index and cache key goes through [`to_canonical_json`]: object keys sorted
 //! by their UTF-8 bytes at every depth, no insignificant whitespace. The bytes returned
 //! are the bytes that are hashed and the bytes that are stored.
+//!
+//! Shared vocabulary, below the pipeline: `layer` (cache keys), `oci` (documents), `verify`
+//! and `registry` use it; it depends on nothing of cudastack (issue 17: it used to live in
+//! `oci`, which made `layer` and `oci` import each other).
 
 use std::io::Write;
 

@@ -4,6 +4,10 @@
 //! the first path component is a registry only when it contains a `.` or a `:`, or is
 //! `localhost`; otherwise the registry is `docker.io`, and a one-component repository on
 //! Docker Hub lives under `library/` (`ubuntu` is `docker.io/library/ubuntu:latest`).
+//!
+//! Shared vocabulary, below the pipeline (issue 17): `recipe` checks the tags a recipe names
+//! with it, `engine` and `registry` address images with it. It depends only on `digest`;
+//! `registry::Reference` is a re-export of [`Reference`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -445,24 +449,7 @@ impl FromStr for Reference {
             return Err(fail(ReferenceProblem::Empty));
         }
         let digest = match text.split_once('@') {
-            Some((_, written)) => {
-                let digest = written.parse::<Digest>().map_err(|error| {
-                    fail(ReferenceProblem::BadDigest {
-                        reason: escape(&error.to_string()),
-                    })
-                })?;
-                // go-digest validates sha256 as lowercase hex; `sha256:ABC...` would print
-                // back as another text.
-                if digest.to_string() != written {
-                    return Err(fail(ReferenceProblem::BadDigest {
-                        reason: format!(
-                            "`{}` must be written in lowercase hexadecimal",
-                            escape(written)
-                        ),
-                    }));
-                }
-                Some(digest)
-            }
+            Some((_, written)) => Some(parse_digest(written).map_err(fail)?),
             None => None,
         };
         let (name, tag) = split_name_and_tag(text);
@@ -473,18 +460,7 @@ impl FromStr for Reference {
                 }));
             }
         }
-        // distribution's splitDockerDomain (Docker 20.10): the first part is a registry
-        // when it has a `.` or `:` or is `localhost`. (Docker 23 also takes an uppercase
-        // first part as a host; 20.10 reads it as a repository and refuses it, and so
-        // does this parser.) A bracket can only open an IPv6 registry.
-        let (registry, repository, written_registry) = match name.split_once('/') {
-            Some((first, remainder))
-                if first.contains(['.', ':']) || first == "localhost" || first.starts_with('[') =>
-            {
-                (first, remainder, true)
-            }
-            _ => (DOCKER_HUB, name, false),
-        };
+        let (registry, repository, written_registry) = split_registry(name);
         if let Some(reason) = registry_problem(registry) {
             return Err(fail(ReferenceProblem::Registry {
                 registry: registry.to_string(),
@@ -495,42 +471,13 @@ impl FromStr for Reference {
             "index.docker.io" | "registry-1.docker.io" => DOCKER_HUB,
             other => other,
         };
-        let bad_repository = |reason: String| {
-            fail(ReferenceProblem::Repository {
-                repository: repository.to_string(),
-                reason: reason.into(),
-            })
-        };
-        if repository.is_empty() {
-            return Err(bad_repository("it is empty".to_string()));
-        }
-        if let Some(reason) = repository.split('/').find_map(component_problem) {
-            return Err(bad_repository(reason));
-        }
-        // ParseNormalizedNamed reads 64 hex digits alone as an image ID (and the daemon's
-        // tag request refuses such a repository, with or without a tag).
-        if !written_registry
-            && repository.len() == 64
-            && repository
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        {
-            return Err(bad_repository(
-                "a 64-digit hexadecimal name is read as an image ID".to_string(),
-            ));
-        }
-        let repository = if registry == DOCKER_HUB && !repository.contains('/') {
-            format!("library/{repository}")
-        } else {
-            repository.to_string()
-        };
-        let length = registry.len() + 1 + repository.len();
-        if length > NAME_TOTAL_LENGTH_MAX {
-            return Err(bad_repository(format!(
-                "the name `{registry}/{repository}` is {length} characters; at most \
-                 {NAME_TOTAL_LENGTH_MAX} are allowed"
-            )));
-        }
+        let repository =
+            normalise_repository(registry, repository, written_registry).map_err(|reason| {
+                fail(ReferenceProblem::Repository {
+                    repository: repository.to_string(),
+                    reason: reason.into(),
+                })
+            })?;
         Ok(Reference {
             registry: registry.to_string(),
             repository,
@@ -538,6 +485,80 @@ impl FromStr for Reference {
             digest,
         })
     }
+}
+
+/// The digest after `@`, which must print back as it was written.
+fn parse_digest(written: &str) -> Result<Digest, ReferenceProblem> {
+    let digest = written
+        .parse::<Digest>()
+        .map_err(|error| ReferenceProblem::BadDigest {
+            reason: escape(&error.to_string()),
+        })?;
+    // go-digest validates sha256 as lowercase hex; `sha256:ABC...` would print back as
+    // another text.
+    if digest.to_string() != written {
+        return Err(ReferenceProblem::BadDigest {
+            reason: format!(
+                "`{}` must be written in lowercase hexadecimal",
+                escape(written)
+            ),
+        });
+    }
+    Ok(digest)
+}
+
+/// `name` -> (registry, repository, whether the registry was written). distribution's
+/// splitDockerDomain (Docker 20.10): the first part is a registry when it has a `.` or `:`
+/// or is `localhost`. (Docker 23 also takes an uppercase first part as a host; 20.10 reads
+/// it as a repository and refuses it, and so does this parser.) A bracket can only open an
+/// IPv6 registry.
+fn split_registry(name: &str) -> (&str, &str, bool) {
+    match name.split_once('/') {
+        Some((first, remainder))
+            if first.contains(['.', ':']) || first == "localhost" || first.starts_with('[') =>
+        {
+            (first, remainder, true)
+        }
+        _ => (DOCKER_HUB, name, false),
+    }
+}
+
+/// The repository as Docker normalises it (`ubuntu` on Docker Hub is `library/ubuntu`), or
+/// why Docker refuses it.
+fn normalise_repository(
+    registry: &str,
+    repository: &str,
+    written_registry: bool,
+) -> Result<String, String> {
+    if repository.is_empty() {
+        return Err("it is empty".to_string());
+    }
+    if let Some(reason) = repository.split('/').find_map(component_problem) {
+        return Err(reason);
+    }
+    // ParseNormalizedNamed reads 64 hex digits alone as an image ID (and the daemon's
+    // tag request refuses such a repository, with or without a tag).
+    if !written_registry
+        && repository.len() == 64
+        && repository
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err("a 64-digit hexadecimal name is read as an image ID".to_string());
+    }
+    let repository = if registry == DOCKER_HUB && !repository.contains('/') {
+        format!("library/{repository}")
+    } else {
+        repository.to_string()
+    };
+    let length = registry.len() + 1 + repository.len();
+    if length > NAME_TOTAL_LENGTH_MAX {
+        return Err(format!(
+            "the name `{registry}/{repository}` is {length} characters; at most \
+             {NAME_TOTAL_LENGTH_MAX} are allowed"
+        ));
+    }
+    Ok(repository)
 }
 
 #[cfg(test)]

@@ -1,0 +1,72 @@
+//! An image's documents (manifest and config, never a layer) from where the image lives:
+//! an OCI layout on disk or a registry. What `inspect`, `check` and `verify --emit` read.
+//! Parsing the text a person typed is `verify::source::ImageLocation`'s; credentials are
+//! the caller's, resolved before this is called.
+
+use std::path::PathBuf;
+
+use crate::digest::Digest;
+use crate::recipe::Platform;
+use crate::registry::{ClientOptions, Reference, RegistryClient};
+use crate::verify::source::{read_layout, ImageDocuments};
+
+use super::PipelineError;
+
+/// Configs are small JSON documents; refuse anything that is not.
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// Where to read an image from.
+pub enum ImageSource {
+    /// `ref_name` of the OCI layout at `dir`.
+    Layout { dir: PathBuf, ref_name: String },
+    /// A registry reference, and how to reach that registry (boxed: the options are
+    /// large beside a layout's path).
+    Registry {
+        reference: Reference,
+        client: Box<ClientOptions>,
+    },
+}
+
+/// The documents of the image at `source`; of `platform`'s image when it names a
+/// multi-platform image (default: this machine's platform).
+pub async fn read_documents(
+    source: ImageSource,
+    platform: Option<Platform>,
+) -> Result<ImageDocuments, PipelineError> {
+    let platform = platform.or_else(crate::stack::build::host_platform);
+    match source {
+        ImageSource::Layout { dir, ref_name } => {
+            let architecture = platform.map(|p| p.to_oci_arch());
+            Ok(read_layout(&dir, &ref_name, architecture.as_ref())?)
+        }
+        ImageSource::Registry { reference, client } => {
+            let client = RegistryClient::new(&reference, *client)?;
+            read_registry(&client, &reference, platform).await
+        }
+    }
+}
+
+/// The manifest of `platform`'s image at `reference`, and its config.
+async fn read_registry(
+    client: &RegistryClient,
+    reference: &Reference,
+    platform: Option<Platform>,
+) -> Result<ImageDocuments, PipelineError> {
+    let wanted = platform.map_or_else(
+        crate::registry::Platform::default,
+        crate::registry::Platform::from,
+    );
+    let manifest = client.get_image_manifest(reference, &wanted).await?;
+    let parsed: oci_spec::image::ImageManifest = serde_json::from_slice(&manifest.bytes)?;
+    let config_digest: Digest = parsed.config().digest().to_string().parse()?;
+    let config_bytes = client
+        .get_blob_bytes(reference.repository(), &config_digest, MAX_CONFIG_BYTES)
+        .await?;
+    Ok(ImageDocuments {
+        location: reference.to_string(),
+        manifest_digest: manifest.digest,
+        config_digest,
+        config: serde_json::from_slice(&config_bytes)?,
+        bytes_read: (manifest.bytes.len() + config_bytes.len()) as u64,
+    })
+}

@@ -1,0 +1,338 @@
+//! The pipeline: what `cudastack build` does after parsing its arguments, as library
+//! functions with typed settings and a typed report. Build the image (`stack::build`),
+//! then verify it (`verify::runner`, with the verification cache), then load it into the
+//! Docker daemon (`engine`), then push it (`registry`) with its verification reports as
+//! referrers. Each stage is also a function of its own, which the `verify`, `load` and
+//! `push` commands call, and [`image_source`] reads an image's documents from a layout or
+//! a registry for `inspect`, `check` and `verify --emit`.
+//!
+//! It sits at the top of the library: it composes the stages and decides their order (a
+//! verified image is what gets loaded and published), and nothing below imports it. It
+//! must not parse arguments or print: the binary turns the command line into
+//! [`PipelineSettings`] and renders [`PipelineReport`]; what a person watching should read
+//! goes through [`Progress`].
+
+pub mod image_source;
+pub mod load;
+pub mod push;
+pub mod verify;
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::engine::LoadReport;
+use crate::matrix::Matrix;
+use crate::recipe::Recipe;
+use crate::registry::{ClientOptions, PushReport, Reference};
+use crate::stack::build::{build, BuildProgress, BuildReport, BuildSettings};
+use crate::verify::report::Report;
+use crate::verify::runner::VerifyOutcome;
+
+pub use push::PushSettings;
+
+/// Everything that can stop the pipeline. The stages' own errors pass through unchanged
+/// (`transparent`: the same message and `Caused by:` chain as when a command calls the
+/// stage itself); boxed, so that a `Result` of the pipeline stays small.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Recipe(Box<crate::recipe::RecipeError>),
+    #[error(transparent)]
+    Build(Box<crate::stack::build::BuildError>),
+    #[error(transparent)]
+    Verify(Box<crate::verify::runner::VerifyError>),
+    #[error(transparent)]
+    Engine(Box<crate::engine::EngineError>),
+    #[error(transparent)]
+    Registry(Box<crate::registry::RegistryError>),
+    #[error(transparent)]
+    Layout(Box<crate::oci::OciError>),
+    #[error(transparent)]
+    Source(Box<crate::verify::source::SourceError>),
+    #[error(transparent)]
+    Digest(#[from] crate::digest::DigestError),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// A descriptor of the layout's image index whose digest does not parse.
+    #[error("{0}")]
+    Descriptor(String),
+    /// A check of the probe failed: the build fails, the report stays in the layout.
+    #[error("verification failed: {} (report stored as {report_ref} in {})", checks.join(", "), layout.display())]
+    VerificationFailed {
+        checks: Vec<String>,
+        report_ref: String,
+        layout: PathBuf,
+    },
+    /// `--load` of a build without an image of this host's platform.
+    #[error("--load: this build has no image for this host's platform ({architecture}); Docker runs images of its own platform")]
+    NoHostImageToLoad { architecture: &'static str },
+}
+
+/// `?` on a stage's error boxes it into its variant.
+macro_rules! boxed_from {
+    ($($variant:ident: $error:ty),* $(,)?) => {$(
+        impl From<$error> for PipelineError {
+            fn from(error: $error) -> Self {
+                PipelineError::$variant(Box::new(error))
+            }
+        }
+    )*};
+}
+
+boxed_from!(
+    Recipe: crate::recipe::RecipeError,
+    Build: crate::stack::build::BuildError,
+    Verify: crate::verify::runner::VerifyError,
+    Engine: crate::engine::EngineError,
+    Registry: crate::registry::RegistryError,
+    Layout: crate::oci::OciError,
+    Source: crate::verify::source::SourceError,
+);
+
+/// What a person watching the pipeline reads (stderr in the binary, nothing with
+/// `--quiet`). The build's own stages and downloads go through [`BuildProgress`].
+pub trait Progress: Send + Sync {
+    /// One line of status: a stage skipped, started or done.
+    fn status(&self, line: &str);
+    /// The verification report of the verify stage, as `verify` renders it.
+    fn verification(&self, report: &Report);
+}
+
+/// A push destination, resolved before the build starts so that a typo in the reference
+/// or missing credentials fail at once rather than after a long build.
+pub struct PushTarget {
+    pub reference: Reference,
+    pub client: ClientOptions,
+    pub settings: PushSettings,
+}
+
+/// What `cudastack build` does: the build's settings and which later stages run.
+pub struct PipelineSettings {
+    pub build: BuildSettings,
+    /// Run the verification stage as the recipe's `verify.gpu` asks (`--no-verify`: false).
+    pub verify: bool,
+    /// Load the image into the Docker daemon, tagged with the recipe's tags.
+    pub load: bool,
+    pub push: Option<PushTarget>,
+}
+
+/// What the pipeline did, stage by stage. Serialised as `build --json`: the build report's
+/// keys, and `verify`, `load` and `push` for the stages that ran (the binary prints every
+/// object's keys sorted, as `build --json` always was).
+#[derive(Debug, Serialize)]
+pub struct PipelineReport {
+    #[serde(flatten)]
+    pub build: BuildReport,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<VerifyOutcome>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load: Option<LoadReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub push: Option<PushReport>,
+}
+
+/// Build, verify, load, push: each stage runs on the image the one before produced, and
+/// an error stops the pipeline there. Verification comes before loading and pushing, so a
+/// verified image is what gets published; both verify and load run the image of this
+/// host's platform, while an image index is pushed whole.
+pub async fn build_verify_publish(
+    settings: &PipelineSettings,
+    matrix: &Matrix,
+    build_progress: &dyn BuildProgress,
+    progress: &dyn Progress,
+) -> Result<PipelineReport, PipelineError> {
+    let policy = Recipe::load(&settings.build.recipe_path)?.verify.gpu;
+    let built = build(&settings.build, matrix, build_progress).await?;
+    let verified = if settings.verify {
+        verify::after_build(&built, policy, &settings.build.cache_root, progress).await?
+    } else {
+        None
+    };
+    let loaded = if settings.load {
+        Some(load_built(&built, progress).await?)
+    } else {
+        None
+    };
+    let pushed = match &settings.push {
+        Some(target) => Some(
+            push::push(
+                &built.layout,
+                &built.ref_name,
+                &target.reference,
+                &target.settings,
+                target.client.clone(),
+                progress,
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    Ok(PipelineReport {
+        build: built,
+        verify: verified,
+        load: loaded,
+        push: pushed,
+    })
+}
+
+/// `build --load`: the image of this host's platform, tagged with the recipe's tags.
+async fn load_built(
+    built: &BuildReport,
+    progress: &dyn Progress,
+) -> Result<LoadReport, PipelineError> {
+    let Some(host_ref) = &built.host_ref else {
+        return Err(PipelineError::NoHostImageToLoad {
+            architecture: crate::platform::host_cpu(),
+        });
+    };
+    load::load(&built.layout, host_ref, &built.tags, progress).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::digest::Digest;
+    use crate::stack::build::{AuditSummary, PlatformReport};
+
+    /// Collects the status lines a stage says.
+    #[derive(Default)]
+    struct Lines(Mutex<Vec<String>>);
+
+    impl Progress for Lines {
+        fn status(&self, line: &str) {
+            self.0.lock().unwrap().push(line.to_string());
+        }
+        fn verification(&self, _: &Report) {
+            self.0.lock().unwrap().push("<report>".to_string());
+        }
+    }
+
+    /// A built arm64-only image on a host of another platform (`host_ref` None), or an
+    /// image of this host's platform.
+    fn built(host_ref: Option<&str>) -> BuildReport {
+        let audit = AuditSummary {
+            elf_files: 0,
+            needed_checked: 0,
+            symlinks: 0,
+            distributions: 0,
+        };
+        let digest = Digest::of_bytes(b"manifest");
+        BuildReport {
+            recipe: "r".into(),
+            manifest_digest: digest,
+            layout: "images/r".into(),
+            ref_name: "latest".into(),
+            tags: vec!["localhost/r:1".into()],
+            host_ref: host_ref.map(str::to_string),
+            layers: Vec::new(),
+            size: 0,
+            audit: audit.clone(),
+            audit_cached: false,
+            platforms: vec![PlatformReport {
+                platform: "linux/riscv64".into(),
+                manifest_digest: digest,
+                ref_name: "latest".into(),
+                layers: Vec::new(),
+                size: 0,
+                audit,
+                audit_cached: false,
+            }],
+        }
+    }
+
+    #[tokio::test]
+    async fn verify_says_why_it_skips_a_build_without_a_host_image() {
+        let lines = Lines::default();
+        let outcome = verify::after_build(
+            &built(None),
+            crate::recipe::GpuPolicy::Required,
+            Path::new("/nonexistent"),
+            &lines,
+        )
+        .await
+        .unwrap();
+        assert!(outcome.is_none());
+        assert_eq!(
+            lines.0.into_inner().unwrap(),
+            [format!(
+                "verify  skipped: this build has no image for this host ({}); verify it on a linux/riscv64 machine",
+                std::env::consts::ARCH
+            )]
+        );
+    }
+
+    #[tokio::test]
+    async fn verify_runs_nothing_when_the_recipe_says_skip() {
+        let lines = Lines::default();
+        let outcome = verify::after_build(
+            &built(Some("latest")),
+            crate::recipe::GpuPolicy::Skip,
+            Path::new("/nonexistent"),
+            &lines,
+        )
+        .await
+        .unwrap();
+        assert!(outcome.is_none());
+        assert_eq!(
+            lines.0.into_inner().unwrap(),
+            ["verify  skipped: the recipe says verify.gpu: skip"]
+        );
+    }
+
+    #[tokio::test]
+    async fn load_refuses_a_build_without_a_host_image_before_any_daemon() {
+        let lines = Lines::default();
+        let error = load_built(&built(None), &lines).await.unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "--load: this build has no image for this host's platform ({}); Docker runs images of its own platform",
+                std::env::consts::ARCH
+            )
+        );
+        assert!(lines.0.into_inner().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_report_serialises_as_the_build_report_plus_the_stages_that_ran() {
+        let report = PipelineReport {
+            build: built(Some("latest")),
+            verify: None,
+            load: None,
+            push: None,
+        };
+        let value = serde_json::to_value(&report).unwrap();
+        assert_eq!(value, serde_json::to_value(&report.build).unwrap());
+    }
+
+    /// `build --json` was the build report as a `serde_json::Value` with a key patched in
+    /// per stage; the typed report must give the same document.
+    #[test]
+    fn the_report_is_the_document_build_json_always_printed() {
+        let load = LoadReport {
+            image_id: Digest::of_bytes(b"config"),
+            skipped: true,
+            bytes: 0,
+            seconds: 0.5,
+            layers_present: 2,
+            layers: 2,
+            tags: vec!["localhost/r:1".into()],
+        };
+        let report = PipelineReport {
+            build: built(Some("latest")),
+            verify: None,
+            load: Some(load.clone()),
+            push: None,
+        };
+        let mut patched = serde_json::to_value(&report.build).unwrap();
+        patched["load"] = serde_json::to_value(&load).unwrap();
+        assert_eq!(
+            serde_json::to_string_pretty(&serde_json::to_value(&report).unwrap()).unwrap(),
+            serde_json::to_string_pretty(&patched).unwrap()
+        );
+    }
+}

@@ -1,0 +1,151 @@
+//! The verification stage of the pipeline: run the probe on the built image as the
+//! recipe's `verify.gpu` asks, through the verification cache; a failed check fails the
+//! build. The probe itself, the report and its recording are `verify`'s.
+
+use std::path::Path;
+
+use crate::engine::run::GpuRequest;
+use crate::engine::Engine;
+use crate::recipe::GpuPolicy;
+use crate::stack::build::BuildReport;
+use crate::verify::report::Verdict;
+use crate::verify::runner::{verify_layout, GpuChoice, VerifyOutcome, VerifySettings};
+
+use super::{PipelineError, Progress};
+
+/// The verification stage of `cudastack build`: `auto` runs the probe when a Docker daemon
+/// is reachable (on GPUs when there are any, else the static level) and says so when none
+/// is; `required` fails without a GPU; `skip` runs nothing. A build without an image of
+/// this host's platform is not verified here (Docker runs images of its own platform).
+pub async fn after_build(
+    built: &BuildReport,
+    policy: GpuPolicy,
+    cache_root: &Path,
+    progress: &dyn Progress,
+) -> Result<Option<VerifyOutcome>, PipelineError> {
+    let Some(host_ref) = &built.host_ref else {
+        let platforms: Vec<&str> = built
+            .platforms
+            .iter()
+            .map(|p| p.platform.as_str())
+            .collect();
+        progress.status(&format!(
+            "verify  skipped: this build has no image for this host ({}); verify it on a {} machine",
+            crate::platform::host_cpu(),
+            platforms.join(" or ")
+        ));
+        return Ok(None);
+    };
+    let gpus = match policy {
+        GpuPolicy::Skip => {
+            progress.status("verify  skipped: the recipe says verify.gpu: skip");
+            return Ok(None);
+        }
+        GpuPolicy::Auto => GpuChoice::Auto,
+        GpuPolicy::Required => GpuChoice::Required(GpuRequest::All),
+    };
+    let engine = match Engine::connect().await {
+        Ok(engine) => engine,
+        Err(error) if policy == GpuPolicy::Auto => {
+            progress.status(&format!(
+                "verify  skipped: {}",
+                error.to_string().lines().next().unwrap_or_default()
+            ));
+            return Ok(None);
+        }
+        Err(error) => return Err(error.into()),
+    };
+    progress.status(&format!(
+        "verify  running the probe in a container ({})",
+        engine.host()
+    ));
+    let settings = VerifySettings {
+        gpus,
+        cache: Some(cache_root.to_path_buf()),
+        ..VerifySettings::default()
+    };
+    let outcome = verify_layout(&engine, &built.layout, host_ref, &settings).await?;
+    judge(outcome, &built.layout, progress).map(Some)
+}
+
+/// `cudastack verify`: run the probe on `ref_name` of `layout` through the Docker daemon
+/// with `settings`, and say what was cleaned up or taken from the cache.
+pub async fn verify(
+    layout: &Path,
+    ref_name: &str,
+    settings: &VerifySettings,
+    progress: &dyn Progress,
+) -> Result<VerifyOutcome, PipelineError> {
+    let engine = Engine::connect().await?;
+    progress.status(&format!(
+        "verifying oci:{}:{ref_name} through the Docker daemon at {}",
+        layout.display(),
+        engine.host()
+    ));
+    let outcome = verify_layout(&engine, layout, ref_name, settings).await?;
+    for line in housekeeping(&outcome) {
+        progress.status(&line);
+    }
+    Ok(outcome)
+}
+
+/// Show the report and pass the outcome on, unless a check failed.
+fn judge(
+    outcome: VerifyOutcome,
+    layout: &Path,
+    progress: &dyn Progress,
+) -> Result<VerifyOutcome, PipelineError> {
+    for line in housekeeping(&outcome) {
+        progress.status(&line);
+    }
+    progress.verification(&outcome.report);
+    match outcome.report.verdict() {
+        Verdict::Failed { checks } => Err(PipelineError::VerificationFailed {
+            checks,
+            report_ref: outcome.recorded.report_ref,
+            layout: layout.to_path_buf(),
+        }),
+        Verdict::Verified => {
+            progress.status(&format!(
+                "verify  verified: {}",
+                outcome.recorded.verified_refs.join(", ")
+            ));
+            Ok(outcome)
+        }
+        Verdict::Partial { reason } => {
+            progress.status(&format!(
+                "verify  static level passed; no verified label: {reason}"
+            ));
+            Ok(outcome)
+        }
+    }
+}
+
+/// The status lines of a verification beside its report: the orphaned containers removed,
+/// and a cached report used instead of a run.
+fn housekeeping(outcome: &VerifyOutcome) -> Vec<String> {
+    let mut lines: Vec<String> = outcome
+        .reaped
+        .iter()
+        .map(|reaped| {
+            format!(
+                "removed container {} ({}) left behind: {}",
+                &reaped.id[..reaped.id.len().min(12)],
+                reaped.image,
+                reaped.reason
+            )
+        })
+        .collect();
+    if let Some(date) = &outcome.cached {
+        let digest = outcome
+            .report
+            .image
+            .as_ref()
+            .and_then(|image| image.manifest_digest.as_deref())
+            .unwrap_or("the image");
+        lines.push(format!(
+            "verification: cached report of {date} for {digest}"
+        ));
+    }
+    lines
+}
