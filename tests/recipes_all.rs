@@ -28,7 +28,7 @@ use cudastack::lock::{resolve, ArtifactKind, LockError, Lockfile};
 use cudastack::matrix::validate::{selected_torch_build, validate};
 use cudastack::matrix::Matrix;
 use cudastack::recipe::{Platform, Recipe, TorchIndex};
-use cudastack::stack::inputs::{
+use cudastack::lock::inputs::{
     base_glibc, lock_path, lock_request_for, platform_arch, platform_lock_path, root_requirements,
 };
 use fetch_support::{sha256_hex, wheel_bytes, FixtureServer};

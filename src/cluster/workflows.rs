@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::recipe::Recipe;
-use crate::stack::inputs::lock_path;
+use crate::lock::inputs::lock_path;
 
 use super::{slug, ClusterError};
 
