@@ -24,13 +24,13 @@ use std::time::Duration;
 use cudastack::fetch::http::{HttpClient, HttpConfig, RetryPolicy};
 use cudastack::fetch::index::SimpleIndex;
 use cudastack::fetch::source::PackageSource;
+use cudastack::lock::inputs::{
+    base_glibc, lock_path, lock_request_for, platform_lock_path, root_requirements,
+};
 use cudastack::lock::{resolve, ArtifactKind, LockError, Lockfile};
 use cudastack::matrix::validate::{selected_torch_build, validate};
 use cudastack::matrix::Matrix;
 use cudastack::recipe::{Platform, Recipe, TorchIndex};
-use cudastack::stack::inputs::{
-    base_glibc, lock_path, lock_request_for, platform_lock_path, root_requirements,
-};
 use fetch_support::{sha256_hex, wheel_bytes, FixtureServer};
 
 /// The recipe whose lock is made against the cu118 index fixture.

@@ -78,7 +78,7 @@ fn library_name_claims(library_names: &[PathBuf]) -> Vec<CudnnClaim> {
 fn wheel_claims(installed: &[Installed]) -> Vec<CudnnClaim> {
     let mut claims = Vec::new();
     for dist in installed {
-        let normalized = crate::install::normalize_name(&dist.name);
+        let normalized = crate::names::normalize_name(&dist.name);
         if normalized.starts_with("nvidia-cudnn-") {
             if let Some(parts) = dist
                 .version

@@ -41,7 +41,7 @@ fn by_project(installed: &[Installed]) -> BTreeMap<String, Vec<&Installed>> {
     let mut by_project: BTreeMap<String, Vec<&Installed>> = BTreeMap::new();
     for dist in installed {
         by_project
-            .entry(crate::install::normalize_name(&dist.name))
+            .entry(crate::names::normalize_name(&dist.name))
             .or_default()
             .push(dist);
     }
@@ -77,7 +77,7 @@ fn pin_mismatches(
 ) -> Vec<Finding> {
     let mut findings = Vec::new();
     for (name, pinned) in pins {
-        let project = crate::install::normalize_name(name);
+        let project = crate::names::normalize_name(name);
         match by_project.get(&project) {
             None => findings.push(Finding {
                 kind: FindingKind::PinMismatch,

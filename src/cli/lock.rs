@@ -6,11 +6,11 @@ use std::process::ExitCode;
 
 use clap::Args;
 use cudastack::fetch::http::HttpClient;
+use cudastack::lock::inputs::{lock_request_for, platform_lock_path};
 use cudastack::lock::resolve;
 use cudastack::matrix::validate::validate;
 use cudastack::matrix::Matrix;
 use cudastack::recipe::Recipe;
-use cudastack::stack::inputs::{lock_request_for, platform_lock_path};
 use serde::Serialize;
 
 use super::{CommandResult, Printer};

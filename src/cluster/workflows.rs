@@ -18,8 +18,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use crate::lock::inputs::lock_path;
 use crate::recipe::Recipe;
-use crate::stack::inputs::lock_path;
 
 use super::{slug, ClusterError};
 

@@ -38,8 +38,6 @@ use crate::digest::Digest;
 use entry_points::EntryPointError;
 use record::RecordError;
 
-/// Kept at this path for the audit's pin reader (`crate::install::normalize_name`).
-pub use crate::names::normalize_name;
 pub use crate::version::PythonVersion;
 pub use apply::{apply_entries, install_to_dir};
 pub use plan::{plan_wheel, plan_with_reader};

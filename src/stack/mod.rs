@@ -22,6 +22,3 @@ mod report;
 mod settings;
 mod staging;
 pub mod toolkit;
-
-/// Lock-stage code, kept here under its old path for `cudastack lock` and the workflows.
-pub use crate::lock::inputs;
