@@ -21,6 +21,7 @@ pub mod names;
 pub mod oci;
 pub mod pipeline;
 pub mod platform;
+pub mod probe;
 pub mod recipe;
 pub mod reference;
 pub mod registry;

@@ -1,7 +1,8 @@
 //! Python distribution names, parsed once into types: the project name ([`PackageName`],
 //! PEP 503 normalised, from `pep508_rs`), the wheel file name
 //! (`{name}-{version}(-{build})?-{python}-{abi}-{platform}.whl`, [`WheelFilename`]) and the
-//! one manylinux -> glibc mapping ([`manylinux_glibc`], [`legacy_manylinux_alias`]).
+//! one manylinux -> glibc mapping ([`manylinux_glibc`], [`legacy_manylinux_alias`]), and the
+//! PEP 508 marker environment of a CPython on Linux ([`linux_marker_environment`]).
 //!
 //! The version is a PEP 440 [`Version`], and the three tag fields are kept as their
 //! compressed tag sets (`py2.py3`, `manylinux_2_17_x86_64.manylinux2014_x86_64`), expanded by
@@ -235,6 +236,34 @@ impl fmt::Display for WheelFilename {
         }
         write!(f, "-{}.whl", self.tag_string())
     }
+}
+
+/// The PEP 508 marker environment of CPython `python_full_version` (`3.11.0`) on Linux
+/// `machine`. The one place cudastack spells out a target's markers: the resolver, the
+/// audit's pin reader and the matrix refresh all evaluate Requires-Dist with it.
+pub fn linux_marker_environment(
+    python_full_version: &str,
+    machine: &str,
+) -> pep508_rs::MarkerEnvironment {
+    let short: String = python_full_version
+        .split('.')
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(".");
+    pep508_rs::MarkerEnvironment::try_from(pep508_rs::MarkerEnvironmentBuilder {
+        implementation_name: "cpython",
+        implementation_version: python_full_version,
+        os_name: "posix",
+        platform_machine: machine,
+        platform_python_implementation: "CPython",
+        platform_release: "",
+        platform_system: "Linux",
+        platform_version: "",
+        python_full_version,
+        python_version: &short,
+        sys_platform: "linux",
+    })
+    .expect("a major.minor.patch version always parses")
 }
 
 #[cfg(test)]

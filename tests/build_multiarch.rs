@@ -250,8 +250,8 @@ fn two_platforms_build_into_an_index_without_emulation() {
 
     // The aarch64 native probe (built in a Debian chroot by scripts/build-probe.sh) is baked
     // into this torch-free image and runs there against the image's glibc and libraries.
-    let built = native_probe_dir()
-        .join(cudastack::verify::native_probe::file_name(12, Machine::Aarch64).unwrap());
+    let built =
+        native_probe_dir().join(cudastack::probe::native::file_name(12, Machine::Aarch64).unwrap());
     let Ok(probe) = std::fs::read(&built) else {
         gate::skip(
             "native-probe",
@@ -262,8 +262,7 @@ fn two_platforms_build_into_an_index_without_emulation() {
         );
         return;
     };
-    let baked =
-        root.join(cudastack::verify::native_probe::NATIVE_PROBE_PATH.trim_start_matches('/'));
+    let baked = root.join(cudastack::probe::native::NATIVE_PROBE_PATH.trim_start_matches('/'));
     assert_eq!(std::fs::read(&baked).unwrap(), probe, "{}", baked.display());
     // In a chroot of the image, so /proc/self/maps names the image's paths (qemu-aarch64 -L
     // from outside shows the host's paths of the unpacked files): statically linked qemu-user.
@@ -287,7 +286,7 @@ fn two_platforms_build_into_an_index_without_emulation() {
             "/qemu-aarch64-static",
             "-E",
             "LD_LIBRARY_PATH=/usr/local/cuda-12.4/targets/sbsa-linux/lib:/usr/local/nvidia/lib64",
-            cudastack::verify::native_probe::NATIVE_PROBE_PATH,
+            cudastack::probe::native::NATIVE_PROBE_PATH,
             "--level",
             "all",
         ])

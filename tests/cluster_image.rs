@@ -162,8 +162,7 @@ fn native_probe_dir() -> PathBuf {
 /// the GPU levels skip with the reason), against the stand-in libraries.
 fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
     let Ok(probe) = std::fs::read(
-        native_probe_dir()
-            .join(cudastack::verify::native_probe::file_name(12, host_machine()).unwrap()),
+        native_probe_dir().join(cudastack::probe::native::file_name(12, host_machine()).unwrap()),
     ) else {
         gate::skip(
             "native-probe",
@@ -184,8 +183,7 @@ fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
         String::from_utf8_lossy(&unpack.stderr)
     );
     let root = bundle.join("rootfs");
-    let baked =
-        root.join(cudastack::verify::native_probe::NATIVE_PROBE_PATH.trim_start_matches('/'));
+    let baked = root.join(cudastack::probe::native::NATIVE_PROBE_PATH.trim_start_matches('/'));
     assert_eq!(std::fs::read(&baked).unwrap(), probe, "{}", baked.display());
     let ld_library_path = env
         .iter()
@@ -194,7 +192,7 @@ fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
     let output = e2e_support::in_image_chroot(&root)
         .args(["/usr/bin/env", "-i", "PATH=/usr/bin:/bin"])
         .arg(format!("LD_LIBRARY_PATH={ld_library_path}"))
-        .args(["python3", cudastack::verify::PROBE_PATH, "--level", "all"])
+        .args(["python3", cudastack::probe::PROBE_PATH, "--level", "all"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);

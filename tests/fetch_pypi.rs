@@ -10,7 +10,7 @@ use cudastack::fetch::http::HttpClient;
 use cudastack::fetch::index::SimpleIndex;
 use cudastack::fetch::metadata::{wheel_metadata, wheel_metadata_by_range, Metadata};
 use cudastack::fetch::remote_zip::RemoteZip;
-use cudastack::fetch::wheel_filename::PackageName;
+use cudastack::names::PackageName;
 
 fn offline() -> bool {
     gate::switch(

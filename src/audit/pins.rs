@@ -17,7 +17,7 @@ use crate::version::PythonVersion;
 
 /// The marker environment of CPython `python` on Linux `machine` (e.g. `x86_64`).
 pub fn linux_environment(python: PythonVersion, machine: &str) -> MarkerEnvironment {
-    crate::lock::target::linux_marker_environment(&format!("{python}.0"), machine)
+    crate::names::linux_marker_environment(&format!("{python}.0"), machine)
 }
 
 /// The exact pins (`name==version`, no wildcard, no extra) among the `Requires-Dist` lines of

@@ -20,7 +20,7 @@ use crate::digest::{Digest, DigestError};
 use crate::fetch::file_name::{FileName, FileNameError};
 use crate::fetch::html;
 use crate::fetch::http::{HttpClient, HttpError};
-use crate::fetch::wheel_filename::{PackageName, WheelFilename};
+use crate::names::{PackageName, WheelFilename};
 
 /// The `Accept` header for PEP 691 content negotiation: JSON preferred, HTML accepted.
 pub const SIMPLE_ACCEPT: &str =

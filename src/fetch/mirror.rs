@@ -16,7 +16,7 @@ use reqwest::Url;
 use crate::digest::HashingReader;
 use crate::fetch::file_name::FileName;
 use crate::fetch::index::{CoreMetadata, DistFile, ProjectPage};
-use crate::fetch::wheel_filename::{PackageName, WheelFilename};
+use crate::names::{PackageName, WheelFilename};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {

@@ -5,7 +5,6 @@
 //! - [`http`]: the shared client (user agent, retries with backoff, a bound on transfers);
 //! - [`index`]: PEP 691 JSON and PEP 503 HTML simple indexes (PyPI, PyTorch's indexes),
 //!   with [`html`] as its anchor reader;
-//! - [`wheel_filename`]: wheel names parsed into name, version, build and tags;
 //! - [`file_name`]: every outside name that becomes a path, checked to be one component;
 //! - [`remote_zip`] and [`metadata`]: a wheel's METADATA without downloading the wheel
 //!   (PEP 658 file, else HTTP range reads), and big zip entries streamed;
@@ -31,4 +30,3 @@ pub mod progress;
 pub mod redist;
 pub mod remote_zip;
 pub mod source;
-pub mod wheel_filename;

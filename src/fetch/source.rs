@@ -8,7 +8,7 @@ use crate::fetch::http::{HttpClient, HttpError};
 use crate::fetch::index::{DistFile, IndexError, ProjectPage, SimpleIndex};
 use crate::fetch::metadata::{local_wheel_metadata, wheel_metadata, MetadataError};
 use crate::fetch::mirror::{MirrorDir, MirrorError};
-use crate::fetch::wheel_filename::PackageName;
+use crate::names::PackageName;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {

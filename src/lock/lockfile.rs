@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use crate::digest::Digest;
 use crate::fetch::download::FetchItem;
 use crate::fetch::file_name::FileName;
-use crate::fetch::wheel_filename::{PackageName, WheelFilename};
 use crate::lock::target::Target;
+use crate::names::{PackageName, WheelFilename};
 
 /// Bumped when the format changes incompatibly.
 pub const LOCK_FORMAT_VERSION: u32 = 1;

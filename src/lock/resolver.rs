@@ -26,9 +26,9 @@ use pubgrub::{
 use crate::fetch::index::DistFile;
 use crate::fetch::metadata::Metadata;
 use crate::fetch::source::PackageSource;
-use crate::fetch::wheel_filename::WheelFilename;
 use crate::lock::target::{TagPriorities, Target};
 use crate::lock::LockError;
+use crate::names::WheelFilename;
 
 /// A PubGrub package.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

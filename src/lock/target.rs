@@ -7,10 +7,10 @@
 
 use std::collections::HashMap;
 
-use pep508_rs::{MarkerEnvironment, MarkerEnvironmentBuilder};
+use pep508_rs::MarkerEnvironment;
 use serde::{Deserialize, Serialize};
 
-use crate::names::{legacy_manylinux_alias, Tag, WheelFilename};
+use crate::names::{legacy_manylinux_alias, linux_marker_environment, Tag, WheelFilename};
 use crate::platform::Platform;
 /// The target's versions are the crate's one Python and glibc types (kept reachable as
 /// `lock::target::PythonVersion` / `GlibcVersion`).
@@ -158,31 +158,6 @@ impl Target {
         }
         TagPriorities { ordered, rank }
     }
-}
-
-/// The PEP 508 marker environment of CPython `python_full_version` (`3.11.0`) on Linux
-/// `machine`. The one place cudastack spells out a target's markers: the resolver, the
-/// audit's pin reader and the matrix refresh all evaluate Requires-Dist with it.
-pub fn linux_marker_environment(python_full_version: &str, machine: &str) -> MarkerEnvironment {
-    let short: String = python_full_version
-        .split('.')
-        .take(2)
-        .collect::<Vec<_>>()
-        .join(".");
-    MarkerEnvironment::try_from(MarkerEnvironmentBuilder {
-        implementation_name: "cpython",
-        implementation_version: python_full_version,
-        os_name: "posix",
-        platform_machine: machine,
-        platform_python_implementation: "CPython",
-        platform_release: "",
-        platform_system: "Linux",
-        platform_version: "",
-        python_full_version,
-        python_version: &short,
-        sys_platform: "linux",
-    })
-    .expect("a major.minor.patch version always parses")
 }
 
 #[cfg(test)]

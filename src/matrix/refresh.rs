@@ -21,7 +21,7 @@ use super::{Status, TorchBuild, TorchPypiData};
 use crate::fetch::index::{DistFile, SimpleIndex};
 use crate::fetch::metadata::wheel_metadata;
 use crate::fetch::remote_zip::RemoteZip;
-use crate::fetch::wheel_filename::{PackageName, WheelFilename};
+use crate::names::{PackageName, WheelFilename};
 use crate::version::{ComputeCapability, CudaVersion, CudnnVersion, PythonVersion};
 
 /// The member of a torch wheel whose read-only data holds the CUDA arch list.
@@ -156,7 +156,7 @@ pub fn x86_64_glibc(wheel: &WheelFilename) -> Option<(u32, u32)> {
 
 /// The marker environment pins are read for: CPython on linux x86_64.
 pub fn linux_x86_64_environment(python: PythonVersion) -> MarkerEnvironment {
-    crate::lock::target::linux_marker_environment(&format!("{python}.0"), "x86_64")
+    crate::names::linux_marker_environment(&format!("{python}.0"), "x86_64")
 }
 
 /// The `Requires-Dist` entries of a METADATA file that apply to `environment` with `extras`.

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::report::{Report, Verdict};
-use super::PROBE_SOURCE;
 use crate::digest::Digest;
+use crate::probe::PROBE_SOURCE;
 
 /// Where the GPU facts of this host are read.
 const NVIDIA_VERSION: &str = "/proc/driver/nvidia/version";

@@ -14,9 +14,9 @@
 //!         NVIDIA_REQUIRE_CUDA), so a login node can answer without pulling layers.
 //! ```
 //!
-//! [`probe`] holds the assets the build bakes in (probe.py, the native probe, the
-//! expectations document); it depends on nothing of the assembler, which computes the
-//! expectations and writes them.
+//! [`crate::probe`] holds the assets the build bakes in (probe.py, the native probe, the
+//! expectations document); it sits below the assembler, which computes the expectations and
+//! writes them, and below this module, which runs the probe and reads what it printed.
 //!
 //! The probe is baked in rather than mounted at verify time so that every runner (Docker,
 //! a Kubernetes Job, enroot on Slurm) runs the same bytes with nothing to mount; it is a
@@ -25,15 +25,12 @@
 
 pub mod cache;
 pub mod check;
-pub mod probe;
 pub mod record;
 pub mod report;
 pub mod runner;
 pub mod source;
 
-// The probe assets under their old paths.
-pub use probe::native as native_probe;
-pub use probe::{expect, glibc, EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
+use crate::probe::PROBE_PATH;
 /// Prefix of the report line the probe prints last on stdout.
 pub const REPORT_PREFIX: &str = "cudastack-report-v1 ";
 /// The OCI artifact type of a stored verification report.
@@ -52,6 +49,7 @@ pub fn probe_command(level: report::Level) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probe::{EXPECT_PATH, PROBE_SOURCE};
 
     #[test]
     fn the_probe_and_the_rust_side_agree_on_the_contract() {

@@ -14,13 +14,14 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::cache::{CacheKey, HostFacts, VerifyCache};
+use super::probe_command;
 use super::record::{record_in_layout, RecordError, Recorded};
 use super::report::{ImageFacts, Level, Report, ReportError, RunnerFacts, Status};
-use super::{probe_command, PROBE_SOURCE};
 use crate::engine::load::layout_tags;
 use crate::engine::run::{GpuRequest, Reaped, RunOutcome, RunSpec};
 use crate::engine::{Engine, EngineError, LoadReport};
 use crate::oci::layout;
+use crate::probe::PROBE_SOURCE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {

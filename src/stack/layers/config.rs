@@ -12,6 +12,10 @@ use super::{BuildEnv, LayerStager, ASSEMBLER};
 use crate::digest::Digest;
 use crate::elf::Machine;
 use crate::layer::CacheKey;
+use crate::probe::expect::Expectations;
+use crate::probe::glibc::can_run_on;
+use crate::probe::native::{self, NativeProbe, NATIVE_PROBE_PATH};
+use crate::probe::{EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
 use crate::recipe::Platform;
 use crate::stack::base::inspect_rootfs;
 use crate::stack::config::ld_so_conf;
@@ -20,10 +24,6 @@ use crate::stack::ldcache;
 use crate::stack::prepare::{host_platform, PlatformInputs};
 use crate::stack::settings::BuildProgress;
 use crate::stack::staging::{merge_trees, run, write_file, Staging};
-use crate::verify::probe::expect::Expectations;
-use crate::verify::probe::glibc::can_run_on;
-use crate::verify::probe::native::{self, NativeProbe, NATIVE_PROBE_PATH};
-use crate::verify::probe::{EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
 
 /// The config layer of one platform.
 pub(crate) struct ConfigLayer<'a> {
@@ -182,7 +182,7 @@ fn native_probe(inputs: &PlatformInputs, progress: &dyn BuildProgress) -> Option
 }
 
 /// What the probe should find, from the recipe, the lock and the matrix: the stack decides
-/// what it holds, and the probe (in [`crate::verify::probe`]) only compares.
+/// what it holds, and the probe (in [`crate::probe`]) only compares.
 pub(crate) fn expectations(inputs: &PlatformInputs) -> Expectations {
     let (matrix, recipe, lock) = (inputs.matrix, inputs.recipe, &inputs.lock);
     let torch_build = inputs.torch_build.as_ref();

@@ -38,7 +38,7 @@ pub struct Expectations {
 impl Expectations {
     /// Canonical bytes (sorted keys), so the config layer is deterministic.
     pub fn to_json(&self) -> Vec<u8> {
-        let mut bytes = crate::oci::canonical::to_canonical_json(self).expect("serialises");
+        let mut bytes = crate::canonical::to_canonical_json(self).expect("serialises");
         bytes.push(b'\n');
         bytes
     }

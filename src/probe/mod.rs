@@ -17,4 +17,4 @@ pub const PROBE_PATH: &str = "/opt/cudastack/probe/probe.py";
 /// What the recipe and lock say the image holds; the probe compares against it.
 pub const EXPECT_PATH: &str = "/usr/share/cudastack/expect.json";
 /// The probe's source, baked into images.
-pub const PROBE_SOURCE: &str = include_str!("../../../probe/probe.py");
+pub const PROBE_SOURCE: &str = include_str!("../../probe/probe.py");
