@@ -1,31 +1,47 @@
 //! cudastack: reproducible, verified container images for GPU deep learning.
 //!
-//! The modules follow the data flow of a build (see DESIGN.md):
-//! recipe -> matrix -> fetch/lock -> layer -> oci -> outputs -> verify.
+//! The modules follow the data flow of a build, in groups, and a module imports only
+//! modules of its own group or of the groups above it, with no cycle (docs/architecture.md
+//! has the picture and a paragraph per module): shared vocabulary, then the inputs (recipe -> matrix -> fetch -> lock), the content
+//! (elf, install, audit, layer, probe), the assembly (stack) and the image (oci), the
+//! outputs (engine, registry) and the proof (verify), their composition (pipeline), and
+//! the host and cluster tools. The binary (src/cli) parses arguments and prints.
+
+// Shared vocabulary.
 pub mod atomic_file;
-pub mod audit;
 pub mod canonical;
 pub mod cas;
-pub mod cluster;
 pub mod digest;
-pub mod doctor;
 pub mod elf;
-pub mod engine;
+pub mod names;
+pub mod platform;
+pub mod reference;
+pub mod rootfs;
+pub mod version;
+
+// Inputs.
 pub mod fetch;
-pub mod host;
-pub mod install;
-pub mod layer;
 pub mod lock;
 pub mod matrix;
-pub mod names;
-pub mod oci;
-pub mod pipeline;
-pub mod platform;
-pub mod probe;
 pub mod recipe;
-pub mod reference;
-pub mod registry;
-pub mod rootfs;
+
+// Content.
+pub mod audit;
+pub mod install;
+pub mod layer;
+pub mod probe;
+
+// Assembly and the image.
+pub mod oci;
 pub mod stack;
+
+// Outputs and proof.
+pub mod engine;
+pub mod pipeline;
+pub mod registry;
 pub mod verify;
-pub mod version;
+
+// The host and clusters.
+pub mod cluster;
+pub mod doctor;
+pub mod host;

@@ -43,6 +43,7 @@ mod layer_cache_integrity;
 mod lock_fixtures;
 mod lock_pypi;
 mod matrix_refresh;
+mod module_graph;
 mod oci_layout;
 mod oci_layout_atomic;
 mod oci_peers;

@@ -242,6 +242,16 @@ fn distribution_as_written(wheel: &Path) -> String {
     file_name.split('-').next().unwrap_or_default().to_string()
 }
 
+/// A `.dist-info` member every wheel has: its bytes, or `MissingMetadata`.
+fn read_required(reader: &mut WheelReader, member: &str) -> Result<Vec<u8>, InstallError> {
+    reader
+        .read_small(member)?
+        .ok_or_else(|| InstallError::MissingMetadata {
+            wheel: reader.path.clone(),
+            member: member.to_string(),
+        })
+}
+
 /// Read WHEEL: check `Wheel-Version` is 1.x and return `Root-Is-Purelib`.
 fn read_wheel_metadata(
     reader: &mut WheelReader,
@@ -249,12 +259,7 @@ fn read_wheel_metadata(
 ) -> Result<bool, InstallError> {
     let wheel = reader.path.clone();
     let member = dist_info.member("WHEEL");
-    let bytes = reader
-        .read_small(&member)?
-        .ok_or_else(|| InstallError::MissingMetadata {
-            wheel: wheel.clone(),
-            member: member.clone(),
-        })?;
+    let bytes = read_required(reader, &member)?;
     let text = String::from_utf8_lossy(&bytes);
     let header = |key: &str| {
         text.lines().find_map(|line| {
@@ -285,12 +290,7 @@ fn read_record(
 ) -> Result<BTreeMap<String, RecordRow>, InstallError> {
     let wheel = reader.path.clone();
     let member = dist_info.member("RECORD");
-    let bytes = reader
-        .read_small(&member)?
-        .ok_or_else(|| InstallError::MissingMetadata {
-            wheel: wheel.clone(),
-            member: member.clone(),
-        })?;
+    let bytes = read_required(reader, &member)?;
     let rows =
         parse_record(&String::from_utf8_lossy(&bytes)).map_err(|source| InstallError::Record {
             wheel,
