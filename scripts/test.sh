@@ -41,7 +41,7 @@ disk_report() {
 }
 disk_report "before setup"
 
-scripts/setup.sh
+scripts/setup.sh --for-tests
 disk_report "before the tests"
 
 started_dockerd=""
