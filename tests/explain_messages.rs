@@ -443,3 +443,210 @@ fn mixed_copies_and_cublas() {
         &[],
     );
 }
+
+/// The ids of all explanations, most specific first.
+fn ids(text: &str) -> Vec<String> {
+    let (json, _) = explain_json(text);
+    json["explanations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn nccl_unhandled_system_error_points_at_dev_shm() {
+    // The bare message, as PyTorch prints it without NCCL_DEBUG.
+    let first = expect(
+        "[rank1]: Traceback (most recent call last):\n[rank1]:   File \"train.py\", line 40, in <module>\n[rank1]:     dist.barrier()\n[rank1]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n[rank1]: ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.",
+        "nccl-system-error",
+        &["/dev/shm", "64 MB", "NCCL_SOCKET_IFNAME"],
+        &["--shm-size", "--ipc=host", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"],
+        &[],
+    );
+    assert_eq!(first["decision"].as_array().unwrap().len(), 3);
+    // With the "Last error" line naming the segment, the shared-memory entry comes first.
+    let first = expect(
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. \nLast error:\nError while creating shared memory segment /dev/shm/nccl-EoOvZr (size 7340384)",
+        "nccl-shared-memory",
+        &["64 MB", "docker"],
+        &["--shm-size=1g", "--ipc=host", "emptyDir"],
+        &[],
+    );
+    assert_eq!(first["captures"]["segment"], "/dev/shm/nccl-EoOvZr");
+    assert!(first["sources"]
+        .to_string()
+        .contains("docs.nvidia.com/deeplearning/nccl"));
+    expect(
+        "ubuntu:9621:9691 [6] misc/shmutils.cc:71 NCCL WARN Error: failed to extend /dev/shm/nccl-fjwOOB to 5967876 bytes",
+        "nccl-shared-memory",
+        &[],
+        &["--shm-size"],
+        &[],
+    );
+}
+
+#[test]
+fn nccl_unhandled_cuda_error_names_the_cuda_failure() {
+    let first = expect(
+        "[rank0]: torch.distributed.DistBackendError: NCCL error in: /opt/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5\n[rank0]: ncclUnhandledCudaError: Call to CUDA function failed.\n[rank0]: Last error:\n[rank0]: Cuda failure 800 'operation not permitted'",
+        "nccl-unhandled-cuda-error",
+        &["peer-to-peer", "out of memory"],
+        &["NCCL_P2P_DISABLE=1", "set_device"],
+        &[],
+    );
+    assert_eq!(first["captures"]["cuda_error"], "operation not permitted");
+    expect(
+        "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, unhandled cuda error, NCCL version 2.14.3",
+        "nccl-unhandled-cuda-error",
+        &[],
+        &[],
+        &[],
+    );
+}
+
+#[test]
+fn nccl_watchdog_timeout_and_network() {
+    let first = expect(
+        "[rank1]:[E1218 20:27:21.433063423 ProcessGroupNCCL.cpp:629] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) ran for 600088 milliseconds before timing out.",
+        "nccl-collective-timeout",
+        &["never reached", "checkpoint"],
+        &["timeout=", "NCCL_SOCKET_IFNAME"],
+        &[],
+    );
+    assert_eq!(first["captures"]["operation"], "BROADCAST");
+    assert_eq!(first["captures"]["timeout_ms"], "600000");
+    expect(
+        "node2:4512:4590 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to 10.1.0.7<48563> failed : No route to host\nRuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, unhandled system error, NCCL version 2.14.3",
+        "nccl-network",
+        &["docker0", "InfiniBand"],
+        &["NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE=1"],
+        &[],
+    );
+    expect(
+        "gpu-node-3:1187:1240 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.3<0>\ngpu-node-3:1187:1301 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer 10.0.0.4<50511> with error 12, opcode 0, len 0, vendor err 129 (Recv)",
+        "nccl-network",
+        &[],
+        &["NCCL_IB_DISABLE=1"],
+        &[],
+    );
+    expect(
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1691, remote process exited or there was a network error, NCCL version 2.19.3\nncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+        "nccl-network",
+        &["peer"],
+        &[],
+        &[],
+    );
+}
+
+#[test]
+fn runtime_out_of_memory_short_form() {
+    expect(
+        "Traceback (most recent call last):\n  File \"infer.py\", line 8, in <module>\n    model.to('cuda')\nRuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1.",
+        "cuda-out-of-memory",
+        &["not a version problem", "other processes"],
+        &["batch size"],
+        &[],
+    );
+}
+
+#[test]
+fn cudnn_asking_for_unversioned_libnvrtc_is_not_a_missing_cudnn_library() {
+    let text = "Could not load library libcudnn_cnn_infer.so.8. Error: libnvrtc.so: cannot open shared object file: No such file or directory\nPlease make sure libcudnn_cnn_infer.so.8 is in your library path!\nAborted (core dumped)";
+    expect(
+        text,
+        "cudnn-needs-unversioned-libnvrtc",
+        &["libnvrtc.so", "unversioned"],
+        &["nvidia-cuda-nvrtc", "ln -s"],
+        &[],
+    );
+    // cuDNN itself is complete: the sub-library entry must not claim otherwise.
+    assert!(!ids(text).contains(&"cudnn8-sublibrary-missing".to_string()));
+    // The same holds for the libcuda.so and mixed-copies cases.
+    assert!(!ids("Could not load library libcudnn_cnn_infer.so.8. Error: libcuda.so: cannot open shared object file: No such file or directory").contains(&"cudnn8-sublibrary-missing".to_string()));
+    // A pasted first line alone still names the sub-library.
+    expect(
+        "Could not load library libcudnn_ops_infer.so.8",
+        "cudnn8-sublibrary-missing",
+        &[],
+        &[],
+        &[],
+    );
+}
+
+#[test]
+fn device_side_assert_and_driver_errors_803_804() {
+    let first = expect(
+        "/opt/conda/conda-bld/pytorch_1682343995026/work/aten/src/ATen/native/cuda/Loss.cu:240: nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed.\nTraceback (most recent call last):\n  File \"train.py\", line 88, in <module>\n    loss.backward()\nRuntimeError: CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1.\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+        "device-side-assert",
+        &["label", "restart"],
+        &["num_classes", "ignore_index"],
+        &[],
+    );
+    assert_eq!(first["captures"]["assertion"], "t >= 0 && t < n_classes");
+    expect(
+        "RuntimeError: CUDA error: device-side assert triggered",
+        "device-side-assert",
+        &[],
+        &[],
+        &[],
+    );
+    expect(
+        "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling NumCudaDevices() that might have already set an error? Error 803: system has unsupported display driver / cuda driver combination",
+        "cuda-driver-system-mismatch",
+        &["kernel module", "libcuda"],
+        &["reboot", "compat"],
+        &[],
+    );
+    expect(
+        "cudaErrorSystemDriverMismatch",
+        "cuda-driver-system-mismatch",
+        &[],
+        &[],
+        &[],
+    );
+    expect(
+        "CUDA call failed: cudaErrorCompatNotSupportedOnDevice (error 804)",
+        "forward-compat-unsupported",
+        &["datacenter"],
+        &[],
+        &[],
+    );
+}
+
+#[test]
+fn json_sources_are_public() {
+    // Every entry's sources reach users through `explain --json`: none may name
+    // project-internal notes.
+    for text in [
+        "RuntimeError: CUDA error: no kernel image is available for execution on the device",
+        "RuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED",
+        "OSError: libcudnn.so.8: cannot open shared object file: No such file or directory",
+        "Could not load library libcudnn_ops_train.so.8. Error: libcudnn_ops_train.so.8: cannot open shared object file: No such file or directory",
+        "NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the current PyTorch installation.",
+    ] {
+        let (json, _) = explain_json(text);
+        let sources = json["explanations"][0]["sources"].to_string();
+        assert!(!sources.contains("seeds/"), "{text}: {sources}");
+        assert!(!sources.contains("compat-facts"), "{text}: {sources}");
+    }
+}
+
+#[test]
+fn hidden_case_style_varied_case_and_noise() {
+    // Lower-cased, upper-cased, CRLF line ends, rank and timestamp prefixes, progress bars.
+    for (text, id) in [
+        ("runtimeerror: cuda error: out of memory", "cuda-out-of-memory"),
+        ("2024-05-01 12:00:01,331 ERROR RUNTIMEERROR: CUDA ERROR: DEVICE-SIDE ASSERT TRIGGERED\r\n", "device-side-assert"),
+        ("epoch 1:  37%|███▋      | 370/1000 [01:02<01:46]\r\n[rank3]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, Unhandled System Error (run with NCCL_DEBUG=INFO for details), NCCL version 2.20.5\r\n", "nccl-system-error"),
+        ("[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] watchdog caught collective operation timeout: WorkNCCL(SeqNum=8, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800531 milliseconds before timing out.", "nccl-collective-timeout"),
+        ("could not load library libcudnn_cnn_infer.so.8. error: libnvrtc.so: cannot open shared object file: no such file or directory\r\nplease make sure libcudnn_cnn_infer.so.8 is in your library path!", "cudnn-needs-unversioned-libnvrtc"),
+        ("  warnings.warn(\nUserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling NumCudaDevices() that might have already set an error? Error 803: system has unsupported display driver / cuda driver combination (Triggered internally at ../c10/cuda/CUDAFunctions.cpp:108.)", "cuda-driver-system-mismatch"),
+        ("NCCL WARN Error while creating shared memory segment /dev/shm/nccl-vzIpS6 (size 9637888)", "nccl-shared-memory"),
+    ] {
+        let (json, code) = explain_json(text);
+        assert_eq!(code, Some(0), "{text:?}: {json}");
+        assert_eq!(json["explanations"][0]["id"], id, "{text:?}");
+    }
+}

@@ -7,13 +7,15 @@
 //! (`found version 12080`, `cuda>=12.4`, `sm_86`, `libcudnn.so.8`) are looked up in the
 //! compatibility [`Matrix`] to say which driver is needed or which torch build fits.
 //!
-//! Text that matches nothing gets an honest "not recognised" and the suggestion to run
-//! `cudastack doctor`.
+//! Patterns match regardless of letter case, anywhere in the text, so a message pasted with
+//! log prefixes (`[rank0]:`, timestamps, progress bars) or retyped in another case is still
+//! recognised. Text that matches nothing gets an honest "not recognised" and the suggestion
+//! to run `cudastack doctor`.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use regex::Regex;
+use regex::{Regex, RegexBuilder};
 use serde::{Deserialize, Serialize};
 
 use crate::host::driver::cuda_version_from_int;
@@ -153,11 +155,16 @@ impl Knowledge {
                 .patterns
                 .iter()
                 .map(|pattern| {
-                    Regex::new(pattern).map_err(|e| ExplainError::Pattern {
-                        id: entry.id.clone(),
-                        pattern: pattern.clone(),
-                        message: e.to_string(),
-                    })
+                    // Pasted messages come lower-cased, upper-cased or retyped: letter
+                    // case never decides whether a failure is recognised.
+                    RegexBuilder::new(pattern)
+                        .case_insensitive(true)
+                        .build()
+                        .map_err(|e| ExplainError::Pattern {
+                            id: entry.id.clone(),
+                            pattern: pattern.clone(),
+                            message: e.to_string(),
+                        })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             entries.push((entry, regexes));
@@ -677,6 +684,41 @@ mod tests {
             "windows-dll-load-failed",
         ] {
             assert!(ids.contains(&id), "missing entry {id}");
+        }
+    }
+
+    #[test]
+    fn sources_are_public_not_project_notes() {
+        // Sources reach users (`explain --json`); project-internal notes are no source.
+        for entry in Knowledge::embedded().entries() {
+            assert!(!entry.sources.is_empty(), "{}: no source", entry.id);
+            for source in &entry.sources {
+                for internal in ["seeds/", "compat-facts"] {
+                    assert!(
+                        !source.contains(internal),
+                        "{}: source names project-internal `{internal}`: {source}",
+                        entry.id
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn patterns_match_whatever_the_letter_case() {
+        let knowledge = Knowledge::embedded();
+        let matrix = Matrix::embedded();
+        for entry in knowledge.entries() {
+            for example in &entry.examples {
+                for text in [example.to_lowercase(), example.to_uppercase()] {
+                    let report = knowledge.explain(&text, matrix);
+                    assert!(
+                        report.explanations.iter().any(|e| e.id == entry.id),
+                        "{}: not recognised in other case: {text}",
+                        entry.id
+                    );
+                }
+            }
         }
     }
 
