@@ -167,3 +167,89 @@ fn check_exit_codes_are_yes_0_no_1_error_2_unknown_3() {
         "{help}"
     );
 }
+
+/// The verification table (`verify`, and after `build`) fits 100 columns whatever the
+/// details (issue 24: a real report made 220-column lines). The report below is what the
+/// probe prints on a GPU node, with details as long as probe/probe.py writes them: the
+/// loaded-libraries summary, the arch list, a torch path, a failure listing directories.
+#[test]
+fn the_verification_table_fits_100_columns() {
+    let work = tempfile::tempdir().unwrap();
+    let store = cudastack::cas::BlobStore::open(work.path().join("cache")).unwrap();
+    let dir = work.path().join("layout");
+    let layer = crate::registry_support::random_layer(&store, "payload", 3, 1 << 10);
+    let image = crate::registry_support::image_of(&[layer], "table");
+    oci::layout::write(&image, &dir, "latest").unwrap();
+    let site = "/usr/local/lib/python3.11/site-packages";
+    let libraries = format!(
+        "libcublas: libcublas.so.12, libcublasLt.so.12, libcudart: libcudart.so.12, \
+         libcudnn: libcudnn.so.9, libcudnn_graph.so.9, libcudnn_ops.so.9, libnccl: \
+         libnccl.so.2, libnvrtc: libnvrtc.so.12 (from {site}/nvidia/cublas/lib)"
+    );
+    let checks = [
+        ("static.python", "static", "pass", "Python 3.11.10 (/usr/local/bin/python3)".to_string()),
+        ("static.torch", "static", "pass", format!("torch 2.4.1+cu121 from {site}/torch")),
+        ("static.arch_list", "static", "pass",
+         "sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90 sm_100 sm_120 compute_90 compute_120".to_string()),
+        ("static.loaded_libraries", "static", "pass", libraries),
+        ("static.ld_library_path", "static", "pass",
+         format!("{site}/nvidia/cudnn/lib:{site}/nvidia/cublas/lib:{site}/nvidia/cuda_runtime/lib:/usr/local/nvidia/lib64")),
+        ("driver.version", "driver", "pass", "driver 550.54.15 (floor 530.30.02)".to_string()),
+        ("ops.loaded_libraries", "ops", "fail", format!(
+            "libcudnn is loaded from 2 directories: /usr/lib/x86_64-linux-gnu (libcudnn.so.8, \
+             libcudnn_cnn_infer.so.8); {site}/nvidia/cudnn/lib (libcudnn.so.9, libcudnn_ops.so.9)")),
+        ("train.mlp", "train", "pass", "loss 2.3026 -> 0.0113 in 200 steps on cuda:0".to_string()),
+    ];
+    let checks: Vec<serde_json::Value> = checks
+        .iter()
+        .map(|(id, level, status, detail)| {
+            serde_json::json!({"id": id, "level": level, "status": status, "seconds": 1.25,
+                               "detail": detail})
+        })
+        .collect();
+    let report = serde_json::json!({
+        "schema": "cudastack.verify.report/v1", "probe_version": "1",
+        "started": "2026-11-29T23:00:00Z", "seconds": 42.0, "hostname": "gpu-node-1",
+        "levels": ["static", "driver", "device", "ops", "train"], "expect": {},
+        "torch": "2.4.1+cu121", "driver": {"version": "550.54.15", "cuda": "12.4"},
+        "gpus": [{"index": 0, "name": "NVIDIA GH200 480GB Grace Hopper Superchip with HBM3e",
+                  "compute_capability": "9.0", "memory_bytes": 150_000_000_000u64,
+                  "kernels": "sass:sm_90"}],
+        "checks": checks, "counts": {"pass": 7, "fail": 1, "skip": 0},
+    });
+    let log = work.path().join("job.log");
+    std::fs::write(&log, format!("cudastack-report-v1 {report}\n")).unwrap();
+    let output = cudastack()
+        .arg("verify")
+        .arg(&dir)
+        .arg("--from-log")
+        .arg(&log)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "a failed check exits 1\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for line in stdout.lines() {
+        assert!(
+            line.chars().count() <= 100,
+            "{} columns:\n{line}\n\nin:\n{stdout}",
+            line.chars().count()
+        );
+    }
+    // Wrapped, not cut: every word of every detail is still there.
+    let words: String = stdout.split_whitespace().collect();
+    for word in [
+        "/usr/local/nvidia/lib64",
+        "libnvrtc.so.12",
+        "compute_120",
+        "HBM3e",
+    ] {
+        assert!(words.contains(word), "{word} missing:\n{stdout}");
+    }
+    assert!(stdout.contains("report stored as"), "{stdout}");
+}

@@ -20,6 +20,7 @@ mod build_audit;
 mod build_e2e;
 mod build_multiarch;
 mod cache_concurrency;
+mod cli_help;
 mod cli_matrix;
 mod cli_trust;
 mod cluster_image;

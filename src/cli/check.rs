@@ -18,7 +18,12 @@ pub struct CheckArgs {
     /// `images/NAME`, `oci:DIR[:REF]`, or a registry reference `host/repo:tag`.
     pub image: String,
     /// The ref name inside an OCI layout.
-    #[arg(long = "ref", default_value = "latest")]
+    #[arg(
+        long = "ref",
+        value_name = "REF",
+        default_value = "latest",
+        alias = "ref-name"
+    )]
     pub ref_name: String,
     /// The node's driver version (as nvidia-smi prints it).
     #[arg(long)]
@@ -32,9 +37,12 @@ pub struct CheckArgs {
     /// Read the driver and GPUs of this machine.
     #[arg(long)]
     pub detect: bool,
-    /// Of a multi-platform image, the platform's image to read (`linux/amd64`,
-    /// `linux/arm64`; default: this machine's).
-    #[arg(long)]
+    #[arg(
+        long,
+        help = super::image_source::platform_help(
+            "Of a multi-platform image, the platform's image to read (`linux/amd64`, `linux/arm64`)"
+        )
+    )]
     pub platform: Option<cudastack::recipe::Platform>,
     #[command(flatten)]
     pub registry: super::image_source::RegistryArgs,

@@ -21,6 +21,7 @@ pub struct CiArgs {
 #[derive(Debug, Subcommand)]
 enum CiCommand {
     /// Write the publish and relock workflows for every recipe in recipes/.
+    #[command(after_help = super::examples::CI_EMIT)]
     Emit {
         /// Registry and namespace to push to (default: ghcr.io/<repository owner>, with the
         /// workflow's GITHUB_TOKEN). With --check, the registry the files were made with.

@@ -36,6 +36,21 @@ pub fn read_documents(
     Ok(runtime.block_on(image_source::read_documents(source, platform))?)
 }
 
+/// The help of a `--platform` option whose default is this machine's platform: `what`, then
+/// the default as it is on the machine showing the help (`linux/arm64` on a Grace node).
+/// A clap `[default: linux/amd64]` beside "this machine's" read as a fixed value (issue 24);
+/// the help says where the default comes from and what it is here.
+pub fn platform_help(what: &str) -> String {
+    let default = cudastack::recipe::Platform::host_or_amd64();
+    match cudastack::recipe::Platform::host() {
+        Some(_) => format!("{what}; default: this machine's platform ({default} here)."),
+        None => format!(
+            "{what}; default: {default} (this machine's architecture is not one cudastack \
+             builds images for)."
+        ),
+    }
+}
+
 /// Add this machine's driver and GPUs (libcuda, NVML, /proc, nvidia-smi; see src/host) to
 /// `node`; GPUs whose compute capability no source gave are looked up by name in the matrix.
 pub fn detect_node(node: &mut Node, printer: &Printer) -> Result<(), Error> {

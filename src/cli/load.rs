@@ -17,7 +17,12 @@ pub struct LoadArgs {
     /// The OCI layout directory (e.g. images/torch2.4.1-cu121-py3.11).
     layout: PathBuf,
     /// Which image of the layout (its ref name).
-    #[arg(long = "ref", default_value = "latest")]
+    #[arg(
+        long = "ref",
+        value_name = "REF",
+        default_value = "latest",
+        alias = "ref-name"
+    )]
     ref_name: String,
     /// Tag the loaded image as name[:tag] (repeatable). Default: the tags the layout
     /// records for the image (the recipe's tags).

@@ -12,6 +12,7 @@ mod build;
 mod check;
 mod ci;
 mod doctor;
+mod examples;
 mod explain;
 mod image_source;
 mod inspect;
@@ -40,7 +41,7 @@ pub use printer::{report_error, Printer};
     version,
     about,
     propagate_version = true,
-    after_help = "Exit status: 0 success (check: yes); 1 a negative answer (validate: invalid, check: no, doctor: a broken layer); 2 error; 3 unknown (check); 141 stdout closed early (a pipe into `head`)."
+    after_help = examples::TOP
 )]
 pub struct Cli {
     /// Print machine-readable JSON on stdout instead of tables.
@@ -56,43 +57,56 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Check recipes against the compatibility matrix; exit 1 if any is invalid.
+    #[command(after_help = examples::VALIDATE)]
     Validate {
         /// Recipe files (YAML).
         #[arg(required = true)]
         recipes: Vec<PathBuf>,
     },
     /// Build a recipe's image as an OCI layout (images/NAME), deterministically.
+    #[command(after_help = examples::BUILD)]
     Build(build::BuildArgs),
     /// Resolve every artifact of a recipe to a URL and sha256 (RECIPE.lock beside it).
+    #[command(after_help = examples::LOCK)]
     Lock(lock::LockArgs),
     /// Show the compatibility matrix, or regenerate its torch data from PyPI.
+    #[command(after_help = examples::MATRIX)]
     Matrix(matrix::MatrixArgs),
     /// Generate the CI workflows that publish and verify the recipe matrix.
+    #[command(after_help = examples::CI)]
     Ci(ci::CiArgs),
     /// Find the torch/CUDA/cuDNN builds that fit a driver and GPUs, ranked, with reasons.
+    #[command(after_help = examples::SOLVE)]
     Solve(solve::SolveArgs),
     /// Show an image's declared and verified matrix (reads only manifest and config).
+    #[command(after_help = examples::INSPECT)]
     Inspect(inspect::InspectArgs),
     /// Will this image run on this node? From the image config alone.
     ///
     /// Exit status: 0 yes (every requirement the image declares was compared with the
     /// node and met), 1 no, 2 error, 3 unknown (the image declares nothing, or a node fact
     /// a requirement needs was not given).
-    #[command(after_help = "Exit status: 0 yes, 1 no, 2 error, 3 unknown.")]
+    #[command(after_help = examples::CHECK)]
     Check(check::CheckArgs),
     /// Load an OCI layout's image into the Docker daemon and tag it (skipped if present).
+    #[command(after_help = examples::LOAD)]
     Load(load::LoadArgs),
     /// Run the verification probe in a container from the image (on GPUs when available),
     /// record the report, and label the image only if every level passed on a GPU.
+    #[command(after_help = examples::VERIFY)]
     Verify(verify::VerifyArgs),
     /// Push an image of an OCI layout to a registry (no daemon needed).
+    #[command(after_help = examples::PUSH)]
     Push(push::PushArgs),
     /// Pull an image from a registry into an OCI layout (no daemon needed).
+    #[command(after_help = examples::PULL)]
     Pull(pull::PullArgs),
     /// Diagnose this host from the driver up: driver and GPUs, container runtime, CUDA
     /// libraries on the loader path, the Python in use; stops at the first broken layer.
+    #[command(after_help = examples::DOCTOR)]
     Doctor(doctor::DoctorArgs),
     /// Explain an error message (argument, --file LOG, or stdin): cause, checks, fix.
+    #[command(after_help = examples::EXPLAIN)]
     Explain(explain::ExplainArgs),
 }
 

@@ -94,7 +94,11 @@ impl cudastack::pipeline::Progress for Printer {
     fn verification(&self, report: &Report) {
         self.status_text(report.render());
         if let Some(note) = report.runner.as_ref().and_then(|r| r.note.as_ref()) {
-            self.status(format!("note: {note}"));
+            let note = format!("note: {note}");
+            self.status_text(cudastack::verify::report::wrap_line(
+                &note,
+                cudastack::verify::report::RENDER_WIDTH,
+            ));
         }
     }
 }

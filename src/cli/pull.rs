@@ -1,6 +1,6 @@
 //! `cudastack pull REF --layout DIR`: pull an image (by tag or digest) into the blob cache
 //! and write it as an OCI layout, every digest verified, no daemon.
-//! stdout: the manifest digest and `oci:DIR:REF_NAME` (or `--json`).
+//! stdout: the manifest digest and `oci:DIR:REF` (or `--json`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,11 +20,17 @@ pub struct PullArgs {
     #[arg(long)]
     layout: PathBuf,
     /// The name of the image in the layout (default: the tag, else `latest`).
-    #[arg(long)]
+    // `--ref` as in push, load, inspect, check and verify; `--ref-name`, its old name, is
+    // a hidden alias so existing scripts keep working (issue 24).
+    #[arg(long = "ref", value_name = "REF", alias = "ref-name")]
     ref_name: Option<String>,
-    /// The platform to pick from a multi-platform index (default: this machine's).
-    #[arg(long, default_value_t = Platform::default())]
-    platform: Platform,
+    // No static clap default: the default is this machine's platform, found at run time,
+    // and the help says which it is here (issue 24).
+    #[arg(
+        long,
+        help = super::image_source::platform_help("The platform to pick from a multi-platform index")
+    )]
+    platform: Option<Platform>,
     /// Cache directory (the blobs are kept there too).
     #[arg(long, env = "CUDASTACK_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
@@ -38,16 +44,17 @@ pub fn run(args: PullArgs, printer: &Printer) -> CommandResult {
         .ref_name
         .clone()
         .unwrap_or_else(|| reference.tag().unwrap_or("latest").to_string());
+    let platform = args.platform.clone().unwrap_or_default();
     let store = BlobStore::open(args.cache_dir.unwrap_or_else(default_cache_root))?;
     let client = RegistryClient::new(&reference, args.registry.client_options(&reference)?)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    printer.status(format!("pulling {reference} ({})", args.platform));
+    printer.status(format!("pulling {reference} ({platform})"));
     let report = runtime.block_on(pull(
         &client,
         &reference,
-        &args.platform,
+        &platform,
         &store,
         &args.layout,
         &ref_name,

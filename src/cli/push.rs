@@ -89,7 +89,14 @@ pub struct PushArgs {
     /// Where to push: [registry/]repository[:tag].
     reference: String,
     /// The image of the layout to push (its `org.opencontainers.image.ref.name`).
-    #[arg(long, default_value = "latest")]
+    // `--ref` in every command that names an image of a layout; `--ref-name`, push's old
+    // name, is a hidden alias so existing scripts keep working (issue 24).
+    #[arg(
+        long = "ref",
+        value_name = "REF",
+        default_value = "latest",
+        alias = "ref-name"
+    )]
     ref_name: String,
     #[command(flatten)]
     push: PushFlags,

@@ -14,6 +14,7 @@ use pep440_rs::Version;
 use super::{CommandResult, Printer};
 
 #[derive(Debug, Args)]
+#[command(after_help = super::examples::REFRESH)]
 pub struct RefreshArgs {
     /// PEP 691 JSON simple index to read torch from.
     #[arg(long, default_value = "https://pypi.org/simple/")]

@@ -12,7 +12,7 @@ use cudastack::engine::run::GpuRequest;
 
 use cudastack::pipeline::verify::verify;
 use cudastack::verify::record::{record_in_layout, Recorded};
-use cudastack::verify::report::{Level, Report, Verdict};
+use cudastack::verify::report::{wrap_line, Level, Report, Verdict, RENDER_WIDTH};
 use cudastack::verify::runner::{verify_native, GpuChoice, VerifySettings};
 use cudastack::verify::source::ImageLocation;
 use serde::Serialize;
@@ -24,7 +24,12 @@ pub struct VerifyArgs {
     /// The image: an OCI layout (`images/NAME` or `oci:DIR[:REF]`). Not needed with --native.
     pub image: Option<String>,
     /// The ref name inside the layout.
-    #[arg(long = "ref", default_value = "latest")]
+    #[arg(
+        long = "ref",
+        value_name = "REF",
+        default_value = "latest",
+        alias = "ref-name"
+    )]
     pub ref_name: String,
     /// GPUs for the container: auto (all when the host and daemon can provide them, else
     /// none: static level only), none, all, a count, or device ids (`0,1` or UUIDs).
@@ -74,9 +79,12 @@ pub struct VerifyArgs {
     /// With --emit sbatch*: a squashfs/SIF made on the login node.
     #[arg(long, requires = "emit")]
     pub local_image: Option<PathBuf>,
-    /// With --emit, of a multi-platform image the platform whose image the job pins
-    /// (`linux/arm64` for GH200 nodes; default: this machine's).
-    #[arg(long)]
+    #[arg(
+        long,
+        help = super::image_source::platform_help(
+            "With --emit, of a multi-platform image the platform whose image the job pins (`linux/arm64` for GH200 nodes)"
+        )
+    )]
     pub platform: Option<cudastack::recipe::Platform>,
     #[command(flatten)]
     pub registry: super::image_source::RegistryArgs,
@@ -257,21 +265,23 @@ pub fn finish(
         });
     } else {
         printer.text(report.render());
+        // Like the table, every line fits RENDER_WIDTH columns (issue 24).
+        let wrapped = |line: String| wrap_line(&line, RENDER_WIDTH);
         if let Some(note) = report.runner.as_ref().and_then(|r| r.note.as_ref()) {
-            printer.line(format_args!("note: {note}"));
+            printer.text(wrapped(format!("note: {note}")));
         }
         if let Some(recorded) = recorded {
-            printer.line(format_args!(
+            printer.text(wrapped(format!(
                 "report stored as {} ({})",
                 recorded.report_ref, recorded.report_digest
-            ));
-            match &recorded.verified_manifest {
-                Some(digest) => printer.line(format_args!(
+            )));
+            printer.text(wrapped(match &recorded.verified_manifest {
+                Some(digest) => format!(
                     "verified image {digest}: {}",
                     recorded.verified_refs.join(", ")
-                )),
-                None => printer.line(format_args!("no verified label or tag: {verdict}")),
-            }
+                ),
+                None => format!("no verified label or tag: {verdict}"),
+            }));
         }
     }
     Ok(match verdict {

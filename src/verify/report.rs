@@ -270,10 +270,15 @@ impl Report {
         Verdict::Verified
     }
 
-    /// A table for people: one row per check.
+    /// A table for people: one row per check, every line at most [`RENDER_WIDTH`] columns
+    /// (long details wrap inside their cell, the lines below the table wrap with an indent).
     pub fn render(&self) -> String {
         let mut table = comfy_table::Table::new();
         table.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
+        // A fixed width, not the terminal's: the report also lands in CI logs and files,
+        // where a detail such as LD_LIBRARY_PATH made one 220-column line (issue 24).
+        table.set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
+        table.set_width(RENDER_WIDTH as u16);
         table.set_header(["check", "status", "time", "detail"]);
         for check in &self.checks {
             let status = match check.status {
@@ -290,16 +295,17 @@ impl Report {
         }
         let mut text = table.to_string();
         text.push('\n');
+        let mut lines = Vec::new();
         if let Some(driver) = &self.driver {
-            text.push_str(&format!(
-                "driver {} (CUDA {})\n",
+            lines.push(format!(
+                "driver {} (CUDA {})",
                 driver.version,
                 driver.cuda.as_deref().unwrap_or("?")
             ));
         }
         for gpu in &self.gpus {
-            text.push_str(&format!(
-                "GPU {}: {} (compute capability {}, {} MiB, kernels {})\n",
+            lines.push(format!(
+                "GPU {}: {} (compute capability {}, {} MiB, kernels {})",
                 gpu.index,
                 gpu.name,
                 gpu.compute_capability,
@@ -307,16 +313,64 @@ impl Report {
                 gpu.kernels.as_deref().unwrap_or("?")
             ));
         }
-        text.push_str(&format!(
-            "{} passed, {} failed, {} skipped in {:.1}s: {}\n",
+        lines.push(format!(
+            "{} passed, {} failed, {} skipped in {:.1}s: {}",
             self.counts.pass,
             self.counts.fail,
             self.counts.skip,
             self.seconds,
             self.verdict()
         ));
+        for line in lines {
+            text.push_str(&wrap_line(&line, RENDER_WIDTH));
+        }
         text
     }
+}
+
+/// The widest line [`Report::render`] draws, in columns.
+pub const RENDER_WIDTH: usize = 100;
+
+/// `line` broken at spaces into lines of at most `width` columns, each ending in a newline
+/// (a word longer than a line is cut); the lines after the first are indented by two spaces.
+pub fn wrap_line(line: &str, width: usize) -> String {
+    const INDENT: &str = "  ";
+    let mut text = String::new();
+    let mut columns = 0;
+    // No word on the current line yet (it holds nothing, or only the indent).
+    let mut empty = true;
+    for word in line.split(' ').filter(|word| !word.is_empty()) {
+        let mut rest = word;
+        loop {
+            let length = rest.chars().count();
+            let gap = usize::from(!empty);
+            if columns + gap + length <= width {
+                if !empty {
+                    text.push(' ');
+                }
+                text.push_str(rest);
+                columns += gap + length;
+                empty = false;
+                break;
+            }
+            if empty {
+                // Wider than a whole line: cut it where the line ends.
+                let room = width.saturating_sub(columns).max(1);
+                let cut = rest
+                    .char_indices()
+                    .nth(room)
+                    .map_or(rest.len(), |(at, _)| at);
+                text.push_str(&rest[..cut]);
+                rest = &rest[cut..];
+            }
+            text.push('\n');
+            text.push_str(INDENT);
+            columns = INDENT.len();
+            empty = true;
+        }
+    }
+    text.push('\n');
+    text
 }
 
 #[cfg(test)]

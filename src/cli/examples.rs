@@ -1,0 +1,232 @@
+//! The "Examples:" section of every command's `--help` (issue 24): one or two real
+//! commands, each after a `#` line that says what it does. They run as written from a
+//! checkout of the repository (its recipes/), given what the command itself needs (a
+//! registry you may push to, a GPU, Docker); `ghcr.io/acme/torch` stands for your image.
+//! Every line fits 80 columns, so that clap never wraps an example in a terminal.
+//!
+//! Tested twice: every example parses with the real clap definitions (the unit test
+//! below), and tests/cli_help.rs reads each command's `--help`, checks the section is there
+//! and runs the examples that need nothing but the repository.
+
+pub const TOP: &str = "\
+Examples:
+  # A first image: check the recipe, lock its artifacts, build it
+  cudastack validate recipes/torch2.4.1-cu121-py3.11.yaml
+  cudastack lock recipes/torch2.4.1-cu121-py3.11.yaml
+  cudastack build recipes/torch2.4.1-cu121-py3.11.yaml
+
+Exit status: 0 success (check: yes); 1 a negative answer (validate: invalid, check: no, \
+doctor: a broken layer); 2 error; 3 unknown (check); 141 stdout closed early (a pipe into \
+`head`).";
+
+pub const VALIDATE: &str = "\
+Examples:
+  # Check one recipe: what is wrong, why, and what to do about it
+  cudastack validate recipes/torch2.4.1-cu121-py3.11.yaml
+  # Check every recipe of the repository (exit 1 if any is invalid)
+  cudastack validate recipes/*.yaml";
+
+pub const BUILD: &str = "\
+Examples:
+  # Build the locked recipe as an OCI layout in images/torch2.4.1-cu121-py3.11
+  cudastack build recipes/torch2.4.1-cu121-py3.11.yaml
+  # Build it and load the image into Docker under the recipe's tags
+  cudastack build recipes/torch2.4.1-cu121-py3.11.yaml --load";
+
+pub const LOCK: &str = "\
+Examples:
+  # Resolve every artifact to a URL and sha256 (writes the .lock beside it)
+  cudastack lock recipes/torch2.4.1-cu121-py3.11.yaml
+  # An air-gapped site: wheels from a local directory first
+  cudastack lock --mirror /srv/wheels recipes/torch2.4.1-cu121-py3.11.yaml";
+
+pub const MATRIX: &str = "\
+Examples:
+  # Torch builds with CUDA 12.4 that carry native kernels for an RTX 4090
+  cudastack matrix --cuda 12.4 --gpu \"RTX 4090\"
+  # GPUs and their compute capabilities
+  cudastack matrix --table gpus";
+
+pub const REFRESH: &str = "\
+Examples:
+  # Read the torch releases since 2.0.0 from PyPI, with each release's sm list
+  cudastack matrix refresh
+  # Quicker: keep the sm lists already read
+  cudastack matrix refresh --no-arch-scan";
+
+pub const CI: &str = "\
+Examples:
+  # Write the publish and relock workflows under .github/workflows
+  cudastack ci emit --registry ghcr.io/acme
+  # In CI: fail when the committed workflows are not what the recipes give
+  cudastack ci emit --registry ghcr.io/acme --check";
+
+pub const CI_EMIT: &str = CI;
+
+pub const SOLVE: &str = "\
+Examples:
+  # What runs on a node with driver 535 and RTX 3090s
+  cudastack solve --driver 535.104.05 --gpu \"RTX 3090\"
+  # Torch 2.4 builds on Python 3.11 for a GPU of compute capability 9.0
+  cudastack solve --driver 550.54.15 --cc 9.0 --torch \"==2.4.*\" --python 3.11";
+
+pub const INSPECT: &str = "\
+Examples:
+  # The declared and verified matrix of a built image
+  cudastack inspect images/torch2.4.1-cu121-py3.11
+  # The arm64 image of a registry's multi-platform image (config only)
+  cudastack inspect ghcr.io/acme/torch:2.4.1 --platform linux/arm64";
+
+pub const CHECK: &str = "\
+Examples:
+  # Will it run on this machine? (its driver and GPUs are read here)
+  cudastack check ghcr.io/acme/torch:2.4.1 --detect
+  # From a login node, for a compute node with driver 535 and H100s
+  cudastack check ghcr.io/acme/torch:2.4.1 --driver 535.104.05 --gpu H100
+
+Exit status: 0 yes, 1 no, 2 error, 3 unknown.";
+
+pub const LOAD: &str = "\
+Examples:
+  # Load a built image into Docker under the recipe's tags
+  cudastack load images/torch2.4.1-cu121-py3.11
+  # Under a tag of your own
+  cudastack load images/torch2.4.1-cu121-py3.11 --tag torch:dev";
+
+pub const VERIFY: &str = "\
+Examples:
+  # Run the probe on this machine's GPUs and record the report in the layout
+  cudastack verify images/torch2.4.1-cu121-py3.11
+  # Print a Slurm batch script that runs the probe on an h100 (its GRES type)
+  cudastack verify ghcr.io/acme/torch:2.4.1 --emit sbatch --gpu-type h100";
+
+pub const PUSH: &str = "\
+Examples:
+  # Push a built image (credentials: the Docker config's, else anonymous)
+  cudastack push images/torch2.4.1-cu121-py3.11 ghcr.io/acme/torch:2.4.1
+  # Copy the image `cudastack pull` wrote to images/torch (named by its tag)
+  cudastack push images/torch registry.example.com/torch:2.4.1 --ref 2.4.1";
+
+pub const PULL: &str = "\
+Examples:
+  # Pull an image into the OCI layout images/torch, every digest verified
+  cudastack pull ghcr.io/acme/torch:2.4.1 --layout images/torch
+  # The arm64 image of a multi-platform image (tag latest)
+  cudastack pull ghcr.io/acme/torch --platform linux/arm64 --layout images/torch";
+
+pub const DOCTOR: &str = "\
+Examples:
+  # Diagnose this host from the driver up; stops at the first broken layer
+  cudastack doctor
+  # Every layer, and a GPU container started from a local image
+  cudastack doctor --keep-going --gpu-image nvidia/cuda:12.4.1-base-ubuntu22.04";
+
+pub const EXPLAIN: &str = "\
+Examples:
+  # Explain an error message: cause, checks, fix
+  cudastack explain \"CUDA error: no kernel image is available for execution\"
+  # The known errors found in a log
+  cudastack explain --file train.log";
+
+/// The command lines of the "Examples:" section of `help` (not the `#` lines).
+#[cfg(test)]
+pub fn command_lines(help: &str) -> Vec<&str> {
+    let Some((_, section)) = help.split_once("Examples:\n") else {
+        return Vec::new();
+    };
+    section
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .map(str::trim)
+        .filter(|line| !line.starts_with('#'))
+        .collect()
+}
+
+/// `line` split into words as a POSIX shell would for these examples: at spaces, with
+/// "..." and '...' quoting (no escapes, no expansion: `recipes/*.yaml` stays as written).
+#[cfg(test)]
+pub fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut quote: Option<char> = None;
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(open), c) if c == open => quote = None,
+            (Some(_), c) => word.get_or_insert_with(String::new).push(c),
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                word.get_or_insert_with(String::new);
+            }
+            (None, ' ') => words.extend(word.take()),
+            (None, c) => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    assert!(quote.is_none(), "unclosed quote in `{line}`");
+    words.extend(word);
+    words
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    /// Every example parses with the real definitions (a renamed option or a value the
+    /// parser rejects fails here), and runs the command whose help shows it.
+    #[test]
+    fn every_example_parses_as_the_command_it_documents() {
+        fn visit(command: &clap::Command, path: Vec<String>, seen: &mut usize) {
+            let help = command
+                .get_after_help()
+                .map(|help| help.to_string())
+                .unwrap_or_default();
+            let lines = command_lines(&help);
+            assert!(!lines.is_empty(), "`{}` has no examples", path.join(" "));
+            let section = help
+                .split_once("Examples:\n")
+                .map_or("", |(_, section)| section);
+            for line in section.lines().take_while(|line| !line.trim().is_empty()) {
+                assert!(line.chars().count() <= 80, "over 80 columns: `{line}`");
+            }
+            for line in lines {
+                let words = shell_words(line);
+                let parsed = super::super::Cli::try_parse_from(&words);
+                assert!(parsed.is_ok(), "`{line}`: {}", parsed.unwrap_err());
+                let subcommands: Vec<&String> =
+                    words[1..].iter().filter(|w| !w.starts_with('-')).collect();
+                for (depth, name) in path.iter().enumerate().skip(1) {
+                    assert_eq!(subcommands.get(depth - 1), Some(&name), "`{line}`");
+                }
+                *seen += 1;
+            }
+            for sub in command
+                .get_subcommands()
+                .filter(|sub| sub.get_name() != "help")
+            {
+                let mut path = path.clone();
+                path.push(sub.get_name().to_string());
+                visit(sub, path, seen);
+            }
+        }
+        let mut seen = 0;
+        let command = super::super::Cli::command();
+        visit(&command, vec!["cudastack".to_string()], &mut seen);
+        assert!(seen > 20, "{seen} examples");
+    }
+
+    #[test]
+    fn shell_words_keeps_quoted_spaces() {
+        assert_eq!(
+            shell_words(r#"cudastack solve --gpu "RTX 3090" --torch '==2.4.*'"#),
+            [
+                "cudastack",
+                "solve",
+                "--gpu",
+                "RTX 3090",
+                "--torch",
+                "==2.4.*"
+            ]
+        );
+    }
+}
