@@ -163,7 +163,7 @@ fn solve_driver_535_rtx_3090() {
     let solution = solve_json(&["--driver", "535.104.05", "--gpu", "RTX 3090"]);
     assert_eq!(solution["cuda_ceiling"], "12.2");
     // Natively supported (no minor-version compatibility), CUDA within the 12.2 ceiling:
-    // the newest such build (2.5.1 from PyTorch's cu121 index) ranks first, and the newest
+    // the newest such torch (2.7.1 from PyTorch's cu118 index) ranks first, and the newest
     // PyPI build, 2.4.1+cu121, is accepted natively too.
     let (build, minor_compat) = best(&solution);
     assert!(!minor_compat);
@@ -218,8 +218,10 @@ fn solve_driver_470_v100_needs_minor_compat() {
 fn solve_driver_570_rtx_5090() {
     let solution = solve_json(&["--driver", "570.124.06", "--gpu", "RTX 5090"]);
     assert_eq!(solution["cuda_ceiling"], "12.8");
+    // Newest torch first (issue 24): 2.11.0+cu128 from PyTorch's index, a newer release than
+    // the PyPI 2.10.0+cu128.
     let (build, minor_compat) = best(&solution);
-    assert_eq!((build.as_str(), minor_compat), ("2.10.0+cu128", false));
+    assert_eq!((build.as_str(), minor_compat), ("2.11.0+cu128", false));
     let rejected: Vec<&serde_json::Value> = solution["candidates"]
         .as_array()
         .unwrap()
@@ -254,8 +256,11 @@ fn solve_driver_570_rtx_5090() {
 fn solve_driver_550_gtx_1080_ti() {
     let solution = solve_json(&["--driver", "550.54.15", "--gpu", "GTX 1080 Ti"]);
     assert_eq!(solution["cuda_ceiling"], "12.4");
+    // Newest torch first (issue 24): 2.7.1+cu118 still carries sm_61 and CUDA 11.8 runs
+    // natively on 550; its row is unconfirmed, which the output says, not a demotion.
     let (build, minor_compat) = best(&solution);
-    assert_eq!((build.as_str(), minor_compat), ("2.6.0+cu124", false));
+    assert_eq!((build.as_str(), minor_compat), ("2.7.1+cu118", false));
+    assert_eq!(solution["candidates"][0]["status"], "unconfirmed");
 }
 
 #[test]
