@@ -468,17 +468,23 @@ impl Matrix {
     /// suffixes and missing spaces: `RTX 3090`, `rtx3090`, `NVIDIA GeForce RTX 3090`,
     /// `NVIDIA A100-SXM4-80GB`, `Tesla K80` all resolve.
     pub fn gpu(&self, query: &str) -> Option<&Gpu> {
-        let wanted = gpu_name_words(query);
+        let parts = gpu_name_parts(query);
+        let wanted: Vec<String> = parts.iter().map(|(word, _)| word.clone()).collect();
         if wanted.is_empty() {
             return None;
         }
+        // An extension starts a word of its own (`A100-SXM4`), never glued to the last
+        // known word (`A10X` is not an `A10`).
+        let extends = |known: &[String]| {
+            wanted.starts_with(known) && parts.get(known.len()).is_none_or(|(_, starts)| *starts)
+        };
         self.gpu_names()
             .filter_map(|(known_name, gpu)| {
                 let known = gpu_name_words(known_name);
                 // `NVIDIA A100-SXM4-80GB` extends `A100`; `RTX 6000 Ada` abbreviates
                 // `RTX 6000 Ada Generation` (only words without digits may be left out, so
                 // `RTX` or `A` alone name no GPU). Longer matches win; a full name wins ties.
-                if !known.is_empty() && wanted.starts_with(&known) {
+                if !known.is_empty() && extends(&known) {
                     Some(((known.len(), true), gpu))
                 } else if known.starts_with(&wanted)
                     && known[wanted.len()..]
@@ -554,28 +560,39 @@ impl Matrix {
 /// `[a, 100, sxm, 4, 80, gb]`; a query matches a known GPU when the known words are a prefix
 /// of its words (so `RTX 30900` is not `RTX 3090`).
 fn gpu_name_words(name: &str) -> Vec<String> {
-    let mut words = Vec::new();
+    gpu_name_parts(name)
+        .into_iter()
+        .map(|(word, _)| word)
+        .collect()
+}
+
+/// [`gpu_name_words`], each with whether it starts a word of the name as typed (after a
+/// space or dash) rather than at a letter/digit change (in `rtx3090`, `3090` does not).
+fn gpu_name_parts(name: &str) -> Vec<(String, bool)> {
+    let mut parts = Vec::new();
     for word in name
         .to_ascii_lowercase()
         .split(|c: char| !c.is_ascii_alphanumeric())
     {
         let mut current = String::new();
+        let mut starts = true;
         for c in word.chars() {
             if current
                 .chars()
                 .last()
                 .is_some_and(|last| last.is_ascii_digit() != c.is_ascii_digit())
             {
-                words.push(std::mem::take(&mut current));
+                parts.push((std::mem::take(&mut current), starts));
+                starts = false;
             }
             current.push(c);
         }
         if !current.is_empty() {
-            words.push(current);
+            parts.push((current, starts));
         }
     }
-    words.retain(|word| !matches!(word.as_str(), "nvidia" | "geforce" | "tesla" | "quadro"));
-    words
+    parts.retain(|(word, _)| !matches!(word.as_str(), "nvidia" | "geforce" | "tesla" | "quadro"));
+    parts
 }
 
 /// Levenshtein distance (insertions, deletions, substitutions), over bytes: GPU names are
@@ -744,6 +761,8 @@ mod tests {
         }
         // Bare brand words name no GPU.
         assert!(m.gpu("RTX").is_none());
+        assert!(m.gpu("A10X").is_none());
+        assert!(m.gpu("RTX 3090X").is_none());
         assert!(m.gpu("A").is_none());
         assert!(m.gpu("").is_none());
     }
