@@ -163,7 +163,7 @@ fn solve_driver_535_rtx_3090() {
     let solution = solve_json(&["--driver", "535.104.05", "--gpu", "RTX 3090"]);
     assert_eq!(solution["cuda_ceiling"], "12.2");
     // Natively supported (no minor-version compatibility), CUDA within the 12.2 ceiling:
-    // the newest such build (2.5.1 from PyTorch's cu121 index) ranks first, and the newest
+    // the newest such torch (2.7.1 from PyTorch's cu118 index) ranks first, and the newest
     // PyPI build, 2.4.1+cu121, is accepted natively too.
     let (build, minor_compat) = best(&solution);
     assert!(!minor_compat);
@@ -218,8 +218,10 @@ fn solve_driver_470_v100_needs_minor_compat() {
 fn solve_driver_570_rtx_5090() {
     let solution = solve_json(&["--driver", "570.124.06", "--gpu", "RTX 5090"]);
     assert_eq!(solution["cuda_ceiling"], "12.8");
+    // Newest torch first (issue 24): 2.11.0+cu128 from PyTorch's index, a newer release than
+    // the PyPI 2.10.0+cu128.
     let (build, minor_compat) = best(&solution);
-    assert_eq!((build.as_str(), minor_compat), ("2.10.0+cu128", false));
+    assert_eq!((build.as_str(), minor_compat), ("2.11.0+cu128", false));
     let rejected: Vec<&serde_json::Value> = solution["candidates"]
         .as_array()
         .unwrap()
@@ -254,8 +256,11 @@ fn solve_driver_570_rtx_5090() {
 fn solve_driver_550_gtx_1080_ti() {
     let solution = solve_json(&["--driver", "550.54.15", "--gpu", "GTX 1080 Ti"]);
     assert_eq!(solution["cuda_ceiling"], "12.4");
+    // Newest torch first (issue 24): 2.7.1+cu118 still carries sm_61 and CUDA 11.8 runs
+    // natively on 550; its row is unconfirmed, which the output says, not a demotion.
     let (build, minor_compat) = best(&solution);
-    assert_eq!((build.as_str(), minor_compat), ("2.6.0+cu124", false));
+    assert_eq!((build.as_str(), minor_compat), ("2.7.1+cu118", false));
+    assert_eq!(solution["candidates"][0]["status"], "unconfirmed");
 }
 
 #[test]
@@ -307,4 +312,171 @@ fn bad_input_to_solve_is_a_clear_error() {
         stderr.contains("not a valid NVIDIA driver version"),
         "{stderr}"
     );
+}
+
+/// Issue 24: the GPUs users rent and the ways they type them are found.
+#[test]
+fn solve_finds_cloud_gpus_and_typed_names() {
+    for (query, name) in [
+        ("A10G", "A10G"),
+        ("A6000", "RTX A6000"),
+        ("K80", "Tesla K80"),
+        ("rtx3090", "GeForce RTX 3090"),
+        ("NVIDIA L40S", "L40S"),
+        ("h100-sxm5-80gb", "H100"),
+    ] {
+        let solution = solve_json(&["--gpu", query]);
+        assert_eq!(solution["gpus"][0]["name"], name, "{query}");
+    }
+}
+
+/// Issue 24: an unknown GPU name says which known names are closest, and what to do.
+#[test]
+fn unknown_gpu_names_say_did_you_mean() {
+    let (code, _, stderr) = run(&["solve", "--gpu", "RTX 30900"]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("GPU `RTX 30900` is not in the matrix; did you mean `GeForce RTX 3090`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("cudastack matrix --table gpus"), "{stderr}");
+    let (code, stdout, _) = run(&[
+        "validate",
+        "tests/fixtures/recipes/invalid/unknown-gpu.yaml",
+    ]);
+    assert_eq!(code, 1);
+    assert!(!stdout.contains("matrix --gpus"), "{stdout}");
+    assert!(
+        stdout.contains("`cudastack matrix --table gpus`"),
+        "{stdout}"
+    );
+}
+
+fn write_recipe(dir: &tempfile::TempDir, recipe: &str) -> String {
+    let path = dir.path().join("solved.yaml");
+    std::fs::write(&path, recipe).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// Issue 24: `solve --cc 8.9` wrote `gpus: ["sm_89"]` and "sm_89 (sm_89) runs ...".
+#[test]
+fn solve_by_compute_capability_writes_what_the_recipe_accepts() {
+    let solution = solve_json(&["--driver", "550.54.15", "--cc", "8.9"]);
+    let best = &solution["candidates"][0];
+    let recipe = best["recipe"].as_str().unwrap();
+    assert!(recipe.contains("gpus: [\"8.9\"]\n"), "{recipe}");
+    let reasons = best["reasons"].to_string();
+    assert!(!reasons.contains("sm_89 (sm_89)"), "{reasons}");
+    assert!(reasons.contains("sm_89 runs its sm_"), "{reasons}");
+    let dir = tempfile::tempdir().unwrap();
+    let (code, stdout, _) = run(&["validate", &write_recipe(&dir, recipe)]);
+    assert_eq!(code, 0, "{recipe}\n{stdout}");
+}
+
+/// Issue 24: `solve --gpu GH200` suggested an amd64 recipe that `validate` rejected.
+#[test]
+fn solve_for_an_arm_only_gpu_writes_an_arm64_recipe() {
+    for gpu in ["GH200", "GB200"] {
+        let solution = solve_json(&["--gpu", gpu]);
+        let best = &solution["candidates"][0];
+        assert_eq!(best["accepted"], true, "{gpu}: {solution}");
+        assert_eq!(best["index"], "pypi", "{gpu}");
+        let recipe = best["recipe"].as_str().unwrap();
+        assert!(recipe.contains("platforms: [linux/arm64]\n"), "{recipe}");
+        let dir = tempfile::tempdir().unwrap();
+        let (code, stdout, _) = run(&["validate", &write_recipe(&dir, recipe)]);
+        assert_eq!(code, 0, "{gpu}: {recipe}\n{stdout}");
+        // Builds without aarch64 CUDA wheels are rejected with the reason.
+        let old = solution["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["torch_build"] == "2.4.1+cu121" && c["index"] == "pypi")
+            .unwrap();
+        assert_eq!(old["accepted"], false);
+        assert!(
+            old["reasons"][0]
+                .as_str()
+                .unwrap()
+                .contains("no CUDA wheels for linux/arm64"),
+            "{old}"
+        );
+    }
+}
+
+/// Issue 24: an unconfirmed row ranked below far older builds (2.7.1+cu118 below 2.0.0 for
+/// driver 535 + RTX 3090) and the text output never showed a row's status.
+#[test]
+fn solve_ranks_newest_torch_first_and_shows_status() {
+    let solution = solve_json(&["--driver", "535.104.05", "--gpu", "RTX 3090"]);
+    let accepted: Vec<&serde_json::Value> = solution["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["accepted"] == true && c["minor_compat"] == false)
+        .collect();
+    let position = |label: &str| {
+        accepted
+            .iter()
+            .position(|c| c["torch_build"] == label)
+            .unwrap_or_else(|| panic!("{label} not accepted"))
+    };
+    assert!(position("2.7.1+cu118") < position("2.0.0+cu118"));
+    let torch: Vec<pep440_rs::Version> = accepted
+        .iter()
+        .map(|c| c["torch"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert!(torch.windows(2).all(|pair| pair[0] >= pair[1]), "{torch:?}");
+    assert!(accepted.iter().all(|c| [
+        "derived",
+        "confirmed",
+        "secondary",
+        "partial",
+        "unconfirmed"
+    ]
+    .contains(&c["status"].as_str().unwrap())));
+
+    let (code, stdout, _) = run(&[
+        "solve",
+        "--driver",
+        "535.104.05",
+        "--gpu",
+        "RTX 3090",
+        "--top",
+        "40",
+    ]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains(", unconfirmed)"), "{stdout}");
+    assert!(
+        stdout.contains("status (how sure cudastack's matrix is of a row):"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("ConfirmedSecondary"), "{stdout}");
+}
+
+/// Issue 24: sm lists were unsorted ("86 37 90") and statuses printed as Rust names.
+#[test]
+fn matrix_tables_sort_sm_lists_and_print_plain_status_words() {
+    let (code, stdout, _) = run(&["matrix"]);
+    assert_eq!(code, 0);
+    assert!(!stdout.contains("86 37 90"), "{stdout}");
+    assert!(stdout.contains("37 50 60 70 75 80 86 90"), "{stdout}");
+    for internal in [
+        "Derived",
+        "Confirmed",
+        "ConfirmedSecondary",
+        "Unconfirmed",
+        "Partial",
+    ] {
+        assert!(
+            !stdout.contains(&format!(" {internal} ")),
+            "{internal}: {stdout}"
+        );
+    }
+    let (code, stdout, _) = run(&["matrix", "--table", "gpus"]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("A10G"), "{stdout}");
+    assert!(stdout.contains("RTX A6000 (also A6000)"), "{stdout}");
+    assert!(stdout.contains("secondary"), "{stdout}");
+    assert!(!stdout.contains("ConfirmedSecondary"), "{stdout}");
 }

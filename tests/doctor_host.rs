@@ -342,8 +342,10 @@ fn planted_healthy_driver_is_read_through_libcuda_and_solved_for() {
     );
     let best = report.recommendation.best.as_ref().unwrap();
     // A 535 driver natively supports CUDA <= 12.2; minor-version compat may allow more
-    // within 12.x, never 13.
-    assert_eq!(best.cuda.major, 12, "{best:?}");
+    // within 12.x, never 13. The newest torch that runs comes first (issue 24: today
+    // 2.7.1+cu118), so the best answer's CUDA may be 11.x.
+    assert!(best.cuda.major <= 12, "{best:?}");
+    assert!(!best.minor_compat, "{best:?}");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand, ValueEnum};
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use cudastack::matrix::solve::SolveQuery;
-use cudastack::matrix::{KernelSupport, Matrix};
+use cudastack::matrix::{KernelSupport, Matrix, Status};
 use cudastack::version::{ComputeCapability, CudaVersion};
 use serde::Serialize;
 
@@ -111,8 +111,9 @@ fn torch_table(matrix: &Matrix, args: &MatrixArgs, printer: &Printer) -> Command
             (Some(only), _) => only.to_string(),
             _ => "-".into(),
         };
-        let archs: Vec<String> = build
-            .arch_list
+        let mut archs = build.arch_list.clone();
+        archs.sort();
+        let archs: Vec<String> = archs
             .iter()
             .map(|cc| format!("{}{}", cc.major, cc.minor))
             .collect();
@@ -136,10 +137,11 @@ fn torch_table(matrix: &Matrix, args: &MatrixArgs, printer: &Printer) -> Command
                 archs.join(" "),
                 if build.ptx { " +PTX" } else { "" }
             ),
-            format!("{:?}", build.status),
+            build.status.to_string(),
         ]);
     }
     printer.line(&table);
+    print_legend(rows.iter().map(|build| build.status), printer);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -184,10 +186,11 @@ fn cuda_table(matrix: &Matrix, args: &MatrixArgs, printer: &Printer) -> CommandR
             row.version.to_string(),
             row.min_driver.clone(),
             row.minor_compat_floor.clone().unwrap_or_default(),
-            format!("{:?}", row.status),
+            row.status.to_string(),
         ]);
     }
     printer.line(&table);
+    print_legend(rows.iter().map(|row| *row.status), printer);
     printer.line(format_args!("source: {}", matrix.cuda_releases_source));
     Ok(ExitCode::SUCCESS)
 }
@@ -216,14 +219,48 @@ fn gpu_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
         return Ok(ExitCode::SUCCESS);
     }
     let mut table = new_table(&["GPU", "compute capability", "architecture", "status"]);
-    for gpu in &matrix.gpus {
+    let mut gpus: Vec<_> = matrix.gpus.iter().collect();
+    gpus.sort_by(|a, b| a.cc.cmp(&b.cc).then(a.name.cmp(&b.name)));
+    for gpu in gpus {
+        let name = if gpu.aliases.is_empty() {
+            gpu.name.clone()
+        } else {
+            format!("{} (also {})", gpu.name, gpu.aliases.join(", "))
+        };
         table.add_row(vec![
-            gpu.name.clone(),
+            name,
             gpu.cc.to_string(),
             gpu.arch.clone(),
-            format!("{:?}", gpu.status),
+            gpu.status.to_string(),
         ]);
     }
     printer.line(&table);
+    print_legend(matrix.gpus.iter().map(|gpu| gpu.status), printer);
+    printer.line("names match forgivingly (case, spaces, `NVIDIA`/`GeForce`/`Tesla` left out); a GPU not listed can be given by its compute capability (`8.6`)");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The legend of the status words present in a table, most certain first.
+fn print_legend(shown: impl Iterator<Item = Status>, printer: &Printer) {
+    let shown: Vec<Status> = shown.collect();
+    let present = Status::ALL
+        .into_iter()
+        .filter(|status| shown.contains(status));
+    for line in status_legend(present) {
+        printer.line(line);
+    }
+}
+
+/// The lines that explain status words: `status: how sure the matrix is of a row` and one
+/// line per word. Nothing when no status is shown.
+pub(super) fn status_legend(statuses: impl Iterator<Item = Status>) -> Vec<String> {
+    let lines: Vec<String> = statuses
+        .map(|status| format!("  {:<12} {}", status.word(), status.meaning()))
+        .collect();
+    if lines.is_empty() {
+        return lines;
+    }
+    let mut all = vec!["status (how sure cudastack's matrix is of a row):".to_string()];
+    all.extend(lines);
+    all
 }

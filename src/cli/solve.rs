@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use cudastack::matrix::solve::{solve, Solution, SolveQuery};
-use cudastack::matrix::Matrix;
+use cudastack::matrix::{Matrix, Status};
 use cudastack::version::{DriverVersion, PythonVersion};
 
 use super::{CommandResult, Printer};
@@ -14,7 +14,8 @@ pub struct SolveArgs {
     /// The host's NVIDIA driver version (`nvidia-smi --query-gpu=driver_version --format=csv`).
     #[arg(long)]
     driver: Option<DriverVersion>,
-    /// A GPU the stack must run on, by name (`RTX 3090`, `A100`); repeatable.
+    /// A GPU the stack must run on, by name (`RTX 3090`, `A10G`, `NVIDIA H100 80GB HBM3`;
+    /// known names: `cudastack matrix --table gpus`); repeatable.
     #[arg(long = "gpu")]
     gpus: Vec<String>,
     /// A GPU given by compute capability (`8.6` or `sm_86`); repeatable.
@@ -99,18 +100,23 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
                 ""
             };
             printer.line(format_args!(
-                "  {}. torch {} (index {}, CUDA {}, cuDNN {}){compat}",
+                "  {}. torch {} (index {}, CUDA {}, cuDNN {}, {}){compat}",
                 rank + 1,
                 candidate.torch_build,
                 candidate.index,
                 candidate.cuda,
-                candidate.cudnn.as_deref().unwrap_or("-")
+                candidate.cudnn.as_deref().unwrap_or("-"),
+                candidate.status
             ));
             for reason in &candidate.reasons {
                 printer.line(format_args!("       - {reason}"));
             }
         }
     }
+    print_legend(
+        accepted.iter().take(top).map(|c| c.status.as_str()),
+        printer,
+    );
     let rejected: Vec<_> = solution.candidates.iter().filter(|c| !c.accepted).collect();
     if !rejected.is_empty() {
         printer.line(format_args!(
@@ -127,5 +133,16 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
     }
     if let Some(best) = accepted.first().and_then(|c| c.recipe.as_ref()) {
         printer.line(format_args!("\nrecipe for the best answer:\n---\n{best}"));
+    }
+}
+
+/// What the status words of the shown rows mean (issue 24: an unconfirmed answer says so).
+fn print_legend<'a>(shown: impl Iterator<Item = &'a str>, printer: &Printer) {
+    let shown: Vec<&str> = shown.collect();
+    let statuses = Status::ALL
+        .into_iter()
+        .filter(|status| shown.contains(&status.word()));
+    for line in super::matrix::status_legend(statuses) {
+        printer.line(format_args!("  {line}"));
     }
 }

@@ -50,6 +50,49 @@ pub enum Status {
     Derived,
 }
 
+impl Status {
+    /// The plain word users see (tables, `solve`): never the internal variant name.
+    pub fn word(self) -> &'static str {
+        match self {
+            Status::Confirmed => "confirmed",
+            Status::ConfirmedSecondary => "secondary",
+            Status::Partial => "partial",
+            Status::Unconfirmed => "unconfirmed",
+            Status::Derived => "derived",
+        }
+    }
+
+    /// What the word means, for legends under tables.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Status::Derived => "read from the published wheels themselves (`matrix refresh`)",
+            Status::Confirmed => {
+                "read from a primary source (NVIDIA's or PyTorch's own documents or build scripts)"
+            }
+            Status::ConfirmedSecondary => {
+                "read from a copy of a primary source, not the source itself"
+            }
+            Status::Partial => "some fields read from a primary source, others inferred",
+            Status::Unconfirmed => "not read from a primary source here; likely right, not checked",
+        }
+    }
+
+    /// Every status, most certain first (the order of legends).
+    pub const ALL: [Status; 5] = [
+        Status::Derived,
+        Status::Confirmed,
+        Status::ConfirmedSecondary,
+        Status::Partial,
+        Status::Unconfirmed,
+    ];
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.word())
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CudaRelease {
     pub version: CudaVersion,
@@ -88,6 +131,9 @@ pub struct ArchSupport {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Gpu {
     pub name: String,
+    /// Other names users give the same GPU (`A6000` for `RTX A6000`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
     pub cc: ComputeCapability,
     pub arch: String,
     /// The only platform whose images run next to this GPU, for GPUs that exist only with
@@ -418,26 +464,33 @@ impl Matrix {
             .find(|set| set.major == major)
     }
 
-    /// Look a GPU up by name, forgiving vendor prefixes, case, spaces and memory suffixes:
-    /// `RTX 3090`, `NVIDIA GeForce RTX 3090`, `NVIDIA A100-SXM4-80GB` all resolve.
+    /// Look a GPU up by name, forgiving vendor prefixes, case, spaces, dashes, memory
+    /// suffixes and missing spaces: `RTX 3090`, `rtx3090`, `NVIDIA GeForce RTX 3090`,
+    /// `NVIDIA A100-SXM4-80GB`, `Tesla K80` all resolve.
     pub fn gpu(&self, query: &str) -> Option<&Gpu> {
-        let wanted = gpu_name_words(query);
+        let parts = gpu_name_parts(query);
+        let wanted: Vec<String> = parts.iter().map(|(word, _)| word.clone()).collect();
         if wanted.is_empty() {
             return None;
         }
-        self.gpus
-            .iter()
-            .flat_map(|gpu| {
-                gpu.name
-                    .split(" / ")
-                    .map(move |alternative| (gpu_name_words(alternative), gpu))
-            })
-            .filter_map(|(known, gpu)| {
+        // An extension starts a word of its own (`A100-SXM4`), never glued to the last
+        // known word (`A10X` is not an `A10`).
+        let extends = |known: &[String]| {
+            wanted.starts_with(known) && parts.get(known.len()).is_none_or(|(_, starts)| *starts)
+        };
+        self.gpu_names()
+            .filter_map(|(known_name, gpu)| {
+                let known = gpu_name_words(known_name);
                 // `NVIDIA A100-SXM4-80GB` extends `A100`; `RTX 6000 Ada` abbreviates
-                // `RTX 6000 Ada Generation`. Longer matches win; a full known name wins ties.
-                if !known.is_empty() && wanted.starts_with(&known) {
+                // `RTX 6000 Ada Generation` (only words without digits may be left out, so
+                // `RTX` or `A` alone name no GPU). Longer matches win; a full name wins ties.
+                if !known.is_empty() && extends(&known) {
                     Some(((known.len(), true), gpu))
-                } else if known.starts_with(&wanted) {
+                } else if known.starts_with(&wanted)
+                    && known[wanted.len()..]
+                        .iter()
+                        .all(|word| word.bytes().all(|b| b.is_ascii_alphabetic()))
+                {
                     Some(((wanted.len(), false), gpu))
                 } else {
                     None
@@ -445,6 +498,43 @@ impl Matrix {
             })
             .max_by_key(|(score, _)| *score)
             .map(|(_, gpu)| gpu)
+    }
+
+    /// Every name a GPU answers to (the `A / B` alternatives of its name and its aliases).
+    fn gpu_names(&self) -> impl Iterator<Item = (&str, &Gpu)> {
+        self.gpus.iter().flat_map(|gpu| {
+            gpu.name
+                .split(" / ")
+                .chain(gpu.aliases.iter().map(String::as_str))
+                .map(move |name| (name, gpu))
+        })
+    }
+
+    /// The known GPU names closest to an unknown `query`, closest first (at most three):
+    /// the "did you mean" of an unknown-GPU error.
+    pub fn gpu_suggestions(&self, query: &str) -> Vec<String> {
+        let wanted = gpu_name_words(query).concat();
+        if wanted.is_empty() {
+            return Vec::new();
+        }
+        let limit = (wanted.len() / 3).max(2);
+        let mut scored: Vec<(usize, &str)> = self
+            .gpu_names()
+            .filter_map(|(name, gpu)| {
+                let known = gpu_name_words(name).concat();
+                let distance = edit_distance(&wanted, &known);
+                (distance <= limit).then_some((distance, gpu.name.as_str()))
+            })
+            .collect();
+        scored.sort();
+        let mut names: Vec<String> = Vec::new();
+        for (_, name) in scored {
+            if !names.iter().any(|known| known == name) {
+                names.push(name.to_string());
+            }
+        }
+        names.truncate(3);
+        names
     }
 
     /// Every torch build of a given torch version.
@@ -465,16 +555,60 @@ impl Matrix {
     }
 }
 
-/// The words of a GPU name without vendor/brand words: `NVIDIA GeForce RTX 3090` ->
-/// `[rtx, 3090]`; a query matches a known GPU when the known words are a prefix of its words.
+/// The words of a GPU name without vendor/brand words, letters and digits apart:
+/// `NVIDIA GeForce RTX 3090` and `rtx3090` -> `[rtx, 3090]`, `A100-SXM4-80GB` ->
+/// `[a, 100, sxm, 4, 80, gb]`; a query matches a known GPU when the known words are a prefix
+/// of its words (so `RTX 30900` is not `RTX 3090`).
 fn gpu_name_words(name: &str) -> Vec<String> {
-    name.to_ascii_lowercase()
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|word| {
-            !word.is_empty() && !matches!(*word, "nvidia" | "geforce" | "tesla" | "quadro")
-        })
-        .map(str::to_string)
+    gpu_name_parts(name)
+        .into_iter()
+        .map(|(word, _)| word)
         .collect()
+}
+
+/// [`gpu_name_words`], each with whether it starts a word of the name as typed (after a
+/// space or dash) rather than at a letter/digit change (in `rtx3090`, `3090` does not).
+fn gpu_name_parts(name: &str) -> Vec<(String, bool)> {
+    let mut parts = Vec::new();
+    for word in name
+        .to_ascii_lowercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+    {
+        let mut current = String::new();
+        let mut starts = true;
+        for c in word.chars() {
+            if current
+                .chars()
+                .last()
+                .is_some_and(|last| last.is_ascii_digit() != c.is_ascii_digit())
+            {
+                parts.push((std::mem::take(&mut current), starts));
+                starts = false;
+            }
+            current.push(c);
+        }
+        if !current.is_empty() {
+            parts.push((current, starts));
+        }
+    }
+    parts.retain(|(word, _)| !matches!(word.as_str(), "nvidia" | "geforce" | "tesla" | "quadro"));
+    parts
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions), over bytes: GPU names are
+/// ASCII after [`gpu_name_words`].
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != *cb);
+            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
 }
 
 #[cfg(test)]
@@ -588,5 +722,77 @@ mod tests {
         assert_eq!(m.gpu("Quadro RTX 6000").unwrap().cc.to_string(), "7.5");
         assert_eq!(m.gpu("GB300").unwrap().cc.to_string(), "10.3");
         assert!(m.gpu("Voodoo 2").is_none());
+    }
+
+    /// Issue 24: names users rent or type were not found.
+    #[test]
+    fn gpu_lookup_finds_cloud_skus_and_typed_names() {
+        let m = matrix();
+        let cases = [
+            ("A10G", "A10G", "8.6"),
+            ("NVIDIA A10G", "A10G", "8.6"),
+            ("A6000", "RTX A6000", "8.6"),
+            ("NVIDIA RTX A6000", "RTX A6000", "8.6"),
+            ("K80", "Tesla K80", "3.7"),
+            ("Tesla K80", "Tesla K80", "3.7"),
+            ("rtx3090", "GeForce RTX 3090", "8.6"),
+            ("geforce-rtx-3090", "GeForce RTX 3090", "8.6"),
+            ("A10", "A10", "8.6"),
+            ("a100 40gb", "A100", "8.0"),
+            ("A100-SXM4-80GB", "A100", "8.0"),
+            ("l40s", "L40S", "8.9"),
+            ("L40", "L40", "8.9"),
+            ("L4", "L4", "8.9"),
+            ("T4", "Tesla T4", "7.5"),
+            ("Tesla V100-SXM2-16GB", "Tesla V100", "7.0"),
+            ("h200", "H200", "9.0"),
+            ("GB200", "GB200", "10.0"),
+            ("B200", "B200", "10.0"),
+        ];
+        for (query, name, cc) in cases {
+            let gpu = m
+                .gpu(query)
+                .unwrap_or_else(|| panic!("`{query}` not found"));
+            assert_eq!(
+                (gpu.name.as_str(), gpu.cc.to_string().as_str()),
+                (name, cc),
+                "{query}"
+            );
+        }
+        // Bare brand words name no GPU.
+        assert!(m.gpu("RTX").is_none());
+        assert!(m.gpu("A10X").is_none());
+        assert!(m.gpu("RTX 3090X").is_none());
+        assert!(m.gpu("A").is_none());
+        assert!(m.gpu("").is_none());
+    }
+
+    #[test]
+    fn unknown_gpu_names_get_the_closest_known_names() {
+        let m = matrix();
+        assert_eq!(m.gpu_suggestions("RTX 30900")[0], "GeForce RTX 3090");
+        assert!(m.gpu_suggestions("A10X").contains(&"A10".to_string()));
+        assert!(m.gpu_suggestions("H1000").contains(&"H100".to_string()));
+        assert!(m.gpu_suggestions("Voodoo 5").is_empty());
+        assert!(m.gpu_suggestions("").is_empty());
+    }
+
+    #[test]
+    fn every_gpu_row_has_a_source_and_a_distinct_name() {
+        let m = matrix();
+        let mut seen = std::collections::BTreeSet::new();
+        for (name, gpu) in m.gpu_names() {
+            assert!(!gpu.source.is_empty(), "{} has no source", gpu.name);
+            assert!(
+                seen.insert(gpu_name_words(name)),
+                "`{name}` is listed twice"
+            );
+        }
+    }
+
+    #[test]
+    fn status_words_are_plain() {
+        assert_eq!(Status::ConfirmedSecondary.to_string(), "secondary");
+        assert_eq!(Status::Derived.to_string(), "derived");
     }
 }

@@ -7,14 +7,52 @@ use std::str::FromStr;
 use pep440_rs::VersionSpecifiers;
 use serde::Serialize;
 
-use super::{KernelSupport, Matrix, Status, TorchBuild};
+use super::{KernelSupport, Matrix, TorchBuild};
+use crate::recipe::Platform;
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion, PythonVersion};
 
-/// A GPU the answer must run on.
+/// The first PyPI torch release with CUDA wheels for linux/aarch64; older releases were
+/// CPU-only there, and PyTorch's own cuXYZ indexes are not locked for arm64. The same fact
+/// as `lock::inputs::FIRST_ARM64_CUDA_TORCH` (matrix sits below lock and cannot import it).
+pub const FIRST_ARM64_CUDA_TORCH: &str = "2.11.0";
+
+/// A GPU the answer must run on. A GPU given by compute capability alone carries its sm
+/// (`sm_89`) as its name.
 #[derive(Debug, Clone, Serialize)]
 pub struct TargetGpu {
     pub name: String,
     pub cc: ComputeCapability,
+}
+
+impl TargetGpu {
+    /// A GPU known only by its compute capability (`--cc 8.9`).
+    pub fn from_cc(cc: ComputeCapability) -> TargetGpu {
+        TargetGpu { name: cc.sm(), cc }
+    }
+
+    /// Whether the user named the GPU (rather than giving a compute capability).
+    pub fn named(&self) -> bool {
+        self.name != self.cc.sm()
+    }
+
+    /// How reasons name it: `GeForce RTX 3090 (sm_86)`, or `sm_89` alone.
+    pub fn label(&self) -> String {
+        if self.named() {
+            format!("{} ({})", self.name, self.cc.sm())
+        } else {
+            self.cc.sm()
+        }
+    }
+
+    /// How a recipe's `gpus:` names it: the GPU's name, or its capability (`8.9`), the two
+    /// forms `validate` accepts.
+    pub fn recipe_entry(&self) -> String {
+        if self.named() {
+            self.name.clone()
+        } else {
+            self.cc.to_string()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -29,8 +67,11 @@ pub struct SolveQuery {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SolveError {
-    #[error("GPU `{0}` is not in the matrix")]
-    UnknownGpu(String),
+    #[error("GPU `{name}` is not in the matrix{}\n  hint: give its compute capability instead (e.g. `8.6`; `nvidia-smi --query-gpu=name,compute_cap --format=csv` prints it), or pick a name from `cudastack matrix --table gpus`", did_you_mean(.suggestions))]
+    UnknownGpu {
+        name: String,
+        suggestions: Vec<String>,
+    },
     #[error("`{text}` is not a valid torch version specifier: {message}")]
     BadTorchSpec { text: String, message: String },
 }
@@ -45,8 +86,11 @@ impl SolveQuery {
             });
         }
         match ComputeCapability::from_str(name_or_cc) {
-            Ok(cc) => Ok(TargetGpu { name: cc.sm(), cc }),
-            Err(_) => Err(SolveError::UnknownGpu(name_or_cc.to_string())),
+            Ok(cc) => Ok(TargetGpu::from_cc(cc)),
+            Err(_) => Err(SolveError::UnknownGpu {
+                name: name_or_cc.to_string(),
+                suggestions: matrix.gpu_suggestions(name_or_cc),
+            }),
         }
     }
 
@@ -65,6 +109,15 @@ impl SolveQuery {
     }
 }
 
+/// `; did you mean `A10`, `A100`?` for the closest known names, or nothing.
+pub fn did_you_mean(suggestions: &[String]) -> String {
+    if suggestions.is_empty() {
+        return String::new();
+    }
+    let names: Vec<String> = suggestions.iter().map(|name| format!("`{name}`")).collect();
+    format!("; did you mean {}?", names.join(", "))
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Candidate {
     pub torch_build: String,
@@ -77,6 +130,9 @@ pub struct Candidate {
     pub accepted: bool,
     /// Needs CUDA minor-version compatibility on the given driver.
     pub minor_compat: bool,
+    /// How sure the matrix row is, as a plain word (`derived`, `confirmed`, `partial`,
+    /// `unconfirmed`; see [`super::Status::meaning`]).
+    pub status: String,
     /// Why it was accepted (every check it passed) or the first reason it was rejected.
     pub reasons: Vec<String>,
     /// A recipe to paste, for accepted candidates.
@@ -113,17 +169,18 @@ pub fn solve(matrix: &Matrix, query: &SolveQuery) -> Solution {
         .iter()
         .map(|build| (judge(matrix, query, build), build))
         .collect();
-    // Rank: accepted first; native before minor-version compatibility; rows read from the
-    // wheels themselves before rows from build scripts; newest torch; the PyPI build (no
-    // extra index to trust) before index variants; newest CUDA.
-    let confirmed =
-        |build: &TorchBuild| matches!(build.status, Status::Derived | Status::Confirmed);
+    // Rank by what a user would pick (issue 24): accepted first; native before
+    // minor-version compatibility (which needs a setting and a compat package); newest torch;
+    // then, among builds of one torch release, the surer row (read from the wheels, then from
+    // primary sources: a tie-breaker, never a demotion below older releases), the PyPI build
+    // (no extra index to trust) before index variants, and the newest CUDA. The text output
+    // shows each row's status so an unconfirmed first answer says so.
     candidates.sort_by(|(a, build_a), (b, build_b)| {
         b.accepted
             .cmp(&a.accepted)
             .then(a.minor_compat.cmp(&b.minor_compat))
-            .then(confirmed(build_b).cmp(&confirmed(build_a)))
             .then(build_b.torch.cmp(&build_a.torch))
+            .then(certainty(build_a).cmp(&certainty(build_b)))
             .then(build_b.pypi_default.cmp(&build_a.pypi_default))
             .then(b.cuda.cmp(&a.cuda))
     });
@@ -133,6 +190,23 @@ pub fn solve(matrix: &Matrix, query: &SolveQuery) -> Solution {
         gpus: query.gpus.clone(),
         candidates: candidates.into_iter().map(|(c, _)| c).collect(),
     }
+}
+
+/// The rank of a row's status, surest first (the order of [`super::Status::ALL`]).
+fn certainty(build: &TorchBuild) -> usize {
+    super::Status::ALL
+        .iter()
+        .position(|status| *status == build.status)
+        .unwrap_or(usize::MAX)
+}
+
+/// The platform the recipe must build when a target GPU exists only next to an Arm host
+/// (GH200, GB200: `host:` in the matrix), with that GPU's name.
+fn arm_host(matrix: &Matrix, query: &SolveQuery) -> Option<(Platform, String)> {
+    query.gpus.iter().find_map(|gpu| {
+        let host = matrix.gpu(&gpu.name).and_then(|known| known.host)?;
+        Some((host, gpu.name.clone()))
+    })
 }
 
 fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
@@ -150,6 +224,7 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
         python: None,
         accepted: false,
         minor_compat: false,
+        status: build.status.word().to_string(),
         reasons: Vec::new(),
         recipe: None,
     };
@@ -191,6 +266,18 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
             }
         },
     };
+    if let Some((host, gpu)) = arm_host(matrix, query) {
+        let first: pep440_rs::Version = FIRST_ARM64_CUDA_TORCH.parse().expect("a valid version");
+        if !build.pypi_default {
+            return reject(candidate, format!("{gpu} runs next to a {host} host only, and {host} images are locked from PyPI only (not PyTorch's {} index)", build.variant));
+        }
+        if build.torch < first {
+            return reject(candidate, format!("{gpu} runs next to a {host} host only, and torch {} has no CUDA wheels for {host} on PyPI (the first is {FIRST_ARM64_CUDA_TORCH})", build.torch));
+        }
+        candidate.reasons.push(format!(
+            "{gpu} runs next to a {host} host only: the recipe builds {host}"
+        ));
+    }
     candidate.python = Some(python);
     candidate
         .reasons
@@ -243,27 +330,25 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
 
     for gpu in &query.gpus {
         match build.kernels_for(&gpu.cc) {
-            KernelSupport::Sass(sass) => candidate.reasons.push(format!(
-                "{} ({}) runs its {} kernels",
-                gpu.name,
-                gpu.cc.sm(),
-                sass.sm()
-            )),
+            KernelSupport::Sass(sass) => {
+                candidate
+                    .reasons
+                    .push(format!("{} runs its {} kernels", gpu.label(), sass.sm()))
+            }
             KernelSupport::Ptx(ptx) => candidate.reasons.push(format!(
-                "{} ({}) only through {} PTX (JIT at first use)",
-                gpu.name,
-                gpu.cc.sm(),
+                "{} only through {} PTX (JIT at first use)",
+                gpu.label(),
                 ptx.sm()
             )),
             KernelSupport::None => {
-                let archs: Vec<String> =
-                    build.arch_list.iter().map(ComputeCapability::sm).collect();
+                let mut archs = build.arch_list.clone();
+                archs.sort();
+                let archs: Vec<String> = archs.iter().map(ComputeCapability::sm).collect();
                 return reject(
                     candidate,
                     format!(
-                        "no kernels for {} ({}): built for {}",
-                        gpu.name,
-                        gpu.cc.sm(),
+                        "no kernels for {}: built for {}",
+                        gpu.label(),
                         archs.join(" ")
                     ),
                 );
@@ -337,6 +422,9 @@ fn recipe_for(
     text.push_str(&format!("base: {base}\n"));
     text.push_str(&format!("python: \"{python}\"\n"));
     text.push_str(&format!("driver_floor: \"{driver_floor}\"\n"));
+    if let Some((host, _)) = arm_host(matrix, query) {
+        text.push_str(&format!("platforms: [{host}]\n"));
+    }
     if minor_compat {
         text.push_str("minor_version_compat: true\n");
     }
@@ -359,7 +447,7 @@ fn recipe_for(
         let names: Vec<String> = query
             .gpus
             .iter()
-            .map(|g| format!("\"{}\"", g.name))
+            .map(|g| format!("\"{}\"", g.recipe_entry()))
             .collect();
         text.push_str(&format!("gpus: [{}]\n", names.join(", ")));
     }

@@ -487,32 +487,43 @@ fn check_gpus(
                 );
             }
         }
+        // A GPU given by capability (`"8.9"`) is named by its sm alone (not `sm_89 (sm_89)`).
         let Some(gpu) = matrix
             .gpu(name)
-            .map(|g| (g.name.clone(), g.cc))
+            .map(|g| super::solve::TargetGpu {
+                name: g.name.clone(),
+                cc: g.cc,
+            })
             .or_else(|| {
                 name.parse::<ComputeCapability>()
                     .ok()
-                    .map(|cc| (format!("sm_{}{}", cc.major, cc.minor), cc))
+                    .map(super::solve::TargetGpu::from_cc)
             })
         else {
             problems.error(
                 "unknown-gpu",
-                format!("GPU `{name}` is not in the matrix"),
+                format!("GPU `{name}` is not in the matrix{}", super::solve::did_you_mean(&matrix.gpu_suggestions(name))),
                 "cudastack needs the GPU's compute capability to check that the build has kernels for it",
-                "use a name from `cudastack matrix --gpus`, or give the compute capability directly (e.g. \"8.6\")",
+                "use a name from `cudastack matrix --table gpus`, or give the compute capability directly (e.g. \"8.6\")",
             );
             continue;
         };
-        let (gpu_name, cc) = gpu;
+        let (gpu_label, cc) = (gpu.label(), gpu.cc);
+        let gpu_with_cc = if gpu.named() {
+            format!("{} (compute capability {cc}, {})", gpu.name, cc.sm())
+        } else {
+            format!("{} (compute capability {cc})", cc.sm())
+        };
         if let Some(build) = build {
-            let archs: Vec<String> = build.arch_list.iter().map(ComputeCapability::sm).collect();
+            let mut archs = build.arch_list.clone();
+            archs.sort();
+            let archs: Vec<String> = archs.iter().map(ComputeCapability::sm).collect();
             match build.kernels_for(&cc) {
                 KernelSupport::Sass(_) => {}
                 KernelSupport::Ptx(ptx) => problems.push(
                     Severity::Warning,
                     "gpu-ptx-only",
-                    format!("{gpu_name} ({}) has no native kernels in torch {}; it would run {}'s PTX through the driver's JIT", cc.sm(), build.label(), ptx.sm()),
+                    format!("{gpu_label} has no native kernels in torch {}; it would run {}'s PTX through the driver's JIT", build.label(), ptx.sm()),
                     "JIT compilation makes the first run slow and needs a driver at least as new as the build's CUDA",
                     "prefer a build whose arch list contains the GPU's major",
                 ),
@@ -529,7 +540,7 @@ fn check_gpus(
                     };
                     problems.error(
                         "gpu-no-kernels",
-                        format!("{gpu_name} (compute capability {cc}, {}) has no kernels in torch {} (built for {})", cc.sm(), build.label(), archs.join(" ")),
+                        format!("{gpu_with_cc} has no kernels in torch {} (built for {})", build.label(), archs.join(" ")),
                         format!("a cubin runs only on its own major with an equal or newer minor, and {} carries {}; the first CUDA op would fail with \"no kernel image is available for execution on the device\"", build.label(), if build.ptx { "PTX only for its newest arch" } else { "no PTX" }),
                         hint,
                     );
@@ -544,7 +555,7 @@ fn check_gpus(
             if support.removed_in.is_some_and(|removed| cuda >= removed) {
                 problems.error(
                     "gpu-arch-removed",
-                    format!("CUDA {cuda} cannot compile for {gpu_name} ({}): support was removed in CUDA {}", cc.sm(), support.removed_in.unwrap()),
+                    format!("CUDA {cuda} cannot compile for {gpu_label}: support was removed in CUDA {}", support.removed_in.unwrap()),
                     "the toolkit's compilers and libraries carry no code for that architecture",
                     format!("use CUDA < {}", support.removed_in.unwrap()),
                 );
@@ -553,8 +564,7 @@ fn check_gpus(
                 problems.error(
                     "gpu-arch-too-new",
                     format!(
-                        "CUDA {cuda} predates {gpu_name} ({}): the first toolkit for it is CUDA {}",
-                        cc.sm(),
+                        "CUDA {cuda} predates {gpu_label}: the first toolkit for it is CUDA {}",
                         support.first_cuda.unwrap()
                     ),
                     "the toolkit cannot generate code for an architecture it does not know",

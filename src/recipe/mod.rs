@@ -84,7 +84,9 @@ pub struct Recipe {
     /// Extra Python requirements (PEP 508), e.g. `numpy==1.26.4`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub packages: Vec<PackageRequirement>,
-    /// Target GPUs (names from `cudastack matrix --gpus`) whose sm must have kernels.
+    /// Target GPUs whose sm must have kernels: names from `cudastack matrix --table gpus`
+    /// (matched forgivingly: `RTX 3090`, `rtx3090`, `NVIDIA A10G`) or compute capabilities
+    /// (`"8.9"`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<String>,
     #[serde(default)]
