@@ -330,6 +330,19 @@ fn solve_finds_cloud_gpus_and_typed_names() {
     }
 }
 
+/// Issue 24: `check --gpu` with a mistyped name says which known names are closest, as
+/// `solve` and `validate` do, before it reads any image.
+#[test]
+fn check_with_an_unknown_gpu_says_did_you_mean() {
+    let (code, _, stderr) = run(&["check", "/nonexistent", "--gpu", "RTX 30900"]);
+    assert_ne!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("unknown GPU `RTX 30900`; did you mean `GeForce RTX 3090`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--cc X.Y"), "{stderr}");
+}
+
 /// Issue 24: an unknown GPU name says which known names are closest, and what to do.
 #[test]
 fn unknown_gpu_names_say_did_you_mean() {

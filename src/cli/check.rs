@@ -66,7 +66,10 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
     };
     for name in &args.gpus {
         let gpu = matrix.gpu(name).ok_or_else(|| {
-            format!("unknown GPU `{name}`: give its compute capability with --cc X.Y instead (see `cudastack matrix --table gpus`)")
+            format!(
+                "unknown GPU `{name}`{}\n  hint: give its compute capability with --cc X.Y instead (see `cudastack matrix --table gpus`)",
+                cudastack::matrix::solve::did_you_mean(&matrix.gpu_suggestions(name))
+            )
         })?;
         node.gpus.push(NodeGpu {
             name: gpu.name.clone(),
