@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use clap::Args;
 use cudastack::doctor::explain::Knowledge;
-use cudastack::matrix::Matrix;
 
 use super::{CommandResult, Printer};
 
@@ -32,7 +31,8 @@ pub fn run(args: ExplainArgs, printer: &Printer) -> CommandResult {
             String::from_utf8_lossy(&bytes).into_owned()
         }
     };
-    let report = Knowledge::embedded().explain(&text, Matrix::embedded());
+    let loaded = super::matrix::load(printer)?;
+    let report = Knowledge::embedded().explain(&text, loaded.matrix());
     let code = if report.recognised {
         ExitCode::SUCCESS
     } else {
