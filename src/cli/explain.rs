@@ -81,6 +81,11 @@ pub fn run(args: ExplainArgs, printer: &Printer) -> CommandResult {
         for step in &explanation.fix {
             printer.line(format_args!("    - {step}"));
         }
+        // Where the cause and fix come from, so a user can read the primary document.
+        printer.line("  sources:");
+        for source in &explanation.sources {
+            printer.line(format_args!("    - {source}"));
+        }
     }
     Ok(code)
 }
