@@ -334,8 +334,11 @@ fn index_with_torch_2_99() -> FixtureServer {
 
 /// `cudastack ARGS` with the cache at `cache`: (exit code, stdout, stderr).
 fn with_cache(cache: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    // Run in the cache directory, so nothing can land in this checkout's data/ (what
+    // `matrix refresh` without `--output` once wrote to).
     let output = Command::cargo_bin("cudastack")
         .unwrap()
+        .current_dir(cache)
         .env("CUDASTACK_CACHE_DIR", cache)
         .args(args)
         .output()

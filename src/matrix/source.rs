@@ -52,7 +52,7 @@ pub struct Date {
 pub struct DateError(String);
 
 fn days_in_month(year: u16, month: u8) -> u8 {
-    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let leap = (year.is_multiple_of(4) && !year.is_multiple_of(100)) || year.is_multiple_of(400);
     match month {
         2 if leap => 29,
         2 => 28,
