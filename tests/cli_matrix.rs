@@ -6,8 +6,14 @@ use std::path::Path;
 use assert_cmd::Command;
 
 fn cudastack() -> Command {
+    // An empty cache: a matrix the developer refreshed (`matrix refresh`) must not change
+    // what these tests see.
+    static CACHE: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let cache = CACHE.get_or_init(|| tempfile::tempdir().unwrap());
     let mut command = Command::cargo_bin("cudastack").unwrap();
-    command.current_dir(env!("CARGO_MANIFEST_DIR"));
+    command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("CUDASTACK_CACHE_DIR", cache.path());
     command
 }
 
@@ -289,7 +295,11 @@ fn snapshot_matrix_torch_filter() {
 fn matrix_gpu_filter_keeps_only_builds_with_kernels() {
     let (code, stdout, _) = run(&["matrix", "--json", "--gpu", "RTX 5090"]);
     assert_eq!(code, 0);
-    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    // Which matrix answered is part of the output.
+    assert_eq!(json["matrix"]["source"], "embedded");
+    assert!(json["matrix"]["generated"].is_string(), "{json}");
+    let rows = json["rows"].as_array().unwrap();
     assert!(!rows.is_empty());
     assert!(rows.iter().all(|row| row["arch_list"]
         .as_array()
@@ -465,6 +475,31 @@ fn solve_ranks_newest_torch_first_and_shows_status() {
         "{stdout}"
     );
     assert!(!stdout.contains("ConfirmedSecondary"), "{stdout}");
+}
+
+/// Issue 24: the matrix says which data it shows and how old it is.
+#[test]
+fn matrix_names_the_data_it_shows_and_its_date() {
+    for table in ["torch", "cuda", "cudnn", "gpus"] {
+        let (code, stdout, _) = run(&["matrix", "--table", table]);
+        assert_eq!(code, 0);
+        let generated = cudastack::matrix::source::embedded_generated().unwrap();
+        assert_eq!(
+            stdout.lines().next(),
+            Some(format!("matrix: embedded, generated {generated}").as_str()),
+            "{table}"
+        );
+        let (code, stdout, _) = run(&["matrix", "--json", "--table", table]);
+        assert_eq!(code, 0);
+        let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(json["matrix"]["source"], "embedded", "{table}");
+        assert_eq!(
+            json["matrix"]["generated"],
+            generated.to_string(),
+            "{table}"
+        );
+        assert!(!json["rows"].as_array().unwrap().is_empty(), "{table}");
+    }
 }
 
 /// Issue 24: sm lists were unsorted ("86 37 90") and statuses printed as Rust names.

@@ -298,3 +298,173 @@ fn committed_rows_match_pypi() {
         }
     }
 }
+
+const TORCH_299: &str = "Metadata-Version: 2.1\nName: torch\nVersion: 2.99.0\nRequires-Dist: nvidia-cuda-runtime-cu12==12.4.127; platform_system == \"Linux\" and platform_machine == \"x86_64\"\nRequires-Dist: nvidia-cudnn-cu12==9.1.0.70; platform_system == \"Linux\" and platform_machine == \"x86_64\"\n\n";
+
+/// A local index with one torch release no embedded matrix has (2.99.0, CUDA 12.4).
+fn index_with_torch_2_99() -> FixtureServer {
+    let server = FixtureServer::start();
+    let name = "torch-2.99.0-cp311-cp311-manylinux_2_28_x86_64.whl";
+    let path = format!("/files/{name}");
+    let bytes = wheel(&[
+        (
+            "torch/lib/libtorch_python.so",
+            b"\0sm_80 sm_86 sm_90 compute_90\0",
+        ),
+        ("torch-2.99.0.dist-info/METADATA", TORCH_299.as_bytes()),
+    ]);
+    server.add_bytes(&path, "application/octet-stream", bytes.clone());
+    server.add_bytes(
+        &format!("{path}.metadata"),
+        "text/plain",
+        TORCH_299.as_bytes().to_vec(),
+    );
+    let page = serde_json::json!({
+        "meta": { "api-version": "1.1" },
+        "name": "torch",
+        "files": [file_entry(&server, &path, name, &bytes, Some(TORCH_299.as_bytes()))],
+    });
+    server.add_bytes(
+        "/simple/torch/",
+        "application/vnd.pypi.simple.v1+json",
+        page.to_string().into_bytes(),
+    );
+    server
+}
+
+/// `cudastack ARGS` with the cache at `cache`: (exit code, stdout, stderr).
+fn with_cache(cache: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    // Run in the cache directory, so nothing can land in this checkout's data/ (what
+    // `matrix refresh` without `--output` once wrote to).
+    let output = Command::cargo_bin("cudastack")
+        .unwrap()
+        .current_dir(cache)
+        .env("CUDASTACK_CACHE_DIR", cache)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+const SOLVE_2_99: &[&str] = &[
+    "solve",
+    "--json",
+    "--torch",
+    "2.99.0",
+    "--driver",
+    "550.54.15",
+    "--gpu",
+    "RTX 3090",
+];
+
+/// Issue 24: a refresh by a user of an installed binary goes to the cache, and every
+/// command reads it from there.
+#[test]
+fn a_refresh_lives_in_the_cache_and_solve_uses_it() {
+    let server = index_with_torch_2_99();
+    let cache = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = with_cache(
+        cache.path(),
+        &["matrix", "refresh", "--index", &server.url("/simple/")],
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let file = cache.path().join("matrix").join("torch-pypi.json");
+    assert!(stdout.contains(&file.display().to_string()), "{stdout}");
+    assert!(stdout.contains("now use it"), "{stdout}");
+    let data: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(data["releases"][0]["torch"], "2.99.0");
+    let generated = data["generated"].as_str().unwrap().to_string();
+
+    let (code, stdout, stderr) = with_cache(cache.path(), SOLVE_2_99);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let solution: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(solution["candidates"][0]["torch_build"], "2.99.0+cu124");
+    assert_eq!(solution["candidates"][0]["accepted"], true);
+    assert_eq!(solution["matrix"]["source"], "refreshed");
+    assert_eq!(solution["matrix"]["generated"], generated.as_str());
+    assert!(stderr.contains("matrix: refreshed"), "{stderr}");
+
+    let (code, stdout, _) = with_cache(cache.path(), &["matrix", "--torch", "2.99.0"]);
+    assert_eq!(code, 0);
+    let header = stdout.lines().next().unwrap();
+    assert_eq!(
+        header,
+        format!(
+            "matrix: refreshed {generated} from 127.0.0.1, {}",
+            file.display()
+        )
+    );
+    assert!(stdout.contains("2.99.0"), "{stdout}");
+
+    // Another cache: the embedded matrix, which has no torch 2.99.0.
+    let empty = tempfile::tempdir().unwrap();
+    let (code, stdout, _) = with_cache(empty.path(), SOLVE_2_99);
+    assert_eq!(code, 1, "{stdout}");
+    let solution: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(solution["matrix"]["source"], "embedded");
+}
+
+#[test]
+fn a_corrupt_refreshed_matrix_is_an_error_that_names_the_file_and_the_fix() {
+    let cache = tempfile::tempdir().unwrap();
+    let file = cache.path().join("matrix").join("torch-pypi.json");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    for text in ["{\"releases\": [", "{\"unrelated\": true}"] {
+        std::fs::write(&file, text).unwrap();
+        for args in [
+            SOLVE_2_99,
+            &["validate", "recipes/torch2.4.1-cu121-py3.11.yaml"][..],
+            &["matrix"][..],
+        ] {
+            let output = Command::cargo_bin("cudastack")
+                .unwrap()
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .env("CUDASTACK_CACHE_DIR", cache.path())
+                .args(args)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8(output.stderr).unwrap();
+            assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+            for fragment in [
+                format!(
+                    "the refreshed matrix `{}` is not a valid cudastack torch matrix",
+                    file.display()
+                ),
+                "run `cudastack matrix refresh` again".to_string(),
+                format!("delete `{}`", file.display()),
+            ] {
+                assert!(stderr.contains(&fragment), "{args:?}: {stderr}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_refreshed_matrix_older_than_the_embedded_one_is_ignored_with_a_note() {
+    let cache = tempfile::tempdir().unwrap();
+    let file = cache.path().join("matrix").join("torch-pypi.json");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let mut old: serde_json::Value =
+        serde_json::from_str(include_str!("../data/torch-pypi.json")).unwrap();
+    old["generated"] = "2020-01-01".into();
+    std::fs::write(&file, old.to_string()).unwrap();
+    let (code, stdout, stderr) = with_cache(cache.path(), &["matrix"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.starts_with("matrix: embedded, generated "),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "not using the refreshed matrix `{}` (generated 2020-01-01)",
+            file.display()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("is newer"), "{stderr}");
+}

@@ -10,7 +10,6 @@ use clap::{Args, ValueEnum};
 use cudastack::cas::default_cache_root;
 use cudastack::fetch::progress::{IndicatifReporter, NoReporter, Reporter};
 use cudastack::layer::Compression;
-use cudastack::matrix::Matrix;
 use cudastack::pipeline::{
     build_verify_publish, PipelineReport, PipelineSettings, PushSettings, PushTarget,
 };
@@ -96,6 +95,7 @@ impl BuildProgress for StderrProgress<'_> {
 
 pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
     let settings = settings(args)?;
+    let loaded = super::matrix::load_from(&settings.build.cache_root, printer)?;
     let progress = StderrProgress {
         printer,
         started: Instant::now(),
@@ -105,7 +105,7 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
         .build()?;
     let report = runtime.block_on(build_verify_publish(
         &settings,
-        Matrix::embedded(),
+        loaded.matrix(),
         &progress,
         printer,
     ))?;

@@ -5,7 +5,6 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use cudastack::matrix::Matrix;
 use cudastack::verify::check::{check, Fit, ImageClaims, Node, NodeGpu};
 use cudastack::verify::source::ImageLocation;
 use cudastack::version::{ComputeCapability, DriverVersion};
@@ -59,7 +58,8 @@ struct CheckOutput<'a> {
 }
 
 pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
-    let matrix = Matrix::embedded();
+    let loaded = super::matrix::load(printer)?;
+    let matrix = loaded.matrix();
     let mut node = Node {
         driver: args.driver.clone(),
         gpus: Vec::new(),

@@ -49,10 +49,11 @@ Examples:
 
 pub const REFRESH: &str = "\
 Examples:
-  # Read the torch releases since 2.0.0 from PyPI, with each release's sm list
+  # Read the torch releases since 2.0.0 from PyPI into the cache; every command then uses
+  # them (delete ~/.cache/cudastack/matrix/torch-pypi.json to go back to the built-in one)
   cudastack matrix refresh
-  # Quicker: keep the sm lists already read
-  cudastack matrix refresh --no-arch-scan";
+  # Contributors: regenerate the data compiled into cudastack, in a checkout
+  cudastack matrix refresh --output data/torch-pypi.json";
 
 pub const CI: &str = "\
 Examples:

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use clap::Args;
 use cudastack::doctor::explain::Knowledge;
-use cudastack::matrix::Matrix;
 
 use super::{CommandResult, Printer};
 
@@ -32,7 +31,8 @@ pub fn run(args: ExplainArgs, printer: &Printer) -> CommandResult {
             String::from_utf8_lossy(&bytes).into_owned()
         }
     };
-    let report = Knowledge::embedded().explain(&text, Matrix::embedded());
+    let loaded = super::matrix::load(printer)?;
+    let report = Knowledge::embedded().explain(&text, loaded.matrix());
     let code = if report.recognised {
         ExitCode::SUCCESS
     } else {
@@ -80,6 +80,11 @@ pub fn run(args: ExplainArgs, printer: &Printer) -> CommandResult {
         printer.line("  fix:");
         for step in &explanation.fix {
             printer.line(format_args!("    - {step}"));
+        }
+        // Where the cause and fix come from, so a user can read the primary document.
+        printer.line("  sources:");
+        for source in &explanation.sources {
+            printer.line(format_args!("    - {source}"));
         }
     }
     Ok(code)

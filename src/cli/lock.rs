@@ -9,7 +9,6 @@ use cudastack::fetch::http::HttpClient;
 use cudastack::lock::inputs::{lock_request_for, platform_lock_path};
 use cudastack::lock::resolve;
 use cudastack::matrix::validate::validate;
-use cudastack::matrix::Matrix;
 use cudastack::recipe::Recipe;
 use serde::Serialize;
 
@@ -39,7 +38,8 @@ struct Written<'a> {
 }
 
 pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
-    let matrix = Matrix::embedded();
+    let loaded = super::matrix::load(printer)?;
+    let matrix = loaded.matrix();
     let runtime = tokio::runtime::Runtime::new()?;
     let client = runtime.block_on(async { HttpClient::with_defaults() })?;
     let mut written = Vec::new();

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand, ValueEnum};
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
+use cudastack::cas::default_cache_root;
 use cudastack::matrix::solve::SolveQuery;
+use cudastack::matrix::source::{self, LoadedMatrix, Origin};
 use cudastack::matrix::{KernelSupport, Matrix, Status};
 use cudastack::version::{ComputeCapability, CudaVersion};
 use serde::Serialize;
@@ -45,20 +47,68 @@ enum TableKind {
 
 #[derive(Debug, Subcommand)]
 enum MatrixCommand {
-    /// Regenerate data/torch-pypi.json from PyPI (simple JSON API + wheel METADATA).
+    /// Read the torch releases from PyPI into the cache; every command then uses them.
     Refresh(super::refresh::RefreshArgs),
+}
+
+/// The matrix a command uses: a refreshed one from the cache (`matrix refresh`) when it is
+/// current, else the one built in. Notes (an outdated refreshed file ignored) and, for
+/// commands other than `matrix`, which matrix answers go to stderr.
+pub(super) fn load(printer: &Printer) -> Result<LoadedMatrix, source::SourceError> {
+    load_from(&default_cache_root(), printer)
+}
+
+/// [`load`] from a given cache root (`build --cache-dir`).
+pub(super) fn load_from(
+    cache_root: &std::path::Path,
+    printer: &Printer,
+) -> Result<LoadedMatrix, source::SourceError> {
+    let loaded = source::load(cache_root)?;
+    announce(&loaded, printer);
+    Ok(loaded)
+}
+
+fn announce(loaded: &LoadedMatrix, printer: &Printer) {
+    for note in &loaded.notes {
+        printer.status(note);
+    }
+    if matches!(loaded.origin, Origin::Refreshed { .. }) {
+        printer.status(format!("matrix: {}", loaded.origin));
+    }
+}
+
+/// `matrix --json`: which matrix answered, and the rows of the table asked for.
+#[derive(Serialize)]
+struct JsonTable<'a, T: Serialize> {
+    matrix: &'a Origin,
+    rows: T,
+}
+
+fn print_json<T: Serialize>(origin: &Origin, rows: T, printer: &Printer) {
+    printer.json(&JsonTable {
+        matrix: origin,
+        rows,
+    });
 }
 
 pub fn run(args: MatrixArgs, printer: &Printer) -> CommandResult {
     if let Some(MatrixCommand::Refresh(refresh)) = args.command {
         return super::refresh::run(refresh, printer);
     }
-    let matrix = Matrix::embedded();
+    let loaded = source::load(&default_cache_root())?;
+    for note in &loaded.notes {
+        printer.status(note);
+    }
+    if !printer.json {
+        printer.line(format_args!("matrix: {}", loaded.origin));
+    }
+    let matrix = loaded.matrix();
+    let origin = &loaded.origin;
     match args.table {
-        TableKind::Torch => torch_table(matrix, &args, printer),
-        TableKind::Cuda => cuda_table(matrix, &args, printer),
-        TableKind::Cudnn => cudnn_table(matrix, printer),
-        TableKind::Gpus => gpu_table(matrix, printer),
+        TableKind::Torch => torch_table(matrix, origin, &args, printer),
+        TableKind::Cuda => cuda_table(matrix, origin, &args, printer),
+        TableKind::Cudnn => cudnn_table(matrix, origin, printer),
+        TableKind::Gpus => gpu_table(matrix, origin, printer),
     }
 }
 
@@ -70,7 +120,12 @@ fn new_table(header: &[&str]) -> Table {
     table
 }
 
-fn torch_table(matrix: &Matrix, args: &MatrixArgs, printer: &Printer) -> CommandResult {
+fn torch_table(
+    matrix: &Matrix,
+    origin: &Origin,
+    args: &MatrixArgs,
+    printer: &Printer,
+) -> CommandResult {
     let spec = args
         .torch
         .as_deref()
@@ -92,7 +147,7 @@ fn torch_table(matrix: &Matrix, args: &MatrixArgs, printer: &Printer) -> Command
         .filter(|b| gpu.is_none_or(|cc| matches!(b.kernels_for(&cc), KernelSupport::Sass(_))))
         .collect();
     if printer.json {
-        printer.json(&rows);
+        print_json(origin, &rows, printer);
         return Ok(ExitCode::SUCCESS);
     }
     let mut table = new_table(&[
@@ -153,7 +208,12 @@ struct CudaRow<'a> {
     status: &'a cudastack::matrix::Status,
 }
 
-fn cuda_table(matrix: &Matrix, args: &MatrixArgs, printer: &Printer) -> CommandResult {
+fn cuda_table(
+    matrix: &Matrix,
+    origin: &Origin,
+    args: &MatrixArgs,
+    printer: &Printer,
+) -> CommandResult {
     let rows: Vec<CudaRow> = matrix
         .cuda_releases
         .iter()
@@ -172,7 +232,7 @@ fn cuda_table(matrix: &Matrix, args: &MatrixArgs, printer: &Printer) -> CommandR
         })
         .collect();
     if printer.json {
-        printer.json(&rows);
+        print_json(origin, &rows, printer);
         return Ok(ExitCode::SUCCESS);
     }
     let mut table = new_table(&[
@@ -195,9 +255,9 @@ fn cuda_table(matrix: &Matrix, args: &MatrixArgs, printer: &Printer) -> CommandR
     Ok(ExitCode::SUCCESS)
 }
 
-fn cudnn_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
+fn cudnn_table(matrix: &Matrix, origin: &Origin, printer: &Printer) -> CommandResult {
     if printer.json {
-        printer.json(&matrix.cudnn_ranges);
+        print_json(origin, &matrix.cudnn_ranges, printer);
         return Ok(ExitCode::SUCCESS);
     }
     let mut table = new_table(&["cuDNN from", "cuDNN to", "CUDA majors"]);
@@ -213,9 +273,9 @@ fn cudnn_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
     Ok(ExitCode::SUCCESS)
 }
 
-fn gpu_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
+fn gpu_table(matrix: &Matrix, origin: &Origin, printer: &Printer) -> CommandResult {
     if printer.json {
-        printer.json(&matrix.gpus);
+        print_json(origin, &matrix.gpus, printer);
         return Ok(ExitCode::SUCCESS);
     }
     let mut table = new_table(&["GPU", "compute capability", "architecture", "status"]);

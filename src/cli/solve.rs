@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use cudastack::matrix::solve::{solve, Solution, SolveQuery};
-use cudastack::matrix::{Matrix, Status};
+use cudastack::matrix::Status;
 use cudastack::version::{DriverVersion, PythonVersion};
 
 use super::{CommandResult, Printer};
@@ -35,8 +35,16 @@ pub struct SolveArgs {
     top: usize,
 }
 
+#[derive(serde::Serialize)]
+struct SolveJson<'a> {
+    #[serde(flatten)]
+    solution: &'a Solution,
+    matrix: &'a cudastack::matrix::source::Origin,
+}
+
 pub fn run(args: SolveArgs, printer: &Printer) -> CommandResult {
-    let matrix = Matrix::embedded();
+    let loaded = super::matrix::load(printer)?;
+    let matrix = loaded.matrix();
     let mut query = SolveQuery {
         driver: args.driver,
         python: args.python,
@@ -51,7 +59,11 @@ pub fn run(args: SolveArgs, printer: &Printer) -> CommandResult {
     }
     let solution = solve(matrix, &query);
     if printer.json {
-        printer.json(&solution);
+        // Which matrix answered rides along (`"matrix": {"source": "refreshed", ...}`).
+        printer.json(&SolveJson {
+            solution: &solution,
+            matrix: &loaded.origin,
+        });
         return Ok(if solution.best().is_some() {
             ExitCode::SUCCESS
         } else {

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use cudastack::matrix::validate::{validate, Severity, Validation};
-use cudastack::matrix::Matrix;
 use cudastack::recipe::Recipe;
 use serde::Serialize;
 
@@ -25,7 +24,8 @@ struct FileResult {
 }
 
 pub fn run(paths: &[PathBuf], printer: &Printer) -> CommandResult {
-    let matrix = Matrix::embedded();
+    let loaded = super::matrix::load(printer)?;
+    let matrix = loaded.matrix();
     let mut results = Vec::new();
     for path in paths {
         let result = match Recipe::load(path) {

@@ -6,7 +6,8 @@
 //!   base distributions. Curated from NVIDIA's documents (see each table's `source`).
 //! - `torch-pypi.json`: every torch release on PyPI with its CUDA, exact nvidia-* pins,
 //!   Python tags and compiled sm list. DERIVED from PyPI by `cudastack matrix refresh`
-//!   (see [`refresh`]); never typed by hand.
+//!   (see [`refresh`]); never typed by hand. A refresh by a user lives in the cache and
+//!   takes precedence over the embedded file ([`source`]).
 //! - `torch-variants.yaml`: builds on PyTorch's own per-CUDA indexes (cu118, cu124, ...),
 //!   from PyTorch's build matrix, since those indexes are not reachable from here.
 //!
@@ -14,6 +15,7 @@
 
 pub mod refresh;
 pub mod solve;
+pub mod source;
 pub mod validate;
 
 use std::collections::BTreeMap;
@@ -261,6 +263,10 @@ mod version_serde {
 /// The torch data file written by `matrix refresh`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TorchPypiData {
+    /// The day (UTC) the data was read from the index; decides whether a refreshed copy in
+    /// the cache is newer than the embedded one ([`source`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generated: Option<source::Date>,
     pub generated_by: String,
     pub index: String,
     pub releases: Vec<TorchBuild>,

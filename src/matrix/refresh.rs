@@ -8,7 +8,9 @@
 //! wheel for the compiled arch list (the string `torch.cuda.get_arch_list()` returns),
 //! streaming the member through a range read instead of downloading the whole wheel.
 //! A row whose wheel digest is unchanged keeps its scanned arch list, so a refresh only
-//! reads what is new. The result is written with sorted keys, so reruns are byte-stable.
+//! reads what is new. The result is written with sorted keys, so reruns of a day are
+//! byte-stable. Where it is written is the CLI's choice: the cache for users (see
+//! [`super::source`]), data/torch-pypi.json for contributors.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
@@ -17,6 +19,7 @@ use pep440_rs::{Operator, Version};
 use pep508_rs::{ExtraName, MarkerEnvironment, Requirement, VersionOrUrl};
 use regex::bytes::Regex;
 
+use super::source::Date;
 use super::{Status, TorchBuild, TorchPypiData};
 use crate::fetch::index::{DistFile, SimpleIndex};
 use crate::fetch::metadata::wheel_metadata;
@@ -398,16 +401,34 @@ pub trait RefreshReporter {
     fn release(&self, version: &Version, what: &str);
 }
 
-/// Regenerate the torch data. `previous` lets unchanged wheels keep their scanned arch list;
-/// `scan_arch` false skips arch scans for rows that `previous` cannot fill.
+/// What one refresh reads and how.
+pub struct RefreshOptions<'a> {
+    /// The index URL, recorded in the data.
+    pub index_url: &'a str,
+    /// Oldest torch release to include.
+    pub since: &'a Version,
+    /// Data from an earlier refresh (or the embedded data): unchanged wheels keep its
+    /// scanned arch lists.
+    pub previous: Option<&'a TorchPypiData>,
+    /// False skips arch scans for rows that `previous` cannot fill.
+    pub scan_arch: bool,
+    /// The day recorded as `generated` (today, UTC, for the CLI).
+    pub generated: Date,
+}
+
+/// Regenerate the torch data.
 pub async fn refresh(
     source: &impl TorchSource,
-    index_url: &str,
-    since: &Version,
-    previous: Option<&TorchPypiData>,
-    scan_arch: bool,
+    options: RefreshOptions<'_>,
     reporter: &impl RefreshReporter,
 ) -> Result<TorchPypiData, RefreshError> {
+    let RefreshOptions {
+        index_url,
+        since,
+        previous,
+        scan_arch,
+        generated,
+    } = options;
     let files = source.files("torch").await?;
     let mut by_version: BTreeMap<Version, Vec<(&DistFile, WheelFilename)>> = BTreeMap::new();
     for file in &files {
@@ -503,6 +524,7 @@ pub async fn refresh(
     }
     releases.sort_by(|a, b| b.torch.cmp(&a.torch));
     Ok(TorchPypiData {
+        generated: Some(generated),
         generated_by: "cudastack matrix refresh".into(),
         index: index_url.into(),
         releases,
