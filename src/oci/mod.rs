@@ -92,63 +92,24 @@ pub(crate) fn io_error(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Oc
     move |source| OciError::Io { path, source }
 }
 
-/// Seconds since the epoch as RFC 3339 UTC (`2024-05-01T12:00:00Z`).
+/// Seconds since the epoch as RFC 3339 UTC (`2024-05-01T12:00:00Z`); epochs past year 9999
+/// (refused by the recipe parser) saturate at its end.
 pub fn rfc3339(epoch: u64) -> String {
-    let days = (epoch / 86_400) as i64;
-    let seconds = epoch % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        seconds / 3600,
-        seconds / 60 % 60,
-        seconds % 60
-    )
+    let seconds = i64::try_from(epoch).unwrap_or(i64::MAX);
+    let timestamp = jiff::Timestamp::from_second(seconds).unwrap_or(jiff::Timestamp::MAX);
+    // Whole seconds: jiff prints no fraction for them, so the bytes match other writers.
+    timestamp.to_string()
 }
 
 /// Parse RFC 3339 UTC (`2024-05-01T12:00:00Z`, fractional seconds ignored) back to seconds
-/// since the epoch: the inverse of [`rfc3339`]. None for other spellings or offsets.
+/// since the epoch: the inverse of [`rfc3339`]. None for other spellings or offsets, and for
+/// times before the epoch.
 pub fn parse_rfc3339(text: &str) -> Option<u64> {
-    let text = text.strip_suffix('Z')?;
-    let (date, time) = text.split_once('T')?;
-    let mut date_parts = date.split('-').map(|p| p.parse::<i64>().ok());
-    let (year, month, day) = (
-        date_parts.next()??,
-        date_parts.next()??,
-        date_parts.next()??,
-    );
-    let time = time.split('.').next()?;
-    let mut time_parts = time.split(':').map(|p| p.parse::<i64>().ok());
-    let (hour, minute, second) = (
-        time_parts.next()??,
-        time_parts.next()??,
-        time_parts.next()??,
-    );
-    if !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
+    if !text.ends_with('Z') {
         return None;
     }
-    // Howard Hinnant's days_from_civil.
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    u64::try_from(days * 86_400 + hour * 3600 + minute * 60 + second).ok()
+    let timestamp: jiff::Timestamp = text.parse().ok()?;
+    u64::try_from(timestamp.as_second()).ok()
 }
 
 /// Build a descriptor from our digest type.
