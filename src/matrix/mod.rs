@@ -142,6 +142,85 @@ pub struct Gpu {
     pub host: Option<crate::recipe::Platform>,
     pub source: String,
     pub status: Status,
+    /// The product's own minimum driver, where it needs a later release than its
+    /// architecture's branch (`gpu_min_drivers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_driver: Option<ProductMinDriver>,
+}
+
+/// The oldest driver branch that runs GPUs of one compute capability at all (issue 24: a
+/// Blackwell GPU does not run on an R550 driver, whatever minor-version compatibility
+/// allows the CUDA runtime).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArchMinDriver {
+    pub cc: ComputeCapability,
+    pub arch: String,
+    /// The branch, as a version (`570`): any 570.x and later.
+    pub min_driver: DriverVersion,
+    /// The first CUDA toolkit of the architecture, whose driver the branch is.
+    pub first_cuda: CudaVersion,
+    pub source: String,
+    pub status: Status,
+}
+
+/// A product's own minimum driver (`B200`: 570.133.20, later than R570's first release).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProductMinDriver {
+    pub driver: DriverVersion,
+    pub source: String,
+    pub status: Status,
+}
+
+/// The minimum driver one GPU needs, with where the figure comes from: what `solve`,
+/// `validate` and `check` compare a driver with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuMinDriver {
+    /// The GPU as reasons name it (`B200 (sm_100)`).
+    pub gpu: String,
+    /// The oldest driver that runs it.
+    pub min_driver: DriverVersion,
+    /// The driver branch to install (`R570`).
+    pub branch: String,
+    pub source: String,
+    /// How sure the figure is, as a plain word ([`Status::word`]).
+    pub status: String,
+}
+
+impl GpuMinDriver {
+    pub fn runs_on(&self, driver: &DriverVersion) -> bool {
+        *driver >= self.min_driver
+    }
+
+    /// `the R570 branch or later` / `570.133.20 or later (R570 branch)`.
+    pub fn requirement(&self) -> String {
+        if self.min_driver.to_string() == self.min_driver.branch().to_string() {
+            format!("the {} driver branch or later", self.branch)
+        } else {
+            format!(
+                "driver {} or later ({} branch)",
+                self.min_driver, self.branch
+            )
+        }
+    }
+
+    /// Why `driver` cannot run the GPU, naming the GPU, its minimum and the source.
+    pub fn refusal(&self, driver: &DriverVersion) -> String {
+        format!(
+            "{} needs {}: driver {driver} does not support it at all, with or without minor-version compatibility (source, {}: {})",
+            self.gpu,
+            self.requirement(),
+            self.status,
+            self.source
+        )
+    }
+
+    /// What to do about it.
+    pub fn hint(&self) -> String {
+        format!(
+            "install the {} driver branch ({} or newer) on the host",
+            self.branch, self.min_driver
+        )
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -171,6 +250,7 @@ struct NvidiaData {
     cudnn_cuda_majors: Table<CudnnCudaRange>,
     cudnn_library_sets: LibrarySets,
     cuda_arch_support: Table<ArchSupport>,
+    gpu_min_drivers: Table<ArchMinDriver>,
     gpus: Vec<Gpu>,
     bases: Vec<BaseDistro>,
 }
@@ -294,6 +374,8 @@ pub struct Matrix {
     pub cudnn_ranges: Vec<CudnnCudaRange>,
     pub cudnn_library_sets: Vec<CudnnLibrarySet>,
     pub arch_support: Vec<ArchSupport>,
+    /// The oldest driver branch of each architecture (`gpu_min_drivers`).
+    pub arch_min_drivers: Vec<ArchMinDriver>,
     pub gpus: Vec<Gpu>,
     pub bases: Vec<BaseDistro>,
     /// Every torch build, newest torch first, PyPI default before index variants.
@@ -402,6 +484,7 @@ impl Matrix {
             cudnn_ranges: nvidia.cudnn_cuda_majors.rows,
             cudnn_library_sets: nvidia.cudnn_library_sets.sets,
             arch_support: nvidia.cuda_arch_support.rows,
+            arch_min_drivers: nvidia.gpu_min_drivers.rows,
             gpus: nvidia.gpus,
             bases: nvidia.bases,
             torch_builds,
@@ -431,6 +514,32 @@ impl Matrix {
     /// The minimum driver to run `cuda` without minor-version compatibility.
     pub fn min_driver_for(&self, cuda: &CudaVersion) -> Option<&DriverVersion> {
         self.cuda_release(cuda).map(|row| &row.min_driver)
+    }
+
+    /// The oldest driver that runs `gpu` at all: its product's own figure when the matrix
+    /// has one, else its architecture's branch; `None` when the matrix has neither (GPUs
+    /// older than Ampere, whose branches predate every CUDA 11 driver).
+    pub fn gpu_min_driver(&self, gpu: &solve::TargetGpu) -> Option<GpuMinDriver> {
+        let arch = self.arch_min_drivers.iter().find(|row| row.cc == gpu.cc);
+        let product = self
+            .gpu(&gpu.name)
+            .filter(|known| known.cc == gpu.cc)
+            .and_then(|known| known.min_driver.as_ref());
+        let (min_driver, source, status) = match (product, arch) {
+            (Some(own), Some(arch)) if arch.min_driver > own.driver => {
+                (&arch.min_driver, &arch.source, arch.status)
+            }
+            (Some(own), _) => (&own.driver, &own.source, own.status),
+            (None, Some(arch)) => (&arch.min_driver, &arch.source, arch.status),
+            (None, None) => return None,
+        };
+        Some(GpuMinDriver {
+            gpu: gpu.label(),
+            min_driver: min_driver.clone(),
+            branch: format!("R{}", min_driver.branch()),
+            source: source.clone(),
+            status: status.word().to_string(),
+        })
     }
 
     /// The minor-version-compatibility floor for a CUDA major.

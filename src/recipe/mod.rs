@@ -190,6 +190,37 @@ pub struct TorchSpec {
     pub index: TorchIndex,
 }
 
+/// Whether a version names a release series: two release parts and nothing else (`2.4`),
+/// which means `==2.4.*` and resolves to the series' newest release that fits (issue 24);
+/// `2.4.0` and `2.4.1` stay exact.
+pub fn is_series(version: &Version) -> bool {
+    version.release().len() == 2
+        && version.epoch() == 0
+        && version.pre().is_none()
+        && version.post().is_none()
+        && version.dev().is_none()
+        && version.local().is_empty()
+}
+
+impl TorchSpec {
+    /// Whether `version: "2.4"` was written: the 2.4 series, not 2.4.0.
+    pub fn is_series(&self) -> bool {
+        is_series(&self.version)
+    }
+
+    /// Whether a torch release is what this spec names: the exact version, or any release
+    /// of the series.
+    pub fn admits(&self, release: &Version) -> bool {
+        if self.is_series() {
+            release.release().get(..2) == Some(self.version.release())
+                && release.pre().is_none()
+                && release.dev().is_none()
+        } else {
+            *release == self.version
+        }
+    }
+}
+
 /// Where torch comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum TorchIndex {

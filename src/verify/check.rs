@@ -8,7 +8,8 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use super::record::{VerifiedOn, LABEL_MATRIX};
-use crate::matrix::Matrix;
+use crate::matrix::solve::TargetGpu;
+use crate::matrix::{GpuMinDriver, Matrix};
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion};
 
 /// What an image's config declares about what it needs.
@@ -130,13 +131,35 @@ pub struct Answer {
     /// For `unknown`: what was missing, and what to give to get an answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unknown_because: Option<String>,
+    /// The oldest driver each node GPU runs on at all, where the matrix knows it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub min_drivers: Vec<GpuMinDriver>,
     pub findings: Vec<Finding>,
 }
 
 pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
     let mut findings = Vec::new();
+    let min_drivers: Vec<GpuMinDriver> = node
+        .gpus
+        .iter()
+        .filter_map(|gpu| {
+            matrix.gpu_min_driver(&TargetGpu {
+                name: gpu.name.clone(),
+                cc: gpu.compute_capability,
+            })
+        })
+        .collect();
     if let Some(driver) = &node.driver {
         check_driver(matrix, image, driver, &mut findings);
+        // Issue 24: a GPU newer than the driver is a no whatever the image needs.
+        for floor in min_drivers.iter().filter(|floor| !floor.runs_on(driver)) {
+            findings.push(Finding {
+                ok: false,
+                subject: format!("driver {driver}"),
+                what: floor.refusal(driver),
+                hint: Some(floor.hint()),
+            });
+        }
     }
     for gpu in &node.gpus {
         check_gpu(matrix, image, gpu, &mut findings);
@@ -145,6 +168,7 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
         return Answer {
             fits: Fit::No,
             unknown_because: None,
+            min_drivers,
             findings,
         };
     }
@@ -156,6 +180,7 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
             Fit::Yes
         },
         unknown_because,
+        min_drivers,
         findings,
     }
 }
@@ -412,6 +437,54 @@ mod tests {
             .findings
             .iter()
             .any(|f| f.what.contains("sm_90 kernels")));
+    }
+
+    /// Issue 24: a Blackwell GPU on an R550 driver was a yes when the image needed CUDA 12.1.
+    #[test]
+    fn a_driver_older_than_the_gpu_says_no_and_names_the_branch() {
+        let answer = check(
+            Matrix::embedded(),
+            &claims_with_sm("sm_80 sm_90 sm_100 sm_120"),
+            &node("550.54.15", &[("NVIDIA GeForce RTX 5090", "12.0")]),
+        );
+        assert_eq!(answer.fits, Fit::No, "{answer:?}");
+        let refusal = answer.findings.iter().find(|f| !f.ok).unwrap();
+        assert!(
+            refusal
+                .what
+                .contains("GeForce RTX 5090 (sm_120) needs the R570 driver branch or later"),
+            "{refusal:?}"
+        );
+        assert!(refusal.what.contains("docs.nvidia.com"), "{refusal:?}");
+        assert!(
+            refusal
+                .hint
+                .as_deref()
+                .unwrap()
+                .contains("install the R570 driver branch"),
+            "{refusal:?}"
+        );
+        assert_eq!(answer.min_drivers[0].min_driver.to_string(), "570");
+        // B200 has its own, later minimum within R570.
+        let b200 = check(
+            Matrix::embedded(),
+            &claims_with_sm("sm_80 sm_90 sm_100 sm_120"),
+            &node("570.124.06", &[("NVIDIA B200", "10.0")]),
+        );
+        assert_eq!(b200.fits, Fit::No, "{b200:?}");
+        assert!(serde_json::to_string(&b200).unwrap().contains("570.133.20"));
+        let fits = check(
+            Matrix::embedded(),
+            &claims_with_sm("sm_80 sm_90 sm_100 sm_120"),
+            &node("570.133.20", &[("NVIDIA B200", "10.0")]),
+        );
+        assert_eq!(fits.fits, Fit::Yes, "{fits:?}");
+    }
+
+    fn claims_with_sm(sm: &str) -> ImageClaims {
+        let labels = BTreeMap::from([("io.cudastack.torch.sm".to_string(), sm.to_string())]);
+        let env = BTreeMap::from([("NVIDIA_REQUIRE_CUDA".to_string(), "cuda>=12.1".to_string())]);
+        ImageClaims::from_labels_and_env(&labels, &env)
     }
 
     #[test]
