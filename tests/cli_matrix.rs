@@ -62,6 +62,7 @@ fn each_invalid_case_has_a_precise_error_and_hint() {
         ("base-python-mismatch", &["base debian:bookworm ships Python 3.11; the recipe asks for Python 3.12"]),
         ("gpu-arch-removed", &["CUDA 13.0 cannot compile for Tesla V100 (sm_70)"]),
         ("gpu-host-platform", &["GPU `GH200` exists only in linux/arm64 machines", "add linux/arm64 to `platforms:`"]),
+        ("gpu-driver-too-old", &["driver floor 550.54.15 is too old for GeForce RTX 5090 (sm_120): it needs the R570 driver branch or later", "cuda-toolkit-driver-and-architecture-matrix", "raise driver_floor to >= 570.26"]),
     ];
     for (name, fragments) in cases {
         let path = format!("tests/fixtures/recipes/invalid/{name}.yaml");
@@ -249,6 +250,94 @@ fn solve_driver_570_rtx_5090() {
             .unwrap()
             .contains("CUDA 13.0 needs 580.65.06"),
         "{new}"
+    );
+}
+
+/// Issue 24: Blackwell GPUs were offered R550 builds through minor-version compatibility;
+/// they do not run on an R550 driver at all.
+#[test]
+fn solve_blackwell_on_driver_550_offers_nothing_and_says_why() {
+    for gpu in ["B200", "RTX 5090"] {
+        let (code, stdout, _) = run(&["solve", "--driver", "550.54.15", "--gpu", gpu]);
+        assert_eq!(code, 1, "{gpu}:\n{stdout}");
+        assert!(stdout.contains("no torch build fits."), "{gpu}:\n{stdout}");
+        assert!(stdout.contains("driver too old: "), "{gpu}:\n{stdout}");
+        assert!(
+            stdout.contains("hint: install the R570 driver branch"),
+            "{gpu}:\n{stdout}"
+        );
+        let solution = solve_json(&["--driver", "550.54.15", "--gpu", gpu]);
+        let candidates = solution["candidates"].as_array().unwrap();
+        assert!(candidates.iter().all(|c| c["accepted"] == false));
+        let reason = candidates[0]["reasons"][0].as_str().unwrap();
+        assert!(
+            reason.contains("driver 550.54.15 does not support it at all"),
+            "{reason}"
+        );
+        assert_eq!(solution["min_drivers"][0]["branch"], "R570", "{solution}");
+    }
+    let b200 = solve_json(&["--driver", "550.54.15", "--gpu", "B200"]);
+    assert_eq!(b200["min_drivers"][0]["min_driver"], "570.133.20");
+    assert!(b200["candidates"][0]["reasons"][0]
+        .as_str()
+        .unwrap()
+        .contains("B200 (sm_100) needs driver 570.133.20 or later (R570 branch)"));
+    // On an R570 driver the Blackwell-capable builds come back.
+    let b200 = solve_json(&["--driver", "570.133.20", "--gpu", "B200"]);
+    assert_eq!(best(&b200), ("2.11.0+cu128".to_string(), false));
+    let recipe = b200["candidates"][0]["recipe"].as_str().unwrap();
+    assert!(recipe.contains("driver_floor: \"570.133.20\""), "{recipe}");
+}
+
+/// Issue 24: `--torch 2.5` meant `==2.5` (2.5.0); it is the 2.5 series, and says so.
+#[test]
+fn solve_torch_two_parts_is_a_series() {
+    let (code, stdout, _) = run(&[
+        "solve",
+        "--driver",
+        "550.54.15",
+        "--gpu",
+        "RTX 3090",
+        "--torch",
+        "2.5",
+    ]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.contains("note: torch 2.5 means the 2.5 series (==2.5.*); picked 2.5.1"),
+        "{stdout}"
+    );
+    let series = solve_json(&[
+        "--driver",
+        "550.54.15",
+        "--gpu",
+        "RTX 3090",
+        "--torch",
+        "2.5",
+    ]);
+    assert_eq!(best(&series).0, "2.5.1+cu124");
+    let exact = solve_json(&[
+        "--driver",
+        "550.54.15",
+        "--gpu",
+        "RTX 3090",
+        "--torch",
+        "2.5.0",
+    ]);
+    assert_eq!(best(&exact).0, "2.5.0+cu124");
+    assert!(exact.get("notes").is_none(), "{exact}");
+}
+
+/// A recipe's `version: "2.4"` validates as the 2.4 series, resolved to 2.4.1.
+#[test]
+fn validate_torch_two_parts_names_the_release_chosen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_recipe(&dir, "name: series\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: { version: \"12.1\" }\ntorch: { version: \"2.4\" }\n");
+    let (code, stdout, _) = run(&["validate", &path]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("valid (torch 2.4.1+cu121"), "{stdout}");
+    assert!(
+        stdout.contains("note[torch-series]: torch \"2.4\" means the 2.4 series; picked 2.4.1"),
+        "{stdout}"
     );
 }
 

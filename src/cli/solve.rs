@@ -21,7 +21,8 @@ pub struct SolveArgs {
     /// A GPU given by compute capability (`8.6` or `sm_86`); repeatable.
     #[arg(long = "cc")]
     ccs: Vec<String>,
-    /// Torch versions to consider: `2.4.1`, `==2.4.*`, `>=2.3,<2.6`.
+    /// Torch versions to consider: `2.4.1` (exact), `2.4` (the 2.4 series: its newest
+    /// release that fits), `>=2.3,<2.6`.
     #[arg(long)]
     torch: Option<String>,
     /// Python version the stack must use.
@@ -85,6 +86,22 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
     if !host.is_empty() {
         printer.line(format_args!("host: {}", host.join(", ")));
     }
+    for note in &solution.notes {
+        printer.line(format_args!("note: {note}"));
+    }
+    // A GPU newer than the driver rules out every build: say it once, with what to do.
+    let mut driver_too_old = false;
+    if let Some(driver) = &solution.driver {
+        for floor in solution.min_drivers.iter().filter(|f| !f.runs_on(driver)) {
+            driver_too_old = true;
+            printer.line(format_args!(
+                "driver too old: {}
+  hint: {}",
+                floor.refusal(driver),
+                floor.hint()
+            ));
+        }
+    }
     let accepted: Vec<_> = solution.accepted().collect();
     if accepted.is_empty() {
         printer.line("no torch build fits.");
@@ -118,7 +135,12 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
         printer,
     );
     let rejected: Vec<_> = solution.candidates.iter().filter(|c| !c.accepted).collect();
-    if !rejected.is_empty() {
+    if driver_too_old {
+        printer.line(format_args!(
+            "\nrejected: all {} builds, for the reason above (`--json` lists them)",
+            rejected.len()
+        ));
+    } else if !rejected.is_empty() {
         printer.line(format_args!(
             "\nrejected ({} in all, newest first):",
             rejected.len()

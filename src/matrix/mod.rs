@@ -899,6 +899,51 @@ mod tests {
         }
     }
 
+    /// Each architecture's branch is the branch of the driver its first toolkit ships (the
+    /// rule `gpu_min_drivers` states), and a product's own figure is never below it.
+    #[test]
+    fn gpu_minimum_drivers_follow_their_first_toolkit() {
+        let m = matrix();
+        assert!(m.arch_min_drivers.len() >= 9);
+        for row in &m.arch_min_drivers {
+            assert!(
+                row.source.contains("docs.nvidia.com") || row.status == Status::Unconfirmed,
+                "{row:?}"
+            );
+            let toolkit = m.min_driver_for(&row.first_cuda).unwrap();
+            assert_eq!(row.min_driver.branch(), toolkit.branch(), "{row:?}");
+            assert_eq!(
+                row.min_driver.to_string(),
+                row.min_driver.branch().to_string(),
+                "a branch: {row:?}"
+            );
+        }
+        for gpu in m.gpus.iter().filter(|gpu| gpu.min_driver.is_some()) {
+            let own = &gpu.min_driver.as_ref().unwrap().driver;
+            let arch = m
+                .arch_min_drivers
+                .iter()
+                .find(|row| row.cc == gpu.cc)
+                .unwrap();
+            assert!(*own >= arch.min_driver, "{}", gpu.name);
+        }
+        let min = |name: &str| {
+            let gpu = solve::SolveQuery::gpu(m, name).unwrap();
+            m.gpu_min_driver(&gpu)
+                .map(|floor| floor.min_driver.to_string())
+        };
+        assert_eq!(min("B200").as_deref(), Some("570.133.20"));
+        assert_eq!(min("GB200").as_deref(), Some("570"));
+        assert_eq!(min("RTX 5090").as_deref(), Some("570"));
+        assert_eq!(min("10.0").as_deref(), Some("570"));
+        assert_eq!(min("H100").as_deref(), Some("520"));
+        assert_eq!(min("L4").as_deref(), Some("520"));
+        assert_eq!(min("GB10").as_deref(), Some("575"));
+        // Older than Ampere: CUDA 11's own floors already exceed their branches.
+        assert_eq!(min("V100"), None);
+        assert_eq!(min("T4"), None);
+    }
+
     #[test]
     fn status_words_are_plain() {
         assert_eq!(Status::ConfirmedSecondary.to_string(), "secondary");
