@@ -579,6 +579,20 @@ fn matrix_tables_sort_sm_lists_and_print_plain_status_words() {
     assert_eq!(code, 0);
     assert!(stdout.contains("A10G"), "{stdout}");
     assert!(stdout.contains("RTX A6000 (also A6000)"), "{stdout}");
+    // Issue 24: each GPU's own minimum driver.
+    let row = |name: &str| {
+        stdout
+            .lines()
+            .find(|line| line.contains(&format!("│ {name} ")))
+            .unwrap_or_else(|| panic!("no row for {name}: {stdout}"))
+            .to_string()
+    };
+    assert!(row("B200").contains("570.133.20 (confirmed)"), "{stdout}");
+    assert!(
+        row("GeForce RTX 5090").contains("R570 (partial)"),
+        "{stdout}"
+    );
+    assert!(row("Tesla V100").contains(" - "), "{stdout}");
     assert!(stdout.contains("secondary"), "{stdout}");
     assert!(!stdout.contains("ConfirmedSecondary"), "{stdout}");
 }

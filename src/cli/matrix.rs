@@ -218,7 +218,13 @@ fn gpu_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
         printer.json(&matrix.gpus);
         return Ok(ExitCode::SUCCESS);
     }
-    let mut table = new_table(&["GPU", "compute capability", "architecture", "status"]);
+    let mut table = new_table(&[
+        "GPU",
+        "compute capability",
+        "architecture",
+        "min driver",
+        "status",
+    ]);
     let mut gpus: Vec<_> = matrix.gpus.iter().collect();
     gpus.sort_by(|a, b| a.cc.cmp(&b.cc).then(a.name.cmp(&b.name)));
     for gpu in gpus {
@@ -227,15 +233,31 @@ fn gpu_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
         } else {
             format!("{} (also {})", gpu.name, gpu.aliases.join(", "))
         };
+        // Issue 24: the oldest driver that runs the GPU at all, and how sure that is.
+        let target = cudastack::matrix::solve::TargetGpu {
+            name: gpu.name.clone(),
+            cc: gpu.cc,
+        };
+        let min_driver = match matrix.gpu_min_driver(&target) {
+            Some(floor)
+                if floor.min_driver.to_string() == floor.min_driver.branch().to_string() =>
+            {
+                format!("{} ({})", floor.branch, floor.status)
+            }
+            Some(floor) => format!("{} ({})", floor.min_driver, floor.status),
+            None => "-".to_string(),
+        };
         table.add_row(vec![
             name,
             gpu.cc.to_string(),
             gpu.arch.clone(),
+            min_driver,
             gpu.status.to_string(),
         ]);
     }
     printer.line(&table);
     print_legend(matrix.gpus.iter().map(|gpu| gpu.status), printer);
+    printer.line("min driver: the oldest driver branch (or release) that runs the GPU at all, from NVIDIA's CUDA Toolkit, Driver, and Architecture Matrix; `-`: older than Ampere, below every CUDA 11 driver's floor anyway");
     printer.line("names match forgivingly (case, spaces, `NVIDIA`/`GeForce`/`Tesla` left out); a GPU not listed can be given by its compute capability (`8.6`)");
     Ok(ExitCode::SUCCESS)
 }
