@@ -62,7 +62,7 @@ fn each_invalid_case_has_a_precise_error_and_hint() {
         ("base-python-mismatch", &["base debian:bookworm ships Python 3.11; the recipe asks for Python 3.12"]),
         ("gpu-arch-removed", &["CUDA 13.0 cannot compile for Tesla V100 (sm_70)"]),
         ("gpu-host-platform", &["GPU `GH200` exists only in linux/arm64 machines", "add linux/arm64 to `platforms:`"]),
-        ("gpu-driver-too-old", &["driver floor 550.54.15 is too old for GeForce RTX 5090 (sm_120): it needs the R570 driver branch or later", "cuda-toolkit-driver-and-architecture-matrix", "raise driver_floor to >= 570.26"]),
+        ("gpu-driver-unsupported", &["driver floor 550.54.15 is too old for GeForce RTX 5090 (sm_120): it needs the R570 driver branch or later", "cuda-toolkit-driver-and-architecture-matrix", "raise driver_floor to >= 570.26"]),
     ];
     for (name, fragments) in cases {
         let path = format!("tests/fixtures/recipes/invalid/{name}.yaml");
@@ -261,7 +261,10 @@ fn solve_blackwell_on_driver_550_offers_nothing_and_says_why() {
         let (code, stdout, _) = run(&["solve", "--driver", "550.54.15", "--gpu", gpu]);
         assert_eq!(code, 1, "{gpu}:\n{stdout}");
         assert!(stdout.contains("no torch build fits."), "{gpu}:\n{stdout}");
-        assert!(stdout.contains("driver too old: "), "{gpu}:\n{stdout}");
+        assert!(
+            stdout.contains("driver does not support the GPU: "),
+            "{gpu}:\n{stdout}"
+        );
         assert!(
             stdout.contains("hint: install the R570 driver branch"),
             "{gpu}:\n{stdout}"
@@ -274,10 +277,13 @@ fn solve_blackwell_on_driver_550_offers_nothing_and_says_why() {
             reason.contains("driver 550.54.15 does not support it at all"),
             "{reason}"
         );
-        assert_eq!(solution["min_drivers"][0]["branch"], "R570", "{solution}");
+        assert_eq!(
+            solution["gpu_drivers"][0]["min_branch"], "R570",
+            "{solution}"
+        );
     }
     let b200 = solve_json(&["--driver", "550.54.15", "--gpu", "B200"]);
-    assert_eq!(b200["min_drivers"][0]["min_driver"], "570.133.20");
+    assert_eq!(b200["gpu_drivers"][0]["min_driver"], "570.133.20");
     assert!(b200["candidates"][0]["reasons"][0]
         .as_str()
         .unwrap()
@@ -592,7 +598,11 @@ fn matrix_tables_sort_sm_lists_and_print_plain_status_words() {
         row("GeForce RTX 5090").contains("R570 (partial)"),
         "{stdout}"
     );
-    assert!(row("Tesla V100").contains(" - "), "{stdout}");
+    assert!(
+        row("Tesla V100").contains("up to R580 (confirmed)"),
+        "{stdout}"
+    );
+    assert!(row("Tesla T4").contains(" - "), "{stdout}");
     assert!(stdout.contains("secondary"), "{stdout}");
     assert!(!stdout.contains("ConfirmedSecondary"), "{stdout}");
 }

@@ -162,8 +162,8 @@ fn check_of_a_gpu_newer_than_the_driver_says_no_and_what_to_install() {
     ]);
     assert_eq!(code, Some(0), "{stdout}");
     let answer: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(answer["min_drivers"][0]["branch"], "R520", "{answer}");
-    assert_eq!(answer["min_drivers"][0]["gpu"], "H100 (sm_90)", "{answer}");
+    assert_eq!(answer["gpu_drivers"][0]["min_branch"], "R520", "{answer}");
+    assert_eq!(answer["gpu_drivers"][0]["gpu"], "H100 (sm_90)", "{answer}");
 }
 
 /// No node facts (and half of them) is unknown, exit 3; yes is 0, no is 1.

@@ -222,7 +222,7 @@ fn gpu_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
         "GPU",
         "compute capability",
         "architecture",
-        "min driver",
+        "drivers",
         "status",
     ]);
     let mut gpus: Vec<_> = matrix.gpus.iter().collect();
@@ -238,13 +238,22 @@ fn gpu_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
             name: gpu.name.clone(),
             cc: gpu.cc,
         };
-        let min_driver = match matrix.gpu_min_driver(&target) {
-            Some(floor)
-                if floor.min_driver.to_string() == floor.min_driver.branch().to_string() =>
-            {
-                format!("{} ({})", floor.branch, floor.status)
+        let min_driver = match matrix.gpu_drivers(&target) {
+            Some(drivers) => {
+                let min = match (&drivers.min_driver, &drivers.min_branch) {
+                    (Some(min), Some(branch)) if min.to_string() == min.branch().to_string() => {
+                        Some(branch.clone())
+                    }
+                    (Some(min), _) => Some(min.to_string()),
+                    _ => None,
+                };
+                let last = drivers
+                    .last_branch
+                    .as_ref()
+                    .map(|last| format!("up to {last}"));
+                let range: Vec<String> = min.into_iter().chain(last).collect();
+                format!("{} ({})", range.join(", "), drivers.status)
             }
-            Some(floor) => format!("{} ({})", floor.min_driver, floor.status),
             None => "-".to_string(),
         };
         table.add_row(vec![
@@ -257,7 +266,7 @@ fn gpu_table(matrix: &Matrix, printer: &Printer) -> CommandResult {
     }
     printer.line(&table);
     print_legend(matrix.gpus.iter().map(|gpu| gpu.status), printer);
-    printer.line("min driver: the oldest driver branch (or release) that runs the GPU at all, from NVIDIA's CUDA Toolkit, Driver, and Architecture Matrix; `-`: older than Ampere, below every CUDA 11 driver's floor anyway");
+    printer.line("drivers: the oldest driver branch (or release) that runs the GPU at all, or `up to` the last branch that still does (NVIDIA's CUDA Toolkit, Driver, and Architecture Matrix); `-`: any driver of CUDA 11 or later");
     printer.line("names match forgivingly (case, spaces, `NVIDIA`/`GeForce`/`Tesla` left out); a GPU not listed can be given by its compute capability (`8.6`)");
     Ok(ExitCode::SUCCESS)
 }

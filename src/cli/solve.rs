@@ -89,16 +89,15 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
     for note in &solution.notes {
         printer.line(format_args!("note: {note}"));
     }
-    // A GPU newer than the driver rules out every build: say it once, with what to do.
-    let mut driver_too_old = false;
+    // A GPU the driver does not support rules out every build: say it once, with what to do.
+    let mut driver_unsupported = false;
     if let Some(driver) = &solution.driver {
-        for floor in solution.min_drivers.iter().filter(|f| !f.runs_on(driver)) {
-            driver_too_old = true;
+        for drivers in solution.gpu_drivers.iter().filter(|d| !d.runs_on(driver)) {
+            driver_unsupported = true;
             printer.line(format_args!(
-                "driver too old: {}
-  hint: {}",
-                floor.refusal(driver),
-                floor.hint()
+                "driver does not support the GPU: {}\n  hint: {}",
+                drivers.refusal(driver),
+                drivers.hint(driver)
             ));
         }
     }
@@ -135,7 +134,7 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
         printer,
     );
     let rejected: Vec<_> = solution.candidates.iter().filter(|c| !c.accepted).collect();
-    if driver_too_old {
+    if driver_unsupported {
         printer.line(format_args!(
             "\nrejected: all {} builds, for the reason above (`--json` lists them)",
             rejected.len()

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use pep440_rs::{Operator, VersionSpecifiers};
 use serde::Serialize;
 
-use super::{GpuMinDriver, KernelSupport, Matrix, TorchBuild};
+use super::{GpuDrivers, KernelSupport, Matrix, TorchBuild};
 use crate::recipe::Platform;
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion, PythonVersion};
 
@@ -150,8 +150,9 @@ pub struct Solution {
     /// The newest CUDA the driver supports natively.
     pub cuda_ceiling: Option<CudaVersion>,
     pub gpus: Vec<TargetGpu>,
-    /// The oldest driver each GPU runs on at all, where the matrix knows it (issue 24).
-    pub min_drivers: Vec<GpuMinDriver>,
+    /// The drivers each GPU runs on at all (its minimum, or the last branch that still
+    /// runs it), where the matrix knows them (issue 24).
+    pub gpu_drivers: Vec<GpuDrivers>,
     /// What the answer took the query to mean (`torch 2.5 means the 2.5 series; ...`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -201,17 +202,17 @@ pub fn solve(matrix: &Matrix, query: &SolveQuery) -> Solution {
         driver: query.driver.clone(),
         cuda_ceiling: ceiling,
         gpus: query.gpus.clone(),
-        min_drivers: gpu_min_drivers(matrix, query),
+        gpu_drivers: gpu_drivers(matrix, query),
         notes,
         candidates,
     }
 }
 
-fn gpu_min_drivers(matrix: &Matrix, query: &SolveQuery) -> Vec<GpuMinDriver> {
+fn gpu_drivers(matrix: &Matrix, query: &SolveQuery) -> Vec<GpuDrivers> {
     query
         .gpus
         .iter()
-        .filter_map(|gpu| matrix.gpu_min_driver(gpu))
+        .filter_map(|gpu| matrix.gpu_drivers(gpu))
         .collect()
 }
 
@@ -290,7 +291,7 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
     }
 
     if let Some(driver) = &query.driver {
-        if let Some(floor) = gpu_min_drivers(matrix, query)
+        if let Some(floor) = gpu_drivers(matrix, query)
             .into_iter()
             .find(|floor| !floor.runs_on(driver))
         {
@@ -467,9 +468,9 @@ fn recipe_for(
         matrix.min_driver_for(&build.cuda).cloned()
     };
     // The GPUs' own minimum raises the floor: a recipe for a B200 names a driver that runs it.
-    let driver_floor = gpu_min_drivers(matrix, query)
+    let driver_floor = gpu_drivers(matrix, query)
         .into_iter()
-        .map(|floor| floor.min_driver)
+        .filter_map(|drivers| drivers.min_driver)
         .chain(toolkit_floor)
         .max()
         .map(|driver| driver.to_string())
@@ -595,6 +596,10 @@ mod tests {
                 None,
                 "needs the R520 driver branch or later",
             ),
+            // Architectures later branches dropped: Volta after R580, Kepler after R470.
+            ("590.44.01", "V100", None, "Tesla V100 (sm_70) needs a driver of the R580 branch or older: driver 590.44.01 no longer supports it"),
+            ("590.48.01", "gtx1080ti", None, "needs a driver of the R580 branch or older"),
+            ("495.29.05", "K80", None, "Tesla K80 (sm_37) needs a driver of the R470 branch or older"),
         ];
         let matrix = Matrix::embedded();
         for (driver, gpu, torch, why) in cases {
@@ -622,6 +627,12 @@ mod tests {
             ("550.54.15", "RTX 3090", Some("2.5.0"), "2.5.0+cu124"),
             ("535.104.05", "A100", Some("2.4"), "2.4.1+cu121"),
         ];
+        for (driver, gpu) in [("580.65.06", "V100"), ("470.82.01", "K80")] {
+            assert!(
+                solve(matrix, &query(driver, gpu, None)).best().is_some(),
+                "{driver} {gpu}"
+            );
+        }
         for (driver, gpu, torch, best) in fits {
             let solution = solve(matrix, &query(driver, gpu, *torch));
             assert_eq!(
@@ -638,8 +649,8 @@ mod tests {
         let solution = solve(Matrix::embedded(), &query("570.133.20", "B200", None));
         let recipe = solution.best().unwrap().recipe.as_deref().unwrap();
         assert!(recipe.contains("driver_floor: \"570.133.20\""), "{recipe}");
-        assert_eq!(solution.min_drivers.len(), 1);
-        assert_eq!(solution.min_drivers[0].branch, "R570");
+        assert_eq!(solution.gpu_drivers.len(), 1);
+        assert_eq!(solution.gpu_drivers[0].min_branch.as_deref(), Some("R570"));
     }
 
     /// Issue 24: `--torch 2.5` meant `==2.5` (2.5.0 only); it is the 2.5 series and says so.

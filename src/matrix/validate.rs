@@ -640,43 +640,49 @@ fn check_gpus(
     }
 }
 
-/// The recipe's driver floor against the oldest driver the GPU runs on at all (issue 24:
-/// an R550 floor for a B200 passed through minor-version compatibility).
+/// The recipe's driver floor against the drivers the GPU runs on at all (issue 24: an
+/// R550 floor for a B200 passed through minor-version compatibility).
 fn check_gpu_driver(
     matrix: &Matrix,
     recipe: &Recipe,
     gpu: &super::solve::TargetGpu,
     problems: &mut Collector,
 ) {
-    let Some(floor) = matrix.gpu_min_driver(gpu) else {
+    let Some(drivers) = matrix.gpu_drivers(gpu) else {
         return;
     };
-    if floor.runs_on(&recipe.driver_floor) {
+    let floor = &recipe.driver_floor;
+    if drivers.runs_on(floor) {
         return;
     }
-    // A floor that names a release, not a bare branch, and that the recipe's CUDA accepts.
-    let raise_to = matrix
-        .min_driver_for(&recipe.cuda.version)
-        .filter(|toolkit| floor.runs_on(toolkit))
-        .cloned()
-        .unwrap_or_else(|| floor.min_driver.clone());
-    problems.error(
-        "gpu-driver-too-old",
-        format!(
-            "driver floor {} is too old for {}: it needs {}",
-            recipe.driver_floor,
-            floor.gpu,
-            floor.requirement()
-        ),
-        format!(
-            "a driver older than its GPU's architecture does not list the GPU, so CUDA finds no device; minor-version compatibility does not change that (source, {}: {})",
-            floor.status, floor.source
-        ),
-        format!(
-            "raise driver_floor to >= {raise_to} and run the image on hosts with the {} driver branch or newer",
-            floor.branch
-        ),
+    let why = format!(
+        "a driver that does not support a GPU's architecture does not list the GPU, so CUDA finds no device; minor-version compatibility does not change that (source, {}: {})",
+        drivers.status, drivers.source
     );
+    let what = format!(
+        "driver floor {floor} is {} for {}: it needs {}",
+        if drivers.min_driver.as_ref().is_some_and(|min| floor < min) {
+            "too old"
+        } else {
+            "too new"
+        },
+        drivers.gpu,
+        drivers.requirement()
+    );
+    let hint = match (&drivers.min_driver, &drivers.min_branch, &drivers.last_branch) {
+        (Some(min), Some(branch), _) if floor < min => {
+            // A floor that names a release, not a bare branch, and that the recipe's CUDA
+            // accepts.
+            let raise_to = matrix
+                .min_driver_for(&recipe.cuda.version)
+                .filter(|toolkit| drivers.runs_on(toolkit))
+                .unwrap_or(min);
+            format!("raise driver_floor to >= {raise_to} and run the image on hosts with the {branch} driver branch or newer")
+        }
+        (_, _, Some(last)) => format!("lower driver_floor to a driver of the {last} branch or older (with a CUDA that branch supports), or drop this GPU from `gpus:`"),
+        _ => drivers.hint(floor),
+    };
+    problems.error("gpu-driver-unsupported", what, why, hint);
 }
 
 #[cfg(test)]
@@ -745,7 +751,7 @@ mod tests {
         let validation = validate(matrix, &recipe);
         let errors: Vec<&Problem> = validation.errors().collect();
         assert_eq!(errors.len(), 1, "{errors:?}");
-        assert_eq!(errors[0].code, "gpu-driver-too-old");
+        assert_eq!(errors[0].code, "gpu-driver-unsupported");
         assert!(errors[0].what.contains("driver floor 550.54.15 is too old for B200 (sm_100): it needs driver 570.133.20 or later (R570 branch)"), "{}", errors[0].what);
         assert!(
             errors[0].why.contains("docs.nvidia.com"),
@@ -771,6 +777,18 @@ mod tests {
         );
         let fixed = parse(&recipe.canonical_json().replace("550.54.15", "570.133.20"));
         assert!(validate(matrix, &fixed).is_valid());
+        // A floor newer than the last branch of a dropped architecture is an error too.
+        let volta = parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"590.44.01\"\ncuda: { version: \"12.8\" }\ngpus: [\"V100\"]\n");
+        let errors: Vec<Problem> = validate(matrix, &volta).errors().cloned().collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].what.contains("driver floor 590.44.01 is too new for Tesla V100 (sm_70): it needs a driver of the R580 branch or older"), "{}", errors[0].what);
+        assert!(
+            errors[0]
+                .hint
+                .contains("lower driver_floor to a driver of the R580 branch or older"),
+            "{}",
+            errors[0].hint
+        );
     }
 
     /// Issue 24: `version: "2.4"` meant 2.4.0; it is the 2.4 series, resolved to its newest

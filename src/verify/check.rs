@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::record::{VerifiedOn, LABEL_MATRIX};
 use crate::matrix::solve::TargetGpu;
-use crate::matrix::{GpuMinDriver, Matrix};
+use crate::matrix::{GpuDrivers, Matrix};
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion};
 
 /// What an image's config declares about what it needs.
@@ -131,19 +131,19 @@ pub struct Answer {
     /// For `unknown`: what was missing, and what to give to get an answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unknown_because: Option<String>,
-    /// The oldest driver each node GPU runs on at all, where the matrix knows it.
+    /// The drivers each node GPU runs on at all, where the matrix knows them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub min_drivers: Vec<GpuMinDriver>,
+    pub gpu_drivers: Vec<GpuDrivers>,
     pub findings: Vec<Finding>,
 }
 
 pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
     let mut findings = Vec::new();
-    let min_drivers: Vec<GpuMinDriver> = node
+    let gpu_drivers: Vec<GpuDrivers> = node
         .gpus
         .iter()
         .filter_map(|gpu| {
-            matrix.gpu_min_driver(&TargetGpu {
+            matrix.gpu_drivers(&TargetGpu {
                 name: gpu.name.clone(),
                 cc: gpu.compute_capability,
             })
@@ -151,13 +151,16 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
         .collect();
     if let Some(driver) = &node.driver {
         check_driver(matrix, image, driver, &mut findings);
-        // Issue 24: a GPU newer than the driver is a no whatever the image needs.
-        for floor in min_drivers.iter().filter(|floor| !floor.runs_on(driver)) {
+        // Issue 24: a GPU the driver does not support is a no whatever the image needs.
+        for drivers in gpu_drivers
+            .iter()
+            .filter(|drivers| !drivers.runs_on(driver))
+        {
             findings.push(Finding {
                 ok: false,
                 subject: format!("driver {driver}"),
-                what: floor.refusal(driver),
-                hint: Some(floor.hint()),
+                what: drivers.refusal(driver),
+                hint: Some(drivers.hint(driver)),
             });
         }
     }
@@ -168,7 +171,7 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
         return Answer {
             fits: Fit::No,
             unknown_because: None,
-            min_drivers,
+            gpu_drivers,
             findings,
         };
     }
@@ -180,7 +183,7 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
             Fit::Yes
         },
         unknown_because,
-        min_drivers,
+        gpu_drivers,
         findings,
     }
 }
@@ -464,7 +467,23 @@ mod tests {
                 .contains("install the R570 driver branch"),
             "{refusal:?}"
         );
-        assert_eq!(answer.min_drivers[0].min_driver.to_string(), "570");
+        assert_eq!(answer.gpu_drivers[0].min_branch.as_deref(), Some("R570"));
+        // A GPU whose architecture a newer driver dropped is a no too.
+        let v100 = check(
+            Matrix::embedded(),
+            &claims_with_sm("sm_70 sm_80"),
+            &node("590.44.01", &[("Tesla V100", "7.0")]),
+        );
+        assert_eq!(v100.fits, Fit::No, "{v100:?}");
+        let refusal = v100.findings.iter().find(|f| !f.ok).unwrap();
+        assert!(
+            refusal.what.contains("no longer supports it"),
+            "{refusal:?}"
+        );
+        assert!(
+            refusal.hint.as_deref().unwrap().contains("R580 branch"),
+            "{refusal:?}"
+        );
         // B200 has its own, later minimum within R570.
         let b200 = check(
             Matrix::embedded(),
