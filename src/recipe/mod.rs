@@ -180,6 +180,8 @@ pub struct CudnnSpec {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TorchSpec {
+    /// `2.4.1` exactly, or `2.4`: the 2.4 series, which resolves to its newest release whose
+    /// build fits the recipe's index, CUDA line and Python (the lock records the release).
     #[serde(
         serialize_with = "serialize_display",
         deserialize_with = "deserialize_from_str"
