@@ -646,3 +646,43 @@ async fn a_two_part_torch_version_locks_the_series_newest_release() {
     let lock = resolve(&client, &request).await.unwrap();
     assert_eq!(lock.artifact("torch").unwrap().version, "2.4.1");
 }
+
+/// The same through `cudastack lock --mirror`: the output names the release the series
+/// resolved to, and the lock file records it exactly.
+#[test]
+fn lock_of_a_torch_series_says_which_release_it_locked() {
+    let work = tempfile::tempdir().unwrap();
+    let mirror = work.path().join("mirror");
+    std::fs::create_dir(&mirror).unwrap();
+    for version in ["2.4.0", "2.4.1", "2.5.0"] {
+        let wheel = wheel(
+            "torch",
+            version,
+            "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64",
+            &[],
+        );
+        std::fs::write(mirror.join(&wheel.filename), &wheel.bytes).unwrap();
+    }
+    let recipe = work.path().join("series.yaml");
+    std::fs::write(
+        &recipe,
+        "name: series\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: { version: \"12.1\" }\ntorch: { version: \"2.4\" }\n",
+    )
+    .unwrap();
+    let output = assert_cmd::Command::cargo_bin("cudastack")
+        .unwrap()
+        .arg("lock")
+        .arg(&recipe)
+        .arg("--mirror")
+        .arg(&mirror)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("note: torch \"2.4\" means the 2.4 series; picked 2.4.1"),
+        "{stderr}"
+    );
+    let lock = Lockfile::read(&work.path().join("series.lock")).unwrap();
+    assert_eq!(lock.artifact("torch").unwrap().version, "2.4.1");
+}
