@@ -122,9 +122,32 @@ pub fn torch_release(matrix: &Matrix, recipe: &Recipe) -> Option<Version> {
 /// The torch build a recipe selects: the PyPI default build, or the named index variant,
 /// of [`torch_release`].
 pub fn selected_torch_build<'m>(matrix: &'m Matrix, recipe: &Recipe) -> Option<&'m TorchBuild> {
-    let torch = recipe.torch.as_ref()?;
     let release = torch_release(matrix, recipe)?;
-    let mut builds = matrix.torch_builds_of(&release);
+    build_of_release(matrix, recipe, &release)
+}
+
+/// The build of the recipe's index for one torch release, such as the version a lock
+/// records (`2.4.1`, or `2.4.1+cu121` from a PyTorch index): what `build` labels its image
+/// with, whatever release the matrix would pick for a series today.
+pub fn locked_torch_build<'m>(
+    matrix: &'m Matrix,
+    recipe: &Recipe,
+    locked: &str,
+) -> Option<&'m TorchBuild> {
+    let public = locked.split_once('+').map_or(locked, |(public, _)| public);
+    match public.parse::<Version>() {
+        Ok(release) => build_of_release(matrix, recipe, &release),
+        Err(_) => selected_torch_build(matrix, recipe),
+    }
+}
+
+fn build_of_release<'m>(
+    matrix: &'m Matrix,
+    recipe: &Recipe,
+    release: &Version,
+) -> Option<&'m TorchBuild> {
+    let torch = recipe.torch.as_ref()?;
+    let mut builds = matrix.torch_builds_of(release);
     match torch.index.variant() {
         None => builds.find(|build| build.pypi_default),
         Some(variant) => builds.find(|build| build.variant == variant),
@@ -816,6 +839,19 @@ mod tests {
         assert_eq!(
             selected_torch_build(matrix, &cu118).unwrap().label(),
             "2.5.1+cu118"
+        );
+        // `build` labels the image with the release the lock records.
+        assert_eq!(
+            locked_torch_build(matrix, &cu118, "2.5.0+cu118")
+                .unwrap()
+                .label(),
+            "2.5.0+cu118"
+        );
+        assert_eq!(
+            locked_torch_build(matrix, &recipe, "2.4.0")
+                .unwrap()
+                .label(),
+            "2.4.0+cu121"
         );
         // Three parts stay exact, and a series without releases says so.
         let exact = parse(&recipe.canonical_json().replace("\"2.4\"", "\"2.4.0\""));
