@@ -481,6 +481,25 @@ fn solve_by_compute_capability_writes_what_the_recipe_accepts() {
     assert_eq!(code, 0, "{recipe}\n{stdout}");
 }
 
+/// Without `--driver`, solve says what the GPU's hosts need and writes a recipe whose floor
+/// runs it, which `validate` accepts (issue 24).
+#[test]
+fn solve_without_a_driver_names_the_gpus_minimum_and_its_recipe_validates() {
+    let (code, stdout, _) = run(&["solve", "--gpu", "B200", "--top", "1"]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.contains(
+            "note: B200 (sm_100) needs driver 570.133.20 or later (R570 branch) (confirmed)"
+        ),
+        "{stdout}"
+    );
+    let solution = solve_json(&["--gpu", "RTX 5090"]);
+    let recipe = solution["candidates"][0]["recipe"].as_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (code, stdout, _) = run(&["validate", &write_recipe(&dir, recipe)]);
+    assert_eq!(code, 0, "{recipe}\n{stdout}");
+}
+
 /// Issue 24: `solve --gpu GH200` suggested an amd64 recipe that `validate` rejected.
 #[test]
 fn solve_for_an_arm_only_gpu_writes_an_arm64_recipe() {

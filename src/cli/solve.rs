@@ -101,6 +101,17 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
             ));
         }
     }
+    // Without a driver, say what the hosts of these GPUs need (the recipe's floor has it).
+    if solution.driver.is_none() {
+        for drivers in &solution.gpu_drivers {
+            printer.line(format_args!(
+                "note: {} needs {} ({})",
+                drivers.gpu,
+                drivers.requirement(),
+                drivers.status
+            ));
+        }
+    }
     let accepted: Vec<_> = solution.accepted().collect();
     if accepted.is_empty() {
         printer.line("no torch build fits.");
