@@ -68,6 +68,7 @@ fn each_invalid_case_has_a_precise_error_and_hint() {
         ("base-python-mismatch", &["base debian:bookworm ships Python 3.11; the recipe asks for Python 3.12"]),
         ("gpu-arch-removed", &["CUDA 13.0 cannot compile for Tesla V100 (sm_70)"]),
         ("gpu-host-platform", &["GPU `GH200` exists only in linux/arm64 machines", "add linux/arm64 to `platforms:`"]),
+        ("gpu-driver-unsupported", &["driver floor 550.54.15 is too old for GeForce RTX 5090 (sm_120): it needs the R570 driver branch or later", "cuda-toolkit-driver-and-architecture-matrix", "raise driver_floor to >= 570.26"]),
     ];
     for (name, fragments) in cases {
         let path = format!("tests/fixtures/recipes/invalid/{name}.yaml");
@@ -258,6 +259,100 @@ fn solve_driver_570_rtx_5090() {
     );
 }
 
+/// Issue 24: Blackwell GPUs were offered R550 builds through minor-version compatibility;
+/// they do not run on an R550 driver at all.
+#[test]
+fn solve_blackwell_on_driver_550_offers_nothing_and_says_why() {
+    for gpu in ["B200", "RTX 5090"] {
+        let (code, stdout, _) = run(&["solve", "--driver", "550.54.15", "--gpu", gpu]);
+        assert_eq!(code, 1, "{gpu}:\n{stdout}");
+        assert!(stdout.contains("no torch build fits."), "{gpu}:\n{stdout}");
+        assert!(
+            stdout.contains("driver does not support the GPU: "),
+            "{gpu}:\n{stdout}"
+        );
+        assert!(
+            stdout.contains("hint: install the R570 driver branch"),
+            "{gpu}:\n{stdout}"
+        );
+        let solution = solve_json(&["--driver", "550.54.15", "--gpu", gpu]);
+        let candidates = solution["candidates"].as_array().unwrap();
+        assert!(candidates.iter().all(|c| c["accepted"] == false));
+        let reason = candidates[0]["reasons"][0].as_str().unwrap();
+        assert!(
+            reason.contains("driver 550.54.15 does not support it at all"),
+            "{reason}"
+        );
+        assert_eq!(
+            solution["gpu_drivers"][0]["min_branch"], "R570",
+            "{solution}"
+        );
+    }
+    let b200 = solve_json(&["--driver", "550.54.15", "--gpu", "B200"]);
+    assert_eq!(b200["gpu_drivers"][0]["min_driver"], "570.133.20");
+    assert!(b200["candidates"][0]["reasons"][0]
+        .as_str()
+        .unwrap()
+        .contains("B200 (sm_100) needs driver 570.133.20 or later (R570 branch)"));
+    // On an R570 driver the Blackwell-capable builds come back.
+    let b200 = solve_json(&["--driver", "570.133.20", "--gpu", "B200"]);
+    assert_eq!(best(&b200), ("2.11.0+cu128".to_string(), false));
+    let recipe = b200["candidates"][0]["recipe"].as_str().unwrap();
+    assert!(recipe.contains("driver_floor: \"570.133.20\""), "{recipe}");
+}
+
+/// Issue 24: `--torch 2.5` meant `==2.5` (2.5.0); it is the 2.5 series, and says so.
+#[test]
+fn solve_torch_two_parts_is_a_series() {
+    let (code, stdout, _) = run(&[
+        "solve",
+        "--driver",
+        "550.54.15",
+        "--gpu",
+        "RTX 3090",
+        "--torch",
+        "2.5",
+    ]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.contains("note: torch 2.5 means the 2.5 series (==2.5.*); picked 2.5.1"),
+        "{stdout}"
+    );
+    let series = solve_json(&[
+        "--driver",
+        "550.54.15",
+        "--gpu",
+        "RTX 3090",
+        "--torch",
+        "2.5",
+    ]);
+    assert_eq!(best(&series).0, "2.5.1+cu124");
+    let exact = solve_json(&[
+        "--driver",
+        "550.54.15",
+        "--gpu",
+        "RTX 3090",
+        "--torch",
+        "2.5.0",
+    ]);
+    assert_eq!(best(&exact).0, "2.5.0+cu124");
+    assert!(exact.get("notes").is_none(), "{exact}");
+}
+
+/// A recipe's `version: "2.4"` validates as the 2.4 series, resolved to 2.4.1.
+#[test]
+fn validate_torch_two_parts_names_the_release_chosen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_recipe(&dir, "name: series\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: { version: \"12.1\" }\ntorch: { version: \"2.4\" }\n");
+    let (code, stdout, _) = run(&["validate", &path]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("valid (torch 2.4.1+cu121"), "{stdout}");
+    assert!(
+        stdout.contains("note[torch-series]: torch \"2.4\" means the 2.4 series; picked 2.4.1"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn solve_driver_550_gtx_1080_ti() {
     let solution = solve_json(&["--driver", "550.54.15", "--gpu", "GTX 1080 Ti"]);
@@ -396,6 +491,25 @@ fn solve_by_compute_capability_writes_what_the_recipe_accepts() {
     assert_eq!(code, 0, "{recipe}\n{stdout}");
 }
 
+/// Without `--driver`, solve says what the GPU's hosts need and writes a recipe whose floor
+/// runs it, which `validate` accepts (issue 24).
+#[test]
+fn solve_without_a_driver_names_the_gpus_minimum_and_its_recipe_validates() {
+    let (code, stdout, _) = run(&["solve", "--gpu", "B200", "--top", "1"]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.contains(
+            "note: B200 (sm_100) needs driver 570.133.20 or later (R570 branch) (confirmed)"
+        ),
+        "{stdout}"
+    );
+    let solution = solve_json(&["--gpu", "RTX 5090"]);
+    let recipe = solution["candidates"][0]["recipe"].as_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (code, stdout, _) = run(&["validate", &write_recipe(&dir, recipe)]);
+    assert_eq!(code, 0, "{recipe}\n{stdout}");
+}
+
 /// Issue 24: `solve --gpu GH200` suggested an amd64 recipe that `validate` rejected.
 #[test]
 fn solve_for_an_arm_only_gpu_writes_an_arm64_recipe() {
@@ -525,6 +639,24 @@ fn matrix_tables_sort_sm_lists_and_print_plain_status_words() {
     assert_eq!(code, 0);
     assert!(stdout.contains("A10G"), "{stdout}");
     assert!(stdout.contains("RTX A6000 (also A6000)"), "{stdout}");
+    // Issue 24: each GPU's own minimum driver.
+    let row = |name: &str| {
+        stdout
+            .lines()
+            .find(|line| line.contains(&format!("│ {name} ")))
+            .unwrap_or_else(|| panic!("no row for {name}: {stdout}"))
+            .to_string()
+    };
+    assert!(row("B200").contains("570.133.20 (confirmed)"), "{stdout}");
+    assert!(
+        row("GeForce RTX 5090").contains("R570 (partial)"),
+        "{stdout}"
+    );
+    assert!(
+        row("Tesla V100").contains("up to R580 (confirmed)"),
+        "{stdout}"
+    );
+    assert!(row("Tesla T4").contains(" - "), "{stdout}");
     assert!(stdout.contains("secondary"), "{stdout}");
     assert!(!stdout.contains("ConfirmedSecondary"), "{stdout}");
 }

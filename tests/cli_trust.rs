@@ -136,6 +136,36 @@ fn check_of_an_image_that_declares_nothing_is_unknown_with_exit_3() {
     assert!(answer["unknown_because"].as_str().is_some(), "{answer}");
 }
 
+/// Issue 24: a node whose driver is older than its GPU is a no, with the branch to install.
+#[test]
+fn check_of_a_gpu_newer_than_the_driver_says_no_and_what_to_install() {
+    let work = tempfile::tempdir().unwrap();
+    let (_, built) = layouts(work.path());
+    let (code, stdout, _) = run(&["check", &built, "--driver", "550.54.15", "--gpu", "B200"]);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("B200 (sm_100) needs driver 570.133.20 or later (R570 branch)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("hint: install the R570 driver branch (570.133.20 or newer)"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = run(&[
+        "--json",
+        "check",
+        &built,
+        "--driver",
+        "550.54.15",
+        "--gpu",
+        "H100",
+    ]);
+    assert_eq!(code, Some(0), "{stdout}");
+    let answer: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(answer["gpu_drivers"][0]["min_branch"], "R520", "{answer}");
+    assert_eq!(answer["gpu_drivers"][0]["gpu"], "H100 (sm_90)", "{answer}");
+}
+
 /// No node facts (and half of them) is unknown, exit 3; yes is 0, no is 1.
 #[test]
 fn check_exit_codes_are_yes_0_no_1_error_2_unknown_3() {

@@ -612,3 +612,77 @@ async fn mirrored_redist_manifest_resolves_to_local_archives() {
         archive
     );
 }
+
+/// Issue 24: a recipe's `torch: { version: "2.4" }` asked for `torch==2.4` and locked
+/// 2.4.0; it is the 2.4 series and locks its newest release that fits, 2.4.1, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_part_torch_version_locks_the_series_newest_release() {
+    let mirror = tempfile::tempdir().unwrap();
+    for version in ["2.4.0", "2.4.1", "2.5.0"] {
+        let wheel = wheel(
+            "torch",
+            version,
+            "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64",
+            &[],
+        );
+        std::fs::write(mirror.path().join(&wheel.filename), &wheel.bytes).unwrap();
+    }
+    let recipe = cudastack::recipe::Recipe::parse(
+        "name: series\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: { version: \"12.1\" }\ntorch: { version: \"2.4\" }\n",
+        std::path::Path::new("series.yaml"),
+    )
+    .unwrap();
+    let client = client();
+    let mut request = cudastack::lock::inputs::lock_request(
+        cudastack::matrix::Matrix::embedded(),
+        &recipe,
+        &client,
+        Some(mirror.path()),
+    )
+    .unwrap();
+    assert_eq!(request.requirements[0].to_string(), "torch==2.4.1");
+    // The mirror alone: this test never reaches PyPI.
+    request.sources.truncate(1);
+    let lock = resolve(&client, &request).await.unwrap();
+    assert_eq!(lock.artifact("torch").unwrap().version, "2.4.1");
+}
+
+/// The same through `cudastack lock --mirror`: the output names the release the series
+/// resolved to, and the lock file records it exactly.
+#[test]
+fn lock_of_a_torch_series_says_which_release_it_locked() {
+    let work = tempfile::tempdir().unwrap();
+    let mirror = work.path().join("mirror");
+    std::fs::create_dir(&mirror).unwrap();
+    for version in ["2.4.0", "2.4.1", "2.5.0"] {
+        let wheel = wheel(
+            "torch",
+            version,
+            "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64",
+            &[],
+        );
+        std::fs::write(mirror.join(&wheel.filename), &wheel.bytes).unwrap();
+    }
+    let recipe = work.path().join("series.yaml");
+    std::fs::write(
+        &recipe,
+        "name: series\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: { version: \"12.1\" }\ntorch: { version: \"2.4\" }\n",
+    )
+    .unwrap();
+    let output = assert_cmd::Command::cargo_bin("cudastack")
+        .unwrap()
+        .arg("lock")
+        .arg(&recipe)
+        .arg("--mirror")
+        .arg(&mirror)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("note: torch \"2.4\" means the 2.4 series; picked 2.4.1"),
+        "{stderr}"
+    );
+    let lock = Lockfile::read(&work.path().join("series.lock")).unwrap();
+    assert_eq!(lock.artifact("torch").unwrap().version, "2.4.1");
+}

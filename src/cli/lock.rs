@@ -59,6 +59,15 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
             )
             .into());
         }
+        // What a two-part torch version was taken to mean (issue 24), before the lock
+        // records the exact release.
+        for note in validation
+            .problems
+            .iter()
+            .filter(|p| p.code == "torch-series")
+        {
+            printer.status(format!("note: {}", note.what));
+        }
         // One lock per platform: NAME.lock (linux/amd64), NAME.linux-arm64.lock, ...
         for platform in recipe.platforms() {
             printer.status(format!("locking {} for {platform} ...", path.display()));

@@ -278,7 +278,13 @@ fn gpu_table(matrix: &Matrix, origin: &Origin, printer: &Printer) -> CommandResu
         print_json(origin, &matrix.gpus, printer);
         return Ok(ExitCode::SUCCESS);
     }
-    let mut table = new_table(&["GPU", "compute capability", "architecture", "status"]);
+    let mut table = new_table(&[
+        "GPU",
+        "compute capability",
+        "architecture",
+        "drivers",
+        "status",
+    ]);
     let mut gpus: Vec<_> = matrix.gpus.iter().collect();
     gpus.sort_by(|a, b| a.cc.cmp(&b.cc).then(a.name.cmp(&b.name)));
     for gpu in gpus {
@@ -287,15 +293,40 @@ fn gpu_table(matrix: &Matrix, origin: &Origin, printer: &Printer) -> CommandResu
         } else {
             format!("{} (also {})", gpu.name, gpu.aliases.join(", "))
         };
+        // Issue 24: the oldest driver that runs the GPU at all, and how sure that is.
+        let target = cudastack::matrix::solve::TargetGpu {
+            name: gpu.name.clone(),
+            cc: gpu.cc,
+        };
+        let min_driver = match matrix.gpu_drivers(&target) {
+            Some(drivers) => {
+                let min = match (&drivers.min_driver, &drivers.min_branch) {
+                    (Some(min), Some(branch)) if min.to_string() == min.branch().to_string() => {
+                        Some(branch.clone())
+                    }
+                    (Some(min), _) => Some(min.to_string()),
+                    _ => None,
+                };
+                let last = drivers
+                    .last_branch
+                    .as_ref()
+                    .map(|last| format!("up to {last}"));
+                let range: Vec<String> = min.into_iter().chain(last).collect();
+                format!("{} ({})", range.join(", "), drivers.status)
+            }
+            None => "-".to_string(),
+        };
         table.add_row(vec![
             name,
             gpu.cc.to_string(),
             gpu.arch.clone(),
+            min_driver,
             gpu.status.to_string(),
         ]);
     }
     printer.line(&table);
     print_legend(matrix.gpus.iter().map(|gpu| gpu.status), printer);
+    printer.line("drivers: the oldest driver branch (or release) that runs the GPU at all, or `up to` the last branch that still does (NVIDIA's CUDA Toolkit, Driver, and Architecture Matrix); `-`: any driver of CUDA 11 or later");
     printer.line("names match forgivingly (case, spaces, `NVIDIA`/`GeForce`/`Tesla` left out); a GPU not listed can be given by its compute capability (`8.6`)");
     Ok(ExitCode::SUCCESS)
 }

@@ -21,7 +21,8 @@ pub struct SolveArgs {
     /// A GPU given by compute capability (`8.6` or `sm_86`); repeatable.
     #[arg(long = "cc")]
     ccs: Vec<String>,
-    /// Torch versions to consider: `2.4.1`, `==2.4.*`, `>=2.3,<2.6`.
+    /// Torch versions to consider: `2.4.1` (exact), `2.4` (the 2.4 series: its newest
+    /// release that fits), `>=2.3,<2.6`.
     #[arg(long)]
     torch: Option<String>,
     /// Python version the stack must use.
@@ -97,6 +98,32 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
     if !host.is_empty() {
         printer.line(format_args!("host: {}", host.join(", ")));
     }
+    for note in &solution.notes {
+        printer.line(format_args!("note: {note}"));
+    }
+    // A GPU the driver does not support rules out every build: say it once, with what to do.
+    let mut driver_unsupported = false;
+    if let Some(driver) = &solution.driver {
+        for drivers in solution.gpu_drivers.iter().filter(|d| !d.runs_on(driver)) {
+            driver_unsupported = true;
+            printer.line(format_args!(
+                "driver does not support the GPU: {}\n  hint: {}",
+                drivers.refusal(driver),
+                drivers.hint(driver)
+            ));
+        }
+    }
+    // Without a driver, say what the hosts of these GPUs need (the recipe's floor has it).
+    if solution.driver.is_none() {
+        for drivers in &solution.gpu_drivers {
+            printer.line(format_args!(
+                "note: {} needs {} ({})",
+                drivers.gpu,
+                drivers.requirement(),
+                drivers.status
+            ));
+        }
+    }
     let accepted: Vec<_> = solution.accepted().collect();
     if accepted.is_empty() {
         printer.line("no torch build fits.");
@@ -130,7 +157,12 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
         printer,
     );
     let rejected: Vec<_> = solution.candidates.iter().filter(|c| !c.accepted).collect();
-    if !rejected.is_empty() {
+    if driver_unsupported {
+        printer.line(format_args!(
+            "\nrejected: all {} builds, for the reason above (`--json` lists them)",
+            rejected.len()
+        ));
+    } else if !rejected.is_empty() {
         printer.line(format_args!(
             "\nrejected ({} in all, newest first):",
             rejected.len()

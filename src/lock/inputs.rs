@@ -18,7 +18,7 @@ use crate::fetch::mirror::MirrorDir;
 use crate::fetch::source::PackageSource;
 use crate::lock::target::{GlibcVersion, Target};
 use crate::lock::LockRequest;
-use crate::matrix::validate::selected_torch_build;
+use crate::matrix::validate::{selected_torch_build, torch_release};
 use crate::matrix::Matrix;
 use crate::recipe::{Flavor, Platform, Recipe, TorchIndex};
 
@@ -100,12 +100,17 @@ pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>
     match (&recipe.torch, torch_build) {
         // A PyTorch index variant publishes local versions (`2.1.2+cu118`), which `==2.1.2`
         // excludes once the specifier becomes a version range: pin the local version.
-        (Some(torch), _) => match torch.index.variant() {
-            Some(variant) if !torch.version.to_string().contains('+') => {
-                requirements.push(format!("torch=={}+{variant}", torch.version))
+        // A series (`version: "2.4"`) is locked as the release the matrix resolves it to
+        // (2.4.1), so the lock records one exact torch (issue 24).
+        (Some(torch), _) => {
+            let release = torch_release(matrix, recipe).unwrap_or_else(|| torch.version.clone());
+            match torch.index.variant() {
+                Some(variant) if !release.to_string().contains('+') => {
+                    requirements.push(format!("torch=={release}+{variant}"))
+                }
+                _ => requirements.push(format!("torch=={release}")),
             }
-            _ => requirements.push(format!("torch=={}", torch.version)),
-        },
+        }
         (None, _) if cuda.major >= 13 => requirements.push(format!(
             "cuda-toolkit[cudart,cublas]=={}.{}.*",
             cuda.major, cuda.minor
@@ -233,6 +238,21 @@ mod tests {
         assert_eq!(
             root_requirements(Matrix::embedded(), &r).unwrap(),
             vec!["torch==2.4.1", "numpy==1.26.4"]
+        );
+    }
+
+    /// Issue 24: `version: "2.4"` asked the resolver for `torch==2.4` (2.4.0).
+    #[test]
+    fn a_torch_series_asks_for_its_resolved_release() {
+        let r = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4\" }\n");
+        assert_eq!(
+            root_requirements(Matrix::embedded(), &r).unwrap(),
+            vec!["torch==2.4.1"]
+        );
+        let r = recipe("cuda: { version: \"11.8\" }\ntorch: { version: \"2.5\", index: cu118 }\n");
+        assert_eq!(
+            root_requirements(Matrix::embedded(), &r).unwrap(),
+            vec!["torch==2.5.1+cu118"]
         );
     }
 

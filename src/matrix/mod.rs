@@ -144,6 +144,125 @@ pub struct Gpu {
     pub host: Option<crate::recipe::Platform>,
     pub source: String,
     pub status: Status,
+    /// The product's own minimum driver, where it needs a later release than its
+    /// architecture's branch (`gpu_min_drivers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_driver: Option<ProductMinDriver>,
+}
+
+/// The oldest driver branch that runs GPUs of one compute capability at all (issue 24: a
+/// Blackwell GPU does not run on an R550 driver, whatever minor-version compatibility
+/// allows the CUDA runtime).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArchMinDriver {
+    pub cc: ComputeCapability,
+    pub arch: String,
+    /// The branch, as a version (`570`): any 570.x and later.
+    pub min_driver: DriverVersion,
+    /// The first CUDA toolkit of the architecture, whose driver the branch is.
+    pub first_cuda: CudaVersion,
+    pub source: String,
+    pub status: Status,
+}
+
+/// A product's own minimum driver (`B200`: 570.133.20, later than R570's first release).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProductMinDriver {
+    pub driver: DriverVersion,
+    pub source: String,
+    pub status: Status,
+}
+
+/// The newest driver branch that still runs GPUs of one compute capability (Kepler: R470;
+/// Maxwell, Pascal, Volta: R580): later branches dropped them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArchLastDriver {
+    pub cc: ComputeCapability,
+    pub arch: String,
+    pub last_branch: u32,
+    pub status: Status,
+}
+
+/// The drivers one GPU runs on at all (issue 24), with where the figures come from: what
+/// `solve`, `validate` and `check` compare a driver with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuDrivers {
+    /// The GPU as reasons name it (`B200 (sm_100)`).
+    pub gpu: String,
+    /// The oldest driver that runs it (`570.133.20`, or a branch: `570`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_driver: Option<DriverVersion>,
+    /// The branch of `min_driver`, the one to install (`R570`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_branch: Option<String>,
+    /// The newest branch that still runs it (`R580`); later branches dropped it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_branch: Option<String>,
+    pub source: String,
+    /// How sure the figures are, as a plain word ([`Status::word`]).
+    pub status: String,
+}
+
+impl GpuDrivers {
+    fn last(&self) -> Option<u32> {
+        self.last_branch
+            .as_deref()?
+            .trim_start_matches('R')
+            .parse()
+            .ok()
+    }
+
+    pub fn runs_on(&self, driver: &DriverVersion) -> bool {
+        self.min_driver.as_ref().is_none_or(|min| driver >= min)
+            && self.last().is_none_or(|last| driver.branch() <= last)
+    }
+
+    /// `the R570 driver branch or later` / `driver 570.133.20 or later (R570 branch)` /
+    /// `a driver of the R580 branch or older`.
+    pub fn requirement(&self) -> String {
+        let min = match (&self.min_driver, &self.min_branch) {
+            (Some(min), Some(branch)) if min.to_string() == min.branch().to_string() => {
+                Some(format!("the {branch} driver branch or later"))
+            }
+            (Some(min), Some(branch)) => Some(format!("driver {min} or later ({branch} branch)")),
+            _ => None,
+        };
+        let last = self
+            .last_branch
+            .as_ref()
+            .map(|last| format!("a driver of the {last} branch or older"));
+        match (min, last) {
+            (Some(min), Some(last)) => format!("{min}, and {last}"),
+            (Some(one), None) | (None, Some(one)) => one,
+            (None, None) => "any driver".to_string(),
+        }
+    }
+
+    /// Why `driver` cannot run the GPU, naming the GPU, what it needs and the source.
+    pub fn refusal(&self, driver: &DriverVersion) -> String {
+        let dropped = self.last().is_some_and(|last| driver.branch() > last);
+        format!(
+            "{} needs {}: driver {driver} {}, with or without minor-version compatibility (source, {}: {})",
+            self.gpu,
+            self.requirement(),
+            if dropped { "no longer supports it" } else { "does not support it at all" },
+            self.status,
+            self.source
+        )
+    }
+
+    /// What to do about `driver`.
+    pub fn hint(&self, driver: &DriverVersion) -> String {
+        match (&self.min_driver, &self.min_branch, &self.last_branch) {
+            (Some(min), Some(branch), _) if driver < min => {
+                format!("install the {branch} driver branch ({min} or newer) on the host")
+            }
+            (_, _, Some(last)) => format!(
+                "install a driver of the {last} branch (the last that runs this GPU) on the host, or run the image on a newer GPU"
+            ),
+            _ => "install a driver that supports this GPU".to_string(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -173,6 +292,8 @@ struct NvidiaData {
     cudnn_cuda_majors: Table<CudnnCudaRange>,
     cudnn_library_sets: LibrarySets,
     cuda_arch_support: Table<ArchSupport>,
+    gpu_min_drivers: Table<ArchMinDriver>,
+    gpu_last_drivers: Table<ArchLastDriver>,
     gpus: Vec<Gpu>,
     bases: Vec<BaseDistro>,
 }
@@ -300,6 +421,11 @@ pub struct Matrix {
     pub cudnn_ranges: Vec<CudnnCudaRange>,
     pub cudnn_library_sets: Vec<CudnnLibrarySet>,
     pub arch_support: Vec<ArchSupport>,
+    /// The oldest driver branch of each architecture (`gpu_min_drivers`).
+    pub arch_min_drivers: Vec<ArchMinDriver>,
+    /// The last driver branch of each dropped architecture (`gpu_last_drivers`).
+    pub arch_last_drivers: Vec<ArchLastDriver>,
+    pub arch_last_drivers_source: String,
     pub gpus: Vec<Gpu>,
     pub bases: Vec<BaseDistro>,
     /// Every torch build, newest torch first, PyPI default before index variants.
@@ -408,6 +534,9 @@ impl Matrix {
             cudnn_ranges: nvidia.cudnn_cuda_majors.rows,
             cudnn_library_sets: nvidia.cudnn_library_sets.sets,
             arch_support: nvidia.cuda_arch_support.rows,
+            arch_min_drivers: nvidia.gpu_min_drivers.rows,
+            arch_last_drivers: nvidia.gpu_last_drivers.rows,
+            arch_last_drivers_source: source_text(&nvidia.gpu_last_drivers.source),
             gpus: nvidia.gpus,
             bases: nvidia.bases,
             torch_builds,
@@ -437,6 +566,62 @@ impl Matrix {
     /// The minimum driver to run `cuda` without minor-version compatibility.
     pub fn min_driver_for(&self, cuda: &CudaVersion) -> Option<&DriverVersion> {
         self.cuda_release(cuda).map(|row| &row.min_driver)
+    }
+
+    /// The drivers `gpu` runs on at all: from its product's own minimum when the matrix
+    /// has one, else its architecture's branch, up to its architecture's last branch;
+    /// `None` when the matrix knows neither (Turing, whose branches span every CUDA 11+
+    /// driver).
+    pub fn gpu_drivers(&self, gpu: &solve::TargetGpu) -> Option<GpuDrivers> {
+        let arch = self.arch_min_drivers.iter().find(|row| row.cc == gpu.cc);
+        let product = self
+            .gpu(&gpu.name)
+            .filter(|known| known.cc == gpu.cc)
+            .and_then(|known| known.min_driver.as_ref());
+        let min = match (product, arch) {
+            (Some(own), Some(arch)) if arch.min_driver > own.driver => {
+                Some((&arch.min_driver, arch.source.clone(), arch.status))
+            }
+            (Some(own), _) => Some((&own.driver, own.source.clone(), own.status)),
+            (None, Some(arch)) => Some((&arch.min_driver, arch.source.clone(), arch.status)),
+            (None, None) => None,
+        };
+        let last = self
+            .arch_last_drivers
+            .iter()
+            .find(|row| row.cc == gpu.cc)
+            .map(|row| {
+                let source = format!(
+                    "{}: {} last runs on R{}",
+                    self.arch_last_drivers_source, row.arch, row.last_branch
+                );
+                (row.last_branch, source, row.status)
+            });
+        if min.is_none() && last.is_none() {
+            return None;
+        }
+        let sources: Vec<String> = min
+            .iter()
+            .map(|(_, source, _)| source.clone())
+            .chain(last.iter().map(|(_, source, _)| source.clone()))
+            .collect();
+        // The less certain figure sets the word (the order of `Status::ALL`).
+        let status = min
+            .iter()
+            .map(|(_, _, status)| *status)
+            .chain(last.iter().map(|(_, _, status)| *status))
+            .max_by_key(|status| Status::ALL.iter().position(|s| s == status))
+            .unwrap_or(Status::Unconfirmed);
+        Some(GpuDrivers {
+            gpu: gpu.label(),
+            min_driver: min.as_ref().map(|(driver, _, _)| (*driver).clone()),
+            min_branch: min
+                .as_ref()
+                .map(|(driver, _, _)| format!("R{}", driver.branch())),
+            last_branch: last.as_ref().map(|(branch, _, _)| format!("R{branch}")),
+            source: sources.join("; "),
+            status: status.word().to_string(),
+        })
     }
 
     /// The minor-version-compatibility floor for a CUDA major.
@@ -794,6 +979,68 @@ mod tests {
                 "`{name}` is listed twice"
             );
         }
+    }
+
+    /// Each architecture's branch is the branch of the driver its first toolkit ships (the
+    /// rule `gpu_min_drivers` states), and a product's own figure is never below it.
+    #[test]
+    fn gpu_minimum_drivers_follow_their_first_toolkit() {
+        let m = matrix();
+        assert!(m.arch_min_drivers.len() >= 9);
+        for row in &m.arch_min_drivers {
+            assert!(
+                row.source.contains("docs.nvidia.com") || row.status == Status::Unconfirmed,
+                "{row:?}"
+            );
+            let toolkit = m.min_driver_for(&row.first_cuda).unwrap();
+            assert_eq!(row.min_driver.branch(), toolkit.branch(), "{row:?}");
+            assert_eq!(
+                row.min_driver.to_string(),
+                row.min_driver.branch().to_string(),
+                "a branch: {row:?}"
+            );
+        }
+        for gpu in m.gpus.iter().filter(|gpu| gpu.min_driver.is_some()) {
+            let own = &gpu.min_driver.as_ref().unwrap().driver;
+            let arch = m
+                .arch_min_drivers
+                .iter()
+                .find(|row| row.cc == gpu.cc)
+                .unwrap();
+            assert!(*own >= arch.min_driver, "{}", gpu.name);
+        }
+        let min = |name: &str| {
+            let gpu = solve::SolveQuery::gpu(m, name).unwrap();
+            m.gpu_drivers(&gpu)
+                .and_then(|drivers| drivers.min_driver)
+                .map(|min| min.to_string())
+        };
+        assert_eq!(min("B200").as_deref(), Some("570.133.20"));
+        assert_eq!(min("GB200").as_deref(), Some("570"));
+        assert_eq!(min("RTX 5090").as_deref(), Some("570"));
+        assert_eq!(min("10.0").as_deref(), Some("570"));
+        assert_eq!(min("H100").as_deref(), Some("520"));
+        assert_eq!(min("L4").as_deref(), Some("520"));
+        assert_eq!(min("GB10").as_deref(), Some("575"));
+        // Older than Ampere: CUDA 11's own floors already exceed their branches; the
+        // architectures NVIDIA dropped have a last branch instead.
+        assert_eq!(min("V100"), None);
+        assert_eq!(min("T4"), None);
+        let last = |name: &str| {
+            let gpu = solve::SolveQuery::gpu(m, name).unwrap();
+            m.gpu_drivers(&gpu).and_then(|drivers| drivers.last_branch)
+        };
+        assert_eq!(last("K80").as_deref(), Some("R470"));
+        assert_eq!(last("V100").as_deref(), Some("R580"));
+        assert_eq!(last("GTX 1080 Ti").as_deref(), Some("R580"));
+        assert_eq!(last("T4"), None);
+        assert_eq!(last("B200"), None);
+        let v100 = m
+            .gpu_drivers(&solve::SolveQuery::gpu(m, "V100").unwrap())
+            .unwrap();
+        assert!(v100.runs_on(&"580.65.06".parse().unwrap()));
+        assert!(!v100.runs_on(&"590.44.01".parse().unwrap()));
+        assert!(v100.refusal(&"590.44.01".parse().unwrap()).contains("Tesla V100 (sm_70) needs a driver of the R580 branch or older: driver 590.44.01 no longer supports it"));
     }
 
     #[test]

@@ -4,10 +4,10 @@
 
 use std::str::FromStr;
 
-use pep440_rs::VersionSpecifiers;
+use pep440_rs::{Operator, VersionSpecifiers};
 use serde::Serialize;
 
-use super::{KernelSupport, Matrix, TorchBuild};
+use super::{GpuDrivers, KernelSupport, Matrix, TorchBuild};
 use crate::recipe::Platform;
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion, PythonVersion};
 
@@ -94,11 +94,15 @@ impl SolveQuery {
         }
     }
 
-    /// Parse `2.4.1`, `==2.4.*` or `>=2.3,<2.6`.
+    /// Parse `2.4.1` (exact), `2.4` (the series `==2.4.*`, issue 24), `==2.4.*` or
+    /// `>=2.3,<2.6`.
     pub fn torch_spec(text: &str) -> Result<VersionSpecifiers, SolveError> {
         let trimmed = text.trim();
         let spec = if trimmed.starts_with(|c: char| c.is_ascii_digit()) {
-            format!("=={trimmed}")
+            match trimmed.parse::<pep440_rs::Version>() {
+                Ok(version) if crate::recipe::is_series(&version) => format!("=={trimmed}.*"),
+                _ => format!("=={trimmed}"),
+            }
         } else {
             trimmed.to_string()
         };
@@ -146,6 +150,12 @@ pub struct Solution {
     /// The newest CUDA the driver supports natively.
     pub cuda_ceiling: Option<CudaVersion>,
     pub gpus: Vec<TargetGpu>,
+    /// The drivers each GPU runs on at all (its minimum, or the last branch that still
+    /// runs it), where the matrix knows them (issue 24).
+    pub gpu_drivers: Vec<GpuDrivers>,
+    /// What the answer took the query to mean (`torch 2.5 means the 2.5 series; ...`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// Accepted first (ranked), then rejected.
     pub candidates: Vec<Candidate>,
 }
@@ -184,12 +194,47 @@ pub fn solve(matrix: &Matrix, query: &SolveQuery) -> Solution {
             .then(build_b.pypi_default.cmp(&build_a.pypi_default))
             .then(b.cuda.cmp(&a.cuda))
     });
+    let candidates: Vec<Candidate> = candidates.into_iter().map(|(c, _)| c).collect();
+    let notes = series_note(query, candidates.iter().find(|c| c.accepted))
+        .into_iter()
+        .collect();
     Solution {
         driver: query.driver.clone(),
         cuda_ceiling: ceiling,
         gpus: query.gpus.clone(),
-        candidates: candidates.into_iter().map(|(c, _)| c).collect(),
+        gpu_drivers: gpu_drivers(matrix, query),
+        notes,
+        candidates,
     }
+}
+
+fn gpu_drivers(matrix: &Matrix, query: &SolveQuery) -> Vec<GpuDrivers> {
+    query
+        .gpus
+        .iter()
+        .filter_map(|gpu| matrix.gpu_drivers(gpu))
+        .collect()
+}
+
+/// `torch 2.5 means the 2.5 series (==2.5.*); picked 2.5.1, ...` when the torch query is
+/// one release series (issue 24: a two-part version is a series, not `==2.5.0`).
+fn series_note(query: &SolveQuery, best: Option<&Candidate>) -> Option<String> {
+    let spec = query.torch.as_ref()?;
+    let [only] = &spec.iter().collect::<Vec<_>>()[..] else {
+        return None;
+    };
+    if *only.operator() != Operator::EqualStar {
+        return None;
+    }
+    let series = only.version();
+    let meaning = format!("torch {series} means the {series} series ({spec})");
+    Some(match best {
+        Some(best) => format!(
+            "{meaning}; picked {}, its newest release that fits the rest of the query (give a three-part version such as {} to pin one)",
+            best.torch, best.torch
+        ),
+        None => format!("{meaning}; no release of it fits"),
+    })
 }
 
 /// The rank of a row's status, surest first (the order of [`super::Status::ALL`]).
@@ -243,6 +288,15 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
         candidate
             .reasons
             .push(format!("torch {} matches {spec}", build.torch));
+    }
+
+    if let Some(driver) = &query.driver {
+        if let Some(floor) = gpu_drivers(matrix, query)
+            .into_iter()
+            .find(|floor| !floor.runs_on(driver))
+        {
+            return reject(candidate, floor.refusal(driver));
+        }
     }
 
     let python = match query.python {
@@ -406,14 +460,21 @@ fn recipe_for(
         .find(|b| b.python == python)
         .map(|b| format!("{{ {}: {} }}", b.distro, b.release))
         .unwrap_or_else(|| "{ debian: bookworm }".into());
-    let driver_floor = if minor_compat {
+    let toolkit_floor = if minor_compat {
         matrix
             .minor_compat_floor(build.cuda.major)
-            .map(|m| m.min_driver.to_string())
+            .map(|m| m.min_driver.clone())
     } else {
-        matrix.min_driver_for(&build.cuda).map(ToString::to_string)
-    }
-    .unwrap_or_default();
+        matrix.min_driver_for(&build.cuda).cloned()
+    };
+    // The GPUs' own minimum raises the floor: a recipe for a B200 names a driver that runs it.
+    let driver_floor = gpu_drivers(matrix, query)
+        .into_iter()
+        .filter_map(|drivers| drivers.min_driver)
+        .chain(toolkit_floor)
+        .max()
+        .map(|driver| driver.to_string())
+        .unwrap_or_default();
     let mut text = String::new();
     text.push_str(&format!(
         "name: torch{}-{}-py{}\n",
@@ -452,4 +513,171 @@ fn recipe_for(
         text.push_str(&format!("gpus: [{}]\n", names.join(", ")));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(driver: &str, gpu: &str, torch: Option<&str>) -> SolveQuery {
+        let matrix = Matrix::embedded();
+        SolveQuery {
+            driver: Some(driver.parse().unwrap()),
+            gpus: vec![SolveQuery::gpu(matrix, gpu).unwrap()],
+            torch: torch.map(|text| SolveQuery::torch_spec(text).unwrap()),
+            python: None,
+            allow_minor_compat: true,
+        }
+    }
+
+    /// Hidden-case style (issue 24): a GPU's own minimum driver, spelled as users type
+    /// names, over the edges of each minimum. `None`: nothing is offered, and every
+    /// rejection says `why`; `Some(build)`: the best answer.
+    #[test]
+    fn hidden_case_style_gpu_minimum_drivers() {
+        let cases: &[(&str, &str, Option<&str>, &str)] = &[
+            (
+                "550.54.15",
+                "B200",
+                None,
+                "B200 (sm_100) needs driver 570.133.20 or later (R570 branch)",
+            ),
+            (
+                "550.54.15",
+                "nvidia b200",
+                None,
+                "driver 550.54.15 does not support it at all",
+            ),
+            (
+                "550.54.15",
+                "RTX 5090",
+                None,
+                "GeForce RTX 5090 (sm_120) needs the R570 driver branch or later",
+            ),
+            (
+                "550.54.15",
+                "rtx5090",
+                None,
+                "cuda-toolkit-driver-and-architecture-matrix",
+            ),
+            (
+                "565.57.01",
+                "RTX PRO 6000 Blackwell",
+                None,
+                "needs the R570 driver branch",
+            ),
+            (
+                "570.124.06",
+                "B200",
+                None,
+                "needs driver 570.133.20 or later",
+            ),
+            (
+                "550.54.15",
+                "10.0",
+                None,
+                "sm_100 needs the R570 driver branch or later",
+            ),
+            (
+                "570.124.06",
+                "B300",
+                None,
+                "needs the R575 driver branch or later",
+            ),
+            (
+                "515.65.01",
+                "H100",
+                None,
+                "H100 (sm_90) needs the R520 driver branch or later",
+            ),
+            (
+                "515.65.01",
+                "RTX 4090",
+                None,
+                "needs the R520 driver branch or later",
+            ),
+            // Architectures later branches dropped: Volta after R580, Kepler after R470.
+            ("590.44.01", "V100", None, "Tesla V100 (sm_70) needs a driver of the R580 branch or older: driver 590.44.01 no longer supports it"),
+            ("590.48.01", "gtx1080ti", None, "needs a driver of the R580 branch or older"),
+            ("495.29.05", "K80", None, "Tesla K80 (sm_37) needs a driver of the R470 branch or older"),
+        ];
+        let matrix = Matrix::embedded();
+        for (driver, gpu, torch, why) in cases {
+            let solution = solve(matrix, &query(driver, gpu, *torch));
+            assert!(
+                solution.best().is_none(),
+                "{driver} {gpu}: offered {:?}",
+                solution.best().map(|c| &c.torch_build)
+            );
+            for candidate in &solution.candidates {
+                assert!(
+                    candidate.reasons[0].contains(why),
+                    "{driver} {gpu}: `{why}` not in {:?}",
+                    candidate.reasons
+                );
+            }
+        }
+        let fits: &[(&str, &str, Option<&str>, &str)] = &[
+            ("570.124.06", "RTX 5090", None, "2.11.0+cu128"),
+            ("570.124.06", "rtx5090", None, "2.11.0+cu128"),
+            ("570.133.20", "B200", None, "2.11.0+cu128"),
+            ("575.51.03", "B300", None, "2.11.0+cu128"),
+            ("520.61.05", "H100", None, "2.7.1+cu118"),
+            ("550.54.15", "RTX 3090", Some("2.5"), "2.5.1+cu124"),
+            ("550.54.15", "RTX 3090", Some("2.5.0"), "2.5.0+cu124"),
+            ("535.104.05", "A100", Some("2.4"), "2.4.1+cu121"),
+        ];
+        for (driver, gpu) in [("580.65.06", "V100"), ("470.82.01", "K80")] {
+            assert!(
+                solve(matrix, &query(driver, gpu, None)).best().is_some(),
+                "{driver} {gpu}"
+            );
+        }
+        for (driver, gpu, torch, best) in fits {
+            let solution = solve(matrix, &query(driver, gpu, *torch));
+            assert_eq!(
+                solution.best().map(|c| c.torch_build.as_str()),
+                Some(*best),
+                "{driver} {gpu} {torch:?}"
+            );
+        }
+    }
+
+    /// A solved recipe carries a driver floor its own GPUs run on, so `validate` accepts it.
+    #[test]
+    fn the_recipe_floor_covers_the_gpu_minimum() {
+        let solution = solve(Matrix::embedded(), &query("570.133.20", "B200", None));
+        let recipe = solution.best().unwrap().recipe.as_deref().unwrap();
+        assert!(recipe.contains("driver_floor: \"570.133.20\""), "{recipe}");
+        assert_eq!(solution.gpu_drivers.len(), 1);
+        assert_eq!(solution.gpu_drivers[0].min_branch.as_deref(), Some("R570"));
+    }
+
+    /// Issue 24: `--torch 2.5` meant `==2.5` (2.5.0 only); it is the 2.5 series and says so.
+    #[test]
+    fn a_two_part_torch_version_is_a_series() {
+        assert_eq!(
+            SolveQuery::torch_spec("2.5").unwrap().to_string(),
+            "==2.5.*"
+        );
+        assert_eq!(
+            SolveQuery::torch_spec("2.5.0").unwrap().to_string(),
+            "==2.5.0"
+        );
+        let solution = solve(
+            Matrix::embedded(),
+            &query("550.54.15", "RTX 3090", Some("2.5")),
+        );
+        assert_eq!(solution.best().unwrap().torch, "2.5.1");
+        assert_eq!(
+            solution.notes,
+            vec!["torch 2.5 means the 2.5 series (==2.5.*); picked 2.5.1, its newest release that fits the rest of the query (give a three-part version such as 2.5.1 to pin one)"]
+        );
+        let exact = solve(
+            Matrix::embedded(),
+            &query("550.54.15", "RTX 3090", Some("2.5.0")),
+        );
+        assert!(exact.accepted().all(|c| c.torch == "2.5.0"));
+        assert!(exact.notes.is_empty());
+    }
 }

@@ -4,6 +4,7 @@
 //! Validation never stops at the first problem: a user fixing a recipe wants the whole
 //! list. Each problem has a stable `code` so tests, CI and `--json` consumers can match it.
 
+use pep440_rs::Version;
 use serde::Serialize;
 
 use super::{KernelSupport, Matrix, TorchBuild};
@@ -86,10 +87,67 @@ impl Collector {
     }
 }
 
-/// The torch build a recipe selects: the PyPI default build, or the named index variant.
-pub fn selected_torch_build<'m>(matrix: &'m Matrix, recipe: &Recipe) -> Option<&'m TorchBuild> {
+/// The torch release a recipe names: its exact version, or for a series (`version: "2.4"`,
+/// issue 24) the newest release of the series whose build on the recipe's index is for
+/// the recipe's CUDA line and Python; failing that, the series' newest release, so the
+/// checks below say what does not fit.
+pub fn torch_release(matrix: &Matrix, recipe: &Recipe) -> Option<Version> {
     let torch = recipe.torch.as_ref()?;
-    let mut builds = matrix.torch_builds_of(&torch.version);
+    if !torch.is_series() {
+        return Some(torch.version.clone());
+    }
+    let in_series = || {
+        matrix
+            .torch_builds
+            .iter()
+            .filter(|build| torch.admits(&build.torch))
+    };
+    let of_index: Vec<&TorchBuild> = in_series()
+        .filter(|build| match torch.index.variant() {
+            None => build.pypi_default,
+            Some(variant) => build.variant == variant,
+        })
+        .collect();
+    of_index
+        .iter()
+        .find(|build| {
+            build.cuda.line() == recipe.cuda.version.line() && build.python.contains(&recipe.python)
+        })
+        .or(of_index.first())
+        .copied()
+        .or_else(|| in_series().next())
+        .map(|build| build.torch.clone())
+}
+
+/// The torch build a recipe selects: the PyPI default build, or the named index variant,
+/// of [`torch_release`].
+pub fn selected_torch_build<'m>(matrix: &'m Matrix, recipe: &Recipe) -> Option<&'m TorchBuild> {
+    let release = torch_release(matrix, recipe)?;
+    build_of_release(matrix, recipe, &release)
+}
+
+/// The build of the recipe's index for one torch release, such as the version a lock
+/// records (`2.4.1`, or `2.4.1+cu121` from a PyTorch index): what `build` labels its image
+/// with, whatever release the matrix would pick for a series today.
+pub fn locked_torch_build<'m>(
+    matrix: &'m Matrix,
+    recipe: &Recipe,
+    locked: &str,
+) -> Option<&'m TorchBuild> {
+    let public = locked.split_once('+').map_or(locked, |(public, _)| public);
+    match public.parse::<Version>() {
+        Ok(release) => build_of_release(matrix, recipe, &release),
+        Err(_) => selected_torch_build(matrix, recipe),
+    }
+}
+
+fn build_of_release<'m>(
+    matrix: &'m Matrix,
+    recipe: &Recipe,
+    release: &Version,
+) -> Option<&'m TorchBuild> {
+    let torch = recipe.torch.as_ref()?;
+    let mut builds = matrix.torch_builds_of(release);
     match torch.index.variant() {
         None => builds.find(|build| build.pypi_default),
         Some(variant) => builds.find(|build| build.variant == variant),
@@ -255,16 +313,28 @@ fn check_torch<'m>(
     problems: &mut Collector,
 ) -> Option<&'m TorchBuild> {
     let torch = recipe.torch.as_ref()?;
-    let builds: Vec<&TorchBuild> = matrix.torch_builds_of(&torch.version).collect();
+    let release = torch_release(matrix, recipe);
+    let builds: Vec<&TorchBuild> = release
+        .as_ref()
+        .map(|release| matrix.torch_builds_of(release).collect())
+        .unwrap_or_default();
     if builds.is_empty() {
         let newest = matrix
             .torch_builds
             .first()
             .map(|b| b.torch.to_string())
             .unwrap_or_default();
+        let named = if torch.is_series() {
+            format!(
+                "the torch {} series (`=={}.*`) has no release",
+                torch.version, torch.version
+            )
+        } else {
+            format!("torch {} is not", torch.version)
+        };
         problems.error(
             "unknown-torch",
-            format!("torch {} is not in the matrix", torch.version),
+            format!("{named} in the matrix"),
             format!("the matrix has every torch release from 2.0.0 to {newest} on PyPI; its pins are what cudastack checks the recipe against"),
             format!("use a released version (newest known: {newest}), or run `cudastack matrix refresh` if it was released after this cudastack"),
         );
@@ -289,13 +359,30 @@ fn check_torch<'m>(
             "unknown-torch-variant",
             format!(
                 "torch {} has no `{}` build in the matrix",
-                torch.version, torch.index
+                builds[0].torch, torch.index
             ),
             "each PyTorch index serves one CUDA build of a release",
             format!("use one of: {}", variants.join(", ")),
         );
         return None;
     };
+    if torch.is_series() {
+        problems.push(
+            Severity::Note,
+            "torch-series",
+            format!(
+                "torch \"{}\" means the {} series; picked {}, its newest release {} for CUDA {} and Python {}",
+                torch.version,
+                torch.version,
+                build.torch,
+                if build.pypi_default { "on PyPI".to_string() } else { format!("on the {} index", build.variant) },
+                recipe.cuda.version.line(),
+                recipe.python
+            ),
+            "a two-part version names a release series (`==X.Y.*`); a three-part version is exact",
+            format!("nothing to do: `cudastack lock` records torch {} exactly; write version: \"{}\" to pin it in the recipe too", build.torch, build.torch),
+        );
+    }
     let where_from = if build.pypi_default {
         "from PyPI".to_string()
     } else {
@@ -327,13 +414,13 @@ fn check_torch<'m>(
             None => format!(
                 "set cuda.version to {}; no torch {} build for CUDA {} is known",
                 build.cuda.line(),
-                torch.version,
+                build.torch,
                 recipe.cuda.version.line()
             ),
         };
         problems.error(
             "torch-cuda-mismatch",
-            format!("torch {} {where_from} is built for CUDA {}{runtime_pin}; the recipe asks for CUDA {}", torch.version, build.cuda.line(), recipe.cuda.version),
+            format!("torch {} {where_from} is built for CUDA {}{runtime_pin}; the recipe asks for CUDA {}", build.torch, build.cuda.line(), recipe.cuda.version),
             "torch loads the CUDA runtime it was built with; a toolkit of another version beside it is a second, unused copy that extension builds (nvcc) would compile against",
             hint,
         );
@@ -345,7 +432,7 @@ fn check_torch<'m>(
         if !wanted.matches(pinned) {
             problems.error(
                 "torch-cudnn-mismatch",
-                format!("torch {} {where_from} pins cuDNN {pinned}; the recipe asks for cuDNN {wanted}", torch.version),
+                format!("torch {} {where_from} pins cuDNN {pinned}; the recipe asks for cuDNN {wanted}", build.torch),
                 "torch loads the cuDNN it was built against; two cuDNN copies in one image is how version skew and CUDNN_STATUS_EXECUTION_FAILED happen",
                 format!("set cudnn.version to {pinned} (or leave cudnn out: cudastack takes torch's pin)"),
             );
@@ -508,6 +595,7 @@ fn check_gpus(
             );
             continue;
         };
+        check_gpu_driver(matrix, recipe, &gpu, problems);
         let (gpu_label, cc) = (gpu.label(), gpu.cc);
         let gpu_with_cc = if gpu.named() {
             format!("{} (compute capability {cc}, {})", gpu.name, cc.sm())
@@ -575,6 +663,51 @@ fn check_gpus(
     }
 }
 
+/// The recipe's driver floor against the drivers the GPU runs on at all (issue 24: an
+/// R550 floor for a B200 passed through minor-version compatibility).
+fn check_gpu_driver(
+    matrix: &Matrix,
+    recipe: &Recipe,
+    gpu: &super::solve::TargetGpu,
+    problems: &mut Collector,
+) {
+    let Some(drivers) = matrix.gpu_drivers(gpu) else {
+        return;
+    };
+    let floor = &recipe.driver_floor;
+    if drivers.runs_on(floor) {
+        return;
+    }
+    let why = format!(
+        "a driver that does not support a GPU's architecture does not list the GPU, so CUDA finds no device; minor-version compatibility does not change that (source, {}: {})",
+        drivers.status, drivers.source
+    );
+    let what = format!(
+        "driver floor {floor} is {} for {}: it needs {}",
+        if drivers.min_driver.as_ref().is_some_and(|min| floor < min) {
+            "too old"
+        } else {
+            "too new"
+        },
+        drivers.gpu,
+        drivers.requirement()
+    );
+    let hint = match (&drivers.min_driver, &drivers.min_branch, &drivers.last_branch) {
+        (Some(min), Some(branch), _) if floor < min => {
+            // A floor that names a release, not a bare branch, and that the recipe's CUDA
+            // accepts.
+            let raise_to = matrix
+                .min_driver_for(&recipe.cuda.version)
+                .filter(|toolkit| drivers.runs_on(toolkit))
+                .unwrap_or(min);
+            format!("raise driver_floor to >= {raise_to} and run the image on hosts with the {branch} driver branch or newer")
+        }
+        (_, _, Some(last)) => format!("lower driver_floor to a driver of the {last} branch or older (with a CUDA that branch supports), or drop this GPU from `gpus:`"),
+        _ => drivers.hint(floor),
+    };
+    problems.error("gpu-driver-unsupported", what, why, hint);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -626,5 +759,113 @@ mod tests {
             assert_eq!(errors[0].code, "unsupported-base");
             assert!(errors[0].hint.contains("{ debian: bookworm }"), "{}", errors[0].hint);
         }
+    }
+
+    fn parse(text: &str) -> Recipe {
+        Recipe::parse(text, Path::new("t.yaml")).unwrap()
+    }
+
+    /// Issue 24: an R550 floor for a Blackwell GPU passed through minor-version
+    /// compatibility; the GPU does not run on that driver at all.
+    #[test]
+    fn a_floor_below_the_gpus_own_minimum_is_an_error() {
+        let matrix = Matrix::embedded();
+        let recipe = parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.15\"\nminor_version_compat: true\ncuda: { version: \"12.8\" }\ntorch: { version: \"2.8.0\" }\ngpus: [\"B200\"]\n");
+        let validation = validate(matrix, &recipe);
+        let errors: Vec<&Problem> = validation.errors().collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].code, "gpu-driver-unsupported");
+        assert!(errors[0].what.contains("driver floor 550.54.15 is too old for B200 (sm_100): it needs driver 570.133.20 or later (R570 branch)"), "{}", errors[0].what);
+        assert!(
+            errors[0].why.contains("docs.nvidia.com"),
+            "{}",
+            errors[0].why
+        );
+        assert!(
+            errors[0]
+                .hint
+                .contains("raise driver_floor to >= 570.133.20"),
+            "{}",
+            errors[0].hint
+        );
+        // A GPU given by capability, whose minimum is its architecture's branch: the hint
+        // names a release that the recipe's CUDA also accepts.
+        let by_cc = parse(&recipe.canonical_json().replace("\"B200\"", "\"12.0\""));
+        let errors: Vec<Problem> = validate(matrix, &by_cc).errors().cloned().collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].hint.contains("raise driver_floor to >= 570.26"),
+            "{}",
+            errors[0].hint
+        );
+        let fixed = parse(&recipe.canonical_json().replace("550.54.15", "570.133.20"));
+        assert!(validate(matrix, &fixed).is_valid());
+        // A floor newer than the last branch of a dropped architecture is an error too.
+        let volta = parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"590.44.01\"\ncuda: { version: \"12.8\" }\ngpus: [\"V100\"]\n");
+        let errors: Vec<Problem> = validate(matrix, &volta).errors().cloned().collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].what.contains("driver floor 590.44.01 is too new for Tesla V100 (sm_70): it needs a driver of the R580 branch or older"), "{}", errors[0].what);
+        assert!(
+            errors[0]
+                .hint
+                .contains("lower driver_floor to a driver of the R580 branch or older"),
+            "{}",
+            errors[0].hint
+        );
+    }
+
+    /// Issue 24: `version: "2.4"` meant 2.4.0; it is the 2.4 series, resolved to its newest
+    /// release that fits the recipe, with a note that says so.
+    #[test]
+    fn a_two_part_torch_version_picks_the_newest_fitting_release() {
+        let matrix = Matrix::embedded();
+        let recipe = parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: { version: \"12.1\" }\ntorch: { version: \"2.4\" }\n");
+        let validation = validate(matrix, &recipe);
+        assert!(validation.is_valid(), "{:?}", validation.problems);
+        assert_eq!(validation.torch_build.as_deref(), Some("2.4.1+cu121"));
+        let note = validation
+            .problems
+            .iter()
+            .find(|p| p.code == "torch-series")
+            .unwrap();
+        assert!(
+            note.what
+                .contains("torch \"2.4\" means the 2.4 series; picked 2.4.1"),
+            "{}",
+            note.what
+        );
+        // The index and CUDA line are part of the fit: cu118 of the 2.5 series.
+        let cu118 = parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"520.61.05\"\ncuda: { version: \"11.8\" }\ntorch: { version: \"2.5\", index: cu118 }\n");
+        assert_eq!(
+            selected_torch_build(matrix, &cu118).unwrap().label(),
+            "2.5.1+cu118"
+        );
+        // `build` labels the image with the release the lock records.
+        assert_eq!(
+            locked_torch_build(matrix, &cu118, "2.5.0+cu118")
+                .unwrap()
+                .label(),
+            "2.5.0+cu118"
+        );
+        assert_eq!(
+            locked_torch_build(matrix, &recipe, "2.4.0")
+                .unwrap()
+                .label(),
+            "2.4.0+cu121"
+        );
+        // Three parts stay exact, and a series without releases says so.
+        let exact = parse(&recipe.canonical_json().replace("\"2.4\"", "\"2.4.0\""));
+        assert_eq!(
+            validate(matrix, &exact).torch_build.as_deref(),
+            Some("2.4.0+cu121")
+        );
+        let none = parse(&recipe.canonical_json().replace("\"2.4\"", "\"2.99\""));
+        let errors: Vec<Problem> = validate(matrix, &none).errors().cloned().collect();
+        assert!(
+            errors[0]
+                .what
+                .contains("the torch 2.99 series (`==2.99.*`) has no release"),
+            "{errors:?}"
+        );
     }
 }

@@ -180,6 +180,8 @@ pub struct CudnnSpec {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TorchSpec {
+    /// `2.4.1` exactly, or `2.4`: the 2.4 series, which resolves to its newest release whose
+    /// build fits the recipe's index, CUDA line and Python (the lock records the release).
     #[serde(
         serialize_with = "serialize_display",
         deserialize_with = "deserialize_from_str"
@@ -188,6 +190,37 @@ pub struct TorchSpec {
     /// `pypi` (default), a PyTorch variant such as `cu124`, or an index URL.
     #[serde(default)]
     pub index: TorchIndex,
+}
+
+/// Whether a version names a release series: two release parts and nothing else (`2.4`),
+/// which means `==2.4.*` and resolves to the series' newest release that fits (issue 24);
+/// `2.4.0` and `2.4.1` stay exact.
+pub fn is_series(version: &Version) -> bool {
+    version.release().len() == 2
+        && version.epoch() == 0
+        && version.pre().is_none()
+        && version.post().is_none()
+        && version.dev().is_none()
+        && version.local().is_empty()
+}
+
+impl TorchSpec {
+    /// Whether `version: "2.4"` was written: the 2.4 series, not 2.4.0.
+    pub fn is_series(&self) -> bool {
+        is_series(&self.version)
+    }
+
+    /// Whether a torch release is what this spec names: the exact version, or any release
+    /// of the series.
+    pub fn admits(&self, release: &Version) -> bool {
+        if self.is_series() {
+            release.release().get(..2) == Some(self.version.release())
+                && release.pre().is_none()
+                && release.dev().is_none()
+        } else {
+            *release == self.version
+        }
+    }
 }
 
 /// Where torch comes from.

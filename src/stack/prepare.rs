@@ -14,7 +14,7 @@ use crate::fetch::download::{Downloader, FetchItem};
 use crate::fetch::http::HttpClient;
 use crate::lock::inputs::platform_lock_path;
 use crate::lock::lockfile::{Artifact, ArtifactKind, Lockfile};
-use crate::matrix::validate::{gpu_errors, selected_torch_build};
+use crate::matrix::validate::{gpu_errors, locked_torch_build, selected_torch_build};
 use crate::matrix::{Matrix, TorchBuild};
 use crate::recipe::{Platform, Recipe};
 use crate::stack::config::ToolkitPaths;
@@ -75,7 +75,13 @@ pub(crate) async fn prepare_platform<'a>(
     // The arch list this platform's torch wheel really carries (aarch64 builds carry
     // fewer SASS targets than the x86_64 one the matrix was read from), so the labels
     // and the probe's expectations describe this image.
-    let torch_build = match (selected_torch_build(matrix, recipe), wheels.get("torch")) {
+    // The build of the release the lock records: a series (`version: "2.4"`) was resolved
+    // when it was locked, and a refreshed matrix may pick a newer release now.
+    let selected = match wheels.get("torch") {
+        Some(torch) => locked_torch_build(matrix, recipe, &torch.version),
+        None => selected_torch_build(matrix, recipe),
+    };
+    let torch_build = match (selected, wheels.get("torch")) {
         (Some(build), Some(torch)) => Some(tokio::task::block_in_place(|| {
             with_wheel_arch_list(
                 build,

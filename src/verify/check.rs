@@ -8,7 +8,8 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use super::record::{VerifiedOn, LABEL_MATRIX};
-use crate::matrix::Matrix;
+use crate::matrix::solve::TargetGpu;
+use crate::matrix::{GpuDrivers, Matrix};
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion};
 
 /// What an image's config declares about what it needs.
@@ -130,13 +131,38 @@ pub struct Answer {
     /// For `unknown`: what was missing, and what to give to get an answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unknown_because: Option<String>,
+    /// The drivers each node GPU runs on at all, where the matrix knows them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gpu_drivers: Vec<GpuDrivers>,
     pub findings: Vec<Finding>,
 }
 
 pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
     let mut findings = Vec::new();
+    let gpu_drivers: Vec<GpuDrivers> = node
+        .gpus
+        .iter()
+        .filter_map(|gpu| {
+            matrix.gpu_drivers(&TargetGpu {
+                name: gpu.name.clone(),
+                cc: gpu.compute_capability,
+            })
+        })
+        .collect();
     if let Some(driver) = &node.driver {
         check_driver(matrix, image, driver, &mut findings);
+        // Issue 24: a GPU the driver does not support is a no whatever the image needs.
+        for drivers in gpu_drivers
+            .iter()
+            .filter(|drivers| !drivers.runs_on(driver))
+        {
+            findings.push(Finding {
+                ok: false,
+                subject: format!("driver {driver}"),
+                what: drivers.refusal(driver),
+                hint: Some(drivers.hint(driver)),
+            });
+        }
     }
     for gpu in &node.gpus {
         check_gpu(matrix, image, gpu, &mut findings);
@@ -145,6 +171,7 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
         return Answer {
             fits: Fit::No,
             unknown_because: None,
+            gpu_drivers,
             findings,
         };
     }
@@ -156,6 +183,7 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
             Fit::Yes
         },
         unknown_because,
+        gpu_drivers,
         findings,
     }
 }
@@ -412,6 +440,70 @@ mod tests {
             .findings
             .iter()
             .any(|f| f.what.contains("sm_90 kernels")));
+    }
+
+    /// Issue 24: a Blackwell GPU on an R550 driver was a yes when the image needed CUDA 12.1.
+    #[test]
+    fn a_driver_older_than_the_gpu_says_no_and_names_the_branch() {
+        let answer = check(
+            Matrix::embedded(),
+            &claims_with_sm("sm_80 sm_90 sm_100 sm_120"),
+            &node("550.54.15", &[("NVIDIA GeForce RTX 5090", "12.0")]),
+        );
+        assert_eq!(answer.fits, Fit::No, "{answer:?}");
+        let refusal = answer.findings.iter().find(|f| !f.ok).unwrap();
+        assert!(
+            refusal
+                .what
+                .contains("GeForce RTX 5090 (sm_120) needs the R570 driver branch or later"),
+            "{refusal:?}"
+        );
+        assert!(refusal.what.contains("docs.nvidia.com"), "{refusal:?}");
+        assert!(
+            refusal
+                .hint
+                .as_deref()
+                .unwrap()
+                .contains("install the R570 driver branch"),
+            "{refusal:?}"
+        );
+        assert_eq!(answer.gpu_drivers[0].min_branch.as_deref(), Some("R570"));
+        // A GPU whose architecture a newer driver dropped is a no too.
+        let v100 = check(
+            Matrix::embedded(),
+            &claims_with_sm("sm_70 sm_80"),
+            &node("590.44.01", &[("Tesla V100", "7.0")]),
+        );
+        assert_eq!(v100.fits, Fit::No, "{v100:?}");
+        let refusal = v100.findings.iter().find(|f| !f.ok).unwrap();
+        assert!(
+            refusal.what.contains("no longer supports it"),
+            "{refusal:?}"
+        );
+        assert!(
+            refusal.hint.as_deref().unwrap().contains("R580 branch"),
+            "{refusal:?}"
+        );
+        // B200 has its own, later minimum within R570.
+        let b200 = check(
+            Matrix::embedded(),
+            &claims_with_sm("sm_80 sm_90 sm_100 sm_120"),
+            &node("570.124.06", &[("NVIDIA B200", "10.0")]),
+        );
+        assert_eq!(b200.fits, Fit::No, "{b200:?}");
+        assert!(serde_json::to_string(&b200).unwrap().contains("570.133.20"));
+        let fits = check(
+            Matrix::embedded(),
+            &claims_with_sm("sm_80 sm_90 sm_100 sm_120"),
+            &node("570.133.20", &[("NVIDIA B200", "10.0")]),
+        );
+        assert_eq!(fits.fits, Fit::Yes, "{fits:?}");
+    }
+
+    fn claims_with_sm(sm: &str) -> ImageClaims {
+        let labels = BTreeMap::from([("io.cudastack.torch.sm".to_string(), sm.to_string())]);
+        let env = BTreeMap::from([("NVIDIA_REQUIRE_CUDA".to_string(), "cuda>=12.1".to_string())]);
+        ImageClaims::from_labels_and_env(&labels, &env)
     }
 
     #[test]
