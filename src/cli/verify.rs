@@ -79,6 +79,10 @@ pub struct VerifyArgs {
     /// With --emit sbatch*: a squashfs/SIF made on the login node.
     #[arg(long, requires = "emit")]
     pub local_image: Option<PathBuf>,
+    /// With --emit k8s-job: a Secret (of the Job's namespace, type
+    /// kubernetes.io/dockerconfigjson) to pull a private image with; repeatable.
+    #[arg(long, value_name = "NAME", requires = "emit")]
+    pub image_pull_secret: Vec<String>,
     #[arg(
         long,
         help = super::image_source::platform_help(
@@ -242,6 +246,7 @@ fn emit(
             gpus,
             namespace: args.namespace.clone(),
             local_image: args.local_image.clone(),
+            image_pull_secrets: args.image_pull_secret.clone(),
         },
     )?;
     printer.text(text);

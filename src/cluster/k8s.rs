@@ -53,6 +53,10 @@ pub struct JobSpec {
     pub command: Vec<String>,
     /// The Job is killed (and fails) after this many seconds, pull time included.
     pub active_deadline_seconds: u64,
+    /// Secrets (type `kubernetes.io/dockerconfigjson`) in the Job's namespace the kubelet
+    /// pulls a private image with: the pod's `imagePullSecrets`
+    /// (https://kubernetes.io/docs/tasks/configure-pod-container/pull-image-private-registry/).
+    pub image_pull_secrets: Vec<String>,
 }
 
 impl JobSpec {
@@ -68,6 +72,7 @@ impl JobSpec {
             gpu_type,
             command: probe_command(),
             active_deadline_seconds: 1800,
+            image_pull_secrets: Vec::new(),
         }
     }
 }
@@ -97,6 +102,19 @@ fn is_label_value(text: &str) -> bool {
         && text
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && text.as_bytes()[0].is_ascii_alphanumeric()
+        && text.as_bytes()[text.len() - 1].is_ascii_alphanumeric()
+}
+
+/// An RFC 1123 subdomain, the rule for Secret names: at most 253 characters, dot-separated
+/// lowercase alphanumerics and `-`, starting and ending alphanumeric
+/// (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/#dns-subdomain-names).
+fn is_dns_subdomain(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 253
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
         && text.as_bytes()[0].is_ascii_alphanumeric()
         && text.as_bytes()[text.len() - 1].is_ascii_alphanumeric()
 }
@@ -143,6 +161,8 @@ struct PodSpec<'a> {
     automount_service_account_token: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     affinity: Option<Affinity<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    image_pull_secrets: Vec<SecretReference<'a>>,
     tolerations: Vec<Toleration>,
     containers: Vec<Container<'a>>,
 }
@@ -176,6 +196,12 @@ struct Requirement<'a> {
     key: &'static str,
     operator: &'static str,
     values: Vec<&'a str>,
+}
+
+/// A `LocalObjectReference`: a Secret of the pod's namespace, by name.
+#[derive(Serialize)]
+struct SecretReference<'a> {
+    name: &'a str,
 }
 
 #[derive(Serialize)]
@@ -239,6 +265,11 @@ fn validate(spec: &JobSpec) -> Result<(), ClusterError> {
     if let Some(gpu_type) = &spec.gpu_type {
         if !is_label_value(gpu_type) {
             return Err(invalid("GPU type", gpu_type, "a value of the node label nvidia.com/gpu.product, e.g. NVIDIA-A100-SXM4-80GB (see `kubectl get nodes -L nvidia.com/gpu.product`)"));
+        }
+    }
+    for secret in &spec.image_pull_secrets {
+        if !is_dns_subdomain(secret) {
+            return Err(invalid("image pull Secret name", secret, "a Secret name is an RFC 1123 subdomain: at most 253 lowercase letters, digits, `-` or `.`, starting and ending with a letter or digit (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/#dns-subdomain-names)"));
         }
     }
     if spec.command.is_empty() {
@@ -306,6 +337,11 @@ fn pod_spec(spec: &JobSpec) -> PodSpec<'_> {
         restart_policy: "Never",
         automount_service_account_token: false,
         affinity: spec.gpu_type.as_deref().map(gpu_type_affinity),
+        image_pull_secrets: spec
+            .image_pull_secrets
+            .iter()
+            .map(|name| SecretReference { name })
+            .collect(),
         tolerations: vec![Toleration {
             key: GPU_RESOURCE,
             operator: "Exists",
@@ -412,6 +448,26 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("namespace"));
+    }
+
+    #[test]
+    fn image_pull_secrets_go_into_the_pod_spec_and_are_validated() {
+        let mut spec = JobSpec::probe(image(), None);
+        let yaml = job_manifest(&spec).unwrap();
+        assert!(!yaml.contains("imagePullSecrets"), "{yaml}");
+        spec.image_pull_secrets = vec!["ghcr-pull".into(), "team.registry-creds".into()];
+        let yaml = job_manifest(&spec).unwrap();
+        assert!(
+            yaml.contains(
+                "      imagePullSecrets:\n      - name: ghcr-pull\n      - name: team.registry-creds\n"
+            ),
+            "{yaml}"
+        );
+        for bad in ["", "Ghcr", "-x", "x-", "a_b", &"a".repeat(254)] {
+            spec.image_pull_secrets = vec![bad.to_string()];
+            let error = job_manifest(&spec).unwrap_err().to_string();
+            assert!(error.contains("image pull Secret name"), "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -87,6 +87,8 @@ pub struct EmitOptions {
     pub namespace: Option<String>,
     /// Slurm: a squashfs/SIF made on the login node, for nodes without registry access.
     pub local_image: Option<PathBuf>,
+    /// Kubernetes: Secrets the kubelet pulls a private image with (`imagePullSecrets`).
+    pub image_pull_secrets: Vec<String>,
 }
 
 /// Render the verification job for `target`: one entry point for the CLI.
@@ -104,8 +106,14 @@ pub fn emit(
             if let Some(namespace) = &options.namespace {
                 spec.namespace = namespace.clone();
             }
+            spec.image_pull_secrets = options.image_pull_secrets.clone();
             k8s::job_manifest(&spec)
         }
+        Emit::Sbatch(_) if !options.image_pull_secrets.is_empty() => Err(ClusterError::Invalid {
+            field: "image pull Secret",
+            value: options.image_pull_secrets.join(", "),
+            rule: "only a Kubernetes Job (--emit k8s-job) pulls with a Secret; on Slurm, enroot and Apptainer read the registry credentials of the user who runs the job",
+        }),
         Emit::Sbatch(runtime) => {
             let mut spec = slurm::SbatchSpec::probe(image, runtime);
             spec.gpu_type = options.gpu_type.clone();
