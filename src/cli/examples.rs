@@ -99,8 +99,8 @@ Examples:
   cudastack verify images/torch2.4.1-cu121-py3.11
   # Print a Slurm batch script that runs the probe on an h100 (its GRES type)
   cudastack verify ghcr.io/acme/torch:2.4.1 --emit sbatch --gpu-type h100
-  # A Kubernetes Job for a private image, pulled with the Secret `regcred`
-  cudastack verify ghcr.io/acme/torch:2.4.1 --emit k8s-job --image-pull-secret regcred";
+  # A Kubernetes Job for a private image, pulled with the Secret named ghcr
+  cudastack verify ghcr.io/acme/torch:2.4.1 --emit k8s --image-pull-secret ghcr";
 
 pub const PUSH: &str = "\
 Examples:
