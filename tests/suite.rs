@@ -23,6 +23,7 @@ mod cache_concurrency;
 mod cli_help;
 mod cli_matrix;
 mod cli_trust;
+mod cli_verify_registry;
 mod cluster_image;
 mod cluster_k8s;
 mod cluster_slurm;

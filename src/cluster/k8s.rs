@@ -9,8 +9,10 @@
 //! carry, runs the image by digest so the node runs exactly the bytes that were built,
 //! and never retries (`backoffLimit: 0`, `restartPolicy: Never`): a failing probe must
 //! fail the Job, not be retried into a pass. The results channel is the pod log: the
-//! probe's last stdout line is `cudastack-report-v1 <JSON>`, which
-//! `cudastack verify --from-log` reads from `kubectl logs job/NAME`.
+//! container first prints `cudastack-image-v1 REPOSITORY@sha256:…` (the image it runs),
+//! then the probe's last stdout line is `cudastack-report-v1 <JSON>`, and
+//! `cudastack verify IMAGE --from-log LOG` records the report of `kubectl logs job/NAME`
+//! on that image.
 //!
 //! The YAML comes from typed structs serialised in field order, so it is deterministic;
 //! the tests validate it against the Kubernetes API schema.
@@ -164,7 +166,7 @@ struct PodSpec<'a> {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     image_pull_secrets: Vec<SecretReference<'a>>,
     tolerations: Vec<Toleration>,
-    containers: Vec<Container<'a>>,
+    containers: Vec<Container>,
 }
 
 #[derive(Serialize)]
@@ -213,11 +215,11 @@ struct Toleration {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Container<'a> {
+struct Container {
     name: &'static str,
     image: String,
     image_pull_policy: &'static str,
-    command: &'a [String],
+    command: Vec<String>,
     resources: Resources,
     /// The report line also lands in the termination message when the probe fails, so
     /// `kubectl describe` shows it.
@@ -351,13 +353,24 @@ fn pod_spec(spec: &JobSpec) -> PodSpec<'_> {
             name: "probe",
             image: spec.image.by_digest(),
             image_pull_policy: "IfNotPresent",
-            command: &spec.command,
+            command: logged_command(spec),
             resources: Resources {
                 limits: BTreeMap::from([(GPU_RESOURCE, spec.gpu_count)]),
             },
             termination_message_policy: "FallbackToLogsOnError",
         }],
     }
+}
+
+/// The container's command: print the image's log line, then run `spec.command` in its
+/// place (`exec`), so the pod log says which image the report is about.
+fn logged_command(spec: &JobSpec) -> Vec<String> {
+    let mut command: Vec<String> = ["/bin/sh", "-c", r#"echo "$0"; exec "$@""#]
+        .map(String::from)
+        .to_vec();
+    command.push(spec.image.log_line());
+    command.extend(spec.command.iter().cloned());
+    command
 }
 
 fn gpu_type_affinity(gpu_type: &str) -> Affinity<'_> {
@@ -383,8 +396,9 @@ fn usage_comment(spec: &JobSpec) -> String {
          #   kubectl apply -f THIS_FILE\n\
          #   kubectl wait -n {ns} --for=condition=complete --timeout={deadline}s job/{name}\n\
          #   kubectl logs -n {ns} job/{name} > {name}.log\n\
-         #   cudastack verify --from-log {name}.log\n",
+         #   cudastack verify {named} --from-log {name}.log\n",
         image = spec.image.by_digest(),
+        named = spec.image.named(),
         gpus = match &spec.gpu_type {
             Some(gpu_type) => format!("{} x {gpu_type}", spec.gpu_count),
             None => format!("{} GPU(s) of any type", spec.gpu_count),

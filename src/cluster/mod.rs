@@ -153,6 +153,21 @@ impl PinnedImage {
         }
     }
 
+    /// `repository:tag@sha256:…` with the tag when there is one: the name `cudastack verify
+    /// --from-log` records the job's report under (`tag-verified`).
+    pub fn named(&self) -> String {
+        match &self.tag {
+            Some(tag) => format!("{}:{tag}@{}", self.repository, self.digest),
+            None => self.by_digest(),
+        }
+    }
+
+    /// The line a job prints before the probe runs, naming the image it runs
+    /// (`cudastack-image-v1 repository@sha256:…`; see [`crate::verify::IMAGE_PREFIX`]).
+    pub fn log_line(&self) -> String {
+        format!("{}{}", crate::verify::IMAGE_PREFIX, self.by_digest())
+    }
+
     /// `repository@sha256:…` without the tag: the form every runtime resolves the same.
     pub fn by_digest(&self) -> String {
         format!("{}@{}", self.repository, self.digest)

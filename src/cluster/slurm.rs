@@ -4,7 +4,8 @@
 //!
 //! The job runs the probe baked into the image; its stdout goes to its own file
 //! (`--output`, stderr to `--error`), so the report line `cudastack-report-v1 <JSON>` is
-//! the last line of that file and `cudastack verify --from-log` reads it. The image is
+//! the last line of that file, after a line naming the image (`cudastack-image-v1 …`), and
+//! `cudastack verify IMAGE --from-log FILE` records it on that image. The image is
 //! named by digest. Compute nodes often cannot reach a registry: with
 //! [`SbatchSpec::local_image`] the script runs a squashfs (enroot) or SIF (Apptainer) file
 //! imported on the login node instead, and the script's comments say how to make it.
@@ -134,6 +135,11 @@ pub fn sbatch_script(spec: &SbatchSpec) -> Result<String, ClusterError> {
     directives(&mut out, spec, &log);
     clean_environment(&mut out);
     enroot_check(&mut out, spec);
+    let _ = writeln!(
+        out,
+        "# The image this job runs, for `cudastack verify --from-log`."
+    );
+    let _ = writeln!(out, "echo {}", shell_quote(&spec.image.log_line()));
     srun_line(&mut out, spec);
     Ok(out)
 }
@@ -195,7 +201,8 @@ fn header_comments(out: &mut String, spec: &SbatchSpec, log: &str) {
     let _ = writeln!(out, "#   sbatch --wait THIS_FILE");
     let _ = writeln!(
         out,
-        "#   cudastack verify --from-log {}   (%j: the job id sbatch printed)",
+        "#   cudastack verify {} --from-log {}   (%j: the job id sbatch printed)",
+        spec.image.named(),
         log
     );
     if let Some(local) = &spec.local_image {

@@ -15,6 +15,7 @@
 pub mod image_source;
 pub mod load;
 pub mod push;
+pub mod record;
 pub mod verify;
 
 use std::path::PathBuf;
