@@ -22,6 +22,7 @@ mod build_multiarch;
 mod cache_concurrency;
 mod cli_help;
 mod cli_matrix;
+mod cli_promote;
 mod cli_trust;
 mod cli_verify_registry;
 mod cluster_image;

@@ -102,6 +102,13 @@ Examples:
   # A Kubernetes Job for a private image, pulled with the Secret named ghcr
   cudastack verify ghcr.io/acme/torch:2.4.1 --emit k8s --image-pull-secret ghcr";
 
+pub const PROMOTE: &str = "\
+Examples:
+  # Tag 2.4.1-verified as 2.4.1 once it passed on an H100 and an A100
+  cudastack promote ghcr.io/acme/torch:2.4.1-verified --require-gpu h100,a100
+  # Say what would be tagged, and what is missing, without tagging
+  cudastack promote ghcr.io/acme/torch:2.4.1 --require-gpu h100 --dry-run";
+
 pub const PUSH: &str = "\
 Examples:
   # Push a built image (credentials: the Docker config's, else anonymous)

@@ -14,6 +14,7 @@
 
 pub mod image_source;
 pub mod load;
+pub mod promote;
 pub mod push;
 pub mod record;
 pub mod verify;
