@@ -258,6 +258,9 @@ async fn the_command_the_job_header_prints_records_a_registry_image_without_uplo
             &gpu_report("NVIDIA H100 80GB HBM3", "9.0", None),
         ),
     );
+    // Uploads are counted over both tries: all that recording a 3 MiB image sends.
+    let before = fixture.proxy.requests().len();
+    let bytes_before = fixture.proxy.upload_bytes.load(Ordering::SeqCst);
     fixture.fail_verified_put.store(true, Ordering::SeqCst);
     let output = cudastack()
         .args(&header_command(&job, &log)[..])
@@ -279,8 +282,6 @@ async fn the_command_the_job_header_prints_records_a_registry_image_without_uplo
     );
 
     // The command as the header prints it: verified, tagged, only small blobs uploaded.
-    let before = fixture.proxy.requests().len();
-    let bytes_before = fixture.proxy.upload_bytes.load(Ordering::SeqCst);
     let output = cudastack()
         .args(&header_command(&job, &log)[..])
         .output()
@@ -294,6 +295,8 @@ async fn the_command_the_job_header_prints_records_a_registry_image_without_uplo
     );
     let uploads = fixture.uploads_since(before);
     let uploaded = fixture.proxy.upload_bytes.load(Ordering::SeqCst) - bytes_before;
+    // The artifact's empty config `{}`, the report, the labelled config: nothing else.
+    assert_eq!(uploads.len(), 3, "{uploads:?}");
     assert!(
         uploaded < 64 << 10,
         "{uploaded} bytes uploaded: {uploads:?}"
