@@ -97,8 +97,9 @@ pub enum PromoteError {
     Gpu(#[from] SolveError),
     #[error(transparent)]
     Reference(#[from] crate::reference::ReferenceError),
+    /// Boxed: a registry error names its URL and would make every `Result` large.
     #[error(transparent)]
-    Registry(#[from] RegistryError),
+    Registry(Box<RegistryError>),
     #[error("the verification report {digest} stored in `{repository}` cannot be read")]
     Report {
         repository: String,
@@ -106,6 +107,12 @@ pub enum PromoteError {
         #[source]
         source: ReportError,
     },
+}
+
+impl From<RegistryError> for PromoteError {
+    fn from(error: RegistryError) -> Self {
+        PromoteError::Registry(Box::new(error))
+    }
 }
 
 fn problem_count(problems: &[String]) -> String {

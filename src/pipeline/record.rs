@@ -36,7 +36,16 @@ pub enum RemoteRecordError {
     #[error(transparent)]
     Record(#[from] RecordError),
     #[error(transparent)]
-    Registry(#[from] RegistryError),
+    Reference(#[from] crate::reference::ReferenceError),
+    /// Boxed: a registry error names its URL and would make every `Result` large.
+    #[error(transparent)]
+    Registry(Box<RegistryError>),
+}
+
+impl From<RegistryError> for RemoteRecordError {
+    fn from(error: RegistryError) -> Self {
+        RemoteRecordError::Registry(Box::new(error))
+    }
 }
 
 /// Record `report` (from a cluster job's log) on the image `reference` names in its
@@ -111,7 +120,10 @@ pub async fn record_in_registry(
 
 /// Where the verified image goes: `repo:TAG-verified` (a `-verified` tag stays itself, so
 /// a second GPU type adds to it), or, for a reference without a tag, by digest only.
-fn verified_target(reference: &Reference, digest: &Digest) -> Result<Reference, RegistryError> {
+fn verified_target(
+    reference: &Reference,
+    digest: &Digest,
+) -> Result<Reference, crate::reference::ReferenceError> {
     match reference.tag() {
         Some(tag) if tag.ends_with("-verified") || tag == "verified" => {
             Ok(reference.with_tag(tag)?)
