@@ -462,6 +462,76 @@ mod tests {
     }
 
     #[test]
+    fn the_image_line_of_a_log_names_the_digest_a_report_is_checked_against() {
+        let digest = Digest::of_bytes(b"image");
+        let log = format!(
+            "cudastack-image-v1 ghcr.io/acme/torch@{digest}\nnoise\ncudastack-report-v1 {{}}\n"
+        );
+        let facts = image_in_log(&log).unwrap();
+        assert_eq!(facts.reference, format!("ghcr.io/acme/torch@{digest}"));
+        assert_eq!(facts.manifest_digest, Some(digest.to_string()));
+        assert!(image_in_log("cudastack-report-v1 {}").is_none());
+        let report_json = serde_json::json!({
+            "schema": super::super::report::REPORT_SCHEMA, "probe_version": "1",
+            "started": "2026-11-30T10:00:00Z", "seconds": 1.0, "hostname": "h",
+            "levels": ["static"], "checks": [], "counts": {"pass": 0, "fail": 0, "skip": 0},
+        });
+        let mut report = Report::from_json(report_json.to_string().as_bytes()).unwrap();
+        assert!(check_report_image(&report, "x", &digest, false).is_ok());
+        let error = check_report_image(&report, "x", &digest, true).unwrap_err();
+        assert!(error.to_string().contains("cudastack-image-v1"), "{error}");
+        report.image = Some(facts);
+        assert!(check_report_image(&report, "x", &digest, true).is_ok());
+        let other = Digest::of_bytes(b"other");
+        let error = check_report_image(&report, "x", &other, true).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!("Expected: {other}"))
+                && text.contains(&format!("Found:    {digest}")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn verified_documents_keep_every_field_and_the_layers() {
+        let layer = serde_json::json!({"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+            "digest": Digest::of_bytes(b"layer").to_string(), "size": 5});
+        let config = serde_json::json!({"architecture": "amd64", "os": "linux",
+            "config": {"Env": ["A=1"], "Labels": {"keep": "me"}},
+            "rootfs": {"type": "layers", "diff_ids": []}, "history": [{"created_by": "x"}]});
+        let config_bytes = serde_json::to_vec(&config).unwrap();
+        let manifest = serde_json::json!({"schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                       "digest": Digest::of_bytes(&config_bytes).to_string(), "size": config_bytes.len()},
+            "layers": [layer]});
+        let labels = BTreeMap::from([(LABEL_VERIFIED.to_string(), "2026".to_string())]);
+        let (new_config, new_manifest) = verified_documents(
+            &serde_json::to_vec(&manifest).unwrap(),
+            &config_bytes,
+            &labels,
+        )
+        .unwrap();
+        let new_config: serde_json::Value = serde_json::from_slice(&new_config).unwrap();
+        assert_eq!(new_config["config"]["Labels"]["keep"], "me");
+        assert_eq!(new_config["config"]["Labels"][LABEL_VERIFIED], "2026");
+        assert_eq!(new_config["history"], config["history"]);
+        let new_manifest: serde_json::Value = serde_json::from_slice(&new_manifest).unwrap();
+        assert_eq!(new_manifest["layers"], manifest["layers"]);
+        assert_eq!(new_manifest["mediaType"], manifest["mediaType"]);
+        assert_ne!(
+            new_manifest["config"]["digest"],
+            manifest["config"]["digest"]
+        );
+        // A config without `config` gets one; a manifest that is not one is an error.
+        let (bare, _) =
+            verified_documents(&serde_json::to_vec(&manifest).unwrap(), b"{}", &labels).unwrap();
+        assert!(String::from_utf8(bare).unwrap().contains(LABEL_VERIFIED));
+        assert!(verified_documents(b"[]", b"{}", &labels).is_err());
+        assert!(verified_documents(b"not json", b"{}", &labels).is_err());
+    }
+
+    #[test]
     fn rows_accumulate_per_gpu_and_driver() {
         let row = |gpu: &str, driver: &str, date: &str| VerifiedOn {
             gpu: gpu.into(),
