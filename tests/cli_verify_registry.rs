@@ -384,3 +384,63 @@ async fn the_command_the_job_header_prints_records_a_registry_image_without_uplo
     );
     drop(fixture.registry.clone());
 }
+
+/// A multi-platform tag is never replaced by one platform's verified image: recording on
+/// `repo:multi@<amd64 digest>` pushes the verified image by digest and leaves both the
+/// index tag and the absent `multi-verified` tag as they were.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_multi_platform_tag_is_not_replaced_by_one_platforms_verified_image() {
+    let Some(fixture) = Fixture::start().await else {
+        return;
+    };
+    let client = fixture.client();
+    let original = client.get_manifest(&fixture.reference).await.unwrap();
+    let index = serde_json::json!({"schemaVersion": 2,
+        "mediaType": cudastack::registry::OCI_INDEX,
+        "manifests": [{"mediaType": original.media_type, "digest": original.digest.to_string(),
+                       "size": original.bytes.len(),
+                       "platform": {"architecture": "amd64", "os": "linux"}}]});
+    let multi = fixture.reference.with_tag("multi").unwrap();
+    let index_digest = client
+        .put_manifest(
+            &multi,
+            cudastack::registry::OCI_INDEX,
+            serde_json::to_vec(&index).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    let by_digest = fixture.reference.with_digest(fixture.digest);
+    let log = fixture.write_log(
+        "multi.log",
+        &job_log(
+            &format!("cudastack-image-v1 {by_digest}"),
+            &gpu_report("NVIDIA H100 80GB HBM3", "9.0", None),
+        ),
+    );
+    let output = cudastack()
+        .args([
+            "verify",
+            &multi.pinned(fixture.digest).to_string(),
+            "--from-log",
+        ])
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("multi-platform image index: the verified image is pushed by digest"),
+        "{stderr}"
+    );
+    assert_eq!(
+        client.get_manifest(&multi).await.unwrap().digest,
+        index_digest
+    );
+    assert!(
+        !tag_exists(
+            &client,
+            &fixture.reference.with_tag("multi-verified").unwrap()
+        )
+        .await
+    );
+}

@@ -6,7 +6,9 @@
 //! descriptors in the same repository, so the new config and the report artifact are the
 //! only blobs uploaded (a 10 GB image is recorded in a few kilobytes). The order makes a
 //! failure safe: the report referrer first, then the config, and the tag last, so a
-//! registry that fails midway leaves no `-verified` tag naming a half-written image.
+//! registry that fails midway leaves no `-verified` tag naming a half-written image. A tag
+//! that names a multi-platform index is never replaced by one platform's image: the
+//! verified image is then pushed by digest only.
 //! The labels are [`crate::verify::record`]'s, the same as a layout's verified image gets.
 
 use std::collections::BTreeMap;
@@ -103,7 +105,15 @@ pub async fn record_in_registry(
     if verdict != Verdict::Verified {
         return Ok(recorded);
     }
-    let target = verified_target(reference, &manifest.digest)?;
+    let mut target = verified_target(reference)?;
+    if let Some(index) = multi_platform_tag(&client, reference, &target).await? {
+        // One platform's verified image must not replace a multi-platform tag: the other
+        // platforms' nodes would pull an image for the wrong architecture.
+        progress.status(&format!(
+            "`{index}` is a multi-platform image index: the verified image is pushed by digest, not tagged"
+        ));
+        target = untagged(reference)?;
+    }
     let (digest, pushed) = push_verified(
         &client,
         reference,
@@ -120,17 +130,38 @@ pub async fn record_in_registry(
 
 /// Where the verified image goes: `repo:TAG-verified` (a `-verified` tag stays itself, so
 /// a second GPU type adds to it), or, for a reference without a tag, by digest only.
-fn verified_target(
-    reference: &Reference,
-    digest: &Digest,
-) -> Result<Reference, crate::reference::ReferenceError> {
+fn verified_target(reference: &Reference) -> Result<Reference, crate::reference::ReferenceError> {
     match reference.tag() {
         Some(tag) if tag.ends_with("-verified") || tag == "verified" => {
             Ok(reference.with_tag(tag)?)
         }
         Some(tag) => Ok(reference.with_tag(&format!("{tag}-verified"))?),
-        None => Ok(reference.with_digest(*digest)),
+        None => untagged(reference),
     }
+}
+
+/// The repository alone: a manifest PUT to it goes by the digest of its bytes.
+fn untagged(reference: &Reference) -> Result<Reference, crate::reference::ReferenceError> {
+    Reference::new(reference.registry(), reference.repository(), None, None)
+}
+
+/// The tag of REF or of the `-verified` target, when one of them holds an image index now.
+async fn multi_platform_tag(
+    client: &RegistryClient,
+    reference: &Reference,
+    target: &Reference,
+) -> Result<Option<String>, RemoteRecordError> {
+    for tagged in [reference.without_digest(), target.clone()] {
+        if tagged.tag().is_none() {
+            continue;
+        }
+        match client.get_manifest(&tagged).await {
+            Ok(manifest) if manifest.is_index() => return Ok(Some(tagged.to_string())),
+            Ok(_) | Err(RegistryError::ManifestNotFound { .. }) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(None)
 }
 
 /// Upload the labelled config and put the verified manifest under `target`; returns its
