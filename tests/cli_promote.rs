@@ -135,4 +135,37 @@ async fn promote_tags_only_what_passed_on_every_required_class() {
         "{}",
         text(&output)
     );
+
+    // A multi-platform tag is not replaced by one platform's image.
+    let index = serde_json::json!({"schemaVersion": 2,
+        "mediaType": cudastack::registry::OCI_INDEX,
+        "manifests": [{"mediaType": cudastack::registry::OCI_MANIFEST,
+                       "digest": fixture.digest.to_string(), "size": 1,
+                       "platform": {"architecture": "amd64", "os": "linux"}}]});
+    let multi = plain.with_tag("multi").unwrap();
+    let index_digest = client
+        .put_manifest(
+            &multi,
+            cudastack::registry::OCI_INDEX,
+            serde_json::to_vec(&index).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    let output = promote(&[
+        &verified.to_string(),
+        "--require-gpu",
+        "h100",
+        "--to",
+        "multi",
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert!(
+        text(&output).contains("multi-platform image index"),
+        "{}",
+        text(&output)
+    );
+    assert_eq!(
+        client.get_manifest(&multi).await.unwrap().digest,
+        index_digest
+    );
 }

@@ -85,6 +85,8 @@ pub enum PromoteError {
         "`{reference}` has no tag to derive the promoted tag from\n  hint: give it with --to TAG"
     )]
     NoTag { reference: String },
+    #[error("`{to}` is a multi-platform image index; promoting one platform's verified image would replace it for every platform\n  hint: promote to a tag of this platform (--to TAG)")]
+    IndexTag { to: String },
     #[error("`{reference}` carries no verified matrix (label {LABEL_MATRIX}): it is not a verified image\n  hint: promote the `-verified` tag that `cudastack verify --from-log` wrote")]
     NotVerified { reference: String },
     #[error("refusing to promote `{verified}` to `{to}`: {}\n{}\n  hint: verify the image on each missing class (`cudastack verify IMAGE --emit k8s-job --gpu-type TYPE`, then --from-log), and fix what failed", problem_count(.problems), .problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
@@ -244,6 +246,11 @@ async fn evidence(
 ) -> Result<Vec<Report>, PromoteError> {
     let mut subjects = vec![verified.digest];
     match client.get_manifest(plain).await {
+        Ok(original) if original.is_index() => {
+            return Err(PromoteError::IndexTag {
+                to: plain.to_string(),
+            })
+        }
         Ok(original) if same_layers(&original, verified) => subjects.push(original.digest),
         Ok(_) | Err(RegistryError::ManifestNotFound { .. }) => {}
         Err(error) => return Err(error.into()),
