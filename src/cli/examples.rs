@@ -100,7 +100,9 @@ Examples:
   # Print a Slurm batch script that runs the probe on an h100 (its GRES type)
   cudastack verify ghcr.io/acme/torch:2.4.1 --emit sbatch --gpu-type h100
   # A Kubernetes Job for a private image, pulled with the Secret named ghcr
-  cudastack verify ghcr.io/acme/torch:2.4.1 --emit k8s --image-pull-secret ghcr";
+  cudastack verify ghcr.io/acme/torch:2.4.1 --emit k8s --image-pull-secret ghcr
+  # Record the Job's log on the image in the registry (tags 2.4.1-verified)
+  cudastack verify ghcr.io/acme/torch:2.4.1 --from-log verify.log";
 
 pub const PROMOTE: &str = "\
 Examples:
