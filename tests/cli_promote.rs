@@ -94,7 +94,12 @@ async fn promote_tags_only_what_passed_on_every_required_class() {
         "B200",
     ]);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "a refusal exits 1\n{}",
+        text(&output)
+    );
     assert!(
         stderr.contains("2 required GPU classes have no passing verification"),
         "{stderr}"

@@ -100,7 +100,7 @@ enum Command {
     #[command(after_help = examples::PUSH)]
     Push(push::PushArgs),
     /// Give a verified image in a registry its plain tag, once it passed on every GPU
-    /// class required (refuses with what is missing or failed).
+    /// class required; refuses (exit 1) with what is missing or failed.
     #[command(after_help = examples::PROMOTE)]
     Promote(promote::PromoteArgs),
     /// Pull an image from a registry into an OCI layout (no daemon needed).

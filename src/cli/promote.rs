@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use cudastack::pipeline::promote::{promote, ClassStatus, PromoteSettings};
+use cudastack::pipeline::promote::{promote, ClassStatus, PromoteError, PromoteSettings};
 use cudastack::registry::Reference;
 
 use super::{CommandResult, Printer};
@@ -46,7 +46,15 @@ pub fn run(args: PromoteArgs, printer: &Printer) -> CommandResult {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let promotion = runtime.block_on(promote(&reference, &settings, client, printer))?;
+    let promotion = match runtime.block_on(promote(&reference, &settings, client, printer)) {
+        Ok(promotion) => promotion,
+        // A refusal is a negative answer (exit 1), as `check: no` is; errors exit 2.
+        Err(refused @ PromoteError::Refused { .. }) => {
+            super::printer::report_error(&refused);
+            return Ok(ExitCode::from(1));
+        }
+        Err(error) => return Err(error.into()),
+    };
     if printer.json {
         printer.json(&promotion);
         return Ok(ExitCode::SUCCESS);
