@@ -21,7 +21,9 @@ use super::{CommandResult, Printer};
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// The image: an OCI layout (`images/NAME` or `oci:DIR[:REF]`). Not needed with --native.
+    /// The image: an OCI layout (`images/NAME` or `oci:DIR[:REF]`); with --emit or
+    /// --from-log also a registry reference (`host/repo:tag[@sha256:…]`). Not needed with
+    /// --native.
     pub image: Option<String>,
     /// The ref name inside the layout.
     #[arg(
