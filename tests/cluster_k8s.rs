@@ -64,6 +64,7 @@ fn verification_jobs_validate_against_the_kubernetes_schema() {
     ];
     specs[1].gpu_count = 8;
     specs[1].namespace = "gpu-verify".into();
+    specs[1].image_pull_secrets = vec!["regcred".into(), "ghcr.pull-token".into()];
     for (index, spec) in specs.iter().enumerate() {
         let yaml = job_manifest(spec).unwrap();
         let file = dir.path().join(format!("job-{index}.yaml"));

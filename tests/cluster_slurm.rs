@@ -97,6 +97,7 @@ fn scripts_are_valid_bash_and_pass_the_intended_arguments_to_srun() {
     )
     .unwrap();
     std::fs::set_permissions(&srun, std::fs::Permissions::from_mode(0o755)).unwrap();
+    fake_enroot(&bin, "4.1.0");
     let shellcheck = Command::new("shellcheck").arg("--version").output().is_ok();
     if !shellcheck {
         gate::skip(
@@ -153,5 +154,69 @@ fn scripts_are_valid_bash_and_pass_the_intended_arguments_to_srun() {
         assert_eq!(argv, expected, "{name}:\n{script}");
         let env = std::fs::read_to_string(record.with_extension("argv.env")).unwrap();
         assert_eq!(env.trim(), "PYTHONPATH=unset PYTHONNOUSERSITE=1", "{name}");
+    }
+}
+
+/// An `enroot` on PATH whose `enroot version` prints `version`.
+fn fake_enroot(bin: &std::path::Path, version: &str) {
+    let enroot = bin.join("enroot");
+    std::fs::write(
+        &enroot,
+        format!("#!/bin/bash\n[ \"$1\" = version ] && echo {version}\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&enroot, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// The pyxis script stops before srun when the node's enroot cannot pull by digest (3.x or
+/// none), saying which version it found and what to do; 4.x and later go on to srun.
+#[test]
+fn the_pyxis_script_checks_the_enroot_version_before_pulling_by_digest() {
+    let (_, spec, _) = specs().remove(0);
+    let script = sbatch_script(&spec).unwrap();
+    assert!(script.contains("enroot version"), "{script}");
+    // A local squashfs is not pulled: no check, and Apptainer has none either.
+    for (name, other, _) in specs().into_iter().skip(1) {
+        assert!(
+            !sbatch_script(&other).unwrap().contains("enroot version"),
+            "{name}"
+        );
+    }
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("pyxis.sbatch");
+    std::fs::write(&file, &script).unwrap();
+    for (version, passes) in [
+        (Some("3.5.0"), false),
+        (Some("3.4.1"), false),
+        (None, false),
+        (Some("4.0.0"), true),
+        (Some("4.1.2"), true),
+        (Some("10.0"), true),
+    ] {
+        let bin = work.path().join(format!("bin-{version:?}"));
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("srun"), "#!/bin/bash\necho srun-ran\n").unwrap();
+        std::fs::set_permissions(bin.join("srun"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        if let Some(version) = version {
+            fake_enroot(&bin, version);
+        }
+        let run = Command::new("/bin/bash")
+            .arg(&file)
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.success(), passes, "{version:?}: {stderr}");
+        assert_eq!(stdout.contains("srun-ran"), passes, "{version:?}: {stdout}");
+        if !passes {
+            let found = version.unwrap_or("not found");
+            assert!(
+                stderr.contains(&format!("enroot {found} on "))
+                    && stderr.contains("enroot 4 or later is needed")
+                    && stderr.contains("--local-image"),
+                "{version:?}: {stderr}"
+            );
+        }
     }
 }

@@ -99,7 +99,18 @@ Examples:
   # Run the probe on this machine's GPUs and record the report in the layout
   cudastack verify images/torch2.4.1-cu121-py3.11
   # Print a Slurm batch script that runs the probe on an h100 (its GRES type)
-  cudastack verify ghcr.io/acme/torch:2.4.1 --emit sbatch --gpu-type h100";
+  cudastack verify ghcr.io/acme/torch:2.4.1 --emit sbatch --gpu-type h100
+  # A Kubernetes Job for a private image, pulled with the Secret named ghcr
+  cudastack verify ghcr.io/acme/torch:2.4.1 --emit k8s --image-pull-secret ghcr
+  # Record the Job's log on the image in the registry (tags 2.4.1-verified)
+  cudastack verify ghcr.io/acme/torch:2.4.1 --from-log verify.log";
+
+pub const PROMOTE: &str = "\
+Examples:
+  # Tag 2.4.1-verified as 2.4.1 once it passed on an H100 and an A100
+  cudastack promote ghcr.io/acme/torch:2.4.1-verified --require-gpu h100,a100
+  # Say what would be tagged, and what is missing, without tagging
+  cudastack promote ghcr.io/acme/torch:2.4.1 --require-gpu h100 --dry-run";
 
 pub const PUSH: &str = "\
 Examples:

@@ -20,6 +20,7 @@ mod load;
 mod lock;
 mod matrix;
 mod printer;
+mod promote;
 mod pull;
 mod push;
 mod refresh;
@@ -98,6 +99,10 @@ enum Command {
     /// Push an image of an OCI layout to a registry (no daemon needed).
     #[command(after_help = examples::PUSH)]
     Push(push::PushArgs),
+    /// Give a verified image in a registry its plain tag, once it passed on every GPU
+    /// class required; refuses (exit 1) with what is missing or failed.
+    #[command(after_help = examples::PROMOTE)]
+    Promote(promote::PromoteArgs),
     /// Pull an image from a registry into an OCI layout (no daemon needed).
     #[command(after_help = examples::PULL)]
     Pull(pull::PullArgs),
@@ -141,6 +146,7 @@ pub fn main() -> ExitCode {
         Command::Load(args) => load::run(args, &printer),
         Command::Verify(args) => verify::run(args, &printer),
         Command::Push(args) => push::run(args, &printer),
+        Command::Promote(args) => promote::run(args, &printer),
         Command::Pull(args) => pull::run(args, &printer),
         Command::Ci(args) => ci::run(args, &printer),
         Command::Doctor(args) => doctor::run(args, &printer),

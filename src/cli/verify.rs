@@ -21,7 +21,9 @@ use super::{CommandResult, Printer};
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// The image: an OCI layout (`images/NAME` or `oci:DIR[:REF]`). Not needed with --native.
+    /// The image: an OCI layout (`images/NAME` or `oci:DIR[:REF]`); with --emit or
+    /// --from-log also a registry reference (`host/repo:tag[@sha256:…]`). Not needed with
+    /// --native.
     pub image: Option<String>,
     /// The ref name inside the layout.
     #[arg(
@@ -61,7 +63,9 @@ pub struct VerifyArgs {
     /// Expectations file for --native (default: none, versions are reported, not compared).
     #[arg(long, requires = "native")]
     pub expect: Option<PathBuf>,
-    /// Record the report found in this log (e.g. `kubectl logs job/NAME`) instead of running.
+    /// Record the report found in this log (e.g. `kubectl logs job/NAME`) instead of running:
+    /// in the layout, or, for a registry IMAGE, as a referrer of the image and (verified)
+    /// a `TAG-verified` tag, uploading only the new config and the report.
     #[arg(long)]
     pub from_log: Option<PathBuf>,
     /// Instead of running, print a job that runs the probe on a cluster: k8s-job (a
@@ -79,6 +83,10 @@ pub struct VerifyArgs {
     /// With --emit sbatch*: a squashfs/SIF made on the login node.
     #[arg(long, requires = "emit")]
     pub local_image: Option<PathBuf>,
+    /// With --emit k8s-job: a Secret (of the Job's namespace, type
+    /// kubernetes.io/dockerconfigjson) to pull a private image with; repeatable.
+    #[arg(long, value_name = "NAME", requires = "emit")]
+    pub image_pull_secret: Vec<String>,
     #[arg(
         long,
         help = super::image_source::platform_help(
@@ -129,10 +137,10 @@ pub fn run(args: VerifyArgs, printer: &Printer) -> CommandResult {
     if let Some(target) = args.emit {
         return emit(target, image, &args, printer);
     }
-    let (dir, ref_name) = layout_of(image, &args.ref_name)?;
     if let Some(log) = &args.from_log {
-        return record_log(log, &dir, &ref_name, printer);
+        return record_log(log, image, &args, printer);
     }
+    let (dir, ref_name) = layout_of(image, &args.ref_name)?;
     let settings = settings(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -162,25 +170,41 @@ fn layout_of(
     }
 }
 
-/// `--from-log`: record the report a Kubernetes Job printed, as if it had run here.
+/// `--from-log`: record the report a Kubernetes Job or sbatch script printed, as if it
+/// had run here: in the layout, or on the image in its registry (nothing is pulled).
 fn record_log(
     log: &std::path::Path,
-    dir: &std::path::Path,
-    ref_name: &str,
+    image: &str,
+    args: &VerifyArgs,
     printer: &Printer,
 ) -> CommandResult {
     let text = fs_err::read_to_string(log)?;
     let mut report = Report::from_output(&text, &format!("log {}", log.display()))?;
+    if let Some(facts) = cudastack::verify::record::image_in_log(&text) {
+        report.image = Some(facts);
+    }
     if report.runner.is_none() {
         report.runner = Some(cudastack::verify::report::RunnerFacts {
-            kind: "kubernetes".to_string(),
+            kind: "cluster".to_string(),
             cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
-            gpus_requested: "see the Job".to_string(),
+            gpus_requested: "see the job".to_string(),
             engine: None,
             note: Some(format!("recorded from {}", log.display())),
         });
     }
-    let recorded = record_in_layout(dir, ref_name, &report)?;
+    let recorded = match ImageLocation::parse(image, Some(&args.ref_name))? {
+        ImageLocation::Layout { dir, ref_name } => record_in_layout(&dir, &ref_name, &report)?,
+        ImageLocation::Registry(text) => {
+            let reference: cudastack::registry::Reference = text.parse()?;
+            let client = args.registry.client_options(&reference)?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(cudastack::pipeline::record::record_in_registry(
+                &reference, &report, client, printer,
+            ))?
+        }
+    };
     finish(&report, Some(&recorded), None, printer)
 }
 
@@ -242,6 +266,7 @@ fn emit(
             gpus,
             namespace: args.namespace.clone(),
             local_image: args.local_image.clone(),
+            image_pull_secrets: args.image_pull_secret.clone(),
         },
     )?;
     printer.text(text);

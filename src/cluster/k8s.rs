@@ -9,8 +9,10 @@
 //! carry, runs the image by digest so the node runs exactly the bytes that were built,
 //! and never retries (`backoffLimit: 0`, `restartPolicy: Never`): a failing probe must
 //! fail the Job, not be retried into a pass. The results channel is the pod log: the
-//! probe's last stdout line is `cudastack-report-v1 <JSON>`, which
-//! `cudastack verify --from-log` reads from `kubectl logs job/NAME`.
+//! container first prints `cudastack-image-v1 REPOSITORY@sha256:…` (the image it runs),
+//! then the probe's last stdout line is `cudastack-report-v1 <JSON>`, and
+//! `cudastack verify IMAGE --from-log LOG` records the report of `kubectl logs job/NAME`
+//! on that image.
 //!
 //! The YAML comes from typed structs serialised in field order, so it is deterministic;
 //! the tests validate it against the Kubernetes API schema.
@@ -53,6 +55,10 @@ pub struct JobSpec {
     pub command: Vec<String>,
     /// The Job is killed (and fails) after this many seconds, pull time included.
     pub active_deadline_seconds: u64,
+    /// Secrets (type `kubernetes.io/dockerconfigjson`) in the Job's namespace the kubelet
+    /// pulls a private image with: the pod's `imagePullSecrets`
+    /// (https://kubernetes.io/docs/tasks/configure-pod-container/pull-image-private-registry/).
+    pub image_pull_secrets: Vec<String>,
 }
 
 impl JobSpec {
@@ -68,6 +74,7 @@ impl JobSpec {
             gpu_type,
             command: probe_command(),
             active_deadline_seconds: 1800,
+            image_pull_secrets: Vec::new(),
         }
     }
 }
@@ -97,6 +104,19 @@ fn is_label_value(text: &str) -> bool {
         && text
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && text.as_bytes()[0].is_ascii_alphanumeric()
+        && text.as_bytes()[text.len() - 1].is_ascii_alphanumeric()
+}
+
+/// An RFC 1123 subdomain, the rule for Secret names: at most 253 characters, dot-separated
+/// lowercase alphanumerics and `-`, starting and ending alphanumeric
+/// (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/#dns-subdomain-names).
+fn is_dns_subdomain(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 253
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
         && text.as_bytes()[0].is_ascii_alphanumeric()
         && text.as_bytes()[text.len() - 1].is_ascii_alphanumeric()
 }
@@ -143,8 +163,10 @@ struct PodSpec<'a> {
     automount_service_account_token: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     affinity: Option<Affinity<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    image_pull_secrets: Vec<SecretReference<'a>>,
     tolerations: Vec<Toleration>,
-    containers: Vec<Container<'a>>,
+    containers: Vec<Container>,
 }
 
 #[derive(Serialize)]
@@ -178,6 +200,12 @@ struct Requirement<'a> {
     values: Vec<&'a str>,
 }
 
+/// A `LocalObjectReference`: a Secret of the pod's namespace, by name.
+#[derive(Serialize)]
+struct SecretReference<'a> {
+    name: &'a str,
+}
+
 #[derive(Serialize)]
 struct Toleration {
     key: &'static str,
@@ -187,11 +215,11 @@ struct Toleration {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Container<'a> {
+struct Container {
     name: &'static str,
     image: String,
     image_pull_policy: &'static str,
-    command: &'a [String],
+    command: Vec<String>,
     resources: Resources,
     /// The report line also lands in the termination message when the probe fails, so
     /// `kubectl describe` shows it.
@@ -239,6 +267,11 @@ fn validate(spec: &JobSpec) -> Result<(), ClusterError> {
     if let Some(gpu_type) = &spec.gpu_type {
         if !is_label_value(gpu_type) {
             return Err(invalid("GPU type", gpu_type, "a value of the node label nvidia.com/gpu.product, e.g. NVIDIA-A100-SXM4-80GB (see `kubectl get nodes -L nvidia.com/gpu.product`)"));
+        }
+    }
+    for secret in &spec.image_pull_secrets {
+        if !is_dns_subdomain(secret) {
+            return Err(invalid("image pull Secret name", secret, "a Secret name is an RFC 1123 subdomain: at most 253 lowercase letters, digits, `-` or `.`, starting and ending with a letter or digit (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/#dns-subdomain-names)"));
         }
     }
     if spec.command.is_empty() {
@@ -306,6 +339,11 @@ fn pod_spec(spec: &JobSpec) -> PodSpec<'_> {
         restart_policy: "Never",
         automount_service_account_token: false,
         affinity: spec.gpu_type.as_deref().map(gpu_type_affinity),
+        image_pull_secrets: spec
+            .image_pull_secrets
+            .iter()
+            .map(|name| SecretReference { name })
+            .collect(),
         tolerations: vec![Toleration {
             key: GPU_RESOURCE,
             operator: "Exists",
@@ -315,13 +353,24 @@ fn pod_spec(spec: &JobSpec) -> PodSpec<'_> {
             name: "probe",
             image: spec.image.by_digest(),
             image_pull_policy: "IfNotPresent",
-            command: &spec.command,
+            command: logged_command(spec),
             resources: Resources {
                 limits: BTreeMap::from([(GPU_RESOURCE, spec.gpu_count)]),
             },
             termination_message_policy: "FallbackToLogsOnError",
         }],
     }
+}
+
+/// The container's command: print the image's log line, then run `spec.command` in its
+/// place (`exec`), so the pod log says which image the report is about.
+fn logged_command(spec: &JobSpec) -> Vec<String> {
+    let mut command: Vec<String> = ["/bin/sh", "-c", r#"echo "$0"; exec "$@""#]
+        .map(String::from)
+        .to_vec();
+    command.push(spec.image.log_line());
+    command.extend(spec.command.iter().cloned());
+    command
 }
 
 fn gpu_type_affinity(gpu_type: &str) -> Affinity<'_> {
@@ -347,8 +396,9 @@ fn usage_comment(spec: &JobSpec) -> String {
          #   kubectl apply -f THIS_FILE\n\
          #   kubectl wait -n {ns} --for=condition=complete --timeout={deadline}s job/{name}\n\
          #   kubectl logs -n {ns} job/{name} > {name}.log\n\
-         #   cudastack verify --from-log {name}.log\n",
+         #   cudastack verify {named} --from-log {name}.log\n",
         image = spec.image.by_digest(),
+        named = spec.image.named(),
         gpus = match &spec.gpu_type {
             Some(gpu_type) => format!("{} x {gpu_type}", spec.gpu_count),
             None => format!("{} GPU(s) of any type", spec.gpu_count),
@@ -412,6 +462,26 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("namespace"));
+    }
+
+    #[test]
+    fn image_pull_secrets_go_into_the_pod_spec_and_are_validated() {
+        let mut spec = JobSpec::probe(image(), None);
+        let yaml = job_manifest(&spec).unwrap();
+        assert!(!yaml.contains("imagePullSecrets"), "{yaml}");
+        spec.image_pull_secrets = vec!["ghcr-pull".into(), "team.registry-creds".into()];
+        let yaml = job_manifest(&spec).unwrap();
+        assert!(
+            yaml.contains(
+                "      imagePullSecrets:\n      - name: ghcr-pull\n      - name: team.registry-creds\n"
+            ),
+            "{yaml}"
+        );
+        for bad in ["", "Ghcr", "-x", "x-", "a_b", &"a".repeat(254)] {
+            spec.image_pull_secrets = vec![bad.to_string()];
+            let error = job_manifest(&spec).unwrap_err().to_string();
+            assert!(error.contains("image pull Secret name"), "{bad}: {error}");
+        }
     }
 
     #[test]

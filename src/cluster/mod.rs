@@ -87,6 +87,8 @@ pub struct EmitOptions {
     pub namespace: Option<String>,
     /// Slurm: a squashfs/SIF made on the login node, for nodes without registry access.
     pub local_image: Option<PathBuf>,
+    /// Kubernetes: Secrets the kubelet pulls a private image with (`imagePullSecrets`).
+    pub image_pull_secrets: Vec<String>,
 }
 
 /// Render the verification job for `target`: one entry point for the CLI.
@@ -104,8 +106,14 @@ pub fn emit(
             if let Some(namespace) = &options.namespace {
                 spec.namespace = namespace.clone();
             }
+            spec.image_pull_secrets = options.image_pull_secrets.clone();
             k8s::job_manifest(&spec)
         }
+        Emit::Sbatch(_) if !options.image_pull_secrets.is_empty() => Err(ClusterError::Invalid {
+            field: "image pull Secret",
+            value: options.image_pull_secrets.join(", "),
+            rule: "only a Kubernetes Job (--emit k8s-job) pulls with a Secret; on Slurm, enroot and Apptainer read the registry credentials of the user who runs the job",
+        }),
         Emit::Sbatch(runtime) => {
             let mut spec = slurm::SbatchSpec::probe(image, runtime);
             spec.gpu_type = options.gpu_type.clone();
@@ -143,6 +151,21 @@ impl PinnedImage {
             Some(host) => &self.repository[host.len() + 1..],
             None => &self.repository,
         }
+    }
+
+    /// `repository:tag@sha256:…` with the tag when there is one: the name `cudastack verify
+    /// --from-log` records the job's report under (`tag-verified`).
+    pub fn named(&self) -> String {
+        match &self.tag {
+            Some(tag) => format!("{}:{tag}@{}", self.repository, self.digest),
+            None => self.by_digest(),
+        }
+    }
+
+    /// The line a job prints before the probe runs, naming the image it runs
+    /// (`cudastack-image-v1 repository@sha256:…`; see [`crate::verify::IMAGE_PREFIX`]).
+    pub fn log_line(&self) -> String {
+        format!("{}{}", crate::verify::IMAGE_PREFIX, self.by_digest())
     }
 
     /// `repository@sha256:…` without the tag: the form every runtime resolves the same.

@@ -4,7 +4,8 @@
 //!
 //! The job runs the probe baked into the image; its stdout goes to its own file
 //! (`--output`, stderr to `--error`), so the report line `cudastack-report-v1 <JSON>` is
-//! the last line of that file and `cudastack verify --from-log` reads it. The image is
+//! the last line of that file, after a line naming the image (`cudastack-image-v1 …`), and
+//! `cudastack verify IMAGE --from-log FILE` records it on that image. The image is
 //! named by digest. Compute nodes often cannot reach a registry: with
 //! [`SbatchSpec::local_image`] the script runs a squashfs (enroot) or SIF (Apptainer) file
 //! imported on the login node instead, and the script's comments say how to make it.
@@ -133,6 +134,12 @@ pub fn sbatch_script(spec: &SbatchSpec) -> Result<String, ClusterError> {
     header_comments(&mut out, spec, &log);
     directives(&mut out, spec, &log);
     clean_environment(&mut out);
+    enroot_check(&mut out, spec);
+    let _ = writeln!(
+        out,
+        "# The image this job runs, for `cudastack verify --from-log`."
+    );
+    let _ = writeln!(out, "echo {}", shell_quote(&spec.image.log_line()));
     srun_line(&mut out, spec);
     Ok(out)
 }
@@ -194,7 +201,8 @@ fn header_comments(out: &mut String, spec: &SbatchSpec, log: &str) {
     let _ = writeln!(out, "#   sbatch --wait THIS_FILE");
     let _ = writeln!(
         out,
-        "#   cudastack verify --from-log {}   (%j: the job id sbatch printed)",
+        "#   cudastack verify {} --from-log {}   (%j: the job id sbatch printed)",
+        spec.image.named(),
         log
     );
     if let Some(local) = &spec.local_image {
@@ -253,6 +261,35 @@ fn clean_environment(out: &mut String) {
     );
     let _ = writeln!(out, "unset PYTHONPATH PYTHONHOME");
     let _ = writeln!(out, "export PYTHONNOUSERSITE=1");
+}
+
+/// The oldest enroot whose image URIs take `@sha256:` digests.
+pub const ENROOT_DIGEST_MAJOR: u32 = 4;
+
+/// pyxis pulling by digest: stop with a clear message on a node whose enroot is older than
+/// [`ENROOT_DIGEST_MAJOR`] (or missing), instead of an import error from deep inside pyxis.
+/// `enroot version` prints the bare version (`3.5.0`). A local squashfs needs no check.
+fn enroot_check(out: &mut String, spec: &SbatchSpec) {
+    if spec.runtime != Runtime::Pyxis || spec.local_image.is_some() {
+        return;
+    }
+    let major = ENROOT_DIGEST_MAJOR;
+    let older = (0..major)
+        .map(|m| m.to_string())
+        .collect::<Vec<_>>()
+        .join("");
+    let _ = writeln!(
+        out,
+        "# pyxis pulls the image by digest through enroot, which needs enroot {major} or later."
+    );
+    let _ = writeln!(
+        out,
+        "enroot_version=$(enroot version 2>/dev/null || echo 'not found')"
+    );
+    let _ = writeln!(
+        out,
+        "case \"${{enroot_version%%.*}}\" in ''|*[!0-9]*|[{older}]) echo \"cudastack: enroot ${{enroot_version}} on $(hostname) cannot pull by digest: enroot {major} or later is needed. Upgrade enroot, or import the image on the login node and emit with --local-image FILE.\" >&2; exit 1;; esac"
+    );
 }
 
 fn srun_line(out: &mut String, spec: &SbatchSpec) {

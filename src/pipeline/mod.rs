@@ -14,7 +14,9 @@
 
 pub mod image_source;
 pub mod load;
+pub mod promote;
 pub mod push;
+pub mod record;
 pub mod verify;
 
 use std::path::PathBuf;

@@ -33,6 +33,10 @@ pub mod source;
 use crate::probe::PROBE_PATH;
 /// Prefix of the report line the probe prints last on stdout.
 pub const REPORT_PREFIX: &str = "cudastack-report-v1 ";
+/// Prefix of the line a cluster job prints before the probe runs: the image it runs, by
+/// digest (`cudastack-image-v1 REPO@sha256:…`), so `verify --from-log` can tell which image
+/// a log is about (the probe inside cannot know its own manifest digest).
+pub const IMAGE_PREFIX: &str = "cudastack-image-v1 ";
 /// The OCI artifact type of a stored verification report.
 pub const REPORT_ARTIFACT_TYPE: &str = "application/vnd.cudastack.verify.report.v1+json";
 

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::report::{Report, Status, Verdict};
+use super::report::{ImageFacts, Report, Status, Verdict};
 use super::REPORT_ARTIFACT_TYPE;
 use crate::digest::Digest;
 use crate::oci::layout::{self, Artifact};
@@ -28,6 +28,16 @@ pub enum RecordError {
     Oci(#[from] OciError),
     #[error("the report is {verdict}; only a report whose every level passed on a GPU may label an image as verified")]
     NotVerified { verdict: Verdict },
+    #[error("the log does not say which image ran: it has no `{prefix}` line, so it cannot be recorded on `{image}`\n  hint: run the Job or sbatch script that `cudastack verify {image} --emit k8s-job` (or `--emit sbatch`) prints now: it prints the image's digest before the probe runs", prefix = super::IMAGE_PREFIX.trim_end())]
+    NoImageInLog { image: String },
+    #[error("the log is about another image than `{image}`\n  Expected: {expected}\n  Found:    {found}\n  hint: record the log on the image the job ran (`cudastack verify REPOSITORY@{found} --from-log LOG`), or run the job for `{image}`")]
+    OtherImage {
+        image: String,
+        expected: Digest,
+        found: String,
+    },
+    #[error("`{what}` is not a usable image document: {detail}")]
+    Document { what: String, detail: String },
 }
 
 /// One row of the verified matrix: one GPU type on one driver.
@@ -142,6 +152,135 @@ pub fn verified_labels(
     ])
 }
 
+/// The image a cluster job's log names (its `cudastack-image-v1 REF` line, the last one),
+/// as the report's image facts: the reference and the digest after its `@`.
+pub fn image_in_log(log: &str) -> Option<ImageFacts> {
+    let reference = log
+        .lines()
+        .rev()
+        .find_map(|line| line.trim_end().strip_prefix(super::IMAGE_PREFIX))?
+        .trim();
+    let digest = reference
+        .rsplit_once('@')
+        .map(|(_, digest)| digest.to_string());
+    Some(ImageFacts {
+        reference: reference.to_string(),
+        manifest_digest: digest,
+        config_digest: None,
+    })
+}
+
+/// Refuse to record `report` on the image `expected` (named `image` for the message) when
+/// the report is about another image; `required`: also when it names no image (a log
+/// recorded on a registry image must say which image ran).
+pub fn check_report_image(
+    report: &Report,
+    image: &str,
+    expected: &Digest,
+    required: bool,
+) -> Result<(), RecordError> {
+    let named = report
+        .image
+        .as_ref()
+        .and_then(|facts| facts.manifest_digest.clone());
+    match named {
+        None if required => Err(RecordError::NoImageInLog {
+            image: image.to_string(),
+        }),
+        None => Ok(()),
+        Some(found) if found.parse::<Digest>().ok().as_ref() == Some(expected) => Ok(()),
+        Some(found) => Err(RecordError::OtherImage {
+            image: image.to_string(),
+            expected: *expected,
+            found,
+        }),
+    }
+}
+
+/// The annotations of a stored report artifact: when it ran and its verdict.
+pub fn report_annotations(report: &Report) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "org.opencontainers.image.created".to_string(),
+            report.started.clone(),
+        ),
+        (
+            "io.cudastack.verdict".to_string(),
+            match report.verdict() {
+                Verdict::Verified => "verified",
+                Verdict::Partial { .. } => "partial",
+                Verdict::Failed { .. } => "failed",
+            }
+            .to_string(),
+        ),
+    ])
+}
+
+/// The labels of a config document (`config.Labels`); empty when it has none.
+pub fn config_labels(config: &serde_json::Value) -> BTreeMap<String, String> {
+    config["config"]["Labels"]
+        .as_object()
+        .map(|labels| {
+            labels
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The verified image of a registry image, from its manifest and config as the registry
+/// holds them: the config with `labels` added (every other field kept as it is, Docker or
+/// OCI), and the manifest naming that config with the same layer descriptors. Returns the
+/// canonical bytes of (config, manifest).
+pub fn verified_documents(
+    manifest: &[u8],
+    config: &[u8],
+    labels: &BTreeMap<String, String>,
+) -> Result<(Vec<u8>, Vec<u8>), RecordError> {
+    let document = |what: &str, detail: String| RecordError::Document {
+        what: what.to_string(),
+        detail,
+    };
+    let mut config: serde_json::Value =
+        serde_json::from_slice(config).map_err(|e| document("the image config", e.to_string()))?;
+    let mut manifest: serde_json::Value = serde_json::from_slice(manifest)
+        .map_err(|e| document("the image manifest", e.to_string()))?;
+    if !config.is_object() || !manifest["config"].is_object() {
+        return Err(document(
+            "the image manifest",
+            "it has no config descriptor, or the config is not a JSON object".to_string(),
+        ));
+    }
+    let runtime = config
+        .as_object_mut()
+        .expect("checked")
+        .entry("config")
+        .or_insert_with(|| serde_json::json!({}));
+    if !runtime.is_object() {
+        *runtime = serde_json::json!({});
+    }
+    let existing = runtime
+        .as_object_mut()
+        .expect("an object")
+        .entry("Labels")
+        .or_insert_with(|| serde_json::json!({}));
+    if !existing.is_object() {
+        *existing = serde_json::json!({});
+    }
+    let existing = existing.as_object_mut().expect("an object");
+    for (key, value) in labels {
+        existing.insert(key.clone(), serde_json::Value::String(value.clone()));
+    }
+    let config_bytes = crate::canonical::to_canonical_json(&config)
+        .map_err(|e| document("the image config", e.to_string()))?;
+    manifest["config"]["digest"] = Digest::of_bytes(&config_bytes).to_string().into();
+    manifest["config"]["size"] = (config_bytes.len() as u64).into();
+    let manifest_bytes = crate::canonical::to_canonical_json(&manifest)
+        .map_err(|e| document("the image manifest", e.to_string()))?;
+    Ok((config_bytes, manifest_bytes))
+}
+
 /// What recording did.
 #[derive(Debug, Clone, Serialize)]
 pub struct Recorded {
@@ -169,27 +308,14 @@ pub fn record_in_layout(
     report: &Report,
 ) -> Result<Recorded, RecordError> {
     let resolved = layout::resolve(dir, ref_name)?;
+    check_report_image(report, ref_name, &resolved.manifest_digest, false)?;
     let report_bytes = report.to_json();
     let report_digest = Digest::of_bytes(&report_bytes);
     let artifact = Artifact {
         artifact_type: REPORT_ARTIFACT_TYPE.to_string(),
         subject: resolved.manifest.clone(),
         blobs: vec![(REPORT_ARTIFACT_TYPE.to_string(), report_bytes)],
-        annotations: BTreeMap::from([
-            (
-                "org.opencontainers.image.created".to_string(),
-                report.started.clone(),
-            ),
-            (
-                "io.cudastack.verdict".to_string(),
-                match report.verdict() {
-                    Verdict::Verified => "verified",
-                    Verdict::Partial { .. } => "partial",
-                    Verdict::Failed { .. } => "failed",
-                }
-                .to_string(),
-            ),
-        ]),
+        annotations: report_annotations(report),
     };
     let report_ref = report_ref(&image_ref(dir, ref_name)?);
     layout::write_artifact(dir, &artifact, &report_ref)?;
@@ -333,6 +459,76 @@ mod tests {
             verified_ref("127.0.0.1:5000/x"),
             "127.0.0.1:5000/x-verified"
         );
+    }
+
+    #[test]
+    fn the_image_line_of_a_log_names_the_digest_a_report_is_checked_against() {
+        let digest = Digest::of_bytes(b"image");
+        let log = format!(
+            "cudastack-image-v1 ghcr.io/acme/torch@{digest}\nnoise\ncudastack-report-v1 {{}}\n"
+        );
+        let facts = image_in_log(&log).unwrap();
+        assert_eq!(facts.reference, format!("ghcr.io/acme/torch@{digest}"));
+        assert_eq!(facts.manifest_digest, Some(digest.to_string()));
+        assert!(image_in_log("cudastack-report-v1 {}").is_none());
+        let report_json = serde_json::json!({
+            "schema": super::super::report::REPORT_SCHEMA, "probe_version": "1",
+            "started": "2026-11-30T10:00:00Z", "seconds": 1.0, "hostname": "h",
+            "levels": ["static"], "checks": [], "counts": {"pass": 0, "fail": 0, "skip": 0},
+        });
+        let mut report = Report::from_json(report_json.to_string().as_bytes()).unwrap();
+        assert!(check_report_image(&report, "x", &digest, false).is_ok());
+        let error = check_report_image(&report, "x", &digest, true).unwrap_err();
+        assert!(error.to_string().contains("cudastack-image-v1"), "{error}");
+        report.image = Some(facts);
+        assert!(check_report_image(&report, "x", &digest, true).is_ok());
+        let other = Digest::of_bytes(b"other");
+        let error = check_report_image(&report, "x", &other, true).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!("Expected: {other}"))
+                && text.contains(&format!("Found:    {digest}")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn verified_documents_keep_every_field_and_the_layers() {
+        let layer = serde_json::json!({"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+            "digest": Digest::of_bytes(b"layer").to_string(), "size": 5});
+        let config = serde_json::json!({"architecture": "amd64", "os": "linux",
+            "config": {"Env": ["A=1"], "Labels": {"keep": "me"}},
+            "rootfs": {"type": "layers", "diff_ids": []}, "history": [{"created_by": "x"}]});
+        let config_bytes = serde_json::to_vec(&config).unwrap();
+        let manifest = serde_json::json!({"schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                       "digest": Digest::of_bytes(&config_bytes).to_string(), "size": config_bytes.len()},
+            "layers": [layer]});
+        let labels = BTreeMap::from([(LABEL_VERIFIED.to_string(), "2026".to_string())]);
+        let (new_config, new_manifest) = verified_documents(
+            &serde_json::to_vec(&manifest).unwrap(),
+            &config_bytes,
+            &labels,
+        )
+        .unwrap();
+        let new_config: serde_json::Value = serde_json::from_slice(&new_config).unwrap();
+        assert_eq!(new_config["config"]["Labels"]["keep"], "me");
+        assert_eq!(new_config["config"]["Labels"][LABEL_VERIFIED], "2026");
+        assert_eq!(new_config["history"], config["history"]);
+        let new_manifest: serde_json::Value = serde_json::from_slice(&new_manifest).unwrap();
+        assert_eq!(new_manifest["layers"], manifest["layers"]);
+        assert_eq!(new_manifest["mediaType"], manifest["mediaType"]);
+        assert_ne!(
+            new_manifest["config"]["digest"],
+            manifest["config"]["digest"]
+        );
+        // A config without `config` gets one; a manifest that is not one is an error.
+        let (bare, _) =
+            verified_documents(&serde_json::to_vec(&manifest).unwrap(), b"{}", &labels).unwrap();
+        assert!(String::from_utf8(bare).unwrap().contains(LABEL_VERIFIED));
+        assert!(verified_documents(b"[]", b"{}", &labels).is_err());
+        assert!(verified_documents(b"not json", b"{}", &labels).is_err());
     }
 
     #[test]

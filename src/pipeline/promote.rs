@@ -1,0 +1,452 @@
+//! Promotion (`cudastack promote REF --require-gpu CLASS`): a verified image in a registry
+//! gets its plain tag (`repo:2.4.1` for `repo:2.4.1-verified`) once it has passed on every
+//! GPU class a release asks for, so what users pull by the plain tag is what was proven.
+//!
+//! The evidence is what recording left in the registry: the verified matrix in the labels
+//! of the `-verified` image (one row per GPU type that passed) and the verification reports
+//! stored as referrers of the image and of its verified copy (failed runs too). A class
+//! passes when a matrix row names it and no newer report for it failed. Promotion is one
+//! manifest PUT of the verified manifest's own bytes under the new tag: nothing is rebuilt,
+//! no blob is uploaded, and the digest users pull is the verified one. It reads the
+//! registry through [`crate::registry`] and decides; it never prints.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use crate::digest::Digest;
+use crate::matrix::solve::{SolveError, SolveQuery, TargetGpu};
+use crate::matrix::Matrix;
+use crate::registry::referrers::list_referrers;
+use crate::registry::{ClientOptions, Manifest, Reference, RegistryClient, RegistryError};
+use crate::verify::record::{config_labels, VerifiedOn, LABEL_MATRIX};
+use crate::verify::report::{Report, ReportError, Verdict};
+use crate::verify::REPORT_ARTIFACT_TYPE;
+
+use super::Progress;
+
+/// What `promote` is asked.
+#[derive(Debug, Clone)]
+pub struct PromoteSettings {
+    /// GPU classes (names as the matrix knows them, or compute capabilities) that must
+    /// each have a passing verification.
+    pub require: Vec<String>,
+    /// The tag to give the verified image (default: REF's tag without `-verified`).
+    pub to: Option<String>,
+    /// Decide and say what would be done; tag nothing.
+    pub dry_run: bool,
+}
+
+/// Where one required GPU class stands.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ClassStatus {
+    /// A verified-matrix row names it, and no newer report for it failed.
+    Passed {
+        gpu: String,
+        driver: String,
+        date: String,
+    },
+    /// Its newest report failed these checks.
+    Failed { date: String, checks: Vec<String> },
+    /// No passing verification on this class.
+    Missing,
+}
+
+/// One required class and its status.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassCheck {
+    /// How the class was asked for, resolved: `H100 (sm_90)`.
+    pub class: String,
+    #[serde(flatten)]
+    pub status: ClassStatus,
+}
+
+/// What promotion decided and did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Promotion {
+    /// The verified image, `repo:tag-verified@sha256:…`.
+    pub verified: String,
+    pub digest: Digest,
+    /// The tag it gets (or would get), `repo:tag@sha256:…`.
+    pub to: String,
+    pub classes: Vec<ClassCheck>,
+    /// Whether the tag was written (false on a dry run).
+    pub tagged: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PromoteError {
+    #[error("there is no verified image `{verified}` to promote\n  hint: record a verification first: run the job `cudastack verify {image} --emit k8s-job` (or `--emit sbatch`) prints, then the `cudastack verify ... --from-log LOG` line of its header")]
+    NoVerifiedImage { verified: String, image: String },
+    #[error("`{reference}` is a multi-platform image index; promote names one platform's verified image")]
+    Index { reference: String },
+    #[error(
+        "`{reference}` has no tag to derive the promoted tag from\n  hint: give it with --to TAG"
+    )]
+    NoTag { reference: String },
+    #[error("`{to}` is a multi-platform image index; promoting one platform's verified image would replace it for every platform\n  hint: promote to a tag of this platform (--to TAG)")]
+    IndexTag { to: String },
+    #[error("`{reference}` carries no verified matrix (label {LABEL_MATRIX}): it is not a verified image\n  hint: promote the `-verified` tag that `cudastack verify --from-log` wrote")]
+    NotVerified { reference: String },
+    #[error("refusing to promote `{verified}` to `{to}`: {}\n{}\n  hint: verify the image on each missing class (`cudastack verify IMAGE --emit k8s-job --gpu-type TYPE`, then --from-log), and fix what failed", problem_count(.problems), .problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Refused {
+        verified: String,
+        to: String,
+        problems: Vec<String>,
+    },
+    #[error(transparent)]
+    Gpu(#[from] SolveError),
+    #[error(transparent)]
+    Reference(#[from] crate::reference::ReferenceError),
+    /// Boxed: a registry error names its URL and would make every `Result` large.
+    #[error(transparent)]
+    Registry(Box<RegistryError>),
+    #[error("the verification report {digest} stored in `{repository}` cannot be read")]
+    Report {
+        repository: String,
+        digest: String,
+        #[source]
+        source: ReportError,
+    },
+}
+
+impl From<RegistryError> for PromoteError {
+    fn from(error: RegistryError) -> Self {
+        PromoteError::Registry(Box::new(error))
+    }
+}
+
+fn problem_count(problems: &[String]) -> String {
+    match problems.len() {
+        1 => "1 required GPU class has no passing verification".to_string(),
+        n => format!("{n} required GPU classes have no passing verification"),
+    }
+}
+
+/// Promote the verified image `reference` names (its `-verified` tag, or the plain tag
+/// whose `-verified` copy is meant) to its plain tag, when every class of `settings`
+/// passed; refuse with the list of classes that did not.
+pub async fn promote(
+    reference: &Reference,
+    settings: &PromoteSettings,
+    client_options: ClientOptions,
+    progress: &dyn Progress,
+) -> Result<Promotion, PromoteError> {
+    let matrix = Matrix::embedded();
+    let required: Vec<TargetGpu> = settings
+        .require
+        .iter()
+        .map(|class| SolveQuery::gpu(matrix, class))
+        .collect::<Result<_, _>>()?;
+    let (verified_ref, plain) = names(reference, settings.to.as_deref())?;
+    let client = RegistryClient::new(reference, client_options)?;
+    let verified = match client.get_manifest(&verified_ref).await {
+        Ok(manifest) if manifest.is_index() => {
+            return Err(PromoteError::Index {
+                reference: verified_ref.to_string(),
+            })
+        }
+        Ok(manifest) => manifest,
+        Err(RegistryError::ManifestNotFound { .. }) => {
+            return Err(PromoteError::NoVerifiedImage {
+                verified: verified_ref.to_string(),
+                image: plain.to_string(),
+            })
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let rows = verified_rows(&client, &verified_ref, &verified).await?;
+    let reports = evidence(&client, &verified_ref, &plain, &verified).await?;
+    let classes: Vec<ClassCheck> = required
+        .iter()
+        .map(|class| ClassCheck {
+            class: class.label(),
+            status: class_status(matrix, class, &rows, &reports),
+        })
+        .collect();
+    let pinned = |r: &Reference| r.pinned(verified.digest).to_string();
+    let problems: Vec<String> = classes.iter().filter_map(describe_problem).collect();
+    if !problems.is_empty() {
+        return Err(PromoteError::Refused {
+            verified: pinned(&verified_ref),
+            to: plain.to_string(),
+            problems,
+        });
+    }
+    if !settings.dry_run {
+        client
+            .put_manifest(&plain, &verified.media_type, verified.bytes.clone())
+            .await?;
+        progress.status(&format!("tagged {} as {plain}", verified.digest));
+    }
+    Ok(Promotion {
+        verified: pinned(&verified_ref),
+        digest: verified.digest,
+        to: pinned(&plain),
+        classes,
+        tagged: !settings.dry_run,
+    })
+}
+
+/// The verified image's reference and the tag it is promoted to: `repo:T-verified` and
+/// `repo:T` from either of them, `--to` overriding the second.
+fn names(reference: &Reference, to: Option<&str>) -> Result<(Reference, Reference), PromoteError> {
+    let tag = reference.tag();
+    let verified = match tag {
+        Some(tag) if tag.ends_with("-verified") => reference.without_digest(),
+        Some(tag) => reference.with_tag(&format!("{tag}-verified"))?,
+        None => reference.clone(),
+    };
+    let plain = match (to, tag) {
+        (Some(to), _) => reference.with_tag(to)?,
+        (None, Some(tag)) => reference.with_tag(tag.strip_suffix("-verified").unwrap_or(tag))?,
+        (None, None) => {
+            return Err(PromoteError::NoTag {
+                reference: reference.to_string(),
+            })
+        }
+    };
+    Ok((verified, plain))
+}
+
+/// The verified matrix in the labels of the verified image's config.
+async fn verified_rows(
+    client: &RegistryClient,
+    reference: &Reference,
+    manifest: &Manifest,
+) -> Result<Vec<VerifiedOn>, PromoteError> {
+    let not_verified = || PromoteError::NotVerified {
+        reference: reference.to_string(),
+    };
+    let value: serde_json::Value =
+        serde_json::from_slice(&manifest.bytes).map_err(|_| not_verified())?;
+    let digest: Digest = value["config"]["digest"]
+        .as_str()
+        .unwrap_or_default()
+        .parse()
+        .map_err(|_| not_verified())?;
+    let config = client
+        .get_blob_bytes(reference.repository(), &digest, 16 << 20)
+        .await?;
+    let config: serde_json::Value = serde_json::from_slice(&config).map_err(|_| not_verified())?;
+    let labels = config_labels(&config);
+    let matrix = labels.get(LABEL_MATRIX).ok_or_else(not_verified)?;
+    serde_json::from_str(matrix).map_err(|_| not_verified())
+}
+
+/// Every verification report stored as a referrer of the verified image, or of the image
+/// it was recorded from (the plain tag, while that is an unverified copy of the same
+/// layers).
+async fn evidence(
+    client: &RegistryClient,
+    verified_ref: &Reference,
+    plain: &Reference,
+    verified: &Manifest,
+) -> Result<Vec<Report>, PromoteError> {
+    let mut subjects = vec![verified.digest];
+    match client.get_manifest(plain).await {
+        Ok(original) if original.is_index() => {
+            return Err(PromoteError::IndexTag {
+                to: plain.to_string(),
+            })
+        }
+        Ok(original) if same_layers(&original, verified) => subjects.push(original.digest),
+        Ok(_) | Err(RegistryError::ManifestNotFound { .. }) => {}
+        Err(error) => return Err(error.into()),
+    }
+    let mut seen = BTreeSet::new();
+    let mut reports = Vec::new();
+    for subject in subjects {
+        for descriptor in list_referrers(client, verified_ref, &subject).await? {
+            let digest = descriptor["digest"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if descriptor["artifactType"] != REPORT_ARTIFACT_TYPE || !seen.insert(digest.clone()) {
+                continue;
+            }
+            reports.push(read_report(client, verified_ref, &digest).await?);
+        }
+    }
+    Ok(reports)
+}
+
+fn same_layers(a: &Manifest, b: &Manifest) -> bool {
+    let layers = |m: &Manifest| {
+        serde_json::from_slice::<serde_json::Value>(&m.bytes)
+            .ok()
+            .map(|v| v["layers"].clone())
+    };
+    a.digest != b.digest && layers(a).is_some() && layers(a) == layers(b)
+}
+
+/// The report in the report artifact `digest` (its one layer).
+async fn read_report(
+    client: &RegistryClient,
+    repository: &Reference,
+    digest: &str,
+) -> Result<Report, PromoteError> {
+    let artifact_digest: Digest =
+        digest
+            .parse()
+            .map_err(|e: crate::digest::DigestError| RegistryError::Document {
+                path: repository.to_string(),
+                what: "a referrer descriptor",
+                detail: e.to_string(),
+            })?;
+    let artifact = client
+        .get_manifest(&repository.with_digest(artifact_digest))
+        .await?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&artifact.bytes).map_err(|e| RegistryError::Document {
+            path: repository.with_digest(artifact_digest).to_string(),
+            what: "a report artifact",
+            detail: e.to_string(),
+        })?;
+    let layer: Digest = value["layers"][0]["digest"]
+        .as_str()
+        .unwrap_or_default()
+        .parse()
+        .map_err(|e: crate::digest::DigestError| RegistryError::Document {
+            path: repository.with_digest(artifact_digest).to_string(),
+            what: "a report artifact",
+            detail: e.to_string(),
+        })?;
+    let bytes = client
+        .get_blob_bytes(repository.repository(), &layer, 16 << 20)
+        .await?;
+    Report::from_json(&bytes).map_err(|source| PromoteError::Report {
+        repository: repository.repository().to_string(),
+        digest: digest.to_string(),
+        source,
+    })
+}
+
+/// Whether a GPU a report or row names (`NVIDIA H100 80GB HBM3`, compute capability
+/// `9.0`) is of `class`: the same matrix GPU when the class is a name (forgiving, as
+/// everywhere in the tool), the same compute capability when it is one.
+fn is_of_class(matrix: &Matrix, class: &TargetGpu, name: &str, compute_capability: &str) -> bool {
+    if class.named() {
+        matrix
+            .gpu(name)
+            .is_some_and(|known| known.name == class.name)
+    } else {
+        compute_capability.parse().ok() == Some(class.cc)
+    }
+}
+
+/// A class passes on a matrix row of it, unless a report of it newer than that row failed.
+fn class_status(
+    matrix: &Matrix,
+    class: &TargetGpu,
+    rows: &[VerifiedOn],
+    reports: &[Report],
+) -> ClassStatus {
+    let passed = rows
+        .iter()
+        .filter(|row| is_of_class(matrix, class, &row.gpu, &row.compute_capability))
+        .max_by(|a, b| a.date.cmp(&b.date));
+    let failed = reports
+        .iter()
+        .filter(|report| {
+            report
+                .gpus
+                .iter()
+                .any(|gpu| is_of_class(matrix, class, &gpu.name, &gpu.compute_capability))
+        })
+        .filter_map(|report| match report.verdict() {
+            Verdict::Failed { checks } => Some((report.started.clone(), checks)),
+            _ => None,
+        })
+        .max_by(|a, b| a.0.cmp(&b.0));
+    match (passed, failed) {
+        (Some(row), Some((date, _))) if row.date >= date => passed_status(row),
+        (_, Some((date, checks))) => ClassStatus::Failed { date, checks },
+        (Some(row), None) => passed_status(row),
+        (None, None) => ClassStatus::Missing,
+    }
+}
+
+fn passed_status(row: &VerifiedOn) -> ClassStatus {
+    ClassStatus::Passed {
+        gpu: row.gpu.clone(),
+        driver: row.driver.clone(),
+        date: row.date.clone(),
+    }
+}
+
+/// The line of the refusal for a class that did not pass.
+fn describe_problem(check: &ClassCheck) -> Option<String> {
+    match &check.status {
+        ClassStatus::Passed { .. } => None,
+        ClassStatus::Missing => Some(format!(
+            "{}: missing (no passing verification on this GPU class)",
+            check.class
+        )),
+        ClassStatus::Failed { date, checks } => Some(format!(
+            "{}: FAILED on {date}: {}",
+            check.class,
+            checks.join(", ")
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(gpu: &str, cc: &str, date: &str) -> VerifiedOn {
+        VerifiedOn {
+            gpu: gpu.into(),
+            compute_capability: cc.into(),
+            count: 1,
+            driver: "550.54.15".into(),
+            cuda_driver: None,
+            date: date.into(),
+            cudastack: "0.1.0".into(),
+            checks: Default::default(),
+            report: format!("sha256:{}", "a".repeat(64)),
+        }
+    }
+
+    #[test]
+    fn classes_match_by_matrix_name_or_compute_capability() {
+        let matrix = Matrix::embedded();
+        let h100 = SolveQuery::gpu(matrix, "h100").unwrap();
+        let sm90 = SolveQuery::gpu(matrix, "9.0").unwrap();
+        let a100 = SolveQuery::gpu(matrix, "A100").unwrap();
+        let rows = [row("NVIDIA H100 80GB HBM3", "9.0", "2026-11-30T10:00:00Z")];
+        assert!(matches!(
+            class_status(matrix, &h100, &rows, &[]),
+            ClassStatus::Passed { .. }
+        ));
+        assert!(matches!(
+            class_status(matrix, &sm90, &rows, &[]),
+            ClassStatus::Passed { .. }
+        ));
+        assert_eq!(
+            class_status(matrix, &a100, &rows, &[]),
+            ClassStatus::Missing
+        );
+        assert!(SolveQuery::gpu(matrix, "H1OO-typo").is_err());
+    }
+
+    #[test]
+    fn names_derive_the_verified_and_plain_tags() {
+        let plain: Reference = "127.0.0.1:5000/team/torch:2.4.1".parse().unwrap();
+        let verified: Reference = "127.0.0.1:5000/team/torch:2.4.1-verified".parse().unwrap();
+        for reference in [&plain, &verified] {
+            let (v, p) = names(reference, None).unwrap();
+            assert_eq!(v.tag(), Some("2.4.1-verified"));
+            assert_eq!(p.tag(), Some("2.4.1"));
+        }
+        let (_, to) = names(&verified, Some("stable")).unwrap();
+        assert_eq!(to.tag(), Some("stable"));
+        let by_digest = plain.with_digest(Digest::of_bytes(b"x"));
+        assert!(matches!(
+            names(&by_digest, None),
+            Err(PromoteError::NoTag { .. })
+        ));
+    }
+}

@@ -1,0 +1,176 @@
+//! `cudastack promote REF --require-gpu CLASS` against a real registry (issue 24): a
+//! verified image gets its plain tag only when every required GPU class passed; a class
+//! with no verification, or whose newest report failed, refuses and tags nothing. The
+//! verifications are recorded the way a cluster run is (`verify REF --from-log LOG`, logs in
+//! the probe's format written by hand: no GPU here).
+
+use std::process::{Command, Output};
+
+use crate::cli_verify_registry::{gpu_report, job_log, Fixture};
+
+fn cudastack() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cudastack"));
+    command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("NO_COLOR", "1")
+        .env("DOCKER_CONFIG", "/nonexistent-cudastack-test");
+    command
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Record a log of `gpu` (failing `fail`) on the fixture's image; its exit code.
+fn record(fixture: &Fixture, name: &str, gpu: &str, cc: &str, fail: Option<&str>) -> Option<i32> {
+    let image = fixture.reference.pinned(fixture.digest).to_string();
+    let by_digest = fixture.reference.with_digest(fixture.digest).to_string();
+    let log = fixture.write_log(
+        name,
+        &job_log(
+            &format!("cudastack-image-v1 {by_digest}"),
+            &gpu_report(gpu, cc, fail),
+        ),
+    );
+    let output = cudastack()
+        .args(["verify", &image, "--from-log"])
+        .arg(&log)
+        .output()
+        .unwrap();
+    output.status.code()
+}
+
+fn promote(args: &[&str]) -> Output {
+    cudastack().arg("promote").args(args).output().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn promote_tags_only_what_passed_on_every_required_class() {
+    let Some(fixture) = Fixture::start().await else {
+        return;
+    };
+    let client = fixture.client();
+    let plain = fixture.reference.clone();
+    let verified = plain.with_tag("2.4.1-verified").unwrap();
+    let plain_digest = || async { client.get_manifest(&plain).await.unwrap().digest };
+
+    // Nothing recorded yet: no verified image to promote.
+    let output = promote(&[&plain.to_string(), "--require-gpu", "h100"]);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert!(
+        text(&output).contains("no verified image"),
+        "{}",
+        text(&output)
+    );
+
+    assert_eq!(
+        record(&fixture, "h100.log", "NVIDIA H100 80GB HBM3", "9.0", None),
+        Some(0)
+    );
+    assert_eq!(
+        record(
+            &fixture,
+            "a100.log",
+            "NVIDIA A100-SXM4-80GB",
+            "8.0",
+            Some("train.mlp")
+        ),
+        Some(1),
+        "a failed report exits 1"
+    );
+    let verified_digest = client.get_manifest(&verified).await.unwrap().digest;
+
+    // A100 failed, B200 was never run: refused with both, and nothing tagged.
+    let output = promote(&[
+        &verified.to_string(),
+        "--require-gpu",
+        "h100,a100",
+        "--require-gpu",
+        "B200",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "a refusal exits 1\n{}",
+        text(&output)
+    );
+    assert!(
+        stderr.contains("2 required GPU classes have no passing verification"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("A100 (sm_80): FAILED on 2026-11-30T10:00:00Z: train.mlp"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("B200 (sm_100): missing"), "{stderr}");
+    assert!(!stderr.contains("H100"), "H100 passed:\n{stderr}");
+    assert_eq!(plain_digest().await, fixture.digest, "nothing was tagged");
+
+    // A mistyped class is an error that says what is close.
+    let output = promote(&[&verified.to_string(), "--require-gpu", "H10"]);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+
+    // --dry-run says what it would do and tags nothing.
+    let output = promote(&[&verified.to_string(), "--require-gpu", "h100", "--dry-run"]);
+    assert!(output.status.success(), "{}", text(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("dry run: would tag")
+            && stdout.contains(&format!("{plain}@{verified_digest}")),
+        "{stdout}"
+    );
+    assert_eq!(plain_digest().await, fixture.digest);
+
+    // H100 alone: promoted; the plain tag now names the verified manifest, byte for byte.
+    let output = promote(&[&plain.to_string(), "--require-gpu", "9.0"]);
+    assert!(output.status.success(), "{}", text(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        format!("{plain}@{verified_digest}")
+    );
+    assert_eq!(plain_digest().await, verified_digest);
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("passed on NVIDIA H100 80GB HBM3"),
+        "{}",
+        text(&output)
+    );
+
+    // A multi-platform tag is not replaced by one platform's image.
+    let index = serde_json::json!({"schemaVersion": 2,
+        "mediaType": cudastack::registry::OCI_INDEX,
+        "manifests": [{"mediaType": cudastack::registry::OCI_MANIFEST,
+                       "digest": fixture.digest.to_string(), "size": 1,
+                       "platform": {"architecture": "amd64", "os": "linux"}}]});
+    let multi = plain.with_tag("multi").unwrap();
+    let index_digest = client
+        .put_manifest(
+            &multi,
+            cudastack::registry::OCI_INDEX,
+            serde_json::to_vec(&index).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    let output = promote(&[
+        &verified.to_string(),
+        "--require-gpu",
+        "h100",
+        "--to",
+        "multi",
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert!(
+        text(&output).contains("multi-platform image index"),
+        "{}",
+        text(&output)
+    );
+    assert_eq!(
+        client.get_manifest(&multi).await.unwrap().digest,
+        index_digest
+    );
+}
