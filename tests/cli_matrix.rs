@@ -660,3 +660,52 @@ fn matrix_tables_sort_sm_lists_and_print_plain_status_words() {
     assert!(stdout.contains("secondary"), "{stdout}");
     assert!(!stdout.contains("ConfirmedSecondary"), "{stdout}");
 }
+
+/// `solve --write` is the first step of a first image: the recipe it writes validates, and
+/// an existing file (maybe a recipe with a lock beside it) is never replaced.
+#[test]
+fn solve_write_saves_a_recipe_that_validates_and_never_replaces_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("my-stack.yaml");
+    let recipe_arg = recipe.to_str().unwrap();
+    let args = [
+        "solve",
+        "--driver",
+        "550.54.15",
+        "--gpu",
+        "H100",
+        "--torch",
+        "2.4",
+        "--write",
+        recipe_arg,
+    ];
+    let (code, _, stderr) = run(&args);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("next: cudastack lock"), "{stderr}");
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    assert!(text.contains("torch: { version: \"2.4.1\" }"), "{text}");
+    assert!(text.contains("gpus: [\"H100\"]"), "{text}");
+    let (code, stdout, stderr) = run(&["validate", recipe_arg]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+
+    std::fs::write(&recipe, "keep me").unwrap();
+    let (code, _, stderr) = run(&args);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("does not replace it"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&recipe).unwrap(), "keep me");
+
+    // No answer, no file: the reasons say why.
+    let none = dir.path().join("none.yaml");
+    let (code, _, stderr) = run(&[
+        "solve",
+        "--driver",
+        "450.80.02",
+        "--gpu",
+        "B200",
+        "--write",
+        none.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("no recipe was written"), "{stderr}");
+    assert!(!none.exists());
+}

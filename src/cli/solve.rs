@@ -1,5 +1,6 @@
 //! `cudastack solve --driver V --gpu NAME [--torch SPEC] [--python X.Y]`
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
@@ -34,6 +35,9 @@ pub struct SolveArgs {
     /// How many accepted and rejected candidates to show (all with --json).
     #[arg(long, default_value_t = 5)]
     top: usize,
+    /// Write the best answer's recipe to FILE (a new file; `cudastack lock FILE` next).
+    #[arg(long, value_name = "FILE")]
+    write: Option<PathBuf>,
 }
 
 #[derive(serde::Serialize)]
@@ -59,6 +63,9 @@ pub fn run(args: SolveArgs, printer: &Printer) -> CommandResult {
         query.torch = Some(SolveQuery::torch_spec(spec)?);
     }
     let solution = solve(matrix, &query);
+    if let Some(path) = &args.write {
+        write_recipe(&solution, path, printer)?;
+    }
     if printer.json {
         // Which matrix answered rides along (`"matrix": {"source": "refreshed", ...}`).
         printer.json(&SolveJson {
@@ -78,6 +85,35 @@ pub fn run(args: SolveArgs, printer: &Printer) -> CommandResult {
         ExitCode::SUCCESS
     })
 }
+
+/// `--write`: the best answer's recipe into a new file. An existing file is never replaced
+/// (it may be a recipe with a lock beside it). No answer writes nothing: the output says why.
+fn write_recipe(solution: &Solution, path: &Path, printer: &Printer) -> Result<(), BoxError> {
+    let Some(recipe) = solution.best().and_then(|best| best.recipe.as_deref()) else {
+        printer.status(format!(
+            "no build fits, so no recipe was written to `{}`",
+            path.display()
+        ));
+        return Ok(());
+    };
+    if path.exists() {
+        return Err(format!(
+            "`{}` exists; cudastack does not replace it\n  hint: remove it, or give another file to --write",
+            path.display()
+        )
+        .into());
+    }
+    cudastack::atomic_file::write(path, recipe.as_bytes())
+        .map_err(|e| format!("failed to write `{}`: {e}", path.display()))?;
+    printer.status(format!(
+        "wrote the recipe to `{}`; next: cudastack lock {}",
+        path.display(),
+        path.display()
+    ));
+    Ok(())
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The human output: the host, the accepted candidates (best first) with their reasons,
 /// the rejected ones (newest first), and the recipe of the best answer.
