@@ -93,23 +93,28 @@ pub(crate) fn io_error(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Oc
 }
 
 /// Seconds since the epoch as RFC 3339 UTC (`2024-05-01T12:00:00Z`); epochs past year 9999
-/// (refused by the recipe parser) saturate at its end.
+/// (refused by the recipe parser) saturate at its last second. Civil time rather than
+/// `jiff::Timestamp`, whose range ends a day early to leave room for offsets.
 pub fn rfc3339(epoch: u64) -> String {
     let seconds = i64::try_from(epoch).unwrap_or(i64::MAX);
-    let timestamp = jiff::Timestamp::from_second(seconds).unwrap_or(jiff::Timestamp::MAX);
+    let time = unix_epoch()
+        .checked_add(jiff::SignedDuration::from_secs(seconds))
+        .unwrap_or(jiff::civil::date(9999, 12, 31).at(23, 59, 59, 0));
     // Whole seconds: jiff prints no fraction for them, so the bytes match other writers.
-    timestamp.to_string()
+    format!("{time}Z")
 }
 
 /// Parse RFC 3339 UTC (`2024-05-01T12:00:00Z`, fractional seconds ignored) back to seconds
 /// since the epoch: the inverse of [`rfc3339`]. None for other spellings or offsets, and for
 /// times before the epoch.
 pub fn parse_rfc3339(text: &str) -> Option<u64> {
-    if !text.ends_with('Z') {
-        return None;
-    }
-    let timestamp: jiff::Timestamp = text.parse().ok()?;
-    u64::try_from(timestamp.as_second()).ok()
+    let time: jiff::civil::DateTime = text.strip_suffix('Z')?.parse().ok()?;
+    let since = time.duration_since(unix_epoch());
+    u64::try_from(since.as_secs()).ok()
+}
+
+fn unix_epoch() -> jiff::civil::DateTime {
+    jiff::civil::date(1970, 1, 1).at(0, 0, 0, 0)
 }
 
 /// Build a descriptor from our digest type.
@@ -422,6 +427,12 @@ mod tests {
         );
         assert_eq!(parse_rfc3339("2023-11-14T22:13:20+01:00"), None);
         assert_eq!(parse_rfc3339("yesterday"), None);
+        assert_eq!(parse_rfc3339("1969-12-31T23:59:59Z"), None);
+        // The recipe's last allowed second (year 9999) round-trips; later epochs saturate.
+        let last = 253_402_300_799;
+        assert_eq!(rfc3339(last), "9999-12-31T23:59:59Z");
+        assert_eq!(parse_rfc3339(&rfc3339(last)), Some(last));
+        assert_eq!(rfc3339(u64::MAX), "9999-12-31T23:59:59Z");
     }
 
     #[test]
