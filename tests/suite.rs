@@ -19,6 +19,7 @@ mod audit_static;
 mod build_audit;
 mod build_e2e;
 mod build_multiarch;
+mod build_rootless;
 mod cache_concurrency;
 mod cli_help;
 mod cli_matrix;

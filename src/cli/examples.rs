@@ -31,7 +31,9 @@ Examples:
   # Build the locked recipe as an OCI layout in images/torch2.4.1-cu121-py3.11
   cudastack build recipes/torch2.4.1-cu121-py3.11.yaml
   # Build it and load the image into Docker under the recipe's tags
-  cudastack build recipes/torch2.4.1-cu121-py3.11.yaml --load";
+  cudastack build recipes/torch2.4.1-cu121-py3.11.yaml --load
+  # Build without root, e.g. in a CI container (docs/rootless.md)
+  cudastack build recipes/torch2.4.1-cu121-py3.11.yaml --build-mode fakechroot";
 
 pub const LOCK: &str = "\
 Examples:
