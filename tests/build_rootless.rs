@@ -184,11 +184,11 @@ fn build(command: &mut Command, what: &str, recipe: &Path, work: &Path) -> PathB
 
 #[test]
 fn rootless_builds_give_the_root_builds_base_layer() {
-    let tools: [(&str, &[&str]); 4] = [
+    // newuidmap has no option that succeeds; the unshare build says so when it is missing.
+    let tools: [(&str, &[&str]); 3] = [
         ("gcc", &["--version"]),
         ("fakechroot", &["--version"]),
         ("fakeroot", &["--version"]),
-        ("newuidmap", &["--help"]),
     ];
     if let Some(reason) = e2e_support::skip_reason(&tools) {
         reason.report();

@@ -21,6 +21,7 @@ mod build_e2e;
 mod build_multiarch;
 mod build_rootless;
 mod cache_concurrency;
+mod cli_doctor_build_host;
 mod cli_help;
 mod cli_matrix;
 mod cli_trust;

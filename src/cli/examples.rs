@@ -121,7 +121,9 @@ Examples:
   # Diagnose this host from the driver up; stops at the first broken layer
   cudastack doctor
   # Every layer, and a GPU container started from a local image
-  cudastack doctor --keep-going --gpu-image nvidia/cuda:12.4.1-base-ubuntu22.04";
+  cudastack doctor --keep-going --gpu-image nvidia/cuda:12.4.1-base-ubuntu22.04
+  # Can this machine (a CI runner, no GPU) run `cudastack build`, with or without root?
+  cudastack doctor --build-host";
 
 pub const EXPLAIN: &str = "\
 Examples:

@@ -201,6 +201,14 @@ fn mmdebstrap_failed(
     }
 }
 
+/// A customize hook for the rootless modes, which makes their base equal to a root build's
+/// (docs/rootless.md). Under unshare and fakechroot, the bytecode of py3compile's own
+/// modules (`debpython`) is left as written when py3compile imported them (timestamp-based
+/// .pyc), where a root build ends with py_compile's, which are hash-based under
+/// SOURCE_DATE_EPOCH; compiling them again, SOURCE_DATE_EPOCH set, gives the root build's
+/// bytes. Only for rootless modes, so a root build's digest does not change.
+const ROOTLESS_PYC: &str = "[ ! -d \"$1\"/usr/share/python3/debpython ] || chroot \"$1\" sh -c 'python3 -m py_compile /usr/share/python3/debpython/*.py'";
+
 /// The mmdebstrap command for `spec`: minbase natively, unpack-only for another
 /// architecture; `dest` is `-` (a tar on stdout) in a rootless mode.
 fn mmdebstrap_command(spec: &DebootstrapSpec, dest: &Path, mode: BuildMode) -> Command {
@@ -215,8 +223,11 @@ fn mmdebstrap_command(spec: &DebootstrapSpec, dest: &Path, mode: BuildMode) -> C
         None => {
             command
                 .arg("--variant=minbase")
-                .arg(format!("--include={}", spec.packages.join(",")))
-                .arg(format!("--customize-hook={CLEAN}"));
+                .arg(format!("--include={}", spec.packages.join(",")));
+            if mode != BuildMode::Root {
+                command.arg(format!("--customize-hook={ROOTLESS_PYC}"));
+            }
+            command.arg(format!("--customize-hook={CLEAN}"));
         }
         Some(architecture) => {
             // No emulation: unpack what minbase installs (the Essential set and apt, whose
