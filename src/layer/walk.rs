@@ -226,3 +226,65 @@ fn apply_recorded(entry: &mut Entry, recorded: &RecordedOwners) {
         entry.mode = mode;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tree unpacked by a user: the record gives owners and modes (setuid included);
+    /// an entry without a record is root's with its disk mode; a symlink stays 0777.
+    #[test]
+    fn recorded_owners_replace_the_disk_owners() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("tree");
+        fs_err::create_dir_all(root.join("etc")).unwrap();
+        fs_err::write(root.join("etc/shadow"), "x").unwrap();
+        fs_err::write(root.join("su"), "y").unwrap();
+        fs_err::write(root.join("added"), "z").unwrap();
+        std::os::unix::fs::symlink("su", root.join("link")).unwrap();
+        let path = |p: &str| LayerPath::parse(p).unwrap();
+        let mut recorded = RecordedOwners::default();
+        let record = |uid, gid, mode| Recorded { uid, gid, mode };
+        recorded.insert(&path("etc"), record(0, 0, 0o755));
+        recorded.insert(&path("etc/shadow"), record(0, 42, 0o640));
+        recorded.insert(&path("su"), record(0, 0, 0o4755));
+        recorded.insert(&path("link"), record(7, 7, 0o777));
+        let record_file = dir.path().join("owners.json");
+        fs_err::write(&record_file, recorded.to_json()).unwrap();
+        let options = DirOptions {
+            modes: ModePolicy::Exact,
+            keep_owners: true,
+            prefix: None,
+            recorded: Some(record_file),
+        };
+        let contents = LayerContents::from_dir(&root, &options).unwrap();
+        let find = |p: &str| {
+            let entry = contents
+                .entries()
+                .iter()
+                .find(|e| e.path.as_str() == p)
+                .unwrap();
+            (entry.uid, entry.gid, entry.mode)
+        };
+        assert_eq!(find("etc/shadow"), (0, 42, 0o640));
+        assert_eq!(find("su"), (0, 0, 0o4755));
+        let disk_mode = fs_err::metadata(root.join("added"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777;
+        assert_eq!(find("added"), (0, 0, disk_mode));
+        assert_eq!(find("link"), (7, 7, 0o777));
+    }
+
+    #[test]
+    fn an_unreadable_record_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = DirOptions {
+            recorded: Some(dir.path().join("missing.json")),
+            ..DirOptions::default()
+        };
+        let error = LayerContents::from_dir(dir.path(), &options).unwrap_err();
+        assert!(error.to_string().contains("missing.json"), "{error}");
+    }
+}
