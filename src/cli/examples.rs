@@ -122,7 +122,7 @@ Examples:
   cudastack doctor
   # Every layer, and a GPU container started from a local image
   cudastack doctor --keep-going --gpu-image nvidia/cuda:12.4.1-base-ubuntu22.04
-  # Can this machine (a CI runner, no GPU) run `cudastack build`, with or without root?
+  # Can this machine (a CI runner, no GPU) build images, as root or not?
   cudastack doctor --build-host";
 
 pub const EXPLAIN: &str = "\
