@@ -222,3 +222,41 @@ fn rootless_builds_give_the_root_builds_base_layer() {
     }
     assert!(report.is_empty(), "{}", report.join("\n"));
 }
+
+/// A mode asked for that cannot work here fails before mmdebstrap runs, saying why and
+/// what to do: `--build-mode root` as the user.
+#[test]
+fn a_build_mode_that_cannot_work_here_says_why() {
+    let tools: [(&str, &[&str]); 1] = [("gcc", &["--version"])];
+    if let Some(reason) = e2e_support::skip_reason(&tools) {
+        reason.report();
+        return;
+    }
+    ensure_user();
+    let (work, binary) = user_work_dir();
+    let work = work.path();
+    cuda_12_4_wheels(Target::X86_64, &work.join("libs"), &work.join("mirror"));
+    let recipe = work.join("rootless.yaml");
+    std::fs::write(&recipe, "name: rootless\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000000\n").unwrap();
+    e2e_support::stand_in::lock(&recipe, &work.join("mirror"));
+    chown_to_user(work);
+    let output = as_user(&binary)
+        .args(["build", "--no-verify", "--build-mode", "root", "--mirror"])
+        .arg(work.join("mirror"))
+        .arg("--cache-dir")
+        .arg(work.join("cache"))
+        .arg("--layout")
+        .arg(work.join("layout"))
+        .arg(&recipe)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("{stderr}");
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--build-mode root does not work here")
+            && stderr.contains("not root")
+            && stderr.contains("hint:"),
+        "{stderr}"
+    );
+}

@@ -16,7 +16,7 @@ use crate::version::PythonVersion;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BaseError {
-    #[error("`mmdebstrap` is not installed; install it (`apt-get install mmdebstrap`) or give an existing base with `base: {{ oci: PATH }}`")]
+    #[error("`mmdebstrap` is not on PATH; `cudastack build` makes the Debian base with it\n  hint: install it (`sudo apt-get install mmdebstrap`); `cudastack doctor --build-host` checks everything a build needs")]
     MmdebstrapMissing,
     #[error("mmdebstrap failed for {distro} {release} (exit status {status})\n  command: {command}\n  output (last lines):\n{output}")]
     Mmdebstrap {
