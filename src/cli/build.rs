@@ -15,6 +15,7 @@ use cudastack::pipeline::{
 };
 use cudastack::registry::Reference;
 use cudastack::stack::build::{human_bytes, BuildProgress, BuildSettings};
+use cudastack::stack::rootless::BuildMode;
 
 use super::{CommandResult, Printer};
 
@@ -26,6 +27,19 @@ enum CompressionArg {
     Zstd,
     /// No compression (local use only).
     None,
+}
+
+/// `--build-mode`: how mmdebstrap builds the Debian base (docs/rootless.md).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum BuildModeArg {
+    /// root as uid 0, else unshare when user namespaces work, else fakechroot.
+    Auto,
+    /// mmdebstrap as root (the build runs as root).
+    Root,
+    /// A user namespace with the user's /etc/subuid and /etc/subgid ranges (newuidmap).
+    Unshare,
+    /// fakeroot + fakechroot, no namespaces: works in an unprivileged container.
+    Fakechroot,
 }
 
 #[derive(Debug, Args)]
@@ -69,6 +83,11 @@ pub struct BuildArgs {
     /// OCI image index.
     #[arg(long = "platform", value_delimiter = ',', value_name = "PLATFORM")]
     platforms: Vec<cudastack::recipe::Platform>,
+    /// How mmdebstrap builds the Debian base: as root, or without root in a user
+    /// namespace (unshare) or under fakechroot (docs/rootless.md). `cudastack doctor`
+    /// lists the modes this host allows.
+    #[arg(long, value_enum, default_value_t = BuildModeArg::Auto, env = "CUDASTACK_BUILD_MODE")]
+    build_mode: BuildModeArg,
 }
 
 /// The build's stages on stderr, timed from the start, and download bars.
@@ -159,6 +178,12 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
         mirrors: args.mirror,
         registry: args.registry,
         platforms: (!platforms.is_empty()).then_some(platforms),
+        build_mode: match args.build_mode {
+            BuildModeArg::Auto => None,
+            BuildModeArg::Root => Some(BuildMode::Root),
+            BuildModeArg::Unshare => Some(BuildMode::Unshare),
+            BuildModeArg::Fakechroot => Some(BuildMode::Fakechroot),
+        },
     };
     Ok(PipelineSettings {
         build,

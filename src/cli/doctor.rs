@@ -1,4 +1,4 @@
-//! `cudastack doctor [--root DIR] [--keep-going] [--gpu-image IMAGE]`
+//! `cudastack doctor [--root DIR] [--keep-going] [--gpu-image IMAGE] [--build-host]`
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use cudastack::doctor::{diagnose, planted_host, DoctorOptions, LayerStatus, Severity};
+use cudastack::cas::default_cache_root;
+use cudastack::doctor::build_host::{self, BuildHostReport};
+use cudastack::doctor::{diagnose, planted_host, DoctorOptions, Finding, LayerStatus, Severity};
 use cudastack::host::HostRoot;
 
 use super::{CommandResult, Printer};
@@ -27,6 +29,14 @@ pub struct DoctorArgs {
     /// Seconds the Python probe (which imports torch) may take.
     #[arg(long, default_value_t = 120)]
     python_timeout: u64,
+    /// Check only whether this host can run `cudastack build` (mmdebstrap, the build modes
+    /// root / unshare / fakechroot, the cache directory and its free space, Docker); no
+    /// GPU needed. Exit 1 when it cannot.
+    #[arg(long, conflicts_with = "root")]
+    build_host: bool,
+    /// The cache directory a build would use (checked for writability and free space).
+    #[arg(long, env = "CUDASTACK_CACHE_DIR", value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
 }
 
 pub fn run(args: DoctorArgs, printer: &Printer) -> CommandResult {
@@ -34,12 +44,32 @@ pub fn run(args: DoctorArgs, printer: &Printer) -> CommandResult {
         Some(root) => planted_host(root, std::env::vars().collect::<BTreeMap<_, _>>())?,
         None => HostRoot::live(),
     };
+    let cache_dir = match &args.cache_dir {
+        Some(dir) => dir.clone(),
+        None => default_cache_root(),
+    };
+    if args.build_host {
+        let report = build_host::check(&host, &cache_dir);
+        if printer.json {
+            printer.json(&report);
+        } else {
+            print_build_host(&report, printer);
+        }
+        return Ok(match report.status {
+            LayerStatus::Broken => ExitCode::from(1),
+            _ => ExitCode::SUCCESS,
+        });
+    }
     let options = DoctorOptions {
         keep_going: args.keep_going,
         python_timeout: Duration::from_secs(args.python_timeout),
         gpu_image: args.gpu_image,
     };
-    let report = diagnose(&host, &options);
+    let mut report = diagnose(&host, &options);
+    // A planted host describes a GPU machine; the build host is always this one.
+    if args.root.is_none() {
+        report.build_host = Some(build_host::check(&host, &cache_dir));
+    }
     let code = if report.stopped_at.is_some() {
         ExitCode::from(1)
     } else {
@@ -50,31 +80,7 @@ pub fn run(args: DoctorArgs, printer: &Printer) -> CommandResult {
         return Ok(code);
     }
     for layer in &report.layers {
-        let status = match layer.status {
-            LayerStatus::Ok => "ok",
-            LayerStatus::Warning => "warning",
-            LayerStatus::Broken => "BROKEN",
-            LayerStatus::NotChecked => "not checked",
-        };
-        printer.line(format_args!("== {} [{status}]", layer.title));
-        for finding in &layer.findings {
-            let mark = match finding.severity {
-                Severity::Ok => "ok  ",
-                Severity::Info => "info",
-                Severity::Warning => "warn",
-                Severity::Error => "FAIL",
-            };
-            printer.line(format_args!(
-                "  {mark} {} ({})",
-                finding.summary, finding.id
-            ));
-            for line in &finding.evidence {
-                printer.line(format_args!("         | {line}"));
-            }
-            if let Some(fix) = &finding.fix {
-                printer.line(format_args!("         fix: {fix}"));
-            }
-        }
+        print_section(layer.title, layer.status, &layer.findings, printer);
     }
     printer.line("");
     if let Some(layer) = report.stopped_at {
@@ -99,5 +105,42 @@ pub fn run(args: DoctorArgs, printer: &Printer) -> CommandResult {
         }
         None => printer.line(format_args!("solve: {}", report.recommendation.reason)),
     }
+    if let Some(build) = &report.build_host {
+        printer.line("");
+        print_build_host(build, printer);
+    }
     Ok(code)
+}
+
+fn print_build_host(report: &BuildHostReport, printer: &Printer) {
+    print_section(report.title, report.status, &report.findings, printer);
+}
+
+/// One section: its title and status, then each finding with its evidence and fix.
+fn print_section(title: &str, status: LayerStatus, findings: &[Finding], printer: &Printer) {
+    let status = match status {
+        LayerStatus::Ok => "ok",
+        LayerStatus::Warning => "warning",
+        LayerStatus::Broken => "BROKEN",
+        LayerStatus::NotChecked => "not checked",
+    };
+    printer.line(format_args!("== {title} [{status}]"));
+    for finding in findings {
+        let mark = match finding.severity {
+            Severity::Ok => "ok  ",
+            Severity::Info => "info",
+            Severity::Warning => "warn",
+            Severity::Error => "FAIL",
+        };
+        printer.line(format_args!(
+            "  {mark} {} ({})",
+            finding.summary, finding.id
+        ));
+        for line in &finding.evidence {
+            printer.line(format_args!("         | {line}"));
+        }
+        if let Some(fix) = &finding.fix {
+            printer.line(format_args!("         fix: {fix}"));
+        }
+    }
 }

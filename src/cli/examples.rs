@@ -31,7 +31,9 @@ Examples:
   # Build the locked recipe as an OCI layout in images/torch2.4.1-cu121-py3.11
   cudastack build recipes/torch2.4.1-cu121-py3.11.yaml
   # Build it and load the image into Docker under the recipe's tags
-  cudastack build recipes/torch2.4.1-cu121-py3.11.yaml --load";
+  cudastack build recipes/torch2.4.1-cu121-py3.11.yaml --load
+  # Build without root, e.g. in a CI container (docs/rootless.md)
+  cudastack build recipes/torch2.4.1-cu121-py3.11.yaml --build-mode fakechroot";
 
 pub const LOCK: &str = "\
 Examples:
@@ -131,7 +133,9 @@ Examples:
   # Diagnose this host from the driver up; stops at the first broken layer
   cudastack doctor
   # Every layer, and a GPU container started from a local image
-  cudastack doctor --keep-going --gpu-image nvidia/cuda:12.4.1-base-ubuntu22.04";
+  cudastack doctor --keep-going --gpu-image nvidia/cuda:12.4.1-base-ubuntu22.04
+  # Can this machine (a CI runner, no GPU) build images, as root or not?
+  cudastack doctor --build-host";
 
 pub const EXPLAIN: &str = "\
 Examples:

@@ -6,13 +6,15 @@
 //! container runtime; (3) [`stack`]: CUDA toolkits and libraries the loader can see;
 //! (4) [`python`]: the Python in use and its torch. The funnel stops at the first broken
 //! layer (a finding of severity `error`) and says so; `keep_going` examines the rest anyway.
-//! It ends with what `solve` picks for this host's driver and GPUs.
+//! It ends with what `solve` picks for this host's driver and GPUs. Beside the funnel,
+//! [`build_host`] says whether this host can run `cudastack build` (no GPU needed).
 //!
 //! It reads the host only through [`HostRoot`](crate::host::HostRoot), so tests run the
 //! whole funnel against planted temp roots. Nothing here changes the host.
 //!
 //! The `--json` output is a [`DoctorReport`]; docs/doctor.md documents every field.
 
+pub mod build_host;
 pub mod explain;
 pub mod hardware;
 pub mod python;
@@ -178,6 +180,10 @@ pub struct DoctorReport {
     pub stopped_at: Option<Layer>,
     pub host: HostSummary,
     pub recommendation: Recommendation,
+    /// Whether this host can run `cudastack build` (not part of the funnel: a build host
+    /// needs no GPU); absent for a planted host (`--root`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub build_host: Option<build_host::BuildHostReport>,
 }
 
 impl DoctorReport {
@@ -318,6 +324,7 @@ pub fn diagnose(host: &HostRoot, options: &DoctorOptions) -> DoctorReport {
             torch,
         },
         recommendation,
+        build_host: None,
     }
 }
 

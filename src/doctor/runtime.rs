@@ -108,7 +108,7 @@ pub fn check(host: &HostRoot, driver: &DriverReport, options: &DoctorOptions) ->
 
 /// `docker.reachable` with the engine's `/info`, or the finding that says why Docker could
 /// not be asked.
-fn docker_reachable(host: &HostRoot) -> Result<(Finding, serde_json::Value), Finding> {
+pub(crate) fn docker_reachable(host: &HostRoot) -> Result<(Finding, serde_json::Value), Finding> {
     let Some(socket) = docker_socket(host) else {
         return Err(Finding::new(
             "docker.remote",

@@ -37,7 +37,7 @@ pub use cache::{CacheKey, CacheStats, LayerCache};
 pub use compress::{Compression, Compressor, ParallelGzip};
 pub use entry::{Entry, EntryKind, FileSource, LayerContents, LayerPath, OpenContent};
 pub use tar_writer::{write_layer_tar, ContentError, Header, TarWriter};
-pub use walk::{DirOptions, ModePolicy};
+pub use walk::{DirOptions, ModePolicy, Recorded, RecordedOwners};
 
 /// Errors from building layers.
 #[derive(Debug, thiserror::Error)]

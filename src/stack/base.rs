@@ -10,11 +10,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::layer::RecordedOwners;
+use crate::stack::rootless::{unpack_recording_owners, which, BuildMode, RootlessError};
 use crate::version::PythonVersion;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BaseError {
-    #[error("`mmdebstrap` is not installed; install it (`apt-get install mmdebstrap`) or give an existing base with `base: {{ oci: PATH }}`")]
+    #[error("`mmdebstrap` is not on PATH; `cudastack build` makes the Debian base with it\n  hint: install it (`sudo apt-get install mmdebstrap`); `cudastack doctor --build-host` checks everything a build needs")]
     MmdebstrapMissing,
     #[error("mmdebstrap failed for {distro} {release} (exit status {status})\n  command: {command}\n  output (last lines):\n{output}")]
     Mmdebstrap {
@@ -32,6 +34,8 @@ pub enum BaseError {
     },
     #[error(transparent)]
     Foreign(#[from] crate::stack::foreign_base::ForeignBaseError),
+    #[error(transparent)]
+    Rootless(#[from] RootlessError),
     #[error("the base has no {what} in `{path}`; cudastack needs {why}")]
     Missing {
         what: &'static str,
@@ -113,36 +117,117 @@ fn machine_of(architecture: &str) -> crate::elf::Machine {
         .to_elf()
 }
 
-/// Run mmdebstrap into `dest` (which must not exist or be empty). Device nodes are left out:
-/// container runtimes provide /dev, and a layer should not carry them.
-pub fn debootstrap(spec: &DebootstrapSpec, dest: &Path) -> Result<(), BaseError> {
+/// Run mmdebstrap into `dest` (which must not exist or be empty) in `mode`. Device nodes
+/// are left out: container runtimes provide /dev, and a layer should not carry them.
+///
+/// As root, mmdebstrap writes `dest` itself and the files carry their owners. In a rootless
+/// mode it writes a tar to a pipe, which is unpacked into `dest` as this user; the owners
+/// and modes the tar recorded are returned, for the layer walk (docs/rootless.md).
+pub fn debootstrap(
+    spec: &DebootstrapSpec,
+    dest: &Path,
+    mode: BuildMode,
+) -> Result<Option<RecordedOwners>, BaseError> {
     if which("mmdebstrap").is_none() {
         return Err(BaseError::MmdebstrapMissing);
     }
-    run_mmdebstrap(spec, mmdebstrap_command(spec, dest))?;
+    let mut owners = match mode {
+        BuildMode::Root => {
+            run_mmdebstrap(spec, mmdebstrap_command(spec, dest, mode))?;
+            None
+        }
+        BuildMode::Unshare | BuildMode::Fakechroot => Some(mmdebstrap_to_tar(spec, dest, mode)?),
+    };
     if let Some(architecture) = &spec.foreign_architecture {
         crate::stack::foreign_base::finish_unpacked_root(
             dest,
             machine_of(architecture),
             spec.source_date_epoch,
+            owners.as_mut(),
         )?;
     }
-    remove_device_nodes(dest)
+    remove_device_nodes(dest)?;
+    Ok(owners)
 }
 
+/// mmdebstrap in a rootless `mode`, its tar streamed into [`unpack_recording_owners`];
+/// its stderr goes to a file (a full pipe would stall it) and is shown on failure.
+fn mmdebstrap_to_tar(
+    spec: &DebootstrapSpec,
+    dest: &Path,
+    mode: BuildMode,
+) -> Result<RecordedOwners, BaseError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BaseError::Io { path, source }
+    };
+    let mut command = mmdebstrap_command(spec, Path::new("-"), mode);
+    let shown = format!("{command:?}");
+    let stderr = tempfile::tempfile().map_err(io(Path::new("stderr of mmdebstrap")))?;
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(
+            stderr
+                .try_clone()
+                .map_err(io(Path::new("stderr of mmdebstrap")))?,
+        )
+        .spawn()
+        .map_err(io(Path::new("mmdebstrap")))?;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let unpacked = unpack_recording_owners(stdout, dest);
+    let status = child.wait().map_err(io(Path::new("mmdebstrap")))?;
+    if !status.success() {
+        return Err(mmdebstrap_failed(spec, shown, status, stderr));
+    }
+    Ok(unpacked?)
+}
+
+fn mmdebstrap_failed(
+    spec: &DebootstrapSpec,
+    command: String,
+    status: std::process::ExitStatus,
+    mut stderr: std::fs::File,
+) -> BaseError {
+    use std::io::{Read, Seek};
+    let mut text = String::new();
+    let _ = stderr.rewind();
+    let _ = stderr.read_to_string(&mut text);
+    BaseError::Mmdebstrap {
+        distro: spec.distro.clone(),
+        release: spec.release.clone(),
+        status: status.to_string(),
+        command,
+        output: last_lines(&text, 15),
+    }
+}
+
+/// A customize hook for the rootless modes, which makes their base equal to a root build's
+/// (docs/rootless.md). Under unshare and fakechroot, the bytecode of py3compile's own
+/// modules (`debpython`) is left as written when py3compile imported them (timestamp-based
+/// .pyc), where a root build ends with py_compile's, which are hash-based under
+/// SOURCE_DATE_EPOCH; compiling them again, SOURCE_DATE_EPOCH set, gives the root build's
+/// bytes. Only for rootless modes, so a root build's digest does not change.
+const ROOTLESS_PYC: &str = "[ ! -d \"$1\"/usr/share/python3/debpython ] || chroot \"$1\" sh -c 'python3 -m py_compile /usr/share/python3/debpython/*.py'";
+
 /// The mmdebstrap command for `spec`: minbase natively, unpack-only for another
-/// architecture.
-fn mmdebstrap_command(spec: &DebootstrapSpec, dest: &Path) -> Command {
+/// architecture; `dest` is `-` (a tar on stdout) in a rootless mode.
+fn mmdebstrap_command(spec: &DebootstrapSpec, dest: &Path, mode: BuildMode) -> Command {
     // Caches, logs and the package lists change with every run and are no use in an image.
     const CLEAN: &str = "rm -rf \"$1\"/var/cache/apt/* \"$1\"/var/lib/apt/lists/* \"$1\"/var/log/* \"$1\"/var/cache/ldconfig/aux-cache";
     let mut command = Command::new("mmdebstrap");
-    command.arg("--mode=root").arg("--quiet");
+    command.arg(format!("--mode={mode}")).arg("--quiet");
+    if mode != BuildMode::Root {
+        command.arg("--format=tar");
+    }
     match &spec.foreign_architecture {
         None => {
             command
                 .arg("--variant=minbase")
-                .arg(format!("--include={}", spec.packages.join(",")))
-                .arg(format!("--customize-hook={CLEAN}"));
+                .arg(format!("--include={}", spec.packages.join(",")));
+            if mode != BuildMode::Root {
+                command.arg(format!("--customize-hook={ROOTLESS_PYC}"));
+            }
+            command.arg(format!("--customize-hook={CLEAN}"));
         }
         Some(architecture) => {
             // No emulation: unpack what minbase installs (the Essential set and apt, whose
@@ -184,22 +269,19 @@ fn run_mmdebstrap(spec: &DebootstrapSpec, mut command: Command) -> Result<(), Ba
     if output.status.success() {
         return Ok(());
     }
-    let text = String::from_utf8_lossy(&output.stderr);
-    let tail: Vec<&str> = text
-        .lines()
-        .rev()
-        .take(15)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
     Err(BaseError::Mmdebstrap {
         distro: spec.distro.clone(),
         release: spec.release.clone(),
         status: output.status.to_string(),
         command: shown,
-        output: tail.join("\n"),
+        output: last_lines(&String::from_utf8_lossy(&output.stderr), 15),
     })
+}
+
+/// The last `count` lines of `text`.
+fn last_lines(text: &str, count: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(count)..].join("\n")
 }
 
 /// Device nodes are the runtime's business (it mounts /dev); keep /dev itself, empty.
@@ -222,14 +304,6 @@ fn remove_device_nodes(dest: &Path) -> Result<(), BaseError> {
         removed.map_err(io_error(&path))?;
     }
     Ok(())
-}
-
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|dir| Path::new(dir).join(program))
-        .find(|path| path.is_file())
 }
 
 /// What a base root filesystem provides, read from its dpkg database.

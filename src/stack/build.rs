@@ -65,6 +65,7 @@ pub async fn build(
         staging: &staging,
         options: &options,
         progress,
+        build_mode: settings.build_mode,
     };
     let mut assembled = Vec::new();
     for platform_inputs in &inputs {

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::elf::Machine;
+use crate::layer::{LayerPath, Recorded, RecordedOwners};
 use crate::stack::ldcache;
 
 /// Bump when what an unpacked base holds changes (part of its layer cache key).
@@ -87,14 +88,18 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ForeignBaseError + '_
 /// Do what the maintainer scripts of an unpacked `machine` root would have done that a
 /// container needs (see the module documentation). `epoch` is SOURCE_DATE_EPOCH (the
 /// shadow files' last-change day, as pwconv writes it under mmdebstrap).
+///
+/// `owners` is the record of a rootless base (docs/rootless.md): the group ownerships the
+/// scripts would set go there instead of to `chown`, which only root may call.
 pub fn finish_unpacked_root(
     root: &Path,
     machine: Machine,
     epoch: u64,
+    mut owners: Option<&mut RecordedOwners>,
 ) -> Result<(), ForeignBaseError> {
     users_and_groups(root)?;
-    shadow_files(root, epoch)?;
-    base_files(root)?;
+    shadow_files(root, epoch, owners.as_deref_mut())?;
+    base_files(root, owners)?;
     small_defaults(root)?;
     ca_bundle(root)?;
     alternatives(root)?;
@@ -123,7 +128,11 @@ fn users_and_groups(root: &Path) -> Result<(), ForeignBaseError> {
 
 /// passwd's postinst (shadowconfig/pwconv, grpconv): `/etc/shadow` and `/etc/gshadow`
 /// with locked passwords, mode 0640, group shadow.
-fn shadow_files(root: &Path, epoch: u64) -> Result<(), ForeignBaseError> {
+fn shadow_files(
+    root: &Path,
+    epoch: u64,
+    mut owners: Option<&mut RecordedOwners>,
+) -> Result<(), ForeignBaseError> {
     let read = |name: &str| fs_err::read_to_string(root.join("etc").join(name)).unwrap_or_default();
     let (passwd, group) = (read("passwd"), read("group"));
     if passwd.is_empty() {
@@ -148,14 +157,17 @@ fn shadow_files(root: &Path, epoch: u64) -> Result<(), ForeignBaseError> {
         }
         fs_err::write(&path, text).map_err(io_error(&path))?;
         set_mode(&path, 0o640)?;
-        std::os::unix::fs::chown(&path, Some(0), shadow_gid).map_err(io_error(&path))?;
+        chown_or_record(root, &path, shadow_gid, 0o640, owners.as_deref_mut())?;
     }
     Ok(())
 }
 
 /// base-files' postinst: the default profile and root's dot files, the top-level and
 /// /usr/local directories with their modes, /var/spool/mail, the dpkg origin.
-fn base_files(root: &Path) -> Result<(), ForeignBaseError> {
+fn base_files(
+    root: &Path,
+    mut owners: Option<&mut RecordedOwners>,
+) -> Result<(), ForeignBaseError> {
     let defaults = root.join("usr/share/base-files");
     for (from, to) in [
         ("dot.profile", "root/.profile"),
@@ -198,7 +210,7 @@ fn base_files(root: &Path) -> Result<(), ForeignBaseError> {
             continue;
         }
         fs_err::create_dir_all(&path).map_err(io_error(&path))?;
-        std::os::unix::fs::chown(&path, Some(0), gid).map_err(io_error(&path))?;
+        chown_or_record(root, &path, gid, mode, owners.as_deref_mut())?;
         set_mode(&path, mode)?;
     }
     for (link, target) in [
@@ -261,6 +273,33 @@ fn group_id(group_file: &str, name: &str) -> Option<u32> {
             .then(|| fields.nth(1)?.parse().ok())
             .flatten()
     })
+}
+
+/// Root and group `gid` own `path`: by `chown` as root, in `owners` for a rootless base.
+fn chown_or_record(
+    root: &Path,
+    path: &Path,
+    gid: Option<u32>,
+    mode: u32,
+    owners: Option<&mut RecordedOwners>,
+) -> Result<(), ForeignBaseError> {
+    let Some(owners) = owners else {
+        return std::os::unix::fs::chown(path, Some(0), gid).map_err(io_error(path));
+    };
+    let relative = path.strip_prefix(root).unwrap_or(path).to_string_lossy();
+    let layer_path = LayerPath::parse(&relative).map_err(|e| ForeignBaseError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    owners.insert(
+        &layer_path,
+        Recorded {
+            uid: 0,
+            gid: gid.unwrap_or(0),
+            mode,
+        },
+    );
+    Ok(())
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), ForeignBaseError> {
@@ -479,7 +518,7 @@ mod tests {
         .unwrap();
         fs_err::write(r.join("usr/bin/mawk"), "").unwrap();
         fs_err::write(r.join("var/lib/dpkg/info/mawk.postinst"), MAWK_POSTINST).unwrap();
-        finish_unpacked_root(r, Machine::Aarch64, 1_700_000_000).unwrap();
+        finish_unpacked_root(r, Machine::Aarch64, 1_700_000_000, None).unwrap();
         assert_eq!(
             fs_err::read_to_string(r.join("etc/passwd")).unwrap(),
             "root:*:0:0:root:/root:/bin/bash\n"

@@ -19,6 +19,7 @@ mod output;
 mod prepare;
 mod produce;
 mod report;
+pub mod rootless;
 mod settings;
 mod staging;
 pub mod toolkit;

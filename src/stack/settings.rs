@@ -26,6 +26,9 @@ pub struct BuildSettings {
     pub registry: String,
     /// The platforms to build; the recipe's `platforms` when None.
     pub platforms: Option<Vec<Platform>>,
+    /// How mmdebstrap builds the base (docs/rootless.md); None: root as uid 0, else
+    /// unshare when user namespaces work, else fakechroot.
+    pub build_mode: Option<crate::stack::rootless::BuildMode>,
 }
 
 /// Progress lines, one per stage; downloads get their own reporter (bars).

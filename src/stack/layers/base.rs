@@ -8,9 +8,10 @@ use super::{LayerStager, ASSEMBLER};
 use crate::layer::{CacheKey, DirOptions, ModePolicy};
 use crate::lock::lockfile::Lockfile;
 use crate::recipe::{Base, Recipe};
-use crate::stack::base::{debootstrap, inspect_rootfs, DebootstrapSpec, RootfsFacts};
-use crate::stack::error::BuildError;
+use crate::stack::base::{debootstrap, inspect_rootfs, BaseError, DebootstrapSpec, RootfsFacts};
+use crate::stack::error::{io_error, BuildError};
 use crate::stack::prepare::PlatformInputs;
+use crate::stack::rootless::{BuildHost, BuildMode};
 use crate::stack::staging::{write_record, Staging};
 
 /// The base layer of one platform: the mmdebstrap spec is its whole cache key.
@@ -19,6 +20,11 @@ pub(crate) struct BaseLayer<'a> {
     key: CacheKey,
     /// The base's facts, recorded beside its staged tree ([`Self::facts`]).
     facts_record: PathBuf,
+    /// The owners and modes of a tree staged without root, recorded beside it
+    /// (docs/rootless.md); absent for a tree mmdebstrap wrote as root.
+    owners_record: PathBuf,
+    /// `--build-mode`; None chooses by what this host allows.
+    mode: Option<BuildMode>,
     recipe: &'a Recipe,
     lock: &'a Lockfile,
 }
@@ -28,6 +34,7 @@ impl<'a> BaseLayer<'a> {
         inputs: &'a PlatformInputs,
         mtime: u64,
         staging: &Staging,
+        mode: Option<BuildMode>,
     ) -> Result<Self, BuildError> {
         let (distro, release) = match &inputs.recipe.base {
             Base::Debian(release) => ("debian", release.as_str()),
@@ -57,10 +64,13 @@ impl<'a> BaseLayer<'a> {
         };
         let key = CacheKey::new(&assembler, &[], &spec);
         let facts_record = staging.dir(&key).with_extension("facts.json");
+        let owners_record = staging.dir(&key).with_extension("owners.json");
         Ok(Self {
             spec,
             key,
             facts_record,
+            owners_record,
+            mode,
             recipe: inputs.recipe,
             lock: &inputs.lock,
         })
@@ -91,15 +101,31 @@ impl LayerStager for BaseLayer<'_> {
     fn key(&self) -> &CacheKey {
         &self.key
     }
+    /// mmdebstrap in the mode this host allows; a rootless tree's owners are recorded
+    /// (a record left by an earlier rootless staging of this key goes first).
     fn stage(&self, dir: &Path) -> Result<(), BuildError> {
-        Ok(debootstrap(&self.spec, dir)?)
+        let mode = BuildHost::detect()
+            .choose(self.mode)
+            .map_err(BaseError::from)?;
+        if self.owners_record.exists() {
+            fs_err::remove_file(&self.owners_record).map_err(io_error(&self.owners_record))?;
+        }
+        match debootstrap(&self.spec, dir, mode)? {
+            Some(owners) => write_record(&self.owners_record, &owners.to_json()),
+            None => Ok(()),
+        }
     }
-    /// The base is a root filesystem: modes and owners as the packages set them.
+    /// The base is a root filesystem: modes and owners as the packages set them, from
+    /// the record when the tree was staged without root.
     fn walk(&self) -> DirOptions {
         DirOptions {
             modes: ModePolicy::Exact,
             keep_owners: true,
             prefix: None,
+            recorded: self
+                .owners_record
+                .exists()
+                .then(|| self.owners_record.clone()),
         }
     }
     fn staged(&self, dir: &Path) -> Result<(), BuildError> {

@@ -6,7 +6,6 @@
 //! mount. Its key names the keys of every layer below: the loader cache covers them all.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use super::{BuildEnv, LayerStager, ASSEMBLER};
 use crate::digest::Digest;
@@ -133,8 +132,13 @@ impl<'a> ConfigLayer<'a> {
         let merged = scratch.path();
         let [base, cuda, cudnn, python] = &self.below;
         merge_trees(&[base, cuda, cudnn, python, dir], merged)?;
-        let cache_bytes = if Some(self.platform) == host_platform() {
-            run(Command::new("ldconfig").arg("-r").arg(merged))?;
+        // `ldconfig -r` chroots, which a user may do only in a user namespace of their own;
+        // without one, cudastack's writer (the same entries, tests/stack_ldcache.rs).
+        let ldconfig = crate::stack::rootless::ldconfig_command(merged);
+        let cache_bytes = if let (true, Some(mut ldconfig)) =
+            (Some(self.platform) == host_platform(), ldconfig)
+        {
+            run(&mut ldconfig)?;
             fs_err::read(merged.join("etc/ld.so.cache")).map_err(io_error(merged))?
         } else {
             ldcache::ld_so_cache(merged, self.machine)

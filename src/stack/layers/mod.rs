@@ -31,6 +31,8 @@ pub(crate) struct BuildEnv<'a> {
     pub staging: &'a Staging,
     pub options: &'a BuildOptions,
     pub progress: &'a dyn BuildProgress,
+    /// How mmdebstrap builds the base (`--build-mode`); None: what this host allows.
+    pub build_mode: Option<crate::stack::rootless::BuildMode>,
 }
 
 /// One layer kind: its name in the image, its cache key, how to fill its staging directory
@@ -65,7 +67,7 @@ impl<'a> StackLayers<'a> {
     /// Plan every layer (keys, what each reads) from the platform's inputs. Nothing is
     /// staged; the config layer's planning looks for the native probe.
     pub fn plan(inputs: &'a PlatformInputs, env: &'a BuildEnv) -> Result<Self, BuildError> {
-        let base = base::BaseLayer::plan(inputs, env.options.mtime, env.staging)?;
+        let base = base::BaseLayer::plan(inputs, env.options.mtime, env.staging, env.build_mode)?;
         let (cuda, cudnn) = toolkit::ToolkitLayer::plan(inputs, env.staging);
         let python = python::PythonLayer::plan(inputs, &cuda, &cudnn);
         let config = config::ConfigLayer::plan(inputs, [&base, &cuda, &cudnn, &python], env);
