@@ -552,3 +552,30 @@ fn promote_step_requires_every_gpu_type_of_the_recipe() {
         ]
     );
 }
+
+/// The project's own release workflow (not generated) is lint clean too, and publishes the
+/// file names the install step of the generated workflows downloads.
+#[test]
+fn release_workflow_passes_actionlint_and_publishes_what_the_install_step_fetches() {
+    let release = std::fs::read_to_string(root().join(".github/workflows/release.yml")).unwrap();
+    assert!(
+        release.contains("scripts/release.sh \"$TARGET\" --out dist"),
+        "{release}"
+    );
+    assert!(
+        release.contains("dist/*.tar.gz dist/SHA256SUMS"),
+        "{release}"
+    );
+    for target in ["x86_64-unknown-linux-musl", "aarch64-unknown-linux-musl"] {
+        assert!(release.contains(&format!("target: {target}")), "{release}");
+    }
+    let publish = std::fs::read_to_string(root().join(PUBLISH_PATH)).unwrap();
+    assert!(publish.contains(r#"archive="cudastack-$CUDASTACK_VERSION-$target.tar.gz""#));
+    assert!(publish.contains(r#""$release/SHA256SUMS""#));
+    if let Some(reason) = actionlint_missing() {
+        gate::skip("actionlint", reason);
+        return;
+    }
+    let (ok, log) = actionlint(root(), &[".github/workflows/release.yml"]);
+    assert!(ok, "actionlint:\n{log}");
+}
