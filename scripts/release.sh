@@ -40,11 +40,16 @@ case "$target" in
   *) die "unsupported target \`$target\`: x86_64-unknown-linux-musl or aarch64-unknown-linux-musl" ;;
 esac
 
-# The musl C compiler for TARGET: native musl-gcc on a machine of that kind, else a cross one.
+# The musl C compiler for TARGET: native musl-gcc on a machine of that kind, else a cross
+# one. Natively rustc links with its default `cc` and its own musl crt and libc
+# (self-contained): Debian's musl-gcc as the linker adds `-dynamic-linker` to every link,
+# which turned rustc's `-static-pie` into a PIE that asks for /lib/ld-musl-x86_64.so.1.
+linker=""
 if [ "$(uname -m)" = "$machine" ] && command -v musl-gcc >/dev/null 2>&1; then
   cc=musl-gcc
 elif command -v "$machine-linux-musl-gcc" >/dev/null 2>&1; then
   cc="$machine-linux-musl-gcc"
+  linker="$cc"
 else
   die "no musl C compiler for $target: install musl-tools (apt-get install musl-tools) on a $machine machine, or put $machine-linux-musl-gcc on PATH"
 fi
@@ -63,7 +68,7 @@ cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 remap="--remap-path-prefix=$PWD=/cudastack --remap-path-prefix=$cargo_home=/cargo"
 target_env="$(echo "$target" | tr 'a-z-' 'A-Z_')"
 target_lower="${target//-/_}"
-export "CARGO_TARGET_${target_env}_LINKER=$cc"
+[ -z "$linker" ] || export "CARGO_TARGET_${target_env}_LINKER=$linker"
 export "CARGO_TARGET_${target_env}_RUSTFLAGS=-C target-feature=+crt-static $remap"
 export "CC_${target_lower}=$cc"
 export "CFLAGS_${target_lower}=-O2 -ffile-prefix-map=$PWD=/cudastack -ffile-prefix-map=$cargo_home=/cargo"
