@@ -15,7 +15,7 @@ case "${1:-}" in
 esac
 
 packages=(docker.io skopeo umoci mmdebstrap docker-registry pigz zstd xz-utils gcc busybox-static shellcheck
-  gcc-aarch64-linux-gnu qemu-user qemu-user-static)
+  gcc-aarch64-linux-gnu qemu-user qemu-user-static musl-tools)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
@@ -26,6 +26,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >&2
+fi
+
+# The static release binary (scripts/release.sh, tests/release_binary.rs) links against
+# Rust's musl standard library.
+if command -v rustup >/dev/null 2>&1; then
+  rustup target add x86_64-unknown-linux-musl >&2 \
+    || echo "setup: could not add the musl target; the release binary test will skip (and fail under CUDASTACK_REQUIRE, as in CI)" >&2
 fi
 
 # uv is the reference resolver the lock tests compare against (it reads PyPI metadata with

@@ -92,17 +92,16 @@ fn a_new_recipe_makes_the_check_fail_until_emitted() {
 
     assert!(cudastack(&["ci", "emit"], work.path()).status.success());
     let publish = std::fs::read_to_string(work.path().join(PUBLISH_PATH)).unwrap();
-    assert!(publish.contains(
-        r#"{ recipe: "zz-cuda-only", gpu: "L40S", runner: "gpu-l40s", arch: "x64", tool: "cudastack" }"#
-    ));
+    assert!(publish
+        .contains(r#"{ recipe: "zz-cuda-only", gpu: "L40S", runner: "gpu-l40s", arch: "x64" }"#));
     let config = std::fs::read_to_string(work.path().join(ACTIONLINT_CONFIG_PATH)).unwrap();
     assert!(config.contains("\"gpu-l40s\""), "{config}");
     assert!(cudastack(&["ci", "emit", "--check"], work.path())
         .status
         .success());
 
-    // A Grace GPU: its verify job runs on an arm64 runner with an aarch64 cudastack, and
-    // the workflow with that job is lint clean too.
+    // A Grace GPU: its verify job runs on an arm64 runner (which installs the aarch64
+    // release), and the workflow with that job is lint clean too.
     std::fs::write(
         work.path().join("recipes/zz-grace.yaml"),
         "name: zz-grace\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ngpus: [\"GH200\"]\nplatforms: [linux/amd64, linux/arm64]\n",
@@ -110,10 +109,12 @@ fn a_new_recipe_makes_the_check_fail_until_emitted() {
     .unwrap();
     assert!(cudastack(&["ci", "emit"], work.path()).status.success());
     let publish = std::fs::read_to_string(work.path().join(PUBLISH_PATH)).unwrap();
-    assert!(publish.contains(
-        r#"{ recipe: "zz-grace", gpu: "GH200", runner: "gpu-gh200", arch: "arm64", tool: "cudastack-arm64" }"#
-    ));
-    assert!(publish.contains("runs-on: ubuntu-24.04-arm"), "{publish}");
+    assert!(publish
+        .contains(r#"{ recipe: "zz-grace", gpu: "GH200", runner: "gpu-gh200", arch: "arm64" }"#));
+    assert!(
+        publish.contains(r#"- { recipe: "zz-grace", gpus: "GH200" }"#),
+        "{publish}"
+    );
     if actionlint_missing().is_none() {
         let (ok, log) = actionlint(work.path(), &[PUBLISH_PATH]);
         assert!(ok, "actionlint on the workflow with an arm64 leg:\n{log}");
@@ -345,10 +346,10 @@ fn relock_script_tries_every_recipe_and_names_the_failures() {
         .status()
         .unwrap()
         .success());
-    // A stand-in for the freshly built binary: records each recipe, fails on the cu118 one
-    // (its index is unreachable from CI).
-    std::fs::create_dir_all(dir.join("target/release")).unwrap();
-    let stub = dir.join("target/release/cudastack");
+    // A stand-in for the installed release on PATH: records each recipe, fails on the
+    // cu118 one (its index is unreachable from CI).
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    let stub = dir.join("bin/cudastack");
     std::fs::write(
         &stub,
         "#!/bin/bash\necho \"$2\" >> calls\ncase \"$2\" in *cu118*) exit 2 ;; esac\n",
@@ -360,6 +361,14 @@ fn relock_script_tries_every_recipe_and_names_the_failures() {
     let output = Command::new("bash")
         .args(["--noprofile", "--norc", "-eo", "pipefail", "step.sh"])
         .current_dir(dir)
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                dir.join("bin").display(),
+                std::env::var("PATH").unwrap()
+            ),
+        )
         .env("GITHUB_OUTPUT", dir.join("output"))
         .env("GITHUB_STEP_SUMMARY", dir.join("summary"))
         .output()
@@ -381,4 +390,192 @@ fn relock_script_tries_every_recipe_and_names_the_failures() {
         .collect();
     let output = std::fs::read_to_string(dir.join("output")).unwrap();
     assert_eq!(output, format!("failed={}\n", failed.join(" ")));
+}
+
+/// A fake release of cudastack VERSION for this machine: the archive (whose bin/cudastack
+/// prints its version) and SHA256SUMS, as scripts/release.sh and release.yml make them.
+fn fake_release(dir: &Path, version: &str) -> (String, Vec<u8>, Vec<u8>) {
+    let target = format!("{}-unknown-linux-musl", std::env::consts::ARCH);
+    let name = format!("cudastack-{version}-{target}");
+    let bin = dir.join(&name).join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(
+        bin.join("cudastack"),
+        format!("#!/bin/sh\necho cudastack {version}\n"),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        bin.join("cudastack"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let archive = format!("{name}.tar.gz");
+    assert!(Command::new("tar")
+        .args(["-czf", &archive, &name])
+        .current_dir(dir)
+        .status()
+        .unwrap()
+        .success());
+    let bytes = std::fs::read(dir.join(&archive)).unwrap();
+    let sums = format!(
+        "{}  {archive}\n{}  cudastack-{version}-other-target.tar.gz\n",
+        crate::fetch_support::sha256_hex(&bytes),
+        "0".repeat(64)
+    );
+    (archive, bytes, sums.into_bytes())
+}
+
+/// Issue 24: the emitted jobs download the pinned release, check it against the release's
+/// SHA256SUMS (and SHA256SUMS against a pinned digest, when given) and put it on PATH; a
+/// tampered archive, an unlisted one or a SHA256SUMS other than the pinned one stops the job.
+#[test]
+fn install_step_checks_the_release_before_putting_it_on_path() {
+    if Command::new("curl").arg("--version").output().is_err() {
+        gate::skip("curl", "`curl` is not installed (GitHub's runners have it)");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (archive, bytes, sums) = fake_release(work.path(), "9.9.9");
+    let server = crate::fetch_support::FixtureServer::start();
+    server.add_bytes("/v9.9.9/SHA256SUMS", "text/plain", sums.clone());
+    server.add_bytes(&format!("/v9.9.9/{archive}"), "application/gzip", bytes);
+    let script = step_script("build", cudastack::cluster::workflows::INSTALL_STEP_NAME);
+    let install = |pinned: &str| {
+        let runner = tempfile::tempdir().unwrap();
+        let output = run_step(
+            runner.path(),
+            &script,
+            &[
+                ("CUDASTACK_VERSION", "9.9.9"),
+                ("CUDASTACK_RELEASE_URL", server.base.as_str()),
+                ("CUDASTACK_SHA256SUMS", pinned),
+                ("RUNNER_TEMP", runner.path().to_str().unwrap()),
+                ("GITHUB_PATH", runner.path().join("path").to_str().unwrap()),
+            ],
+        );
+        let path = std::fs::read_to_string(runner.path().join("path")).unwrap_or_default();
+        let log = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), path, log, runner)
+    };
+
+    let (ok, path, log, _runner) = install("");
+    assert!(ok, "{log}");
+    assert!(log.contains("cudastack 9.9.9"), "{log}");
+    let bin = Path::new(path.trim());
+    assert!(
+        bin.ends_with(format!("{}/bin", archive.trim_end_matches(".tar.gz"))),
+        "{path}"
+    );
+    assert!(bin.join("cudastack").is_file(), "{path}");
+
+    let pinned = crate::fetch_support::sha256_hex(&sums);
+    let (ok, _, log, _runner) = install(&pinned);
+    assert!(ok, "the pinned SHA256SUMS digest is the served one:\n{log}");
+    let (ok, path, log, _runner) = install(&"1".repeat(64));
+    assert!(!ok && path.is_empty(), "{log}");
+    assert!(
+        log.contains("is not the file pinned by CUDASTACK_SHA256SUMS"),
+        "{log}"
+    );
+
+    // The archive's bytes changed after its sum was published.
+    server.add_bytes(
+        &format!("/v9.9.9/{archive}"),
+        "application/gzip",
+        b"tampered".to_vec(),
+    );
+    let (ok, path, log, _runner) = install("");
+    assert!(!ok && path.is_empty(), "{log}");
+    assert!(log.contains("does not match its sum"), "{log}");
+
+    // A SHA256SUMS that does not list this machine's archive.
+    server.add_bytes("/v9.9.9/SHA256SUMS", "text/plain", b"".to_vec());
+    let (ok, path, log, _runner) = install("");
+    assert!(!ok && path.is_empty(), "{log}");
+    assert!(log.contains("is not listed in"), "{log}");
+}
+
+/// Issue 24: the promote job hands `cudastack promote` the pinned image and one
+/// `--require-gpu` per GPU type of the recipe, each a single argument.
+#[test]
+fn promote_step_requires_every_gpu_type_of_the_recipe() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    std::fs::create_dir_all(dir.join("pinned")).unwrap();
+    std::fs::write(
+        dir.join("pinned/image.env"),
+        "IMAGE_REPOSITORY=localhost:5000/acme/torch\nIMAGE_TAG=2.4.1-cuda12.1\nIMAGE_DIGEST=sha256:1111111111111111111111111111111111111111111111111111111111111111\n",
+    )
+    .unwrap();
+    // Records one argument per line, so "RTX 4090" shows as one argument.
+    let bin = dir.join("args-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(
+        bin.join("cudastack"),
+        "#!/bin/bash\nprintf '%s\\n' \"$@\" > \"$CALLS\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        bin.join("cudastack"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let output = run_step(
+        dir,
+        &step_script("promote", "Promote to the matrix tag"),
+        &[("PATH", &path), ("REQUIRE_GPUS", "A100\nRTX 4090")],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let args = std::fs::read_to_string(dir.join("calls")).unwrap();
+    assert_eq!(
+        args.lines().collect::<Vec<_>>(),
+        [
+            "promote",
+            "localhost:5000/acme/torch@sha256:1111111111111111111111111111111111111111111111111111111111111111",
+            "--to",
+            "2.4.1-cuda12.1",
+            "--require-gpu",
+            "A100",
+            "--require-gpu",
+            "RTX 4090",
+        ]
+    );
+}
+
+/// The project's own release workflow (not generated) is lint clean too, and publishes the
+/// file names the install step of the generated workflows downloads.
+#[test]
+fn release_workflow_passes_actionlint_and_publishes_what_the_install_step_fetches() {
+    let release = std::fs::read_to_string(root().join(".github/workflows/release.yml")).unwrap();
+    assert!(
+        release.contains("scripts/release.sh \"$TARGET\" --out dist"),
+        "{release}"
+    );
+    assert!(
+        release.contains("dist/*.tar.gz dist/SHA256SUMS"),
+        "{release}"
+    );
+    for target in ["x86_64-unknown-linux-musl", "aarch64-unknown-linux-musl"] {
+        assert!(release.contains(&format!("target: {target}")), "{release}");
+    }
+    let publish = std::fs::read_to_string(root().join(PUBLISH_PATH)).unwrap();
+    assert!(publish.contains(r#"archive="cudastack-$CUDASTACK_VERSION-$target.tar.gz""#));
+    assert!(publish.contains(r#""$release/SHA256SUMS""#));
+    if let Some(reason) = actionlint_missing() {
+        gate::skip("actionlint", reason);
+        return;
+    }
+    let (ok, log) = actionlint(root(), &[".github/workflows/release.yml"]);
+    assert!(ok, "actionlint:\n{log}");
 }

@@ -59,6 +59,7 @@ mod recipes_all;
 mod registry_auth;
 mod registry_push;
 mod registry_trust;
+mod release_binary;
 mod skip_gate;
 mod stack_archive_props;
 mod stack_concurrent_builds;

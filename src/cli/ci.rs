@@ -1,7 +1,9 @@
 //! `cudastack ci emit`: write the GitHub Actions workflows that publish and re-lock the
 //! recipe matrix (`.github/workflows/publish.yml`, `relock.yml`) and actionlint's runner
-//! labels, generated from recipes/ by `cluster::workflows`. `--check` writes nothing and
-//! exits 1 when a committed file differs from what the recipes give.
+//! labels, generated from recipes/ by `cluster::workflows`. The jobs install a released
+//! cudastack (this version unless `--cudastack-version` says another), so the files work in
+//! any repository. `--check` writes nothing and exits 1 when a committed file differs from
+//! what the recipes give.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,6 +29,20 @@ enum CiCommand {
         /// workflow's GITHUB_TOKEN). With --check, the registry the files were made with.
         #[arg(long)]
         registry: Option<String>,
+        /// The cudastack release the jobs download and run [default: this cudastack's
+        /// version]. With --check, the version the files were made with.
+        #[arg(long, value_name = "VERSION")]
+        cudastack_version: Option<String>,
+        /// Where releases are downloaded from, for a mirror: the jobs fetch
+        /// URL/vVERSION/SHA256SUMS and URL/vVERSION/cudastack-VERSION-TARGET.tar.gz
+        /// [default: https://github.com/cudastack/cudastack/releases/download].
+        #[arg(long, value_name = "URL")]
+        release_url: Option<String>,
+        /// Pin the sha256 of the release's SHA256SUMS file (`sha256sum SHA256SUMS`): the
+        /// jobs refuse a release whose SHA256SUMS differs. Without it they trust the
+        /// SHA256SUMS published with the release, fetched over HTTPS.
+        #[arg(long, value_name = "SHA256")]
+        release_sha256sums: Option<String>,
         /// Repository root (holds recipes/ and .github/).
         #[arg(long, default_value = ".")]
         root: PathBuf,
@@ -46,16 +62,23 @@ struct FileStatus<'a> {
 pub fn run(args: CiArgs, printer: &Printer) -> CommandResult {
     let CiCommand::Emit {
         registry,
+        cudastack_version,
+        release_url,
+        release_sha256sums,
         root,
         check,
     } = args.command;
-    let mut options = WorkflowOptions { registry };
-    if check && options.registry.is_none() {
-        // Check against the options the committed files were generated with.
-        if let Ok(text) = fs_err::read_to_string(root.join(PUBLISH_PATH)) {
-            options = WorkflowOptions::from_header(&text).unwrap_or(options);
-        }
-    }
+    // A check compares with the options the committed files were generated with; what the
+    // command line gives overrides them.
+    let mut options = check
+        .then(|| fs_err::read_to_string(root.join(PUBLISH_PATH)).ok())
+        .flatten()
+        .and_then(|text| WorkflowOptions::from_header(&text))
+        .unwrap_or_default();
+    options.registry = registry.or(options.registry);
+    options.cudastack_version = cudastack_version.unwrap_or(options.cudastack_version);
+    options.release_url = release_url.or(options.release_url);
+    options.sha256sums = release_sha256sums.or(options.sha256sums);
     let files = generate(&root, &options)?;
     let mut report = Vec::new();
     let mut stale = Vec::new();

@@ -62,7 +62,9 @@ Examples:
   # Write the publish and relock workflows under .github/workflows
   cudastack ci emit --registry ghcr.io/acme
   # In CI: fail when the committed workflows are not what the recipes give
-  cudastack ci emit --registry ghcr.io/acme --check";
+  cudastack ci emit --registry ghcr.io/acme --check
+  # Jobs install cudastack 0.1.0 from a mirror of the project's releases
+  cudastack ci emit --cudastack-version 0.1.0 --release-url https://mirror.example.com/cudastack";
 
 pub const CI_EMIT: &str = CI;
 

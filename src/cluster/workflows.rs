@@ -2,13 +2,19 @@
 //! they cannot drift from it: `cudastack ci emit` writes them, and a test fails when the
 //! committed files differ from what the generator makes of the committed recipes.
 //!
-//! `publish.yml` builds cudastack once, builds every recipe in its own job (the blob
-//! cache restored with actions/cache, keyed by the recipe's lock file, so an unchanged
-//! lock downloads nothing), pushes each image by digest, then runs one verification job
-//! per recipe and GPU type on self-hosted runners labelled `gpu-<type>` (see
-//! [`runner_label`]) which pull that digest, run `cudastack verify` through the NVIDIA
-//! runtime and push the verified config with its report. `relock.yml` re-locks every
-//! recipe on a schedule and opens a pull request when upstream moved.
+//! `publish.yml` builds every recipe in its own job (the blob cache restored with
+//! actions/cache, keyed by the recipe's lock file, so an unchanged lock downloads nothing),
+//! pushes each image by digest, then runs one verification job per recipe and GPU type on
+//! self-hosted runners labelled `gpu-<type>` (see [`runner_label`]) which pull that digest,
+//! run `cudastack verify` through the NVIDIA runtime and push the verified config with its
+//! report; a last job per recipe promotes the image to its plain matrix tag when every GPU
+//! type passed (`cudastack promote`). `relock.yml` re-locks every recipe on a schedule and
+//! opens a pull request when upstream moved.
+//!
+//! Every job installs a released cudastack (issue 24): the static binary of a pinned
+//! version, downloaded from the project's releases (or a mirror) and checked against the
+//! release's SHA256SUMS, whose own digest a team may pin. Nothing compiles cudastack or
+//! checks out its source, so the files work in any team's repository.
 //!
 //! The files are text templates, not serialised structs, so they can carry comments that
 //! say why each step is there; every value that comes from a recipe is inserted as a
@@ -35,8 +41,6 @@ const CHECKOUT: &str = "actions/checkout@v5";
 const CACHE: &str = "actions/cache@v5";
 const UPLOAD: &str = "actions/upload-artifact@v6";
 const DOWNLOAD: &str = "actions/download-artifact@v7";
-const RUST_TOOLCHAIN: &str = "dtolnay/rust-toolchain@stable";
-const RUST_CACHE: &str = "Swatinem/rust-cache@v2";
 const CREATE_PR: &str = "peter-evans/create-pull-request@v8";
 
 /// One recipe as the workflows see it.
@@ -51,22 +55,52 @@ pub struct WorkflowRecipe {
     pub gpus: Vec<String>,
 }
 
+/// Where released cudastack archives are downloaded from: `URL/vVERSION/FILE`, GitHub's
+/// release download layout (.github/workflows/release.yml uploads them there).
+pub const RELEASE_URL: &str = "https://github.com/cudastack/cudastack/releases/download";
+
 /// Generator options, recorded in each file's first line so a check can regenerate the
 /// same bytes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkflowOptions {
     /// Registry and namespace images are pushed to (`ghcr.io/acme`); None: GHCR under the
     /// repository owner, with the workflow's GITHUB_TOKEN.
     pub registry: Option<String>,
+    /// The cudastack release the jobs install (default: the version that emits the files).
+    pub cudastack_version: String,
+    /// Where releases are downloaded from, for a mirror; None: [`RELEASE_URL`].
+    pub release_url: Option<String>,
+    /// The sha256 of the release's SHA256SUMS file, when a team pins it; None: the
+    /// SHA256SUMS published with the release is trusted (over HTTPS).
+    pub sha256sums: Option<String>,
+}
+
+impl Default for WorkflowOptions {
+    fn default() -> Self {
+        WorkflowOptions {
+            registry: None,
+            cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
+            release_url: None,
+            sha256sums: None,
+        }
+    }
 }
 
 impl WorkflowOptions {
     /// The command line that regenerates the files.
     pub fn command(&self) -> String {
-        match &self.registry {
-            Some(registry) => format!("cudastack ci emit --registry {registry}"),
-            None => "cudastack ci emit".to_string(),
+        let mut command = "cudastack ci emit".to_string();
+        if let Some(registry) = &self.registry {
+            let _ = write!(command, " --registry {registry}");
         }
+        let _ = write!(command, " --cudastack-version {}", self.cudastack_version);
+        if let Some(url) = &self.release_url {
+            let _ = write!(command, " --release-url {url}");
+        }
+        if let Some(sums) = &self.sha256sums {
+            let _ = write!(command, " --release-sha256sums {sums}");
+        }
+        command
     }
 
     /// The options a generated file was made with, read from its first line; None when
@@ -81,12 +115,68 @@ impl WorkflowOptions {
         let mut words = command.split_whitespace();
         let mut options = WorkflowOptions::default();
         while let Some(word) = words.next() {
+            let value = words.next()?.to_string();
             match word {
-                "--registry" => options.registry = Some(words.next()?.to_string()),
+                "--registry" => options.registry = Some(value),
+                "--cudastack-version" => options.cudastack_version = value,
+                "--release-url" => options.release_url = Some(value),
+                "--release-sha256sums" => options.sha256sums = Some(value),
                 _ => return None,
             }
         }
         Some(options)
+    }
+
+    fn release_url(&self) -> &str {
+        self.release_url.as_deref().unwrap_or(RELEASE_URL)
+    }
+
+    /// Refuse values that would not make a working download (or a parseable header).
+    fn check(&self) -> Result<(), ClusterError> {
+        let invalid = |field, value: &str, rule| {
+            Err(ClusterError::Invalid {
+                field,
+                value: value.to_string(),
+                rule,
+            })
+        };
+        if let Some(registry) = &self.registry {
+            let valid = !registry.is_empty()
+                && !registry.ends_with('/')
+                && registry
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b".-_/:".contains(&b));
+            if !valid {
+                return invalid("registry", registry, "a lowercase registry host and namespace such as ghcr.io/acme or registry.example.com:5000/ml");
+            }
+        }
+        let version = &self.cudastack_version;
+        let valid = version.starts_with(|c: char| c.is_ascii_digit())
+            && version
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b".+-".contains(&b));
+        if !valid {
+            return invalid(
+                "cudastack version",
+                version,
+                "a released cudastack version such as 0.1.0 (the release tag without its `v`)",
+            );
+        }
+        if let Some(url) = &self.release_url {
+            let valid = url::Url::parse(url)
+                .is_ok_and(|u| matches!(u.scheme(), "https" | "http") && u.host().is_some())
+                && !url.ends_with('/')
+                && !url.contains(|c: char| c.is_whitespace() || "\"'`$\\".contains(c));
+            if !valid {
+                return invalid("release URL", url, "an http(s) URL without a trailing slash under which vVERSION/cudastack-VERSION-TARGET.tar.gz and vVERSION/SHA256SUMS are served, such as https://github.com/cudastack/cudastack/releases/download");
+            }
+        }
+        if let Some(sums) = &self.sha256sums {
+            if sums.len() != 64 || !sums.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                return invalid("release SHA256SUMS digest", sums, "the sha256 of the release's SHA256SUMS file: 64 lowercase hex digits (sha256sum SHA256SUMS)");
+            }
+        }
+        Ok(())
     }
 }
 
@@ -162,20 +252,7 @@ pub fn generate_for(
             rule: "the publish workflow needs at least one recipe (recipes/*.yaml)",
         });
     }
-    if let Some(registry) = &options.registry {
-        let valid = !registry.is_empty()
-            && !registry.ends_with('/')
-            && registry
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b".-_/:".contains(&b));
-        if !valid {
-            return Err(ClusterError::Invalid {
-                field: "registry",
-                value: registry.clone(),
-                rule: "a lowercase registry host and namespace such as ghcr.io/acme or registry.example.com:5000/ml",
-            });
-        }
-    }
+    options.check()?;
     Ok(vec![
         GeneratedFile {
             path: PUBLISH_PATH.into(),
@@ -257,85 +334,78 @@ const CREDENTIALS_ENV: &str = r#"      CUDASTACK_REGISTRY_USERNAME: ${{ secrets.
       CUDASTACK_REGISTRY_PASSWORD: ${{ secrets.REGISTRY_PASSWORD || secrets.GITHUB_TOKEN }}
 "#;
 
-/// Download the cudastack binary the `tool` job built (artifact TOOL) and put it on PATH.
-const INSTALL_TOOL: &str = r#"      - uses: DOWNLOAD
-        with:
-          name: TOOL
-          path: ${{ runner.temp }}/cudastack-bin
-      - name: Put cudastack on PATH
+/// The workflow-level environment the install step reads: which release, from where, and
+/// (when pinned) the digest of its SHA256SUMS.
+fn release_env(out: &mut String, options: &WorkflowOptions) {
+    let _ = write!(
+        out,
+        r#"env:
+  # The cudastack every job installs: a released static binary, checked against the
+  # release's SHA256SUMS. `cudastack ci emit --cudastack-version` pins another release,
+  # `--release-url` a mirror, `--release-sha256sums` the sha256 of SHA256SUMS itself (else
+  # the SHA256SUMS published with the release, fetched over HTTPS, is trusted).
+  CUDASTACK_VERSION: {version}
+  CUDASTACK_RELEASE_URL: {url}
+  CUDASTACK_SHA256SUMS: {sums}
+"#,
+        version = q(&options.cudastack_version),
+        url = q(options.release_url()),
+        sums = q(options.sha256sums.as_deref().unwrap_or("")),
+    );
+}
+
+/// Download the released cudastack for this runner's machine, check it against the
+/// release's SHA256SUMS, and put it on PATH. The archive's probe/ (the native probes) lies
+/// beside its bin/, where `cudastack build` looks for them.
+pub const INSTALL_STEP_NAME: &str = "Install cudastack";
+const INSTALL_STEP: &str = r#"      - name: Install cudastack
         run: |
-          chmod +x "$RUNNER_TEMP/cudastack-bin/cudastack"
-          echo "$RUNNER_TEMP/cudastack-bin" >> "$GITHUB_PATH"
+          case "$(uname -m)" in
+            x86_64) target=x86_64-unknown-linux-musl ;;
+            aarch64 | arm64) target=aarch64-unknown-linux-musl ;;
+            *) echo "::error::no cudastack release is built for $(uname -m)"; exit 1 ;;
+          esac
+          archive="cudastack-$CUDASTACK_VERSION-$target.tar.gz"
+          release="$CUDASTACK_RELEASE_URL/v$CUDASTACK_VERSION"
+          dir="$RUNNER_TEMP/cudastack-release"
+          rm -rf "$dir"
+          mkdir -p "$dir"
+          cd "$dir"
+          curl -fsSL --retry 5 -o SHA256SUMS "$release/SHA256SUMS"
+          if [ -n "$CUDASTACK_SHA256SUMS" ]; then
+            echo "$CUDASTACK_SHA256SUMS  SHA256SUMS" | sha256sum --check --strict - \
+              || { echo "::error::$release/SHA256SUMS is not the file pinned by CUDASTACK_SHA256SUMS"; exit 1; }
+          fi
+          awk -v name="$archive" '$2 == name' SHA256SUMS > expected
+          [ -s expected ] || { echo "::error::$archive is not listed in $release/SHA256SUMS"; exit 1; }
+          curl -fsSL --retry 5 -o "$archive" "$release/$archive"
+          sha256sum --check --strict expected \
+            || { echo "::error::$archive does not match its sum in $release/SHA256SUMS"; exit 1; }
+          tar -xzf "$archive"
+          echo "$dir/cudastack-$CUDASTACK_VERSION-$target/bin" >> "$GITHUB_PATH"
+          "$dir/cudastack-$CUDASTACK_VERSION-$target/bin/cudastack" --version
 "#;
 
-/// A job that builds cudastack on `runs_on` and uploads it as the artifact `artifact`.
-fn tool_job(job: &str, name: &str, comment: &str, runs_on: &str, artifact: &str) -> String {
-    format!(
-        r#"  {job}:
-    name: {name}
-    # {comment}
-    runs-on: {runs_on}
-    steps:
-      - uses: {CHECKOUT}
-      - uses: {RUST_TOOLCHAIN}
-      - uses: {RUST_CACHE}
-      - run: cargo build --release --locked
-      - uses: {UPLOAD}
-        with:
-          name: {artifact}
-          path: target/release/cudastack
-          retention-days: 7
-"#
-    )
-}
-
-/// The job that builds the native probes images without torch carry (docs/verify.md):
-/// this runner's x86_64 one with the rustup toolchain, the aarch64 one under sudo in a
-/// Debian chroot with that architecture's Rust std. Its artifact goes beside the cudastack
-/// binary in the build job, where `cudastack build` looks for it.
-fn probe_job() -> String {
-    format!(
-        r#"  probe:
-    name: build the native probes
-    runs-on: ubuntu-24.04
-    timeout-minutes: 30
-    steps:
-      - uses: {CHECKOUT}
-      - uses: {RUST_TOOLCHAIN}
-      - name: Install the chroot builder
-        run: |
-          sudo apt-get update -qq
-          sudo apt-get install -y -qq mmdebstrap debian-archive-keyring
-      - run: scripts/build-probe.sh --host
-      - run: sudo scripts/build-probe.sh --foreign
-      - uses: {UPLOAD}
-        with:
-          name: cudastack-probe
-          path: target/probe/
-          retention-days: 7
-"#
-    )
-}
-
-/// `publish.yml`: the tool and probe jobs, one build job per recipe, then one verify job per
-/// recipe and GPU type.
+/// `publish.yml`: one build job per recipe, one verify job per recipe and GPU type, then
+/// one promote job per recipe with GPUs.
 pub fn publish_workflow(recipes: &[WorkflowRecipe], options: &WorkflowOptions) -> String {
     let mut out = String::new();
     header(
         &mut out,
         options,
         "# Publish every recipe: one build job per recipe, pushed by digest, then one verification\n\
-         # job per recipe and GPU type on a self-hosted runner labelled gpu-<type> (docs/cluster.md).",
+         # job per recipe and GPU type on a self-hosted runner labelled gpu-<type> (docs/cluster.md),\n\
+         # then the image is promoted to its matrix tag when every GPU type of its recipe passed.",
     );
-    publish_triggers_and_tool_jobs(&mut out, options);
+    publish_triggers(&mut out, options);
     build_job(&mut out, recipes, options);
     verify_job(&mut out, recipes);
+    promote_job(&mut out, recipes);
     out
 }
 
-/// The triggers, permissions and defaults of `publish.yml`, and the jobs that build the
-/// cudastack binary and the native probes.
-fn publish_triggers_and_tool_jobs(out: &mut String, options: &WorkflowOptions) {
+/// The triggers, permissions, defaults and release environment of `publish.yml`.
+fn publish_triggers(out: &mut String, options: &WorkflowOptions) {
     let registry_default = options.registry.as_deref().unwrap_or("");
     let _ = write!(
         out,
@@ -370,24 +440,15 @@ defaults:
     # Named explicitly so GitHub runs scripts with `-eo pipefail`.
     shell: bash
 
-jobs:
-{tool}
-{probe}
 "#,
-        tool = tool_job(
-            "tool",
-            "build cudastack",
-            "The oldest supported Ubuntu: the binary then runs on self-hosted runners with glibc >= 2.35.",
-            "ubuntu-22.04",
-            "cudastack",
-        ),
-        probe = probe_job(),
         registry_help = match &options.registry {
             Some(registry) => registry.clone(),
             None => "ghcr.io/<owner>".to_string(),
         },
         registry_default = q(registry_default),
     );
+    release_env(out, options);
+    out.push_str("\njobs:\n");
 }
 
 /// The build job: one matrix leg per recipe; builds, pushes by digest, uploads the pin.
@@ -396,7 +457,6 @@ fn build_job(out: &mut String, recipes: &[WorkflowRecipe], options: &WorkflowOpt
         out,
         r#"  build:
     name: build ${{{{ matrix.recipe }}}}
-    needs: [tool, probe]
     runs-on: ubuntu-24.04
     timeout-minutes: 120
     strategy:
@@ -427,19 +487,7 @@ fn build_steps(out: &mut String, options: &WorkflowOptions) {
       CUDASTACK_CACHE_DIR: ${{{{ github.workspace }}}}/.cudastack-cache
 {CREDENTIALS_ENV}    steps:
       - uses: {CHECKOUT}
-{install}"#,
-        install = INSTALL_TOOL
-            .replace("DOWNLOAD", DOWNLOAD)
-            .replace("TOOL", "cudastack"),
-    );
-    let _ = write!(
-        out,
-        r#"      # Beside the binary (`target/probe` relative to it), where `cudastack build` looks.
-      - uses: {DOWNLOAD}
-        with:
-          name: cudastack-probe
-          path: ${{{{ runner.temp }}}}/probe
-"#
+{INSTALL_STEP}"#,
     );
     registry_step(out, options);
     build_and_push_steps(out);
@@ -509,35 +557,24 @@ fn build_and_push_steps(out: &mut String) {
 }
 
 /// The verify job: one matrix leg per recipe and GPU type, on self-hosted GPU runners
-/// (x64, or arm64 with its own cudastack build). Nothing when no recipe names a GPU.
+/// (x64, or arm64 for Grace GPUs). Nothing when no recipe names a GPU.
 fn verify_job(out: &mut String, recipes: &[WorkflowRecipe]) {
     let legs = verify_legs(recipes);
     if legs.is_empty() {
         return;
-    }
-    let any_arm64 = legs.iter().any(|(_, gpu, _)| arm64_gpu(gpu));
-    if any_arm64 {
-        out.push('\n');
-        out.push_str(&tool_job(
-            "tool-arm64",
-            "build cudastack (arm64)",
-            "The verify jobs on Grace GPUs (GH200) run on arm64 hosts: an aarch64 cudastack, from\n    # GitHub's hosted Arm runner (the images themselves are built on x64, without emulation).",
-            "ubuntu-24.04-arm",
-            "cudastack-arm64",
-        ));
     }
     let _ = write!(
         out,
         r#"
   verify:
     name: verify ${{{{ matrix.recipe }}}} on ${{{{ matrix.gpu }}}}
-    needs: {needs}
+    needs: build
     # A recipe whose build failed fails its own verify jobs (no pinned image); the others run.
     if: ${{{{ !cancelled() && (github.event_name != 'workflow_dispatch' || inputs.verify) }}}}
     # Self-hosted runners with an NVIDIA GPU, Docker and the NVIDIA container toolkit, one
-    # label per GPU type (docs/cluster.md), x64 or arm64 (Grace) hosts; `cudastack pull`
-    # takes the runner's platform from a multi-platform image. A job waits until a runner
-    # with its labels is free.
+    # label per GPU type (docs/cluster.md), x64 or arm64 (Grace) hosts, each installing the
+    # cudastack release for its machine; `cudastack pull` takes the runner's platform from a
+    # multi-platform image. A job waits until a runner with its labels is free.
     runs-on: [self-hosted, linux, "${{{{ matrix.arch }}}}", "${{{{ matrix.runner }}}}"]
     timeout-minutes: 60
     strategy:
@@ -545,26 +582,16 @@ fn verify_job(out: &mut String, recipes: &[WorkflowRecipe]) {
       matrix:
         include:
 "#,
-        needs = if any_arm64 {
-            "[build, tool-arm64]"
-        } else {
-            "build"
-        },
     );
     for (recipe, gpu, label) in &legs {
-        let (arch, tool) = if arm64_gpu(gpu) {
-            ("arm64", "cudastack-arm64")
-        } else {
-            ("x64", "cudastack")
-        };
+        let arch = if arm64_gpu(gpu) { "arm64" } else { "x64" };
         let _ = writeln!(
             out,
-            "          - {{ recipe: {}, gpu: {}, runner: {}, arch: {}, tool: {} }}",
+            "          - {{ recipe: {}, gpu: {}, runner: {}, arch: {} }}",
             q(&recipe.name),
             q(gpu),
             q(label),
             q(arch),
-            q(tool)
         );
     }
     verify_steps(out);
@@ -578,7 +605,7 @@ fn verify_steps(out: &mut String) {
       RECIPE: ${{{{ matrix.recipe }}}}
       RUNNER_LABEL: ${{{{ matrix.runner }}}}
 {CREDENTIALS_ENV}    steps:
-{install}      - uses: {DOWNLOAD}
+{INSTALL_STEP}      - uses: {DOWNLOAD}
         with:
           name: pinned-${{{{ matrix.recipe }}}}
           path: pinned
@@ -603,9 +630,77 @@ fn verify_steps(out: &mut String) {
           path: report.json
           if-no-files-found: ignore
 "#,
-        install = INSTALL_TOOL
-            .replace("DOWNLOAD", DOWNLOAD)
-            .replace("TOOL", "${{ matrix.tool }}"),
+    );
+}
+
+/// The GPU types a recipe's image must have passed on to be promoted: one per verify leg
+/// (one per runner label), as the recipe names them.
+fn promote_gpus(recipes: &[WorkflowRecipe]) -> Vec<(&WorkflowRecipe, Vec<&str>)> {
+    let mut promoted: Vec<(&WorkflowRecipe, Vec<&str>)> = Vec::new();
+    for (recipe, gpu, _) in verify_legs(recipes) {
+        match promoted.last_mut() {
+            Some((last, gpus)) if last.name == recipe.name => gpus.push(gpu),
+            _ => promoted.push((recipe, vec![gpu])),
+        }
+    }
+    promoted
+}
+
+/// The promote job (issue 24): one leg per recipe with GPUs, after every verify leg ran.
+/// `cudastack promote` refuses unless the pinned image has a passing verification for each
+/// GPU type given, so it only tags what every GPU type of the recipe passed on, and one
+/// recipe's failure does not hold back another's promotion.
+fn promote_job(out: &mut String, recipes: &[WorkflowRecipe]) {
+    let promoted = promote_gpus(recipes);
+    if promoted.is_empty() {
+        return;
+    }
+    let _ = write!(
+        out,
+        r#"
+  promote:
+    name: promote ${{{{ matrix.recipe }}}}
+    needs: [build, verify]
+    if: ${{{{ !cancelled() && (github.event_name != 'workflow_dispatch' || inputs.verify) }}}}
+    runs-on: ubuntu-24.04
+    timeout-minutes: 15
+    strategy:
+      fail-fast: false
+      matrix:
+        include:
+"#,
+    );
+    for (recipe, gpus) in &promoted {
+        let _ = writeln!(
+            out,
+            "          - {{ recipe: {}, gpus: {} }}",
+            q(&recipe.name),
+            q(&gpus.join("\n")),
+        );
+    }
+    let _ = write!(
+        out,
+        r#"    env:
+      RECIPE: ${{{{ matrix.recipe }}}}
+      # One GPU type per line: each needs a passing verification of the pinned image.
+      REQUIRE_GPUS: ${{{{ matrix.gpus }}}}
+{CREDENTIALS_ENV}    steps:
+{INSTALL_STEP}      - uses: {DOWNLOAD}
+        with:
+          name: pinned-${{{{ matrix.recipe }}}}
+          path: pinned
+      - name: Promote to the matrix tag
+        run: |
+          . pinned/image.env
+          args=()
+          while IFS= read -r gpu; do
+            if [ -n "$gpu" ]; then
+              args+=(--require-gpu "$gpu")
+            fi
+          done <<< "$REQUIRE_GPUS"
+          cudastack promote "$IMAGE_REPOSITORY@$IMAGE_DIGEST" --to "$IMAGE_TAG" "${{args[@]}}"
+          echo "promoted \`$IMAGE_REPOSITORY@$IMAGE_DIGEST\` to \`$IMAGE_REPOSITORY:$IMAGE_TAG\`" >> "$GITHUB_STEP_SUMMARY"
+"#,
     );
 }
 
@@ -643,23 +738,21 @@ defaults:
   run:
     shell: bash
 
+{env}
 jobs:
   relock:
     runs-on: ubuntu-24.04
     timeout-minutes: 60
     steps:
       - uses: {CHECKOUT}
-      - uses: {RUST_TOOLCHAIN}
-      - uses: {RUST_CACHE}
-      - run: cargo build --release --locked
-      # One recipe failing (an index unreachable) must not hide the others' changes: all are
+{INSTALL_STEP}      # One recipe failing (an index unreachable) must not hide the others' changes: all are
       # tried, the pull request carries what changed, and the job fails afterwards.
       - name: Re-lock every recipe
         id: lock
         run: |
           failed=""
           for recipe in{files}; do
-            if ! target/release/cudastack lock "$recipe"; then
+            if ! cudastack lock "$recipe"; then
               failed="$failed $recipe"
             fi
           done
@@ -689,6 +782,11 @@ jobs:
           exit 1
 "#,
         files = files.concat(),
+        env = {
+            let mut env = String::new();
+            release_env(&mut env, options);
+            env
+        },
     );
     out
 }
@@ -741,42 +839,91 @@ mod tests {
     #[test]
     fn one_build_per_recipe_one_verify_per_gpu_label() {
         let text = publish_workflow(&recipes(), &WorkflowOptions::default());
-        assert_eq!(text.matches("{ recipe: ").count(), 2 + 2, "{text}");
+        // Builds 2, verify legs 2, promote legs 1.
+        assert_eq!(text.matches("{ recipe: ").count(), 2 + 2 + 1, "{text}");
         assert!(text.contains(
-            r#"- { recipe: "torch2.4.1-cu121-py3.11", gpu: "RTX 4090", runner: "gpu-rtx-4090", arch: "x64", tool: "cudastack" }"#
+            r#"- { recipe: "torch2.4.1-cu121-py3.11", gpu: "RTX 4090", runner: "gpu-rtx-4090", arch: "x64" }"#
         ));
-        // No Grace GPU: no arm64 tool build.
-        assert!(!text.contains("tool-arm64"), "{text}");
         // "RTX 4090" and "rtx-4090" are one runner label: one job, not two.
         assert_eq!(text.matches(r#"runner: "gpu-rtx-4090""#).count(), 1);
         assert!(text.contains("ghcr.io/${GITHUB_REPOSITORY_OWNER}"));
         assert!(text.contains("hashFiles(matrix.lock)"));
-        // Both native probes are built once and land where the build's cudastack looks:
-        // `../probe` relative to its binary in `$RUNNER_TEMP/cudastack-bin`.
-        assert!(text.contains("  probe:\n"), "{text}");
-        assert!(text.contains("needs: [tool, probe]"), "{text}");
-        assert!(text.contains("run: sudo scripts/build-probe.sh --foreign"));
-        assert!(text.contains("name: cudastack-probe\n          path: ${{ runner.temp }}/probe\n"));
-        assert!(text.contains("path: ${{ runner.temp }}/cudastack-bin\n"));
     }
 
-    /// A GH200 (Grace: an Arm host) is verified on an arm64 runner with an aarch64 cudastack
-    /// built on GitHub's hosted Arm runner; the x64 legs keep the x64 tool.
+    /// Issue 24: the jobs install a released cudastack (checked against the release's
+    /// SHA256SUMS) instead of compiling it, so nothing needs cudastack's source.
+    #[test]
+    fn jobs_install_a_released_cudastack_and_never_compile_it() {
+        for text in [
+            publish_workflow(&recipes(), &WorkflowOptions::default()),
+            relock_workflow(&recipes(), &WorkflowOptions::default()),
+        ] {
+            for compiled in [
+                "cargo ",
+                "rust-toolchain",
+                "rust-cache",
+                "scripts/",
+                "target/release",
+                "target/probe",
+            ] {
+                assert!(!text.contains(compiled), "`{compiled}` in\n{text}");
+            }
+            let version = format!("  CUDASTACK_VERSION: \"{}\"\n", env!("CARGO_PKG_VERSION"));
+            assert!(text.contains(&version), "{text}");
+            assert!(text.contains(&format!("  CUDASTACK_RELEASE_URL: \"{RELEASE_URL}\"\n")));
+            assert!(text.contains("  CUDASTACK_SHA256SUMS: \"\"\n"), "{text}");
+        }
+        let publish = publish_workflow(&recipes(), &WorkflowOptions::default());
+        // Every job installs it: build, verify, promote.
+        assert_eq!(publish.matches("- name: Install cudastack\n").count(), 3);
+        assert!(!publish.contains("needs: [tool"), "{publish}");
+
+        let pinned = WorkflowOptions {
+            cudastack_version: "1.2.3".into(),
+            release_url: Some("https://mirror.example.com/cudastack".into()),
+            sha256sums: Some("ab".repeat(32)),
+            ..WorkflowOptions::default()
+        };
+        let text = publish_workflow(&recipes(), &pinned);
+        assert!(text.contains("  CUDASTACK_VERSION: \"1.2.3\"\n"), "{text}");
+        assert!(
+            text.contains("  CUDASTACK_RELEASE_URL: \"https://mirror.example.com/cudastack\"\n")
+        );
+        assert!(text.contains(&format!(
+            "  CUDASTACK_SHA256SUMS: \"{}\"\n",
+            "ab".repeat(32)
+        )));
+    }
+
+    /// Issue 24: after the verify legs, each recipe with GPUs is promoted to its matrix tag
+    /// by `cudastack promote REF --require-gpu CLASS...`, one flag per verified GPU type.
+    #[test]
+    fn each_recipe_with_gpus_is_promoted_after_its_verification() {
+        let text = publish_workflow(&recipes(), &WorkflowOptions::default());
+        let promote = &text[text.find("\n  promote:\n").expect("a promote job")..];
+        assert!(promote.contains("needs: [build, verify]"), "{promote}");
+        assert!(
+            promote.contains(r#"- { recipe: "torch2.4.1-cu121-py3.11", gpus: "A100\nRTX 4090" }"#),
+            "{promote}"
+        );
+        assert!(!promote.contains("cuda-only"), "{promote}");
+        assert!(promote.contains(
+            r#"cudastack promote "$IMAGE_REPOSITORY@$IMAGE_DIGEST" --to "$IMAGE_TAG" "${args[@]}""#
+        ));
+        assert!(promote.contains(r#"args+=(--require-gpu "$gpu")"#));
+    }
+
+    /// A GH200 (Grace: an Arm host) is verified on an arm64 runner, which installs the
+    /// aarch64 release; the x64 legs run on x64 runners.
     #[test]
     fn grace_gpus_are_verified_on_arm64_runners() {
         let mut with_grace = recipes();
         with_grace[0].gpus.push("GH200".into());
         let text = publish_workflow(&with_grace, &WorkflowOptions::default());
-        assert!(text.contains("\n  tool-arm64:\n"), "{text}");
-        assert!(text.contains("runs-on: ubuntu-24.04-arm"), "{text}");
-        assert!(text.contains("needs: [build, tool-arm64]"), "{text}");
-        assert!(text.contains(
-            r#"gpu: "GH200", runner: "gpu-gh200", arch: "arm64", tool: "cudastack-arm64" }"#
-        ));
-        assert!(
-            text.contains(r#"gpu: "A100", runner: "gpu-a100", arch: "x64", tool: "cudastack" }"#)
-        );
-        assert!(text.contains("name: ${{ matrix.tool }}"), "{text}");
+        assert!(text.contains("needs: build\n"), "{text}");
+        assert!(text.contains(r#"gpu: "GH200", runner: "gpu-gh200", arch: "arm64" }"#));
+        assert!(text.contains(r#"gpu: "A100", runner: "gpu-a100", arch: "x64" }"#));
+        assert!(text.contains("aarch64 | arm64) target=aarch64-unknown-linux-musl"));
     }
 
     #[test]
@@ -795,6 +942,13 @@ mod tests {
             WorkflowOptions::default(),
             WorkflowOptions {
                 registry: Some("registry.example.com:5000/ml".into()),
+                ..WorkflowOptions::default()
+            },
+            WorkflowOptions {
+                registry: None,
+                cudastack_version: "0.2.0-rc.1".into(),
+                release_url: Some("https://mirror.example.com/cudastack".into()),
+                sha256sums: Some("0f".repeat(32)),
             },
         ] {
             for file in generate_for(&recipes(), &options).unwrap() {
@@ -813,9 +967,34 @@ mod tests {
     fn bad_registries_and_empty_recipe_sets_are_refused() {
         let options = WorkflowOptions {
             registry: Some("GHCR.io/Acme".into()),
+            ..WorkflowOptions::default()
         };
         let error = generate_for(&recipes(), &options).unwrap_err().to_string();
         assert!(error.contains("GHCR.io/Acme"), "{error}");
+        for bad in [
+            WorkflowOptions {
+                cudastack_version: "latest; rm -rf /".into(),
+                ..WorkflowOptions::default()
+            },
+            WorkflowOptions {
+                release_url: Some("ftp://mirror.example.com".into()),
+                ..WorkflowOptions::default()
+            },
+            WorkflowOptions {
+                release_url: Some("https://mirror.example.com/".into()),
+                ..WorkflowOptions::default()
+            },
+            WorkflowOptions {
+                sha256sums: Some("ABC".into()),
+                ..WorkflowOptions::default()
+            },
+        ] {
+            let error = generate_for(&recipes(), &bad).unwrap_err().to_string();
+            assert!(
+                error.contains("such as") || error.contains("hex"),
+                "{error}"
+            );
+        }
         assert!(generate_for(&[], &WorkflowOptions::default()).is_err());
     }
 

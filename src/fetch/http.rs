@@ -208,9 +208,27 @@ pub struct HttpClient {
     permits: Arc<Semaphore>,
 }
 
+/// A reqwest client builder that trusts the system's CA certificates, or, on a system
+/// without any (a bare container: `debian:bookworm-slim` has no ca-certificates, and the
+/// static release binary is meant to run there), the Mozilla roots compiled into cudastack
+/// (webpki-root-certs). Without this, building the client fails with "No CA certificates
+/// were loaded from the system" before any request, even to a plain-http index (issue 24).
+/// `SSL_CERT_FILE` / `SSL_CERT_DIR` still choose the system store, as in rustls-native-certs.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    let builder = reqwest::Client::builder();
+    if rustls_native_certs::load_native_certs().certs.is_empty() {
+        let bundled = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+            .iter()
+            .filter_map(|der| reqwest::Certificate::from_der(der.as_ref()).ok());
+        builder.tls_certs_merge(bundled)
+    } else {
+        builder
+    }
+}
+
 impl HttpClient {
     pub fn new(config: HttpConfig) -> Result<Self, HttpError> {
-        let client = reqwest::Client::builder()
+        let client = client_builder()
             .user_agent(config.user_agent)
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.read_timeout)

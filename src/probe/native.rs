@@ -85,7 +85,7 @@ fn locate_in(dirs: &[PathBuf], cuda_major: u32, machine: Machine) -> Result<Nati
         }
     }
     Err(format!(
-        "no `{name}` in {} (scripts/build-probe.sh, run by scripts/setup.sh, builds it; or set CUDASTACK_PROBE_DIR)",
+        "no `{name}` in {} (a release archive has it in probe/ beside bin/; in a checkout scripts/build-probe.sh, run by scripts/setup.sh, builds it; or set CUDASTACK_PROBE_DIR)",
         dirs.iter()
             .map(|d| d.display().to_string())
             .collect::<Vec<_>>()

@@ -238,7 +238,7 @@ impl RegistryClient {
                 detail: e.to_string(),
             }
         })?;
-        let http = reqwest::Client::builder()
+        let http = crate::fetch::http::client_builder()
             .user_agent(format!("cudastack/{}", env!("CARGO_PKG_VERSION")))
             .connect_timeout(options.connect_timeout)
             .read_timeout(options.read_timeout)
