@@ -51,8 +51,9 @@ Examples:
 
 pub const REFRESH: &str = "\
 Examples:
-  # Read the torch releases since 2.0.0 from PyPI into the cache; every command then uses
-  # them (delete ~/.cache/cudastack/matrix/torch-pypi.json to go back to the built-in one)
+  # Read the torch releases since 2.0.0 from PyPI into the cache; every command
+  # then uses them (delete ~/.cache/cudastack/matrix/torch-pypi.json to go back
+  # to the matrix built into cudastack)
   cudastack matrix refresh
   # Contributors: regenerate the data compiled into cudastack, in a checkout
   cudastack matrix refresh --output data/torch-pypi.json";
@@ -64,7 +65,7 @@ Examples:
   # In CI: fail when the committed workflows are not what the recipes give
   cudastack ci emit --registry ghcr.io/acme --check
   # Jobs install cudastack 0.1.0 from a mirror of the project's releases
-  cudastack ci emit --cudastack-version 0.1.0 --release-url https://mirror.example.com/cudastack";
+  cudastack ci emit --cudastack-version 0.1.0 --release-url https://mirror.example/cs";
 
 pub const CI_EMIT: &str = CI;
 
