@@ -65,7 +65,7 @@ Examples:
   # In CI: fail when the committed workflows are not what the recipes give
   cudastack ci emit --registry ghcr.io/acme --check
   # Jobs install cudastack 0.1.0 from a mirror of the project's releases
-  cudastack ci emit --cudastack-version 0.1.0 --release-url https://mirror.example/cs";
+  cudastack ci emit --cudastack-version 0.1.0 --release-url https://m.acme.dev";
 
 pub const CI_EMIT: &str = CI;
 
