@@ -73,8 +73,8 @@ pub const SOLVE: &str = "\
 Examples:
   # What runs on a node with driver 535 and RTX 3090s
   cudastack solve --driver 535.104.05 --gpu \"RTX 3090\"
-  # The newest 2.4 build for an H100 on Python 3.11, as a recipe file
-  cudastack solve --driver 550.54.15 --gpu H100 --torch 2.4 --python 3.11 --write my-stack.yaml";
+  # The newest torch 2.4 build for an H100, as a recipe file to lock and build
+  cudastack solve --driver 550.54.15 --gpu H100 --torch 2.4 --write h100.yaml";
 
 pub const INSPECT: &str = "\
 Examples:
