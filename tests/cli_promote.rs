@@ -174,3 +174,117 @@ async fn promote_tags_only_what_passed_on_every_required_class() {
         index_digest
     );
 }
+
+/// The generated publish workflow verifies each GPU type in its own job, and each pushes its
+/// own verified copy (`TAG-verified-gpu-…`): `promote --verified` reads them all, refuses
+/// while a required class is missing from them, and else merges their matrices into one
+/// verified image tagged TAG and TAG-verified.
+#[tokio::test(flavor = "multi_thread")]
+async fn promote_merges_the_verified_copies_each_gpu_job_pushed() {
+    let Some(fixture) = Fixture::start().await else {
+        return;
+    };
+    let client = fixture.client();
+    let plain = fixture.reference.clone();
+    let bytes = client.get_manifest(&plain).await.unwrap();
+    // Two tags of the same build, so each recording makes a verified copy of its own.
+    let per_gpu = |gpu: &str| plain.with_tag(&format!("2.4.1-gpu-{gpu}")).unwrap();
+    for (gpu, name, cc) in [
+        ("h100", "NVIDIA H100 80GB HBM3", "9.0"),
+        ("a100", "NVIDIA A100-SXM4-80GB", "8.0"),
+    ] {
+        client
+            .put_manifest(&per_gpu(gpu), &bytes.media_type, bytes.bytes.clone())
+            .await
+            .unwrap();
+        let log = fixture.write_log(
+            &format!("{gpu}.log"),
+            &job_log(
+                &format!("cudastack-image-v1 {}", plain.with_digest(fixture.digest)),
+                &gpu_report(name, cc, None),
+            ),
+        );
+        let output = cudastack()
+            .args([
+                "verify",
+                &per_gpu(gpu).pinned(fixture.digest).to_string(),
+                "--from-log",
+            ])
+            .arg(&log)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", text(&output));
+    }
+    let verified = |gpu: &str| {
+        per_gpu(gpu)
+            .with_tag(&format!("2.4.1-gpu-{gpu}-verified"))
+            .unwrap()
+    };
+    let by_digest = plain.with_digest(fixture.digest).to_string();
+
+    // Only the H100 copy given: A100 is missing, nothing tagged.
+    let output = promote(&[
+        &by_digest,
+        "--to",
+        "2.4.1",
+        "--verified",
+        &verified("h100").to_string(),
+        "--require-gpu",
+        "h100,a100",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert!(
+        text(&output).contains("A100 (sm_80): missing"),
+        "{}",
+        text(&output)
+    );
+    assert_eq!(
+        client.get_manifest(&plain).await.unwrap().digest,
+        fixture.digest
+    );
+
+    // Both: one verified image with both rows, tagged 2.4.1 and 2.4.1-verified.
+    let output = promote(&[
+        &by_digest,
+        "--to",
+        "2.4.1",
+        "--verified",
+        &verified("h100").to_string(),
+        "--verified",
+        &verified("a100").to_string(),
+        "--require-gpu",
+        "h100,a100",
+    ]);
+    assert!(output.status.success(), "{}", text(&output));
+    let promoted = client.get_manifest(&plain).await.unwrap();
+    let also = client
+        .get_manifest(&plain.with_tag("2.4.1-verified").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(promoted.digest, also.digest);
+    assert_ne!(promoted.digest, fixture.digest);
+    let manifest: serde_json::Value = serde_json::from_slice(&promoted.bytes).unwrap();
+    let original: serde_json::Value = serde_json::from_slice(&bytes.bytes).unwrap();
+    assert_eq!(
+        manifest["layers"], original["layers"],
+        "same layers, new config"
+    );
+    let config_digest: cudastack::digest::Digest = manifest["config"]["digest"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let config = client
+        .get_blob_bytes(plain.repository(), &config_digest, 1 << 20)
+        .await
+        .unwrap();
+    let config: serde_json::Value = serde_json::from_slice(&config).unwrap();
+    let rows: Vec<serde_json::Value> = serde_json::from_str(
+        config["config"]["Labels"][cudastack::verify::record::LABEL_MATRIX]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let gpus: Vec<&str> = rows.iter().map(|r| r["gpu"].as_str().unwrap()).collect();
+    assert_eq!(gpus, ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"]);
+}

@@ -28,6 +28,11 @@ pub struct PromoteArgs {
     /// The tag to give the verified image (default: IMAGE's tag without `-verified`).
     #[arg(long, value_name = "TAG")]
     pub to: Option<String>,
+    /// A verified image to read, when each GPU type's verification pushed its own
+    /// (`repo:2.4.1-verified-gpu-a100`); repeatable. Several are merged into one verified
+    /// image with every row, tagged TAG and TAG-verified. Default: IMAGE's `-verified` tag.
+    #[arg(long = "verified", value_name = "REF")]
+    pub verified: Vec<String>,
     /// Check the evidence and print what would be tagged; tag nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -42,6 +47,11 @@ pub fn run(args: PromoteArgs, printer: &Printer) -> CommandResult {
         require: args.require_gpu.clone(),
         to: args.to.clone(),
         dry_run: args.dry_run,
+        verified: args
+            .verified
+            .iter()
+            .map(|r| r.parse())
+            .collect::<Result<_, _>>()?,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -633,14 +633,14 @@ fn verify_steps(out: &mut String) {
     );
 }
 
-/// The GPU types a recipe's image must have passed on to be promoted: one per verify leg
-/// (one per runner label), as the recipe names them.
-fn promote_gpus(recipes: &[WorkflowRecipe]) -> Vec<(&WorkflowRecipe, Vec<&str>)> {
-    let mut promoted: Vec<(&WorkflowRecipe, Vec<&str>)> = Vec::new();
-    for (recipe, gpu, _) in verify_legs(recipes) {
+/// The GPU types a recipe's image must have passed on to be promoted, with the runner label
+/// of each one's verify leg (whose job pushed `TAG-verified-LABEL`), as the recipe names them.
+fn promote_gpus(recipes: &[WorkflowRecipe]) -> Vec<(&WorkflowRecipe, Vec<(&str, String)>)> {
+    let mut promoted: Vec<(&WorkflowRecipe, Vec<(&str, String)>)> = Vec::new();
+    for (recipe, gpu, label) in verify_legs(recipes) {
         match promoted.last_mut() {
-            Some((last, gpus)) if last.name == recipe.name => gpus.push(gpu),
-            _ => promoted.push((recipe, vec![gpu])),
+            Some((last, gpus)) if last.name == recipe.name => gpus.push((gpu, label)),
+            _ => promoted.push((recipe, vec![(gpu, label)])),
         }
     }
     promoted
@@ -671,11 +671,14 @@ fn promote_job(out: &mut String, recipes: &[WorkflowRecipe]) {
 "#,
     );
     for (recipe, gpus) in &promoted {
+        let names: Vec<&str> = gpus.iter().map(|(gpu, _)| *gpu).collect();
+        let labels: Vec<&str> = gpus.iter().map(|(_, label)| label.as_str()).collect();
         let _ = writeln!(
             out,
-            "          - {{ recipe: {}, gpus: {} }}",
+            "          - {{ recipe: {}, gpus: {}, runners: {} }}",
             q(&recipe.name),
-            q(&gpus.join("\n")),
+            q(&names.join("\n")),
+            q(&labels.join("\n")),
         );
     }
     let _ = write!(
@@ -684,6 +687,8 @@ fn promote_job(out: &mut String, recipes: &[WorkflowRecipe]) {
       RECIPE: ${{{{ matrix.recipe }}}}
       # One GPU type per line: each needs a passing verification of the pinned image.
       REQUIRE_GPUS: ${{{{ matrix.gpus }}}}
+      # The runner label of each verify leg: its job pushed TAG-verified-LABEL.
+      VERIFY_RUNNERS: ${{{{ matrix.runners }}}}
 {CREDENTIALS_ENV}    steps:
 {INSTALL_STEP}      - uses: {DOWNLOAD}
         with:
@@ -698,6 +703,12 @@ fn promote_job(out: &mut String, recipes: &[WorkflowRecipe]) {
               args+=(--require-gpu "$gpu")
             fi
           done <<< "$REQUIRE_GPUS"
+          # Each GPU type's verify job pushed its own verified copy; promote merges them.
+          while IFS= read -r runner; do
+            if [ -n "$runner" ]; then
+              args+=(--verified "$IMAGE_REPOSITORY:$IMAGE_TAG-verified-$runner")
+            fi
+          done <<< "$VERIFY_RUNNERS"
           cudastack promote "$IMAGE_REPOSITORY@$IMAGE_DIGEST" --to "$IMAGE_TAG" "${{args[@]}}"
           echo "promoted \`$IMAGE_REPOSITORY@$IMAGE_DIGEST\` to \`$IMAGE_REPOSITORY:$IMAGE_TAG\`" >> "$GITHUB_STEP_SUMMARY"
 "#,
@@ -903,7 +914,7 @@ mod tests {
         let promote = &text[text.find("\n  promote:\n").expect("a promote job")..];
         assert!(promote.contains("needs: [build, verify]"), "{promote}");
         assert!(
-            promote.contains(r#"- { recipe: "torch2.4.1-cu121-py3.11", gpus: "A100\nRTX 4090" }"#),
+            promote.contains(r#"- { recipe: "torch2.4.1-cu121-py3.11", gpus: "A100\nRTX 4090", runners: "gpu-a100\ngpu-rtx-4090" }"#),
             "{promote}"
         );
         assert!(!promote.contains("cuda-only"), "{promote}");
@@ -911,6 +922,10 @@ mod tests {
             r#"cudastack promote "$IMAGE_REPOSITORY@$IMAGE_DIGEST" --to "$IMAGE_TAG" "${args[@]}""#
         ));
         assert!(promote.contains(r#"args+=(--require-gpu "$gpu")"#));
+        // The verified copies the verify legs pushed, by the tag their push step names.
+        assert!(promote
+            .contains(r#"args+=(--verified "$IMAGE_REPOSITORY:$IMAGE_TAG-verified-$runner")"#));
+        assert!(text.contains(r#""$IMAGE_REPOSITORY:$IMAGE_TAG-verified-$RUNNER_LABEL""#));
     }
 
     /// A GH200 (Grace: an Arm host) is verified on an arm64 runner, which installs the

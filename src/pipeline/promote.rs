@@ -19,7 +19,9 @@ use crate::matrix::solve::{SolveError, SolveQuery, TargetGpu};
 use crate::matrix::Matrix;
 use crate::registry::referrers::list_referrers;
 use crate::registry::{ClientOptions, Manifest, Reference, RegistryClient, RegistryError};
-use crate::verify::record::{config_labels, VerifiedOn, LABEL_MATRIX};
+use crate::verify::record::{
+    config_labels, verified_documents, verified_labels, VerifiedOn, LABEL_MATRIX,
+};
 use crate::verify::report::{Report, ReportError, Verdict};
 use crate::verify::REPORT_ARTIFACT_TYPE;
 
@@ -35,6 +37,11 @@ pub struct PromoteSettings {
     pub to: Option<String>,
     /// Decide and say what would be done; tag nothing.
     pub dry_run: bool,
+    /// The verified images to read when each GPU type's verification pushed its own
+    /// (`repo:T-verified-gpu-a100`, as the generated publish workflow does); empty: the
+    /// `-verified` tag of REF. Several are merged into one verified image whose matrix has
+    /// every row, tagged with the plain tag and `-verified`.
+    pub verified: Vec<Reference>,
 }
 
 /// Where one required GPU class stands.
@@ -95,6 +102,10 @@ pub enum PromoteError {
         to: String,
         problems: Vec<String>,
     },
+    #[error("`{first}` and `{other}` are verified copies of different images (their layers differ); promote merges the verifications of one image\n  hint: give --verified only the tags the verification jobs of this build pushed")]
+    DifferentImages { first: String, other: String },
+    #[error("cannot merge the verified matrices into `{reference}`'s config: {detail}")]
+    Merge { reference: String, detail: String },
     #[error(transparent)]
     Gpu(#[from] SolveError),
     #[error(transparent)]
@@ -139,54 +150,145 @@ pub async fn promote(
         .iter()
         .map(|class| SolveQuery::gpu(matrix, class))
         .collect::<Result<_, _>>()?;
-    let (verified_ref, plain) = names(reference, settings.to.as_deref())?;
-    let client = RegistryClient::new(reference, client_options)?;
-    let verified = match client.get_manifest(&verified_ref).await {
-        Ok(manifest) if manifest.is_index() => {
-            return Err(PromoteError::Index {
-                reference: verified_ref.to_string(),
-            })
-        }
-        Ok(manifest) => manifest,
-        Err(RegistryError::ManifestNotFound { .. }) => {
-            return Err(PromoteError::NoVerifiedImage {
-                verified: verified_ref.to_string(),
-                image: plain.to_string(),
-            })
-        }
-        Err(error) => return Err(error.into()),
+    let (derived, plain) = names(reference, settings.to.as_deref())?;
+    let sources = match settings.verified.is_empty() {
+        true => vec![derived],
+        false => settings.verified.clone(),
     };
-    let rows = verified_rows(&client, &verified_ref, &verified).await?;
-    let reports = evidence(&client, &verified_ref, &plain, &verified).await?;
+    let client = RegistryClient::new(reference, client_options)?;
+    let mut images = Vec::new();
+    for source in sources {
+        let manifest = verified_manifest(&client, &source, &plain).await?;
+        images.push((source, manifest));
+    }
+    let (first_ref, first) = &images[0];
+    if let Some((other, _)) = images
+        .iter()
+        .find(|(_, m)| m.digest != first.digest && !same_layers(m, first))
+    {
+        return Err(PromoteError::DifferentImages {
+            first: first_ref.to_string(),
+            other: other.to_string(),
+        });
+    }
+    let mut rows = Vec::new();
+    for (source, manifest) in &images {
+        rows.push(verified_rows(&client, source, manifest).await?);
+    }
+    let reports = evidence(&client, &images, &plain).await?;
+    let all_rows: Vec<VerifiedOn> = rows.iter().flatten().cloned().collect();
     let classes: Vec<ClassCheck> = required
         .iter()
         .map(|class| ClassCheck {
             class: class.label(),
-            status: class_status(matrix, class, &rows, &reports),
+            status: class_status(matrix, class, &all_rows, &reports),
         })
         .collect();
-    let pinned = |r: &Reference| r.pinned(verified.digest).to_string();
+    let verified_name = match images.len() {
+        1 => first_ref.pinned(first.digest).to_string(),
+        _ => images
+            .iter()
+            .map(|(r, m)| r.pinned(m.digest).to_string())
+            .collect::<Vec<_>>()
+            .join(" + "),
+    };
     let problems: Vec<String> = classes.iter().filter_map(describe_problem).collect();
     if !problems.is_empty() {
         return Err(PromoteError::Refused {
-            verified: pinned(&verified_ref),
+            verified: verified_name,
             to: plain.to_string(),
             problems,
         });
     }
+    // One verified image is tagged as it is; several become one whose matrix has every row.
+    let (media_type, bytes) = match images.len() {
+        1 => (first.media_type.clone(), first.bytes.clone()),
+        _ => {
+            let merged = merged_documents(&client, first_ref, first, rows).await?;
+            if !settings.dry_run {
+                client
+                    .put_blob_bytes(first_ref.repository(), merged.0)
+                    .await?;
+            }
+            (first.media_type.clone(), merged.1)
+        }
+    };
+    let digest = Digest::of_bytes(&bytes);
+    let mut targets = vec![plain.clone()];
+    if images.len() > 1 {
+        if let Some(tag) = plain.tag() {
+            targets.push(plain.with_tag(&format!("{tag}-verified"))?);
+        }
+    }
     if !settings.dry_run {
-        client
-            .put_manifest(&plain, &verified.media_type, verified.bytes.clone())
-            .await?;
-        progress.status(&format!("tagged {} as {plain}", verified.digest));
+        for target in &targets {
+            client
+                .put_manifest(target, &media_type, bytes.clone())
+                .await?;
+            progress.status(&format!("tagged {digest} as {target}"));
+        }
     }
     Ok(Promotion {
-        verified: pinned(&verified_ref),
-        digest: verified.digest,
-        to: pinned(&plain),
+        verified: verified_name,
+        digest,
+        to: plain.pinned(digest).to_string(),
         classes,
         tagged: !settings.dry_run,
     })
+}
+
+/// The verified image `source` names (not an index); a missing one says how to make it.
+async fn verified_manifest(
+    client: &RegistryClient,
+    source: &Reference,
+    plain: &Reference,
+) -> Result<Manifest, PromoteError> {
+    match client.get_manifest(source).await {
+        Ok(manifest) if manifest.is_index() => Err(PromoteError::Index {
+            reference: source.to_string(),
+        }),
+        Ok(manifest) => Ok(manifest),
+        Err(RegistryError::ManifestNotFound { .. }) => Err(PromoteError::NoVerifiedImage {
+            verified: source.to_string(),
+            image: plain.to_string(),
+        }),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The config and manifest of one verified image with the rows of all of them: the first
+/// image's config, its verified matrix extended by the others' rows.
+async fn merged_documents(
+    client: &RegistryClient,
+    reference: &Reference,
+    manifest: &Manifest,
+    rows: Vec<Vec<VerifiedOn>>,
+) -> Result<(bytes::Bytes, bytes::Bytes), PromoteError> {
+    let not_verified = || PromoteError::NotVerified {
+        reference: reference.to_string(),
+    };
+    let value: serde_json::Value =
+        serde_json::from_slice(&manifest.bytes).map_err(|_| not_verified())?;
+    let config_digest: Digest = value["config"]["digest"]
+        .as_str()
+        .unwrap_or_default()
+        .parse()
+        .map_err(|_| not_verified())?;
+    let config = client
+        .get_blob_bytes(reference.repository(), &config_digest, 16 << 20)
+        .await?;
+    let config_json: serde_json::Value =
+        serde_json::from_slice(&config).map_err(|_| not_verified())?;
+    let mut labels = config_labels(&config_json);
+    let others: Vec<VerifiedOn> = rows.into_iter().skip(1).flatten().collect();
+    let merged = verified_labels(&labels, others);
+    labels.extend(merged);
+    let (config_bytes, manifest_bytes) = verified_documents(&manifest.bytes, &config, &labels)
+        .map_err(|e| PromoteError::Merge {
+            reference: reference.to_string(),
+            detail: e.to_string(),
+        })?;
+    Ok((config_bytes.into(), manifest_bytes.into()))
 }
 
 /// The verified image's reference and the tag it is promoted to: `repo:T-verified` and
@@ -235,30 +337,31 @@ async fn verified_rows(
     serde_json::from_str(matrix).map_err(|_| not_verified())
 }
 
-/// Every verification report stored as a referrer of the verified image, or of the image
-/// it was recorded from (the plain tag, while that is an unverified copy of the same
+/// Every verification report stored as a referrer of the verified images, or of the image
+/// they were recorded from (the plain tag, while that is an unverified copy of the same
 /// layers).
 async fn evidence(
     client: &RegistryClient,
-    verified_ref: &Reference,
+    images: &[(Reference, Manifest)],
     plain: &Reference,
-    verified: &Manifest,
 ) -> Result<Vec<Report>, PromoteError> {
-    let mut subjects = vec![verified.digest];
+    let (first_ref, first) = &images[0];
+    let mut subjects: Vec<Digest> = images.iter().map(|(_, m)| m.digest).collect();
     match client.get_manifest(plain).await {
         Ok(original) if original.is_index() => {
             return Err(PromoteError::IndexTag {
                 to: plain.to_string(),
             })
         }
-        Ok(original) if same_layers(&original, verified) => subjects.push(original.digest),
+        Ok(original) if same_layers(&original, first) => subjects.push(original.digest),
         Ok(_) | Err(RegistryError::ManifestNotFound { .. }) => {}
         Err(error) => return Err(error.into()),
     }
+    subjects.dedup();
     let mut seen = BTreeSet::new();
     let mut reports = Vec::new();
     for subject in subjects {
-        for descriptor in list_referrers(client, verified_ref, &subject).await? {
+        for descriptor in list_referrers(client, first_ref, &subject).await? {
             let digest = descriptor["digest"]
                 .as_str()
                 .unwrap_or_default()
@@ -266,7 +369,7 @@ async fn evidence(
             if descriptor["artifactType"] != REPORT_ARTIFACT_TYPE || !seen.insert(digest.clone()) {
                 continue;
             }
-            reports.push(read_report(client, verified_ref, &digest).await?);
+            reports.push(read_report(client, first_ref, &digest).await?);
         }
     }
     Ok(reports)
