@@ -88,7 +88,7 @@ pub fn as_user(program: &Path) -> Command {
 }
 
 /// The layer digests of the image in `layout` (one platform).
-fn layer_digests(layout: &Path) -> Vec<String> {
+pub fn layer_digests(layout: &Path) -> Vec<String> {
     let read_json = |path: PathBuf| -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
     };
@@ -103,7 +103,7 @@ fn layer_digests(layout: &Path) -> Vec<String> {
         .collect()
 }
 
-fn blob(layout: &Path, digest: &str) -> PathBuf {
+pub fn blob(layout: &Path, digest: &str) -> PathBuf {
     layout
         .join("blobs/sha256")
         .join(digest.trim_start_matches("sha256:"))
@@ -143,7 +143,7 @@ fn listing(path: &Path) -> BTreeMap<String, String> {
 }
 
 /// The entries in which two layers differ, one line each.
-fn differences(left: &Path, right: &Path) -> Vec<String> {
+pub fn differences(left: &Path, right: &Path) -> Vec<String> {
     let (left, right) = (listing(left), listing(right));
     let mut lines = Vec::new();
     for (name, l) in &left {

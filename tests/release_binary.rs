@@ -7,6 +7,13 @@
 //! GPU needed). The archive, served with a SHA256SUMS made as release.yml makes it, also
 //! installs through the install step of the emitted workflows.
 //!
+//! Then the build (issue 24's "done means"): in a bookworm container that has only the
+//! release, mmdebstrap, fakechroot and fakeroot (no root, no user namespaces: Docker's
+//! default seccomp profile blocks them), `cudastack build --build-mode fakechroot` of the
+//! stand-in stack of tests/build_rootless.rs, whose layers must equal those of a root
+//! build of the same lock by the same binary on the host. And `doctor` of the static binary
+//! on a host with a driver library says it cannot load it, rather than blaming the driver.
+//!
 //! Heavy: the first run compiles every dependency for musl in release mode (several
 //! minutes; later runs reuse target/). `CUDASTACK_SKIP_E2E` skips it; a missing musl
 //! toolchain, Docker or mmdebstrap goes through the gate (a failure under
@@ -25,6 +32,10 @@ const TARGET: &str = "x86_64-unknown-linux-musl";
 /// [`BUILT_IMAGE`] (Docker Hub is not reachable from every test machine).
 const BOOKWORM_IMAGE: &str = "debian:bookworm-slim";
 const BUILT_IMAGE: &str = "cudastack-test/bookworm-minbase:latest";
+/// A bookworm with what a rootless build needs besides cudastack (made once, kept: 0.3 GB).
+const BUILD_IMAGE: &str = "cudastack-test/bookworm-build:latest";
+/// The packages of [`BUILD_IMAGE`] on top of minbase.
+const BUILD_PACKAGES: &str = "mmdebstrap,fakechroot,fakeroot,ca-certificates";
 /// `nobody` in Debian's base-passwd.
 const USER: &str = "65534:65534";
 
@@ -152,24 +163,32 @@ fn assert_static(binary: &Path) {
 /// A bookworm image: `debian:bookworm-slim` when the daemon has it, else a minbase bookworm
 /// made by mmdebstrap and imported once.
 fn bookworm_image() -> Result<&'static str, Skip> {
-    for image in [BOOKWORM_IMAGE, BUILT_IMAGE] {
-        if have("docker", &["image", "inspect", image]) {
-            return Ok(image);
-        }
+    if have("docker", &["image", "inspect", BOOKWORM_IMAGE]) {
+        return Ok(BOOKWORM_IMAGE);
+    }
+    imported_bookworm(BUILT_IMAGE, None)
+}
+
+/// `name`, made by mmdebstrap (minbase plus `include`) and `docker import`ed when the daemon
+/// does not have it yet.
+fn imported_bookworm(name: &'static str, include: Option<&str>) -> Result<&'static str, Skip> {
+    if have("docker", &["image", "inspect", name]) {
+        return Ok(name);
     }
     if !have("mmdebstrap", &["--version"]) {
         return Err(Skip::missing(
             "mmdebstrap",
-            format!("neither {BOOKWORM_IMAGE} nor mmdebstrap (to make a bookworm image) is here"),
+            format!("neither {name} nor mmdebstrap (to make a bookworm image) is here"),
         ));
     }
     let work = tempfile::tempdir().unwrap();
     let tarball = work.path().join("bookworm.tar");
-    let output = Command::new("mmdebstrap")
-        .args(["--variant=minbase", "--quiet", "bookworm"])
-        .arg(&tarball)
-        .output()
-        .unwrap();
+    let mut command = Command::new("mmdebstrap");
+    command.args(["--variant=minbase", "--quiet"]);
+    if let Some(include) = include {
+        command.arg(format!("--include={include}"));
+    }
+    let output = command.arg("bookworm").arg(&tarball).output().unwrap();
     if !output.status.success() {
         return Err(Skip::missing(
             "debian-mirror",
@@ -179,11 +198,11 @@ fn bookworm_image() -> Result<&'static str, Skip> {
     let import = Command::new("docker")
         .arg("import")
         .arg(&tarball)
-        .arg(BUILT_IMAGE)
+        .arg(name)
         .output()
         .unwrap();
     assert!(import.status.success(), "docker import: {}", text(&import));
-    Ok(BUILT_IMAGE)
+    Ok(name)
 }
 
 /// A fresh container per command: the unpacked release read-only at /opt/cudastack, a
@@ -192,17 +211,26 @@ struct Container<'a> {
     image: &'a str,
     release: &'a Path,
     work: &'a Path,
+    /// Host directories mounted read-only at the same path (a lock's `--mirror`).
+    same_path: Vec<&'a Path>,
 }
 
 impl Container<'_> {
     fn cudastack(&self, args: &[&str]) -> Output {
-        Command::new("docker")
+        let mut command = Command::new("docker");
+        command
             .args(["run", "--rm", "--network", "host", "--user", USER])
             .args(["-e", "HOME=/work", "-w", "/work"])
             .arg("-v")
             .arg(format!("{}:/opt/cudastack:ro", self.release.display()))
             .arg("-v")
-            .arg(format!("{}:/work", self.work.display()))
+            .arg(format!("{}:/work", self.work.display()));
+        for path in &self.same_path {
+            command
+                .arg("-v")
+                .arg(format!("{}:{}:ro", path.display(), path.display()));
+        }
+        command
             .arg(self.image)
             .arg("/opt/cudastack/bin/cudastack")
             .args(args)
@@ -347,9 +375,138 @@ fn static_release_binary_runs_in_a_fresh_bookworm_container() {
         image,
         release: &release.unpacked,
         work: &container_work,
+        same_path: Vec::new(),
     };
     version_step(&container);
     validate_step(&container);
     lock_step(&container);
     check_step(&container);
+    doctor_step(&release.binary(), work.path());
+    match imported_bookworm(BUILD_IMAGE, Some(BUILD_PACKAGES)) {
+        Ok(image) => rootless_build_step(&release, image, work.path()),
+        Err(skip) => skip.report(),
+    }
+}
+
+/// `doctor` of the static binary on a host whose loader path has libcuda.so.1 (a planted
+/// root): a static binary cannot dlopen, so it says the library was not loaded and reads the
+/// driver from /proc, instead of failing the driver (`driver.libcuda_load_failed`).
+fn doctor_step(binary: &Path, work: &Path) {
+    let root = work.join("planted-host");
+    let lib = root.join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::create_dir_all(root.join("proc/driver/nvidia")).unwrap();
+    std::fs::write(
+        root.join("proc/driver/nvidia/version"),
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    std::fs::write(root.join("dev/nvidia0"), "").unwrap();
+    // Any shared library will do: the static binary must not try to load it at all.
+    let any_library = Path::new("/usr/lib/x86_64-linux-gnu/libz.so.1");
+    assert!(any_library.exists(), "zlib1g is part of every Debian");
+    std::fs::copy(any_library, lib.join("libcuda.so.550.54.15")).unwrap();
+    std::os::unix::fs::symlink("libcuda.so.550.54.15", lib.join("libcuda.so.1")).unwrap();
+    std::fs::create_dir_all(root.join("etc/ld.so.conf.d")).unwrap();
+    std::fs::write(
+        root.join("etc/ld.so.conf"),
+        "include /etc/ld.so.conf.d/*.conf\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("etc/ld.so.conf.d/x86_64-linux-gnu.conf"),
+        "/usr/lib/x86_64-linux-gnu\n",
+    )
+    .unwrap();
+    let output = Command::new(binary)
+        .args(["doctor", "--keep-going", "--json", "--root"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    let report = text(&output);
+    assert!(report.contains("driver.libcuda_not_loaded"), "{report}");
+    assert!(!report.contains("driver.libcuda_load_failed"), "{report}");
+}
+
+/// `build --build-mode fakechroot` in the container, as `nobody`, of the stand-in stack
+/// locked against a local mirror; the layers equal a root build's by the same binary.
+fn rootless_build_step(release: &Release, image: &str, work: &Path) {
+    use crate::build_rootless::{blob, differences, layer_digests};
+    use crate::e2e_support::stand_in::{cuda_12_4_wheels, lock, Target};
+    let stack = work.join("stack");
+    let mirror = stack.join("mirror");
+    cuda_12_4_wheels(Target::X86_64, &stack.join("libs"), &mirror);
+    let recipe = stack.join("rootless.yaml");
+    std::fs::write(&recipe, "name: rootless\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000000\n").unwrap();
+    lock(&recipe, &mirror);
+
+    let root_layout = stack.join("layout-root");
+    let output = Command::new(release.binary())
+        .args(["build", "--no-verify", "--quiet", "--mirror"])
+        .arg(&mirror)
+        .arg("--layout")
+        .arg(&root_layout)
+        .arg("--cache-dir")
+        .arg(stack.join("cache-root"))
+        .arg(&recipe)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "root build: {}", text(&output));
+
+    let container_work = work.join("build-work");
+    std::fs::create_dir_all(&container_work).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&container_work, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::copy(&recipe, container_work.join("rootless.yaml")).unwrap();
+    std::fs::copy(
+        stack.join("rootless.lock"),
+        container_work.join("rootless.lock"),
+    )
+    .unwrap();
+    let container = Container {
+        image,
+        release: &release.unpacked,
+        work: &container_work,
+        same_path: vec![&mirror],
+    };
+    let mirror_arg = mirror.to_str().unwrap();
+    let output = container.cudastack(&[
+        "build",
+        "--no-verify",
+        "--build-mode",
+        "fakechroot",
+        "--mirror",
+        mirror_arg,
+        "--layout",
+        "layout",
+        "--cache-dir",
+        "cache",
+        "rootless.yaml",
+    ]);
+    assert!(
+        output.status.success(),
+        "rootless build in the container: {}",
+        text(&output)
+    );
+    let layout = container_work.join("layout");
+    let ours = layer_digests(&layout);
+    let theirs = layer_digests(&root_layout);
+    let mut report = Vec::new();
+    for (index, (ours, theirs)) in ours.iter().zip(&theirs).enumerate() {
+        if ours != theirs {
+            let diff = differences(&blob(&root_layout, theirs), &blob(&layout, ours));
+            report.push(format!(
+                "layer {index}: {} entries differ:\n  {}",
+                diff.len(),
+                diff.join("\n  ")
+            ));
+        }
+    }
+    assert_eq!(ours.len(), theirs.len());
+    assert!(
+        report.is_empty(),
+        "the container's rootless build differs from root's:\n{}",
+        report.join("\n")
+    );
 }

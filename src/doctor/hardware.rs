@@ -112,6 +112,12 @@ fn libcuda_finding(libcuda: &LibcudaProbe) -> Finding {
         )
         .evidence(format!("searched LD_LIBRARY_PATH, ld.so.cache and {searched} directories in all"))
         .fix("install the driver's user-space libraries (same version as the kernel module); on WSL2 add /usr/lib/wsl/lib to the loader path"),
+        LibcudaProbe::NotLoadable { path, reason } => Finding::new(
+            "driver.libcuda_not_loaded",
+            Severity::Info,
+            format!("{path} was not loaded: {reason}; the driver and GPUs were read from /proc and nvidia-smi"),
+        )
+        .fix("to check that CUDA programs can load and initialise the driver, run a cudastack built with glibc (`cargo install --locked`) or `nvidia-smi`"),
         LibcudaProbe::LoadFailed { path, error } => {
             Finding::new("driver.libcuda_load_failed", Severity::Error, format!("{path} could not be loaded"))
                 .evidence(error.clone())

@@ -73,12 +73,26 @@ pub struct GpuDevice {
     pub source: &'static str,
 }
 
+/// Whether this build of cudastack can `dlopen` at all. A static musl binary (the released
+/// one) cannot: musl's static `dlopen` always fails, so the driver is then read from /proc
+/// and nvidia-smi only, and "could not be loaded" would blame a driver that is fine.
+pub const CAN_LOAD_LIBRARIES: bool = !cfg!(all(target_env = "musl", target_feature = "crt-static"));
+
+/// Why a library was not loaded by a static build.
+pub const STATIC_BUILD: &str =
+    "this cudastack is a static binary, which cannot load shared libraries";
+
 /// What loading `libcuda.so.1` gave.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum LibcudaProbe {
     NotFound {
         searched: usize,
+    },
+    /// Found, not loaded: this build cannot load libraries ([`CAN_LOAD_LIBRARIES`]).
+    NotLoadable {
+        path: String,
+        reason: &'static str,
     },
     LoadFailed {
         path: String,
@@ -134,6 +148,11 @@ impl CuResult {
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum NvmlProbe {
     NotFound,
+    /// Found, not loaded: this build cannot load libraries ([`CAN_LOAD_LIBRARIES`]).
+    NotLoadable {
+        path: String,
+        reason: &'static str,
+    },
     LoadFailed {
         path: String,
         error: String,
@@ -187,6 +206,15 @@ fn probe_nvml(host: &HostRoot, search: &[SearchDir]) -> NvmlProbe {
         ),
         None => return NvmlProbe::NotFound,
     };
+    if !CAN_LOAD_LIBRARIES {
+        return match found {
+            Some(_) => NvmlProbe::NotLoadable {
+                path: shown,
+                reason: STATIC_BUILD,
+            },
+            None => NvmlProbe::NotFound,
+        };
+    }
     // SAFETY: loading NVML runs its initialisers, as nvidia-smi does.
     let library = match unsafe { libloading::Library::new(&target) } {
         Ok(library) => library,
@@ -439,6 +467,15 @@ fn open_libcuda(
         None if host.is_live() => (PathBuf::from("libcuda.so.1"), "libcuda.so.1".into()),
         None => return Err(not_found()),
     };
+    if !CAN_LOAD_LIBRARIES {
+        return Err(match found {
+            Some(_) => LibcudaProbe::NotLoadable {
+                path: shown,
+                reason: STATIC_BUILD,
+            },
+            None => not_found(),
+        });
+    }
     // SAFETY: loading libcuda runs its initialisers; that is what every CUDA program does.
     match unsafe { libloading::Library::new(&target) } {
         Ok(library) => Ok((library, shown)),
