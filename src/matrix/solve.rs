@@ -254,6 +254,8 @@ fn arm_host(matrix: &Matrix, query: &SolveQuery) -> Option<(Platform, String)> {
     })
 }
 
+/// One build against the query: accepted with its reasons and a recipe, or rejected with
+/// the first reason it does not fit.
 fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
     let mut candidate = Candidate {
         torch_build: build.label(),
@@ -273,70 +275,113 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
         reasons: Vec::new(),
         recipe: None,
     };
-    let reject = |mut candidate: Candidate, reason: String| {
-        candidate.reasons = vec![reason];
-        candidate
-    };
+    match judge_steps(matrix, query, build, &mut candidate) {
+        Ok(python) => {
+            candidate.accepted = true;
+            candidate.recipe = Some(recipe_for(
+                matrix,
+                build,
+                python,
+                query,
+                candidate.minor_compat,
+            ));
+        }
+        Err(reason) => candidate.reasons = vec![reason],
+    }
+    candidate
+}
 
+/// The checks of [`judge`] in order; each adds its reason, or ends with why not.
+fn judge_steps(
+    matrix: &Matrix,
+    query: &SolveQuery,
+    build: &TorchBuild,
+    candidate: &mut Candidate,
+) -> Result<PythonVersion, String> {
     if let Some(spec) = &query.torch {
         if !spec.contains(&build.torch) {
-            return reject(
-                candidate,
-                format!("torch {} does not match {spec}", build.torch),
-            );
+            return Err(format!("torch {} does not match {spec}", build.torch));
         }
         candidate
             .reasons
             .push(format!("torch {} matches {spec}", build.torch));
     }
-
     if let Some(driver) = &query.driver {
         if let Some(floor) = gpu_drivers(matrix, query)
             .into_iter()
             .find(|floor| !floor.runs_on(driver))
         {
-            return reject(candidate, floor.refusal(driver));
+            return Err(floor.refusal(driver));
         }
     }
-
-    let python = match query.python {
-        Some(python) if build.python.contains(&python) => python,
-        Some(python) => {
-            return reject(
-                candidate,
-                format!("no wheel for Python {python} (has {})", tags(build)),
-            )
-        }
-        None => match preferred_python(matrix, build) {
-            Some(python) => python,
-            None => {
-                return reject(
-                    candidate,
-                    format!(
-                        "no wheel for a Python a known base ships (has {})",
-                        tags(build)
-                    ),
-                )
-            }
-        },
-    };
-    if let Some((host, gpu)) = arm_host(matrix, query) {
-        let first: pep440_rs::Version = FIRST_ARM64_CUDA_TORCH.parse().expect("a valid version");
-        if !build.pypi_default {
-            return reject(candidate, format!("{gpu} runs next to a {host} host only, and {host} images are locked from PyPI only (not PyTorch's {} index)", build.variant));
-        }
-        if build.torch < first {
-            return reject(candidate, format!("{gpu} runs next to a {host} host only, and torch {} has no CUDA wheels for {host} on PyPI (the first is {FIRST_ARM64_CUDA_TORCH})", build.torch));
-        }
-        candidate.reasons.push(format!(
-            "{gpu} runs next to a {host} host only: the recipe builds {host}"
-        ));
-    }
+    let python = judge_python(matrix, query, build)?;
+    judge_arm_host(matrix, query, build, &mut candidate.reasons)?;
     candidate.python = Some(python);
     candidate
         .reasons
         .push(format!("has a {} wheel", python.cp_tag()));
+    judge_driver(
+        matrix,
+        query,
+        build,
+        &mut candidate.reasons,
+        &mut candidate.minor_compat,
+    )?;
+    judge_kernels(query, build, &mut candidate.reasons)?;
+    Ok(python)
+}
 
+/// The query's Python, or the one a known base ships, among the wheel's tags.
+fn judge_python(
+    matrix: &Matrix,
+    query: &SolveQuery,
+    build: &TorchBuild,
+) -> Result<PythonVersion, String> {
+    match query.python {
+        Some(python) if build.python.contains(&python) => Ok(python),
+        Some(python) => Err(format!(
+            "no wheel for Python {python} (has {})",
+            tags(build)
+        )),
+        None => preferred_python(matrix, build).ok_or_else(|| {
+            format!(
+                "no wheel for a Python a known base ships (has {})",
+                tags(build)
+            )
+        }),
+    }
+}
+
+/// GPUs that exist only next to an Arm host need a build with CUDA wheels for it.
+fn judge_arm_host(
+    matrix: &Matrix,
+    query: &SolveQuery,
+    build: &TorchBuild,
+    reasons: &mut Vec<String>,
+) -> Result<(), String> {
+    if let Some((host, gpu)) = arm_host(matrix, query) {
+        let first: pep440_rs::Version = FIRST_ARM64_CUDA_TORCH.parse().expect("a valid version");
+        if !build.pypi_default {
+            return Err(format!("{gpu} runs next to a {host} host only, and {host} images are locked from PyPI only (not PyTorch's {} index)", build.variant));
+        }
+        if build.torch < first {
+            return Err(format!("{gpu} runs next to a {host} host only, and torch {} has no CUDA wheels for {host} on PyPI (the first is {FIRST_ARM64_CUDA_TORCH})", build.torch));
+        }
+        reasons.push(format!(
+            "{gpu} runs next to a {host} host only: the recipe builds {host}"
+        ));
+    }
+    Ok(())
+}
+
+/// The host driver against the toolkit's minimum (or minor-version compatibility).
+fn judge_driver(
+    matrix: &Matrix,
+    query: &SolveQuery,
+    build: &TorchBuild,
+    reasons: &mut Vec<String>,
+    minor_compat: &mut bool,
+) -> Result<(), String> {
     let toolkit_driver = matrix.min_driver_for(&build.cuda);
     if let Some(driver) = &query.driver {
         let ceiling = matrix
@@ -344,7 +389,7 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
             .map(|c| c.to_string())
             .unwrap_or_else(|| "nothing".into());
         match toolkit_driver {
-            Some(need) if need <= driver => candidate.reasons.push(format!(
+            Some(need) if need <= driver => reasons.push(format!(
                 "driver {driver} supports CUDA <= {ceiling}, enough for CUDA {} (needs {need})",
                 build.cuda.line()
             )),
@@ -352,15 +397,15 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
                 let minor = matrix.minor_compat_floor(build.cuda.major);
                 match minor {
                     Some(m) if m.min_driver <= *driver && query.allow_minor_compat => {
-                        candidate.minor_compat = true;
-                        candidate.reasons.push(format!(
+                        *minor_compat = true;
+                        reasons.push(format!(
                             "driver {driver} supports CUDA <= {ceiling}; CUDA {} needs {need}, but minor-version compatibility runs it from {} (set `minor_version_compat: true`)",
                             build.cuda.line(),
                             m.min_driver
                         ));
                     }
                     Some(m) if m.min_driver <= *driver => {
-                        return reject(candidate, format!("driver {driver} supports CUDA <= {ceiling}; CUDA {} needs {need} (or minor-version compatibility, which is off)", build.cuda.line()));
+                        return Err(format!("driver {driver} supports CUDA <= {ceiling}; CUDA {} needs {need} (or minor-version compatibility, which is off)", build.cuda.line()));
                     }
                     _ => {
                         let minor_text = minor
@@ -369,27 +414,34 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
                                 format!(", or {} with minor-version compatibility", m.min_driver)
                             })
                             .unwrap_or_default();
-                        return reject(candidate, format!("driver {driver} supports CUDA <= {ceiling}; CUDA {} needs {need}{minor_text}", build.cuda.line()));
+                        return Err(format!("driver {driver} supports CUDA <= {ceiling}; CUDA {} needs {need}{minor_text}", build.cuda.line()));
                     }
                 }
             }
             None => {
-                return reject(
-                    candidate,
-                    format!("CUDA {} has no driver row in the matrix", build.cuda),
-                )
+                return Err(format!(
+                    "CUDA {} has no driver row in the matrix",
+                    build.cuda
+                ))
             }
         }
     }
 
+    Ok(())
+}
+
+/// Each GPU needs SASS for its architecture (or PTX it can JIT) in the build.
+fn judge_kernels(
+    query: &SolveQuery,
+    build: &TorchBuild,
+    reasons: &mut Vec<String>,
+) -> Result<(), String> {
     for gpu in &query.gpus {
         match build.kernels_for(&gpu.cc) {
             KernelSupport::Sass(sass) => {
-                candidate
-                    .reasons
-                    .push(format!("{} runs its {} kernels", gpu.label(), sass.sm()))
+                reasons.push(format!("{} runs its {} kernels", gpu.label(), sass.sm()))
             }
-            KernelSupport::Ptx(ptx) => candidate.reasons.push(format!(
+            KernelSupport::Ptx(ptx) => reasons.push(format!(
                 "{} only through {} PTX (JIT at first use)",
                 gpu.label(),
                 ptx.sm()
@@ -398,27 +450,16 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
                 let mut archs = build.arch_list.clone();
                 archs.sort();
                 let archs: Vec<String> = archs.iter().map(ComputeCapability::sm).collect();
-                return reject(
-                    candidate,
-                    format!(
-                        "no kernels for {}: built for {}",
-                        gpu.label(),
-                        archs.join(" ")
-                    ),
-                );
+                return Err(format!(
+                    "no kernels for {}: built for {}",
+                    gpu.label(),
+                    archs.join(" ")
+                ));
             }
         }
     }
 
-    candidate.accepted = true;
-    candidate.recipe = Some(recipe_for(
-        matrix,
-        build,
-        python,
-        query,
-        candidate.minor_compat,
-    ));
-    candidate
+    Ok(())
 }
 
 fn tags(build: &TorchBuild) -> String {

@@ -366,6 +366,24 @@ fn check_torch<'m>(
         );
         return None;
     };
+    note_series(recipe, build, problems);
+    let where_from = if build.pypi_default {
+        "from PyPI".to_string()
+    } else {
+        format!("from the {} index", build.variant)
+    };
+    check_torch_cuda(recipe, build, &builds, &where_from, problems);
+    check_torch_cudnn(recipe, build, &where_from, problems);
+    check_torch_python(recipe, build, problems);
+    note_unconfirmed(build, problems);
+    Some(build)
+}
+
+/// A two-part torch version is a series: say which release it picked.
+fn note_series(recipe: &Recipe, build: &TorchBuild, problems: &mut Collector) {
+    let Some(torch) = recipe.torch.as_ref() else {
+        return;
+    };
     if torch.is_series() {
         problems.push(
             Severity::Note,
@@ -383,17 +401,21 @@ fn check_torch<'m>(
             format!("nothing to do: `cudastack lock` records torch {} exactly; write version: \"{}\" to pin it in the recipe too", build.torch, build.torch),
         );
     }
-    let where_from = if build.pypi_default {
-        "from PyPI".to_string()
-    } else {
-        format!("from the {} index", build.variant)
-    };
+}
+
+/// torch loads the CUDA runtime it was built with: the recipe's CUDA must be that line.
+fn check_torch_cuda(
+    recipe: &Recipe,
+    build: &TorchBuild,
+    builds: &[&TorchBuild],
+    where_from: &str,
+    problems: &mut Collector,
+) {
     let runtime_pin = build
         .cuda_runtime
         .as_ref()
         .map(|r| format!(" (its CUDA runtime pin is {r})"))
         .unwrap_or_default();
-
     if build.cuda.line() != recipe.cuda.version.line() {
         let alternative = builds
             .iter()
@@ -425,6 +447,15 @@ fn check_torch<'m>(
             hint,
         );
     }
+}
+
+/// torch loads the cuDNN it pins: the recipe's cuDNN must match it.
+fn check_torch_cudnn(
+    recipe: &Recipe,
+    build: &TorchBuild,
+    where_from: &str,
+    problems: &mut Collector,
+) {
     if let (Some(wanted), Some(pinned)) = (
         recipe.cudnn.as_ref().map(|s| &s.version),
         build.cudnn.as_ref(),
@@ -438,6 +469,10 @@ fn check_torch<'m>(
             );
         }
     }
+}
+
+/// The recipe's Python must be among the wheel's tags.
+fn check_torch_python(recipe: &Recipe, build: &TorchBuild, problems: &mut Collector) {
     if !build.python.contains(&recipe.python) {
         let tags: Vec<String> = build.python.iter().map(|p| p.cp_tag()).collect();
         problems.error(
@@ -462,6 +497,10 @@ fn check_torch<'m>(
             ),
         );
     }
+}
+
+/// Rows from PyTorch's build scripts rather than a read wheel say so.
+fn note_unconfirmed(build: &TorchBuild, problems: &mut Collector) {
     if matches!(
         build.status,
         super::Status::Unconfirmed | super::Status::Partial
@@ -474,7 +513,6 @@ fn check_torch<'m>(
             "`cudastack lock` reads the wheel's METADATA and will report any disagreement",
         );
     }
-    Some(build)
 }
 
 fn check_base(
