@@ -264,21 +264,7 @@ async fn merged_documents(
     manifest: &Manifest,
     rows: Vec<Vec<VerifiedOn>>,
 ) -> Result<(bytes::Bytes, bytes::Bytes), PromoteError> {
-    let not_verified = || PromoteError::NotVerified {
-        reference: reference.to_string(),
-    };
-    let value: serde_json::Value =
-        serde_json::from_slice(&manifest.bytes).map_err(|_| not_verified())?;
-    let config_digest: Digest = value["config"]["digest"]
-        .as_str()
-        .unwrap_or_default()
-        .parse()
-        .map_err(|_| not_verified())?;
-    let config = client
-        .get_blob_bytes(reference.repository(), &config_digest, 16 << 20)
-        .await?;
-    let config_json: serde_json::Value =
-        serde_json::from_slice(&config).map_err(|_| not_verified())?;
+    let (config, config_json) = image_config(client, reference, manifest).await?;
     let mut labels = config_labels(&config_json);
     let others: Vec<VerifiedOn> = rows.into_iter().skip(1).flatten().collect();
     let merged = verified_labels(&labels, others);
@@ -321,6 +307,21 @@ async fn verified_rows(
     let not_verified = || PromoteError::NotVerified {
         reference: reference.to_string(),
     };
+    let (_, config) = image_config(client, reference, manifest).await?;
+    let labels = config_labels(&config);
+    let matrix = labels.get(LABEL_MATRIX).ok_or_else(not_verified)?;
+    serde_json::from_str(matrix).map_err(|_| not_verified())
+}
+
+/// The config of an image manifest: its bytes as stored and its JSON.
+async fn image_config(
+    client: &RegistryClient,
+    reference: &Reference,
+    manifest: &Manifest,
+) -> Result<(bytes::Bytes, serde_json::Value), PromoteError> {
+    let not_verified = || PromoteError::NotVerified {
+        reference: reference.to_string(),
+    };
     let value: serde_json::Value =
         serde_json::from_slice(&manifest.bytes).map_err(|_| not_verified())?;
     let digest: Digest = value["config"]["digest"]
@@ -328,13 +329,11 @@ async fn verified_rows(
         .unwrap_or_default()
         .parse()
         .map_err(|_| not_verified())?;
-    let config = client
+    let bytes = client
         .get_blob_bytes(reference.repository(), &digest, 16 << 20)
         .await?;
-    let config: serde_json::Value = serde_json::from_slice(&config).map_err(|_| not_verified())?;
-    let labels = config_labels(&config);
-    let matrix = labels.get(LABEL_MATRIX).ok_or_else(not_verified)?;
-    serde_json::from_str(matrix).map_err(|_| not_verified())
+    let config = serde_json::from_slice(&bytes).map_err(|_| not_verified())?;
+    Ok((bytes, config))
 }
 
 /// Every verification report stored as a referrer of the verified images, or of the image
