@@ -57,6 +57,13 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CasError + '_ {
 
 /// The default cache root: `$CUDASTACK_CACHE_DIR`, else `$XDG_CACHE_HOME/cudastack`,
 /// else `~/.cache/cudastack`.
+/// The cache root a command uses: `given` (`--cache-dir`) or the default, made absolute so
+/// links and records made under it do not depend on the working directory.
+pub fn cache_root(given: Option<PathBuf>) -> PathBuf {
+    let root = given.unwrap_or_else(default_cache_root);
+    std::path::absolute(&root).unwrap_or(root)
+}
+
 pub fn default_cache_root() -> PathBuf {
     if let Some(dir) = std::env::var_os("CUDASTACK_CACHE_DIR") {
         return PathBuf::from(dir);

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use cudastack::cas::default_cache_root;
 use cudastack::fetch::progress::{IndicatifReporter, NoReporter, Reporter};
 use cudastack::layer::Compression;
 use cudastack::pipeline::{
@@ -149,7 +148,7 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
         },
         (CompressionArg::None, _) => Compression::None,
     };
-    let cache_root = args.cache_dir.clone().unwrap_or_else(default_cache_root);
+    let cache_root = cudastack::cas::cache_root(args.cache_dir.clone());
     let push = match args.push.as_deref() {
         Some(text) => {
             let reference: Reference = text.parse()?;

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use cudastack::cas::default_cache_root;
 use cudastack::doctor::build_host::{self, BuildHostReport};
 use cudastack::doctor::{diagnose, planted_host, DoctorOptions, Finding, LayerStatus, Severity};
 use cudastack::host::HostRoot;
@@ -44,10 +43,7 @@ pub fn run(args: DoctorArgs, printer: &Printer) -> CommandResult {
         Some(root) => planted_host(root, std::env::vars().collect::<BTreeMap<_, _>>())?,
         None => HostRoot::live(),
     };
-    let cache_dir = match &args.cache_dir {
-        Some(dir) => dir.clone(),
-        None => default_cache_root(),
-    };
+    let cache_dir = cudastack::cas::cache_root(args.cache_dir.clone());
     if args.build_host {
         let report = build_host::check(&host, &cache_dir);
         if printer.json {

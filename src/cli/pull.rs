@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use cudastack::cas::{default_cache_root, BlobStore};
+use cudastack::cas::BlobStore;
 use cudastack::registry::{pull, Platform, Reference, RegistryClient};
 
 use super::push::RegistryArgs;
@@ -45,7 +45,7 @@ pub fn run(args: PullArgs, printer: &Printer) -> CommandResult {
         .clone()
         .unwrap_or_else(|| reference.tag().unwrap_or("latest").to_string());
     let platform = args.platform.clone().unwrap_or_default();
-    let store = BlobStore::open(args.cache_dir.unwrap_or_else(default_cache_root))?;
+    let store = BlobStore::open(cudastack::cas::cache_root(args.cache_dir))?;
     let client = RegistryClient::new(&reference, args.registry.client_options(&reference)?)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

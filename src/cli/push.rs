@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use cudastack::cas::default_cache_root;
 use cudastack::pipeline::push::{push, PushSettings};
 use cudastack::registry::auth::{docker_config_path, from_docker_config};
 use cudastack::registry::{ClientOptions, Credentials, Reference, Secret};
@@ -130,7 +129,7 @@ impl PushFlags {
             parallel: self.parallel,
             chunk_mib: self.chunk_mib,
             mount_from: self.mount_from.clone(),
-            cache_root: self.cache_dir.clone().unwrap_or_else(default_cache_root),
+            cache_root: cudastack::cas::cache_root(self.cache_dir.clone()),
         }
     }
 }

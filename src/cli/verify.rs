@@ -221,11 +221,7 @@ fn settings(args: &VerifyArgs) -> Result<VerifySettings, String> {
         gpus,
         level: args.level,
         timeout: Duration::from_secs(args.timeout),
-        cache: (!args.no_cache).then(|| {
-            args.cache_dir
-                .clone()
-                .unwrap_or_else(cudastack::cas::default_cache_root)
-        }),
+        cache: (!args.no_cache).then(|| cudastack::cas::cache_root(args.cache_dir.clone())),
     })
 }
 

@@ -285,6 +285,10 @@ async fn fetch_wheels(
 fn link_wheel(named: &Path, artifact: &Artifact, blob: &Path) -> Result<PathBuf, BuildError> {
     let dir = named.join(artifact.sha256.hex());
     fs_err::create_dir_all(&dir).map_err(io_error(&dir))?;
+    // A relative target would resolve against the link's directory, not the working
+    // directory a relative `--cache-dir` was given in.
+    let blob = std::path::absolute(blob).map_err(io_error(blob))?;
+    let blob = blob.as_path();
     // A `FileName` is one plain component: the link is always directly in `dir`.
     let link = dir.join(artifact.filename.as_path());
     if fs_err::read_link(&link).is_ok_and(|target| target == blob) {
@@ -310,4 +314,37 @@ fn link_wheel(named: &Path, artifact: &Artifact, blob: &Path) -> Result<PathBuf,
 /// The recipe platform of the build host, if it is one cudastack builds.
 pub fn host_platform() -> Option<Platform> {
     Platform::host()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A relative cache root (`--cache-dir cache`) gave relative blob paths, and a symlink
+    /// with a relative target resolves against its own directory: the link dangled and the
+    /// CUDA layer failed with "No such file" (found by the rootless build in a container).
+    #[test]
+    fn a_wheel_link_to_a_relative_blob_path_resolves() {
+        let dir = tempfile::tempdir().unwrap();
+        let blob = dir.path().join("blob");
+        std::fs::write(&blob, b"wheel bytes").unwrap();
+        // The same file, named relative to the working directory.
+        let cwd = std::env::current_dir().unwrap();
+        let up = "../".repeat(cwd.components().count() - 1);
+        let relative = Path::new(&up).join(blob.strip_prefix("/").unwrap());
+        assert!(relative.is_relative() && relative.exists());
+        let artifact: Artifact = serde_json::from_value(serde_json::json!({
+            "kind": "wheel",
+            "name": "demo",
+            "version": "1.0",
+            "filename": "demo-1.0-py3-none-any.whl",
+            "url": "https://example.invalid/demo-1.0-py3-none-any.whl",
+            "sha256": Digest::of_bytes(b"wheel bytes").to_string(),
+            "size": 11,
+            "source": "https://example.invalid/simple/",
+        }))
+        .unwrap();
+        let link = link_wheel(&dir.path().join("wheels"), &artifact, &relative).unwrap();
+        assert_eq!(std::fs::read(&link).unwrap(), b"wheel bytes");
+    }
 }
