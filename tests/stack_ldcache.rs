@@ -109,11 +109,29 @@ fn the_cache_cudastack_writes_equals_ldconfigs() {
         theirs.into_iter().map(|e| (e.name, e.path)).collect();
     assert_eq!(ours_pairs, theirs_pairs);
     // And it serialises into a cache the parser (and so the loader's format) reads back.
-    let bytes = ldcache::serialize(&ours);
+    let bytes = ldcache::serialize(&ours, None);
     let parsed: Vec<(String, String)> = parse_ld_so_cache(&bytes)
         .unwrap()
         .into_iter()
         .map(|e| (e.name, e.path))
         .collect();
     assert_eq!(parsed, theirs_pairs);
+
+    // Byte for byte: with the root's own ldconfig (here the host's, copied in), the cache
+    // cudastack writes is the one that ldconfig writes, string table and generator
+    // extension included, so an image's cache does not depend on the build host.
+    let ldconfig = ["/usr/sbin/ldconfig", "/sbin/ldconfig"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .expect("ldconfig");
+    std::fs::create_dir_all(root.join("usr/sbin")).unwrap();
+    std::fs::copy(ldconfig, root.join("usr/sbin/ldconfig")).unwrap();
+    let generator = ldcache::image_generator(root).expect("ldconfig names itself");
+    assert!(generator.starts_with(b"ldconfig ("), "{generator:?}");
+    assert_eq!(
+        ldcache::ld_so_cache(root, Machine::X86_64).unwrap(),
+        std::fs::read(root.join("etc/ld.so.cache")).unwrap(),
+        "cudastack's cache differs from ldconfig's bytes"
+    );
 }

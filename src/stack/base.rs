@@ -213,7 +213,10 @@ const ROOTLESS_PYC: &str = "[ ! -d \"$1\"/usr/share/python3/debpython ] || chroo
 /// architecture; `dest` is `-` (a tar on stdout) in a rootless mode.
 fn mmdebstrap_command(spec: &DebootstrapSpec, dest: &Path, mode: BuildMode) -> Command {
     // Caches, logs and the package lists change with every run and are no use in an image.
-    const CLEAN: &str = "rm -rf \"$1\"/var/cache/apt/* \"$1\"/var/lib/apt/lists/* \"$1\"/var/log/* \"$1\"/var/cache/ldconfig/aux-cache";
+    // mmdebstrap copies the build host's /etc/resolv.conf and /etc/hostname in (for apt's
+    // network): emptied with fixed modes, so the image neither depends on nor reveals the
+    // host (its DNS server, its name); container runtimes mount their own over them.
+    const CLEAN: &str = "rm -rf \"$1\"/var/cache/apt/* \"$1\"/var/lib/apt/lists/* \"$1\"/var/log/* \"$1\"/var/cache/ldconfig/aux-cache && for f in resolv.conf hostname; do if [ -e \"$1/etc/$f\" ] || [ -L \"$1/etc/$f\" ]; then rm -f \"$1/etc/$f\" && : > \"$1/etc/$f\" && chmod 0644 \"$1/etc/$f\"; fi; done";
     let mut command = Command::new("mmdebstrap");
     command.arg(format!("--mode={mode}")).arg("--quiet");
     if mode != BuildMode::Root {

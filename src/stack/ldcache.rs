@@ -220,43 +220,138 @@ fn cached_name(
     Ok(Some(soname))
 }
 
-/// The bytes of `/etc/ld.so.cache` for `entries` (in the order given).
-pub fn serialize(entries: &[CacheEntry]) -> Vec<u8> {
+/// `cache_extension_magic` (elf/dl-cache.h).
+const EXTENSION_MAGIC: u32 = 0xeaa4_2174;
+/// `cache_extension_tag_generator`: the name and version of the ldconfig that wrote it.
+const EXTENSION_TAG_GENERATOR: u32 = 0;
+
+/// The bytes of `/etc/ld.so.cache` for `entries` (in the order given), as glibc's
+/// `ldconfig` (elf/cache.c, save_cache) writes them: header, entries, the string table of
+/// elf/stringtable.c, and, when `generator` is known, the extension naming it.
+pub fn serialize(entries: &[CacheEntry], generator: Option<&[u8]>) -> Vec<u8> {
     let strings_start = HEADER_SIZE + ENTRY_SIZE * entries.len();
-    let mut strings: Vec<u8> = Vec::new();
-    let mut offsets = Vec::with_capacity(entries.len());
-    for entry in entries {
-        let key = strings_start + strings.len();
-        strings.extend_from_slice(entry.soname.as_bytes());
-        strings.push(0);
-        let value = strings_start + strings.len();
-        strings.extend_from_slice(entry.path.as_bytes());
-        strings.push(0);
-        offsets.push((key as u32, value as u32));
-    }
-    let mut out = Vec::with_capacity(strings_start + strings.len());
+    let (strings, offsets) = string_table(
+        entries
+            .iter()
+            .flat_map(|e| [e.soname.as_str(), e.path.as_str()]),
+    );
+    let extension_offset = generator.map(|_| (strings_start + strings.len()).next_multiple_of(4));
+    let mut out = Vec::with_capacity(strings_start + strings.len() + 128);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
     out.extend_from_slice(&(strings.len() as u32).to_le_bytes());
     out.push(FLAGS_LITTLE_ENDIAN);
     out.extend_from_slice(&[0; 3]);
-    // extension_offset (none) and three unused words.
-    out.extend_from_slice(&[0; 16]);
+    out.extend_from_slice(&(extension_offset.unwrap_or(0) as u32).to_le_bytes());
+    // Three unused words.
+    out.extend_from_slice(&[0; 12]);
     debug_assert_eq!(out.len(), HEADER_SIZE);
-    for (entry, (key, value)) in entries.iter().zip(offsets) {
+    let offset_of = |text: &str| (strings_start as u32) + offsets[text];
+    for entry in entries {
         out.extend_from_slice(&entry.flags.to_le_bytes());
-        out.extend_from_slice(&key.to_le_bytes());
-        out.extend_from_slice(&value.to_le_bytes());
+        out.extend_from_slice(&offset_of(&entry.soname).to_le_bytes());
+        out.extend_from_slice(&offset_of(&entry.path).to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes()); // osversion (unused)
         out.extend_from_slice(&0u64.to_le_bytes()); // hwcap
     }
     out.extend_from_slice(&strings);
+    if let (Some(generator), Some(extension_offset)) = (generator, extension_offset) {
+        out.resize(extension_offset, 0);
+        // One section: the generator string (its bytes, without a NUL) after the
+        // directory (magic, count, then tag / flags / offset / size per section).
+        let data_offset = extension_offset + 8 + 16;
+        for word in [
+            EXTENSION_MAGIC,
+            1,
+            EXTENSION_TAG_GENERATOR,
+            0,
+            data_offset as u32,
+            generator.len() as u32,
+        ] {
+            out.extend_from_slice(&word.to_le_bytes());
+        }
+        out.extend_from_slice(generator);
+    }
     out
 }
 
-/// `ldconfig -r root` for an image of `machine`, as bytes for its `/etc/ld.so.cache`.
+/// glibc's string table (elf/stringtable.c, stringtable_finalize): every distinct string
+/// once, ordered by its bytes from the end, descending (of two strings one of which ends
+/// the other, the longer first), and a string that ends the one before it shares that
+/// one's bytes. Checked byte for byte against ldconfig (tests/stack_ldcache.rs).
+/// Returns the table and each string's offset in it.
+fn string_table<'a>(
+    strings: impl Iterator<Item = &'a str>,
+) -> (Vec<u8>, std::collections::HashMap<&'a str, u32>) {
+    let mut distinct: Vec<&str> = strings.collect::<BTreeSet<_>>().into_iter().collect();
+    distinct.sort_by(|left, right| {
+        let (l, r) = (left.as_bytes(), right.as_bytes());
+        l.iter()
+            .rev()
+            .zip(r.iter().rev())
+            .map(|(a, b)| b.cmp(a))
+            .find(|order| order.is_ne())
+            // All shared bytes equal: the longer string first.
+            .unwrap_or_else(|| r.len().cmp(&l.len()))
+    });
+    let mut offsets = std::collections::HashMap::new();
+    let mut table: Vec<u8> = Vec::new();
+    let mut previous: Option<(&str, u32)> = None;
+    for text in distinct {
+        let offset = match previous {
+            Some((before, at)) if before.ends_with(text) => at + (before.len() - text.len()) as u32,
+            Some((before, at)) => at + before.len() as u32 + 1,
+            None => 0,
+        };
+        let end = offset as usize + text.len() + 1;
+        if table.len() < end {
+            table.resize(end, 0);
+        }
+        table[offset as usize..end - 1].copy_from_slice(text.as_bytes());
+        offsets.insert(text, offset);
+        previous = Some((text, offset));
+    }
+    (table, offsets)
+}
+
+/// The generator string the image's own `ldconfig` writes into its caches
+/// (`ldconfig (Debian GLIBC 2.36-9+deb12u13) stable release version 2.36`), read from
+/// that binary, so the cache is what the image would write itself whatever the build
+/// host runs. None when the image has no ldconfig or the string is not found.
+pub fn image_generator(root: &Path) -> Option<Vec<u8>> {
+    let binary = ["usr/sbin/ldconfig", "sbin/ldconfig"]
+        .iter()
+        .find_map(|path| match resolve_in_root(root, Path::new(path)) {
+            Ok(Resolution::Found(found)) => fs_err::read(host_path(root, &found)).ok(),
+            _ => None,
+        })?;
+    const START: &[u8] = b"ldconfig (";
+    const MARK: &[u8] = b" release version ";
+    let mut from = 0;
+    while let Some(at) = find(&binary[from..], START) {
+        let start = from + at;
+        let end = start + binary[start..].iter().position(|&b| b == 0)?;
+        let text = &binary[start..end];
+        if find(text, MARK).is_some() {
+            return Some(text.to_vec());
+        }
+        from = start + START.len();
+    }
+    None
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// `/etc/ld.so.cache` for an image of `machine` at `root`: what its own `ldconfig` would
+/// write there (`ldconfig -r root` with the image's glibc).
 pub fn ld_so_cache(root: &Path, machine: Machine) -> Result<Vec<u8>, LdCacheError> {
-    Ok(serialize(&cache_entries(root, machine)?))
+    let generator = image_generator(root);
+    Ok(serialize(
+        &cache_entries(root, machine)?,
+        generator.as_deref(),
+    ))
 }
 
 #[cfg(test)]
@@ -288,7 +383,7 @@ mod tests {
                 flags: FLAG_ELF_LIBC6 | FLAG_AARCH64_LIB64,
             },
         ];
-        let bytes = serialize(&entries);
+        let bytes = serialize(&entries, None);
         let parsed = crate::host::stack::parse_ld_so_cache(&bytes).expect("a cache");
         let pairs: Vec<_> = parsed
             .iter()

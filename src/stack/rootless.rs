@@ -269,21 +269,6 @@ fn user_namespaces_work() -> Result<(), String> {
     ))
 }
 
-/// `ldconfig -r ROOT` as this user may run it: as is for root, in a user namespace of
-/// its own otherwise (chroot needs CAP_SYS_CHROOT); None when neither works.
-pub fn ldconfig_command(root: &Path) -> Option<Command> {
-    let mut command = if effective_uid() == 0 {
-        Command::new("ldconfig")
-    } else {
-        user_namespaces_work().ok()?;
-        let mut command = Command::new("unshare");
-        command.args(["--user", "--map-root-user", "ldconfig"]);
-        command
-    };
-    command.arg("-r").arg(root);
-    Some(command)
-}
-
 /// `program` on PATH.
 pub fn which(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)

@@ -55,10 +55,12 @@ impl<'a> BaseLayer<'a> {
             spec.packages
                 .extend(["libibverbs1", "librdmacm1", "ibverbs-providers"].map(String::from));
         }
+        // `+etc2`: the bases since /etc/resolv.conf and /etc/hostname are emptied (they held
+        // the build host's); older staged bases must not be reused.
         let assembler = match spec.foreign_architecture {
-            None => format!("{ASSEMBLER}/base-mmdebstrap"),
+            None => format!("{ASSEMBLER}/base-mmdebstrap+etc2"),
             Some(_) => format!(
-                "{ASSEMBLER}/base-mmdebstrap-{}",
+                "{ASSEMBLER}/base-mmdebstrap-{}+etc2",
                 crate::stack::foreign_base::ASSEMBLER
             ),
         };

@@ -15,14 +15,13 @@ use crate::probe::expect::Expectations;
 use crate::probe::glibc::can_run_on;
 use crate::probe::native::{self, NativeProbe, NATIVE_PROBE_PATH};
 use crate::probe::{EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
-use crate::recipe::Platform;
 use crate::stack::base::inspect_rootfs;
 use crate::stack::config::ld_so_conf;
 use crate::stack::error::{io_error, BuildError};
 use crate::stack::ldcache;
-use crate::stack::prepare::{host_platform, PlatformInputs};
+use crate::stack::prepare::PlatformInputs;
 use crate::stack::settings::BuildProgress;
-use crate::stack::staging::{merge_trees, run, write_file, Staging};
+use crate::stack::staging::{merge_trees, write_file, Staging};
 
 /// The config layer of one platform.
 pub(crate) struct ConfigLayer<'a> {
@@ -37,7 +36,6 @@ pub(crate) struct ConfigLayer<'a> {
     native_probe: Option<NativeProbe>,
     /// The staged trees of the base, cuda, cudnn and python layers.
     below: [PathBuf; 4],
-    platform: Platform,
     machine: Machine,
     staging: &'a Staging,
     progress: &'a dyn BuildProgress,
@@ -75,7 +73,6 @@ impl<'a> ConfigLayer<'a> {
             expect_json,
             native_probe,
             below: below.map(|layer| env.staging.dir(layer.key())),
-            platform: inputs.platform,
             machine: inputs.machine(),
             staging: env.staging,
             progress: env.progress,
@@ -122,28 +119,19 @@ impl<'a> ConfigLayer<'a> {
         }
     }
 
-    /// `etc/ld.so.cache` over every layer: the host's `ldconfig` for the host's platform,
-    /// cudastack's own writer for another (the host's ldconfig skips objects of another
-    /// machine).
+    /// `etc/ld.so.cache` over every layer, as the image's own `ldconfig` would write it
+    /// (cudastack's writer, byte for byte glibc's: tests/stack_ldcache.rs). Not the host's
+    /// `ldconfig -r`: that names the host's glibc in the cache, needs root (chroot), and
+    /// skips objects of another machine.
     fn write_loader_cache(&self, dir: &Path) -> Result<(), BuildError> {
         // A merged root private to this build: two builds of one recipe must not merge
-        // into (or run ldconfig over) the same directory.
+        // into the same directory.
         let scratch = self.staging.scratch(&self.key, "merged")?;
         let merged = scratch.path();
         let [base, cuda, cudnn, python] = &self.below;
         merge_trees(&[base, cuda, cudnn, python, dir], merged)?;
-        // `ldconfig -r` chroots, which a user may do only in a user namespace of their own;
-        // without one, cudastack's writer (the same entries, tests/stack_ldcache.rs).
-        let ldconfig = crate::stack::rootless::ldconfig_command(merged);
-        let cache_bytes = if let (true, Some(mut ldconfig)) =
-            (Some(self.platform) == host_platform(), ldconfig)
-        {
-            run(&mut ldconfig)?;
-            fs_err::read(merged.join("etc/ld.so.cache")).map_err(io_error(merged))?
-        } else {
-            ldcache::ld_so_cache(merged, self.machine)
-                .map_err(|e| BuildError::Unsupported(e.to_string()))?
-        };
+        let cache_bytes = ldcache::ld_so_cache(merged, self.machine)
+            .map_err(|e| BuildError::Unsupported(e.to_string()))?;
         write_file(&dir.join("etc/ld.so.cache"), &cache_bytes)
     }
 }
