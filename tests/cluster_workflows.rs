@@ -112,7 +112,7 @@ fn a_new_recipe_makes_the_check_fail_until_emitted() {
     assert!(publish
         .contains(r#"{ recipe: "zz-grace", gpu: "GH200", runner: "gpu-gh200", arch: "arm64" }"#));
     assert!(
-        publish.contains(r#"- { recipe: "zz-grace", gpus: "GH200" }"#),
+        publish.contains(r#"- { recipe: "zz-grace", gpus: "GH200", runners: "gpu-gh200" }"#),
         "{publish}"
     );
     if actionlint_missing().is_none() {
