@@ -159,6 +159,16 @@ pub fn differences(left: &Path, right: &Path) -> Vec<String> {
     lines
 }
 
+/// The stand-in stack (gcc-made nvidia-* wheels in `work/mirror`), its recipe
+/// `work/rootless.yaml` and the lock beside it; returns the recipe's path.
+pub fn locked_stand_in(work: &Path) -> PathBuf {
+    cuda_12_4_wheels(Target::X86_64, &work.join("libs"), &work.join("mirror"));
+    let recipe = work.join("rootless.yaml");
+    std::fs::write(&recipe, "name: rootless\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000000\n").unwrap();
+    e2e_support::stand_in::lock(&recipe, &work.join("mirror"));
+    recipe
+}
+
 /// `cudastack build` of `recipe` with `command`, in mode `what` (its own cache and layout).
 fn build(command: &mut Command, what: &str, recipe: &Path, work: &Path) -> PathBuf {
     let layout = work.join(format!("layout-{what}"));
@@ -202,10 +212,7 @@ fn rootless_builds_give_the_root_builds_base_layer() {
     ensure_user();
     let (work, binary) = user_work_dir();
     let work = work.path();
-    cuda_12_4_wheels(Target::X86_64, &work.join("libs"), &work.join("mirror"));
-    let recipe = work.join("rootless.yaml");
-    std::fs::write(&recipe, "name: rootless\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000000\n").unwrap();
-    e2e_support::stand_in::lock(&recipe, &work.join("mirror"));
+    let recipe = locked_stand_in(work);
     chown_to_user(work);
     // `CUDASTACK_TEST_BIN`: the root build by another build of cudastack (one from before
     // rootless builds existed, to show the root path kept its bytes).
@@ -243,10 +250,7 @@ fn a_build_mode_that_cannot_work_here_says_why() {
     ensure_user();
     let (work, binary) = user_work_dir();
     let work = work.path();
-    cuda_12_4_wheels(Target::X86_64, &work.join("libs"), &work.join("mirror"));
-    let recipe = work.join("rootless.yaml");
-    std::fs::write(&recipe, "name: rootless\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000000\n").unwrap();
-    e2e_support::stand_in::lock(&recipe, &work.join("mirror"));
+    let recipe = locked_stand_in(work);
     chown_to_user(work);
     let output = as_user(&binary)
         .args(["build", "--no-verify", "--build-mode", "root", "--mirror"])

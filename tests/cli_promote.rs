@@ -4,27 +4,9 @@
 //! verifications are recorded the way a cluster run is (`verify REF --from-log LOG`, logs in
 //! the probe's format written by hand: no GPU here).
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-use crate::cli_verify_registry::{gpu_report, job_log, Fixture};
-
-fn cudastack() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cudastack"));
-    command
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("NO_COLOR", "1")
-        .env("DOCKER_CONFIG", "/nonexistent-cudastack-test");
-    command
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
+use crate::cli_verify_registry::{cudastack, gpu_report, job_log, text, Fixture};
 
 /// Record a log of `gpu` (failing `fail`) on the fixture's image; its exit code.
 fn record(fixture: &Fixture, name: &str, gpu: &str, cc: &str, fail: Option<&str>) -> Option<i32> {

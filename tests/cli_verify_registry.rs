@@ -18,7 +18,7 @@ use cudastack::registry::{
 use cudastack::verify::record::{config_labels, LABEL_MATRIX, LABEL_VERIFIED};
 use registry_support::{random_layer, Action, Proxy, Registry};
 
-fn cudastack() -> Command {
+pub fn cudastack() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_cudastack"));
     command
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -27,7 +27,7 @@ fn cudastack() -> Command {
     command
 }
 
-fn text(output: &Output) -> String {
+pub fn text(output: &Output) -> String {
     format!(
         "exit {:?}\nstdout:\n{}\nstderr:\n{}",
         output.status.code(),

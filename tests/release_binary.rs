@@ -432,14 +432,10 @@ fn doctor_step(binary: &Path, work: &Path) {
 /// `build --build-mode fakechroot` in the container, as `nobody`, of the stand-in stack
 /// locked against a local mirror; the layers equal a root build's by the same binary.
 fn rootless_build_step(release: &Release, image: &str, work: &Path) {
-    use crate::build_rootless::{blob, differences, layer_digests};
-    use crate::e2e_support::stand_in::{cuda_12_4_wheels, lock, Target};
+    use crate::build_rootless::{blob, differences, layer_digests, locked_stand_in};
     let stack = work.join("stack");
     let mirror = stack.join("mirror");
-    cuda_12_4_wheels(Target::X86_64, &stack.join("libs"), &mirror);
-    let recipe = stack.join("rootless.yaml");
-    std::fs::write(&recipe, "name: rootless\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000000\n").unwrap();
-    lock(&recipe, &mirror);
+    let recipe = locked_stand_in(&stack);
 
     let root_layout = stack.join("layout-root");
     let output = Command::new(release.binary())
