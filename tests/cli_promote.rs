@@ -204,6 +204,24 @@ async fn promote_merges_the_verified_copies_each_gpu_job_pushed() {
     };
     let by_digest = plain.with_digest(fixture.digest).to_string();
 
+    // A verified copy in another repository cannot be promoted here: an error, nothing tagged.
+    let elsewhere = format!("{}/other/repo:2.4.1-verified", plain.registry());
+    let output = promote(&[
+        &by_digest,
+        "--to",
+        "2.4.1",
+        "--verified",
+        &elsewhere,
+        "--require-gpu",
+        "h100",
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert!(
+        text(&output).contains("not in the repository"),
+        "{}",
+        text(&output)
+    );
+
     // Only the H100 copy given: A100 is missing, nothing tagged.
     let output = promote(&[
         &by_digest,

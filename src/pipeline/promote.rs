@@ -104,6 +104,8 @@ pub enum PromoteError {
     },
     #[error("`{first}` and `{other}` are verified copies of different images (their layers differ); promote merges the verifications of one image\n  hint: give --verified only the tags the verification jobs of this build pushed")]
     DifferentImages { first: String, other: String },
+    #[error("`{verified}` is not in the repository of `{to}`; promote tags images within one repository\n  hint: give --verified tags of the repository being promoted")]
+    OtherRepository { verified: String, to: String },
     #[error("cannot merge the verified matrices into `{reference}`'s config: {detail}")]
     Merge { reference: String, detail: String },
     #[error(transparent)]
@@ -155,6 +157,16 @@ pub async fn promote(
         true => vec![derived],
         false => settings.verified.clone(),
     };
+    // The promoted tag references the verified images' layers: they must be in its
+    // repository, on the same registry.
+    if let Some(other) = sources.iter().find(|source| {
+        (source.registry(), source.repository()) != (plain.registry(), plain.repository())
+    }) {
+        return Err(PromoteError::OtherRepository {
+            verified: other.to_string(),
+            to: plain.to_string(),
+        });
+    }
     let client = RegistryClient::new(reference, client_options)?;
     let mut images = Vec::new();
     for source in sources {
