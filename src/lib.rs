@@ -20,6 +20,7 @@ pub mod rootfs;
 pub mod version;
 
 // Inputs.
+pub mod apt;
 pub mod fetch;
 pub mod lock;
 pub mod matrix;

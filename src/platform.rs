@@ -311,3 +311,10 @@ mod tests {
         );
     }
 }
+
+/// `program` on the build host's PATH.
+pub fn which(program: &str) -> Option<std::path::PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|path| path.is_file())
+}

@@ -5,9 +5,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use cudastack::apt::AptSources;
 use cudastack::fetch::http::HttpClient;
 use cudastack::lock::inputs::{lock_request_for, platform_lock_path};
+use cudastack::lock::lockfile::Lockfile;
 use cudastack::lock::resolve;
+use cudastack::lock::system::{deb_changes, DebChange, SystemRequest};
 use cudastack::matrix::validate::validate;
 use cudastack::recipe::Recipe;
 use serde::Serialize;
@@ -24,6 +27,22 @@ pub struct LockArgs {
     /// other local file (an index cannot point `lock` at one).
     #[arg(long)]
     mirror: Option<PathBuf>,
+    /// Re-resolve every Debian/Ubuntu package to the archive's current version and print
+    /// what changed (without it, the previous lock's versions are kept).
+    #[arg(long, conflicts_with = "upgrade_package")]
+    upgrade: bool,
+    /// Re-resolve this Debian/Ubuntu package only (repeatable); the others keep their
+    /// locked versions.
+    #[arg(long, value_name = "NAME")]
+    upgrade_package: Vec<String>,
+    /// An internal mirror of the base's archive that serves every suite of the release
+    /// (`RELEASE`, `-updates`, `-security`) from one root. Default: $CUDASTACK_APT_MIRROR,
+    /// else the distribution's public archives.
+    #[arg(long, value_name = "URL", env = "CUDASTACK_APT_MIRROR")]
+    apt_mirror: Option<reqwest::Url>,
+    /// The keyring that signs `--apt-mirror` (default: the distribution's archive keyring).
+    #[arg(long, value_name = "FILE", env = "CUDASTACK_APT_KEYRING")]
+    apt_keyring: Option<PathBuf>,
 }
 
 /// One lock file written: an item of `lock --json` (keys in alphabetical order, as they
@@ -35,6 +54,8 @@ struct Written<'a> {
     platform: &'static str,
     recipe: &'a PathBuf,
     recipe_digest: cudastack::digest::Digest,
+    /// Debian/Ubuntu packages added, removed or moved to another version.
+    deb_changes: Vec<DebChange>,
 }
 
 pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
@@ -71,22 +92,34 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
         // One lock per platform: NAME.lock (linux/amd64), NAME.linux-arm64.lock, ...
         for platform in recipe.platforms() {
             printer.status(format!("locking {} for {platform} ...", path.display()));
-            let request =
+            let mut request =
                 lock_request_for(matrix, &recipe, &client, args.mirror.as_deref(), platform)?;
-            let lockfile = runtime.block_on(resolve(&client, &request))?;
             let out = platform_lock_path(path, platform);
+            // A previous lock of another format or unreadable: nothing to keep.
+            let previous = Lockfile::read(&out).ok();
+            if let Some(system) = request.system.as_mut() {
+                configure_system(system, &args, &recipe, platform, previous.as_ref());
+            }
+            let lockfile = runtime.block_on(resolve(&client, &request))?;
             lockfile.write(&out)?;
             printer.status(format!(
                 "wrote {} ({} artifacts)",
                 out.display(),
                 lockfile.artifacts.len()
             ));
+            let changes = deb_changes(previous.as_ref(), &lockfile);
+            if previous.is_some() {
+                for change in &changes {
+                    printer.status(format!("  {change}"));
+                }
+            }
             written.push(Written {
                 artifacts: lockfile.artifacts.len(),
                 lock: out,
                 platform: platform.as_str(),
                 recipe: path,
                 recipe_digest: lockfile.recipe_digest,
+                deb_changes: changes,
             });
         }
     }
@@ -98,4 +131,32 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The archive (public or `--apt-mirror`), and the versions of the previous lock to keep
+/// (none with `--upgrade`, all but the named with `--upgrade-package`).
+fn configure_system(
+    system: &mut SystemRequest,
+    args: &LockArgs,
+    recipe: &Recipe,
+    platform: cudastack::recipe::Platform,
+    previous: Option<&Lockfile>,
+) {
+    if let Some((distro, release)) = recipe.base.distro() {
+        system.sources = AptSources::for_release(
+            distro,
+            release,
+            platform.to_debian(),
+            args.apt_mirror.as_ref(),
+            args.apt_keyring.clone(),
+        );
+    }
+    let upgrade = if args.upgrade {
+        Some(&[][..])
+    } else if args.upgrade_package.is_empty() {
+        None
+    } else {
+        Some(args.upgrade_package.as_slice())
+    };
+    system.keep = SystemRequest::keep_from(previous, upgrade);
 }

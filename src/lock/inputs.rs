@@ -12,10 +12,12 @@ use std::str::FromStr;
 
 use pep508_rs::Requirement;
 
+use crate::apt::AptSources;
 use crate::fetch::http::HttpClient;
 use crate::fetch::index::SimpleIndex;
 use crate::fetch::mirror::MirrorDir;
 use crate::fetch::source::PackageSource;
+use crate::lock::system::SystemRequest;
 use crate::lock::target::{GlibcVersion, Target};
 use crate::lock::LockRequest;
 use crate::matrix::validate::{selected_torch_build, torch_release};
@@ -220,7 +222,21 @@ pub fn lock_request_for(
         requirements,
         sources,
         redist: Vec::new(),
+        system: system_request(recipe, platform),
         recipe_digest: recipe.digest(),
+    })
+}
+
+/// The base's packages from the distribution's public archives (the caller may point
+/// them at a mirror and keep a previous lock's versions); None for a base cudastack does
+/// not build.
+pub fn system_request(recipe: &Recipe, platform: Platform) -> Option<SystemRequest> {
+    let (distro, release) = recipe.base.distro()?;
+    Some(SystemRequest {
+        sources: AptSources::for_release(distro, release, platform.to_debian(), None, None),
+        base: recipe.base.to_string(),
+        apt: Vec::new(),
+        keep: Default::default(),
     })
 }
 

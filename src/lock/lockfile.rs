@@ -21,7 +21,8 @@ use crate::lock::target::Target;
 use crate::names::{PackageName, WheelFilename};
 
 /// Bumped when the format changes incompatibly.
-pub const LOCK_FORMAT_VERSION: u32 = 1;
+/// Format 2 (issue 18) locks the base's Debian or Ubuntu packages (`deb` artifacts).
+pub const LOCK_FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockfileError {
@@ -62,6 +63,17 @@ pub enum ArtifactKind {
     RedistArchive,
     /// A Python wheel.
     Wheel,
+    /// A Debian or Ubuntu package of the base or of the recipe's `apt:` list.
+    Deb,
+}
+
+/// Which layer a `deb` artifact is installed in: the shared base (minbase, python3,
+/// ca-certificates) or the layer of the recipe's own `apt:` packages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DebLayer {
+    Base,
+    Apt,
 }
 
 /// One pinned artifact. Every field that later becomes a path or a request is parsed when
@@ -94,6 +106,18 @@ pub struct Artifact {
     /// Wheels: who required it (`<root>`, `torch`, `cuda-toolkit[cudart]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub required_by: Vec<String>,
+    /// Debs: the suite and component the archive lists it in (`bookworm-security`, `main`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suite: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub component: Option<String>,
+    /// Debs: the snapshot archive's copy, fetched when `url` is gone (the mirror keeps
+    /// only the current point release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_url: Option<Url>,
+    /// Debs: the layer it is installed in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<DebLayer>,
 }
 
 /// An artifact as written in the file, before [`Artifact::check`].
@@ -115,6 +139,14 @@ struct RawArtifact {
     requires: Vec<String>,
     #[serde(default)]
     required_by: Vec<String>,
+    #[serde(default)]
+    suite: Option<String>,
+    #[serde(default)]
+    component: Option<String>,
+    #[serde(default)]
+    fallback_url: Option<String>,
+    #[serde(default)]
+    layer: Option<DebLayer>,
 }
 
 /// Why one artifact of a lock is refused; always names the artifact and the field.
@@ -145,6 +177,14 @@ impl TryFrom<RawArtifact> for Artifact {
             FileName::new(raw.filename.clone()).map_err(|e| error("filename", e.to_string()))?;
         let url = Url::parse(&raw.url)
             .map_err(|e| error("url", format!("`{}` is not a URL: {e}", raw.url)))?;
+        let fallback_url = raw
+            .fallback_url
+            .as_deref()
+            .map(|text| {
+                Url::parse(text)
+                    .map_err(|e| error("fallback_url", format!("`{text}` is not a URL: {e}")))
+            })
+            .transpose()?;
         let artifact = Artifact {
             kind: raw.kind,
             name: raw.name,
@@ -158,6 +198,10 @@ impl TryFrom<RawArtifact> for Artifact {
             variant: raw.variant,
             requires: raw.requires,
             required_by: raw.required_by,
+            suite: raw.suite,
+            component: raw.component,
+            fallback_url,
+            layer: raw.layer,
         };
         artifact.check()?;
         Ok(artifact)
@@ -175,15 +219,23 @@ impl Artifact {
             field,
             reason,
         };
-        if !LOCK_URL_SCHEMES.contains(&self.url.scheme()) {
-            return Err(error(
-                "url",
-                format!(
-                    "`{}` has scheme `{}`; a lock may name only https, http or file URLs",
-                    self.url,
-                    self.url.scheme()
-                ),
-            ));
+        for (field, url) in [
+            ("url", Some(&self.url)),
+            ("fallback_url", self.fallback_url.as_ref()),
+        ] {
+            let Some(url) = url else { continue };
+            if !LOCK_URL_SCHEMES.contains(&url.scheme()) {
+                return Err(error(
+                    field,
+                    format!(
+                        "`{url}` has scheme `{}`; a lock may name only https, http or file URLs",
+                        url.scheme()
+                    ),
+                ));
+            }
+        }
+        if self.kind == ArtifactKind::Deb {
+            return self.check_deb();
         }
         if self.kind == ArtifactKind::Wheel {
             let wheel = WheelFilename::from_str(&self.filename)
@@ -209,6 +261,67 @@ impl Artifact {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// A deb's name, version and architecture go to mmdebstrap's `--include` and into a
+    /// Packages index: Debian's own syntax only (no `,`, space or newline can get in), a
+    /// `.deb` file name, and the layer, suite and component it was locked with.
+    fn check_deb(&self) -> Result<(), ArtifactError> {
+        let error = |field: &'static str, reason: String| ArtifactError {
+            name: self.name.clone(),
+            version: self.version.clone(),
+            field,
+            reason,
+        };
+        let name_ok = self.name.len() >= 2
+            && self
+                .name
+                .starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+-.".contains(c));
+        if !name_ok {
+            return Err(error(
+                "name",
+                format!("`{}` is not a Debian package name", self.name),
+            ));
+        }
+        let version_ok = self.version.starts_with(|c: char| c.is_ascii_digit())
+            && self
+                .version
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".+~:-".contains(c));
+        if !version_ok {
+            return Err(error(
+                "version",
+                format!("`{}` is not a Debian version", self.version),
+            ));
+        }
+        let architecture_ok = self.platform.as_deref().is_some_and(|a| {
+            !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        });
+        if !architecture_ok {
+            return Err(error(
+                "platform",
+                "a deb names its Debian architecture (`amd64`, `all`)".into(),
+            ));
+        }
+        if !self.filename.ends_with(".deb") {
+            return Err(error(
+                "filename",
+                format!("`{}` is not a .deb", &*self.filename),
+            ));
+        }
+        if self.layer.is_none() || self.suite.is_none() || self.component.is_none() {
+            return Err(error(
+                "layer",
+                "a deb names its layer, suite and component".into(),
+            ));
         }
         Ok(())
     }

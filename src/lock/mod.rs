@@ -12,6 +12,7 @@
 pub mod inputs;
 pub mod lockfile;
 pub mod resolver;
+pub mod system;
 pub mod target;
 
 use std::sync::Arc;
@@ -93,6 +94,8 @@ pub enum LockError {
         "Index file `{url}` is a local file; only a `--mirror` directory may provide local files"
     )]
     LocalFile { url: String },
+    #[error(transparent)]
+    System(#[from] system::SystemError),
     #[error("The resolver task failed")]
     Join(#[from] tokio::task::JoinError),
     #[error("internal resolver error: {0}")]
@@ -108,6 +111,9 @@ pub struct LockRequest {
     /// Package sources in priority order; each package comes from the first that has it.
     pub sources: Vec<PackageSource>,
     pub redist: Vec<RedistRequest>,
+    /// The Debian or Ubuntu base's packages and the recipe's `apt:` list; None for a
+    /// lock of wheels only.
+    pub system: Option<system::SystemRequest>,
     /// The recipe's digest, recorded so a changed recipe makes the lock stale.
     pub recipe_digest: Digest,
 }
@@ -160,6 +166,10 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
                 variant: None,
                 requires: resolved.requires.into_iter().collect(),
                 required_by: resolved.required_by.into_iter().collect(),
+                suite: None,
+                component: None,
+                fallback_url: None,
+                layer: None,
             });
         }
     }
@@ -184,8 +194,23 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
                 variant: artifact.variant.clone(),
                 requires: Vec::new(),
                 required_by: Vec::new(),
+                suite: None,
+                component: None,
+                fallback_url: None,
+                layer: None,
             });
         }
+    }
+
+    if let Some(system) = request.system.clone() {
+        let target = request.target.clone();
+        let cufile = artifacts
+            .iter()
+            .any(|a| a.name.starts_with("nvidia-cufile"));
+        let debs =
+            tokio::task::spawn_blocking(move || system::resolve_system(&system, &target, cufile))
+                .await??;
+        artifacts.extend(debs);
     }
 
     // The same checks a lock read from disk passes: what `lock` writes, `build` accepts.

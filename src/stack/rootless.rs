@@ -269,12 +269,7 @@ fn user_namespaces_work() -> Result<(), String> {
     ))
 }
 
-/// `program` on PATH.
-pub fn which(program: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(program))
-        .find(|path| path.is_file())
-}
+pub use crate::platform::which;
 
 /// Unpack the tar `archive` (mmdebstrap's output) into `dest` as this user, leaving out
 /// device nodes and everything under `dev/` (the runtime provides /dev, as the root
