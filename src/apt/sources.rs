@@ -137,6 +137,15 @@ impl AptSources {
         text
     }
 
+    /// The `sources.list` an image gets: the same suites, checked by the keyring the
+    /// base's own archive-keyring package installs (apt's default trust).
+    pub fn image_sources_list(&self) -> String {
+        self.suites
+            .iter()
+            .map(|s| format!("deb {} {} {}\n", s.root, s.suite, s.components.join(" ")))
+            .collect()
+    }
+
     /// The suites searched, for errors (`bookworm, bookworm-updates (deb.debian.org/debian)`).
     pub fn describe(&self) -> String {
         self.suites

@@ -87,6 +87,10 @@ pub struct BuildArgs {
     /// lists the modes this host allows.
     #[arg(long, value_enum, default_value_t = BuildModeArg::Auto, env = "CUDASTACK_BUILD_MODE")]
     build_mode: BuildModeArg,
+    /// A mirror of the base's archive, tried first for every locked .deb (the same pool
+    /// path under this root); then the URL it was locked from, then the snapshot archive.
+    #[arg(long, value_name = "URL", env = "CUDASTACK_APT_MIRROR")]
+    apt_mirror: Option<reqwest::Url>,
 }
 
 /// The build's stages on stderr, timed from the start, and download bars.
@@ -183,6 +187,7 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
             BuildModeArg::Unshare => Some(BuildMode::Unshare),
             BuildModeArg::Fakechroot => Some(BuildMode::Fakechroot),
         },
+        apt_mirror: args.apt_mirror,
     };
     Ok(PipelineSettings {
         build,

@@ -521,7 +521,7 @@ pub fn is_refused_or_unresolved(error: &reqwest::Error) -> bool {
 }
 
 /// An error and its causes on one line, for retry messages.
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

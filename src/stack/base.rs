@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::apt::{write_repo, AptSources, DebFile};
 use crate::layer::RecordedOwners;
 use crate::stack::rootless::{unpack_recording_owners, which, BuildMode, RootlessError};
 use crate::version::PythonVersion;
@@ -36,6 +37,8 @@ pub enum BaseError {
     Foreign(#[from] crate::stack::foreign_base::ForeignBaseError),
     #[error(transparent)]
     Rootless(#[from] RootlessError),
+    #[error(transparent)]
+    Repo(#[from] crate::apt::RepoError),
     #[error("the base has no {what} in `{path}`; cudastack needs {why}")]
     Missing {
         what: &'static str,
@@ -44,67 +47,63 @@ pub enum BaseError {
     },
 }
 
-/// A rootfs cudastack builds itself.
+/// A root filesystem cudastack builds itself, from locked .debs only.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DebootstrapSpec {
     pub distro: String,
     pub release: String,
-    /// Packages on top of the minbase variant.
+    /// Every package installed: exactly the locked set, in name order (mmdebstrap's
+    /// `custom` variant installs these and nothing else).
     pub packages: Vec<String>,
-    pub mirror: Option<String>,
     pub source_date_epoch: u64,
     /// The Debian architecture when it is not the build host's (`arm64` on x86_64): the
     /// packages are unpacked, not configured, and [`foreign_base`] finishes the root.
-    /// Absent from the cache key of native bases, so their keys did not change.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub foreign_architecture: Option<String>,
     /// The base's Debian architecture when it is not amd64 (native arm64 on an aarch64
     /// builder): in the cache key, so a cache shared between machines never mixes them.
-    /// Absent for amd64, so the keys of amd64 bases did not change.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub architecture: Option<String>,
+    /// The image's `/etc/apt/sources.list`: the archive the packages were locked from, so
+    /// `apt-get install` in a derived image reads the real archive.
+    pub sources_list: String,
+    /// The locked files; their digests are the cache key's inputs.
+    #[serde(skip)]
+    pub debs: Vec<DebFile>,
 }
 
 impl DebootstrapSpec {
-    /// What a Python CUDA stack needs on top of minbase: the interpreter and CA certificates
-    /// for anything that talks TLS. Not libgomp: torch vendors its own, and a second OpenMP
-    /// runtime with the same SONAME is exactly what the audit refuses.
-    pub fn for_python_stack(distro: &str, release: &str, source_date_epoch: u64) -> Self {
-        Self {
+    /// The root of `debs` for the Debian architecture `architecture` (`amd64`, `arm64`):
+    /// foreign when it is not the build host's.
+    pub fn from_debs(
+        distro: &str,
+        release: &str,
+        architecture: &str,
+        source_date_epoch: u64,
+        debs: Vec<DebFile>,
+    ) -> Self {
+        let mut packages: Vec<String> = debs.iter().map(|d| d.name.clone()).collect();
+        packages.sort();
+        packages.dedup();
+        let sources = AptSources::for_release(distro, release, architecture, None, None);
+        DebootstrapSpec {
             distro: distro.to_string(),
             release: release.to_string(),
-            packages: ["python3", "ca-certificates"].map(String::from).to_vec(),
-            mirror: None,
+            packages,
             source_date_epoch,
-            foreign_architecture: None,
-            architecture: (host_debian_architecture() != "amd64")
-                .then(|| host_debian_architecture().to_string()),
+            foreign_architecture: (architecture != host_debian_architecture())
+                .then(|| architecture.to_string()),
+            architecture: (architecture != "amd64").then(|| architecture.to_string()),
+            sources_list: sources.image_sources_list(),
+            debs,
         }
     }
 
-    /// The same base for the Debian architecture `architecture` (`amd64`, `arm64`):
-    /// foreign when it is not the build host's.
-    pub fn for_architecture(mut self, architecture: &str) -> Self {
-        self.foreign_architecture =
-            (architecture != host_debian_architecture()).then(|| architecture.to_string());
-        self.architecture = (architecture != "amd64").then(|| architecture.to_string());
-        self
-    }
-
-    fn mirror(&self) -> String {
-        let architecture = self
-            .foreign_architecture
-            .as_deref()
-            .unwrap_or(host_debian_architecture());
-        let ports = !matches!(architecture, "amd64" | "i386");
-        self.mirror
-            .clone()
-            .unwrap_or_else(|| match self.distro.as_str() {
-                // Ubuntu serves architectures other than amd64/i386 from a separate archive.
-                "ubuntu" if ports => "http://ports.ubuntu.com/ubuntu-ports".to_string(),
-                "ubuntu" => "http://archive.ubuntu.com/ubuntu".to_string(),
-                _ => "http://deb.debian.org/debian".to_string(),
-            })
+    /// The digests of the locked files, in name order.
+    pub fn deb_digests(&self) -> Vec<crate::digest::Digest> {
+        let mut debs: Vec<&DebFile> = self.debs.iter().collect();
+        debs.sort_by(|a, b| a.name.cmp(&b.name));
+        debs.iter().map(|d| d.sha256).collect()
     }
 }
 
@@ -131,12 +130,30 @@ pub fn debootstrap(
     if which("mmdebstrap").is_none() {
         return Err(BaseError::MmdebstrapMissing);
     }
+    // The repository of locked .debs, beside `dest` (the same filesystem as the blob
+    // links, and readable in mmdebstrap's user namespace); removed when done.
+    let parent = dest.parent().unwrap_or(Path::new("."));
+    let repo = tempfile::Builder::new()
+        .prefix(".repo-")
+        .tempdir_in(parent)
+        .map_err(|source| BaseError::Io {
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    write_repo(repo.path(), &spec.debs)?;
+    let sources_list = repo.path().join("image-sources.list");
+    fs_err::write(&sources_list, &spec.sources_list).map_err(|source| BaseError::Io {
+        path: sources_list.clone(),
+        source,
+    })?;
     let mut owners = match mode {
         BuildMode::Root => {
-            run_mmdebstrap(spec, mmdebstrap_command(spec, dest, mode))?;
+            run_mmdebstrap(spec, mmdebstrap_command(spec, dest, mode, repo.path()))?;
             None
         }
-        BuildMode::Unshare | BuildMode::Fakechroot => Some(mmdebstrap_to_tar(spec, dest, mode)?),
+        BuildMode::Unshare | BuildMode::Fakechroot => {
+            Some(mmdebstrap_to_tar(spec, dest, mode, repo.path())?)
+        }
     };
     if let Some(architecture) = &spec.foreign_architecture {
         crate::stack::foreign_base::finish_unpacked_root(
@@ -156,12 +173,13 @@ fn mmdebstrap_to_tar(
     spec: &DebootstrapSpec,
     dest: &Path,
     mode: BuildMode,
+    repo: &Path,
 ) -> Result<RecordedOwners, BaseError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| BaseError::Io { path, source }
     };
-    let mut command = mmdebstrap_command(spec, Path::new("-"), mode);
+    let mut command = mmdebstrap_command(spec, Path::new("-"), mode, repo);
     let shown = format!("{command:?}");
     let stderr = tempfile::tempfile().map_err(io(Path::new("stderr of mmdebstrap")))?;
     let mut child = command
@@ -209,9 +227,15 @@ fn mmdebstrap_failed(
 /// bytes. Only for rootless modes, so a root build's digest does not change.
 const ROOTLESS_PYC: &str = "[ ! -d \"$1\"/usr/share/python3/debpython ] || chroot \"$1\" sh -c 'python3 -m py_compile /usr/share/python3/debpython/*.py'";
 
-/// The mmdebstrap command for `spec`: minbase natively, unpack-only for another
-/// architecture; `dest` is `-` (a tar on stdout) in a rootless mode.
-fn mmdebstrap_command(spec: &DebootstrapSpec, dest: &Path, mode: BuildMode) -> Command {
+/// The mmdebstrap command for `spec`: exactly the locked packages from the local
+/// repository `repo` (installed natively, unpacked for another architecture); `dest` is
+/// `-` (a tar on stdout) in a rootless mode.
+fn mmdebstrap_command(
+    spec: &DebootstrapSpec,
+    dest: &Path,
+    mode: BuildMode,
+    repo: &Path,
+) -> Command {
     // Caches, logs and the package lists change with every run and are no use in an image.
     // mmdebstrap copies the build host's /etc/resolv.conf and /etc/hostname in (for apt's
     // network): emptied with fixed modes, so the image neither depends on nor reveals the
@@ -222,11 +246,15 @@ fn mmdebstrap_command(spec: &DebootstrapSpec, dest: &Path, mode: BuildMode) -> C
     if mode != BuildMode::Root {
         command.arg("--format=tar");
     }
+    // mmdebstrap writes the repository it installed from into the image's sources.list;
+    // the image gets the archive the packages were locked from.
+    const SOURCES: &str = "cat \"$CUDASTACK_IMAGE_SOURCES\" > \"$1/etc/apt/sources.list\"";
+    command.env("CUDASTACK_IMAGE_SOURCES", repo.join("image-sources.list"));
+    let include = format!("--include={}", spec.packages.join(","));
     match &spec.foreign_architecture {
         None => {
-            command
-                .arg("--variant=minbase")
-                .arg(format!("--include={}", spec.packages.join(",")));
+            command.arg("--variant=custom").arg(&include);
+            command.arg(format!("--customize-hook={SOURCES}"));
             if mode != BuildMode::Root {
                 command.arg(format!("--customize-hook={ROOTLESS_PYC}"));
             }
@@ -240,9 +268,8 @@ fn mmdebstrap_command(spec: &DebootstrapSpec, dest: &Path, mode: BuildMode) -> C
             command
                 .arg("--variant=extract")
                 .arg(format!("--architectures={architecture}"))
-                .arg("--include=?essential")
-                .arg("--include=?priority(required)")
-                .arg(format!("--include=apt,{}", spec.packages.join(",")))
+                .arg(&include)
+                .arg(format!("--extract-hook={SOURCES}"))
                 .arg(format!(
                     "--extract-hook={}",
                     crate::stack::foreign_base::DPKG_STATUS_HOOK
@@ -257,7 +284,7 @@ fn mmdebstrap_command(spec: &DebootstrapSpec, dest: &Path, mode: BuildMode) -> C
     command
         .arg(&spec.release)
         .arg(dest)
-        .arg(spec.mirror())
+        .arg(format!("deb [trusted=yes] copy://{} ./", repo.display()))
         .env("SOURCE_DATE_EPOCH", spec.source_date_epoch.to_string());
     command
 }

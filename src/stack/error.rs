@@ -57,6 +57,10 @@ pub enum BuildError {
         expected: String,
         hint: String,
     },
+    #[error("{} locked .deb{} could not be fetched from any of their URLs:\n{}\n  hint: if the archive has moved on and the snapshot archive is not reachable from here, point `--apt-mirror URL` at a mirror that keeps these versions, or run `cudastack lock --upgrade` to lock the archive's current versions (and review the diff it prints)", missing.len(), if missing.len() == 1 { "" } else { "s" }, missing.iter().map(|m| format!("  {m}")).collect::<Vec<_>>().join("\n"))]
+    DebsUnavailable { missing: Vec<String> },
+    #[error(transparent)]
+    Repo(#[from] crate::apt::RepoError),
     #[error("{0}")]
     Unsupported(String),
     #[error("I/O error on `{path}`")]

@@ -23,3 +23,4 @@ pub mod rootless;
 mod settings;
 mod staging;
 pub mod toolkit;
+mod tree_diff;

@@ -7,13 +7,14 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::apt::DebFile;
 use crate::cas::BlobStore;
 use crate::digest::Digest;
 use crate::elf::Machine;
 use crate::fetch::download::{Downloader, FetchItem};
 use crate::fetch::http::HttpClient;
 use crate::lock::inputs::platform_lock_path;
-use crate::lock::lockfile::{Artifact, ArtifactKind, Lockfile};
+use crate::lock::lockfile::{Artifact, ArtifactKind, DebLayer, Lockfile};
 use crate::matrix::validate::{gpu_errors, locked_torch_build, selected_torch_build};
 use crate::matrix::{Matrix, TorchBuild};
 use crate::recipe::{Platform, Recipe};
@@ -42,6 +43,10 @@ pub(crate) struct PlatformInputs<'a> {
     /// The recipe's torch build with the arch list of this platform's wheel; None without
     /// torch.
     pub torch_build: Option<TorchBuild>,
+    /// The base's locked .debs, fetched and checked.
+    pub base_debs: Vec<DebFile>,
+    /// The `apt:` layer's locked .debs (empty without `apt:`).
+    pub apt_debs: Vec<DebFile>,
 }
 
 impl PlatformInputs<'_> {
@@ -72,6 +77,7 @@ pub(crate) async fn prepare_platform<'a>(
 ) -> Result<PlatformInputs<'a>, BuildError> {
     let lock = read_lock(settings, recipe, platform)?;
     let wheels = fetch_wheels(settings, &lock, store, progress).await?;
+    let (base_debs, apt_debs) = fetch_debs(settings, &lock, store, progress).await?;
     // The arch list this platform's torch wheel really carries (aarch64 builds carry
     // fewer SASS targets than the x86_64 one the matrix was read from), so the labels
     // and the probe's expectations describe this image.
@@ -108,6 +114,8 @@ pub(crate) async fn prepare_platform<'a>(
         lock,
         wheels,
         torch_build,
+        base_debs,
+        apt_debs,
     })
 }
 
@@ -275,6 +283,126 @@ async fn fetch_wheels(
         );
     }
     Ok(wheel_paths)
+}
+
+/// Download (or find in the blob store) every deb of `lock`, each from the first of its
+/// URLs that serves the locked bytes: `--apt-mirror`, the archive, the snapshot archive.
+/// Every deb that none of them has is named in one error. Returns (base, apt layer).
+async fn fetch_debs(
+    settings: &BuildSettings,
+    lock: &Lockfile,
+    store: &BlobStore,
+    progress: &dyn BuildProgress,
+) -> Result<(Vec<DebFile>, Vec<DebFile>), BuildError> {
+    let debs: Vec<&Artifact> = lock
+        .artifacts
+        .iter()
+        .filter(|a| a.kind == ArtifactKind::Deb)
+        .collect();
+    if debs.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let downloader = Downloader::new(
+        HttpClient::with_defaults()?,
+        store.clone(),
+        progress.downloads(),
+    )
+    .offline(settings.offline);
+    let items: Vec<FetchItem> = debs.iter().map(|a| a.fetch_item()).collect();
+    let missing = downloader.missing(&items).len();
+    progress.stage(
+        "fetch",
+        &format!("{} base packages, {} to download", debs.len(), missing),
+    );
+    let fetches = debs.iter().map(|artifact| {
+        let candidates = deb_urls(artifact, settings.apt_mirror.as_ref());
+        let downloader = downloader.clone();
+        let item = artifact.fetch_item();
+        async move { fetch_first(&downloader, item, candidates).await }
+    });
+    let results = futures_util::future::join_all(fetches).await;
+    let mut unavailable = Vec::new();
+    let (mut base, mut apt) = (Vec::new(), Vec::new());
+    for (artifact, result) in debs.iter().zip(results) {
+        match result {
+            Ok(path) => {
+                let file = DebFile {
+                    name: artifact.name.clone(),
+                    version: artifact.version.clone(),
+                    architecture: artifact.platform.clone().unwrap_or_default(),
+                    filename: artifact.filename.to_string(),
+                    sha256: artifact.sha256,
+                    size: artifact.size,
+                    path,
+                };
+                match artifact.layer {
+                    Some(DebLayer::Apt) => apt.push(file),
+                    _ => base.push(file),
+                }
+            }
+            Err(tried) => unavailable.push(format!(
+                "{} {} ({})",
+                artifact.name,
+                artifact.version,
+                tried.join("; ")
+            )),
+        }
+    }
+    if !unavailable.is_empty() {
+        return Err(BuildError::DebsUnavailable {
+            missing: unavailable,
+        });
+    }
+    Ok((base, apt))
+}
+
+/// Where a locked deb may be fetched from, in order: the mirror given to this build (the
+/// same pool path under its root), the URL it was locked from, the snapshot archive.
+fn deb_urls(artifact: &Artifact, apt_mirror: Option<&reqwest::Url>) -> Vec<reqwest::Url> {
+    let mut urls = Vec::new();
+    if let Some(mirror) = apt_mirror {
+        let pool_path = artifact
+            .url
+            .as_str()
+            .strip_prefix(artifact.source.trim_end_matches('/'))
+            .map(|p| p.trim_start_matches('/'));
+        if let Some(url) = pool_path.and_then(|p| {
+            reqwest::Url::parse(&format!("{}/{p}", mirror.as_str().trim_end_matches('/'))).ok()
+        }) {
+            urls.push(url);
+        }
+    }
+    urls.push(artifact.url.clone());
+    urls.extend(artifact.fallback_url.clone());
+    urls
+}
+
+/// The blob of `item` from the first of `urls` that serves its bytes; on failure, what
+/// each URL answered.
+async fn fetch_first(
+    downloader: &Downloader,
+    item: FetchItem,
+    urls: Vec<reqwest::Url>,
+) -> Result<PathBuf, Vec<String>> {
+    let mut tried = Vec::new();
+    for url in urls {
+        let attempt = FetchItem {
+            url: url.clone(),
+            ..item.clone()
+        };
+        match downloader.fetch(&attempt).await {
+            Ok(path) => return Ok(path),
+            Err(error) => tried.push(format!(
+                "{url}: {}",
+                crate::fetch::http::error_chain(&error)
+            )),
+        }
+        // Offline, no URL can help.
+        if tried.last().is_some_and(|t| t.contains("Offline")) {
+            break;
+        }
+    }
+    Err(tried)
 }
 
 /// `wheels/<sha256>/<filename>` -> the blob. One directory per digest: two indexes may serve

@@ -29,6 +29,8 @@ pub struct BuildSettings {
     /// How mmdebstrap builds the base (docs/rootless.md); None: root as uid 0, else
     /// unshare when user namespaces work, else fakechroot.
     pub build_mode: Option<crate::stack::rootless::BuildMode>,
+    /// A mirror of the base's archive tried before the lock's URLs (`--apt-mirror`).
+    pub apt_mirror: Option<reqwest::Url>,
 }
 
 /// Progress lines, one per stage; downloads get their own reporter (bars).

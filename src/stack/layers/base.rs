@@ -41,30 +41,29 @@ impl<'a> BaseLayer<'a> {
             Base::Ubuntu(release) => ("ubuntu", release.as_str()),
             other => return Err(BuildError::Unsupported(format!("base {other} is not supported by `cudastack build` yet; build from `debian:` or `ubuntu:` releases"))),
         };
-        let mut spec = DebootstrapSpec::for_python_stack(distro, release, mtime)
-            .for_architecture(inputs.platform.to_debian());
-        // cuFile's RDMA plugin (GPUDirect Storage, nvidia-cufile wheels from torch 2.7 on)
-        // links the rdma-core user-space libraries; the distribution's packages provide
-        // them, so every DT_NEEDED in the image resolves.
-        if inputs
-            .lock
-            .artifacts
-            .iter()
-            .any(|a| a.name.starts_with("nvidia-cufile"))
-        {
-            spec.packages
-                .extend(["libibverbs1", "librdmacm1", "ibverbs-providers"].map(String::from));
+        if inputs.base_debs.is_empty() {
+            return Err(BuildError::Unsupported(format!(
+                "the lock of `{}` has no Debian or Ubuntu packages for its base {}; run `cudastack lock` again (locks made before cudastack locked the base cannot build it)",
+                inputs.recipe.name, inputs.recipe.base
+            )));
         }
-        // `+etc2`: the bases since /etc/resolv.conf and /etc/hostname are emptied (they held
-        // the build host's); older staged bases must not be reused.
+        let spec = DebootstrapSpec::from_debs(
+            distro,
+            release,
+            inputs.platform.to_debian(),
+            mtime,
+            inputs.base_debs.clone(),
+        );
+        // `+locked`: the bases made from locked .debs (issue 18); `+etc2`: /etc/resolv.conf
+        // and /etc/hostname emptied.
         let assembler = match spec.foreign_architecture {
-            None => format!("{ASSEMBLER}/base-mmdebstrap+etc2"),
+            None => format!("{ASSEMBLER}/base-mmdebstrap+etc2+locked"),
             Some(_) => format!(
-                "{ASSEMBLER}/base-mmdebstrap-{}+etc2",
+                "{ASSEMBLER}/base-mmdebstrap-{}+etc2+locked",
                 crate::stack::foreign_base::ASSEMBLER
             ),
         };
-        let key = CacheKey::new(&assembler, &[], &spec);
+        let key = CacheKey::new(&assembler, &spec.deb_digests(), &spec);
         let facts_record = staging.dir(&key).with_extension("facts.json");
         let owners_record = staging.dir(&key).with_extension("owners.json");
         Ok(Self {
@@ -76,6 +75,16 @@ impl<'a> BaseLayer<'a> {
             recipe: inputs.recipe,
             lock: &inputs.lock,
         })
+    }
+
+    /// The base's spec (its distribution, release and architecture, its locked .debs).
+    pub fn spec(&self) -> &DebootstrapSpec {
+        &self.spec
+    }
+
+    /// `--build-mode` as given.
+    pub fn mode(&self) -> Option<BuildMode> {
+        self.mode
     }
 
     /// Where the base's [`RootfsFacts`] are recorded once its tree has been opened.

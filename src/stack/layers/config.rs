@@ -34,16 +34,16 @@ pub(crate) struct ConfigLayer<'a> {
     expect_json: Vec<u8>,
     /// The native probe, for images without torch, when one is built for them.
     native_probe: Option<NativeProbe>,
-    /// The staged trees of the base, cuda, cudnn and python layers.
-    below: [PathBuf; 4],
+    /// The staged trees of every layer below, base first.
+    below: Vec<PathBuf>,
     machine: Machine,
     staging: &'a Staging,
     progress: &'a dyn BuildProgress,
 }
 
 impl<'a> ConfigLayer<'a> {
-    /// Plan the config layer over the four layers `below` (base, cuda, cudnn, python).
-    pub fn plan(inputs: &PlatformInputs, below: [&dyn LayerStager; 4], env: &BuildEnv<'a>) -> Self {
+    /// Plan the config layer over the layers `below` (base, apt, cuda, cudnn, python).
+    pub fn plan(inputs: &PlatformInputs, below: &[&dyn LayerStager], env: &BuildEnv<'a>) -> Self {
         let (conf_path, conf_text) = ld_so_conf(&inputs.paths());
         let recipe_json = inputs.recipe.canonical_json();
         let lock_json = inputs.lock.to_json();
@@ -72,7 +72,10 @@ impl<'a> ConfigLayer<'a> {
             lock_json,
             expect_json,
             native_probe,
-            below: below.map(|layer| env.staging.dir(layer.key())),
+            below: below
+                .iter()
+                .map(|layer| env.staging.dir(layer.key()))
+                .collect(),
             machine: inputs.machine(),
             staging: env.staging,
             progress: env.progress,
@@ -128,8 +131,13 @@ impl<'a> ConfigLayer<'a> {
         // into the same directory.
         let scratch = self.staging.scratch(&self.key, "merged")?;
         let merged = scratch.path();
-        let [base, cuda, cudnn, python] = &self.below;
-        merge_trees(&[base, cuda, cudnn, python, dir], merged)?;
+        let trees: Vec<&Path> = self
+            .below
+            .iter()
+            .map(PathBuf::as_path)
+            .chain([dir])
+            .collect();
+        merge_trees(&trees, merged)?;
         let cache_bytes = ldcache::ld_so_cache(merged, self.machine)
             .map_err(|e| BuildError::Unsupported(e.to_string()))?;
         write_file(&dir.join("etc/ld.so.cache"), &cache_bytes)

@@ -1,5 +1,6 @@
-//! The five layers of a CUDA stack, one file per kind, in image order:
-//! [`base`] (a Debian or Ubuntu root) -> [`toolkit`] (the `cuda` and `cudnn` layers, from
+//! The layers of a CUDA stack, one file per kind, in image order:
+//! [`base`] (a Debian or Ubuntu root) -> [`apt`] (the recipe's `apt:` packages, when it
+//! has any) -> [`toolkit`] (the `cuda` and `cudnn` layers, from
 //! the nvidia-* wheels) -> [`python`] (every wheel, nvidia libraries linked to the toolkit's
 //! copies) -> [`config`] (loader configuration and cache, provenance, the probe).
 //!
@@ -9,6 +10,7 @@
 //! to stage. A layer's key names exactly the inputs its tree depends on, including the keys
 //! of the layers below it when it reads their trees.
 
+pub mod apt;
 pub mod base;
 pub mod config;
 pub mod python;
@@ -57,6 +59,8 @@ pub(crate) trait LayerStager {
 /// The planned layers of one platform's image, bottom to top.
 pub(crate) struct StackLayers<'a> {
     pub base: base::BaseLayer<'a>,
+    /// The recipe's `apt:` packages, when it has any.
+    pub apt: Option<apt::AptLayer>,
     pub cuda: toolkit::ToolkitLayer,
     pub cudnn: toolkit::ToolkitLayer,
     pub python: python::PythonLayer<'a>,
@@ -68,11 +72,18 @@ impl<'a> StackLayers<'a> {
     /// staged; the config layer's planning looks for the native probe.
     pub fn plan(inputs: &'a PlatformInputs, env: &'a BuildEnv) -> Result<Self, BuildError> {
         let base = base::BaseLayer::plan(inputs, env.options.mtime, env.staging, env.build_mode)?;
+        let apt = apt::AptLayer::plan(inputs, &base, env)?;
         let (cuda, cudnn) = toolkit::ToolkitLayer::plan(inputs, env.staging);
         let python = python::PythonLayer::plan(inputs, &cuda, &cudnn);
-        let config = config::ConfigLayer::plan(inputs, [&base, &cuda, &cudnn, &python], env);
+        let mut below: Vec<&dyn LayerStager> = vec![&base];
+        if let Some(apt) = &apt {
+            below.push(apt);
+        }
+        below.extend([&cuda as &dyn LayerStager, &cudnn, &python]);
+        let config = config::ConfigLayer::plan(inputs, &below, env);
         Ok(Self {
             base,
+            apt,
             cuda,
             cudnn,
             python,
@@ -81,14 +92,18 @@ impl<'a> StackLayers<'a> {
     }
 
     /// The layers in image order.
-    pub fn all(&self) -> [&dyn LayerStager; 5] {
-        [
-            &self.base,
-            &self.cuda,
+    pub fn all(&self) -> Vec<&dyn LayerStager> {
+        let mut layers: Vec<&dyn LayerStager> = vec![&self.base];
+        if let Some(apt) = &self.apt {
+            layers.push(apt);
+        }
+        layers.extend([
+            &self.cuda as &dyn LayerStager,
             &self.cudnn,
             &self.python,
             &self.config,
-        ]
+        ]);
+        layers
     }
 
     /// Where each layer's tree is staged, in image order.
