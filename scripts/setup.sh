@@ -28,6 +28,28 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >&2
 fi
 
+# Ubuntu's archive keyring, which `cudastack lock` checks Ubuntu bases' InRelease against.
+# Debian packages it from trixie on; fetched with apt against a throwaway root trusting
+# only Debian's keyring, so apt checks its signature and hash, then installed.
+if [ ! -f /usr/share/keyrings/ubuntu-archive-keyring.gpg ]; then
+  root=$(mktemp -d)
+  mkdir -p "$root"/etc/apt/{sources.list.d,preferences.d,apt.conf.d,trusted.gpg.d} \
+    "$root"/var/lib/apt/lists/partial "$root"/var/cache/apt/archives/partial "$root"/var/lib/dpkg
+  touch "$root"/var/lib/dpkg/status
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
+    > "$root"/etc/apt/sources.list
+  opts=(-o "Dir=$root" -o "Dir::State::status=$root/var/lib/dpkg/status" -o "Dir::Etc::TrustedParts=$root/etc/apt/trusted.gpg.d"
+    -o Dir::Etc::Trusted=/nonexistent -o Debug::NoLocking=1 -o "APT::Sandbox::User=$(id -un)" -o Acquire::Languages=none)
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  if apt-get "${opts[@]}" -qq update && (cd "$root" && apt-get "${opts[@]}" -qq download ubuntu-keyring); then
+    $sudo_cmd dpkg -i "$root"/ubuntu-keyring_*.deb >/dev/null
+  else
+    echo "setup: could not fetch ubuntu-keyring; locking Ubuntu bases will fail" >&2
+  fi
+  rm -rf "$root"
+fi
+
 # The static release binary (scripts/release.sh, tests/release_binary.rs) links against
 # Rust's musl standard library.
 if command -v rustup >/dev/null 2>&1; then

@@ -299,6 +299,7 @@ async fn locks_fixture_indexes_and_redist_then_fetches_everything() {
             index(&client, &server, "/simple/", false),
         ],
         redist,
+        system: None,
         recipe_digest: Digest::of_bytes(b"fixture recipe"),
     };
     let lock = resolve(&client, &request).await.unwrap();
@@ -434,6 +435,7 @@ async fn plain_linux_wheels_are_refused_on_pypi_like_indexes() {
         requirements: requirements(&["torchlike"]),
         sources: vec![index(&client, &server, "/simple/", false)],
         redist: vec![],
+        system: None,
         recipe_digest: Digest::of_bytes(b"x"),
     };
     let error = resolve(&client, &request).await.unwrap_err();
@@ -460,6 +462,7 @@ async fn precise_errors_for_platform_and_missing_packages() {
         requirements: requirements(reqs),
         sources: vec![index(&client, &server, "/simple/", false)],
         redist: vec![],
+        system: None,
         recipe_digest: Digest::of_bytes(b"x"),
     };
     let error = resolve(&client, &lock(&["winonly"])).await.unwrap_err();
@@ -514,6 +517,7 @@ async fn mirror_directory_locks_with_file_urls() {
         requirements: requirements(&["alpha"]),
         sources: vec![source],
         redist: vec![],
+        system: None,
         recipe_digest: Digest::of_bytes(b"x"),
     };
     let lock = resolve(&client, &request).await.unwrap();
@@ -588,6 +592,7 @@ async fn mirrored_redist_manifest_resolves_to_local_archives() {
             platform: "linux-x86_64".into(),
             cuda_variant: None,
         }],
+        system: None,
         recipe_digest: Digest::of_bytes(b"x"),
     };
     let lock = resolve(&client, &request).await.unwrap();

@@ -96,6 +96,7 @@ fn request(requirements: &[&str]) -> (HttpClient, LockRequest) {
             .collect(),
         sources: vec![PackageSource::pypi(client.clone())],
         redist: vec![],
+        system: None,
         recipe_digest: Digest::of_bytes(requirements.join("\n").as_bytes()),
     };
     (client, request)
@@ -291,6 +292,7 @@ async fn no_wheel_for_the_python_names_package_python_platform_and_tags() {
         requirements: vec![Requirement::from_str("torch==2.0.1").unwrap()],
         sources: vec![PackageSource::pypi(client.clone())],
         redist: vec![],
+        system: None,
         recipe_digest: Digest::of_bytes(b"x"),
     };
     let error = resolve(&client, &request).await.unwrap_err();

@@ -720,8 +720,9 @@ pub fn relock_workflow(recipes: &[WorkflowRecipe], options: &WorkflowOptions) ->
     header(
         &mut out,
         options,
-        "# Re-lock every recipe weekly: when upstream moved (a new wheel build, a yanked file), the\n\
-         # changed locks come back as a pull request, so the change is reviewed and CI-tested.",
+        "# Re-lock every recipe weekly: when upstream moved (a new wheel build, a yanked file, a\n\
+         # Debian security update), the changed locks come back as a pull request listing the\n\
+         # package changes, so the change is reviewed and CI-tested.",
     );
     // One recipe per line, so a new recipe is a one-line change in review.
     let files: Vec<String> = recipes
@@ -758,17 +759,30 @@ jobs:
       - uses: {CHECKOUT}
 {INSTALL_STEP}      # One recipe failing (an index unreachable) must not hide the others' changes: all are
       # tried, the pull request carries what changed, and the job fails afterwards.
+      # `--upgrade`: Debian/Ubuntu packages move to the archive's current versions (security
+      # updates); each lock's changes (package, old -> new) go into the pull request.
       - name: Re-lock every recipe
         id: lock
         run: |
           failed=""
+          {{
+            echo "\`cudastack lock --upgrade\` on every recipe gave different lock files. Review the"
+            echo "changed URLs and hashes; the publish workflow rebuilds and re-verifies the affected"
+            echo "images once this is merged."
+            echo
+          }} > relock-body.md
           for recipe in{files}; do
-            if ! cudastack lock "$recipe"; then
+            if cudastack lock --upgrade --json "$recipe" > relock.json; then
+              jq -r '.[] | select(.deb_changes | length > 0)
+                | "**\(.lock)**\n" + ([.deb_changes[] | "- `\(.name)` \(.old // "(new)") -> \(.new // "(removed)")"] | join("\n")) + "\n"' \
+                relock.json >> relock-body.md
+            else
               failed="$failed $recipe"
             fi
           done
           echo "failed=${{failed# }}" >> "$GITHUB_OUTPUT"
           git status --short recipes/ >> "$GITHUB_STEP_SUMMARY"
+          cat relock-body.md >> "$GITHUB_STEP_SUMMARY"
       # A pull request opened with the workflow token does not start other workflows: set
       # the RELOCK_TOKEN secret (a token that may open pull requests) to have CI test it.
       - name: Open a pull request when a lock changed
@@ -778,12 +792,9 @@ jobs:
           branch: cudastack/relock
           delete-branch: true
           add-paths: recipes/*.lock
-          commit-message: "recipes: re-lock against the current indexes"
-          title: "recipes: re-lock (upstream artifacts moved)"
-          body: |
-            `cudastack lock` on every recipe gave different lock files: an artifact a recipe
-            resolves to changed upstream. Review the changed URLs and hashes; the publish
-            workflow rebuilds and re-verifies the affected images once this is merged.
+          commit-message: "recipes: re-lock against the current indexes and archives"
+          title: "recipes: re-lock (upstream artifacts or Debian/Ubuntu packages moved)"
+          body-path: relock-body.md
       - name: Fail when a recipe could not be locked
         if: steps.lock.outputs.failed != ''
         env:

@@ -476,6 +476,10 @@ mod tests {
                     variant: None,
                     requires: vec!["sympy".into(), "filelock".into()],
                     required_by: vec!["<root>".into()],
+                    suite: None,
+                    component: None,
+                    fallback_url: None,
+                    layer: None,
                 },
                 Artifact {
                     kind: ArtifactKind::RedistArchive,
@@ -490,6 +494,10 @@ mod tests {
                     variant: Some("cuda12".into()),
                     requires: vec![],
                     required_by: vec![],
+                    suite: None,
+                    component: None,
+                    fallback_url: None,
+                    layer: None,
                 },
             ],
         }
@@ -651,6 +659,10 @@ mod tests {
                     variant: None,
                     requires: edges.clone(),
                     required_by: edges,
+                    suite: None,
+                    component: None,
+                    fallback_url: None,
+                    layer: None,
                 }
             })
     }

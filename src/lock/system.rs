@@ -68,9 +68,10 @@ pub struct SystemRequest {
     pub base: String,
     /// The recipe's `apt:` entries as apt-get takes them (`git`, `git=1:2.39.5-0+deb12u2`).
     pub apt: Vec<String>,
-    /// Name -> version of the debs the previous lock recorded, kept where the archive still
-    /// has them; empty for `lock --upgrade`.
-    pub keep: BTreeMap<String, String>,
+    /// The debs of the previous lock to keep (by name): their versions are kept, and
+    /// when apt picks the same file, its recorded fallback URL too, so relocking an
+    /// unchanged recipe gives the same lock. Empty for `lock --upgrade`.
+    pub keep: BTreeMap<String, Artifact>,
 }
 
 impl SystemRequest {
@@ -78,7 +79,7 @@ impl SystemRequest {
     pub fn keep_from(
         previous: Option<&Lockfile>,
         upgrade: Option<&[String]>,
-    ) -> BTreeMap<String, String> {
+    ) -> BTreeMap<String, Artifact> {
         let Some(previous) = previous else {
             return BTreeMap::new();
         };
@@ -90,7 +91,7 @@ impl SystemRequest {
             .iter()
             .filter(|a| a.kind == ArtifactKind::Deb)
             .filter(|a| !upgrade.is_some_and(|names| names.contains(&a.name)))
-            .map(|a| (a.name.clone(), a.version.clone()))
+            .map(|a| (a.name.clone(), a.clone()))
             .collect()
     }
 }
@@ -140,6 +141,13 @@ pub fn resolve_system(
             }
         }
     }
+    for artifact in &mut artifacts {
+        if let Some(kept) = request.keep.get(&artifact.name) {
+            if kept.sha256 == artifact.sha256 && kept.url == artifact.url {
+                artifact.fallback_url = kept.fallback_url.clone();
+            }
+        }
+    }
     Ok(artifacts)
 }
 
@@ -154,7 +162,7 @@ fn resolve_keeping(
     let pins: Vec<String> = chosen
         .iter()
         .filter_map(|p| {
-            let kept = request.keep.get(&p.name)?;
+            let kept = &request.keep.get(&p.name)?.version;
             (kept != &p.version).then(|| format!("{}={kept}", p.name))
         })
         .collect();
