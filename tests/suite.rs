@@ -45,6 +45,7 @@ mod install_real_wheel;
 mod install_wheel;
 mod layer_build;
 mod layer_cache_integrity;
+mod lock_debs;
 mod lock_fixtures;
 mod lock_pypi;
 mod matrix_refresh;

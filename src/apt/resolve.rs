@@ -189,6 +189,20 @@ impl Resolution {
             .collect()
     }
 
+    /// Every version of `name` the archive lists, in apt's order (newest first).
+    pub fn versions(&self, name: &str) -> Result<Vec<String>, AptError> {
+        let output = run(self.command("apt-cache").arg("madison").arg(name))?;
+        let mut versions: Vec<String> = Vec::new();
+        for line in output.stdout.lines() {
+            if let Some(version) = line.split(" | ").nth(1).map(str::trim) {
+                if !versions.iter().any(|v| v == version) {
+                    versions.push(version.to_string());
+                }
+            }
+        }
+        Ok(versions)
+    }
+
     /// The error for a failed install: which root apt could not find, or its own words.
     fn install_error(&self, roots: &[String], stdout: &str, stderr: &str) -> AptError {
         let missing: Vec<String> = stderr.lines().filter_map(missing_package).collect();
