@@ -17,6 +17,7 @@ mod registry_support;
 mod audit_loader;
 mod audit_static;
 mod build_audit;
+mod build_debs;
 mod build_e2e;
 mod build_multiarch;
 mod build_rootless;

@@ -616,6 +616,71 @@ mod tests {
         }
     }
 
+    /// A lock with one deb (libc6), as `lock` writes it.
+    fn with_deb(field: &str, value: serde_json::Value) -> String {
+        let mut json: serde_json::Value = serde_json::from_str(&sample().to_json()).unwrap();
+        let mut deb = serde_json::json!({
+            "kind": "deb", "name": "libc6", "version": "2.36-9+deb12u14",
+            "filename": "libc6_2.36-9+deb12u14_amd64.deb",
+            "url": "http://deb.debian.org/debian/pool/main/g/glibc/libc6_2.36-9%2bdeb12u14_amd64.deb",
+            "sha256": format!("sha256:{}", "ab".repeat(32)), "size": 1,
+            "source": "http://deb.debian.org/debian", "platform": "amd64",
+            "suite": "bookworm", "component": "main", "layer": "base",
+            "fallback_url": "https://snapshot.debian.org/archive/debian/20260712T101637Z/pool/main/g/glibc/libc6_2.36-9%2bdeb12u14_amd64.deb"
+        });
+        if value.is_null() {
+            deb.as_object_mut().unwrap().remove(field);
+        } else {
+            deb[field] = value;
+        }
+        json["artifacts"].as_array_mut().unwrap().push(deb);
+        json.to_string()
+    }
+
+    /// Issue 18: a deb's name, version and architecture reach mmdebstrap's `--include` and
+    /// a Packages index; a lock from a pull request must not smuggle anything in.
+    #[test]
+    fn refuses_debs_that_are_not_what_a_lock_writes() {
+        assert!(read_text(&with_deb("layer", "base".into())).is_ok());
+        for (field, bad, says) in [
+            ("name", serde_json::json!("libc6,evil"), "field `name`"),
+            ("name", serde_json::json!("-o=Dir"), "field `name`"),
+            ("version", serde_json::json!("2.36 x"), "field `version`"),
+            (
+                "version",
+                serde_json::json!("2.36\nPackage: x"),
+                "field `version`",
+            ),
+            (
+                "platform",
+                serde_json::json!("amd64,arm64"),
+                "field `platform`",
+            ),
+            ("platform", serde_json::Value::Null, "field `platform`"),
+            (
+                "filename",
+                serde_json::json!("libc6.tar"),
+                "field `filename`",
+            ),
+            (
+                "fallback_url",
+                serde_json::json!("ftp://x/y.deb"),
+                "field `fallback_url`",
+            ),
+            (
+                "fallback_url",
+                serde_json::json!("not a url"),
+                "field `fallback_url`",
+            ),
+            ("layer", serde_json::Value::Null, "field `layer`"),
+            ("layer", serde_json::json!("kernel"), "unknown variant"),
+        ] {
+            let error = read_text(&with_deb(field, bad.clone())).unwrap_err();
+            let cause = std::error::Error::source(&error).unwrap().to_string();
+            assert!(cause.contains(says), "{field} = {bad}: {cause}");
+        }
+    }
+
     #[test]
     fn refuses_oversized_files_before_reading_them() {
         let dir = tempfile::tempdir().unwrap();
