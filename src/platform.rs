@@ -218,6 +218,13 @@ pub fn host_debian_architecture() -> &'static str {
     }
 }
 
+/// `program` on the build host's PATH.
+pub fn which(program: &str) -> Option<std::path::PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|path| path.is_file())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,11 +317,4 @@ mod tests {
             expected.map_or(host_cpu(), |p| p.to_debian())
         );
     }
-}
-
-/// `program` on the build host's PATH.
-pub fn which(program: &str) -> Option<std::path::PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(program))
-        .find(|path| path.is_file())
 }

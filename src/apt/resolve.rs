@@ -422,7 +422,7 @@ fn parse_uri_line(line: &str) -> Result<UriLine, AptError> {
     let filename = url
         .path_segments()
         .and_then(|mut s| s.next_back())
-        .map(|f| percent_decode(f))
+        .map(percent_decode)
         .ok_or_else(|| unreadable("the URL has no file name"))?;
     Ok(UriLine {
         name: name.to_string(),

@@ -211,7 +211,7 @@ fn finish(
     match diff.owners.as_mut() {
         Some(owners) => {
             if let Ok(path) = LayerPath::parse(rel) {
-                owners.insert(&path, recorded.clone());
+                owners.insert(&path, recorded);
             }
             if !meta.file_type().is_symlink() {
                 // Keep the copy readable and writable by this user; the record has the mode.
