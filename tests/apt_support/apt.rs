@@ -18,8 +18,18 @@ pub struct PrintedUri {
     /// The file name apt would save it as (an epoch's colon written `%3a`).
     pub file_name: String,
     pub size: u64,
-    /// Lower-case hex.
-    pub sha256: String,
+    /// As apt prints it, `KIND:HEX` (empty when the index has no such hash): `download` prints `SHA256:`, `install` still prints
+    /// `MD5Sum:` (apt 2.6), so a lock must take the SHA256 from the index, not from here.
+    pub hash: String,
+}
+
+impl PrintedUri {
+    /// The lower-case hex SHA256 when apt printed one.
+    pub fn sha256(&self) -> Option<String> {
+        self.hash
+            .strip_prefix("SHA256:")
+            .map(str::to_ascii_lowercase)
+    }
 }
 
 pub struct AptRoot {
@@ -160,23 +170,22 @@ impl AptRoot {
     }
 }
 
-/// Lines `'URL' FILE SIZE SHA256:HEX` (apt 2.x prints the strongest hash it knows).
+/// Lines `'URL' FILE SIZE KIND:HEX`, the hash possibly missing.
 pub fn parse_print_uris(text: &str) -> Result<Vec<PrintedUri>> {
     let mut uris = Vec::new();
     for line in text.lines().filter(|l| l.starts_with('\'')) {
         let bad = || FixtureError::Invalid(format!("unexpected --print-uris line: {line}"));
         let words: Vec<&str> = line.split_whitespace().collect();
-        let [url, file_name, size, hash, ..] = words.as_slice() else {
+        // The hash is absent when the index carries none of the kind apt prints.
+        let [url, file_name, size, rest @ ..] = words.as_slice() else {
             return Err(bad());
         };
+        let hash = rest.first().copied().unwrap_or_default();
         uris.push(PrintedUri {
             url: url.trim_matches('\'').to_string(),
             file_name: file_name.to_string(),
             size: size.parse().map_err(|_| bad())?,
-            sha256: hash
-                .strip_prefix("SHA256:")
-                .ok_or_else(bad)?
-                .to_ascii_lowercase(),
+            hash: hash.to_string(),
         });
     }
     Ok(uris)

@@ -6,12 +6,12 @@
 //! ROOT/pool/COMPONENT/PREFIX/SOURCE/PACKAGE_VERSION_ARCH.deb
 //! ```
 //!
-//! Release lists every index with its size and SHA256 (apt 2.x needs no MD5Sum when a
-//! stronger hash is there; tests/apt_archive.rs shows apt accepts it) and is signed twice,
+//! Release lists every index with its size, MD5Sum and SHA256 and is signed twice,
 //! inline (`InRelease`) and detached (`Release.gpg`), by a throwaway ed25519 key whose
 //! public half is exported as a binary keyring for `signed-by=`. Packages stanzas are the
-//! .deb's own control fields plus `Filename`, `Size` and `SHA256`, so apt sees exactly what
-//! the real archive says about the file.
+//! .deb's own control fields plus `Filename`, `Size`, `MD5sum` and `SHA256`, so apt sees
+//! exactly what the real archive says about the file. MD5 is there because Debian's index
+//! has it and apt 2.6's `install --print-uris` prints only that hash (empty without it).
 //!
 //! Changes (`add`, `unlist`, `remove`) touch the pool at once but the indexes only at
 //! [`Archive::publish`], which writes them with a later `Date` and signs again: a test can
@@ -137,6 +137,8 @@ pub struct PublishedDeb {
     pub size: u64,
     /// Lower-case hex.
     pub sha256: String,
+    /// Lower-case hex; only for the index (apt prints it), never trusted.
+    pub md5: String,
 }
 
 /// A throwaway gpg key: its home lives in a temporary directory (short, under /tmp, so
@@ -304,6 +306,7 @@ impl Archive {
             filename,
             size,
             sha256,
+            md5: md5_file(&target)?,
         };
         let debs = &mut self.suite_mut(dist)?.debs;
         debs.retain(|d| !same_file(&d.info, &published.info));
@@ -411,7 +414,7 @@ impl Archive {
     fn write_release(&self, spec: &Suite, date: &str, indexes: &[IndexFile]) -> Result<()> {
         let mut release = format!(
             "Origin: {}\nLabel: {}\nSuite: {}\nCodename: {}\nDate: {date}\n\
-             Architectures: {}\nComponents: {}\nDescription: cudastack test fixture archive\nSHA256:\n",
+             Architectures: {}\nComponents: {}\nDescription: cudastack test fixture archive\n",
             spec.origin,
             spec.label,
             spec.suite,
@@ -419,11 +422,18 @@ impl Archive {
             spec.architectures.join(" "),
             spec.components.join(" "),
         );
-        for index in indexes {
-            release.push_str(&format!(
-                " {} {:>16} {}\n",
-                index.sha256, index.size, index.path
-            ));
+        let hashes: [(&str, fn(&IndexFile) -> &str); 2] =
+            [("MD5Sum", |i| &i.md5), ("SHA256", |i| &i.sha256)];
+        for (field, hash) in hashes {
+            release.push_str(&format!("{field}:\n"));
+            for index in indexes {
+                release.push_str(&format!(
+                    " {} {:>16} {}\n",
+                    hash(index),
+                    index.size,
+                    index.path
+                ));
+            }
         }
         let dist_dir = self.root().join("dists").join(&spec.dist);
         let plain = dist_dir.join("Release");
@@ -507,8 +517,8 @@ fn packages_text(debs: &[PublishedDeb], component: &str, arch: &str) -> String {
     let mut text = String::new();
     for deb in chosen {
         text.push_str(&format!(
-            "{}\nFilename: {}\nSize: {}\nSHA256: {}\n\n",
-            deb.info.control, deb.filename, deb.size, deb.sha256
+            "{}\nFilename: {}\nSize: {}\nMD5sum: {}\nSHA256: {}\n\n",
+            deb.info.control, deb.filename, deb.size, deb.md5, deb.sha256
         ));
     }
     text
@@ -519,6 +529,7 @@ struct IndexFile {
     path: String,
     size: u64,
     sha256: String,
+    md5: String,
 }
 
 /// Write `text` as `Packages`, `Packages.gz` and `Packages.xz` in `dist_dir`/`dir`, as
@@ -536,11 +547,13 @@ fn write_index(dist_dir: &Path, dir: &Path, text: &[u8]) -> Result<Vec<IndexFile
     let mut files = Vec::new();
     for (name, bytes) in forms {
         let relative = dir.join(name);
-        write_atomic(&dist_dir.join(&relative), &bytes)?;
+        let path = dist_dir.join(&relative);
+        write_atomic(&path, &bytes)?;
         files.push(IndexFile {
             path: relative.to_string_lossy().into_owned(),
             size: bytes.len() as u64,
             sha256: hex::encode(Sha256::digest(&bytes)),
+            md5: md5_file(&path)?,
         });
     }
     Ok(files)
@@ -573,6 +586,18 @@ pub fn hash_file(path: &Path) -> Result<(u64, String)> {
         hasher.update(&buffer[..read]);
         size += read as u64;
     }
+}
+
+/// Lower-case hex MD5 of a file, by coreutils' md5sum (the crate has no MD5 dependency and
+/// the index needs it only for apt's `--print-uris`).
+fn md5_file(path: &Path) -> Result<String> {
+    let output = run(Command::new("md5sum").arg("--binary").arg(path))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let hex = text.split_whitespace().next().unwrap_or_default();
+    if hex.len() != 32 {
+        return Err(FixtureError::Invalid(format!("md5sum printed `{text}`")));
+    }
+    Ok(hex.to_ascii_lowercase())
 }
 
 /// A copy of `deb` whose control says `version` (the files unchanged), written to

@@ -173,7 +173,8 @@ fn local_path(root: &Path, url_path: &str) -> Option<PathBuf> {
     normal.then(|| root.join(relative))
 }
 
-fn percent_decode(text: &str) -> Option<String> {
+/// `%XX` escapes decoded; None for a malformed escape or bytes that are not UTF-8.
+pub fn percent_decode(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
