@@ -172,6 +172,32 @@ fn a_newer_version_published_becomes_the_candidate() {
     assert_eq!(http_status(&server, "GET", &newer_file), 404);
 }
 
+/// A locked file removed from the primary answers 404 there and is served by a
+/// snapshot-like second server that the test fills from the archive beforehand.
+#[test]
+fn a_removed_file_is_still_served_by_a_snapshot_copy() {
+    let Some(debs) = debs_or_skip("amd64", &["hello"]) else {
+        return;
+    };
+    let (mut archive, server) = served_archive("amd64", &debs);
+    let locked = archive.debs(DIST).unwrap()[0].clone();
+    let snapshot_dir = apt_support::temp_dir("apt-snapshot-").unwrap();
+    let prefix = "archive/debian/20250101T000000Z";
+    let copied = archive
+        .copy_pool_files(std::slice::from_ref(&locked), snapshot_dir.path(), prefix)
+        .unwrap();
+    assert_eq!(copied, vec![format!("{prefix}/{}", locked.filename)]);
+    let snapshot = DirServer::serve(snapshot_dir.path()).unwrap();
+
+    archive.remove(DIST, "hello", &locked.info.version).unwrap();
+    archive.publish().unwrap();
+    assert_eq!(http_status(&server, "GET", &locked.filename), 404);
+    let (status, body) = http_get(&snapshot, "GET", &copied[0]);
+    assert_eq!(status, 200);
+    assert_eq!(body.len() as u64, locked.size);
+    assert_eq!(snapshot.requests_for(&locked.filename).len(), 1);
+}
+
 /// An Ubuntu-ports-like `noble` for arm64 (carrying Debian's arm64 .debs: Ubuntu's are not
 /// downloadable here) resolves with apt configured for arm64.
 #[test]

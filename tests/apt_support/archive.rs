@@ -368,6 +368,27 @@ impl Archive {
             .find(|d| d.info.package == name && d.info.version == version)
     }
 
+    /// Copy the pool files of `debs` to `dest`/`prefix`/`FILENAME` (`prefix` may be empty):
+    /// a second server over `dest` is the snapshot archive a lock's fallback URL names,
+    /// e.g. with prefix `archive/debian/20250101T000000Z` as snapshot.debian.org lays
+    /// it out. Returns each file's path relative to `dest`, for the URL.
+    pub fn copy_pool_files(
+        &self,
+        debs: &[PublishedDeb],
+        dest: &Path,
+        prefix: &str,
+    ) -> Result<Vec<String>> {
+        let mut copied = Vec::new();
+        for deb in debs {
+            let relative = Path::new(prefix).join(&deb.filename);
+            let target = dest.join(&relative);
+            fs_err::create_dir_all(target.parent().expect("a pool path has a parent"))?;
+            fs_err::copy(self.root().join(&deb.filename), &target)?;
+            copied.push(relative.to_string_lossy().into_owned());
+        }
+        Ok(copied)
+    }
+
     /// Write every suite's indexes and Release with a `Date` later than the last publish,
     /// and sign them again.
     pub fn publish(&mut self) -> Result<()> {
