@@ -443,17 +443,15 @@ impl Archive {
             spec.architectures.join(" "),
             spec.components.join(" "),
         );
-        let hashes: [(&str, fn(&IndexFile) -> &str); 2] =
-            [("MD5Sum", |i| &i.md5), ("SHA256", |i| &i.sha256)];
-        for (field, hash) in hashes {
+        for field in ["MD5Sum", "SHA256"] {
             release.push_str(&format!("{field}:\n"));
             for index in indexes {
-                release.push_str(&format!(
-                    " {} {:>16} {}\n",
-                    hash(index),
-                    index.size,
-                    index.path
-                ));
+                let hash = if field == "MD5Sum" {
+                    &index.md5
+                } else {
+                    &index.sha256
+                };
+                release.push_str(&format!(" {hash} {:>16} {}\n", index.size, index.path));
             }
         }
         let dist_dir = self.root().join("dists").join(&spec.dist);
