@@ -298,6 +298,32 @@ fn the_server_serves_the_directory_as_it_is_at_request_time() {
     );
 }
 
+#[test]
+fn pool_paths_and_print_uris_lines_parse_as_debian_writes_them() {
+    use crate::apt_support::apt::parse_print_uris;
+    use crate::apt_support::archive::pool_prefix;
+    assert_eq!(pool_prefix("hello"), "h");
+    assert_eq!(pool_prefix("libxcrypt"), "libx");
+    assert_eq!(pool_prefix("lib"), "lib");
+    assert_eq!(pool_prefix("é"), "é");
+    assert_eq!(pool_prefix(""), "");
+    let text = "'http://h/pool/main/g/gcc-12/gcc-12-base_12.2.0-14%2bdeb12u1_amd64.deb' \
+                gcc-12-base_12.2.0-14+deb12u1_amd64.deb 37596 MD5Sum:8e7e741807b1e1939df8f58323affdcb\n\
+                'http://h/pool/main/h/hello/hello_2.10-3_amd64.deb' hello_2.10-3_amd64.deb 53100 \n\
+                Reading package lists...\n";
+    let uris = parse_print_uris(text).unwrap();
+    assert_eq!(uris.len(), 2);
+    assert_eq!(uris[0].size, 37596);
+    assert_eq!(uris[0].hash, "MD5Sum:8e7e741807b1e1939df8f58323affdcb");
+    assert_eq!(uris[0].sha256(), None);
+    assert_eq!(uris[1].hash, "");
+    assert!(parse_print_uris("'http://h/x.deb' x.deb not-a-size\n").is_err());
+    assert!(parse_print_uris("'http://h/x.deb'\n").is_err());
+    assert_eq!(percent_decode("a%3a1%2B2").as_deref(), Some("a:1+2"));
+    assert_eq!(percent_decode("broken%2"), None);
+    assert_eq!(percent_decode("%ff"), None);
+}
+
 fn http_status(server: &DirServer, method: &str, path: &str) -> u16 {
     http_get(server, method, path).0
 }

@@ -507,13 +507,11 @@ fn same_file(a: &DebInfo, b: &DebInfo) -> bool {
     a.package == b.package && a.version == b.version && a.architecture == b.architecture
 }
 
-/// Debian's pool directory: `libc` sources go under `libc/`, the rest under their first
-/// letter (dak's rule).
-fn pool_prefix(source: &str) -> &str {
-    match source.get(..4) {
-        Some(prefix) if source.starts_with("lib") && source.len() > 4 => prefix,
-        _ => source.get(..1).unwrap_or(source),
-    }
+/// Debian's pool directory: `lib*` sources go under their first four letters (`libx/`),
+/// the rest under their first letter (dak's rule). Source names are ASCII (Policy 5.6.1).
+pub fn pool_prefix(source: &str) -> &str {
+    let length = if source.starts_with("lib") { 4 } else { 1 };
+    source.get(..length).unwrap_or(source)
 }
 
 /// The Packages text of one component and architecture: its .debs and the `all` ones,

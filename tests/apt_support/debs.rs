@@ -85,7 +85,11 @@ pub fn fetch(architecture: &str, packages: &[&str], resolve: Resolve) -> Result<
     }
     let list = set_list(architecture, packages, resolve);
     fs_err::create_dir_all(list.parent().expect("a set list has a parent"))?;
-    fs_err::write(&list, names.join("\n") + "\n")?;
+    // Renamed into place: a reader that does not hold the lock ([`cached`]) never sees a
+    // partial list (a subset of the set).
+    let staged = list.with_extension("list.new");
+    fs_err::write(&staged, names.join("\n") + "\n")?;
+    fs_err::rename(&staged, &list)?;
     Ok(names.iter().map(|n| debs.join(n)).collect())
 }
 
