@@ -7,6 +7,7 @@
 
 mod gate;
 
+mod apt_support;
 mod e2e_support;
 mod elf_support;
 mod fetch_support;
@@ -14,6 +15,7 @@ mod install_support;
 mod oci_support;
 mod registry_support;
 
+mod apt_archive;
 mod audit_loader;
 mod audit_static;
 mod build_audit;
