@@ -709,3 +709,41 @@ fn solve_write_saves_a_recipe_that_validates_and_never_replaces_a_file() {
     assert!(stderr.contains("no recipe was written"), "{stderr}");
     assert!(!none.exists());
 }
+
+/// Issue 18: an `apt:` package that would add a second cuDNN fails `validate` with its
+/// code, reason and hint; ordinary system packages validate.
+#[test]
+fn validate_apt_refuses_a_second_cudnn_and_accepts_system_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = |apt: &str| {
+        format!("name: apt\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: {{ version: \"12.1\" }}\ntorch: {{ version: \"2.4.1\" }}\napt: {apt}\n")
+    };
+    let (code, stdout, _) = run(&["validate", &write_recipe(&dir, &recipe("[git, libcudnn8]"))]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("invalid, 1 error"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "error[apt-second-cudnn]: apt package `libcudnn8` would install a second cuDNN"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("one copy of every library"), "{stdout}");
+    assert!(
+        stdout.contains("hint: remove it from `apt:`; torch's cuDNN is in the image already"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = run(&[
+        "--json",
+        "validate",
+        &write_recipe(&dir, &recipe("[libcuda1]")),
+    ]);
+    assert_eq!(code, 1, "{stdout}");
+    let value: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(value[0]["problems"][0]["code"], "apt-driver-library");
+    let (code, stdout, _) = run(&[
+        "validate",
+        &write_recipe(&dir, &recipe("[git, openssh-client, libgl1]")),
+    ]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains(": valid (torch 2.4.1+cu121"), "{stdout}");
+}

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use cudastack::recipe::{Base, Recipe, RecipeError, MAX_SOURCE_DATE_EPOCH};
+use cudastack::recipe::{Base, Recipe, RecipeError, SystemPackage, MAX_SOURCE_DATE_EPOCH};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 
@@ -46,6 +46,7 @@ const KEYS: &[&str] = &[
     "tags",
     "source_date_epoch",
     "platforms",
+    "apt",
     "debian",
     "ubuntu",
     "image",
@@ -99,6 +100,12 @@ fn scalar() -> impl Strategy<Value = String> {
             "\"\\u0000\"",
             "linux/amd64",
             "linux/s390x",
+            "git",
+            "libcudnn8",
+            "\"git=1:2.39.5-0+deb12u2\"",
+            "git=1:2",
+            "libc6:amd64",
+            "g++",
             "\"numpy==1.26.4\"",
             "\"numpy===\"",
             "A100",
@@ -290,6 +297,7 @@ struct Fields {
     tags: Vec<String>,
     epoch: Option<u64>,
     platforms: Vec<&'static str>,
+    apt: Vec<&'static str>,
 }
 
 fn fields() -> impl Strategy<Value = Fields> {
@@ -315,9 +323,33 @@ fn fields() -> impl Strategy<Value = Fields> {
         prop::collection::vec(tag_template(), 0..3),
         prop::option::of(0..=MAX_SOURCE_DATE_EPOCH),
         prop::sample::subsequence(vec!["linux/amd64", "linux/arm64"], 0..=2),
+        prop::sample::subsequence(
+            vec![
+                "openssh-client",
+                "git=1:2.39.5-0+deb12u2",
+                "libgl1",
+                "g++",
+                "libstdc++6=12.2.0-14",
+            ],
+            0..=5,
+        )
+        .prop_shuffle(),
     )
         .prop_map(
-            |(name, base, python, driver, cuda, cudnn, torch, packages, tags, epoch, platforms)| {
+            |(
+                name,
+                base,
+                python,
+                driver,
+                cuda,
+                cudnn,
+                torch,
+                packages,
+                tags,
+                epoch,
+                platforms,
+                apt,
+            )| {
                 Fields {
                     name,
                     base,
@@ -330,6 +362,7 @@ fn fields() -> impl Strategy<Value = Fields> {
                     tags,
                     epoch,
                     platforms,
+                    apt,
                 }
             },
         )
@@ -380,7 +413,36 @@ fn render(f: &Fields) -> String {
             list(f.platforms.iter().map(|p| p.to_string()).collect())
         ));
     }
+    if !f.apt.is_empty() {
+        out.push_str("apt:\n");
+        for package in &f.apt {
+            out.push_str(&format!("  - {}\n", quoted(package)));
+        }
+    }
     out
+}
+
+/// A Debian package name and an optional version in the syntax policy allows.
+fn system_package() -> impl Strategy<Value = String> {
+    (
+        "[a-z0-9][a-z0-9+.-]{1,20}",
+        prop::option::of((
+            prop::option::of(0u32..100),
+            "[0-9][A-Za-z0-9.+~]{0,10}",
+            prop::option::of("[A-Za-z0-9.+~]{1,8}"),
+        )),
+    )
+        .prop_filter("apt-get reads a trailing `-` as remove", |(name, _)| {
+            !name.ends_with('-')
+        })
+        .prop_map(|(name, version)| match version {
+            None => name,
+            Some((epoch, upstream, revision)) => {
+                let epoch = epoch.map(|e| format!("{e}:")).unwrap_or_default();
+                let revision = revision.map(|r| format!("-{r}")).unwrap_or_default();
+                format!("{name}={epoch}{upstream}{revision}")
+            }
+        })
 }
 
 proptest! {
@@ -434,6 +496,10 @@ proptest! {
         prop_assert_eq!(&recipe.tags, &f.tags);
         prop_assert_eq!(recipe.source_date_epoch, f.epoch);
         prop_assert_eq!(recipe.platforms.iter().map(|p| p.as_str()).collect::<Vec<_>>(), f.platforms.clone());
+        // `apt:` is a set, kept sorted by name.
+        let mut apt = f.apt.clone();
+        apt.sort_by_key(|entry| entry.split('=').next().unwrap().to_string());
+        prop_assert_eq!(recipe.apt.iter().map(ToString::to_string).collect::<Vec<_>>(), apt);
         // The canonical JSON (what the digest hashes) reads back to the same recipe.
         let again: Recipe = serde_json::from_str(&recipe.canonical_json()).unwrap();
         prop_assert_eq!(&again, &recipe);
@@ -441,5 +507,30 @@ proptest! {
         // Every tag renders for a build with the lock's values.
         let values = recipe.tag_values("localhost:5000", None, None);
         prop_assert_eq!(recipe.render_tags(&values).map(|tags| tags.len()), Ok(f.tags.len()));
+    }
+}
+
+proptest! {
+    #![proptest_config(config(2048))]
+
+    /// Issue 18: no `apt:` entry panics the parser, and every error names the entry.
+    #[test]
+    fn arbitrary_apt_entries_never_panic(text in prop_oneof![
+        "(?s).{0,40}",
+        "[a-zA-Z0-9+.:=~*<>/ _-]{0,30}",
+        "[a-z0-9+.-]{0,12}=[0-9a-zA-Z.+~:-]{0,16}",
+    ]) {
+        match text.parse::<SystemPackage>() {
+            // What parses prints back as written, the argument apt-get takes.
+            Ok(package) => prop_assert_eq!(package.to_string(), text),
+            Err(error) => prop_assert!(error.starts_with("apt package `"), "{}", error),
+        }
+    }
+
+    /// Names and versions in policy's syntax parse and print back unchanged.
+    #[test]
+    fn policy_syntax_entries_round_trip(text in system_package()) {
+        let package: SystemPackage = text.parse().map_err(TestCaseError::fail)?;
+        prop_assert_eq!(package.to_string(), text);
     }
 }

@@ -287,3 +287,55 @@ fn unreadable_and_binary_files_keep_their_cause() {
     assert_eq!(code, 1, "{stdout}");
     assert!(stdout.contains("Caused by: Permission denied"), "{stdout}");
 }
+
+/// Issue 18: `apt:` entries are refused where the recipe is read, with the file, the line,
+/// the entry and what is allowed; a valid list validates.
+#[test]
+fn validate_reads_apt_packages_strictly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.yaml");
+    let path_arg = path.to_str().unwrap();
+    for (list, fragments) in [
+        (
+            "[git, libc6:amd64]",
+            &[
+                "r.yaml:10:",
+                "apt package `libc6:amd64`: the architecture qualifier `:amd64` is not accepted",
+                "write `libc6`",
+            ][..],
+        ),
+        (
+            "[OpenSSH-Client]",
+            &["the package name `OpenSSH-Client` has capital letters", "write `openssh-client`"][..],
+        ),
+        (
+            "[\"git=latest\"]",
+            &["`latest` is not a Debian version", "Debian Policy 5.6.12"][..],
+        ),
+        (
+            "[x]",
+            &["`x` is not a Debian package name", "at least 2 characters", "Debian Policy 5.6.1"][..],
+        ),
+        (
+            "[git, openssh-client, git=1:2.39.5-0+deb12u2]",
+            &["apt package `git` is listed as `git` and as `git=1:2.39.5-0+deb12u2`; keep one entry"][..],
+        ),
+    ] {
+        std::fs::write(&path, format!("{TORCH_241}apt: {list}\n")).unwrap();
+        let (code, stdout, stderr) = run(&["validate", path_arg]);
+        assert_eq!(code, 1, "{list} should be invalid:\n{stdout}\n{stderr}");
+        for fragment in fragments {
+            assert!(stdout.contains(fragment), "{list}: `{fragment}` in:\n{stdout}");
+        }
+    }
+    std::fs::write(
+        &path,
+        format!("{TORCH_241}apt:\n  - git=1:2.39.5-0+deb12u2\n  - openssh-client\n  - libgl1\n"),
+    )
+    .unwrap();
+    let (code, stdout, _) = run(&["validate", path_arg]);
+    assert_eq!(code, 0, "{stdout}");
+    let recipe = Recipe::load(&path).unwrap();
+    let args: Vec<String> = recipe.apt.iter().map(ToString::to_string).collect();
+    assert_eq!(args, ["git=1:2.39.5-0+deb12u2", "libgl1", "openssh-client"]);
+}

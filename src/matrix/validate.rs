@@ -11,6 +11,10 @@ use super::{KernelSupport, Matrix, TorchBuild};
 use crate::recipe::Recipe;
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion};
 
+mod system_packages;
+
+pub use system_packages::{library_family, LibraryFamily, NamePattern, LIBRARY_FAMILIES};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
@@ -191,6 +195,7 @@ pub fn validate(matrix: &Matrix, recipe: &Recipe) -> Validation {
     check_cudnn(matrix, recipe, &mut problems);
     let build = check_torch(matrix, recipe, &mut problems);
     check_base(matrix, recipe, build, &mut problems);
+    check_apt(recipe, &mut problems);
     check_gpus(matrix, recipe, build, &mut problems);
 
     let mut problems = problems.0;
@@ -578,6 +583,33 @@ fn check_base(
     }
 }
 
+/// The recipe's `apt:` packages: a base apt can install into, and no package that adds a
+/// second CUDA, cuDNN or NCCL or a copy of the host's driver. Whether a package exists is
+/// the lock's question (apt answers it against the base's release).
+fn check_apt(recipe: &Recipe, problems: &mut Collector) {
+    if recipe.apt.is_empty() {
+        return;
+    }
+    if recipe.base.distro().is_none() {
+        problems.error(
+            "apt-needs-debian-base",
+            format!("`apt:` asks for Debian packages, and base {} is not a Debian or Ubuntu release cudastack builds", recipe.base),
+            "cudastack resolves and pins `apt:` packages with apt against the release of a base it builds itself; an existing image has no release cudastack can lock against",
+            "use `base: { debian: bookworm }` (or another Debian or Ubuntu release), or drop `apt:`",
+        );
+    }
+    for package in &recipe.apt {
+        if let Some(family) = library_family(&package.name) {
+            problems.error(
+                family.code,
+                format!("apt package `{package}` would install {}", family.installs),
+                family.why,
+                family.hint,
+            );
+        }
+    }
+}
+
 fn glibc_key(text: &str) -> (u32, u32) {
     let mut parts = text.split('.').map(|p| p.parse().unwrap_or(0));
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
@@ -801,6 +833,75 @@ mod tests {
 
     fn parse(text: &str) -> Recipe {
         Recipe::parse(text, Path::new("t.yaml")).unwrap()
+    }
+
+    /// Issue 18: an `apt:` package that adds a second CUDA, cuDNN or NCCL, or a copy of
+    /// the host's driver, is an error with its reason; other packages pass.
+    #[test]
+    fn apt_packages_that_copy_the_stacks_libraries_are_errors() {
+        let matrix = Matrix::embedded();
+        let recipe = |apt: &str| {
+            parse(&format!("name: t\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: {{ version: \"12.1\" }}\ntorch: {{ version: \"2.4.1\" }}\napt: {apt}\n"))
+        };
+        let fine = recipe("[git, openssh-client, libgl1, build-essential, libibverbs1, rdma-core]");
+        let validation = validate(matrix, &fine);
+        assert!(validation.is_valid(), "{:?}", validation.problems);
+        for (package, code, why) in [
+            ("libcudnn8", "apt-second-cudnn", "one copy of every library"),
+            ("nvidia-cudnn", "apt-second-cudnn", "CUDNN_STATUS"),
+            (
+                "nvidia-cuda-toolkit",
+                "apt-second-cuda",
+                "one copy of every library",
+            ),
+            (
+                "cuda-toolkit-12-4",
+                "apt-second-cuda",
+                "nvidia-*-cu* wheels",
+            ),
+            (
+                "\"libnccl2=2.21.5-1+cuda12.4\"",
+                "apt-second-nccl",
+                "one copy of every library",
+            ),
+            (
+                "libcuda1",
+                "apt-driver-library",
+                "mounts the host's own copies",
+            ),
+            ("nvidia-smi", "apt-driver-library", "error 803"),
+        ] {
+            let validation = validate(matrix, &recipe(&format!("[git, {package}]")));
+            let errors: Vec<&Problem> = validation.errors().collect();
+            assert_eq!(errors.len(), 1, "{package}: {errors:?}");
+            assert_eq!(errors[0].code, code, "{package}");
+            let shown = package.trim_matches('"');
+            assert!(
+                errors[0]
+                    .what
+                    .contains(&format!("apt package `{shown}` would install")),
+                "{}",
+                errors[0].what
+            );
+            assert!(errors[0].why.contains(why), "{package}: {}", errors[0].why);
+            assert!(
+                errors[0].hint.starts_with("remove it from `apt:`"),
+                "{}",
+                errors[0].hint
+            );
+        }
+        // Every offending entry is reported, not only the first.
+        let validation = validate(matrix, &recipe("[libcudnn8, libcudnn8-dev, libcuda1]"));
+        assert_eq!(validation.errors().count(), 3, "{:?}", validation.problems);
+    }
+
+    /// Issue 18: `apt:` needs a base that cudastack builds with apt.
+    #[test]
+    fn apt_with_an_image_base_is_an_error() {
+        let matrix = Matrix::embedded();
+        let recipe = parse("name: t\nbase: { oci: \"layouts/debian\" }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\napt: [git]\n");
+        let codes: Vec<&str> = validate(matrix, &recipe).errors().map(|p| p.code).collect();
+        assert_eq!(codes, ["unsupported-base", "apt-needs-debian-base"]);
     }
 
     /// Issue 24: an R550 floor for a Blackwell GPU passed through minor-version

@@ -17,8 +17,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::digest::Digest;
 use crate::version::{CudaVersion, CudnnVersion, DriverVersion, PythonVersion};
 
+mod apt;
 mod tag;
 
+pub use apt::{DebName, DebVersion, SystemPackage};
 pub use tag::{check_template, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS};
 
 /// The platforms of `platforms:`; defined in [`crate::platform`], the one platform type.
@@ -84,6 +86,16 @@ pub struct Recipe {
     /// Extra Python requirements (PEP 508), e.g. `numpy==1.26.4`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub packages: Vec<PackageRequirement>,
+    /// Debian or Ubuntu packages added to the base, each `name` or `name=VERSION`
+    /// (`git`, `git=1:2.39.5-0+deb12u2`), with their dependencies; resolved and pinned by
+    /// `cudastack lock`. Kept sorted by name: apt installs a set, so the order is no part of
+    /// the recipe's meaning (nor of its digest). docs/recipe-apt.md is the reference.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "apt::deserialize_list"
+    )]
+    pub apt: Vec<SystemPackage>,
     /// Target GPUs whose sm must have kernels: names from `cudastack matrix --table gpus`
     /// (matched forgivingly: `RTX 3090`, `rtx3090`, `NVIDIA A10G`) or compute capabilities
     /// (`"8.9"`).
@@ -858,6 +870,61 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
             .to_string();
         assert!(text.contains("the key `flavor` is given twice"), "{text}");
         assert!(text.starts_with("r.yaml:6:"), "{text}");
+    }
+
+    /// Issue 18: `apt:` packages, parsed into types, pinned or not, as a set.
+    #[test]
+    fn apt_packages_are_typed_sorted_and_part_of_the_digest() {
+        let plain = parse(GOOD).unwrap();
+        assert!(plain.apt.is_empty());
+        assert!(!plain.canonical_json().contains("apt"));
+        let empty = parse(&format!("{GOOD}apt: []\n")).unwrap();
+        assert_eq!(empty.digest(), plain.digest(), "an empty list is no list");
+        let with = parse(&format!(
+            "{GOOD}apt: [openssh-client, git=1:2.39.5-0+deb12u2, libgl1]\n"
+        ))
+        .unwrap();
+        let entries: Vec<String> = with.apt.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            entries,
+            ["git=1:2.39.5-0+deb12u2", "libgl1", "openssh-client"]
+        );
+        assert_eq!(with.apt[0].name.as_str(), "git");
+        assert_ne!(with.digest(), plain.digest());
+        assert!(with
+            .canonical_json()
+            .contains(r#""apt":["git=1:2.39.5-0+deb12u2","libgl1","openssh-client"]"#));
+        // Block style and another order: the same recipe.
+        let block = parse(&format!(
+            "{GOOD}apt:\n  - libgl1\n  - \"git=1:2.39.5-0+deb12u2\"\n  - openssh-client\n"
+        ))
+        .unwrap();
+        assert_eq!(block.digest(), with.digest());
+        // Another pin is another recipe.
+        let other = parse(&format!(
+            "{GOOD}apt: [openssh-client, git=1:2.39.5-0+deb12u3, libgl1]\n"
+        ))
+        .unwrap();
+        assert_ne!(other.digest(), with.digest());
+        let again: Recipe = serde_json::from_str(&with.canonical_json()).unwrap();
+        assert_eq!(again, with);
+    }
+
+    #[test]
+    fn apt_errors_name_the_entry_and_the_line() {
+        for (list, line, expected) in [
+            ("[git, Git]", 13, "the package name `Git` has capital letters"),
+            ("[libc6:amd64]", 13, "the architecture qualifier `:amd64` is not accepted"),
+            ("[\"git=v2\"]", 13, "must start with a digit"),
+            ("[git, git=1:2.39.5-0+deb12u2]", 13, "apt package `git` is listed as `git` and as `git=1:2.39.5-0+deb12u2`; keep one entry"),
+            ("[git, git]", 13, "apt package `git` is listed `git` twice"),
+            ("git", 13, "expected a list of Debian packages, such as `apt: [git, openssh-client]`"),
+            ("{ git: 1 }", 13, "expected a list of Debian packages"),
+        ] {
+            let error = parse(&format!("{GOOD}apt: {list}\n")).unwrap_err().to_string();
+            assert!(error.contains(expected), "{list}: expected `{expected}` in {error}");
+            assert!(error.starts_with(&format!("r.yaml:{line}:")), "{list}: {error}");
+        }
     }
 
     /// Issue 16: `validate` of a binary file said nothing of where or why.
