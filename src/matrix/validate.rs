@@ -13,7 +13,7 @@ use crate::version::{ComputeCapability, CudaVersion, DriverVersion};
 
 mod system_packages;
 
-pub use system_packages::{library_family, LibraryFamily, NamePattern, LIBRARY_FAMILIES};
+pub use system_packages::{library_family, LibraryFamily, NamePattern, Provided, LIBRARY_FAMILIES};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -600,11 +600,20 @@ fn check_apt(recipe: &Recipe, problems: &mut Collector) {
     }
     for package in &recipe.apt {
         if let Some(family) = library_family(&package.name) {
+            let provided = match family.provided {
+                Provided::Always => true,
+                Provided::WithTorchOrCudnn => recipe.torch.is_some() || recipe.cudnn.is_some(),
+                Provided::WithTorch => recipe.torch.is_some(),
+            };
             problems.error(
                 family.code,
                 format!("apt package `{package}` would install {}", family.installs),
                 family.why,
-                family.hint,
+                if provided {
+                    family.hint
+                } else {
+                    family.hint_when_absent
+                },
             );
         }
     }
@@ -890,6 +899,17 @@ mod tests {
                 errors[0].hint
             );
         }
+        // Without torch, the hint says how to get cuDNN or NCCL the locked way.
+        let bare = parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: { version: \"12.1\" }\napt: [libcudnn9-cuda-12, libnccl2]\n");
+        let hints: Vec<String> = validate(matrix, &bare)
+            .errors()
+            .map(|p| p.hint.clone())
+            .collect();
+        assert!(
+            hints[0].contains("give `cudnn: { version: ... }`"),
+            "{hints:?}"
+        );
+        assert!(hints[1].contains("`nvidia-nccl-cu12`"), "{hints:?}");
         // Every offending entry is reported, not only the first.
         let validation = validate(matrix, &recipe("[libcudnn8, libcudnn8-dev, libcuda1]"));
         assert_eq!(validation.errors().count(), 3, "{:?}", validation.problems);

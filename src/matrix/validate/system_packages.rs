@@ -28,6 +28,17 @@ impl NamePattern {
     }
 }
 
+/// When the stack puts a family's libraries in the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provided {
+    /// Always: CUDA (every recipe has `cuda:`), and the driver (the host's, at run time).
+    Always,
+    /// With `torch:` (its pin) or `cudnn:`.
+    WithTorchOrCudnn,
+    /// With `torch:` (its pin).
+    WithTorch,
+}
+
 /// A family of libraries the image holds one copy of, and the packages that would add
 /// another.
 #[derive(Debug)]
@@ -39,8 +50,13 @@ pub struct LibraryFamily {
     pub names: &'static [NamePattern],
     /// Why that is refused.
     pub why: &'static str,
-    /// What to do instead.
+    /// When the stack has the family already.
+    pub provided: Provided,
+    /// What to do instead, when the stack has the family.
     pub hint: &'static str,
+    /// What to do instead, when the recipe does not give the stack this family: how to
+    /// get it the locked way.
+    pub hint_when_absent: &'static str,
     /// Where the package names come from.
     pub source: &'static str,
 }
@@ -78,7 +94,9 @@ pub static LIBRARY_FAMILIES: &[LibraryFamily] = &[
             Prefix("libaccinj"),
         ],
         why: "the image's CUDA is the recipe's `cuda:`, from the locked nvidia-*-cu* wheels that torch loads; a distribution's CUDA is a second copy, of another version (Debian bookworm ships 11.8), on the loader's default path, so what a program or an extension built with nvcc loads depends on search order, and the image grows by gigabytes; one copy of every library",
+        provided: Provided::Always,
         hint: "remove it from `apt:`; the recipe's CUDA is in the image already, and `cuda: { flavor: devel }` adds nvcc and the headers for building extensions",
+        hint_when_absent: "",
         source: "packages.debian.org (source nvidia-cuda-toolkit: libcudart11.0, libcublas11, libcufft10, libnvjitlink12 ...); NVIDIA CUDA Installation Guide for Linux, meta packages (cuda, cuda-toolkit-X-Y, cuda-runtime-X-Y, cuda-libraries-X-Y)",
     },
     LibraryFamily {
@@ -89,16 +107,20 @@ pub static LIBRARY_FAMILIES: &[LibraryFamily] = &[
             Prefix("libcudnn"),
             Prefix("cudnn"),
         ],
-        why: "torch loads the cuDNN of the nvidia-cudnn-cu* wheel it pins (the recipe's `cudnn:` checks which); a cuDNN in /usr/lib is a second copy, of another version, found first by whatever loads it by name: the version skew behind CUDNN_STATUS_NOT_INITIALIZED and CUDNN_STATUS_EXECUTION_FAILED; one copy of every library (Debian's nvidia-cudnn even downloads cuDNN from NVIDIA while it installs, bytes no lock pins)",
+        why: "the image's cuDNN is the nvidia-cudnn-cu* wheel for the recipe's CUDA that the lock pins (torch's pin, or the recipe's `cudnn:`); a distribution's cuDNN is another copy, of another version and perhaps for another CUDA, that whatever loads libcudnn by name may find first: the version skew behind CUDNN_STATUS_NOT_INITIALIZED and CUDNN_STATUS_EXECUTION_FAILED; one copy of every library (Debian's nvidia-cudnn even downloads cuDNN from NVIDIA while it installs, bytes no lock pins)",
+        provided: Provided::WithTorchOrCudnn,
         hint: "remove it from `apt:`; torch's cuDNN is in the image already (give `cudnn: { version: ... }` to check which one)",
+        hint_when_absent: "remove it from `apt:` and give `cudnn: { version: ... }`: cudastack installs the nvidia-cudnn wheel built for the recipe's CUDA, locked by hash",
         source: "packages.debian.org/nvidia-cudnn (contrib); NVIDIA cuDNN Installation Guide, Linux packages (libcudnn8, libcudnn8-dev, libcudnn9-cuda-12, cudnn9-cuda-12)",
     },
     LibraryFamily {
         code: "apt-second-nccl",
         installs: "a second NCCL",
         names: &[Prefix("libnccl")],
-        why: "torch.distributed loads the NCCL of the nvidia-nccl-cu* wheel torch pins; a libnccl.so.2 in /usr/lib is a second copy, of another version, and ranks that load different NCCL versions fail or hang in their collectives; one copy of every library",
+        why: "the image's NCCL is the nvidia-nccl-cu* wheel torch pins, locked by hash; a libnccl.so.2 in /usr/lib is another copy, of another version, and ranks that load different NCCL versions fail or hang in their collectives; one copy of every library",
+        provided: Provided::WithTorch,
         hint: "remove it from `apt:`; torch's NCCL is in the image already",
+        hint_when_absent: "remove it from `apt:` and add the NCCL wheel of the recipe's CUDA major to `packages:` (such as `nvidia-nccl-cu12`), locked by hash like every wheel",
         source: "packages.debian.org/libnccl2 (non-free); NVIDIA NCCL Installation Guide (libnccl2, libnccl-dev)",
     },
     LibraryFamily {
@@ -122,7 +144,9 @@ pub static LIBRARY_FAMILIES: &[LibraryFamily] = &[
             Prefix("cuda-drivers"),
         ],
         why: "the driver's user-space libraries (libcuda.so.1, libnvidia-ml.so.1, libnvidia-ptxjitcompiler.so.1) and nvidia-smi must be the version of the host's kernel module; the NVIDIA container runtime mounts the host's own copies into the container (NVIDIA_DRIVER_CAPABILITIES=compute,utility), and a copy in the image shadows them: on every host with another driver, CUDA fails with error 803, \"system has unsupported display driver / cuda driver combination\"",
+        provided: Provided::Always,
         hint: "remove it from `apt:`; run the image with the NVIDIA container runtime (`docker run --gpus all`), which brings the host's driver libraries and nvidia-smi",
+        hint_when_absent: "",
         source: "packages.debian.org (source nvidia-graphics-drivers: libcuda1, libnvidia-ml1, nvidia-smi, nvidia-driver); Ubuntu (nvidia-utils-550, libnvidia-compute-550); NVIDIA Container Toolkit, driver capabilities",
     },
 ];
@@ -237,6 +261,19 @@ mod tests {
                 family.code
             );
             assert!(!family.why.is_empty() && !family.source.is_empty());
+            assert_eq!(
+                family.hint_when_absent.is_empty(),
+                family.provided == Provided::Always,
+                "{}",
+                family.code
+            );
+            if family.provided != Provided::Always {
+                assert!(
+                    family.hint_when_absent.starts_with("remove it from `apt:`"),
+                    "{}",
+                    family.code
+                );
+            }
         }
     }
 }
