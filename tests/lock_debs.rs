@@ -150,3 +150,25 @@ fn a_locked_version_gone_from_the_archive_is_named_with_the_way_forward() {
     assert_eq!(version_of(&before, "tzdata"), "2000a-0+deb12u1");
     ok(&lock(&recipe, &["--upgrade"]));
 }
+
+#[test]
+fn an_unknown_apt_package_is_named_with_the_suites_searched() {
+    if let Some(reason) = debian_unreachable() {
+        gate::skip("network", reason);
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let recipe = stand_in(work.path());
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    std::fs::write(&recipe, format!("{text}apt: [git, cudastack-no-such-package]\n")).unwrap();
+    let output = lock(&recipe, &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("package not found")
+            && stderr.contains("cudastack-no-such-package")
+            && stderr.contains("bookworm-security"),
+        "{stderr}"
+    );
+    assert!(!recipe.with_extension("lock").exists(), "no lock was written");
+}

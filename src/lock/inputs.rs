@@ -235,7 +235,7 @@ pub fn system_request(recipe: &Recipe, platform: Platform) -> Option<SystemReque
     Some(SystemRequest {
         sources: AptSources::for_release(distro, release, platform.to_debian(), None, None),
         base: recipe.base.to_string(),
-        apt: Vec::new(),
+        apt: recipe.apt.iter().map(|p| p.to_string()).collect(),
         keep: Default::default(),
     })
 }

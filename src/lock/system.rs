@@ -11,11 +11,14 @@
 //! otherwise, so security updates arrive as reviewed diffs of the lock.
 
 use std::collections::BTreeMap;
+use std::str::FromStr;
 
 use crate::apt::{AptError, AptSources, DebPackage, Resolution};
 use crate::fetch::file_name::FileName;
 use crate::lock::lockfile::{Artifact, ArtifactKind, DebLayer, Lockfile};
 use crate::lock::target::Target;
+use crate::matrix::validate::system_packages::library_family;
+use crate::recipe::DebName;
 
 /// What the base installs on top of minbase for a Python CUDA stack: the interpreter and
 /// CA certificates for anything that talks TLS. Not libgomp: torch vendors its own, and a
@@ -48,6 +51,14 @@ pub enum SystemError {
         found: String,
         expected: String,
         hint: &'static str,
+    },
+    #[error("`apt:` {roots} pulls in `{package}`, which would install {installs}: {why}\n  hint: leave out the `apt:` package that depends on it (`apt-cache rdepends {package}` on a {base} machine says which)")]
+    SecondCopy {
+        roots: String,
+        package: String,
+        installs: &'static str,
+        why: &'static str,
+        base: String,
     },
     #[error("apt named the file `{0}`, which cannot be a file name")]
     BadFileName(String),
@@ -137,7 +148,10 @@ pub fn resolve_system(
                         apt_version: package.version.clone(),
                     })
                 }
-                None => artifacts.push(artifact(package, DebLayer::Apt)?),
+                None => {
+                    refuse_second_copy(request, &package.name)?;
+                    artifacts.push(artifact(package, DebLayer::Apt)?)
+                }
             }
         }
     }
@@ -149,6 +163,24 @@ pub fn resolve_system(
         }
     }
     Ok(artifacts)
+}
+
+/// `validate` refuses an `apt:` entry that is a CUDA, cuDNN, NCCL or driver package; a
+/// dependency apt pulls in can be one too, and only the lock sees it.
+fn refuse_second_copy(request: &SystemRequest, name: &str) -> Result<(), SystemError> {
+    let Ok(deb_name) = DebName::from_str(name) else {
+        return Ok(());
+    };
+    match library_family(&deb_name) {
+        Some(family) => Err(SystemError::SecondCopy {
+            roots: request.apt.join(" "),
+            package: name.to_string(),
+            installs: family.installs,
+            why: family.why,
+            base: request.base.clone(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// apt's set for `roots`, with every package the previous lock had pinned back to its

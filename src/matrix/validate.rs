@@ -11,7 +11,7 @@ use super::{KernelSupport, Matrix, TorchBuild};
 use crate::recipe::Recipe;
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion};
 
-mod system_packages;
+pub mod system_packages;
 
 pub use system_packages::{library_family, LibraryFamily, NamePattern, Provided, LIBRARY_FAMILIES};
 
