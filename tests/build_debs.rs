@@ -202,3 +202,222 @@ fn apt_packages_are_a_layer_of_their_own_that_runs_in_docker() {
     // apt in the image reads the real archive again (not the build's local repository).
     assert!(run("cat /etc/apt/sources.list").contains("http://deb.debian.org/debian bookworm main"));
 }
+
+/// `cudastack lock` of `recipe` against the fixture archive at `url`, signed by `keyring`.
+fn lock_against(recipe: &Path, url: &str, keyring: &Path) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["lock", "--apt-mirror", url, "--apt-keyring"])
+        .arg(keyring)
+        .arg("--mirror")
+        .arg(recipe.parent().unwrap().join("mirror"))
+        .arg(recipe)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "lock failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// `build` as another machine would run it: in `cwd`, with `umask`, `TMPDIR` and, when
+/// `one_cpu`, a single CPU (`taskset -c 0`: one compression thread).
+fn build_elsewhere(
+    recipe: &Path,
+    layout: &Path,
+    cache: &Path,
+    cwd: &Path,
+    umask: &str,
+    one_cpu: bool,
+) -> Output {
+    let tmp = cwd.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!("umask {umask} && exec \"$@\""))
+        .arg("sh");
+    if one_cpu {
+        command.args(["taskset", "-c", "0"]);
+    }
+    command
+        .arg(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["build", "--no-verify", "--mirror"])
+        .arg(recipe.parent().unwrap().join("mirror"))
+        .arg("--layout")
+        .arg(layout)
+        .arg("--cache-dir")
+        .arg(cache)
+        .arg(recipe)
+        .current_dir(cwd)
+        .env("TMPDIR", &tmp)
+        .output()
+        .unwrap()
+}
+
+/// Set one deb's field in the lock file `path` (a hand edit, as a pull request might).
+fn set_deb_field(path: &Path, name: &str, field: &str, value: &str) {
+    let mut lock: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for artifact in lock["artifacts"].as_array_mut().unwrap() {
+        if artifact["kind"] == "deb" && artifact["name"] == name {
+            artifact[field] = value.into();
+        }
+    }
+    std::fs::write(path, serde_json::to_string_pretty(&lock).unwrap()).unwrap();
+}
+
+/// Reproducible on another day, against a fixture archive (served on 127.0.0.1, signed by
+/// its own key, carrying real bookworm .debs) that the test moves on: a newer tzdata is
+/// published after the lock. A build from the lock with empty caches, in another working
+/// directory, umask, TMPDIR and CPU count, is the same image; with the locked tzdata gone
+/// and no fallback, the error names it; from the lock's fallback URL (a snapshot-like
+/// second server), the build works again.
+#[test]
+fn a_build_from_the_lock_is_the_same_image_after_the_archive_moved_on() {
+    use crate::apt_support::{self, debs, repack_with_version, AptRoot, Archive, DirServer, Suite};
+    if let Some(skip) = e2e_support::skip_reason(&[]).or_else(apt_support::skip_reason) {
+        skip.report();
+        return;
+    }
+    let Some(minbase) = debs::minbase_or_skip("amd64") else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let suites = ["bookworm", "bookworm-updates", "bookworm-security"]
+        .map(|dist| Suite::debian(dist, &["amd64"]))
+        .to_vec();
+    let mut archive = Archive::new(suites).unwrap();
+    archive.add_all("bookworm", "main", &minbase).unwrap();
+    archive.publish().unwrap();
+    let server = DirServer::serve(archive.root()).unwrap();
+    let recipe = work.path().join("day.yaml");
+    cuda_12_4_wheels(
+        Target::X86_64,
+        &work.path().join("libs"),
+        &work.path().join("mirror"),
+    );
+    std::fs::write(&recipe, "name: day\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000000\n").unwrap();
+    lock_against(&recipe, &server.url(), archive.keyring());
+    let lock_file = recipe.with_extension("lock");
+    let lock = cudastack::lock::Lockfile::read(&lock_file).unwrap();
+    let tzdata = lock
+        .artifacts
+        .iter()
+        .find(|a| a.name == "tzdata")
+        .unwrap()
+        .clone();
+
+    let (a, b) = (work.path().join("machine-a"), work.path().join("machine-b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let first = digest(&build_elsewhere(
+        &recipe,
+        &a.join("layout"),
+        &a.join("cache"),
+        &a,
+        "022",
+        false,
+    ));
+
+    // The archive moves on: a newer tzdata in the updates suite, which apt now prefers.
+    let original = archive
+        .find("bookworm", "tzdata", &tzdata.version)
+        .unwrap()
+        .clone();
+    let newer = repack_with_version(
+        &archive.root().join(&original.filename),
+        "9999a-0+deb12u1",
+        work.path(),
+    )
+    .unwrap();
+    archive.add("bookworm-updates", "main", &newer).unwrap();
+    archive.publish().unwrap();
+    let apt = AptRoot::create(
+        &work.path().join("apt"),
+        "amd64",
+        &[
+            archive.sources_line(&server.url(), "bookworm").unwrap(),
+            archive
+                .sources_line(&server.url(), "bookworm-updates")
+                .unwrap(),
+        ],
+    )
+    .unwrap();
+    apt.update().unwrap();
+    assert_eq!(
+        apt.candidate("tzdata").unwrap().as_deref(),
+        Some("9999a-0+deb12u1")
+    );
+
+    // Another machine, another day: empty cache, other cwd, umask, TMPDIR, one CPU.
+    let index_reads = server.requests_for("Release").len();
+    let second = build_elsewhere(
+        &recipe,
+        &b.join("layout"),
+        &b.join("cache"),
+        &b,
+        "077",
+        true,
+    );
+    assert_eq!(
+        digest(&second),
+        first,
+        "the same lock gave another image after the archive moved on"
+    );
+    assert_eq!(
+        server.requests_for("Release").len(),
+        index_reads,
+        "a build read the archive's index"
+    );
+
+    // The locked tzdata leaves the archive, and this machine's cache lacks it; with no
+    // fallback URL, the error names it.
+    archive
+        .remove("bookworm", "tzdata", &tzdata.version)
+        .unwrap();
+    archive.publish().unwrap();
+    let blob = b.join("cache/blobs/sha256").join(tzdata.sha256.hex());
+    std::fs::remove_file(&blob).unwrap();
+    let c = work.path().join("machine-c");
+    let gone = build_elsewhere(
+        &recipe,
+        &c.join("layout"),
+        &b.join("cache"),
+        &b,
+        "022",
+        false,
+    );
+    let stderr = String::from_utf8_lossy(&gone.stderr);
+    assert!(!gone.status.success());
+    assert!(
+        stderr.contains("1 locked .deb could not be fetched")
+            && stderr.contains(&format!("tzdata {}", tzdata.version))
+            && stderr.contains("404"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("cudastack lock --upgrade"), "{stderr}");
+
+    // The lock's fallback URL (the snapshot archive) still has it.
+    let snapshot = work.path().join("snapshot");
+    let copied = archive
+        .copy_pool_files(&[original], &snapshot, "archive/debian/20260101T000000Z")
+        .unwrap();
+    let snapshot_server = DirServer::serve(&snapshot).unwrap();
+    set_deb_field(
+        &lock_file,
+        "tzdata",
+        "fallback_url",
+        &format!("{}/{}", snapshot_server.url(), copied[0]),
+    );
+    let from_snapshot = build_elsewhere(
+        &recipe,
+        &c.join("layout"),
+        &b.join("cache"),
+        &b,
+        "022",
+        false,
+    );
+    assert_eq!(digest(&from_snapshot), first);
+    assert_eq!(snapshot_server.requests_for(".deb").len(), 1);
+}

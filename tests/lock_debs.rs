@@ -160,7 +160,11 @@ fn an_unknown_apt_package_is_named_with_the_suites_searched() {
     let work = tempfile::tempdir().unwrap();
     let recipe = stand_in(work.path());
     let text = std::fs::read_to_string(&recipe).unwrap();
-    std::fs::write(&recipe, format!("{text}apt: [git, cudastack-no-such-package]\n")).unwrap();
+    std::fs::write(
+        &recipe,
+        format!("{text}apt: [git, cudastack-no-such-package]\n"),
+    )
+    .unwrap();
     let output = lock(&recipe, &[]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
@@ -170,5 +174,8 @@ fn an_unknown_apt_package_is_named_with_the_suites_searched() {
             && stderr.contains("bookworm-security"),
         "{stderr}"
     );
-    assert!(!recipe.with_extension("lock").exists(), "no lock was written");
+    assert!(
+        !recipe.with_extension("lock").exists(),
+        "no lock was written"
+    );
 }
