@@ -179,3 +179,65 @@ fn an_unknown_apt_package_is_named_with_the_suites_searched() {
         "no lock was written"
     );
 }
+
+/// Ubuntu's arm64 archive (ports.ubuntu.com) is unreachable here; a fixture archive with its
+/// layout (suite `noble`, components main and universe, arm64), carrying Debian's arm64
+/// .debs and served on 127.0.0.1, shows the lock reads such an archive: apt resolves
+/// against it for arm64, and every package is recorded with suite, component and
+/// architecture. (It does not show that Ubuntu's own packages install.)
+#[test]
+fn an_ubuntu_ports_like_arm64_archive_is_resolved_for_arm64() {
+    use crate::apt_support::{self, debs, Archive, DirServer, Suite};
+    if let Some(skip) = apt_support::skip_reason() {
+        skip.report();
+        return;
+    }
+    let Some(hello) = debs::fetch_or_skip("arm64", &["hello"], debs::Resolve::WithDependencies)
+    else {
+        return;
+    };
+    let suites = ["noble", "noble-updates", "noble-security"]
+        .map(|dist| Suite::ubuntu_ports(dist, &["arm64"]))
+        .to_vec();
+    let mut archive = Archive::new(suites).unwrap();
+    archive.add_all("noble", "universe", &hello).unwrap();
+    archive.publish().unwrap();
+    let server = DirServer::serve(archive.root()).unwrap();
+    let mirror: reqwest::Url = server.url().parse().unwrap();
+    let sources = AptSources::for_release(
+        "ubuntu",
+        "noble",
+        "arm64",
+        Some(&mirror),
+        Some(archive.keyring().to_path_buf()),
+    );
+    let apt = Resolution::update(&sources, "noble").unwrap();
+    let packages = apt.resolve(&["hello".to_string()]).unwrap();
+    let hello = packages.iter().find(|p| p.name == "hello").unwrap();
+    assert_eq!(hello.architecture, "arm64");
+    assert_eq!(
+        (hello.suite.as_str(), hello.component.as_str()),
+        ("noble", "universe")
+    );
+    assert!(hello.url.as_str().starts_with(&server.url()));
+    assert_eq!(
+        hello.snapshot_url, None,
+        "no snapshot archive is known for a mirror"
+    );
+    // The same archive under another key is refused by apt's signature check.
+    let other = crate::apt_support::SigningKey::generate("other <other@example.invalid>").unwrap();
+    let wrong = AptSources::for_release(
+        "ubuntu",
+        "noble",
+        "arm64",
+        Some(&mirror),
+        Some(other.keyring().to_path_buf()),
+    );
+    let error = Resolution::update(&wrong, "noble")
+        .err()
+        .expect("another key is refused");
+    assert!(
+        error.to_string().contains("signature or hash check failed"),
+        "{error}"
+    );
+}
