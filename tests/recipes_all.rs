@@ -28,7 +28,6 @@ use cudastack::lock::inputs::{
     base_glibc, lock_path, lock_request_for, platform_lock_path, root_requirements,
 };
 use cudastack::lock::lockfile::DebLayer;
-use cudastack::lock::system::SystemRequest;
 use cudastack::lock::{resolve, ArtifactKind, LockError, Lockfile};
 use cudastack::matrix::validate::{selected_torch_build, validate};
 use cudastack::matrix::Matrix;
@@ -430,7 +429,7 @@ fn relock(
     ))
     .ok();
     if let Some(system) = request.system.as_mut() {
-        system.keep = SystemRequest::keep_from(committed.as_ref(), None);
+        system.keep_from(committed.as_ref(), None);
     }
     runtime.block_on(resolve(&client, &request))
 }

@@ -53,6 +53,9 @@ pub fn write_repo(dir: &Path, debs: &[DebFile]) -> Result<(), RepoError> {
         return Err(RepoError::DpkgDebMissing);
     }
     fs_err::create_dir_all(dir).map_err(io_error(dir))?;
+    // Readable by mmdebstrap's unshared root (another uid) too.
+    fs_err::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .map_err(io_error(dir))?;
     let mut sorted: Vec<&DebFile> = debs.iter().collect();
     sorted.sort_by(|a, b| (&a.name, &a.architecture).cmp(&(&b.name, &b.architecture)));
     let mut index = String::new();
@@ -70,10 +73,7 @@ pub fn write_repo(dir: &Path, debs: &[DebFile]) -> Result<(), RepoError> {
                 found,
             });
         }
-        let linked = dir.join(&deb.filename);
-        if fs_err::hard_link(&deb.path, &linked).is_err() {
-            fs_err::copy(&deb.path, &linked).map_err(io_error(&linked))?;
-        }
+        place(&deb.path, &dir.join(&deb.filename))?;
         index.push_str(control.trim_end());
         index.push_str(&format!(
             "\nFilename: ./{}\nSize: {}\nSHA256: {}\n\n",
@@ -83,7 +83,38 @@ pub fn write_repo(dir: &Path, debs: &[DebFile]) -> Result<(), RepoError> {
         ));
     }
     let packages = dir.join("Packages");
-    fs_err::write(&packages, index).map_err(io_error(&packages))
+    fs_err::write(&packages, index).map_err(io_error(&packages))?;
+    fs_err::set_permissions(
+        &packages,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .map_err(io_error(&packages))
+}
+
+/// Put the blob `blob` at `target`, a new name in the repository: a hard link when the
+/// blob is readable by everyone (mmdebstrap's unshare mode reads it as another uid), else
+/// a copy made readable. Never writes through an existing name (that could be a link to
+/// another blob).
+fn place(blob: &Path, target: &Path) -> Result<(), RepoError> {
+    use std::os::unix::fs::PermissionsExt;
+    let readable = fs_err::metadata(blob)
+        .map_err(io_error(blob))?
+        .permissions()
+        .mode()
+        & 0o004
+        != 0;
+    if readable && fs_err::hard_link(blob, target).is_ok() {
+        return Ok(());
+    }
+    let mut source = fs_err::File::open(blob).map_err(io_error(blob))?;
+    let mut copy = fs_err::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(target)
+        .map_err(io_error(target))?;
+    std::io::copy(&mut source, &mut copy).map_err(io_error(target))?;
+    fs_err::set_permissions(target, std::fs::Permissions::from_mode(0o644))
+        .map_err(io_error(target))
 }
 
 /// The control fields of a .deb.

@@ -95,23 +95,10 @@ impl Resolution {
 
     /// The options that keep apt inside the throwaway root, as this user.
     fn options(&self) -> Vec<String> {
-        let root = self.dir().display().to_string();
-        let user = current_user_name();
-        [
-            format!("Dir={root}"),
-            format!("Dir::State::status={root}/var/lib/dpkg/status"),
-            format!("Dir::Etc::TrustedParts={root}/etc/apt/trusted.gpg.d"),
-            "Dir::Etc::Trusted=/nonexistent".to_string(),
-            format!("APT::Architecture={}", self.sources.architecture),
-            format!("APT::Architectures::={}", self.sources.architecture),
-            "APT::Install-Recommends=false".to_string(),
-            "Acquire::Languages=none".to_string(),
-            "Debug::NoLocking=1".to_string(),
-            format!("APT::Sandbox::User={user}"),
-        ]
-        .into_iter()
-        .flat_map(|o| ["-o".to_string(), o])
-        .collect()
+        settings(self.dir(), &self.sources.architecture)
+            .into_iter()
+            .flat_map(|(name, value)| ["-o".to_string(), format!("{name}={value}")])
+            .collect()
     }
 
     fn command(&self, program: &str) -> Command {
@@ -354,6 +341,49 @@ impl Resolution {
     }
 }
 
+/// apt's settings for the throwaway root `root`: its own directories and configuration (the
+/// host's /etc/apt is never read: these also go into the file `APT_CONFIG` names, which apt
+/// reads before anything else), this architecture only, no Recommends (as mmdebstrap
+/// installs), no locking, downloads as this user.
+fn settings(root: &Path, architecture: &str) -> Vec<(&'static str, String)> {
+    let root = root.display().to_string();
+    vec![
+        ("Dir", format!("{root}/")),
+        ("Dir::Etc", format!("{root}/etc/apt/")),
+        ("Dir::Etc::Parts", format!("{root}/etc/apt/apt.conf.d/")),
+        (
+            "Dir::Etc::Preferences",
+            format!("{root}/etc/apt/preferences"),
+        ),
+        (
+            "Dir::Etc::PreferencesParts",
+            format!("{root}/etc/apt/preferences.d/"),
+        ),
+        ("Dir::State::status", format!("{root}/var/lib/dpkg/status")),
+        (
+            "Dir::Etc::TrustedParts",
+            format!("{root}/etc/apt/trusted.gpg.d/"),
+        ),
+        ("Dir::Etc::Trusted", "/nonexistent".to_string()),
+        ("APT::Architecture", architecture.to_string()),
+        ("APT::Architectures", architecture.to_string()),
+        ("APT::Install-Recommends", "false".to_string()),
+        ("APT::Install-Suggests", "false".to_string()),
+        ("APT::Default-Release", String::new()),
+        ("Acquire::Languages", "none".to_string()),
+        ("Debug::NoLocking", "1".to_string()),
+        ("APT::Sandbox::User", current_user_name()),
+    ]
+}
+
+/// The same settings as an apt.conf file.
+fn apt_conf(root: &Path, architecture: &str) -> String {
+    settings(root, architecture)
+        .into_iter()
+        .map(|(name, value)| format!("{name} \"{value}\";\n"))
+        .collect()
+}
+
 /// A `deb822` stanza (Packages, InRelease): field -> value of its first line.
 struct Stanza(BTreeMap<String, String>);
 
@@ -472,27 +502,31 @@ fn is_update_failure(line: &str) -> bool {
                 || line.contains("Hash Sum mismatch")))
 }
 
-/// The InRelease files apt kept: suite and codename -> Date.
+/// The InRelease files apt kept: dist (the suite a sources line names) -> Date. The dist
+/// comes from the list file's name (`..._dists_bookworm-updates_InRelease`), not from the
+/// file's Suite or Codename fields: Ubuntu's `noble-updates` says `Codename: noble`.
 fn read_release_dates(lists: &Path) -> Result<BTreeMap<String, jiff::Timestamp>, AptError> {
     let mut dates = BTreeMap::new();
     for entry in fs_err::read_dir(lists).map_err(io_error(lists))? {
         let path = entry.map_err(io_error(lists))?.path();
-        if !path.to_string_lossy().ends_with("InRelease") {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let Some(dist) = name
+            .strip_suffix("_InRelease")
+            .and_then(|stem| stem.rsplit_once("_dists_"))
+            .map(|(_, dist)| dist.to_string())
+        else {
             continue;
-        }
+        };
         let text = fs_err::read_to_string(&path).map_err(io_error(&path))?;
         let body = text
             .split_once("\n\n")
             .map(|(_, body)| body)
             .unwrap_or(&text);
-        let stanza = Stanza::parse(body);
-        let Some(date) = stanza.get("Date").and_then(parse_release_date) else {
-            continue;
-        };
-        for field in ["Suite", "Codename"] {
-            if let Some(name) = stanza.get(field) {
-                dates.insert(name.to_string(), date);
-            }
+        if let Some(date) = Stanza::parse(body).get("Date").and_then(parse_release_date) {
+            dates.insert(dist, date);
         }
     }
     Ok(dates)
@@ -526,7 +560,7 @@ fn make_root(root: &Path, sources: &AptSources) -> Result<(), AptError> {
     }
     for (file, text) in [
         ("var/lib/dpkg/status", String::new()),
-        ("etc/apt/apt.conf", String::new()),
+        ("etc/apt/apt.conf", apt_conf(root, &sources.architecture)),
         ("etc/apt/sources.list", sources.sources_list()),
     ] {
         let path = root.join(file);

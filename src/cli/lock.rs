@@ -8,7 +8,7 @@ use clap::Args;
 use cudastack::apt::AptSources;
 use cudastack::fetch::http::HttpClient;
 use cudastack::lock::inputs::{lock_request_for, platform_lock_path};
-use cudastack::lock::lockfile::Lockfile;
+use cudastack::lock::lockfile::{ArtifactKind, Lockfile};
 use cudastack::lock::resolve;
 use cudastack::lock::system::{deb_changes, DebChange, SystemRequest};
 use cudastack::matrix::validate::validate;
@@ -98,7 +98,7 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
             // A previous lock of another format or unreadable: nothing to keep.
             let previous = Lockfile::read(&out).ok();
             if let Some(system) = request.system.as_mut() {
-                configure_system(system, &args, &recipe, platform, previous.as_ref());
+                configure_system(system, &args, &recipe, platform, previous.as_ref())?;
             }
             let lockfile = runtime.block_on(resolve(&client, &request))?;
             lockfile.write(&out)?;
@@ -141,7 +141,7 @@ fn configure_system(
     recipe: &Recipe,
     platform: cudastack::recipe::Platform,
     previous: Option<&Lockfile>,
-) {
+) -> Result<(), String> {
     if let Some((distro, release)) = recipe.base.distro() {
         system.sources = AptSources::for_release(
             distro,
@@ -158,5 +158,18 @@ fn configure_system(
     } else {
         Some(args.upgrade_package.as_slice())
     };
-    system.keep = SystemRequest::keep_from(previous, upgrade);
+    for name in &args.upgrade_package {
+        let locked = previous.is_some_and(|lock| {
+            lock.artifacts
+                .iter()
+                .any(|a| a.kind == ArtifactKind::Deb && &a.name == name)
+        });
+        if !locked {
+            return Err(format!(
+                "`--upgrade-package {name}`: the lock has no Debian package `{name}` to upgrade (a new package comes from the recipe's `apt:` list)"
+            ));
+        }
+    }
+    system.keep_from(previous, upgrade);
+    Ok(())
 }

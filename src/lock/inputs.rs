@@ -237,6 +237,7 @@ pub fn system_request(recipe: &Recipe, platform: Platform) -> Option<SystemReque
         base: recipe.base.to_string(),
         apt: recipe.apt.iter().map(|p| p.to_string()).collect(),
         keep: Default::default(),
+        previous: Default::default(),
     })
 }
 

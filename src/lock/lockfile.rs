@@ -44,6 +44,11 @@ pub enum LockfileError {
         path: std::path::PathBuf,
         limit: u64,
     },
+    #[error("`{path}` names the Debian package `{name}` twice; a lock has one file per package\n  hint: run `cudastack lock` again")]
+    DuplicateDeb {
+        path: std::path::PathBuf,
+        name: String,
+    },
     #[error("`{path}` is lock format {found}; this cudastack reads format {expected}: run `cudastack lock` again")]
     Format {
         path: std::path::PathBuf,
@@ -430,6 +435,20 @@ impl Lockfile {
                 expected: LOCK_FORMAT_VERSION,
             });
         }
+        // Two debs of one name (or one file name) would meet in the build's repository.
+        let mut seen = std::collections::BTreeSet::new();
+        for deb in lock
+            .artifacts
+            .iter()
+            .filter(|a| a.kind == ArtifactKind::Deb)
+        {
+            if !seen.insert(deb.name.as_str()) || !seen.insert(&*deb.filename) {
+                return Err(LockfileError::DuplicateDeb {
+                    path: path.to_path_buf(),
+                    name: deb.name.clone(),
+                });
+            }
+        }
         Ok(lock)
     }
 
@@ -679,6 +698,21 @@ mod tests {
             let cause = std::error::Error::source(&error).unwrap().to_string();
             assert!(cause.contains(says), "{field} = {bad}: {cause}");
         }
+    }
+
+    #[test]
+    fn refuses_a_deb_named_twice() {
+        let mut json: serde_json::Value =
+            serde_json::from_str(&with_deb("layer", "base".into())).unwrap();
+        let deb = json["artifacts"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .clone();
+        json["artifacts"].as_array_mut().unwrap().push(deb);
+        let error = read_text(&json.to_string()).unwrap_err();
+        assert!(error.to_string().contains("`libc6` twice"), "{error}");
     }
 
     #[test]

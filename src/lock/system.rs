@@ -79,31 +79,30 @@ pub struct SystemRequest {
     pub base: String,
     /// The recipe's `apt:` entries as apt-get takes them (`git`, `git=1:2.39.5-0+deb12u2`).
     pub apt: Vec<String>,
-    /// The debs of the previous lock to keep (by name): their versions are kept, and
-    /// when apt picks the same file, its recorded fallback URL too, so relocking an
-    /// unchanged recipe gives the same lock. Empty for `lock --upgrade`.
-    pub keep: BTreeMap<String, Artifact>,
+    /// Name -> version of the previous lock's debs to keep where apt would now pick
+    /// another; empty for `lock --upgrade`.
+    pub keep: BTreeMap<String, String>,
+    /// The previous lock's debs by name: where apt picks the same file, its recorded
+    /// fallback URL is kept, so relocking an unchanged archive state gives the same lock
+    /// even after the archive re-signed its InRelease (a new Date).
+    pub previous: BTreeMap<String, Artifact>,
 }
 
 impl SystemRequest {
-    /// The versions of `previous`'s debs, less the packages to upgrade (`None`: all).
-    pub fn keep_from(
-        previous: Option<&Lockfile>,
-        upgrade: Option<&[String]>,
-    ) -> BTreeMap<String, Artifact> {
-        let Some(previous) = previous else {
-            return BTreeMap::new();
-        };
-        if upgrade.is_some_and(|names| names.is_empty()) {
-            return BTreeMap::new();
-        }
-        previous
-            .artifacts
+    /// Keep `previous`'s debs, less the packages to upgrade (`Some(&[])`: all of them).
+    pub fn keep_from(&mut self, previous: Option<&Lockfile>, upgrade: Option<&[String]>) {
+        let debs = previous
             .iter()
-            .filter(|a| a.kind == ArtifactKind::Deb)
-            .filter(|a| !upgrade.is_some_and(|names| names.contains(&a.name)))
-            .map(|a| (a.name.clone(), a.clone()))
-            .collect()
+            .flat_map(|lock| &lock.artifacts)
+            .filter(|a| a.kind == ArtifactKind::Deb);
+        self.previous = debs.clone().map(|a| (a.name.clone(), a.clone())).collect();
+        self.keep = match upgrade {
+            Some([]) => BTreeMap::new(),
+            _ => debs
+                .filter(|a| !upgrade.is_some_and(|names| names.contains(&a.name)))
+                .map(|a| (a.name.clone(), a.version.clone()))
+                .collect(),
+        };
     }
 }
 
@@ -156,9 +155,9 @@ pub fn resolve_system(
         }
     }
     for artifact in &mut artifacts {
-        if let Some(kept) = request.keep.get(&artifact.name) {
-            if kept.sha256 == artifact.sha256 && kept.url == artifact.url {
-                artifact.fallback_url = kept.fallback_url.clone();
+        if let Some(before) = request.previous.get(&artifact.name) {
+            if before.sha256 == artifact.sha256 && before.url == artifact.url {
+                artifact.fallback_url = before.fallback_url.clone();
             }
         }
     }
@@ -184,33 +183,44 @@ fn refuse_second_copy(request: &SystemRequest, name: &str) -> Result<(), SystemE
 }
 
 /// apt's set for `roots`, with every package the previous lock had pinned back to its
-/// locked version (when apt would now pick another).
+/// locked version (when apt would now pick another). Pinning can bring in a package the
+/// first answer did not have (an old version's own dependency), so it is repeated until
+/// every package apt picks is at its locked version, or has none.
 fn resolve_keeping(
     apt: &Resolution,
     roots: &[String],
     request: &SystemRequest,
 ) -> Result<Vec<DebPackage>, SystemError> {
-    let chosen = apt.resolve(roots)?;
-    let pins: Vec<String> = chosen
-        .iter()
-        .filter_map(|p| {
-            let kept = &request.keep.get(&p.name)?.version;
-            (kept != &p.version).then(|| format!("{}={kept}", p.name))
-        })
-        .collect();
-    if pins.is_empty() {
-        return Ok(chosen);
+    let mut pins: Vec<String> = Vec::new();
+    for _ in 0..8 {
+        let asked: Vec<String> = roots.iter().chain(&pins).cloned().collect();
+        let chosen = match apt.resolve(&asked) {
+            Err(AptError::NotFound {
+                packages, searched, ..
+            }) if !pins.is_empty() => {
+                return Err(SystemError::LockedVersionGone {
+                    packages,
+                    suite: searched,
+                })
+            }
+            other => other?,
+        };
+        let more: Vec<String> = chosen
+            .iter()
+            .filter_map(|p| {
+                let kept = request.keep.get(&p.name)?;
+                (kept != &p.version).then(|| format!("{}={kept}", p.name))
+            })
+            .collect();
+        if more.is_empty() {
+            return Ok(chosen);
+        }
+        pins.extend(more);
     }
-    let pinned: Vec<String> = roots.iter().cloned().chain(pins.iter().cloned()).collect();
-    match apt.resolve(&pinned) {
-        Err(AptError::NotFound {
-            packages, searched, ..
-        }) => Err(SystemError::LockedVersionGone {
-            packages,
-            suite: searched,
-        }),
-        other => Ok(other?),
-    }
+    Err(SystemError::Apt(AptError::Unsatisfiable {
+        roots: roots.join(" "),
+        output: "    the locked versions did not settle after 8 rounds of pinning".into(),
+    }))
 }
 
 /// The base's python3 must be the recipe's Python, and its glibc at least the wheels'

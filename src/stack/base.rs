@@ -194,10 +194,13 @@ fn mmdebstrap_to_tar(
     let stdout = child.stdout.take().expect("stdout is piped");
     let unpacked = unpack_recording_owners(stdout, dest);
     let status = child.wait().map_err(io(Path::new("mmdebstrap")))?;
+    // An unpack that failed (a full disk) closed the pipe, so mmdebstrap failed too: the
+    // unpack's error is the cause.
+    let owners = unpacked?;
     if !status.success() {
         return Err(mmdebstrap_failed(spec, shown, status, stderr));
     }
-    Ok(unpacked?)
+    Ok(owners)
 }
 
 fn mmdebstrap_failed(
@@ -243,6 +246,10 @@ fn mmdebstrap_command(
     const CLEAN: &str = "rm -rf \"$1\"/var/cache/apt/* \"$1\"/var/lib/apt/lists/* \"$1\"/var/log/* \"$1\"/var/cache/ldconfig/aux-cache && for f in resolv.conf hostname; do if [ -e \"$1/etc/$f\" ] || [ -L \"$1/etc/$f\" ]; then rm -f \"$1/etc/$f\" && : > \"$1/etc/$f\" && chmod 0644 \"$1/etc/$f\"; fi; done";
     let mut command = Command::new("mmdebstrap");
     command.arg(format!("--mode={mode}")).arg("--quiet");
+    // apt downloads as `_apt` only when that user can read the repository, and then leaves
+    // var/lib/apt/lists/partial owned by `_apt`; whether it can depends on the build host's
+    // umask and cache directory modes. Always as root: the same base on every host.
+    command.arg("--aptopt=APT::Sandbox::User \"root\"");
     if mode != BuildMode::Root {
         command.arg("--format=tar");
     }
@@ -284,9 +291,18 @@ fn mmdebstrap_command(
     command
         .arg(&spec.release)
         .arg(dest)
-        .arg(format!("deb [trusted=yes] copy://{} ./", repo.display()))
+        .arg(format!("deb [trusted=yes] {} ./", copy_url(repo)))
         .env("SOURCE_DATE_EPOCH", spec.source_date_epoch.to_string());
     command
+}
+
+/// The `copy://` URL of the local repository, percent-encoded (a space in the cache path
+/// would split the sources line).
+fn copy_url(repo: &Path) -> String {
+    match reqwest::Url::from_directory_path(repo) {
+        Ok(url) => format!("copy://{}", url.path()),
+        Err(()) => format!("copy://{}", repo.display()),
+    }
 }
 
 /// Run `command`; on failure the error shows it and the last lines of its output.

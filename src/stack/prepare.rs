@@ -307,12 +307,13 @@ async fn fetch_debs(
         store.clone(),
         progress.downloads(),
     )
-    .offline(settings.offline);
+    .offline(settings.offline)
+    .mirrors(deb_mirror_dirs(settings));
     let items: Vec<FetchItem> = debs.iter().map(|a| a.fetch_item()).collect();
     let missing = downloader.missing(&items).len();
     progress.stage(
         "fetch",
-        &format!("{} base packages, {} to download", debs.len(), missing),
+        &format!("{} Debian packages, {} to download", debs.len(), missing),
     );
     let fetches = debs.iter().map(|artifact| {
         let candidates = deb_urls(artifact, settings.apt_mirror.as_ref());
@@ -356,6 +357,20 @@ async fn fetch_debs(
     Ok((base, apt))
 }
 
+/// The directories a deb's `file://` URL may name: `--mirror`, and a `file://` apt mirror.
+fn deb_mirror_dirs(settings: &BuildSettings) -> Vec<PathBuf> {
+    let mut dirs = settings.mirrors.clone();
+    if let Some(path) = settings
+        .apt_mirror
+        .as_ref()
+        .filter(|url| url.scheme() == "file")
+        .and_then(|url| url.to_file_path().ok())
+    {
+        dirs.push(path);
+    }
+    dirs
+}
+
 /// Where a locked deb may be fetched from, in order: the mirror given to this build (the
 /// same pool path under its root), the URL it was locked from, the snapshot archive.
 fn deb_urls(artifact: &Artifact, apt_mirror: Option<&reqwest::Url>) -> Vec<reqwest::Url> {
@@ -396,6 +411,11 @@ async fn fetch_first(
                 "{url}: {}",
                 crate::fetch::http::error_chain(&error)
             )),
+        }
+        // What this URL left must not be resumed from the next one (its bytes may differ);
+        // under the blob's lock, so another build's transfer of it is never cut.
+        if let Ok(_lock) = downloader.store().lock_partial(&item.sha256) {
+            let _ = fs_err::remove_file(downloader.store().partial_path(&item.sha256));
         }
         // Offline, no URL can help.
         if tried.last().is_some_and(|t| t.contains("Offline")) {

@@ -19,6 +19,9 @@ pub(crate) struct TreeDiff {
     pub owners: Option<RecordedOwners>,
     /// Entries of `lower` missing from `upper` (layer paths).
     pub removed: Vec<String>,
+    /// Files of `upper` with several links, by (device, inode) -> the first copy written,
+    /// so a hard-linked group stays one file in the layer.
+    links: std::collections::HashMap<(u64, u64), PathBuf>,
 }
 
 /// The owners and modes of one tree: on disk, or from its record (a rootless tree).
@@ -53,8 +56,9 @@ pub(crate) fn diff_trees(upper: &Tree, lower: &Tree, out: &Path) -> Result<TreeD
     let mut diff = TreeDiff {
         owners: upper.owners.map(|_| RecordedOwners::default()),
         removed: Vec::new(),
+        links: std::collections::HashMap::new(),
     };
-    walk(upper, lower, out, "", &mut diff)?;
+    walk(upper, Some(lower), out, "", &mut diff)?;
     find_removed(upper.root, lower.root, "", &mut diff.removed)?;
     Ok(diff)
 }
@@ -78,9 +82,12 @@ fn join(rel: &str, name: &std::ffi::OsStr) -> String {
     }
 }
 
+/// Copy what differs under `rel`. `lower` is None below a directory `lower` does not
+/// have as a real directory (absent, a file, or a symlink that must not be followed):
+/// everything there is new.
 fn walk(
     upper: &Tree,
-    lower: &Tree,
+    lower: Option<&Tree>,
     out: &Path,
     rel: &str,
     diff: &mut TreeDiff,
@@ -90,14 +97,18 @@ fn walk(
         let child = join(rel, &name);
         let path = upper.root.join(&child);
         let meta = fs_err::symlink_metadata(&path).map_err(io_error(&path))?;
-        let changed = differs(upper, lower, &child, &meta)?;
-        if meta.is_dir() {
-            if changed {
-                copy_entry(upper, out, &child, &meta, diff)?;
-            }
-            walk(upper, lower, out, &child, diff)?;
-        } else if changed {
+        let changed = match lower {
+            Some(lower) => differs(upper, lower, &child, &meta)?,
+            None => true,
+        };
+        if changed {
             copy_entry(upper, out, &child, &meta, diff)?;
+        }
+        if meta.is_dir() {
+            let lower_dir = lower.filter(|lower| {
+                fs_err::symlink_metadata(lower.root.join(&child)).is_ok_and(|m| m.is_dir())
+            });
+            walk(upper, lower_dir, out, &child, diff)?;
         }
     }
     Ok(())
@@ -191,7 +202,17 @@ fn copy_entry(
         let link = fs_err::read_link(&source).map_err(io_error(&source))?;
         std::os::unix::fs::symlink(&link, &target).map_err(io_error(&target))?;
     } else if meta.is_file() {
-        fs_err::copy(&source, &target).map_err(io_error(&target))?;
+        let inode = (meta.dev(), meta.ino());
+        match diff.links.get(&inode).filter(|_| meta.nlink() > 1) {
+            // Another name of a file already written: the same file, as in `upper`.
+            Some(first) => fs_err::hard_link(first, &target).map_err(io_error(&target))?,
+            None => {
+                fs_err::copy(&source, &target).map_err(io_error(&target))?;
+                if meta.nlink() > 1 {
+                    diff.links.insert(inode, target.clone());
+                }
+            }
+        }
     } else {
         // Device nodes and FIFOs have no place in a package layer (the base drops /dev's).
         return Ok(());
@@ -250,8 +271,11 @@ fn find_removed(
                 let lower_dir = fs_err::symlink_metadata(&lower_path)
                     .map(|m| m.is_dir())
                     .unwrap_or(false);
-                if meta.is_dir() && lower_dir {
-                    find_removed(upper, lower, &child, removed)?;
+                match (lower_dir, meta.is_dir()) {
+                    (true, true) => find_removed(upper, lower, &child, removed)?,
+                    // A directory replaced by a file or a symlink: its contents are gone.
+                    (true, false) => removed.push(child),
+                    _ => {}
                 }
             }
         }

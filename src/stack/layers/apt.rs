@@ -92,7 +92,14 @@ impl LayerStager for AptLayer {
             .map_err(io_error(&self.scratch_parent))?;
         let root = scratch.path().join("root");
         fs_err::create_dir(&root).map_err(io_error(&root))?;
-        let owners = debootstrap(&self.spec, &root, mode)?;
+        let owners = match debootstrap(&self.spec, &root, mode) {
+            Ok(owners) => owners,
+            Err(error) => {
+                drop(scratch);
+                let _ = fs_err::remove_dir(&self.scratch_parent);
+                return Err(error.into());
+            }
+        };
         let base_owners = self
             .base_owners
             .exists()

@@ -54,12 +54,12 @@ impl<'a> BaseLayer<'a> {
             mtime,
             inputs.base_debs.clone(),
         );
-        // `+locked`: the bases made from locked .debs (issue 18); `+etc2`: /etc/resolv.conf
+        // `+locked2`: the bases made from locked .debs, apt as root (issue 18); `+etc2`: /etc/resolv.conf
         // and /etc/hostname emptied.
         let assembler = match spec.foreign_architecture {
-            None => format!("{ASSEMBLER}/base-mmdebstrap+etc2+locked"),
+            None => format!("{ASSEMBLER}/base-mmdebstrap+etc2+locked2"),
             Some(_) => format!(
-                "{ASSEMBLER}/base-mmdebstrap-{}+etc2+locked",
+                "{ASSEMBLER}/base-mmdebstrap-{}+etc2+locked2",
                 crate::stack::foreign_base::ASSEMBLER
             ),
         };
