@@ -532,15 +532,29 @@ fn read_release_dates(lists: &Path) -> Result<BTreeMap<String, jiff::Timestamp>,
     Ok(dates)
 }
 
-/// A Release `Date:` (`Sat, 08 Nov 2025 09:38:35 UTC`; RFC 2822 wants `+0000` for UTC).
+/// A Release `Date:`: `Sat, 08 Nov 2025 09:38:35 UTC` (Debian), `Sun, 29 Nov 2026  3:21:46
+/// UTC` (Ubuntu pads a one-digit hour with a space). Read field by field; the zone is UTC
+/// (`UTC`, `GMT`, `+0000`) in every archive.
 fn parse_release_date(text: &str) -> Option<jiff::Timestamp> {
-    let normalised = text
-        .trim()
-        .strip_suffix(" UTC")
-        .map(|t| format!("{t} +0000"))
-        .unwrap_or_else(|| text.trim().to_string());
-    jiff::fmt::rfc2822::DateTimeParser::new()
-        .parse_timestamp(&normalised)
+    let mut words: Vec<&str> = text.split_whitespace().collect();
+    if words.first().is_some_and(|w| w.ends_with(',')) {
+        words.remove(0);
+    }
+    let [day, month, year, time, zone] = words[..] else {
+        return None;
+    };
+    if !matches!(zone, "UTC" | "GMT" | "+0000" | "Z") {
+        return None;
+    }
+    let time = if time.find(':') == Some(1) {
+        format!("0{time}")
+    } else {
+        time.to_string()
+    };
+    let normalised = format!("{day:0>2} {month} {year} {time} +0000");
+    jiff::fmt::strtime::parse("%d %b %Y %H:%M:%S %z", &normalised)
+        .ok()?
+        .to_timestamp()
         .ok()
 }
 

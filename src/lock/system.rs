@@ -156,7 +156,10 @@ pub fn resolve_system(
     }
     for artifact in &mut artifacts {
         if let Some(before) = request.previous.get(&artifact.name) {
-            if before.sha256 == artifact.sha256 && before.url == artifact.url {
+            if before.sha256 == artifact.sha256
+                && before.url == artifact.url
+                && before.fallback_url.is_some()
+            {
                 artifact.fallback_url = before.fallback_url.clone();
             }
         }
