@@ -40,7 +40,12 @@ Examples:
   # Resolve every artifact to a URL and sha256 (writes the .lock beside it)
   cudastack lock recipes/torch2.4.1-cu121-py3.11.yaml
   # An air-gapped site: wheels from a local directory first
-  cudastack lock --mirror /srv/wheels recipes/torch2.4.1-cu121-py3.11.yaml";
+  cudastack lock --mirror /srv/wheels recipes/torch2.4.1-cu121-py3.11.yaml
+  # Move the Debian packages to today's archive (security updates); prints
+  # each change
+  cudastack lock --upgrade recipes/torch2.4.1-cu121-py3.11.yaml
+  # One package only
+  cudastack lock --upgrade-package tzdata recipes/torch2.4.1-cu121-py3.11.yaml";
 
 pub const MATRIX: &str = "\
 Examples:
