@@ -29,6 +29,18 @@ fn build(recipe: &Path, layout: &Path, cache: &Path, wrap: &[&str]) -> Output {
         }
         None => Command::new(binary),
     };
+    build_args(&mut command, recipe, layout, cache)
+        .output()
+        .unwrap()
+}
+
+/// `build --no-verify` of `recipe` (its stand-in wheels beside it) into `layout` with `cache`.
+fn build_args<'a>(
+    command: &'a mut Command,
+    recipe: &Path,
+    layout: &Path,
+    cache: &Path,
+) -> &'a mut Command {
     command
         .args(["build", "--no-verify", "--mirror"])
         .arg(recipe.parent().unwrap().join("mirror"))
@@ -37,8 +49,6 @@ fn build(recipe: &Path, layout: &Path, cache: &Path, wrap: &[&str]) -> Output {
         .arg("--cache-dir")
         .arg(cache)
         .arg(recipe)
-        .output()
-        .unwrap()
 }
 
 /// The manifest digest a successful build printed.
@@ -240,15 +250,8 @@ fn build_elsewhere(
     if one_cpu {
         command.args(["taskset", "-c", "0"]);
     }
-    command
-        .arg(env!("CARGO_BIN_EXE_cudastack"))
-        .args(["build", "--no-verify", "--mirror"])
-        .arg(recipe.parent().unwrap().join("mirror"))
-        .arg("--layout")
-        .arg(layout)
-        .arg("--cache-dir")
-        .arg(cache)
-        .arg(recipe)
+    command.arg(env!("CARGO_BIN_EXE_cudastack"));
+    build_args(&mut command, recipe, layout, cache)
         .current_dir(cwd)
         .env("TMPDIR", &tmp)
         .output()

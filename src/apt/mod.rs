@@ -17,3 +17,14 @@ pub mod sources;
 pub use repo::{write_repo, DebFile, RepoError};
 pub use resolve::{AptError, DebPackage, Resolution};
 pub use sources::{AptSources, ArchiveSuite};
+
+/// `major.minor` of a Debian version's upstream part: `3.11.2-1+b1` -> (3, 11),
+/// `2.36-9+deb12u14` -> (2, 36), `1:2.39-0ubuntu8` -> (2, 39) (the epoch is skipped).
+pub fn major_minor(version: &str) -> Option<(u32, u32)> {
+    let without_epoch = version
+        .split_once(':')
+        .map(|(_, rest)| rest)
+        .unwrap_or(version);
+    let mut parts = without_epoch.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}

@@ -239,7 +239,7 @@ fn check_base(
             .map(|p| p.version.clone())
     };
     let python = version_of("python3");
-    let python_mm = python.as_deref().and_then(major_minor);
+    let python_mm = python.as_deref().and_then(crate::apt::major_minor);
     let wanted = (target.python.major, target.python.minor);
     if python_mm != Some(wanted) {
         return Err(SystemError::BaseMismatch {
@@ -254,7 +254,7 @@ fn check_base(
     let glibc = (target.glibc.major, target.glibc.minor);
     if libc
         .as_deref()
-        .and_then(major_minor)
+        .and_then(crate::apt::major_minor)
         .is_some_and(|found| found < glibc)
     {
         return Err(SystemError::BaseMismatch {
@@ -266,16 +266,6 @@ fn check_base(
         });
     }
     Ok(())
-}
-
-/// `3.11.2-1+b1` -> (3, 11); `1:2.39-0ubuntu8` -> (2, 39).
-pub fn major_minor(version: &str) -> Option<(u32, u32)> {
-    let without_epoch = version
-        .split_once(':')
-        .map(|(_, rest)| rest)
-        .unwrap_or(version);
-    let mut parts = without_epoch.split(|c: char| !c.is_ascii_digit());
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
 fn artifact(package: &DebPackage, layer: DebLayer) -> Result<Artifact, SystemError> {

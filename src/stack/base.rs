@@ -378,9 +378,9 @@ pub fn inspect_rootfs(root: &Path) -> Result<RootfsFacts, BaseError> {
         });
     Ok(RootfsFacts {
         python: dpkg_version(&status, "python3")
-            .and_then(|v| parse_major_minor(&v))
+            .and_then(|v| crate::apt::major_minor(&v))
             .map(|(a, b)| PythonVersion::new(a, b)),
-        glibc: dpkg_version(&status, "libc6").and_then(|v| parse_major_minor(&v)),
+        glibc: dpkg_version(&status, "libc6").and_then(|v| crate::apt::major_minor(&v)),
         os,
     })
 }
@@ -408,16 +408,6 @@ pub fn dpkg_version(status: &str, package: &str) -> Option<String> {
     })
 }
 
-/// `3.11.2-1+b1` -> (3, 11); `2.36-9+deb12u14` -> (2, 36); an epoch (`1:`) is skipped.
-fn parse_major_minor(version: &str) -> Option<(u32, u32)> {
-    let without_epoch = version
-        .split_once(':')
-        .map(|(_, rest)| rest)
-        .unwrap_or(version);
-    let mut parts = without_epoch.split(|c: char| !c.is_ascii_digit());
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,8 +420,8 @@ mod tests {
             Some("3.11.2-1+b1")
         );
         assert_eq!(dpkg_version(status, "python3.12"), None);
-        assert_eq!(parse_major_minor("3.11.2-1+b1"), Some((3, 11)));
-        assert_eq!(parse_major_minor("2.36-9+deb12u14"), Some((2, 36)));
-        assert_eq!(parse_major_minor("1:2.39-0ubuntu8"), Some((2, 39)));
+        assert_eq!(crate::apt::major_minor("3.11.2-1+b1"), Some((3, 11)));
+        assert_eq!(crate::apt::major_minor("2.36-9+deb12u14"), Some((2, 36)));
+        assert_eq!(crate::apt::major_minor("1:2.39-0ubuntu8"), Some((2, 39)));
     }
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::base::BaseLayer;
 use super::{BuildEnv, LayerStager, ASSEMBLER};
-use crate::layer::{CacheKey, DirOptions, ModePolicy, RecordedOwners};
+use crate::layer::{CacheKey, DirOptions, RecordedOwners};
 use crate::stack::base::{debootstrap, BaseError, DebootstrapSpec};
 use crate::stack::error::{io_error, BuildError};
 use crate::stack::prepare::PlatformInputs;
@@ -132,14 +132,6 @@ impl LayerStager for AptLayer {
     }
     /// Like the base: modes and owners as the packages set them.
     fn walk(&self) -> DirOptions {
-        DirOptions {
-            modes: ModePolicy::Exact,
-            keep_owners: true,
-            prefix: None,
-            recorded: self
-                .owners_record
-                .exists()
-                .then(|| self.owners_record.clone()),
-        }
+        super::base::package_tree_walk(&self.owners_record)
     }
 }

@@ -129,15 +129,7 @@ impl LayerStager for BaseLayer<'_> {
     /// The base is a root filesystem: modes and owners as the packages set them, from
     /// the record when the tree was staged without root.
     fn walk(&self) -> DirOptions {
-        DirOptions {
-            modes: ModePolicy::Exact,
-            keep_owners: true,
-            prefix: None,
-            recorded: self
-                .owners_record
-                .exists()
-                .then(|| self.owners_record.clone()),
-        }
+        package_tree_walk(&self.owners_record)
     }
     fn staged(&self, dir: &Path) -> Result<(), BuildError> {
         let facts = inspect_rootfs(dir)?;
@@ -146,6 +138,17 @@ impl LayerStager for BaseLayer<'_> {
             &self.facts_record,
             &serde_json::to_vec(&facts).expect("facts serialise"),
         )
+    }
+}
+
+/// How a tree dpkg installed becomes a layer: modes and owners as the packages set them,
+/// from `owners_record` when the tree was staged without root (docs/rootless.md).
+pub(crate) fn package_tree_walk(owners_record: &Path) -> DirOptions {
+    DirOptions {
+        modes: ModePolicy::Exact,
+        keep_owners: true,
+        prefix: None,
+        recorded: owners_record.exists().then(|| owners_record.to_path_buf()),
     }
 }
 
