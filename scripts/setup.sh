@@ -15,7 +15,7 @@ case "${1:-}" in
 esac
 
 packages=(docker.io skopeo umoci mmdebstrap docker-registry pigz zstd xz-utils gcc busybox-static shellcheck
-  gcc-aarch64-linux-gnu qemu-user qemu-user-static musl-tools fakechroot fakeroot uidmap gpg gpgv)
+  gcc-aarch64-linux-gnu qemu-user qemu-user-static musl-tools fakechroot fakeroot uidmap gpg gpgv jq)
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

@@ -346,13 +346,22 @@ fn relock_script_tries_every_recipe_and_names_the_failures() {
         .status()
         .unwrap()
         .success());
-    // A stand-in for the installed release on PATH: records each recipe, fails on the
-    // cu118 one (its index is unreachable from CI).
+    // A stand-in for the installed release on PATH: records each call's recipe (the last
+    // argument), fails on the cu118 one (its index is unreachable from CI), and answers
+    // `lock --upgrade --json` with one package change, as `cudastack lock` prints it.
     std::fs::create_dir_all(dir.join("bin")).unwrap();
     let stub = dir.join("bin/cudastack");
     std::fs::write(
         &stub,
-        "#!/bin/bash\necho \"$2\" >> calls\ncase \"$2\" in *cu118*) exit 2 ;; esac\n",
+        concat!(
+            "#!/bin/bash\n",
+            "[ \"$1 $2 $3\" = \"lock --upgrade --json\" ] || exit 9\n",
+            "recipe=\"${@: -1}\"\necho \"$recipe\" >> calls\n",
+            "case \"$recipe\" in *cu118*) exit 2 ;; esac\n",
+            "echo \"[{\\\"lock\\\": \\\"${recipe%.yaml}.lock\\\", \\\"deb_changes\\\": ",
+            "[{\\\"name\\\": \\\"tzdata\\\", \\\"old\\\": \\\"2025b\\\", \\\"new\\\": \\\"2026f\\\"}, ",
+            "{\\\"name\\\": \\\"git\\\", \\\"old\\\": null, \\\"new\\\": \\\"1:2.39\\\"}]}]\"\n",
+        ),
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -390,6 +399,15 @@ fn relock_script_tries_every_recipe_and_names_the_failures() {
         .collect();
     let output = std::fs::read_to_string(dir.join("output")).unwrap();
     assert_eq!(output, format!("failed={}\n", failed.join(" ")));
+    // The pull request's body lists each lock's package changes.
+    let body = std::fs::read_to_string(dir.join("relock-body.md")).unwrap();
+    let locked = expected.iter().find(|f| !f.contains("cu118")).unwrap();
+    assert!(
+        body.contains(&format!("**{}**", locked.replace(".yaml", ".lock")))
+            && body.contains("- `tzdata` 2025b -> 2026f")
+            && body.contains("- `git` (new) -> 1:2.39"),
+        "{body}"
+    );
 }
 
 /// A fake release of cudastack VERSION for this machine: the archive (whose bin/cudastack
