@@ -285,6 +285,33 @@ fn duplicate_soname_is_found_but_links_are_one_copy() {
     assert!(report.is_clean(), "{}", report.render());
 }
 
+/// Ubuntu's packages leave links into translations and docs that language packs or other
+/// packages provide (`LC_TIME/coreutils.mo -> ../LC_MESSAGES/coreutils.mo`): not the
+/// runtime's, not findings. A dangling library link next to them still is.
+#[test]
+fn dangling_links_in_docs_and_translations_are_the_distributions() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    let locale = root.join("usr/share/locale/af/LC_TIME");
+    std::fs::create_dir_all(&locale).unwrap();
+    symlink("../LC_MESSAGES/coreutils.mo", locale.join("coreutils.mo")).unwrap();
+    let doc = root.join("usr/share/doc/openssl");
+    std::fs::create_dir_all(&doc).unwrap();
+    symlink("../libssl3t64/changelog.gz", doc.join("changelog.gz")).unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    assert!(report.is_clean(), "{}", report.render());
+    symlink(
+        "libcudnn_ops.so.9",
+        root.join(TOOLKIT_LIB).join("libcudnn_ops.so"),
+    )
+    .unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    only_finding(&report, FindingKind::DanglingSymlink);
+}
+
 #[test]
 fn dangling_symlink_is_found() {
     if skip_without_gcc() {

@@ -432,3 +432,52 @@ fn a_build_from_the_lock_is_the_same_image_after_the_archive_moved_on() {
     );
     assert_eq!(snapshot_server.requests_for(".deb").len(), 1);
 }
+
+/// The image config of the one image in `layout`.
+fn image_config(layout: &Path) -> serde_json::Value {
+    let blob = |digest: &str| {
+        let path = layout.join("blobs").join(digest.replace(':', "/"));
+        serde_json::from_slice::<serde_json::Value>(&std::fs::read(path).unwrap()).unwrap()
+    };
+    let index = blob_index(layout);
+    let manifest = blob(index["manifests"][0]["digest"].as_str().unwrap());
+    blob(manifest["config"]["digest"].as_str().unwrap())
+}
+
+fn blob_index(layout: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap()
+}
+
+/// An Ubuntu base is locked from Ubuntu's archive (archive.ubuntu.com: noble, -updates,
+/// -security, main and universe, checked against Ubuntu's keyring) and built from those
+/// .debs alone, as a Debian one is.
+#[test]
+fn an_ubuntu_noble_base_is_locked_and_built_from_its_debs() {
+    if let Some(skip) = e2e_support::skip_reason(&[]) {
+        skip.report();
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    cuda_12_4_wheels(
+        Target::X86_64,
+        &work.path().join("libs"),
+        &work.path().join("mirror"),
+    );
+    let recipe = work.path().join("noble.yaml");
+    std::fs::write(&recipe, "name: noble\nbase: { ubuntu: noble }\npython: \"3.12\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000000\n").unwrap();
+    e2e_support::stand_in::lock(&recipe, &work.path().join("mirror"));
+    let lock = cudastack::lock::Lockfile::read(&recipe.with_extension("lock")).unwrap();
+    let python3 = lock.artifacts.iter().find(|a| a.name == "python3").unwrap();
+    assert!(python3
+        .url
+        .as_str()
+        .starts_with("http://archive.ubuntu.com/ubuntu/"));
+    assert!(python3.version.starts_with("3.12."), "{}", python3.version);
+    let layout = work.path().join("layout");
+    digest(&build(&recipe, &layout, &work.path().join("cache"), &[]));
+    let config = image_config(&layout);
+    let os = config["config"]["Labels"]["io.cudastack.os"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(os.starts_with("Ubuntu 24.04"), "{config}");
+}

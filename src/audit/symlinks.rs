@@ -6,12 +6,23 @@ use std::path::{Path, PathBuf};
 use super::{io_error, AuditError, Finding, FindingKind};
 use crate::rootfs::{host_path, resolve_in_root, Resolution};
 
+/// Documentation and translations: no program loads code from them, and Ubuntu's packages
+/// ship links there whose targets live in packages an image does not have (its build
+/// moves translations into language packs: `/usr/share/locale/af/LC_TIME/coreutils.mo ->
+/// ../LC_MESSAGES/coreutils.mo`), so a dangling link there is the distribution's, not a
+/// broken chain of the stack. Loops are still findings everywhere.
+const NOT_RUNTIME: [&str; 2] = ["/usr/share/doc/", "/usr/share/locale/"];
+
 /// A finding for each dangling or looping link among `links` (image paths).
 pub(super) fn check(root: &Path, links: &[PathBuf]) -> Result<Vec<Finding>, AuditError> {
     let mut findings = Vec::new();
     for link in links {
         match resolve_in_root(root, link).map_err(io_error(link))? {
             Resolution::Found(_) => {}
+            Resolution::Missing { .. }
+                if NOT_RUNTIME
+                    .iter()
+                    .any(|dir| link.to_string_lossy().starts_with(dir)) => {}
             Resolution::Missing { at } => {
                 let target = std::fs::read_link(host_path(root, link)).map_err(io_error(link))?;
                 findings.push(Finding {
