@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use super::base::BaseLayer;
 use super::{BuildEnv, LayerStager, ASSEMBLER};
 use crate::layer::{CacheKey, DirOptions, RecordedOwners};
-use crate::stack::base::{debootstrap, BaseError, DebootstrapSpec};
+use crate::stack::base::{debootstrap, DebootstrapSpec};
 use crate::stack::error::{io_error, BuildError};
 use crate::stack::prepare::PlatformInputs;
-use crate::stack::rootless::{BuildHost, BuildMode};
+use crate::stack::rootless::BuildMode;
 use crate::stack::staging::write_record;
 use crate::stack::tree_diff::{diff_trees, Tree};
 
@@ -79,12 +79,7 @@ impl LayerStager for AptLayer {
     }
     /// The whole root in a scratch directory, then what it has on top of the base.
     fn stage(&self, dir: &Path) -> Result<(), BuildError> {
-        let mode = BuildHost::detect()
-            .choose(self.mode)
-            .map_err(BaseError::from)?;
-        if self.owners_record.exists() {
-            fs_err::remove_file(&self.owners_record).map_err(io_error(&self.owners_record))?;
-        }
+        let mode = super::base::staging_mode(self.mode, &self.owners_record)?;
         fs_err::create_dir_all(&self.scratch_parent).map_err(io_error(&self.scratch_parent))?;
         let scratch = tempfile::Builder::new()
             .prefix("root-")

@@ -115,12 +115,7 @@ impl LayerStager for BaseLayer<'_> {
     /// mmdebstrap in the mode this host allows; a rootless tree's owners are recorded
     /// (a record left by an earlier rootless staging of this key goes first).
     fn stage(&self, dir: &Path) -> Result<(), BuildError> {
-        let mode = BuildHost::detect()
-            .choose(self.mode)
-            .map_err(BaseError::from)?;
-        if self.owners_record.exists() {
-            fs_err::remove_file(&self.owners_record).map_err(io_error(&self.owners_record))?;
-        }
+        let mode = staging_mode(self.mode, &self.owners_record)?;
         match debootstrap(&self.spec, dir, mode)? {
             Some(owners) => write_record(&self.owners_record, &owners.to_json()),
             None => Ok(()),
@@ -139,6 +134,19 @@ impl LayerStager for BaseLayer<'_> {
             &serde_json::to_vec(&facts).expect("facts serialise"),
         )
     }
+}
+
+/// The mode mmdebstrap runs in (`--build-mode`, else what this host allows), with the
+/// owners record an earlier rootless staging of this key left removed first.
+pub(crate) fn staging_mode(
+    asked: Option<BuildMode>,
+    owners_record: &Path,
+) -> Result<BuildMode, BuildError> {
+    let mode = BuildHost::detect().choose(asked).map_err(BaseError::from)?;
+    if owners_record.exists() {
+        fs_err::remove_file(owners_record).map_err(io_error(owners_record))?;
+    }
+    Ok(mode)
 }
 
 /// How a tree dpkg installed becomes a layer: modes and owners as the packages set them,
