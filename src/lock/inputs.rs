@@ -223,7 +223,7 @@ pub fn lock_request_for(
         sources,
         redist: Vec::new(),
         system: system_request(recipe, platform),
-        recipe_digest: recipe.digest(),
+        recipe_digest: recipe.lock_digest(),
     })
 }
 

@@ -18,9 +18,11 @@ use crate::digest::Digest;
 use crate::version::{CudaVersion, CudnnVersion, DriverVersion, PythonVersion};
 
 mod apt;
+mod copy;
 mod tag;
 
 pub use apt::{DebName, DebVersion, SystemPackage};
+pub use copy::CopyEntry;
 pub use tag::{check_template, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS};
 
 /// The platforms of `platforms:`; defined in [`crate::platform`], the one platform type.
@@ -114,12 +116,29 @@ pub struct Recipe {
         deserialize_with = "deserialize_source_date_epoch"
     )]
     pub source_date_epoch: Option<u64>,
+    /// The team's code: files from the recipe's directory, copied into the image's top
+    /// layer, so a code change rebuilds only that layer (src/recipe/copy.rs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copy: Vec<CopyEntry>,
     /// Platforms to build for, e.g. `[linux/amd64, linux/arm64]`; absent means
     /// `[linux/amd64]`. Each platform is locked separately ([`Platform::lock_suffix`]);
     /// several platforms are published as one OCI image index.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub platforms: Vec<Platform>,
 }
+
+/// Recipe keys that shape the image but not what is locked.
+pub const IMAGE_ONLY_KEYS: &[&str] = &[
+    "copy",
+    "env",
+    "workdir",
+    "user",
+    "entrypoint",
+    "cmd",
+    "expose",
+    "labels",
+    "runtime",
+];
 
 fn is_false(value: &bool) -> bool {
     !*value
@@ -600,9 +619,24 @@ impl Recipe {
         serde_json::to_string(&value).expect("a JSON value always serialises")
     }
 
-    /// Digest of the normalised recipe; lock files and image labels carry it.
+    /// Digest of the normalised recipe; image labels carry it.
     pub fn digest(&self) -> Digest {
         Digest::of_bytes(self.canonical_json().as_bytes())
+    }
+
+    /// Digest of what the lock is made from: the recipe without the keys that only shape
+    /// the image ([`IMAGE_ONLY_KEYS`]), so changing the code copied, the entrypoint or a
+    /// tag does not make the lock stale (and a relock cannot move a version because of
+    /// it). A recipe without those keys has `lock_digest() == digest()`.
+    pub fn lock_digest(&self) -> Digest {
+        let mut value = serde_json::to_value(self).expect("a recipe always serialises");
+        if let Some(object) = value.as_object_mut() {
+            for key in IMAGE_ONLY_KEYS {
+                object.remove(*key);
+            }
+        }
+        let json = serde_json::to_string(&value).expect("a JSON value always serialises");
+        Digest::of_bytes(json.as_bytes())
     }
 
     /// The platforms to build for, in the recipe's order (`[linux/amd64]` when not given).
@@ -676,6 +710,23 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
             .unwrap_err()
             .to_string();
         assert!(error.contains("PEP 508"), "{error}");
+    }
+
+    #[test]
+    fn the_lock_digest_ignores_what_only_shapes_the_image() {
+        let base = parse(GOOD).unwrap();
+        let with_copy = parse(&format!(
+            "{GOOD}copy: [{{src: train, dst: /workspace/train, exclude: [data]}}]\n"
+        ))
+        .unwrap();
+        assert_eq!(base.lock_digest(), base.digest());
+        assert_ne!(with_copy.digest(), base.digest());
+        assert_eq!(with_copy.lock_digest(), base.lock_digest());
+        let error = parse(&format!("{GOOD}copy: [{{src: ../secrets, dst: /x}}]\n")).unwrap_err();
+        assert!(
+            error.to_string().contains("leaves the recipe's directory"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub enum BuildError {
     Oci(#[from] crate::oci::OciError),
     #[error(transparent)]
     Audit(#[from] crate::audit::AuditError),
+    #[error(transparent)]
+    Copy(#[from] crate::stack::layers::copy::CopyError),
     #[error("the static audit of the assembled image failed:\n{0}")]
     AuditFailed(String),
     #[error(

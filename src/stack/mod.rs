@@ -11,6 +11,7 @@
 pub mod base;
 pub mod build;
 pub mod config;
+mod dockerignore;
 mod error;
 pub mod foreign_base;
 mod layers;

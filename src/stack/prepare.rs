@@ -47,6 +47,8 @@ pub(crate) struct PlatformInputs<'a> {
     pub base_debs: Vec<DebFile>,
     /// The `apt:` layer's locked .debs (empty without `apt:`).
     pub apt_debs: Vec<DebFile>,
+    /// The recipe's directory: where `copy:` sources are read from.
+    pub context: PathBuf,
 }
 
 impl PlatformInputs<'_> {
@@ -116,7 +118,16 @@ pub(crate) async fn prepare_platform<'a>(
         torch_build,
         base_debs,
         apt_debs,
+        context: recipe_context(&settings.recipe_path),
     })
+}
+
+/// The directory `copy:` sources are relative to: the recipe's own.
+pub(crate) fn recipe_context(recipe_path: &Path) -> PathBuf {
+    match recipe_path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }
 
 /// `build` with the CUDA arch list read from `wheel`'s libtorch_python.so (streamed out of
@@ -211,11 +222,11 @@ fn read_lock(
         });
     }
     let lock = Lockfile::read(&lock_file)?;
-    if lock.is_stale(&recipe.digest()) {
+    if lock.is_stale(&recipe.lock_digest()) {
         return Err(BuildError::StaleLock {
             recipe: settings.recipe_path.clone(),
             lock: lock_file,
-            expected: recipe.digest(),
+            expected: recipe.lock_digest(),
             found: lock.recipe_digest,
         });
     }

@@ -155,8 +155,8 @@ pub(crate) fn package_tree_walk(owners_record: &Path) -> DirOptions {
     DirOptions {
         modes: ModePolicy::Exact,
         keep_owners: true,
-        prefix: None,
         recorded: owners_record.exists().then(|| owners_record.to_path_buf()),
+        ..DirOptions::default()
     }
 }
 

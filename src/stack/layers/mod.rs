@@ -2,7 +2,9 @@
 //! [`base`] (a Debian or Ubuntu root) -> [`apt`] (the recipe's `apt:` packages, when it
 //! has any) -> [`toolkit`] (the `cuda` and `cudnn` layers, from
 //! the nvidia-* wheels) -> [`python`] (every wheel, nvidia libraries linked to the toolkit's
-//! copies) -> [`config`] (loader configuration and cache, provenance, the probe).
+//! copies) -> [`config`] (loader configuration and cache, provenance, the probe) ->
+//! [`copy`] (the recipe's `copy:` entries, the team's code, when it has any: last, so a
+//! code change rebuilds it alone).
 //!
 //! Each kind is a type that is planned from the platform's inputs (which gives its cache
 //! key) and implements [`LayerStager`] (which fills a staging directory). Planning does no
@@ -13,6 +15,7 @@
 pub mod apt;
 pub mod base;
 pub mod config;
+pub mod copy;
 pub mod python;
 pub mod toolkit;
 
@@ -65,6 +68,8 @@ pub(crate) struct StackLayers<'a> {
     pub cudnn: toolkit::ToolkitLayer,
     pub python: python::PythonLayer<'a>,
     pub config: config::ConfigLayer<'a>,
+    /// The recipe's `copy:` entries, when it has any.
+    pub copy: Option<copy::CopyLayer>,
 }
 
 impl<'a> StackLayers<'a> {
@@ -81,6 +86,12 @@ impl<'a> StackLayers<'a> {
         }
         below.extend([&cuda as &dyn LayerStager, &cudnn, &python]);
         let config = config::ConfigLayer::plan(inputs, &below, env);
+        // No layer below gives a directory an owner yet: root's.
+        let copy = copy::CopyLayer::plan(
+            &inputs.recipe.copy,
+            &inputs.context,
+            &std::collections::BTreeMap::new(),
+        )?;
         Ok(Self {
             base,
             apt,
@@ -88,6 +99,7 @@ impl<'a> StackLayers<'a> {
             cudnn,
             python,
             config,
+            copy,
         })
     }
 
@@ -103,6 +115,9 @@ impl<'a> StackLayers<'a> {
             &self.python,
             &self.config,
         ]);
+        if let Some(copy) = &self.copy {
+            layers.push(copy);
+        }
         layers
     }
 

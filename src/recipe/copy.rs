@@ -1,0 +1,113 @@
+//! `copy:`: the team's code, copied from the recipe's directory into the image's top layer.
+//!
+//! Paths are checked here, where they are written: a source is relative to the recipe's
+//! directory (the build context, as a Dockerfile's context) and may not leave it, so a
+//! recipe from a pull request cannot copy `~/.ssh` into an image; a destination is an
+//! absolute image path. What the entries hold is read at build time (`stack::layers::copy`).
+
+use std::fmt;
+use std::path::{Component, Path};
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// One `copy:` entry: `{src: train, dst: /workspace/train, exclude: ["**/__pycache__"]}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CopyEntry {
+    /// A file or directory, relative to the recipe's directory; it may not leave it.
+    #[serde(deserialize_with = "deserialize_source")]
+    pub src: String,
+    /// Where it goes in the image: an absolute path. A directory's contents go into `dst`
+    /// (as `COPY dir/ /dst/`); a file becomes `dst` itself.
+    #[serde(deserialize_with = "deserialize_destination")]
+    pub dst: String,
+    /// `.dockerignore`-syntax patterns, matched against paths relative to `src`
+    /// (`**/__pycache__`, `data/`, `!data/README.md`); the recipe directory's own
+    /// `.dockerignore` applies first, relative to the recipe directory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+}
+
+impl fmt::Display for CopyEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} -> {}", self.src, self.dst)
+    }
+}
+
+fn deserialize_source<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    let src = String::deserialize(deserializer)?;
+    check_source(&src).map_err(serde::de::Error::custom)?;
+    Ok(src)
+}
+
+fn deserialize_destination<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    let dst = String::deserialize(deserializer)?;
+    check_destination(&dst).map_err(serde::de::Error::custom)?;
+    Ok(normalise(&dst))
+}
+
+/// A source must stay inside the recipe's directory.
+pub fn check_source(src: &str) -> Result<(), String> {
+    let path = Path::new(src);
+    if src.is_empty() {
+        return Err("copy `src` is empty; give a file or directory relative to the recipe (`.` for the whole directory)".into());
+    }
+    if path.is_absolute() {
+        return Err(format!("copy `src: {src}` is absolute; give it relative to the recipe's directory (the build context), which is all a recipe may copy from"));
+    }
+    if path.components().any(|c| c == Component::ParentDir) {
+        return Err(format!("copy `src: {src}` leaves the recipe's directory with `..`; a recipe copies only from its own directory, so move the files next to it or the recipe next to them"));
+    }
+    Ok(())
+}
+
+/// A destination is an absolute image path without `..` (the layer could not hold it).
+pub fn check_destination(dst: &str) -> Result<(), String> {
+    let path = Path::new(dst);
+    if !path.is_absolute() {
+        return Err(format!(
+            "copy `dst: {dst}` must be an absolute path in the image (`/workspace/{dst}`)"
+        ));
+    }
+    if path.components().any(|c| c == Component::ParentDir) {
+        return Err(format!(
+            "copy `dst: {dst}` contains `..`; write the path it means"
+        ));
+    }
+    if normalise(dst) == "/" {
+        return Err("copy `dst: /` would put files over the whole image; copy into a directory of its own (`/workspace`)".into());
+    }
+    Ok(())
+}
+
+/// `/workspace//train/./` -> `/workspace/train`.
+fn normalise(dst: &str) -> String {
+    let parts: Vec<&str> = dst
+        .split('/')
+        .filter(|part| !part.is_empty() && *part != ".")
+        .collect();
+    format!("/{}", parts.join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_stay_in_the_recipe_directory() {
+        assert!(check_source("train").is_ok());
+        assert!(check_source("./train/model.py").is_ok());
+        assert!(check_source(".").is_ok());
+        for bad in ["", "/etc/passwd", "../secrets", "train/../../x"] {
+            assert!(check_source(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn destinations_are_absolute_and_normalised() {
+        assert!(check_destination("relative").is_err());
+        assert!(check_destination("/a/../b").is_err());
+        assert!(check_destination("//").is_err());
+        assert_eq!(normalise("/workspace//train/./"), "/workspace/train");
+    }
+}

@@ -1,0 +1,588 @@
+//! The `copy` layer: the recipe's `copy:` entries, the team's code, as the image's top
+//! layer, so a code change rebuilds this layer alone and a push uploads it alone.
+//!
+//! Planning reads every source file once (its sha256 goes into the key: the key is the
+//! content, not a timestamp); staging copies the files and checks each against what
+//! planning read, so a file edited during the build fails it rather than ship a layer
+//! whose key says otherwise. Files are root's, 0644 or 0755 by their owner-execute bit,
+//! symlinks are kept as links (never followed: a link cannot pull a host file in).
+//! A directory above a destination that a lower layer gives an owner (the user's home,
+//! the workdir) keeps it: a layer's directory entry replaces the lower one's.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use super::{LayerStager, ASSEMBLER};
+use crate::digest::{Digest, Hasher};
+use crate::layer::{CacheKey, DirOptions, LayerPath, Recorded};
+use crate::recipe::CopyEntry;
+use crate::stack::dockerignore::IgnorePatterns;
+use crate::stack::error::{io_error, BuildError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("copy `{entry}`: the source `{}` does not exist\n  hint: `src` is relative to the recipe's directory `{}`", .path.display(), .context.display())]
+    Missing {
+        entry: String,
+        path: PathBuf,
+        context: PathBuf,
+    },
+    #[error("copy `{entry}`: `{}` leads outside the recipe's directory `{}` through a symbolic link\n  hint: a recipe copies only from its own directory; copy the files next to it", .path.display(), .context.display())]
+    Escapes {
+        entry: String,
+        path: PathBuf,
+        context: PathBuf,
+    },
+    #[error("copy `{entry}`: `{}` is excluded by {why}, so there is nothing to copy\n  hint: remove the pattern or the entry", .path.display())]
+    Excluded {
+        entry: String,
+        path: PathBuf,
+        why: String,
+    },
+    #[error("copy `{entry}`: `{}` is a {kind}; an image layer holds files, directories and symbolic links only", .path.display())]
+    SpecialFile {
+        entry: String,
+        path: PathBuf,
+        kind: &'static str,
+    },
+    #[error("copy `{entry}`: the file name `{}` is not UTF-8; image layers name files in UTF-8", .path.display())]
+    NotUtf8 { entry: String, path: PathBuf },
+    #[error("copy: `{first}` and `{second}` both write `/{path}`; give each its own destination")]
+    Overlap {
+        first: String,
+        second: String,
+        path: String,
+    },
+    #[error("copy: `{}` changed while the image was being built (sha256 {planned} when planned, {staged} when copied); build again when the files are settled", .path.display())]
+    Changed {
+        path: PathBuf,
+        planned: Digest,
+        staged: Digest,
+    },
+    #[error("copy: {0}")]
+    Patterns(String),
+}
+
+/// What one image path of the layer is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Item {
+    Dir,
+    File {
+        source: PathBuf,
+        sha256: Digest,
+        executable: bool,
+    },
+    Symlink {
+        target: String,
+    },
+}
+
+/// The copy layer of a recipe with `copy:` entries.
+pub(crate) struct CopyLayer {
+    key: CacheKey,
+    /// Image path (relative, `/`-separated) -> what goes there, parents before children.
+    items: BTreeMap<String, Item>,
+    /// Directories on the way to the destinations whose owner and mode a lower layer set.
+    dir_owners: BTreeMap<LayerPath, Recorded>,
+}
+
+impl CopyLayer {
+    /// Read the sources of `entries` from `context` (the recipe's directory); None without
+    /// entries. `lower_dirs`: directories the layers below create with an owner other
+    /// than root's.
+    pub fn plan(
+        entries: &[CopyEntry],
+        context: &Path,
+        lower_dirs: &BTreeMap<LayerPath, Recorded>,
+    ) -> Result<Option<Self>, BuildError> {
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        let context = context.canonicalize().map_err(io_error(context))?;
+        let dockerignore = IgnorePatterns::load(&context).map_err(CopyError::Patterns)?;
+        let mut items: BTreeMap<String, (Item, String)> = BTreeMap::new();
+        let mut on_the_way = Vec::new();
+        for entry in entries {
+            let planned = plan_entry(entry, &context, &dockerignore)?;
+            on_the_way.extend(directories_above(&entry.dst, planned.dst_is_dir));
+            for (path, item) in planned.items {
+                if let Some((_, first)) = items.get(&path) {
+                    if !(item == Item::Dir && items[&path].0 == Item::Dir) {
+                        return Err(CopyError::Overlap {
+                            first: first.clone(),
+                            second: entry.to_string(),
+                            path,
+                        }
+                        .into());
+                    }
+                }
+                items.insert(path, (item, entry.to_string()));
+            }
+        }
+        let items: BTreeMap<String, Item> = items.into_iter().map(|(p, (i, _))| (p, i)).collect();
+        let dir_owners: BTreeMap<LayerPath, Recorded> = on_the_way
+            .into_iter()
+            .filter_map(|dir| lower_dirs.get(&dir).map(|owner| (dir, *owner)))
+            .collect();
+        let key = CacheKey::new(
+            &format!("{ASSEMBLER}/copy"),
+            &[manifest_digest(&items)],
+            &dir_owners
+                .iter()
+                .map(|(dir, r)| (dir.as_str(), r.uid, r.gid, r.mode))
+                .collect::<Vec<_>>(),
+        );
+        Ok(Some(Self {
+            key,
+            items,
+            dir_owners,
+        }))
+    }
+}
+
+impl LayerStager for CopyLayer {
+    fn name(&self) -> &'static str {
+        "copy"
+    }
+    fn key(&self) -> &CacheKey {
+        &self.key
+    }
+    fn stage(&self, dir: &Path) -> Result<(), BuildError> {
+        for (path, item) in &self.items {
+            let target = dir.join(path);
+            if let Some(parent) = target.parent() {
+                fs_err::create_dir_all(parent).map_err(io_error(parent))?;
+            }
+            match item {
+                Item::Dir => fs_err::create_dir_all(&target).map_err(io_error(&target))?,
+                Item::File {
+                    source,
+                    sha256,
+                    executable,
+                } => copy_checked(source, *sha256, &target, *executable)?,
+                Item::Symlink { target: link } => {
+                    std::os::unix::fs::symlink(link, &target).map_err(io_error(&target))?
+                }
+            }
+        }
+        Ok(())
+    }
+    fn walk(&self) -> DirOptions {
+        DirOptions {
+            dir_owners: self.dir_owners.clone(),
+            ..DirOptions::default()
+        }
+    }
+}
+
+/// One entry's image paths.
+struct PlannedEntry {
+    items: Vec<(String, Item)>,
+    /// The source is a directory: its contents go into `dst`.
+    dst_is_dir: bool,
+}
+
+fn plan_entry(
+    entry: &CopyEntry,
+    context: &Path,
+    dockerignore: &IgnorePatterns,
+) -> Result<PlannedEntry, BuildError> {
+    let shown = entry.to_string();
+    let written = context.join(&entry.src);
+    let source = written.canonicalize().map_err(|_| CopyError::Missing {
+        entry: shown.clone(),
+        path: written.clone(),
+        context: context.to_path_buf(),
+    })?;
+    let in_context = source
+        .strip_prefix(context)
+        .map_err(|_| CopyError::Escapes {
+            entry: shown.clone(),
+            path: written.clone(),
+            context: context.to_path_buf(),
+        })?
+        .to_path_buf();
+    let excludes = IgnorePatterns::parse(
+        entry.exclude.iter().map(String::as_str),
+        &format!("copy `{shown}` exclude"),
+    )
+    .map_err(CopyError::Patterns)?;
+    let walk = SourceWalk {
+        entry: &shown,
+        dockerignore,
+        excludes: &excludes,
+    };
+    let context_relative = utf8(&in_context, &shown)?;
+    if !context_relative.is_empty() && dockerignore.excludes(&context_relative) {
+        return Err(CopyError::Excluded {
+            entry: shown,
+            path: written,
+            why: "the recipe directory's .dockerignore".into(),
+        }
+        .into());
+    }
+    let dst = entry.dst.trim_start_matches('/').to_string();
+    let meta = fs_err::metadata(&source).map_err(io_error(&source))?;
+    if !meta.is_dir() {
+        let item = walk.item(&source)?;
+        return Ok(PlannedEntry {
+            items: vec![(dst, item)],
+            dst_is_dir: false,
+        });
+    }
+    let mut items = Vec::new();
+    walk.directory(&source, &context_relative, "", &dst, &mut items)?;
+    Ok(PlannedEntry {
+        items,
+        dst_is_dir: true,
+    })
+}
+
+/// Walking one entry's source directory with its exclude patterns.
+struct SourceWalk<'a> {
+    entry: &'a str,
+    dockerignore: &'a IgnorePatterns,
+    excludes: &'a IgnorePatterns,
+}
+
+impl SourceWalk<'_> {
+    /// Add what `dir` holds (sorted), `context_rel` and `src_rel` being its path relative to
+    /// the recipe directory and to the entry's source. Returns whether anything was added.
+    fn directory(
+        &self,
+        dir: &Path,
+        context_rel: &str,
+        src_rel: &str,
+        dst: &str,
+        items: &mut Vec<(String, Item)>,
+    ) -> Result<bool, BuildError> {
+        let mut names = Vec::new();
+        for child in fs_err::read_dir(dir).map_err(io_error(dir))? {
+            let child = child.map_err(io_error(dir))?;
+            names.push(utf8(Path::new(&child.file_name()), self.entry)?);
+        }
+        names.sort();
+        let mut added = false;
+        for name in names {
+            let path = dir.join(&name);
+            let context_child = join(context_rel, &name);
+            let src_child = join(src_rel, &name);
+            let image_path = join(dst, &name);
+            let excluded =
+                self.dockerignore.excludes(&context_child) || self.excludes.excludes(&src_child);
+            let meta = fs_err::symlink_metadata(&path).map_err(io_error(&path))?;
+            if meta.is_dir() {
+                let may_reinclude =
+                    self.dockerignore.has_exceptions() || self.excludes.has_exceptions();
+                if excluded && !may_reinclude {
+                    continue;
+                }
+                let at = items.len();
+                items.push((image_path.clone(), Item::Dir));
+                let inner =
+                    self.directory(&path, &context_child, &src_child, &image_path, items)?;
+                if excluded && !inner {
+                    items.remove(at);
+                    continue;
+                }
+                added = true;
+            } else if !excluded {
+                items.push((image_path, self.item(&path)?));
+                added = true;
+            }
+        }
+        Ok(added)
+    }
+
+    /// A file or symbolic link, read and hashed.
+    fn item(&self, path: &Path) -> Result<Item, BuildError> {
+        let meta = fs_err::symlink_metadata(path).map_err(io_error(path))?;
+        let file_type = meta.file_type();
+        if file_type.is_symlink() {
+            let target = fs_err::read_link(path).map_err(io_error(path))?;
+            return Ok(Item::Symlink {
+                target: utf8(&target, self.entry)?,
+            });
+        }
+        if !file_type.is_file() {
+            return Err(CopyError::SpecialFile {
+                entry: self.entry.to_string(),
+                path: path.to_path_buf(),
+                kind: special_kind(&file_type),
+            }
+            .into());
+        }
+        Ok(Item::File {
+            source: path.to_path_buf(),
+            sha256: sha256_of(path)?,
+            executable: meta.permissions().mode() & 0o100 != 0,
+        })
+    }
+}
+
+fn special_kind(file_type: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if file_type.is_fifo() {
+        "named pipe"
+    } else if file_type.is_socket() {
+        "socket"
+    } else if file_type.is_block_device() || file_type.is_char_device() {
+        "device"
+    } else {
+        "special file"
+    }
+}
+
+/// `a`, `b` -> `a/b`; `` , `b` -> `b`.
+fn join(parent: &str, name: &str) -> String {
+    if parent.is_empty() {
+        name.to_string()
+    } else {
+        format!("{parent}/{name}")
+    }
+}
+
+fn utf8(path: &Path, entry: &str) -> Result<String, CopyError> {
+    path.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| CopyError::NotUtf8 {
+            entry: entry.to_string(),
+            path: path.to_path_buf(),
+        })
+}
+
+/// The directories above `dst` (and `dst` itself for a directory source): the way to
+/// what the layer adds, not part of it.
+fn directories_above(dst: &str, dst_is_dir: bool) -> Vec<LayerPath> {
+    let relative = dst.trim_start_matches('/');
+    let mut dirs: Vec<&str> = relative
+        .match_indices('/')
+        .map(|(i, _)| &relative[..i])
+        .collect();
+    if dst_is_dir {
+        dirs.push(relative);
+    }
+    dirs.into_iter()
+        .filter_map(|d| LayerPath::parse(d).ok())
+        .collect()
+}
+
+fn sha256_of(path: &Path) -> Result<Digest, BuildError> {
+    let mut file = fs_err::File::open(path).map_err(io_error(path))?;
+    let mut hasher = Hasher::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let read = file.read(&mut buffer).map_err(io_error(path))?;
+        if read == 0 {
+            break;
+        }
+        hasher.update(&buffer[..read]);
+    }
+    Ok(hasher.finish().0)
+}
+
+/// Copy `source` to `target` and check it is still the file planning read.
+fn copy_checked(
+    source: &Path,
+    planned: Digest,
+    target: &Path,
+    executable: bool,
+) -> Result<(), BuildError> {
+    fs_err::copy(source, target).map_err(io_error(source))?;
+    let staged = sha256_of(target)?;
+    if staged != planned {
+        return Err(CopyError::Changed {
+            path: source.to_path_buf(),
+            planned,
+            staged,
+        }
+        .into());
+    }
+    let mode = if executable { 0o755 } else { 0o644 };
+    fs_err::set_permissions(target, std::fs::Permissions::from_mode(mode)).map_err(io_error(target))
+}
+
+/// The digest of what the layer holds: each path with its kind, content and mode.
+fn manifest_digest(items: &BTreeMap<String, Item>) -> Digest {
+    let mut manifest = String::new();
+    for (path, item) in items {
+        let line = match item {
+            Item::Dir => format!("dir {path}\n"),
+            Item::File {
+                sha256, executable, ..
+            } => format!("file {path} {} {}\n", sha256.hex(), u8::from(*executable)),
+            Item::Symlink { target } => format!("link {path} -> {target}\n"),
+        };
+        manifest.push_str(&line);
+    }
+    Digest::of_bytes(manifest.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(src: &str, dst: &str, exclude: &[&str]) -> CopyEntry {
+        CopyEntry {
+            src: src.into(),
+            dst: dst.into(),
+            exclude: exclude.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn context() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fs_err::create_dir_all(root.join("train/__pycache__")).unwrap();
+        fs_err::create_dir_all(root.join("train/data")).unwrap();
+        fs_err::write(root.join("train/train.py"), "print('step')\n").unwrap();
+        fs_err::write(root.join("train/__pycache__/train.pyc"), "x").unwrap();
+        fs_err::write(root.join("train/data/shard.bin"), "big").unwrap();
+        fs_err::write(root.join("train/run.sh"), "#!/bin/sh\n").unwrap();
+        fs_err::set_permissions(
+            root.join("train/run.sh"),
+            std::fs::Permissions::from_mode(0o700),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("train.py", root.join("train/main.py")).unwrap();
+        fs_err::write(root.join(".dockerignore"), "**/__pycache__\n").unwrap();
+        dir
+    }
+
+    #[test]
+    fn plans_what_dockerignore_and_excludes_leave() {
+        let dir = context();
+        let layer = CopyLayer::plan(
+            &[entry("train", "/workspace/train", &["data"])],
+            dir.path(),
+            &BTreeMap::new(),
+        )
+        .unwrap()
+        .unwrap();
+        let paths: Vec<&str> = layer.items.keys().map(String::as_str).collect();
+        assert_eq!(
+            paths,
+            [
+                "workspace/train/main.py",
+                "workspace/train/run.sh",
+                "workspace/train/train.py"
+            ]
+        );
+        assert!(matches!(
+            layer.items["workspace/train/run.sh"],
+            Item::File {
+                executable: true,
+                ..
+            }
+        ));
+        assert!(layer.dir_owners.is_empty());
+        let home = LayerPath::parse("workspace").unwrap();
+        let owner = Recorded {
+            uid: 1000,
+            gid: 1000,
+            mode: 0o755,
+        };
+        let owned = CopyLayer::plan(
+            &[entry("train", "/workspace/train", &["data"])],
+            dir.path(),
+            &[(home.clone(), owner)].into(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(owned.dir_owners, [(home, owner)].into());
+        assert_ne!(owned.key, layer.key);
+    }
+
+    #[test]
+    fn the_key_follows_content_not_time() {
+        let dir = context();
+        let entries = [entry("train", "/workspace/train", &[])];
+        let key = |dir: &Path| {
+            CopyLayer::plan(&entries, dir, &BTreeMap::new())
+                .unwrap()
+                .unwrap()
+                .key
+        };
+        let first = key(dir.path());
+        filetime_touch(&dir.path().join("train/train.py"));
+        assert_eq!(key(dir.path()), first, "a touched file is the same file");
+        fs_err::write(dir.path().join("train/train.py"), "print('step 2')\n").unwrap();
+        assert_ne!(key(dir.path()), first);
+    }
+
+    fn filetime_touch(path: &Path) {
+        let bytes = fs_err::read(path).unwrap();
+        fs_err::remove_file(path).unwrap();
+        fs_err::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn refuses_escapes_special_files_and_overlaps() {
+        let dir = context();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("escape")).unwrap();
+        let error = CopyLayer::plan(&[entry("escape", "/x", &[])], dir.path(), &BTreeMap::new())
+            .err()
+            .unwrap();
+        assert!(
+            error.to_string().contains("outside the recipe's directory"),
+            "{error}"
+        );
+        let error = CopyLayer::plan(&[entry("missing", "/x", &[])], dir.path(), &BTreeMap::new())
+            .err()
+            .unwrap();
+        assert!(error.to_string().contains("does not exist"), "{error}");
+        let error = CopyLayer::plan(
+            &[
+                entry("train/train.py", "/w/a.py", &[]),
+                entry("train/run.sh", "/w/a.py", &[]),
+            ],
+            dir.path(),
+            &BTreeMap::new(),
+        )
+        .err()
+        .unwrap();
+        assert!(
+            error.to_string().contains("both write `/w/a.py`"),
+            "{error}"
+        );
+        let fifo = dir.path().join("train/pipe");
+        let status = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let error = CopyLayer::plan(&[entry("train", "/w", &[])], dir.path(), &BTreeMap::new())
+            .err()
+            .unwrap();
+        assert!(error.to_string().contains("named pipe"), "{error}");
+    }
+
+    #[test]
+    fn staging_checks_the_files_against_the_plan() {
+        let dir = context();
+        let layer = CopyLayer::plan(&[entry("train", "/w", &[])], dir.path(), &BTreeMap::new())
+            .unwrap()
+            .unwrap();
+        let staged = tempfile::tempdir().unwrap();
+        layer.stage(staged.path()).unwrap();
+        let mode = fs_err::metadata(staged.path().join("w/run.sh"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        assert_eq!(
+            fs_err::read_link(staged.path().join("w/main.py")).unwrap(),
+            Path::new("train.py")
+        );
+        fs_err::write(dir.path().join("train/train.py"), "edited\n").unwrap();
+        let again = tempfile::tempdir().unwrap();
+        let error = layer.stage(again.path()).unwrap_err();
+        assert!(
+            error.to_string().contains("changed while the image"),
+            "{error}"
+        );
+    }
+}
