@@ -100,7 +100,7 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
         digest, again,
         "rebuild changed the manifest digest:\n{second_log}"
     );
-    for layer in ["base", "cuda", "cudnn", "python", "config"] {
+    for layer in ["base", "cuda", "cudnn", "python", "packages", "config"] {
         assert!(
             second_log
                 .lines()

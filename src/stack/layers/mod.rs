@@ -1,9 +1,9 @@
 //! The layers of a CUDA stack, one file per kind, in image order:
 //! [`base`] (a Debian or Ubuntu root) -> [`apt`] (the recipe's `apt:` packages, when it
 //! has any) -> [`toolkit`] (the `cuda` and `cudnn` layers, from
-//! the nvidia-* wheels) -> [`python`] (every wheel, nvidia libraries linked to the toolkit's
-//! copies) -> [`config`] (loader configuration and cache, provenance, the probe) ->
-//! [`copy`] (the recipe's `copy:` entries, the team's code, when it has any: last, so a
+//! the nvidia-* wheels) -> [`python`] (the stack's wheels, nvidia libraries linked to the
+//! toolkit's copies; then the recipe's other wheels as `packages`) -> [`config`] (loader
+//! configuration and cache, provenance, the probe) -> [`copy`] (the recipe's `copy:` entries, the team's code, when it has any: last, so a
 //! code change rebuilds it alone).
 //!
 //! Each kind is a type that is planned from the platform's inputs (which gives its cache
@@ -26,6 +26,7 @@ use crate::stack::error::BuildError;
 use crate::stack::prepare::PlatformInputs;
 use crate::stack::settings::BuildProgress;
 use crate::stack::staging::Staging;
+use python::PythonPart;
 
 /// Bump when what an assembler writes changes; it is part of every cache key.
 pub(crate) const ASSEMBLER: &str = concat!("cudastack-", env!("CARGO_PKG_VERSION"), "-stack-1");
@@ -67,6 +68,8 @@ pub(crate) struct StackLayers<'a> {
     pub cuda: toolkit::ToolkitLayer,
     pub cudnn: toolkit::ToolkitLayer,
     pub python: python::PythonLayer<'a>,
+    /// The wheels outside the stack (the recipe's requirements), when there are any.
+    pub packages: Option<python::PythonLayer<'a>>,
     pub config: config::ConfigLayer<'a>,
     /// The recipe's `copy:` entries, when it has any.
     pub copy: Option<copy::CopyLayer>,
@@ -79,12 +82,20 @@ impl<'a> StackLayers<'a> {
         let base = base::BaseLayer::plan(inputs, env.options.mtime, env.staging, env.build_mode)?;
         let apt = apt::AptLayer::plan(inputs, &base, env)?;
         let (cuda, cudnn) = toolkit::ToolkitLayer::plan(inputs, env.staging);
-        let python = python::PythonLayer::plan(inputs, &cuda, &cudnn);
+        let (stack_wheels, other_wheels) = python::split_wheels(inputs)?;
+        let python =
+            python::PythonLayer::plan(inputs, stack_wheels, PythonPart::Stack, &cuda, &cudnn);
+        let packages = (!other_wheels.is_empty()).then(|| {
+            python::PythonLayer::plan(inputs, other_wheels, PythonPart::Packages, &cuda, &cudnn)
+        });
         let mut below: Vec<&dyn LayerStager> = vec![&base];
         if let Some(apt) = &apt {
             below.push(apt);
         }
         below.extend([&cuda as &dyn LayerStager, &cudnn, &python]);
+        if let Some(packages) = &packages {
+            below.push(packages);
+        }
         let config = config::ConfigLayer::plan(inputs, &below, env);
         // No layer below gives a directory an owner yet: root's.
         let copy = copy::CopyLayer::plan(
@@ -98,6 +109,7 @@ impl<'a> StackLayers<'a> {
             cuda,
             cudnn,
             python,
+            packages,
             config,
             copy,
         })
@@ -109,12 +121,11 @@ impl<'a> StackLayers<'a> {
         if let Some(apt) = &self.apt {
             layers.push(apt);
         }
-        layers.extend([
-            &self.cuda as &dyn LayerStager,
-            &self.cudnn,
-            &self.python,
-            &self.config,
-        ]);
+        layers.extend([&self.cuda as &dyn LayerStager, &self.cudnn, &self.python]);
+        if let Some(packages) = &self.packages {
+            layers.push(packages);
+        }
+        layers.push(&self.config);
         if let Some(copy) = &self.copy {
             layers.push(copy);
         }
