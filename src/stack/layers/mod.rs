@@ -15,6 +15,7 @@ pub mod base;
 pub mod config;
 pub mod python;
 pub mod toolkit;
+pub mod user;
 
 use std::path::{Path, PathBuf};
 
@@ -64,6 +65,8 @@ pub(crate) struct StackLayers<'a> {
     pub cuda: toolkit::ToolkitLayer,
     pub cudnn: toolkit::ToolkitLayer,
     pub python: python::PythonLayer<'a>,
+    /// The recipe's `user:`, when it has one.
+    pub user: Option<user::UserLayer>,
     pub config: config::ConfigLayer<'a>,
 }
 
@@ -79,7 +82,12 @@ impl<'a> StackLayers<'a> {
         if let Some(apt) = &apt {
             below.push(apt);
         }
+        // The user's account files are read from the layers that write /etc.
+        let user = user::UserLayer::plan(inputs, &below, env);
         below.extend([&cuda as &dyn LayerStager, &cudnn, &python]);
+        if let Some(user) = &user {
+            below.push(user);
+        }
         let config = config::ConfigLayer::plan(inputs, &below, env);
         Ok(Self {
             base,
@@ -87,6 +95,7 @@ impl<'a> StackLayers<'a> {
             cuda,
             cudnn,
             python,
+            user,
             config,
         })
     }
@@ -97,12 +106,11 @@ impl<'a> StackLayers<'a> {
         if let Some(apt) = &self.apt {
             layers.push(apt);
         }
-        layers.extend([
-            &self.cuda as &dyn LayerStager,
-            &self.cudnn,
-            &self.python,
-            &self.config,
-        ]);
+        layers.extend([&self.cuda as &dyn LayerStager, &self.cudnn, &self.python]);
+        if let Some(user) = &self.user {
+            layers.push(user);
+        }
+        layers.push(&self.config);
         layers
     }
 
