@@ -129,12 +129,28 @@ fn docker(args: &[&str]) -> Output {
     Command::new("docker").args(args).output().unwrap()
 }
 
-/// `docker build` of `dockerfile` as `tag`, from a directory of its own.
+/// `docker build` of `dockerfile` as `tag`, from a directory of its own. Where this host
+/// reaches PyPI through a TLS-inspecting proxy whose CA it names in PIP_CERT (as a site
+/// behind one does), that CA goes into the context and `{pip_cert}` in the Dockerfile
+/// becomes `PIP_CERT=/tmp/host-ca.pem`; elsewhere it is nothing.
 fn docker_build(dockerfile: &str, tag: &str) -> Output {
     let context = tempfile::tempdir().unwrap();
+    let (copy, pip_cert) = match std::env::var_os("PIP_CERT") {
+        Some(ca) if Path::new(&ca).is_file() => {
+            std::fs::copy(&ca, context.path().join("host-ca.pem")).unwrap();
+            (
+                "COPY host-ca.pem /tmp/host-ca.pem\n",
+                "PIP_CERT=/tmp/host-ca.pem ",
+            )
+        }
+        _ => ("", ""),
+    };
+    let dockerfile = dockerfile
+        .replacen("\nUSER root\n", &format!("\nUSER root\n{copy}"), 1)
+        .replace("{pip_cert}", pip_cert);
     std::fs::write(context.path().join("Dockerfile"), dockerfile).unwrap();
     Command::new("docker")
-        .args(["build", "--progress=plain", "--no-cache", "-t", tag])
+        .args(["build", "--no-cache", "-t", tag])
         .arg(context.path())
         .output()
         .unwrap()
@@ -291,7 +307,9 @@ fn check_runs_as_the_user() {
 fn check_pip_extends_within_the_constraints() {
     // The supported way to extend: install as root into the image's site, back to the user.
     let six = docker_build(
-        &format!("FROM {TAG}\nUSER root\nRUN pip install six==1.16.0\nUSER 1000:1000\n"),
+        &format!(
+            "FROM {TAG}\nUSER root\nRUN {{pip_cert}}pip install six==1.16.0\nUSER 1000:1000\n"
+        ),
         WITH_SIX,
     );
     assert!(
@@ -349,7 +367,7 @@ fn check_pip_extends_within_the_constraints() {
 
     // Another torch: pip's own resolver refuses it against the constraints.
     let torch = docker_build(
-        &format!("FROM {TAG}\nUSER root\nRUN pip install torch==2.5.1\n"),
+        &format!("FROM {TAG}\nUSER root\nRUN {{pip_cert}}pip install torch==2.5.1\n"),
         WITH_TORCH,
     );
     let output = text(&torch);

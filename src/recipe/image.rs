@@ -438,6 +438,175 @@ fn check_label(key: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `runtime:`: what the run needs from the container runtime rather than from the image
+/// (NCCL puts its buffers in /dev/shm, far above Docker's 64 MiB; pinned memory needs
+/// `memlock`). The image cannot carry these: they become `io.cudastack.runtime.*` labels
+/// that the emitted Kubernetes and Slurm jobs read, and `docker run` flags in the docs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeSpec {
+    /// Size of /dev/shm in bytes; written `16g`, `512m` or a number of bytes.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "deserialize_shm_size"
+    )]
+    pub shm_size: Option<u64>,
+    /// Resource limits by Docker's names (`memlock`, `stack`, `nofile`, ...), soft = hard;
+    /// `-1` is unlimited. Values of byte limits are bytes, as `docker run --ulimit` takes.
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "deserialize_ulimits"
+    )]
+    pub ulimits: BTreeMap<String, i64>,
+}
+
+/// The label of the /dev/shm size, in bytes.
+pub const SHM_SIZE_LABEL: &str = "io.cudastack.runtime.shm-size";
+/// The prefix of the ulimit labels (`io.cudastack.runtime.ulimit.memlock`).
+pub const ULIMIT_LABEL_PREFIX: &str = "io.cudastack.runtime.ulimit.";
+
+/// The limits `docker run --ulimit` knows (Docker's `ulimit.Parse`), with the `ulimit`
+/// flag of bash and the unit bash counts a byte limit in (1: a count, not bytes).
+pub const ULIMITS: &[(&str, char, u64)] = &[
+    ("core", 'c', 1024),
+    ("cpu", 't', 1),
+    ("data", 'd', 1024),
+    ("fsize", 'f', 1024),
+    ("locks", 'x', 1),
+    ("memlock", 'l', 1024),
+    ("msgqueue", 'q', 1),
+    ("nice", 'e', 1),
+    ("nofile", 'n', 1),
+    ("nproc", 'u', 1),
+    ("rss", 'm', 1024),
+    ("rtprio", 'r', 1),
+    ("rttime", 'R', 1),
+    ("sigpending", 'i', 1),
+    ("stack", 's', 1024),
+];
+
+impl RuntimeSpec {
+    pub fn is_empty(&self) -> bool {
+        self.shm_size.is_none() && self.ulimits.is_empty()
+    }
+
+    /// The `io.cudastack.runtime.*` labels.
+    pub fn labels(&self) -> Vec<(String, String)> {
+        let mut labels = Vec::new();
+        if let Some(size) = self.shm_size {
+            labels.push((SHM_SIZE_LABEL.to_string(), size.to_string()));
+        }
+        for (name, value) in &self.ulimits {
+            labels.push((format!("{ULIMIT_LABEL_PREFIX}{name}"), value.to_string()));
+        }
+        labels
+    }
+
+    /// Read back from an image's labels (other labels are ignored), checked as a recipe's.
+    pub fn from_labels(labels: &BTreeMap<String, String>) -> Result<Self, String> {
+        let mut spec = RuntimeSpec::default();
+        if let Some(size) = labels.get(SHM_SIZE_LABEL) {
+            spec.shm_size =
+                Some(parse_size(size).map_err(|e| format!("label {SHM_SIZE_LABEL}: {e}"))?);
+        }
+        for (key, value) in labels {
+            if let Some(name) = key.strip_prefix(ULIMIT_LABEL_PREFIX) {
+                let value = value
+                    .parse::<i64>()
+                    .map_err(|_| format!("label {key}: `{}` is not a number", escape(value)))?;
+                spec.ulimits
+                    .insert(name.to_string(), check_ulimit(name, value)?);
+            }
+        }
+        Ok(spec)
+    }
+}
+
+/// `16g`, `512m`, `64k`, `1073741824` (bytes; `b` after the unit allowed; units are
+/// binary, as `docker run --shm-size` reads them).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let lower = lower.strip_suffix('b').unwrap_or(&lower);
+    let (digits, multiplier) = match lower.char_indices().last() {
+        Some((at, unit)) if unit.is_ascii_alphabetic() => {
+            let multiplier: u64 = match unit {
+                'k' => 1 << 10,
+                'm' => 1 << 20,
+                'g' => 1 << 30,
+                't' => 1 << 40,
+                // `lots`: not a number with a unit at all (said below).
+                _ if at == 0 || !lower[..at].bytes().all(|b| b.is_ascii_digit()) => 0,
+                _ => {
+                    return Err(format!(
+                        "shm_size `{}`: the unit `{unit}` is not one of k, m, g, t",
+                        escape(text)
+                    ))
+                }
+            };
+            (&lower[..at], multiplier)
+        }
+        _ => (lower, 1),
+    };
+    let size = digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(multiplier))
+        .ok_or_else(|| format!("shm_size `{}` is not a size: write a whole number with an optional unit, e.g. `16g` or `512m`", escape(text)))?;
+    if size < 1 << 20 {
+        return Err(format!("shm_size `{}` is below 1 MiB; NCCL needs far more (Docker's default is 64m)\n  hint: e.g. `shm_size: 16g`", escape(text)));
+    }
+    Ok(size)
+}
+
+fn deserialize_shm_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let value = serde_json::Value::deserialize(d)?;
+    let text = scalar_text(&value).unwrap_or_default();
+    parse_size(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn check_ulimit(name: &str, value: i64) -> Result<i64, String> {
+    if !ULIMITS.iter().any(|(known, _, _)| *known == name) {
+        return Err(format!(
+            "ulimit `{}` is not one Docker knows: {}",
+            escape(name),
+            ULIMITS.iter().map(|u| u.0).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if value < -1 {
+        return Err(format!(
+            "ulimit `{name}: {value}`: a limit is a number from 0, or -1 for unlimited"
+        ));
+    }
+    Ok(value)
+}
+
+fn deserialize_ulimits<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, i64>, D::Error> {
+    let raw = BTreeMap::<String, serde_json::Value>::deserialize(d)?;
+    let mut limits = BTreeMap::new();
+    for (name, value) in raw {
+        let value = match &value {
+            serde_json::Value::Number(n) => n.as_i64(),
+            serde_json::Value::String(s) if s == "unlimited" => Some(-1),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "ulimit `{}`: {value} is not a number (bytes or a count) or -1 for unlimited",
+                escape(&name)
+            ))
+        })?;
+        limits.insert(
+            name.clone(),
+            check_ulimit(&name, value).map_err(serde::de::Error::custom)?,
+        );
+    }
+    Ok(limits)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -655,6 +824,42 @@ mod tests {
                 "labels: { io.cudastack.verified: \"yes\" }\n",
                 "cudastack's claims",
             ),
+        ] {
+            let error = parse(extra).unwrap_err();
+            assert!(
+                error.contains(expected),
+                "{extra}: expected `{expected}` in {error}"
+            );
+            assert!(error.starts_with("r.yaml:6:"), "{extra}: {error}");
+        }
+    }
+
+    #[test]
+    fn runtime_needs_parse_and_round_trip_through_labels() {
+        let recipe =
+            parse("runtime: { shm_size: 16g, ulimits: { memlock: -1, stack: 67108864 } }\n")
+                .unwrap();
+        let runtime = recipe.runtime.clone().unwrap();
+        assert_eq!(runtime.shm_size, Some(16 << 30));
+        assert_eq!(runtime.ulimits["memlock"], -1);
+        let labels: BTreeMap<String, String> = runtime.labels().into_iter().collect();
+        assert_eq!(labels[SHM_SIZE_LABEL], "17179869184");
+        assert_eq!(labels["io.cudastack.runtime.ulimit.stack"], "67108864");
+        assert_eq!(RuntimeSpec::from_labels(&labels).unwrap(), runtime);
+        let bytes = parse("runtime: { shm_size: 17179869184, ulimits: { memlock: unlimited, stack: 67108864 } }\n").unwrap();
+        assert_eq!(bytes.digest(), recipe.digest());
+        assert_eq!(parse_size("512MB"), Ok(512 << 20));
+        for (extra, expected) in [
+            ("runtime: { shm_size: 16x }\n", "the unit `x`"),
+            ("runtime: { shm_size: 100 }\n", "below 1 MiB"),
+            ("runtime: { shm_size: lots }\n", "not a size"),
+            (
+                "runtime: { ulimits: { memlok: -1 } }\n",
+                "not one Docker knows",
+            ),
+            ("runtime: { ulimits: { stack: -2 } }\n", "-1 for unlimited"),
+            ("runtime: { ulimits: { stack: big } }\n", "is not a number"),
+            ("runtime: { shm: 1g }\n", "unknown field `shm`"),
         ] {
             let error = parse(extra).unwrap_err();
             assert!(

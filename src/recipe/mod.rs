@@ -22,7 +22,10 @@ mod image;
 mod tag;
 
 pub use apt::{DebName, DebVersion, SystemPackage};
-pub use image::{expand_path, ExposedPort, ImagePath, Protocol, UserSpec, OWNED_ENV};
+pub use image::{
+    expand_path, ExposedPort, ImagePath, Protocol, RuntimeSpec, UserSpec, OWNED_ENV,
+    SHM_SIZE_LABEL, ULIMITS, ULIMIT_LABEL_PREFIX,
+};
 pub use tag::{check_template, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS};
 
 /// The platforms of `platforms:`; defined in [`crate::platform`], the one platform type.
@@ -167,6 +170,10 @@ pub struct Recipe {
         deserialize_with = "image::deserialize_labels"
     )]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// What the run needs from the container runtime (`shm_size`, `ulimits`): carried as
+    /// `io.cudastack.runtime.*` labels for the emitted cluster jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeSpec>,
 }
 
 fn is_false(value: &bool) -> bool {

@@ -235,6 +235,9 @@ fn stack_labels(
     if let Some(os) = &facts.os {
         label("io.cudastack.os", os.clone());
     }
+    for (key, value) in recipe.runtime.iter().flat_map(|r| r.labels()) {
+        label(&key, value);
+    }
     labels
 }
 
