@@ -419,7 +419,7 @@ fn shm_volume(spec: &JobSpec) -> Option<Volume> {
 /// A byte count as a Kubernetes quantity: `16Gi`, `512Mi`, else bytes.
 fn quantity(bytes: u64) -> String {
     for (unit, size) in [("Ti", 1u64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20)] {
-        if bytes % size == 0 {
+        if bytes.is_multiple_of(size) {
             return format!("{}{unit}", bytes / size);
         }
     }
