@@ -233,6 +233,9 @@ fn emit(
     printer: &Printer,
 ) -> CommandResult {
     use cudastack::cluster::{EmitOptions, PinnedImage};
+    // The image's runtime needs (shm size, ulimits) when its config is read: a tag is
+    // pinned through the registry; a digest alone is emitted without contacting it.
+    let mut needs = cudastack::recipe::RuntimeSpec::default();
     let pinned: PinnedImage = match image.parse() {
         Ok(pinned) => pinned,
         Err(_) => {
@@ -244,6 +247,13 @@ fn emit(
             let documents =
                 super::image_source::read_documents(&location, &args.registry, args.platform)?;
             let repository = reference.split('@').next().unwrap_or(reference);
+            let labels = documents
+                .config
+                .config()
+                .as_ref()
+                .and_then(|c| c.labels().clone())
+                .unwrap_or_default();
+            needs = cudastack::recipe::RuntimeSpec::from_labels(&labels.into_iter().collect())?;
             let pinned = format!("{repository}@{}", documents.manifest_digest);
             printer.status(format!("pinned {image} to {pinned}"));
             pinned.parse()?
@@ -263,6 +273,7 @@ fn emit(
             namespace: args.namespace.clone(),
             local_image: args.local_image.clone(),
             image_pull_secrets: args.image_pull_secret.clone(),
+            needs,
         },
     )?;
     printer.text(text);

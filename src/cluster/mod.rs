@@ -89,6 +89,9 @@ pub struct EmitOptions {
     pub local_image: Option<PathBuf>,
     /// Kubernetes: Secrets the kubelet pulls a private image with (`imagePullSecrets`).
     pub image_pull_secrets: Vec<String>,
+    /// What the image asks of the runtime (its `io.cudastack.runtime.*` labels,
+    /// [`crate::recipe::RuntimeSpec::from_labels`]): /dev/shm size and ulimits.
+    pub needs: crate::recipe::RuntimeSpec,
 }
 
 /// Render the verification job for `target`: one entry point for the CLI.
@@ -107,6 +110,7 @@ pub fn emit(
                 spec.namespace = namespace.clone();
             }
             spec.image_pull_secrets = options.image_pull_secrets.clone();
+            spec.needs = options.needs.clone();
             k8s::job_manifest(&spec)
         }
         Emit::Sbatch(_) if !options.image_pull_secrets.is_empty() => Err(ClusterError::Invalid {
@@ -121,6 +125,7 @@ pub fn emit(
                 spec.gpus = gpus;
             }
             spec.local_image = options.local_image.clone();
+            spec.needs = options.needs.clone();
             slurm::sbatch_script(&spec)
         }
     }

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use super::k8s::probe_command;
 use super::{ClusterError, PinnedImage};
+use crate::recipe::{RuntimeSpec, ULIMITS};
 
 /// Which container runtime the compute nodes use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +51,11 @@ pub struct SbatchSpec {
     pub local_image: Option<PathBuf>,
     /// The container command (usually the probe).
     pub command: Vec<String>,
+    /// What the run needs from the runtime (the image's `io.cudastack.runtime.*` labels):
+    /// the ulimits are set in the batch shell, whose limits srun passes on (Slurm's
+    /// PropagateResourceLimits); /dev/shm is the node's under pyxis and Apptainer, so its
+    /// size is checked and a smaller one is warned about.
+    pub needs: RuntimeSpec,
 }
 
 impl SbatchSpec {
@@ -66,6 +72,7 @@ impl SbatchSpec {
             job_name: "cudastack-verify".to_string(),
             local_image: None,
             command: probe_command(),
+            needs: RuntimeSpec::default(),
         }
     }
 }
@@ -140,8 +147,40 @@ pub fn sbatch_script(spec: &SbatchSpec) -> Result<String, ClusterError> {
         "# The image this job runs, for `cudastack verify --from-log`."
     );
     let _ = writeln!(out, "echo {}", shell_quote(&spec.image.log_line()));
+    run_needs(&mut out, &spec.needs);
     srun_line(&mut out, spec);
     Ok(out)
+}
+
+/// The image's runtime needs as shell lines: each ulimit set (bash counts byte limits in
+/// KiB), a /dev/shm smaller than asked warned about. Nothing when it asks for nothing.
+fn run_needs(out: &mut String, needs: &RuntimeSpec) {
+    if needs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "# What the image asks of the runtime (its io.cudastack.runtime.* labels); srun passes\n# this shell's limits on to the job (PropagateResourceLimits)."
+    );
+    for (name, value) in &needs.ulimits {
+        let Some((_, flag, unit)) = ULIMITS.iter().find(|(known, _, _)| known == name) else {
+            continue;
+        };
+        let amount = match *value {
+            -1 => "unlimited".to_string(),
+            value => (value as u64).div_ceil(*unit).to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "ulimit -{flag} {amount} || echo \"cudastack: warning: could not set ulimit {name}={value} on $(hostname); ask the site to raise the hard limit\" >&2"
+        );
+    }
+    if let Some(size) = needs.shm_size {
+        let _ = writeln!(
+            out,
+            "# /dev/shm is the node's: pyxis and Apptainer share it with the container.\nif [ \"$(df -B1 --output=size /dev/shm | tail -n 1)\" -lt {size} ]; then echo \"cudastack: warning: /dev/shm on $(hostname) is smaller than the {size} bytes the image asks for (NCCL may fail)\" >&2; fi"
+        );
+    }
 }
 
 /// Everything that goes on an `#SBATCH` line is a plain word; the job needs a GPU, a minute
@@ -349,6 +388,48 @@ mod tests {
         spec.account = Some("ml-team".into());
         let script = sbatch_script(&spec).unwrap();
         insta::assert_snapshot!(script);
+    }
+
+    /// Issue 19: ulimits set in the batch shell (bash's units), /dev/shm checked; the script
+    /// is still valid bash.
+    #[test]
+    fn runtime_needs_set_ulimits_and_check_dev_shm() {
+        let mut spec = SbatchSpec::probe(image(), Runtime::Pyxis);
+        assert!(!sbatch_script(&spec).unwrap().contains("ulimit"));
+        spec.needs = crate::recipe::RuntimeSpec::from_labels(
+            &[
+                ("io.cudastack.runtime.shm-size", "17179869184"),
+                ("io.cudastack.runtime.ulimit.memlock", "-1"),
+                ("io.cudastack.runtime.ulimit.stack", "67108864"),
+                ("io.cudastack.runtime.ulimit.nofile", "1048576"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        )
+        .unwrap();
+        let script = sbatch_script(&spec).unwrap();
+        assert!(script.contains("\nulimit -l unlimited || echo"), "{script}");
+        assert!(script.contains("\nulimit -s 65536 || echo"), "{script}");
+        assert!(script.contains("\nulimit -n 1048576 || echo"), "{script}");
+        assert!(script.contains("-lt 17179869184 ]"), "{script}");
+        assert!(
+            script.find("ulimit -l").unwrap() < script.find("\nsrun").unwrap(),
+            "{script}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.sbatch");
+        fs_err::write(&path, &script).unwrap();
+        let check = std::process::Command::new("bash")
+            .arg("-n")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success(),
+            "{}",
+            String::from_utf8_lossy(&check.stderr)
+        );
     }
 
     #[test]

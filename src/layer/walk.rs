@@ -38,10 +38,6 @@ pub struct DirOptions {
     /// A file of [`RecordedOwners`] (JSON) whose owners and modes replace what the disk
     /// says: a tree unpacked by a user other than root has lost them.
     pub recorded: Option<PathBuf>,
-    /// Directories whose owner and mode are given here rather than found on disk: a layer
-    /// that adds files under a directory of a lower layer repeats that directory's owner
-    /// and mode, since a layer's directory entry replaces the lower one's.
-    pub dir_owners: BTreeMap<LayerPath, Recorded>,
 }
 
 /// The owner and mode of one entry, as an archive recorded them.
@@ -209,9 +205,6 @@ fn walk(
             apply_recorded(&mut entry, recorded);
         }
         let is_dir = matches!(entry.kind, EntryKind::Dir);
-        if let (true, Some(given)) = (is_dir, options.dir_owners.get(&entry.path)) {
-            (entry.uid, entry.gid, entry.mode) = (given.uid, given.gid, given.mode & 0o7777);
-        }
         entries.push(entry);
         if is_dir {
             walk(&disk_path, Some(&path), walk_options, entries, inodes)?;
@@ -282,37 +275,6 @@ mod tests {
             & 0o7777;
         assert_eq!(find("added"), (0, 0, disk_mode));
         assert_eq!(find("link"), (7, 7, 0o777));
-    }
-
-    /// A directory of a lower layer keeps its owner and mode when given.
-    #[test]
-    fn given_directory_owners_replace_the_disk_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        fs_err::create_dir_all(dir.path().join("workspace/train")).unwrap();
-        fs_err::write(dir.path().join("workspace/train/a.py"), "").unwrap();
-        let given = Recorded {
-            uid: 1000,
-            gid: 1000,
-            mode: 0o750,
-        };
-        let options = DirOptions {
-            dir_owners: [(LayerPath::parse("workspace").unwrap(), given)].into(),
-            ..DirOptions::default()
-        };
-        let contents = LayerContents::from_dir(dir.path(), &options).unwrap();
-        let owners: Vec<(&str, u32, u32)> = contents
-            .entries()
-            .iter()
-            .map(|e| (e.path.as_str(), e.uid, e.mode))
-            .collect();
-        assert_eq!(
-            owners,
-            [
-                ("workspace", 1000, 0o750),
-                ("workspace/train", 0, 0o755),
-                ("workspace/train/a.py", 0, 0o644)
-            ]
-        );
     }
 
     #[test]

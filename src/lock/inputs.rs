@@ -90,6 +90,10 @@ pub fn base_glibc(matrix: &Matrix, recipe: &Recipe) -> Option<GlibcVersion> {
 }
 
 /// The PEP 508 root requirements of a recipe.
+/// The installer every image carries (Debian's python3 has neither pip nor ensurepip), so
+/// images built `FROM` it can `pip install` within the constraints file.
+pub const PIP: &str = "pip";
+
 pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>, InputsError> {
     let cuda = recipe.cuda.version;
     let suffix = if cuda.major >= 13 {
@@ -156,6 +160,8 @@ pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>
         };
         requirements.push(nvcc);
     }
+    // pip from the lock, so `FROM image` + `RUN pip install` works (issue 19).
+    requirements.push(PIP.to_string());
     requirements.extend(recipe.packages.iter().map(ToString::to_string));
     Ok(requirements)
 }
@@ -254,7 +260,7 @@ mod tests {
         let r = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\npackages: [\"numpy==1.26.4\"]\n");
         assert_eq!(
             root_requirements(Matrix::embedded(), &r).unwrap(),
-            vec!["torch==2.4.1", "numpy==1.26.4"]
+            vec!["torch==2.4.1", "pip", "numpy==1.26.4"]
         );
     }
 
@@ -264,12 +270,12 @@ mod tests {
         let r = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4\" }\n");
         assert_eq!(
             root_requirements(Matrix::embedded(), &r).unwrap(),
-            vec!["torch==2.4.1"]
+            vec!["torch==2.4.1", "pip"]
         );
         let r = recipe("cuda: { version: \"11.8\" }\ntorch: { version: \"2.5\", index: cu118 }\n");
         assert_eq!(
             root_requirements(Matrix::embedded(), &r).unwrap(),
-            vec!["torch==2.5.1+cu118"]
+            vec!["torch==2.5.1+cu118", "pip"]
         );
     }
 
@@ -279,7 +285,7 @@ mod tests {
             recipe("cuda: { version: \"11.8\" }\ntorch: { version: \"2.1.2\", index: cu118 }\n");
         assert_eq!(
             root_requirements(Matrix::embedded(), &r).unwrap(),
-            vec!["torch==2.1.2+cu118"]
+            vec!["torch==2.1.2+cu118", "pip"]
         );
     }
 
@@ -289,7 +295,7 @@ mod tests {
             recipe("cuda: { version: \"12.1\", flavor: devel }\ntorch: { version: \"2.4.1\" }\n");
         assert_eq!(
             root_requirements(Matrix::embedded(), &r).unwrap(),
-            vec!["torch==2.4.1", "nvidia-cuda-nvcc-cu12==12.1.105"]
+            vec!["torch==2.4.1", "nvidia-cuda-nvcc-cu12==12.1.105", "pip"]
         );
     }
 
@@ -301,7 +307,8 @@ mod tests {
             vec![
                 "nvidia-cuda-runtime-cu12==12.4.*",
                 "nvidia-cublas-cu12==12.4.*",
-                "nvidia-cudnn-cu12==9.1.0.70"
+                "nvidia-cudnn-cu12==9.1.0.70",
+                "pip"
             ]
         );
     }

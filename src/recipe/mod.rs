@@ -19,10 +19,15 @@ use crate::version::{CudaVersion, CudnnVersion, DriverVersion, PythonVersion};
 
 mod apt;
 mod copy;
+mod image;
 mod tag;
 
 pub use apt::{DebName, DebVersion, SystemPackage};
 pub use copy::CopyEntry;
+pub use image::{
+    expand_path, ExposedPort, ImagePath, Protocol, RuntimeSpec, UserSpec, OWNED_ENV,
+    SHM_SIZE_LABEL, ULIMITS, ULIMIT_LABEL_PREFIX,
+};
 pub use tag::{check_template, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS};
 
 /// The platforms of `platforms:`; defined in [`crate::platform`], the one platform type.
@@ -125,6 +130,56 @@ pub struct Recipe {
     /// several platforms are published as one OCI image index.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub platforms: Vec<Platform>,
+    /// Environment variables of the image, name -> value; the stack's own (LD_LIBRARY_PATH,
+    /// CUDA_HOME, NVIDIA_*, PIP_CONSTRAINT, ...) are refused, and `PATH` adds entries around
+    /// the stack's, written `$PATH`. docs/recipe-image.md is the reference of these keys.
+    #[serde(
+        default,
+        skip_serializing_if = "std::collections::BTreeMap::is_empty",
+        deserialize_with = "image::deserialize_env"
+    )]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// The working directory of the image's processes (absolute; created, owned by `user`,
+    /// when the layers below do not have it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<ImagePath>,
+    /// A non-root user the image runs as: `{name: trainer, uid: 1000, gid: 1000, home:
+    /// /home/trainer}` (gid defaults to uid, home to /home/NAME), created in its own layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<UserSpec>,
+    /// The exec-form entrypoint, e.g. `[python3, train.py]`.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "image::deserialize_exec_form"
+    )]
+    pub entrypoint: Vec<String>,
+    /// The exec-form command (the entrypoint's arguments when there is one); absent means
+    /// `[python3]`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "image::deserialize_cmd"
+    )]
+    pub cmd: Option<Vec<String>>,
+    /// Ports the image listens on: `8080` (tcp), `29500/tcp`, `5353/udp`.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "image::deserialize_ports"
+    )]
+    pub expose: Vec<ExposedPort>,
+    /// Labels of the image; `io.cudastack.*` are cudastack's claims and refused.
+    #[serde(
+        default,
+        skip_serializing_if = "std::collections::BTreeMap::is_empty",
+        deserialize_with = "image::deserialize_labels"
+    )]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// What the run needs from the container runtime (`shm_size`, `ulimits`): carried as
+    /// `io.cudastack.runtime.*` labels for the emitted cluster jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeSpec>,
 }
 
 /// Recipe keys that shape the image but not what is locked.

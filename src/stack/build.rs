@@ -185,5 +185,19 @@ fn image_of(
     for (name, value) in &config.labels {
         image = image.with_label(name, value);
     }
-    image.with_cmd(config.cmd.clone())
+    if !config.entrypoint.is_empty() {
+        image = image.with_entrypoint(config.entrypoint.clone());
+    }
+    if let Some(dir) = &config.working_dir {
+        image = image.with_working_dir(dir);
+    }
+    let (user, ports) = (config.user.clone(), config.exposed_ports.clone());
+    image.with_cmd(config.cmd.clone()).with_config(|oci| {
+        if user.is_some() {
+            oci.set_user(user);
+        }
+        if !ports.is_empty() {
+            oci.set_exposed_ports(Some(ports));
+        }
+    })
 }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use crate::matrix::validate::nvidia_require_cuda;
 use crate::matrix::{Matrix, TorchBuild};
 use crate::platform::Platform;
-use crate::recipe::Recipe;
+use crate::recipe::{expand_path, Recipe};
 use crate::version::CudaVersion;
 
 /// Where the NVIDIA container runtime mounts the driver's user-space libraries in images
@@ -54,12 +54,28 @@ impl ToolkitPaths {
     }
 }
 
+/// The pip constraints file the config layer writes: every locked distribution pinned, so
+/// `pip install` in an image built `FROM` this one cannot replace the stack (issue 19).
+pub const PIP_CONSTRAINTS_PATH: &str = "/etc/pip/constraints.txt";
+
+/// The command of an image whose recipe gives none.
+pub const DEFAULT_CMD: &str = "python3";
+
 /// Everything the config says, before it becomes an OCI config.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StackConfig {
+    /// The stack's variables first, then the recipe's (`PATH` with the stack's expanded).
     pub env: Vec<(String, String)>,
     pub labels: BTreeMap<String, String>,
+    pub entrypoint: Vec<String>,
     pub cmd: Vec<String>,
+    /// `uid:gid` of the recipe's user: numeric, so a runtime can tell it is not root
+    /// without reading the image's /etc/passwd (Kubernetes' `runAsNonRoot` refuses a
+    /// named user it cannot check).
+    pub user: Option<String>,
+    pub working_dir: Option<String>,
+    /// `ExposedPorts` keys, `8080/tcp`, sorted.
+    pub exposed_ports: Vec<String>,
 }
 
 /// Facts about the assembled stack the labels record.
@@ -81,11 +97,37 @@ pub fn stack_config(
     arch: Platform,
 ) -> StackConfig {
     // Never claimed at build time: only `cudastack verify` may add io.cudastack.verified.
+    let mut labels = stack_labels(recipe, torch_build, facts);
+    // The recipe cannot name `io.cudastack.*` (recipe::image), so nothing of ours is lost.
+    labels.extend(recipe.labels.clone());
     StackConfig {
-        env: stack_env(matrix, recipe, facts, arch),
-        labels: stack_labels(recipe, torch_build, facts),
-        cmd: vec!["python3".to_string()],
+        env: with_recipe_env(stack_env(matrix, recipe, facts, arch), recipe),
+        labels,
+        entrypoint: recipe.entrypoint.clone(),
+        cmd: recipe
+            .cmd
+            .clone()
+            .unwrap_or_else(|| vec![DEFAULT_CMD.to_string()]),
+        user: recipe.user.as_ref().map(|user| user.oci_user()),
+        working_dir: recipe.workdir.as_ref().map(ToString::to_string),
+        exposed_ports: recipe.expose.iter().map(ToString::to_string).collect(),
     }
+}
+
+/// The recipe's variables after the stack's: a name the stack also sets (`LANG`) takes
+/// the recipe's value in the stack's place; `PATH` keeps the stack's where `$PATH` is.
+fn with_recipe_env(mut env: Vec<(String, String)>, recipe: &Recipe) -> Vec<(String, String)> {
+    for (name, value) in &recipe.env {
+        let value = match env.iter().find(|(n, _)| n == "PATH") {
+            Some((_, stack_path)) if name == "PATH" => expand_path(value, stack_path),
+            _ => value.clone(),
+        };
+        match env.iter_mut().find(|(n, _)| n == name) {
+            Some(slot) => slot.1 = value,
+            None => env.push((name.clone(), value)),
+        }
+    }
+    env
 }
 
 /// The environment: the toolkit on PATH, its one library directory on LD_LIBRARY_PATH,
@@ -116,6 +158,15 @@ fn stack_env(
             "compute,utility".to_string(),
         ),
         ("LANG".to_string(), "C.UTF-8".to_string()),
+        // pip in a derived image installs within the lock's versions (issue 19).
+        (
+            "PIP_CONSTRAINT".to_string(),
+            PIP_CONSTRAINTS_PATH.to_string(),
+        ),
+        // Debian's EXTERNALLY-MANAGED marker guards /usr/lib/python3; pip as root writes
+        // /usr/local/lib/python3.X/dist-packages, the site the lock fills and the
+        // constraints guard (docs/recipe-image.md, "Extending the image").
+        ("PIP_BREAK_SYSTEM_PACKAGES".to_string(), "1".to_string()),
     ];
     if let Some(runtime) = &facts.cuda_runtime {
         env.push(("CUDA_VERSION".to_string(), runtime.clone()));
@@ -184,6 +235,9 @@ fn stack_labels(
     if let Some(os) = &facts.os {
         label("io.cudastack.os", os.clone());
     }
+    for (key, value) in recipe.runtime.iter().flat_map(|r| r.labels()) {
+        label(&key, value);
+    }
     labels
 }
 
@@ -236,5 +290,43 @@ mod tests {
         assert_eq!(env["NVIDIA_REQUIRE_CUDA"], "cuda>=12.1");
         assert_eq!(config.labels["io.cudastack.driver-floor"], "535.104.05");
         assert!(!config.labels.keys().any(|k| k.contains("verified")));
+    }
+
+    #[test]
+    fn the_recipe_config_goes_after_the_stack() {
+        let recipe = Recipe::parse(
+            concat!(
+                "name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"535.104.05\"\ncuda: { version: \"12.1\" }\n",
+                "env: { PATH: \"/opt/bin:$PATH:/home/trainer/.local/bin\", LANG: en_US.UTF-8, HF_HOME: /data }\n",
+                "workdir: /workspace\nuser: { name: trainer, uid: 1000, gid: 2000 }\n",
+                "entrypoint: [python3, train.py]\nexpose: [29500]\nlabels: { com.example.team: ml }\n",
+            ),
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let config = stack_config(
+            Matrix::embedded(),
+            &recipe,
+            None,
+            &StackFacts::default(),
+            Platform::LinuxAmd64,
+        );
+        let env: BTreeMap<_, _> = config.env.iter().cloned().collect();
+        assert_eq!(
+            env["PATH"],
+            "/opt/bin:/usr/local/cuda-12.1/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/home/trainer/.local/bin"
+        );
+        assert_eq!(env["LANG"], "en_US.UTF-8");
+        assert_eq!(env["PIP_CONSTRAINT"], PIP_CONSTRAINTS_PATH);
+        assert_eq!(env["PIP_BREAK_SYSTEM_PACKAGES"], "1");
+        assert_eq!(config.env.last().unwrap().0, "HF_HOME");
+        assert_eq!(config.env.iter().filter(|(n, _)| n == "LANG").count(), 1);
+        assert_eq!(config.user.as_deref(), Some("1000:2000"));
+        assert_eq!(config.working_dir.as_deref(), Some("/workspace"));
+        assert_eq!(config.entrypoint, ["python3", "train.py"]);
+        assert_eq!(config.cmd, ["python3"], "cmd keeps its default");
+        assert_eq!(config.exposed_ports, ["29500/tcp"]);
+        assert_eq!(config.labels["com.example.team"], "ml");
+        assert_eq!(config.labels["io.cudastack.recipe"], "t");
     }
 }

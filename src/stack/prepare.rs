@@ -230,6 +230,18 @@ fn read_lock(
             found: lock.recipe_digest,
         });
     }
+    // Every image carries pip from the lock since issue 19; a lock made before has none.
+    if !lock
+        .artifacts
+        .iter()
+        .any(|a| a.kind == ArtifactKind::Wheel && a.name == crate::lock::inputs::PIP)
+    {
+        return Err(BuildError::Unsupported(format!(
+            "lock file `{}` has no `pip`: it was made before every image carried pip and its constraints file (so that `FROM image` + `RUN pip install` works)\n  hint: run `cudastack lock {}` again",
+            lock_file.display(),
+            settings.recipe_path.display()
+        )));
+    }
     if lock.target.arch != platform {
         let wanted = platform.wheel_arch();
         return Err(BuildError::Unsupported(format!(

@@ -11,12 +11,13 @@ use super::{BuildEnv, LayerStager, ASSEMBLER};
 use crate::digest::Digest;
 use crate::elf::Machine;
 use crate::layer::CacheKey;
+use crate::lock::lockfile::{ArtifactKind, Lockfile};
 use crate::probe::expect::Expectations;
 use crate::probe::glibc::can_run_on;
 use crate::probe::native::{self, NativeProbe, NATIVE_PROBE_PATH};
 use crate::probe::{EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
 use crate::stack::base::inspect_rootfs;
-use crate::stack::config::ld_so_conf;
+use crate::stack::config::{ld_so_conf, PIP_CONSTRAINTS_PATH};
 use crate::stack::error::{io_error, BuildError};
 use crate::stack::ldcache;
 use crate::stack::prepare::PlatformInputs;
@@ -31,6 +32,9 @@ pub(crate) struct ConfigLayer<'a> {
     conf_text: String,
     recipe_json: String,
     lock_json: String,
+    /// /etc/pip/constraints.txt: every locked wheel pinned (derived from the lock, which
+    /// the key names).
+    constraints: String,
     expect_json: Vec<u8>,
     /// The native probe, for images without torch, when one is built for them.
     native_probe: Option<NativeProbe>,
@@ -42,7 +46,7 @@ pub(crate) struct ConfigLayer<'a> {
 }
 
 impl<'a> ConfigLayer<'a> {
-    /// Plan the config layer over the layers `below` (base, apt, cuda, cudnn, python).
+    /// Plan the config layer over the layers `below` (base, apt, cuda, cudnn, python, user).
     pub fn plan(inputs: &PlatformInputs, below: &[&dyn LayerStager], env: &BuildEnv<'a>) -> Self {
         let (conf_path, conf_text) = ld_so_conf(&inputs.paths());
         let recipe_json = inputs.recipe.canonical_json();
@@ -69,6 +73,7 @@ impl<'a> ConfigLayer<'a> {
             conf_path,
             conf_text,
             recipe_json,
+            constraints: pip_constraints(&inputs.lock),
             lock_json,
             expect_json,
             native_probe,
@@ -92,6 +97,10 @@ impl<'a> ConfigLayer<'a> {
         write_file(
             &dir.join("usr/share/cudastack/lock.json"),
             self.lock_json.as_bytes(),
+        )?;
+        write_file(
+            &dir.join(PIP_CONSTRAINTS_PATH.trim_start_matches('/')),
+            self.constraints.as_bytes(),
         )?;
         write_file(
             &dir.join(EXPECT_PATH.trim_start_matches('/')),
@@ -158,6 +167,31 @@ impl LayerStager for ConfigLayer<'_> {
     }
 }
 
+/// The pip constraints file: every locked wheel as `name==version`, sorted, under a header
+/// saying what it is. PIP_CONSTRAINT names it, so `pip install` in a derived image keeps
+/// every distribution of the stack at its locked version or fails (issue 19).
+pub(crate) fn pip_constraints(lock: &Lockfile) -> String {
+    let mut pins: Vec<String> = lock
+        .artifacts
+        .iter()
+        .filter(|a| a.kind == ArtifactKind::Wheel)
+        .map(|a| format!("{}=={}", a.name, a.version))
+        .collect();
+    pins.sort();
+    pins.dedup();
+    let mut text = String::from(
+        "# The Python distributions of this image, as cudastack locked and verified them.\n\
+         # PIP_CONSTRAINT names this file: `pip install` may add packages, but cannot replace\n\
+         # or duplicate these (torch, the nvidia-* CUDA libraries, pip). To change them,\n\
+         # change the recipe and run `cudastack lock` and `cudastack build`.\n",
+    );
+    for pin in pins {
+        text.push_str(&pin);
+        text.push('\n');
+    }
+    text
+}
+
 fn write_executable(path: &Path, bytes: &[u8]) -> Result<(), BuildError> {
     write_file(path, bytes)?;
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
@@ -212,5 +246,34 @@ pub(crate) fn expectations(inputs: &PlatformInputs) -> Expectations {
             .iter()
             .map(|cc| cc.sm())
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The constraints of a shipped lock: its wheels, sorted, pinned; no .deb, no redist.
+    #[test]
+    fn constraints_pin_every_locked_wheel() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/torch2.4.1-cu121-py3.11.lock");
+        let lock = Lockfile::read(&path).unwrap();
+        let text = pip_constraints(&lock);
+        assert!(text.starts_with("# The Python distributions of this image"));
+        let pins: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        let wheels = lock
+            .artifacts
+            .iter()
+            .filter(|a| a.kind == ArtifactKind::Wheel)
+            .count();
+        assert_eq!(pins.len(), wheels);
+        assert!(pins.windows(2).all(|pair| pair[0] < pair[1]), "{text}");
+        assert!(pins.contains(&"torch==2.4.1"), "{text}");
+        assert!(pins.contains(&"nvidia-cudnn-cu12==9.1.0.70"), "{text}");
+        assert!(pins.iter().all(|pin| {
+            let (name, version) = pin.split_once("==").unwrap();
+            !name.is_empty() && !version.is_empty()
+        }));
     }
 }

@@ -6,20 +6,23 @@
 //! planning read, so a file edited during the build fails it rather than ship a layer
 //! whose key says otherwise. Files are root's, 0644 or 0755 by their owner-execute bit,
 //! symlinks are kept as links (never followed: a link cannot pull a host file in).
-//! A directory above a destination that a lower layer gives an owner (the user's home,
-//! the workdir) keeps it: a layer's directory entry replaces the lower one's.
+//! A directory above a destination that the `user` layer gives the user (home, workdir)
+//! keeps that owner: a layer's directory entry replaces the lower one's, and a checkpoint
+//! written next to the code must stay writable.
 
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use super::user::UserLayer;
 use super::{LayerStager, ASSEMBLER};
 use crate::digest::{Digest, Hasher};
-use crate::layer::{CacheKey, DirOptions, LayerPath, Recorded};
+use crate::layer::{CacheKey, DirOptions, LayerPath, RecordedOwners};
 use crate::recipe::CopyEntry;
 use crate::stack::dockerignore::IgnorePatterns;
 use crate::stack::error::{io_error, BuildError};
+use crate::stack::staging::{write_record, Staging};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CopyError {
@@ -84,18 +87,22 @@ pub(crate) struct CopyLayer {
     key: CacheKey,
     /// Image path (relative, `/`-separated) -> what goes there, parents before children.
     items: BTreeMap<String, Item>,
-    /// Directories on the way to the destinations whose owner and mode a lower layer set.
-    dir_owners: BTreeMap<LayerPath, Recorded>,
+    /// Directories on the way to the destinations (they keep a lower layer's owner).
+    on_the_way: Vec<LayerPath>,
+    /// The `user` layer's owners record, when the recipe has a user.
+    user_owners: Option<PathBuf>,
+    /// This layer's owners record (the directories the user owns).
+    owners_record: PathBuf,
 }
 
 impl CopyLayer {
     /// Read the sources of `entries` from `context` (the recipe's directory); None without
-    /// entries. `lower_dirs`: directories the layers below create with an owner other
-    /// than root's.
+    /// entries. `user` is the user layer, whose directories keep their owner.
     pub fn plan(
         entries: &[CopyEntry],
         context: &Path,
-        lower_dirs: &BTreeMap<LayerPath, Recorded>,
+        user: Option<&UserLayer>,
+        staging: &Staging,
     ) -> Result<Option<Self>, BuildError> {
         if entries.is_empty() {
             return Ok(None);
@@ -122,22 +129,23 @@ impl CopyLayer {
             }
         }
         let items: BTreeMap<String, Item> = items.into_iter().map(|(p, (i, _))| (p, i)).collect();
-        let dir_owners: BTreeMap<LayerPath, Recorded> = on_the_way
+        on_the_way.sort();
+        on_the_way.dedup();
+        let inputs: Vec<Digest> = [manifest_digest(&items)]
             .into_iter()
-            .filter_map(|dir| lower_dirs.get(&dir).map(|owner| (dir, *owner)))
+            .chain(user.map(|u| u.key().digest()))
             .collect();
         let key = CacheKey::new(
             &format!("{ASSEMBLER}/copy"),
-            &[manifest_digest(&items)],
-            &dir_owners
-                .iter()
-                .map(|(dir, r)| (dir.as_str(), r.uid, r.gid, r.mode))
-                .collect::<Vec<_>>(),
+            &inputs,
+            &on_the_way.iter().map(LayerPath::as_str).collect::<Vec<_>>(),
         );
         Ok(Some(Self {
+            owners_record: staging.dir(&key).with_extension("owners.json"),
             key,
             items,
-            dir_owners,
+            on_the_way,
+            user_owners: user.map(|u| u.owners_record().to_path_buf()),
         }))
     }
 }
@@ -167,13 +175,30 @@ impl LayerStager for CopyLayer {
                 }
             }
         }
-        Ok(())
+        self.record_owners()
     }
+    /// Root's files, modes normalised; the user's directories as the user layer made them.
     fn walk(&self) -> DirOptions {
         DirOptions {
-            dir_owners: self.dir_owners.clone(),
+            recorded: Some(self.owners_record.clone()),
             ..DirOptions::default()
         }
+    }
+}
+
+impl CopyLayer {
+    /// Record the owner of each directory on the way that the user layer gave the user.
+    fn record_owners(&self) -> Result<(), BuildError> {
+        let mut owners = RecordedOwners::default();
+        if let Some(record) = &self.user_owners {
+            let user = RecordedOwners::read(record)?;
+            for dir in &self.on_the_way {
+                if let Some(owner) = user.get(dir) {
+                    owners.insert(dir, *owner);
+                }
+            }
+        }
+        write_record(&self.owners_record, &owners.to_json())
     }
 }
 
@@ -432,6 +457,13 @@ mod tests {
         }
     }
 
+    /// A staging area (the owners records go there), removed with the TempDir.
+    fn staging() -> (tempfile::TempDir, Staging) {
+        let dir = tempfile::tempdir().unwrap();
+        let staging = Staging::open(dir.path()).unwrap();
+        (dir, staging)
+    }
+
     fn context() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
@@ -454,10 +486,12 @@ mod tests {
     #[test]
     fn plans_what_dockerignore_and_excludes_leave() {
         let dir = context();
+        let (_staging_dir, staging) = staging();
         let layer = CopyLayer::plan(
             &[entry("train", "/workspace/train", &["data"])],
             dir.path(),
-            &BTreeMap::new(),
+            None,
+            &staging,
         )
         .unwrap()
         .unwrap();
@@ -477,30 +511,17 @@ mod tests {
                 ..
             }
         ));
-        assert!(layer.dir_owners.is_empty());
-        let home = LayerPath::parse("workspace").unwrap();
-        let owner = Recorded {
-            uid: 1000,
-            gid: 1000,
-            mode: 0o755,
-        };
-        let owned = CopyLayer::plan(
-            &[entry("train", "/workspace/train", &["data"])],
-            dir.path(),
-            &[(home.clone(), owner)].into(),
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(owned.dir_owners, [(home, owner)].into());
-        assert_ne!(owned.key, layer.key);
+        let on_the_way: Vec<&str> = layer.on_the_way.iter().map(LayerPath::as_str).collect();
+        assert_eq!(on_the_way, ["workspace", "workspace/train"]);
     }
 
     #[test]
     fn the_key_follows_content_not_time() {
         let dir = context();
+        let (_staging_dir, staging) = staging();
         let entries = [entry("train", "/workspace/train", &[])];
         let key = |dir: &Path| {
-            CopyLayer::plan(&entries, dir, &BTreeMap::new())
+            CopyLayer::plan(&entries, dir, None, &staging)
                 .unwrap()
                 .unwrap()
                 .key
@@ -521,16 +542,17 @@ mod tests {
     #[test]
     fn refuses_escapes_special_files_and_overlaps() {
         let dir = context();
+        let (_staging_dir, staging) = staging();
         let outside = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(outside.path(), dir.path().join("escape")).unwrap();
-        let error = CopyLayer::plan(&[entry("escape", "/x", &[])], dir.path(), &BTreeMap::new())
+        let error = CopyLayer::plan(&[entry("escape", "/x", &[])], dir.path(), None, &staging)
             .err()
             .unwrap();
         assert!(
             error.to_string().contains("outside the recipe's directory"),
             "{error}"
         );
-        let error = CopyLayer::plan(&[entry("missing", "/x", &[])], dir.path(), &BTreeMap::new())
+        let error = CopyLayer::plan(&[entry("missing", "/x", &[])], dir.path(), None, &staging)
             .err()
             .unwrap();
         assert!(error.to_string().contains("does not exist"), "{error}");
@@ -540,7 +562,8 @@ mod tests {
                 entry("train/run.sh", "/w/a.py", &[]),
             ],
             dir.path(),
-            &BTreeMap::new(),
+            None,
+            &staging,
         )
         .err()
         .unwrap();
@@ -554,7 +577,7 @@ mod tests {
             .status()
             .unwrap();
         assert!(status.success());
-        let error = CopyLayer::plan(&[entry("train", "/w", &[])], dir.path(), &BTreeMap::new())
+        let error = CopyLayer::plan(&[entry("train", "/w", &[])], dir.path(), None, &staging)
             .err()
             .unwrap();
         assert!(error.to_string().contains("named pipe"), "{error}");
@@ -563,7 +586,8 @@ mod tests {
     #[test]
     fn staging_checks_the_files_against_the_plan() {
         let dir = context();
-        let layer = CopyLayer::plan(&[entry("train", "/w", &[])], dir.path(), &BTreeMap::new())
+        let (_staging_dir, staging) = staging();
+        let layer = CopyLayer::plan(&[entry("train", "/w", &[])], dir.path(), None, &staging)
             .unwrap()
             .unwrap();
         let staged = tempfile::tempdir().unwrap();

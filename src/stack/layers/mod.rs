@@ -1,14 +1,16 @@
 //! The layers of a CUDA stack, one file per kind, in image order:
 //! [`base`] (a Debian or Ubuntu root) -> [`apt`] (the recipe's `apt:` packages, when it
-//! has any) -> [`toolkit`] (the `cuda` and `cudnn` layers, from
-//! the nvidia-* wheels) -> [`python`] (the stack's wheels, nvidia libraries linked to the
-//! toolkit's copies; then the recipe's other wheels as `packages`) -> [`config`] (loader
-//! configuration and cache, provenance, the probe) -> [`copy`] (the recipe's `copy:` entries, the team's code, when it has any: last, so a
-//! code change rebuilds it alone).
+//! has any) -> [`toolkit`] (the `cuda` and `cudnn` layers, from the nvidia-* wheels) ->
+//! [`python`] (the stack's wheels, nvidia libraries linked to the toolkit's copies) ->
+//! [`user`] (the recipe's `user:`, when it has one) -> `packages` (the recipe's other
+//! wheels, a [`python`] layer too, when it has any) -> [`config`] (loader configuration and
+//! cache, provenance, pip's constraints, the probe) -> [`copy`] (the recipe's `copy:`
+//! entries, the team's code, when it has any: last, so a code change rebuilds it alone).
 //!
 //! Each kind is a type that is planned from the platform's inputs (which gives its cache
-//! key) and implements [`LayerStager`] (which fills a staging directory). Planning does no
-//! filesystem work, so a fully cached build stages nothing; [`super::produce`] decides what
+//! key) and implements [`LayerStager`] (which fills a staging directory). Planning stages
+//! nothing (it reads only wheel metadata and the files `copy:` names, whose bytes are that
+//! layer's key), so a fully cached build stages nothing; [`super::produce`] decides what
 //! to stage. A layer's key names exactly the inputs its tree depends on, including the keys
 //! of the layers below it when it reads their trees.
 
@@ -18,6 +20,7 @@ pub mod config;
 pub mod copy;
 pub mod python;
 pub mod toolkit;
+pub mod user;
 
 use std::path::{Path, PathBuf};
 
@@ -68,6 +71,8 @@ pub(crate) struct StackLayers<'a> {
     pub cuda: toolkit::ToolkitLayer,
     pub cudnn: toolkit::ToolkitLayer,
     pub python: python::PythonLayer<'a>,
+    /// The recipe's `user:`, when it has one.
+    pub user: Option<user::UserLayer>,
     /// The wheels outside the stack (the recipe's requirements), when there are any.
     pub packages: Option<python::PythonLayer<'a>>,
     pub config: config::ConfigLayer<'a>,
@@ -92,16 +97,21 @@ impl<'a> StackLayers<'a> {
         if let Some(apt) = &apt {
             below.push(apt);
         }
+        // The user's account files are read from the layers that write /etc.
+        let user = user::UserLayer::plan(inputs, &below, env);
         below.extend([&cuda as &dyn LayerStager, &cudnn, &python]);
+        if let Some(user) = &user {
+            below.push(user);
+        }
         if let Some(packages) = &packages {
             below.push(packages);
         }
         let config = config::ConfigLayer::plan(inputs, &below, env);
-        // No layer below gives a directory an owner yet: root's.
         let copy = copy::CopyLayer::plan(
             &inputs.recipe.copy,
             &inputs.context,
-            &std::collections::BTreeMap::new(),
+            user.as_ref(),
+            env.staging,
         )?;
         Ok(Self {
             base,
@@ -109,6 +119,7 @@ impl<'a> StackLayers<'a> {
             cuda,
             cudnn,
             python,
+            user,
             packages,
             config,
             copy,
@@ -122,6 +133,9 @@ impl<'a> StackLayers<'a> {
             layers.push(apt);
         }
         layers.extend([&self.cuda as &dyn LayerStager, &self.cudnn, &self.python]);
+        if let Some(user) = &self.user {
+            layers.push(user);
+        }
         if let Some(packages) = &self.packages {
             layers.push(packages);
         }
