@@ -114,12 +114,37 @@ pub(crate) fn audit_stack(
     torch_build: Option<&TorchBuild>,
     env: &BuildEnv,
 ) -> Result<(AuditSummary, bool), BuildError> {
-    let diff_ids: Vec<Digest> = layers.iter().map(|(report, _)| report.diff_id).collect();
+    // Code that cannot change the verdict is not re-audited: the record of the layers below
+    // stands (a code-only rebuild then takes the time of the copy layer alone).
+    let mut trees = planned.dirs(env.staging);
+    let mut audited = layers.len();
+    if let Some(copy) = &planned.copy {
+        if copy.cannot_change_the_audit(&trees[..trees.len() - 1]) {
+            audited -= 1;
+            trees.pop();
+        }
+    }
+    let diff_ids: Vec<Digest> = layers[..audited]
+        .iter()
+        .map(|(report, _)| report.diff_id)
+        .collect();
     let record = audit_record(env.staging, &diff_ids);
+    // The verdict also stands for the whole set, so a no-op rebuild finds it and stages
+    // nothing (produce_layers looks for the record of every layer).
+    let whole_set = |summary: &AuditSummary| -> Result<(), BuildError> {
+        let all: Vec<Digest> = layers.iter().map(|(report, _)| report.diff_id).collect();
+        write_record(
+            &audit_record(env.staging, &all),
+            &serde_json::to_vec(summary).expect("summary serialises"),
+        )
+    };
     if let Some(summary) = fs_err::read(&record)
         .ok()
         .and_then(|bytes| serde_json::from_slice::<AuditSummary>(&bytes).ok())
     {
+        if audited < layers.len() {
+            whole_set(&summary)?;
+        }
         return Ok((summary, true));
     }
     env.progress.stage(
@@ -128,7 +153,6 @@ pub(crate) fn audit_stack(
     );
     let scratch = env.staging.scratch(planned.config.key(), "audit")?;
     let merged = scratch.path();
-    let trees = planned.dirs(env.staging);
     merge_trees(
         &trees.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
         merged,
@@ -160,6 +184,9 @@ pub(crate) fn audit_stack(
         &record,
         &serde_json::to_vec(&summary).expect("summary serialises"),
     )?;
+    if audited < layers.len() {
+        whole_set(&summary)?;
+    }
     Ok((summary, false))
 }
 

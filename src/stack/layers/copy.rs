@@ -76,6 +76,8 @@ enum Item {
         source: PathBuf,
         sha256: Digest,
         executable: bool,
+        /// Starts with the ELF magic: a library or program the audit must see.
+        elf: bool,
     },
     Symlink {
         target: String,
@@ -169,6 +171,7 @@ impl LayerStager for CopyLayer {
                     source,
                     sha256,
                     executable,
+                    ..
                 } => copy_checked(source, *sha256, &target, *executable)?,
                 Item::Symlink { target: link } => {
                     std::os::unix::fs::symlink(link, &target).map_err(io_error(&target))?
@@ -187,6 +190,28 @@ impl LayerStager for CopyLayer {
 }
 
 impl CopyLayer {
+    /// Whether the layer cannot change the static audit's verdict on the layers `below`
+    /// (their staged trees): it adds only plain files that are no ELF object, no Python
+    /// distribution metadata or `.pth`, and replace nothing below (directories may merge).
+    /// Then the audit of the layers below stands for the image, and a code change is not
+    /// re-audited file by file.
+    pub fn cannot_change_the_audit(&self, below: &[PathBuf]) -> bool {
+        self.items.iter().all(|(path, item)| match item {
+            Item::Dir => true,
+            Item::Symlink { .. } | Item::File { elf: true, .. } => false,
+            Item::File { .. } => {
+                let python_metadata = path
+                    .split('/')
+                    .any(|part| part.ends_with(".dist-info") || part.ends_with(".egg-info"))
+                    || path.ends_with(".pth");
+                !python_metadata
+                    && below
+                        .iter()
+                        .all(|tree| fs_err::symlink_metadata(tree.join(path)).is_err())
+            }
+        })
+    }
+
     /// Record the owner of each directory on the way that the user layer gave the user.
     fn record_owners(&self) -> Result<(), BuildError> {
         let mut owners = RecordedOwners::default();
@@ -339,10 +364,12 @@ impl SourceWalk<'_> {
             }
             .into());
         }
+        let (sha256, elf) = sha256_of(path)?;
         Ok(Item::File {
             source: path.to_path_buf(),
-            sha256: sha256_of(path)?,
+            sha256,
             executable: meta.permissions().mode() & 0o100 != 0,
+            elf,
         })
     }
 }
@@ -394,18 +421,23 @@ fn directories_above(dst: &str, dst_is_dir: bool) -> Vec<LayerPath> {
         .collect()
 }
 
-fn sha256_of(path: &Path) -> Result<Digest, BuildError> {
+/// The file's sha256, and whether it starts with the ELF magic.
+fn sha256_of(path: &Path) -> Result<(Digest, bool), BuildError> {
     let mut file = fs_err::File::open(path).map_err(io_error(path))?;
     let mut hasher = Hasher::new();
     let mut buffer = vec![0u8; 1 << 20];
+    let mut magic: Vec<u8> = Vec::with_capacity(4);
     loop {
         let read = file.read(&mut buffer).map_err(io_error(path))?;
         if read == 0 {
             break;
         }
+        if magic.len() < 4 {
+            magic.extend(buffer[..read].iter().take(4 - magic.len()));
+        }
         hasher.update(&buffer[..read]);
     }
-    Ok(hasher.finish().0)
+    Ok((hasher.finish().0, magic == b"\x7fELF"))
 }
 
 /// Copy `source` to `target` and check it is still the file planning read.
@@ -416,7 +448,7 @@ fn copy_checked(
     executable: bool,
 ) -> Result<(), BuildError> {
     fs_err::copy(source, target).map_err(io_error(source))?;
-    let staged = sha256_of(target)?;
+    let (staged, _) = sha256_of(target)?;
     if staged != planned {
         return Err(CopyError::Changed {
             path: source.to_path_buf(),
@@ -581,6 +613,27 @@ mod tests {
             .err()
             .unwrap();
         assert!(error.to_string().contains("named pipe"), "{error}");
+    }
+
+    #[test]
+    fn plain_code_cannot_change_the_audit_but_libraries_and_shadows_can() {
+        let dir = context();
+        let (_staging_dir, staging) = staging();
+        let below = tempfile::tempdir().unwrap();
+        let plan = |src: &str, dst: &str| {
+            CopyLayer::plan(&[entry(src, dst, &[])], dir.path(), None, &staging)
+                .unwrap()
+                .unwrap()
+        };
+        let trees = [below.path().to_path_buf()];
+        assert!(plan("train/train.py", "/w/train.py").cannot_change_the_audit(&trees));
+        // A symlink, an ELF object, a file over one of a layer below: a full audit.
+        assert!(!plan("train", "/w").cannot_change_the_audit(&trees));
+        fs_err::write(dir.path().join("lib.so"), b"\x7fELF\x02\x01\x01").unwrap();
+        assert!(!plan("lib.so", "/w/lib.so").cannot_change_the_audit(&trees));
+        fs_err::create_dir_all(below.path().join("etc")).unwrap();
+        fs_err::write(below.path().join("etc/hosts"), "").unwrap();
+        assert!(!plan("train/train.py", "/etc/hosts").cannot_change_the_audit(&trees));
     }
 
     #[test]
