@@ -110,7 +110,7 @@ impl Drop for RemoveImages {
     }
 }
 
-fn pypi_reachable() -> bool {
+pub fn pypi_reachable() -> bool {
     Command::new("curl")
         .args([
             "-sSf",
