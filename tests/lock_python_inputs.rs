@@ -529,3 +529,25 @@ async fn the_exported_pylock_round_trips() {
         }
     }
 }
+
+/// A conflict through a dependency is PubGrub's to find; its report names the recipe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_indirect_stack_conflict_reads_plainly() {
+    if offline() {
+        return;
+    }
+    let (dir, path, recipe) = workspace("requirements", TORCH, "requirements: [vision.txt]\n");
+    // torchvision 0.20.1 requires torch==2.5.1; the recipe's torch is 2.4.1.
+    std::fs::write(dir.path().join("vision.txt"), "torchvision==0.20.1\n").unwrap();
+    let error = lock(&path, &recipe).await.unwrap_err();
+    let message = error.to_string();
+    assert!(matches!(error, LockError::NoSolution { .. }), "{message}");
+    assert!(
+        message.contains(
+            "Because torchvision 0.20.1 depends on torch 2.5.1 and the recipe asks for torch 2.4.1"
+        ),
+        "{message}"
+    );
+    assert!(message.contains("the recipe cannot be locked"), "{message}");
+    assert!(!message.contains("<root>"), "{message}");
+}

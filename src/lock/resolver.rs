@@ -571,7 +571,7 @@ pub(crate) fn solve(provider: &Provider) -> Result<Vec<Resolved>, LockError> {
         Ok(selection) => selection,
         Err(PubGrubError::NoSolution(mut tree)) => {
             tree.collapse_no_versions();
-            let report = DefaultStringReporter::report(&tree);
+            let report = readable(&DefaultStringReporter::report(&tree));
             let in_tree = tree.packages();
             let named = |name: &PackageName| in_tree.contains(&Pkg::Dist(name.clone()));
             if let Some(error) = provider.explain_miss(&named, &report) {
@@ -706,5 +706,43 @@ impl Provider {
             filename: filename.to_string(),
             report: report.to_string(),
         })
+    }
+}
+
+/// PubGrub's report with its root package named as the user knows it: `<root> 0` is the
+/// recipe (its `packages:`, its input files and the stack's own requirements).
+fn readable(report: &str) -> String {
+    report
+        .replace("<root> 0 is forbidden", "the recipe cannot be locked")
+        .replace("<root> 0, ", "the recipe and ")
+        .replace("<root> 0 depends on", "the recipe asks for")
+        .replace("<root> 0", "the recipe")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_name_the_recipe() {
+        let pubgrub = "Because torchvision 0.20.1 depends on torch 2.5.1 and <root> 0 depends on torch 2.4.1, <root> 0, torchvision 0.20.1 are incompatible.\nAnd because <root> 0 depends on torchvision 0.20.1, <root> 0 is forbidden.";
+        assert_eq!(
+            readable(pubgrub),
+            "Because torchvision 0.20.1 depends on torch 2.5.1 and the recipe asks for torch 2.4.1, the recipe and torchvision 0.20.1 are incompatible.\nAnd because the recipe asks for torchvision 0.20.1, the recipe cannot be locked."
+        );
+    }
+
+    #[test]
+    fn sdist_versions_come_from_their_file_names() {
+        assert_eq!(
+            sdist_version("antlr4-python3-runtime-4.9.3.tar.gz"),
+            Some("4.9.3".parse().unwrap())
+        );
+        assert_eq!(
+            sdist_version("six-1.16.0.zip"),
+            Some("1.16.0".parse().unwrap())
+        );
+        assert_eq!(sdist_version("six-1.16.0-py3-none-any.whl"), None);
+        assert_eq!(sdist_version("noversion.tar.gz"), None);
     }
 }
