@@ -551,3 +551,80 @@ async fn an_indirect_stack_conflict_reads_plainly() {
     assert!(message.contains("the recipe cannot be locked"), "{message}");
     assert!(!message.contains("<root>"), "{message}");
 }
+
+/// Whether `cudastack lock` cannot resolve the bookworm base here (it runs apt against the
+/// Debian archive); the skip goes through the gate.
+fn debian_unreachable() -> bool {
+    if offline() {
+        return true;
+    }
+    if cudastack::platform::which("apt-get").is_none() {
+        gate::skip(
+            "apt-get",
+            "`cudastack lock` of a Debian base runs apt-get, which is not installed",
+        );
+        return true;
+    }
+    false
+}
+
+/// Through the binary: `lock` writes the PEP 751 file beside the lock and names it in
+/// `--json`; an edit of an included requirements file makes `build` refuse the lock.
+#[test]
+fn cli_lock_writes_pylock_and_build_refuses_a_lock_older_than_its_inputs() {
+    if debian_unreachable() {
+        return;
+    }
+    let (dir, path, _) = workspace(
+        "requirements",
+        "name: job.v1\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\n",
+        "requirements: [requirements.txt]\n",
+    );
+    let cudastack = || Command::new(env!("CARGO_BIN_EXE_cudastack"));
+    let out = cudastack()
+        .args(["lock", "--json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pylock = dir.path().join("pylock.job-v1.toml");
+    assert_eq!(written[0]["pylock"], pylock.to_str().unwrap());
+    let text = std::fs::read_to_string(&pylock).unwrap();
+    assert!(text.starts_with("lock-version = \"1.0\"\n"), "{text}");
+    assert!(
+        text.contains("name = \"six-1.16.0-py2.py3-none-any.whl\""),
+        "{text}"
+    );
+    assert!(
+        !text.contains("\"deb\""),
+        "Debian packages stay out of a Python lock"
+    );
+    let lock = Lockfile::read(&path.with_extension("lock")).unwrap();
+    assert_eq!(written[0]["recipe_digest"], lock.recipe_digest.to_string());
+    // An edit two includes deep.
+    let base = dir.path().join("shared/base.txt");
+    std::fs::write(
+        &base,
+        std::fs::read_to_string(&base).unwrap() + "# reviewed\n",
+    )
+    .unwrap();
+    let out = cudastack()
+        .args(["build", "--no-verify", "--offline"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(
+            "is stale: it was made from another version of the recipe or of a file it reads"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("run `cudastack lock"), "{stderr}");
+}
