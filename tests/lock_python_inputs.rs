@@ -310,7 +310,7 @@ fn requirements_that_conflict_with_the_stack_name_both_sides() {
         let (dir, path, recipe) = workspace("requirements", TORCH, &format!("requirements: [{file}]\n"));
         std::fs::write(dir.path().join(file), text).unwrap();
         std::fs::write(dir.path().join("pins.txt"), "triton<3\n").unwrap();
-        let error = request(&path, &recipe).err().expect("a conflict");
+        let error = request(&path, &recipe).expect_err("a conflict");
         assert!(error.starts_with(expected), "{error}");
         assert!(error.contains("hint: drop the version"), "{error}");
     }
@@ -327,7 +327,7 @@ fn requirements_that_conflict_with_the_stack_name_both_sides() {
     let pylock = std::fs::read_to_string(dir.path().join("pylock.toml")).unwrap();
     let with_torch = format!("{pylock}\n[[packages]]\nname = \"torch\"\nversion = \"2.5.1\"\nwheels = [{{ url = \"https://files.pythonhosted.org/packages/torch-2.5.1-cp311-cp311-manylinux1_x86_64.whl\", hashes = {{ sha256 = \"{}\" }} }}]\n", "0".repeat(64));
     std::fs::write(dir.path().join("pylock.toml"), with_torch).unwrap();
-    let error = request(&path, &recipe).err().expect("a conflict");
+    let error = request(&path, &recipe).expect_err("a conflict");
     assert!(
         error.contains("pylock.toml:36 ([[packages]] torch): `torch==2.5.1` conflicts with the stack: the recipe's torch is 2.4.1"),
         "{error}"
@@ -388,7 +388,7 @@ fn pyproject_errors_say_what_to_do() {
             assert!(text.contains(from));
             std::fs::write(&file, text.replacen(from, to, 1)).unwrap();
         }
-        let error = request(&path, &recipe).err().expect("an error");
+        let error = request(&path, &recipe).expect_err("an error");
         assert!(error.contains(expected), "{extra} {edit:?}: {error}");
         assert!(error.contains("hint: "), "{error}");
     }
@@ -459,7 +459,7 @@ fn imported_locks_refuse_what_is_not_from_an_index() {
         let text = std::fs::read_to_string(&target).unwrap();
         assert!(text.contains(from), "{file}: {from}");
         std::fs::write(&target, text.replacen(from, to, 1)).unwrap();
-        let error = request(&path, &recipe).err().expect("an error");
+        let error = request(&path, &recipe).expect_err("an error");
         assert!(error.contains(expected), "{file} {to}: {error}");
         assert!(error.contains("hint: "), "{error}");
     }

@@ -190,13 +190,16 @@ fn add(
     Ok(())
 }
 
+/// A dependency-group requirement: (place, (byte offset, requirement text)).
+type GroupEntryAt<'p> = (String, (usize, &'p str));
+
 /// The entries of the chosen dependency groups, includes followed (PEP 735), as
 /// (place, (offset, requirement text)).
 fn resolve_groups<'p>(
     source: &Source<'_>,
     table: &'p BTreeMap<String, Vec<Spanned<GroupEntry>>>,
     input: &PyprojectInput,
-) -> Result<Vec<(String, (usize, &'p str))>, PythonInputsError> {
+) -> Result<Vec<GroupEntryAt<'p>>, PythonInputsError> {
     let find = |name: &ExtraName| {
         table
             .iter()

@@ -28,7 +28,7 @@ pub enum BuildError {
     #[error(transparent)]
     Lockfile(#[from] crate::lock::lockfile::LockfileError),
     #[error(transparent)]
-    PythonInputs(#[from] crate::lock::python_inputs::PythonInputsError),
+    PythonInputs(#[from] Box<crate::lock::python_inputs::PythonInputsError>),
     #[error(transparent)]
     Download(#[from] crate::fetch::download::DownloadError),
     #[error(transparent)]

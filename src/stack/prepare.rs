@@ -224,8 +224,9 @@ fn read_lock(
     }
     let lock = Lockfile::read(&lock_file)?;
     // The recipe and the bytes of every Python input file it reads (issue 19).
-    let expected =
-        PythonInputs::load(recipe, &settings.recipe_path, &lock.target)?.lock_digest(recipe);
+    let expected = PythonInputs::load(recipe, &settings.recipe_path, &lock.target)
+        .map_err(Box::new)?
+        .lock_digest(recipe);
     if lock.is_stale(&expected) {
         return Err(BuildError::StaleLock {
             recipe: settings.recipe_path.clone(),
