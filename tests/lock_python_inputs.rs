@@ -314,6 +314,13 @@ fn requirements_that_conflict_with_the_stack_name_both_sides() {
         assert!(error.starts_with(expected), "{error}");
         assert!(error.contains("hint: drop the version"), "{error}");
     }
+    // `packages:` in the recipe are held to the same rule.
+    let (_dir, path, recipe) = workspace("requirements", TORCH, "packages: [\"triton==3.1.0\"]\n");
+    let error = request(&path, &recipe).expect_err("a conflict");
+    assert!(
+        error.starts_with("recipe.yaml (packages:): `triton==3.1.0` conflicts with the stack: torch 2.4.1 pins triton==3.0.0"),
+        "{error}"
+    );
     // What the stack admits passes: a range around torch, a marker-excluded other torch.
     let (dir, path, recipe) = workspace("requirements", TORCH, "requirements: [ok.txt]\n");
     std::fs::write(

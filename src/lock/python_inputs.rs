@@ -193,24 +193,7 @@ impl PythonInputs {
     /// Refuse a requirement, constraint or locked package that the stack cannot honour:
     /// another torch, or another version of a wheel torch pins.
     pub fn check_stack(&self, stack: &[StackPin]) -> Result<(), PythonInputsError> {
-        for sourced in self.roots.iter().chain(&self.constraints.versions) {
-            let Some(pin) = stack.iter().find(|p| p.name == sourced.requirement.name) else {
-                continue;
-            };
-            let Some(VersionOrUrl::VersionSpecifier(wanted)) = &sourced.requirement.version_or_url
-            else {
-                continue;
-            };
-            if !pin.admits(wanted) {
-                return Err(PythonInputsError::StackConflict {
-                    origin: sourced.origin.clone(),
-                    requirement: sourced.requirement.to_string(),
-                    stack: pin.why.clone(),
-                    hint: format!("drop the version of `{}` from {} (the stack decides it), or change the recipe's stack", pin.name, sourced.origin.file),
-                });
-            }
-        }
-        Ok(())
+        check_against_stack(self.roots.iter().chain(&self.constraints.versions), stack)
     }
 
     /// Add these inputs to `request`: roots after the recipe's, constraints and hashes, and
@@ -233,8 +216,51 @@ pub fn add_to_request(
     request: &mut LockRequest,
 ) -> Result<(), PythonInputsError> {
     let inputs = PythonInputs::load(recipe, recipe_path, &request.target)?;
-    inputs.check_stack(&crate::lock::inputs::stack_pins(matrix, recipe))?;
+    let stack = crate::lock::inputs::stack_pins(matrix, recipe);
+    // `packages:` in the recipe itself are held to the same rule.
+    let file = recipe_path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let packages: Vec<Sourced> = recipe
+        .packages
+        .iter()
+        .map(|package| Sourced {
+            requirement: package.0.clone(),
+            origin: Origin {
+                file: file.clone(),
+                line: None,
+                place: Some("packages:".into()),
+            },
+        })
+        .collect();
+    check_against_stack(packages.iter(), &stack)?;
+    inputs.check_stack(&stack)?;
     inputs.apply(recipe, request);
+    Ok(())
+}
+
+/// Refuse the first of `requirements` that does not admit a version the stack decides.
+fn check_against_stack<'a>(
+    requirements: impl Iterator<Item = &'a Sourced>,
+    stack: &[StackPin],
+) -> Result<(), PythonInputsError> {
+    for sourced in requirements {
+        let Some(pin) = stack.iter().find(|p| p.name == sourced.requirement.name) else {
+            continue;
+        };
+        let Some(VersionOrUrl::VersionSpecifier(wanted)) = &sourced.requirement.version_or_url
+        else {
+            continue;
+        };
+        if !pin.admits(wanted) {
+            return Err(PythonInputsError::StackConflict {
+                origin: sourced.origin.clone(),
+                requirement: sourced.requirement.to_string(),
+                stack: pin.why.clone(),
+                hint: format!("drop the version of `{}` from {} (the stack decides it), or change the recipe's stack", pin.name, sourced.origin.file),
+            });
+        }
+    }
     Ok(())
 }
 
@@ -367,6 +393,86 @@ pub(crate) fn join_relative(base: &Path, relative: &Path) -> String {
 mod tests {
     use super::*;
     use std::str::FromStr;
+
+    /// Load the inputs of a recipe with `requirements: [main.txt]` and these files.
+    fn load(files: &[(&str, &[u8])]) -> Result<PythonInputs, String> {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in files {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, bytes).unwrap();
+        }
+        let path = dir.path().join("r.yaml");
+        let recipe = Recipe::parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\nrequirements: [main.txt]\n", &path).unwrap();
+        let target = Target::new(
+            "3.11".parse().unwrap(),
+            crate::platform::Platform::LinuxAmd64,
+            "2.36".parse().unwrap(),
+        )
+        .unwrap();
+        PythonInputs::load(&recipe, &path, &target).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn includes_are_read_once_and_cycles_are_named() {
+        let inputs = load(&[
+            (
+                "main.txt",
+                b"-r a/one.txt\n-r two.txt\n-c two.txt\nsix ; sys_platform == 'win32'\n",
+            ),
+            ("a/one.txt", b"-r ../two.txt\nidna==3.7\n"),
+            ("two.txt", b"packaging<24\n"),
+        ])
+        .unwrap();
+        let files: Vec<&str> = inputs.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(files, ["main.txt", "a/one.txt", "two.txt"]);
+        let roots: Vec<String> = inputs
+            .roots
+            .iter()
+            .map(|r| format!("{} {}", r.origin, r.requirement))
+            .collect();
+        assert_eq!(roots, ["two.txt:1 packaging<24", "a/one.txt:2 idna==3.7"]);
+        assert_eq!(
+            inputs.constraints.versions.len(),
+            1,
+            "read once as constraints"
+        );
+        let error = load(&[
+            ("main.txt", b"-r a.txt\n"),
+            ("a.txt", b"six\n-r main.txt\n"),
+        ])
+        .unwrap_err();
+        assert!(
+            error.starts_with("a.txt:2: the includes form a cycle: main.txt -> a.txt -> main.txt"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn file_errors_name_the_file() {
+        let error = load(&[
+            ("main.txt", b"-c c.txt\n"),
+            ("c.txt", b"requests[socks]<3\n"),
+        ])
+        .unwrap_err();
+        assert!(
+            error.starts_with("c.txt:1: the constraint `requests[socks]<3` has extras"),
+            "{error}"
+        );
+        let error = load(&[("main.txt", b"six\n\xff\n")]).unwrap_err();
+        assert!(
+            error.contains("main.txt` is not UTF-8 text (invalid byte at offset 4)"),
+            "{error}"
+        );
+        let big = vec![b'#'; MAX_INPUT_BYTES as usize + 1];
+        let error = load(&[("main.txt", &big)]).unwrap_err();
+        assert!(error.contains("is larger than 16777216 bytes"), "{error}");
+        let error = load(&[]).unwrap_err();
+        assert!(
+            error.contains("main.txt`, named by the recipe (`requirements:`)"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn relative_paths_resolve_by_name() {
