@@ -233,3 +233,69 @@ fn import_package(
     reader.add_root(requirement, origin);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::lock::python_inputs::PythonInputs;
+    use crate::lock::target::Target;
+    use crate::recipe::Recipe;
+
+    const HASH: &str = "sha256:8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254";
+
+    fn package(name: &str, version: &str, tail: &str) -> String {
+        format!("[[package]]\nname = \"{name}\"\nversion = \"{version}\"\nsource = {{ registry = \"https://pypi.org/simple/\" }}\nwheels = [\n    {{ url = \"https://files.pythonhosted.org/{name}-{version}-py3-none-any.whl\", hash = \"{HASH}\", size = 1 }},\n]\n{tail}\n")
+    }
+
+    /// The roots (`name==version`) a uv.lock gives for CPython 3.11 on linux/amd64.
+    fn roots(lock: &str) -> Result<Vec<String>, String> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("uv.lock"), lock).unwrap();
+        let path = dir.path().join("r.yaml");
+        let recipe = Recipe::parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\npython_lock: uv.lock\n", &path).unwrap();
+        let target = Target::new(
+            "3.11".parse().unwrap(),
+            crate::platform::Platform::LinuxAmd64,
+            "2.36".parse().unwrap(),
+        )
+        .unwrap();
+        let inputs = PythonInputs::load(&recipe, &path, &target).map_err(|e| e.to_string())?;
+        Ok(inputs
+            .roots
+            .iter()
+            .map(|r| r.requirement.to_string())
+            .collect())
+    }
+
+    /// Default dependencies are followed with their markers and the extras an edge asks
+    /// for; dev groups, unreachable packages and the other fork of a package are not.
+    #[test]
+    fn the_packages_reached_for_the_target_are_imported() {
+        let lock = [
+            "version = 1\nrevision = 5\nrequires-python = \">=3.10\"\n\n".to_string(),
+            package("a", "1.0", "dependencies = [{ name = \"f\", version = \"2.0\", marker = \"python_full_version >= '3.11'\" }]\n[package.optional-dependencies]\nx = [{ name = \"c\" }]"),
+            package("b", "1.0", "dependencies = [{ name = \"d\" }]"),
+            package("c", "1.0", ""),
+            package("d", "1.0", ""),
+            package("e", "1.0", ""),
+            package("f", "1.0", ""),
+            package("f", "2.0", ""),
+            package("pytest", "8.0", ""),
+            "[[package]]\nname = \"trainer\"\nversion = \"0.1.0\"\nsource = { virtual = \".\" }\ndependencies = [\n    { name = \"a\", extra = [\"x\"] },\n    { name = \"b\", marker = \"sys_platform == 'win32'\" },\n]\n\n[package.dev-dependencies]\ndev = [{ name = \"pytest\" }]\n".to_string(),
+        ]
+        .concat();
+        assert_eq!(roots(&lock).unwrap(), ["a==1.0", "f==2.0", "c==1.0"]);
+        // A dependency missing from the lock, or a marker that is not PEP 508, is an error.
+        let broken = lock.replace("{ name = \"c\" }", "{ name = \"gone\" }");
+        let error = roots(&broken).unwrap_err();
+        assert!(
+            error.contains("([[package]] a): the dependency `gone` is not a package of the lock"),
+            "{error}"
+        );
+        let broken = lock.replace("sys_platform == 'win32'", "sys_platform = 'win32'");
+        let error = roots(&broken).unwrap_err();
+        assert!(
+            error.contains("the marker of `b` is not PEP 508"),
+            "{error}"
+        );
+    }
+}
