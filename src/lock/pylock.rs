@@ -233,3 +233,89 @@ pub fn pylock_path(lock_path: &Path, recipe_name: &str, platform: Platform) -> P
     let name = format!("{recipe_name}{}", platform.lock_suffix()).replace('.', "-");
     lock_path.with_file_name(format!("pylock.{name}.toml"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::python_inputs::PythonInputs;
+    use crate::lock::target::Target;
+    use crate::recipe::Recipe;
+
+    const SIX: &str = "8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254";
+
+    fn lock() -> Lockfile {
+        let target = Target::new(
+            "3.11".parse().unwrap(),
+            Platform::LinuxAmd64,
+            "2.36".parse().unwrap(),
+        )
+        .unwrap();
+        let json = serde_json::json!({
+            "lock_format": crate::lock::LOCK_FORMAT_VERSION,
+            "recipe_digest": Digest::of_bytes(b"r").to_string(),
+            "target": target,
+            "requirements": ["six"],
+            "artifacts": [
+                { "kind": "wheel", "name": "six", "version": "1.16.0", "filename": "six-1.16.0-py2.py3-none-any.whl",
+                  "url": "https://files.pythonhosted.org/packages/d9/5a/six-1.16.0-py2.py3-none-any.whl",
+                  "sha256": format!("sha256:{SIX}"), "size": 11053, "source": "https://pypi.org/simple/" },
+                { "kind": "deb", "name": "tzdata", "version": "2024a-0+deb12u1", "filename": "tzdata_2024a-0+deb12u1_all.deb",
+                  "url": "https://deb.debian.org/debian/pool/main/t/tzdata/tzdata_2024a-0+deb12u1_all.deb",
+                  "sha256": Digest::of_bytes(b"tz").to_string(), "size": 1, "source": "debian", "platform": "all", "suite": "bookworm", "component": "main", "layer": "base" },
+            ],
+        });
+        Lockfile::from_json(&json.to_string(), Path::new("t.lock")).unwrap()
+    }
+
+    /// The export holds the wheels only, and reads back as the same pins and hashes.
+    #[test]
+    fn export_reads_back_as_the_same_pins() {
+        let text = to_pylock(&lock());
+        assert!(text.starts_with("lock-version = \"1.0\"\nenvironments = [\"sys_platform == 'linux' and platform_machine == 'x86_64' and python_version == '3.11'\"]\nrequires-python = \"==3.11.*\"\ncreated-by = \"cudastack\"\n"), "{text}");
+        assert!(!text.contains("tzdata"), "{text}");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pylock.job.toml"), &text).unwrap();
+        let path = dir.path().join("r.yaml");
+        let recipe = Recipe::parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\npython_lock: pylock.job.toml\n", &path).unwrap();
+        let inputs = PythonInputs::load(&recipe, &path, &lock().target).unwrap();
+        let roots: Vec<String> = inputs
+            .roots
+            .iter()
+            .map(|r| r.requirement.to_string())
+            .collect();
+        assert_eq!(roots, ["six==1.16.0"]);
+        let pin = &inputs.constraints.hashes[&"six".parse().unwrap()];
+        assert_eq!(
+            pin.sha256.iter().map(|d| d.hex()).collect::<Vec<_>>(),
+            [SIX]
+        );
+        assert_eq!(
+            pin.origin.to_string(),
+            "pylock.job.toml:6 ([[packages]] six)"
+        );
+        // Another platform's Python is not this lock's environment.
+        let arm = Target::new(
+            "3.12".parse().unwrap(),
+            Platform::LinuxArm64,
+            "2.36".parse().unwrap(),
+        )
+        .unwrap();
+        let error = PythonInputs::load(&recipe, &path, &arm)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("none of them"), "{error}");
+    }
+
+    #[test]
+    fn the_export_is_named_after_the_recipe_without_dots() {
+        let lock = Path::new("recipes/torch2.4.1-cu121-py3.11.lock");
+        assert_eq!(
+            pylock_path(lock, "torch2.4.1-cu121-py3.11", Platform::LinuxAmd64),
+            Path::new("recipes/pylock.torch2-4-1-cu121-py3-11.toml")
+        );
+        assert_eq!(
+            pylock_path(lock, "job", Platform::LinuxArm64),
+            Path::new("recipes/pylock.job-linux-arm64.toml")
+        );
+    }
+}
