@@ -95,6 +95,7 @@ fn request(requirements: &[&str]) -> (HttpClient, LockRequest) {
             .map(|r| Requirement::from_str(r).unwrap())
             .collect(),
         sources: vec![PackageSource::pypi(client.clone())],
+        constraints: Default::default(),
         redist: vec![],
         system: None,
         recipe_digest: Digest::of_bytes(requirements.join("\n").as_bytes()),
@@ -291,6 +292,7 @@ async fn no_wheel_for_the_python_names_package_python_platform_and_tags() {
         .unwrap(),
         requirements: vec![Requirement::from_str("torch==2.0.1").unwrap()],
         sources: vec![PackageSource::pypi(client.clone())],
+        constraints: Default::default(),
         redist: vec![],
         system: None,
         recipe_digest: Digest::of_bytes(b"x"),

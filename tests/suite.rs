@@ -52,6 +52,7 @@ mod layer_cache_integrity;
 mod lock_debs;
 mod lock_fixtures;
 mod lock_pypi;
+mod lock_python_inputs;
 mod matrix_refresh;
 mod module_graph;
 mod oci_layout;

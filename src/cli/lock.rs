@@ -9,6 +9,8 @@ use cudastack::apt::AptSources;
 use cudastack::fetch::http::HttpClient;
 use cudastack::lock::inputs::{lock_request_for, platform_lock_path};
 use cudastack::lock::lockfile::{ArtifactKind, Lockfile};
+use cudastack::lock::pylock::{pylock_path, to_pylock};
+use cudastack::lock::python_inputs::add_to_request;
 use cudastack::lock::resolve;
 use cudastack::lock::system::{deb_changes, DebChange, SystemRequest};
 use cudastack::matrix::validate::validate;
@@ -19,7 +21,8 @@ use super::{CommandResult, Printer};
 
 #[derive(Debug, Args)]
 pub struct LockArgs {
-    /// Recipe files (YAML); each gets NAME.lock beside it.
+    /// Recipe files (YAML); each gets NAME.lock beside it, and its wheels as a PEP 751
+    /// `pylock.NAME.toml` that pip and uv install from.
     #[arg(required = true)]
     recipes: Vec<PathBuf>,
     /// A local directory of wheels searched before any index (air-gapped sites). Its
@@ -52,6 +55,9 @@ struct Written<'a> {
     artifacts: usize,
     lock: PathBuf,
     platform: &'static str,
+    /// The PEP 751 lock of the same wheels; None when the lock has no wheel.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pylock: Option<PathBuf>,
     recipe: &'a PathBuf,
     recipe_digest: cudastack::digest::Digest,
     /// Debian/Ubuntu packages added, removed or moved to another version.
@@ -94,6 +100,8 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
             printer.status(format!("locking {} for {platform} ...", path.display()));
             let mut request =
                 lock_request_for(matrix, &recipe, &client, args.mirror.as_deref(), platform)?;
+            // requirements:, pyproject:, python_lock: (their files join the lock's digest).
+            add_to_request(matrix, &recipe, path, &mut request)?;
             let out = platform_lock_path(path, platform);
             // A previous lock of another format or unreadable: nothing to keep.
             let previous = Lockfile::read(&out).ok();
@@ -107,6 +115,10 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
                 out.display(),
                 lockfile.artifacts.len()
             ));
+            let pylock = write_pylock(&out, &recipe, platform, &lockfile)?;
+            if let Some(pylock) = &pylock {
+                printer.status(format!("wrote {}", pylock.display()));
+            }
             let changes = deb_changes(previous.as_ref(), &lockfile);
             if previous.is_some() {
                 for change in &changes {
@@ -117,6 +129,7 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
                 artifacts: lockfile.artifacts.len(),
                 lock: out,
                 platform: platform.as_str(),
+                pylock,
                 recipe: path,
                 recipe_digest: lockfile.recipe_digest,
                 deb_changes: changes,
@@ -131,6 +144,26 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Write the lock's wheels as PEP 751 beside it, for pip and uv; None without wheels.
+fn write_pylock(
+    lock_path: &std::path::Path,
+    recipe: &Recipe,
+    platform: cudastack::recipe::Platform,
+    lockfile: &Lockfile,
+) -> Result<Option<PathBuf>, String> {
+    if !lockfile
+        .artifacts
+        .iter()
+        .any(|a| a.kind == ArtifactKind::Wheel)
+    {
+        return Ok(None);
+    }
+    let path = pylock_path(lock_path, &recipe.name, platform);
+    cudastack::atomic_file::write(&path, to_pylock(lockfile).as_bytes())
+        .map_err(|e| format!("failed to write `{}`: {e}", path.display()))?;
+    Ok(Some(path))
 }
 
 /// The archive (public or `--apt-mirror`), and the versions of the previous lock to keep

@@ -10,13 +10,17 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use pep508_rs::Requirement;
+use pep440_rs::VersionSpecifiers;
+use pep508_rs::{PackageName, Requirement, VersionOrUrl};
 
 use crate::apt::AptSources;
 use crate::fetch::http::HttpClient;
 use crate::fetch::index::SimpleIndex;
 use crate::fetch::mirror::MirrorDir;
 use crate::fetch::source::PackageSource;
+#[cfg(doc)]
+use crate::lock::python_inputs::PythonInputs;
+use crate::lock::python_inputs::StackPin;
 use crate::lock::system::SystemRequest;
 use crate::lock::target::{GlibcVersion, Target};
 use crate::lock::LockRequest;
@@ -89,12 +93,70 @@ pub fn base_glibc(matrix: &Matrix, recipe: &Recipe) -> Option<GlibcVersion> {
         .and_then(|base| base.glibc.parse().ok())
 }
 
-/// The PEP 508 root requirements of a recipe.
 /// The installer every image carries (Debian's python3 has neither pip nor ensurepip), so
 /// images built `FROM` it can `pip install` within the constraints file.
 pub const PIP: &str = "pip";
 
+/// The PEP 508 root requirements of a recipe: the stack's, then `packages:`. The recipe's
+/// Python input files add theirs when it is locked ([`PythonInputs`]).
 pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>, InputsError> {
+    let mut requirements = stack_requirements(matrix, recipe);
+    requirements.extend(recipe.packages.iter().map(ToString::to_string));
+    Ok(requirements)
+}
+
+/// The versions the stack decides, each with the reason an error shows: the recipe's torch
+/// and the wheels torch pins (data/torch-pypi.json, read from its wheel's Requires-Dist), or
+/// the CUDA wheels of a recipe without torch. A requirement from the recipe's input files
+/// must admit each ([`PythonInputs::check_stack`]).
+pub fn stack_pins(matrix: &Matrix, recipe: &Recipe) -> Vec<StackPin> {
+    let mut pins: Vec<StackPin> = Vec::new();
+    let torch_build = selected_torch_build(matrix, recipe);
+    for text in stack_requirements(matrix, recipe) {
+        let Ok(requirement) = Requirement::<pep508_rs::VerbatimUrl>::from_str(&text) else {
+            continue;
+        };
+        let Some(VersionOrUrl::VersionSpecifier(specifiers)) = requirement.version_or_url else {
+            continue;
+        };
+        let why = if requirement.name.as_ref() == "torch" {
+            let version = text.trim_start_matches("torch==");
+            format!("the recipe's torch is {version} (torch.version in the recipe)")
+        } else {
+            format!(
+                "the recipe's CUDA {} installs `{text}` (cuda in the recipe)",
+                recipe.cuda.version
+            )
+        };
+        pins.push(StackPin {
+            name: requirement.name,
+            specifiers,
+            why,
+        });
+    }
+    for (name, version) in torch_build.map(|b| &b.pins).into_iter().flatten() {
+        let bare = name.split('[').next().unwrap_or(name);
+        let (Ok(name), Ok(specifiers)) = (
+            PackageName::from_str(bare),
+            VersionSpecifiers::from_str(&format!("=={version}")),
+        ) else {
+            continue;
+        };
+        if pins.iter().any(|p| p.name == name) {
+            continue;
+        }
+        let torch = torch_build.map(|b| b.torch.to_string()).unwrap_or_default();
+        pins.push(StackPin {
+            why: format!("torch {torch} pins {name}=={version} (its wheel's requirements, in data/torch-pypi.json)"),
+            name,
+            specifiers,
+        });
+    }
+    pins
+}
+
+/// What the stack itself asks the resolver for: torch, or the CUDA wheels; nvcc for devel.
+fn stack_requirements(matrix: &Matrix, recipe: &Recipe) -> Vec<String> {
     let cuda = recipe.cuda.version;
     let suffix = if cuda.major >= 13 {
         String::new()
@@ -162,8 +224,7 @@ pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>
     }
     // pip from the lock, so `FROM image` + `RUN pip install` works (issue 19).
     requirements.push(PIP.to_string());
-    requirements.extend(recipe.packages.iter().map(ToString::to_string));
-    Ok(requirements)
+    requirements
 }
 
 /// Build the linux/amd64 lock request for `recipe` (see [`lock_request_for`]).
@@ -226,6 +287,7 @@ pub fn lock_request_for(
     Ok(LockRequest {
         target,
         requirements,
+        constraints: Default::default(),
         sources,
         redist: Vec::new(),
         system: system_request(recipe, platform),

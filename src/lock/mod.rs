@@ -11,9 +11,14 @@
 
 pub mod inputs;
 pub mod lockfile;
+pub mod pylock;
+pub mod pyproject;
+pub mod python_inputs;
+pub mod requirements_txt;
 pub mod resolver;
 pub mod system;
 pub mod target;
+pub mod uv_lock;
 
 use std::sync::Arc;
 
@@ -70,6 +75,21 @@ pub enum LockError {
         expected: String,
         found: String,
     },
+    #[error("{origin}: no wheel of `{package}` {version} has a sha256 listed there\n  Expected: one of {}\n  Found:    {found}\n  hint: the file on the index is not the one the hash was taken from; take the hashes again (`pip hash`, `uv pip compile --generate-hashes`) or check that the index serves what you expect", expected.join(", "))]
+    HashMismatch {
+        origin: String,
+        package: PackageName,
+        version: Version,
+        expected: Vec<String>,
+        found: String,
+    },
+    #[error("`{package}` {version} is published only as a source distribution (`{filename}`), and cudastack installs wheels only: building from source is separate work (issue 19)\n  hint: require a version of `{package}` that has a wheel, drop what requires it, or build the wheel yourself and serve it from an index in the recipe's `indexes:`\n{report}")]
+    SdistOnly {
+        package: PackageName,
+        version: Version,
+        filename: String,
+        report: String,
+    },
     #[error("No set of versions satisfies the requirements:\n{report}")]
     NoSolution { report: String },
     #[error("Index lists `{filename}` without a sha256; cudastack locks only hash-pinned files (`{url}`)")]
@@ -108,6 +128,9 @@ pub struct LockRequest {
     pub target: Target,
     /// Root requirements (`torch==2.4.1`, `numpy==1.26.4`).
     pub requirements: Vec<Requirement>,
+    /// Version constraints and accepted hashes from the recipe's Python input files
+    /// ([`python_inputs`]); empty for a recipe of `packages:` only.
+    pub constraints: python_inputs::Constraints,
     /// Package sources in priority order; each package comes from the first that has it.
     pub sources: Vec<PackageSource>,
     pub redist: Vec<RedistRequest>,
@@ -137,6 +160,7 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
             request.sources.clone(),
             request.target.clone(),
             request.requirements.clone(),
+            &request.constraints,
         ));
         let solver = provider.clone();
         let resolved = tokio::task::spawn_blocking(move || resolver::solve(&solver)).await??;

@@ -23,9 +23,12 @@ use pubgrub::{
     PackageResolutionStatistics, PubGrubError, Ranges, Reporter,
 };
 
+use crate::digest::Digest;
+use crate::fetch::file_name::FileName;
 use crate::fetch::index::DistFile;
 use crate::fetch::metadata::Metadata;
 use crate::fetch::source::PackageSource;
+use crate::lock::python_inputs::{Constraints, HashPin};
 use crate::lock::target::{TagPriorities, Target};
 use crate::lock::LockError;
 use crate::names::WheelFilename;
@@ -63,6 +66,11 @@ struct Project {
     versions: BTreeMap<Version, Candidate>,
     /// Versions listed but without a usable wheel, with the reason (for error messages).
     rejected: BTreeMap<Version, String>,
+    /// Versions whose fitting wheels all have a sha256 the inputs do not list: the wheel
+    /// the target would take, with its sha256 (None when the index gives none).
+    hash_rejected: BTreeMap<Version, (FileName, Option<Digest>)>,
+    /// Versions published as a source distribution and no wheel at all.
+    sdist_only: BTreeMap<Version, FileName>,
 }
 
 /// A resolved distribution with the requirement edges that brought it in.
@@ -91,6 +99,13 @@ pub(crate) struct Provider {
     edges: Mutex<HashMap<(Pkg, Version), Vec<Requirement>>>,
     /// Ranges for which no version was usable although the source listed some in range.
     unusable: Mutex<Vec<(PackageName, Ranges<Version>)>>,
+    /// Version constraints (`-c`), intersected into every requirement on the package.
+    constraints: HashMap<PackageName, Ranges<Version>>,
+    /// The only sha256 a package's file may have (`--hash`, an imported lock).
+    hashes: BTreeMap<PackageName, HashPin>,
+    /// Ranges that had versions only refused by their hashes, or only as sdists.
+    hash_misses: Mutex<Vec<(PackageName, Ranges<Version>)>>,
+    sdist_misses: Mutex<Vec<(PackageName, Ranges<Version>)>>,
 }
 
 fn range_of(requirement: &Requirement) -> Result<Ranges<Version>, LockError> {
@@ -128,10 +143,29 @@ impl Provider {
         sources: Vec<PackageSource>,
         target: Target,
         root: Vec<Requirement>,
+        constraints: &Constraints,
     ) -> Self {
+        let env = target.marker_environment();
+        let mut ranges: HashMap<PackageName, Ranges<Version>> = HashMap::new();
+        for sourced in &constraints.versions {
+            let requirement = &sourced.requirement;
+            if !requirement.evaluate_markers(&env, &[]) {
+                continue;
+            }
+            if let Some(VersionOrUrl::VersionSpecifier(specifiers)) = &requirement.version_or_url {
+                let entry = ranges
+                    .entry(requirement.name.clone())
+                    .or_insert_with(Ranges::full);
+                *entry = entry.intersection(&Ranges::from(specifiers.clone()));
+            }
+        }
         Provider {
             handle,
-            env: target.marker_environment(),
+            env,
+            constraints: ranges,
+            hashes: constraints.hashes.clone(),
+            hash_misses: Mutex::new(Vec::new()),
+            sdist_misses: Mutex::new(Vec::new()),
             tags_pypi: target.tag_priorities(false),
             tags_linux: target.tag_priorities(true),
             target,
@@ -169,7 +203,7 @@ impl Provider {
             } else {
                 &self.tags_pypi
             };
-            let project = Arc::new(self.reduce(index, tags, &page.files));
+            let project = Arc::new(self.reduce(name, index, tags, &page.files));
             self.projects
                 .lock()
                 .unwrap()
@@ -183,12 +217,24 @@ impl Provider {
     }
 
     /// Keep the best installable wheel per version; note why the others were rejected.
-    fn reduce(&self, source: usize, tags: &TagPriorities, files: &[DistFile]) -> Project {
+    fn reduce(
+        &self,
+        name: &PackageName,
+        source: usize,
+        tags: &TagPriorities,
+        files: &[DistFile],
+    ) -> Project {
         let mut best: BTreeMap<Version, (bool, usize, Option<u64>, Candidate)> = BTreeMap::new();
         let mut seen_tags: BTreeMap<Version, BTreeSet<String>> = BTreeMap::new();
         let mut python_rejected: BTreeMap<Version, String> = BTreeMap::new();
+        let mut hash_rejected = BTreeMap::new();
+        let mut sdists = BTreeMap::new();
+        let allowed = self.hashes.get(name);
         for file in files {
             let Some(wheel) = file.wheel() else {
+                if let Some(version) = sdist_version(&file.filename) {
+                    sdists.insert(version, file.filename.clone());
+                }
                 continue;
             };
             seen_tags
@@ -211,6 +257,17 @@ impl Provider {
                 );
                 continue;
             }
+            if let Some(pin) = allowed {
+                if !file
+                    .sha256
+                    .is_some_and(|sha256| pin.sha256.contains(&sha256))
+                {
+                    hash_rejected
+                        .entry(wheel.version.clone())
+                        .or_insert((file.filename.clone(), file.sha256));
+                    continue;
+                }
+            }
             // Order: not yanked, best tag, highest build number.
             let key = (
                 file.yanked,
@@ -230,6 +287,11 @@ impl Provider {
             }
         }
         let mut rejected = BTreeMap::new();
+        hash_rejected.retain(|version, _| !best.contains_key(version));
+        let sdist_only = sdists
+            .into_iter()
+            .filter(|(version, _)| !seen_tags.contains_key(version))
+            .collect();
         for (version, tag_set) in seen_tags {
             if best.contains_key(&version) {
                 continue;
@@ -246,6 +308,8 @@ impl Provider {
             source,
             versions: best.into_iter().map(|(v, (_, _, _, c))| (v, c)).collect(),
             rejected,
+            hash_rejected,
+            sdist_only,
         }
     }
 
@@ -337,7 +401,10 @@ impl Provider {
         constraints: &mut DependencyConstraints<Pkg, Ranges<Version>>,
     ) -> Result<(), LockError> {
         for requirement in requirements {
-            let range = range_of(requirement)?;
+            let mut range = range_of(requirement)?;
+            if let Some(constraint) = self.constraints.get(&requirement.name) {
+                range = range.intersection(constraint);
+            }
             Self::add(
                 constraints,
                 Pkg::Dist(requirement.name.clone()),
@@ -471,11 +538,17 @@ impl DependencyProvider for Provider {
             Pkg::Dist(name) | Pkg::Extra(name, _) => {
                 let project = self.handle.block_on(self.load_project(name))?;
                 let picked = Self::pick(&project, range);
-                if picked.is_none() && project.rejected.keys().any(|v| range.contains(v)) {
-                    self.unusable
-                        .lock()
-                        .unwrap()
-                        .push((name.clone(), range.clone()));
+                if picked.is_none() {
+                    let miss = (name.clone(), range.clone());
+                    if project.rejected.keys().any(|v| range.contains(v)) {
+                        self.unusable.lock().unwrap().push(miss.clone());
+                    }
+                    if project.hash_rejected.keys().any(|v| range.contains(v)) {
+                        self.hash_misses.lock().unwrap().push(miss.clone());
+                    }
+                    if project.sdist_only.keys().any(|v| range.contains(v)) {
+                        self.sdist_misses.lock().unwrap().push(miss);
+                    }
                 }
                 Ok(picked)
             }
@@ -498,9 +571,13 @@ pub(crate) fn solve(provider: &Provider) -> Result<Vec<Resolved>, LockError> {
         Ok(selection) => selection,
         Err(PubGrubError::NoSolution(mut tree)) => {
             tree.collapse_no_versions();
-            let report = DefaultStringReporter::report(&tree);
-            // A range whose listed versions had no usable wheel is the likeliest culprit.
+            let report = readable(&DefaultStringReporter::report(&tree));
             let in_tree = tree.packages();
+            let named = |name: &PackageName| in_tree.contains(&Pkg::Dist(name.clone()));
+            if let Some(error) = provider.explain_miss(&named, &report) {
+                return Err(error);
+            }
+            // A range whose listed versions had no usable wheel is the likeliest culprit.
             let unusable = provider.unusable.lock().unwrap().clone();
             for (package, range) in unusable {
                 if !in_tree.contains(&Pkg::Dist(package.clone())) {
@@ -566,4 +643,106 @@ pub(crate) fn solve(provider: &Provider) -> Result<Vec<Resolved>, LockError> {
         }
     }
     Ok(resolved.into_values().collect())
+}
+
+/// The version of an sdist file name (`antlr4-python3-runtime-4.9.3.tar.gz` -> 4.9.3).
+fn sdist_version(filename: &str) -> Option<Version> {
+    let stem = [".tar.gz", ".zip", ".tar.bz2", ".tgz"]
+        .iter()
+        .find_map(|ext| filename.strip_suffix(ext))?;
+    let (_, version) = stem.rsplit_once('-')?;
+    version.parse().ok()
+}
+
+impl Provider {
+    /// A failed resolution that an input's hashes or an sdist-only release explain better
+    /// than PubGrub's derivation: the newest such version in a range the tree names.
+    fn explain_miss(
+        &self,
+        in_tree: &dyn Fn(&PackageName) -> bool,
+        report: &str,
+    ) -> Option<LockError> {
+        let projects = self.projects.lock().unwrap();
+        let newest = |misses: &Mutex<Vec<(PackageName, Ranges<Version>)>>, hash: bool| {
+            misses.lock().unwrap().iter().find_map(|(name, range)| {
+                if !in_tree(name) {
+                    return None;
+                }
+                let project = projects.get(name)?;
+                if hash {
+                    let (version, found) = project
+                        .hash_rejected
+                        .iter()
+                        .rev()
+                        .find(|(v, _)| range.contains(v))?;
+                    Some((name.clone(), version.clone(), found.0.clone(), found.1))
+                } else {
+                    let (version, file) = project
+                        .sdist_only
+                        .iter()
+                        .rev()
+                        .find(|(v, _)| range.contains(v))?;
+                    Some((name.clone(), version.clone(), file.clone(), None))
+                }
+            })
+        };
+        if let Some((package, version, filename, found)) = newest(&self.hash_misses, true) {
+            let pin = self.hashes.get(&package)?;
+            return Some(LockError::HashMismatch {
+                origin: pin.origin.to_string(),
+                package,
+                version,
+                expected: pin.sha256.iter().map(ToString::to_string).collect(),
+                found: format!(
+                    "{} ({filename})",
+                    found.map_or("no sha256 on the index".to_string(), |d| d.to_string())
+                ),
+            });
+        }
+        let (package, version, filename, _) = newest(&self.sdist_misses, false)?;
+        Some(LockError::SdistOnly {
+            package,
+            version,
+            filename: filename.to_string(),
+            report: report.to_string(),
+        })
+    }
+}
+
+/// PubGrub's report with its root package named as the user knows it: `<root> 0` is the
+/// recipe (its `packages:`, its input files and the stack's own requirements).
+fn readable(report: &str) -> String {
+    report
+        .replace("<root> 0 is forbidden", "the recipe cannot be locked")
+        .replace("<root> 0, ", "the recipe and ")
+        .replace("<root> 0 depends on", "the recipe asks for")
+        .replace("<root> 0", "the recipe")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_name_the_recipe() {
+        let pubgrub = "Because torchvision 0.20.1 depends on torch 2.5.1 and <root> 0 depends on torch 2.4.1, <root> 0, torchvision 0.20.1 are incompatible.\nAnd because <root> 0 depends on torchvision 0.20.1, <root> 0 is forbidden.";
+        assert_eq!(
+            readable(pubgrub),
+            "Because torchvision 0.20.1 depends on torch 2.5.1 and the recipe asks for torch 2.4.1, the recipe and torchvision 0.20.1 are incompatible.\nAnd because the recipe asks for torchvision 0.20.1, the recipe cannot be locked."
+        );
+    }
+
+    #[test]
+    fn sdist_versions_come_from_their_file_names() {
+        assert_eq!(
+            sdist_version("antlr4-python3-runtime-4.9.3.tar.gz"),
+            Some("4.9.3".parse().unwrap())
+        );
+        assert_eq!(
+            sdist_version("six-1.16.0.zip"),
+            Some("1.16.0".parse().unwrap())
+        );
+        assert_eq!(sdist_version("six-1.16.0-py3-none-any.whl"), None);
+        assert_eq!(sdist_version("noversion.tar.gz"), None);
+    }
 }

@@ -20,6 +20,7 @@ use crate::version::{CudaVersion, CudnnVersion, DriverVersion, PythonVersion};
 mod apt;
 mod copy;
 mod image;
+pub mod python_inputs;
 mod tag;
 
 pub use apt::{DebName, DebVersion, SystemPackage};
@@ -93,6 +94,19 @@ pub struct Recipe {
     /// Extra Python requirements (PEP 508), e.g. `numpy==1.26.4`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub packages: Vec<PackageRequirement>,
+    /// requirements.txt files (pip's format, with `-r`/`-c` includes, `--hash` and markers),
+    /// relative to the recipe's directory; read when the recipe is locked, and part of the
+    /// lock's digest. docs/recipe-python.md is the reference.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requirements: Vec<python_inputs::InputPath>,
+    /// A pyproject.toml whose `[project].dependencies`, chosen `extras` and PEP 735 `groups`
+    /// are installed (not the project itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pyproject: Option<python_inputs::PyprojectInput>,
+    /// An existing lock, PEP 751 `pylock.toml` or `uv.lock`: its packages at their versions,
+    /// accepted only with the sha256 it lists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_lock: Option<python_inputs::PythonLockInput>,
     /// Debian or Ubuntu packages added to the base, each `name` or `name=VERSION`
     /// (`git`, `git=1:2.39.5-0+deb12u2`), with their dependencies; resolved and pinned by
     /// `cudastack lock`. Kept sorted by name: apt installs a set, so the order is no part of

@@ -18,7 +18,7 @@ pub enum BuildError {
     },
     #[error("recipe `{recipe}` has no lock file `{lock}`; run `cudastack lock {recipe}` first")]
     NoLock { recipe: PathBuf, lock: PathBuf },
-    #[error("lock file `{lock}` is stale: it was made from another version of the recipe\n  Expected: {expected}\n  Found:    {found}\nrun `cudastack lock {recipe}` again")]
+    #[error("lock file `{lock}` is stale: it was made from another version of the recipe or of a file it reads (`requirements:`, `pyproject:`, `python_lock:`)\n  Expected: {expected}\n  Found:    {found}\nrun `cudastack lock {recipe}` again")]
     StaleLock {
         recipe: PathBuf,
         lock: PathBuf,
@@ -27,6 +27,8 @@ pub enum BuildError {
     },
     #[error(transparent)]
     Lockfile(#[from] crate::lock::lockfile::LockfileError),
+    #[error(transparent)]
+    PythonInputs(#[from] Box<crate::lock::python_inputs::PythonInputsError>),
     #[error(transparent)]
     Download(#[from] crate::fetch::download::DownloadError),
     #[error(transparent)]

@@ -15,6 +15,7 @@ use crate::fetch::download::{Downloader, FetchItem};
 use crate::fetch::http::HttpClient;
 use crate::lock::inputs::platform_lock_path;
 use crate::lock::lockfile::{Artifact, ArtifactKind, DebLayer, Lockfile};
+use crate::lock::python_inputs::PythonInputs;
 use crate::matrix::validate::{gpu_errors, locked_torch_build, selected_torch_build};
 use crate::matrix::{Matrix, TorchBuild};
 use crate::recipe::{Platform, Recipe};
@@ -222,11 +223,15 @@ fn read_lock(
         });
     }
     let lock = Lockfile::read(&lock_file)?;
-    if lock.is_stale(&recipe.lock_digest()) {
+    // The recipe and the bytes of every Python input file it reads (issue 19).
+    let expected = PythonInputs::load(recipe, &settings.recipe_path, &lock.target)
+        .map_err(Box::new)?
+        .lock_digest(recipe);
+    if lock.is_stale(&expected) {
         return Err(BuildError::StaleLock {
             recipe: settings.recipe_path.clone(),
             lock: lock_file,
-            expected: recipe.lock_digest(),
+            expected,
             found: lock.recipe_digest,
         });
     }

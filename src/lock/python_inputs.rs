@@ -1,0 +1,507 @@
+//! The recipe's Python input files, read into what the resolver takes (issue 19): root
+//! requirements, constraints that restrict versions without adding packages, and the sha256
+//! each package's file must have when an input lists hashes.
+//!
+//! Every file read (requirements files and their includes, pyproject.toml, pylock.toml,
+//! uv.lock) is hashed into the lock's digest ([`PythonInputs::lock_digest`]), so editing one
+//! makes the lock stale; a recipe that reads no file keeps its recipe lock digest, so its
+//! existing locks stay fresh. Markers are evaluated here, for the lock's [`Target`], as the
+//! resolver evaluates them for `packages:`. Each requirement keeps where it was written
+//! ([`Origin`]), so an error can say `requirements.txt:3`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Component, Path, PathBuf};
+
+use pep440_rs::{Operator, Version, VersionSpecifiers};
+use pep508_rs::{MarkerEnvironment, PackageName, Requirement, VersionOrUrl};
+use pubgrub::Ranges;
+
+use crate::digest::Digest;
+use crate::lock::target::Target;
+use crate::lock::LockRequest;
+use crate::matrix::Matrix;
+use crate::recipe::python_inputs::PythonLockFormat;
+use crate::recipe::Recipe;
+
+/// No requirements file, pyproject or lock a team keeps is this big.
+pub const MAX_INPUT_BYTES: u64 = 16 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PythonInputsError {
+    #[error("failed to read `{path}`, named by the recipe (`{key}`)")]
+    Read {
+        path: PathBuf,
+        key: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{path}` is larger than {MAX_INPUT_BYTES} bytes; no requirements file or lock is that big\n  hint: check that the recipe names the file you meant")]
+    TooLarge { path: PathBuf },
+    #[error("`{path}` is not UTF-8 text (invalid byte at offset {offset})\n  hint: save it as UTF-8; pip, uv and PEP 751 read these files as UTF-8")]
+    NotText { path: PathBuf, offset: usize },
+    /// A line or entry of an input that cudastack refuses: what, and what to do instead.
+    #[error("{origin}: {message}\n  hint: {hint}")]
+    Entry {
+        origin: Origin,
+        message: String,
+        hint: String,
+    },
+    #[error("`{path}` is not valid TOML")]
+    Toml {
+        path: PathBuf,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    #[error("{origin}: `{requirement}` conflicts with the stack: {stack}\n  hint: {hint}")]
+    StackConflict {
+        origin: Origin,
+        requirement: String,
+        stack: String,
+        hint: String,
+    },
+}
+
+/// Where a requirement was written: `requirements.txt:3`, or a file and the table it is in
+/// (`pyproject.toml:12 ([project.optional-dependencies] train)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// The file relative to the recipe's directory, as the recipe and includes name it.
+    pub file: String,
+    pub line: Option<usize>,
+    pub place: Option<String>,
+}
+
+impl Origin {
+    pub fn line(file: &str, line: usize) -> Origin {
+        Origin {
+            file: file.to_string(),
+            line: Some(line),
+            place: None,
+        }
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if let Some(place) = &self.place {
+            write!(f, " ({place})")?;
+        }
+        Ok(())
+    }
+}
+
+/// A requirement and where it was written.
+#[derive(Debug, Clone)]
+pub struct Sourced {
+    pub requirement: Requirement,
+    pub origin: Origin,
+}
+
+/// The files a package may be locked to: their sha256, and who listed them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HashPin {
+    pub origin: Origin,
+    pub sha256: BTreeSet<Digest>,
+}
+
+/// What the resolver must respect besides the root requirements.
+#[derive(Debug, Clone, Default)]
+pub struct Constraints {
+    /// Version constraints (`-c constraints.txt`): they narrow a package's versions when
+    /// something requires it, and install nothing themselves.
+    pub versions: Vec<Sourced>,
+    /// Accepted sha256 per package (`--hash`, an imported lock); other files are refused.
+    pub hashes: BTreeMap<PackageName, HashPin>,
+}
+
+impl Constraints {
+    /// Whether nothing is constrained.
+    pub fn is_empty(&self) -> bool {
+        self.versions.is_empty() && self.hashes.is_empty()
+    }
+}
+
+/// One file that was read, named as the recipe names it, with the sha256 of its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct InputFile {
+    pub path: String,
+    pub sha256: Digest,
+}
+
+/// Everything the recipe's Python input files ask for, with markers evaluated for one target.
+#[derive(Debug, Clone, Default)]
+pub struct PythonInputs {
+    pub roots: Vec<Sourced>,
+    pub constraints: Constraints,
+    pub files: Vec<InputFile>,
+}
+
+impl PythonInputs {
+    /// Read every Python input of `recipe` (at `recipe_path`) for `target`.
+    pub fn load(
+        recipe: &Recipe,
+        recipe_path: &Path,
+        target: &Target,
+    ) -> Result<PythonInputs, PythonInputsError> {
+        let dir = recipe_path.parent().unwrap_or_else(|| Path::new(""));
+        let mut reader = InputReader {
+            dir: dir.to_path_buf(),
+            env: target.marker_environment(),
+            inputs: PythonInputs::default(),
+        };
+        for path in &recipe.requirements {
+            crate::lock::requirements_txt::read(&mut reader, path.as_path())?;
+        }
+        if let Some(pyproject) = &recipe.pyproject {
+            crate::lock::pyproject::read(&mut reader, pyproject)?;
+        }
+        if let Some(lock) = &recipe.python_lock {
+            match lock.format {
+                PythonLockFormat::Pylock => {
+                    crate::lock::pylock::import(&mut reader, lock.path.as_path())?
+                }
+                PythonLockFormat::UvLock => {
+                    crate::lock::uv_lock::import(&mut reader, lock.path.as_path())?
+                }
+            }
+        }
+        Ok(reader.inputs)
+    }
+
+    /// The digest a lock of `recipe` records: the recipe's [`Recipe::lock_digest`] when it
+    /// reads no file (what every lock recorded before these inputs existed), else that and
+    /// every file's name and bytes.
+    pub fn lock_digest(&self, recipe: &Recipe) -> Digest {
+        if self.files.is_empty() {
+            return recipe.lock_digest();
+        }
+        let files: Vec<(&str, String)> = self
+            .files
+            .iter()
+            .map(|f| (f.path.as_str(), f.sha256.to_string()))
+            .collect();
+        let value =
+            serde_json::json!({ "recipe": recipe.lock_digest().to_string(), "files": files });
+        Digest::of_bytes(value.to_string().as_bytes())
+    }
+
+    /// Refuse a requirement, constraint or locked package that the stack cannot honour:
+    /// another torch, or another version of a wheel torch pins.
+    pub fn check_stack(&self, stack: &[StackPin]) -> Result<(), PythonInputsError> {
+        check_against_stack(self.roots.iter().chain(&self.constraints.versions), stack)
+    }
+
+    /// Add these inputs to `request`: roots after the recipe's, constraints and hashes, and
+    /// the digest that makes the lock stale when a file changes.
+    pub fn apply(self, recipe: &Recipe, request: &mut LockRequest) {
+        request.recipe_digest = self.lock_digest(recipe);
+        request
+            .requirements
+            .extend(self.roots.into_iter().map(|s| s.requirement));
+        request.constraints = self.constraints;
+    }
+}
+
+/// Read `recipe`'s Python input files for `request`'s target, refuse what conflicts with
+/// the stack, and add the rest to `request` ([`PythonInputs::apply`]).
+pub fn add_to_request(
+    matrix: &Matrix,
+    recipe: &Recipe,
+    recipe_path: &Path,
+    request: &mut LockRequest,
+) -> Result<(), PythonInputsError> {
+    let inputs = PythonInputs::load(recipe, recipe_path, &request.target)?;
+    let stack = crate::lock::inputs::stack_pins(matrix, recipe);
+    // `packages:` in the recipe itself are held to the same rule.
+    let file = recipe_path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let packages: Vec<Sourced> = recipe
+        .packages
+        .iter()
+        .map(|package| Sourced {
+            requirement: package.0.clone(),
+            origin: Origin {
+                file: file.clone(),
+                line: None,
+                place: Some("packages:".into()),
+            },
+        })
+        .collect();
+    check_against_stack(packages.iter(), &stack)?;
+    inputs.check_stack(&stack)?;
+    inputs.apply(recipe, request);
+    Ok(())
+}
+
+/// Refuse the first of `requirements` that does not admit a version the stack decides.
+fn check_against_stack<'a>(
+    requirements: impl Iterator<Item = &'a Sourced>,
+    stack: &[StackPin],
+) -> Result<(), PythonInputsError> {
+    for sourced in requirements {
+        let Some(pin) = stack.iter().find(|p| p.name == sourced.requirement.name) else {
+            continue;
+        };
+        let Some(VersionOrUrl::VersionSpecifier(wanted)) = &sourced.requirement.version_or_url
+        else {
+            continue;
+        };
+        if !pin.admits(wanted) {
+            return Err(PythonInputsError::StackConflict {
+                origin: sourced.origin.clone(),
+                requirement: sourced.requirement.to_string(),
+                stack: pin.why.clone(),
+                hint: format!("drop the version of `{}` from {} (the stack decides it), or change the recipe's stack", pin.name, sourced.origin.file),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A version the stack decides, and why: the recipe's torch, a wheel torch pins, the CUDA
+/// wheels of a recipe without torch.
+#[derive(Debug, Clone)]
+pub struct StackPin {
+    pub name: PackageName,
+    pub specifiers: VersionSpecifiers,
+    /// `the recipe's torch is 2.4.1 (torch.version in the recipe)`.
+    pub why: String,
+}
+
+impl StackPin {
+    /// Whether a requirement's `wanted` versions admit what the stack installs.
+    pub fn admits(&self, wanted: &VersionSpecifiers) -> bool {
+        // An exact pin is tested as PEP 440 says (`==2.4.1` admits `2.4.1+cu121`).
+        if let [only] = self.specifiers.iter().as_slice() {
+            if *only.operator() == Operator::Equal {
+                return wanted.contains(only.version());
+            }
+        }
+        !Ranges::<Version>::from(wanted.clone())
+            .intersection(&Ranges::from(self.specifiers.clone()))
+            .is_empty()
+    }
+}
+
+/// The state of one [`PythonInputs::load`]: where relative paths start, the marker
+/// environment, and what was read so far. The readers of each format add to it.
+pub(crate) struct InputReader {
+    dir: PathBuf,
+    pub(crate) env: MarkerEnvironment,
+    pub(crate) inputs: PythonInputs,
+}
+
+impl InputReader {
+    /// Read `display` (a path relative to the recipe's directory) whole, record its digest,
+    /// and return its text. `key` names the recipe key in errors.
+    pub(crate) fn read_text(
+        &mut self,
+        display: &str,
+        key: &str,
+    ) -> Result<String, PythonInputsError> {
+        use std::io::Read;
+        let path = self.dir.join(display);
+        let read_error = |source| PythonInputsError::Read {
+            path: path.clone(),
+            key: key.to_string(),
+            source,
+        };
+        let file = std::fs::File::open(&path).map_err(read_error)?;
+        let mut bytes = Vec::new();
+        file.take(MAX_INPUT_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read_error)?;
+        if bytes.len() as u64 > MAX_INPUT_BYTES {
+            return Err(PythonInputsError::TooLarge { path });
+        }
+        let sha256 = Digest::of_bytes(&bytes);
+        if !self.inputs.files.iter().any(|f| f.path == display) {
+            self.inputs.files.push(InputFile {
+                path: display.to_string(),
+                sha256,
+            });
+        }
+        String::from_utf8(bytes).map_err(|e| PythonInputsError::NotText {
+            path,
+            offset: e.utf8_error().valid_up_to(),
+        })
+    }
+
+    /// Keep `requirement` as a root when its marker holds for the target.
+    pub(crate) fn add_root(&mut self, requirement: Requirement, origin: Origin) {
+        if requirement.evaluate_markers(&self.env, &[]) {
+            self.inputs.roots.push(Sourced {
+                requirement,
+                origin,
+            });
+        }
+    }
+
+    /// Keep `requirement` as a version constraint when its marker holds for the target.
+    pub(crate) fn add_constraint(&mut self, requirement: Requirement, origin: Origin) {
+        if requirement.evaluate_markers(&self.env, &[]) {
+            self.inputs.constraints.versions.push(Sourced {
+                requirement,
+                origin,
+            });
+        }
+    }
+
+    /// Accept only `sha256` for `name`'s files (added to what an earlier line listed).
+    pub(crate) fn add_hashes(
+        &mut self,
+        name: PackageName,
+        origin: Origin,
+        sha256: BTreeSet<Digest>,
+    ) {
+        self.inputs
+            .constraints
+            .hashes
+            .entry(name)
+            .or_insert_with(|| HashPin {
+                origin,
+                sha256: BTreeSet::new(),
+            })
+            .sha256
+            .extend(sha256);
+    }
+}
+
+/// `base` joined with `relative`, `.` and `..` resolved by name (the path as the recipe's
+/// directory sees it, for messages and the lock's digest; never outside a leading `..`).
+pub(crate) fn join_relative(base: &Path, relative: &Path) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for component in base.join(relative).components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir if parts.last().is_some_and(|p| p != "..") => {
+                parts.pop();
+            }
+            other => parts.push(other.as_os_str().to_string_lossy().into_owned()),
+        }
+    }
+    parts.join("/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+
+    /// Load the inputs of a recipe with `requirements: [main.txt]` and these files.
+    fn load(files: &[(&str, &[u8])]) -> Result<PythonInputs, String> {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in files {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, bytes).unwrap();
+        }
+        let path = dir.path().join("r.yaml");
+        let recipe = Recipe::parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\nrequirements: [main.txt]\n", &path).unwrap();
+        let target = Target::new(
+            "3.11".parse().unwrap(),
+            crate::platform::Platform::LinuxAmd64,
+            "2.36".parse().unwrap(),
+        )
+        .unwrap();
+        PythonInputs::load(&recipe, &path, &target).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn includes_are_read_once_and_cycles_are_named() {
+        let inputs = load(&[
+            (
+                "main.txt",
+                b"-r a/one.txt\n-r two.txt\n-c two.txt\nsix ; sys_platform == 'win32'\n",
+            ),
+            ("a/one.txt", b"-r ../two.txt\nidna==3.7\n"),
+            ("two.txt", b"packaging<24\n"),
+        ])
+        .unwrap();
+        let files: Vec<&str> = inputs.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(files, ["main.txt", "a/one.txt", "two.txt"]);
+        let roots: Vec<String> = inputs
+            .roots
+            .iter()
+            .map(|r| format!("{} {}", r.origin, r.requirement))
+            .collect();
+        assert_eq!(roots, ["two.txt:1 packaging<24", "a/one.txt:2 idna==3.7"]);
+        assert_eq!(
+            inputs.constraints.versions.len(),
+            1,
+            "read once as constraints"
+        );
+        let error = load(&[
+            ("main.txt", b"-r a.txt\n"),
+            ("a.txt", b"six\n-r main.txt\n"),
+        ])
+        .unwrap_err();
+        assert!(
+            error.starts_with("a.txt:2: the includes form a cycle: main.txt -> a.txt -> main.txt"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn file_errors_name_the_file() {
+        let error = load(&[
+            ("main.txt", b"-c c.txt\n"),
+            ("c.txt", b"requests[socks]<3\n"),
+        ])
+        .unwrap_err();
+        assert!(
+            error.starts_with("c.txt:1: the constraint `requests[socks]<3` has extras"),
+            "{error}"
+        );
+        let error = load(&[("main.txt", b"six\n\xff\n")]).unwrap_err();
+        assert!(
+            error.contains("main.txt` is not UTF-8 text (invalid byte at offset 4)"),
+            "{error}"
+        );
+        let big = vec![b'#'; MAX_INPUT_BYTES as usize + 1];
+        let error = load(&[("main.txt", &big)]).unwrap_err();
+        assert!(error.contains("is larger than 16777216 bytes"), "{error}");
+        let error = load(&[]).unwrap_err();
+        assert!(
+            error.contains("main.txt`, named by the recipe (`requirements:`)"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn relative_paths_resolve_by_name() {
+        assert_eq!(
+            join_relative(Path::new("reqs"), Path::new("../base.txt")),
+            "base.txt"
+        );
+        assert_eq!(
+            join_relative(Path::new(""), Path::new("./a/b.txt")),
+            "a/b.txt"
+        );
+        assert_eq!(
+            join_relative(Path::new(""), Path::new("../x.txt")),
+            "../x.txt"
+        );
+    }
+
+    #[test]
+    fn stack_pins_admit_by_pep_440() {
+        let pin = |spec: &str| StackPin {
+            name: PackageName::from_str("torch").unwrap(),
+            specifiers: VersionSpecifiers::from_str(spec).unwrap(),
+            why: String::new(),
+        };
+        let wanted = |spec: &str| VersionSpecifiers::from_str(spec).unwrap();
+        assert!(pin("==2.4.1+cu121").admits(&wanted("==2.4.1")));
+        assert!(pin("==2.4.1").admits(&wanted(">=2.0,<3")));
+        assert!(!pin("==2.4.1").admits(&wanted("==2.5.1")));
+        assert!(pin("==12.4.*").admits(&wanted(">=12.4.127")));
+        assert!(!pin("==12.4.*").admits(&wanted("==12.6.77")));
+    }
+}

@@ -1,0 +1,337 @@
+//! Issue 19, end to end: a team's training image from one recipe, on real packages.
+//!
+//! The recipe (written below, beside tests/fixtures/training/) is the shipped torch 2.4.1 +
+//! CUDA 12.1 + cuDNN 9.1 stack plus what a team adds: `requirements.txt` (transformers,
+//! tokenizers, accelerate from PyPI), `acme-tokenizer` from a private index on 127.0.0.1 that
+//! requires basic auth (tests/fetch_support/auth_index.rs; its credentials come from the
+//! environment), `apt: [git]`, a `copy:` of the training script, a `trainer` user with uid
+//! 1000, a workdir and an entrypoint. It locks (PyPI, Debian's archive; the shipped lock's
+//! base packages are kept so the base comes from the warm cache), builds with the static
+//! verification, loads, and `docker run` runs the script as uid 1000 for a few steps of a
+//! tiny GPT-2 on the CPU. Then a code-only change rebuilds the `copy` layer alone, and a push
+//! to a real registry after it uploads that layer alone. The private index's password is in
+//! no output: not the lock, not the pylock export, not `--json`, not the logs.
+//!
+//! Needs root (mmdebstrap), Docker, Debian's docker-registry, PyPI and Debian's archive.
+
+use crate::e2e_support;
+use crate::fetch_support::auth_index::{AuthIndex, PageFormat};
+use crate::gate;
+use crate::registry_support::{self, Registry};
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Instant;
+
+const SHIPPED: &str = "recipes/torch2.4.1-cu121-py3.11";
+const TAG: &str = "localhost/cudastack-training-test:2.4.1";
+const USER: &str = "ci-reader";
+const PASSWORD: &str = "s3cret-Pa55-for-acme-index";
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/training")
+}
+
+/// The team's recipe: the shipped stack, and everything the training image adds.
+fn recipe(index_url: &str) -> String {
+    format!(
+        r#"name: cudastack-training-test
+base: {{ debian: bookworm }}
+python: "3.11"
+driver_floor: "530.30.02"
+cuda: {{ version: "12.1" }}
+cudnn: {{ version: "9.1.0.70" }}
+torch: {{ version: "2.4.1" }}
+requirements: [requirements.txt]
+indexes:
+  - {{ name: acme, url: "{index_url}", packages: [acme-tokenizer] }}
+apt: [git]
+copy:
+  - {{ src: train, dst: /workspace/train }}
+user: {{ name: trainer, uid: 1000 }}
+workdir: /workspace
+entrypoint: [python3, /workspace/train/train.py]
+env: {{ STEPS: "8", HF_HUB_OFFLINE: "1", TOKENIZERS_PARALLELISM: "false" }}
+tags: ["{{registry}}/cudastack-training-test:{{torch}}"]
+source_date_epoch: 1727740800
+"#
+    )
+}
+
+/// `acme-tokenizer` 0.1.0: a real pure-Python wheel (the team's private package), with
+/// its RECORD, as `pip wheel` makes one. Returns the file name, the bytes and the METADATA.
+fn acme_wheel() -> (String, Vec<u8>, String) {
+    use sha2::{Digest as _, Sha256};
+    use std::io::Write as _;
+    let module = "__version__ = \"0.1.0\"\n\n\ndef words():\n    \"\"\"The vocabulary of the test's tokenizer.\"\"\"\n    return [\"[UNK]\"] + \"the quick brown fox jumps over a lazy dog again and again\".split()\n";
+    let metadata =
+        "Metadata-Version: 2.1\nName: acme-tokenizer\nVersion: 0.1.0\nRequires-Python: >=3.8\n\n";
+    let info = "acme_tokenizer-0.1.0.dist-info";
+    let mut files: Vec<(String, Vec<u8>)> = vec![
+        ("acme_tokenizer/__init__.py".into(), module.into()),
+        (format!("{info}/METADATA"), metadata.into()),
+        (
+            format!("{info}/WHEEL"),
+            "Wheel-Version: 1.0\nGenerator: cudastack-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n".into(),
+        ),
+    ];
+    let mut record = String::new();
+    for (name, bytes) in &files {
+        let hash = cudastack::install::record::urlsafe_b64_nopad(&Sha256::digest(bytes));
+        record.push_str(&format!("{name},sha256={hash},{}\n", bytes.len()));
+    }
+    record.push_str(&format!("{info}/RECORD,,\n"));
+    files.push((format!("{info}/RECORD"), record.into_bytes()));
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated);
+    for (name, bytes) in &files {
+        zip.start_file(name.as_str(), options).unwrap();
+        zip.write_all(bytes).unwrap();
+    }
+    let bytes = zip.finish().unwrap().into_inner();
+    (
+        "acme_tokenizer-0.1.0-py3-none-any.whl".into(),
+        bytes,
+        metadata.to_string(),
+    )
+}
+
+fn cudastack(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .current_dir(dir)
+        .env("CUDASTACK_INDEX_ACME_USERNAME", USER)
+        .env("CUDASTACK_INDEX_ACME_PASSWORD", PASSWORD)
+        .env("RUST_LOG", "debug")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", from.display()))
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+struct RemoveImages;
+impl Drop for RemoveImages {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rmi", "-f", TAG]).output();
+    }
+}
+
+/// One build with `extra` arguments: its `--json` report, the whole log, the seconds.
+fn build(dir: &Path, layout: &str, extra: &[&str]) -> (serde_json::Value, String, f64) {
+    let cache = e2e_support::cache_dir();
+    let mut args = vec![
+        "build",
+        "training.yaml",
+        "--json",
+        "--layout",
+        layout,
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let started = Instant::now();
+    let output = cudastack(&args, dir);
+    let seconds = started.elapsed().as_secs_f64();
+    let log = text(&output);
+    assert!(output.status.success(), "build failed:\n{log}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("build --json is not JSON ({e}):\n{log}"));
+    (report, log, seconds)
+}
+
+/// `name size cached` of every layer of a build report.
+fn layers(report: &serde_json::Value) -> Vec<(String, u64, bool)> {
+    report["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap().to_string(),
+                l["size"].as_u64().unwrap(),
+                l["cached"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
+    if let Some(reason) = e2e_support::skip_reason(&[("docker", &["info"][..])]) {
+        reason.report();
+        return;
+    }
+    if let Some(reason) = registry_support::skip_reason() {
+        reason.report();
+        return;
+    }
+    if !crate::image_config::pypi_reachable() {
+        gate::Skip::missing("PyPI", "https://pypi.org is not reachable: the lock resolves there")
+            .report();
+        return;
+    }
+    let _cleanup = RemoveImages;
+    let index = AuthIndex::start(PageFormat::Html, Some((USER, PASSWORD)));
+    let (filename, bytes, metadata) = acme_wheel();
+    index.publish("acme-tokenizer", &filename, bytes, &metadata);
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    copy_dir(&fixtures(), dir);
+    std::fs::write(dir.join("training.yaml"), recipe(&index.simple_url())).unwrap();
+    // Bytecode a run left behind is not code: .dockerignore keeps it out of the image.
+    std::fs::create_dir_all(dir.join("train/__pycache__")).unwrap();
+    std::fs::write(dir.join("train/__pycache__/train.cpython-311.pyc"), b"stale").unwrap();
+    // The shipped lock's Debian packages are kept, so the base comes from the warm cache.
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("{SHIPPED}.lock")),
+        dir.join("training.lock"),
+    )
+    .unwrap();
+
+    let started = Instant::now();
+    let locked = cudastack(&["lock", "training.yaml", "--json"], dir);
+    let lock_log = text(&locked);
+    assert!(locked.status.success(), "lock failed:\n{lock_log}");
+    eprintln!("lock: {:.1} s", started.elapsed().as_secs_f64());
+    let lock = std::fs::read_to_string(dir.join("training.lock")).unwrap();
+    for name in ["transformers", "tokenizers", "accelerate", "acme-tokenizer", "pip", "git"] {
+        assert!(lock.contains(&format!("\"name\": \"{name}\"")), "{name} is locked");
+    }
+    assert!(lock.contains(&index.simple_url()), "acme-tokenizer's index is recorded");
+
+    let (first, first_log, first_seconds) = build(dir, "layout-a", &["--load"]);
+    eprintln!("first build (warm stack, new layers): {first_seconds:.1} s");
+    for (name, size, cached) in layers(&first) {
+        eprintln!("  layer {name:9} {size:>12} bytes{}", if cached { ", cached" } else { "" });
+    }
+    let names: Vec<String> = layers(&first).into_iter().map(|l| l.0).collect();
+    assert_eq!(
+        names,
+        ["base", "apt", "cuda", "cudnn", "python", "user", "packages", "config", "copy"],
+        "{first_log}"
+    );
+    for check in ["static.torch", "static.loaded_libraries", "static.ld_library_path"] {
+        assert!(
+            first_log.lines().any(|l| l.contains(check) && l.contains("pass")),
+            "{check} did not pass:\n{first_log}"
+        );
+    }
+
+    check_training_run();
+    check_one_copy_of_each_cuda_library();
+
+    // Push, change the code, rebuild, push again: only the copy layer is new.
+    let registry = Registry::start(None);
+    let reference = format!("{}/team/training:1", registry.host());
+    let (pushed, log, _) = build(dir, "layout-b", &["--no-verify", "--push", &reference]);
+    assert!(pushed["push"]["blobs"].is_array(), "{log}");
+    let train = dir.join("train/train.py");
+    let code = std::fs::read_to_string(&train).unwrap();
+    std::fs::write(&train, code.replace("STEPS = ", "STEPS = 0 + ")).unwrap();
+    let (rebuilt, log, rebuild_seconds) = build(dir, "layout-c", &["--no-verify"]);
+    eprintln!("code-only rebuild: {rebuild_seconds:.2} s");
+    let rebuilt_layers = layers(&rebuilt);
+    for (name, _, cached) in &rebuilt_layers {
+        assert_eq!(*cached, name != "copy", "layer {name}:\n{log}");
+    }
+    let reference_2 = format!("{}/team/training:2", registry.host());
+    let (pushed_2, log, _) = build(dir, "layout-d", &["--no-verify", "--push", &reference_2]);
+    let uploaded: Vec<u64> = pushed_2["push"]["blobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["outcome"] != "present" && b["outcome"] != "mounted")
+        .map(|b| b["size"].as_u64().unwrap())
+        .collect();
+    let copy_layer = rebuilt_layers.iter().find(|l| l.0 == "copy").unwrap().1;
+    // The copy layer and the image config: nothing of the stack goes again.
+    assert_eq!(uploaded.len(), 2, "{log}");
+    assert!(uploaded.contains(&copy_layer), "{log}");
+    eprintln!(
+        "second push uploaded {} bytes in {} blobs",
+        uploaded.iter().sum::<u64>(),
+        uploaded.len()
+    );
+
+    // The private index's password is nowhere cudastack writes.
+    let mut written = vec![lock_log, first_log, log, lock];
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml" || e == "lock") {
+            written.push(std::fs::read_to_string(&path).unwrap());
+        }
+    }
+    for text in &written {
+        assert!(!text.contains(PASSWORD), "the password leaked:\n{text}");
+    }
+}
+
+fn docker(args: &[&str]) -> String {
+    let output = Command::new("docker").args(args).output().unwrap();
+    assert!(output.status.success(), "docker {args:?}:\n{}", text(&output));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The image's entrypoint trains as uid 1000 in its workdir and writes its checkpoint.
+fn check_training_run() {
+    let started = Instant::now();
+    let out = docker(&["run", "--rm", "--network", "none", TAG]);
+    eprintln!("training run: {:.1} s", started.elapsed().as_secs_f64());
+    let result: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("train.py printed no JSON ({e}):\n{out}"));
+    eprintln!("train.py: {result}");
+    assert_eq!(result["uid"], 1000);
+    assert_eq!(result["cwd"], "/workspace");
+    assert_eq!(result["acme_tokenizer"], "0.1.0");
+    assert_eq!(result["torch"], "2.4.1+cu121");
+    let losses: Vec<f64> = result["losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_f64().unwrap())
+        .collect();
+    assert_eq!(losses.len(), 8);
+    assert!(losses.last() < losses.first(), "{losses:?}");
+    let checkpoint = result["checkpoint"].to_string();
+    assert!(checkpoint.contains("config.json"), "{checkpoint}");
+    let shell = |script: &str| {
+        docker(&["run", "--rm", "--entrypoint", "sh", TAG, "-c", script])
+    };
+    assert_eq!(shell("id -un").trim(), "trainer");
+    assert!(shell("git --version").starts_with("git version"));
+    assert_eq!(
+        shell("ls /workspace/train | sort").split_whitespace().collect::<Vec<_>>(),
+        ["train.py"],
+        ".dockerignore keeps __pycache__ out"
+    );
+}
+
+/// The audit's promise holds in the training image: one file per CUDA library.
+fn check_one_copy_of_each_cuda_library() {
+    let find = |pattern: &str| {
+        docker(&[
+            "run", "--rm", "--entrypoint", "sh", TAG, "-c",
+            &format!("find / -xdev -name '{pattern}' -type f"),
+        ])
+    };
+    for pattern in ["libcudnn.so.9*", "libcudart.so.12*", "libcublas.so.12*"] {
+        assert_eq!(find(pattern).lines().count(), 1, "{pattern}: {}", find(pattern));
+    }
+}
