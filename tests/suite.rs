@@ -44,6 +44,7 @@ mod fetch_memory;
 mod fetch_pypi;
 mod fetch_remote_zip;
 mod image_config;
+mod index_credentials;
 mod install_properties;
 mod install_real_wheel;
 mod install_wheel;

@@ -41,8 +41,6 @@ pub enum InputsError {
     Url { url: String },
     #[error(transparent)]
     Mirror(#[from] crate::fetch::mirror::MirrorError),
-    #[error(transparent)]
-    Credentials(#[from] CredentialError),
 }
 
 /// `recipes/NAME.yaml` -> `recipes/NAME.lock` (the linux/amd64 lock).
@@ -183,7 +181,9 @@ pub fn lock_request(
 
 /// Build the lock request of one platform of `recipe`. `mirror` (an air-gapped directory of
 /// wheels) is searched first when given; a torch index variant comes before PyPI. The base
-/// is the same release on every platform, so its glibc is too.
+/// is the same release on every platform, so its glibc is too. `client` carries the
+/// credentials of the recipe's private indexes ([`index_credentials`]); the caller resolves
+/// with the same client, which also asks the indexes for file sizes.
 pub fn lock_request_for(
     matrix: &Matrix,
     recipe: &Recipe,
@@ -214,8 +214,7 @@ pub fn lock_request_for(
         })?;
         requirements.push(requirement);
     }
-    let client = client.with_credentials(index_credentials(recipe)?);
-    let sources = package_sources(recipe, &client, mirror, SimpleIndex::pypi(client.clone()))?;
+    let sources = package_sources(recipe, client, mirror, SimpleIndex::pypi(client.clone()))?;
     Ok(LockRequest {
         target,
         requirements,
