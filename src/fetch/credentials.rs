@@ -111,10 +111,13 @@ impl IndexAuth {
     }
 }
 
+/// Reads one environment variable.
+type EnvReader = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
 /// Where credentials are looked for. [`Lookup::from_process`] reads this process's
 /// environment; tests give their own.
 pub struct Lookup {
-    env: Box<dyn Fn(&str) -> Option<String> + Send + Sync>,
+    env: EnvReader,
     netrc: Option<PathBuf>,
     keyring: Option<PathBuf>,
 }
