@@ -174,7 +174,17 @@ async fn a_pinned_package_comes_from_its_index_only() {
         let error = resolve(&client, &request(&recipe, &client, &pypi, &["acme-secret"]))
             .await
             .unwrap_err();
-        assert!(error_chain(&error).contains("acme-secret"), "{error}");
+        let text = error_chain(&error);
+        assert!(
+            text.contains(&format!(
+                "`acme-secret` was not found on any source: {internal_base}"
+            )),
+            "{text}"
+        );
+        assert!(
+            !text.contains(&pypi_base) && !text.contains(&extra.base),
+            "{text}"
+        );
 
         for public in [&extra, &pypi] {
             let asked: Vec<String> = public.log().into_iter().map(|seen| seen.path).collect();

@@ -82,6 +82,14 @@ impl PackageSource {
         }
     }
 
+    /// Whether this source is ever asked for `name` (not when it is pinned elsewhere).
+    pub fn asks_for(&self, name: &PackageName) -> bool {
+        match self {
+            PackageSource::Excluding { excluded, .. } => !excluded.contains(name),
+            _ => true,
+        }
+    }
+
     /// The files of a project, or `None` when this source does not have it.
     pub async fn project(&self, name: &PackageName) -> Result<Option<ProjectPage>, SourceError> {
         match self {
