@@ -454,3 +454,144 @@ fn cli_lock_uses_env_then_netrc_and_never_prints_the_password() {
         Digest::of_bytes(&tokenizer)
     );
 }
+
+/// Whether `needle` occurs in what `reader` yields, read in chunks (a layer may be large).
+fn stream_contains(mut reader: impl std::io::Read, needle: &[u8]) -> bool {
+    let mut carry: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = reader.read(&mut chunk).unwrap();
+        if n == 0 {
+            return false;
+        }
+        carry.extend_from_slice(&chunk[..n]);
+        if carry.windows(needle.len()).any(|window| window == needle) {
+            return true;
+        }
+        let keep = carry.len().min(needle.len() - 1);
+        carry.drain(..carry.len() - keep);
+    }
+}
+
+/// Every blob of an OCI layout, decompressed when it is a gzip or zstd layer, searched.
+fn layout_contains(layout: &Path, needle: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in walk(layout) {
+        let file = std::fs::File::open(&entry).unwrap();
+        let mut magic = [0u8; 4];
+        let head =
+            std::io::Read::read(&mut std::fs::File::open(&entry).unwrap(), &mut magic).unwrap();
+        let hit = if head >= 2 && magic[..2] == [0x1f, 0x8b] {
+            stream_contains(flate2::read::GzDecoder::new(file), needle)
+        } else if head == 4 && magic == [0x28, 0xb5, 0x2f, 0xfd] {
+            stream_contains(zstd::stream::read::Decoder::new(file).unwrap(), needle)
+        } else {
+            stream_contains(file, needle)
+        };
+        if hit {
+            found.push(entry.display().to_string());
+        }
+    }
+    found
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else if path.is_file() {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// `cudastack build` of a stand-in stack plus a package of the private index: the locked
+/// wheel is fetched with the credentials (environment) and installed, and no blob of the
+/// OCI layout (config, manifest, every layer decompressed) holds the password, the user
+/// name's basic-auth form, or the build's `--json` output and logs.
+#[test]
+fn build_fetches_the_private_wheel_and_the_layout_holds_no_credentials() {
+    use crate::e2e_support::{self, stand_in};
+    if let Some(skip) = e2e_support::skip_reason(&[]) {
+        skip.report();
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let mirror = work.path().join("mirror");
+    stand_in::cuda_12_4_wheels(stand_in::Target::X86_64, &work.path().join("libs"), &mirror);
+    let private = work.path().join("private");
+    std::fs::create_dir_all(&private).unwrap();
+    let wheel = stand_in::write_wheel(
+        &private,
+        stand_in::Target::X86_64,
+        "acme-tokenizer",
+        "1.0",
+        &[("acme_tokenizer/__init__.py", b"TOKENS = 3\n".to_vec())],
+    );
+    let internal = AuthIndex::start(PageFormat::Html, Some((USER, PASSWORD)));
+    internal.publish(
+        "acme-tokenizer",
+        wheel.file_name().unwrap().to_str().unwrap(),
+        std::fs::read(&wheel).unwrap(),
+        "Metadata-Version: 2.1\nName: acme-tokenizer\nVersion: 1.0\n\n",
+    );
+    let recipe = work.path().join("private.yaml");
+    std::fs::write(
+        &recipe,
+        format!("name: private\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\ncudnn: {{ version: \"9.1.0.70\" }}\nsource_date_epoch: 1700000000\npackages: [acme-tokenizer]\nindexes: [{{ name: internal, url: \"{}\", packages: [acme-tokenizer] }}]\n", internal.simple_url()),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cudastack"));
+        command
+            .arg("--json")
+            .args(args)
+            .arg("--mirror")
+            .arg(&mirror)
+            .env("CUDASTACK_LOG", "debug")
+            .env("NETRC", work.path().join("none.netrc"))
+            .env("CUDASTACK_INDEX_INTERNAL_USERNAME", USER)
+            .env("CUDASTACK_INDEX_INTERNAL_PASSWORD", PASSWORD);
+        command
+    };
+    let lock = run(&["lock"]).arg(&recipe).output().unwrap();
+    assert!(
+        lock.status.success(),
+        "{}",
+        String::from_utf8_lossy(&lock.stderr)
+    );
+    let layout = work.path().join("layout");
+    let build = run(&["build", "--no-verify"])
+        .arg("--layout")
+        .arg(&layout)
+        .arg("--cache-dir")
+        .arg(e2e_support::cache_dir())
+        .arg(&recipe)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&build.stdout);
+    let stderr = String::from_utf8_lossy(&build.stderr);
+    assert!(build.status.success(), "{stderr}");
+    let wheel_fetched = internal
+        .log()
+        .iter()
+        .any(|seen| seen.path.ends_with(".whl") && seen.authorization.is_some());
+    let cached = stderr.contains("0 to download");
+    assert!(
+        wheel_fetched || cached,
+        "the build did not fetch the private wheel: {stderr}"
+    );
+    for needle in [PASSWORD, "Y2ktYm90"] {
+        assert!(
+            !stdout.contains(needle) && !stderr.contains(needle),
+            "`{needle}` in the build's output"
+        );
+        let found = layout_contains(&layout, needle.as_bytes());
+        assert!(found.is_empty(), "`{needle}` in the layout: {found:?}");
+    }
+    // The wheel was installed: its module is in a layer.
+    assert!(!layout_contains(&layout, b"TOKENS = 3").is_empty());
+}
