@@ -104,7 +104,7 @@ fn request(recipe: &Recipe, client: &HttpClient, pypi: &AuthIndex, roots: &[&str
         sources: package_sources(recipe, client, None, pypi).unwrap(),
         redist: vec![],
         system: None,
-        recipe_digest: recipe.digest(),
+        recipe_digest: recipe.lock_digest(),
     }
 }
 
