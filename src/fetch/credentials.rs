@@ -248,6 +248,16 @@ fn keyring_get(
         .filter(|line| !line.is_empty()))
 }
 
+/// `localhost`, `127.0.0.0/8` or `::1`: plain http does not leave the machine.
+fn is_loopback(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(name)) => name == "localhost",
+        Some(url::Host::Ipv4(address)) => address.is_loopback(),
+        Some(url::Host::Ipv6(address)) => address.is_loopback(),
+        None => false,
+    }
+}
+
 /// The recipe's named indexes with what was found for each.
 #[derive(Debug, Clone, Default)]
 pub struct IndexCredentials {
@@ -268,6 +278,12 @@ impl IndexCredentials {
         let mut indexes = Vec::new();
         for spec in specs {
             let found = lookup.find(&spec, netrc.as_ref())?;
+            if found.is_some() && spec.base.scheme() == "http" && !is_loopback(&spec.base) {
+                tracing::warn!(
+                    "index `{}` is plain http: its credentials would cross the network unencrypted; use its https URL",
+                    spec.name
+                );
+            }
             tracing::debug!(index = %spec.name, from = %found.as_ref().map_or("nowhere".to_string(), |(_, origin)| origin.to_string()), "index credentials");
             indexes.push(IndexAuth { spec, found });
         }
@@ -383,6 +399,19 @@ mod tests {
             "https://host.example.evil.example/simple/",
         ] {
             assert_eq!(name(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn plain_http_is_fine_only_on_this_machine() {
+        for (url, loopback) in [
+            ("http://127.0.0.1:8080/simple/", true),
+            ("http://localhost/simple/", true),
+            ("http://[::1]/simple/", true),
+            ("http://pypi.internal.example/simple/", false),
+            ("http://10.0.0.5/simple/", false),
+        ] {
+            assert_eq!(is_loopback(&url.parse().unwrap()), loopback, "{url}");
         }
     }
 
