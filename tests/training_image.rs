@@ -15,8 +15,8 @@
 //! Needs root (mmdebstrap), Docker, Debian's docker-registry, PyPI and Debian's archive.
 
 use crate::e2e_support;
-use crate::fetch_support::auth_index::{AuthIndex, PageFormat};
 use crate::gate;
+use crate::index_credentials::auth_index::{AuthIndex, PageFormat};
 use crate::registry_support::{self, Registry};
 
 use std::path::{Path, PathBuf};
@@ -183,8 +183,11 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
         return;
     }
     if !crate::image_config::pypi_reachable() {
-        gate::Skip::missing("PyPI", "https://pypi.org is not reachable: the lock resolves there")
-            .report();
+        gate::Skip::missing(
+            "PyPI",
+            "https://pypi.org is not reachable: the lock resolves there",
+        )
+        .report();
         return;
     }
     let _cleanup = RemoveImages;
@@ -197,7 +200,11 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
     std::fs::write(dir.join("training.yaml"), recipe(&index.simple_url())).unwrap();
     // Bytecode a run left behind is not code: .dockerignore keeps it out of the image.
     std::fs::create_dir_all(dir.join("train/__pycache__")).unwrap();
-    std::fs::write(dir.join("train/__pycache__/train.cpython-311.pyc"), b"stale").unwrap();
+    std::fs::write(
+        dir.join("train/__pycache__/train.cpython-311.pyc"),
+        b"stale",
+    )
+    .unwrap();
     // The shipped lock's Debian packages are kept, so the base comes from the warm cache.
     std::fs::copy(
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("{SHIPPED}.lock")),
@@ -211,15 +218,31 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
     assert!(locked.status.success(), "lock failed:\n{lock_log}");
     eprintln!("lock: {:.1} s", started.elapsed().as_secs_f64());
     let lock = std::fs::read_to_string(dir.join("training.lock")).unwrap();
-    for name in ["transformers", "tokenizers", "accelerate", "acme-tokenizer", "pip", "git"] {
-        assert!(lock.contains(&format!("\"name\": \"{name}\"")), "{name} is locked");
+    for name in [
+        "transformers",
+        "tokenizers",
+        "accelerate",
+        "acme-tokenizer",
+        "pip",
+        "git",
+    ] {
+        assert!(
+            lock.contains(&format!("\"name\": \"{name}\"")),
+            "{name} is locked"
+        );
     }
-    assert!(lock.contains(&index.simple_url()), "acme-tokenizer's index is recorded");
+    assert!(
+        lock.contains(&index.simple_url()),
+        "acme-tokenizer's index is recorded"
+    );
 
     let (first, first_log, first_seconds) = build(dir, "layout-a", &["--load"]);
     eprintln!("first build (warm stack, new layers): {first_seconds:.1} s");
     for (name, size, cached) in layers(&first) {
-        eprintln!("  layer {name:9} {size:>12} bytes{}", if cached { ", cached" } else { "" });
+        eprintln!(
+            "  layer {name:9} {size:>12} bytes{}",
+            if cached { ", cached" } else { "" }
+        );
     }
     let names: Vec<String> = layers(&first).into_iter().map(|l| l.0).collect();
     assert_eq!(
@@ -227,9 +250,15 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
         ["base", "apt", "cuda", "cudnn", "python", "user", "packages", "config", "copy"],
         "{first_log}"
     );
-    for check in ["static.torch", "static.loaded_libraries", "static.ld_library_path"] {
+    for check in [
+        "static.torch",
+        "static.loaded_libraries",
+        "static.ld_library_path",
+    ] {
         assert!(
-            first_log.lines().any(|l| l.contains(check) && l.contains("pass")),
+            first_log
+                .lines()
+                .any(|l| l.contains(check) && l.contains("pass")),
             "{check} did not pass:\n{first_log}"
         );
     }
@@ -285,7 +314,11 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
 
 fn docker(args: &[&str]) -> String {
     let output = Command::new("docker").args(args).output().unwrap();
-    assert!(output.status.success(), "docker {args:?}:\n{}", text(&output));
+    assert!(
+        output.status.success(),
+        "docker {args:?}:\n{}",
+        text(&output)
+    );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
@@ -311,13 +344,13 @@ fn check_training_run() {
     assert!(losses.last() < losses.first(), "{losses:?}");
     let checkpoint = result["checkpoint"].to_string();
     assert!(checkpoint.contains("config.json"), "{checkpoint}");
-    let shell = |script: &str| {
-        docker(&["run", "--rm", "--entrypoint", "sh", TAG, "-c", script])
-    };
+    let shell = |script: &str| docker(&["run", "--rm", "--entrypoint", "sh", TAG, "-c", script]);
     assert_eq!(shell("id -un").trim(), "trainer");
     assert!(shell("git --version").starts_with("git version"));
     assert_eq!(
-        shell("ls /workspace/train | sort").split_whitespace().collect::<Vec<_>>(),
+        shell("ls /workspace/train | sort")
+            .split_whitespace()
+            .collect::<Vec<_>>(),
         ["train.py"],
         ".dockerignore keeps __pycache__ out"
     );
@@ -327,11 +360,21 @@ fn check_training_run() {
 fn check_one_copy_of_each_cuda_library() {
     let find = |pattern: &str| {
         docker(&[
-            "run", "--rm", "--entrypoint", "sh", TAG, "-c",
+            "run",
+            "--rm",
+            "--entrypoint",
+            "sh",
+            TAG,
+            "-c",
             &format!("find / -xdev -name '{pattern}' -type f"),
         ])
     };
     for pattern in ["libcudnn.so.9*", "libcudart.so.12*", "libcublas.so.12*"] {
-        assert_eq!(find(pattern).lines().count(), 1, "{pattern}: {}", find(pattern));
+        assert_eq!(
+            find(pattern).lines().count(),
+            1,
+            "{pattern}: {}",
+            find(pattern)
+        );
     }
 }

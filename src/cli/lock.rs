@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 use cudastack::apt::AptSources;
 use cudastack::fetch::http::HttpClient;
-use cudastack::lock::inputs::{lock_request_for, platform_lock_path};
+use cudastack::lock::inputs::{index_credentials, lock_request_for, platform_lock_path};
 use cudastack::lock::lockfile::{ArtifactKind, Lockfile};
 use cudastack::lock::pylock::{pylock_path, to_pylock};
 use cudastack::lock::python_inputs::add_to_request;
@@ -95,6 +95,9 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
         {
             printer.status(format!("note: {}", note.what));
         }
+        // The recipe's private indexes get their credentials (environment, netrc, keyring);
+        // sent only to each index's origin, never written anywhere.
+        let client = client.with_credentials(index_credentials(&recipe)?);
         // One lock per platform: NAME.lock (linux/amd64), NAME.linux-arm64.lock, ...
         for platform in recipe.platforms() {
             printer.status(format!("locking {} for {platform} ...", path.display()));

@@ -34,7 +34,7 @@ use reqwest::{StatusCode, Url};
 use crate::cas::{BlobStore, CasError};
 use crate::digest::{Digest, Hasher};
 use crate::fetch::http::{
-    is_transient_error, is_transient_status, ContentRange, HttpClient, HttpError,
+    is_transient_error, is_transient_status, redacted, ContentRange, HttpClient, HttpError,
 };
 use crate::fetch::progress::Reporter;
 
@@ -50,23 +50,30 @@ pub enum DownloadError {
         #[source]
         source: io::Error,
     },
-    #[error("Failed to download `{url}`: the transfer kept failing after {attempts} attempts")]
+    #[error(
+        "Failed to download `{}`: the transfer kept failing after {attempts} attempts",
+        redacted(url)
+    )]
     Interrupted {
         url: Url,
         attempts: u32,
         #[source]
         source: reqwest::Error,
     },
-    #[error("`{url}` is larger than the {expected} bytes the lock records (got {found} so far); refusing the rest")]
+    #[error("`{}` is larger than the {expected} bytes the lock records (got {found} so far); refusing the rest", redacted(url))]
     TooLarge { url: Url, expected: u64, found: u64 },
-    #[error("`{url}` ended after {found} bytes; the lock records {expected}")]
+    #[error(
+        "`{}` ended after {found} bytes; the lock records {expected}",
+        redacted(url)
+    )]
     TooSmall { url: Url, expected: u64, found: u64 },
     #[error(
-        "`{url}` is a local file outside every mirror directory{}",
+        "`{}` is a local file outside every mirror directory{}",
+        redacted(url),
         mirrors_note(mirrors)
     )]
     LocalNotAllowed { url: Url, mirrors: Vec<PathBuf> },
-    #[error("`{url}` is not a regular file")]
+    #[error("`{}` is not a regular file", redacted(url))]
     NotAFile { url: Url },
     #[error("Offline: {} artifact(s) are not in the cache `{cache}`:\n{}", missing.len(), missing.iter().map(|m| format!("  {m}")).collect::<Vec<_>>().join("\n"))]
     Offline {
@@ -294,7 +301,7 @@ impl Downloader {
         }
         let mut have = hasher.bytes();
         if have > 0 {
-            tracing::info!(url = %item.url, bytes = have, "resuming partial download");
+            tracing::info!(url = %redacted(&item.url), bytes = have, "resuming partial download");
         }
         self.reporter.advance(id, have);
         let retry = self.client.retry_policy().clone();
@@ -330,7 +337,7 @@ impl Downloader {
                     .is_some_and(|range| range.start == have);
             if have > 0 && !resumed {
                 // The server ignored the range: start over.
-                tracing::info!(url = %item.url, "server ignored Range; restarting from zero");
+                tracing::info!(url = %redacted(&item.url), "server ignored Range; restarting from zero");
                 file.set_len(0).map_err(io_error)?;
                 hasher = Hasher::new();
                 self.reporter.restart(id);
@@ -374,13 +381,14 @@ impl Downloader {
                         return Err(DownloadError::Interrupted {
                             url: item.url.clone(),
                             attempts: failures,
-                            source: error,
+                            source: error.without_url(),
                         });
                     }
                     let wait = retry.backoff(failures);
                     tracing::warn!(
-                        "transfer of `{}` interrupted after {have} bytes ({error}); resuming in {wait:?}",
-                        item.url
+                        "transfer of `{}` interrupted after {have} bytes ({}); resuming in {wait:?}",
+                        redacted(&item.url),
+                        error.without_url()
                     );
                     tokio::time::sleep(wait).await;
                 }

@@ -6,6 +6,7 @@
 //! small and are read whole ([`HttpClient::get_bytes`] says so in its name); artifacts are
 //! streamed by the downloader ([`crate::fetch::download`]) and never held in memory.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,40 +15,113 @@ use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_RANGE, RANGE, RETR
 use reqwest::{Response, StatusCode, Url};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Errors from the HTTP layer. Every variant names the URL.
+use crate::fetch::credentials::{IndexAuth, IndexCredentials};
+
+/// Errors from the HTTP layer. Every variant names the URL, with any user name and
+/// password in it masked ([`redacted`]).
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     #[error("Failed to build the HTTP client")]
     Client(#[source] reqwest::Error),
-    #[error("Not found (404): `{url}`")]
+    #[error("Not found (404): `{}`", redacted(url))]
     NotFound { url: Url },
-    #[error("Failed to fetch `{url}`: HTTP {status}{}", attempts_note(*attempts))]
+    #[error("Failed to fetch `{}`: HTTP {status}{}", redacted(url), attempts_note(*attempts))]
     Status {
         url: Url,
         status: StatusCode,
         attempts: u32,
     },
-    #[error("Failed to fetch `{url}`{}", attempts_note(*attempts))]
+    /// 401 or 403 from one of the recipe's named indexes.
+    #[error("{}", unauthorized_message(auth, url, *status))]
+    Unauthorized {
+        url: Url,
+        status: StatusCode,
+        auth: Box<IndexAuth>,
+    },
+    #[error("Failed to fetch `{}`{}", redacted(url), attempts_note(*attempts))]
     Transport {
         url: Url,
         attempts: u32,
         #[source]
         source: reqwest::Error,
     },
-    #[error("Server for `{url}` ignored a byte-range request (answered {status} without `Content-Range`)")]
+    #[error(
+        "Server for `{}` ignored a byte-range request (answered {status} without `Content-Range`)",
+        redacted(url)
+    )]
     RangeUnsupported { url: Url, status: StatusCode },
-    #[error("Server for `{url}` sent a malformed `Content-Range` header: `{value}`")]
+    #[error(
+        "Server for `{}` sent a malformed `Content-Range` header: `{value}`",
+        redacted(url)
+    )]
     BadContentRange { url: Url, value: String },
     #[error(
-        "`{url}` sent more than {limit} bytes, more than cudastack reads for it; refusing the rest"
+        "`{}` sent more than {limit} bytes, more than cudastack reads for it; refusing the rest",
+        redacted(url)
     )]
     TooLarge { url: Url, limit: u64 },
-    #[error("`{url}` is not a valid URL")]
+    #[error("`{}` is not a valid URL", redacted_text(url))]
     BadUrl {
         url: String,
         #[source]
         source: url::ParseError,
     },
+}
+
+/// What a 401/403 of a named index means: no credentials were found (say the three ways
+/// to give them) or the ones sent were refused (say where they came from, never what).
+fn unauthorized_message(auth: &IndexAuth, url: &Url, status: StatusCode) -> String {
+    let name = &auth.spec.name;
+    match auth.origin() {
+        None => format!(
+            "Index `{name}` answered HTTP {status} for `{}`: it needs credentials, and cudastack found none for it\n  hint: {}",
+            redacted(url),
+            auth.ways_to_authenticate()
+        ),
+        Some(origin) => format!(
+            "Index `{name}` refused the credentials from {origin} (HTTP {status} for `{}`)\n  hint: check the user name and password given there (cudastack never prints them), and that this user may read the index",
+            redacted(url)
+        ),
+    }
+}
+
+/// A URL as it may be shown: a user name and password in it (a mirror URL given on the
+/// command line may carry them) are masked as `****`.
+pub struct Redacted<'a>(&'a Url);
+
+pub fn redacted(url: &Url) -> Redacted<'_> {
+    Redacted(url)
+}
+
+impl fmt::Display for Redacted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let url = self.0;
+        if url.username().is_empty() && url.password().is_none() {
+            return f.write_str(url.as_str());
+        }
+        let mut shown = url.clone();
+        if !url.username().is_empty() {
+            let _ = shown.set_username("****");
+        }
+        if url.password().is_some() {
+            let _ = shown.set_password(Some("****"));
+        }
+        f.write_str(shown.as_str())
+    }
+}
+
+/// Text that failed to parse as a URL, with anything between `://` and an `@` masked.
+fn redacted_text(text: &str) -> String {
+    match text.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            match rest[..authority_end].rfind('@') {
+                Some(at) => format!("{scheme}://****@{}", &rest[at + 1..]),
+                None => text.to_string(),
+            }
+        }
+        None => text.to_string(),
+    }
 }
 
 fn attempts_note(attempts: u32) -> String {
@@ -65,6 +139,7 @@ impl HttpError {
             HttpError::Client(_) | HttpError::BadUrl { .. } => None,
             HttpError::NotFound { url }
             | HttpError::Status { url, .. }
+            | HttpError::Unauthorized { url, .. }
             | HttpError::Transport { url, .. }
             | HttpError::RangeUnsupported { url, .. }
             | HttpError::BadContentRange { url, .. }
@@ -200,12 +275,14 @@ pub struct RangeBytes {
     pub bytes: Bytes,
 }
 
-/// A cheaply clonable HTTP client with retries and a bound on parallel transfers.
+/// A cheaply clonable HTTP client with retries and a bound on parallel transfers, and the
+/// credentials of the recipe's private indexes, if any.
 #[derive(Debug, Clone)]
 pub struct HttpClient {
     client: reqwest::Client,
     retry: RetryPolicy,
     permits: Arc<Semaphore>,
+    credentials: Arc<IndexCredentials>,
 }
 
 /// A reqwest client builder that trusts the system's CA certificates, or, on a system
@@ -238,7 +315,17 @@ impl HttpClient {
             client,
             retry: config.retry,
             permits: Arc::new(Semaphore::new(config.max_parallel.max(1))),
+            credentials: Arc::default(),
         })
+    }
+
+    /// The same client (sharing its connections and transfer slots) that sends
+    /// `credentials` to their indexes and names them when one answers 401 or 403.
+    pub fn with_credentials(&self, credentials: IndexCredentials) -> Self {
+        HttpClient {
+            credentials: Arc::new(credentials),
+            ..self.clone()
+        }
     }
 
     /// A client with [`HttpConfig::default`].
@@ -263,15 +350,17 @@ impl HttpClient {
     /// 404 is [`HttpError::NotFound`] at once; 5xx, 429, timeouts and connection errors are
     /// retried with backoff. The body is not read.
     pub async fn get(&self, url: &Url, headers: HeaderMap) -> Result<Response, HttpError> {
+        // Credentials go only to their index's origin; reqwest drops them on a redirect
+        // that leaves it (`redirect::remove_sensitive_headers`).
+        let auth = self.credentials.for_url(url);
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let result = self
-                .client
-                .get(url.clone())
-                .headers(headers.clone())
-                .send()
-                .await;
+            let mut request = self.client.get(url.clone()).headers(headers.clone());
+            if let Some(credentials) = auth.and_then(IndexAuth::credentials) {
+                request = request.basic_auth(&credentials.username, Some(&credentials.password));
+            }
+            let result = request.send().await;
             let (retry_after, why) = match result {
                 Ok(response) => {
                     let status = response.status();
@@ -280,6 +369,15 @@ impl HttpClient {
                     }
                     if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
                         return Err(HttpError::NotFound { url: url.clone() });
+                    }
+                    if let Some(auth) = auth.filter(|_| {
+                        status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN
+                    }) {
+                        return Err(HttpError::Unauthorized {
+                            url: url.clone(),
+                            status,
+                            auth: Box::new(auth.clone()),
+                        });
                     }
                     if !is_transient_status(status) || attempt >= self.retry.max_attempts {
                         return Err(HttpError::Status {
@@ -291,6 +389,8 @@ impl HttpClient {
                     (retry_after(response.headers()), format!("HTTP {status}"))
                 }
                 Err(source) => {
+                    // Our messages name the URL, masked; the error's own copy would not be.
+                    let source = source.without_url();
                     if !is_transient_error(&source) || attempt >= self.retry.max_attempts {
                         return Err(HttpError::Transport {
                             url: url.clone(),
@@ -307,7 +407,8 @@ impl HttpClient {
             // One line per retry on stderr (warn is shown unless `--quiet`): a slow or
             // failing server is visible, never a silent wait.
             tracing::warn!(
-                "retrying `{url}` in {wait:?} (attempt {} of {}): {why}",
+                "retrying `{}` in {wait:?} (attempt {} of {}): {why}",
+                redacted(url),
                 attempt + 1,
                 self.retry.max_attempts
             );
@@ -383,6 +484,7 @@ impl HttpClient {
             match result {
                 Ok(()) => return Ok((response_headers, Bytes::from(body))),
                 Err(source) => {
+                    let source = source.without_url();
                     if attempt >= self.retry.max_attempts {
                         return Err(HttpError::Transport {
                             url: url.clone(),
@@ -392,7 +494,8 @@ impl HttpClient {
                     }
                     let wait = self.retry.backoff(attempt);
                     tracing::warn!(
-                        "retrying `{url}` in {wait:?} (attempt {} of {}): {}",
+                        "retrying `{}` in {wait:?} (attempt {} of {}): {}",
+                        redacted(url),
                         attempt + 1,
                         self.retry.max_attempts,
                         error_chain(&source)
@@ -577,6 +680,42 @@ mod tests {
         assert_eq!(ContentRange::parse("bytes 0-0/*").unwrap().total, None);
         assert_eq!(ContentRange::parse("items 0-1/2"), None);
         assert_eq!(ContentRange::parse("bytes 5/10"), None);
+    }
+
+    #[test]
+    fn urls_are_shown_without_credentials() {
+        let url = Url::parse("https://bob:s3cret@mirror.example/debian/pool/a.deb").unwrap();
+        assert_eq!(
+            redacted(&url).to_string(),
+            "https://****:****@mirror.example/debian/pool/a.deb"
+        );
+        let token = Url::parse("https://tok3n@mirror.example/x").unwrap();
+        assert_eq!(
+            redacted(&token).to_string(),
+            "https://****@mirror.example/x"
+        );
+        let plain = Url::parse("https://pypi.org/simple/").unwrap();
+        assert_eq!(redacted(&plain).to_string(), "https://pypi.org/simple/");
+        for error in [
+            HttpError::NotFound { url: url.clone() },
+            HttpError::Status {
+                url: url.clone(),
+                status: StatusCode::BAD_GATEWAY,
+                attempts: 3,
+            },
+            HttpError::TooLarge {
+                url: url.clone(),
+                limit: 1,
+            },
+            HttpError::BadUrl {
+                url: "https://bob:s3cret@mirror example/x".into(),
+                source: url::ParseError::InvalidDomainCharacter,
+            },
+        ] {
+            let text = error.to_string();
+            assert!(!text.contains("s3cret") && !text.contains("bob"), "{text}");
+            assert!(text.contains("mirror"), "{text}");
+        }
     }
 
     #[test]

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use crate::digest::{Digest, DigestError};
 use crate::fetch::file_name::{FileName, FileNameError};
 use crate::fetch::html;
-use crate::fetch::http::{HttpClient, HttpError};
+use crate::fetch::http::{redacted, HttpClient, HttpError};
 use crate::names::{PackageName, WheelFilename};
 
 /// The `Accept` header for PEP 691 content negotiation: JSON preferred, HTML accepted.
@@ -33,37 +33,51 @@ pub const PYPI_SIMPLE_URL: &str = "https://pypi.org/simple/";
 pub enum IndexError {
     #[error(transparent)]
     Http(#[from] HttpError),
-    #[error("Failed to parse the PEP 691 JSON index page `{url}`")]
+    #[error("Failed to parse the PEP 691 JSON index page `{}`", redacted(url))]
     Json {
         url: Url,
         #[source]
         source: serde_json::Error,
     },
-    #[error("Index page `{url}` lists `{filename}` with an unusable sha256")]
+    #[error(
+        "Index page `{}` lists `{filename}` with an unusable sha256",
+        redacted(url)
+    )]
     BadDigest {
         url: Url,
         filename: String,
         #[source]
         source: DigestError,
     },
-    #[error("Index page `{url}` links to `{href}`, which is not a valid URL")]
+    #[error(
+        "Index page `{}` links to `{href}`, which is not a valid URL",
+        redacted(url)
+    )]
     BadHref {
         url: Url,
         href: String,
         #[source]
         source: url::ParseError,
     },
-    #[error("Index page `{url}` lists a file name that cudastack will not use")]
+    #[error(
+        "Index page `{}` lists a file name that cudastack will not use",
+        redacted(url)
+    )]
     BadFileName {
         url: Url,
         #[source]
         source: FileNameError,
     },
     #[error(
-        "Index page `{url}` links to `{href}`; an index may link only to http and https files"
+        "Index page `{}` links to `{}`; an index may link only to http and https files",
+        redacted(url),
+        redacted(href)
     )]
     BadScheme { url: Url, href: Url },
-    #[error("Index page `{url}` is neither PEP 691 JSON nor PEP 503 HTML (Content-Type `{content_type}`)")]
+    #[error(
+        "Index page `{}` is neither PEP 691 JSON nor PEP 503 HTML (Content-Type `{content_type}`)",
+        redacted(url)
+    )]
     UnknownFormat { url: Url, content_type: String },
 }
 
@@ -255,9 +269,11 @@ fn parse_requires_python(value: Option<&str>, filename: &str) -> Option<VersionS
 
 /// Resolve a file's link against its page. A page served over HTTP may link only to HTTP
 /// files: a `file:` link would make `lock` read (and hash into the lock) a local file the
-/// index chose.
+/// index chose. A user name or password in the link is dropped: the URL goes into the lock,
+/// and the index's credentials come from the environment, netrc or keyring (some private
+/// indexes echo the credentials of the request into their links).
 fn file_url(page: &Url, href: &str) -> Result<Url, IndexError> {
-    let url = page.join(href).map_err(|source| IndexError::BadHref {
+    let mut url = page.join(href).map_err(|source| IndexError::BadHref {
         url: page.clone(),
         href: href.to_string(),
         source,
@@ -267,6 +283,10 @@ fn file_url(page: &Url, href: &str) -> Result<Url, IndexError> {
             url: page.clone(),
             href: url,
         });
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
     }
     Ok(url)
 }
@@ -416,6 +436,24 @@ mod tests {
     use super::*;
 
     const HEX: &str = "0000000000000000000000000000000000000000000000000000000000000abc";
+
+    /// Issue 19: a link with `user:password@` (an index echoing the request's credentials)
+    /// is locked without them.
+    #[test]
+    fn credentials_in_file_links_are_dropped() {
+        let page = Url::parse("https://pypi.internal.example/simple/acme/").unwrap();
+        let json = format!(
+            r#"{{"files":[{{"filename":"acme-1.0-py3-none-any.whl","url":"https://bob:s3cret@pypi.internal.example/packages/acme-1.0-py3-none-any.whl","hashes":{{"sha256":"{HEX}"}}}}]}}"#
+        );
+        let files = parse_json(&page, json.as_bytes()).unwrap();
+        assert_eq!(
+            files[0].url.as_str(),
+            "https://pypi.internal.example/packages/acme-1.0-py3-none-any.whl"
+        );
+        let html = format!("<a href=\"https://tok3n@pypi.internal.example/packages/acme-1.0-py3-none-any.whl#sha256={HEX}\">acme</a>");
+        let files = parse_html(&page, &html).unwrap();
+        assert!(!files[0].url.as_str().contains("tok3n"), "{}", files[0].url);
+    }
 
     #[test]
     fn parses_pep691_json() {

@@ -3,6 +3,8 @@
 //! Sits between `lock` (which decides *what*: URL + sha256 + size) and the layer
 //! assemblers (which read blobs from the cache). The pieces:
 //! - [`http`]: the shared client (user agent, retries with backoff, a bound on transfers);
+//! - [`credentials`]: basic-auth credentials of the recipe's private indexes, from the
+//!   environment, netrc or a keyring helper, sent only to each index's origin;
 //! - [`index`]: PEP 691 JSON and PEP 503 HTML simple indexes (PyPI, PyTorch's indexes),
 //!   with [`html`] as its anchor reader;
 //! - [`file_name`]: every outside name that becomes a path, checked to be one component;
@@ -19,6 +21,7 @@
 // it; they are built on cold paths only, so boxing them would buy nothing measurable.
 #![allow(clippy::result_large_err)]
 
+pub mod credentials;
 pub mod download;
 pub mod file_name;
 pub mod html;

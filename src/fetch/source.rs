@@ -1,8 +1,14 @@
 //! Where Python distributions can come from: a simple index (PyPI, PyTorch's per-CUDA
 //! indexes, any PEP 503/691 server) or a local mirror directory. The resolver asks the
 //! sources in priority order and takes each package from the first one that has it.
+//!
+//! A package pinned to one of the recipe's named indexes is never asked of another source
+//! ([`PackageSource::Excluding`]): were it asked of PyPI, anyone could publish a package of
+//! that name there and have it locked (dependency confusion).
 
+use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::fetch::http::{HttpClient, HttpError};
 use crate::fetch::index::{DistFile, IndexError, ProjectPage, SimpleIndex};
@@ -30,6 +36,11 @@ pub enum PackageSource {
         plain_linux: bool,
     },
     Mirror(MirrorDir),
+    /// `source`, never asked for the packages in `excluded` (pinned to another index).
+    Excluding {
+        source: Box<PackageSource>,
+        excluded: Arc<BTreeSet<PackageName>>,
+    },
 }
 
 impl fmt::Display for PackageSource {
@@ -37,6 +48,7 @@ impl fmt::Display for PackageSource {
         match self {
             PackageSource::Index { index, .. } => write!(f, "{}", index.base()),
             PackageSource::Mirror(mirror) => write!(f, "{}", mirror.url()),
+            PackageSource::Excluding { source, .. } => source.fmt(f),
         }
     }
 }
@@ -55,12 +67,38 @@ impl PackageSource {
             PackageSource::Index { plain_linux, .. } => *plain_linux,
             // A mirror holds whatever the site put there, often copied from PyTorch's index.
             PackageSource::Mirror(_) => true,
+            PackageSource::Excluding { source, .. } => source.accepts_plain_linux(),
+        }
+    }
+
+    /// This source, never asked for `excluded`; itself when `excluded` is empty.
+    pub fn excluding(self, excluded: &Arc<BTreeSet<PackageName>>) -> Self {
+        if excluded.is_empty() {
+            return self;
+        }
+        PackageSource::Excluding {
+            source: Box::new(self),
+            excluded: excluded.clone(),
+        }
+    }
+
+    /// Whether this source is ever asked for `name` (not when it is pinned elsewhere).
+    pub fn asks_for(&self, name: &PackageName) -> bool {
+        match self {
+            PackageSource::Excluding { excluded, .. } => !excluded.contains(name),
+            _ => true,
         }
     }
 
     /// The files of a project, or `None` when this source does not have it.
     pub async fn project(&self, name: &PackageName) -> Result<Option<ProjectPage>, SourceError> {
         match self {
+            PackageSource::Excluding { source, excluded } => {
+                if excluded.contains(name) {
+                    return Ok(None);
+                }
+                Box::pin(source.project(name)).await
+            }
             PackageSource::Index { index, .. } => match index.project(name).await {
                 Ok(page) => Ok(Some(page)),
                 Err(IndexError::Http(HttpError::NotFound { .. })) => Ok(None),
@@ -77,6 +115,7 @@ impl PackageSource {
     /// The METADATA text of one of this source's files.
     pub async fn metadata(&self, file: &DistFile) -> Result<String, MetadataError> {
         match self {
+            PackageSource::Excluding { source, .. } => Box::pin(source.metadata(file)).await,
             PackageSource::Index { index, .. } => wheel_metadata(index.client(), file).await,
             PackageSource::Mirror(_) => {
                 let path = file

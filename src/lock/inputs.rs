@@ -7,13 +7,16 @@
 //! CUDA runtime, cuBLAS and cuDNN wheels of its versions directly. The devel flavor adds
 //! the nvcc wheel of the same CUDA release.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 
 use pep440_rs::VersionSpecifiers;
 use pep508_rs::{PackageName, Requirement, VersionOrUrl};
 
 use crate::apt::AptSources;
+use crate::fetch::credentials::{CredentialError, IndexCredentials, IndexSpec};
 use crate::fetch::http::HttpClient;
 use crate::fetch::index::SimpleIndex;
 use crate::fetch::mirror::MirrorDir;
@@ -239,7 +242,9 @@ pub fn lock_request(
 
 /// Build the lock request of one platform of `recipe`. `mirror` (an air-gapped directory of
 /// wheels) is searched first when given; a torch index variant comes before PyPI. The base
-/// is the same release on every platform, so its glibc is too.
+/// is the same release on every platform, so its glibc is too. `client` carries the
+/// credentials of the recipe's private indexes ([`index_credentials`]); the caller resolves
+/// with the same client, which also asks the indexes for file sizes.
 pub fn lock_request_for(
     matrix: &Matrix,
     recipe: &Recipe,
@@ -270,20 +275,7 @@ pub fn lock_request_for(
         })?;
         requirements.push(requirement);
     }
-    let mut sources = Vec::new();
-    if let Some(dir) = mirror {
-        sources.push(PackageSource::Mirror(MirrorDir::open(dir)?));
-    }
-    if let Some(TorchIndex::Variant { url, .. }) = recipe.torch.as_ref().map(|t| &t.index) {
-        let base = format!("{}/", url.trim_end_matches('/'))
-            .parse()
-            .map_err(|_| InputsError::Url { url: url.clone() })?;
-        sources.push(PackageSource::Index {
-            index: SimpleIndex::new(client.clone(), base),
-            plain_linux: true,
-        });
-    }
-    sources.push(PackageSource::pypi(client.clone()));
+    let sources = package_sources(recipe, client, mirror, SimpleIndex::pypi(client.clone()))?;
     Ok(LockRequest {
         target,
         requirements,
@@ -293,6 +285,74 @@ pub fn lock_request_for(
         system: system_request(recipe, platform),
         recipe_digest: recipe.lock_digest(),
     })
+}
+
+/// The package sources of `recipe` in the order the resolver asks them: the mirror
+/// directory, PyTorch's index variant, the recipe's `indexes:` in recipe order, then `pypi`
+/// (PyPI; a test gives a fixture). The first that has a package is where it comes from
+/// (uv's `first-index` strategy), except that a package pinned to a named index is asked of
+/// that index only, and of the mirror (a directory the site fills itself): never of PyPI or
+/// another index, where anyone could publish a package of its name.
+pub fn package_sources(
+    recipe: &Recipe,
+    client: &HttpClient,
+    mirror: Option<&Path>,
+    pypi: SimpleIndex,
+) -> Result<Vec<PackageSource>, InputsError> {
+    let mut sources = Vec::new();
+    if let Some(dir) = mirror {
+        sources.push(PackageSource::Mirror(MirrorDir::open(dir)?));
+    }
+    let pinned: BTreeSet<_> = recipe
+        .indexes
+        .iter()
+        .flat_map(|index| index.packages.iter().cloned())
+        .collect();
+    let pinned = Arc::new(pinned);
+    if let Some(TorchIndex::Variant { url, .. }) = recipe.torch.as_ref().map(|t| &t.index) {
+        let base = format!("{}/", url.trim_end_matches('/'))
+            .parse()
+            .map_err(|_| InputsError::Url { url: url.clone() })?;
+        let torch = PackageSource::Index {
+            index: SimpleIndex::new(client.clone(), base),
+            plain_linux: true,
+        };
+        sources.push(torch.excluding(&pinned));
+    }
+    for index in &recipe.indexes {
+        let elsewhere: BTreeSet<_> = pinned
+            .iter()
+            .filter(|name| !index.packages.contains(name))
+            .cloned()
+            .collect();
+        let named = PackageSource::Index {
+            index: SimpleIndex::new(client.clone(), index.url.as_url().clone()),
+            plain_linux: false,
+        };
+        sources.push(named.excluding(&Arc::new(elsewhere)));
+    }
+    let pypi = PackageSource::Index {
+        index: pypi,
+        plain_linux: false,
+    };
+    sources.push(pypi.excluding(&pinned));
+    Ok(sources)
+}
+
+/// The credentials of the recipe's named indexes, from this process's environment, netrc
+/// and (opted in) keyring; what `lock` and `build` send to those indexes.
+pub fn index_credentials(recipe: &Recipe) -> Result<IndexCredentials, CredentialError> {
+    IndexCredentials::discover(
+        recipe
+            .indexes
+            .iter()
+            .map(|index| IndexSpec {
+                name: index.name.to_string(),
+                env_key: index.name.env_key(),
+                base: index.url.as_url().clone(),
+            })
+            .collect(),
+    )
 }
 
 /// The base's packages from the distribution's public archives (the caller may point

@@ -210,9 +210,15 @@ impl Provider {
                 .insert(name.clone(), project.clone());
             return Ok(project);
         }
+        // Only the sources that were asked: a package pinned to one index is looked up there.
         Err(LockError::PackageNotFound {
             package: name.clone(),
-            sources: self.sources.iter().map(|s| s.to_string()).collect(),
+            sources: self
+                .sources
+                .iter()
+                .filter(|s| s.asks_for(name))
+                .map(|s| s.to_string())
+                .collect(),
         })
     }
 

@@ -20,6 +20,7 @@ use crate::version::{CudaVersion, CudnnVersion, DriverVersion, PythonVersion};
 mod apt;
 mod copy;
 mod image;
+mod indexes;
 pub mod python_inputs;
 mod tag;
 
@@ -29,6 +30,7 @@ pub use image::{
     expand_path, ExposedPort, ImagePath, Protocol, RuntimeSpec, UserSpec, OWNED_ENV,
     SHM_SIZE_LABEL, ULIMITS, ULIMIT_LABEL_PREFIX,
 };
+pub use indexes::{pinned_index, IndexName, IndexUrl, PackageIndex};
 pub use tag::{check_template, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS};
 
 /// The platforms of `platforms:`; defined in [`crate::platform`], the one platform type.
@@ -107,6 +109,16 @@ pub struct Recipe {
     /// accepted only with the sha256 it lists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python_lock: Option<python_inputs::PythonLockInput>,
+    /// Extra and private Python package indexes (PEP 503/691), each `{name, url,
+    /// packages}`: `packages` are taken from that index only; the others are looked up
+    /// index by index in this order, then on PyPI. URLs carry no credentials (they come from
+    /// the environment, netrc or a keyring helper). docs/recipe-indexes.md is the reference.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "indexes::deserialize_list"
+    )]
+    pub indexes: Vec<PackageIndex>,
     /// Debian or Ubuntu packages added to the base, each `name` or `name=VERSION`
     /// (`git`, `git=1:2.39.5-0+deb12u2`), with their dependencies; resolved and pinned by
     /// `cudastack lock`. Kept sorted by name: apt installs a set, so the order is no part of

@@ -34,6 +34,8 @@ pub enum BuildError {
     #[error(transparent)]
     Http(#[from] crate::fetch::http::HttpError),
     #[error(transparent)]
+    Credentials(#[from] crate::fetch::credentials::CredentialError),
+    #[error(transparent)]
     Cas(#[from] crate::cas::CasError),
     #[error(transparent)]
     Base(#[from] crate::stack::base::BaseError),

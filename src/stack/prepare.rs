@@ -13,7 +13,7 @@ use crate::digest::Digest;
 use crate::elf::Machine;
 use crate::fetch::download::{Downloader, FetchItem};
 use crate::fetch::http::HttpClient;
-use crate::lock::inputs::platform_lock_path;
+use crate::lock::inputs::{index_credentials, platform_lock_path};
 use crate::lock::lockfile::{Artifact, ArtifactKind, DebLayer, Lockfile};
 use crate::lock::python_inputs::PythonInputs;
 use crate::matrix::validate::{gpu_errors, locked_torch_build, selected_torch_build};
@@ -79,7 +79,7 @@ pub(crate) async fn prepare_platform<'a>(
     progress: &dyn BuildProgress,
 ) -> Result<PlatformInputs<'a>, BuildError> {
     let lock = read_lock(settings, recipe, platform)?;
-    let wheels = fetch_wheels(settings, &lock, store, progress).await?;
+    let wheels = fetch_wheels(settings, recipe, &lock, store, progress).await?;
     let (base_debs, apt_debs) = fetch_debs(settings, &lock, store, progress).await?;
     // The arch list this platform's torch wheel really carries (aarch64 builds carry
     // fewer SASS targets than the x86_64 one the matrix was read from), so the labels
@@ -260,9 +260,11 @@ fn read_lock(
 }
 
 /// Download (or find in the blob store) every wheel of `lock`, each linked under its file
-/// name: wheel name -> (path, sha256, version).
+/// name: wheel name -> (path, sha256, version). Wheels of the recipe's private indexes are
+/// fetched with the same credentials `lock` used (sent only to each index's origin).
 async fn fetch_wheels(
     settings: &BuildSettings,
+    recipe: &Recipe,
     lock: &Lockfile,
     store: &BlobStore,
     progress: &dyn BuildProgress,
@@ -281,13 +283,10 @@ async fn fetch_wheels(
     }
     // URLs and file names were checked when the lock was read (`Artifact::check`).
     let items: Vec<FetchItem> = wheels.iter().map(|a| a.fetch_item()).collect();
-    let downloader = Downloader::new(
-        HttpClient::with_defaults()?,
-        store.clone(),
-        progress.downloads(),
-    )
-    .offline(settings.offline)
-    .mirrors(settings.mirrors.clone());
+    let client = HttpClient::with_defaults()?.with_credentials(index_credentials(recipe)?);
+    let downloader = Downloader::new(client, store.clone(), progress.downloads())
+        .offline(settings.offline)
+        .mirrors(settings.mirrors.clone());
     let missing = downloader.missing(&items).len();
     progress.stage(
         "fetch",
