@@ -637,6 +637,9 @@ async fn a_two_part_torch_version_locks_the_series_newest_release() {
         );
         std::fs::write(mirror.path().join(&wheel.filename), &wheel.bytes).unwrap();
     }
+    // Every lock has pip (the image's installer): a stand-in of it in the mirror.
+    let pip = wheel("pip", "24.2", "py3-none-any", &[]);
+    std::fs::write(mirror.path().join(&pip.filename), &pip.bytes).unwrap();
     let recipe = cudastack::recipe::Recipe::parse(
         "name: series\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: { version: \"12.1\" }\ntorch: { version: \"2.4\" }\n",
         std::path::Path::new("series.yaml"),

@@ -791,7 +791,7 @@ jobs:
           token: ${{{{ secrets.RELOCK_TOKEN || github.token }}}}
           branch: cudastack/relock
           delete-branch: true
-          add-paths: recipes/*.lock
+          add-paths: recipes/*.lock,recipes/pylock.*.toml
           commit-message: "recipes: re-lock against the current indexes and archives"
           title: "recipes: re-lock (upstream artifacts or Debian/Ubuntu packages moved)"
           body-path: relock-body.md
