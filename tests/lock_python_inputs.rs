@@ -556,7 +556,10 @@ async fn an_indirect_stack_conflict_reads_plainly() {
         message.contains("Because torchvision 0.20.1 depends on torch 2.5.1"),
         "{message}"
     );
-    assert!(message.contains("the recipe asks for torch 2.4.1"), "{message}");
+    assert!(
+        message.contains("the recipe asks for torch 2.4.1"),
+        "{message}"
+    );
     assert!(message.contains("the recipe cannot be locked"), "{message}");
     assert!(!message.contains("<root>"), "{message}");
 }

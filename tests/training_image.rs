@@ -362,6 +362,8 @@ fn check_one_copy_of_each_cuda_library() {
         docker(&[
             "run",
             "--rm",
+            "--user",
+            "0",
             "--entrypoint",
             "sh",
             TAG,
