@@ -119,7 +119,7 @@ pub(crate) fn audit_stack(
     let mut trees = planned.dirs(env.staging);
     let mut audited = layers.len();
     if let Some(copy) = &planned.copy {
-        if copy.cannot_change_the_audit(&trees[..trees.len() - 1]) {
+        if copy.cannot_change_the_audit(&trees[..trees.len() - 1])? {
             audited -= 1;
             trees.pop();
         }

@@ -15,7 +15,7 @@ use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use super::user::UserLayer;
+use super::below::{walk_down, Below, LowerKind};
 use super::{LayerStager, ASSEMBLER};
 use crate::digest::{Digest, Hasher};
 use crate::layer::{CacheKey, DirOptions, LayerPath, RecordedOwners};
@@ -66,6 +66,22 @@ pub enum CopyError {
     },
     #[error("copy: {0}")]
     Patterns(String),
+    #[error("copy: `{path}` goes through `{link}`, a symbolic link in the image (-> {target}); a layer cannot write through a link, it would replace it\n  hint: copy to the path the link points at")]
+    ThroughLink {
+        path: String,
+        link: String,
+        target: String,
+    },
+    #[error("copy: `{path}` would put {what} the layers below have; the image would lose what is there\n  hint: choose another destination")]
+    Replaces { path: String, what: &'static str },
+    #[error("copy `{entry}`: `{path}` goes through `{link}`, a symbolic link (-> {target}) that `{link_entry}` copies; staging would follow it on the build host\n  hint: give the entries destinations that do not go through a copied link")]
+    ThroughCopiedLink {
+        path: String,
+        entry: String,
+        link: String,
+        target: String,
+        link_entry: String,
+    },
 }
 
 /// What one image path of the layer is.
@@ -91,19 +107,20 @@ pub(crate) struct CopyLayer {
     items: BTreeMap<String, Item>,
     /// Directories on the way to the destinations (they keep a lower layer's owner).
     on_the_way: Vec<LayerPath>,
-    /// The `user` layer's owners record, when the recipe has a user.
-    user_owners: Option<PathBuf>,
-    /// This layer's owners record (the directories the user owns).
+    /// The staged trees of every layer below, bottom first.
+    below: Vec<PathBuf>,
+    /// This layer's owners record (the directories on the way, as the layers below have them).
     owners_record: PathBuf,
 }
 
 impl CopyLayer {
     /// Read the sources of `entries` from `context` (the recipe's directory); None without
-    /// entries. `user` is the user layer, whose directories keep their owner.
+    /// entries. `below` are the layers under this one, bottom first: the directories on the
+    /// way keep their owner and mode, and no path may go through one of their links.
     pub fn plan(
         entries: &[CopyEntry],
         context: &Path,
-        user: Option<&UserLayer>,
+        below: &[&dyn LayerStager],
         staging: &Staging,
     ) -> Result<Option<Self>, BuildError> {
         if entries.is_empty() {
@@ -130,12 +147,15 @@ impl CopyLayer {
                 items.insert(path, (item, entry.to_string()));
             }
         }
+        refuse_writes_through_links(&items)?;
         let items: BTreeMap<String, Item> = items.into_iter().map(|(p, (i, _))| (p, i)).collect();
         on_the_way.sort();
         on_the_way.dedup();
+        // The top layer below names every layer under it: a change there re-checks this
+        // small layer against the new trees.
         let inputs: Vec<Digest> = [manifest_digest(&items)]
             .into_iter()
-            .chain(user.map(|u| u.key().digest()))
+            .chain(below.last().map(|layer| layer.key().digest()))
             .collect();
         let key = CacheKey::new(
             &format!("{ASSEMBLER}/copy"),
@@ -147,7 +167,7 @@ impl CopyLayer {
             key,
             items,
             on_the_way,
-            user_owners: user.map(|u| u.owners_record().to_path_buf()),
+            below: below.iter().map(|layer| staging.dir(layer.key())).collect(),
         }))
     }
 }
@@ -160,6 +180,7 @@ impl LayerStager for CopyLayer {
         &self.key
     }
     fn stage(&self, dir: &Path) -> Result<(), BuildError> {
+        let owners = self.check_against_below()?;
         for (path, item) in &self.items {
             let target = dir.join(path);
             if let Some(parent) = target.parent() {
@@ -178,7 +199,7 @@ impl LayerStager for CopyLayer {
                 }
             }
         }
-        self.record_owners()
+        write_record(&self.owners_record, &owners.to_json())
     }
     /// Root's files, modes normalised; the user's directories as the user layer made them.
     fn walk(&self) -> DirOptions {
@@ -195,8 +216,9 @@ impl CopyLayer {
     /// distribution metadata or `.pth`, and replace nothing below (directories may merge).
     /// Then the audit of the layers below stands for the image, and a code change is not
     /// re-audited file by file.
-    pub fn cannot_change_the_audit(&self, below: &[PathBuf]) -> bool {
-        self.items.iter().all(|(path, item)| match item {
+    pub fn cannot_change_the_audit(&self, below: &[PathBuf]) -> Result<bool, BuildError> {
+        let below = open_below(below)?;
+        Ok(self.items.iter().all(|(path, item)| match item {
             Item::Dir => true,
             Item::Symlink { .. } | Item::File { elf: true, .. } => false,
             Item::File { .. } => {
@@ -205,26 +227,93 @@ impl CopyLayer {
                     .any(|part| part.ends_with(".dist-info") || part.ends_with(".egg-info"))
                     || path.ends_with(".pth");
                 !python_metadata
-                    && below
-                        .iter()
-                        .all(|tree| fs_err::symlink_metadata(tree.join(path)).is_err())
+                    && walk_down(&below, path)
+                        .last()
+                        .is_none_or(|(found, _)| found != path)
             }
-        })
+        }))
     }
 
-    /// Record the owner of each directory on the way that the user layer gave the user.
-    fn record_owners(&self) -> Result<(), BuildError> {
+    /// What the layers below have where this layer writes: a path through one of their
+    /// links, or a file where they have a directory (or the reverse), is refused, since the
+    /// layer would replace the link or the directory in the image (`/bin` is a link to
+    /// `usr/bin` on Debian). Returns the owners and modes of the directories on the way,
+    /// as the layers below have them (`/tmp` stays 1777, the user's workdir the user's).
+    fn check_against_below(&self) -> Result<RecordedOwners, BuildError> {
+        let below = open_below(&self.below)?;
         let mut owners = RecordedOwners::default();
-        if let Some(record) = &self.user_owners {
-            let user = RecordedOwners::read(record)?;
-            for dir in &self.on_the_way {
-                if let Some(owner) = user.get(dir) {
-                    owners.insert(dir, *owner);
+        for dir in &self.on_the_way {
+            for (found, entry) in walk_down(&below, dir.as_str()) {
+                if let LowerKind::Symlink(target) = &entry.kind {
+                    return Err(CopyError::ThroughLink {
+                        path: format!("/{}", dir.as_str()),
+                        link: format!("/{found}"),
+                        target: target.clone(),
+                    }
+                    .into());
+                }
+                if found == dir.as_str() {
+                    if entry.kind != LowerKind::Dir {
+                        return Err(CopyError::Replaces {
+                            path: format!("/{found}"),
+                            what: "a directory over a file",
+                        }
+                        .into());
+                    }
+                    owners.insert(dir, entry.recorded);
                 }
             }
         }
-        write_record(&self.owners_record, &owners.to_json())
+        for (path, item) in &self.items {
+            let Some((found, entry)) = walk_down(&below, path).pop() else {
+                continue;
+            };
+            match (&entry.kind, item) {
+                (LowerKind::Symlink(target), _) if found != *path => {
+                    return Err(CopyError::ThroughLink {
+                        path: format!("/{path}"),
+                        link: format!("/{found}"),
+                        target: target.clone(),
+                    }
+                    .into())
+                }
+                (LowerKind::Dir, Item::File { .. } | Item::Symlink { .. }) if found == *path => {
+                    return Err(CopyError::Replaces {
+                        path: format!("/{found}"),
+                        what: "a file over a directory",
+                    }
+                    .into())
+                }
+                _ => {}
+            }
+        }
+        Ok(owners)
     }
+}
+
+fn open_below(trees: &[PathBuf]) -> Result<Vec<Below>, BuildError> {
+    trees.iter().map(|tree| Below::open(tree)).collect()
+}
+
+/// Refuse an entry that writes through a link another entry copies (`code/k -> /home/ci`
+/// and a file for `k/authorized_keys`): staging would follow it on the host.
+fn refuse_writes_through_links(items: &BTreeMap<String, (Item, String)>) -> Result<(), CopyError> {
+    for (path, (_, entry)) in items {
+        let mut parent = path.as_str();
+        while let Some((above, _)) = parent.rsplit_once('/') {
+            if let Some((Item::Symlink { target }, link_entry)) = items.get(above) {
+                return Err(CopyError::ThroughCopiedLink {
+                    path: format!("/{path}"),
+                    entry: entry.clone(),
+                    link: format!("/{above}"),
+                    target: target.clone(),
+                    link_entry: link_entry.clone(),
+                });
+            }
+            parent = above;
+        }
+    }
+    Ok(())
 }
 
 /// One entry's image paths.
@@ -522,7 +611,7 @@ mod tests {
         let layer = CopyLayer::plan(
             &[entry("train", "/workspace/train", &["data"])],
             dir.path(),
-            None,
+            &[],
             &staging,
         )
         .unwrap()
@@ -553,7 +642,7 @@ mod tests {
         let (_staging_dir, staging) = staging();
         let entries = [entry("train", "/workspace/train", &[])];
         let key = |dir: &Path| {
-            CopyLayer::plan(&entries, dir, None, &staging)
+            CopyLayer::plan(&entries, dir, &[], &staging)
                 .unwrap()
                 .unwrap()
                 .key
@@ -577,14 +666,14 @@ mod tests {
         let (_staging_dir, staging) = staging();
         let outside = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(outside.path(), dir.path().join("escape")).unwrap();
-        let error = CopyLayer::plan(&[entry("escape", "/x", &[])], dir.path(), None, &staging)
+        let error = CopyLayer::plan(&[entry("escape", "/x", &[])], dir.path(), &[], &staging)
             .err()
             .unwrap();
         assert!(
             error.to_string().contains("outside the recipe's directory"),
             "{error}"
         );
-        let error = CopyLayer::plan(&[entry("missing", "/x", &[])], dir.path(), None, &staging)
+        let error = CopyLayer::plan(&[entry("missing", "/x", &[])], dir.path(), &[], &staging)
             .err()
             .unwrap();
         assert!(error.to_string().contains("does not exist"), "{error}");
@@ -594,7 +683,7 @@ mod tests {
                 entry("train/run.sh", "/w/a.py", &[]),
             ],
             dir.path(),
-            None,
+            &[],
             &staging,
         )
         .err()
@@ -609,7 +698,7 @@ mod tests {
             .status()
             .unwrap();
         assert!(status.success());
-        let error = CopyLayer::plan(&[entry("train", "/w", &[])], dir.path(), None, &staging)
+        let error = CopyLayer::plan(&[entry("train", "/w", &[])], dir.path(), &[], &staging)
             .err()
             .unwrap();
         assert!(error.to_string().contains("named pipe"), "{error}");
@@ -621,26 +710,112 @@ mod tests {
         let (_staging_dir, staging) = staging();
         let below = tempfile::tempdir().unwrap();
         let plan = |src: &str, dst: &str| {
-            CopyLayer::plan(&[entry(src, dst, &[])], dir.path(), None, &staging)
+            CopyLayer::plan(&[entry(src, dst, &[])], dir.path(), &[], &staging)
                 .unwrap()
                 .unwrap()
         };
         let trees = [below.path().to_path_buf()];
-        assert!(plan("train/train.py", "/w/train.py").cannot_change_the_audit(&trees));
+        assert!(plan("train/train.py", "/w/train.py").cannot_change_the_audit(&trees).unwrap());
         // A symlink, an ELF object, a file over one of a layer below: a full audit.
-        assert!(!plan("train", "/w").cannot_change_the_audit(&trees));
+        assert!(!plan("train", "/w").cannot_change_the_audit(&trees).unwrap());
         fs_err::write(dir.path().join("lib.so"), b"\x7fELF\x02\x01\x01").unwrap();
-        assert!(!plan("lib.so", "/w/lib.so").cannot_change_the_audit(&trees));
+        assert!(!plan("lib.so", "/w/lib.so").cannot_change_the_audit(&trees).unwrap());
         fs_err::create_dir_all(below.path().join("etc")).unwrap();
         fs_err::write(below.path().join("etc/hosts"), "").unwrap();
-        assert!(!plan("train/train.py", "/etc/hosts").cannot_change_the_audit(&trees));
+        assert!(!plan("train/train.py", "/etc/hosts").cannot_change_the_audit(&trees).unwrap());
+    }
+
+    /// A layer below, staged: what `CopyLayer` reads through its staging directory.
+    struct Lower {
+        key: CacheKey,
+    }
+    impl LayerStager for Lower {
+        fn name(&self) -> &'static str {
+            "lower"
+        }
+        fn key(&self) -> &CacheKey {
+            &self.key
+        }
+        fn stage(&self, _dir: &Path) -> Result<(), BuildError> {
+            Ok(())
+        }
+    }
+
+    /// A staged lower tree with /tmp 1777, /bin -> usr/bin and /etc/hosts.
+    fn lower(staging: &Staging) -> Lower {
+        let lower = Lower {
+            key: CacheKey::new("test/lower", &[], &"lower"),
+        };
+        let tree = staging.dir(&lower.key);
+        fs_err::create_dir_all(tree.join("tmp")).unwrap();
+        fs_err::set_permissions(tree.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        fs_err::create_dir_all(tree.join("usr/bin")).unwrap();
+        std::os::unix::fs::symlink("usr/bin", tree.join("bin")).unwrap();
+        fs_err::create_dir_all(tree.join("etc/hosts.d")).unwrap();
+        lower
+    }
+
+    #[test]
+    fn the_layers_below_keep_their_directories_and_links() {
+        let dir = context();
+        let (_staging_dir, staging) = staging();
+        let lower = lower(&staging);
+        let below: [&dyn LayerStager; 1] = [&lower];
+        let stage = |src: &str, dst: &str| {
+            let layer = CopyLayer::plan(&[entry(src, dst, &[])], dir.path(), &below, &staging)
+                .unwrap()
+                .unwrap();
+            let out = tempfile::tempdir().unwrap();
+            layer.stage(out.path()).map(|()| (layer, out))
+        };
+        // /tmp keeps 1777: the layer records the lower directory's mode.
+        let (layer, _out) = stage("train/train.py", "/tmp/cache/train.py").unwrap();
+        let owners = RecordedOwners::read(&layer.owners_record).unwrap();
+        assert_eq!(
+            owners.get(&LayerPath::parse("tmp").unwrap()).unwrap().mode,
+            0o1777
+        );
+        // Through /bin, a link of the image: refused, naming it.
+        let error = stage("train/train.py", "/bin/train").err().unwrap();
+        assert!(
+            error.to_string().contains("`/bin`, a symbolic link"),
+            "{error}"
+        );
+        // A file where the image has a directory.
+        let error = stage("train/train.py", "/etc/hosts.d").err().unwrap();
+        assert!(
+            error.to_string().contains("a file over a directory"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn an_entry_cannot_write_through_a_link_another_copies() {
+        let dir = context();
+        let (_staging_dir, staging) = staging();
+        std::os::unix::fs::symlink("/root", dir.path().join("train/k")).unwrap();
+        let error = CopyLayer::plan(
+            &[
+                entry("train", "/w", &[]),
+                entry("train/train.py", "/w/k/authorized_keys", &[]),
+            ],
+            dir.path(),
+            &[],
+            &staging,
+        )
+        .err()
+        .unwrap();
+        assert!(
+            error.to_string().contains("staging would follow it"),
+            "{error}"
+        );
     }
 
     #[test]
     fn staging_checks_the_files_against_the_plan() {
         let dir = context();
         let (_staging_dir, staging) = staging();
-        let layer = CopyLayer::plan(&[entry("train", "/w", &[])], dir.path(), None, &staging)
+        let layer = CopyLayer::plan(&[entry("train", "/w", &[])], dir.path(), &[], &staging)
             .unwrap()
             .unwrap();
         let staged = tempfile::tempdir().unwrap();

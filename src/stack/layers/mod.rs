@@ -16,6 +16,7 @@
 
 pub mod apt;
 pub mod base;
+mod below;
 pub mod config;
 pub mod copy;
 pub mod python;
@@ -107,12 +108,9 @@ impl<'a> StackLayers<'a> {
             below.push(packages);
         }
         let config = config::ConfigLayer::plan(inputs, &below, env);
-        let copy = copy::CopyLayer::plan(
-            &inputs.recipe.copy,
-            &inputs.context,
-            user.as_ref(),
-            env.staging,
-        )?;
+        below.push(&config);
+        let copy =
+            copy::CopyLayer::plan(&inputs.recipe.copy, &inputs.context, &below, env.staging)?;
         Ok(Self {
             base,
             apt,

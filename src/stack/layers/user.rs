@@ -9,9 +9,9 @@
 //! the user when the layers below do not have them. The layer sits after `python` and
 //! before `config`, so a change of user rebuilds two small layers and nothing else.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use super::below::{self, Below, LowerEntry, LowerKind};
 use super::{BuildEnv, LayerStager, ASSEMBLER};
 use crate::layer::{CacheKey, DirOptions, LayerPath, ModePolicy, Recorded, RecordedOwners};
 use crate::recipe::{ImagePath, UserSpec};
@@ -30,12 +30,6 @@ const ACCOUNT_FILES: &[(&str, bool)] = &[
 
 /// The mode of the directories the layer creates for the user (home, workdir).
 const USER_DIR_MODE: u32 = 0o755;
-
-/// A staged tree below this layer and its owners record (a tree staged without root).
-struct Below {
-    tree: PathBuf,
-    owners: Option<RecordedOwners>,
-}
 
 /// The user layer of one platform.
 pub(crate) struct UserLayer {
@@ -73,11 +67,6 @@ impl UserLayer {
             days,
             owners_record,
         })
-    }
-
-    /// The owners record of the staged tree: who owns the home and the workdir.
-    pub fn owners_record(&self) -> &Path {
-        &self.owners_record
     }
 
     /// The user's line in each account file.
@@ -181,16 +170,7 @@ impl LayerStager for UserLayer {
         let below = self
             .below
             .iter()
-            .map(|tree| {
-                let record = tree.with_extension("owners.json");
-                Ok(Below {
-                    tree: tree.clone(),
-                    owners: record
-                        .exists()
-                        .then(|| RecordedOwners::read(&record))
-                        .transpose()?,
-                })
-            })
+            .map(|tree| Below::open(tree))
             .collect::<Result<Vec<_>, BuildError>>()?;
         let mut owners = RecordedOwners::default();
         self.write_accounts(dir, &below, &mut owners)?;
@@ -215,26 +195,14 @@ fn layer_path(path: &str) -> Result<LayerPath, BuildError> {
 
 /// The owner and mode of `path` in the top-most tree below that has it.
 fn find_below(below: &[Below], path: &str) -> Result<Option<(PathBuf, Recorded)>, BuildError> {
-    for layer in below.iter().rev() {
-        let disk = layer.tree.join(path);
-        let Ok(meta) = fs_err::symlink_metadata(&disk) else {
-            continue;
-        };
-        if meta.file_type().is_symlink() {
-            return Err(BuildError::Unsupported(format!("/{path} is a symbolic link in the layers below the user's; cudastack writes the user's files and directories only where the path is real\n  hint: give `user.home` or `workdir` a path without links (e.g. under /home or /workspace)")));
-        }
-        let recorded = layer
-            .owners
-            .as_ref()
-            .and_then(|owners| owners.get(&layer_path(path).ok()?).copied())
-            .unwrap_or(Recorded {
-                uid: meta.uid(),
-                gid: meta.gid(),
-                mode: meta.mode() & 0o7777,
-            });
-        return Ok(Some((disk, recorded)));
+    match below::top_most(below, path) {
+        Some(LowerEntry {
+            kind: LowerKind::Symlink(_),
+            ..
+        }) => Err(BuildError::Unsupported(format!("/{path} is a symbolic link in the layers below the user's; cudastack writes the user's files and directories only where the path is real\n  hint: give `user.home` or `workdir` a path without links (e.g. under /home or /workspace)"))),
+        Some(entry) => Ok(Some((entry.disk, entry.recorded))),
+        None => Ok(None),
     }
-    Ok(None)
 }
 
 /// Whether `path` exists below, checking each component from the top so that no link
