@@ -706,8 +706,8 @@ impl Recipe {
     }
 
     /// Digest of what the lock is made from: the recipe without the keys that only shape
-    /// the image ([`IMAGE_ONLY_KEYS`]), so changing the code copied, the entrypoint or a
-    /// tag does not make the lock stale (and a relock cannot move a version because of
+    /// the image ([`IMAGE_ONLY_KEYS`]), so changing the code copied or the entrypoint does
+    /// not make the lock stale (and a relock cannot move a version because of
     /// it). A recipe without those keys has `lock_digest() == digest()`.
     pub fn lock_digest(&self) -> Digest {
         let mut value = serde_json::to_value(self).expect("a recipe always serialises");
