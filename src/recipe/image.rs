@@ -90,7 +90,7 @@ pub fn check_env(name: &str, value: &str) -> Result<(), String> {
         return Err(format!("env `{}` is not a variable name: letters, digits and `_`, not starting with a digit (what a shell can export)", escape(name)));
     }
     if stack_owns(name) {
-        return Err(format!("env `{name}` is set by the stack and may not be changed: the audit and the verification proved the image with the stack's value (one CUDA library directory on the loader's path, the NVIDIA runtime's switches, pip kept to the lock); the variables the stack owns are {}\n  hint: remove `{name}` from `env:`; for a library directory of your own add it to /etc/ld.so.conf.d in your code's layer", OWNED_ENV.iter().map(|n| if n.ends_with('_') { format!("{n}*") } else { n.to_string() }).collect::<Vec<_>>().join(", ")));
+        return Err(format!("env `{name}` is set by the stack and may not be changed: the audit and the verification proved the image with the stack's value (one CUDA library directory on the loader's path, the NVIDIA runtime's switches, pip kept to the lock); the variables the stack owns are {}\n  hint: remove `{name}` from `env:`; for a library of your own, give the extension that loads it a RUNPATH (`-Wl,-rpath,'$ORIGIN/lib'`), which the loader follows without its cache; a Debian package's libraries come through `apt:`, whose /etc/ld.so.conf.d entries the image's loader cache includes (a file there from `copy:` does nothing: the cache is built in the config layer, below the code)", OWNED_ENV.iter().map(|n| if n.ends_with('_') { format!("{n}*") } else { n.to_string() }).collect::<Vec<_>>().join(", ")));
     }
     if value.contains('\0') {
         return Err(format!(
@@ -637,9 +637,12 @@ mod tests {
             ("NVIDIA_REQUIRE_CUDA", "is set by the stack"),
             ("PIP_CONSTRAINT", "pip kept to the lock"),
             ("PIP_BREAK_SYSTEM_PACKAGES", "hint: remove"),
+            ("LD_LIBRARY_PATH", "a RUNPATH"),
         ] {
             let error = check_env(name, "x").unwrap_err();
             assert!(error.contains(expected), "{name}: {error}");
+            // The loader cache is built below the copy layer: a conf file there is inert.
+            assert!(!error.contains("in your code's layer"), "{name}: {error}");
         }
         assert!(check_env("X", "a\0b").unwrap_err().contains("NUL"));
     }
