@@ -90,7 +90,7 @@ pub fn check_env(name: &str, value: &str) -> Result<(), String> {
         return Err(format!("env `{}` is not a variable name: letters, digits and `_`, not starting with a digit (what a shell can export)", escape(name)));
     }
     if stack_owns(name) {
-        return Err(format!("env `{name}` is set by the stack and may not be changed: the audit and the verification proved the image with the stack's value (one CUDA library directory on the loader's path, the NVIDIA runtime's switches, pip kept to the lock); the variables the stack owns are {}\n  hint: remove `{name}` from `env:`; for a library directory of your own add it to /etc/ld.so.conf.d in your code's layer", OWNED_ENV.iter().map(|n| if n.ends_with('_') { format!("{n}*") } else { n.to_string() }).collect::<Vec<_>>().join(", ")));
+        return Err(format!("env `{name}` is set by the stack and may not be changed: the audit and the verification proved the image with the stack's value (one CUDA library directory on the loader's path, the NVIDIA runtime's switches, pip kept to the lock); the variables the stack owns are {}\n  hint: remove `{name}` from `env:`; for a library of your own, give the extension that loads it a RUNPATH (`-Wl,-rpath,'$ORIGIN/lib'`), which the loader follows without its cache; a Debian package's libraries come through `apt:`, whose /etc/ld.so.conf.d entries the image's loader cache includes (a file there from `copy:` does nothing: the cache is built in the config layer, below the code)", OWNED_ENV.iter().map(|n| if n.ends_with('_') { format!("{n}*") } else { n.to_string() }).collect::<Vec<_>>().join(", ")));
     }
     if value.contains('\0') {
         return Err(format!(
@@ -158,8 +158,14 @@ impl FromStr for ImagePath {
                 escape(text)
             ));
         }
-        if text.contains('\0') {
-            return Err(format!("`{}` has a NUL byte", escape(text)));
+        // A newline would start a new line of /etc/passwd (a second account) and no control
+        // character belongs in a directory name the config or a layer carries.
+        if let Some(c) = text.chars().find(|c| c.is_control()) {
+            return Err(format!(
+                "`{}` has a control character (`{}`); a path in the image is written into the config and, for a home, into /etc/passwd, one account per line\n  hint: name the directory with printable characters, e.g. `/workspace`",
+                escape(text),
+                c.escape_default()
+            ));
         }
         let mut parts = Vec::new();
         for part in text.split('/') {
@@ -243,6 +249,9 @@ impl TryFrom<RawUser> for UserSpec {
             Some(home) => home,
             None => format!("/home/{}", raw.name).parse()?,
         };
+        if home.as_str().contains(':') {
+            return Err(format!("user `{}`: home `{}` has a `:`, which separates the fields of /etc/passwd (name:password:uid:gid:comment:home:shell): the rest would be read as the shell and more fields\n  hint: choose a directory without `:`, e.g. `/home/{}`", raw.name, home, raw.name));
+        }
         if home.as_str() == "/" {
             return Err(format!(
                 "user `{}`: home `/` is the image root; give the user a directory of its own",
@@ -628,9 +637,12 @@ mod tests {
             ("NVIDIA_REQUIRE_CUDA", "is set by the stack"),
             ("PIP_CONSTRAINT", "pip kept to the lock"),
             ("PIP_BREAK_SYSTEM_PACKAGES", "hint: remove"),
+            ("LD_LIBRARY_PATH", "a RUNPATH"),
         ] {
             let error = check_env(name, "x").unwrap_err();
             assert!(error.contains(expected), "{name}: {error}");
+            // The loader cache is built below the copy layer: a conf file there is inert.
+            assert!(!error.contains("in your code's layer"), "{name}: {error}");
         }
         assert!(check_env("X", "a\0b").unwrap_err().contains("NUL"));
     }
@@ -670,6 +682,52 @@ mod tests {
             .parse::<ImagePath>()
             .unwrap_err()
             .contains("`..`"));
+        for bad in ["/a\nb", "/a\rb", "/a\tb", "/a\0b", "/a\u{7f}b", "/a\u{85}b"] {
+            let error = bad.parse::<ImagePath>().unwrap_err();
+            assert!(
+                error.contains("has a control character"),
+                "{bad:?}: {error}"
+            );
+            // The path is escaped: its only line break is the hint's.
+            assert_eq!(error.lines().count(), 2, "{error}");
+        }
+    }
+
+    /// The reviewer's payload: a home that would add a uid-0 account to /etc/passwd.
+    #[test]
+    fn a_home_cannot_write_another_passwd_line() {
+        for (user, expected) in [
+            (
+                r#"{ name: trainer, uid: 1000, home: "/h:/bin/sh\nroot2:x:0:0::/root" }"#,
+                "has a control character (`\\n`)",
+            ),
+            (
+                r#"{ name: trainer, uid: 1000, home: "/h:/bin/sh" }"#,
+                "has a `:`, which separates the fields of /etc/passwd",
+            ),
+            (
+                r#"{ name: trainer, uid: 1000, home: "/h\r" }"#,
+                "control character",
+            ),
+            (r#"{ name: "a:b", uid: 1000 }"#, "useradd"),
+            (r#"{ name: "a\nroot2", uid: 1000 }"#, "useradd"),
+        ] {
+            let error = parse(&format!("user: {user}\n")).unwrap_err();
+            assert!(
+                error.contains(expected),
+                "{user}: expected `{expected}` in {error}"
+            );
+            assert!(error.starts_with("r.yaml:6:"), "{user}: {error}");
+            assert!(!error.contains("\nroot2"), "{user}: {error}");
+        }
+        assert!(parse("workdir: \"/w\\nx\"\n")
+            .unwrap_err()
+            .contains("control character"));
+        // A `:` is refused only where /etc/passwd would read it.
+        assert_eq!(
+            parse("workdir: /w:x\n").unwrap().workdir.unwrap().as_str(),
+            "/w:x"
+        );
     }
 
     #[test]
@@ -677,7 +735,18 @@ mod tests {
         for good in ["trainer", "_svc", "a-b_c1", "machine$"] {
             assert!(check_user_name(good).is_ok(), "{good}");
         }
-        for bad in ["Trainer", "1user", "", "$", "a b", "-x", &"a".repeat(33)] {
+        for bad in [
+            "Trainer",
+            "1user",
+            "",
+            "$",
+            "a b",
+            "-x",
+            "a:b",
+            "a\nb",
+            "a$b",
+            &"a".repeat(33),
+        ] {
             assert!(
                 check_user_name(bad).unwrap_err().contains("useradd"),
                 "{bad}"

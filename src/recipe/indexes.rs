@@ -67,39 +67,66 @@ impl IndexUrl {
         &self.0
     }
 
-    /// Parse an index URL for index `name` (named in the errors).
+    /// Parse an index URL for index `name` (named in the errors). Credentials are refused
+    /// before anything else is said, and no error repeats a password: each shows the URL
+    /// through [`masked`].
     fn parse(text: &str, name: &IndexName) -> Result<Self, String> {
+        let shown = masked(text);
         let url = Url::parse(text).map_err(|error| {
             format!(
-                "index `{name}`: `{}` is not a URL ({error}); write the simple index's address, such as `https://pypi.internal.example/simple`",
-                escape(text)
+                "index `{name}`: `{shown}` is not a URL ({error}); write the simple index's address, such as `https://pypi.internal.example/simple`"
             )
         })?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(format!(
-                "index `{name}`: `{}` has scheme `{}`; an index is read over https (or http)",
-                escape(url.as_str()),
-                url.scheme()
-            ));
-        }
         if !url.username().is_empty() || url.password().is_some() {
-            let mut shown = url.clone();
-            let _ = shown.set_username("");
-            let _ = shown.set_password(None);
+            let mut bare = url.clone();
+            let _ = bare.set_username("");
+            let _ = bare.set_password(None);
             let key = name.env_key();
             return Err(format!(
-                "index `{name}`: the URL carries credentials (`user:password@`); the recipe's URLs are written into its digest and the lock, so the credentials would be too; write `url: \"{shown}\"` and give the credentials as CUDASTACK_INDEX_{key}_USERNAME and CUDASTACK_INDEX_{key}_PASSWORD, in ~/.netrc (or $NETRC) as `machine {} login USER password PASSWORD`, or through `keyring` with CUDASTACK_KEYRING_PROVIDER=subprocess (docs/recipe-indexes.md)",
-                shown.host_str().unwrap_or_default()
+                "index `{name}`: the URL carries credentials (`user:password@`); the recipe's URLs are written into its digest and the lock, so the credentials would be too; write `url: \"{}\"` and give the credentials as CUDASTACK_INDEX_{key}_USERNAME and CUDASTACK_INDEX_{key}_PASSWORD, in ~/.netrc (or $NETRC) as `machine {} login USER password PASSWORD`, or through `keyring` with CUDASTACK_KEYRING_PROVIDER=subprocess (docs/recipe-indexes.md)",
+                masked(bare.as_str()),
+                bare.host_str().unwrap_or_default()
+            ));
+        }
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!(
+                "index `{name}`: `{shown}` has scheme `{}`; an index is read over https (or http)",
+                escape(url.scheme())
             ));
         }
         if url.query().is_some() || url.fragment().is_some() {
             return Err(format!(
-                "index `{name}`: `{}` has a query or fragment; a simple index is a plain path, such as `https://pypi.internal.example/simple`",
-                escape(url.as_str())
+                "index `{name}`: `{shown}` has a query or fragment; a simple index is a plain path, such as `https://pypi.internal.example/simple`"
             ));
         }
         Ok(IndexUrl(url))
     }
+}
+
+/// `text` as an error may show it: escaped, its userinfo, query and fragment replaced by
+/// `****`.
+/// Read from the text, not from a parsed URL, because a text the URL parser refuses or
+/// reads another way (`bob:s3cret@host/simple` has the scheme `bob`) still holds the
+/// secret. The userinfo is all before the last `@` ahead of any `?` or `#` (a password
+/// may hold an unencoded `/` or `@`), masked whole: a user name alone is often a token.
+fn masked(text: &str) -> String {
+    let scheme = |at: &usize| {
+        text[..*at]
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    };
+    let start = text.find("://").filter(scheme).map_or(0, |at| at + 3);
+    let (head, tail) = text.split_at(start);
+    let end = tail.find(['?', '#']).unwrap_or(tail.len());
+    let rest = match tail[..end].rfind('@') {
+        Some(at) => format!("****@{}", &tail[at + 1..]),
+        None => tail.to_string(),
+    };
+    let rest = match rest.find(['?', '#']) {
+        Some(at) => format!("{}****", &rest[..=at]),
+        None => rest,
+    };
+    escape(&format!("{head}{rest}"))
 }
 
 impl fmt::Display for IndexUrl {
@@ -296,6 +323,64 @@ mod tests {
             parse("indexes: [{ name: a, url: \"https://bob@pypi.internal.example/simple\" }]\n")
                 .unwrap_err();
         assert!(error.contains("carries credentials"), "{error}");
+    }
+
+    /// No recipe error repeats a password, whatever else is wrong with the URL: credentials
+    /// are refused first, and every other message shows the URL masked.
+    #[test]
+    fn no_error_repeats_a_password() {
+        for (url, says) in [
+            ("ftp://bob:s3cret@h.example/simple", "carries credentials"),
+            (
+                "https://bob:s3cret@h.example/simple?x=1",
+                "carries credentials",
+            ),
+            ("https://s3cret@h.example/simple", "carries credentials"),
+            (
+                "bob:s3cret@h.example/simple",
+                "`****@h.example/simple` has scheme `bob`",
+            ),
+            (
+                "https://bob:s3cret@[::1/simple",
+                "`https://****@[::1/simple` is not a URL",
+            ),
+            (
+                "https://bob:s3/cret@h.example/simple",
+                "`https://****@h.example/simple` is not a URL",
+            ),
+            (
+                "https://bob:s3@cret@h.example:x/simple",
+                "`https://****@h.example:x/simple` is not a URL",
+            ),
+            (
+                "bob:s3cret@h/x?u=http://y",
+                "`****@h/x?****` has scheme `bob`",
+            ),
+            (
+                "https://h.example/simple?token=s3cret",
+                "`https://h.example/simple?****` has a query",
+            ),
+            (
+                "https://h.example/simple#s3cret",
+                "`https://h.example/simple#****` has a query",
+            ),
+        ] {
+            let recipe = format!("name: t\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\nindexes: [{{ name: a, url: \"{url}\" }}]\n");
+            let error = crate::recipe::Recipe::parse(&recipe, std::path::Path::new("t.yaml"))
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(says), "{url}: expected `{says}` in {error}");
+            assert!(
+                !error.contains("s3"),
+                "{url}: the error repeats the password: {error}"
+            );
+        }
+        assert_eq!(
+            masked("https://h.example/simple"),
+            "https://h.example/simple"
+        );
+        assert_eq!(masked("a\nb@c"), "****@c");
+        assert_eq!(masked("x\ny"), "x\\ny");
     }
 
     #[test]

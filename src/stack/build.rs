@@ -191,8 +191,11 @@ fn image_of(
     if let Some(dir) = &config.working_dir {
         image = image.with_working_dir(dir);
     }
+    if let Some(cmd) = &config.cmd {
+        image = image.with_cmd(cmd.clone());
+    }
     let (user, ports) = (config.user.clone(), config.exposed_ports.clone());
-    image.with_cmd(config.cmd.clone()).with_config(|oci| {
+    image.with_config(|oci| {
         if user.is_some() {
             oci.set_user(user);
         }

@@ -58,7 +58,7 @@ impl ToolkitPaths {
 /// `pip install` in an image built `FROM` this one cannot replace the stack (issue 19).
 pub const PIP_CONSTRAINTS_PATH: &str = "/etc/pip/constraints.txt";
 
-/// The command of an image whose recipe gives none.
+/// The command of an image whose recipe gives neither `entrypoint` nor `cmd`.
 pub const DEFAULT_CMD: &str = "python3";
 
 /// Everything the config says, before it becomes an OCI config.
@@ -68,7 +68,8 @@ pub struct StackConfig {
     pub env: Vec<(String, String)>,
     pub labels: BTreeMap<String, String>,
     pub entrypoint: Vec<String>,
-    pub cmd: Vec<String>,
+    /// None: no `Cmd` at all (an entrypoint without `cmd:` runs with no arguments).
+    pub cmd: Option<Vec<String>>,
     /// `uid:gid` of the recipe's user: numeric, so a runtime can tell it is not root
     /// without reading the image's /etc/passwd (Kubernetes' `runAsNonRoot` refuses a
     /// named user it cannot check).
@@ -104,13 +105,21 @@ pub fn stack_config(
         env: with_recipe_env(stack_env(matrix, recipe, facts, arch), recipe),
         labels,
         entrypoint: recipe.entrypoint.clone(),
-        cmd: recipe
-            .cmd
-            .clone()
-            .unwrap_or_else(|| vec![DEFAULT_CMD.to_string()]),
+        cmd: image_cmd(recipe),
         user: recipe.user.as_ref().map(|user| user.oci_user()),
         working_dir: recipe.workdir.as_ref().map(ToString::to_string),
         exposed_ports: recipe.expose.iter().map(ToString::to_string).collect(),
+    }
+}
+
+/// The recipe's `cmd`, else `[python3]` only when there is no entrypoint either: Docker
+/// clears an inherited Cmd when ENTRYPOINT is set, because the Cmd would become the
+/// entrypoint's arguments (`train.py python3`, which an argparse script refuses).
+fn image_cmd(recipe: &Recipe) -> Option<Vec<String>> {
+    match (&recipe.cmd, recipe.entrypoint.is_empty()) {
+        (Some(cmd), _) => Some(cmd.clone()),
+        (None, true) => Some(vec![DEFAULT_CMD.to_string()]),
+        (None, false) => None,
     }
 }
 
@@ -324,9 +333,39 @@ mod tests {
         assert_eq!(config.user.as_deref(), Some("1000:2000"));
         assert_eq!(config.working_dir.as_deref(), Some("/workspace"));
         assert_eq!(config.entrypoint, ["python3", "train.py"]);
-        assert_eq!(config.cmd, ["python3"], "cmd keeps its default");
+        assert_eq!(config.cmd, None, "an entrypoint without `cmd:` gets no Cmd");
         assert_eq!(config.exposed_ports, ["29500/tcp"]);
         assert_eq!(config.labels["com.example.team"], "ml");
         assert_eq!(config.labels["io.cudastack.recipe"], "t");
+    }
+
+    /// Docker's rule: an entrypoint without `cmd:` runs with no arguments; `[python3]` is
+    /// the command only of an image that has neither.
+    #[test]
+    fn the_default_cmd_only_without_an_entrypoint() {
+        let cmd_of = |keys: &str| {
+            let recipe = Recipe::parse(
+                &format!("name: t\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"535.104.05\"\ncuda: {{ version: \"12.1\" }}\n{keys}"),
+                Path::new("t.yaml"),
+            )
+            .unwrap();
+            stack_config(
+                Matrix::embedded(),
+                &recipe,
+                None,
+                &StackFacts::default(),
+                Platform::LinuxAmd64,
+            )
+            .cmd
+        };
+        let words = |w: &[&str]| Some(w.iter().map(ToString::to_string).collect::<Vec<_>>());
+        assert_eq!(cmd_of(""), words(&["python3"]));
+        assert_eq!(cmd_of("entrypoint: [python3, train.py]\n"), None);
+        assert_eq!(
+            cmd_of("entrypoint: [python3, train.py]\ncmd: [--steps, \"8\"]\n"),
+            words(&["--steps", "8"])
+        );
+        assert_eq!(cmd_of("cmd: [bash]\n"), words(&["bash"]));
+        assert_eq!(cmd_of("entrypoint: [python3]\ncmd: []\n"), words(&[]));
     }
 }
