@@ -109,7 +109,7 @@ impl IndexUrl {
 /// reads another way (`bob:s3cret@host/simple` has the scheme `bob`) still holds the
 /// secret. The userinfo is all before the last `@` ahead of any `?` or `#` (a password
 /// may hold an unencoded `/` or `@`), masked whole: a user name alone is often a token.
-fn masked(text: &str) -> String {
+pub(super) fn masked(text: &str) -> String {
     let scheme = |at: &usize| {
         text[..*at]
             .chars()

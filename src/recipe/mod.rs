@@ -374,6 +374,11 @@ impl FromStr for TorchIndex {
             });
         }
         if text.starts_with("https://") || text.starts_with("http://") {
+            let authority = text.split("://").nth(1).unwrap_or("");
+            let authority = authority.split(['/', '?', '#']).next().unwrap_or("");
+            if authority.contains('@') {
+                return Err(format!("torch index URL `{}` carries credentials, which the lock would record; cudastack reads the torch index without any\n  hint: give the index's URL without `user:password@`", indexes::masked(text)));
+            }
             let last = text.trim_end_matches('/').rsplit('/').next().unwrap_or("");
             if is_variant(last) {
                 return Ok(TorchIndex::Variant {
@@ -381,10 +386,11 @@ impl FromStr for TorchIndex {
                     url: text.trim_end_matches('/').to_string(),
                 });
             }
-            return Err(format!("torch index URL `{text}` must end in a CUDA variant such as /cu124, so cudastack knows which build it serves"));
+            return Err(format!("torch index URL `{}` must end in a CUDA variant such as /cu124, so cudastack knows which build it serves", indexes::masked(text)));
         }
         Err(format!(
-            "torch index `{text}` is not `pypi`, a variant like `cu124`, or an index URL"
+            "torch index `{}` is not `pypi`, a variant like `cu124`, or an index URL",
+            indexes::masked(text)
         ))
     }
 }
@@ -791,6 +797,18 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
             .unwrap_err()
             .to_string();
         assert!(error.contains("PEP 508"), "{error}");
+    }
+
+    #[test]
+    fn a_torch_index_url_never_shows_its_password() {
+        for text in [
+            "https://bob:s3cret@mirror.example/whl/cu121",
+            "https://bob:s3cret@mirror.example/whl/nightly",
+            "bob:s3cret@mirror.example",
+        ] {
+            let error = TorchIndex::from_str(text).unwrap_err();
+            assert!(!error.contains("s3cret"), "{error}");
+        }
     }
 
     #[test]

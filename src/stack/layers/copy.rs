@@ -715,14 +715,20 @@ mod tests {
                 .unwrap()
         };
         let trees = [below.path().to_path_buf()];
-        assert!(plan("train/train.py", "/w/train.py").cannot_change_the_audit(&trees).unwrap());
+        assert!(plan("train/train.py", "/w/train.py")
+            .cannot_change_the_audit(&trees)
+            .unwrap());
         // A symlink, an ELF object, a file over one of a layer below: a full audit.
         assert!(!plan("train", "/w").cannot_change_the_audit(&trees).unwrap());
         fs_err::write(dir.path().join("lib.so"), b"\x7fELF\x02\x01\x01").unwrap();
-        assert!(!plan("lib.so", "/w/lib.so").cannot_change_the_audit(&trees).unwrap());
+        assert!(!plan("lib.so", "/w/lib.so")
+            .cannot_change_the_audit(&trees)
+            .unwrap());
         fs_err::create_dir_all(below.path().join("etc")).unwrap();
         fs_err::write(below.path().join("etc/hosts"), "").unwrap();
-        assert!(!plan("train/train.py", "/etc/hosts").cannot_change_the_audit(&trees).unwrap());
+        assert!(!plan("train/train.py", "/etc/hosts")
+            .cannot_change_the_audit(&trees)
+            .unwrap());
     }
 
     /// A layer below, staged: what `CopyLayer` reads through its staging directory.
