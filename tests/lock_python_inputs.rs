@@ -384,7 +384,7 @@ fn pyproject_errors_say_what_to_do() {
         ("groups: [docs]", None, "the dependency group `docs`, which `[dependency-groups]` does not define"),
         ("", Some(("dependencies = [", "dynamic = [\"dependencies\"]\nx = [")), "are `dynamic`"),
         ("", Some(("\"six==1.16.0\",", "\"six @ https://example.org/six.whl\",")), "pyproject.toml:11 ([project].dependencies): `six @ https://example.org/six.whl` names a URL"),
-        ("", Some(("\"six==1.16.0\",", "\"six===\",")), "pyproject.toml:11 ([project].dependencies): `six===` is not a valid PEP 508 requirement"),
+        ("", Some(("\"six==1.16.0\",", "\"six===\",")), "pyproject.toml:11 ([project].dependencies): `six`... is not a valid PEP 508 requirement"),
         ("groups: [test]", Some(("lint = [", "lint = [{ include-group = \"test\" }, ")), "includes itself"),
     ] {
         let (dir, path, recipe) = workspace(
@@ -401,6 +401,41 @@ fn pyproject_errors_say_what_to_do() {
         let error = request(&path, &recipe).expect_err("an error");
         assert!(error.contains(expected), "{extra} {edit:?}: {error}");
         assert!(error.contains("hint: "), "{error}");
+    }
+}
+
+/// Issue 19 review: a recipe (from a pull request, say) named host files as its inputs and
+/// an unparseable line printed them. Every key and include must stay in the recipe's
+/// directory; the netrc beside the workspace is never read.
+#[test]
+fn inputs_outside_the_recipe_directory_are_refused() {
+    for (extra, include, expected) in [
+        ("requirements: [../netrc]\n", None, "`../netrc` (requirements:) is outside the recipe's directory: its `..` climbs out of it"),
+        ("pyproject: { path: ../pyproject.toml }\n", None, "`../pyproject.toml` (pyproject:) is outside"),
+        ("python_lock: ../uv.lock\n", None, "`../uv.lock` (python_lock:) is outside"),
+        ("requirements: [requirements.txt]\n", Some("-r ../../netrc"), "`../../netrc` (included from requirements.txt:1) is outside the recipe's directory"),
+        ("requirements: [requirements.txt]\n", Some("-c NETRC"), "(included from requirements.txt:1) is outside the recipe's directory: it is an absolute path"),
+        ("requirements: [requirements.txt]\n", Some("-r link.txt"), "`link.txt` (included from requirements.txt:1) is outside the recipe's directory: it is or passes through a symbolic link"),
+    ] {
+        let outer = tempfile::tempdir().unwrap();
+        let netrc = outer.path().join("netrc");
+        std::fs::write(&netrc, "machine h login u password SECRET\n").unwrap();
+        let dir = outer.path().join("recipe");
+        copy_dir(&Path::new(FIXTURES).join("requirements"), &dir);
+        std::os::unix::fs::symlink(&netrc, dir.join("link.txt")).unwrap();
+        if let Some(line) = include {
+            let file = dir.join("requirements.txt");
+            let text = std::fs::read_to_string(&file).unwrap();
+            let line = line.replace("NETRC", &netrc.to_string_lossy());
+            std::fs::write(&file, format!("{line}\n{text}")).unwrap();
+        }
+        let path = dir.join("recipe.yaml");
+        std::fs::write(&path, format!("{CUDA_ONLY}{extra}")).unwrap();
+        let recipe = Recipe::load(&path).unwrap();
+        let error = request(&path, &recipe).expect_err("an error");
+        assert!(error.contains(expected), "{extra} {include:?}: {error}");
+        assert!(error.contains("must not read other files"), "{error}");
+        assert!(!error.contains("SECRET"), "{error}");
     }
 }
 

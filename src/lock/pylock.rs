@@ -95,7 +95,10 @@ pub(crate) fn import(reader: &mut InputReader, relative: &Path) -> Result<(), Py
         for environment in &lock.environments {
             let marker = MarkerTree::from_str(environment).map_err(|e| {
                 whole(
-                    format!("the environment `{environment}` is not a PEP 508 marker: {e}"),
+                    format!(
+                        "the environment `{environment}` is not a PEP 508 marker: {}",
+                        e.message
+                    ),
                     "fix or regenerate the lock",
                 )
             })?;

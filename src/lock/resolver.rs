@@ -147,6 +147,29 @@ fn specifier_range(specifier: &VersionSpecifier) -> Ranges<Version> {
     }
 }
 
+/// `report` with each `>=V, <B` that is `==V` ([`pep440_ranges`]: V and its local versions)
+/// written `V`, as PubGrub writes a single version.
+fn exact_pins_by_name(report: &str) -> String {
+    static PAIR: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r">=([^\s,|]+), <([^\s,|]+)").expect("a valid regex")
+    });
+    PAIR.replace_all(report, |captures: &regex::Captures| {
+        let (low, high) = (&captures[1], &captures[2]);
+        // A sentence may end right after the bound.
+        let (high, stop) = match high.strip_suffix('.') {
+            Some(high) => (high, "."),
+            None => (high, ""),
+        };
+        match (low.parse::<Version>(), high.parse::<Version>()) {
+            (Ok(v), Ok(bound)) if local_bound(&v).as_ref() == Some(&bound) => {
+                format!("{low}{stop}")
+            }
+            _ => captures[0].to_string(),
+        }
+    })
+    .into_owned()
+}
+
 /// The V of a range that is an exact pin: `==V+local` (V alone) or `==V` (V and its locals),
 /// where pip takes a yanked file.
 fn exact_pin(range: &Ranges<Version>) -> Option<&Version> {
@@ -781,7 +804,7 @@ impl Provider {
 /// PubGrub's report with its root package named as the user knows it: `<root> 0` is the
 /// recipe (its `packages:`, its input files and the stack's own requirements).
 fn readable(report: &str) -> String {
-    report
+    exact_pins_by_name(report)
         .replace("<root> 0 is forbidden", "the recipe cannot be locked")
         .replace("<root> 0, ", "the recipe and ")
         .replace("<root> 0 depends on", "the recipe asks for")
@@ -858,6 +881,15 @@ mod tests {
         assert_eq!(exact_pin(&pin(">=2.0,==2.5.1")), Some(&v("2.5.1")));
         assert_eq!(exact_pin(&pin(">=2.5.1,<2.5.2")), None);
         assert_eq!(exact_pin(&pin("<=2.5.1")), None);
+    }
+
+    #[test]
+    fn reports_write_exact_pins_as_versions() {
+        let pubgrub = "Because torchvision >=0.20.1, <0.20.1.post0.dev0 depends on torch >=2.5.1, <2.5.1.post0.dev0 and <root> 0 depends on torch >=2.4.1, <2.4.1.post0.dev0.\nAnd x >=1.0, <2.0 | >=3.0.dev2, <3.0.dev3, y >=1.0rc1, <1.0rc1.post0.dev0";
+        assert_eq!(
+            readable(pubgrub),
+            "Because torchvision 0.20.1 depends on torch 2.5.1 and the recipe asks for torch 2.4.1.\nAnd x >=1.0, <2.0 | 3.0.dev2, y 1.0rc1"
+        );
     }
 
     #[test]

@@ -179,7 +179,10 @@ fn applies(
     let requirement: Requirement =
         Requirement::from_str(&text).map_err(|e| PythonInputsError::Entry {
             origin: origin(),
-            message: format!("the marker of `{}` is not PEP 508: {e}", dependency.name),
+            message: format!(
+                "the marker of `{}` is not PEP 508: {}",
+                dependency.name, e.message
+            ),
             hint: "run `uv lock` again, or export a PEP 751 lock and name that".into(),
         })?;
     Ok(requirement.evaluate_markers(&reader.env, &[]))
