@@ -684,7 +684,7 @@ mod tests {
             ("six --SECRET=1", "`--SECRET` is not an option"),
         ] {
             let error = load(&[
-                ("main.txt", format!("-r creds.txt\n").as_bytes()),
+                ("main.txt", b"-r creds.txt\n"),
                 ("creds.txt", format!("\n{text}\n").as_bytes()),
             ])
             .unwrap_err();
