@@ -10,17 +10,21 @@
 //! Hit PyPI; skipped with CUDASTACK_OFFLINE_TESTS=1 (the stack-conflict and staleness
 //! tests read no network and always run).
 
+use crate::fetch_support::{sha256_hex, wheel_bytes, FixtureServer};
 use crate::gate;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cudastack::digest::Digest;
 use cudastack::fetch::http::HttpClient;
+use cudastack::fetch::index::SimpleIndex;
+use cudastack::fetch::source::PackageSource;
 use cudastack::lock::inputs::lock_request;
 use cudastack::lock::pylock::{pylock_path, to_pylock};
 use cudastack::lock::python_inputs::{add_to_request, PythonInputs};
-use cudastack::lock::{resolve, ArtifactKind, LockError, Lockfile};
+use cudastack::lock::{resolve, ArtifactKind, LockError, LockRequest, Lockfile, Target};
 use cudastack::matrix::Matrix;
 use cudastack::recipe::{Platform, Recipe};
 
@@ -384,7 +388,7 @@ fn pyproject_errors_say_what_to_do() {
         ("groups: [docs]", None, "the dependency group `docs`, which `[dependency-groups]` does not define"),
         ("", Some(("dependencies = [", "dynamic = [\"dependencies\"]\nx = [")), "are `dynamic`"),
         ("", Some(("\"six==1.16.0\",", "\"six @ https://example.org/six.whl\",")), "pyproject.toml:11 ([project].dependencies): `six @ https://example.org/six.whl` names a URL"),
-        ("", Some(("\"six==1.16.0\",", "\"six===\",")), "pyproject.toml:11 ([project].dependencies): `six===` is not a valid PEP 508 requirement"),
+        ("", Some(("\"six==1.16.0\",", "\"six===\",")), "pyproject.toml:11 ([project].dependencies): `six`... is not a valid PEP 508 requirement"),
         ("groups: [test]", Some(("lint = [", "lint = [{ include-group = \"test\" }, ")), "includes itself"),
     ] {
         let (dir, path, recipe) = workspace(
@@ -402,6 +406,104 @@ fn pyproject_errors_say_what_to_do() {
         assert!(error.contains(expected), "{extra} {edit:?}: {error}");
         assert!(error.contains("hint: "), "{error}");
     }
+}
+
+/// Issue 19 review: a recipe (from a pull request, say) named host files as its inputs and
+/// an unparseable line printed them. Every key and include must stay in the recipe's
+/// directory; the netrc beside the workspace is never read.
+#[test]
+fn inputs_outside_the_recipe_directory_are_refused() {
+    for (extra, include, expected) in [
+        ("requirements: [../netrc]\n", None, "`../netrc` (requirements:) is outside the recipe's directory: its `..` climbs out of it"),
+        ("pyproject: { path: ../pyproject.toml }\n", None, "`../pyproject.toml` (pyproject:) is outside"),
+        ("python_lock: ../uv.lock\n", None, "`../uv.lock` (python_lock:) is outside"),
+        ("requirements: [requirements.txt]\n", Some("-r ../../netrc"), "`../../netrc` (included from requirements.txt:1) is outside the recipe's directory"),
+        ("requirements: [requirements.txt]\n", Some("-c NETRC"), "(included from requirements.txt:1) is outside the recipe's directory: it is an absolute path"),
+        ("requirements: [requirements.txt]\n", Some("-r link.txt"), "`link.txt` (included from requirements.txt:1) is outside the recipe's directory: it is or passes through a symbolic link"),
+    ] {
+        let outer = tempfile::tempdir().unwrap();
+        let netrc = outer.path().join("netrc");
+        std::fs::write(&netrc, "machine h login u password SECRET\n").unwrap();
+        let dir = outer.path().join("recipe");
+        copy_dir(&Path::new(FIXTURES).join("requirements"), &dir);
+        std::os::unix::fs::symlink(&netrc, dir.join("link.txt")).unwrap();
+        if let Some(line) = include {
+            let file = dir.join("requirements.txt");
+            let text = std::fs::read_to_string(&file).unwrap();
+            let line = line.replace("NETRC", &netrc.to_string_lossy());
+            std::fs::write(&file, format!("{line}\n{text}")).unwrap();
+        }
+        let path = dir.join("recipe.yaml");
+        std::fs::write(&path, format!("{CUDA_ONLY}{extra}")).unwrap();
+        let recipe = Recipe::load(&path).unwrap();
+        let error = request(&path, &recipe).expect_err("an error");
+        assert!(error.contains(expected), "{extra} {include:?}: {error}");
+        assert!(error.contains("must not read other files"), "{error}");
+        assert!(!error.contains("SECRET"), "{error}");
+    }
+}
+
+/// Issue 19 review: `torchlike==2.5.1` in a requirements file (constrained `<=2.5.1`) must
+/// lock the `2.5.1+cu118` a PyTorch-style index publishes: PEP 440's `==V` ignores the
+/// candidates' local labels, and the resolver's range used to be V alone ("no solution").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exact_pin_locks_the_local_version_an_index_publishes() {
+    let server = FixtureServer::start();
+    let mut html = String::from("<!DOCTYPE html><html><body>\n");
+    for version in [
+        "2.4.1+cu118",
+        "2.5.1+cu118",
+        "2.5.1.post1+cu118",
+        "2.6.0+cu118",
+    ] {
+        let (bytes, _) = wheel_bytes("torchlike", version, &[]);
+        let file = format!("torchlike-{version}-cp311-cp311-linux_x86_64.whl");
+        let href = format!("/files/{}", file.replace('+', "%2B"));
+        html.push_str(&format!(
+            "<a href=\"{href}#sha256={}\">{file}</a><br/>\n",
+            sha256_hex(&bytes)
+        ));
+        server.add_bytes(&href, "application/octet-stream", bytes);
+    }
+    server.add_bytes("/whl/cu118/torchlike/", "text/html", html.into_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("requirements.txt"),
+        "torchlike==2.5.1\n-c constraints.txt\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("constraints.txt"), "torchlike<=2.5.1\n").unwrap();
+    let path = dir.path().join("recipe.yaml");
+    std::fs::write(
+        &path,
+        format!("{CUDA_ONLY}requirements: [requirements.txt]\n"),
+    )
+    .unwrap();
+    let recipe = Recipe::load(&path).unwrap();
+    let target = || {
+        Target::new(
+            "3.11".parse().unwrap(),
+            Platform::LinuxAmd64,
+            "2.28".parse().unwrap(),
+        )
+        .unwrap()
+    };
+    let inputs = PythonInputs::load(&recipe, &path, &target()).unwrap();
+    let client = HttpClient::with_defaults().unwrap();
+    let request = LockRequest {
+        target: target(),
+        requirements: inputs.roots.iter().map(|s| s.requirement.clone()).collect(),
+        sources: vec![PackageSource::Index {
+            index: SimpleIndex::new(client.clone(), server.url("/whl/cu118/").parse().unwrap()),
+            plain_linux: true,
+        }],
+        constraints: inputs.constraints,
+        redist: vec![],
+        system: None,
+        recipe_digest: Digest::of_bytes(b"exact pin"),
+    };
+    let lock = resolve(&client, &request).await.unwrap();
+    assert_eq!(lock.artifact("torchlike").unwrap().version, "2.5.1+cu118");
 }
 
 /// The wheels uv recorded, for the target: colorama is Windows-only, iniconfig a dev group.

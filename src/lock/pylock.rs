@@ -21,7 +21,9 @@ use toml::Spanned;
 
 use crate::digest::Digest;
 use crate::lock::lockfile::{ArtifactKind, Lockfile};
-use crate::lock::python_inputs::{join_relative, InputReader, Origin, PythonInputsError};
+use crate::lock::python_inputs::{
+    invalid_requirement, join_relative, InputReader, Origin, PythonInputsError, PUBLISH_OR_COPY,
+};
 use crate::platform::Platform;
 
 /// The PEP 751 versions this reader knows: 1.x (a reader must refuse a newer major).
@@ -64,7 +66,7 @@ struct File {
 
 /// Import the PEP 751 lock at `relative` (from the recipe's directory).
 pub(crate) fn import(reader: &mut InputReader, relative: &Path) -> Result<(), PythonInputsError> {
-    let file = join_relative(Path::new(""), relative);
+    let file = join_relative(Path::new(""), relative, "python_lock:")?;
     let text = reader.read_text(&file, "python_lock:")?;
     let lock: Pylock = toml::from_str(&text).map_err(|source| PythonInputsError::Toml {
         path: file.clone().into(),
@@ -93,7 +95,10 @@ pub(crate) fn import(reader: &mut InputReader, relative: &Path) -> Result<(), Py
         for environment in &lock.environments {
             let marker = MarkerTree::from_str(environment).map_err(|e| {
                 whole(
-                    format!("the environment `{environment}` is not a PEP 508 marker: {e}"),
+                    format!(
+                        "the environment `{environment}` is not a PEP 508 marker: {}",
+                        e.message
+                    ),
                     "fix or regenerate the lock",
                 )
             })?;
@@ -128,7 +133,7 @@ fn import_package(
         hint: hint.to_string(),
     };
     if package.vcs.is_some() || package.directory.is_some() || package.archive.is_some() {
-        return Err(refuse(format!("`{}` comes from a VCS, a directory or an archive URL, not an index: cudastack locks packages it can list on an index and pin by sha256", package.name), "publish it to an index named in the recipe's `indexes:`, or install your own code with `project:`/`copy:`"));
+        return Err(refuse(format!("`{}` comes from a VCS, a directory or an archive URL, not an index: cudastack locks packages it can list on an index and pin by sha256", package.name), PUBLISH_OR_COPY));
     }
     let Some(version) = &package.version else {
         return Err(refuse(
@@ -140,12 +145,8 @@ fn import_package(
         Some(marker) => format!("{}=={version} ; {marker}", package.name),
         None => format!("{}=={version}", package.name),
     };
-    let requirement = Requirement::from_str(&text).map_err(|e| {
-        refuse(
-            format!("`{text}` is not a valid requirement: {e}"),
-            "fix or regenerate the lock",
-        )
-    })?;
+    let requirement = Requirement::from_str(&text)
+        .map_err(|e| refuse(invalid_requirement(&text, &e), "fix or regenerate the lock"))?;
     if !requirement.evaluate_markers(&reader.env, &[]) {
         return Ok(());
     }

@@ -12,7 +12,9 @@ use pep508_rs::{ExtraName, PackageName, Requirement, VersionOrUrl};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::lock::python_inputs::{join_relative, InputReader, Origin, PythonInputsError};
+use crate::lock::python_inputs::{
+    invalid_requirement, join_relative, InputReader, Origin, PythonInputsError,
+};
 use crate::recipe::python_inputs::PyprojectInput;
 
 #[derive(Deserialize)]
@@ -79,7 +81,7 @@ pub(crate) fn read(
     reader: &mut InputReader,
     input: &PyprojectInput,
 ) -> Result<(), PythonInputsError> {
-    let file = join_relative(Path::new(""), input.path.as_path());
+    let file = join_relative(Path::new(""), input.path.as_path(), "pyproject:")?;
     let text = reader.read_text(&file, "pyproject:")?;
     let parsed: Pyproject = toml::from_str(&text).map_err(|source| PythonInputsError::Toml {
         path: file.clone().into(),
@@ -170,7 +172,7 @@ fn add(
 ) -> Result<(), PythonInputsError> {
     let requirement = Requirement::from_str(text).map_err(|error| PythonInputsError::Entry {
         origin: origin.clone(),
-        message: format!("`{text}` is not a valid PEP 508 requirement: {error}"),
+        message: invalid_requirement(text, &error),
         hint: "write `name`, `name==1.2.3` or `name>=1.2; python_version >= \"3.10\"`".into(),
     })?;
     if let Some(VersionOrUrl::Url(_)) = requirement.version_or_url {

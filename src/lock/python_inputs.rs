@@ -14,7 +14,10 @@ use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
 use pep440_rs::{Operator, Version, VersionSpecifiers};
-use pep508_rs::{MarkerEnvironment, PackageName, Requirement, VersionOrUrl};
+use pep508_rs::{
+    MarkerEnvironment, PackageName, Pep508Error, Pep508ErrorSource, Pep508Url, Requirement,
+    VersionOrUrl,
+};
 use pubgrub::Ranges;
 
 use crate::digest::Digest;
@@ -52,6 +55,13 @@ pub enum PythonInputsError {
         path: PathBuf,
         #[source]
         source: Box<toml::de::Error>,
+    },
+    /// A path the recipe or an include names that leads out of the recipe's directory.
+    #[error("`{path}` ({key}) is outside the recipe's directory: {why}; a recipe (one from a pull request, say) must not read other files of the machine that locks it\n  hint: move the file into the recipe's directory or a folder below it, and name it relative to the file that names it")]
+    OutsideRecipe {
+        path: String,
+        key: String,
+        why: &'static str,
     },
     #[error("{origin}: `{requirement}` conflicts with the stack: {stack}\n  hint: {hint}")]
     StackConflict {
@@ -312,7 +322,22 @@ impl InputReader {
             key: key.to_string(),
             source,
         };
-        let file = std::fs::File::open(&path).map_err(read_error)?;
+        // By name the path is inside (`join_relative`); a symbolic link may still lead out.
+        let root = if self.dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            self.dir.as_path()
+        };
+        let root = std::fs::canonicalize(root).map_err(read_error)?;
+        let real = std::fs::canonicalize(&path).map_err(read_error)?;
+        if !real.starts_with(&root) {
+            return Err(PythonInputsError::OutsideRecipe {
+                path: crate::reference::escape(display),
+                key: key.to_string(),
+                why: "it is or passes through a symbolic link that leads out of it",
+            });
+        }
+        let file = std::fs::File::open(&real).map_err(read_error)?;
         let mut bytes = Vec::new();
         file.take(MAX_INPUT_BYTES + 1)
             .read_to_end(&mut bytes)
@@ -373,20 +398,99 @@ impl InputReader {
     }
 }
 
-/// `base` joined with `relative`, `.` and `..` resolved by name (the path as the recipe's
-/// directory sees it, for messages and the lock's digest; never outside a leading `..`).
-pub(crate) fn join_relative(base: &Path, relative: &Path) -> String {
+/// `base` joined with `relative`, `.` and `..` resolved by name: the path as the recipe's
+/// directory sees it, for messages and the lock's digest. A path that is absolute or whose
+/// `..` climbs out of the recipe's directory is refused (`key` names who asked for it): a
+/// recipe must not read `/home/ci/.netrc` or `../../.git-credentials` into an error or a lock.
+pub(crate) fn join_relative(
+    base: &Path,
+    relative: &Path,
+    key: &str,
+) -> Result<String, PythonInputsError> {
+    let outside = |why| PythonInputsError::OutsideRecipe {
+        path: crate::reference::escape(&relative.to_string_lossy()),
+        key: key.to_string(),
+        why,
+    };
     let mut parts: Vec<String> = Vec::new();
     for component in base.join(relative).components() {
         match component {
             Component::CurDir => {}
-            Component::ParentDir if parts.last().is_some_and(|p| p != "..") => {
-                parts.pop();
+            Component::ParentDir => {
+                if parts.pop().is_none() {
+                    return Err(outside("its `..` climbs out of it"));
+                }
             }
-            other => parts.push(other.as_os_str().to_string_lossy().into_owned()),
+            Component::Normal(name) => parts.push(name.to_string_lossy().into_owned()),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(outside("it is an absolute path"))
+            }
         }
     }
-    parts.join("/")
+    Ok(parts.join("/"))
+}
+
+/// What to do with a package that is not on an index (local projects and wheel directories
+/// are not inputs yet).
+pub(crate) const PUBLISH_OR_COPY: &str = "publish the package to an index named in the recipe's `indexes:` and require it by name, or put your own code in the image with `copy:` (local projects and wheel directories are not supported as inputs yet)";
+
+/// The leading name-like token of a line (`torch` of `torch==2.5.1`), all an error may quote
+/// of a line that is not a requirement: the line may be a secret (`-r` of a credentials file).
+pub(crate) fn name_token(text: &str) -> &str {
+    let text = text.trim_start();
+    let end = text
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        .unwrap_or(text.len());
+    &text[..end]
+}
+
+/// Why `text` is not a PEP 508 requirement: its name token, the column, and the parser's
+/// reason with every part of the rest of the line cut out, so that no error prints more of
+/// an input than its first word.
+pub(crate) fn invalid_requirement<T: Pep508Url>(text: &str, error: &Pep508Error<T>) -> String {
+    let name = name_token(text);
+    let rest = &text.trim_start()[name.len()..];
+    let reason = match &error.message {
+        Pep508ErrorSource::UrlError(_) => "its URL is not valid".to_string(),
+        other => redact(&other.to_string(), rest),
+    };
+    let what = if name.is_empty() {
+        "the line".to_string()
+    } else {
+        format!("`{name}`...")
+    };
+    format!(
+        "{what} is not a valid PEP 508 requirement (at character {}): {reason}",
+        error.start + 1
+    )
+}
+
+/// `message` with every quoted part longer than a character that appears in `secret`, and
+/// every word of `secret` of 3 characters or more, replaced by `…`.
+fn redact(message: &str, secret: &str) -> String {
+    let mut out = String::new();
+    let mut rest = message;
+    while let Some(open) = rest.find(['`', '\'']) {
+        let quote = rest[open..].chars().next().unwrap_or('`');
+        let after = &rest[open + 1..];
+        let Some(close) = after.find(quote) else {
+            break;
+        };
+        let inner = &after[..close];
+        out.push_str(&rest[..=open]);
+        if inner.chars().count() > 1 && secret.contains(inner) {
+            out.push('…');
+        } else {
+            out.push_str(inner);
+        }
+        out.push(quote);
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    for word in secret.split_whitespace().filter(|w| w.chars().count() >= 3) {
+        out = out.replace(word, "…");
+    }
+    out
 }
 
 #[cfg(test)]
@@ -475,19 +579,121 @@ mod tests {
     }
 
     #[test]
-    fn relative_paths_resolve_by_name() {
-        assert_eq!(
-            join_relative(Path::new("reqs"), Path::new("../base.txt")),
-            "base.txt"
-        );
-        assert_eq!(
-            join_relative(Path::new(""), Path::new("./a/b.txt")),
-            "a/b.txt"
-        );
-        assert_eq!(
-            join_relative(Path::new(""), Path::new("../x.txt")),
-            "../x.txt"
-        );
+    fn relative_paths_resolve_by_name_inside_the_recipe_directory() {
+        let join = |base: &str, relative: &str| {
+            join_relative(Path::new(base), Path::new(relative), "requirements:")
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(join("reqs", "../base.txt").unwrap(), "base.txt");
+        assert_eq!(join("", "./a/b.txt").unwrap(), "a/b.txt");
+        assert_eq!(join("a", "b/../../c.txt").unwrap(), "c.txt");
+        for (base, relative, why) in [
+            ("", "../x.txt", "its `..` climbs out of it"),
+            (
+                "reqs",
+                "../../.git-credentials",
+                "its `..` climbs out of it",
+            ),
+            ("", "a/../../x.txt", "its `..` climbs out of it"),
+            ("", "/home/ci/.netrc", "it is an absolute path"),
+            ("reqs", "/etc/passwd", "it is an absolute path"),
+        ] {
+            let error = join(base, relative).unwrap_err();
+            assert!(
+                error.starts_with(&format!(
+                    "`{relative}` (requirements:) is outside the recipe's directory: {why}; a recipe (one from a pull request, say) must not read"
+                )),
+                "{error}"
+            );
+            assert!(error.contains("hint: move the file into"), "{error}");
+        }
+    }
+
+    /// A recipe in `dir/recipe/` whose `main.txt` is `main`; `dir/secret` holds a netrc.
+    fn load_beside_secret(main: &str) -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "machine h login u password SECRET\n").unwrap();
+        let recipe_dir = dir.path().join("recipe");
+        std::fs::create_dir(&recipe_dir).unwrap();
+        let main = main.replace("SECRET_PATH", &secret.to_string_lossy());
+        std::fs::write(recipe_dir.join("main.txt"), main).unwrap();
+        std::os::unix::fs::symlink(&secret, recipe_dir.join("link.txt")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), recipe_dir.join("up")).unwrap();
+        let path = recipe_dir.join("r.yaml");
+        let recipe = Recipe::parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\nrequirements: [main.txt]\n", &path).unwrap();
+        let target = Target::new(
+            "3.11".parse().unwrap(),
+            crate::platform::Platform::LinuxAmd64,
+            "2.36".parse().unwrap(),
+        )
+        .unwrap();
+        let error = PythonInputs::load(&recipe, &path, &target)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        (dir, error)
+    }
+
+    /// Issue 19 review: `-r /home/ci/.netrc` printed the file in a parse error. Includes that
+    /// leave the recipe's directory, by path or by symbolic link, are refused before reading.
+    #[test]
+    fn includes_cannot_read_host_files() {
+        for (main, path, why) in [
+            ("-r SECRET_PATH\n", "SECRET_PATH", "it is an absolute path"),
+            ("-c ../secret\n", "../secret", "its `..` climbs out of it"),
+            ("six\n-r link.txt\n", "link.txt", "symbolic link"),
+            ("-r up/secret\n", "up/secret", "symbolic link"),
+        ] {
+            let (dir, error) = load_beside_secret(main);
+            let path = path.replace("SECRET_PATH", &dir.path().join("secret").to_string_lossy());
+            assert!(
+                error.starts_with(&format!("`{path}` (included from main.txt:")),
+                "{main}: {error}"
+            );
+            assert!(error.contains(why), "{main}: {error}");
+            assert!(!error.contains("SECRET"), "{main}: {error}");
+        }
+    }
+
+    /// A line that is not a requirement is named by file:line and its first word only.
+    #[test]
+    fn parse_errors_quote_no_more_than_the_name() {
+        for (text, shown) in [
+            (
+                "machine h login u password SECRET",
+                "`machine`... is not a valid PEP 508 requirement (at character 9)",
+            ),
+            ("login u password SECRET", "`login`..."),
+            ("numpy==SECRET", "`numpy`..."),
+            ("numpy>=1.0; SECRET_marker == 'x'", "`numpy`..."),
+            ("numpy[SECRET-extra!] ", "`numpy`..."),
+            (
+                "numpy @ file:///SECRET path",
+                "the requirement `numpy` names a URL",
+            ),
+            ("numpy @ ht!tp:SECRET", "`numpy`"),
+            (
+                "https://u:SECRET@example.org/x",
+                "URL requirement must be preceded by a package name",
+            ),
+            (
+                "pkg @ https://u:SECRET@example.org/x.whl",
+                "the requirement `pkg` names a URL",
+            ),
+            ("six --SECRET=1", "`--SECRET` is not an option"),
+        ] {
+            let error = load(&[
+                ("main.txt", b"-r creds.txt\n"),
+                ("creds.txt", format!("\n{text}\n").as_bytes()),
+            ])
+            .unwrap_err();
+            assert!(error.starts_with("creds.txt:2: "), "{text}: {error}");
+            assert!(error.contains(shown), "{text}: {error}");
+            if !shown.contains("--SECRET") {
+                assert!(!error.contains("SECRET"), "{text}: {error}");
+            }
+        }
     }
 
     #[test]

@@ -14,11 +14,14 @@ use std::str::FromStr;
 use pep508_rs::{Requirement, VersionOrUrl};
 
 use crate::digest::Digest;
-use crate::lock::python_inputs::{join_relative, InputReader, Origin, PythonInputsError};
+use crate::lock::python_inputs::{
+    invalid_requirement, join_relative, name_token, InputReader, Origin, PythonInputsError,
+    PUBLISH_OR_COPY,
+};
 
 /// Read `relative` (a path the recipe's `requirements:` names) and every file it includes.
 pub(crate) fn read(reader: &mut InputReader, relative: &Path) -> Result<(), PythonInputsError> {
-    let display = join_relative(Path::new(""), relative);
+    let display = join_relative(Path::new(""), relative, "requirements:")?;
     let mut walk = Walk {
         reader,
         stack: Vec::new(),
@@ -85,7 +88,8 @@ impl Walk<'_> {
                     constraint: as_constraint,
                 } => {
                     let base = Path::new(display).parent().unwrap_or(Path::new(""));
-                    let target = join_relative(base, Path::new(path));
+                    let target =
+                        join_relative(base, Path::new(path), &format!("included from {origin}"))?;
                     self.file(&target, constraint || as_constraint, Some(&origin))?;
                 }
                 Line::Ignored => {}
@@ -201,7 +205,9 @@ fn split_option(line: &str) -> (&str, Option<&str>) {
         let value = long[end..].trim_start_matches('=').trim();
         return (&line[..end + 2], (!value.is_empty()).then_some(value));
     }
-    let name = &line[..line.len().min(2)];
+    // `-` and the next character, which need not be ASCII (`-é`).
+    let end = line.char_indices().nth(2).map_or(line.len(), |(i, _)| i);
+    let name = &line[..end];
     let value = line[name.len()..].trim();
     (name, (!value.is_empty()).then_some(value))
 }
@@ -241,7 +247,7 @@ fn parse_line<'t>(line: &'t str, origin: &Origin) -> Result<Line<'t>, PythonInpu
         "-e" | "--editable" => Err(entry(
             origin.clone(),
             "an editable requirement links the environment to a source tree on this machine; an image installs wheels, locked by hash".into(),
-            "install your own project with the recipe's `project:` (it is built into a wheel), or publish it to an index".into(),
+            PUBLISH_OR_COPY.into(),
         )),
         "--no-binary" => Err(entry(
             origin.clone(),
@@ -283,11 +289,13 @@ fn requirement_line<'t>(line: &'t str, origin: &Origin) -> Result<Line<'t>, Pyth
         match value {
             Some(value) => hashes.push(value),
             None => {
+                // The option's name only: its value may be anything.
+                let option = token.split('=').next().unwrap_or(token);
                 return Err(entry(
                     origin.clone(),
-                    format!("`{token}` is not an option cudastack takes after a requirement"),
+                    format!("`{option}` is not an option cudastack takes after a requirement"),
                     "a requirement may carry `--hash=sha256:...` options only".into(),
-                ))
+                ));
             }
         }
     }
@@ -310,11 +318,16 @@ fn looks_like_path(text: &str) -> bool {
 }
 
 fn parse_requirement(text: &str, origin: &Origin) -> Result<Requirement, PythonInputsError> {
+    // Only the name is quoted: the line may be a URL with a token in it.
     let url_refused = || {
+        let what = match name_token(text) {
+            "" => "the requirement".to_string(),
+            name => format!("the requirement `{name}`"),
+        };
         entry(
             origin.clone(),
-            format!("`{text}` names a URL or a path, not a package on an index: cudastack locks packages it can list on an index and pin by sha256"),
-            "publish the package to an index named in the recipe's `indexes:` and require it by name, or install your own code with `project:`/`copy:`".into(),
+            format!("{what} names a URL or a path, not a package on an index: cudastack locks packages it can list on an index and pin by sha256"),
+            PUBLISH_OR_COPY.into(),
         )
     };
     if looks_like_path(text) && !text.contains(" @ ") && !text.contains('@') {
@@ -323,7 +336,7 @@ fn parse_requirement(text: &str, origin: &Origin) -> Result<Requirement, PythonI
     let requirement = Requirement::from_str(text).map_err(|error| {
         entry(
             origin.clone(),
-            format!("`{text}` is not a valid PEP 508 requirement: {error}"),
+            invalid_requirement(text, &error),
             "write `name`, `name==1.2.3` or `name>=1.2; python_version >= \"3.10\"`".into(),
         )
     })?;
@@ -418,6 +431,51 @@ mod tests {
         );
     }
 
+    /// Issue 19 review: `-é` sliced a two-byte character in half and panicked.
+    #[test]
+    fn non_ascii_lines_are_errors_not_panics() {
+        let o = origin();
+        for line in [
+            "-é",
+            "-éé x",
+            "-€",
+            "-😀",
+            "--é",
+            "--é=x",
+            "-r😀",
+            "é",
+            "名前==1.0",
+            "six==1.0 --é",
+            "six==1.0 -😀",
+            "six ; python_version >= 'é' and",
+            "-\u{301}",
+            "six --hash=sha256:é",
+            "-c",
+        ] {
+            let error = parse_line(line, &o)
+                .and_then(|parsed| match parsed {
+                    Line::Requirement { text, hashes } => {
+                        parse_requirement(text, &o)?;
+                        hashes.iter().try_for_each(|h| parse_hash(h, &o).map(drop))
+                    }
+                    _ => Ok(()),
+                })
+                .map(|()| String::new())
+                .unwrap_or_else(|e| e.to_string());
+            if line == "-r😀" {
+                assert!(error.is_empty(), "{line}: an include of `😀`: {error}");
+                continue;
+            }
+            assert!(error.starts_with("requirements.txt:3: "), "{line}: {error}");
+        }
+        assert_eq!(split_option("-é"), ("-é", None));
+        assert_eq!(split_option("-rébase.txt"), ("-r", Some("ébase.txt")));
+        assert_eq!(
+            logical_lines("-é \\\n  x\n# é\n"),
+            vec![(1, "-é   x".to_string())]
+        );
+    }
+
     #[test]
     fn refused_lines_name_the_line_and_what_to_do() {
         let o = origin();
@@ -432,7 +490,7 @@ mod tests {
                 "`--extra-index-url` is not read",
                 "`indexes:`",
             ),
-            ("-e .", "editable", "`project:`"),
+            ("-e .", "editable", "`copy:`"),
             ("--no-binary :all:", "wheels only", "delete this line"),
             ("--pre", "pre-release", "pin the pre-release"),
             (

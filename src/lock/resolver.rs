@@ -13,10 +13,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
 use futures_util::future::join_all;
-use pep440_rs::{Version, VersionSpecifiers};
+use pep440_rs::{Operator, Version, VersionSpecifier, VersionSpecifiers};
 use pep508_rs::{ExtraName, MarkerEnvironment, PackageName, Requirement, VersionOrUrl};
 use pubgrub::{
     DefaultStringReporter, Dependencies, DependencyConstraints, DependencyProvider,
@@ -111,11 +112,93 @@ pub(crate) struct Provider {
 fn range_of(requirement: &Requirement) -> Result<Ranges<Version>, LockError> {
     match &requirement.version_or_url {
         None => Ok(Ranges::full()),
-        Some(VersionOrUrl::VersionSpecifier(specifiers)) => Ok(Ranges::from(specifiers.clone())),
+        Some(VersionOrUrl::VersionSpecifier(specifiers)) => Ok(pep440_ranges(specifiers)),
         Some(VersionOrUrl::Url(_)) => Err(LockError::UrlRequirement {
             requirement: requirement.to_string(),
         }),
     }
+}
+
+/// The versions `specifiers` admit, by PEP 440: pep440_rs 0.7 makes `==V` the single
+/// version V, but "if the specified version identifier is a public version identifier (no
+/// local version label), then the local version label of any candidate versions MUST be
+/// ignored", so `torch==2.5.1` must admit `2.5.1+cu118`; the same holds for `!=V` and `<=V`.
+pub(crate) fn pep440_ranges(specifiers: &VersionSpecifiers) -> Ranges<Version> {
+    specifiers.iter().fold(Ranges::full(), |range, specifier| {
+        range.intersection(&specifier_range(specifier))
+    })
+}
+
+fn specifier_range(specifier: &VersionSpecifier) -> Ranges<Version> {
+    let version = specifier.version();
+    let with_locals = || {
+        local_bound(version).map_or_else(
+            || Ranges::singleton(version.clone()),
+            |bound| Ranges::from_range_bounds(version.clone()..bound),
+        )
+    };
+    match specifier.operator() {
+        Operator::Equal if !version.is_local() => with_locals(),
+        Operator::NotEqual if !version.is_local() => with_locals().complement(),
+        Operator::LessThanEqual if !version.is_local() => {
+            Ranges::strictly_lower_than(version.clone()).union(&with_locals())
+        }
+        _ => Ranges::from(specifier.clone()),
+    }
+}
+
+/// `report` with each `>=V, <B` that is `==V` ([`pep440_ranges`]: V and its local versions)
+/// written `V`, as PubGrub writes a single version.
+fn exact_pins_by_name(report: &str) -> String {
+    static PAIR: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r">=([^\s,|]+), <([^\s,|]+)").expect("a valid regex")
+    });
+    PAIR.replace_all(report, |captures: &regex::Captures| {
+        let (low, high) = (&captures[1], &captures[2]);
+        // A sentence may end right after the bound.
+        let (high, stop) = match high.strip_suffix('.') {
+            Some(high) => (high, "."),
+            None => (high, ""),
+        };
+        match (low.parse::<Version>(), high.parse::<Version>()) {
+            (Ok(v), Ok(bound)) if local_bound(&v).as_ref() == Some(&bound) => {
+                format!("{low}{stop}")
+            }
+            _ => captures[0].to_string(),
+        }
+    })
+    .into_owned()
+}
+
+/// The V of a range that is an exact pin: `==V+local` (V alone) or `==V` (V and its locals),
+/// where pip takes a yanked file.
+fn exact_pin(range: &Ranges<Version>) -> Option<&Version> {
+    if let Some(version) = range.as_singleton() {
+        return Some(version);
+    }
+    let mut segments = range.iter();
+    match (segments.next(), segments.next()) {
+        (Some((Bound::Included(low), Bound::Excluded(high))), None)
+            if local_bound(low).as_ref() == Some(high) =>
+        {
+            Some(low)
+        }
+        _ => None,
+    }
+}
+
+/// The least version above `version` and all its local versions (`V+anything`): the next
+/// dev number, else the `.dev0` of the next post release (pep440_rs orders a version's
+/// locals right after it, before any other version).
+fn local_bound(version: &Version) -> Option<Version> {
+    if let Some(dev) = version.dev() {
+        return Some(version.clone().with_dev(Some(dev.checked_add(1)?)));
+    }
+    let post = match version.post() {
+        Some(post) => post.checked_add(1)?,
+        None => 0,
+    };
+    Some(version.clone().with_post(Some(post)).with_dev(Some(0)))
 }
 
 /// `name[extras] specifier` without the marker, for lock edges.
@@ -156,7 +239,7 @@ impl Provider {
                 let entry = ranges
                     .entry(requirement.name.clone())
                     .or_insert_with(Ranges::full);
-                *entry = entry.intersection(&Ranges::from(specifiers.clone()));
+                *entry = entry.intersection(&pep440_ranges(specifiers));
             }
         }
         Provider {
@@ -364,9 +447,12 @@ impl Provider {
 
     /// The version pip would pick from `range`, if any.
     fn pick(project: &Project, range: &Ranges<Version>) -> Option<Version> {
-        let exact = range.as_singleton();
+        let exact = exact_pin(range);
         let usable = |(version, candidate): &(&Version, &Candidate)| {
-            range.contains(version) && (!candidate.file.yanked || exact == Some(*version))
+            range.contains(version)
+                && (!candidate.file.yanked
+                    || exact
+                        .is_some_and(|e| e == *version || *e == (*version).clone().without_local()))
         };
         let mut in_range = project.versions.iter().rev().filter(usable);
         let first_final = project
@@ -718,7 +804,7 @@ impl Provider {
 /// PubGrub's report with its root package named as the user knows it: `<root> 0` is the
 /// recipe (its `packages:`, its input files and the stack's own requirements).
 fn readable(report: &str) -> String {
-    report
+    exact_pins_by_name(report)
         .replace("<root> 0 is forbidden", "the recipe cannot be locked")
         .replace("<root> 0, ", "the recipe and ")
         .replace("<root> 0 depends on", "the recipe asks for")
@@ -735,6 +821,74 @@ mod tests {
         assert_eq!(
             readable(pubgrub),
             "Because torchvision 0.20.1 depends on torch 2.5.1 and the recipe asks for torch 2.4.1, the recipe and torchvision 0.20.1 are incompatible.\nAnd because the recipe asks for torchvision 0.20.1, the recipe cannot be locked."
+        );
+    }
+
+    /// PEP 440: `==V` and `<=V` admit V's local versions, `!=V` refuses them; a pin with a
+    /// local label, `<V` and `>V` do not admit them.
+    #[test]
+    fn exact_pins_admit_local_versions() {
+        let admits = |spec: &str, version: &str| {
+            pep440_ranges(&spec.parse().unwrap()).contains(&version.parse::<Version>().unwrap())
+        };
+        for version in [
+            "2.5.1",
+            "2.5.1+cu118",
+            "2.5.1+cu118.1",
+            "2.5.1+zzz",
+            "2.5.1+999999999",
+        ] {
+            assert!(admits("==2.5.1", version), "==2.5.1 {version}");
+            assert!(admits("<=2.5.1", version), "<=2.5.1 {version}");
+            assert!(admits(">=2.0,==2.5.1", version), "{version}");
+            assert!(!admits("!=2.5.1", version), "!=2.5.1 {version}");
+            assert!(!admits(">2.5.1", version), ">2.5.1 {version}");
+            assert!(!admits("<2.5.1", version), "<2.5.1 {version}");
+        }
+        for version in [
+            "2.5.1.post0.dev0",
+            "2.5.1.post0",
+            "2.5.1.post1+cu118",
+            "2.5.2",
+            "2.5.1rc1",
+            "2.5.1.dev0",
+            "2.5.0+cu118",
+            "1!2.5.1",
+        ] {
+            assert!(!admits("==2.5.1", version), "==2.5.1 {version}");
+            assert!(admits("!=2.5.1", version), "!=2.5.1 {version}");
+        }
+        assert!(admits("==2.5.1+cu118", "2.5.1+cu118"));
+        assert!(!admits("==2.5.1+cu118", "2.5.1+cu121"));
+        assert!(!admits("==2.5.1+cu118", "2.5.1"));
+        // Pre, post and dev releases keep their own locals, and only theirs.
+        assert!(admits("==2.0rc1", "2.0rc1+local"));
+        assert!(!admits("==2.0rc1", "2.0rc1.post0.dev0"));
+        assert!(admits("==1.0.post2", "1.0.post2+local"));
+        assert!(!admits("==1.0.post2", "1.0.post3.dev0"));
+        assert!(admits("==1.0.dev3", "1.0.dev3+local"));
+        assert!(!admits("==1.0.dev3", "1.0.dev4"));
+        assert!(admits("==1!2.5.1", "1!2.5.1+cu118"));
+        assert!(!admits("==1!2.5.1", "2.5.1+cu118"));
+    }
+
+    #[test]
+    fn exact_pins_are_recognised_for_yanked_files() {
+        let pin = |spec: &str| pep440_ranges(&spec.parse().unwrap());
+        let v = |text: &str| text.parse::<Version>().unwrap();
+        assert_eq!(exact_pin(&pin("==2.5.1")), Some(&v("2.5.1")));
+        assert_eq!(exact_pin(&pin("==2.5.1+cu118")), Some(&v("2.5.1+cu118")));
+        assert_eq!(exact_pin(&pin(">=2.0,==2.5.1")), Some(&v("2.5.1")));
+        assert_eq!(exact_pin(&pin(">=2.5.1,<2.5.2")), None);
+        assert_eq!(exact_pin(&pin("<=2.5.1")), None);
+    }
+
+    #[test]
+    fn reports_write_exact_pins_as_versions() {
+        let pubgrub = "Because torchvision >=0.20.1, <0.20.1.post0.dev0 depends on torch >=2.5.1, <2.5.1.post0.dev0 and <root> 0 depends on torch >=2.4.1, <2.4.1.post0.dev0.\nAnd x >=1.0, <2.0 | >=3.0.dev2, <3.0.dev3, y >=1.0rc1, <1.0rc1.post0.dev0";
+        assert_eq!(
+            readable(pubgrub),
+            "Because torchvision 0.20.1 depends on torch 2.5.1 and the recipe asks for torch 2.4.1.\nAnd x >=1.0, <2.0 | 3.0.dev2, y 1.0rc1"
         );
     }
 

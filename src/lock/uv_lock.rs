@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 use toml::Spanned;
 
 use crate::digest::Digest;
-use crate::lock::python_inputs::{join_relative, InputReader, Origin, PythonInputsError};
+use crate::lock::python_inputs::{
+    invalid_requirement, join_relative, InputReader, Origin, PythonInputsError, PUBLISH_OR_COPY,
+};
 
 /// The uv.lock format this reader knows (`version = 1`; `revision` changes are additive).
 const UV_LOCK_VERSION: u32 = 1;
@@ -60,7 +62,7 @@ struct FileEntry {
 
 /// Import the uv.lock at `relative` (from the recipe's directory).
 pub(crate) fn import(reader: &mut InputReader, relative: &Path) -> Result<(), PythonInputsError> {
-    let file = join_relative(Path::new(""), relative);
+    let file = join_relative(Path::new(""), relative, "python_lock:")?;
     let text = reader.read_text(&file, "python_lock:")?;
     let lock: UvLock = toml::from_str(&text).map_err(|source| PythonInputsError::Toml {
         path: file.clone().into(),
@@ -177,7 +179,10 @@ fn applies(
     let requirement: Requirement =
         Requirement::from_str(&text).map_err(|e| PythonInputsError::Entry {
             origin: origin(),
-            message: format!("the marker of `{}` is not PEP 508: {e}", dependency.name),
+            message: format!(
+                "the marker of `{}` is not PEP 508: {}",
+                dependency.name, e.message
+            ),
             hint: "run `uv lock` again, or export a PEP 751 lock and name that".into(),
         })?;
     Ok(requirement.evaluate_markers(&reader.env, &[]))
@@ -195,7 +200,7 @@ fn import_package(
     };
     if !package.source.contains_key("registry") {
         let kind = package.source.keys().next().map_or("no", String::as_str);
-        return Err(refuse(format!("`{}` comes from a {kind} source, not an index: cudastack locks packages it can list on an index and pin by sha256", package.name), "publish it to an index named in the recipe's `indexes:`, or install your own code with `project:`/`copy:`"));
+        return Err(refuse(format!("`{}` comes from a {kind} source, not an index: cudastack locks packages it can list on an index and pin by sha256", package.name), PUBLISH_OR_COPY));
     }
     let Some(version) = &package.version else {
         return Err(refuse(
@@ -223,12 +228,8 @@ fn import_package(
         ));
     }
     let text = format!("{}=={version}", package.name);
-    let requirement = Requirement::from_str(&text).map_err(|e| {
-        refuse(
-            format!("`{text}` is not a valid requirement: {e}"),
-            "run `uv lock` again",
-        )
-    })?;
+    let requirement = Requirement::from_str(&text)
+        .map_err(|e| refuse(invalid_requirement(&text, &e), "run `uv lock` again"))?;
     reader.add_hashes(requirement.name.clone(), origin.clone(), sha256);
     reader.add_root(requirement, origin);
     Ok(())

@@ -17,8 +17,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::deserialize_from_str;
 use crate::reference::escape;
 
-/// A file the recipe reads, relative to the recipe's directory (`requirements.txt`,
-/// `../shared/constraints.txt`).
+/// A file the recipe reads, relative to the recipe's directory and inside it (`requirements.txt`,
+/// `shared/constraints.txt`; `lock::python_inputs` refuses a `..` that climbs out).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct InputPath(PathBuf);
 
