@@ -171,6 +171,15 @@ pub fn cuda_12_4_wheels(target: Target, libs: &Path, mirror: &Path) {
             ),
         ],
     );
+    // Every lock has pip, the image's installer: a stand-in of it, so a stand-in stack
+    // locks and builds from the mirror alone (offline tests cut the network).
+    write_wheel(
+        mirror,
+        target,
+        "pip",
+        "24.2",
+        &[("pip/__init__.py", b"__version__ = \"24.2\"\n".to_vec())],
+    );
 }
 
 /// `cudastack lock --mirror MIRROR RECIPE` (every platform of the recipe).
