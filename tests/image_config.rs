@@ -150,7 +150,7 @@ fn docker_build(dockerfile: &str, tag: &str) -> Output {
         .replace("{pip_cert}", pip_cert);
     std::fs::write(context.path().join("Dockerfile"), dockerfile).unwrap();
     Command::new("docker")
-        .args(["build", "--no-cache", "-t", tag])
+        .args(["build", "--no-cache", "--force-rm", "-t", tag])
         .arg(context.path())
         .output()
         .unwrap()
