@@ -260,8 +260,8 @@ fn validate_step(container: &Container) {
     assert!(text(&output).contains("valid"), "{}", text(&output));
 }
 
-/// A PyTorch-style index on 127.0.0.1 serving one torch wheel without dependencies: the
-/// recipe's torch index points at it, so the lock needs no other index.
+/// A PyTorch-style index on 127.0.0.1 serving one torch wheel without dependencies, and
+/// pip: the recipe's torch index points at it, so the lock needs no other index.
 fn lock_step(container: &Container) {
     let server = FixtureServer::start();
     let filename = "torch-2.4.1+cu121-cp311-cp311-linux_x86_64.whl";
@@ -273,6 +273,17 @@ fn lock_step(container: &Container) {
     );
     server.add_bytes(&path, "application/octet-stream", bytes);
     server.add_bytes("/whl/cu121/torch/", "text/html", page.into_bytes());
+    // Every lock has pip (the image's installer): the index serves it too, so nothing is
+    // asked of PyPI (a fresh container may not trust this host's way out).
+    let pip_file = "pip-24.2-py3-none-any.whl";
+    let (pip_bytes, _) = wheel_bytes("pip", "24.2", &[]);
+    let pip_path = format!("/whl/cu121/files/{pip_file}");
+    let pip_page = format!(
+        "<!DOCTYPE html><html><body><a href=\"{pip_path}#sha256={}\">{pip_file}</a><br/></body></html>\n",
+        sha256_hex(&pip_bytes)
+    );
+    server.add_bytes(&pip_path, "application/octet-stream", pip_bytes);
+    server.add_bytes("/whl/cu121/pip/", "text/html", pip_page.into_bytes());
     let recipe = format!(
         "name: fixture-torch\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\n\
          cuda: {{ version: \"12.1\" }}\ntorch: {{ version: \"2.4.1\", index: \"{}\" }}\n",
