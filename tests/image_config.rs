@@ -107,6 +107,12 @@ impl Drop for RemoveImages {
         let _ = Command::new("docker")
             .args(["rmi", "-f", TAG, WITH_SIX, WITH_TORCH])
             .output();
+        // The steps a failed `docker build` completed stay as untagged images; they carry
+        // the image's labels.
+        let _ = Command::new("docker")
+            .args(["image", "prune", "-f", "--filter"])
+            .arg(format!("label=io.cudastack.recipe={NAME}"))
+            .output();
     }
 }
 
