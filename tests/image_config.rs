@@ -11,6 +11,7 @@
 //! resolves there; the build's wheels come from the warm cache, CUDASTACK_TEST_CACHE).
 
 use crate::e2e_support;
+use crate::e2e_support::output_text as text;
 use crate::gate;
 
 use std::path::Path;
@@ -54,14 +55,6 @@ fn cudastack(args: &[&str], dir: &Path) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 /// A lock made before pip was a root requirement makes the build stop at once, saying to

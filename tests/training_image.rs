@@ -15,6 +15,7 @@
 //! Needs root (mmdebstrap), Docker, Debian's docker-registry, PyPI and Debian's archive.
 
 use crate::e2e_support;
+use crate::e2e_support::output_text as text;
 use crate::gate;
 use crate::index_credentials::auth_index::{AuthIndex, PageFormat};
 use crate::registry_support::{self, Registry};
@@ -106,14 +107,6 @@ fn cudastack(args: &[&str], dir: &Path) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -67,3 +67,12 @@ pub fn in_image_chroot(root: &Path) -> Command {
         .arg(root);
     command
 }
+
+/// A command's stdout and stderr together, for assertion messages.
+pub fn output_text(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}

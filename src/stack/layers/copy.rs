@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use super::below::{walk_down, Below, LowerKind};
 use super::{LayerStager, ASSEMBLER};
-use crate::digest::{Digest, Hasher};
+use crate::digest::{Digest, Hasher, HashingReader};
 use crate::layer::{CacheKey, DirOptions, LayerPath, RecordedOwners};
 use crate::recipe::CopyEntry;
 use crate::stack::dockerignore::IgnorePatterns;
@@ -536,8 +536,13 @@ fn copy_checked(
     target: &Path,
     executable: bool,
 ) -> Result<(), BuildError> {
-    fs_err::copy(source, target).map_err(io_error(source))?;
-    let (staged, _) = sha256_of(target)?;
+    // One pass: the bytes are hashed as they are copied, so what was written is what
+    // is checked.
+    let file = fs_err::File::open(source).map_err(io_error(source))?;
+    let mut reader = HashingReader::new(file);
+    let mut out = fs_err::File::create(target).map_err(io_error(target))?;
+    std::io::copy(&mut reader, &mut out).map_err(io_error(source))?;
+    let (_, staged, _) = reader.finish();
     if staged != planned {
         return Err(CopyError::Changed {
             path: source.to_path_buf(),
