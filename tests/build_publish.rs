@@ -20,6 +20,7 @@ use std::time::Duration;
 use cudastack::cas::BlobStore;
 use cudastack::fetch::http::RetryPolicy;
 use cudastack::fetch::progress::{NoReporter, Reporter};
+use cudastack::layer::{BuildOptions, Compression, Entry, LayerContents, LayerPath};
 use cudastack::pipeline::early_push::EarlyUploads;
 use cudastack::pipeline::{PipelineError, PushSettings, PushTarget};
 use cudastack::registry::{
@@ -358,6 +359,63 @@ async fn a_registry_failing_or_dropping_an_early_upload_is_the_error_naming_the_
             proxy.requests()
         );
     }
+}
+
+#[test]
+fn push_of_a_layout_with_uncompressed_layers_works_and_warns_in_one_line() {
+    if let Some(skip) = registry_support::skip_reason() {
+        skip.report();
+        return;
+    }
+    let registry = Registry::start(None);
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let contents = LayerContents::from_entries([Entry::file_bytes(
+        LayerPath::parse("data.bin").unwrap(),
+        0o644,
+        vec![7u8; 256 << 10],
+    )])
+    .unwrap();
+    let layer = cudastack::layer::build(
+        &store,
+        &contents,
+        &BuildOptions::new(1_700_000_000, Compression::None),
+    )
+    .unwrap();
+    let layout = work.path().join("layout");
+    let digest = cudastack::oci::layout::write(
+        &image_of(std::slice::from_ref(&layer), "plain"),
+        &layout,
+        "latest",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .arg("push")
+        .arg(&layout)
+        .arg(format!("{}/team/plain:1", registry.host()))
+        .arg("--cache-dir")
+        .arg(work.path().join("cache"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    // Pushed as it is: the digest the layout (and any verification report) names.
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains(&digest.to_string()),
+        "{}",
+        output_text(&output)
+    );
+    let warnings: Vec<_> = stderr
+        .lines()
+        .filter(|l| l.starts_with("warning:"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].contains("1 of the image's layers")
+            && warnings[0].contains("uncompressed")
+            && warnings[0].contains("`--compression gzip`"),
+        "{stderr}"
+    );
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {
