@@ -22,6 +22,7 @@ mod build_audit;
 mod build_debs;
 mod build_e2e;
 mod build_multiarch;
+mod build_publish;
 mod build_rootless;
 mod cache_concurrency;
 mod cli_doctor_build_host;

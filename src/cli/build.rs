@@ -20,7 +20,10 @@ use super::{CommandResult, Printer};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum CompressionArg {
-    /// gzip: read by every runtime, Docker 20.10, enroot, Apptainer (default).
+    /// gzip, except none when the only output is the local daemon (`--load` without
+    /// `--push`), which stores layers uncompressed anyway.
+    Auto,
+    /// gzip: read by every runtime, Docker 20.10, enroot, Apptainer.
     Gzip,
     /// zstd: faster and smaller; needs Docker >= 23 / containerd >= 1.5 to pull.
     Zstd,
@@ -48,9 +51,13 @@ pub struct BuildArgs {
     /// OCI layout directory to write (default: images/NAME).
     #[arg(long)]
     layout: Option<PathBuf>,
-    #[arg(long, value_enum, default_value_t = CompressionArg::Gzip)]
+    /// How layers are compressed. `auto`: gzip, except none for `--load` without `--push`
+    /// (Docker stores layers uncompressed, so compressing for it is wasted time; the layout
+    /// is still written, with uncompressed layers).
+    #[arg(long, value_enum, default_value_t = CompressionArg::Auto)]
     compression: CompressionArg,
-    /// Compression level (gzip 1-9, default 6; zstd 1-19, default 3).
+    /// Compression level (gzip 1-9, default 6; zstd 1-19, default 3). With `auto`, a
+    /// level asks for gzip.
     #[arg(long)]
     level: Option<i32>,
     /// Use only the local cache; fail listing what is missing.
@@ -134,7 +141,12 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
     if printer.json {
         printer.json_sorted(&report);
     } else {
-        print_human(&report, progress.started, printer);
+        print_human(
+            &report,
+            settings.build.compression,
+            progress.started,
+            printer,
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -143,15 +155,11 @@ pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
 /// (long) build, so a typo fails at once; credentials too (stdin, credential helpers), so
 /// the push cannot fail on them later.
 fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Error + Send + Sync>> {
-    let compression = match (args.compression, args.level) {
-        (CompressionArg::Gzip, level) => Compression::Gzip {
-            level: level.unwrap_or(6).clamp(1, 9) as u32,
-        },
-        (CompressionArg::Zstd, level) => Compression::Zstd {
-            level: level.unwrap_or(3).clamp(1, 19),
-        },
-        (CompressionArg::None, _) => Compression::None,
-    };
+    let compression = compression(
+        args.compression,
+        args.level,
+        args.load && args.push.is_none(),
+    );
     let cache_root = cudastack::cas::cache_root(args.cache_dir.clone());
     let push = match args.push.as_deref() {
         Some(text) => {
@@ -197,16 +205,41 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
     })
 }
 
+/// The layers' compression: as asked, or for `auto` none when the only consumer is the
+/// local daemon (Docker keeps layers uncompressed: compressing for it alone is wasted
+/// time), else gzip. A `--level` asks for compression.
+fn compression(asked: CompressionArg, level: Option<i32>, daemon_only: bool) -> Compression {
+    match (asked, level) {
+        (CompressionArg::Auto, None) if daemon_only => Compression::None,
+        (CompressionArg::Auto | CompressionArg::Gzip, level) => Compression::Gzip {
+            level: level.unwrap_or(6).clamp(1, 9) as u32,
+        },
+        (CompressionArg::Zstd, level) => Compression::Zstd {
+            level: level.unwrap_or(3).clamp(1, 19),
+        },
+        (CompressionArg::None, _) => Compression::None,
+    }
+}
+
 /// The human output: a summary on stderr; on stdout the manifest digest, the layout
 /// reference, the tags, then what was loaded and pushed.
-fn print_human(report: &PipelineReport, started: Instant, printer: &Printer) {
+fn print_human(
+    report: &PipelineReport,
+    compression: Compression,
+    started: Instant,
+    printer: &Printer,
+) {
     let built = &report.build;
     printer.status(format!(
-        "built {} in {:.1}s: {} layers, {} compressed; audit: {} ELF files, {} NEEDED entries checked{}",
+        "built {} in {:.1}s: {} layers, {} {}; audit: {} ELF files, {} NEEDED entries checked{}",
         built.recipe,
         started.elapsed().as_secs_f64(),
         built.layers.len(),
         human_bytes(built.size),
+        match compression {
+            Compression::None => "uncompressed (Docker stores layers uncompressed, so `--load` alone does not compress; `--compression gzip` makes a layout to push)",
+            _ => "compressed",
+        },
         built.audit.elf_files,
         built.audit.needed_checked,
         if built.audit_cached { " (cached)" } else { "" }
@@ -237,5 +270,32 @@ fn print_human(report: &PipelineReport, started: Instant, printer: &Printer) {
     }
     if let Some(push) = &report.push {
         printer.line(format_args!("{}@{}", push.reference, push.manifest_digest));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_compresses_nothing_only_when_the_daemon_is_the_only_consumer() {
+        let auto = |level, daemon_only| compression(CompressionArg::Auto, level, daemon_only);
+        assert_eq!(auto(None, true), Compression::None);
+        assert_eq!(auto(None, false), Compression::Gzip { level: 6 });
+        // A level asks for compression.
+        assert_eq!(auto(Some(9), true), Compression::Gzip { level: 9 });
+        // What the user names is what they get, `--load` or not.
+        assert_eq!(
+            compression(CompressionArg::Gzip, None, true),
+            Compression::Gzip { level: 6 }
+        );
+        assert_eq!(
+            compression(CompressionArg::Zstd, Some(30), true),
+            Compression::Zstd { level: 19 }
+        );
+        assert_eq!(
+            compression(CompressionArg::None, None, false),
+            Compression::None
+        );
     }
 }

@@ -12,6 +12,7 @@
 //! [`PipelineSettings`] and renders [`PipelineReport`]; what a person watching should read
 //! goes through [`Progress`].
 
+pub mod early_push;
 pub mod image_source;
 pub mod load;
 pub mod promote;
@@ -22,6 +23,8 @@ pub mod verify;
 use std::path::PathBuf;
 
 use serde::Serialize;
+
+use early_push::EarlyUploads;
 
 use crate::engine::LoadReport;
 use crate::matrix::Matrix;
@@ -66,6 +69,17 @@ pub enum PipelineError {
         report_ref: String,
         layout: PathBuf,
     },
+    /// `build --push`: a layer's blob sent while the image was building could not be
+    /// uploaded, so nothing more goes up (no manifest).
+    #[error("Failed to upload layer `{layer}` while the image was building, so no manifest was pushed\n  hint: the registry's answer is below; once it accepts uploads again, run the same build (cached layers are not rebuilt) or `cudastack push` the layout")]
+    EarlyUpload {
+        layer: String,
+        #[source]
+        source: Box<crate::registry::RegistryError>,
+    },
+    /// The early-upload task itself ended without an answer (it panicked or was cancelled).
+    #[error("the task uploading layers while the image was building stopped: {detail}")]
+    EarlyUploadTask { detail: String },
     /// `--load` of a build without an image of this host's platform.
     #[error("--load: this build has no image for this host's platform ({architecture}); Docker runs images of its own platform")]
     NoHostImageToLoad { architecture: &'static str },
@@ -145,7 +159,15 @@ pub async fn build_verify_publish(
     progress: &dyn Progress,
 ) -> Result<PipelineReport, PipelineError> {
     let policy = Recipe::load(&settings.build.recipe_path)?.verify.gpu;
-    let built = build(&settings.build, matrix, build_progress).await?;
+    // `--push`: each layer goes up as soon as it is built; the manifest only after verifying.
+    let early = match &settings.push {
+        Some(target) => Some(EarlyUploads::start(target)?),
+        None => None,
+    };
+    let built = match &early {
+        Some(early) => build(&settings.build, matrix, &early.progress(build_progress)).await?,
+        None => build(&settings.build, matrix, build_progress).await?,
+    };
     let verified = if settings.verify {
         verify::after_build(&built, policy, &settings.build.cache_root, progress).await?
     } else {
@@ -156,19 +178,20 @@ pub async fn build_verify_publish(
     } else {
         None
     };
-    let pushed = match &settings.push {
-        Some(target) => Some(
-            push::push(
-                &built.layout,
-                &built.ref_name,
-                &target.reference,
-                &target.settings,
-                target.client.clone(),
-                progress,
+    let pushed = match (&settings.push, early) {
+        (Some(target), Some(early)) => {
+            let sent = early.finish().await?;
+            let destination = push::Destination {
+                reference: &target.reference,
+                settings: &target.settings,
+                client_options: target.client.clone(),
+            };
+            Some(
+                push::push_after(&built.layout, &built.ref_name, &destination, sent, progress)
+                    .await?,
             )
-            .await?,
-        ),
-        None => None,
+        }
+        _ => None,
     };
     Ok(PipelineReport {
         build: built,

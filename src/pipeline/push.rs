@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use oci_spec::image::MediaType;
+
 use crate::digest::Digest;
 use crate::oci::layout;
 use crate::registry::referrers::{push_referrer, ArtifactLayer, Subject};
@@ -12,9 +14,11 @@ use crate::registry::{
     push_layout, BlobOutcome, ClientOptions, PushHistory, PushOptions, PushReport, Reference,
     RegistryClient,
 };
+use crate::stack::build::human_bytes;
 use crate::verify::record::{report_ref, stored_report};
 use crate::verify::REPORT_ARTIFACT_TYPE;
 
+pub use super::early_push::SentWhileBuilding;
 use super::{PipelineError, Progress};
 
 /// Upload tuning.
@@ -59,19 +63,53 @@ pub async fn push(
     client_options: ClientOptions,
     progress: &dyn Progress,
 ) -> Result<PushReport, PipelineError> {
-    let client = RegistryClient::new(reference, client_options)?;
-    let history_path = settings
-        .cache_root
-        .join("registry")
-        .join("push-history.json");
-    let mut history = PushHistory::load(&history_path);
-    let options = PushOptions {
-        parallel: settings.parallel.max(1),
-        chunk_size: settings.chunk_mib.max(1) << 20,
-        mount_from: mount_sources(&settings.mount_from, &history, reference),
+    let destination = Destination {
+        reference,
+        settings,
+        client_options,
     };
+    push_after(
+        layout,
+        ref_name,
+        &destination,
+        SentWhileBuilding::default(),
+        progress,
+    )
+    .await
+}
+
+/// Where a push goes and how.
+pub struct Destination<'a> {
+    pub reference: &'a Reference,
+    pub settings: &'a PushSettings,
+    pub client_options: ClientOptions,
+}
+
+/// [`push`] of an image some of whose blobs went up before (`build --push` sends layers
+/// while building): those the registry now has are found present and not sent again, and
+/// the report counts them as sent, with their bytes.
+pub async fn push_after(
+    layout: &Path,
+    ref_name: &str,
+    destination: &Destination<'_>,
+    early: SentWhileBuilding,
+    progress: &dyn Progress,
+) -> Result<PushReport, PipelineError> {
+    let Destination {
+        reference,
+        settings,
+        ..
+    } = *destination;
+    let client = RegistryClient::new(reference, destination.client_options.clone())?;
+    let history_path = history_path(settings);
+    let mut history = PushHistory::load(&history_path);
+    let options = push_options(settings, reference);
+    if let Some(warning) = uncompressed_warning(layout, ref_name) {
+        progress.status(&warning);
+    }
     progress.status(&format!("pushing {} to {reference}", layout.display()));
-    let report = push_layout(&client, layout, ref_name, reference, &options).await?;
+    let mut report = push_layout(&client, layout, ref_name, reference, &options).await?;
+    count_early_uploads(&mut report, early);
     history.record(reference.registry(), reference.repository());
     if let Err(error) = history.save(&history_path) {
         tracing::warn!(%error, "could not save the push history");
@@ -81,6 +119,76 @@ pub async fn push(
     }
     progress.status(&summary(&report));
     Ok(report)
+}
+
+fn history_path(settings: &PushSettings) -> PathBuf {
+    settings
+        .cache_root
+        .join("registry")
+        .join("push-history.json")
+}
+
+/// The upload options of `settings` for `reference`, with the mount sources of the push
+/// history (what `push` and the early uploads of `build --push` both use).
+pub(crate) fn push_options(settings: &PushSettings, reference: &Reference) -> PushOptions {
+    let history = PushHistory::load(&history_path(settings));
+    PushOptions {
+        parallel: settings.parallel.max(1),
+        chunk_size: settings.chunk_mib.max(1) << 20,
+        mount_from: mount_sources(&settings.mount_from, &history, reference),
+    }
+}
+
+/// The blobs the push found present because the early uploads had sent them take the
+/// early outcome (uploaded, resumed, mounted), and their bytes count as sent.
+fn count_early_uploads(report: &mut PushReport, early: SentWhileBuilding) {
+    for blob in &mut report.blobs {
+        if blob.outcome != BlobOutcome::Present {
+            continue;
+        }
+        let sent = early
+            .blobs
+            .iter()
+            .find(|b| b.digest == blob.digest && b.outcome != BlobOutcome::Present);
+        if let Some(sent) = sent {
+            *blob = sent.clone();
+            report.uploaded_while_building += 1;
+        }
+    }
+    report.bytes_uploaded += early.bytes;
+}
+
+/// One line when the image has uncompressed layers (`build --load` makes them by default):
+/// a registry stores and serves them as they are, so pulls move several times the bytes.
+/// They are pushed as they are: compressing them on the way would change the manifest
+/// digest that the verification report and the labels name.
+fn uncompressed_warning(dir: &Path, ref_name: &str) -> Option<String> {
+    let layout = layout::Layout::open(dir).ok()?;
+    let entry = layout.entry(ref_name).ok()?;
+    let images = if entry.media_type() == &MediaType::ImageIndex {
+        let index = layout.child_index(entry).ok()?;
+        index
+            .manifests()
+            .iter()
+            .filter_map(|child| layout.image_at(child, None).ok())
+            .collect()
+    } else {
+        vec![layout.image_at(entry, Some(ref_name)).ok()?]
+    };
+    let uncompressed: Vec<_> = images
+        .iter()
+        .flat_map(|image| &image.layers)
+        .filter(|layer| layer.media_type == MediaType::ImageLayer)
+        .collect();
+    if uncompressed.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "warning: {} of the image's layers in {} are uncompressed ({}), and a registry serves them as they are, so every pull moves the full size; to push a compressed image, build it again with `--compression gzip` (or zstd)",
+        uncompressed.len(),
+        dir.display(),
+        human_bytes(uncompressed.iter().map(|layer| layer.size).sum()),
+    ))
 }
 
 /// The repositories to try mounts from: the ones asked for, then those of the same
@@ -164,8 +272,12 @@ async fn push_report(
 /// The last status line of a push: blobs by outcome, bytes sent and the rate.
 fn summary(report: &PushReport) -> String {
     let count = |outcome| report.blobs.iter().filter(|b| b.outcome == outcome).count();
+    let while_building = match report.uploaded_while_building {
+        0 => String::new(),
+        n => format!(" ({n} of them while building)"),
+    };
     format!(
-        "pushed {} blobs in {:.1}s: {} uploaded, {} resumed, {} mounted, {} already present; {:.1} MB sent ({:.1} MB/s)",
+        "pushed {} blobs in {:.1}s: {} uploaded, {} resumed, {} mounted{while_building}, {} already present; {:.1} MB sent ({:.1} MB/s)",
         report.blobs.len(),
         report.seconds,
         count(BlobOutcome::Uploaded),

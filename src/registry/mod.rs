@@ -47,7 +47,8 @@ pub use client::{
 };
 pub use pull::{pull, PullReport};
 pub use push::{
-    push_image, push_layout, BlobOutcome, BlobReport, PushHistory, PushOptions, PushReport,
+    push_blob_file, push_image, push_layout, BlobOutcome, BlobReport, PushHistory, PushOptions,
+    PushReport,
 };
 
 /// Errors from talking to registries. Every variant names the registry, URL, blob or file

@@ -85,6 +85,14 @@ pub struct PushReport {
     /// Blob bytes put on the wire (re-sent bytes of retried uploads included).
     pub bytes_uploaded: u64,
     pub seconds: f64,
+    /// Blobs of `blobs` that were sent (or mounted) while the image was still building
+    /// (`build --push`); their bytes are in `bytes_uploaded`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub uploaded_while_building: usize,
+}
+
+fn is_zero(count: &usize) -> bool {
+    *count == 0
 }
 
 /// A blob to push: its identity and where its bytes are.
@@ -194,6 +202,7 @@ pub async fn push_layout(
         blobs,
         bytes_uploaded: uploaded,
         seconds: started.elapsed().as_secs_f64(),
+        uploaded_while_building: 0,
     })
 }
 
@@ -323,7 +332,29 @@ pub(crate) async fn push_manifest_with_blobs(
         blobs: reports,
         bytes_uploaded: counter.load(Ordering::Relaxed),
         seconds: started.elapsed().as_secs_f64(),
+        uploaded_while_building: 0,
     })
+}
+
+/// Push one blob file to `repository` as the push of an image does each of its blobs
+/// (HEAD first: a blob the repository has is not sent; then a mount from `mount_from`;
+/// else an upload, chunked and resumable), before any manifest names it: `build --push`
+/// sends each layer as soon as it is built. Bytes put on the wire are added to `sent`.
+pub async fn push_blob_file(
+    client: &RegistryClient,
+    repository: &str,
+    digest: Digest,
+    size: u64,
+    path: &Path,
+    options: &PushOptions,
+    sent: &Arc<AtomicU64>,
+) -> Result<BlobReport, RegistryError> {
+    let blob = BlobSource {
+        digest,
+        size: file_size(path, size)?,
+        data: BlobData::File(path.to_path_buf()),
+    };
+    push_blob(client, repository, &blob, options, sent).await
 }
 
 async fn push_blob(

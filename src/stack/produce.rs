@@ -55,6 +55,7 @@ pub(crate) fn produce_layers(
                 if was_cached { ", cached" } else { "" }
             ),
         );
+        env.progress.layer_ready(stager.name(), &layer);
         let report = LayerReport {
             name: stager.name(),
             digest: layer.digest,

@@ -37,6 +37,11 @@ pub struct BuildSettings {
 pub trait BuildProgress: Send + Sync {
     fn stage(&self, stage: &str, detail: &str);
     fn downloads(&self) -> Arc<dyn Reporter>;
+    /// A layer's blob is in the store (built or from the cache), so an output may start on
+    /// it (`build --push` uploads it while the other layers build). May be called from
+    /// worker threads. Default: nothing.
+    #[allow(unused_variables)]
+    fn layer_ready(&self, name: &str, layer: &crate::layer::Layer) {}
 }
 
 /// The timestamp used when neither the recipe nor the environment gives one:
