@@ -14,8 +14,12 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use cudastack::canonical::to_canonical_json;
+use cudastack::cas::BlobStore;
 use cudastack::digest::Digest;
-use cudastack::layer::Compression;
+use cudastack::layer::{
+    BuildOptions, CacheKey, Compression, Entry, LayerCache, LayerContents, LayerPath,
+};
 
 /// The probe's input, outputs and CPU-feature report, named by the parent.
 const PROBE_INPUT: &str = "CUDASTACK_GZIP_PROBE_INPUT";
@@ -246,6 +250,54 @@ fn probe_compress_on_this_cpu() {
     println!("cpu features: {}", seen.join(" "));
     let input = std::fs::read(input).unwrap();
     std::fs::write(output, all_levels(&input)).unwrap();
+}
+
+#[test]
+fn a_layer_cached_by_the_zlib_engine_is_not_reused() {
+    // Caches written before libdeflate keyed a layer by its inputs, mtime and level
+    // only; an entry there (standing in for the old engine's blob: another layer) must
+    // be ignored, so that warm and cold caches give the same digest.
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let cache = LayerCache::open(store.clone()).unwrap();
+    let options = BuildOptions::new(1_714_521_600, Compression::Gzip { level: 6 });
+    let contents = || {
+        LayerContents::from_entries([Entry::file_bytes(
+            LayerPath::parse("usr/lib/libexample.so.1").unwrap(),
+            0o755,
+            real_input()[..3 << 20].to_vec(),
+        )])
+    };
+    let other = BuildOptions::new(1_714_521_600, Compression::Zstd { level: 3 });
+    let old_blob = cache
+        .get_or_build(
+            &CacheKey::new("gzip-bytes/1", &[], &"old"),
+            &other,
+            contents,
+        )
+        .unwrap();
+    let key = CacheKey::new("gzip-bytes/1", &[], &"layer");
+    let old_key = to_canonical_json(&serde_json::json!({
+        "key": key.digest(),
+        "mtime": options.mtime,
+        "compression": options.compression,
+    }))
+    .unwrap();
+    let old_entry = store
+        .root()
+        .join("layers")
+        .join(format!("{}.json", Digest::of_bytes(&old_key).hex()));
+    std::fs::write(&old_entry, serde_json::to_vec(&old_blob).unwrap()).unwrap();
+
+    let layer = cache.get_or_build(&key, &options, contents).unwrap();
+    assert_eq!(cache.stats().builds, 2, "the old engine's entry was reused");
+    assert_ne!(layer.digest, old_blob.digest);
+    let cold = LayerCache::open(BlobStore::open(work.path().join("cold")).unwrap()).unwrap();
+    assert_eq!(
+        cold.get_or_build(&key, &options, contents).unwrap().digest,
+        layer.digest,
+        "warm and cold caches differ"
+    );
 }
 
 fn which(program: &str) -> Option<PathBuf> {
