@@ -25,9 +25,14 @@ use cudastack::layer::{
 const PROBE_INPUT: &str = "CUDASTACK_GZIP_PROBE_INPUT";
 const PROBE_OUTPUT: &str = "CUDASTACK_GZIP_PROBE_OUTPUT";
 
-/// Levels that cover libdeflate's three match finders (hash table, hash chains, binary
-/// trees with near-optimal parsing); level 12 on a prefix to keep emulation short.
-const LEVELS: [(u32, usize); 3] = [(1, usize::MAX), (6, usize::MAX), (12, 1_500_000)];
+/// Levels that cover every libdeflate parser gzip 1-9 uses: fastest (1, hash table),
+/// greedy (4), lazy (6) and lazy2 (9, on a prefix to keep emulation short).
+const LEVELS: [(u32, usize); 4] = [
+    (1, usize::MAX),
+    (4, usize::MAX),
+    (6, usize::MAX),
+    (9, 3_000_000),
+];
 
 /// About 14 MB of real bytes: 12 MiB of this test binary, then the crate's sources.
 fn real_input() -> Vec<u8> {
