@@ -2,7 +2,8 @@
 //!
 //! Compression dominates build time (DESIGN.md, "Where the time goes"), so both codecs
 //! use every core given to them, and both produce the same bytes whatever that number is:
-//! - gzip is libdeflate (docs/compression.md: 3-4x the speed of zlib at the same size).
+//! - gzip is libdeflate (docs/compression.md: at level 6 1.3-1.7x the speed of zlib-rs,
+//!   the engine before it, and smaller; at level 1, the default, 2.5x).
 //!   libdeflate has no streaming API and no preset dictionary, so the tar stream is cut
 //!   into fixed [`GZIP_BLOCK`] blocks and each block becomes a complete gzip member of its
 //!   own, compressed on a worker; the members are written in order. RFC 1952 section 2.2
@@ -41,8 +42,10 @@ pub enum Compression {
 }
 
 impl Default for Compression {
+    /// gzip level 1: on 2 cores the build's time goal needs the fastest level, which costs
+    /// 1.5-7% in size against 6 (the tables in docs/compression.md).
     fn default() -> Self {
-        Compression::Gzip { level: 6 }
+        Compression::Gzip { level: 1 }
     }
 }
 
@@ -140,10 +143,10 @@ pub const GZIP_BLOCK: usize = 1 << 20;
 /// this one had made it. Bump it with libdeflate-sys (a unit test compares Cargo.lock).
 pub const GZIP_ENCODER: &str = "libdeflate-1.26.1-members-1MiB";
 
-/// Blocks a worker compresses at once per thread: enough to keep every worker busy while
-/// the next block is filled, few enough to bound memory (each holds one input block and,
-/// once done, one member of at most about the same size).
-const BLOCKS_PER_THREAD: u64 = 2;
+/// Blocks in flight beyond one per worker: enough to keep every worker busy while the
+/// next block is filled and an earlier one is awaited; each block in flight holds its
+/// input and then its member (about 1 MiB each), which bounds memory.
+const SPARE_BLOCKS: u64 = 2;
 
 struct Job {
     sequence: u64,
@@ -180,7 +183,7 @@ impl<W: Write> ParallelGzip<W> {
             next_sequence: 0,
             next_to_write: 0,
             ready: BTreeMap::new(),
-            max_outstanding: threads.max(1) as u64 * BLOCKS_PER_THREAD,
+            max_outstanding: threads.max(1) as u64 + SPARE_BLOCKS,
             jobs: None,
             results: None,
             workers: Vec::new(),
