@@ -1,6 +1,7 @@
 //! gzip layer bytes (issue 21): the same bytes for every thread count, write size and CPU,
 //! and read back as the input by the decompressors layers meet (flate2's `MultiGzDecoder`,
-//! `gzip -t` / `gzip -dc`, Python's gzip module).
+//! `gzip -t` / `gzip -dc`, Python's gzip module, Docker's `docker load`): a layer is one
+//! gzip member per 1 MiB block, and each must read past the first member.
 //!
 //! The CPU test re-runs this test binary on an `#[ignore]`d probe under qemu-user with CPU
 //! models that lack SSE4.1, PCLMULQDQ, AVX and AVX-512 (the host's libdeflate picks its
@@ -9,6 +10,7 @@
 //! and the crate's own Rust sources (text).
 
 use crate::gate;
+use crate::oci_support::{docker, run, static_show_binary, DockerCleanup};
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -18,8 +20,9 @@ use cudastack::canonical::to_canonical_json;
 use cudastack::cas::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::layer::{
-    BuildOptions, CacheKey, Compression, Entry, LayerCache, LayerContents, LayerPath,
+    self, BuildOptions, CacheKey, Compression, Entry, LayerCache, LayerContents, LayerPath,
 };
+use cudastack::oci::{docker_archive, Image};
 
 /// The probe's input, outputs and CPU-feature report, named by the parent.
 const PROBE_INPUT: &str = "CUDASTACK_GZIP_PROBE_INPUT";
@@ -148,6 +151,53 @@ fn gzip_and_python_read_every_member() {
         String::from_utf8_lossy(&python.stdout).trim(),
         expected,
         "Python's gzip"
+    );
+}
+
+#[test]
+fn docker_reads_every_member_of_a_layer() {
+    // Docker 20.10 (Go's compress/gzip, or unpigz) must read past the first member: a
+    // 5 MiB file is five members, and a file after it is in the last one.
+    if let Err(reason) = docker() {
+        return gate::skip("docker", reason);
+    }
+    let work = tempfile::tempdir().unwrap();
+    let show = match static_show_binary(work.path()) {
+        Ok(show) => show,
+        Err(reason) => return gate::skip("gcc", reason),
+    };
+    let blob = real_input()[..5 << 20].to_vec();
+    let path = |text: &str| LayerPath::parse(text).unwrap();
+    let contents = LayerContents::from_entries([
+        Entry::file_bytes(path("bin/show"), 0o755, std::fs::read(&show).unwrap()),
+        Entry::file_bytes(path("data/blob"), 0o644, blob.clone()),
+        Entry::file_bytes(path("zz/last"), 0o644, &b"in the last member\n"[..]),
+    ])
+    .unwrap();
+    let store = BlobStore::open(work.path().join("store")).unwrap();
+    let options = BuildOptions::new(1_714_521_600, Compression::default());
+    let layer = layer::build(&store, &contents, &options).unwrap();
+    let image = Image::new(1_714_521_600)
+        .with_layer(layer, "cudastack test: gzip members")
+        .with_entrypoint(vec!["/bin/show".to_string()]);
+    let tag = format!("cudastack-test/gzip-members:{}", std::process::id());
+    let _cleanup = DockerCleanup(vec![tag.clone()]);
+    let archive = work.path().join("image.tar");
+    let file = std::fs::File::create(&archive).unwrap();
+    docker_archive::write(
+        &image,
+        std::slice::from_ref(&tag),
+        std::io::BufWriter::new(file),
+    )
+    .unwrap();
+    run(Command::new("docker").arg("load").arg("-i").arg(&archive));
+    let shown = |file: &str| {
+        run(Command::new("docker").args(["run", "--rm", "--network", "none", &tag, file])).stdout
+    };
+    assert_eq!(shown("/zz/last"), b"in the last member\n");
+    assert!(
+        shown("/data/blob") == blob,
+        "docker's /data/blob differs from the layer's"
     );
 }
 
