@@ -10,7 +10,7 @@
 //! and the crate's own Rust sources (text).
 
 use crate::gate;
-use crate::oci_support::{docker, run, static_show_binary, DockerCleanup};
+use crate::oci_support::{docker, have, run, static_show_binary, DockerCleanup};
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ use cudastack::digest::Digest;
 use cudastack::layer::{
     self, BuildOptions, CacheKey, Compression, Entry, LayerCache, LayerContents, LayerPath,
 };
-use cudastack::oci::{docker_archive, Image};
+use cudastack::oci::{docker_archive, layout, Image};
 
 /// The probe's input, outputs and CPU-feature report, named by the parent.
 const PROBE_INPUT: &str = "CUDASTACK_GZIP_PROBE_INPUT";
@@ -198,6 +198,44 @@ fn docker_reads_every_member_of_a_layer() {
     assert!(
         shown("/data/blob") == blob,
         "docker's /data/blob differs from the layer's"
+    );
+}
+
+#[test]
+fn umoci_unpacks_every_member_of_a_layer() {
+    // umoci reads layers with Go's gzip (as skopeo, containerd and Apptainer do).
+    if !have("umoci") {
+        return gate::skip("umoci", "umoci is not installed (apt-get install umoci)");
+    }
+    let work = tempfile::tempdir().unwrap();
+    let blob = real_input()[..5 << 20].to_vec();
+    let path = |text: &str| LayerPath::parse(text).unwrap();
+    let contents = LayerContents::from_entries([
+        Entry::file_bytes(path("data/blob"), 0o644, blob.clone()),
+        Entry::file_bytes(path("zz/last"), 0o644, &b"in the last member\n"[..]),
+    ])
+    .unwrap();
+    let store = BlobStore::open(work.path().join("store")).unwrap();
+    let options = BuildOptions::new(1_714_521_600, Compression::default());
+    let image = Image::new(1_714_521_600).with_layer(
+        layer::build(&store, &contents, &options).unwrap(),
+        "cudastack test: gzip members",
+    );
+    let dir = work.path().join("layout");
+    layout::write(&image, &dir, "members").unwrap();
+    let bundle = work.path().join("bundle");
+    run(Command::new("umoci")
+        .args(["unpack", "--rootless", "--image"])
+        .arg(format!("{}:members", dir.display()))
+        .arg(&bundle));
+    let rootfs = bundle.join("rootfs");
+    assert_eq!(
+        std::fs::read(rootfs.join("zz/last")).unwrap(),
+        b"in the last member\n"
+    );
+    assert!(
+        std::fs::read(rootfs.join("data/blob")).unwrap() == blob,
+        "umoci's data/blob differs"
     );
 }
 
