@@ -112,7 +112,7 @@ pub fn blob(layout: &Path, digest: &str) -> PathBuf {
 /// Each entry of a gzip layer: (kind, mode, uid, gid, size, sha256 of content or link).
 fn listing(path: &Path) -> BTreeMap<String, String> {
     let file = std::fs::File::open(path).unwrap();
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    let mut archive = tar::Archive::new(flate2::read::MultiGzDecoder::new(file));
     let mut entries = BTreeMap::new();
     for entry in archive.entries().unwrap() {
         let mut entry = entry.unwrap();

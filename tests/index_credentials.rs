@@ -483,7 +483,7 @@ fn layout_contains(layout: &Path, needle: &[u8]) -> Vec<String> {
         let head =
             std::io::Read::read(&mut std::fs::File::open(&entry).unwrap(), &mut magic).unwrap();
         let hit = if head >= 2 && magic[..2] == [0x1f, 0x8b] {
-            stream_contains(flate2::read::GzDecoder::new(file), needle)
+            stream_contains(flate2::read::MultiGzDecoder::new(file), needle)
         } else if head == 4 && magic == [0x28, 0xb5, 0x2f, 0xfd] {
             stream_contains(zstd::stream::read::Decoder::new(file).unwrap(), needle)
         } else {

@@ -44,6 +44,7 @@ mod fetch_hostile;
 mod fetch_memory;
 mod fetch_pypi;
 mod fetch_remote_zip;
+mod gzip_bytes;
 mod image_config;
 mod index_credentials;
 mod install_properties;

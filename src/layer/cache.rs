@@ -64,6 +64,8 @@ impl CacheKey {
             "key": self.0,
             "mtime": options.mtime,
             "compression": options.compression,
+            // The engine too: the same settings give other bytes after an upgrade.
+            "encoder": options.compression.encoder(),
         }))
         .expect("cache key serialises");
         Digest::of_bytes(&bytes)

@@ -7,7 +7,8 @@
 //! ```text
 //! Entry list / directory ──LayerContents (sort, parents, escape checks)──┐
 //!   [producer thread] tar writer (fixed mtime, owners, modes) ─> sha256 = diff_id
-//!     ─> 1 MiB chunks ─> [caller thread] compressor (parallel gzip | zstd MT)
+//!     ─> 1 MiB chunks ─> [caller thread] compressor (gzip: one libdeflate member per
+//!        1 MiB block on workers | zstd MT)
 //!     ─> sha256 = digest ─> BlobStore (uncompressed layers skip the pipeline:
 //!        the blob is the tar and its digest is the diff_id)
 //! ```
