@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use cudastack::fetch::progress::{IndicatifReporter, NoReporter, Reporter};
-use cudastack::layer::Compression;
+use cudastack::layer::{Compression, DEFAULT_GZIP_LEVEL};
 use cudastack::pipeline::{
     build_verify_publish, PipelineReport, PipelineSettings, PushSettings, PushTarget,
 };
@@ -56,8 +56,8 @@ pub struct BuildArgs {
     /// is still written, with uncompressed layers).
     #[arg(long, value_enum, default_value_t = CompressionArg::Auto)]
     compression: CompressionArg,
-    /// Compression level (gzip 1-9, default 6; zstd 1-19, default 3). With `auto`, a
-    /// level asks for gzip.
+    /// Compression level (gzip 1-9, default 1: the fastest, 1.5-7% larger than 6, see
+    /// docs/compression.md; zstd 1-19, default 3). With `auto`, a level asks for gzip.
     #[arg(long)]
     level: Option<i32>,
     /// Use only the local cache; fail listing what is missing.
@@ -212,7 +212,7 @@ fn compression(asked: CompressionArg, level: Option<i32>, daemon_only: bool) -> 
     match (asked, level) {
         (CompressionArg::Auto, None) if daemon_only => Compression::None,
         (CompressionArg::Auto | CompressionArg::Gzip, level) => Compression::Gzip {
-            level: level.unwrap_or(6).clamp(1, 9) as u32,
+            level: level.map_or(DEFAULT_GZIP_LEVEL, |l| l.clamp(1, 9) as u32),
         },
         (CompressionArg::Zstd, level) => Compression::Zstd {
             level: level.unwrap_or(3).clamp(1, 19),
@@ -281,13 +281,13 @@ mod tests {
     fn auto_compresses_nothing_only_when_the_daemon_is_the_only_consumer() {
         let auto = |level, daemon_only| compression(CompressionArg::Auto, level, daemon_only);
         assert_eq!(auto(None, true), Compression::None);
-        assert_eq!(auto(None, false), Compression::Gzip { level: 6 });
+        assert_eq!(auto(None, false), Compression::Gzip { level: DEFAULT_GZIP_LEVEL });
         // A level asks for compression.
         assert_eq!(auto(Some(9), true), Compression::Gzip { level: 9 });
         // What the user names is what they get, `--load` or not.
         assert_eq!(
             compression(CompressionArg::Gzip, None, true),
-            Compression::Gzip { level: 6 }
+            Compression::Gzip { level: DEFAULT_GZIP_LEVEL }
         );
         assert_eq!(
             compression(CompressionArg::Zstd, Some(30), true),

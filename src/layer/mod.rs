@@ -35,7 +35,7 @@ use crate::cas::{BlobStore, CasError};
 use crate::digest::{Digest, HashingWriter};
 
 pub use cache::{CacheKey, CacheStats, LayerCache};
-pub use compress::{Compression, Compressor, ParallelGzip};
+pub use compress::{Compression, Compressor, ParallelGzip, DEFAULT_GZIP_LEVEL};
 pub use entry::{Entry, EntryKind, FileSource, LayerContents, LayerPath, OpenContent};
 pub use tar_writer::{write_layer_tar, ContentError, Header, TarWriter};
 pub use walk::{DirOptions, ModePolicy, Recorded, RecordedOwners};
