@@ -1,8 +1,9 @@
 //! The layers of a CUDA stack, one file per kind, in image order:
 //! [`base`] (a Debian or Ubuntu root) -> [`apt`] (the recipe's `apt:` packages, when it
 //! has any) -> [`toolkit`] (the `cuda` and `cudnn` layers, from the nvidia-* wheels) ->
-//! [`python`] (the stack's wheels, nvidia libraries linked to the toolkit's copies) ->
-//! [`user`] (the recipe's `user:`, when it has one) -> `packages` (the recipe's other
+//! one layer per very large distribution (`torch`, `triton`: [`python::LARGE_DISTRIBUTION`])
+//! -> [`python`] (the rest of the stack's wheels, nvidia libraries linked to the toolkit's
+//! copies) -> [`user`] (the recipe's `user:`, when it has one) -> `packages` (the recipe's other
 //! wheels, a [`python`] layer too, when it has any) -> [`config`] (loader configuration and
 //! cache, provenance, pip's constraints, the probe) -> [`copy`] (the recipe's `copy:`
 //! entries, the team's code, when it has any: last, so a code change rebuilds it alone).
@@ -71,6 +72,8 @@ pub(crate) struct StackLayers<'a> {
     pub apt: Option<apt::AptLayer>,
     pub cuda: toolkit::ToolkitLayer,
     pub cudnn: toolkit::ToolkitLayer,
+    /// One layer per very large distribution (torch, triton), requirements first.
+    pub large: Vec<python::PythonLayer<'a>>,
     pub python: python::PythonLayer<'a>,
     /// The recipe's `user:`, when it has one.
     pub user: Option<user::UserLayer>,
@@ -88,11 +91,19 @@ impl<'a> StackLayers<'a> {
         let base = base::BaseLayer::plan(inputs, env.options.mtime, env.staging, env.build_mode)?;
         let apt = apt::AptLayer::plan(inputs, &base, env)?;
         let (cuda, cudnn) = toolkit::ToolkitLayer::plan(inputs, env.staging);
-        let (stack_wheels, other_wheels) = python::split_wheels(inputs)?;
+        let split = python::split_wheels(inputs)?;
+        let large = split
+            .large
+            .into_iter()
+            .map(|(name, wheel)| {
+                let part = PythonPart::Large(name);
+                python::PythonLayer::plan(inputs, vec![wheel], part, &cuda, &cudnn)
+            })
+            .collect::<Vec<_>>();
         let python =
-            python::PythonLayer::plan(inputs, stack_wheels, PythonPart::Stack, &cuda, &cudnn);
-        let packages = (!other_wheels.is_empty()).then(|| {
-            python::PythonLayer::plan(inputs, other_wheels, PythonPart::Packages, &cuda, &cudnn)
+            python::PythonLayer::plan(inputs, split.stack, PythonPart::Stack, &cuda, &cudnn);
+        let packages = (!split.packages.is_empty()).then(|| {
+            python::PythonLayer::plan(inputs, split.packages, PythonPart::Packages, &cuda, &cudnn)
         });
         let mut below: Vec<&dyn LayerStager> = vec![&base];
         if let Some(apt) = &apt {
@@ -100,7 +111,9 @@ impl<'a> StackLayers<'a> {
         }
         // The user's account files are read from the layers that write /etc.
         let user = user::UserLayer::plan(inputs, &below, env);
-        below.extend([&cuda as &dyn LayerStager, &cudnn, &python]);
+        below.extend([&cuda as &dyn LayerStager, &cudnn]);
+        below.extend(large.iter().map(|layer| layer as &dyn LayerStager));
+        below.push(&python);
         if let Some(user) = &user {
             below.push(user);
         }
@@ -116,6 +129,7 @@ impl<'a> StackLayers<'a> {
             apt,
             cuda,
             cudnn,
+            large,
             python,
             user,
             packages,
@@ -130,7 +144,9 @@ impl<'a> StackLayers<'a> {
         if let Some(apt) = &self.apt {
             layers.push(apt);
         }
-        layers.extend([&self.cuda as &dyn LayerStager, &self.cudnn, &self.python]);
+        layers.extend([&self.cuda as &dyn LayerStager, &self.cudnn]);
+        layers.extend(self.large.iter().map(|layer| layer as &dyn LayerStager));
+        layers.push(&self.python);
         if let Some(user) = &self.user {
             layers.push(user);
         }

@@ -40,7 +40,7 @@ impl ToolkitLayer {
         let (cudnn, cuda): (Vec<_>, Vec<_>) = inputs
             .wheels
             .iter()
-            .filter(|(name, _)| name.starts_with("nvidia-"))
+            .filter(|(name, _)| is_toolkit_wheel(name))
             .map(|(name, wheel)| {
                 let nvidia = NvidiaWheel {
                     path: wheel.path.clone(),
@@ -75,6 +75,12 @@ impl ToolkitLayer {
     pub fn placement_record(&self) -> &Path {
         &self.placement_record
     }
+}
+
+/// Whether the toolkit layers place the wheel `name`'s libraries (every nvidia-* wheel): the
+/// Python layers then hold only its few Python files and links.
+pub(crate) fn is_toolkit_wheel(name: &str) -> bool {
+    name.starts_with("nvidia-")
 }
 
 fn digests(wheels: &[(NvidiaWheel, Digest)]) -> Vec<Digest> {
