@@ -100,9 +100,17 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
         digest, again,
         "rebuild changed the manifest digest:\n{second_log}"
     );
-    // torch and triton each have a layer of their own (issue 21), below the rest of the stack.
+    // The math libraries, torch and triton each have a layer of their own (issue 21).
     for layer in [
-        "base", "cuda", "cudnn", "triton", "torch", "python", "packages", "config",
+        "base",
+        "cuda",
+        "cuda-math",
+        "cudnn",
+        "triton",
+        "torch",
+        "python",
+        "packages",
+        "config",
     ] {
         assert!(
             second_log

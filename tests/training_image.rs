@@ -241,8 +241,18 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
     assert_eq!(
         names,
         [
-            "base", "apt", "cuda", "cudnn", "triton", "torch", "python", "user", "packages",
-            "config", "copy"
+            "base",
+            "apt",
+            "cuda",
+            "cuda-math",
+            "cudnn",
+            "triton",
+            "torch",
+            "python",
+            "user",
+            "packages",
+            "config",
+            "copy"
         ],
         "{first_log}"
     );

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
-use super::toolkit::{self as toolkit_layer, ToolkitLayer};
+use super::toolkit::{self as toolkit_layer, ToolkitLayers};
 use super::{LayerStager, ASSEMBLER};
 use crate::digest::Digest;
 use crate::fetch::metadata::{local_wheel_metadata, Metadata};
@@ -72,8 +72,7 @@ pub(crate) struct PythonLayer<'a> {
     key: CacheKey,
     wheels: Vec<&'a FetchedWheel>,
     install_options: InstallOptions,
-    /// The placement records of the `cuda` and `cudnn` trees; empty for a large
-    /// distribution's layer.
+    /// The placement records of the toolkit trees; empty for a large distribution's layer.
     placements: Vec<PathBuf>,
 }
 
@@ -83,8 +82,7 @@ impl<'a> PythonLayer<'a> {
         inputs: &PlatformInputs,
         wheels: Vec<&'a FetchedWheel>,
         part: PythonPart,
-        cuda: &ToolkitLayer,
-        cudnn: &ToolkitLayer,
+        toolkit: &ToolkitLayers,
     ) -> Self {
         let recipe = inputs.recipe;
         let wheel_digests: Vec<Digest> = wheels.iter().map(|w| w.sha256).collect();
@@ -103,14 +101,18 @@ impl<'a> PythonLayer<'a> {
                     &wheel_digests,
                     &(
                         recipe.python.to_string(),
-                        cuda.key().digest(),
-                        cudnn.key().digest(),
+                        toolkit
+                            .all()
+                            .iter()
+                            .map(|layer| layer.key().digest())
+                            .collect::<Vec<_>>(),
                     ),
                 ),
-                vec![
-                    cuda.placement_record().to_path_buf(),
-                    cudnn.placement_record().to_path_buf(),
-                ],
+                toolkit
+                    .all()
+                    .iter()
+                    .map(|layer| layer.placement_record().to_path_buf())
+                    .collect(),
             ),
         };
         Self {
@@ -334,6 +336,7 @@ mod tests {
     use crate::lock::lockfile::Lockfile;
     use crate::matrix::Matrix;
     use crate::recipe::{Platform, Recipe};
+    use crate::stack::layers::toolkit::ToolkitLayer;
     use crate::stack::staging::Staging;
     use std::io::Write;
 
@@ -528,8 +531,8 @@ Requires-Dist: numpy ; extra == 'tests'
         assert!(error.contains("broken-1.0-py3-none-any.whl"), "{error}");
     }
 
-    /// The keys of the cuda, cudnn, torch, python and packages layers of a stack whose
-    /// wheels have these digests.
+    /// The keys of the toolkit, torch, python and packages layers of a stack whose wheels
+    /// have these digests.
     fn keys(digests: &[(&str, &str)]) -> BTreeMap<&'static str, Digest> {
         let (recipe, lock) = recipe_and_lock();
         let wheel = |name: &str| FetchedWheel {
@@ -544,7 +547,7 @@ Requires-Dist: numpy ; extra == 'tests'
         let inputs = inputs(&recipe, &lock, wheels);
         let staging_root = tempfile::tempdir().unwrap();
         let staging = Staging::open(staging_root.path()).unwrap();
-        let (cuda, cudnn) = ToolkitLayer::plan(&inputs, &staging);
+        let toolkit = ToolkitLayer::plan(&inputs, &staging);
         let pick = |names: &[&str]| -> Vec<&FetchedWheel> {
             names
                 .iter()
@@ -552,18 +555,24 @@ Requires-Dist: numpy ; extra == 'tests'
                 .collect()
         };
         let plan = |names: &[&str], part| {
-            PythonLayer::plan(&inputs, pick(names), part, &cuda, &cudnn)
+            PythonLayer::plan(&inputs, pick(names), part, &toolkit)
                 .key()
                 .digest()
         };
         BTreeMap::from([
-            ("cuda", cuda.key().digest()),
-            ("cudnn", cudnn.key().digest()),
+            ("cuda", toolkit.cuda.key().digest()),
+            ("cuda-math", toolkit.math.as_ref().unwrap().key().digest()),
+            ("cudnn", toolkit.cudnn.key().digest()),
             ("torch", plan(&["torch"], PythonPart::Large("torch"))),
             (
                 "python",
                 plan(
-                    &["sympy", "nvidia-cudnn-cu12", "nvidia-cublas-cu12"],
+                    &[
+                        "sympy",
+                        "nvidia-cudnn-cu12",
+                        "nvidia-cublas-cu12",
+                        "nvidia-cufft-cu12",
+                    ],
                     PythonPart::Stack,
                 ),
             ),
@@ -588,6 +597,7 @@ Requires-Dist: numpy ; extra == 'tests'
             ("sympy", "sympy 1.13"),
             ("nvidia-cudnn-cu12", "cudnn 9.1"),
             ("nvidia-cublas-cu12", "cublas 12.1"),
+            ("nvidia-cufft-cu12", "cufft 11.0"),
             ("numpy", "numpy 1.26.4"),
         ];
         let with = |name: &'static str, digest: &'static str| {
@@ -605,8 +615,57 @@ Requires-Dist: numpy ; extra == 'tests'
             changed(&stack, &with("nvidia-cudnn-cu12", "cudnn 9.3")),
             ["cudnn", "packages", "python"]
         );
+        // A cuFFT bump: the math libraries' layer, not the rest of the toolkit.
+        assert_eq!(
+            changed(&stack, &with("nvidia-cufft-cu12", "cufft 11.2")),
+            ["cuda-math", "packages", "python"]
+        );
         // A torch patch release: torch's layer alone.
         assert_eq!(changed(&stack, &with("torch", "torch 2.4.2")), ["torch"]);
+    }
+
+    #[test]
+    fn the_toolkit_is_cut_by_family_and_cuda_math_only_when_locked() {
+        let (recipe, lock) = recipe_and_lock();
+        let staging_root = tempfile::tempdir().unwrap();
+        let staging = Staging::open(staging_root.path()).unwrap();
+        let wheels = |names: &[&str]| -> BTreeMap<String, FetchedWheel> {
+            names
+                .iter()
+                .map(|name| {
+                    let wheel = FetchedWheel {
+                        path: PathBuf::from(format!("/wheels/{name}.whl")),
+                        sha256: Digest::of_bytes(name.as_bytes()),
+                        version: "12.1.0".into(),
+                    };
+                    (name.to_string(), wheel)
+                })
+                .collect()
+        };
+        let names = |layer: &ToolkitLayer| -> Vec<String> {
+            layer.wheels.iter().map(|w| w.project.clone()).collect()
+        };
+        let full = inputs(
+            &recipe,
+            &lock,
+            wheels(&[
+                "nvidia-cublas-cu12",
+                "nvidia-cufft-cu12",
+                "nvidia-cudnn-cu12",
+                "torch",
+            ]),
+        );
+        let toolkit = ToolkitLayer::plan(&full, &staging);
+        let layers: Vec<&str> = toolkit.all().iter().map(|l| l.name()).collect();
+        assert_eq!(layers, ["cuda", "cuda-math", "cudnn"]);
+        assert_eq!(names(&toolkit.cuda), ["nvidia-cublas-cu12"]);
+        assert_eq!(names(toolkit.math.as_ref().unwrap()), ["nvidia-cufft-cu12"]);
+        assert_eq!(names(&toolkit.cudnn), ["nvidia-cudnn-cu12"]);
+
+        let without_math = inputs(&recipe, &lock, wheels(&["nvidia-cublas-cu12"]));
+        let toolkit = ToolkitLayer::plan(&without_math, &staging);
+        assert!(toolkit.math.is_none());
+        assert_eq!(toolkit.all().len(), 2);
     }
 
     #[test]
