@@ -100,7 +100,18 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
         digest, again,
         "rebuild changed the manifest digest:\n{second_log}"
     );
-    for layer in ["base", "cuda", "cudnn", "python", "packages", "config"] {
+    // The math libraries, torch and triton each have a layer of their own (issue 21).
+    for layer in [
+        "base",
+        "cuda",
+        "cuda-math",
+        "cudnn",
+        "triton",
+        "torch",
+        "python",
+        "packages",
+        "config",
+    ] {
         assert!(
             second_log
                 .lines()

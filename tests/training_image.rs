@@ -240,7 +240,20 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
     let names: Vec<String> = layers(&first).into_iter().map(|l| l.0).collect();
     assert_eq!(
         names,
-        ["base", "apt", "cuda", "cudnn", "python", "user", "packages", "config", "copy"],
+        [
+            "base",
+            "apt",
+            "cuda",
+            "cuda-math",
+            "cudnn",
+            "triton",
+            "torch",
+            "python",
+            "user",
+            "packages",
+            "config",
+            "copy"
+        ],
         "{first_log}"
     );
     for check in [

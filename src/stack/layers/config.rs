@@ -46,7 +46,7 @@ pub(crate) struct ConfigLayer<'a> {
 }
 
 impl<'a> ConfigLayer<'a> {
-    /// Plan the config layer over the layers `below` (base, apt, cuda, cudnn, python, user).
+    /// Plan the config layer over every layer `below` it (base to packages).
     pub fn plan(inputs: &PlatformInputs, below: &[&dyn LayerStager], env: &BuildEnv<'a>) -> Self {
         let (conf_path, conf_text) = ld_so_conf(&inputs.paths());
         let recipe_json = inputs.recipe.canonical_json();

@@ -1,8 +1,10 @@
 //! The layers of a CUDA stack, one file per kind, in image order:
 //! [`base`] (a Debian or Ubuntu root) -> [`apt`] (the recipe's `apt:` packages, when it
-//! has any) -> [`toolkit`] (the `cuda` and `cudnn` layers, from the nvidia-* wheels) ->
-//! [`python`] (the stack's wheels, nvidia libraries linked to the toolkit's copies) ->
-//! [`user`] (the recipe's `user:`, when it has one) -> `packages` (the recipe's other
+//! has any) -> [`toolkit`] (the `cuda`, `cuda-math` and `cudnn` layers, from the nvidia-*
+//! wheels) ->
+//! one layer per very large distribution (`torch`, `triton`: [`python::LARGE_DISTRIBUTION`])
+//! -> [`python`] (the rest of the stack's wheels, nvidia libraries linked to the toolkit's
+//! copies) -> [`user`] (the recipe's `user:`, when it has one) -> `packages` (the recipe's other
 //! wheels, a [`python`] layer too, when it has any) -> [`config`] (loader configuration and
 //! cache, provenance, pip's constraints, the probe) -> [`copy`] (the recipe's `copy:`
 //! entries, the team's code, when it has any: last, so a code change rebuilds it alone).
@@ -69,8 +71,10 @@ pub(crate) struct StackLayers<'a> {
     pub base: base::BaseLayer<'a>,
     /// The recipe's `apt:` packages, when it has any.
     pub apt: Option<apt::AptLayer>,
-    pub cuda: toolkit::ToolkitLayer,
-    pub cudnn: toolkit::ToolkitLayer,
+    /// `cuda`, `cuda-math` (when the lock has math libraries) and `cudnn`.
+    pub toolkit: toolkit::ToolkitLayers,
+    /// One layer per very large distribution (torch, triton), requirements first.
+    pub large: Vec<python::PythonLayer<'a>>,
     pub python: python::PythonLayer<'a>,
     /// The recipe's `user:`, when it has one.
     pub user: Option<user::UserLayer>,
@@ -87,12 +91,19 @@ impl<'a> StackLayers<'a> {
     pub fn plan(inputs: &'a PlatformInputs, env: &'a BuildEnv) -> Result<Self, BuildError> {
         let base = base::BaseLayer::plan(inputs, env.options.mtime, env.staging, env.build_mode)?;
         let apt = apt::AptLayer::plan(inputs, &base, env)?;
-        let (cuda, cudnn) = toolkit::ToolkitLayer::plan(inputs, env.staging);
-        let (stack_wheels, other_wheels) = python::split_wheels(inputs)?;
-        let python =
-            python::PythonLayer::plan(inputs, stack_wheels, PythonPart::Stack, &cuda, &cudnn);
-        let packages = (!other_wheels.is_empty()).then(|| {
-            python::PythonLayer::plan(inputs, other_wheels, PythonPart::Packages, &cuda, &cudnn)
+        let toolkit = toolkit::ToolkitLayer::plan(inputs, env.staging);
+        let split = python::split_wheels(inputs)?;
+        let large = split
+            .large
+            .into_iter()
+            .map(|(name, wheel)| {
+                let part = PythonPart::Large(name);
+                python::PythonLayer::plan(inputs, vec![wheel], part, &toolkit)
+            })
+            .collect::<Vec<_>>();
+        let python = python::PythonLayer::plan(inputs, split.stack, PythonPart::Stack, &toolkit);
+        let packages = (!split.packages.is_empty()).then(|| {
+            python::PythonLayer::plan(inputs, split.packages, PythonPart::Packages, &toolkit)
         });
         let mut below: Vec<&dyn LayerStager> = vec![&base];
         if let Some(apt) = &apt {
@@ -100,7 +111,9 @@ impl<'a> StackLayers<'a> {
         }
         // The user's account files are read from the layers that write /etc.
         let user = user::UserLayer::plan(inputs, &below, env);
-        below.extend([&cuda as &dyn LayerStager, &cudnn, &python]);
+        below.extend(toolkit.all().into_iter().map(|l| l as &dyn LayerStager));
+        below.extend(large.iter().map(|layer| layer as &dyn LayerStager));
+        below.push(&python);
         if let Some(user) = &user {
             below.push(user);
         }
@@ -114,8 +127,8 @@ impl<'a> StackLayers<'a> {
         Ok(Self {
             base,
             apt,
-            cuda,
-            cudnn,
+            toolkit,
+            large,
             python,
             user,
             packages,
@@ -130,7 +143,14 @@ impl<'a> StackLayers<'a> {
         if let Some(apt) = &self.apt {
             layers.push(apt);
         }
-        layers.extend([&self.cuda as &dyn LayerStager, &self.cudnn, &self.python]);
+        layers.extend(
+            self.toolkit
+                .all()
+                .into_iter()
+                .map(|l| l as &dyn LayerStager),
+        );
+        layers.extend(self.large.iter().map(|layer| layer as &dyn LayerStager));
+        layers.push(&self.python);
         if let Some(user) = &self.user {
             layers.push(user);
         }

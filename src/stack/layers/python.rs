@@ -1,17 +1,25 @@
-//! The `python` and `packages` layers: the locked wheels installed into the Debian
-//! `/usr/local` scheme, with the nvidia-* libraries the toolkit layers already hold replaced
-//! by links to those copies, so the image has one copy of each CUDA library (DESIGN.md, "two
-//! copies of cuDNN in one environment is how version skew happens").
+//! The Python layers: the locked wheels installed into the Debian `/usr/local` scheme, with
+//! the nvidia-* libraries the toolkit layers already hold replaced by links to those copies,
+//! so the image has one copy of each CUDA library (DESIGN.md, "two copies of cuDNN in one
+//! environment is how version skew happens").
 //!
-//! The wheels are split in two layers: `python` holds the stack (torch, pip, the nvidia-*
-//! and cuda-* wheels and everything they require), `packages` the rest (the team's
-//! requirements), so changing a requirement rebuilds the small layer and not torch's GBs.
-//! The split follows each wheel's own `Requires-Dist`, evaluated for the lock's target.
+//! The wheels are cut by what changes together and by size (issue 21, "layers cut for
+//! change and for pulls"):
+//! - each very large distribution ([`LARGE_DISTRIBUTION`]: torch, triton) alone in a layer
+//!   named after it, so neither a closure package's bump nor a team requirement re-tars,
+//!   re-compresses or re-uploads its GB;
+//! - `python`: the rest of the stack (pip, the nvidia-* and cuda-* wheels' Python parts,
+//!   and what torch and they require: sympy, networkx, jinja2, ...);
+//! - `packages`: the rest of the lock (the team's requirements).
+//!
+//! The stack is the closure of each wheel's own `Requires-Dist`, evaluated for the lock's
+//! target, from torch, pip and the nvidia-* / cuda-* wheels.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
-use super::toolkit::ToolkitLayer;
+use super::toolkit::{self as toolkit_layer, ToolkitLayers};
 use super::{LayerStager, ASSEMBLER};
 use crate::digest::Digest;
 use crate::fetch::metadata::{local_wheel_metadata, Metadata};
@@ -23,10 +31,23 @@ use crate::stack::error::{io_error, BuildError};
 use crate::stack::prepare::{FetchedWheel, PlatformInputs};
 use crate::stack::toolkit::Placement;
 
+/// A distribution whose files unpack to more than this gets a layer of its own.
+///
+/// Measured on the torch 2.4.1 cu121 stack (unpacked sizes from the wheels' central
+/// directories): torch 1552 MiB, triton 553 MiB, then numpy 61, sympy 25, transformers 42,
+/// networkx 6, pip 5. The threshold sits in that gap with a factor of two either side, so
+/// torch and triton are cut out and everything else stays together. Below it a layer of its
+/// own would cost a blob request, a manifest entry and a chain ID on every pull for a
+/// re-upload saving of well under 100 MB compressed; above it, one closure or requirement
+/// bump would otherwise resend the distribution with its small neighbours.
+pub(crate) const LARGE_DISTRIBUTION: u64 = 256 * 1024 * 1024;
+
 /// Which of the locked wheels a Python layer installs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PythonPart {
-    /// torch, pip, the nvidia-* and cuda-* wheels, and what they require.
+    /// One very large distribution alone, in a layer named after it (`torch`).
+    Large(&'static str),
+    /// pip, the nvidia-* and cuda-* wheels, and what they and torch require.
     Stack,
     /// Every other wheel: the recipe's own requirements.
     Packages,
@@ -35,21 +56,24 @@ pub(crate) enum PythonPart {
 impl PythonPart {
     fn name(self) -> &'static str {
         match self {
+            PythonPart::Large(name) => name,
             PythonPart::Stack => "python",
             PythonPart::Packages => "packages",
         }
     }
 }
 
-/// A Python layer of one platform. Its key names the toolkit layers' keys: it links to
-/// what they placed.
+/// A Python layer of one platform. The `python` and `packages` keys name the toolkit
+/// layers' keys: they link to what those placed. A large distribution's layer links
+/// nothing (no nvidia-* wheel is one), so its key is its wheel and the Python line alone:
+/// a cuDNN or closure change leaves it cached.
 pub(crate) struct PythonLayer<'a> {
     part: PythonPart,
     key: CacheKey,
     wheels: Vec<&'a FetchedWheel>,
     install_options: InstallOptions,
-    /// The placement records of the `cuda` and `cudnn` trees.
-    placements: [PathBuf; 2],
+    /// The placement records of the toolkit trees; empty for a large distribution's layer.
+    placements: Vec<PathBuf>,
 }
 
 impl<'a> PythonLayer<'a> {
@@ -58,29 +82,45 @@ impl<'a> PythonLayer<'a> {
         inputs: &PlatformInputs,
         wheels: Vec<&'a FetchedWheel>,
         part: PythonPart,
-        cuda: &ToolkitLayer,
-        cudnn: &ToolkitLayer,
+        toolkit: &ToolkitLayers,
     ) -> Self {
         let recipe = inputs.recipe;
         let wheel_digests: Vec<Digest> = wheels.iter().map(|w| w.sha256).collect();
-        let key = CacheKey::new(
-            &format!("{ASSEMBLER}/{}", part.name()),
-            &wheel_digests,
-            &(
-                recipe.python.to_string(),
-                cuda.key().digest(),
-                cudnn.key().digest(),
+        let (key, placements) = match part {
+            PythonPart::Large(_) => (
+                CacheKey::new(
+                    &format!("{ASSEMBLER}/large-distribution"),
+                    &wheel_digests,
+                    &recipe.python.to_string(),
+                ),
+                Vec::new(),
             ),
-        );
+            PythonPart::Stack | PythonPart::Packages => (
+                CacheKey::new(
+                    &format!("{ASSEMBLER}/{}", part.name()),
+                    &wheel_digests,
+                    &(
+                        recipe.python.to_string(),
+                        toolkit
+                            .all()
+                            .iter()
+                            .map(|layer| layer.key().digest())
+                            .collect::<Vec<_>>(),
+                    ),
+                ),
+                toolkit
+                    .all()
+                    .iter()
+                    .map(|layer| layer.placement_record().to_path_buf())
+                    .collect(),
+            ),
+        };
         Self {
             part,
             key,
             wheels,
             install_options: InstallOptions::new(Scheme::debian_local(recipe.python)),
-            placements: [
-                cuda.placement_record().to_path_buf(),
-                cudnn.placement_record().to_path_buf(),
-            ],
+            placements,
         }
     }
 
@@ -128,56 +168,511 @@ impl LayerStager for PythonLayer<'_> {
     }
 }
 
-/// The locked wheels split into the stack's and the others, each in name order.
-pub(crate) fn split_wheels<'a>(
-    inputs: &'a PlatformInputs,
-) -> Result<(Vec<&'a FetchedWheel>, Vec<&'a FetchedWheel>), BuildError> {
-    let stack = stack_wheels(inputs)?;
-    let (in_stack, others): (Vec<_>, Vec<_>) = inputs
-        .wheels
-        .iter()
-        .partition(|(name, _)| stack.contains(*name));
-    let wheels =
-        |part: Vec<(&String, &'a FetchedWheel)>| part.into_iter().map(|(_, w)| w).collect();
-    Ok((wheels(in_stack), wheels(others)))
+/// The locked wheels cut into layers: each large distribution alone (bottom to top), the
+/// rest of the stack, the team's packages; each part in name order.
+pub(crate) struct WheelSplit<'a> {
+    pub large: Vec<(&'static str, &'a FetchedWheel)>,
+    pub stack: Vec<&'a FetchedWheel>,
+    pub packages: Vec<&'a FetchedWheel>,
 }
 
-/// The names of the stack's wheels: torch, pip and every nvidia-* / cuda-* wheel, and the
-/// closure of their `Requires-Dist` (markers evaluated for the lock's target; extras are
-/// not followed: the stack's roots name no extra a wheel outside them would bring).
-fn stack_wheels(inputs: &PlatformInputs) -> Result<BTreeSet<String>, BuildError> {
+/// Read every locked wheel's requirements and size, and cut the wheels into layers.
+pub(crate) fn split_wheels<'a>(inputs: &'a PlatformInputs) -> Result<WheelSplit<'a>, BuildError> {
     let environment = inputs.lock.target.marker_environment();
-    let is_root = |name: &str| {
-        matches!(name, "torch" | "pip") || name.starts_with("nvidia-") || name.starts_with("cuda-")
+    let mut facts = BTreeMap::new();
+    for (name, wheel) in &inputs.wheels {
+        facts.insert(name.clone(), read_facts(wheel, &environment)?);
+    }
+    let names = split_names(&facts, LARGE_DISTRIBUTION);
+    let pick = |part: &BTreeSet<String>| -> Vec<&'a FetchedWheel> {
+        inputs
+            .wheels
+            .iter()
+            .filter(|(name, _)| part.contains(*name))
+            .map(|(_, wheel)| wheel)
+            .collect()
     };
-    let mut stack = BTreeSet::new();
-    let mut todo: Vec<String> = inputs
-        .wheels
-        .keys()
-        .filter(|name| is_root(name))
-        .cloned()
+    Ok(WheelSplit {
+        large: names
+            .large
+            .iter()
+            .filter_map(|name| Some((layer_name(name), inputs.wheels.get(name)?)))
+            .collect(),
+        stack: pick(&names.stack),
+        packages: pick(&names.packages),
+    })
+}
+
+/// What the split needs of one locked wheel.
+#[derive(Debug, Clone, Default)]
+struct WheelFacts {
+    /// The names its `Requires-Dist` asks for on the lock's target (extras are not followed:
+    /// the stack's roots name no extra a wheel outside them would bring).
+    requires: Vec<String>,
+    /// The sum of its members' sizes, from the zip's central directory.
+    unpacked: u64,
+}
+
+fn read_facts(
+    wheel: &FetchedWheel,
+    environment: &pep508_rs::MarkerEnvironment,
+) -> Result<WheelFacts, BuildError> {
+    let location = wheel.path.display().to_string();
+    let malformed = |message: String| BuildError::Wheel {
+        wheel: location.clone(),
+        message,
+    };
+    let text = local_wheel_metadata(&wheel.path).map_err(|e| malformed(e.to_string()))?;
+    let metadata = Metadata::parse(&text, &location).map_err(|e| malformed(e.to_string()))?;
+    let requires = metadata
+        .requires_dist
+        .iter()
+        .filter(|requirement| requirement.evaluate_markers(environment, &[]))
+        .map(|requirement| requirement.name.to_string())
         .collect();
+    let file = fs_err::File::open(&wheel.path).map_err(io_error(&wheel.path))?;
+    let archive = zip::ZipArchive::new(file).map_err(|e| malformed(e.to_string()))?;
+    let directory = archive.metadata();
+    let mut unpacked = 0u64;
+    for index in 0..directory.len() {
+        let entry = directory
+            .entry(index)
+            .map_err(|e| malformed(e.to_string()))?;
+        unpacked = unpacked.saturating_add(entry.size());
+    }
+    Ok(WheelFacts { requires, unpacked })
+}
+
+/// The cut by name: see [`WheelSplit`].
+#[derive(Debug, Default, PartialEq, Eq)]
+struct NameSplit {
+    large: Vec<String>,
+    stack: BTreeSet<String>,
+    packages: BTreeSet<String>,
+}
+
+/// Cut the locked wheels (`facts`, by name) into the large distributions (more than
+/// `threshold` unpacked and not placed by the toolkit, whose nvidia-* wheels leave only a
+/// few KiB in a Python layer), the stack's closure and the rest.
+///
+/// Layers are ordered by how often they change, rarest at the bottom: Docker and
+/// containerd key an unpacked layer by its chain ID (its digest and those of every layer
+/// below), so a changed layer makes every layer above it be downloaded (Docker) or
+/// unpacked (containerd) again. A torch upgrade changes torch, triton and the nvidia pins
+/// (the toolkit layers below) together, and a closure package's bump changes only
+/// `python`, so the large layers go below `python`. Among them a distribution goes below
+/// those that require it (triton below torch): a torch patch release keeps its triton.
+fn split_names(facts: &BTreeMap<String, WheelFacts>, threshold: u64) -> NameSplit {
+    let roots = facts.keys().filter(|name| {
+        matches!(name.as_str(), "torch" | "pip")
+            || toolkit_layer::is_toolkit_wheel(name)
+            || name.starts_with("cuda-")
+    });
+    let stack = closure(facts, roots);
+    let mut large: Vec<&String> = facts
+        .iter()
+        .filter(|(name, wheel)| {
+            wheel.unpacked > threshold && !toolkit_layer::is_toolkit_wheel(name)
+        })
+        .map(|(name, _)| name)
+        .collect();
+    // A distribution's closure holds the closure of each it requires, so counting the
+    // large ones in it orders every requirement before what requires it (name breaks ties).
+    let rank = |name: &String| {
+        closure(facts, [name])
+            .iter()
+            .filter(|other| *other != name && large.contains(other))
+            .count()
+    };
+    let ranks: BTreeMap<&String, usize> = large.iter().map(|name| (*name, rank(name))).collect();
+    large.sort_by_key(|name| (ranks[name], *name));
+    let (stack, packages): (BTreeSet<String>, BTreeSet<String>) = facts
+        .keys()
+        .filter(|name| !large.contains(name))
+        .cloned()
+        .partition(|name| stack.contains(name));
+    NameSplit {
+        large: large.into_iter().cloned().collect(),
+        stack,
+        packages,
+    }
+}
+
+/// `roots` and every locked wheel they require, transitively.
+fn closure<'n>(
+    facts: &BTreeMap<String, WheelFacts>,
+    roots: impl IntoIterator<Item = &'n String>,
+) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut todo: Vec<&str> = roots.into_iter().map(String::as_str).collect();
     while let Some(name) = todo.pop() {
-        let Some(wheel) = inputs.wheels.get(&name) else {
+        let Some(wheel) = facts.get(name) else {
             continue;
         };
-        if !stack.insert(name.clone()) {
-            continue;
-        }
-        let location = wheel.path.display().to_string();
-        let text = local_wheel_metadata(&wheel.path).map_err(|e| BuildError::Wheel {
-            wheel: location.clone(),
-            message: e.to_string(),
-        })?;
-        let metadata = Metadata::parse(&text, &location).map_err(|e| BuildError::Wheel {
-            wheel: location.clone(),
-            message: e.to_string(),
-        })?;
-        for requirement in &metadata.requires_dist {
-            if requirement.evaluate_markers(&environment, &[]) {
-                todo.push(requirement.name.to_string());
-            }
+        if seen.insert(name.to_string()) {
+            todo.extend(wheel.requires.iter().map(String::as_str));
         }
     }
-    Ok(stack)
+    seen
+}
+
+/// The `'static` layer name of a large distribution (reports name layers by `&'static
+/// str`). Each distinct name is leaked once per process: the few distributions over
+/// [`LARGE_DISTRIBUTION`] that this process builds.
+fn layer_name(distribution: &str) -> &'static str {
+    static NAMES: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(name) = names.get(distribution) {
+        return name;
+    }
+    let name: &'static str = Box::leak(distribution.to_owned().into_boxed_str());
+    names.insert(name);
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::lockfile::Lockfile;
+    use crate::matrix::Matrix;
+    use crate::recipe::{Platform, Recipe};
+    use crate::stack::layers::toolkit::ToolkitLayer;
+    use crate::stack::staging::Staging;
+    use std::io::Write;
+
+    const MIB: u64 = 1024 * 1024;
+    const RECIPE: &str = "recipes/torch2.4.1-cu121-py3.11";
+
+    /// The `Requires-Dist` lines of the METADATA of PyPI's torch 2.4.1 cp311 x86_64 wheel.
+    const TORCH: &str = "Requires-Dist: filelock
+Requires-Dist: typing-extensions (>=4.8.0)
+Requires-Dist: sympy
+Requires-Dist: networkx
+Requires-Dist: jinja2
+Requires-Dist: fsspec
+Requires-Dist: nvidia-cuda-runtime-cu12 (==12.1.105) ; platform_system == \"Linux\" and platform_machine == \"x86_64\"
+Requires-Dist: nvidia-cudnn-cu12 (==9.1.0.70) ; platform_system == \"Linux\" and platform_machine == \"x86_64\"
+Requires-Dist: nvidia-cublas-cu12 (==12.1.3.1) ; platform_system == \"Linux\" and platform_machine == \"x86_64\"
+Requires-Dist: triton (==3.0.0) ; platform_system == \"Linux\" and platform_machine == \"x86_64\" and python_version < \"3.13\"
+Requires-Dist: opt-einsum (>=3.3) ; extra == 'opt-einsum'
+Requires-Dist: optree (>=0.11.0) ; extra == 'optree'
+";
+    /// triton 3.0.0's (its extras only add test and build tools).
+    const TRITON: &str = "Requires-Dist: filelock
+Requires-Dist: cmake >=3.20 ; extra == 'build'
+Requires-Dist: numpy ; extra == 'tests'
+";
+
+    /// Each locked wheel of the test stack: name, version, requirements, and its unpacked
+    /// size as measured on PyPI's file (the wheels written here are small).
+    fn stack() -> Vec<(&'static str, &'static str, &'static str, u64)> {
+        vec![
+            ("torch", "2.4.1", TORCH, 1552 * MIB),
+            ("triton", "3.0.0", TRITON, 553 * MIB),
+            ("sympy", "1.14.0", "Requires-Dist: mpmath<1.4,>=1.1.0\nRequires-Dist: pytest>=7.1.0; extra == \"dev\"\n", 25 * MIB),
+            ("mpmath", "1.3.0", "", 2 * MIB),
+            ("networkx", "3.6.1", "", 6 * MIB),
+            ("jinja2", "3.1.4", "Requires-Dist: MarkupSafe>=2.0\n", MIB),
+            ("markupsafe", "2.1.5", "", MIB / 10),
+            ("filelock", "3.16.1", "", MIB / 10),
+            ("fsspec", "2024.9.0", "", MIB),
+            ("typing-extensions", "4.12.2", "", MIB / 10),
+            ("pip", "24.2", "", 5 * MIB),
+            ("nvidia-cublas-cu12", "12.1.3.1", "", 595 * MIB),
+            ("nvidia-cuda-runtime-cu12", "12.1.105", "", 3 * MIB),
+            ("nvidia-cudnn-cu12", "9.1.0.70", "Requires-Dist: nvidia-cublas-cu12\n", 1000 * MIB),
+            ("numpy", "1.26.4", "", 61 * MIB),
+        ]
+    }
+
+    /// A wheel in the format PyPI serves (deflated members, METADATA in the dist-info).
+    fn write_wheel(dir: &Path, name: &str, version: &str, requires: &str) -> PathBuf {
+        let dist = format!("{}-{version}", name.replace('-', "_"));
+        let path = dir.join(format!("{dist}-py3-none-any.whl"));
+        let mut zip = zip::ZipWriter::new(fs_err::File::create(&path).unwrap());
+        let options = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated);
+        let metadata =
+            format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{requires}");
+        for (member, bytes) in [
+            (format!("{dist}.dist-info/METADATA"), metadata.into_bytes()),
+            (
+                format!("{}/__init__.py", name.replace('-', "_")),
+                vec![b'#'; 4096],
+            ),
+        ] {
+            zip.start_file(member, options).unwrap();
+            zip.write_all(&bytes).unwrap();
+        }
+        zip.finish().unwrap();
+        path
+    }
+
+    fn fetched(path: PathBuf, version: &str) -> FetchedWheel {
+        FetchedWheel {
+            sha256: Digest::of_bytes(&fs_err::read(&path).unwrap()),
+            path,
+            version: version.to_string(),
+        }
+    }
+
+    /// The shipped torch 2.4.1 recipe and its lock (target: CPython 3.11, x86_64).
+    fn recipe_and_lock() -> (Recipe, Lockfile) {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let yaml = root.join(format!("{RECIPE}.yaml"));
+        let text = fs_err::read_to_string(&yaml).unwrap();
+        let lock = Lockfile::read(&root.join(format!("{RECIPE}.lock"))).unwrap();
+        (Recipe::parse(&text, &yaml).unwrap(), lock)
+    }
+
+    fn inputs<'a>(
+        recipe: &'a Recipe,
+        lock: &Lockfile,
+        wheels: BTreeMap<String, FetchedWheel>,
+    ) -> PlatformInputs<'a> {
+        PlatformInputs {
+            matrix: Matrix::embedded(),
+            recipe,
+            platform: Platform::LinuxAmd64,
+            lock: lock.clone(),
+            wheels,
+            torch_build: None,
+            base_debs: Vec::new(),
+            apt_debs: Vec::new(),
+            context: PathBuf::from("."),
+        }
+    }
+
+    /// The test stack's facts: requirements read from real-format wheels for the shipped
+    /// lock's target, sizes as measured.
+    fn facts(dir: &Path) -> BTreeMap<String, WheelFacts> {
+        let (_, lock) = recipe_and_lock();
+        let environment = lock.target.marker_environment();
+        stack()
+            .into_iter()
+            .map(|(name, version, requires, unpacked)| {
+                let wheel = fetched(write_wheel(dir, name, version, requires), version);
+                let facts = read_facts(&wheel, &environment).unwrap();
+                (name.to_string(), WheelFacts { unpacked, ..facts })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn torch_and_triton_get_layers_of_their_own_requirements_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let split = split_names(&facts(dir.path()), LARGE_DISTRIBUTION);
+        // triton below torch: torch requires it, so a torch patch release keeps it.
+        assert_eq!(split.large, ["triton", "torch"]);
+        let stack: Vec<&str> = split.stack.iter().map(String::as_str).collect();
+        assert_eq!(
+            stack,
+            [
+                "filelock",
+                "fsspec",
+                "jinja2",
+                "markupsafe",
+                "mpmath",
+                "networkx",
+                "nvidia-cublas-cu12",
+                "nvidia-cuda-runtime-cu12",
+                "nvidia-cudnn-cu12",
+                "pip",
+                "sympy",
+                "typing-extensions"
+            ],
+            "the nvidia-* wheels stay: the toolkit layers hold their libraries"
+        );
+        assert_eq!(split.packages, BTreeSet::from(["numpy".to_string()]));
+    }
+
+    #[test]
+    fn a_large_team_package_goes_above_what_it_requires_and_a_small_one_to_packages() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut facts = facts(dir.path());
+        let requires_torch = |unpacked| WheelFacts {
+            requires: vec!["torch".into(), "numpy".into()],
+            unpacked,
+        };
+        facts.insert("vllm".into(), requires_torch(400 * MIB));
+        facts.insert("accelerate".into(), requires_torch(2 * MIB));
+        let split = split_names(&facts, LARGE_DISTRIBUTION);
+        assert_eq!(split.large, ["triton", "torch", "vllm"]);
+        assert_eq!(
+            split.packages,
+            BTreeSet::from(["accelerate".to_string(), "numpy".to_string()])
+        );
+        // Without large distributions the cut is the one before: stack and packages.
+        let split = split_names(&facts, u64::MAX);
+        assert!(split.large.is_empty());
+        assert!(split.stack.contains("torch") && split.stack.contains("triton"));
+        assert!(split.packages.contains("vllm"));
+    }
+
+    #[test]
+    fn a_wheels_facts_are_its_requirements_on_the_target_and_its_unpacked_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, lock) = recipe_and_lock();
+        let wheel = fetched(write_wheel(dir.path(), "torch", "2.4.1", TORCH), "2.4.1");
+        let facts = read_facts(&wheel, &lock.target.marker_environment()).unwrap();
+        // The markers hold on CPython 3.11 x86_64; extras are not followed.
+        assert!(facts.requires.contains(&"triton".to_string()));
+        assert!(!facts.requires.iter().any(|name| name == "opt-einsum"));
+        assert_eq!(facts.requires.len(), 10, "{:?}", facts.requires);
+        let metadata = "Metadata-Version: 2.1\nName: torch\nVersion: 2.4.1\n".len() + TORCH.len();
+        assert_eq!(facts.unpacked, metadata as u64 + 4096);
+
+        // A file that is not a zip is an error naming the wheel, not a panic.
+        let broken = dir.path().join("broken-1.0-py3-none-any.whl");
+        fs_err::write(&broken, b"not a zip").unwrap();
+        let error = read_facts(&fetched(broken, "1.0"), &lock.target.marker_environment())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("broken-1.0-py3-none-any.whl"), "{error}");
+    }
+
+    /// The keys of the toolkit, torch, python and packages layers of a stack whose wheels
+    /// have these digests.
+    fn keys(digests: &[(&str, &str)]) -> BTreeMap<&'static str, Digest> {
+        let (recipe, lock) = recipe_and_lock();
+        let wheel = |name: &str| FetchedWheel {
+            path: PathBuf::from(format!("/wheels/{name}.whl")),
+            sha256: Digest::of_bytes(digests.iter().find(|d| d.0 == name).unwrap().1.as_bytes()),
+            version: "1".into(),
+        };
+        let wheels = digests
+            .iter()
+            .map(|(name, _)| (name.to_string(), wheel(name)))
+            .collect();
+        let inputs = inputs(&recipe, &lock, wheels);
+        let staging_root = tempfile::tempdir().unwrap();
+        let staging = Staging::open(staging_root.path()).unwrap();
+        let toolkit = ToolkitLayer::plan(&inputs, &staging);
+        let pick = |names: &[&str]| -> Vec<&FetchedWheel> {
+            names
+                .iter()
+                .filter_map(|name| inputs.wheels.get(*name))
+                .collect()
+        };
+        let plan = |names: &[&str], part| {
+            PythonLayer::plan(&inputs, pick(names), part, &toolkit)
+                .key()
+                .digest()
+        };
+        BTreeMap::from([
+            ("cuda", toolkit.cuda.key().digest()),
+            ("cuda-math", toolkit.math.as_ref().unwrap().key().digest()),
+            ("cudnn", toolkit.cudnn.key().digest()),
+            ("torch", plan(&["torch"], PythonPart::Large("torch"))),
+            (
+                "python",
+                plan(
+                    &[
+                        "sympy",
+                        "nvidia-cudnn-cu12",
+                        "nvidia-cublas-cu12",
+                        "nvidia-cufft-cu12",
+                    ],
+                    PythonPart::Stack,
+                ),
+            ),
+            ("packages", plan(&["numpy", "six"], PythonPart::Packages)),
+        ])
+    }
+
+    /// The layers whose keys differ between two stacks.
+    fn changed(before: &[(&str, &str)], after: &[(&str, &str)]) -> Vec<&'static str> {
+        let (before, after) = (keys(before), keys(after));
+        before
+            .keys()
+            .filter(|layer| before[*layer] != after[*layer])
+            .copied()
+            .collect()
+    }
+
+    #[test]
+    fn each_layer_is_keyed_by_its_own_wheels() {
+        let stack = [
+            ("torch", "torch 2.4.1"),
+            ("sympy", "sympy 1.13"),
+            ("nvidia-cudnn-cu12", "cudnn 9.1"),
+            ("nvidia-cublas-cu12", "cublas 12.1"),
+            ("nvidia-cufft-cu12", "cufft 11.0"),
+            ("numpy", "numpy 1.26.4"),
+        ];
+        let with = |name: &'static str, digest: &'static str| {
+            let mut changed: Vec<(&str, &str)> = stack.to_vec();
+            changed.retain(|(n, _)| *n != name);
+            changed.push((name, digest));
+            changed
+        };
+        // A closure package's bump: only `python`.
+        assert_eq!(changed(&stack, &with("sympy", "sympy 1.14")), ["python"]);
+        // One more team requirement: only `packages`.
+        assert_eq!(changed(&stack, &with("six", "six 1.16")), ["packages"]);
+        // A cuDNN bump: cudnn and the layers that link to it; torch links nothing.
+        assert_eq!(
+            changed(&stack, &with("nvidia-cudnn-cu12", "cudnn 9.3")),
+            ["cudnn", "packages", "python"]
+        );
+        // A cuFFT bump: the math libraries' layer, not the rest of the toolkit.
+        assert_eq!(
+            changed(&stack, &with("nvidia-cufft-cu12", "cufft 11.2")),
+            ["cuda-math", "packages", "python"]
+        );
+        // A torch patch release: torch's layer alone.
+        assert_eq!(changed(&stack, &with("torch", "torch 2.4.2")), ["torch"]);
+    }
+
+    #[test]
+    fn the_toolkit_is_cut_by_family_and_cuda_math_only_when_locked() {
+        let (recipe, lock) = recipe_and_lock();
+        let staging_root = tempfile::tempdir().unwrap();
+        let staging = Staging::open(staging_root.path()).unwrap();
+        let wheels = |names: &[&str]| -> BTreeMap<String, FetchedWheel> {
+            names
+                .iter()
+                .map(|name| {
+                    let wheel = FetchedWheel {
+                        path: PathBuf::from(format!("/wheels/{name}.whl")),
+                        sha256: Digest::of_bytes(name.as_bytes()),
+                        version: "12.1.0".into(),
+                    };
+                    (name.to_string(), wheel)
+                })
+                .collect()
+        };
+        let names = |layer: &ToolkitLayer| -> Vec<String> {
+            layer.wheels.iter().map(|w| w.project.clone()).collect()
+        };
+        let full = inputs(
+            &recipe,
+            &lock,
+            wheels(&[
+                "nvidia-cublas-cu12",
+                "nvidia-cufft-cu12",
+                "nvidia-cudnn-cu12",
+                "torch",
+            ]),
+        );
+        let toolkit = ToolkitLayer::plan(&full, &staging);
+        let layers: Vec<&str> = toolkit.all().iter().map(|l| l.name()).collect();
+        assert_eq!(layers, ["cuda", "cuda-math", "cudnn"]);
+        assert_eq!(names(&toolkit.cuda), ["nvidia-cublas-cu12"]);
+        assert_eq!(names(toolkit.math.as_ref().unwrap()), ["nvidia-cufft-cu12"]);
+        assert_eq!(names(&toolkit.cudnn), ["nvidia-cudnn-cu12"]);
+
+        let without_math = inputs(&recipe, &lock, wheels(&["nvidia-cublas-cu12"]));
+        let toolkit = ToolkitLayer::plan(&without_math, &staging);
+        assert!(toolkit.math.is_none());
+        assert_eq!(toolkit.all().len(), 2);
+    }
+
+    #[test]
+    fn a_large_distributions_layer_is_named_after_it() {
+        let torch = layer_name("torch");
+        assert_eq!(torch, "torch");
+        assert!(std::ptr::eq(torch, layer_name(&String::from("torch"))));
+        assert_eq!(PythonPart::Large(torch).name(), "torch");
+    }
 }

@@ -1,10 +1,11 @@
-//! The `cuda` and `cudnn` layers: the CUDA toolkit and cuDNN laid out like NVIDIA's
-//! installers, from the locked nvidia-* wheels ([`crate::stack::toolkit::stage`]).
+//! The `cuda`, `cuda-math` and `cudnn` layers: the CUDA toolkit and cuDNN laid out like
+//! NVIDIA's installers, from the locked nvidia-* wheels ([`crate::stack::toolkit::stage`]).
 //!
-//! One stager serves both kinds: they differ only in which wheels they take (cuDNN's, or
-//! every other nvidia-* wheel) and in the top-level links (`/usr/local/cuda`, `lib64`),
-//! which belong to the toolkit. cuDNN is its own layer so that a cuDNN change leaves the
-//! toolkit layer cached. Each staged tree records which wheel members it holds (its
+//! One stager serves the three kinds: they differ only in which wheels they take (cuDNN's,
+//! the math libraries', or every other nvidia-* wheel) and in the top-level links
+//! (`/usr/local/cuda`, `lib64`), which belong to the toolkit. cuDNN is its own layer so that
+//! a cuDNN change leaves the toolkit layer cached; the math libraries are theirs so that no
+//! layer at the bottom of a pull is much larger than needed ([`family`]). Each staged tree records which wheel members it holds (its
 //! placement), for the Python layer to link to.
 
 use std::path::{Path, PathBuf};
@@ -19,11 +20,11 @@ use crate::stack::prepare::PlatformInputs;
 use crate::stack::staging::{write_record, Staging};
 use crate::stack::toolkit::{self, NvidiaWheel};
 
-/// The `cuda` or the `cudnn` layer of one platform.
+/// A toolkit layer of one platform: `cuda`, `cuda-math` or `cudnn`.
 pub(crate) struct ToolkitLayer {
     name: &'static str,
     key: CacheKey,
-    wheels: Vec<NvidiaWheel>,
+    pub(super) wheels: Vec<NvidiaWheel>,
     paths: ToolkitPaths,
     flavor: Flavor,
     /// Add `/usr/local/cuda`, `lib64` and `include` (the toolkit layer only).
@@ -32,24 +33,74 @@ pub(crate) struct ToolkitLayer {
     placement_record: PathBuf,
 }
 
+/// The toolkit layers of one platform, in image order.
+pub(crate) struct ToolkitLayers {
+    /// The runtime, compilers, cuBLAS, NCCL and the rest; the top-level links.
+    pub cuda: ToolkitLayer,
+    /// cuFFT, cuRAND, cuSOLVER, cuSPARSE, when the lock has any.
+    pub math: Option<ToolkitLayer>,
+    pub cudnn: ToolkitLayer,
+}
+
+impl ToolkitLayers {
+    /// The layers in image order.
+    pub fn all(&self) -> Vec<&ToolkitLayer> {
+        let mut layers = vec![&self.cuda];
+        layers.extend(&self.math);
+        layers.push(&self.cudnn);
+        layers
+    }
+}
+
+/// Which toolkit layer an nvidia-* wheel's libraries go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Cuda,
+    Math,
+    Cudnn,
+}
+
+/// The family of the nvidia-* wheel `project`. `cuda-math` holds NVIDIA's CUDA Math
+/// Libraries (docs.nvidia.com/cuda-math-libraries) but cuBLAS: with cuBLAS (623 MB of 1.81 GB
+/// unpacked for CUDA 12.1) the toolkit splits into two near halves, 1063 and 751 MB, so the
+/// first large layer of a pull is about half as long to wait for (docs/build.md, "Where the
+/// layers are cut"). cuSPARSELt (`nvidia-cusparselt-*`) is a cuSPARSE library too.
+fn family(project: &str) -> Family {
+    const MATH: [&str; 4] = [
+        "nvidia-cufft",
+        "nvidia-curand",
+        "nvidia-cusolver",
+        "nvidia-cusparse",
+    ];
+    if project.starts_with("nvidia-cudnn") {
+        Family::Cudnn
+    } else if MATH.iter().any(|prefix| project.starts_with(prefix)) {
+        Family::Math
+    } else {
+        Family::Cuda
+    }
+}
+
 impl ToolkitLayer {
-    /// The `cuda` and `cudnn` layers of `inputs`, in that order.
-    pub fn plan(inputs: &PlatformInputs, staging: &Staging) -> (Self, Self) {
+    /// The `cuda`, `cuda-math` and `cudnn` layers of `inputs`.
+    pub fn plan(inputs: &PlatformInputs, staging: &Staging) -> ToolkitLayers {
         let cuda_line = inputs.recipe.cuda.version.line().to_string();
         let flavor = inputs.recipe.cuda.flavor;
-        let (cudnn, cuda): (Vec<_>, Vec<_>) = inputs
-            .wheels
-            .iter()
-            .filter(|(name, _)| name.starts_with("nvidia-"))
-            .map(|(name, wheel)| {
-                let nvidia = NvidiaWheel {
-                    path: wheel.path.clone(),
-                    project: name.clone(),
-                    version: wheel.version.clone(),
-                };
-                (nvidia, wheel.sha256)
-            })
-            .partition(|(wheel, _)| wheel.is_cudnn());
+        let of_family = |wanted: Family| -> Vec<(NvidiaWheel, Digest)> {
+            inputs
+                .wheels
+                .iter()
+                .filter(|(name, _)| is_toolkit_wheel(name) && family(name) == wanted)
+                .map(|(name, wheel)| {
+                    let nvidia = NvidiaWheel {
+                        path: wheel.path.clone(),
+                        project: name.clone(),
+                        version: wheel.version.clone(),
+                    };
+                    (nvidia, wheel.sha256)
+                })
+                .collect()
+        };
         let layer = |name, key: CacheKey, wheels: Vec<(NvidiaWheel, Digest)>, top_links| Self {
             name,
             placement_record: placement_record(&staging.dir(&key)),
@@ -59,22 +110,32 @@ impl ToolkitLayer {
             flavor,
             top_links,
         };
-        let cuda_key = CacheKey::new(
-            &format!("{ASSEMBLER}/toolkit"),
-            &digests(&cuda),
-            &(cuda_line.clone(), format!("{flavor:?}")),
+        let (cuda, math, cudnn) = (
+            of_family(Family::Cuda),
+            of_family(Family::Math),
+            of_family(Family::Cudnn),
         );
+        let options = (cuda_line.clone(), format!("{flavor:?}"));
+        let cuda_key = CacheKey::new(&format!("{ASSEMBLER}/toolkit"), &digests(&cuda), &options);
+        let math_key = CacheKey::new(&format!("{ASSEMBLER}/cuda-math"), &digests(&math), &options);
         let cudnn_key = CacheKey::new(&format!("{ASSEMBLER}/cudnn"), &digests(&cudnn), &cuda_line);
-        (
-            layer("cuda", cuda_key, cuda, true),
-            layer("cudnn", cudnn_key, cudnn, false),
-        )
+        ToolkitLayers {
+            cuda: layer("cuda", cuda_key, cuda, true),
+            math: (!math.is_empty()).then(|| layer("cuda-math", math_key, math, false)),
+            cudnn: layer("cudnn", cudnn_key, cudnn, false),
+        }
     }
 
     /// Which wheel members the staged tree holds ([`toolkit::Placement`] as JSON).
     pub fn placement_record(&self) -> &Path {
         &self.placement_record
     }
+}
+
+/// Whether the toolkit layers place the wheel `name`'s libraries (every nvidia-* wheel): the
+/// Python layers then hold only its few Python files and links.
+pub(crate) fn is_toolkit_wheel(name: &str) -> bool {
+    name.starts_with("nvidia-")
 }
 
 fn digests(wheels: &[(NvidiaWheel, Digest)]) -> Vec<Digest> {
@@ -100,5 +161,41 @@ impl LayerStager for ToolkitLayer {
             &placement_record(dir),
             &serde_json::to_vec(&placed).expect("placement serialises"),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_math_libraries_have_a_layer_of_their_own_cublas_stays() {
+        // The nvidia-* wheels torch 2.4.1 (cu121) and 2.7 (cu128) require.
+        let math = [
+            "nvidia-cufft-cu12",
+            "nvidia-curand-cu12",
+            "nvidia-cusolver-cu12",
+            "nvidia-cusparse-cu12",
+            "nvidia-cusparselt-cu12",
+        ];
+        let cuda = [
+            "nvidia-cublas-cu12",
+            "nvidia-cuda-runtime-cu12",
+            "nvidia-cuda-nvrtc-cu12",
+            "nvidia-cuda-cupti-cu12",
+            "nvidia-nvjitlink-cu12",
+            "nvidia-nccl-cu12",
+            "nvidia-nvtx-cu12",
+            "nvidia-cufile-cu12",
+            "nvidia-cuda-nvcc-cu12",
+        ];
+        for name in math {
+            assert_eq!(family(name), Family::Math, "{name}");
+        }
+        for name in cuda {
+            assert_eq!(family(name), Family::Cuda, "{name}");
+        }
+        assert_eq!(family("nvidia-cudnn-cu12"), Family::Cudnn);
+        assert!(is_toolkit_wheel("nvidia-cufft-cu12") && !is_toolkit_wheel("torch"));
     }
 }
