@@ -4,7 +4,8 @@
 //! ```text
 //! blobs/sha256/<hex>      complete, verified blobs (downloads, compressed layers, configs)
 //! verified/sha256/<hex>   integrity record: the blob's size, mtime, inode and device
-//!                         when its bytes last hashed to <hex>
+//!                         when its bytes last hashed to <hex>; the record's own mtime
+//!                         is the blob's last use (`cudastack cache prune`)
 //! tmp/                    in-progress writes; same filesystem so the final rename is atomic
 //! locks/                  `flock(2)` files of resumable downloads (kept: removing a lock
 //!                         file another process waits on would split the lock)
@@ -75,6 +76,19 @@ pub fn default_cache_root() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp"));
     home.join(".cache").join("cudastack")
+}
+
+/// Set `path`'s mtime to now: the last-use stamp of a cache entry (an integrity record, a
+/// layer cache entry, a staged tree's marker), which `cudastack cache prune` reads. Best
+/// effort: a stamp that could not be written only makes the entry look older.
+pub fn touch_last_use(path: &Path) {
+    let touched = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|file| file.set_modified(std::time::SystemTime::now()));
+    if let Err(error) = touched {
+        tracing::debug!(path = %path.display(), %error, "could not stamp a cache entry's last use");
+    }
 }
 
 /// How long a temp file in `tmp/` may go unwritten before it counts as abandoned.
@@ -172,6 +186,9 @@ impl BlobStore {
             return Ok(None);
         }
         if self.read_record(digest).as_ref() == Some(&Stamp::of(&meta)) {
+            // The record's own mtime is the blob's last use (it describes the blob, not
+            // itself), so `cudastack cache prune` keeps what builds still read.
+            touch_last_use(&self.record_path(digest));
             return Ok(Some(path));
         }
         // No record, or the file changed since it was hashed: hash it (through one open
@@ -209,7 +226,8 @@ impl BlobStore {
         Ok(None)
     }
 
-    fn record_path(&self, digest: &Digest) -> PathBuf {
+    /// The integrity record of `digest`; its mtime is the blob's last use.
+    pub fn record_path(&self, digest: &Digest) -> PathBuf {
         self.root.join("verified").join("sha256").join(digest.hex())
     }
 

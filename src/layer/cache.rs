@@ -5,7 +5,9 @@
 //! assembler's options (any serialisable value, hashed as canonical JSON), and the
 //! [`BuildOptions`] that change bytes (mtime and compression, not thread count).
 //! ```text
-//! <root>/layers/<key-hex>.json   -> the Layer descriptor (digest, diff_id, size, media type)
+//! <root>/layers/<key-hex>.json   -> the Layer descriptor (digest, diff_id, size, media type);
+//!                                   its mtime is the entry's last use
+//! <root>/layers/<key-hex>.lock   -> held while the entry is looked up and built
 //! <root>/blobs/sha256/<hex>      -> the blob itself (the shared BlobStore)
 //! ```
 //! The index file is written after the blob is committed and is itself renamed into
@@ -141,6 +143,8 @@ impl LayerCache {
         };
         match self.store.verified(&layer.digest)? {
             Some(blob) if fs_err::metadata(&blob).is_ok_and(|m| m.len() == layer.size) => {
+                // The entry's mtime is its last use (`cudastack cache prune`).
+                crate::cas::touch_last_use(&path);
                 layer.blob = blob;
                 Ok(Some(layer))
             }

@@ -35,9 +35,16 @@ impl Staging {
         self.root.join(key.digest().hex())
     }
     pub(crate) fn is_complete(&self, key: &CacheKey) -> bool {
-        self.root
-            .join(format!("{}.complete", key.digest().hex()))
-            .exists()
+        self.marker(key).exists()
+    }
+    /// The `.complete` marker, whose mtime is also the tree's last use
+    /// (`cudastack cache prune` removes trees unused for a while).
+    fn marker(&self, key: &CacheKey) -> PathBuf {
+        self.root.join(format!("{}.complete", key.digest().hex()))
+    }
+    /// Record that a build used the tree of `key` now, if it is complete.
+    pub(crate) fn touch(&self, key: &CacheKey) {
+        crate::cas::touch_last_use(&self.marker(key));
     }
     /// Stage into a fresh directory with `fill`, marking it complete only on success, so an
     /// interrupted build never leaves a half-staged tree that looks finished; under the
@@ -49,12 +56,14 @@ impl Staging {
     ) -> Result<PathBuf, BuildError> {
         let dir = self.dir(key);
         if self.is_complete(key) && dir.is_dir() {
+            self.touch(key);
             return Ok(dir);
         }
         let lock_path = self.root.join(format!("{}.lock", key.digest().hex()));
         let _lock = crate::atomic_file::lock(&lock_path).map_err(io_error(&lock_path))?;
         // Another build may have staged it while this one waited.
         if self.is_complete(key) && dir.is_dir() {
+            self.touch(key);
             return Ok(dir);
         }
         // What is there is a partial tree of a build that died: start over.
@@ -66,8 +75,7 @@ impl Staging {
             let _ = fs_err::remove_dir_all(&dir);
             return Err(error);
         }
-        let marker = self.root.join(format!("{}.complete", key.digest().hex()));
-        write_record(&marker, b"")?;
+        write_record(&self.marker(key), b"")?;
         Ok(dir)
     }
     /// A record kept beside the trees (`arch-list-<sha256>.json`, `<digest>.audit.json`).
