@@ -331,6 +331,72 @@ impl BlobStore {
     }
 }
 
+/// Listing and pruning, for `cudastack cache`.
+impl BlobStore {
+    /// Every blob in the store: its digest and path (names that are not a digest, which
+    /// cudastack never writes, are left out).
+    pub fn blobs(&self) -> Result<Vec<(Digest, PathBuf)>, CasError> {
+        let dir = self.root.join("blobs").join("sha256");
+        let mut blobs = Vec::new();
+        for entry in fs_err::read_dir(&dir).map_err(io_err(&dir))? {
+            let entry = entry.map_err(io_err(&dir))?;
+            if let Ok(digest) = Digest::from_hex(&entry.file_name().to_string_lossy()) {
+                blobs.push((digest, entry.path()));
+            }
+        }
+        blobs.sort();
+        Ok(blobs)
+    }
+
+    /// When a build last used the blob: its integrity record's mtime (touched by
+    /// [`BlobStore::verified`]), else the blob's own; None when it is gone.
+    pub fn last_use(&self, digest: &Digest) -> Option<std::time::SystemTime> {
+        [self.record_path(digest), self.path(digest)]
+            .iter()
+            .find_map(|path| std::fs::metadata(path).and_then(|m| m.modified()).ok())
+    }
+
+    /// Remove the blob `digest` if no build used it since `cutoff` and no download of it is
+    /// under way (its lock is free). Returns the bytes freed, or None when it was kept.
+    pub fn remove_if_unused_since(
+        &self,
+        digest: &Digest,
+        cutoff: std::time::SystemTime,
+    ) -> Result<Option<u64>, CasError> {
+        let lock_path = self
+            .root
+            .join("locks")
+            .join(format!("partial-{}.lock", digest.hex()));
+        let Some(_lock) = try_lock(&lock_path).map_err(io_err(&lock_path))? else {
+            return Ok(None);
+        };
+        if self.last_use(digest).is_none_or(|used| used >= cutoff) {
+            return Ok(None);
+        }
+        let path = self.path(digest);
+        let size = fs_err::symlink_metadata(&path)
+            .map_err(io_err(&path))?
+            .len();
+        remove_any(&path).map_err(io_err(&path))?;
+        let _ = std::fs::remove_file(self.record_path(digest));
+        Ok(Some(size))
+    }
+}
+
+/// Take the `flock(2)` of `path` if no one holds it: Some(lock) held until dropped, or None.
+pub fn try_lock(path: &Path) -> io::Result<Option<std::fs::File>> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(error)) => Err(error),
+    }
+}
+
 /// What an integrity record holds: enough of a blob's `stat` that any write, truncation or
 /// replacement of the file changes it.
 #[derive(Debug, Clone, PartialEq, Eq)]

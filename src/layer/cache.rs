@@ -85,6 +85,17 @@ pub struct CacheStats {
     pub builds: u64,
 }
 
+/// One entry of the layer cache's index (`layers/<hex>.json`).
+#[derive(Debug, Clone)]
+pub struct IndexEntry {
+    pub path: PathBuf,
+    /// The entry's descriptor; None when the file cannot be read as one.
+    pub layer: Option<Layer>,
+    /// Size of the index file itself.
+    pub size: u64,
+    pub last_use: std::time::SystemTime,
+}
+
 /// A layer cache over a [`BlobStore`].
 #[derive(Debug)]
 pub struct LayerCache {
@@ -187,6 +198,66 @@ impl LayerCache {
         self.builds.fetch_add(1, Ordering::Relaxed);
         self.record(key, options, &layer)?;
         Ok(layer)
+    }
+
+    /// Every entry of the index, for `cudastack cache`: its file, its layer (None when it
+    /// cannot be read) and its last use (the file's mtime, touched by [`LayerCache::get`]).
+    pub fn entries(&self) -> Result<Vec<IndexEntry>, LayerError> {
+        let io = |path: &PathBuf| {
+            let path = path.clone();
+            move |source| LayerError::Io { path, source }
+        };
+        let mut entries = Vec::new();
+        for dirent in fs_err::read_dir(&self.index_dir).map_err(io(&self.index_dir))? {
+            let path = dirent.map_err(io(&self.index_dir))?.path();
+            if path.extension().is_none_or(|ext| ext != "json") {
+                continue;
+            }
+            let Ok(meta) = fs_err::metadata(&path) else {
+                continue; // removed by a concurrent prune
+            };
+            let layer = fs_err::read(&path)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<Layer>(&bytes).ok());
+            entries.push(IndexEntry {
+                last_use: meta.modified().map_err(io(&path))?,
+                size: meta.len(),
+                path,
+                layer,
+            });
+        }
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(entries)
+    }
+
+    /// Remove `entry` if no build used it since `cutoff` and none is building it now (its
+    /// lock is free). Returns whether it was removed; its blob is the store's to prune.
+    pub fn remove_if_unused_since(
+        &self,
+        entry: &IndexEntry,
+        cutoff: std::time::SystemTime,
+    ) -> Result<bool, LayerError> {
+        let lock_path = entry.path.with_extension("lock");
+        let io = |path: &PathBuf| {
+            let path = path.clone();
+            move |source| LayerError::Io { path, source }
+        };
+        let Some(_lock) = crate::cas::try_lock(&lock_path).map_err(io(&lock_path))? else {
+            return Ok(false);
+        };
+        // Looked at again under the lock: a build may have used it since it was listed.
+        let used = fs_err::metadata(&entry.path).and_then(|m| m.modified());
+        if used.is_ok_and(|used| used >= cutoff) {
+            return Ok(false);
+        }
+        match fs_err::remove_file(&entry.path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(source) => Err(LayerError::Io {
+                path: entry.path.clone(),
+                source,
+            }),
+        }
     }
 
     fn record(

@@ -10,8 +10,9 @@
 //! unzip and disk, writing mostly deflate, so the two share the machine better than they
 //! take turns on it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 use std::thread::{Scope, ScopedJoinHandle};
 
 use crate::audit::{audit, AuditOptions};
@@ -65,7 +66,7 @@ pub(crate) fn produce_layers(
         // The trees were not opened, but they are still what a rebuild of an upper layer
         // reads: keep their last-use stamps fresh for `cudastack cache prune`.
         for stager in stagers {
-            env.staging.touch(stager.key());
+            env.staging.touch(stager.key())?;
         }
         return Ok(stagers
             .iter()
@@ -98,57 +99,110 @@ fn stage_and_write<'scope, 'env>(
     env: &'env BuildEnv<'env>,
     scope: &'scope Scope<'scope, 'env>,
 ) -> Result<Vec<Option<Layer>>, BuildError> {
-    let mut built: Vec<Option<Layer>> = vec![None; stagers.len()];
-    let mut writers: VecDeque<(usize, ScopedJoinHandle<'scope, Result<Layer, BuildError>>)> =
-        VecDeque::new();
-    let mut first_error = None;
+    let mut writers = Writers::new(stagers.len());
     for (index, (stager, cached)) in stagers.iter().zip(cached_layers).enumerate() {
         let dir = match open_tree(*stager, env) {
             Ok(dir) => dir,
             Err(error) => {
-                first_error = Some(error);
+                writers.first_error.get_or_insert(error);
                 break;
             }
         };
         if cached.is_some() {
             continue;
         }
-        while writers.len() >= WRITERS {
-            join_oldest(&mut writers, &mut built, &mut first_error);
+        while writers.running.len() >= WRITERS {
+            writers.join_next();
         }
-        if first_error.is_some() {
+        if writers.first_error.is_some() {
             break;
         }
         env.progress.stage(stager.name(), "writing layer");
         let (name, key, walk) = (stager.name(), *stager.key(), stager.walk());
-        let writer = scope.spawn(move || write_layer(name, &key, &dir, &walk, env));
-        writers.push_back((index, writer));
+        writers.spawn(scope, index, move || {
+            write_layer(name, &key, &dir, &walk, env)
+        });
     }
-    while !writers.is_empty() {
-        join_oldest(&mut writers, &mut built, &mut first_error);
+    while !writers.running.is_empty() {
+        writers.join_next();
     }
-    match first_error {
+    match writers.first_error {
         Some(error) => Err(error),
-        None => Ok(built),
+        None => Ok(writers.built),
     }
 }
 
-/// Wait for the oldest writer; keep its layer, or its error if none came before.
-fn join_oldest(
-    writers: &mut VecDeque<(usize, ScopedJoinHandle<'_, Result<Layer, BuildError>>)>,
-    built: &mut [Option<Layer>],
-    first_error: &mut Option<BuildError>,
-) {
-    let Some((index, writer)) = writers.pop_front() else {
-        return;
-    };
-    match writer.join() {
-        Ok(Ok(layer)) => built[index] = Some(layer),
-        Ok(Err(error)) => {
-            first_error.get_or_insert(error);
+/// The layer writers running on a scope's threads. Each says when it is done, so the first
+/// to finish frees its place: a small layer never waits behind a big one.
+struct Writers<'scope> {
+    running: Vec<(usize, ScopedJoinHandle<'scope, Result<Layer, BuildError>>)>,
+    done_sender: mpsc::Sender<usize>,
+    done: mpsc::Receiver<usize>,
+    /// The built layers by plan index.
+    built: Vec<Option<Layer>>,
+    first_error: Option<BuildError>,
+}
+
+/// Sends the writer's plan index when dropped: when it returns, and when it panics.
+struct DoneSignal {
+    index: usize,
+    done: mpsc::Sender<usize>,
+}
+
+impl Drop for DoneSignal {
+    fn drop(&mut self) {
+        let _ = self.done.send(self.index);
+    }
+}
+
+impl<'scope> Writers<'scope> {
+    fn new(layers: usize) -> Self {
+        let (done_sender, done) = mpsc::channel();
+        Self {
+            running: Vec::new(),
+            done_sender,
+            done,
+            built: vec![None; layers],
+            first_error: None,
         }
-        // A panic is a bug: let it through (the scope still waits for the other writer).
-        Err(panic) => std::panic::resume_unwind(panic),
+    }
+
+    fn spawn<'env>(
+        &mut self,
+        scope: &'scope Scope<'scope, 'env>,
+        index: usize,
+        write: impl FnOnce() -> Result<Layer, BuildError> + Send + 'scope,
+    ) {
+        let signal = DoneSignal {
+            index,
+            done: self.done_sender.clone(),
+        };
+        let writer = scope.spawn(move || {
+            let _signal = signal;
+            write()
+        });
+        self.running.push((index, writer));
+    }
+
+    /// Wait for the next writer to finish; keep its layer, or its error if none came before.
+    fn join_next(&mut self) {
+        if self.running.is_empty() {
+            return;
+        }
+        // Never disconnected: `self` keeps a sender.
+        let Ok(index) = self.done.recv() else { return };
+        let Some(position) = self.running.iter().position(|(i, _)| *i == index) else {
+            return;
+        };
+        let (_, writer) = self.running.swap_remove(position);
+        match writer.join() {
+            Ok(Ok(layer)) => self.built[index] = Some(layer),
+            Ok(Err(error)) => {
+                self.first_error.get_or_insert(error);
+            }
+            // A panic is a bug: let it through (the scope still waits for the other writer).
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 }
 
@@ -364,13 +418,13 @@ mod tests {
         }
     }
 
-    /// Records the events, and holds the writer of `hold` in `layer_ready` until the next
-    /// layer starts staging: only a build that stages while it writes gets past that.
+    /// Records the events, and holds the writer of `hold.0` in `layer_ready` until the line
+    /// `hold.1` comes (a test of what proceeds while a layer is written).
     #[derive(Default)]
     struct Events {
         lines: Mutex<Vec<String>>,
         changed: Condvar,
-        hold: Option<&'static str>,
+        hold: Option<(&'static str, &'static str)>,
     }
 
     impl BuildProgress for Events {
@@ -387,11 +441,11 @@ mod tests {
                 "{name}: ready before its blob is stored"
             );
             let lines = self.lines.lock().unwrap();
-            let mut lines = if self.hold == Some(name) {
+            let mut lines = if let Some((_, until)) = self.hold.filter(|(held, _)| *held == name) {
                 let (lines, waited) = self
                     .changed
                     .wait_timeout_while(lines, Duration::from_secs(20), |lines| {
-                        lines.iter().filter(|l| l.ends_with(" staging")).count() < 2
+                        !lines.iter().any(|line| line == until)
                     })
                     .unwrap();
                 assert!(
@@ -433,7 +487,7 @@ mod tests {
             FileLayer::new("three"),
         );
         let progress = Events {
-            hold: Some("one"),
+            hold: Some(("one", "two staging")),
             ..Default::default()
         };
         let layers = produce(cache.path(), &[&one, &two, &three], &progress).unwrap();
@@ -460,6 +514,24 @@ mod tests {
         assert_eq!(digests(&again), digests(&layers));
         let ready = progress.lines.lock().unwrap();
         assert_eq!(ready.iter().filter(|l| l.starts_with("ready ")).count(), 3);
+    }
+
+    /// A big layer still being written does not keep the next layer waiting for a writer
+    /// when the small one written beside it is done.
+    #[test]
+    fn a_finished_writer_frees_its_place_while_an_older_one_still_writes() {
+        let cache = tempfile::tempdir().unwrap();
+        let (big, small, third) = (
+            FileLayer::new("big"),
+            FileLayer::new("small"),
+            FileLayer::new("third"),
+        );
+        let progress = Events {
+            hold: Some(("big", "ready third")),
+            ..Default::default()
+        };
+        let layers = produce(cache.path(), &[&big, &small, &third], &progress).unwrap();
+        assert_eq!(layers.len(), 3);
     }
 
     #[test]
