@@ -27,6 +27,12 @@ use crate::stack::staging::{merge_trees, write_record, Staging};
 
 /// Layers tarred and compressed at once. Two keep a writer busy while the next tree stages
 /// and bound memory (each writer holds a few MiB of chunks and compressor blocks).
+///
+/// Each writer keeps the build's full compression thread count rather than half of it: a
+/// compressor cannot change its thread count mid-stream, and layers differ a thousandfold
+/// in size, so a halved writer (python's 2 GiB tar started beside cudnn's) would run alone
+/// on half the cores once its partner is done. Two full writers at most double the
+/// threads for a while, which the scheduler shares out; the bytes never depend on it.
 const WRITERS: usize = 2;
 
 /// Every layer of `stagers`, from the cache or staged and built, in plan order.
