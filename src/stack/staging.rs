@@ -56,19 +56,20 @@ impl Staging {
     }
     /// Record that this build uses the tree of `key` (its last use is now, and prune
     /// leaves it alone until the build ends), if the tree is complete.
-    pub(crate) fn touch(&self, key: &CacheKey) -> Result<(), BuildError> {
+    pub(crate) fn touch(&self, key: &CacheKey) {
         if self.is_complete(key) {
-            self.hold(key)?;
+            self.hold(key);
             crate::cas::touch_last_use(&self.marker(key));
         }
-        Ok(())
     }
     /// Take the shared `.use` lock of `key`'s tree for the rest of this build (once).
-    /// Waits only while `cudastack cache prune` is removing that tree.
-    fn hold(&self, key: &CacheKey) -> Result<(), BuildError> {
+    /// Waits only while `cudastack cache prune` is removing that tree. Best effort: where
+    /// the lock file cannot be written (a read-only cache) no prune can remove the tree
+    /// either.
+    fn hold(&self, key: &CacheKey) {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if held.contains_key(key) {
-            return Ok(());
+            return;
         }
         let path = use_lock_path(&self.root, &key.digest().hex());
         let file = std::fs::OpenOptions::new()
@@ -76,10 +77,15 @@ impl Staging {
             .truncate(false)
             .write(true)
             .open(&path)
-            .and_then(|file| file.lock_shared().map(|()| file))
-            .map_err(io_error(&path))?;
-        held.insert(*key, file);
-        Ok(())
+            .and_then(|file| file.lock_shared().map(|()| file));
+        match file {
+            Ok(file) => {
+                held.insert(*key, file);
+            }
+            Err(error) => {
+                tracing::debug!(path = %path.display(), %error, "could not hold a staged tree")
+            }
+        }
     }
     /// Stage into a fresh directory with `fill`, marking it complete only on success, so an
     /// interrupted build never leaves a half-staged tree that looks finished; under the
@@ -91,16 +97,16 @@ impl Staging {
     ) -> Result<PathBuf, BuildError> {
         let dir = self.dir(key);
         // Held before it is looked at, so a prune cannot remove it between the two.
-        self.hold(key)?;
+        self.hold(key);
         if self.is_complete(key) && dir.is_dir() {
-            self.touch(key)?;
+            self.touch(key);
             return Ok(dir);
         }
         let lock_path = self.root.join(format!("{}.lock", key.digest().hex()));
         let _lock = crate::atomic_file::lock(&lock_path).map_err(io_error(&lock_path))?;
         // Another build may have staged it while this one waited.
         if self.is_complete(key) && dir.is_dir() {
-            self.touch(key)?;
+            self.touch(key);
             return Ok(dir);
         }
         // What is there is a partial tree of a build that died: start over.
