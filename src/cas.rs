@@ -4,7 +4,8 @@
 //! ```text
 //! blobs/sha256/<hex>      complete, verified blobs (downloads, compressed layers, configs)
 //! verified/sha256/<hex>   integrity record: the blob's size, mtime, inode and device
-//!                         when its bytes last hashed to <hex>
+//!                         when its bytes last hashed to <hex>; the record's own mtime
+//!                         is the blob's last use (`cudastack cache prune`)
 //! tmp/                    in-progress writes; same filesystem so the final rename is atomic
 //! locks/                  `flock(2)` files of resumable downloads (kept: removing a lock
 //!                         file another process waits on would split the lock)
@@ -75,6 +76,19 @@ pub fn default_cache_root() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp"));
     home.join(".cache").join("cudastack")
+}
+
+/// Set `path`'s mtime to now: the last-use stamp of a cache entry (an integrity record, a
+/// layer cache entry, a staged tree's marker), which `cudastack cache prune` reads. Best
+/// effort: a stamp that could not be written only makes the entry look older.
+pub fn touch_last_use(path: &Path) {
+    let touched = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|file| file.set_modified(std::time::SystemTime::now()));
+    if let Err(error) = touched {
+        tracing::debug!(path = %path.display(), %error, "could not stamp a cache entry's last use");
+    }
 }
 
 /// How long a temp file in `tmp/` may go unwritten before it counts as abandoned.
@@ -172,6 +186,9 @@ impl BlobStore {
             return Ok(None);
         }
         if self.read_record(digest).as_ref() == Some(&Stamp::of(&meta)) {
+            // The record's own mtime is the blob's last use (it describes the blob, not
+            // itself), so `cudastack cache prune` keeps what builds still read.
+            touch_last_use(&self.record_path(digest));
             return Ok(Some(path));
         }
         // No record, or the file changed since it was hashed: hash it (through one open
@@ -209,7 +226,8 @@ impl BlobStore {
         Ok(None)
     }
 
-    fn record_path(&self, digest: &Digest) -> PathBuf {
+    /// The integrity record of `digest`; its mtime is the blob's last use.
+    pub fn record_path(&self, digest: &Digest) -> PathBuf {
         self.root.join("verified").join("sha256").join(digest.hex())
     }
 
@@ -310,6 +328,72 @@ impl BlobStore {
         pending.write_all(bytes).map_err(io_err(&self.tmp_dir()))?;
         pending.commit(Some(&digest), "in-memory blob")?;
         Ok(digest)
+    }
+}
+
+/// Listing and pruning, for `cudastack cache`.
+impl BlobStore {
+    /// Every blob in the store: its digest and path (names that are not a digest, which
+    /// cudastack never writes, are left out).
+    pub fn blobs(&self) -> Result<Vec<(Digest, PathBuf)>, CasError> {
+        let dir = self.root.join("blobs").join("sha256");
+        let mut blobs = Vec::new();
+        for entry in fs_err::read_dir(&dir).map_err(io_err(&dir))? {
+            let entry = entry.map_err(io_err(&dir))?;
+            if let Ok(digest) = Digest::from_hex(&entry.file_name().to_string_lossy()) {
+                blobs.push((digest, entry.path()));
+            }
+        }
+        blobs.sort();
+        Ok(blobs)
+    }
+
+    /// When a build last used the blob: its integrity record's mtime (touched by
+    /// [`BlobStore::verified`]), else the blob's own; None when it is gone.
+    pub fn last_use(&self, digest: &Digest) -> Option<std::time::SystemTime> {
+        [self.record_path(digest), self.path(digest)]
+            .iter()
+            .find_map(|path| std::fs::metadata(path).and_then(|m| m.modified()).ok())
+    }
+
+    /// Remove the blob `digest` if no build used it since `cutoff` and no download of it is
+    /// under way (its lock is free). Returns the bytes freed, or None when it was kept.
+    pub fn remove_if_unused_since(
+        &self,
+        digest: &Digest,
+        cutoff: std::time::SystemTime,
+    ) -> Result<Option<u64>, CasError> {
+        let lock_path = self
+            .root
+            .join("locks")
+            .join(format!("partial-{}.lock", digest.hex()));
+        let Some(_lock) = try_lock(&lock_path).map_err(io_err(&lock_path))? else {
+            return Ok(None);
+        };
+        if self.last_use(digest).is_none_or(|used| used >= cutoff) {
+            return Ok(None);
+        }
+        let path = self.path(digest);
+        let size = fs_err::symlink_metadata(&path)
+            .map_err(io_err(&path))?
+            .len();
+        remove_any(&path).map_err(io_err(&path))?;
+        let _ = std::fs::remove_file(self.record_path(digest));
+        Ok(Some(size))
+    }
+}
+
+/// Take the `flock(2)` of `path` if no one holds it: Some(lock) held until dropped, or None.
+pub fn try_lock(path: &Path) -> io::Result<Option<std::fs::File>> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(error)) => Err(error),
     }
 }
 

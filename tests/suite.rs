@@ -24,6 +24,7 @@ mod build_e2e;
 mod build_multiarch;
 mod build_publish;
 mod build_rootless;
+mod cache_command;
 mod cache_concurrency;
 mod cli_doctor_build_host;
 mod cli_help;

@@ -35,6 +35,15 @@ Examples:
   # Build without root, e.g. in a CI container (docs/rootless.md)
   cudastack build recipes/torch2.4.1-cu121-py3.11.yaml --build-mode fakechroot";
 
+pub const CACHE: &str = "\
+Examples:
+  # What the cache holds: downloads, layer blobs, staged trees, records
+  cudastack cache
+  # Remove what no build used in the last 30 days
+  cudastack cache prune --older-than 30";
+
+pub const CACHE_PRUNE: &str = CACHE;
+
 pub const LOCK: &str = "\
 Examples:
   # Resolve every artifact to a URL and sha256 (writes the .lock beside it)

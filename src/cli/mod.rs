@@ -9,6 +9,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 mod build;
+mod cache;
 mod check;
 mod ci;
 mod doctor;
@@ -67,6 +68,9 @@ enum Command {
     /// Build a recipe's image as an OCI layout (images/NAME), deterministically.
     #[command(after_help = examples::BUILD)]
     Build(build::BuildArgs),
+    /// Show what the cache directory holds by kind, or prune what no build used lately.
+    #[command(after_help = examples::CACHE)]
+    Cache(cache::CacheArgs),
     /// Resolve every artifact of a recipe to a URL and sha256 (RECIPE.lock beside it).
     #[command(after_help = examples::LOCK)]
     Lock(lock::LockArgs),
@@ -138,6 +142,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Validate { recipes } => validate::run(&recipes, &printer),
         Command::Build(args) => build::run(args, &printer),
+        Command::Cache(args) => cache::run(args, &printer),
         Command::Lock(args) => lock::run(args, &printer),
         Command::Matrix(args) => matrix::run(args, &printer),
         Command::Solve(args) => solve::run(args, &printer),

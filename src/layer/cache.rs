@@ -5,7 +5,9 @@
 //! assembler's options (any serialisable value, hashed as canonical JSON), and the
 //! [`BuildOptions`] that change bytes (mtime and compression, not thread count).
 //! ```text
-//! <root>/layers/<key-hex>.json   -> the Layer descriptor (digest, diff_id, size, media type)
+//! <root>/layers/<key-hex>.json   -> the Layer descriptor (digest, diff_id, size, media type);
+//!                                   its mtime is the entry's last use
+//! <root>/layers/<key-hex>.lock   -> held while the entry is looked up and built
 //! <root>/blobs/sha256/<hex>      -> the blob itself (the shared BlobStore)
 //! ```
 //! The index file is written after the blob is committed and is itself renamed into
@@ -85,6 +87,17 @@ pub struct CacheStats {
     pub builds: u64,
 }
 
+/// One entry of the layer cache's index (`layers/<hex>.json`).
+#[derive(Debug, Clone)]
+pub struct IndexEntry {
+    pub path: PathBuf,
+    /// The entry's descriptor; None when the file cannot be read as one.
+    pub layer: Option<Layer>,
+    /// Size of the index file itself.
+    pub size: u64,
+    pub last_use: std::time::SystemTime,
+}
+
 /// A layer cache over a [`BlobStore`].
 #[derive(Debug)]
 pub struct LayerCache {
@@ -143,6 +156,8 @@ impl LayerCache {
         };
         match self.store.verified(&layer.digest)? {
             Some(blob) if fs_err::metadata(&blob).is_ok_and(|m| m.len() == layer.size) => {
+                // The entry's mtime is its last use (`cudastack cache prune`).
+                crate::cas::touch_last_use(&path);
                 layer.blob = blob;
                 Ok(Some(layer))
             }
@@ -185,6 +200,66 @@ impl LayerCache {
         self.builds.fetch_add(1, Ordering::Relaxed);
         self.record(key, options, &layer)?;
         Ok(layer)
+    }
+
+    /// Every entry of the index, for `cudastack cache`: its file, its layer (None when it
+    /// cannot be read) and its last use (the file's mtime, touched by [`LayerCache::get`]).
+    pub fn entries(&self) -> Result<Vec<IndexEntry>, LayerError> {
+        let io = |path: &PathBuf| {
+            let path = path.clone();
+            move |source| LayerError::Io { path, source }
+        };
+        let mut entries = Vec::new();
+        for dirent in fs_err::read_dir(&self.index_dir).map_err(io(&self.index_dir))? {
+            let path = dirent.map_err(io(&self.index_dir))?.path();
+            if path.extension().is_none_or(|ext| ext != "json") {
+                continue;
+            }
+            let Ok(meta) = fs_err::metadata(&path) else {
+                continue; // removed by a concurrent prune
+            };
+            let layer = fs_err::read(&path)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<Layer>(&bytes).ok());
+            entries.push(IndexEntry {
+                last_use: meta.modified().map_err(io(&path))?,
+                size: meta.len(),
+                path,
+                layer,
+            });
+        }
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(entries)
+    }
+
+    /// Remove `entry` if no build used it since `cutoff` and none is building it now (its
+    /// lock is free). Returns whether it was removed; its blob is the store's to prune.
+    pub fn remove_if_unused_since(
+        &self,
+        entry: &IndexEntry,
+        cutoff: std::time::SystemTime,
+    ) -> Result<bool, LayerError> {
+        let lock_path = entry.path.with_extension("lock");
+        let io = |path: &PathBuf| {
+            let path = path.clone();
+            move |source| LayerError::Io { path, source }
+        };
+        let Some(_lock) = crate::cas::try_lock(&lock_path).map_err(io(&lock_path))? else {
+            return Ok(false);
+        };
+        // Looked at again under the lock: a build may have used it since it was listed.
+        let used = fs_err::metadata(&entry.path).and_then(|m| m.modified());
+        if used.is_ok_and(|used| used >= cutoff) {
+            return Ok(false);
+        }
+        match fs_err::remove_file(&entry.path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(source) => Err(LayerError::Io {
+                path: entry.path.clone(),
+                source,
+            }),
+        }
     }
 
     fn record(

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::cas::{BlobStore, CasError};
 use crate::digest::{Digest, HashingWriter};
 
-pub use cache::{CacheKey, CacheStats, LayerCache};
+pub use cache::{CacheKey, CacheStats, IndexEntry, LayerCache};
 pub use compress::{Compression, Compressor, ParallelGzip, DEFAULT_GZIP_LEVEL};
 pub use entry::{Entry, EntryKind, FileSource, LayerContents, LayerPath, OpenContent};
 pub use tar_writer::{write_layer_tar, ContentError, Header, TarWriter};

@@ -10,6 +10,7 @@
 //! (environment and labels) and [`ldcache`] (the loader cache writer).
 pub mod base;
 pub mod build;
+pub mod cache_dir;
 pub mod config;
 mod dockerignore;
 mod error;

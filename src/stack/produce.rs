@@ -3,13 +3,21 @@
 //! base's facts and the audit verdict of that set of layers are cached, nothing is staged
 //! at all. Otherwise each tree is staged once per key ([`Staging::ensure`]) and walked into
 //! a layer. The static audit of the merged tree is cached per set of layer diff_ids.
+//!
+//! Staging and writing overlap (issue 21): trees are staged in plan order on the calling
+//! thread (an upper stager may read the trees below it), and each staged tree is tarred,
+//! compressed and stored on a worker thread while the next one stages. Staging is mostly
+//! unzip and disk, writing mostly deflate, so the two share the machine better than they
+//! take turns on it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::{Scope, ScopedJoinHandle};
 
 use crate::audit::{audit, AuditOptions};
 use crate::digest::Digest;
-use crate::layer::{Layer, LayerContents};
+use crate::layer::{CacheKey, DirOptions, Layer, LayerContents};
 use crate::matrix::TorchBuild;
 use crate::stack::config::StackConfig;
 use crate::stack::error::BuildError;
@@ -17,8 +25,22 @@ use crate::stack::layers::{BuildEnv, LayerStager, StackLayers};
 use crate::stack::report::{human_bytes, AuditSummary, LayerReport};
 use crate::stack::staging::{merge_trees, write_record, Staging};
 
-/// Every layer of `stagers`, from the cache or staged and built. `facts_record` is the
-/// base's record, which must exist for a build to skip staging.
+/// Layers tarred and compressed at once. Two keep a writer busy while the next tree stages
+/// and bound memory (each writer holds a few MiB of chunks and compressor blocks).
+///
+/// Each writer keeps the build's full compression thread count rather than half of it: a
+/// compressor cannot change its thread count mid-stream, and layers differ a thousandfold
+/// in size, so a halved writer (python's 2 GiB tar started beside cudnn's) would run alone
+/// on half the cores once its partner is done. Two full writers at most double the
+/// threads for a while, which the scheduler shares out; the bytes never depend on it.
+const WRITERS: usize = 2;
+
+/// Every layer of `stagers`, from the cache or staged and built, in plan order.
+/// `facts_record` is the base's record, which must exist for a build to skip staging.
+/// [`crate::stack::BuildProgress::layer_ready`] is called for each layer as soon as its
+/// blob is in the store: at once for cached layers, from the writer for built ones. On an
+/// error the first one is returned after every writer already started has finished (the
+/// layer cache and staging commit whole or not at all, so nothing is left half-written).
 pub(crate) fn produce_layers(
     stagers: &[&dyn LayerStager],
     facts_record: &Path,
@@ -40,55 +62,202 @@ pub(crate) fn produce_layers(
         )
         .exists()
         && facts_record.exists();
-    let mut layers = Vec::new();
-    for (stager, cached) in stagers.iter().zip(cached_layers) {
-        let (layer, was_cached) = match cached {
-            Some(layer) if fully_cached => (layer, true),
-            cached => stage_and_build(*stager, cached, env)?,
-        };
-        env.progress.stage(
-            stager.name(),
-            &format!(
-                "{} ({}){}",
-                layer.digest,
-                human_bytes(layer.size),
-                if was_cached { ", cached" } else { "" }
-            ),
-        );
-        env.progress.layer_ready(stager.name(), &layer);
-        let report = LayerReport {
-            name: stager.name(),
-            digest: layer.digest,
-            diff_id: layer.diff_id,
-            size: layer.size,
-            cached: was_cached,
-        };
-        layers.push((report, layer));
+    // Cached blobs are ready before anything stages: a push can start with them.
+    for (stager, cached) in stagers.iter().zip(&cached_layers) {
+        if let Some(layer) = cached {
+            layer_done(stager.name(), layer, true, env);
+        }
     }
-    Ok(layers)
+    if fully_cached {
+        // The trees were not opened, but they are still what a rebuild of an upper layer
+        // reads: keep their last-use stamps fresh for `cudastack cache prune`.
+        for stager in stagers {
+            env.staging.touch(stager.key());
+        }
+        return Ok(stagers
+            .iter()
+            .zip(cached_layers)
+            .filter_map(|(stager, layer)| layer.map(|layer| (report(*stager, &layer, true), layer)))
+            .collect());
+    }
+    let built = std::thread::scope(|scope| stage_and_write(stagers, &cached_layers, env, scope))?;
+    Ok(stagers
+        .iter()
+        .zip(cached_layers)
+        .zip(built)
+        .filter_map(|((stager, cached), built)| {
+            let (layer, was_cached) = match (cached, built) {
+                (Some(layer), _) => (layer, true),
+                (None, Some(layer)) => (layer, false),
+                (None, None) => return None,
+            };
+            Some((report(*stager, &layer, was_cached), layer))
+        })
+        .collect())
 }
 
-/// Open (staging if needed) the layer's tree, and build the layer from it unless `cached`.
-fn stage_and_build(
-    stager: &dyn LayerStager,
-    cached: Option<Layer>,
-    env: &BuildEnv,
-) -> Result<(Layer, bool), BuildError> {
+/// Stage every tree in order on this thread, writing each uncached layer on a worker of
+/// `scope` (at most [`WRITERS`] at once). Returns the built layers by plan index (None for
+/// the cached ones), or the first error once every started writer has finished.
+fn stage_and_write<'scope, 'env>(
+    stagers: &[&dyn LayerStager],
+    cached_layers: &[Option<Layer>],
+    env: &'env BuildEnv<'env>,
+    scope: &'scope Scope<'scope, 'env>,
+) -> Result<Vec<Option<Layer>>, BuildError> {
+    let mut writers = Writers::new(stagers.len());
+    for (index, (stager, cached)) in stagers.iter().zip(cached_layers).enumerate() {
+        let dir = match open_tree(*stager, env) {
+            Ok(dir) => dir,
+            Err(error) => {
+                writers.first_error.get_or_insert(error);
+                break;
+            }
+        };
+        if cached.is_some() {
+            continue;
+        }
+        while writers.running.len() >= WRITERS {
+            writers.join_next();
+        }
+        if writers.first_error.is_some() {
+            break;
+        }
+        env.progress.stage(stager.name(), "writing layer");
+        let (name, key, walk) = (stager.name(), *stager.key(), stager.walk());
+        writers.spawn(scope, index, move || {
+            write_layer(name, &key, &dir, &walk, env)
+        });
+    }
+    while !writers.running.is_empty() {
+        writers.join_next();
+    }
+    match writers.first_error {
+        Some(error) => Err(error),
+        None => Ok(writers.built),
+    }
+}
+
+/// The layer writers running on a scope's threads. Each says when it is done, so the first
+/// to finish frees its place: a small layer never waits behind a big one.
+struct Writers<'scope> {
+    running: Vec<(usize, ScopedJoinHandle<'scope, Result<Layer, BuildError>>)>,
+    done_sender: mpsc::Sender<usize>,
+    done: mpsc::Receiver<usize>,
+    /// The built layers by plan index.
+    built: Vec<Option<Layer>>,
+    first_error: Option<BuildError>,
+}
+
+/// Sends the writer's plan index when dropped: when it returns, and when it panics.
+struct DoneSignal {
+    index: usize,
+    done: mpsc::Sender<usize>,
+}
+
+impl Drop for DoneSignal {
+    fn drop(&mut self) {
+        let _ = self.done.send(self.index);
+    }
+}
+
+impl<'scope> Writers<'scope> {
+    fn new(layers: usize) -> Self {
+        let (done_sender, done) = mpsc::channel();
+        Self {
+            running: Vec::new(),
+            done_sender,
+            done,
+            built: vec![None; layers],
+            first_error: None,
+        }
+    }
+
+    fn spawn<'env>(
+        &mut self,
+        scope: &'scope Scope<'scope, 'env>,
+        index: usize,
+        write: impl FnOnce() -> Result<Layer, BuildError> + Send + 'scope,
+    ) {
+        let signal = DoneSignal {
+            index,
+            done: self.done_sender.clone(),
+        };
+        let writer = scope.spawn(move || {
+            let _signal = signal;
+            write()
+        });
+        self.running.push((index, writer));
+    }
+
+    /// Wait for the next writer to finish; keep its layer, or its error if none came before.
+    fn join_next(&mut self) {
+        if self.running.is_empty() {
+            return;
+        }
+        // Never disconnected: `self` keeps a sender.
+        let Ok(index) = self.done.recv() else { return };
+        let Some(position) = self.running.iter().position(|(i, _)| *i == index) else {
+            return;
+        };
+        let (_, writer) = self.running.swap_remove(position);
+        match writer.join() {
+            Ok(Ok(layer)) => self.built[index] = Some(layer),
+            Ok(Err(error)) => {
+                self.first_error.get_or_insert(error);
+            }
+            // A panic is a bug: let it through (the scope still waits for the other writer).
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
+
+/// Open the layer's tree, staging it first if no build has.
+fn open_tree(stager: &dyn LayerStager, env: &BuildEnv) -> Result<PathBuf, BuildError> {
     if !env.staging.is_complete(stager.key()) {
         env.progress.stage(stager.name(), "staging");
     }
     let dir = env.staging.ensure(stager.key(), |dir| stager.stage(dir))?;
     stager.staged(&dir)?;
-    match cached {
-        Some(layer) => Ok((layer, true)),
-        None => {
-            env.progress.stage(stager.name(), "writing layer");
-            let contents = LayerContents::from_dir(&dir, &stager.walk())?;
-            let layer = env
-                .cache
-                .get_or_build(stager.key(), env.options, || Ok(contents))?;
-            Ok((layer, false))
-        }
+    Ok(dir)
+}
+
+/// On a writer thread: walk the staged tree into a layer through the layer cache.
+fn write_layer(
+    name: &str,
+    key: &CacheKey,
+    dir: &Path,
+    walk: &DirOptions,
+    env: &BuildEnv,
+) -> Result<Layer, BuildError> {
+    let layer = env
+        .cache
+        .get_or_build(key, env.options, || LayerContents::from_dir(dir, walk))?;
+    layer_done(name, &layer, false, env);
+    Ok(layer)
+}
+
+/// The layer's progress line, and the news that its blob is in the store.
+fn layer_done(name: &str, layer: &Layer, cached: bool, env: &BuildEnv) {
+    env.progress.stage(
+        name,
+        &format!(
+            "{} ({}){}",
+            layer.digest,
+            human_bytes(layer.size),
+            if cached { ", cached" } else { "" }
+        ),
+    );
+    env.progress.layer_ready(name, layer);
+}
+
+fn report(stager: &dyn LayerStager, layer: &Layer, cached: bool) -> LayerReport {
+    LayerReport {
+        name: stager.name(),
+        digest: layer.digest,
+        diff_id: layer.diff_id,
+        size: layer.size,
+        cached,
     }
 }
 
@@ -202,4 +371,196 @@ fn nvidia_pins(torch_build: Option<&TorchBuild>) -> BTreeMap<String, String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cas::BlobStore;
+    use crate::fetch::progress::{NoReporter, Reporter};
+    use crate::layer::{BuildOptions, Compression, LayerCache};
+    use crate::stack::settings::BuildProgress;
+    use crate::stack::staging::write_file;
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::time::Duration;
+
+    /// A layer of one file; `fail` makes its staging fail.
+    struct FileLayer {
+        name: &'static str,
+        key: CacheKey,
+        fail: bool,
+    }
+
+    impl FileLayer {
+        fn new(name: &'static str) -> Self {
+            let key = CacheKey::new("produce-test", &[], &name);
+            Self {
+                name,
+                key,
+                fail: false,
+            }
+        }
+    }
+
+    impl LayerStager for FileLayer {
+        fn name(&self) -> &'static str {
+            self.name
+        }
+        fn key(&self) -> &CacheKey {
+            &self.key
+        }
+        fn stage(&self, dir: &Path) -> Result<(), BuildError> {
+            if self.fail {
+                return Err(BuildError::Unsupported(format!(
+                    "{} cannot stage",
+                    self.name
+                )));
+            }
+            // Enough bytes that writing takes a moment.
+            let bytes: Vec<u8> = (0..4u32 << 20)
+                .map(|i| (i.wrapping_mul(7919) >> 5) as u8)
+                .collect();
+            write_file(&dir.join(self.name), &bytes)
+        }
+    }
+
+    /// Records the events, and holds the writer of `hold.0` in `layer_ready` until the line
+    /// `hold.1` comes (a test of what proceeds while a layer is written).
+    #[derive(Default)]
+    struct Events {
+        lines: Mutex<Vec<String>>,
+        changed: Condvar,
+        hold: Option<(&'static str, &'static str)>,
+    }
+
+    impl BuildProgress for Events {
+        fn stage(&self, stage: &str, detail: &str) {
+            self.lines.lock().unwrap().push(format!("{stage} {detail}"));
+            self.changed.notify_all();
+        }
+        fn downloads(&self) -> Arc<dyn Reporter> {
+            Arc::new(NoReporter)
+        }
+        fn layer_ready(&self, name: &str, layer: &Layer) {
+            assert!(
+                layer.blob.is_file(),
+                "{name}: ready before its blob is stored"
+            );
+            let lines = self.lines.lock().unwrap();
+            let mut lines = if let Some((_, until)) = self.hold.filter(|(held, _)| *held == name) {
+                let (lines, waited) = self
+                    .changed
+                    .wait_timeout_while(lines, Duration::from_secs(20), |lines| {
+                        !lines.iter().any(|line| line == until)
+                    })
+                    .unwrap();
+                assert!(
+                    !waited.timed_out(),
+                    "the next layer did not stage while {name} was written"
+                );
+                lines
+            } else {
+                lines
+            };
+            lines.push(format!("ready {name}"));
+        }
+    }
+
+    fn produce(
+        cache_root: &Path,
+        stagers: &[&dyn LayerStager],
+        progress: &Events,
+    ) -> Result<Vec<(LayerReport, Layer)>, BuildError> {
+        let store = BlobStore::open(cache_root).unwrap();
+        let cache = LayerCache::open(store).unwrap();
+        let staging = Staging::open(cache_root).unwrap();
+        let env = BuildEnv {
+            cache: &cache,
+            staging: &staging,
+            options: &BuildOptions::new(0, Compression::Gzip { level: 1 }),
+            progress,
+            build_mode: None,
+        };
+        produce_layers(stagers, &cache_root.join("no-facts"), &env)
+    }
+
+    #[test]
+    fn the_next_layer_stages_while_one_is_written_and_results_keep_plan_order() {
+        let cache = tempfile::tempdir().unwrap();
+        let (one, two, three) = (
+            FileLayer::new("one"),
+            FileLayer::new("two"),
+            FileLayer::new("three"),
+        );
+        let progress = Events {
+            hold: Some(("one", "two staging")),
+            ..Default::default()
+        };
+        let layers = produce(cache.path(), &[&one, &two, &three], &progress).unwrap();
+        let names: Vec<&str> = layers.iter().map(|(r, _)| r.name).collect();
+        assert_eq!(names, ["one", "two", "three"]);
+        assert!(layers
+            .iter()
+            .all(|(r, l)| !r.cached && r.digest == l.digest));
+        let lines = progress.lines.lock().unwrap().clone();
+        for name in ["one", "two", "three"] {
+            let ready = format!("ready {name}");
+            assert_eq!(
+                lines.iter().filter(|l| **l == ready).count(),
+                1,
+                "{lines:?}"
+            );
+        }
+        // Again: every layer cached, announced once, in the same order.
+        let progress = Events::default();
+        let again = produce(cache.path(), &[&one, &two, &three], &progress).unwrap();
+        assert!(again.iter().all(|(r, _)| r.cached));
+        let digests =
+            |l: &[(LayerReport, Layer)]| l.iter().map(|(r, _)| r.digest).collect::<Vec<_>>();
+        assert_eq!(digests(&again), digests(&layers));
+        let ready = progress.lines.lock().unwrap();
+        assert_eq!(ready.iter().filter(|l| l.starts_with("ready ")).count(), 3);
+    }
+
+    /// A big layer still being written does not keep the next layer waiting for a writer
+    /// when the small one written beside it is done.
+    #[test]
+    fn a_finished_writer_frees_its_place_while_an_older_one_still_writes() {
+        let cache = tempfile::tempdir().unwrap();
+        let (big, small, third) = (
+            FileLayer::new("big"),
+            FileLayer::new("small"),
+            FileLayer::new("third"),
+        );
+        let progress = Events {
+            hold: Some(("big", "ready third")),
+            ..Default::default()
+        };
+        let layers = produce(cache.path(), &[&big, &small, &third], &progress).unwrap();
+        assert_eq!(layers.len(), 3);
+    }
+
+    #[test]
+    fn a_failed_staging_waits_for_the_writer_and_leaves_no_half_written_layer() {
+        let cache = tempfile::tempdir().unwrap();
+        let one = FileLayer::new("one");
+        let two = FileLayer {
+            fail: true,
+            ..FileLayer::new("two")
+        };
+        let progress = Events::default();
+        let error = produce(cache.path(), &[&one, &two], &progress).unwrap_err();
+        assert!(error.to_string().contains("two cannot stage"), "{error}");
+        // The writer of `one` finished before the error came back: its layer is whole in
+        // the cache, and no temp file or tree of `two` is left.
+        let lines = progress.lines.lock().unwrap().clone();
+        assert!(lines.contains(&"ready one".to_string()), "{lines:?}");
+        let store = BlobStore::open(cache.path()).unwrap();
+        let cache_index = LayerCache::open(store.clone()).unwrap();
+        let options = BuildOptions::new(0, Compression::Gzip { level: 1 });
+        assert!(cache_index.get(one.key(), &options).unwrap().is_some());
+        assert_eq!(fs_err::read_dir(store.tmp_dir()).unwrap().count(), 0);
+        let staging = Staging::open(cache.path()).unwrap();
+        assert!(!staging.dir(two.key()).exists() && !staging.is_complete(two.key()));
+    }
 }

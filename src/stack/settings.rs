@@ -33,13 +33,14 @@ pub struct BuildSettings {
     pub apt_mirror: Option<reqwest::Url>,
 }
 
-/// Progress lines, one per stage; downloads get their own reporter (bars).
+/// Progress lines, one per stage; downloads get their own reporter (bars). Called from
+/// the layer writer threads too, hence `Sync`.
 pub trait BuildProgress: Send + Sync {
     fn stage(&self, stage: &str, detail: &str);
     fn downloads(&self) -> Arc<dyn Reporter>;
-    /// A layer's blob is in the store (built or from the cache), so an output may start on
-    /// it (`build --push` uploads it while the other layers build). May be called from
-    /// worker threads. Default: nothing.
+    /// Layer `name`'s blob is in the blob store (built now or cached), while the build may
+    /// still be staging and writing the layers above it: an output can start on it (an
+    /// upload). Called once per layer, from any thread, in no fixed order.
     #[allow(unused_variables)]
     fn layer_ready(&self, name: &str, layer: &crate::layer::Layer) {}
 }

@@ -6,8 +6,10 @@
 //! This module decides how trees are kept, never what goes in them: the stagers in
 //! [`super::layers`] fill them.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 use crate::layer::CacheKey;
 use crate::stack::error::{io_error, BuildError};
@@ -21,23 +23,69 @@ use crate::stack::error::{io_error, BuildError};
 /// the same tree waits and then reuses it, builds of different trees run in parallel,
 /// and a complete tree is never removed or rewritten. Scratch trees (the merged root for
 /// `ldconfig` and the audit) are private to each build ([`Staging::scratch`]).
+///
+/// Every tree a build opens is also held, for as long as the build runs, by a shared lock
+/// on `<key-hex>.use`: `cudastack cache prune` removes a tree only when it gets that lock
+/// (and the tree's staging lock) exclusively, so it never removes a tree a build reads.
+/// The `.complete` marker's mtime is the tree's last use.
 pub(crate) struct Staging {
     root: PathBuf,
+    /// The `.use` locks of the trees this build opened, released when it is dropped.
+    held: Mutex<HashMap<CacheKey, std::fs::File>>,
 }
 
 impl Staging {
     pub(crate) fn open(cache_root: &Path) -> Result<Self, BuildError> {
         let root = cache_root.join("staging");
         fs_err::create_dir_all(&root).map_err(io_error(&root))?;
-        Ok(Self { root })
+        Ok(Self {
+            root,
+            held: Mutex::new(HashMap::new()),
+        })
     }
     pub(crate) fn dir(&self, key: &CacheKey) -> PathBuf {
         self.root.join(key.digest().hex())
     }
     pub(crate) fn is_complete(&self, key: &CacheKey) -> bool {
-        self.root
-            .join(format!("{}.complete", key.digest().hex()))
-            .exists()
+        self.marker(key).exists()
+    }
+    /// The `.complete` marker, whose mtime is also the tree's last use
+    /// (`cudastack cache prune` removes trees unused for a while).
+    fn marker(&self, key: &CacheKey) -> PathBuf {
+        self.root.join(format!("{}.complete", key.digest().hex()))
+    }
+    /// Record that this build uses the tree of `key` (its last use is now, and prune
+    /// leaves it alone until the build ends), if the tree is complete.
+    pub(crate) fn touch(&self, key: &CacheKey) {
+        if self.is_complete(key) {
+            self.hold(key);
+            crate::cas::touch_last_use(&self.marker(key));
+        }
+    }
+    /// Take the shared `.use` lock of `key`'s tree for the rest of this build (once).
+    /// Waits only while `cudastack cache prune` is removing that tree. Best effort: where
+    /// the lock file cannot be written (a read-only cache) no prune can remove the tree
+    /// either.
+    fn hold(&self, key: &CacheKey) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.contains_key(key) {
+            return;
+        }
+        let path = use_lock_path(&self.root, &key.digest().hex());
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .and_then(|file| file.lock_shared().map(|()| file));
+        match file {
+            Ok(file) => {
+                held.insert(*key, file);
+            }
+            Err(error) => {
+                tracing::debug!(path = %path.display(), %error, "could not hold a staged tree")
+            }
+        }
     }
     /// Stage into a fresh directory with `fill`, marking it complete only on success, so an
     /// interrupted build never leaves a half-staged tree that looks finished; under the
@@ -48,13 +96,17 @@ impl Staging {
         fill: impl FnOnce(&Path) -> Result<(), BuildError>,
     ) -> Result<PathBuf, BuildError> {
         let dir = self.dir(key);
+        // Held before it is looked at, so a prune cannot remove it between the two.
+        self.hold(key);
         if self.is_complete(key) && dir.is_dir() {
+            self.touch(key);
             return Ok(dir);
         }
         let lock_path = self.root.join(format!("{}.lock", key.digest().hex()));
         let _lock = crate::atomic_file::lock(&lock_path).map_err(io_error(&lock_path))?;
         // Another build may have staged it while this one waited.
         if self.is_complete(key) && dir.is_dir() {
+            self.touch(key);
             return Ok(dir);
         }
         // What is there is a partial tree of a build that died: start over.
@@ -66,8 +118,7 @@ impl Staging {
             let _ = fs_err::remove_dir_all(&dir);
             return Err(error);
         }
-        let marker = self.root.join(format!("{}.complete", key.digest().hex()));
-        write_record(&marker, b"")?;
+        write_record(&self.marker(key), b"")?;
         Ok(dir)
     }
     /// A record kept beside the trees (`arch-list-<sha256>.json`, `<digest>.audit.json`).
@@ -86,6 +137,11 @@ impl Staging {
             .tempdir_in(&self.root)
             .map_err(io_error(&self.root))
     }
+}
+
+/// The lock a build holds shared on every tree it uses (`<hex>.use`).
+pub(crate) fn use_lock_path(root: &Path, hex: &str) -> PathBuf {
+    root.join(format!("{hex}.use"))
 }
 
 /// Write a small record of the cache (a marker, a scan result, audit facts) whole or not
