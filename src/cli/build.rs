@@ -281,13 +281,20 @@ mod tests {
     fn auto_compresses_nothing_only_when_the_daemon_is_the_only_consumer() {
         let auto = |level, daemon_only| compression(CompressionArg::Auto, level, daemon_only);
         assert_eq!(auto(None, true), Compression::None);
-        assert_eq!(auto(None, false), Compression::Gzip { level: DEFAULT_GZIP_LEVEL });
+        assert_eq!(
+            auto(None, false),
+            Compression::Gzip {
+                level: DEFAULT_GZIP_LEVEL
+            }
+        );
         // A level asks for compression.
         assert_eq!(auto(Some(9), true), Compression::Gzip { level: 9 });
         // What the user names is what they get, `--load` or not.
         assert_eq!(
             compression(CompressionArg::Gzip, None, true),
-            Compression::Gzip { level: DEFAULT_GZIP_LEVEL }
+            Compression::Gzip {
+                level: DEFAULT_GZIP_LEVEL
+            }
         );
         assert_eq!(
             compression(CompressionArg::Zstd, Some(30), true),

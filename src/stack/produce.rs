@@ -124,9 +124,9 @@ fn stage_and_write<'scope, 'env>(
             break;
         }
         env.progress.stage(stager.name(), "writing layer");
-        let (name, key, walk) = (stager.name(), *stager.key(), stager.walk());
+        let (name, key, walk) = (stager.name().to_string(), *stager.key(), stager.walk());
         writers.spawn(scope, index, move || {
-            write_layer(name, &key, &dir, &walk, env)
+            write_layer(&name, &key, &dir, &walk, env)
         });
     }
     while !writers.running.is_empty() {
@@ -253,7 +253,7 @@ fn layer_done(name: &str, layer: &Layer, cached: bool, env: &BuildEnv) {
 
 fn report(stager: &dyn LayerStager, layer: &Layer, cached: bool) -> LayerReport {
     LayerReport {
-        name: stager.name(),
+        name: stager.name().to_string(),
         digest: layer.digest,
         diff_id: layer.diff_id,
         size: layer.size,
@@ -497,7 +497,7 @@ mod tests {
             ..Default::default()
         };
         let layers = produce(cache.path(), &[&one, &two, &three], &progress).unwrap();
-        let names: Vec<&str> = layers.iter().map(|(r, _)| r.name).collect();
+        let names: Vec<&str> = layers.iter().map(|(r, _)| r.name.as_str()).collect();
         assert_eq!(names, ["one", "two", "three"]);
         assert!(layers
             .iter()

@@ -10,7 +10,7 @@ use crate::digest::Digest;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LayerReport {
-    pub name: &'static str,
+    pub name: String,
     pub digest: Digest,
     pub diff_id: Digest,
     pub size: u64,

@@ -71,7 +71,7 @@ impl AptLayer {
 }
 
 impl LayerStager for AptLayer {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "apt"
     }
     fn key(&self) -> &CacheKey {

@@ -106,7 +106,7 @@ impl<'a> BaseLayer<'a> {
 }
 
 impl LayerStager for BaseLayer<'_> {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "base"
     }
     fn key(&self) -> &CacheKey {

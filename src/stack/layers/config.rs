@@ -154,7 +154,7 @@ impl<'a> ConfigLayer<'a> {
 }
 
 impl LayerStager for ConfigLayer<'_> {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "config"
     }
     fn key(&self) -> &CacheKey {

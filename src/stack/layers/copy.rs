@@ -173,7 +173,7 @@ impl CopyLayer {
 }
 
 impl LayerStager for CopyLayer {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "copy"
     }
     fn key(&self) -> &CacheKey {
@@ -741,7 +741,7 @@ mod tests {
         key: CacheKey,
     }
     impl LayerStager for Lower {
-        fn name(&self) -> &'static str {
+        fn name(&self) -> &str {
             "lower"
         }
         fn key(&self) -> &CacheKey {

@@ -51,7 +51,7 @@ pub(crate) struct BuildEnv<'a> {
 /// and how to walk that directory into a layer.
 pub(crate) trait LayerStager {
     /// The layer's name in reports and history (`base`, `cuda`, ...).
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &str;
     fn key(&self) -> &CacheKey;
     /// Stage the layer's tree into `dir`, a fresh empty directory.
     fn stage(&self, dir: &Path) -> Result<(), BuildError>;

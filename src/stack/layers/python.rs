@@ -17,7 +17,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
 
 use super::toolkit::{self as toolkit_layer, ToolkitLayers};
 use super::{LayerStager, ASSEMBLER};
@@ -44,17 +43,17 @@ pub(crate) const LARGE_DISTRIBUTION: u64 = 256 * 1024 * 1024;
 
 /// Which of the locked wheels a Python layer installs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PythonPart {
+pub(crate) enum PythonPart<'a> {
     /// One very large distribution alone, in a layer named after it (`torch`).
-    Large(&'static str),
+    Large(&'a str),
     /// pip, the nvidia-* and cuda-* wheels, and what they and torch require.
     Stack,
     /// Every other wheel: the recipe's own requirements.
     Packages,
 }
 
-impl PythonPart {
-    fn name(self) -> &'static str {
+impl<'a> PythonPart<'a> {
+    fn name(self) -> &'a str {
         match self {
             PythonPart::Large(name) => name,
             PythonPart::Stack => "python",
@@ -68,7 +67,7 @@ impl PythonPart {
 /// nothing (no nvidia-* wheel is one), so its key is its wheel and the Python line alone:
 /// a cuDNN or closure change leaves it cached.
 pub(crate) struct PythonLayer<'a> {
-    part: PythonPart,
+    part: PythonPart<'a>,
     key: CacheKey,
     wheels: Vec<&'a FetchedWheel>,
     install_options: InstallOptions,
@@ -81,7 +80,7 @@ impl<'a> PythonLayer<'a> {
     pub fn plan(
         inputs: &PlatformInputs,
         wheels: Vec<&'a FetchedWheel>,
-        part: PythonPart,
+        part: PythonPart<'a>,
         toolkit: &ToolkitLayers,
     ) -> Self {
         let recipe = inputs.recipe;
@@ -141,7 +140,7 @@ impl<'a> PythonLayer<'a> {
 }
 
 impl LayerStager for PythonLayer<'_> {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         self.part.name()
     }
     fn key(&self) -> &CacheKey {
@@ -171,7 +170,7 @@ impl LayerStager for PythonLayer<'_> {
 /// The locked wheels cut into layers: each large distribution alone (bottom to top), the
 /// rest of the stack, the team's packages; each part in name order.
 pub(crate) struct WheelSplit<'a> {
-    pub large: Vec<(&'static str, &'a FetchedWheel)>,
+    pub large: Vec<(&'a str, &'a FetchedWheel)>,
     pub stack: Vec<&'a FetchedWheel>,
     pub packages: Vec<&'a FetchedWheel>,
 }
@@ -196,7 +195,10 @@ pub(crate) fn split_wheels<'a>(inputs: &'a PlatformInputs) -> Result<WheelSplit<
         large: names
             .large
             .iter()
-            .filter_map(|name| Some((layer_name(name), inputs.wheels.get(name)?)))
+            .filter_map(|name| {
+                let (name, wheel) = inputs.wheels.get_key_value(name)?;
+                Some((name.as_str(), wheel))
+            })
             .collect(),
         stack: pick(&names.stack),
         packages: pick(&names.packages),
@@ -314,20 +316,6 @@ fn closure<'n>(
         }
     }
     seen
-}
-
-/// The `'static` layer name of a large distribution (reports name layers by `&'static
-/// str`). Each distinct name is leaked once per process: the few distributions over
-/// [`LARGE_DISTRIBUTION`] that this process builds.
-fn layer_name(distribution: &str) -> &'static str {
-    static NAMES: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
-    let mut names = NAMES.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(name) = names.get(distribution) {
-        return name;
-    }
-    let name: &'static str = Box::leak(distribution.to_owned().into_boxed_str());
-    names.insert(name);
-    name
 }
 
 #[cfg(test)]
@@ -670,9 +658,6 @@ Requires-Dist: numpy ; extra == 'tests'
 
     #[test]
     fn a_large_distributions_layer_is_named_after_it() {
-        let torch = layer_name("torch");
-        assert_eq!(torch, "torch");
-        assert!(std::ptr::eq(torch, layer_name(&String::from("torch"))));
-        assert_eq!(PythonPart::Large(torch).name(), "torch");
+        assert_eq!(PythonPart::Large("torch").name(), "torch");
     }
 }

@@ -148,7 +148,7 @@ fn placement_record(dir: &Path) -> PathBuf {
 }
 
 impl LayerStager for ToolkitLayer {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         self.name
     }
     fn key(&self) -> &CacheKey {

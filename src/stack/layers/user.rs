@@ -160,7 +160,7 @@ impl UserLayer {
 }
 
 impl LayerStager for UserLayer {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "user"
     }
     fn key(&self) -> &CacheKey {
