@@ -1,6 +1,7 @@
-//! `cudastack build`: a validated, locked recipe -> an OCI image of five layers
-//! (base, CUDA toolkit, cuDNN, Python wheels, config with the verification probe), audited,
-//! written to an OCI layout.
+//! `cudastack build`: a validated, locked recipe -> an OCI image of layers cut by how often
+//! they change (base, apt, the CUDA toolkit, cuDNN, torch and other large wheels, the rest of
+//! the stack, user, the recipe's packages, config with the verification probe, code),
+//! audited, written to an OCI layout.
 //!
 //! Each layer has a cache key over exactly the inputs that decide its contents (the
 //! assembler version, the digests of the artifacts it reads, the options), so a changed
