@@ -85,14 +85,16 @@ EOF
     die "docker-registry did not start: $(cat "$WORK/registry.log")"
 }
 stop_registry() { if [ -n "$REGISTRY_PID" ]; then kill "$REGISTRY_PID" 2>/dev/null || true; wait "$REGISTRY_PID" 2>/dev/null || true; REGISTRY_PID=; fi; }
-remove_images() {
-    for image in $(docker images --format '{{.Repository}}:{{.Tag}}' | grep -E "^($TAG|$REG/)" || true); do
+remove_images() { # every image the bench made but the imported base (`all`: that too)
+    local keep="^$TAG-base:"
+    [ "${1:-}" = all ] && keep='^$'
+    for image in $(docker images --format '{{.Repository}}:{{.Tag}}' | grep -E "^($TAG|$REG/)" | grep -vE "$keep" || true); do
         docker rmi -f "$image" >/dev/null 2>&1 || true
     done
 }
 cleanup() {
     stop_registry
-    remove_images
+    remove_images all
     docker builder prune -f >/dev/null 2>&1 || true
     if [ -z "${BENCH_KEEP:-}" ]; then rm -rf "$WORK"; fi
 }

@@ -516,4 +516,25 @@ fn build_push_uploads_layers_while_building_then_the_manifest() {
         "{:?}",
         failing.requests()
     );
+
+    // A reference pinned to a digest: nothing goes up before the push stage has compared the
+    // built manifest with it (here another digest: refused, not one blob sent).
+    let pinned = Proxy::start(registry.port, Arc::new(|_| Action::Forward));
+    let wrong = format!("sha256:{}", "0".repeat(64));
+    let output = build(
+        &recipe,
+        &work.path().join("pinned"),
+        &cache,
+        &["--push", &format!("{}/team/pinned:1@{wrong}", pinned.host())],
+    );
+    let all = output_text(&output);
+    assert!(!output.status.success(), "{all}");
+    assert!(
+        !pinned
+            .requests()
+            .iter()
+            .any(|r| r.contains("/blobs/uploads/")),
+        "{:?}\n{all}",
+        pinned.requests()
+    );
 }

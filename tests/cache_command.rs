@@ -206,21 +206,39 @@ fn prune_removes_exactly_what_no_build_used_and_rebuilds_still_work() {
         e2e_support::output_text(&before)
     );
     let before: serde_json::Value = serde_json::from_slice(&before.stdout).unwrap();
-    let pruned = cudastack(&["--json", "cache", "prune", "--older-than", "1"], &cache);
-    assert!(
-        pruned.status.success(),
-        "{}",
-        e2e_support::output_text(&pruned)
-    );
-    let pruned: serde_json::Value = serde_json::from_slice(&pruned.stdout).unwrap();
-    drop(held);
-
-    assert_eq!(pruned["kept_in_use"], 1, "{pruned}");
+    let prune = || {
+        let pruned = cudastack(&["--json", "cache", "prune", "--older-than", "1"], &cache);
+        assert!(
+            pruned.status.success(),
+            "{}",
+            e2e_support::output_text(&pruned)
+        );
+        serde_json::from_slice::<serde_json::Value>(&pruned.stdout).unwrap()
+    };
+    // While a build runs (it holds builds.lock shared from its first lookup), only old trees
+    // go: the layer entries and blobs it looked up must still be there when it reads them.
+    let building = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(cache.join("builds.lock"))
+        .unwrap();
+    building.lock_shared().unwrap();
+    let during = prune();
+    drop(building);
+    assert_eq!(during["builds_running"], true, "{during}");
+    assert_eq!(during["kept_in_use"], 1, "{during}");
     assert_eq!(
-        pruned["removed"]["staged-trees"]["count"].as_u64(),
+        during["removed"]["staged-trees"]["count"].as_u64(),
         Some(unused.len() as u64 - 1),
-        "{pruned}"
+        "{during}"
     );
+    assert!(during["removed"].get("records").is_none(), "{during}");
+    assert!(blob_exists(&cache, only_first[0]), "{during}");
+    let pruned = prune();
+    drop(held);
+    assert_eq!(pruned["builds_running"], false, "{pruned}");
+    assert_eq!(pruned["kept_in_use"], 1, "{pruned}");
     assert!(
         cache.join("staging").join(held_hex).is_dir(),
         "the held tree was removed"

@@ -79,6 +79,12 @@ pub fn run(args: CacheArgs, printer: &Printer) -> CommandResult {
                     root.display()
                 ));
             }
+            if report.builds_running {
+                printer.status(
+                    "a build is running on this cache: only staged trees were pruned; run \
+                     `cudastack cache prune` again when no build runs to prune layers and blobs",
+                );
+            }
             if report.kept_in_use > 0 {
                 printer.status(format!(
                     "kept {} entries a running build holds",

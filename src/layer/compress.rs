@@ -217,7 +217,14 @@ impl<W: Write> ParallelGzip<W> {
                             Err(_) => return,
                         };
                         let Ok(job) = job else { return };
-                        let member = gzip_member(&mut compressor, &job.data);
+                        // A panic must come back as this block's error: a worker that
+                        // died silently would leave the writer waiting for it forever.
+                        let member = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                            || gzip_member(&mut compressor, &job.data),
+                        ))
+                        .unwrap_or_else(|_| {
+                            Err(io::Error::other("the gzip worker panicked on this block"))
+                        });
                         if result_tx.send((job.sequence, member)).is_err() {
                             return;
                         }
@@ -447,6 +454,13 @@ mod tests {
         assert!(
             GZIP_ENCODER.starts_with(&format!("libdeflate-{version}-")),
             "GZIP_ENCODER {GZIP_ENCODER} does not name libdeflate-sys {version}"
+        );
+        // And Cargo.toml pins it exactly, so `cargo install` without --locked cannot pick
+        // another (libdeflater itself accepts any ^1.26).
+        let manifest = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"));
+        assert!(
+            manifest.contains(&format!("libdeflate-sys = \"={version}\"")),
+            "Cargo.toml must pin libdeflate-sys = \"={version}\""
         );
         assert!(GZIP_ENCODER.ends_with(&format!("-{}MiB", GZIP_BLOCK >> 20)));
     }

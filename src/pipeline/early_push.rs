@@ -42,14 +42,24 @@ pub struct SentWhileBuilding {
 /// [`Self::progress`], waited for by [`Self::finish`] at the push stage.
 pub struct EarlyUploads {
     sender: mpsc::UnboundedSender<ReadyLayer>,
-    task: JoinHandle<Result<Vec<BlobReport>, PipelineError>>,
+    /// Taken by [`Self::finish`]; aborted on drop (a failed build or verification leaves
+    /// nothing uploading behind it).
+    task: Option<JoinHandle<Result<Vec<BlobReport>, PipelineError>>>,
     sent: Arc<AtomicU64>,
+}
+
+impl Drop for EarlyUploads {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
 }
 
 impl EarlyUploads {
     /// Start the task that uploads ready layers to `target`'s repository. Must be called
     /// within the tokio runtime. Dropped without [`Self::finish`] (a failed build), the
-    /// channel closes: the task ends after the uploads in flight, or with the runtime.
+    /// task is aborted.
     pub fn start(target: &PushTarget) -> Result<Self, PipelineError> {
         let client = RegistryClient::new(&target.reference, target.client.clone())?;
         let options = super::push::push_options(&target.settings, &target.reference);
@@ -63,7 +73,11 @@ impl EarlyUploads {
             receiver,
             sent.clone(),
         ));
-        Ok(EarlyUploads { sender, task, sent })
+        Ok(EarlyUploads {
+            sender,
+            task: Some(task),
+            sent,
+        })
     }
 
     /// `inner`, plus every ready layer handed to the upload task.
@@ -74,11 +88,23 @@ impl EarlyUploads {
         }
     }
 
+    /// Whether the task has already stopped. While layers may still come it only stops on
+    /// a failed upload: the pipeline then fails at once instead of after verification.
+    pub fn failed(&self) -> bool {
+        self.task.as_ref().is_some_and(JoinHandle::is_finished)
+    }
+
     /// No more layers will come: wait for the uploads in flight; the first failure, naming
     /// its layer, is the error.
-    pub async fn finish(self) -> Result<SentWhileBuilding, PipelineError> {
-        let EarlyUploads { sender, task, sent } = self;
-        drop(sender);
+    pub async fn finish(mut self) -> Result<SentWhileBuilding, PipelineError> {
+        let Some(task) = self.task.take() else {
+            return Err(PipelineError::EarlyUploadTask {
+                detail: "the upload task was already taken".to_string(),
+            });
+        };
+        let sent = self.sent.clone();
+        // Closing the channel (dropping self and its sender) lets the task end.
+        drop(self);
         let blobs = task
             .await
             .map_err(|error| PipelineError::EarlyUploadTask {

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use early_push::EarlyUploads;
+use early_push::{EarlyUploads, SentWhileBuilding};
 
 use crate::engine::LoadReport;
 use crate::matrix::Matrix;
@@ -160,14 +160,24 @@ pub async fn build_verify_publish(
 ) -> Result<PipelineReport, PipelineError> {
     let policy = Recipe::load(&settings.build.recipe_path)?.verify.gpu;
     // `--push`: each layer goes up as soon as it is built; the manifest only after verifying.
+    // A reference pinned to a digest uploads nothing before the push stage has checked the
+    // built manifest against it.
     let early = match &settings.push {
-        Some(target) => Some(EarlyUploads::start(target)?),
-        None => None,
+        Some(target) if target.reference.digest().is_none() => {
+            Some(EarlyUploads::start(target)?)
+        }
+        _ => None,
     };
     let built = match &early {
         Some(early) => build(&settings.build, matrix, &early.progress(build_progress)).await?,
         None => build(&settings.build, matrix, build_progress).await?,
     };
+    // A failed upload fails the build now, before a verification that would be wasted.
+    let mut early = early;
+    let mut sent_early = None;
+    if let Some(failed) = early.take_if(|early| early.failed()) {
+        sent_early = Some(failed.finish().await?);
+    }
     let verified = if settings.verify {
         verify::after_build(&built, policy, &settings.build.cache_root, progress).await?
     } else {
@@ -178,9 +188,13 @@ pub async fn build_verify_publish(
     } else {
         None
     };
-    let pushed = match (&settings.push, early) {
-        (Some(target), Some(early)) => {
-            let sent = early.finish().await?;
+    let pushed = match &settings.push {
+        Some(target) => {
+            let sent = match (sent_early, early) {
+                (Some(sent), _) => sent,
+                (None, Some(early)) => early.finish().await?,
+                (None, None) => SentWhileBuilding::default(),
+            };
             let destination = push::Destination {
                 reference: &target.reference,
                 settings: &target.settings,
@@ -191,7 +205,7 @@ pub async fn build_verify_publish(
                     .await?,
             )
         }
-        _ => None,
+        None => None,
     };
     Ok(PipelineReport {
         build: built,

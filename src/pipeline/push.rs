@@ -142,8 +142,10 @@ pub(crate) fn push_options(settings: &PushSettings, reference: &Reference) -> Pu
 /// The blobs the push found present because the early uploads had sent them take the
 /// early outcome (uploaded, resumed, mounted), and their bytes count as sent.
 fn count_early_uploads(report: &mut PushReport, early: SentWhileBuilding) {
+    // A blob two platforms share is listed once per platform but went up once.
+    let mut counted = std::collections::HashSet::new();
     for blob in &mut report.blobs {
-        if blob.outcome != BlobOutcome::Present {
+        if blob.outcome != BlobOutcome::Present || !counted.insert(blob.digest) {
             continue;
         }
         let sent = early

@@ -75,6 +75,9 @@ pub struct PruneReport {
     pub removed: BTreeMap<CacheKind, KindUsage>,
     /// Old entries left because a build holds them now.
     pub kept_in_use: u64,
+    /// A build was running: only staged trees were looked at (layer entries and blobs are
+    /// pruned only while no build runs).
+    pub builds_running: bool,
 }
 
 /// Disk usage of files and trees, each inode counted once.
@@ -214,6 +217,13 @@ pub fn prune(root: &Path, older_than: Duration) -> Result<PruneReport, BuildErro
     };
     let mut disk = DiskUsage::default();
     prune_trees(&root.join("staging"), cutoff, &mut disk, &mut report)?;
+    // Layer entries and blobs only while no build runs: a build looks them up long before
+    // it reads them (see Staging). Trees have locks of their own.
+    let builds = crate::stack::staging::builds_lock_path(root);
+    let Some(_no_build) = try_lock(&builds).map_err(io_error(&builds))? else {
+        report.builds_running = true;
+        return Ok(report);
+    };
     let entries = cache.entries()?;
     let layer_blobs: BTreeSet<Digest> = entries
         .iter()

@@ -107,6 +107,11 @@ fn stage_and_write<'scope, 'env>(
 ) -> Result<Vec<Option<Layer>>, BuildError> {
     let mut writers = Writers::new(stagers.len());
     for (index, (stager, cached)) in stagers.iter().zip(cached_layers).enumerate() {
+        // A writer that already failed stops the build now, not minutes of staging later.
+        writers.join_finished();
+        if writers.first_error.is_some() {
+            break;
+        }
         let dir = match open_tree(*stager, env) {
             Ok(dir) => dir,
             Err(error) => {
@@ -190,6 +195,13 @@ impl<'scope> Writers<'scope> {
         self.running.push((index, writer));
     }
 
+    /// Join every writer that has already finished, without waiting.
+    fn join_finished(&mut self) {
+        while let Ok(index) = self.done.try_recv() {
+            self.join(index);
+        }
+    }
+
     /// Wait for the next writer to finish; keep its layer, or its error if none came before.
     fn join_next(&mut self) {
         if self.running.is_empty() {
@@ -197,6 +209,10 @@ impl<'scope> Writers<'scope> {
         }
         // Never disconnected: `self` keeps a sender.
         let Ok(index) = self.done.recv() else { return };
+        self.join(index);
+    }
+
+    fn join(&mut self, index: usize) {
         let Some(position) = self.running.iter().position(|(i, _)| *i == index) else {
             return;
         };

@@ -28,19 +28,35 @@ use crate::stack::error::{io_error, BuildError};
 /// on `<key-hex>.use`: `cudastack cache prune` removes a tree only when it gets that lock
 /// (and the tree's staging lock) exclusively, so it never removes a tree a build reads.
 /// The `.complete` marker's mtime is the tree's last use.
+///
+/// A build also holds `<cache>/builds.lock` shared for as long as it runs: it looks up
+/// cached layers and checks downloaded blobs long before it reads them, so prune removes
+/// layer entries and blobs only while it holds that lock exclusively (no build running).
 pub(crate) struct Staging {
     root: PathBuf,
     /// The `.use` locks of the trees this build opened, released when it is dropped.
     held: Mutex<HashMap<CacheKey, std::fs::File>>,
+    /// The shared `builds.lock` (None where the cache is read-only: nothing prunes it then).
+    _building: Option<std::fs::File>,
+}
+
+/// The cache-wide lock every build holds shared (see [`Staging`]).
+pub(crate) fn builds_lock_path(cache_root: &Path) -> PathBuf {
+    cache_root.join("builds.lock")
 }
 
 impl Staging {
     pub(crate) fn open(cache_root: &Path) -> Result<Self, BuildError> {
         let root = cache_root.join("staging");
         fs_err::create_dir_all(&root).map_err(io_error(&root))?;
+        let building = open_lock_file(&builds_lock_path(cache_root))
+            .and_then(|file| file.lock_shared().map(|()| file))
+            .inspect_err(|error| tracing::debug!(%error, "could not take the builds lock"))
+            .ok();
         Ok(Self {
             root,
             held: Mutex::new(HashMap::new()),
+            _building: building,
         })
     }
     pub(crate) fn dir(&self, key: &CacheKey) -> PathBuf {
@@ -72,12 +88,7 @@ impl Staging {
             return;
         }
         let path = use_lock_path(&self.root, &key.digest().hex());
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .and_then(|file| file.lock_shared().map(|()| file));
+        let file = open_lock_file(&path).and_then(|file| file.lock_shared().map(|()| file));
         match file {
             Ok(file) => {
                 held.insert(*key, file);
@@ -137,6 +148,14 @@ impl Staging {
             .tempdir_in(&self.root)
             .map_err(io_error(&self.root))
     }
+}
+
+fn open_lock_file(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
 }
 
 /// The lock a build holds shared on every tree it uses (`<hex>.use`).
