@@ -62,11 +62,13 @@ BIN=$(realpath "$BIN")
 
 # timed NAME CMD...: run CMD under /usr/bin/time; SECS[NAME] and RSS[NAME] (MiB) hold the figures.
 declare -A SECS RSS
-timed() {
-    local name=$1; shift
-    /usr/bin/time -f '%e %M' -o "$WORK/$name.time" "$@"
+timed() { # returns CMD's status
+    local name=$1 status=0; shift
+    /usr/bin/time -f '%e %M' -o "$WORK/$name.time" "$@" || status=$?
     SECS[$name]=$(cut -d' ' -f1 "$WORK/$name.time" | tail -n1 | xargs printf '%.1f')
     RSS[$name]=$(( $(cut -d' ' -f2 "$WORK/$name.time" | tail -n1) / 1024 ))
+    log "$name: ${SECS[$name]} s, peak RSS ${RSS[$name]} MiB (status $status)"
+    return $status
 }
 
 REGISTRY_PID=
@@ -246,6 +248,8 @@ seed_cache "$WORK/cache"
 log "2. cudastack: cold build --load"
 timed load "$BIN" --json build "$R1" --no-verify --load --cache-dir "$WORK/cache" --layout "$WORK/img-load" > "$WORK/load.json"
 LOAD_MEDIA=$(layer_media "$WORK/img-load")
+# The loaded image carries the recipe's tags: it goes, or row 6's docker pull would find it.
+for tag in $(jq -r '.tags[]' "$WORK/load.json"); do docker rmi -f "$tag" >/dev/null 2>&1 || true; done
 remove_images
 rm -rf "$WORK/img-load" "$WORK/cache"
 
@@ -262,6 +266,8 @@ timed pull_cs "$BIN" -q pull "$REG/bench:p" --layout "$WORK/pull-cs" --cache-dir
 rm -rf "$WORK/pull-cs" "$WORK/pull-cache"
 timed pull_skopeo skopeo copy -q --src-tls-verify=false "docker://$REG/bench:p" "oci:$WORK/pull-skopeo:p"
 rm -rf "$WORK/pull-skopeo"
+CONFIG=$(curl -sf -H 'Accept: application/vnd.oci.image.manifest.v1+json' "http://$REG/v2/bench/manifests/p" | jq -r .config.digest)
+! docker image inspect "$CONFIG" >/dev/null 2>&1 || die "Docker already has image $CONFIG: its pull would be a no-op"
 timed pull_docker docker pull -q "$REG/bench:p"
 remove_images
 
@@ -299,10 +305,16 @@ BUILDAH_ROW="| 1 | default build (s) | | buildah: not installed | | |"
 if command -v buildah >/dev/null; then
     buildah pull -q "docker-daemon:$TAG-base:latest" >/dev/null
     log "1. buildah bud + buildah push oci:"
-    timed buildah sh -c "buildah bud -q --layers=false -t '$TAG:buildah' '$WORK/ctx1' >/dev/null && buildah push -q '$TAG:buildah' 'oci:$WORK/buildah-oci:one' >/dev/null"
+    # buildah keeps its own copy of every layer: it needs about 25 GB free here. A failure
+    # (a full disk) is a row that says so, not the end of the benchmark.
+    if timed buildah sh -c "buildah bud -q --layers=false -t '$TAG:buildah' '$WORK/ctx1' >/dev/null 2>'$WORK/buildah.err' && buildah push -q '$TAG:buildah' 'oci:$WORK/buildah-oci:one' >/dev/null 2>>'$WORK/buildah.err'"; then
+        BUILDAH_ROW="| 1 | default build (s) | ${SECS[cold]} | buildah bud + buildah push oci: ${SECS[buildah]} | $(ratio "${SECS[cold]}" "${SECS[buildah]}") | |"
+    else
+        BUILDAH_ROW="| 1 | default build (s) | ${SECS[cold]} | buildah bud + buildah push oci: failed ($(grep -o 'no space left on device' "$WORK/buildah.err" | head -n1 || tail -c 120 "$WORK/buildah.err")) | | |"
+    fi
     buildah rmi -f "$TAG:buildah" "$TAG-base:latest" >/dev/null 2>&1 || true
+    buildah rm -a >/dev/null 2>&1 || true
     rm -rf "$WORK/buildah-oci"
-    BUILDAH_ROW="| 1 | default build (s) | ${SECS[cold]} | buildah bud + buildah push oci: ${SECS[buildah]} | $(ratio "${SECS[cold]}" "${SECS[buildah]}") | |"
 fi
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 

@@ -525,7 +525,10 @@ fn build_push_uploads_layers_while_building_then_the_manifest() {
         &recipe,
         &work.path().join("pinned"),
         &cache,
-        &["--push", &format!("{}/team/pinned:1@{wrong}", pinned.host())],
+        &[
+            "--push",
+            &format!("{}/team/pinned:1@{wrong}", pinned.host()),
+        ],
     );
     let all = output_text(&output);
     assert!(!output.status.success(), "{all}");

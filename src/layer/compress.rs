@@ -219,9 +219,9 @@ impl<W: Write> ParallelGzip<W> {
                         let Ok(job) = job else { return };
                         // A panic must come back as this block's error: a worker that
                         // died silently would leave the writer waiting for it forever.
-                        let member = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-                            || gzip_member(&mut compressor, &job.data),
-                        ))
+                        let member = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            gzip_member(&mut compressor, &job.data)
+                        }))
                         .unwrap_or_else(|_| {
                             Err(io::Error::other("the gzip worker panicked on this block"))
                         });

@@ -163,9 +163,7 @@ pub async fn build_verify_publish(
     // A reference pinned to a digest uploads nothing before the push stage has checked the
     // built manifest against it.
     let early = match &settings.push {
-        Some(target) if target.reference.digest().is_none() => {
-            Some(EarlyUploads::start(target)?)
-        }
+        Some(target) if target.reference.digest().is_none() => Some(EarlyUploads::start(target)?),
         _ => None,
     };
     let built = match &early {

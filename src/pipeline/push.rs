@@ -274,20 +274,23 @@ async fn push_report(
 /// The last status line of a push: blobs by outcome, bytes sent and the rate.
 fn summary(report: &PushReport) -> String {
     let count = |outcome| report.blobs.iter().filter(|b| b.outcome == outcome).count();
-    let while_building = match report.uploaded_while_building {
-        0 => String::new(),
-        n => format!(" ({n} of them while building)"),
+    let mb = report.bytes_uploaded as f64 / 1e6;
+    // Blobs sent while building took the build's time, not the push stage's: no rate then.
+    let (while_building, rate) = match report.uploaded_while_building {
+        0 => (
+            String::new(),
+            format!(" ({:.1} MB/s)", mb / report.seconds.max(1e-3)),
+        ),
+        n => (format!(" ({n} of them while building)"), String::new()),
     };
     format!(
-        "pushed {} blobs in {:.1}s: {} uploaded, {} resumed, {} mounted{while_building}, {} already present; {:.1} MB sent ({:.1} MB/s)",
+        "pushed {} blobs in {:.1}s: {} uploaded, {} resumed, {} mounted{while_building}, {} already present; {mb:.1} MB sent{rate}",
         report.blobs.len(),
         report.seconds,
         count(BlobOutcome::Uploaded),
         count(BlobOutcome::Resumed),
         count(BlobOutcome::Mounted),
         count(BlobOutcome::Present),
-        report.bytes_uploaded as f64 / 1e6,
-        report.bytes_uploaded as f64 / 1e6 / report.seconds.max(1e-3),
     )
 }
 
