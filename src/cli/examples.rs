@@ -42,7 +42,12 @@ Examples:
   # Remove what no build used in the last 30 days
   cudastack cache prune --older-than 30";
 
-pub const CACHE_PRUNE: &str = CACHE;
+pub const CACHE_PRUNE: &str = "\
+Examples:
+  # Remove what no build used in the last 30 days
+  cudastack cache prune --older-than 30
+  # Everything no running build holds (layers and blobs only when none runs)
+  cudastack cache prune --older-than 0";
 
 pub const LOCK: &str = "\
 Examples:
