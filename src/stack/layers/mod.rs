@@ -4,7 +4,8 @@
 //! wheels) ->
 //! one layer per very large distribution (`torch`, `triton`: [`python::LARGE_DISTRIBUTION`])
 //! -> [`python`] (the rest of the stack's wheels, nvidia libraries linked to the toolkit's
-//! copies) -> [`user`] (the recipe's `user:`, when it has one) -> `packages` (the recipe's other
+//! copies) -> [`user`] (the recipe's `user:`, when it has one) -> one layer per very large
+//! distribution of the recipe's own requirements -> `packages` (the recipe's other
 //! wheels, a [`python`] layer too, when it has any) -> [`config`] (loader configuration and
 //! cache, provenance, pip's constraints, the probe) -> [`copy`] (the recipe's `copy:`
 //! entries, the team's code, when it has any: last, so a code change rebuilds it alone).
@@ -29,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use crate::layer::{BuildOptions, CacheKey, DirOptions, LayerCache};
 use crate::stack::error::BuildError;
-use crate::stack::prepare::PlatformInputs;
+use crate::stack::prepare::{FetchedWheel, PlatformInputs};
 use crate::stack::settings::BuildProgress;
 use crate::stack::staging::Staging;
 use python::PythonPart;
@@ -73,8 +74,12 @@ pub(crate) struct StackLayers<'a> {
     pub apt: Option<apt::AptLayer>,
     /// `cuda`, `cuda-math` (when the lock has math libraries) and `cudnn`.
     pub toolkit: toolkit::ToolkitLayers,
-    /// One layer per very large distribution (torch, triton), requirements first.
+    /// One layer per very large distribution of the stack (torch, triton), requirements
+    /// first.
     pub large: Vec<python::PythonLayer<'a>>,
+    /// One layer per very large distribution of the recipe's own requirements (above the
+    /// user: they change as often as the packages).
+    pub large_packages: Vec<python::PythonLayer<'a>>,
     pub python: python::PythonLayer<'a>,
     /// The recipe's `user:`, when it has one.
     pub user: Option<user::UserLayer>,
@@ -93,14 +98,17 @@ impl<'a> StackLayers<'a> {
         let apt = apt::AptLayer::plan(inputs, &base, env)?;
         let toolkit = toolkit::ToolkitLayer::plan(inputs, env.staging);
         let split = python::split_wheels(inputs)?;
-        let large = split
-            .large
-            .into_iter()
-            .map(|(name, wheel)| {
-                let part = PythonPart::Large(name);
-                python::PythonLayer::plan(inputs, vec![wheel], part, &toolkit)
-            })
-            .collect::<Vec<_>>();
+        let one_each = |large: Vec<(&'a str, &'a FetchedWheel)>| -> Vec<python::PythonLayer<'a>> {
+            large
+                .into_iter()
+                .map(|(name, wheel)| {
+                    let part = PythonPart::Large(name);
+                    python::PythonLayer::plan(inputs, vec![wheel], part, &toolkit)
+                })
+                .collect()
+        };
+        let large = one_each(split.large);
+        let large_packages = one_each(split.large_packages);
         let python = python::PythonLayer::plan(inputs, split.stack, PythonPart::Stack, &toolkit);
         let packages = (!split.packages.is_empty()).then(|| {
             python::PythonLayer::plan(inputs, split.packages, PythonPart::Packages, &toolkit)
@@ -117,6 +125,7 @@ impl<'a> StackLayers<'a> {
         if let Some(user) = &user {
             below.push(user);
         }
+        below.extend(large_packages.iter().map(|layer| layer as &dyn LayerStager));
         if let Some(packages) = &packages {
             below.push(packages);
         }
@@ -131,6 +140,7 @@ impl<'a> StackLayers<'a> {
             large,
             python,
             user,
+            large_packages,
             packages,
             config,
             copy,
@@ -154,6 +164,11 @@ impl<'a> StackLayers<'a> {
         if let Some(user) = &self.user {
             layers.push(user);
         }
+        layers.extend(
+            self.large_packages
+                .iter()
+                .map(|layer| layer as &dyn LayerStager),
+        );
         if let Some(packages) = &self.packages {
             layers.push(packages);
         }

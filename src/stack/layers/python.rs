@@ -172,6 +172,8 @@ impl LayerStager for PythonLayer<'_> {
 pub(crate) struct WheelSplit<'a> {
     pub large: Vec<(&'a str, &'a FetchedWheel)>,
     pub stack: Vec<&'a FetchedWheel>,
+    /// Large distributions outside the stack's closure, each in a layer above the stack's.
+    pub large_packages: Vec<(&'a str, &'a FetchedWheel)>,
     pub packages: Vec<&'a FetchedWheel>,
 }
 
@@ -191,16 +193,19 @@ pub(crate) fn split_wheels<'a>(inputs: &'a PlatformInputs) -> Result<WheelSplit<
             .map(|(_, wheel)| wheel)
             .collect()
     };
-    Ok(WheelSplit {
-        large: names
-            .large
+    let named = |names: &[String]| -> Vec<(&'a str, &'a FetchedWheel)> {
+        names
             .iter()
             .filter_map(|name| {
                 let (name, wheel) = inputs.wheels.get_key_value(name)?;
                 Some((name.as_str(), wheel))
             })
-            .collect(),
+            .collect()
+    };
+    Ok(WheelSplit {
+        large: named(&names.large),
         stack: pick(&names.stack),
+        large_packages: named(&names.large_packages),
         packages: pick(&names.packages),
     })
 }
@@ -248,8 +253,12 @@ fn read_facts(
 /// The cut by name: see [`WheelSplit`].
 #[derive(Debug, Default, PartialEq, Eq)]
 struct NameSplit {
+    /// The large distributions of the stack's closure (torch, triton).
     large: Vec<String>,
     stack: BTreeSet<String>,
+    /// Large distributions outside it (a team's vllm): they change as often as the
+    /// packages, so their layers go above the stack's.
+    large_packages: Vec<String>,
     packages: BTreeSet<String>,
 }
 
@@ -262,15 +271,17 @@ struct NameSplit {
 /// below), so a changed layer makes every layer above it be downloaded (Docker) or
 /// unpacked (containerd) again. A torch upgrade changes torch, triton and the nvidia pins
 /// (the toolkit layers below) together, and a closure package's bump changes only
-/// `python`, so the large layers go below `python`. Among them a distribution goes below
-/// those that require it (triton below torch): a torch patch release keeps its triton.
+/// `python`, so the stack's large layers go below `python`; a large distribution outside
+/// the stack (a team's requirement) changes with the packages, so its layer goes above.
+/// Among them a distribution goes below those that require it (triton below torch): a
+/// torch patch release keeps its triton.
 fn split_names(facts: &BTreeMap<String, WheelFacts>, threshold: u64) -> NameSplit {
     let roots = facts.keys().filter(|name| {
         matches!(name.as_str(), "torch" | "pip")
             || toolkit_layer::is_toolkit_wheel(name)
             || name.starts_with("cuda-")
     });
-    let stack = closure(facts, roots);
+    let closure_of_stack = closure(facts, roots);
     let mut large: Vec<&String> = facts
         .iter()
         .filter(|(name, wheel)| {
@@ -292,10 +303,15 @@ fn split_names(facts: &BTreeMap<String, WheelFacts>, threshold: u64) -> NameSpli
         .keys()
         .filter(|name| !large.contains(name))
         .cloned()
-        .partition(|name| stack.contains(name));
+        .partition(|name| closure_of_stack.contains(name));
+    let (large, large_packages): (Vec<String>, Vec<String>) = large
+        .into_iter()
+        .cloned()
+        .partition(|name| closure_of_stack.contains(name));
     NameSplit {
-        large: large.into_iter().cloned().collect(),
+        large,
         stack,
+        large_packages,
         packages,
     }
 }
@@ -485,14 +501,16 @@ Requires-Dist: numpy ; extra == 'tests'
         facts.insert("vllm".into(), requires_torch(400 * MIB));
         facts.insert("accelerate".into(), requires_torch(2 * MIB));
         let split = split_names(&facts, LARGE_DISTRIBUTION);
-        assert_eq!(split.large, ["triton", "torch", "vllm"]);
+        assert_eq!(split.large, ["triton", "torch"]);
+        // A team's large requirement changes with the packages: above the stack's layers.
+        assert_eq!(split.large_packages, ["vllm"]);
         assert_eq!(
             split.packages,
             BTreeSet::from(["accelerate".to_string(), "numpy".to_string()])
         );
         // Without large distributions the cut is the one before: stack and packages.
         let split = split_names(&facts, u64::MAX);
-        assert!(split.large.is_empty());
+        assert!(split.large.is_empty() && split.large_packages.is_empty());
         assert!(split.stack.contains("torch") && split.stack.contains("triton"));
         assert!(split.packages.contains("vllm"));
     }
