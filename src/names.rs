@@ -21,6 +21,43 @@ pub use pep508_rs::PackageName;
 
 use crate::version::GlibcVersion;
 
+/// A PEP 508 requirement, parsed by `pep508_rs` after the checks it would panic on:
+/// pep508_rs 0.9.2 accepts a name or extra ending in `-`, `.` or `_` when another
+/// character follows (`a-[`, `a[b-]`, `a- >=1`) and then panics validating it. Requirements
+/// come from recipes, requirements files, locks and wheel METADATA, all of them input: none
+/// may panic, so such a text is an error here.
+pub fn parse_requirement<T: pep508_rs::Pep508Url>(
+    text: &str,
+) -> Result<pep508_rs::Requirement<T>, pep508_rs::Pep508Error<T>> {
+    let is_name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_');
+    let refuse = |end: usize, what: &str| pep508_rs::Pep508Error {
+        message: pep508_rs::Pep508ErrorSource::String(format!(
+            "{what} must end with an alphanumeric character"
+        )),
+        start: end.saturating_sub(1),
+        len: 1,
+        input: text.to_string(),
+    };
+    let start = text.len() - text.trim_start().len();
+    let name_end = text[start..]
+        .find(|c| !is_name_char(c))
+        .map_or(text.len(), |end| start + end);
+    if text[start..name_end].ends_with(['-', '.', '_']) {
+        return Err(refuse(name_end, "Package name"));
+    }
+    let after_name = &text[name_end..];
+    if let Some(extras) = after_name.trim_start().strip_prefix('[') {
+        let mut at = text.len() - extras.len();
+        for extra in extras.split(']').next().unwrap_or_default().split(',') {
+            if extra.trim().ends_with(['-', '.', '_']) {
+                return Err(refuse(at + extra.trim_end().len(), "Extra name"));
+            }
+            at += extra.len() + 1;
+        }
+    }
+    pep508_rs::Requirement::<T>::from_str(text)
+}
+
 /// PEP 503 normalisation of a name read off disk (a `.dist-info` directory, a METADATA
 /// `Name:`), which may not be a valid project name: [`PackageName`]'s normal form where it
 /// parses, the name lowercased where it does not. Kept as a function because the audit
@@ -269,6 +306,35 @@ pub fn linux_marker_environment(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// pep508_rs 0.9.2 panics on these (found by tests/recipe_properties.rs); each must be
+    /// an error, and what it accepts must still parse.
+    #[test]
+    fn requirements_it_would_panic_on_are_errors() {
+        for text in [
+            "A-[",
+            "dU.",
+            "a- >=1",
+            "a_;python_version>'3'",
+            "a[b-]",
+            "a[x, y_ ]",
+            " a.[b]",
+        ] {
+            let parsed = parse_requirement::<pep508_rs::VerbatimUrl>(text);
+            let error = parsed.expect_err(text).to_string();
+            assert!(
+                error.contains("must end with an alphanumeric"),
+                "{text}: {error}"
+            );
+        }
+        for text in [
+            "a-b[c-d]>=1",
+            "torch==2.4.1; python_version < '3.13'",
+            "a [x,y]",
+        ] {
+            parse_requirement::<pep508_rs::VerbatimUrl>(text).expect(text);
+        }
+    }
 
     #[test]
     fn parses_torch_wheel() {

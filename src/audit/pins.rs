@@ -5,10 +5,9 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::str::FromStr;
 
 use pep508_rs::pep440_rs::Operator;
-use pep508_rs::{MarkerEnvironment, Requirement, VersionOrUrl};
+use pep508_rs::{MarkerEnvironment, VersionOrUrl};
 
 use super::AuditError;
 use crate::names::normalize_name;
@@ -35,7 +34,9 @@ pub fn pins_from_metadata(
         let Some(value) = line.strip_prefix("Requires-Dist:") else {
             continue;
         };
-        let Ok(requirement) = Requirement::<pep508_rs::VerbatimUrl>::from_str(value.trim()) else {
+        let Ok(requirement) =
+            crate::names::parse_requirement::<pep508_rs::VerbatimUrl>(value.trim())
+        else {
             continue;
         };
         if !requirement.marker.evaluate(environment, &[]) {

@@ -249,7 +249,7 @@ impl Metadata {
         for (key, value) in &fields {
             match key.as_str() {
                 "requires-dist" => requires_dist.push(
-                    Requirement::from_str(value)
+                    crate::names::parse_requirement(value)
                         .map_err(|e| invalid(format!("bad `Requires-Dist` `{value}`: {e}")))?,
                 ),
                 "provides-extra" => provides_extra.push(

@@ -13,7 +13,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use pep440_rs::VersionSpecifiers;
-use pep508_rs::{PackageName, Requirement, VersionOrUrl};
+use pep508_rs::{PackageName, VersionOrUrl};
 
 use crate::apt::AptSources;
 use crate::fetch::credentials::{CredentialError, IndexCredentials, IndexSpec};
@@ -116,7 +116,8 @@ pub fn stack_pins(matrix: &Matrix, recipe: &Recipe) -> Vec<StackPin> {
     let mut pins: Vec<StackPin> = Vec::new();
     let torch_build = selected_torch_build(matrix, recipe);
     for text in stack_requirements(matrix, recipe) {
-        let Ok(requirement) = Requirement::<pep508_rs::VerbatimUrl>::from_str(&text) else {
+        let Ok(requirement) = crate::names::parse_requirement::<pep508_rs::VerbatimUrl>(&text)
+        else {
             continue;
         };
         let Some(VersionOrUrl::VersionSpecifier(specifiers)) = requirement.version_or_url else {
@@ -269,10 +270,11 @@ pub fn lock_request_for(
         })?;
     let mut requirements = Vec::new();
     for text in root_requirements(matrix, recipe)? {
-        let requirement = Requirement::from_str(&text).map_err(|e| InputsError::Requirement {
-            text: text.clone(),
-            source: Box::new(e),
-        })?;
+        let requirement =
+            crate::names::parse_requirement(&text).map_err(|e| InputsError::Requirement {
+                text: text.clone(),
+                source: Box::new(e),
+            })?;
         requirements.push(requirement);
     }
     let sources = package_sources(recipe, client, mirror, SimpleIndex::pypi(client.clone()))?;

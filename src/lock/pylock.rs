@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use pep508_rs::{MarkerTree, Requirement};
+use pep508_rs::MarkerTree;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
@@ -145,7 +145,7 @@ fn import_package(
         Some(marker) => format!("{}=={version} ; {marker}", package.name),
         None => format!("{}=={version}", package.name),
     };
-    let requirement = Requirement::from_str(&text)
+    let requirement = crate::names::parse_requirement(&text)
         .map_err(|e| refuse(invalid_requirement(&text, &e), "fix or regenerate the lock"))?;
     if !requirement.evaluate_markers(&reader.env, &[]) {
         return Ok(());

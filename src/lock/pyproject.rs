@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::str::FromStr;
 
-use pep508_rs::{ExtraName, PackageName, Requirement, VersionOrUrl};
+use pep508_rs::{ExtraName, PackageName, VersionOrUrl};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -170,11 +170,12 @@ fn add(
     own: Option<&PackageName>,
     extras: &mut Vec<ExtraName>,
 ) -> Result<(), PythonInputsError> {
-    let requirement = Requirement::from_str(text).map_err(|error| PythonInputsError::Entry {
-        origin: origin.clone(),
-        message: invalid_requirement(text, &error),
-        hint: "write `name`, `name==1.2.3` or `name>=1.2; python_version >= \"3.10\"`".into(),
-    })?;
+    let requirement =
+        crate::names::parse_requirement(text).map_err(|error| PythonInputsError::Entry {
+            origin: origin.clone(),
+            message: invalid_requirement(text, &error),
+            hint: "write `name`, `name==1.2.3` or `name>=1.2; python_version >= \"3.10\"`".into(),
+        })?;
     if let Some(VersionOrUrl::Url(_)) = requirement.version_or_url {
         return Err(PythonInputsError::Entry {
             origin,

@@ -9,7 +9,6 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::str::FromStr;
 
 use pep508_rs::{Requirement, VersionOrUrl};
 
@@ -333,7 +332,7 @@ fn parse_requirement(text: &str, origin: &Origin) -> Result<Requirement, PythonI
     if looks_like_path(text) && !text.contains(" @ ") && !text.contains('@') {
         return Err(url_refused());
     }
-    let requirement = Requirement::from_str(text).map_err(|error| {
+    let requirement = crate::names::parse_requirement(text).map_err(|error| {
         entry(
             origin.clone(),
             invalid_requirement(text, &error),

@@ -177,7 +177,7 @@ fn applies(
     };
     let text = format!("{} ; {marker}", dependency.name);
     let requirement: Requirement =
-        Requirement::from_str(&text).map_err(|e| PythonInputsError::Entry {
+        crate::names::parse_requirement(&text).map_err(|e| PythonInputsError::Entry {
             origin: origin(),
             message: format!(
                 "the marker of `{}` is not PEP 508: {}",
@@ -228,7 +228,7 @@ fn import_package(
         ));
     }
     let text = format!("{}=={version}", package.name);
-    let requirement = Requirement::from_str(&text)
+    let requirement = crate::names::parse_requirement(&text)
         .map_err(|e| refuse(invalid_requirement(&text, &e), "run `uv lock` again"))?;
     reader.add_hashes(requirement.name.clone(), origin.clone(), sha256);
     reader.add_root(requirement, origin);

@@ -176,7 +176,7 @@ pub fn requires_dist(
         .lines()
         .take_while(|line| !line.is_empty()) // headers end at the first blank line; the body is the README
         .filter_map(|line| line.strip_prefix("Requires-Dist:"))
-        .filter_map(|text| Requirement::from_str(text.trim()).ok())
+        .filter_map(|text| crate::names::parse_requirement(text.trim()).ok())
         .filter(|req| req.evaluate_markers(environment, &extras))
         .collect()
 }

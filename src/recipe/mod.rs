@@ -433,7 +433,7 @@ impl PackageRequirement {
 impl FromStr for PackageRequirement {
     type Err = String;
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        pep508_rs::Requirement::from_str(text)
+        crate::names::parse_requirement(text)
             .map(PackageRequirement)
             .map_err(|e| format!("`{text}` is not a valid PEP 508 requirement: {e}"))
     }
