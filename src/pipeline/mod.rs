@@ -162,6 +162,12 @@ pub async fn build_verify_publish(
     // `--push`: each layer goes up as soon as it is built; the manifest only after verifying.
     // A reference pinned to a digest uploads nothing before the push stage has checked the
     // built manifest against it.
+    // Early uploads read cached blobs after the build has ended: keep `cache prune` off
+    // them (it removes blobs only while no one holds this lock) until the push is done.
+    let _cache_in_use = settings
+        .push
+        .as_ref()
+        .and_then(|_| crate::stack::hold_builds_lock(&settings.build.cache_root));
     let early = match &settings.push {
         Some(target) if target.reference.digest().is_none() => Some(EarlyUploads::start(target)?),
         _ => None,

@@ -24,5 +24,7 @@ mod report;
 pub mod rootless;
 mod settings;
 mod staging;
+
+pub(crate) use staging::hold_builds_lock;
 pub mod toolkit;
 mod tree_diff;

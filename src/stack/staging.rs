@@ -40,6 +40,16 @@ pub(crate) struct Staging {
     _building: Option<std::fs::File>,
 }
 
+/// Take `builds.lock` shared, for as long as the returned file lives: what a build (or
+/// the uploads it started) looked up in the cache stays there. None where the cache is
+/// read-only (nothing prunes it then).
+pub(crate) fn hold_builds_lock(cache_root: &Path) -> Option<std::fs::File> {
+    open_lock_file(&builds_lock_path(cache_root))
+        .and_then(|file| file.lock_shared().map(|()| file))
+        .inspect_err(|error| tracing::debug!(%error, "could not take the builds lock"))
+        .ok()
+}
+
 /// The cache-wide lock every build holds shared (see [`Staging`]).
 pub(crate) fn builds_lock_path(cache_root: &Path) -> PathBuf {
     cache_root.join("builds.lock")
@@ -49,10 +59,7 @@ impl Staging {
     pub(crate) fn open(cache_root: &Path) -> Result<Self, BuildError> {
         let root = cache_root.join("staging");
         fs_err::create_dir_all(&root).map_err(io_error(&root))?;
-        let building = open_lock_file(&builds_lock_path(cache_root))
-            .and_then(|file| file.lock_shared().map(|()| file))
-            .inspect_err(|error| tracing::debug!(%error, "could not take the builds lock"))
-            .ok();
+        let building = hold_builds_lock(cache_root);
         Ok(Self {
             root,
             held: Mutex::new(HashMap::new()),
