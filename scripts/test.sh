@@ -41,6 +41,21 @@ disk_report() {
 }
 disk_report "before setup"
 
+# The lowest free space seen while the tests run: a test that died of a full disk mid-run
+# leaves no trace in the figure at the end, once the other tests removed what they made.
+disk_low_file="$target_dir/test-disk-low"
+watch_disk() {
+  local low="" now
+  while :; do
+    now=$(df --output=avail -B1M "$target_dir" | tail -1 | tr -d ' ')
+    if [ -z "$low" ] || [ "$now" -lt "$low" ]; then
+      low=$now
+      echo "$low" >"$disk_low_file"
+    fi
+    sleep 5
+  done
+}
+
 scripts/setup.sh --for-tests
 disk_report "before the tests"
 
@@ -67,9 +82,28 @@ if ! docker info >/dev/null 2>&1; then
     missing "no Docker daemon answers and only root can start dockerd (run as root, or start it)"
   fi
 fi
+# CI shows only the head and the tail of this output, so the cause of each failure is
+# repeated at the end: every failed test's own output, a few lines each.
+test_log="$target_dir/test-output.log"
+failure_summary() {
+  [ -s "$test_log" ] || return 0
+  grep -q '^---- .* stdout ----$' "$test_log" || return 0
+  echo >&2
+  echo "why the failed tests failed (first lines of each; all of it in $test_log):" >&2
+  awk '
+    /^---- .* stdout ----$/ { inblock = 1; lines = 0; print; next }
+    /^failures:$/ || /^test result:/ { inblock = 0 }
+    inblock && lines < 12 && NF > 0 && $0 !~ /^note: run with/ { print "    " $0; lines++ }
+  ' "$test_log" | head -400 >&2
+}
 cleanup() {
   status=$?
+  [ -n "${disk_watcher:-}" ] && kill "$disk_watcher" 2>/dev/null
+  failure_summary
   disk_report "at the end"
+  if [ -s "$disk_low_file" ]; then
+    echo "test: disk at its lowest during the tests: $(awk '{ printf "%.1f", $1 / 1024 }' "$disk_low_file") GiB free" >&2
+  fi
   if [ -n "$started_dockerd" ]; then kill "$started_dockerd" 2>/dev/null || true; wait "$started_dockerd" 2>/dev/null || true; fi
   # The skips a developer sees locally, at the end where they are read.
   if [ -s "$CUDASTACK_SKIP_LOG" ]; then
@@ -82,6 +116,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo test --locked --all-targets -- --test-threads="${CUDASTACK_TEST_THREADS:-2}"
+: >"$test_log"
+rm -f "$disk_low_file"
+watch_disk &
+disk_watcher=$!
+cargo test --locked --all-targets -- --test-threads="${CUDASTACK_TEST_THREADS:-2}" 2>&1 | tee "$test_log"
 # The native probe's own crate (probe/rust), in the target dir setup.sh built it in.
 cargo test --locked --manifest-path probe/rust/Cargo.toml --target-dir target/probe-build/cuda12
