@@ -121,6 +121,7 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
             .collect::<Vec<_>>()
             .join(" ")
     ));
+    print_kernels(claims, printer);
     if claims.verified.is_empty() {
         printer.line("  verified      no (no io.cudastack.verified label)");
     } else {
@@ -141,5 +142,38 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
     }
     if let Some(report) = &inspection.report_ref {
         printer.line(format_args!("  report        {report} (in the layout)"));
+    }
+}
+
+/// The kernel-coverage table (`io.cudastack.kernels`): each group of libraries with the
+/// same GPU code, its SASS and PTX targets, then its libraries.
+fn print_kernels(claims: &ImageClaims, printer: &Printer) {
+    if claims.kernels.is_empty() {
+        printer.line("  GPU code      - (no io.cudastack.kernels label: built before the kernel audit, or no library has GPU code)");
+        return;
+    }
+    let libraries: usize = claims.kernels.iter().map(|g| g.libraries.len()).sum();
+    printer.line(format_args!(
+        "  GPU code      {libraries} libraries; every one runs natively on {}",
+        if claims.covered_sm.is_empty() {
+            "-".to_string()
+        } else {
+            claims
+                .covered_sm
+                .iter()
+                .map(|c| c.sm())
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+    ));
+    for group in &claims.kernels {
+        printer.line(format_args!(
+            "    SASS {}  PTX {}",
+            group.sass_text(),
+            group.ptx_text()
+        ));
+        for library in &group.libraries {
+            printer.line(format_args!("      {}", library.display()));
+        }
     }
 }

@@ -15,15 +15,18 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::{Scope, ScopedJoinHandle};
 
+use crate::audit::kernels::{missing, KernelTarget};
 use crate::audit::{audit, AuditOptions};
 use crate::digest::Digest;
 use crate::layer::{CacheKey, DirOptions, Layer, LayerContents};
-use crate::matrix::TorchBuild;
+use crate::matrix::{Matrix, TorchBuild};
+use crate::recipe::Recipe;
 use crate::stack::config::StackConfig;
 use crate::stack::error::BuildError;
 use crate::stack::layers::{BuildEnv, LayerStager, StackLayers};
 use crate::stack::report::{human_bytes, AuditSummary, LayerReport};
 use crate::stack::staging::{merge_trees, write_record, Staging};
+use crate::version::{ComputeCapability, PtxIsa};
 
 /// Layers tarred and compressed at once. Two keep a writer busy while the next tree stages
 /// and bound memory (each writer holds a few MiB of chunks and compressor blocks).
@@ -290,14 +293,52 @@ fn audit_record(staging: &Staging, diff_ids: &[Digest]) -> PathBuf {
     ))
 }
 
+/// The GPUs a build's kernels are checked against (the recipe's `gpus`, resolved to
+/// compute capabilities as validation resolves them) and the newest PTX ISA its driver
+/// floor can JIT-compile.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KernelTargets {
+    pub gpus: Vec<KernelTarget>,
+    pub jit_ptx_isa: Option<PtxIsa>,
+}
+
+impl KernelTargets {
+    pub fn of(matrix: &Matrix, recipe: &Recipe) -> Self {
+        // Names validation refused never reach a build; skipping one here cannot hide it.
+        let gpus = recipe
+            .gpus
+            .iter()
+            .filter_map(|name| match matrix.gpu(name) {
+                Some(gpu) => Some(KernelTarget {
+                    name: gpu.name.clone(),
+                    cc: gpu.cc,
+                }),
+                None => name
+                    .parse::<ComputeCapability>()
+                    .ok()
+                    .map(|cc| KernelTarget { name: cc.sm(), cc }),
+            })
+            .collect();
+        Self {
+            gpus,
+            jit_ptx_isa: matrix
+                .cuda_ceiling(&recipe.driver_floor)
+                .and_then(PtxIsa::newest_for),
+        }
+    }
+}
+
 /// The static audit of the assembled filesystem (every ELF's NEEDED, one copy per SONAME,
-/// symlinks, the cuDNN header, the torch build's pins), from its record when this set of
-/// layers was audited before. Returns the summary and whether it was cached.
+/// symlinks, the cuDNN header, the torch build's pins, the GPU code of every library), from
+/// its record when this set of layers was audited before. The record keeps the kernel
+/// coverage groups, so a cached verdict is still checked against this build's `targets`.
+/// Returns the summary and whether it was cached.
 pub(crate) fn audit_stack(
     planned: &StackLayers,
     layers: &[(LayerReport, Layer)],
     config: &StackConfig,
     torch_build: Option<&TorchBuild>,
+    targets: &KernelTargets,
     env: &BuildEnv,
 ) -> Result<(AuditSummary, bool), BuildError> {
     // Code that cannot change the verdict is not re-audited: the record of the layers below
@@ -324,10 +365,24 @@ pub(crate) fn audit_stack(
             &serde_json::to_vec(summary).expect("summary serialises"),
         )
     };
-    if let Some(summary) = fs_err::read(&record)
+    // A record from before the kernel audit has no groups: audit again.
+    if let Some((summary, groups)) = fs_err::read(&record)
         .ok()
         .and_then(|bytes| serde_json::from_slice::<AuditSummary>(&bytes).ok())
+        .and_then(|summary| summary.kernels.clone().map(|groups| (summary, groups)))
     {
+        let findings = missing(&groups, &targets.gpus, targets.jit_ptx_isa);
+        if !findings.is_empty() {
+            let report = crate::audit::AuditReport {
+                elf_files: summary.elf_files,
+                needed_checked: summary.needed_checked,
+                symlinks: summary.symlinks,
+                distributions: summary.distributions,
+                kernels: Default::default(),
+                findings,
+            };
+            return Err(BuildError::AuditFailed(report.render()));
+        }
         if audited < layers.len() {
             whole_set(&summary)?;
         }
@@ -335,7 +390,7 @@ pub(crate) fn audit_stack(
     }
     env.progress.stage(
         "audit",
-        "every ELF's NEEDED, one copy per SONAME, symlinks, cuDNN header, pins",
+        "every ELF's NEEDED, one copy per SONAME, symlinks, cuDNN header, pins, GPU code",
     );
     let scratch = env.staging.scratch(planned.config.key(), "audit")?;
     let merged = scratch.path();
@@ -351,6 +406,8 @@ pub(crate) fn audit_stack(
         .unwrap_or_default();
     let options = AuditOptions {
         pins: nvidia_pins(torch_build),
+        target_gpus: targets.gpus.clone(),
+        jit_ptx_isa: targets.jit_ptx_isa,
         ..Default::default()
     }
     .with_ld_library_path(&ld_library_path);
@@ -365,6 +422,7 @@ pub(crate) fn audit_stack(
         needed_checked: report.needed_checked,
         symlinks: report.symlinks,
         distributions: report.distributions,
+        kernels: Some(report.kernels.groups()),
     };
     write_record(
         &record,
