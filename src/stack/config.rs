@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::audit::kernels::{covered_by_all, CoverageGroup};
+use crate::audit::kernels::{covered_by_all, CoverageGroup, LABEL_KERNELS, LABEL_SM};
 use crate::matrix::validate::nvidia_require_cuda;
 use crate::matrix::{Matrix, TorchBuild};
 use crate::platform::Platform;
@@ -250,12 +250,6 @@ fn stack_labels(
     }
     labels
 }
-
-/// The label of the image's GPU code: its libraries grouped by identical SASS and PTX
-/// targets, as canonical JSON (`check` and `inspect` read it back).
-pub const LABEL_KERNELS: &str = "io.cudastack.kernels";
-/// The label of the compute capabilities every library with GPU code runs natively.
-pub const LABEL_SM: &str = "io.cudastack.sm";
 
 impl StackConfig {
     /// This config with the labels of what the kernel-coverage audit found: the coverage

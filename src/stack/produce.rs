@@ -280,10 +280,12 @@ fn report(stager: &dyn LayerStager, layer: &Layer, cached: bool) -> LayerReport 
     }
 }
 
-/// The audit verdict of one set of layers: `<digest of their diff_ids>.audit.json`.
+/// The audit verdict of one set of layers: `<digest of their diff_ids>.audit.v2.json`.
+/// v2 records keep the kernel coverage groups (issue 20); an older record is not looked
+/// at, so a build that finds none stages its trees and audits them again.
 fn audit_record(staging: &Staging, diff_ids: &[Digest]) -> PathBuf {
     staging.record_path(&format!(
-        "{}.audit.json",
+        "{}.audit.v2.json",
         Digest::of_bytes(
             serde_json::to_string(diff_ids)
                 .unwrap_or_default()

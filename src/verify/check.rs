@@ -8,10 +8,9 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use super::record::{VerifiedOn, LABEL_MATRIX};
-use crate::audit::kernels::{CoverageGroup, Reach};
+use crate::audit::kernels::{CoverageGroup, Reach, LABEL_KERNELS, LABEL_SM};
 use crate::matrix::solve::TargetGpu;
 use crate::matrix::{GpuDrivers, Matrix};
-use crate::stack::config::{LABEL_KERNELS, LABEL_SM};
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion, PtxIsa};
 
 /// What an image's config declares about what it needs.
