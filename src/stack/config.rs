@@ -265,7 +265,9 @@ impl StackConfig {
             String::from_utf8(json).expect("JSON is UTF-8"),
         );
         let sm: Vec<String> = covered_by_all(groups).iter().map(|cc| cc.sm()).collect();
-        self.labels.insert(LABEL_SM.to_string(), sm.join(" "));
+        if !sm.is_empty() {
+            self.labels.insert(LABEL_SM.to_string(), sm.join(" "));
+        }
         self
     }
 }
