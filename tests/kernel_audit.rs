@@ -29,6 +29,8 @@ use cudastack::fetch::index::SimpleIndex;
 use cudastack::fetch::remote_zip::RemoteZip;
 use cudastack::matrix::Matrix;
 use cudastack::names::PackageName;
+use cudastack::oci::{self, Image};
+use cudastack::stack::config::StackConfig;
 use cudastack::version::{ComputeCapability, GpuArch, PtxIsa};
 
 /// One file inside one wheel on PyPI (CPython 3.11, manylinux x86_64).
@@ -496,4 +498,80 @@ fn an_audit_names_the_library_without_kernels_for_a_target() {
         fine.render()
     );
     assert_eq!(fine.kernels.groups().len(), 1);
+}
+
+/// The labels a build writes from the groups, read back by `check` and `inspect`: torch
+/// 2.4.1's libtorch_cuda.so has neither SASS nor PTX for an RTX 5090, cuDNN 9.1 has PTX an
+/// R570 driver JIT-compiles; an H100 runs both natively.
+#[test]
+fn check_and_inspect_read_the_kernel_labels() {
+    let (Some(torch), Some(cudnn)) = (member(&LIBTORCH_CUDA), member(&CUDNN_9_1)) else {
+        return;
+    };
+    let site = Path::new("/usr/local/lib/python3.11/site-packages");
+    let groups = [
+        group(&site.join("torch/lib/libtorch_cuda.so"), &read(&torch)),
+        group(
+            &site.join("nvidia/cudnn/lib/libcudnn_cnn.so.9"),
+            &read(&cudnn),
+        ),
+    ];
+    let config = StackConfig {
+        env: Vec::new(),
+        labels: Default::default(),
+        entrypoint: Vec::new(),
+        cmd: None,
+        user: None,
+        working_dir: None,
+        exposed_ports: Vec::new(),
+    }
+    .with_kernel_labels(&groups);
+    let mut image = Image::new(1_700_000_000)
+        .with_env("NVIDIA_REQUIRE_CUDA", "cuda>=12.1")
+        .with_label("io.cudastack.driver-floor", "530.30.02");
+    for (key, value) in &config.labels {
+        image = image.with_label(key, value);
+    }
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("torch");
+    oci::layout::write(&image, &layout, "latest").unwrap();
+    let layout = layout.display().to_string();
+    let run = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let (code, stdout) = run(&[
+        "check",
+        &layout,
+        "--gpu",
+        "RTX 5090",
+        "--driver",
+        "570.133.20",
+    ]);
+    assert_eq!(code, Some(1), "{stdout}");
+    let refusals: Vec<&str> = stdout.lines().filter(|l| l.starts_with("NO ")).collect();
+    assert_eq!(refusals.len(), 1, "{stdout}");
+    assert!(refusals[0].contains("has no kernels in libtorch_cuda.so (SASS sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90; PTX -"), "{stdout}");
+    let (code, stdout) = run(&["check", &layout, "--gpu", "H100", "--driver", "550.54.15"]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("runs native kernels of all 2 libraries with GPU code"),
+        "{stdout}"
+    );
+    let (code, stdout) = run(&["inspect", &layout]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("GPU code      2 libraries; every one runs natively on sm_50 sm_60 sm_61 sm_70 sm_75 sm_80 sm_86 sm_90"), "{stdout}");
+    assert!(
+        stdout.contains("      /usr/local/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so"),
+        "{stdout}"
+    );
+    let (_, json) = run(&["--json", "inspect", &layout]);
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json["declared"]["kernels"][0]["sass"][0], "sm_50", "{json}");
 }
