@@ -445,11 +445,16 @@ pub struct PtxIsa {
     pub minor: u32,
 }
 
-/// PTX ISA version -> the CUDA release that introduced it, oldest first. Source: NVIDIA,
+/// PTX ISA version -> the CUDA release that introduced it, oldest first. Sources: NVIDIA,
 /// "Parallel Thread Execution ISA", chapter "Release Notes", table "PTX Release History"
-/// (docs.nvidia.com/cuda/parallel-thread-execution/#release-notes). There was no CUDA
-/// 12.7: PTX ISA 8.7 came with CUDA 12.8. Checked against real libraries: cuDNN 8.9.2.26
-/// for CUDA 12 (built with 12.1) carries ISA 8.1, cuDNN 9.1.0.70 ISA 8.4 (12.4).
+/// (docs.nvidia.com/cuda/parallel-thread-execution/#release-notes), as NVIDIA's cuda-python
+/// copies it for 5.0 .. 9.1 (`cuda_bindings/cuda/bindings/utils/_ptx_utils.py`,
+/// `_ptx_to_cuda`). CUDA 12.6 kept ISA 8.5, and ISA 8.6 is listed for CUDA 12.7, a version
+/// that was never released. So a CUDA 12.6 driver does not read 8.6. 9.4 = CUDA 13.4 and
+/// 9.5 = CUDA 13.5 are as the PTX ISA 9.4 and 9.5 documents name them. 9.2 and 9.3 follow
+/// the one-to-one numbering of 13.x (not read from a source). Checked against real
+/// libraries: cuDNN 8.9.2.26 (built with 12.1) carries ISA 8.1, cuDNN 9.1.0.70 ISA 8.4,
+/// cuDNN 9.28.0.42 ISA 8.8 (12.9).
 pub const PTX_ISA_RELEASES: &[(PtxIsa, CudaVersion)] = &[
     (PtxIsa::new(5, 0), CudaVersion::new(8, 0, None)),
     (PtxIsa::new(6, 0), CudaVersion::new(9, 0, None)),
@@ -473,10 +478,15 @@ pub const PTX_ISA_RELEASES: &[(PtxIsa, CudaVersion)] = &[
     (PtxIsa::new(8, 3), CudaVersion::new(12, 3, None)),
     (PtxIsa::new(8, 4), CudaVersion::new(12, 4, None)),
     (PtxIsa::new(8, 5), CudaVersion::new(12, 5, None)),
-    (PtxIsa::new(8, 6), CudaVersion::new(12, 6, None)),
+    (PtxIsa::new(8, 6), CudaVersion::new(12, 7, None)),
     (PtxIsa::new(8, 7), CudaVersion::new(12, 8, None)),
     (PtxIsa::new(8, 8), CudaVersion::new(12, 9, None)),
     (PtxIsa::new(9, 0), CudaVersion::new(13, 0, None)),
+    (PtxIsa::new(9, 1), CudaVersion::new(13, 1, None)),
+    (PtxIsa::new(9, 2), CudaVersion::new(13, 2, None)),
+    (PtxIsa::new(9, 3), CudaVersion::new(13, 3, None)),
+    (PtxIsa::new(9, 4), CudaVersion::new(13, 4, None)),
+    (PtxIsa::new(9, 5), CudaVersion::new(13, 5, None)),
 ];
 
 impl PtxIsa {
@@ -727,11 +737,14 @@ mod tests {
         let isa = |text: &str| text.parse::<PtxIsa>().unwrap();
         let cuda = |text: &str| text.parse::<CudaVersion>().unwrap();
         assert_eq!(isa("8.0").cuda(), Some(cuda("12.0")));
-        assert_eq!(isa("8.7").cuda(), Some(cuda("12.8")), "no CUDA 12.7");
+        assert_eq!(isa("8.6").cuda(), Some(cuda("12.7")));
+        assert_eq!(isa("8.7").cuda(), Some(cuda("12.8")));
         assert_eq!(isa("9.9").cuda(), None);
         assert_eq!(PtxIsa::newest_for(cuda("12.2")), Some(isa("8.2")));
         assert_eq!(PtxIsa::newest_for(cuda("12.4.1")), Some(isa("8.4")));
-        assert_eq!(PtxIsa::newest_for(cuda("12.7")), Some(isa("8.6")));
+        // CUDA 12.6 kept ISA 8.5: its driver does not read 8.6.
+        assert_eq!(PtxIsa::newest_for(cuda("12.6")), Some(isa("8.5")));
+        assert_eq!(PtxIsa::newest_for(cuda("13.5")), Some(isa("9.5")));
         assert_eq!(PtxIsa::newest_for(cuda("7.5")), None);
         assert!(PTX_ISA_RELEASES.windows(2).all(|w| w[0] < w[1]));
         assert!("8".parse::<PtxIsa>().is_err());
