@@ -2,7 +2,8 @@
 //! libtorch_cuda.so against its arch list, cuDNN 8.9 against 9.x for sm_90 and sm_120,
 //! torch 2.4.1's NCCL against sm_100, and an audited tree that names the library. Where
 //! NVIDIA's cuobjdump (the `nvidia-cuda-cuobjdump` wheel) can read a library, the SASS and
-//! PTX lists are compared with its `--list-elf --list-ptx` output.
+//! PTX lists are compared with its `--list-elf --list-ptx` output. A gcc-built library
+//! with a synthetic container in `.nv_fatbin` covers the reader's errors on a real ELF.
 //!
 //! Only the one library each test needs is read out of its wheel, by range requests
 //! (`RemoteZip`), or from the wheel itself when the e2e cache holds it (the torch 2.4.1
@@ -11,6 +12,7 @@
 //! CUDASTACK_OFFLINE_TESTS=1 (a failure under CUDASTACK_REQUIRE=1).
 
 use crate::e2e_support;
+use crate::elf_support;
 use crate::gate;
 
 use std::collections::BTreeSet;
@@ -23,7 +25,7 @@ use std::time::Instant;
 use cudastack::audit::kernels::{missing, CoverageGroup, KernelTarget, Reach};
 use cudastack::audit::{audit, AuditOptions, FindingKind};
 use cudastack::cas::BlobStore;
-use cudastack::elf::fatbin::{read_device_code, DeviceCode, SectionCode};
+use cudastack::elf::fatbin::{read_device_code, DeviceCode, FatbinError, SectionCode};
 use cudastack::fetch::http::{HttpClient, HttpConfig};
 use cudastack::fetch::index::SimpleIndex;
 use cudastack::fetch::remote_zip::RemoteZip;
@@ -574,4 +576,90 @@ fn check_and_inspect_read_the_kernel_labels() {
     let (_, json) = run(&["--json", "inspect", &layout]);
     let json: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(json["declared"]["kernels"][0]["sass"][0], "sm_50", "{json}");
+}
+
+/// One fatbin container with a cubin for sm_86 and compute_86 PTX in ISA 8.1, both marked
+/// LZ4-compressed (flags 0x2011) as nvcc writes them; the payloads are filler.
+fn synthetic_container() -> Vec<u8> {
+    let entry = |kind: u16, (major, minor): (u16, u16)| {
+        let mut out = Vec::new();
+        out.extend_from_slice(&kind.to_le_bytes());
+        out.extend_from_slice(&0x0101u16.to_le_bytes());
+        out.extend_from_slice(&64u32.to_le_bytes());
+        out.extend_from_slice(&16u64.to_le_bytes());
+        out.extend_from_slice(&[0u8; 8]);
+        out.extend_from_slice(&minor.to_le_bytes());
+        out.extend_from_slice(&major.to_le_bytes());
+        out.extend_from_slice(&86u32.to_le_bytes());
+        out.extend_from_slice(&[0u8; 8]);
+        out.extend_from_slice(&0x2011u64.to_le_bytes());
+        out.extend_from_slice(&[0u8; 16]);
+        out.extend_from_slice(&[0x5Au8; 16]);
+        out
+    };
+    let body = [entry(2, (1, 7)), entry(1, (8, 1))].concat();
+    let mut out = Vec::new();
+    out.extend_from_slice(&0xBA55_ED50u32.to_le_bytes());
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&16u16.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    out.extend(body);
+    out
+}
+
+/// A gcc-built shared library whose `.nv_fatbin` holds a synthetic container: read through
+/// the real ELF section table; then the same file with the container's size made to lie,
+/// and cut short, are errors that name the file (and the offset), not panics.
+#[test]
+fn a_fatbin_section_in_a_real_elf_and_its_corruptions() {
+    if elf_support::skip_without_gcc() {
+        return;
+    }
+    let container = synthetic_container();
+    let bytes: Vec<String> = container.iter().map(|b| format!("0x{b:02x}")).collect();
+    let source = format!(
+        "__attribute__((section(\".nv_fatbin\"), used, aligned(8)))\nstatic const unsigned char fatbin[] = {{ {} }};\nint f(void) {{ return 1; }}\n",
+        bytes.join(", ")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let library = elf_support::build(
+        dir.path(),
+        &elf_support::Lib {
+            file: "libkernels.so",
+            soname: Some("libkernels.so"),
+            source: &source,
+            ..Default::default()
+        },
+    );
+    let code = read(&library);
+    assert_eq!(sass_names(&code.fatbin), ["sm_86"]);
+    assert_eq!(ptx_names(&code.fatbin), ["compute_86 (PTX ISA 8.1)"]);
+    assert_eq!(code.fatbin.compressed_entries, 2);
+    assert!(code.relocatable.is_empty());
+
+    let mut file = std::fs::read(&library).unwrap();
+    let at = file
+        .windows(container.len())
+        .position(|w| w == container.as_slice())
+        .unwrap();
+    file[at + 8..at + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let lying = dir.path().join("liblying.so");
+    std::fs::write(&lying, &file).unwrap();
+    match read_device_code(&lying) {
+        Err(FatbinError::Malformed {
+            path,
+            offset,
+            reason,
+            ..
+        }) => {
+            assert_eq!(path, lying);
+            assert_eq!(offset, at as u64);
+            assert!(reason.contains("past the end of the section"), "{reason}");
+        }
+        other => panic!("expected a malformed fatbin, got {other:?}"),
+    }
+    let cut = dir.path().join("libcut.so");
+    std::fs::write(&cut, &file[..at + 20]).unwrap();
+    let error = read_device_code(&cut).unwrap_err().to_string();
+    assert!(error.contains("libcut.so"), "{error}");
 }
