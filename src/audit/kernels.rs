@@ -213,7 +213,7 @@ pub(super) fn scan(
     let threads = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .clamp(1, SCAN_THREADS);
-    let results: Vec<(usize, Result<Option<DeviceCode>, FatbinError>)> =
+    let mut results: Vec<(usize, Result<Option<DeviceCode>, FatbinError>)> =
         std::thread::scope(|scope| {
             let workers: Vec<_> = (0..threads)
                 .map(|_| {
@@ -239,7 +239,6 @@ pub(super) fn scan(
                 })
                 .collect()
         });
-    let mut results = results;
     results.sort_by_key(|(index, _)| *index);
     let mut table = KernelTable::default();
     let mut findings = Vec::new();
@@ -335,12 +334,12 @@ fn hint(target: &KernelTarget, reach: Reach) -> String {
     }
 }
 
-/// The per-library table for the terminal: one row per library, grouped.
+/// The per-library table for the terminal (`inspect`): each group's SASS and PTX, then its
+/// libraries, one per line.
 pub fn render_groups(groups: &[CoverageGroup]) -> String {
     let mut out = String::new();
     for group in groups {
-        let _ = writeln!(out, "SASS {}", group.sass_text());
-        let _ = writeln!(out, "PTX  {}", group.ptx_text());
+        let _ = writeln!(out, "SASS {}  PTX {}", group.sass_text(), group.ptx_text());
         for library in &group.libraries {
             let _ = writeln!(out, "  {}", library.display());
         }
@@ -500,6 +499,6 @@ mod tests {
             groups[0].libraries,
             [PathBuf::from("/a.so"), PathBuf::from("/b.so")]
         );
-        assert!(render_groups(&groups).contains("SASS sm_90\nPTX  -\n  /c.so\n"));
+        assert!(render_groups(&groups).contains("SASS sm_90  PTX -\n  /c.so\n"));
     }
 }

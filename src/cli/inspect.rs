@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use clap::Args;
+use cudastack::audit::kernels::render_groups;
 use cudastack::verify::check::ImageClaims;
 use cudastack::verify::record::report_ref;
 use cudastack::verify::source::{ImageDocuments, ImageLocation};
@@ -166,14 +167,7 @@ fn print_kernels(claims: &ImageClaims, printer: &Printer) {
                 .join(" ")
         }
     ));
-    for group in &claims.kernels {
-        printer.line(format_args!(
-            "    SASS {}  PTX {}",
-            group.sass_text(),
-            group.ptx_text()
-        ));
-        for library in &group.libraries {
-            printer.line(format_args!("      {}", library.display()));
-        }
+    for line in render_groups(&claims.kernels).lines() {
+        printer.line(format_args!("    {line}"));
     }
 }
