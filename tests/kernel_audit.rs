@@ -257,11 +257,20 @@ fn cuobjdump(library: &Path, all: bool) -> Option<(BTreeSet<String>, BTreeSet<St
     Some((sass, ptx))
 }
 
-/// The same lists from cudastack's reader: SASS as cuobjdump names them, PTX by arch.
+/// The same lists from cudastack's reader: SASS as cuobjdump names them, PTX by arch,
+/// modules without a kernel included (cuobjdump lists every module).
 fn our_lists(code: &SectionCode) -> (BTreeSet<String>, BTreeSet<String>) {
     (
-        code.sass.iter().map(ToString::to_string).collect(),
-        code.ptx.iter().map(|p| p.arch.to_string()).collect(),
+        code.sass
+            .iter()
+            .chain(&code.empty_sass)
+            .map(ToString::to_string)
+            .collect(),
+        code.ptx
+            .iter()
+            .chain(&code.empty_ptx)
+            .map(|p| p.arch.to_string())
+            .collect(),
     )
 }
 

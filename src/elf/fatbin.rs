@@ -18,11 +18,15 @@
 //!   and 0x8000 Zstandard compression, 0x100000 an `a` target, 0x200000 an `f` target),
 //!   reserved (u64), decompressed size (u64); the payload follows the header.
 //!
-//! Only headers are read, by offset (`pread`), never a payload: a 900 MB libtorch_cuda.so
-//! costs a few thousand 64-byte reads. Nothing is memory-mapped and every size read from
-//! the file is checked against the section before it is used, so a truncated or lying
-//! header is a [`FatbinError::Malformed`] naming the file and the offset, and no read or
-//! allocation depends on a size the file claims.
+//! Headers are read by offset (`pread`): a 900 MB libtorch_cuda.so costs a few thousand
+//! 64-byte reads. The header's target and PTX ISA version are what cuobjdump prints and
+//! what the PTX text says (checked on 1,073 PTX entries), so no large payload is read or
+//! decompressed. Only modules of at most 8 KiB are opened (LZ4 or Zstandard as the flags
+//! say), to tell nvcc's placeholder modules, which define no kernel, from code (see
+//! [`SectionCode::empty_sass`]). Nothing is memory-mapped and every size read from the
+//! file is checked against the section before it is used, so a truncated or lying header
+//! is a [`FatbinError::Malformed`] naming the file and the offset, and no read or
+//! allocation depends on a size the file claims beyond that 8 KiB bound.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -56,6 +60,9 @@ const FLAG_ARCH_SPECIFIC: u64 = 0x10_0000;
 const FLAG_FAMILY: u64 = 0x20_0000;
 /// Zero padding between containers is skipped in reads of this size.
 const PADDING_SCAN: usize = 4096;
+/// Entries whose code is at most this size are opened to see whether they define a kernel
+/// ([`defines_kernels`]); larger ones are taken to.
+const SMALL_MODULE: u64 = 8 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FatbinError {
@@ -109,6 +116,13 @@ pub struct SectionCode {
     /// Entries of other kinds (e.g. LTO IR), not code a GPU runs.
     pub other_entries: usize,
     pub compressed_entries: usize,
+    /// Cubin targets of modules that define no kernel (see [`defines_kernels`]): listed by
+    /// cuobjdump, but no code a launch can need. Not in `sass`.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub empty_sass: BTreeSet<GpuArch>,
+    /// PTX of modules that define no kernel. Not in `ptx`.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub empty_ptx: BTreeSet<PtxTarget>,
 }
 
 impl SectionCode {
@@ -141,6 +155,8 @@ impl DeviceCode {
             ptx_entries: a.ptx_entries + b.ptx_entries,
             other_entries: a.other_entries + b.other_entries,
             compressed_entries: a.compressed_entries + b.compressed_entries,
+            empty_sass: a.empty_sass.union(&b.empty_sass).copied().collect(),
+            empty_ptx: a.empty_ptx.union(&b.empty_ptx).copied().collect(),
         }
     }
 
@@ -433,6 +449,51 @@ fn read_container<R: ReadAt + ?Sized>(
     Ok(end)
 }
 
+/// The fields of an entry header cudastack uses (layout in the module documentation).
+struct EntryHeader {
+    kind: u16,
+    header_size: u64,
+    /// Bytes the payload takes in the container (padded to 8).
+    payload_size: u64,
+    /// Bytes of the payload actually stored (compressed size); 0 for a stored entry.
+    stored_size: u64,
+    isa: (u16, u16),
+    arch: u32,
+    flags: u64,
+    uncompressed_size: u64,
+}
+
+impl EntryHeader {
+    fn parse(header: &[u8; ENTRY_HEADER as usize]) -> Self {
+        let u16_at = |i: usize| u16::from_le_bytes([header[i], header[i + 1]]);
+        let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().expect("8 bytes"));
+        Self {
+            kind: u16_at(0),
+            header_size: u64::from(u32_at(4)),
+            payload_size: u64_at(8),
+            stored_size: u64::from(u32_at(16)),
+            isa: (u16_at(26), u16_at(24)),
+            arch: u32_at(28),
+            flags: u64_at(40),
+            uncompressed_size: u64_at(56),
+        }
+    }
+
+    fn target(&self) -> Option<GpuArch> {
+        let variant = if self.flags & FLAG_ARCH_SPECIFIC != 0 {
+            ArchVariant::Specific
+        } else if self.flags & FLAG_FAMILY != 0 && self.kind == KIND_PTX {
+            // cuobjdump names a family cubin by its arch alone: a cubin's reach is its
+            // family anyway ([`GpuArch::sass_runs_on`]).
+            ArchVariant::Family
+        } else {
+            ArchVariant::Portable
+        };
+        Some(GpuArch::new(arch_capability(self.arch)?, variant))
+    }
+}
+
 /// Read the entry header at `at` (its container ends at `end`) into `out`; returns the
 /// offset of the next entry.
 fn read_entry<R: ReadAt + ?Sized>(
@@ -451,13 +512,10 @@ fn read_entry<R: ReadAt + ?Sized>(
             ),
         ));
     }
-    let mut header = [0u8; ENTRY_HEADER as usize];
-    section.read(file, at, &mut header, "fatbin entry header")?;
-    let u16_at = |i: usize| u16::from_le_bytes([header[i], header[i + 1]]);
-    let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().expect("4 bytes"));
-    let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().expect("8 bytes"));
-    let (kind, header_size, payload_size) = (u16_at(0), u64::from(u32_at(4)), u64_at(8));
-    let (minor, major, arch, flags) = (u16_at(24), u16_at(26), u32_at(28), u64_at(40));
+    let mut bytes = [0u8; ENTRY_HEADER as usize];
+    section.read(file, at, &mut bytes, "fatbin entry header")?;
+    let header = EntryHeader::parse(&bytes);
+    let (header_size, payload_size) = (header.header_size, header.payload_size);
     if header_size < ENTRY_HEADER {
         return Err(section.malformed(
             at,
@@ -476,37 +534,106 @@ fn read_entry<R: ReadAt + ?Sized>(
                 format!("the entry claims a {header_size}-byte header and a {payload_size}-byte payload, past the end of its container"),
             )
         })?;
-    if flags & (FLAG_LZ4 | FLAG_ZSTD) != 0 {
+    if header.flags & (FLAG_LZ4 | FLAG_ZSTD) != 0 {
         out.compressed_entries += 1;
     }
-    let cc = arch_capability(arch)
-        .ok_or_else(|| section.malformed(at, format!("entry arch {arch} is not an sm number")))?;
-    let variant = if flags & FLAG_ARCH_SPECIFIC != 0 {
-        ArchVariant::Specific
-    } else if flags & FLAG_FAMILY != 0 && kind == KIND_PTX {
-        // cuobjdump names a family cubin by its arch alone: a cubin's reach is its
-        // family anyway ([`GpuArch::sass_runs_on`]).
-        ArchVariant::Family
-    } else {
-        ArchVariant::Portable
-    };
-    let target = GpuArch::new(cc, variant);
-    match kind {
+    let target = header.target().ok_or_else(|| {
+        section.malformed(
+            at,
+            format!("entry arch {} is not an sm number", header.arch),
+        )
+    })?;
+    let kernels = defines_kernels(file, section, at + header_size, &header)?;
+    match header.kind {
         KIND_ELF => {
             out.sass_entries += 1;
-            out.sass.insert(target);
+            let set = if kernels {
+                &mut out.sass
+            } else {
+                &mut out.empty_sass
+            };
+            set.insert(target);
         }
         KIND_PTX => {
             out.ptx_entries += 1;
-            let isa = (major, minor) != (0, 0);
-            out.ptx.insert(PtxTarget {
+            let (major, minor) = header.isa;
+            let ptx = PtxTarget {
                 arch: target,
-                isa: isa.then(|| PtxIsa::new(major.into(), minor.into())),
-            });
+                isa: ((major, minor) != (0, 0)).then(|| PtxIsa::new(major.into(), minor.into())),
+            };
+            let set = if kernels {
+                &mut out.ptx
+            } else {
+                &mut out.empty_ptx
+            };
+            set.insert(ptx);
         }
         _ => out.other_entries += 1,
     }
     Ok(next)
+}
+
+/// Whether a cubin or PTX entry defines a kernel. nvcc embeds a module for its default
+/// arch in every `.cu` file, kernels or not: libcufftw 11's only cubin (sm_52, 760 bytes)
+/// has no `.text` section, and torch's libcusparseLt carries a 131-byte compute_52 PTX
+/// with no `.entry`. Such a module cannot fail a launch, and its arch must not count as
+/// code the library has. Only entries of at most [`SMALL_MODULE`] bytes, stored and
+/// inflated, are opened (so nothing read or allocated depends on a larger claimed size);
+/// any other entry, and one whose bytes are not what its header says, counts as code.
+fn defines_kernels<R: ReadAt + ?Sized>(
+    file: &R,
+    section: &Section<'_>,
+    payload_at: u64,
+    header: &EntryHeader,
+) -> Result<bool, FatbinError> {
+    let compressed = header.flags & (FLAG_LZ4 | FLAG_ZSTD) != 0;
+    let stored = match header.stored_size {
+        0 => header.payload_size,
+        size => size.min(header.payload_size),
+    };
+    let inflated = if compressed {
+        header.uncompressed_size
+    } else {
+        stored
+    };
+    if !matches!(header.kind, KIND_ELF | KIND_PTX)
+        || stored > SMALL_MODULE
+        || inflated > SMALL_MODULE
+    {
+        return Ok(true);
+    }
+    let mut raw = vec![0u8; stored as usize];
+    section.read(file, payload_at, &mut raw, "fatbin entry payload")?;
+    let code = if header.flags & FLAG_LZ4 != 0 {
+        let mut out = vec![0u8; inflated as usize];
+        match lz4_flex::block::decompress_into(&raw, &mut out) {
+            Ok(len) => out[..len].to_vec(),
+            Err(_) => return Ok(true),
+        }
+    } else if header.flags & FLAG_ZSTD != 0 {
+        match zstd::bulk::decompress(&raw, inflated as usize) {
+            Ok(out) => out,
+            Err(_) => return Ok(true),
+        }
+    } else {
+        raw
+    };
+    Ok(match header.kind {
+        KIND_ELF => cubin_defines_kernels(&code),
+        _ => code.windows(b".entry".len()).any(|w| w == b".entry"),
+    })
+}
+
+/// A cubin defines a kernel when it has a `.text.<name>` section; one that is not a
+/// readable ELF file counts as defining one.
+fn cubin_defines_kernels(bytes: &[u8]) -> bool {
+    use object::{Object, ObjectSection};
+    match object::read::elf::ElfFile64::<Endianness>::parse(bytes) {
+        Ok(cubin) => cubin
+            .sections()
+            .any(|section| section.name().is_ok_and(|name| name.starts_with(".text."))),
+        Err(_) => true,
+    }
 }
 
 /// `90` -> 9.0, `120` -> 12.0: the last digit is the minor (as in `sm_120`).
@@ -520,41 +647,115 @@ fn arch_capability(arch: u32) -> Option<ComputeCapability> {
 mod tests {
     use super::*;
 
-    /// One synthetic entry: kind, arch, flags, (major, minor), payload length.
+    /// One synthetic entry: kind, arch, flags, (major, minor), the stored payload and
+    /// the header's stored (compressed) and inflated sizes.
     struct Entry {
         kind: u16,
         arch: u32,
         flags: u64,
         version: (u16, u16),
-        payload: usize,
+        payload: Vec<u8>,
+        stored: u32,
+        inflated: u64,
     }
 
+    /// An entry whose 24-byte payload names a kernel (and, marked compressed, does not
+    /// inflate: it counts as code either way).
     fn entry(kind: u16, arch: u32, flags: u64, version: (u16, u16)) -> Entry {
         Entry {
             kind,
             arch,
             flags,
             version,
-            payload: 24,
+            payload: b"// .visible .entry k(){}".to_vec(),
+            stored: 0,
+            inflated: 0,
         }
     }
 
     fn entry_bytes(e: &Entry) -> Vec<u8> {
+        let padded = e.payload.len().next_multiple_of(8);
         let mut out = Vec::new();
         out.extend_from_slice(&e.kind.to_le_bytes());
         out.extend_from_slice(&0x0101u16.to_le_bytes());
         out.extend_from_slice(&64u32.to_le_bytes());
-        out.extend_from_slice(&(e.payload as u64).to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(padded as u64).to_le_bytes());
+        out.extend_from_slice(&e.stored.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
         out.extend_from_slice(&e.version.1.to_le_bytes());
         out.extend_from_slice(&e.version.0.to_le_bytes());
         out.extend_from_slice(&e.arch.to_le_bytes());
         out.extend_from_slice(&[0u8; 8]);
         out.extend_from_slice(&e.flags.to_le_bytes());
-        out.extend_from_slice(&[0u8; 16]);
-        out.extend(std::iter::repeat_n(0xAB, e.payload));
+        out.extend_from_slice(&[0u8; 8]);
+        out.extend_from_slice(&e.inflated.to_le_bytes());
+        out.extend_from_slice(&e.payload);
+        out.resize(64 + padded, 0);
         out
+    }
+
+    /// A minimal ELF64 file with sections of these names (a cubin's shape, no contents).
+    fn tiny_cubin(names: &[&str]) -> Vec<u8> {
+        let mut strings = vec![0u8];
+        let mut name_offsets = Vec::new();
+        for name in names.iter().chain(&[".shstrtab"]) {
+            name_offsets.push(strings.len() as u32);
+            strings.extend_from_slice(name.as_bytes());
+            strings.push(0);
+        }
+        let section_headers = (64 + strings.len()).next_multiple_of(8);
+        let count = names.len() + 2;
+        let mut out = vec![
+            0x7f, b'E', b'L', b'F', 2, 1, 1, 0x33, 7, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        out.extend_from_slice(&2u16.to_le_bytes());
+        out.extend_from_slice(&190u16.to_le_bytes());
+        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(&[0u8; 16]);
+        out.extend_from_slice(&(section_headers as u64).to_le_bytes());
+        out.extend_from_slice(&0x0056_0556u32.to_le_bytes());
+        for half in [64u16, 0, 0, 64, count as u16, count as u16 - 1] {
+            out.extend_from_slice(&half.to_le_bytes());
+        }
+        out.extend_from_slice(&strings);
+        out.resize(section_headers, 0);
+        out.extend_from_slice(&[0u8; 64]);
+        for (index, name) in name_offsets.iter().enumerate() {
+            let strtab = index == names.len();
+            let mut header = [0u8; 64];
+            header[0..4].copy_from_slice(&name.to_le_bytes());
+            header[4..8].copy_from_slice(&(if strtab { 3u32 } else { 1 }).to_le_bytes());
+            if strtab {
+                header[24..32].copy_from_slice(&64u64.to_le_bytes());
+                header[32..40].copy_from_slice(&(strings.len() as u64).to_le_bytes());
+            }
+            out.extend_from_slice(&header);
+        }
+        out
+    }
+
+    /// An entry holding `code` as nvcc stores it: as is, LZ4 (0x2000) or Zstandard (0x8000).
+    fn module(kind: u16, arch: u32, flags: u64, version: (u16, u16), code: &[u8]) -> Entry {
+        let payload = if flags & FLAG_LZ4 != 0 {
+            let mut out = vec![0u8; code.len() * 2 + 64];
+            let len = lz4_flex::block::compress_into(code, &mut out).unwrap();
+            out.truncate(len);
+            out
+        } else if flags & FLAG_ZSTD != 0 {
+            zstd::bulk::compress(code, 3).unwrap()
+        } else {
+            code.to_vec()
+        };
+        let compressed = flags & (FLAG_LZ4 | FLAG_ZSTD) != 0;
+        Entry {
+            kind,
+            arch,
+            flags,
+            version,
+            stored: if compressed { payload.len() as u32 } else { 0 },
+            inflated: if compressed { code.len() as u64 } else { 0 },
+            payload,
+        }
     }
 
     fn container(entries: &[Entry]) -> Vec<u8> {
@@ -581,6 +782,10 @@ mod tests {
         let mut code = SectionCode::default();
         read_section(file.as_slice(), &section, &mut code)?;
         Ok(code)
+    }
+
+    fn sass_names(set: &BTreeSet<GpuArch>) -> Vec<String> {
+        set.iter().map(ToString::to_string).collect()
     }
 
     fn malformed(bytes: &[u8]) -> (u64, String) {
@@ -619,6 +824,54 @@ mod tests {
         assert_eq!(code.containers, 2);
         assert_eq!((code.sass_entries, code.ptx_entries), (3, 3));
         assert_eq!((code.other_entries, code.compressed_entries), (1, 5));
+    }
+
+    /// nvcc's placeholder modules (no kernel) do not count as code for their arch.
+    #[test]
+    fn modules_without_kernels_are_set_apart() {
+        let empty_ptx = b".version 8.0\n.target sm_52\n.address_size 64\n\0";
+        let kernel_ptx =
+            b".version 8.1\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\nret;\n}\n\0";
+        let bytes = container(&[
+            module(
+                KIND_ELF,
+                52,
+                0x11,
+                (1, 7),
+                &tiny_cubin(&[".strtab", ".symtab", ".nv.callgraph"]),
+            ),
+            module(
+                KIND_ELF,
+                80,
+                0x2011,
+                (1, 7),
+                &tiny_cubin(&[".symtab", ".text._Z1kv", ".nv.info._Z1kv"]),
+            ),
+            module(KIND_ELF, 86, 0x11, (1, 7), &[0x7f, b'E', b'L', b'F', 0, 0]),
+            module(KIND_PTX, 52, 0x2011, (8, 0), empty_ptx),
+            module(KIND_PTX, 90, 0x8011, (8, 1), kernel_ptx),
+            module(KIND_PTX, 89, 0x8011, (8, 1), empty_ptx),
+        ]);
+        let code = parse(&bytes).unwrap();
+        assert_eq!(
+            sass_names(&code.sass),
+            ["sm_80", "sm_86"],
+            "a cubin that is not ELF counts"
+        );
+        assert_eq!(sass_names(&code.empty_sass), ["sm_52"]);
+        let ptx: Vec<String> = code.ptx.iter().map(ToString::to_string).collect();
+        assert_eq!(ptx, ["compute_90 (PTX ISA 8.1)"]);
+        let empty: Vec<String> = code.empty_ptx.iter().map(|p| p.arch.to_string()).collect();
+        assert_eq!(empty, ["sm_52", "sm_89"]);
+        assert_eq!(
+            (code.sass_entries, code.ptx_entries, code.compressed_entries),
+            (3, 3, 4)
+        );
+        // A large claimed size is not opened: it counts as code.
+        let mut large = module(KIND_PTX, 75, 0x2011, (8, 0), empty_ptx);
+        large.inflated = SMALL_MODULE + 1;
+        let code = parse(&container(&[large])).unwrap();
+        assert_eq!(code.ptx.len(), 1);
     }
 
     #[test]
