@@ -361,9 +361,13 @@ fn cudnn_8_9_against_9_x_for_sm_90_and_sm_120() {
         groups[2].reach(&rtx_5090.cc, r570),
         Reach::Sass("sm_120".parse().unwrap())
     );
-    let findings = missing(&groups, &[rtx_5090.clone()], jit_of("525.60.13"));
+    let findings = missing(
+        &groups,
+        std::slice::from_ref(&rtx_5090),
+        jit_of("525.60.13"),
+    );
     assert_eq!(findings.len(), 2, "{findings:#?}");
-    assert_eq!(findings[0].paths, [old.clone()]);
+    assert_eq!(findings[0].paths, std::slice::from_ref(&old));
     assert!(
         findings[0]
             .evidence
@@ -381,7 +385,7 @@ fn cudnn_8_9_against_9_x_for_sm_90_and_sm_120() {
         "{}",
         findings[0].hint
     );
-    assert_eq!(findings[1].paths, [torch_241.clone()]);
+    assert_eq!(findings[1].paths, std::slice::from_ref(&torch_241));
     assert!(missing(&groups, &[rtx_5090], r570).is_empty());
     // cuDNN 9.28's PTX is family-specific: it JITs for 12.x only, never for 10.0.
     assert_eq!(
@@ -421,7 +425,7 @@ fn nccl_of_torch_2_4_1_against_sm_100() {
     };
     let groups = [group(&library, &code)];
     // torch 2.4.1 cu121's floor era: a 530 driver supports CUDA 12.1 (ISA 8.1).
-    let findings = missing(&groups, &[b200.clone()], jit_of("530.30.02"));
+    let findings = missing(&groups, std::slice::from_ref(&b200), jit_of("530.30.02"));
     assert_eq!(findings.len(), 1, "{findings:#?}");
     assert_eq!(findings[0].kind, FindingKind::MissingKernels);
     assert!(

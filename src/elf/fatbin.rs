@@ -168,14 +168,15 @@ impl DeviceCode {
 /// Positioned reads, so headers are read where they lie without a shared cursor.
 pub trait ReadAt {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
-    fn len(&self) -> std::io::Result<u64>;
+    /// The size of the whole file, which every section must lie within.
+    fn size(&self) -> std::io::Result<u64>;
 }
 
 impl ReadAt for std::fs::File {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         std::os::unix::fs::FileExt::read_exact_at(self, buf, offset)
     }
-    fn len(&self) -> std::io::Result<u64> {
+    fn size(&self) -> std::io::Result<u64> {
         Ok(self.metadata()?.len())
     }
 }
@@ -194,8 +195,8 @@ impl ReadAt for [u8] {
             None => Err(std::io::ErrorKind::UnexpectedEof.into()),
         }
     }
-    fn len(&self) -> std::io::Result<u64> {
-        Ok(<[u8]>::len(self) as u64)
+    fn size(&self) -> std::io::Result<u64> {
+        Ok(self.len() as u64)
     }
 }
 
@@ -211,14 +212,14 @@ pub fn read_device_code(path: &Path) -> Result<Option<DeviceCode>, FatbinError> 
         return Ok(None);
     };
     let mut code = DeviceCode::default();
-    for (name, offset, size) in sections {
+    for place in sections {
         let section = Section {
             path,
-            name,
-            start: offset,
-            size,
+            name: place.name,
+            start: place.offset,
+            size: place.size,
         };
-        let target = if name == FATBIN_SECTION {
+        let target = if place.name == FATBIN_SECTION {
             &mut code.fatbin
         } else {
             &mut code.relocatable
@@ -228,12 +229,18 @@ pub fn read_device_code(path: &Path) -> Result<Option<DeviceCode>, FatbinError> 
     Ok((!code.is_empty()).then_some(code))
 }
 
-/// `(name, file offset, size)` of the fatbin sections of an ELF file; None when it is not
-/// ELF or has none.
+/// Where a fatbin section lies in its file.
+struct SectionPlace {
+    name: &'static str,
+    offset: u64,
+    size: u64,
+}
+
+/// The fatbin sections of an ELF file; None when it is not ELF or has none.
 fn fatbin_sections(
     file: &std::fs::File,
     path: &Path,
-) -> Result<Option<Vec<(&'static str, u64, u64)>>, FatbinError> {
+) -> Result<Option<Vec<SectionPlace>>, FatbinError> {
     let mut reader = file;
     let mut ident = [0u8; 16];
     let read = read_up_to(&mut reader, &mut ident).map_err(|source| FatbinError::Io {
@@ -284,7 +291,7 @@ fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> 
 /// in the file (`SHT_NOBITS` holds none).
 fn section_offsets<Elf>(
     data: &ReadCache<impl object::read::ReadCacheOps>,
-) -> object::read::Result<Vec<(&'static str, u64, u64)>>
+) -> object::read::Result<Vec<SectionPlace>>
 where
     Elf: FileHeader<Endian = Endianness>,
 {
@@ -295,11 +302,11 @@ where
     for name in [FATBIN_SECTION, RELFATBIN_SECTION] {
         if let Some((_, section)) = sections.section_by_name(endian, name.as_bytes()) {
             if section.sh_type(endian) != elf::SHT_NOBITS {
-                found.push((
+                found.push(SectionPlace {
                     name,
-                    section.sh_offset(endian).into(),
-                    section.sh_size(endian).into(),
-                ));
+                    offset: section.sh_offset(endian).into(),
+                    size: section.sh_size(endian).into(),
+                });
             }
         }
     }
@@ -360,7 +367,7 @@ pub fn read_section<R: ReadAt + ?Sized>(
     section: &Section<'_>,
     out: &mut SectionCode,
 ) -> Result<(), FatbinError> {
-    let file_len = file.len().map_err(|source| FatbinError::Io {
+    let file_len = file.size().map_err(|source| FatbinError::Io {
         path: section.path.to_path_buf(),
         source,
     })?;
