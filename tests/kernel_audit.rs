@@ -154,12 +154,14 @@ async fn fetch_member(member: &Member, path: &Path) -> Result<(), String> {
     let mut out = std::fs::File::create(&temp).map_err(|e| e.to_string())?;
     match local {
         Some(wheel) => {
+            eprintln!("{}: from {}", member.path, wheel.display());
             let mut archive = zip::ZipArchive::new(std::fs::File::open(&wheel).unwrap())
                 .map_err(|e| e.to_string())?;
             let mut entry = archive.by_name(member.path).map_err(|e| e.to_string())?;
             std::io::copy(&mut entry, &mut out).map_err(|e| e.to_string())?;
         }
         None => {
+            eprintln!("{}: range-read from {}", member.path, file.url);
             let zip = RemoteZip::open(&client, file.url.clone())
                 .await
                 .map_err(|e| e.to_string())?;
