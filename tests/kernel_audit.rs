@@ -542,7 +542,7 @@ fn check_and_inspect_read_the_kernel_labels() {
         working_dir: None,
         exposed_ports: Vec::new(),
     }
-    .with_kernel_labels(&groups);
+    .with_kernel_labels(&groups, jit_of("530.30.02"));
     let mut image = Image::new(1_700_000_000)
         .with_env("NVIDIA_REQUIRE_CUDA", "cuda>=12.1")
         .with_label("io.cudastack.driver-floor", "530.30.02");
@@ -583,7 +583,7 @@ fn check_and_inspect_read_the_kernel_labels() {
     );
     let (code, stdout) = run(&["inspect", &layout]);
     assert_eq!(code, Some(0), "{stdout}");
-    assert!(stdout.contains("GPU code      2 libraries; every one runs natively on sm_50 sm_60 sm_61 sm_70 sm_75 sm_80 sm_86 sm_90"), "{stdout}");
+    assert!(stdout.contains("GPU code      2 libraries; every one covers sm_50 sm_60 sm_61 sm_70 sm_75 sm_80 sm_86 sm_90"), "{stdout}");
     assert!(
         stdout.contains("      /usr/local/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so"),
         "{stdout}"

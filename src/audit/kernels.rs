@@ -29,8 +29,8 @@ use crate::version::{ComputeCapability, GpuArch, PtxIsa};
 /// The image label of the coverage groups, as canonical JSON (written by the stack's
 /// config, read back by `check` and `inspect`).
 pub const LABEL_KERNELS: &str = "io.cudastack.kernels";
-/// The image label of the compute capabilities every library with GPU code runs natively
-/// ([`covered_by_all`]), `sm_80 sm_86 sm_90`.
+/// The image label of the compute capabilities every library with GPU code covers, with
+/// SASS or with PTX the driver floor JIT-compiles ([`covered_by_all`]): `sm_80 sm_86 sm_90`.
 pub const LABEL_SM: &str = "io.cudastack.sm";
 
 /// Threads that read fatbin headers at once: the work is small reads spread over large
@@ -184,21 +184,29 @@ fn group(
         .collect()
 }
 
-/// The compute capabilities every group runs natively (SASS), from the capabilities the
-/// groups' SASS targets name, sorted. Within a major, a capability covered by every group
-/// means every newer minor is covered too, so this list answers for any GPU through
-/// [`ComputeCapability::cubin_runs_on`].
-pub fn covered_by_all(groups: &[CoverageGroup]) -> Vec<ComputeCapability> {
+/// The compute capabilities every group covers by the audit's rule: SASS it runs, or PTX
+/// the driver JIT-compiles (`jit`: the newest ISA the driver floor reads), sorted. The
+/// candidates are the capabilities the groups' targets name. A GPU the list does not name
+/// is covered when an entry of the same major and a lower minor is (SASS reaches newer
+/// minors, PTX every newer GPU); a GPU of a later major may be reached by PTX alone, which
+/// `check` finds in the groups.
+pub fn covered_by_all(groups: &[CoverageGroup], jit: Option<PtxIsa>) -> Vec<ComputeCapability> {
     let candidates: BTreeSet<ComputeCapability> = groups
         .iter()
-        .flat_map(|g| g.sass.iter().map(|a| a.cc))
+        .flat_map(|g| {
+            g.sass
+                .iter()
+                .copied()
+                .chain(g.ptx.iter().map(|p| p.arch))
+                .map(|a| a.cc)
+        })
         .collect();
     candidates
         .into_iter()
         .filter(|cc| {
             groups
                 .iter()
-                .all(|g| g.sass.iter().any(|a| a.sass_runs_on(cc)))
+                .all(|g| matches!(g.reach(cc, jit), Reach::Sass(_) | Reach::Ptx(_)))
         })
         .collect()
 }
@@ -452,7 +460,7 @@ mod tests {
     }
 
     #[test]
-    fn covered_by_all_is_what_every_group_runs_natively() {
+    fn covered_by_all_is_what_every_group_runs() {
         let groups = vec![
             group(
                 &["sm_50", "sm_60", "sm_80", "sm_86", "sm_90"],
@@ -465,9 +473,29 @@ mod tests {
                 &["/b.so"],
             ),
         ];
-        let covered: Vec<String> = covered_by_all(&groups).iter().map(|c| c.sm()).collect();
-        assert_eq!(covered, ["sm_60", "sm_61", "sm_80", "sm_86", "sm_90"]);
-        assert!(covered_by_all(&[]).is_empty());
+        let sm =
+            |list: Vec<ComputeCapability>| -> Vec<String> { list.iter().map(|c| c.sm()).collect() };
+        let floor = Some("8.1".parse().unwrap());
+        assert_eq!(
+            sm(covered_by_all(&groups, floor)),
+            ["sm_60", "sm_61", "sm_80", "sm_86", "sm_90"]
+        );
+        // torch 2.4.1's libcusparseLt: sm_80/86/89 SASS and compute_52 PTX (ISA 8.0).
+        let sparse = group(
+            &["sm_80", "sm_86", "sm_89"],
+            &[("sm_52", "8.0")],
+            &["/c.so"],
+        );
+        let with_sparse = [groups[0].clone(), sparse];
+        assert_eq!(
+            sm(covered_by_all(&with_sparse, floor)),
+            ["sm_52", "sm_60", "sm_80", "sm_86", "sm_89", "sm_90"]
+        );
+        assert_eq!(
+            sm(covered_by_all(&with_sparse, Some("7.8".parse().unwrap()))),
+            ["sm_80", "sm_86", "sm_89"]
+        );
+        assert!(covered_by_all(&[], floor).is_empty());
     }
 
     #[test]

@@ -155,7 +155,7 @@ fn print_kernels(claims: &ImageClaims, printer: &Printer) {
     }
     let libraries: usize = claims.kernels.iter().map(|g| g.libraries.len()).sum();
     printer.line(format_args!(
-        "  GPU code      {libraries} libraries; every one runs natively on {}",
+        "  GPU code      {libraries} libraries; every one covers {}",
         if claims.covered_sm.is_empty() {
             "-".to_string()
         } else {

@@ -137,7 +137,10 @@ fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildE
     let targets = KernelTargets::of(inputs.matrix, inputs.recipe);
     let (audit, audit_cached) =
         audit_stack(&planned, &layers, &config, torch_build, &targets, env)?;
-    let config = config.with_kernel_labels(audit.kernels.as_deref().unwrap_or_default());
+    let config = config.with_kernel_labels(
+        audit.kernels.as_deref().unwrap_or_default(),
+        targets.jit_ptx_isa,
+    );
     Ok(Assembled {
         platform: inputs.platform,
         image: image_of(inputs.platform, &layers, &config, env.options.mtime),

@@ -14,7 +14,7 @@ use crate::matrix::validate::nvidia_require_cuda;
 use crate::matrix::{Matrix, TorchBuild};
 use crate::platform::Platform;
 use crate::recipe::{expand_path, Recipe};
-use crate::version::CudaVersion;
+use crate::version::{CudaVersion, PtxIsa};
 
 /// Where the NVIDIA container runtime mounts the driver's user-space libraries in images
 /// that follow the nvidia/cuda convention.
@@ -253,9 +253,10 @@ fn stack_labels(
 
 impl StackConfig {
     /// This config with the labels of what the kernel-coverage audit found: the coverage
-    /// groups and the capabilities all of them cover. An image without GPU code gets
-    /// neither label (nothing to say, and `check` then falls back to the torch arch list).
-    pub fn with_kernel_labels(mut self, groups: &[CoverageGroup]) -> Self {
+    /// groups and the capabilities all of them cover (PTX counting up to `jit`, the ISA the
+    /// driver floor reads). An image without GPU code gets neither label (nothing to say,
+    /// and `check` then falls back to the torch arch list).
+    pub fn with_kernel_labels(mut self, groups: &[CoverageGroup], jit: Option<PtxIsa>) -> Self {
         if groups.is_empty() {
             return self;
         }
@@ -264,7 +265,10 @@ impl StackConfig {
             LABEL_KERNELS.to_string(),
             String::from_utf8(json).expect("JSON is UTF-8"),
         );
-        let sm: Vec<String> = covered_by_all(groups).iter().map(|cc| cc.sm()).collect();
+        let sm: Vec<String> = covered_by_all(groups, jit)
+            .iter()
+            .map(|cc| cc.sm())
+            .collect();
         if !sm.is_empty() {
             self.labels.insert(LABEL_SM.to_string(), sm.join(" "));
         }
@@ -371,7 +375,7 @@ mod tests {
             &StackFacts::default(),
             Platform::LinuxAmd64,
         );
-        assert_eq!(config.clone().with_kernel_labels(&[]), config);
+        assert_eq!(config.clone().with_kernel_labels(&[], None), config);
         let group = |sass: &[&str], library: &str| CoverageGroup {
             sass: sass.iter().map(|s| s.parse().unwrap()).collect(),
             ptx: Default::default(),
@@ -384,7 +388,7 @@ mod tests {
                 "/usr/lib/libcudnn_ops.so.9",
             ),
         ];
-        let labelled = config.with_kernel_labels(&groups);
+        let labelled = config.with_kernel_labels(&groups, None);
         assert_eq!(labelled.labels[LABEL_SM], "sm_80 sm_86 sm_90");
         let back: Vec<CoverageGroup> =
             serde_json::from_str(&labelled.labels[LABEL_KERNELS]).unwrap();

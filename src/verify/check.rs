@@ -29,7 +29,7 @@ pub struct ImageClaims {
     /// (`io.cudastack.kernels`, written by the kernel-coverage audit); empty in older images.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<CoverageGroup>,
-    /// The capabilities every library with GPU code runs natively (`io.cudastack.sm`).
+    /// The capabilities every library with GPU code covers (`io.cudastack.sm`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub covered_sm: Vec<ComputeCapability>,
     pub verified: Vec<VerifiedOn>,
