@@ -114,13 +114,17 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
             .unwrap_or_else(|| "-".into())
     ));
     printer.line(format_args!(
-        "  kernels       {}",
-        claims
-            .sm
-            .iter()
-            .map(|c| c.sm())
-            .collect::<Vec<_>>()
-            .join(" ")
+        "  torch sm      {}",
+        if claims.sm.is_empty() {
+            "-".to_string()
+        } else {
+            claims
+                .sm
+                .iter()
+                .map(|c| c.sm())
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
     ));
     print_kernels(claims, printer);
     if claims.verified.is_empty() {
