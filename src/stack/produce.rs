@@ -560,6 +560,23 @@ mod tests {
         produce_layers(stagers, &cache_root.join("no-facts"), &env)
     }
 
+    /// The recipe's `gpus` by name or capability, as validation resolves them, and the PTX
+    /// ISA its driver floor's JIT reads (535 supports CUDA 12.2: ISA 8.2).
+    #[test]
+    fn kernel_targets_are_the_recipes_gpus_and_its_floors_ptx_isa() {
+        let recipe = Recipe::parse(
+            "name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"535.104.05\"\ncuda: { version: \"12.1\" }\ngpus: [\"RTX 4090\", \"9.0\"]\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let targets = KernelTargets::of(Matrix::embedded(), &recipe);
+        let ccs: Vec<String> = targets.gpus.iter().map(|g| g.cc.sm()).collect();
+        assert_eq!(ccs, ["sm_89", "sm_90"]);
+        assert!(targets.gpus[0].name.contains("4090"), "{:?}", targets.gpus);
+        assert_eq!(targets.gpus[1].label(), "sm_90");
+        assert_eq!(targets.jit_ptx_isa, Some(PtxIsa::new(8, 2)));
+    }
+
     #[test]
     fn the_next_layer_stages_while_one_is_written_and_results_keep_plan_order() {
         let cache = tempfile::tempdir().unwrap();
