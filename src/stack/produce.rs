@@ -15,9 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::{Scope, ScopedJoinHandle};
 
-use crate::audit::kernels::{missing, KernelTarget};
-use crate::audit::{audit, AuditOptions};
+use crate::audit::kernels::{missing, KernelTable, KernelTarget, LibraryKernels};
+use crate::audit::{audit, AuditOptions, AuditReport};
 use crate::digest::Digest;
+use crate::elf::fatbin::{DeviceCode, SectionCode};
 use crate::layer::{CacheKey, DirOptions, Layer, LayerContents};
 use crate::matrix::{Matrix, TorchBuild};
 use crate::recipe::Recipe;
@@ -367,24 +368,13 @@ pub(crate) fn audit_stack(
             &serde_json::to_vec(summary).expect("summary serialises"),
         )
     };
-    // A record from before the kernel audit has no groups: audit again.
-    if let Some((summary, groups)) = fs_err::read(&record)
+    // Every v2 record has the groups; one without is not trusted: audit again.
+    if let Some(summary) = fs_err::read(&record)
         .ok()
         .and_then(|bytes| serde_json::from_slice::<AuditSummary>(&bytes).ok())
-        .and_then(|summary| summary.kernels.clone().map(|groups| (summary, groups)))
+        .filter(|summary| summary.kernels.is_some())
     {
-        let findings = missing(&groups, &targets.gpus, targets.jit_ptx_isa);
-        if !findings.is_empty() {
-            let report = crate::audit::AuditReport {
-                elf_files: summary.elf_files,
-                needed_checked: summary.needed_checked,
-                symlinks: summary.symlinks,
-                distributions: summary.distributions,
-                kernels: Default::default(),
-                findings,
-            };
-            return Err(BuildError::AuditFailed(report.render()));
-        }
+        check_cached_kernels(&summary, targets)?;
         if audited < layers.len() {
             whole_set(&summary)?;
         }
@@ -434,6 +424,41 @@ pub(crate) fn audit_stack(
         whole_set(&summary)?;
     }
     Ok((summary, false))
+}
+
+/// A cached verdict against this build's targets: the record keeps the coverage groups,
+/// so a change of `gpus:` or `driver_floor:` alone is checked without auditing again.
+fn check_cached_kernels(summary: &AuditSummary, targets: &KernelTargets) -> Result<(), BuildError> {
+    let groups = summary.kernels.as_deref().unwrap_or_default();
+    let findings = missing(groups, &targets.gpus, targets.jit_ptx_isa);
+    if findings.is_empty() {
+        return Ok(());
+    }
+    let libraries = groups
+        .iter()
+        .flat_map(|group| {
+            group.libraries.iter().map(|path| LibraryKernels {
+                path: path.clone(),
+                code: DeviceCode {
+                    fatbin: SectionCode {
+                        sass: group.sass.clone(),
+                        ptx: group.ptx.clone(),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            })
+        })
+        .collect();
+    let report = AuditReport {
+        elf_files: summary.elf_files,
+        needed_checked: summary.needed_checked,
+        symlinks: summary.symlinks,
+        distributions: summary.distributions,
+        kernels: KernelTable { libraries },
+        findings,
+    };
+    Err(BuildError::AuditFailed(report.render()))
 }
 
 /// The nvidia-* pins of the torch build, as exact versions (`12.1.105`, not `12.1.105.*`).
@@ -575,6 +600,46 @@ mod tests {
         assert!(targets.gpus[0].name.contains("4090"), "{:?}", targets.gpus);
         assert_eq!(targets.gpus[1].label(), "sm_90");
         assert_eq!(targets.jit_ptx_isa, Some(PtxIsa::new(8, 2)));
+    }
+
+    /// A cached audit is checked against this build's GPUs: adding H100 to `gpus:` fails a
+    /// build whose layers were audited clean for an RTX 4090.
+    #[test]
+    fn a_cached_audit_is_checked_against_the_builds_gpus() {
+        let group = crate::audit::CoverageGroup {
+            sass: ["sm_80".parse().unwrap()].into(),
+            ptx: Default::default(),
+            libraries: vec!["/usr/lib/libext.so".into()],
+        };
+        let summary = AuditSummary {
+            elf_files: 3,
+            needed_checked: 5,
+            symlinks: 0,
+            distributions: 1,
+            kernels: Some(vec![group]),
+        };
+        let target = |name: &str, cc: &str| KernelTarget {
+            name: name.into(),
+            cc: cc.parse().unwrap(),
+        };
+        let rtx_4090 = KernelTargets {
+            gpus: vec![target("RTX 4090", "8.9")],
+            jit_ptx_isa: Some(PtxIsa::new(8, 2)),
+        };
+        assert!(check_cached_kernels(&summary, &rtx_4090).is_ok());
+        let with_h100 = KernelTargets {
+            gpus: vec![target("RTX 4090", "8.9"), target("H100", "9.0")],
+            ..rtx_4090
+        };
+        let error = check_cached_kernels(&summary, &with_h100)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("error[missing-kernels]"), "{error}");
+        assert!(
+            error.contains("libext.so has no kernels for H100 (sm_90)"),
+            "{error}"
+        );
+        assert!(error.contains("1 libraries with GPU code"), "{error}");
     }
 
     #[test]
