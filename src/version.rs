@@ -418,11 +418,22 @@ impl FromStr for GpuArch {
             ArchVariant::Portable => trimmed,
             _ => &trimmed[..trimmed.len() - 1],
         };
-        let cc = ComputeCapability::from_str(digits).map_err(|_| VersionError {
+        let error = || VersionError {
             text: text.to_string(),
             what: "GPU architecture",
             expected: "sm_XY with an optional a or f suffix, e.g. sm_86, sm_90a, sm_120f",
-        })?;
+        };
+        // ComputeCapability forgives any trailing letters; an arch must not: `sm_100x` from
+        // a newer writer or a hostile label is no plain sm_100 (that would reach the most
+        // GPUs).
+        let number = digits
+            .strip_prefix("sm_")
+            .or_else(|| digits.strip_prefix("compute_"))
+            .unwrap_or(digits);
+        if !number.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+            return Err(error());
+        }
+        let cc = ComputeCapability::from_str(digits).map_err(|_| error())?;
         Ok(Self { cc, variant })
     }
 }
@@ -740,6 +751,12 @@ mod tests {
         assert_eq!(isa("8.6").cuda(), Some(cuda("12.7")));
         assert_eq!(isa("8.7").cuda(), Some(cuda("12.8")));
         assert_eq!(isa("9.9").cuda(), None);
+        for bad in ["sm_100x", "compute_90A", "sm_90aa", "sm_", "sm_9b0"] {
+            assert!(bad.parse::<GpuArch>().is_err(), "{bad}");
+        }
+        for good in ["sm_90a", "compute_120f", "sm_86", "9.0a", "compute_90"] {
+            assert!(good.parse::<GpuArch>().is_ok(), "{good}");
+        }
         assert_eq!(PtxIsa::newest_for(cuda("12.2")), Some(isa("8.2")));
         assert_eq!(PtxIsa::newest_for(cuda("12.4.1")), Some(isa("8.4")));
         // CUDA 12.6 kept ISA 8.5: its driver does not read 8.6.

@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
@@ -186,10 +186,9 @@ fn group(
 
 /// The compute capabilities every group covers by the audit's rule: SASS it runs, or PTX
 /// the driver JIT-compiles (`jit`: the newest ISA the driver floor reads), sorted. The
-/// candidates are the capabilities the groups' targets name. A GPU the list does not name
-/// is covered when an entry of the same major and a lower minor is (SASS reaches newer
-/// minors, PTX every newer GPU); a GPU of a later major may be reached by PTX alone, which
-/// `check` finds in the groups.
+/// candidates are the capabilities the groups' targets name, and only they are claimed: a
+/// GPU of a capability the list does not name (10.3 beside a listed 10.0) may or may not be
+/// covered (`sm_100a` code does not run on 10.3), and `check` answers for it from the groups.
 pub fn covered_by_all(groups: &[CoverageGroup], jit: Option<PtxIsa>) -> Vec<ComputeCapability> {
     let candidates: BTreeSet<ComputeCapability> = groups
         .iter()
@@ -349,15 +348,35 @@ pub fn render_groups(groups: &[CoverageGroup]) -> String {
     for group in groups {
         let _ = writeln!(out, "SASS {}  PTX {}", group.sass_text(), group.ptx_text());
         for library in &group.libraries {
-            let _ = writeln!(out, "  {}", library.display());
+            let _ = writeln!(out, "  {}", printable(library));
         }
     }
     out
 }
 
+/// A path as text for the terminal: quoted with escapes when it holds a control character
+/// (a label of a pulled image is anyone's input; a newline or an escape code must not
+/// print a fake line).
+fn printable(path: &Path) -> String {
+    let text = path.to_string_lossy();
+    if text.chars().any(char::is_control) {
+        format!("{text:?}")
+    } else {
+        text.into_owned()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_in_a_label_path_are_escaped() {
+        let groups = [group(&["sm_90"], &[], &["/lib/a.so\n  ok: fake\u{1b}[2J"])];
+        let text = render_groups(&groups);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(!text.contains('\u{1b}'), "{text}");
+    }
 
     fn group(sass: &[&str], ptx: &[(&str, &str)], libraries: &[&str]) -> CoverageGroup {
         CoverageGroup {

@@ -153,6 +153,12 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
 /// The kernel-coverage table (`io.cudastack.kernels`): each group of libraries with the
 /// same GPU code, its SASS and PTX targets, then its libraries.
 fn print_kernels(claims: &ImageClaims, printer: &Printer) {
+    if let Some(error) = &claims.kernels_unreadable {
+        printer.line(format_args!(
+            "  GPU code      unreadable: the io.cudastack.kernels label does not parse ({error})"
+        ));
+        return;
+    }
     if claims.kernels.is_empty() {
         printer.line("  GPU code      - (no io.cudastack.kernels label: built before the kernel audit, or no library has GPU code)");
         return;

@@ -544,6 +544,12 @@ fn read_entry<R: ReadAt + ?Sized>(
     if header.flags & (FLAG_LZ4 | FLAG_ZSTD) != 0 {
         out.compressed_entries += 1;
     }
+    if header.kind != KIND_ELF && header.kind != KIND_PTX {
+        // Another kind (LTO IR, an index): no code a launch runs, and its arch field
+        // need not be an sm number.
+        out.other_entries += 1;
+        return Ok(next);
+    }
     let target = header.target().ok_or_else(|| {
         section.malformed(
             at,
@@ -953,6 +959,10 @@ mod tests {
         let bytes = container(&[entry(KIND_ELF, 3, 0, (1, 7))]);
         let (_, reason) = malformed(&bytes);
         assert!(reason.contains("entry arch 3"), "{reason}");
+        // An entry of another kind is counted, whatever its arch field holds.
+        let other = parse(&container(&[entry(16, 0, 0, (0, 0))])).unwrap();
+        assert_eq!(other.other_entries, 1);
+        assert!(other.sass.is_empty() && other.ptx.is_empty());
     }
 
     #[test]

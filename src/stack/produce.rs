@@ -281,12 +281,18 @@ fn report(stager: &dyn LayerStager, layer: &Layer, cached: bool) -> LayerReport 
     }
 }
 
-/// The audit verdict of one set of layers: `<digest of their diff_ids>.audit.v2.json`.
-/// v2 records keep the kernel coverage groups (issue 20); an older record is not looked
-/// at, so a build that finds none stages its trees and audits them again.
+/// What the audit reads and how it judges, as part of its record's name: a record made by
+/// another reader (a fatbin entry read differently, a placeholder module counted or not)
+/// is not looked at, so a fix in the reader reaches images whose layers did not change.
+/// Bump it with any change to what `audit()` finds on the same tree.
+const AUDIT_READER: &str = "v3-fatbin1";
+
+/// The audit verdict of one set of layers: `<digest of their diff_ids>.audit.AUDIT_READER.json`.
+/// Records since v2 keep the kernel coverage groups (issue 20); an older record is not
+/// looked at, so a build that finds none stages its trees and audits them again.
 fn audit_record(staging: &Staging, diff_ids: &[Digest]) -> PathBuf {
     staging.record_path(&format!(
-        "{}.audit.v2.json",
+        "{}.audit.{AUDIT_READER}.json",
         Digest::of_bytes(
             serde_json::to_string(diff_ids)
                 .unwrap_or_default()

@@ -29,6 +29,9 @@ pub struct ImageClaims {
     /// (`io.cudastack.kernels`, written by the kernel-coverage audit); empty in older images.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<CoverageGroup>,
+    /// Why `io.cudastack.kernels` is present but does not parse; the answer is then unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernels_unreadable: Option<String>,
     /// The capabilities every library with GPU code covers (`io.cudastack.sm`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub covered_sm: Vec<ComputeCapability>,
@@ -77,6 +80,11 @@ impl ImageClaims {
                 })
                 .unwrap_or_default()
         };
+        // Present but unreadable is not absent: falling back to the torch list would answer
+        // yes for a GPU whose cuDNN has no code (review of issue 20).
+        let kernels = label(LABEL_KERNELS).map(|text| {
+            serde_json::from_str::<Vec<CoverageGroup>>(&text).map_err(|error| error.to_string())
+        });
         Self {
             recipe: label("io.cudastack.recipe"),
             torch: label("io.cudastack.torch"),
@@ -85,10 +93,12 @@ impl ImageClaims {
             driver_floor: label("io.cudastack.driver-floor").and_then(|v| v.parse().ok()),
             require_cuda: env.get("NVIDIA_REQUIRE_CUDA").and_then(|v| require_cuda(v)),
             sm: sm_list("io.cudastack.torch.sm"),
-            // A label that does not parse is as good as absent: the torch list still answers.
-            kernels: label(LABEL_KERNELS)
-                .and_then(|text| serde_json::from_str(&text).ok())
+            kernels: kernels
+                .as_ref()
+                .and_then(|parsed| parsed.as_ref().ok())
+                .cloned()
                 .unwrap_or_default(),
+            kernels_unreadable: kernels.and_then(|parsed| parsed.err()),
             covered_sm: sm_list(LABEL_SM),
             verified: label(LABEL_MATRIX)
                 .and_then(|text| serde_json::from_str(&text).ok())
@@ -423,6 +433,11 @@ fn unknown_because(image: &ImageClaims, node: &Node) -> Option<String> {
             "the image declares nothing to check against (no NVIDIA_REQUIRE_CUDA, no io.cudastack.driver-floor, no io.cudastack.torch.sm label): it was not built by cudastack, or its labels were removed".to_string(),
         );
     }
+    if let Some(error) = &image.kernels_unreadable {
+        return Some(format!(
+            "the image's {LABEL_KERNELS} label does not parse ({error}): the GPU code of its libraries cannot be compared; rebuild it, or check it with the cudastack that built it"
+        ));
+    }
     if node.driver.is_none() && node.gpus.is_empty() {
         return Some(
             "nothing is known about the node: give --driver and --gpu/--cc, or --detect on the node".to_string(),
@@ -594,6 +609,45 @@ mod tests {
         let labels = BTreeMap::from([("io.cudastack.torch.sm".to_string(), sm.to_string())]);
         let env = BTreeMap::from([("NVIDIA_REQUIRE_CUDA".to_string(), "cuda>=12.1".to_string())]);
         ImageClaims::from_labels_and_env(&labels, &env)
+    }
+
+    /// A kernels label that does not parse (cut short, or a suffix this version does not
+    /// know) is no reason to fall back to the torch list and say yes.
+    #[test]
+    fn an_unreadable_kernels_label_is_unknown_not_yes() {
+        let env = BTreeMap::from([("NVIDIA_REQUIRE_CUDA".to_string(), "cuda>=12.4".to_string())]);
+        for bad in [
+            r#"[{"libraries":["/l.so"],"ptx":[],"sass":["sm_120x"]}]"#,
+            r#"[{"libraries":["/l.so"],"ptx":[],"sa"#,
+        ] {
+            let labels = BTreeMap::from([
+                (
+                    "io.cudastack.torch.sm".to_string(),
+                    "sm_80 sm_90 sm_120".to_string(),
+                ),
+                (
+                    "io.cudastack.driver-floor".to_string(),
+                    "570.86.10".to_string(),
+                ),
+                (LABEL_KERNELS.to_string(), bad.to_string()),
+            ]);
+            let claims = ImageClaims::from_labels_and_env(&labels, &env);
+            assert!(claims.kernels_unreadable.is_some(), "{bad}");
+            let answer = check(
+                Matrix::embedded(),
+                &claims,
+                &node("570.133.20", &[("NVIDIA GeForce RTX 5090", "12.0")]),
+            );
+            assert_eq!(answer.fits, Fit::Unknown, "{answer:?}");
+            assert!(
+                answer
+                    .unknown_because
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains(LABEL_KERNELS),
+                "{answer:?}"
+            );
+        }
     }
 
     /// Issue 20: the torch arch list covers sm_120, the image's cuDNN does not.
