@@ -373,8 +373,8 @@ fn check_kernels(
                         jit.map(|isa| format!("; this driver JIT-compiles PTX ISA {isa} at most")).unwrap_or_default()
                     ),
                     hint: Some(format!(
-                        "use an image built for this GPU: add `{}` to the recipe's `gpus:` and build again, and the audit names the library to upgrade",
-                        cc
+                        "use an image built for this GPU: add \"{}\" to the recipe's `gpus:` and build again, and the audit names the library to upgrade",
+                        gpu.name
                     )),
                 });
             }
