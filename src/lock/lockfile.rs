@@ -76,6 +76,9 @@ pub enum ArtifactKind {
     /// A wheel installed only in the builder of the `build:` packages (setuptools, ninja,
     /// nvcc, the sdists' `[build-system] requires`), never in the image.
     BuildWheel,
+    /// A Debian or Ubuntu package installed only in the builder (g++, the Python headers),
+    /// in its apt layer; never in the image.
+    BuildDeb,
 }
 
 /// Which layer a `deb` artifact is installed in: the shared base (minbase, python3,
@@ -245,7 +248,7 @@ impl Artifact {
                 ));
             }
         }
-        if self.kind == ArtifactKind::Deb {
+        if matches!(self.kind, ArtifactKind::Deb | ArtifactKind::BuildDeb) {
             return self.check_deb();
         }
         if self.kind == ArtifactKind::Sdist {

@@ -245,10 +245,37 @@ pub async fn resolve_with_builds(
         let cufile = artifacts
             .iter()
             .any(|a| a.name.starts_with("nvidia-cufile"));
-        let debs =
-            tokio::task::spawn_blocking(move || system::resolve_system(&system, &target, cufile))
-                .await??;
+        let builder = (!sdists.is_empty()).then(|| system::SystemRequest {
+            apt: system
+                .apt
+                .iter()
+                .cloned()
+                .chain(sdist::BUILD_DEBS.iter().map(|d| d.to_string()))
+                .collect(),
+            ..system.clone()
+        });
+        let (debs, builder_debs) = tokio::task::spawn_blocking(move || {
+            let debs = system::resolve_system(&system, &target, cufile)?;
+            let builder_debs = builder
+                .map(|builder| system::resolve_system(&builder, &target, cufile))
+                .transpose()?;
+            Ok::<_, system::SystemError>((debs, builder_debs))
+        })
+        .await??;
+        // What the builder's apt layer adds to the image's packages (issue 20).
+        let in_image: std::collections::BTreeSet<String> =
+            debs.iter().map(|d| d.name.clone()).collect();
+        let extra = builder_debs
+            .into_iter()
+            .flatten()
+            .filter(|d| !in_image.contains(&d.name))
+            .map(|mut d| {
+                d.kind = ArtifactKind::BuildDeb;
+                d.layer = Some(lockfile::DebLayer::Apt);
+                d
+            });
         artifacts.extend(debs);
+        artifacts.extend(extra);
     }
 
     // The same checks a lock read from disk passes: what `lock` writes, `build` accepts.

@@ -23,6 +23,11 @@ use crate::fetch::source::PackageSource;
 use crate::lock::LockError;
 use crate::recipe::SourceBuild;
 
+/// The Debian packages every source build installs in its builder: the host compiler
+/// (torch's `cpp_extension` calls `c++`, and nvcc calls `g++` for host code) and the
+/// headers of the base's Python (`Python.h`).
+pub const BUILD_DEBS: &[&str] = &["g++", "python3-dev"];
+
 /// The largest sdist read (flash-attn 2.6.3's is 2.6 MB, vLLM's about 9 MB).
 pub const MAX_SDIST_BYTES: u64 = 256 * 1024 * 1024;
 

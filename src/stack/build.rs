@@ -22,6 +22,7 @@ use crate::stack::layers::{BuildEnv, StackLayers};
 use crate::stack::output::{write_output, Assembled};
 use crate::stack::prepare::{prepare_platform, PlatformInputs};
 use crate::stack::produce::{audit_stack, produce_layers};
+use crate::stack::source_build::add_built_wheels;
 use crate::stack::staging::Staging;
 
 pub use crate::stack::error::BuildError;
@@ -47,20 +48,6 @@ pub async fn build(
     let cache = LayerCache::open(store.clone())?;
     let staging = Staging::open(&settings.cache_root)?;
     let several = platforms.len() > 1;
-    // Every platform's lock and artifacts first, so a platform that cannot work (no kernels
-    // for a recipe GPU in its own wheel) fails before any layer is assembled.
-    let mut inputs = Vec::new();
-    for &platform in &platforms {
-        if several {
-            progress.stage("platform", platform.as_str());
-        }
-        inputs.push(
-            prepare_platform(
-                settings, matrix, &recipe, platform, &store, &staging, progress,
-            )
-            .await?,
-        );
-    }
     let env = BuildEnv {
         cache: &cache,
         staging: &staging,
@@ -68,6 +55,21 @@ pub async fn build(
         progress,
         build_mode: settings.build_mode,
     };
+    // Every platform's lock and artifacts first, so a platform that cannot work (no kernels
+    // for a recipe GPU in its own wheel) fails before any layer is assembled.
+    let mut inputs = Vec::new();
+    for &platform in &platforms {
+        if several {
+            progress.stage("platform", platform.as_str());
+        }
+        let mut prepared = prepare_platform(
+            settings, matrix, &recipe, platform, &store, &staging, progress,
+        )
+        .await?;
+        // The wheels of the recipe's `build:` sdists, built or from the cache (issue 20).
+        add_built_wheels(settings, &mut prepared, &store, &env).await?;
+        inputs.push(prepared);
+    }
     let mut assembled = Vec::new();
     for platform_inputs in &inputs {
         if several {
