@@ -1,9 +1,13 @@
 //! Source builds of the recipe's `build:` packages (issue 20): what `lock` records for
 //! them, against a fixture index that serves real gzip-tar sdists and real wheels, and
-//! what `lock` says about a package that has no usable wheel.
+//! what `lock` says about a package that has no usable wheel; and the real build of a CUDA
+//! extension of our own and of torchsort (sdist-only on PyPI) for one GPU, in the image.
 
+use crate::e2e_support;
 use crate::fetch_support;
 
+use std::path::Path;
+use std::process::Command;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -394,5 +398,235 @@ async fn without_build_lock_points_at_the_field() {
     assert!(
         message.contains("hint: `fused-op` 2.1 also has a source distribution (`fused_op-2.1.tar.gz`): add `build: [{package: fused-op, version: \"2.1\"}]`"),
         "{message}"
+    );
+}
+
+/// The fixture extension (tests/fixtures/cuda_ext: one kernel, `CUDAExtension`) as the
+/// sdist `python -m build --sdist` makes: every file under `cuda_ext-0.1.0/`.
+fn fixture_sdist() -> Vec<u8> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cuda_ext");
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::default(),
+    ));
+    builder.mode(tar::HeaderMode::Deterministic);
+    for name in [
+        "PKG-INFO",
+        "pyproject.toml",
+        "setup.py",
+        "cuda_ext/__init__.py",
+        "cuda_ext/scale.cu",
+    ] {
+        builder
+            .append_path_with_name(dir.join(name), format!("cuda_ext-0.1.0/{name}"))
+            .unwrap();
+    }
+    builder.into_inner().unwrap().finish().unwrap()
+}
+
+/// The SASS architectures (`sm_89`) and PTX versions (`compute_89`) of the fatbinary in
+/// `.nv_fatbin` of a shared library, read from the fatbin container's entry headers
+/// (kind 1 PTX, 2 ELF; the sm number at offset 28), as cuobjdump lists them.
+fn fatbin_targets(library: &Path) -> Vec<String> {
+    use object::{Object, ObjectSection};
+    let bytes = std::fs::read(library).unwrap();
+    let file = object::File::parse(&*bytes).unwrap();
+    let section = file
+        .section_by_name(".nv_fatbin")
+        .unwrap_or_else(|| panic!("{} has no .nv_fatbin section", library.display()));
+    let data = section.data().unwrap();
+    let u16_at = |at: usize| u16::from_le_bytes(data[at..at + 2].try_into().unwrap());
+    let u32_at = |at: usize| u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
+    let u64_at = |at: usize| u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
+    let mut targets = Vec::new();
+    let mut container = 0;
+    while container + 16 <= data.len() && u32_at(container) == 0xBA55_ED50 {
+        let header = u16_at(container + 6) as usize;
+        let size = u64_at(container + 8) as usize;
+        let mut entry = container + header;
+        while entry < container + header + size {
+            let kind = u16_at(entry);
+            let entry_header = u32_at(entry + 4) as usize;
+            let payload = u64_at(entry + 8) as usize;
+            let sm = u32_at(entry + 28);
+            targets.push(match kind {
+                1 => format!("compute_{sm}"),
+                2 => format!("sm_{sm}"),
+                other => format!("kind{other}_{sm}"),
+            });
+            entry += entry_header + payload;
+        }
+        container += header + size;
+        // Containers are 8-byte aligned.
+        container = container.next_multiple_of(8);
+    }
+    targets.sort();
+    targets.dedup();
+    targets
+}
+
+/// `cudastack` with `args`, from the repository; its output when it succeeds.
+fn cudastack(args: &[&std::ffi::OsStr]) -> (String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "cudastack {args:?} failed:\n{stderr}"
+    );
+    (stdout, stderr)
+}
+
+/// The real thing (issue 20): the fixture extension (from a fixture index) and torchsort
+/// 0.1.10 (sdist-only on PyPI, one .cu file) built for `gpus: ["RTX 4090"]` with the
+/// devel flavor of the torch 2.4.1 cu121 stack, installed in the runtime image, imported
+/// there, their .so carrying SASS for sm_89 and PTX for it only; a second build reuses both
+/// wheels without running the compiler.
+#[test]
+fn extensions_build_for_the_recipe_gpus_and_are_reused() {
+    if let Some(reason) = e2e_support::skip_reason(&[("umoci", &["--version"][..])]) {
+        reason.report();
+        return;
+    }
+    let server = FixtureServer::start();
+    publish(
+        &server,
+        "cuda-ext",
+        &[File {
+            filename: "cuda_ext-0.1.0.tar.gz".into(),
+            bytes: fixture_sdist(),
+        }],
+    );
+    let work = tempfile::tempdir().unwrap();
+    let recipe = work.path().join("ext.yaml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name: source-build-e2e\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: {{ version: \"12.1\" }}\ncudnn: {{ version: \"9.1.0.70\" }}\ntorch: {{ version: \"2.4.1\" }}\ngpus: [\"RTX 4090\"]\nverify: {{ gpu: skip }}\nsource_date_epoch: 1727740800\nindexes: [{{ name: fixture, url: \"{}\", packages: [cuda-ext] }}]\nbuild:\n  - {{ package: cuda-ext, version: \"0.1.0\" }}\n  - {{ package: torchsort, version: \"0.1.10\" }}\n",
+            server.url("/simple/")
+        ),
+    )
+    .unwrap();
+    cudastack(&["lock".as_ref(), recipe.as_os_str()]);
+    let lock = cudastack::lock::Lockfile::read(&work.path().join("ext.lock")).unwrap();
+    let of_kind = |kind: ArtifactKind| -> Vec<&str> {
+        lock.artifacts
+            .iter()
+            .filter(|a| a.kind == kind)
+            .map(|a| a.name.as_str())
+            .collect()
+    };
+    assert_eq!(of_kind(ArtifactKind::Sdist), ["cuda-ext", "torchsort"]);
+    for tool in ["ninja", "nvidia-cuda-nvcc-cu12", "setuptools", "wheel"] {
+        assert!(
+            of_kind(ArtifactKind::BuildWheel).contains(&tool),
+            "{tool}: {:?}",
+            of_kind(ArtifactKind::BuildWheel)
+        );
+    }
+    for tool in ["g++", "python3-dev"] {
+        assert!(
+            of_kind(ArtifactKind::BuildDeb).contains(&tool),
+            "{tool}: {:?}",
+            of_kind(ArtifactKind::BuildDeb)
+        );
+    }
+    let cache = e2e_support::cache_dir();
+    let build = |layout: &str| {
+        let started = std::time::Instant::now();
+        let (_, log) = cudastack(&[
+            "build".as_ref(),
+            recipe.as_os_str(),
+            "--layout".as_ref(),
+            work.path().join(layout).as_os_str(),
+            "--cache-dir".as_ref(),
+            cache.as_os_str(),
+        ]);
+        eprintln!(
+            "build into {layout}: {:.0} s\n{log}",
+            started.elapsed().as_secs_f64()
+        );
+        log
+    };
+    let first = build("layout-a");
+    let second = build("layout-b");
+    for package in ["cuda-ext 0.1.0", "torchsort 0.1.10"] {
+        assert!(
+            first.lines().any(|l| l.contains(package) && (l.contains(": built ") || l.contains(": reused "))),
+            "{package}:\n{first}"
+        );
+        assert!(
+            second
+                .lines()
+                .any(|l| l.contains(package) && l.contains(": reused ")),
+            "{package} was built again:\n{second}"
+        );
+    }
+    assert!(
+        !second.contains("building "),
+        "the compiler ran again:\n{second}"
+    );
+
+    // In the runtime image: both import, each extension has sm_89 SASS and sm_89 PTX only,
+    // and the toolchain is not there.
+    let bundle = work.path().join("bundle");
+    let unpack = Command::new("umoci")
+        .args(["unpack", "--image"])
+        .arg(format!("{}:latest", work.path().join("layout-a").display()))
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(
+        unpack.status.success(),
+        "{}",
+        String::from_utf8_lossy(&unpack.stderr)
+    );
+    let root = bundle.join("rootfs");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+    let env: Vec<String> = config["process"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let output = e2e_support::in_image_chroot(&root)
+        .args(["/usr/bin/env", "-i"])
+        .args(&env)
+        .args([
+            "python3",
+            "-c",
+            "import cuda_ext, torchsort, torchsort.isotonic_cuda as c; print(cuda_ext._C.__file__); print(c.__file__)",
+        ])
+        .output()
+        .unwrap();
+    let text = e2e_support::output_text(&output);
+    assert!(output.status.success(), "{text}");
+    for library in String::from_utf8_lossy(&output.stdout).lines() {
+        let host = root.join(library.trim_start_matches('/'));
+        assert_eq!(fatbin_targets(&host), ["compute_89", "sm_89"], "{library}");
+    }
+    for tool in [
+        "usr/bin/g++",
+        "usr/local/cuda-12.1/bin/nvcc",
+        "usr/local/bin/ninja",
+    ] {
+        assert!(!root.join(tool).exists(), "{tool} is in the runtime image");
+    }
+    // The static probe of the image passes with the extensions installed.
+    let output = e2e_support::in_image_chroot(&root)
+        .args(["/usr/bin/env", "-i"])
+        .args(&env)
+        .args(["python3", cudastack::probe::PROBE_PATH, "--level", "static"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        e2e_support::output_text(&output)
     );
 }

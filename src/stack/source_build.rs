@@ -147,16 +147,33 @@ pub fn arch_list(
     Ok(list.join(";"))
 }
 
+/// Where the builder's paths are: the toolkit, its library directory, torch's libraries.
+pub struct BuilderPaths {
+    pub cuda_home: String,
+    pub lib_dir: String,
+    /// `<site>/torch/lib`, given to the extension as its RUNPATH.
+    pub torch_lib: String,
+}
+
 /// The environment of the compiler: the entry's `env:` and what cudastack sets (after it,
 /// so nothing of the recipe's can replace it; `recipe::build` refuses those names anyway).
+/// LDFLAGS gets torch's library directory as RUNPATH: an extension NEEDs libc10.so and
+/// libtorch*.so, which only torch's own RUNPATH finds otherwise, and the image's static
+/// audit resolves every NEEDED as the loader would (the entry's LDFLAGS come first).
 pub fn build_env(
     entry: &SourceBuild,
     key: &BuildKey,
-    cuda_home: &str,
-    lib_dir: &str,
+    paths: &BuilderPaths,
     jobs: usize,
 ) -> BTreeMap<String, String> {
     let mut env = entry.env.clone();
+    let rpath = format!("-Wl,-rpath,{}", paths.torch_lib);
+    let ldflags = match env.get("LDFLAGS") {
+        Some(flags) => format!("{flags} {rpath}"),
+        None => rpath,
+    };
+    env.insert("LDFLAGS".into(), ldflags);
+    let cuda_home = &paths.cuda_home;
     for (name, value) in [
         ("TORCH_CUDA_ARCH_LIST", key.arch_list.clone()),
         ("MAX_JOBS", jobs.to_string()),
@@ -166,7 +183,7 @@ pub fn build_env(
             "PATH",
             format!("{cuda_home}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
         ),
-        ("LD_LIBRARY_PATH", lib_dir.to_string()),
+        ("LD_LIBRARY_PATH", paths.lib_dir.clone()),
         ("HOME", "/build/home".to_string()),
         ("TMPDIR", "/build/tmp".to_string()),
         ("PYTHONHASHSEED", "0".to_string()),
@@ -569,9 +586,15 @@ fn build_one(
         .tempdir_in(parent)
         .map_err(io_error(parent))?;
     let log = partial.path().join("build.log");
-    let paths = inputs.paths();
+    let toolkit = inputs.paths();
+    let site = crate::install::Scheme::debian_local(inputs.recipe.python).platlib;
+    let paths = BuilderPaths {
+        cuda_home: toolkit.home(),
+        lib_dir: toolkit.lib_dir(),
+        torch_lib: site.join("torch/lib").display().to_string(),
+    };
     let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let vars = build_env(entry, key, &paths.home(), &paths.lib_dir(), jobs);
+    let vars = build_env(entry, key, &paths, jobs);
     let started = std::time::Instant::now();
     let status = run_in_chroot(root, &vars, &format!("/build/{source}"), &log)?;
     let seconds = started.elapsed().as_secs_f64();
@@ -690,7 +713,7 @@ fn run_in_chroot(
     let mut command = Command::new("unshare");
     command
         .args(["--mount", "--net", "--fork", "sh", "-c"])
-        .arg("mount -t proc proc \"$0/proc\" && mount --rbind /dev \"$0/dev\" && exec chroot \"$0\" \"$@\"")
+        .arg("mkdir -p \"$0/proc\" \"$0/dev\" && mount -t proc proc \"$0/proc\" && mount --rbind /dev \"$0/dev\" && exec chroot \"$0\" \"$@\"")
         .arg(root)
         .args(["/usr/bin/env", "-i"])
         .args(vars.iter().map(|(k, v)| format!("{k}={v}")))
@@ -792,12 +815,15 @@ mod tests {
         for other in changed {
             assert_ne!(other.digest(), key.digest(), "{other:?}");
         }
-        let env = build_env(
-            &recipe.build[0],
-            &key,
-            "/usr/local/cuda-12.1",
-            "/usr/local/cuda-12.1/lib64",
-            16,
+        let paths = BuilderPaths {
+            cuda_home: "/usr/local/cuda-12.1".into(),
+            lib_dir: "/usr/local/cuda-12.1/lib64".into(),
+            torch_lib: "/usr/local/lib/python3.11/dist-packages/torch/lib".into(),
+        };
+        let env = build_env(&recipe.build[0], &key, &paths, 16);
+        assert_eq!(
+            env["LDFLAGS"],
+            "-Wl,-rpath,/usr/local/lib/python3.11/dist-packages/torch/lib"
         );
         assert_eq!(env["TORCH_CUDA_ARCH_LIST"], "8.9+PTX");
         assert_eq!(env["MAX_JOBS"], "16");
