@@ -506,7 +506,7 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
     std::fs::write(
         &recipe,
         format!(
-            "name: source-build-e2e\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: {{ version: \"12.1\" }}\ncudnn: {{ version: \"9.1.0.70\" }}\ntorch: {{ version: \"2.4.1\" }}\ngpus: [\"RTX 4090\"]\nverify: {{ gpu: skip }}\nsource_date_epoch: 1727740800\nindexes: [{{ name: fixture, url: \"{}\", packages: [cuda-ext] }}]\nbuild:\n  - {{ package: cuda-ext, version: \"0.1.0\" }}\n  - {{ package: torchsort, version: \"0.1.10\" }}\n",
+            "name: source-build-e2e\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: {{ version: \"12.1\" }}\ncudnn: {{ version: \"9.1.0.70\" }}\ntorch: {{ version: \"2.4.1\" }}\ngpus: [\"RTX 4090\"]\nverify: {{ gpu: skip }}\nsource_date_epoch: 1727740800\napt: [libgomp1]\nindexes: [{{ name: fixture, url: \"{}\", packages: [cuda-ext] }}]\nbuild:\n  - {{ package: cuda-ext, version: \"0.1.0\" }}\n  - {{ package: torchsort, version: \"0.1.10\" }}\n",
             server.url("/simple/")
         ),
     )
@@ -617,16 +617,29 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
     ] {
         assert!(!root.join(tool).exists(), "{tool} is in the runtime image");
     }
-    // The static probe of the image passes with the extensions installed.
+    // The static probe of the image imports both (`static.extensions`).
     let output = e2e_support::in_image_chroot(&root)
         .args(["/usr/bin/env", "-i"])
         .args(&env)
         .args(["python3", cudastack::probe::PROBE_PATH, "--level", "static"])
         .output()
         .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        e2e_support::output_text(&output)
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report = cudastack::verify::report::Report::from_output(&stdout, "the probe in the image")
+        .unwrap_or_else(|e| panic!("{e}\n{}", e2e_support::output_text(&output)));
+    let check = report
+        .checks
+        .iter()
+        .find(|c| c.id == "static.extensions")
+        .unwrap_or_else(|| panic!("no static.extensions check:\n{stdout}"));
+    assert_eq!(
+        check.status,
+        cudastack::verify::report::Status::Pass,
+        "{check:?}"
+    );
+    assert_eq!(
+        check.data.as_ref().unwrap()["modules"],
+        serde_json::json!(["cuda_ext", "torchsort"]),
+        "{check:?}"
     );
 }
