@@ -456,9 +456,12 @@ fn fatbin_targets(library: &Path) -> Vec<String> {
             });
             entry += entry_header + payload;
         }
-        container += header + size;
-        // Containers are 8-byte aligned.
-        container = container.next_multiple_of(8);
+        // The next container (one per translation unit) starts at the next 8-byte boundary
+        // that holds the magic, after any padding.
+        container = (container + header + size).next_multiple_of(8);
+        while container + 4 <= data.len() && u32_at(container) != 0xBA55_ED50 {
+            container += 8;
+        }
     }
     targets.sort();
     targets.dedup();
