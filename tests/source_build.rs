@@ -468,6 +468,20 @@ fn fatbin_targets(library: &Path) -> Vec<String> {
     targets
 }
 
+/// The labels of the one image of an OCI layout.
+fn image_labels(layout: &Path) -> serde_json::Value {
+    let blob = |digest: &str| -> serde_json::Value {
+        let hex = digest.trim_start_matches("sha256:");
+        serde_json::from_slice(&std::fs::read(layout.join("blobs/sha256").join(hex)).unwrap())
+            .unwrap()
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let manifest = blob(index["manifests"][0]["digest"].as_str().unwrap());
+    let config = blob(manifest["config"]["digest"].as_str().unwrap());
+    config["config"]["Labels"].clone()
+}
+
 /// `cudastack` with `args`, from the repository; its output when it succeeds.
 fn cudastack(args: &[&std::ffi::OsStr]) -> (String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
@@ -573,6 +587,22 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
         !second.contains("building "),
         "the compiler ran again:\n{second}"
     );
+
+    // The image records what was built, with the wheels' sha256.
+    let labels = image_labels(&work.path().join("layout-a"));
+    for (name, file) in [
+        ("cuda-ext", "cuda_ext-0.1.0-cp311-cp311-linux_x86_64.whl"),
+        ("torchsort", "torchsort-0.1.10-cp311-cp311-linux_x86_64.whl"),
+    ] {
+        let label = labels[&format!("io.cudastack.built.{name}")]
+            .as_str()
+            .unwrap();
+        assert!(
+            label.contains(file) && label.contains(" sha256:"),
+            "{label}"
+        );
+        eprintln!("{name}: {label}");
+    }
 
     // In the runtime image: both import, each extension has sm_89 SASS and sm_89 PTX only,
     // and the toolchain is not there.

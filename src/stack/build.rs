@@ -139,7 +139,10 @@ fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildE
     let (audit, audit_cached) = audit_stack(&planned, &layers, &config, torch_build, env)?;
     Ok(Assembled {
         platform: inputs.platform,
-        image: image_of(inputs.platform, &layers, &config, env.options.mtime),
+        image: with_built_labels(
+            image_of(inputs.platform, &layers, &config, env.options.mtime),
+            inputs,
+        ),
         layers: layers.into_iter().map(|(report, _)| report).collect(),
         audit,
         audit_cached,
@@ -168,6 +171,31 @@ fn stack_facts(inputs: &PlatformInputs, base: &RootfsFacts, mtime: u64) -> Stack
         os: base.os.clone(),
         created: oci::rfc3339(mtime),
     }
+}
+
+/// The wheels compiled from the recipe's `build:` sdists (issue 20), recorded on the image:
+/// `io.cudastack.built.<name>` = `<version> <wheel file> <sha256>`, as the lock records the
+/// sdist and the image holds what was built from it.
+fn with_built_labels(mut image: Image, inputs: &PlatformInputs) -> Image {
+    let sdists = inputs
+        .lock
+        .artifacts
+        .iter()
+        .filter(|a| a.kind == crate::lock::ArtifactKind::Sdist);
+    for sdist in sdists {
+        if let Some(wheel) = inputs.wheels.get(&sdist.name) {
+            let file = wheel
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            image = image.with_label(
+                &format!("io.cudastack.built.{}", sdist.name),
+                &format!("{} {file} {}", sdist.version, wheel.sha256),
+            );
+        }
+    }
+    image
 }
 
 /// The image of `layers` with the stack's config.

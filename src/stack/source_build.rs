@@ -60,6 +60,12 @@ pub enum SourceBuildError {
         cuda: String,
         supported: String,
     },
+    #[error("`build` package `{package}` cannot be compiled for {platform} on this {host} machine: the compiler runs in a chroot of the image's own platform\n  hint: build the {platform} image on a {platform} machine, or drop `{package}` from `build:` for it")]
+    ForeignPlatform {
+        package: String,
+        platform: String,
+        host: String,
+    },
     #[error("the lock has the sdist of `{package}` {version}, but the recipe's `build:` does not name it\n  hint: run `cudastack lock` again")]
     NotInRecipe { package: String, version: String },
     #[error("building `{package}` {version} from its sdist needs root (it runs the compiler in a chroot of the devel stack), and this build runs as uid {uid}\n  hint: run `cudastack build` as root, or build the wheel elsewhere and serve it from an index in `indexes:`")]
@@ -251,6 +257,17 @@ pub(crate) async fn add_built_wheels(
         match cached(&settings.cache_root, &key)? {
             Some(wheel) => built.push(wheel),
             None => missing.push((sdist, entry, key)),
+        }
+    }
+    if let Some((sdist, _, _)) = missing.first() {
+        let host = crate::platform::Platform::host();
+        if host != Some(inputs.platform) {
+            return Err(SourceBuildError::ForeignPlatform {
+                package: sdist.name.clone(),
+                platform: inputs.platform.to_string(),
+                host: host.map_or("unknown".into(), |h| h.to_string()),
+            }
+            .into());
         }
     }
     if !missing.is_empty() {
