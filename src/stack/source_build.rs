@@ -849,4 +849,88 @@ mod tests {
         assert_eq!(env["FORCE_CUDA"], "1");
         assert!(env["PATH"].starts_with("/usr/local/cuda-12.1/bin:"));
     }
+
+    #[test]
+    fn trees_merge_upper_over_lower_as_hard_links() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (lower, upper, root) = (
+            dir.path().join("lower"),
+            dir.path().join("upper"),
+            dir.path().join("root"),
+        );
+        for (tree, text) in [(&lower, "lower"), (&upper, "upper")] {
+            std::fs::create_dir_all(tree.join("usr/bin")).unwrap();
+            std::fs::write(tree.join("usr/bin/tool"), text).unwrap();
+        }
+        std::fs::write(lower.join("usr/bin/only-lower"), "x").unwrap();
+        std::os::unix::fs::symlink("tool", upper.join("usr/bin/alias")).unwrap();
+        std::fs::create_dir(&root).unwrap();
+        merge_tree(&lower, &root).unwrap();
+        merge_tree(&upper, &root).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(root.join("usr/bin/tool")).unwrap(),
+            "upper"
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("usr/bin/only-lower")).unwrap(),
+            "x"
+        );
+        assert_eq!(
+            std::fs::read_link(root.join("usr/bin/alias")).unwrap(),
+            Path::new("tool")
+        );
+        let inode = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        assert_eq!(
+            inode(&root.join("usr/bin/tool")),
+            inode(&upper.join("usr/bin/tool"))
+        );
+    }
+
+    fn gzip_tar(members: &[&str]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::fast(),
+        ));
+        for path in members {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(1);
+            header.set_mode(0o644);
+            header.set_cksum();
+            builder.append_data(&mut header, path, &b"x"[..]).unwrap();
+        }
+        builder.into_inner().unwrap().finish().unwrap()
+    }
+
+    #[test]
+    fn an_sdist_unpacks_under_the_fixed_path_and_its_log_tail_is_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let blob = dir.path().join("blob");
+        std::fs::write(
+            &blob,
+            gzip_tar(&[
+                "cuda_ext-0.1.0/setup.py",
+                "cuda_ext-0.1.0/cuda_ext/scale.cu",
+            ]),
+        )
+        .unwrap();
+        let dest = dir.path().join("build/cuda-ext-0.1.0");
+        std::fs::create_dir_all(dir.path().join("build/unpack")).unwrap();
+        unpack_sdist(&blob, &dir.path().join("build/unpack"), &dest).unwrap();
+        assert!(dest.join("setup.py").is_file() && dest.join("cuda_ext/scale.cu").is_file());
+        std::fs::write(&blob, gzip_tar(&["a/setup.py", "b/setup.py"])).unwrap();
+        let error = unpack_sdist(&blob, &dir.path().join("other"), &dir.path().join("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("has 2 top-level entries"), "{error}");
+        let log = dir.path().join("build.log");
+        let text: String = (1..=100).map(|n| format!("line {n}\n")).collect();
+        std::fs::write(&log, text).unwrap();
+        let tail = log_tail(&log);
+        assert_eq!(tail.lines().count(), LOG_TAIL);
+        assert!(
+            tail.starts_with("  | line 61\n") && tail.ends_with("  | line 100"),
+            "{tail}"
+        );
+    }
 }
