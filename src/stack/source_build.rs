@@ -91,6 +91,13 @@ pub enum SourceBuildError {
     },
 }
 
+/// Boxed: its messages carry a log tail, and every `Result` of the build holds a BuildError.
+impl From<SourceBuildError> for BuildError {
+    fn from(error: SourceBuildError) -> Self {
+        BuildError::SourceBuild(Box::new(error))
+    }
+}
+
 /// Everything the built wheel depends on; its canonical JSON's sha256 names the cache entry.
 #[derive(Debug, Clone, Serialize)]
 pub struct BuildKey {
