@@ -500,7 +500,8 @@ fn cudastack(args: &[&std::ffi::OsStr]) -> (String, String) {
 
 /// The real thing (issue 20): the fixture extension (from a fixture index) and torchsort
 /// 0.1.10 (sdist-only on PyPI, one .cu file) built for `gpus: ["RTX 4090"]` with the
-/// devel flavor of the torch 2.4.1 cu121 stack, installed in the runtime image, imported
+/// devel flavor of the torch 2.11.0 CUDA 13.0 stack (CUDA 12 has no nvcc wheel on PyPI),
+/// installed in the runtime image, imported
 /// there, their .so carrying SASS for sm_89 and PTX for it only; a second build reuses both
 /// wheels without running the compiler.
 #[test]
@@ -523,7 +524,7 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
     std::fs::write(
         &recipe,
         format!(
-            "name: source-build-e2e\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: {{ version: \"12.1\" }}\ncudnn: {{ version: \"9.1.0.70\" }}\ntorch: {{ version: \"2.4.1\" }}\ngpus: [\"RTX 4090\"]\nverify: {{ gpu: skip }}\nsource_date_epoch: 1727740800\napt: [libgomp1]\nindexes: [{{ name: fixture, url: \"{}\", packages: [cuda-ext] }}]\nbuild:\n  - {{ package: cuda-ext, version: \"0.1.0\" }}\n  - {{ package: torchsort, version: \"0.1.10\" }}\n",
+            "name: source-build-e2e\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"580.65.06\"\ncuda: {{ version: \"13.0\" }}\ncudnn: {{ version: \"9.19.0.56\" }}\ntorch: {{ version: \"2.11.0\" }}\ngpus: [\"RTX 4090\"]\nverify: {{ gpu: skip }}\nsource_date_epoch: 1772323200\napt: [libgomp1]\nindexes: [{{ name: fixture, url: \"{}\", packages: [cuda-ext] }}]\nbuild:\n  - {{ package: cuda-ext, version: \"0.1.0\" }}\n  - {{ package: torchsort, version: \"0.1.10\" }}\n",
             server.url("/simple/")
         ),
     )
@@ -538,7 +539,13 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
             .collect()
     };
     assert_eq!(of_kind(ArtifactKind::Sdist), ["cuda-ext", "torchsort"]);
-    for tool in ["ninja", "nvidia-cuda-nvcc-cu12", "setuptools", "wheel"] {
+    for tool in [
+        "ninja",
+        "nvidia-cuda-nvcc",
+        "nvidia-nvvm",
+        "setuptools",
+        "wheel",
+    ] {
         assert!(
             of_kind(ArtifactKind::BuildWheel).contains(&tool),
             "{tool}: {:?}",
@@ -645,7 +652,7 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
     }
     for tool in [
         "usr/bin/g++",
-        "usr/local/cuda-12.1/bin/nvcc",
+        "usr/local/cuda-13.0/bin/nvcc",
         "usr/local/bin/ninja",
     ] {
         assert!(!root.join(tool).exists(), "{tool} is in the runtime image");

@@ -115,6 +115,12 @@ pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>
 /// compiles in parallel with it, and falls back to one file at a time without it).
 pub const BUILD_TOOLCHAIN: &[&str] = &["setuptools", "wheel", "ninja"];
 
+/// The first CUDA major whose nvcc is on PyPI as a wheel with the compiler itself
+/// (`nvidia-cuda-nvcc` 13.x: nvcc, fatbinary, nvlink; cicc in `nvidia-nvvm`, via
+/// `cuda-toolkit[nvcc]`). The CUDA 12 wheels (`nvidia-cuda-nvcc-cu12` 12.1.105 to 12.9.86)
+/// carry `bin/ptxas` only: checked on the wheels themselves.
+pub const FIRST_CUDA_WITH_NVCC_WHEEL: u32 = 13;
+
 /// The recipe's `build:` list and the toolchain its builder needs: [`BUILD_TOOLCHAIN`] and,
 /// when the image is of the runtime flavor, the nvcc wheel of the stack's exact CUDA
 /// release (the devel flavor has it in the image already).
@@ -125,10 +131,22 @@ pub fn build_request(
     if recipe.build.is_empty() {
         return Ok(Default::default());
     }
+    if recipe.cuda.version.major < FIRST_CUDA_WITH_NVCC_WHEEL {
+        return Err(InputsError::Unsupported {
+            recipe: recipe.name.clone(),
+            message: format!("`build:` compiles `{}` with nvcc, and PyPI publishes nvcc for CUDA {FIRST_CUDA_WITH_NVCC_WHEEL} and later only: the nvidia-cuda-nvcc-cu12 wheels (12.1 to 12.9) hold ptxas alone, without nvcc, cicc, fatbinary or nvlink, so CUDA {} cannot compile from the wheels the lock names\n  hint: use a CUDA {FIRST_CUDA_WITH_NVCC_WHEEL} stack for the image (torch >= 2.11.0 on PyPI is built for CUDA 13.0), or build the wheel elsewhere and serve it from an index in `indexes:`", recipe.build[0], recipe.cuda.version),
+        });
+    }
     let mut texts: Vec<String> = BUILD_TOOLCHAIN.iter().map(|t| t.to_string()).collect();
     if recipe.cuda.flavor == Flavor::Runtime {
         texts.push(nvcc_requirement(matrix, recipe));
     }
+    // nvidia-cuda-nvcc 13.0.88 requires cicc (nvidia-nvvm) and the crt headers
+    // (nvidia-cuda-crt) without a version, and cuda-toolkit 13.0.2's `nvcc` extra does
+    // not pin them: unpinned, the resolver takes 13.5's cicc for 13.0's nvcc.
+    let line = recipe.cuda.version.line();
+    texts.push(format!("nvidia-nvvm=={line}.*"));
+    texts.push(format!("nvidia-cuda-crt=={line}.*"));
     let toolchain = texts
         .into_iter()
         .map(|text| {
@@ -470,14 +488,23 @@ mod tests {
     }
 
     /// Issue 20: a `build:` package is a root at its exact version; its builder gets the
-    /// toolchain, with nvcc only when the image itself has none.
+    /// toolchain, with nvcc only when the image itself has none; CUDA 12 has no nvcc wheel.
     #[test]
     fn build_entries_are_roots_and_their_builder_gets_the_toolchain() {
-        let r = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
+        let cu121 = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
         assert_eq!(
-            root_requirements(Matrix::embedded(), &r).unwrap(),
+            root_requirements(Matrix::embedded(), &cu121).unwrap(),
             vec!["torch==2.4.1", "pip", "torchsort==0.1.10"]
         );
+        let error = build_request(Matrix::embedded(), &cu121)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("PyPI publishes nvcc for CUDA 13 and later only"),
+            "{error}"
+        );
+        assert!(error.contains("hint: use a CUDA 13 stack"), "{error}");
+        let r = recipe("cuda: { version: \"13.0\" }\ntorch: { version: \"2.11.0\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
         let toolchain = |r: &Recipe| -> Vec<String> {
             build_request(Matrix::embedded(), r)
                 .unwrap()
@@ -486,17 +513,24 @@ mod tests {
                 .map(ToString::to_string)
                 .collect()
         };
+        let nvcc = toolchain(&r);
+        assert_eq!(nvcc[..3], ["setuptools", "wheel", "ninja"]);
+        assert!(nvcc[3].starts_with("cuda-toolkit[nvcc]==13.0."), "{nvcc:?}");
         assert_eq!(
-            toolchain(&r),
+            nvcc[4..],
+            ["nvidia-nvvm==13.0.*", "nvidia-cuda-crt==13.0.*"]
+        );
+        let devel = recipe("cuda: { version: \"13.0\", flavor: devel }\ntorch: { version: \"2.11.0\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
+        assert_eq!(
+            toolchain(&devel),
             [
                 "setuptools",
                 "wheel",
                 "ninja",
-                "nvidia-cuda-nvcc-cu12==12.1.105"
+                "nvidia-nvvm==13.0.*",
+                "nvidia-cuda-crt==13.0.*"
             ]
         );
-        let devel = recipe("cuda: { version: \"12.1\", flavor: devel }\ntorch: { version: \"2.4.1\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
-        assert_eq!(toolchain(&devel), ["setuptools", "wheel", "ninja"]);
         let none = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\n");
         assert!(build_request(Matrix::embedded(), &none)
             .unwrap()
