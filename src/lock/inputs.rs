@@ -143,10 +143,13 @@ pub fn build_request(
     }
     // nvidia-cuda-nvcc 13.0.88 requires cicc (nvidia-nvvm) and the crt headers
     // (nvidia-cuda-crt) without a version, and cuda-toolkit 13.0.2's `nvcc` extra does
-    // not pin them: unpinned, the resolver takes 13.5's cicc for 13.0's nvcc.
+    // not pin them: unpinned, the resolver takes 13.5's cicc for 13.0's nvcc. CCCL
+    // (`nv/target`, which cuda_fp16.hpp includes; nvcc.profile's `include/cccl`) is a
+    // wheel of its own that nothing of the runtime requires.
     let line = recipe.cuda.version.line();
-    texts.push(format!("nvidia-nvvm=={line}.*"));
-    texts.push(format!("nvidia-cuda-crt=={line}.*"));
+    for wheel in ["nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-cccl"] {
+        texts.push(format!("{wheel}=={line}.*"));
+    }
     let toolchain = texts
         .into_iter()
         .map(|text| {
@@ -528,7 +531,8 @@ mod tests {
                 "wheel",
                 "ninja",
                 "nvidia-nvvm==13.0.*",
-                "nvidia-cuda-crt==13.0.*"
+                "nvidia-cuda-crt==13.0.*",
+                "nvidia-cuda-cccl==13.0.*"
             ]
         );
         let none = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\n");
