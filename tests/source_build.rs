@@ -468,6 +468,23 @@ fn fatbin_targets(library: &Path) -> Vec<String> {
     targets
 }
 
+/// `unshare … chroot ROOT` with /proc and the host's /dev mounted (torch reads
+/// /dev/urandom when it is imported; an unpacked image has no device nodes, Docker gives
+/// a container its own /dev).
+fn chroot_with_dev(root: &Path) -> Command {
+    let mut command = Command::new("unshare");
+    command
+        .args([
+            "--mount",
+            "--fork",
+            "sh",
+            "-c",
+            "mkdir -p \"$0/proc\" \"$0/dev\" && mount -t proc proc \"$0/proc\" && mount --rbind /dev \"$0/dev\" && exec chroot \"$0\" \"$@\"",
+        ])
+        .arg(root);
+    command
+}
+
 /// The labels of the one image of an OCI layout.
 fn image_labels(layout: &Path) -> serde_json::Value {
     let blob = |digest: &str| -> serde_json::Value {
@@ -636,7 +653,7 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
         .iter()
         .map(|v| v.as_str().unwrap().to_string())
         .collect();
-    let output = e2e_support::in_image_chroot(&root)
+    let output = chroot_with_dev(&root)
         .args(["/usr/bin/env", "-i"])
         .args(&env)
         .args([
@@ -660,7 +677,7 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
         assert!(!root.join(tool).exists(), "{tool} is in the runtime image");
     }
     // The static probe of the image imports both (`static.extensions`).
-    let output = e2e_support::in_image_chroot(&root)
+    let output = chroot_with_dev(&root)
         .args(["/usr/bin/env", "-i"])
         .args(&env)
         .args(["python3", cudastack::probe::PROBE_PATH, "--level", "static"])

@@ -42,7 +42,7 @@ use crate::stack::settings::{source_date_epoch, BuildSettings};
 use crate::version::ComputeCapability;
 
 /// Bump when the way a wheel is built changes: part of every [`BuildKey`].
-const BUILDER: &str = "source-build-1";
+const BUILDER: &str = "source-build-2";
 
 /// Lines of the build log an error shows.
 const LOG_TAIL: usize = 40;
@@ -725,7 +725,10 @@ fn unpack_sdist(blob: &Path, scratch: &Path, dest: &Path) -> Result<(), BuildErr
 }
 
 /// `pip wheel` of `source` in a chroot of `root` with no network and a private mount
-/// namespace (/proc and /dev mounted there, gone with the process); output to `log`.
+/// namespace (/proc and /dev mounted there, gone with the process); output to `log`. A
+/// PID namespace of its own too: nvcc names its temporary files after its PID
+/// (`tmpxft_<pid>_...cudafe1.cpp`) and that name ends up in the extension's symbols, so
+/// the same build in a fresh namespace gets the same PIDs and the same bytes.
 fn run_in_chroot(
     root: &Path,
     vars: &BTreeMap<String, String>,
@@ -736,7 +739,7 @@ fn run_in_chroot(
     let err = out.try_clone().map_err(io_error(log))?;
     let mut command = Command::new("unshare");
     command
-        .args(["--mount", "--net", "--fork", "sh", "-c"])
+        .args(["--mount", "--net", "--pid", "--fork", "sh", "-c"])
         .arg("mkdir -p \"$0/proc\" \"$0/dev\" && mount -t proc proc \"$0/proc\" && mount --rbind /dev \"$0/dev\" && exec chroot \"$0\" \"$@\"")
         .arg(root)
         .args(["/usr/bin/env", "-i"])
