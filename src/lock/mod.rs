@@ -86,7 +86,7 @@ pub enum LockError {
         expected: Vec<String>,
         found: String,
     },
-    #[error("`{package}` {version} is published only as a source distribution (`{filename}`), and cudastack installs wheels only, unless the recipe's `build:` names the package\n  hint: add `build: [{{package: {package}, version: \"{version}\"}}]` to the recipe to compile it with the stack's devel toolchain for the recipe's `gpus:` (docs/source-builds.md)\n  hint: or require a version of `{package}` that has a wheel, drop what requires it, or serve a wheel of it from an index in the recipe's `indexes:`\n{report}")]
+    #[error("`{package}` {version} is published only as a source distribution (`{filename}`), and cudastack installs wheels only, unless the recipe's `build:` names the package\n  hint: add `build: [{{package: {package}, version: \"{version}\"}}]` to the recipe to compile it with the stack's devel toolchain for the recipe's `gpus:` (docs/source-builds.md)\n  hint: require a version of `{package}` that has a wheel instead, drop what requires it, or serve a wheel of it from an index in the recipe's `indexes:`\n{report}")]
     SdistOnly {
         package: PackageName,
         version: Version,
