@@ -521,7 +521,11 @@ mod tests {
         assert!(nvcc[3].starts_with("cuda-toolkit[nvcc]==13.0."), "{nvcc:?}");
         assert_eq!(
             nvcc[4..],
-            ["nvidia-nvvm==13.0.*", "nvidia-cuda-crt==13.0.*"]
+            [
+                "nvidia-nvvm==13.0.*",
+                "nvidia-cuda-crt==13.0.*",
+                "nvidia-cuda-cccl==13.0.*"
+            ]
         );
         let devel = recipe("cuda: { version: \"13.0\", flavor: devel }\ntorch: { version: \"2.11.0\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
         assert_eq!(
