@@ -93,7 +93,7 @@ failure_summary() {
   awk '
     /^---- .* stdout ----$/ { inblock = 1; lines = 0; print; next }
     /^failures:$/ || /^test result:/ { inblock = 0 }
-    inblock && lines < 12 && NF > 0 && $0 !~ /^note: run with/ { print "    " $0; lines++ }
+    inblock && lines < 12 && NF > 0 && $0 !~ /^note: run with/ { print "    " substr($0, 1, 400); lines++ }
   ' "$test_log" | head -400 >&2
 }
 cleanup() {

@@ -347,6 +347,191 @@ impl fmt::Display for ComputeCapability {
 }
 serde_via_str!(ComputeCapability);
 
+/// What a compiled GPU target is specific to, from nvcc's suffixes (CUDA C++ Programming
+/// Guide, "Feature Availability": architecture-specific and family-specific features).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum ArchVariant {
+    /// `sm_86`: the usual rules (a cubin runs on its major at an equal or newer minor,
+    /// PTX JIT-compiles for any equal or newer GPU).
+    #[default]
+    Portable,
+    /// `sm_100f` / `compute_120f`: family-specific features, so the code runs only within
+    /// its major (a cubin's reach is unchanged; PTX no longer JITs for a later major).
+    Family,
+    /// `sm_90a` / `compute_90a`: architecture-specific features, so the code runs only on
+    /// exactly that compute capability.
+    Specific,
+}
+
+/// A GPU code target as nvcc and cuobjdump name it: `sm_90`, `sm_90a`, `sm_120f`. The
+/// device it runs on is the [`ComputeCapability`]; the suffix narrows where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GpuArch {
+    pub cc: ComputeCapability,
+    pub variant: ArchVariant,
+}
+
+impl GpuArch {
+    pub const fn new(cc: ComputeCapability, variant: ArchVariant) -> Self {
+        Self { cc, variant }
+    }
+
+    /// Whether SASS (a cubin) for this target runs on `device`: the binary compatibility
+    /// rule of [`ComputeCapability::cubin_runs_on`], or only `device` itself for `sm_90a`.
+    pub fn sass_runs_on(&self, device: &ComputeCapability) -> bool {
+        match self.variant {
+            ArchVariant::Specific => self.cc == *device,
+            ArchVariant::Portable | ArchVariant::Family => self.cc.cubin_runs_on(device),
+        }
+    }
+
+    /// Whether the driver can JIT-compile PTX for this target to `device` (the PTX ISA
+    /// version is a separate condition, see [`PtxIsa`]).
+    pub fn ptx_jits_for(&self, device: &ComputeCapability) -> bool {
+        match self.variant {
+            ArchVariant::Portable => self.cc.ptx_runs_on(device),
+            ArchVariant::Family => self.cc.cubin_runs_on(device),
+            ArchVariant::Specific => self.cc == *device,
+        }
+    }
+
+    fn suffix(&self) -> &'static str {
+        match self.variant {
+            ArchVariant::Portable => "",
+            ArchVariant::Family => "f",
+            ArchVariant::Specific => "a",
+        }
+    }
+}
+
+impl FromStr for GpuArch {
+    type Err = VersionError;
+    /// `sm_90a`, `compute_120f`, `sm_86`, `9.0a`.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let trimmed = text.trim();
+        let variant = match trimmed.chars().last() {
+            Some('a') => ArchVariant::Specific,
+            Some('f') => ArchVariant::Family,
+            _ => ArchVariant::Portable,
+        };
+        let digits = match variant {
+            ArchVariant::Portable => trimmed,
+            _ => &trimmed[..trimmed.len() - 1],
+        };
+        let cc = ComputeCapability::from_str(digits).map_err(|_| VersionError {
+            text: text.to_string(),
+            what: "GPU architecture",
+            expected: "sm_XY with an optional a or f suffix, e.g. sm_86, sm_90a, sm_120f",
+        })?;
+        Ok(Self { cc, variant })
+    }
+}
+
+impl fmt::Display for GpuArch {
+    /// `sm_90a`: the cuobjdump spelling.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.cc.sm(), self.suffix())
+    }
+}
+serde_via_str!(GpuArch);
+
+/// A PTX ISA version (`.version 8.1` in PTX text, and the version field of a fatbin's PTX
+/// entry). The driver JIT-compiles PTX only up to the ISA of the CUDA release it supports:
+/// minor version compatibility does not extend to PTX (CUDA Compatibility guide, "Minor
+/// Version Compatibility", limitation "Applications that use PTX").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PtxIsa {
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// PTX ISA version -> the CUDA release that introduced it, oldest first. Sources: NVIDIA,
+/// "Parallel Thread Execution ISA", chapter "Release Notes", table "PTX Release History"
+/// (docs.nvidia.com/cuda/parallel-thread-execution/#release-notes), as NVIDIA's cuda-python
+/// copies it for 5.0 .. 9.1 (`cuda_bindings/cuda/bindings/utils/_ptx_utils.py`,
+/// `_ptx_to_cuda`). CUDA 12.6 kept ISA 8.5, and ISA 8.6 is listed for CUDA 12.7, a version
+/// that was never released. So a CUDA 12.6 driver does not read 8.6. 9.4 = CUDA 13.4 and
+/// 9.5 = CUDA 13.5 are as the PTX ISA 9.4 and 9.5 documents name them. 9.2 and 9.3 follow
+/// the one-to-one numbering of 13.x (not read from a source). Checked against real
+/// libraries: cuDNN 8.9.2.26 (built with 12.1) carries ISA 8.1, cuDNN 9.1.0.70 ISA 8.4,
+/// cuDNN 9.28.0.42 ISA 8.8 (12.9).
+pub const PTX_ISA_RELEASES: &[(PtxIsa, CudaVersion)] = &[
+    (PtxIsa::new(5, 0), CudaVersion::new(8, 0, None)),
+    (PtxIsa::new(6, 0), CudaVersion::new(9, 0, None)),
+    (PtxIsa::new(6, 1), CudaVersion::new(9, 1, None)),
+    (PtxIsa::new(6, 2), CudaVersion::new(9, 2, None)),
+    (PtxIsa::new(6, 3), CudaVersion::new(10, 0, None)),
+    (PtxIsa::new(6, 4), CudaVersion::new(10, 1, None)),
+    (PtxIsa::new(6, 5), CudaVersion::new(10, 2, None)),
+    (PtxIsa::new(7, 0), CudaVersion::new(11, 0, None)),
+    (PtxIsa::new(7, 1), CudaVersion::new(11, 1, None)),
+    (PtxIsa::new(7, 2), CudaVersion::new(11, 2, None)),
+    (PtxIsa::new(7, 3), CudaVersion::new(11, 3, None)),
+    (PtxIsa::new(7, 4), CudaVersion::new(11, 4, None)),
+    (PtxIsa::new(7, 5), CudaVersion::new(11, 5, None)),
+    (PtxIsa::new(7, 6), CudaVersion::new(11, 6, None)),
+    (PtxIsa::new(7, 7), CudaVersion::new(11, 7, None)),
+    (PtxIsa::new(7, 8), CudaVersion::new(11, 8, None)),
+    (PtxIsa::new(8, 0), CudaVersion::new(12, 0, None)),
+    (PtxIsa::new(8, 1), CudaVersion::new(12, 1, None)),
+    (PtxIsa::new(8, 2), CudaVersion::new(12, 2, None)),
+    (PtxIsa::new(8, 3), CudaVersion::new(12, 3, None)),
+    (PtxIsa::new(8, 4), CudaVersion::new(12, 4, None)),
+    (PtxIsa::new(8, 5), CudaVersion::new(12, 5, None)),
+    (PtxIsa::new(8, 6), CudaVersion::new(12, 7, None)),
+    (PtxIsa::new(8, 7), CudaVersion::new(12, 8, None)),
+    (PtxIsa::new(8, 8), CudaVersion::new(12, 9, None)),
+    (PtxIsa::new(9, 0), CudaVersion::new(13, 0, None)),
+    (PtxIsa::new(9, 1), CudaVersion::new(13, 1, None)),
+    (PtxIsa::new(9, 2), CudaVersion::new(13, 2, None)),
+    (PtxIsa::new(9, 3), CudaVersion::new(13, 3, None)),
+    (PtxIsa::new(9, 4), CudaVersion::new(13, 4, None)),
+    (PtxIsa::new(9, 5), CudaVersion::new(13, 5, None)),
+];
+
+impl PtxIsa {
+    pub const fn new(major: u32, minor: u32) -> Self {
+        Self { major, minor }
+    }
+
+    /// The CUDA release line that introduced this ISA; None for an ISA newer than the table.
+    pub fn cuda(&self) -> Option<CudaVersion> {
+        PTX_ISA_RELEASES
+            .iter()
+            .find(|(isa, _)| isa == self)
+            .map(|(_, cuda)| *cuda)
+    }
+
+    /// The newest ISA a driver that supports CUDA `cuda` can JIT-compile.
+    pub fn newest_for(cuda: CudaVersion) -> Option<PtxIsa> {
+        PTX_ISA_RELEASES
+            .iter()
+            .filter(|(_, release)| *release <= cuda.line())
+            .map(|(isa, _)| *isa)
+            .max()
+    }
+}
+
+impl FromStr for PtxIsa {
+    type Err = VersionError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        numeric_parts(text.trim(), 2, 2)
+            .map(|parts| PtxIsa::new(parts[0], parts[1]))
+            .ok_or_else(|| VersionError {
+                text: text.to_string(),
+                what: "PTX ISA version",
+                expected: "MAJOR.MINOR, e.g. 8.1",
+            })
+    }
+}
+
+impl fmt::Display for PtxIsa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+serde_via_str!(PtxIsa);
+
 /// A CPython `major.minor` version (`3.11`), the unit wheels are tagged with (`cp311`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PythonVersion {
@@ -524,6 +709,45 @@ mod tests {
         assert!(!cc86.cubin_runs_on(&sm80));
         assert!(!sm80.cubin_runs_on(&ComputeCapability::new(9, 0)));
         assert!(sm80.ptx_runs_on(&sm120));
+    }
+
+    #[test]
+    fn arch_suffixes_narrow_where_code_runs() {
+        let cc = |text: &str| text.parse::<ComputeCapability>().unwrap();
+        let arch = |text: &str| text.parse::<GpuArch>().unwrap();
+        assert_eq!(arch("sm_90a").to_string(), "sm_90a");
+        assert_eq!(arch("compute_120f").to_string(), "sm_120f");
+        assert_eq!(arch("sm_86").variant, ArchVariant::Portable);
+        assert!(arch("sm_90a").sass_runs_on(&cc("9.0")));
+        assert!(!arch("sm_90a").sass_runs_on(&cc("9.1")));
+        assert!(arch("sm_90").sass_runs_on(&cc("9.1")));
+        assert!(arch("sm_100f").sass_runs_on(&cc("10.3")));
+        assert!(!arch("sm_100").sass_runs_on(&cc("12.0")));
+        assert!(arch("sm_90").ptx_jits_for(&cc("12.0")));
+        assert!(!arch("sm_90a").ptx_jits_for(&cc("10.0")));
+        assert!(arch("sm_120f").ptx_jits_for(&cc("12.1")));
+        assert!(!arch("sm_100f").ptx_jits_for(&cc("12.0")));
+        assert!("sm_x".parse::<GpuArch>().is_err());
+        assert!("a".parse::<GpuArch>().is_err());
+        assert!(arch("sm_90a") > arch("sm_90"));
+    }
+
+    #[test]
+    fn ptx_isa_table_maps_to_cuda_releases() {
+        let isa = |text: &str| text.parse::<PtxIsa>().unwrap();
+        let cuda = |text: &str| text.parse::<CudaVersion>().unwrap();
+        assert_eq!(isa("8.0").cuda(), Some(cuda("12.0")));
+        assert_eq!(isa("8.6").cuda(), Some(cuda("12.7")));
+        assert_eq!(isa("8.7").cuda(), Some(cuda("12.8")));
+        assert_eq!(isa("9.9").cuda(), None);
+        assert_eq!(PtxIsa::newest_for(cuda("12.2")), Some(isa("8.2")));
+        assert_eq!(PtxIsa::newest_for(cuda("12.4.1")), Some(isa("8.4")));
+        // CUDA 12.6 kept ISA 8.5: its driver does not read 8.6.
+        assert_eq!(PtxIsa::newest_for(cuda("12.6")), Some(isa("8.5")));
+        assert_eq!(PtxIsa::newest_for(cuda("13.5")), Some(isa("9.5")));
+        assert_eq!(PtxIsa::newest_for(cuda("7.5")), None);
+        assert!(PTX_ISA_RELEASES.windows(2).all(|w| w[0] < w[1]));
+        assert!("8".parse::<PtxIsa>().is_err());
     }
 
     #[test]

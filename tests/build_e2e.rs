@@ -88,6 +88,8 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
         reason.report();
         return;
     }
+    // Declared first, so it is released after the images are removed.
+    let _slot = e2e_support::large_image_slot();
     let _cleanup = RemoveImage;
     let work = tempfile::tempdir().unwrap();
     let (digest, first_log) = build(&work.path().join("layout-a"));

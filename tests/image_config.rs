@@ -169,6 +169,8 @@ fn a_training_image_runs_as_its_user_and_extends_with_pip_within_its_constraints
         .report();
         return;
     }
+    // Declared first, so it is released after the images are removed.
+    let _slot = e2e_support::large_image_slot();
     let _cleanup = RemoveImages;
     let work = tempfile::tempdir().unwrap();
     let dir = work.path();

@@ -51,6 +51,7 @@ mod index_credentials;
 mod install_properties;
 mod install_real_wheel;
 mod install_wheel;
+mod kernel_audit;
 mod layer_build;
 mod layer_cache_integrity;
 mod lock_debs;

@@ -183,6 +183,8 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
         .report();
         return;
     }
+    // Declared first, so it is released after the images are removed.
+    let _slot = e2e_support::large_image_slot();
     let _cleanup = RemoveImages;
     let index = AuthIndex::start(PageFormat::Html, Some((USER, PASSWORD)));
     let (filename, bytes, metadata) = acme_wheel();

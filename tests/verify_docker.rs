@@ -389,7 +389,9 @@ fn an_unchanged_image_on_an_unchanged_host_is_verified_from_the_cache() {
         "{stderr}"
     );
     assert!(second.get("load").is_none(), "{second}");
-    assert!(seconds < 2.0, "a cached verify took {seconds:.2} s");
+    // What proves the cache answered is above (its line, no load); the time is printed, not
+    // asserted: under CI load the same path took 4.2 s (a timed test is a benchmark's job).
+    eprintln!("a cached verify took {seconds:.2} s");
     assert_eq!(second["verdict"], first["verdict"]);
     assert_eq!(second["report"]["checks"], first["report"]["checks"]);
     assert_eq!(

@@ -17,7 +17,8 @@
 //! - no dangling or looping symlinks (absolute targets resolve inside the root);
 //! - `cudnn_version.h`, the `libcudnn.so.X.Y.Z` file names and the installed nvidia-cudnn
 //!   wheel agree on the cuDNN version;
-//! - installed distributions match the expected pins (e.g. torch's `Requires-Dist`).
+//! - installed distributions match the expected pins (e.g. torch's `Requires-Dist`);
+//! - every library with GPU code has code each target GPU can run (`kernels`).
 //!
 //! It reads, never writes: ELF headers only (see [`crate::elf`]), small text files, and file
 //! digests only for the duplicate copies it reports. Simplifications against glibc, chosen
@@ -31,8 +32,9 @@
 //! DT_NEEDED resolution in ld.so's order, symbol versions, inherited DT_RPATH), with
 //! `loader` holding what ld.so reads (ld.so.conf, the default directories, ELF headers);
 //! `sonames` (one copy per SONAME); `cudnn`; `distributions` (duplicates and pins, the pins
-//! themselves from [`pins`]). Paths inside the root resolve through [`crate::rootfs`].
+//! themselves from [`pins`]); `kernels` (the fatbins of every ELF against the target GPUs). Paths inside the root resolve through [`crate::rootfs`].
 
+pub mod kernels;
 pub mod pins;
 /// Kept as `audit::rootfs` for the callers that still name it there; the module itself is
 /// [`crate::rootfs`].
@@ -52,7 +54,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::version::PtxIsa;
+
 pub use cudnn::parse_cudnn_header;
+pub use kernels::{CoverageGroup, KernelTable, KernelTarget};
 pub use loader::{image_glibc, ld_so_conf_dirs, DEFAULT_LIBRARY_DIRS};
 
 #[cfg(test)]
@@ -84,6 +89,11 @@ pub struct AuditOptions {
     /// as resolved when exactly one real file in the image provides the SONAME; otherwise it
     /// is still a finding.
     pub preloaded: BTreeSet<String>,
+    /// The GPUs the image is for (the recipe's `gpus`): every library with device code
+    /// must have SASS or JIT-able PTX for each. Empty: the table is made, nothing checked.
+    pub target_gpus: Vec<kernels::KernelTarget>,
+    /// The newest PTX ISA the driver floor's JIT compiler reads; None counts PTX of any ISA.
+    pub jit_ptx_isa: Option<PtxIsa>,
 }
 
 impl AuditOptions {
@@ -112,6 +122,8 @@ pub enum FindingKind {
     CudnnVersionMismatch,
     PinMismatch,
     DuplicateDistribution,
+    MissingKernels,
+    MalformedFatbin,
 }
 
 impl FindingKind {
@@ -127,6 +139,8 @@ impl FindingKind {
             FindingKind::CudnnVersionMismatch => "cudnn-version-mismatch",
             FindingKind::PinMismatch => "pin-mismatch",
             FindingKind::DuplicateDistribution => "duplicate-distribution",
+            FindingKind::MissingKernels => "missing-kernels",
+            FindingKind::MalformedFatbin => "malformed-fatbin",
         }
     }
 }
@@ -148,6 +162,8 @@ pub struct AuditReport {
     pub needed_checked: usize,
     pub symlinks: usize,
     pub distributions: usize,
+    /// Every library with GPU code and what it carries.
+    pub kernels: KernelTable,
     pub findings: Vec<Finding>,
 }
 
@@ -165,11 +181,12 @@ impl AuditReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "static audit: {} ELF files, {} DT_NEEDED entries, {} symlinks, {} Python distributions: {}",
+            "static audit: {} ELF files, {} DT_NEEDED entries, {} symlinks, {} Python distributions, {} libraries with GPU code: {}",
             self.elf_files,
             self.needed_checked,
             self.symlinks,
             self.distributions,
+            self.kernels.libraries.len(),
             match self.findings.len() {
                 0 => "clean".to_string(),
                 1 => "1 finding".to_string(),
@@ -263,12 +280,21 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
     )?;
     findings.extend(cudnn::mismatch(&cudnn_claims));
     findings.extend(distributions::check(&installed, &options.pins));
+    let elf_paths: Vec<PathBuf> = objects.list.iter().map(|(path, _)| path.clone()).collect();
+    let (kernel_table, fatbin_findings) = kernels::scan(root, &elf_paths)?;
+    findings.extend(fatbin_findings);
+    findings.extend(kernels::missing(
+        &kernel_table.groups(),
+        &options.target_gpus,
+        options.jit_ptx_isa,
+    ));
     findings.sort();
     Ok(AuditReport {
         elf_files: objects.list.len(),
         needed_checked: linkage.needed_checked,
         symlinks: inventory.symlinks.len(),
         distributions: installed.len(),
+        kernels: kernel_table,
         findings,
     })
 }

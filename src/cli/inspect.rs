@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use clap::Args;
+use cudastack::audit::kernels::render_groups;
 use cudastack::verify::check::ImageClaims;
 use cudastack::verify::record::report_ref;
 use cudastack::verify::source::{ImageDocuments, ImageLocation};
@@ -113,14 +114,19 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
             .unwrap_or_else(|| "-".into())
     ));
     printer.line(format_args!(
-        "  kernels       {}",
-        claims
-            .sm
-            .iter()
-            .map(|c| c.sm())
-            .collect::<Vec<_>>()
-            .join(" ")
+        "  torch sm      {}",
+        if claims.sm.is_empty() {
+            "-".to_string()
+        } else {
+            claims
+                .sm
+                .iter()
+                .map(|c| c.sm())
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
     ));
+    print_kernels(claims, printer);
     if claims.verified.is_empty() {
         printer.line("  verified      no (no io.cudastack.verified label)");
     } else {
@@ -141,5 +147,31 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
     }
     if let Some(report) = &inspection.report_ref {
         printer.line(format_args!("  report        {report} (in the layout)"));
+    }
+}
+
+/// The kernel-coverage table (`io.cudastack.kernels`): each group of libraries with the
+/// same GPU code, its SASS and PTX targets, then its libraries.
+fn print_kernels(claims: &ImageClaims, printer: &Printer) {
+    if claims.kernels.is_empty() {
+        printer.line("  GPU code      - (no io.cudastack.kernels label: built before the kernel audit, or no library has GPU code)");
+        return;
+    }
+    let libraries: usize = claims.kernels.iter().map(|g| g.libraries.len()).sum();
+    printer.line(format_args!(
+        "  GPU code      {libraries} libraries; every one covers {}",
+        if claims.covered_sm.is_empty() {
+            "-".to_string()
+        } else {
+            claims
+                .covered_sm
+                .iter()
+                .map(|c| c.sm())
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+    ));
+    for line in render_groups(&claims.kernels).lines() {
+        printer.line(format_args!("    {line}"));
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Used by the cuDNN/wheel assemblers (SONAME symlink chains, see [`chain`]), by the static
 //! audit (`DT_NEEDED` resolution through `DT_RPATH`/`DT_RUNPATH`) and by the verify probe
-//! (which `GLIBC_*` symbol versions a binary requires from the image's glibc).
+//! (which `GLIBC_*` symbol versions a binary requires from the image's glibc). [`fatbin`]
+//! lists the GPU code a binary embeds, for the audit's kernel-coverage phase.
 //!
 //! Only the ELF header, the section headers, the dynamic section, its string table, the
 //! `PT_INTERP` segment and the `SHT_GNU_VERNEED` section are read, through
@@ -11,6 +12,7 @@
 //! normal outcome ([`ElfProbe::NotElf`]), not an error, so callers can walk whole trees.
 
 pub mod chain;
+pub mod fatbin;
 
 /// The one glibc version type lives with the other versions; the ELF reader parses
 /// `GLIBC_*` symbol version names into it.

@@ -262,6 +262,7 @@ mod tests {
             needed_checked: 0,
             symlinks: 0,
             distributions: 0,
+            kernels: None,
         };
         let digest = Digest::of_bytes(b"manifest");
         BuildReport {

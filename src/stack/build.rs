@@ -21,7 +21,7 @@ use crate::stack::config::{stack_config, StackConfig, StackFacts};
 use crate::stack::layers::{BuildEnv, StackLayers};
 use crate::stack::output::{write_output, Assembled};
 use crate::stack::prepare::{prepare_platform, PlatformInputs};
-use crate::stack::produce::{audit_stack, produce_layers};
+use crate::stack::produce::{audit_stack, produce_layers, KernelTargets};
 use crate::stack::source_build::add_built_wheels;
 use crate::stack::staging::Staging;
 
@@ -136,7 +136,13 @@ fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildE
         &facts,
         inputs.arch(),
     );
-    let (audit, audit_cached) = audit_stack(&planned, &layers, &config, torch_build, env)?;
+    let targets = KernelTargets::of(inputs.matrix, inputs.recipe);
+    let (audit, audit_cached) =
+        audit_stack(&planned, &layers, &config, torch_build, &targets, env)?;
+    let config = config.with_kernel_labels(
+        audit.kernels.as_deref().unwrap_or_default(),
+        targets.jit_ptx_isa,
+    );
     Ok(Assembled {
         platform: inputs.platform,
         image: with_built_labels(

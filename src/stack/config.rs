@@ -9,11 +9,12 @@
 
 use std::collections::BTreeMap;
 
+use crate::audit::kernels::{covered_by_all, CoverageGroup, LABEL_KERNELS, LABEL_SM};
 use crate::matrix::validate::nvidia_require_cuda;
 use crate::matrix::{Matrix, TorchBuild};
 use crate::platform::Platform;
 use crate::recipe::{expand_path, Recipe};
-use crate::version::CudaVersion;
+use crate::version::{CudaVersion, PtxIsa};
 
 /// Where the NVIDIA container runtime mounts the driver's user-space libraries in images
 /// that follow the nvidia/cuda convention.
@@ -250,6 +251,31 @@ fn stack_labels(
     labels
 }
 
+impl StackConfig {
+    /// This config with the labels of what the kernel-coverage audit found: the coverage
+    /// groups and the capabilities all of them cover (PTX counting up to `jit`, the ISA the
+    /// driver floor reads). An image without GPU code gets neither label (nothing to say,
+    /// and `check` then falls back to the torch arch list).
+    pub fn with_kernel_labels(mut self, groups: &[CoverageGroup], jit: Option<PtxIsa>) -> Self {
+        if groups.is_empty() {
+            return self;
+        }
+        let json = crate::canonical::to_canonical_json(groups).expect("coverage groups serialise");
+        self.labels.insert(
+            LABEL_KERNELS.to_string(),
+            String::from_utf8(json).expect("JSON is UTF-8"),
+        );
+        let sm: Vec<String> = covered_by_all(groups, jit)
+            .iter()
+            .map(|cc| cc.sm())
+            .collect();
+        if !sm.is_empty() {
+            self.labels.insert(LABEL_SM.to_string(), sm.join(" "));
+        }
+        self
+    }
+}
+
 /// `/etc/ld.so.conf.d/` entry so `ldconfig` and programs without LD_LIBRARY_PATH find the
 /// one toolkit library directory.
 pub fn ld_so_conf(paths: &ToolkitPaths) -> (String, String) {
@@ -337,6 +363,37 @@ mod tests {
         assert_eq!(config.exposed_ports, ["29500/tcp"]);
         assert_eq!(config.labels["com.example.team"], "ml");
         assert_eq!(config.labels["io.cudastack.recipe"], "t");
+    }
+
+    #[test]
+    fn kernel_labels_record_the_groups_and_what_all_cover() {
+        let recipe = Recipe::parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"535.104.05\"\ncuda: { version: \"12.1\" }\n", Path::new("t.yaml")).unwrap();
+        let config = stack_config(
+            Matrix::embedded(),
+            &recipe,
+            None,
+            &StackFacts::default(),
+            Platform::LinuxAmd64,
+        );
+        assert_eq!(config.clone().with_kernel_labels(&[], None), config);
+        let group = |sass: &[&str], library: &str| CoverageGroup {
+            sass: sass.iter().map(|s| s.parse().unwrap()).collect(),
+            ptx: Default::default(),
+            libraries: vec![library.into()],
+        };
+        let groups = [
+            group(&["sm_80", "sm_90"], "/usr/lib/libtorch_cuda.so"),
+            group(
+                &["sm_80", "sm_86", "sm_90", "sm_120"],
+                "/usr/lib/libcudnn_ops.so.9",
+            ),
+        ];
+        let labelled = config.with_kernel_labels(&groups, None);
+        assert_eq!(labelled.labels[LABEL_SM], "sm_80 sm_86 sm_90");
+        let back: Vec<CoverageGroup> =
+            serde_json::from_str(&labelled.labels[LABEL_KERNELS]).unwrap();
+        assert_eq!(back, groups);
+        assert!(!labelled.labels[LABEL_KERNELS].contains(' '));
     }
 
     /// Docker's rule: an entrypoint without `cmd:` runs with no arguments; `[python3]` is

@@ -15,15 +15,19 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::{Scope, ScopedJoinHandle};
 
-use crate::audit::{audit, AuditOptions};
+use crate::audit::kernels::{missing, KernelTable, KernelTarget, LibraryKernels};
+use crate::audit::{audit, AuditOptions, AuditReport};
 use crate::digest::Digest;
+use crate::elf::fatbin::{DeviceCode, SectionCode};
 use crate::layer::{CacheKey, DirOptions, Layer, LayerContents};
-use crate::matrix::TorchBuild;
+use crate::matrix::{Matrix, TorchBuild};
+use crate::recipe::Recipe;
 use crate::stack::config::StackConfig;
 use crate::stack::error::BuildError;
 use crate::stack::layers::{BuildEnv, LayerStager, StackLayers};
 use crate::stack::report::{human_bytes, AuditSummary, LayerReport};
 use crate::stack::staging::{merge_trees, write_record, Staging};
+use crate::version::{ComputeCapability, PtxIsa};
 
 /// Layers tarred and compressed at once. Two keep a writer busy while the next tree stages
 /// and bound memory (each writer holds a few MiB of chunks and compressor blocks).
@@ -277,10 +281,12 @@ fn report(stager: &dyn LayerStager, layer: &Layer, cached: bool) -> LayerReport 
     }
 }
 
-/// The audit verdict of one set of layers: `<digest of their diff_ids>.audit.json`.
+/// The audit verdict of one set of layers: `<digest of their diff_ids>.audit.v2.json`.
+/// v2 records keep the kernel coverage groups (issue 20); an older record is not looked
+/// at, so a build that finds none stages its trees and audits them again.
 fn audit_record(staging: &Staging, diff_ids: &[Digest]) -> PathBuf {
     staging.record_path(&format!(
-        "{}.audit.json",
+        "{}.audit.v2.json",
         Digest::of_bytes(
             serde_json::to_string(diff_ids)
                 .unwrap_or_default()
@@ -290,14 +296,52 @@ fn audit_record(staging: &Staging, diff_ids: &[Digest]) -> PathBuf {
     ))
 }
 
+/// The GPUs a build's kernels are checked against (the recipe's `gpus`, resolved to
+/// compute capabilities as validation resolves them) and the newest PTX ISA its driver
+/// floor can JIT-compile.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KernelTargets {
+    pub gpus: Vec<KernelTarget>,
+    pub jit_ptx_isa: Option<PtxIsa>,
+}
+
+impl KernelTargets {
+    pub fn of(matrix: &Matrix, recipe: &Recipe) -> Self {
+        // Names validation refused never reach a build; skipping one here cannot hide it.
+        let gpus = recipe
+            .gpus
+            .iter()
+            .filter_map(|name| match matrix.gpu(name) {
+                Some(gpu) => Some(KernelTarget {
+                    name: gpu.name.clone(),
+                    cc: gpu.cc,
+                }),
+                None => name
+                    .parse::<ComputeCapability>()
+                    .ok()
+                    .map(|cc| KernelTarget { name: cc.sm(), cc }),
+            })
+            .collect();
+        Self {
+            gpus,
+            jit_ptx_isa: matrix
+                .cuda_ceiling(&recipe.driver_floor)
+                .and_then(PtxIsa::newest_for),
+        }
+    }
+}
+
 /// The static audit of the assembled filesystem (every ELF's NEEDED, one copy per SONAME,
-/// symlinks, the cuDNN header, the torch build's pins), from its record when this set of
-/// layers was audited before. Returns the summary and whether it was cached.
+/// symlinks, the cuDNN header, the torch build's pins, the GPU code of every library), from
+/// its record when this set of layers was audited before. The record keeps the kernel
+/// coverage groups, so a cached verdict is still checked against this build's `targets`.
+/// Returns the summary and whether it was cached.
 pub(crate) fn audit_stack(
     planned: &StackLayers,
     layers: &[(LayerReport, Layer)],
     config: &StackConfig,
     torch_build: Option<&TorchBuild>,
+    targets: &KernelTargets,
     env: &BuildEnv,
 ) -> Result<(AuditSummary, bool), BuildError> {
     // Code that cannot change the verdict is not re-audited: the record of the layers below
@@ -324,10 +368,13 @@ pub(crate) fn audit_stack(
             &serde_json::to_vec(summary).expect("summary serialises"),
         )
     };
+    // Every v2 record has the groups; one without is not trusted: audit again.
     if let Some(summary) = fs_err::read(&record)
         .ok()
         .and_then(|bytes| serde_json::from_slice::<AuditSummary>(&bytes).ok())
+        .filter(|summary| summary.kernels.is_some())
     {
+        check_cached_kernels(&summary, targets)?;
         if audited < layers.len() {
             whole_set(&summary)?;
         }
@@ -335,7 +382,7 @@ pub(crate) fn audit_stack(
     }
     env.progress.stage(
         "audit",
-        "every ELF's NEEDED, one copy per SONAME, symlinks, cuDNN header, pins",
+        "every ELF's NEEDED, one copy per SONAME, symlinks, cuDNN header, pins, GPU code",
     );
     let scratch = env.staging.scratch(planned.config.key(), "audit")?;
     let merged = scratch.path();
@@ -351,6 +398,8 @@ pub(crate) fn audit_stack(
         .unwrap_or_default();
     let options = AuditOptions {
         pins: nvidia_pins(torch_build),
+        target_gpus: targets.gpus.clone(),
+        jit_ptx_isa: targets.jit_ptx_isa,
         ..Default::default()
     }
     .with_ld_library_path(&ld_library_path);
@@ -365,6 +414,7 @@ pub(crate) fn audit_stack(
         needed_checked: report.needed_checked,
         symlinks: report.symlinks,
         distributions: report.distributions,
+        kernels: Some(report.kernels.groups()),
     };
     write_record(
         &record,
@@ -374,6 +424,41 @@ pub(crate) fn audit_stack(
         whole_set(&summary)?;
     }
     Ok((summary, false))
+}
+
+/// A cached verdict against this build's targets: the record keeps the coverage groups,
+/// so a change of `gpus:` or `driver_floor:` alone is checked without auditing again.
+fn check_cached_kernels(summary: &AuditSummary, targets: &KernelTargets) -> Result<(), BuildError> {
+    let groups = summary.kernels.as_deref().unwrap_or_default();
+    let findings = missing(groups, &targets.gpus, targets.jit_ptx_isa);
+    if findings.is_empty() {
+        return Ok(());
+    }
+    let libraries = groups
+        .iter()
+        .flat_map(|group| {
+            group.libraries.iter().map(|path| LibraryKernels {
+                path: path.clone(),
+                code: DeviceCode {
+                    fatbin: SectionCode {
+                        sass: group.sass.clone(),
+                        ptx: group.ptx.clone(),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            })
+        })
+        .collect();
+    let report = AuditReport {
+        elf_files: summary.elf_files,
+        needed_checked: summary.needed_checked,
+        symlinks: summary.symlinks,
+        distributions: summary.distributions,
+        kernels: KernelTable { libraries },
+        findings,
+    };
+    Err(BuildError::AuditFailed(report.render()))
 }
 
 /// The nvidia-* pins of the torch build, as exact versions (`12.1.105`, not `12.1.105.*`).
@@ -498,6 +583,63 @@ mod tests {
             build_mode: None,
         };
         produce_layers(stagers, &cache_root.join("no-facts"), &env)
+    }
+
+    /// The recipe's `gpus` by name or capability, as validation resolves them, and the PTX
+    /// ISA its driver floor's JIT reads (535 supports CUDA 12.2: ISA 8.2).
+    #[test]
+    fn kernel_targets_are_the_recipes_gpus_and_its_floors_ptx_isa() {
+        let recipe = Recipe::parse(
+            "name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"535.104.05\"\ncuda: { version: \"12.1\" }\ngpus: [\"RTX 4090\", \"9.0\"]\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let targets = KernelTargets::of(Matrix::embedded(), &recipe);
+        let ccs: Vec<String> = targets.gpus.iter().map(|g| g.cc.sm()).collect();
+        assert_eq!(ccs, ["sm_89", "sm_90"]);
+        assert!(targets.gpus[0].name.contains("4090"), "{:?}", targets.gpus);
+        assert_eq!(targets.gpus[1].label(), "sm_90");
+        assert_eq!(targets.jit_ptx_isa, Some(PtxIsa::new(8, 2)));
+    }
+
+    /// A cached audit is checked against this build's GPUs: adding H100 to `gpus:` fails a
+    /// build whose layers were audited clean for an RTX 4090.
+    #[test]
+    fn a_cached_audit_is_checked_against_the_builds_gpus() {
+        let group = crate::audit::CoverageGroup {
+            sass: ["sm_80".parse().unwrap()].into(),
+            ptx: Default::default(),
+            libraries: vec!["/usr/lib/libext.so".into()],
+        };
+        let summary = AuditSummary {
+            elf_files: 3,
+            needed_checked: 5,
+            symlinks: 0,
+            distributions: 1,
+            kernels: Some(vec![group]),
+        };
+        let target = |name: &str, cc: &str| KernelTarget {
+            name: name.into(),
+            cc: cc.parse().unwrap(),
+        };
+        let rtx_4090 = KernelTargets {
+            gpus: vec![target("RTX 4090", "8.9")],
+            jit_ptx_isa: Some(PtxIsa::new(8, 2)),
+        };
+        assert!(check_cached_kernels(&summary, &rtx_4090).is_ok());
+        let with_h100 = KernelTargets {
+            gpus: vec![target("RTX 4090", "8.9"), target("H100", "9.0")],
+            ..rtx_4090
+        };
+        let error = check_cached_kernels(&summary, &with_h100)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("error[missing-kernels]"), "{error}");
+        assert!(
+            error.contains("libext.so has no kernels for H100 (sm_90)"),
+            "{error}"
+        );
+        assert!(error.contains("1 libraries with GPU code"), "{error}");
     }
 
     #[test]

@@ -59,6 +59,10 @@ pub struct AuditSummary {
     pub needed_checked: usize,
     pub symlinks: usize,
     pub distributions: usize,
+    /// The image's libraries with GPU code, grouped by identical SASS/PTX targets (the
+    /// `io.cudastack.kernels` label). None in a record written before the kernel audit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<Vec<crate::audit::kernels::CoverageGroup>>,
 }
 
 /// `1536` -> `1.5 KiB`.

@@ -8,9 +8,10 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use super::record::{VerifiedOn, LABEL_MATRIX};
+use crate::audit::kernels::{CoverageGroup, Reach, LABEL_KERNELS, LABEL_SM};
 use crate::matrix::solve::TargetGpu;
 use crate::matrix::{GpuDrivers, Matrix};
-use crate::version::{ComputeCapability, CudaVersion, DriverVersion};
+use crate::version::{ComputeCapability, CudaVersion, DriverVersion, PtxIsa};
 
 /// What an image's config declares about what it needs.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -24,6 +25,13 @@ pub struct ImageClaims {
     pub require_cuda: Option<CudaVersion>,
     /// The torch build's cubin archs (`io.cudastack.torch.sm`).
     pub sm: Vec<ComputeCapability>,
+    /// The image's libraries with GPU code, grouped by identical targets
+    /// (`io.cudastack.kernels`, written by the kernel-coverage audit); empty in older images.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<CoverageGroup>,
+    /// The capabilities every library with GPU code covers (`io.cudastack.sm`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub covered_sm: Vec<ComputeCapability>,
     pub verified: Vec<VerifiedOn>,
 }
 
@@ -60,6 +68,15 @@ impl ImageClaims {
         env: &BTreeMap<String, String>,
     ) -> Self {
         let label = |key: &str| labels.get(key).cloned();
+        let sm_list = |key: &str| -> Vec<ComputeCapability> {
+            label(key)
+                .map(|list| {
+                    list.split_whitespace()
+                        .filter_map(|sm| ComputeCapability::from_str(sm).ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
         Self {
             recipe: label("io.cudastack.recipe"),
             torch: label("io.cudastack.torch"),
@@ -67,13 +84,12 @@ impl ImageClaims {
             cudnn: label("io.cudastack.cudnn"),
             driver_floor: label("io.cudastack.driver-floor").and_then(|v| v.parse().ok()),
             require_cuda: env.get("NVIDIA_REQUIRE_CUDA").and_then(|v| require_cuda(v)),
-            sm: label("io.cudastack.torch.sm")
-                .map(|list| {
-                    list.split_whitespace()
-                        .filter_map(|sm| ComputeCapability::from_str(sm).ok())
-                        .collect()
-                })
+            sm: sm_list("io.cudastack.torch.sm"),
+            // A label that does not parse is as good as absent: the torch list still answers.
+            kernels: label(LABEL_KERNELS)
+                .and_then(|text| serde_json::from_str(&text).ok())
                 .unwrap_or_default(),
+            covered_sm: sm_list(LABEL_SM),
             verified: label(LABEL_MATRIX)
                 .and_then(|text| serde_json::from_str(&text).ok())
                 .unwrap_or_default(),
@@ -164,8 +180,19 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
             });
         }
     }
+    // The driver's JIT reads PTX up to the ISA of the newest CUDA it supports.
+    let jit = node
+        .driver
+        .as_ref()
+        .and_then(|driver| matrix.cuda_ceiling(driver))
+        .and_then(PtxIsa::newest_for);
     for gpu in &node.gpus {
-        check_gpu(matrix, image, gpu, &mut findings);
+        if image.kernels.is_empty() {
+            check_gpu(matrix, image, gpu, &mut findings);
+        } else {
+            check_kernels(image, gpu, jit, &mut findings);
+        }
+        verified_on(image, gpu, &mut findings);
     }
     if findings.iter().any(|f| !f.ok) {
         return Answer {
@@ -304,20 +331,82 @@ fn check_gpu(matrix: &Matrix, image: &ImageClaims, gpu: &NodeGpu, findings: &mut
             None,
         );
     }
+}
+
+/// One GPU of the node against every library's GPU code (the `io.cudastack.kernels` label):
+/// a no names each group of libraries without code it can run, and what they carry.
+/// `jit`: the newest PTX ISA the node's driver reads (None: driver unknown, PTX counts).
+fn check_kernels(
+    image: &ImageClaims,
+    gpu: &NodeGpu,
+    jit: Option<PtxIsa>,
+    findings: &mut Vec<Finding>,
+) {
+    let cc = gpu.compute_capability;
+    let subject = format!("{} ({})", gpu.name, cc.sm());
+    let mut jitted = Vec::new();
+    let mut missing = false;
+    for group in &image.kernels {
+        let names = group.library_names().join(", ");
+        match group.reach(&cc, jit) {
+            Reach::Sass(_) => {}
+            Reach::Ptx(ptx) => jitted.push(format!("{ptx} of {names}")),
+            Reach::PtxTooNew(_) | Reach::None => {
+                missing = true;
+                findings.push(Finding {
+                    ok: false,
+                    subject: subject.clone(),
+                    what: format!(
+                        "has no kernels in {names} (SASS {}; PTX {}{}): the first launch fails with `no kernel image is available for execution on the device`",
+                        group.sass_text(),
+                        group.ptx_text(),
+                        jit.map(|isa| format!("; this driver JIT-compiles PTX ISA {isa} at most")).unwrap_or_default()
+                    ),
+                    hint: Some(format!(
+                        "use an image built for this GPU: add `{}` to the recipe's `gpus:` and build again, and the audit names the library to upgrade",
+                        cc
+                    )),
+                });
+            }
+        }
+    }
+    if missing {
+        return;
+    }
+    let libraries: usize = image.kernels.iter().map(|g| g.libraries.len()).sum();
+    let what = if jitted.is_empty() {
+        format!("runs native kernels of all {libraries} libraries with GPU code")
+    } else {
+        format!(
+            "runs all {libraries} libraries with GPU code, JIT-compiling at first use {}",
+            jitted.join("; ")
+        )
+    };
+    findings.push(Finding {
+        ok: true,
+        subject,
+        what,
+        hint: None,
+    });
+}
+
+/// The row of the verified matrix for this GPU's capability, as an ok finding.
+fn verified_on(image: &ImageClaims, gpu: &NodeGpu, findings: &mut Vec<Finding>) {
+    let cc = gpu.compute_capability;
     if let Some(row) = image
         .verified
         .iter()
         .find(|row| row.compute_capability == format!("{}.{}", cc.major, cc.minor))
     {
-        push(
-            true,
-            format!("{} (sm_{}{})", gpu.name, cc.major, cc.minor),
-            format!(
+        findings.push(Finding {
+            ok: true,
+            subject: format!("{} (sm_{}{})", gpu.name, cc.major, cc.minor),
+            what: format!(
                 "verified on {} with driver {} on {}",
                 row.gpu, row.driver, row.date
             ),
-            None,
-        );
+            hint: None,
+        });
     }
 }
 
@@ -327,7 +416,8 @@ fn unknown_because(image: &ImageClaims, node: &Node) -> Option<String> {
     // What the driver is compared with, and what the GPUs are (the torch arch list, or
     // the archs of the required CUDA when there is no torch).
     let needs_driver = image.require_cuda.is_some() || image.driver_floor.is_some();
-    let needs_gpus = !image.sm.is_empty() || image.require_cuda.is_some();
+    let needs_gpus =
+        !image.sm.is_empty() || !image.kernels.is_empty() || image.require_cuda.is_some();
     if !needs_driver && !needs_gpus {
         return Some(
             "the image declares nothing to check against (no NVIDIA_REQUIRE_CUDA, no io.cudastack.driver-floor, no io.cudastack.torch.sm label): it was not built by cudastack, or its labels were removed".to_string(),
@@ -504,6 +594,65 @@ mod tests {
         let labels = BTreeMap::from([("io.cudastack.torch.sm".to_string(), sm.to_string())]);
         let env = BTreeMap::from([("NVIDIA_REQUIRE_CUDA".to_string(), "cuda>=12.1".to_string())]);
         ImageClaims::from_labels_and_env(&labels, &env)
+    }
+
+    /// Issue 20: the torch arch list covers sm_120, the image's cuDNN does not.
+    #[test]
+    fn a_library_without_kernels_for_the_gpu_says_no_and_names_it() {
+        let groups = r#"[{"libraries":["/usr/local/lib/python3.11/site-packages/nvidia/cudnn/lib/libcudnn_engines_precompiled.so.9"],"ptx":[{"arch":"sm_90","isa":"8.4"}],"sass":["sm_50","sm_80","sm_86","sm_90"]},{"libraries":["/usr/local/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so"],"ptx":[],"sass":["sm_80","sm_90","sm_120"]}]"#;
+        let labels = BTreeMap::from([
+            (
+                "io.cudastack.torch.sm".to_string(),
+                "sm_80 sm_90 sm_120".to_string(),
+            ),
+            (LABEL_KERNELS.to_string(), groups.to_string()),
+            (LABEL_SM.to_string(), "sm_80 sm_86 sm_90".to_string()),
+        ]);
+        let env = BTreeMap::from([("NVIDIA_REQUIRE_CUDA".to_string(), "cuda>=12.4".to_string())]);
+        let claims = ImageClaims::from_labels_and_env(&labels, &env);
+        assert_eq!(claims.kernels.len(), 2);
+        assert_eq!(claims.covered_sm.len(), 3);
+        // R570 supports CUDA 12.8, whose JIT reads ISA 8.4: cuDNN's compute_90 PTX runs.
+        let jit = check(
+            Matrix::embedded(),
+            &claims,
+            &node("570.133.20", &[("NVIDIA GeForce RTX 5090", "12.0")]),
+        );
+        assert_eq!(jit.fits, Fit::Yes, "{jit:?}");
+        assert!(
+            jit.findings
+                .iter()
+                .any(|f| f.what.contains("JIT-compiling")),
+            "{jit:?}"
+        );
+        let no_ptx = groups.replace(r#"{"arch":"sm_90","isa":"8.4"}"#, "");
+        let labels = BTreeMap::from([(LABEL_KERNELS.to_string(), no_ptx)]);
+        let claims = ImageClaims::from_labels_and_env(&labels, &env);
+        let answer = check(
+            Matrix::embedded(),
+            &claims,
+            &node("570.133.20", &[("NVIDIA GeForce RTX 5090", "12.0")]),
+        );
+        assert_eq!(answer.fits, Fit::No, "{answer:?}");
+        let refusal = answer.findings.iter().find(|f| !f.ok).unwrap();
+        assert!(
+            refusal.what.contains("libcudnn_engines_precompiled.so.9"),
+            "{refusal:?}"
+        );
+        assert!(
+            refusal.what.contains("SASS sm_50 sm_80 sm_86 sm_90"),
+            "{refusal:?}"
+        );
+        let h100 = check(
+            Matrix::embedded(),
+            &claims,
+            &node("570.133.20", &[("NVIDIA H100", "9.0")]),
+        );
+        assert_eq!(h100.fits, Fit::Yes, "{h100:?}");
+        assert!(h100
+            .findings
+            .iter()
+            .any(|f| f.what.contains("native kernels of all 2 libraries")));
     }
 
     #[test]

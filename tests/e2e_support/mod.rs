@@ -51,6 +51,17 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-cache"))
 }
 
+/// Held by a test from before it builds a large image (a torch stack: ~5 GB unpacked) until
+/// it has removed it from Docker, so that one such image is in the daemon at a time. A load
+/// through the API costs twice the image while it runs (the daemon keeps the archive in its
+/// own temporary directory while it registers the layers: /var/lib/docker held 10 GB for
+/// one 5 GB image here), and two of these tests at once on top of the e2e cache filled the
+/// disk of a CI run (stop 29: 19 tests failed, the ones that wrote while it was full).
+pub fn large_image_slot() -> std::fs::File {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("large-docker-image.lock");
+    cudastack::atomic_file::lock(&path).expect("the large-image lock file opens")
+}
+
 /// `unshare … chroot ROOT`: the command to which the program to run in the unpacked image
 /// `root` and its arguments are added. A private mount namespace gets /proc (the probes
 /// read /proc/self/maps), which vanishes with the process.

@@ -1,0 +1,532 @@
+//! Kernel coverage: the GPU code every library of the image embeds, and for each target GPU
+//! of the recipe, whether every library with device code has code that GPU can run.
+//!
+//! A library without code for the GPU loads fine and fails at its first kernel launch
+//! ("no kernel image is available for execution on the device"), hours into a job. It
+//! needs SASS the GPU runs (same major, equal or lower minor; `sm_90a` only on 9.0), or
+//! PTX the driver can JIT-compile for it: a target at or below the GPU and an ISA no newer
+//! than what the recipe's driver floor can read (see [`crate::version::PtxIsa`]). The code
+//! of both fatbin sections counts (see [`DeviceCode::runnable`]).
+//!
+//! The scan reads fatbin headers only ([`crate::elf::fatbin`]) on a few threads: the ~900
+//! ELF files of a torch image take well under a second. Libraries with identical code are
+//! grouped ([`CoverageGroup`]): the groups are what the image's labels record and what
+//! `check` and `inspect` read back, and the check against the targets runs on them, so a
+//! cached audit can be checked against other targets without reading the tree again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use super::{AuditError, Finding, FindingKind};
+use crate::elf::fatbin::{read_device_code, DeviceCode, FatbinError, PtxTarget};
+use crate::rootfs::host_path;
+use crate::version::{ComputeCapability, GpuArch, PtxIsa};
+
+/// The image label of the coverage groups, as canonical JSON (written by the stack's
+/// config, read back by `check` and `inspect`).
+pub const LABEL_KERNELS: &str = "io.cudastack.kernels";
+/// The image label of the compute capabilities every library with GPU code covers, with
+/// SASS or with PTX the driver floor JIT-compiles ([`covered_by_all`]): `sm_80 sm_86 sm_90`.
+pub const LABEL_SM: &str = "io.cudastack.sm";
+
+/// Threads that read fatbin headers at once: the work is small reads spread over large
+/// files, which a few threads overlap well.
+const SCAN_THREADS: usize = 8;
+
+/// A GPU the image is built for: `RTX 5090` with compute capability 12.0.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelTarget {
+    pub name: String,
+    pub cc: ComputeCapability,
+}
+
+impl KernelTarget {
+    /// `RTX 5090 (sm_120)`.
+    pub fn label(&self) -> String {
+        if self.name.is_empty() || self.name == self.cc.sm() {
+            self.cc.sm()
+        } else {
+            format!("{} ({})", self.name, self.cc.sm())
+        }
+    }
+}
+
+/// One library (ELF file) with device code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LibraryKernels {
+    /// Path inside the image.
+    pub path: PathBuf,
+    pub code: DeviceCode,
+}
+
+/// Libraries whose runnable code is the same sets of SASS and PTX targets.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct CoverageGroup {
+    pub sass: BTreeSet<GpuArch>,
+    pub ptx: BTreeSet<PtxTarget>,
+    /// Image paths, sorted.
+    pub libraries: Vec<PathBuf>,
+}
+
+impl CoverageGroup {
+    /// `sm_50 sm_60 ... sm_90`, or `-`.
+    pub fn sass_text(&self) -> String {
+        words(self.sass.iter().map(ToString::to_string))
+    }
+
+    /// `compute_90 (PTX ISA 8.1)`, or `-`.
+    pub fn ptx_text(&self) -> String {
+        words(self.ptx.iter().map(ToString::to_string))
+    }
+
+    /// How a GPU of capability `cc` runs this code: its best SASS, else PTX the driver
+    /// can JIT (`jit`: the newest ISA it reads; None: any).
+    pub fn reach(&self, cc: &ComputeCapability, jit: Option<PtxIsa>) -> Reach {
+        if let Some(sass) = self.sass.iter().filter(|a| a.sass_runs_on(cc)).max() {
+            return Reach::Sass(*sass);
+        }
+        let jittable = |ptx: &&PtxTarget| match (ptx.isa, jit) {
+            (_, None) => true,
+            (Some(isa), Some(limit)) => isa <= limit,
+            (None, Some(_)) => false,
+        };
+        let targets: Vec<&PtxTarget> = self
+            .ptx
+            .iter()
+            .filter(|p| p.arch.ptx_jits_for(cc))
+            .collect();
+        match targets.iter().copied().filter(jittable).max() {
+            Some(ptx) => Reach::Ptx(*ptx),
+            None => match targets.into_iter().max() {
+                Some(ptx) => Reach::PtxTooNew(*ptx),
+                None => Reach::None,
+            },
+        }
+    }
+
+    /// File names of the libraries, for short messages.
+    pub fn library_names(&self) -> Vec<String> {
+        self.libraries
+            .iter()
+            .map(|p| {
+                p.file_name()
+                    .unwrap_or(p.as_os_str())
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect()
+    }
+}
+
+fn words(items: impl Iterator<Item = String>) -> String {
+    let list: Vec<String> = items.collect();
+    if list.is_empty() {
+        "-".to_string()
+    } else {
+        list.join(" ")
+    }
+}
+
+/// How a GPU runs a group's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Native code.
+    Sass(GpuArch),
+    /// PTX the driver JIT-compiles at first use.
+    Ptx(PtxTarget),
+    /// PTX for the GPU whose ISA is newer than the driver floor can read.
+    PtxTooNew(PtxTarget),
+    None,
+}
+
+/// The device code of the image: each library with any, sorted by path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct KernelTable {
+    pub libraries: Vec<LibraryKernels>,
+}
+
+impl KernelTable {
+    /// Libraries grouped by identical runnable code, sorted.
+    pub fn groups(&self) -> Vec<CoverageGroup> {
+        group(
+            self.libraries
+                .iter()
+                .map(|lib| (lib.path.clone(), lib.code.runnable())),
+        )
+    }
+}
+
+fn group(
+    libraries: impl Iterator<Item = (PathBuf, crate::elf::fatbin::SectionCode)>,
+) -> Vec<CoverageGroup> {
+    let mut groups: BTreeMap<(BTreeSet<GpuArch>, BTreeSet<PtxTarget>), Vec<PathBuf>> =
+        BTreeMap::new();
+    for (path, code) in libraries {
+        if code.sass.is_empty() && code.ptx.is_empty() {
+            continue;
+        }
+        groups.entry((code.sass, code.ptx)).or_default().push(path);
+    }
+    groups
+        .into_iter()
+        .map(|((sass, ptx), mut libraries)| {
+            libraries.sort();
+            CoverageGroup {
+                sass,
+                ptx,
+                libraries,
+            }
+        })
+        .collect()
+}
+
+/// The compute capabilities every group covers by the audit's rule: SASS it runs, or PTX
+/// the driver JIT-compiles (`jit`: the newest ISA the driver floor reads), sorted. The
+/// candidates are the capabilities the groups' targets name. A GPU the list does not name
+/// is covered when an entry of the same major and a lower minor is (SASS reaches newer
+/// minors, PTX every newer GPU); a GPU of a later major may be reached by PTX alone, which
+/// `check` finds in the groups.
+pub fn covered_by_all(groups: &[CoverageGroup], jit: Option<PtxIsa>) -> Vec<ComputeCapability> {
+    let candidates: BTreeSet<ComputeCapability> = groups
+        .iter()
+        .flat_map(|g| {
+            g.sass
+                .iter()
+                .copied()
+                .chain(g.ptx.iter().map(|p| p.arch))
+                .map(|a| a.cc)
+        })
+        .collect();
+    candidates
+        .into_iter()
+        .filter(|cc| {
+            groups
+                .iter()
+                .all(|g| matches!(g.reach(cc, jit), Reach::Sass(_) | Reach::Ptx(_)))
+        })
+        .collect()
+}
+
+/// Read the device code of every ELF file in `objects` (image paths). A malformed fatbin
+/// is a finding, as a malformed ELF is.
+pub(super) fn scan(
+    root: &std::path::Path,
+    objects: &[PathBuf],
+) -> Result<(KernelTable, Vec<Finding>), AuditError> {
+    let next = AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .clamp(1, SCAN_THREADS);
+    let mut results: Vec<(usize, Result<Option<DeviceCode>, FatbinError>)> =
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut out = Vec::new();
+                        loop {
+                            let index = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(path) = objects.get(index) else {
+                                break;
+                            };
+                            out.push((index, read_device_code(&host_path(root, path))));
+                        }
+                        out
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|worker| {
+                    worker
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect()
+        });
+    results.sort_by_key(|(index, _)| *index);
+    let mut table = KernelTable::default();
+    let mut findings = Vec::new();
+    for (index, result) in results {
+        let path = objects[index].clone();
+        match result {
+            Ok(Some(code)) => table.libraries.push(LibraryKernels { path, code }),
+            Ok(None) => {}
+            Err(FatbinError::Io { path, source }) => return Err(AuditError::Io { path, source }),
+            Err(error) => findings.push(Finding {
+                kind: FindingKind::MalformedFatbin,
+                paths: vec![path],
+                evidence: error.to_string(),
+                hint: "the file's GPU code is truncated or corrupt: re-fetch the artifact it came from".into(),
+            }),
+        }
+    }
+    table.libraries.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok((table, findings))
+}
+
+/// A finding for each group of libraries without code some target GPU can run.
+pub fn missing(
+    groups: &[CoverageGroup],
+    targets: &[KernelTarget],
+    jit: Option<PtxIsa>,
+) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    for target in targets {
+        for group in groups {
+            let reach = group.reach(&target.cc, jit);
+            if matches!(reach, Reach::Sass(_) | Reach::Ptx(_)) {
+                continue;
+            }
+            findings.push(Finding {
+                kind: FindingKind::MissingKernels,
+                paths: group.libraries.clone(),
+                evidence: evidence(group, target, reach, jit),
+                hint: hint(target, reach),
+            });
+        }
+    }
+    findings
+}
+
+fn evidence(
+    group: &CoverageGroup,
+    target: &KernelTarget,
+    reach: Reach,
+    jit: Option<PtxIsa>,
+) -> String {
+    let names = group.library_names();
+    let subject = match names.as_slice() {
+        [one] => one.clone(),
+        [first, rest @ ..] => format!("{first} and {} more with the same code", rest.len()),
+        [] => "no library".to_string(),
+    };
+    let mut text = format!(
+        "{subject} has no kernels for {}: the first launch fails with \"no kernel image is available for execution on the device\"\nSASS: {}\nPTX:  {}",
+        target.label(),
+        group.sass_text(),
+        group.ptx_text()
+    );
+    if let (Reach::PtxTooNew(ptx), Some(limit)) = (reach, jit) {
+        let _ = write!(
+            text,
+            "\n{ptx} would JIT for it, but the driver floor's JIT reads PTX ISA {limit} at most"
+        );
+    }
+    text
+}
+
+fn hint(target: &KernelTarget, reach: Reach) -> String {
+    match reach {
+        Reach::PtxTooNew(ptx) => match ptx.isa.and_then(|isa| isa.cuda()) {
+            Some(cuda) => format!(
+                "raise `driver_floor` to a driver for CUDA {cuda} or newer so it can JIT the PTX (slow first start), use a release of the library with {} code, or remove {} from `gpus:`",
+                target.cc.sm(),
+                target.label()
+            ),
+            None => format!(
+                "use a release of the library with {} code, or remove {} from `gpus:`",
+                target.cc.sm(),
+                target.label()
+            ),
+        },
+        _ => format!(
+            "use a release of the library built with {} code (for NVIDIA libraries, a newer wheel; for an extension, rebuild with TORCH_CUDA_ARCH_LIST including {}), or remove {} from `gpus:`",
+            target.cc.sm(),
+            target.cc,
+            target.label()
+        ),
+    }
+}
+
+/// The per-library table for the terminal (`inspect`): each group's SASS and PTX, then its
+/// libraries, one per line.
+pub fn render_groups(groups: &[CoverageGroup]) -> String {
+    let mut out = String::new();
+    for group in groups {
+        let _ = writeln!(out, "SASS {}  PTX {}", group.sass_text(), group.ptx_text());
+        for library in &group.libraries {
+            let _ = writeln!(out, "  {}", library.display());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(sass: &[&str], ptx: &[(&str, &str)], libraries: &[&str]) -> CoverageGroup {
+        CoverageGroup {
+            sass: sass.iter().map(|s| s.parse().unwrap()).collect(),
+            ptx: ptx
+                .iter()
+                .map(|(arch, isa)| PtxTarget {
+                    arch: arch.parse().unwrap(),
+                    isa: Some(isa.parse().unwrap()),
+                })
+                .collect(),
+            libraries: libraries.iter().map(PathBuf::from).collect(),
+        }
+    }
+
+    fn target(name: &str, cc: &str) -> KernelTarget {
+        KernelTarget {
+            name: name.to_string(),
+            cc: cc.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn sass_then_jittable_ptx_reach_a_gpu() {
+        let cudnn = group(
+            &["sm_50", "sm_80", "sm_86", "sm_90"],
+            &[("sm_90", "8.4")],
+            &["/lib/libcudnn_ops.so.9"],
+        );
+        let cc = |text: &str| text.parse::<ComputeCapability>().unwrap();
+        assert_eq!(
+            cudnn.reach(&cc("8.9"), None),
+            Reach::Sass("sm_86".parse().unwrap())
+        );
+        let limit = |isa: &str| Some(isa.parse::<PtxIsa>().unwrap());
+        assert!(matches!(
+            cudnn.reach(&cc("12.0"), limit("8.4")),
+            Reach::Ptx(_)
+        ));
+        assert!(matches!(
+            cudnn.reach(&cc("12.0"), limit("8.2")),
+            Reach::PtxTooNew(_)
+        ));
+        let no_ptx = group(&["sm_80", "sm_90a"], &[], &["/lib/libx.so"]);
+        assert_eq!(no_ptx.reach(&cc("10.0"), None), Reach::None);
+        assert_eq!(
+            no_ptx.reach(&cc("9.0"), None),
+            Reach::Sass("sm_90a".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn a_library_without_code_for_a_target_is_named_with_what_it_has() {
+        let groups = vec![
+            group(
+                &["sm_50", "sm_90"],
+                &[("sm_90", "8.1")],
+                &[
+                    "/site/nvidia/cudnn/lib/libcudnn_adv_infer.so.8",
+                    "/site/nvidia/cudnn/lib/libcudnn_ops_infer.so.8",
+                ],
+            ),
+            group(
+                &["sm_90", "sm_120"],
+                &[],
+                &["/site/torch/lib/libtorch_cuda.so"],
+            ),
+        ];
+        let targets = [target("RTX 5090", "12.0"), target("H100", "9.0")];
+        let findings = missing(&groups, &targets, Some("8.0".parse().unwrap()));
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        let finding = &findings[0];
+        assert_eq!(finding.kind, FindingKind::MissingKernels);
+        assert_eq!(finding.paths.len(), 2);
+        assert!(
+            finding
+                .evidence
+                .contains("libcudnn_adv_infer.so.8 and 1 more"),
+            "{}",
+            finding.evidence
+        );
+        assert!(
+            finding.evidence.contains("RTX 5090 (sm_120)"),
+            "{}",
+            finding.evidence
+        );
+        assert!(
+            finding.evidence.contains("SASS: sm_50 sm_90"),
+            "{}",
+            finding.evidence
+        );
+        assert!(
+            finding.evidence.contains("PTX ISA 8.0 at most"),
+            "{}",
+            finding.evidence
+        );
+        assert!(finding.hint.contains("CUDA 12.1"), "{}", finding.hint);
+        // A driver floor that JITs ISA 8.1 runs the PTX.
+        assert!(missing(&groups, &targets, Some("8.1".parse().unwrap())).is_empty());
+    }
+
+    #[test]
+    fn covered_by_all_is_what_every_group_runs() {
+        let groups = vec![
+            group(
+                &["sm_50", "sm_60", "sm_80", "sm_86", "sm_90"],
+                &[],
+                &["/a.so"],
+            ),
+            group(
+                &["sm_60", "sm_61", "sm_80", "sm_90a"],
+                &[("sm_90", "8.1")],
+                &["/b.so"],
+            ),
+        ];
+        let sm =
+            |list: Vec<ComputeCapability>| -> Vec<String> { list.iter().map(|c| c.sm()).collect() };
+        let floor = Some("8.1".parse().unwrap());
+        assert_eq!(
+            sm(covered_by_all(&groups, floor)),
+            ["sm_60", "sm_61", "sm_80", "sm_86", "sm_90"]
+        );
+        // torch 2.4.1's libcusparseLt: sm_80/86/89 SASS and compute_52 PTX (ISA 8.0).
+        let sparse = group(
+            &["sm_80", "sm_86", "sm_89"],
+            &[("sm_52", "8.0")],
+            &["/c.so"],
+        );
+        let with_sparse = [groups[0].clone(), sparse];
+        assert_eq!(
+            sm(covered_by_all(&with_sparse, floor)),
+            ["sm_52", "sm_60", "sm_80", "sm_86", "sm_89", "sm_90"]
+        );
+        assert_eq!(
+            sm(covered_by_all(&with_sparse, Some("7.8".parse().unwrap()))),
+            ["sm_80", "sm_86", "sm_89"]
+        );
+        assert!(covered_by_all(&[], floor).is_empty());
+    }
+
+    #[test]
+    fn libraries_with_the_same_code_form_one_group() {
+        let code = |sass: &[&str]| {
+            let mut code = DeviceCode::default();
+            code.fatbin.sass = sass.iter().map(|s| s.parse().unwrap()).collect();
+            code
+        };
+        let table = KernelTable {
+            libraries: vec![
+                LibraryKernels {
+                    path: "/b.so".into(),
+                    code: code(&["sm_80"]),
+                },
+                LibraryKernels {
+                    path: "/a.so".into(),
+                    code: code(&["sm_80"]),
+                },
+                LibraryKernels {
+                    path: "/c.so".into(),
+                    code: code(&["sm_90"]),
+                },
+            ],
+        };
+        let groups = table.groups();
+        assert_eq!(groups.len(), 2);
+        assert_eq!(
+            groups[0].libraries,
+            [PathBuf::from("/a.so"), PathBuf::from("/b.so")]
+        );
+        assert!(render_groups(&groups).contains("SASS sm_90  PTX -\n  /c.so\n"));
+    }
+}
