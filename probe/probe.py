@@ -22,6 +22,7 @@ import argparse
 import ctypes
 import datetime
 import glob
+import importlib
 import json
 import math
 import os
@@ -330,6 +331,21 @@ def static_level(probe):
         return "%s%s" % (":".join(entries) or "(empty)", note), {"entries": entries}
 
     probe.run("static.ld_library_path", "static", ld_library_path)
+
+    def extensions():
+        # The packages cudastack compiled from their sdists (`build:`, issue 20): they import,
+        # against this image's torch and CUDA libraries.
+        loaded = []
+        for module in expect["extensions"]:
+            try:
+                imported = importlib.import_module(module)
+            except Exception as error:
+                raise Fail("import %s failed: %s: %s" % (module, type(error).__name__, error))
+            loaded.append("%s (%s)" % (module, os.path.dirname(imported.__file__ or "")))
+        return "imported " + ", ".join(loaded), {"modules": expect["extensions"]}
+
+    if expect.get("extensions"):
+        probe.run("static.extensions", "static", extensions)
 
 
 def nvml_driver_version():

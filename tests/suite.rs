@@ -72,6 +72,7 @@ mod registry_push;
 mod registry_trust;
 mod release_binary;
 mod skip_gate;
+mod source_build;
 mod stack_archive_props;
 mod stack_concurrent_builds;
 mod stack_ldcache;

@@ -7,11 +7,13 @@ use std::process::ExitCode;
 use clap::Args;
 use cudastack::apt::AptSources;
 use cudastack::fetch::http::HttpClient;
-use cudastack::lock::inputs::{index_credentials, lock_request_for, platform_lock_path};
+use cudastack::lock::inputs::{
+    build_request, index_credentials, lock_request_for, platform_lock_path,
+};
 use cudastack::lock::lockfile::{ArtifactKind, Lockfile};
 use cudastack::lock::pylock::{pylock_path, to_pylock};
 use cudastack::lock::python_inputs::add_to_request;
-use cudastack::lock::resolve;
+use cudastack::lock::resolve_with_builds;
 use cudastack::lock::system::{deb_changes, DebChange, SystemRequest};
 use cudastack::matrix::validate::validate;
 use cudastack::recipe::Recipe;
@@ -111,7 +113,14 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
             if let Some(system) = request.system.as_mut() {
                 configure_system(system, &args, &recipe, platform, previous.as_ref())?;
             }
-            let lockfile = runtime.block_on(resolve(&client, &request))?;
+            // `build:` packages are locked from their sdists, with what their builds need.
+            let builds = build_request(matrix, &recipe)?;
+            for build in &builds.builds {
+                printer.status(format!(
+                    "  reading the sdist of {build} (`build:`): its sha256, run and build requirements"
+                ));
+            }
+            let lockfile = runtime.block_on(resolve_with_builds(&client, &request, &builds))?;
             lockfile.write(&out)?;
             printer.status(format!(
                 "wrote {} ({} artifacts)",

@@ -105,7 +105,64 @@ pub const PIP: &str = "pip";
 pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>, InputsError> {
     let mut requirements = stack_requirements(matrix, recipe);
     requirements.extend(recipe.packages.iter().map(ToString::to_string));
+    // A package of `build:` is part of the image at its exact version (from its sdist).
+    requirements.extend(recipe.build.iter().map(ToString::to_string));
     Ok(requirements)
+}
+
+/// What every source build installs besides the sdist's own `[build-system] requires`:
+/// setuptools and wheel (PEP 517's setuptools backend), ninja (torch's `cpp_extension`
+/// compiles in parallel with it, and falls back to one file at a time without it).
+pub const BUILD_TOOLCHAIN: &[&str] = &["setuptools", "wheel", "ninja"];
+
+/// The first CUDA major whose nvcc is on PyPI as a wheel with the compiler itself
+/// (`nvidia-cuda-nvcc` 13.x: nvcc, fatbinary, nvlink; cicc in `nvidia-nvvm`, via
+/// `cuda-toolkit[nvcc]`). The CUDA 12 wheels (`nvidia-cuda-nvcc-cu12` 12.1.105 to 12.9.86)
+/// carry `bin/ptxas` only: checked on the wheels themselves.
+pub const FIRST_CUDA_WITH_NVCC_WHEEL: u32 = 13;
+
+/// The recipe's `build:` list and the toolchain its builder needs: [`BUILD_TOOLCHAIN`] and,
+/// when the image is of the runtime flavor, the nvcc wheel of the stack's exact CUDA
+/// release (the devel flavor has it in the image already).
+pub fn build_request(
+    matrix: &Matrix,
+    recipe: &Recipe,
+) -> Result<crate::lock::sdist::BuildRequest, InputsError> {
+    if recipe.build.is_empty() {
+        return Ok(Default::default());
+    }
+    if recipe.cuda.version.major < FIRST_CUDA_WITH_NVCC_WHEEL {
+        return Err(InputsError::Unsupported {
+            recipe: recipe.name.clone(),
+            message: format!("`build:` compiles `{}` with nvcc, and PyPI publishes nvcc for CUDA {FIRST_CUDA_WITH_NVCC_WHEEL} and later only: the nvidia-cuda-nvcc-cu12 wheels (12.1 to 12.9) hold ptxas alone, without nvcc, cicc, fatbinary or nvlink, so CUDA {} cannot compile from the wheels the lock names\n  hint: use a CUDA {FIRST_CUDA_WITH_NVCC_WHEEL} stack for the image (torch >= 2.11.0 on PyPI is built for CUDA 13.0), or build the wheel elsewhere and serve it from an index in `indexes:`", recipe.build[0], recipe.cuda.version),
+        });
+    }
+    let mut texts: Vec<String> = BUILD_TOOLCHAIN.iter().map(|t| t.to_string()).collect();
+    if recipe.cuda.flavor == Flavor::Runtime {
+        texts.push(nvcc_requirement(matrix, recipe));
+    }
+    // nvidia-cuda-nvcc 13.0.88 requires cicc (nvidia-nvvm) and the crt headers
+    // (nvidia-cuda-crt) without a version, and cuda-toolkit 13.0.2's `nvcc` extra does
+    // not pin them: unpinned, the resolver takes 13.5's cicc for 13.0's nvcc. CCCL
+    // (`nv/target`, which cuda_fp16.hpp includes; nvcc.profile's `include/cccl`) is a
+    // wheel of its own that nothing of the runtime requires.
+    let line = recipe.cuda.version.line();
+    for wheel in ["nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-cccl"] {
+        texts.push(format!("{wheel}=={line}.*"));
+    }
+    let toolchain = texts
+        .into_iter()
+        .map(|text| {
+            crate::names::parse_requirement(&text).map_err(|e| InputsError::Requirement {
+                text: text.clone(),
+                source: Box::new(e),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(crate::lock::sdist::BuildRequest {
+        builds: recipe.build.clone(),
+        toolchain,
+    })
 }
 
 /// The versions the stack decides, each with the reason an error shows: the recipe's torch
@@ -209,26 +266,36 @@ fn stack_requirements(matrix: &Matrix, recipe: &Recipe) -> Vec<String> {
         }
     }
     if recipe.cuda.flavor == Flavor::Devel {
-        // nvcc of the very release the runtime is: the same exact version torch pins.
-        let runtime = torch_build.and_then(|b| b.cuda_runtime.clone());
-        let nvcc = match (cuda.major >= 13, runtime) {
-            (true, _) => match torch_build.and_then(|b| {
-                b.pins
-                    .iter()
-                    .find(|(k, _)| k.starts_with("cuda-toolkit"))
-                    .map(|(_, v)| v.clone())
-            }) {
-                Some(toolkit) => format!("cuda-toolkit[nvcc]=={toolkit}"),
-                None => format!("cuda-toolkit[nvcc]=={}.{}.*", cuda.major, cuda.minor),
-            },
-            (false, Some(runtime)) => format!("nvidia-cuda-nvcc{suffix}=={runtime}"),
-            (false, None) => format!("nvidia-cuda-nvcc{suffix}=={}.{}.*", cuda.major, cuda.minor),
-        };
-        requirements.push(nvcc);
+        requirements.push(nvcc_requirement(matrix, recipe));
     }
     // pip from the lock, so `FROM image` + `RUN pip install` works (issue 19).
     requirements.push(PIP.to_string());
     requirements
+}
+
+/// nvcc of the very release the runtime is: the same exact version torch pins.
+fn nvcc_requirement(matrix: &Matrix, recipe: &Recipe) -> String {
+    let cuda = recipe.cuda.version;
+    let suffix = if cuda.major >= 13 {
+        String::new()
+    } else {
+        format!("-cu{}", cuda.major)
+    };
+    let torch_build = selected_torch_build(matrix, recipe);
+    let runtime = torch_build.and_then(|b| b.cuda_runtime.clone());
+    match (cuda.major >= 13, runtime) {
+        (true, _) => match torch_build.and_then(|b| {
+            b.pins
+                .iter()
+                .find(|(k, _)| k.starts_with("cuda-toolkit"))
+                .map(|(_, v)| v.clone())
+        }) {
+            Some(toolkit) => format!("cuda-toolkit[nvcc]=={toolkit}"),
+            None => format!("cuda-toolkit[nvcc]=={}.{}.*", cuda.major, cuda.minor),
+        },
+        (false, Some(runtime)) => format!("nvidia-cuda-nvcc{suffix}=={runtime}"),
+        (false, None) => format!("nvidia-cuda-nvcc{suffix}=={}.{}.*", cuda.major, cuda.minor),
+    }
 }
 
 /// Build the linux/amd64 lock request for `recipe` (see [`lock_request_for`]).
@@ -421,6 +488,62 @@ mod tests {
             root_requirements(Matrix::embedded(), &r).unwrap(),
             vec!["torch==2.4.1", "nvidia-cuda-nvcc-cu12==12.1.105", "pip"]
         );
+    }
+
+    /// Issue 20: a `build:` package is a root at its exact version; its builder gets the
+    /// toolchain, with nvcc only when the image itself has none; CUDA 12 has no nvcc wheel.
+    #[test]
+    fn build_entries_are_roots_and_their_builder_gets_the_toolchain() {
+        let cu121 = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
+        assert_eq!(
+            root_requirements(Matrix::embedded(), &cu121).unwrap(),
+            vec!["torch==2.4.1", "pip", "torchsort==0.1.10"]
+        );
+        let error = build_request(Matrix::embedded(), &cu121)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("PyPI publishes nvcc for CUDA 13 and later only"),
+            "{error}"
+        );
+        assert!(error.contains("hint: use a CUDA 13 stack"), "{error}");
+        let r = recipe("cuda: { version: \"13.0\" }\ntorch: { version: \"2.11.0\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
+        let toolchain = |r: &Recipe| -> Vec<String> {
+            build_request(Matrix::embedded(), r)
+                .unwrap()
+                .toolchain
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        let nvcc = toolchain(&r);
+        assert_eq!(nvcc[..3], ["setuptools", "wheel", "ninja"]);
+        assert!(nvcc[3].starts_with("cuda-toolkit[nvcc]==13.0."), "{nvcc:?}");
+        assert_eq!(
+            nvcc[4..],
+            [
+                "nvidia-nvvm==13.0.*",
+                "nvidia-cuda-crt==13.0.*",
+                "nvidia-cuda-cccl==13.0.*"
+            ]
+        );
+        let devel = recipe("cuda: { version: \"13.0\", flavor: devel }\ntorch: { version: \"2.11.0\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
+        assert_eq!(
+            toolchain(&devel),
+            [
+                "setuptools",
+                "wheel",
+                "ninja",
+                "nvidia-nvvm==13.0.*",
+                "nvidia-cuda-crt==13.0.*",
+                "nvidia-cuda-cccl==13.0.*"
+            ]
+        );
+        let none = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\n");
+        assert!(build_request(Matrix::embedded(), &none)
+            .unwrap()
+            .builds
+            .is_empty());
     }
 
     #[test]

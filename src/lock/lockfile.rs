@@ -70,6 +70,15 @@ pub enum ArtifactKind {
     Wheel,
     /// A Debian or Ubuntu package of the base or of the recipe's `apt:` list.
     Deb,
+    /// The source distribution of a package of the recipe's `build:` list, compiled by
+    /// `build` into a wheel for the recipe's GPUs (src/stack/source_build.rs).
+    Sdist,
+    /// A wheel installed only in the builder of the `build:` packages (setuptools, ninja,
+    /// nvcc, the sdists' `[build-system] requires`), never in the image.
+    BuildWheel,
+    /// A Debian or Ubuntu package installed only in the builder (g++, the Python headers),
+    /// in its apt layer; never in the image.
+    BuildDeb,
 }
 
 /// Which layer a `deb` artifact is installed in: the shared base (minbase, python3,
@@ -239,10 +248,13 @@ impl Artifact {
                 ));
             }
         }
-        if self.kind == ArtifactKind::Deb {
+        if matches!(self.kind, ArtifactKind::Deb | ArtifactKind::BuildDeb) {
             return self.check_deb();
         }
-        if self.kind == ArtifactKind::Wheel {
+        if self.kind == ArtifactKind::Sdist {
+            return self.check_sdist();
+        }
+        if matches!(self.kind, ArtifactKind::Wheel | ArtifactKind::BuildWheel) {
             let wheel = WheelFilename::from_str(&self.filename)
                 .map_err(|e| error("filename", e.to_string()))?;
             let name = PackageName::from_str(&self.name).map_err(|e| {
@@ -266,6 +278,46 @@ impl Artifact {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// An sdist's file name is a `.tar.gz` of this artifact's name and version (PEP 625:
+    /// `{name}-{version}.tar.gz`, the name with `-`, `_` or `.` as separators).
+    fn check_sdist(&self) -> Result<(), ArtifactError> {
+        let error = |field: &'static str, reason: String| ArtifactError {
+            name: self.name.clone(),
+            version: self.version.clone(),
+            field,
+            reason,
+        };
+        let name = PackageName::from_str(&self.name).map_err(|e| {
+            error(
+                "name",
+                format!("`{}` is not a package name: {e}", self.name),
+            )
+        })?;
+        let version = Version::from_str(&self.version).map_err(|e| {
+            error(
+                "version",
+                format!("`{}` is not a PEP 440 version: {e}", self.version),
+            )
+        })?;
+        let stem = self.filename.strip_suffix(".tar.gz");
+        let matches =
+            stem.and_then(|stem| stem.rsplit_once('-'))
+                .is_some_and(|(file_name, file_version)| {
+                    PackageName::from_str(file_name).is_ok_and(|n| n == name)
+                        && Version::from_str(file_version).is_ok_and(|v| v == version)
+                });
+        if !matches {
+            return Err(error(
+                "filename",
+                format!(
+                    "`{}` is not the `.tar.gz` sdist of `{name} {version}`",
+                    &*self.filename
+                ),
+            ));
         }
         Ok(())
     }

@@ -16,6 +16,7 @@ pub mod pyproject;
 pub mod python_inputs;
 pub mod requirements_txt;
 pub mod resolver;
+pub mod sdist;
 pub mod system;
 pub mod target;
 pub mod uv_lock;
@@ -50,11 +51,13 @@ pub enum LockError {
         package: PackageName,
         sources: Vec<String>,
     },
-    #[error("No wheel of `{package}` fits {target}; the newest listed versions offer:\n  {}\n{report}", rejected.join("\n  "))]
+    #[error("No wheel of `{package}` fits {target}; the newest listed versions offer:\n  {}{hint}\n{report}", rejected.join("\n  "))]
     NoCompatibleWheel {
         package: PackageName,
         target: String,
         rejected: Vec<String>,
+        /// Empty, or a line pointing at the recipe's `build:` when the version has an sdist.
+        hint: String,
         report: String,
     },
     #[error("Requirement `{requirement}` does not apply to {target}: its marker is false there, so it would install nothing")]
@@ -83,12 +86,45 @@ pub enum LockError {
         expected: Vec<String>,
         found: String,
     },
-    #[error("`{package}` {version} is published only as a source distribution (`{filename}`), and cudastack installs wheels only: building from source is separate work (issue 19)\n  hint: require a version of `{package}` that has a wheel, drop what requires it, or build the wheel yourself and serve it from an index in the recipe's `indexes:`\n{report}")]
+    #[error("`{package}` {version} is published only as a source distribution (`{filename}`), and cudastack installs wheels only, unless the recipe's `build:` names the package\n  hint: add `build: [{{package: {package}, version: \"{version}\"}}]` to the recipe to compile it with the stack's devel toolchain for the recipe's `gpus:` (docs/source-builds.md)\n  hint: require a version of `{package}` that has a wheel instead, drop what requires it, or serve a wheel of it from an index in the recipe's `indexes:`\n{report}")]
     SdistOnly {
         package: PackageName,
         version: Version,
         filename: String,
         report: String,
+    },
+    #[error("`build` package `{package}`: {source_label} has no source distribution of {version}; its sdists: {}\n  hint: give `version:` one of the listed releases, or serve the sdist from an index in the recipe's `indexes:`", if listed.is_empty() { "none".to_string() } else { listed.join(", ") })]
+    SdistMissing {
+        package: PackageName,
+        version: Version,
+        source_label: String,
+        listed: Vec<String>,
+    },
+    #[error("Failed to fetch the sdist `{url}`")]
+    SdistFetch {
+        url: String,
+        #[source]
+        error: HttpError,
+    },
+    #[error("Failed to read the sdist `{}`", path.display())]
+    SdistRead {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("The sdist `{url}` does not have the sha256 its index lists\n  Expected: {expected}\n  Found:    {found}")]
+    SdistHash {
+        url: String,
+        expected: Digest,
+        found: Digest,
+    },
+    #[error("`{filename}` cannot be built: {reason}")]
+    SdistContent { filename: String, reason: String },
+    #[error("`build` package `{package}` {version}: the lock cannot tell what it needs at run time: {why}\n  hint: list its run requirements in the entry, e.g. `{{package: {package}, version: \"{version}\", requires: [\"torch\", \"einops\"]}}` (from its setup.py's `install_requires`); `requires: []` when it needs nothing")]
+    SdistDynamic {
+        package: PackageName,
+        version: Version,
+        why: String,
     },
     #[error("No set of versions satisfies the requirements:\n{report}")]
     NoSolution { report: String },
@@ -143,6 +179,18 @@ pub struct LockRequest {
 
 /// Resolve a [`LockRequest`] into a [`Lockfile`].
 pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockfile, LockError> {
+    resolve_with_builds(client, request, &sdist::BuildRequest::default()).await
+}
+
+/// Resolve a [`LockRequest`] whose recipe has a `build:` list (issue 20): each entry's
+/// sdist is locked in place of a wheel (kind `sdist`, with the run requirements it
+/// declares), and what the builds need, resolved against the image's own versions, is
+/// locked as `build-wheel` artifacts that never enter the image.
+pub async fn resolve_with_builds(
+    client: &HttpClient,
+    request: &LockRequest,
+    builds: &sdist::BuildRequest,
+) -> Result<Lockfile, LockError> {
     let env = request.target.marker_environment();
     for requirement in &request.requirements {
         if !requirement.evaluate_markers(&env, &[]) {
@@ -152,50 +200,16 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
             });
         }
     }
-    let mut artifacts = Vec::new();
-
-    if !request.requirements.is_empty() {
-        let provider = Arc::new(resolver::Provider::new(
-            tokio::runtime::Handle::current(),
-            request.sources.clone(),
-            request.target.clone(),
-            request.requirements.clone(),
-            &request.constraints,
-        ));
-        let solver = provider.clone();
-        let resolved = tokio::task::spawn_blocking(move || resolver::solve(&solver)).await??;
-        let sizes = futures_util::future::join_all(resolved.iter().map(|r| async {
-            match r.candidate.file.size {
-                Some(size) => Ok(size),
-                None => remote_size(client, &r.candidate.file.url).await,
-            }
-        }))
-        .await;
-        for (resolved, size) in resolved.into_iter().zip(sizes) {
-            let file = &resolved.candidate.file;
-            let sha256 = file.sha256.ok_or_else(|| LockError::NoHash {
-                filename: file.filename.to_string(),
-                url: file.url.to_string(),
-            })?;
-            artifacts.push(Artifact {
-                kind: ArtifactKind::Wheel,
-                name: resolved.name.to_string(),
-                version: resolved.version.to_string(),
-                filename: file.filename.clone(),
-                url: file.url.clone(),
-                sha256,
-                size: size?,
-                source: request.sources[resolved.candidate.source].to_string(),
-                platform: None,
-                variant: None,
-                requires: resolved.requires.into_iter().collect(),
-                required_by: resolved.required_by.into_iter().collect(),
-                suite: None,
-                component: None,
-                fallback_url: None,
-                layer: None,
-            });
-        }
+    let sdists = sdist::inspect_all(client, &request.sources, &builds.builds).await?;
+    let mut artifacts = if request.requirements.is_empty() {
+        Vec::new()
+    } else {
+        let roots = request.requirements.clone();
+        resolve_python(client, request, roots, &request.constraints, &sdists).await?
+    };
+    if !sdists.is_empty() {
+        let builder = resolve_build_wheels(client, request, builds, &sdists, &artifacts).await?;
+        artifacts.extend(builder);
     }
 
     for redist in &request.redist {
@@ -231,10 +245,37 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
         let cufile = artifacts
             .iter()
             .any(|a| a.name.starts_with("nvidia-cufile"));
-        let debs =
-            tokio::task::spawn_blocking(move || system::resolve_system(&system, &target, cufile))
-                .await??;
+        let builder = (!sdists.is_empty()).then(|| system::SystemRequest {
+            apt: system
+                .apt
+                .iter()
+                .cloned()
+                .chain(sdist::BUILD_DEBS.iter().map(|d| d.to_string()))
+                .collect(),
+            ..system.clone()
+        });
+        let (debs, builder_debs) = tokio::task::spawn_blocking(move || {
+            let debs = system::resolve_system(&system, &target, cufile)?;
+            let builder_debs = builder
+                .map(|builder| system::resolve_system(&builder, &target, cufile))
+                .transpose()?;
+            Ok::<_, system::SystemError>((debs, builder_debs))
+        })
+        .await??;
+        // What the builder's apt layer adds to the image's packages (issue 20).
+        let in_image: std::collections::BTreeSet<String> =
+            debs.iter().map(|d| d.name.clone()).collect();
+        let extra = builder_debs
+            .into_iter()
+            .flatten()
+            .filter(|d| !in_image.contains(&d.name))
+            .map(|mut d| {
+                d.kind = ArtifactKind::BuildDeb;
+                d.layer = Some(lockfile::DebLayer::Apt);
+                d
+            });
         artifacts.extend(debs);
+        artifacts.extend(extra);
     }
 
     // The same checks a lock read from disk passes: what `lock` writes, `build` accepts.
@@ -250,6 +291,129 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
     };
     lock.canonicalize();
     Ok(lock)
+}
+
+/// PubGrub over `roots`: one artifact per resolved distribution, a wheel or (for a
+/// package of `build:`) its sdist.
+async fn resolve_python(
+    client: &HttpClient,
+    request: &LockRequest,
+    roots: Vec<Requirement>,
+    constraints: &python_inputs::Constraints,
+    sdists: &[sdist::SdistInfo],
+) -> Result<Vec<Artifact>, LockError> {
+    let provider = Arc::new(
+        resolver::Provider::new(
+            tokio::runtime::Handle::current(),
+            request.sources.clone(),
+            request.target.clone(),
+            roots,
+            constraints,
+        )
+        .with_source_builds(sdists),
+    );
+    let solver = provider.clone();
+    let resolved = tokio::task::spawn_blocking(move || resolver::solve(&solver)).await??;
+    let sizes = futures_util::future::join_all(resolved.iter().map(|r| async {
+        match r.candidate.file.size {
+            Some(size) => Ok(size),
+            None => match sdists.iter().find(|s| s.name == r.name) {
+                Some(sdist) => Ok(sdist.size),
+                None => remote_size(client, &r.candidate.file.url).await,
+            },
+        }
+    }))
+    .await;
+    let mut artifacts = Vec::new();
+    for (resolved, size) in resolved.into_iter().zip(sizes) {
+        let file = &resolved.candidate.file;
+        let sha256 = file.sha256.ok_or_else(|| LockError::NoHash {
+            filename: file.filename.to_string(),
+            url: file.url.to_string(),
+        })?;
+        let kind = if resolved.candidate.source_build {
+            ArtifactKind::Sdist
+        } else {
+            ArtifactKind::Wheel
+        };
+        artifacts.push(Artifact {
+            kind,
+            name: resolved.name.to_string(),
+            version: resolved.version.to_string(),
+            filename: file.filename.clone(),
+            url: file.url.clone(),
+            sha256,
+            size: size?,
+            source: request.sources[resolved.candidate.source].to_string(),
+            platform: None,
+            variant: None,
+            requires: resolved.requires.into_iter().collect(),
+            required_by: resolved.required_by.into_iter().collect(),
+            suite: None,
+            component: None,
+            fallback_url: None,
+            layer: None,
+        });
+    }
+    Ok(artifacts)
+}
+
+/// Who requires a build dependency that the builder itself asks for.
+pub const BUILD_ROOT: &str = "<build>";
+
+/// The wheels the builds of `sdists` need and the image does not have: the toolchain and
+/// each sdist's `[build-system] requires`, resolved with every package the image has
+/// pinned to the image's version (`--no-build-isolation` builds against the image's torch,
+/// not another one), as `build-wheel` artifacts.
+async fn resolve_build_wheels(
+    client: &HttpClient,
+    request: &LockRequest,
+    builds: &sdist::BuildRequest,
+    sdists: &[sdist::SdistInfo],
+    image: &[Artifact],
+) -> Result<Vec<Artifact>, LockError> {
+    let mut roots: Vec<Requirement> = Vec::new();
+    let built: Vec<&PackageName> = sdists.iter().map(|s| &s.name).collect();
+    let wanted = builds
+        .toolchain
+        .iter()
+        .chain(sdists.iter().flat_map(|s| &s.build_requires));
+    for requirement in wanted {
+        let applies = requirement.evaluate_markers(&request.target.marker_environment(), &[]);
+        if applies && !built.contains(&&requirement.name) && !roots.contains(requirement) {
+            roots.push(requirement.clone());
+        }
+    }
+    let mut constraints = request.constraints.clone();
+    for artifact in image.iter().filter(|a| a.kind == ArtifactKind::Wheel) {
+        let text = format!("{}=={}", artifact.name, artifact.version);
+        let requirement = crate::names::parse_requirement(&text)
+            .map_err(|e| LockError::Internal(format!("`{text}`: {e}")))?;
+        constraints.versions.push(python_inputs::Sourced {
+            requirement,
+            origin: python_inputs::Origin {
+                file: "the image's lock".into(),
+                line: None,
+                place: None,
+            },
+        });
+    }
+    let resolved = resolve_python(client, request, roots, &constraints, &[]).await?;
+    let in_image: std::collections::BTreeSet<&str> =
+        image.iter().map(|a| a.name.as_str()).collect();
+    Ok(resolved
+        .into_iter()
+        .filter(|a| !in_image.contains(a.name.as_str()))
+        .map(|mut a| {
+            a.kind = ArtifactKind::BuildWheel;
+            for parent in &mut a.required_by {
+                if parent == "<root>" {
+                    *parent = BUILD_ROOT.to_string();
+                }
+            }
+            a
+        })
+        .collect())
 }
 
 /// The size of a remote file from a one-byte range request (PEP 503 pages carry no sizes).

@@ -30,9 +30,9 @@ use crate::fetch::index::DistFile;
 use crate::fetch::metadata::Metadata;
 use crate::fetch::source::PackageSource;
 use crate::lock::python_inputs::{Constraints, HashPin};
+use crate::lock::sdist::{sdist_version, SdistInfo};
 use crate::lock::target::{TagPriorities, Target};
 use crate::lock::LockError;
-use crate::names::WheelFilename;
 
 /// A PubGrub package.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -52,12 +52,14 @@ impl fmt::Display for Pkg {
     }
 }
 
-/// The wheel chosen for one version of a package.
+/// The file chosen for one version of a package: its best wheel, or the sdist the
+/// recipe's `build:` compiles.
 #[derive(Debug, Clone)]
 pub struct Candidate {
-    pub wheel: WheelFilename,
     pub file: DistFile,
     pub source: usize,
+    /// The file is an sdist of `build:` (src/lock/sdist.rs), not a wheel.
+    pub source_build: bool,
 }
 
 /// What one source offers for one package, reduced to the best wheel per version.
@@ -72,6 +74,9 @@ struct Project {
     hash_rejected: BTreeMap<Version, (FileName, Option<Digest>)>,
     /// Versions published as a source distribution and no wheel at all.
     sdist_only: BTreeMap<Version, FileName>,
+    /// Every version's source distribution, for the hint of a version without a wheel
+    /// that fits: `build:` can compile it.
+    sdists: BTreeMap<Version, FileName>,
 }
 
 /// A resolved distribution with the requirement edges that brought it in.
@@ -364,9 +369,9 @@ impl Provider {
                 wheel.build.as_ref().map(|b| u64::MAX - b.number),
             );
             let candidate = Candidate {
-                wheel: wheel.clone(),
                 file: file.clone(),
                 source,
+                source_build: false,
             };
             match best.get(&wheel.version) {
                 Some((yanked, rank, build, _)) if (*yanked, *rank, *build) <= key => {}
@@ -378,8 +383,9 @@ impl Provider {
         let mut rejected = BTreeMap::new();
         hash_rejected.retain(|version, _| !best.contains_key(version));
         let sdist_only = sdists
-            .into_iter()
-            .filter(|(version, _)| !seen_tags.contains_key(version))
+            .iter()
+            .filter(|(version, _)| !seen_tags.contains_key(*version))
+            .map(|(version, file)| (version.clone(), file.clone()))
             .collect();
         for (version, tag_set) in seen_tags {
             if best.contains_key(&version) {
@@ -399,7 +405,38 @@ impl Provider {
             rejected,
             hash_rejected,
             sdist_only,
+            sdists,
         }
+    }
+
+    /// This provider with the sdists of the recipe's `build:` as the only version of their
+    /// packages, with the run requirements the lock read for them (src/lock/sdist.rs).
+    pub(crate) fn with_source_builds(self, builds: &[SdistInfo]) -> Self {
+        {
+            let mut projects = self.projects.lock().unwrap();
+            let mut metadata = self.metadata.lock().unwrap();
+            for build in builds {
+                let candidate = Candidate {
+                    file: build.file.clone(),
+                    source: build.source,
+                    source_build: true,
+                };
+                let project = Project {
+                    source: build.source,
+                    versions: BTreeMap::from([(build.version.clone(), candidate)]),
+                    rejected: BTreeMap::new(),
+                    hash_rejected: BTreeMap::new(),
+                    sdist_only: BTreeMap::new(),
+                    sdists: BTreeMap::new(),
+                };
+                projects.insert(build.name.clone(), Arc::new(project));
+                metadata.insert(
+                    (build.name.clone(), build.version.clone()),
+                    Arc::new(build.metadata.clone()),
+                );
+            }
+        }
+        self
     }
 
     async fn load_metadata(
@@ -580,6 +617,20 @@ impl Provider {
         projects.get(name)?.versions.get(version).cloned()
     }
 
+    /// The hint of a package whose versions in `range` have no wheel for the target but
+    /// an sdist: the `build:` entry that compiles the newest (issue 20); empty otherwise.
+    fn build_hint(&self, package: &PackageName, range: &Ranges<Version>) -> String {
+        let projects = self.projects.lock().unwrap();
+        let Some((version, file)) = projects.get(package).and_then(|project| {
+            project.sdists.iter().rev().find(|(version, _)| {
+                range.contains(version) && project.rejected.contains_key(*version)
+            })
+        }) else {
+            return String::new();
+        };
+        format!("\n  hint: `{package}` {version} also has a source distribution (`{file}`): add `build: [{{package: {package}, version: \"{version}\"}}]` to the recipe to compile it for {} and the recipe's `gpus:` (docs/source-builds.md)", self.target.describe())
+    }
+
     /// Why the listed versions of `package` in `range` were unusable, newest first.
     fn rejections(&self, package: &PackageName, range: &Ranges<Version>) -> Vec<String> {
         let projects = self.projects.lock().unwrap();
@@ -677,10 +728,12 @@ pub(crate) fn solve(provider: &Provider) -> Result<Vec<Resolved>, LockError> {
                 }
                 let rejected = provider.rejections(&package, &range);
                 if !rejected.is_empty() {
+                    let hint = provider.build_hint(&package, &range);
                     return Err(LockError::NoCompatibleWheel {
                         package,
                         target: provider.target.describe(),
                         rejected,
+                        hint,
                         report,
                     });
                 }
@@ -735,15 +788,6 @@ pub(crate) fn solve(provider: &Provider) -> Result<Vec<Resolved>, LockError> {
         }
     }
     Ok(resolved.into_values().collect())
-}
-
-/// The version of an sdist file name (`antlr4-python3-runtime-4.9.3.tar.gz` -> 4.9.3).
-fn sdist_version(filename: &str) -> Option<Version> {
-    let stem = [".tar.gz", ".zip", ".tar.bz2", ".tgz"]
-        .iter()
-        .find_map(|ext| filename.strip_suffix(ext))?;
-    let (_, version) = stem.rsplit_once('-')?;
-    version.parse().ok()
 }
 
 impl Provider {
@@ -890,19 +934,5 @@ mod tests {
             readable(pubgrub),
             "Because torchvision 0.20.1 depends on torch 2.5.1 and the recipe asks for torch 2.4.1.\nAnd x >=1.0, <2.0 | 3.0.dev2, y 1.0rc1"
         );
-    }
-
-    #[test]
-    fn sdist_versions_come_from_their_file_names() {
-        assert_eq!(
-            sdist_version("antlr4-python3-runtime-4.9.3.tar.gz"),
-            Some("4.9.3".parse().unwrap())
-        );
-        assert_eq!(
-            sdist_version("six-1.16.0.zip"),
-            Some("1.16.0".parse().unwrap())
-        );
-        assert_eq!(sdist_version("six-1.16.0-py3-none-any.whl"), None);
-        assert_eq!(sdist_version("noversion.tar.gz"), None);
     }
 }

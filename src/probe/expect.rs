@@ -33,6 +33,10 @@ pub struct Expectations {
     /// so the native probe's device.kernels can say a GPU is too new (or too old) for it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cuda_archs: Vec<String>,
+    /// The import names of the packages the recipe's `build:` compiled from source
+    /// (issue 20): the static level imports each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<String>,
 }
 
 impl Expectations {

@@ -18,6 +18,7 @@ use crate::digest::Digest;
 use crate::version::{CudaVersion, CudnnVersion, DriverVersion, PythonVersion};
 
 mod apt;
+pub mod build;
 mod copy;
 mod image;
 mod indexes;
@@ -25,6 +26,7 @@ pub mod python_inputs;
 mod tag;
 
 pub use apt::{DebName, DebVersion, SystemPackage};
+pub use build::SourceBuild;
 pub use copy::CopyEntry;
 pub use image::{
     expand_path, ExposedPort, ImagePath, Protocol, RuntimeSpec, UserSpec, OWNED_ENV,
@@ -129,6 +131,16 @@ pub struct Recipe {
         deserialize_with = "apt::deserialize_list"
     )]
     pub apt: Vec<SystemPackage>,
+    /// Packages published only as source distributions, compiled by cudastack for `gpus:`
+    /// with the devel flavor of this stack: `{package, version, env}` each, the version
+    /// exact (the sdist is locked by its sha256). Kept sorted by package.
+    /// docs/source-builds.md is the reference.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "build::deserialize_list"
+    )]
+    pub build: Vec<SourceBuild>,
     /// Target GPUs whose sm must have kernels: names from `cudastack matrix --table gpus`
     /// (matched forgivingly: `RTX 3090`, `rtx3090`, `NVIDIA A10G`) or compute capabilities
     /// (`"8.9"`).
@@ -641,6 +653,10 @@ impl Recipe {
             if !reference.contains("@sha256:") {
                 return Err(invalid(format!("base image `{}` must be pinned by digest (`REF@sha256:...`) so the build is reproducible", tag::escape(reference))));
             }
+        }
+        if !self.build.is_empty() && self.gpus.is_empty() {
+            let first = &self.build[0];
+            return Err(invalid(format!("`build:` compiles `{first}` for the recipe's GPUs, and the recipe lists none: TORCH_CUDA_ARCH_LIST is derived from `gpus:`, and a guessed list is how extensions end up without kernels for the GPU they run on\n  hint: add the GPUs the image runs on, e.g. `gpus: [\"RTX 4090\", \"H100\"]`")));
         }
         // Every tag as `build` will render it: the recipe's own values, and stand-ins of the
         // right shape for what only the lock knows.

@@ -22,6 +22,7 @@ use crate::stack::layers::{BuildEnv, StackLayers};
 use crate::stack::output::{write_output, Assembled};
 use crate::stack::prepare::{prepare_platform, PlatformInputs};
 use crate::stack::produce::{audit_stack, produce_layers, KernelTargets};
+use crate::stack::source_build::add_built_wheels;
 use crate::stack::staging::Staging;
 
 pub use crate::stack::error::BuildError;
@@ -47,20 +48,6 @@ pub async fn build(
     let cache = LayerCache::open(store.clone())?;
     let staging = Staging::open(&settings.cache_root)?;
     let several = platforms.len() > 1;
-    // Every platform's lock and artifacts first, so a platform that cannot work (no kernels
-    // for a recipe GPU in its own wheel) fails before any layer is assembled.
-    let mut inputs = Vec::new();
-    for &platform in &platforms {
-        if several {
-            progress.stage("platform", platform.as_str());
-        }
-        inputs.push(
-            prepare_platform(
-                settings, matrix, &recipe, platform, &store, &staging, progress,
-            )
-            .await?,
-        );
-    }
     let env = BuildEnv {
         cache: &cache,
         staging: &staging,
@@ -68,6 +55,21 @@ pub async fn build(
         progress,
         build_mode: settings.build_mode,
     };
+    // Every platform's lock and artifacts first, so a platform that cannot work (no kernels
+    // for a recipe GPU in its own wheel) fails before any layer is assembled.
+    let mut inputs = Vec::new();
+    for &platform in &platforms {
+        if several {
+            progress.stage("platform", platform.as_str());
+        }
+        let mut prepared = prepare_platform(
+            settings, matrix, &recipe, platform, &store, &staging, progress,
+        )
+        .await?;
+        // The wheels of the recipe's `build:` sdists, built or from the cache (issue 20).
+        add_built_wheels(settings, &mut prepared, &store, &env).await?;
+        inputs.push(prepared);
+    }
     let mut assembled = Vec::new();
     for platform_inputs in &inputs {
         if several {
@@ -143,7 +145,10 @@ fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildE
     );
     Ok(Assembled {
         platform: inputs.platform,
-        image: image_of(inputs.platform, &layers, &config, env.options.mtime),
+        image: with_built_labels(
+            image_of(inputs.platform, &layers, &config, env.options.mtime),
+            inputs,
+        ),
         layers: layers.into_iter().map(|(report, _)| report).collect(),
         audit,
         audit_cached,
@@ -172,6 +177,31 @@ fn stack_facts(inputs: &PlatformInputs, base: &RootfsFacts, mtime: u64) -> Stack
         os: base.os.clone(),
         created: oci::rfc3339(mtime),
     }
+}
+
+/// The wheels compiled from the recipe's `build:` sdists (issue 20), recorded on the image:
+/// `io.cudastack.built.<name>` = `<version> <wheel file> <sha256>`, as the lock records the
+/// sdist and the image holds what was built from it.
+fn with_built_labels(mut image: Image, inputs: &PlatformInputs) -> Image {
+    let sdists = inputs
+        .lock
+        .artifacts
+        .iter()
+        .filter(|a| a.kind == crate::lock::ArtifactKind::Sdist);
+    for sdist in sdists {
+        if let Some(wheel) = inputs.wheels.get(&sdist.name) {
+            let file = wheel
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            image = image.with_label(
+                &format!("io.cudastack.built.{}", sdist.name),
+                &format!("{} {file} {}", sdist.version, wheel.sha256),
+            );
+        }
+    }
+    image
 }
 
 /// The image of `layers` with the stack's config.

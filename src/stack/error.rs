@@ -51,6 +51,8 @@ pub enum BuildError {
     Audit(#[from] crate::audit::AuditError),
     #[error(transparent)]
     Copy(#[from] crate::stack::layers::copy::CopyError),
+    #[error(transparent)]
+    SourceBuild(Box<crate::stack::source_build::SourceBuildError>),
     #[error("cannot read the metadata of wheel `{wheel}`: {message}\n  hint: the wheel in the cache matched its locked sha256, so the locked file itself is malformed; run `cudastack lock --upgrade-package` for it")]
     Wheel { wheel: String, message: String },
     #[error("the static audit of the assembled image failed:\n{0}")]

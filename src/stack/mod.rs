@@ -23,6 +23,7 @@ mod produce;
 mod report;
 pub mod rootless;
 mod settings;
+pub mod source_build;
 mod staging;
 
 pub(crate) use staging::hold_builds_lock;

@@ -400,7 +400,10 @@ fn deb_mirror_dirs(settings: &BuildSettings) -> Vec<PathBuf> {
 
 /// Where a locked deb may be fetched from, in order: the mirror given to this build (the
 /// same pool path under its root), the URL it was locked from, the snapshot archive.
-fn deb_urls(artifact: &Artifact, apt_mirror: Option<&reqwest::Url>) -> Vec<reqwest::Url> {
+pub(crate) fn deb_urls(
+    artifact: &Artifact,
+    apt_mirror: Option<&reqwest::Url>,
+) -> Vec<reqwest::Url> {
     let mut urls = Vec::new();
     if let Some(mirror) = apt_mirror {
         let pool_path = artifact
@@ -421,7 +424,7 @@ fn deb_urls(artifact: &Artifact, apt_mirror: Option<&reqwest::Url>) -> Vec<reqwe
 
 /// The blob of `item` from the first of `urls` that serves its bytes; on failure, what
 /// each URL answered.
-async fn fetch_first(
+pub(crate) async fn fetch_first(
     downloader: &Downloader,
     item: FetchItem,
     urls: Vec<reqwest::Url>,
@@ -457,7 +460,11 @@ async fn fetch_first(
 /// replace the other's link. The link is made under a temp name and renamed into place, so a
 /// concurrent build of the same wheel sees the old link or the new one, never none (the
 /// remove-then-create it replaced failed with "File exists" when two builds met).
-fn link_wheel(named: &Path, artifact: &Artifact, blob: &Path) -> Result<PathBuf, BuildError> {
+pub(crate) fn link_wheel(
+    named: &Path,
+    artifact: &Artifact,
+    blob: &Path,
+) -> Result<PathBuf, BuildError> {
     let dir = named.join(artifact.sha256.hex());
     fs_err::create_dir_all(&dir).map_err(io_error(&dir))?;
     // A relative target would resolve against the link's directory, not the working

@@ -246,6 +246,13 @@ pub(crate) fn expectations(inputs: &PlatformInputs) -> Expectations {
             .iter()
             .map(|cc| cc.sm())
             .collect(),
+        // The distribution's name as a module: `cuda-ext` imports as `cuda_ext`.
+        extensions: lock
+            .artifacts
+            .iter()
+            .filter(|a| a.kind == ArtifactKind::Sdist)
+            .map(|a| a.name.replace(['-', '.'], "_"))
+            .collect(),
     }
 }
 

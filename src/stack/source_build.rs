@@ -1,0 +1,946 @@
+//! Source builds (issue 20): the wheel of each `sdist` artifact of the lock (the recipe's
+//! `build:` list), compiled for the recipe's GPUs before the image's layers are planned,
+//! then installed by the Python layers like any locked wheel, without the toolchain.
+//!
+//! The builder is the devel flavor of the same stack: the image's own layers (base, CUDA,
+//! cuDNN, torch, the other wheels) staged with nvcc and the CUDA headers, plus the
+//! `build-deb` artifacts (g++, the Python headers) in the apt layer and the `build-wheel`
+//! artifacts (setuptools, wheel, ninja, the sdist's `[build-system] requires`), all from
+//! the lock. Their staged trees are merged into one root by hard links (same filesystem,
+//! nothing copied), and `pip wheel --no-deps --no-build-isolation --no-index` runs there in
+//! a chroot with no network (`unshare --net`), from `/build/<name>-<version>`, with
+//! TORCH_CUDA_ARCH_LIST from `gpus:` (SASS for each, `+PTX` on the newest), MAX_JOBS from
+//! the cores, SOURCE_DATE_EPOCH and a fixed HOME, TMPDIR and PYTHONHASHSEED: as
+//! reproducible as the compiler allows. Building needs root (chroot), as the root build
+//! mode does.
+//!
+//! The wheel is cached by its inputs ([`BuildKey`]: the sdist's sha256, the builder's
+//! artifacts, the arch list, the entry's env, the timestamp), next to its build log, under
+//! `<cache>/source-builds/<key>/`; a rebuild with the same inputs runs no compiler.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::Serialize;
+
+use crate::apt::DebFile;
+use crate::cas::BlobStore;
+use crate::digest::Digest;
+use crate::fetch::download::Downloader;
+use crate::fetch::http::HttpClient;
+use crate::lock::inputs::index_credentials;
+use crate::lock::lockfile::{Artifact, ArtifactKind};
+use crate::matrix::solve::SolveQuery;
+use crate::matrix::Matrix;
+use crate::recipe::{Flavor, Recipe, SourceBuild};
+use crate::stack::error::{io_error, BuildError};
+use crate::stack::layers::{BuildEnv, LayerStager, StackLayers};
+use crate::stack::prepare::{deb_urls, fetch_first, link_wheel, FetchedWheel, PlatformInputs};
+use crate::stack::settings::{source_date_epoch, BuildSettings};
+use crate::version::ComputeCapability;
+
+/// Bump when the way a wheel is built changes: part of every [`BuildKey`].
+const BUILDER: &str = "source-build-2";
+
+/// Lines of the build log an error shows.
+const LOG_TAIL: usize = 40;
+
+/// Why a source build failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceBuildError {
+    #[error("`build` package `{package}`: GPU `{gpu}` is not in the matrix, so its SASS target is unknown\n  hint: give its compute capability instead (`\"8.9\"`), or a name from `cudastack matrix --table gpus`")]
+    UnknownGpu { package: String, gpu: String },
+    #[error("`build` package `{package}`: CUDA {cuda}'s nvcc cannot compile for {sm} (GPU `{gpu}`); it compiles {supported}\n  hint: use a CUDA release that supports the GPU (`cudastack solve --gpu \"{gpu}\"`), or drop it from `gpus:`")]
+    Unsupported {
+        package: String,
+        gpu: String,
+        sm: String,
+        cuda: String,
+        supported: String,
+    },
+    #[error("`build` package `{package}` cannot be compiled for {platform} on this {host} machine: the compiler runs in a chroot of the image's own platform\n  hint: build the {platform} image on a {platform} machine, or drop `{package}` from `build:` for it")]
+    ForeignPlatform {
+        package: String,
+        platform: String,
+        host: String,
+    },
+    #[error("the lock has the sdist of `{package}` {version}, but the recipe's `build:` does not name it\n  hint: run `cudastack lock` again")]
+    NotInRecipe { package: String, version: String },
+    #[error("building `{package}` {version} from its sdist needs root (it runs the compiler in a chroot of the devel stack), and this build runs as uid {uid}\n  hint: run `cudastack build` as root, or build the wheel elsewhere and serve it from an index in `indexes:`")]
+    NotRoot {
+        package: String,
+        version: String,
+        uid: u32,
+    },
+    #[error("the build of `{package}` {version} failed ({status}); the last lines of its log:\n{tail}\n  the whole log: {}\n  hint: a missing header or library is a `build-deb` or `build-wheel` the sdist needs: add it to the entry's `requires:` or the recipe's `apt:`; `env:` passes switches to its setup.py", log.display())]
+    Failed {
+        package: String,
+        version: String,
+        status: String,
+        tail: String,
+        log: PathBuf,
+    },
+    #[error("the build of `{package}` {version} made {found} wheels in /build/out, not one (log: {})", log.display())]
+    NoWheel {
+        package: String,
+        version: String,
+        found: usize,
+        log: PathBuf,
+    },
+}
+
+/// Boxed: its messages carry a log tail, and every `Result` of the build holds a BuildError.
+impl From<SourceBuildError> for BuildError {
+    fn from(error: SourceBuildError) -> Self {
+        BuildError::SourceBuild(Box::new(error))
+    }
+}
+
+/// Everything the built wheel depends on; its canonical JSON's sha256 names the cache entry.
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildKey {
+    pub builder: &'static str,
+    pub package: String,
+    pub version: String,
+    pub sdist_sha256: Digest,
+    /// The sha256 of every artifact the builder is made of (sorted): the stack's wheels and
+    /// debs, the build wheels and build debs.
+    pub builder_digest: Digest,
+    pub arch_list: String,
+    pub env: BTreeMap<String, String>,
+    pub source_date_epoch: u64,
+}
+
+impl BuildKey {
+    pub fn digest(&self) -> Digest {
+        let json = serde_json::to_string(&serde_json::to_value(self).expect("serialises"))
+            .expect("a JSON value always serialises");
+        Digest::of_bytes(json.as_bytes())
+    }
+}
+
+/// TORCH_CUDA_ARCH_LIST for `recipe`'s GPUs: each GPU's `major.minor` once, sorted, the
+/// newest with `+PTX` so a newer GPU can JIT it (`8.0;8.9;9.0+PTX`). Each must be a target
+/// the recipe's CUDA compiles (the matrix's `cuda_archs`).
+pub fn arch_list(
+    matrix: &Matrix,
+    recipe: &Recipe,
+    package: &str,
+) -> Result<String, SourceBuildError> {
+    let supported = matrix.cuda_archs(recipe.cuda.version);
+    let mut archs: Vec<ComputeCapability> = Vec::new();
+    for name in &recipe.gpus {
+        let gpu = SolveQuery::gpu(matrix, name).map_err(|_| SourceBuildError::UnknownGpu {
+            package: package.to_string(),
+            gpu: name.clone(),
+        })?;
+        if !supported.is_empty() && !supported.contains(&gpu.cc) {
+            return Err(SourceBuildError::Unsupported {
+                package: package.to_string(),
+                gpu: name.clone(),
+                sm: gpu.cc.sm(),
+                cuda: recipe.cuda.version.to_string(),
+                supported: supported
+                    .iter()
+                    .map(|cc| cc.sm())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            });
+        }
+        archs.push(gpu.cc);
+    }
+    archs.sort();
+    archs.dedup();
+    let mut list: Vec<String> = archs.iter().map(ToString::to_string).collect();
+    if let Some(newest) = list.last_mut() {
+        newest.push_str("+PTX");
+    }
+    Ok(list.join(";"))
+}
+
+/// Where the builder's paths are: the toolkit, its library directory, torch's libraries.
+pub struct BuilderPaths {
+    pub cuda_home: String,
+    pub lib_dir: String,
+    /// `<site>/torch/lib`, given to the extension as its RUNPATH.
+    pub torch_lib: String,
+}
+
+/// The environment of the compiler: the entry's `env:` and what cudastack sets (after it,
+/// so nothing of the recipe's can replace it; `recipe::build` refuses those names anyway).
+/// LDFLAGS gets torch's library directory as RUNPATH: an extension NEEDs libc10.so and
+/// libtorch*.so, which only torch's own RUNPATH finds otherwise, and the image's static
+/// audit resolves every NEEDED as the loader would (the entry's LDFLAGS come first).
+pub fn build_env(
+    entry: &SourceBuild,
+    key: &BuildKey,
+    paths: &BuilderPaths,
+    jobs: usize,
+) -> BTreeMap<String, String> {
+    let mut env = entry.env.clone();
+    let rpath = format!("-Wl,-rpath,{}", paths.torch_lib);
+    let ldflags = match env.get("LDFLAGS") {
+        Some(flags) => format!("{flags} {rpath}"),
+        None => rpath,
+    };
+    env.insert("LDFLAGS".into(), ldflags);
+    let cuda_home = &paths.cuda_home;
+    for (name, value) in [
+        ("TORCH_CUDA_ARCH_LIST", key.arch_list.clone()),
+        ("MAX_JOBS", jobs.to_string()),
+        ("SOURCE_DATE_EPOCH", key.source_date_epoch.to_string()),
+        ("CUDA_HOME", cuda_home.to_string()),
+        (
+            "PATH",
+            format!("{cuda_home}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        ),
+        ("LD_LIBRARY_PATH", paths.lib_dir.clone()),
+        ("HOME", "/build/home".to_string()),
+        ("TMPDIR", "/build/tmp".to_string()),
+        ("PYTHONHASHSEED", "0".to_string()),
+        ("PYTHONDONTWRITEBYTECODE", "1".to_string()),
+        ("PIP_NO_CACHE_DIR", "1".to_string()),
+        ("PIP_DISABLE_PIP_VERSION_CHECK", "1".to_string()),
+        ("LC_ALL", "C.UTF-8".to_string()),
+    ] {
+        env.insert(name.to_string(), value);
+    }
+    env
+}
+
+/// A built (or reused) wheel of one sdist.
+#[derive(Debug, Clone)]
+pub(crate) struct BuiltWheel {
+    pub package: String,
+    pub wheel: FetchedWheel,
+    pub log: PathBuf,
+    /// Whether it came from the cache (no compiler ran).
+    pub reused: bool,
+}
+
+/// Build (or take from the cache) the wheel of every sdist of `inputs.lock` and add it to
+/// `inputs.wheels`, so the Python layers install it. Nothing to do without sdists.
+pub(crate) async fn add_built_wheels(
+    settings: &BuildSettings,
+    inputs: &mut PlatformInputs<'_>,
+    store: &BlobStore,
+    env: &BuildEnv<'_>,
+) -> Result<Vec<BuiltWheel>, BuildError> {
+    let sdists: Vec<Artifact> = of_kind(inputs, ArtifactKind::Sdist).cloned().collect();
+    if sdists.is_empty() {
+        return Ok(Vec::new());
+    }
+    let builder_digest = builder_digest(&inputs.lock.artifacts);
+    let epoch = source_date_epoch(inputs.recipe)?;
+    let mut planned = Vec::new();
+    for sdist in &sdists {
+        let entry = inputs
+            .recipe
+            .build
+            .iter()
+            .find(|b| b.package.as_ref() == sdist.name)
+            .ok_or_else(|| SourceBuildError::NotInRecipe {
+                package: sdist.name.clone(),
+                version: sdist.version.clone(),
+            })?
+            .clone();
+        let key = BuildKey {
+            builder: BUILDER,
+            package: sdist.name.clone(),
+            version: sdist.version.clone(),
+            sdist_sha256: sdist.sha256,
+            builder_digest,
+            arch_list: arch_list(inputs.matrix, inputs.recipe, &sdist.name)?,
+            env: entry.env.clone(),
+            source_date_epoch: epoch,
+        };
+        planned.push((sdist.clone(), entry, key));
+    }
+    let mut built = Vec::new();
+    let mut missing = Vec::new();
+    for (sdist, entry, key) in planned {
+        match cached(&settings.cache_root, &key)? {
+            Some(wheel) => built.push(wheel),
+            None => missing.push((sdist, entry, key)),
+        }
+    }
+    if let Some((sdist, _, _)) = missing.first() {
+        let host = crate::platform::Platform::host();
+        if host != Some(inputs.platform) {
+            return Err(SourceBuildError::ForeignPlatform {
+                package: sdist.name.clone(),
+                platform: inputs.platform.to_string(),
+                host: host.map_or("unknown".into(), |h| h.to_string()),
+            }
+            .into());
+        }
+    }
+    if !missing.is_empty() {
+        let tools = fetch_builder_inputs(settings, inputs, store, env).await?;
+        let sdists: Vec<Artifact> = missing.iter().map(|(s, _, _)| s.clone()).collect();
+        let blobs = fetch_artifacts(settings, inputs.recipe, store, env, &sdists).await?;
+        let made = tokio::task::block_in_place(|| {
+            build_missing(settings, inputs, env, tools, &missing, &blobs)
+        })?;
+        built.extend(made);
+    }
+    for wheel in &built {
+        let how = if wheel.reused { "reused" } else { "built" };
+        env.progress.stage(
+            "source",
+            &format!(
+                "{} {}: {how} {} ({}); log {}",
+                wheel.package,
+                wheel.wheel.version,
+                file_name(&wheel.wheel.path),
+                wheel.wheel.sha256,
+                wheel.log.display()
+            ),
+        );
+        inputs
+            .wheels
+            .insert(wheel.package.clone(), wheel.wheel.clone());
+    }
+    Ok(built)
+}
+
+fn of_kind<'a>(
+    inputs: &'a PlatformInputs<'_>,
+    kind: ArtifactKind,
+) -> impl Iterator<Item = &'a Artifact> {
+    inputs.lock.artifacts.iter().filter(move |a| a.kind == kind)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The sha256 of what the builder is made of: every artifact of the lock but the sdists.
+fn builder_digest(artifacts: &[Artifact]) -> Digest {
+    let mut parts: Vec<String> = artifacts
+        .iter()
+        .filter(|a| a.kind != ArtifactKind::Sdist)
+        .map(|a| format!("{:?} {} {} {}", a.kind, a.name, a.version, a.sha256))
+        .collect();
+    parts.sort();
+    Digest::of_bytes(parts.join("\n").as_bytes())
+}
+
+/// `<cache>/source-builds/<key>`: the wheel, `build.log`, `key.json`, and the `complete`
+/// marker written last.
+fn entry_dir(cache_root: &Path, key: &BuildKey) -> PathBuf {
+    cache_root.join("source-builds").join(key.digest().hex())
+}
+
+/// The cached wheel of `key`, if a build with the same inputs finished before.
+fn cached(cache_root: &Path, key: &BuildKey) -> Result<Option<BuiltWheel>, BuildError> {
+    let dir = entry_dir(cache_root, key);
+    if !dir.join("complete").is_file() {
+        return Ok(None);
+    }
+    let wheel = only_wheel(&dir)?;
+    let Some(path) = wheel else {
+        return Ok(None);
+    };
+    let sha256 = file_sha256(&path)?;
+    Ok(Some(BuiltWheel {
+        package: key.package.clone(),
+        wheel: FetchedWheel {
+            path,
+            sha256,
+            version: key.version.clone(),
+        },
+        log: dir.join("build.log"),
+        reused: true,
+    }))
+}
+
+/// The sha256 of a file, streamed.
+fn file_sha256(path: &Path) -> Result<Digest, BuildError> {
+    let file = fs_err::File::open(path).map_err(io_error(path))?;
+    let mut writer = crate::digest::HashingWriter::new(std::io::sink());
+    std::io::copy(&mut std::io::BufReader::new(file), &mut writer).map_err(io_error(path))?;
+    Ok(writer.finish().1)
+}
+
+/// The one `.whl` of `dir`, if there is exactly one.
+fn only_wheel(dir: &Path) -> Result<Option<PathBuf>, BuildError> {
+    let mut wheels = Vec::new();
+    for entry in fs_err::read_dir(dir).map_err(io_error(dir))? {
+        let path = entry.map_err(io_error(dir))?.path();
+        if path.extension().is_some_and(|e| e == "whl") {
+            wheels.push(path);
+        }
+    }
+    Ok((wheels.len() == 1).then(|| wheels.remove(0)))
+}
+
+/// What the builder adds to the image's inputs: the build wheels (linked under their
+/// file names) and the build debs.
+struct BuilderTools {
+    wheels: BTreeMap<String, FetchedWheel>,
+    debs: Vec<DebFile>,
+}
+
+async fn fetch_builder_inputs(
+    settings: &BuildSettings,
+    inputs: &PlatformInputs<'_>,
+    store: &BlobStore,
+    env: &BuildEnv<'_>,
+) -> Result<BuilderTools, BuildError> {
+    let wheels: Vec<Artifact> = of_kind(inputs, ArtifactKind::BuildWheel).cloned().collect();
+    let blobs = fetch_artifacts(settings, inputs.recipe, store, env, &wheels).await?;
+    let named = settings.cache_root.join("wheels");
+    fs_err::create_dir_all(&named).map_err(io_error(&named))?;
+    let mut fetched = BTreeMap::new();
+    for (artifact, blob) in wheels.iter().zip(blobs) {
+        let path = link_wheel(&named, artifact, &blob)?;
+        let wheel = FetchedWheel {
+            path,
+            sha256: artifact.sha256,
+            version: artifact.version.clone(),
+        };
+        fetched.insert(artifact.name.clone(), wheel);
+    }
+    let downloader = Downloader::new(
+        HttpClient::with_defaults()?,
+        store.clone(),
+        env.progress.downloads(),
+    )
+    .offline(settings.offline)
+    .mirrors(settings.mirrors.clone());
+    let mut debs = Vec::new();
+    let mut unavailable = Vec::new();
+    for artifact in of_kind(inputs, ArtifactKind::BuildDeb) {
+        let urls = deb_urls(artifact, settings.apt_mirror.as_ref());
+        match fetch_first(&downloader, artifact.fetch_item(), urls).await {
+            Ok(path) => debs.push(DebFile {
+                name: artifact.name.clone(),
+                version: artifact.version.clone(),
+                architecture: artifact.platform.clone().unwrap_or_default(),
+                filename: artifact.filename.to_string(),
+                sha256: artifact.sha256,
+                size: artifact.size,
+                path,
+            }),
+            Err(tried) => unavailable.push(format!(
+                "{} {} ({})",
+                artifact.name,
+                artifact.version,
+                tried.join("; ")
+            )),
+        }
+    }
+    if !unavailable.is_empty() {
+        return Err(BuildError::DebsUnavailable {
+            missing: unavailable,
+        });
+    }
+    Ok(BuilderTools {
+        wheels: fetched,
+        debs,
+    })
+}
+
+/// Download (or find in the blob store) `artifacts`: their blob paths, in order.
+async fn fetch_artifacts(
+    settings: &BuildSettings,
+    recipe: &Recipe,
+    store: &BlobStore,
+    env: &BuildEnv<'_>,
+    artifacts: &[Artifact],
+) -> Result<Vec<PathBuf>, BuildError> {
+    let items: Vec<_> = artifacts.iter().map(Artifact::fetch_item).collect();
+    let client = HttpClient::with_defaults()?.with_credentials(index_credentials(recipe)?);
+    let downloader = Downloader::new(client, store.clone(), env.progress.downloads())
+        .offline(settings.offline)
+        .mirrors(settings.mirrors.clone());
+    Ok(downloader.fetch_all(&items).await?)
+}
+
+/// Stage the builder once, then build each missing wheel in it.
+fn build_missing(
+    settings: &BuildSettings,
+    inputs: &PlatformInputs,
+    env: &BuildEnv,
+    tools: BuilderTools,
+    missing: &[(Artifact, SourceBuild, BuildKey)],
+    sdist_blobs: &[PathBuf],
+) -> Result<Vec<BuiltWheel>, BuildError> {
+    let uid = crate::stack::rootless::effective_uid();
+    if uid != 0 {
+        let (sdist, _, _) = &missing[0];
+        return Err(SourceBuildError::NotRoot {
+            package: sdist.name.clone(),
+            version: sdist.version.clone(),
+            uid,
+        }
+        .into());
+    }
+    let work = settings.cache_root.join("source-builds");
+    fs_err::create_dir_all(&work).map_err(io_error(&work))?;
+    let scratch = tempfile::Builder::new()
+        .prefix("builder-")
+        .tempdir_in(&work)
+        .map_err(io_error(&work))?;
+    let root = scratch.path().join("root");
+    env.progress
+        .stage("source", "staging the devel stack the builds run in");
+    stage_builder(inputs, env, tools, &root)?;
+    let mut built = Vec::new();
+    for ((sdist, entry, key), blob) in missing.iter().zip(sdist_blobs) {
+        env.progress.stage(
+            "source",
+            &format!(
+                "building {} {} for {}",
+                sdist.name, sdist.version, key.arch_list
+            ),
+        );
+        built.push(build_one(settings, inputs, &root, sdist, entry, key, blob)?);
+    }
+    Ok(built)
+}
+
+/// The devel stack of `inputs` with the builder's tools, merged into `root`: each layer's
+/// staged tree (staged now if the cache has none), hard-linked in image order.
+fn stage_builder(
+    inputs: &PlatformInputs,
+    env: &BuildEnv,
+    tools: BuilderTools,
+    root: &Path,
+) -> Result<(), BuildError> {
+    let recipe = Recipe {
+        cuda: crate::recipe::CudaSpec {
+            version: inputs.recipe.cuda.version,
+            flavor: Flavor::Devel,
+        },
+        copy: Vec::new(),
+        user: None,
+        ..inputs.recipe.clone()
+    };
+    let mut wheels = inputs.wheels.clone();
+    wheels.extend(tools.wheels);
+    let mut apt_debs = inputs.apt_debs.clone();
+    apt_debs.extend(tools.debs);
+    let builder = PlatformInputs {
+        matrix: inputs.matrix,
+        recipe: &recipe,
+        platform: inputs.platform,
+        lock: inputs.lock.clone(),
+        wheels,
+        torch_build: inputs.torch_build.clone(),
+        base_debs: inputs.base_debs.clone(),
+        apt_debs,
+        context: inputs.context.clone(),
+    };
+    let planned = StackLayers::plan(&builder, env)?;
+    fs_err::create_dir_all(root).map_err(io_error(root))?;
+    let mut stagers: Vec<&dyn LayerStager> = vec![&planned.base];
+    if let Some(apt) = &planned.apt {
+        stagers.push(apt);
+    }
+    stagers.extend(
+        planned
+            .toolkit
+            .all()
+            .into_iter()
+            .map(|l| l as &dyn LayerStager),
+    );
+    stagers.extend(planned.large.iter().map(|l| l as &dyn LayerStager));
+    stagers.push(&planned.python);
+    stagers.extend(planned.large_packages.iter().map(|l| l as &dyn LayerStager));
+    if let Some(packages) = &planned.packages {
+        stagers.push(packages);
+    }
+    for stager in stagers {
+        let dir = env.staging.ensure(stager.key(), |dir| stager.stage(dir))?;
+        stager.staged(&dir)?;
+        merge_tree(&dir, root)?;
+    }
+    Ok(())
+}
+
+/// `tree` onto `root` as hard links (upper layers replace what lower ones put there).
+/// Hard links, not copies: the staged trees are gigabytes, and nothing in the build
+/// writes to a file it did not create (PYTHONDONTWRITEBYTECODE; the build writes under
+/// /build only).
+fn merge_tree(tree: &Path, root: &Path) -> Result<(), BuildError> {
+    let output = Command::new("cp")
+        .args(["-a", "-l", "--remove-destination", "--no-target-directory"])
+        .arg(tree)
+        .arg(root)
+        .output()
+        .map_err(io_error(Path::new("cp")))?;
+    if !output.status.success() {
+        return Err(BuildError::Command {
+            command: format!("cp -al {} {}", tree.display(), root.display()),
+            status: output.status.to_string(),
+            output: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Unpack `sdist` as `/build/<name>-<version>`, run pip in the chroot, keep the wheel and
+/// the log in the cache entry of `key`.
+fn build_one(
+    settings: &BuildSettings,
+    inputs: &PlatformInputs,
+    root: &Path,
+    sdist: &Artifact,
+    entry: &SourceBuild,
+    key: &BuildKey,
+    blob: &Path,
+) -> Result<BuiltWheel, BuildError> {
+    let build = root.join("build");
+    let _ = fs_err::remove_dir_all(&build);
+    for dir in ["home", "tmp", "out", "unpack"] {
+        fs_err::create_dir_all(build.join(dir)).map_err(io_error(&build))?;
+    }
+    let source = format!("{}-{}", sdist.name, sdist.version);
+    unpack_sdist(blob, &build.join("unpack"), &build.join(&source))?;
+    let final_dir = entry_dir(&settings.cache_root, key);
+    let parent = final_dir.parent().expect("an entry has a parent");
+    let partial = tempfile::Builder::new()
+        .prefix(".partial-")
+        .tempdir_in(parent)
+        .map_err(io_error(parent))?;
+    let log = partial.path().join("build.log");
+    let toolkit = inputs.paths();
+    let site = crate::install::Scheme::debian_local(inputs.recipe.python).platlib;
+    let paths = BuilderPaths {
+        cuda_home: toolkit.home(),
+        lib_dir: toolkit.lib_dir(),
+        torch_lib: site.join("torch/lib").display().to_string(),
+    };
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let vars = build_env(entry, key, &paths, jobs);
+    let started = std::time::Instant::now();
+    let status = run_in_chroot(root, &vars, &format!("/build/{source}"), &log)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let final_log = final_dir.join("build.log");
+    if !status.success() {
+        let kept = keep_failed_log(&log, &final_dir)?;
+        return Err(SourceBuildError::Failed {
+            package: sdist.name.clone(),
+            version: sdist.version.clone(),
+            status: status.to_string(),
+            tail: log_tail(&kept),
+            log: kept,
+        }
+        .into());
+    }
+    let out = build.join("out");
+    let made = fs_err::read_dir(&out)
+        .map_err(io_error(&out))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "whl"))
+        .collect::<Vec<_>>();
+    let [wheel] = made.as_slice() else {
+        return Err(SourceBuildError::NoWheel {
+            package: sdist.name.clone(),
+            version: sdist.version.clone(),
+            found: made.len(),
+            log: keep_failed_log(&log, &final_dir)?,
+        }
+        .into());
+    };
+    let target = partial.path().join(file_name(wheel));
+    fs_err::copy(wheel, &target).map_err(io_error(&target))?;
+    let key_json = serde_json::to_vec_pretty(key).expect("serialises");
+    crate::atomic_file::write(&partial.path().join("key.json"), &key_json)
+        .map_err(io_error(partial.path()))?;
+    crate::atomic_file::write(
+        &partial.path().join("complete"),
+        format!("built in {seconds:.1} s\n").as_bytes(),
+    )
+    .map_err(io_error(partial.path()))?;
+    let _ = fs_err::remove_dir_all(&final_dir);
+    let kept = partial.keep();
+    fs_err::rename(&kept, &final_dir).map_err(io_error(&final_dir))?;
+    let path = final_dir.join(file_name(wheel));
+    let sha256 = file_sha256(&path)?;
+    Ok(BuiltWheel {
+        package: sdist.name.clone(),
+        wheel: FetchedWheel {
+            path,
+            sha256,
+            version: sdist.version.clone(),
+        },
+        log: final_log,
+        reused: false,
+    })
+}
+
+/// A failed build's log, kept as `<entry>.failed.log` beside where the wheel would be.
+fn keep_failed_log(log: &Path, final_dir: &Path) -> Result<PathBuf, BuildError> {
+    let kept = final_dir.with_extension("failed.log");
+    fs_err::copy(log, &kept).map_err(io_error(&kept))?;
+    Ok(kept)
+}
+
+/// The last [`LOG_TAIL`] lines of `log`, indented.
+fn log_tail(log: &Path) -> String {
+    let Ok(file) = std::fs::File::open(log) else {
+        return "  (no log)".into();
+    };
+    let lines: Vec<String> = std::io::BufReader::new(file)
+        .lines()
+        .map_while(Result::ok)
+        .collect();
+    lines[lines.len().saturating_sub(LOG_TAIL)..]
+        .iter()
+        .map(|line| format!("  | {line}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The sdist's single top directory, unpacked (the tar crate keeps every member inside
+/// `scratch`) and renamed to `dest`.
+fn unpack_sdist(blob: &Path, scratch: &Path, dest: &Path) -> Result<(), BuildError> {
+    let file = fs_err::File::open(blob).map_err(io_error(blob))?;
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    archive.set_preserve_permissions(false);
+    archive.unpack(scratch).map_err(io_error(blob))?;
+    let tops: Vec<PathBuf> = fs_err::read_dir(scratch)
+        .map_err(io_error(scratch))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    let [top] = tops.as_slice() else {
+        return Err(BuildError::Unsupported(format!(
+            "the sdist `{}` has {} top-level entries, not one directory (PEP 517 sdists have one)",
+            blob.display(),
+            tops.len()
+        )));
+    };
+    fs_err::rename(top, dest).map_err(io_error(dest))?;
+    let _ = fs_err::remove_dir(scratch);
+    Ok(())
+}
+
+/// `pip wheel` of `source` in a chroot of `root` with no network and a private mount
+/// namespace (/proc and /dev mounted there, gone with the process); output to `log`. A
+/// PID namespace of its own too: nvcc names its temporary files after its PID
+/// (`tmpxft_<pid>_...cudafe1.cpp`) and that name ends up in the extension's symbols, so
+/// the same build in a fresh namespace gets the same PIDs and the same bytes.
+fn run_in_chroot(
+    root: &Path,
+    vars: &BTreeMap<String, String>,
+    source: &str,
+    log: &Path,
+) -> Result<std::process::ExitStatus, BuildError> {
+    let out = std::fs::File::create(log).map_err(io_error(log))?;
+    let err = out.try_clone().map_err(io_error(log))?;
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--net", "--pid", "--fork", "sh", "-c"])
+        .arg("mkdir -p \"$0/proc\" \"$0/dev\" && mount -t proc proc \"$0/proc\" && mount --rbind /dev \"$0/dev\" && exec chroot \"$0\" \"$@\"")
+        .arg(root)
+        .args(["/usr/bin/env", "-i"])
+        .args(vars.iter().map(|(k, v)| format!("{k}={v}")))
+        .args(["python3", "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--wheel-dir", "/build/out", "--verbose"])
+        .arg(source)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    command.status().map_err(io_error(Path::new("unshare")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recipe(gpus: &str) -> Recipe {
+        Recipe::parse(
+            &format!("name: t\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.1\" }}\ntorch: {{ version: \"2.4.1\" }}\ngpus: {gpus}\nbuild: [{{package: torchsort, version: 0.1.10, env: {{FORCE_CUDA: \"1\"}}}}]\n"),
+            Path::new("t.yaml"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_arch_list_has_sass_for_each_gpu_and_ptx_for_the_newest() {
+        let matrix = Matrix::embedded();
+        assert_eq!(
+            arch_list(matrix, &recipe("[\"RTX 4090\"]"), "x").unwrap(),
+            "8.9+PTX"
+        );
+        assert_eq!(
+            arch_list(
+                matrix,
+                &recipe("[H100, \"RTX 4090\", A100, \"NVIDIA A100\"]"),
+                "x"
+            )
+            .unwrap(),
+            "8.0;8.9;9.0+PTX"
+        );
+        assert_eq!(
+            arch_list(matrix, &recipe("[\"8.6\"]"), "x").unwrap(),
+            "8.6+PTX"
+        );
+        let error = arch_list(matrix, &recipe("[\"RTX 5090\"]"), "torchsort")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("CUDA 12.1's nvcc cannot compile for sm_120"),
+            "{error}"
+        );
+        let error = arch_list(matrix, &recipe("[\"GTX 9999 Ultra\"]"), "torchsort")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("GPU `GTX 9999 Ultra` is not in the matrix"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_key_changes_with_each_input_and_the_env_is_cudastacks() {
+        let recipe = recipe("[\"RTX 4090\"]");
+        let key = BuildKey {
+            builder: BUILDER,
+            package: "torchsort".into(),
+            version: "0.1.10".into(),
+            sdist_sha256: Digest::of_bytes(b"sdist"),
+            builder_digest: Digest::of_bytes(b"builder"),
+            arch_list: "8.9+PTX".into(),
+            env: recipe.build[0].env.clone(),
+            source_date_epoch: 0,
+        };
+        let same = key.clone();
+        assert_eq!(key.digest(), same.digest());
+        let changed = [
+            BuildKey {
+                arch_list: "8.9;9.0+PTX".into(),
+                ..key.clone()
+            },
+            BuildKey {
+                sdist_sha256: Digest::of_bytes(b"other"),
+                ..key.clone()
+            },
+            BuildKey {
+                builder_digest: Digest::of_bytes(b"other"),
+                ..key.clone()
+            },
+            BuildKey {
+                env: BTreeMap::new(),
+                ..key.clone()
+            },
+            BuildKey {
+                source_date_epoch: 1,
+                ..key.clone()
+            },
+        ];
+        for other in changed {
+            assert_ne!(other.digest(), key.digest(), "{other:?}");
+        }
+        let paths = BuilderPaths {
+            cuda_home: "/usr/local/cuda-12.1".into(),
+            lib_dir: "/usr/local/cuda-12.1/lib64".into(),
+            torch_lib: "/usr/local/lib/python3.11/dist-packages/torch/lib".into(),
+        };
+        let env = build_env(&recipe.build[0], &key, &paths, 16);
+        assert_eq!(
+            env["LDFLAGS"],
+            "-Wl,-rpath,/usr/local/lib/python3.11/dist-packages/torch/lib"
+        );
+        assert_eq!(env["TORCH_CUDA_ARCH_LIST"], "8.9+PTX");
+        assert_eq!(env["MAX_JOBS"], "16");
+        assert_eq!(env["SOURCE_DATE_EPOCH"], "0");
+        assert_eq!(env["CUDA_HOME"], "/usr/local/cuda-12.1");
+        assert_eq!(env["FORCE_CUDA"], "1");
+        assert!(env["PATH"].starts_with("/usr/local/cuda-12.1/bin:"));
+    }
+
+    #[test]
+    fn trees_merge_upper_over_lower_as_hard_links() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (lower, upper, root) = (
+            dir.path().join("lower"),
+            dir.path().join("upper"),
+            dir.path().join("root"),
+        );
+        for (tree, text) in [(&lower, "lower"), (&upper, "upper")] {
+            std::fs::create_dir_all(tree.join("usr/bin")).unwrap();
+            std::fs::write(tree.join("usr/bin/tool"), text).unwrap();
+        }
+        std::fs::write(lower.join("usr/bin/only-lower"), "x").unwrap();
+        std::os::unix::fs::symlink("tool", upper.join("usr/bin/alias")).unwrap();
+        std::fs::create_dir(&root).unwrap();
+        merge_tree(&lower, &root).unwrap();
+        merge_tree(&upper, &root).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(root.join("usr/bin/tool")).unwrap(),
+            "upper"
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("usr/bin/only-lower")).unwrap(),
+            "x"
+        );
+        assert_eq!(
+            std::fs::read_link(root.join("usr/bin/alias")).unwrap(),
+            Path::new("tool")
+        );
+        let inode = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        assert_eq!(
+            inode(&root.join("usr/bin/tool")),
+            inode(&upper.join("usr/bin/tool"))
+        );
+    }
+
+    fn gzip_tar(members: &[&str]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::fast(),
+        ));
+        for path in members {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(1);
+            header.set_mode(0o644);
+            header.set_cksum();
+            builder.append_data(&mut header, path, &b"x"[..]).unwrap();
+        }
+        builder.into_inner().unwrap().finish().unwrap()
+    }
+
+    #[test]
+    fn an_sdist_unpacks_under_the_fixed_path_and_its_log_tail_is_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let blob = dir.path().join("blob");
+        std::fs::write(
+            &blob,
+            gzip_tar(&[
+                "cuda_ext-0.1.0/setup.py",
+                "cuda_ext-0.1.0/cuda_ext/scale.cu",
+            ]),
+        )
+        .unwrap();
+        let dest = dir.path().join("build/cuda-ext-0.1.0");
+        std::fs::create_dir_all(dir.path().join("build/unpack")).unwrap();
+        unpack_sdist(&blob, &dir.path().join("build/unpack"), &dest).unwrap();
+        assert!(dest.join("setup.py").is_file() && dest.join("cuda_ext/scale.cu").is_file());
+        std::fs::write(&blob, gzip_tar(&["a/setup.py", "b/setup.py"])).unwrap();
+        let error = unpack_sdist(&blob, &dir.path().join("other"), &dir.path().join("x"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("has 2 top-level entries"), "{error}");
+        let log = dir.path().join("build.log");
+        let text: String = (1..=100).map(|n| format!("line {n}\n")).collect();
+        std::fs::write(&log, text).unwrap();
+        let tail = log_tail(&log);
+        assert_eq!(tail.lines().count(), LOG_TAIL);
+        assert!(
+            tail.starts_with("  | line 61\n") && tail.ends_with("  | line 100"),
+            "{tail}"
+        );
+    }
+}
