@@ -578,7 +578,12 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
             of_kind(ArtifactKind::BuildDeb)
         );
     }
-    let cache = e2e_support::cache_dir();
+    // A cache of its own, removed with `work`: the CUDA 13 stack (downloads, staged trees of
+    // the runtime and devel flavours, layers) is ~15 GB that no other test shares, and kept in
+    // the shared cache it would stay on CI's disk through every later test. The slot keeps it
+    // from coinciding with a large image in Docker.
+    let _slot = e2e_support::large_image_slot();
+    let cache = work.path().join("cache");
     let build = |layout: &str| {
         let started = std::time::Instant::now();
         let (_, log) = cudastack(&[
@@ -701,4 +706,37 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
         serde_json::json!(["cuda_ext", "torchsort"]),
         "{check:?}"
     );
+
+    // The labels carry what the kernel audit read in the built extensions: an RTX 4090 runs
+    // their sm_89 SASS; an H100 (9.0) runs them only by JIT-compiling their compute_89 PTX
+    // (the `+PTX` on the newest target is for that); an A100 (8.0) is refused naming them:
+    // sm_89 code does not run on 8.0, and PTX only JITs for newer GPUs.
+    let layout = work.path().join("layout-a");
+    let check_gpu = |gpu: &str| {
+        let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+            .args(["check".as_ref(), layout.as_os_str()])
+            .args(["--gpu", gpu, "--driver", "580.65.06"])
+            .output()
+            .unwrap();
+        e2e_support::output_text(&output)
+    };
+    let ada = check_gpu("RTX 4090");
+    assert!(ada.contains("yes:"), "{ada}");
+    let hopper = check_gpu("H100");
+    assert!(
+        hopper.contains("yes:")
+            && hopper.contains("JIT-compiling")
+            && hopper.contains("compute_89"),
+        "{hopper}"
+    );
+    let ampere = check_gpu("A100");
+    assert!(ampere.contains("no:"), "{ampere}");
+    for library in ["_C", "isotonic_cuda"] {
+        assert!(
+            ampere
+                .lines()
+                .any(|l| l.starts_with("NO") && l.contains(library)),
+            "{library}: {ampere}"
+        );
+    }
 }

@@ -52,7 +52,8 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// Held by a test from before it builds a large image (a torch stack: ~5 GB unpacked) until
-/// it has removed it from Docker, so that one such image is in the daemon at a time. A load
+/// it has removed it from Docker (or its private cache), so that one such image is on the
+/// disk at a time beyond the shared e2e cache. A load
 /// through the API costs twice the image while it runs (the daemon keeps the archive in its
 /// own temporary directory while it registers the layers: /var/lib/docker held 10 GB for
 /// one 5 GB image here), and two of these tests at once on top of the e2e cache filled the
