@@ -121,5 +121,16 @@ rm -f "$disk_low_file"
 watch_disk &
 disk_watcher=$!
 cargo test --locked --all-targets -- --test-threads="${CUDASTACK_TEST_THREADS:-2}" 2>&1 | tee "$test_log"
+# Source builds compile against a CUDA 13 stack of their own (~11 GB of downloads, staged trees
+# and layers while the test runs, in a cache it removes). They run after the suite so that
+# they never share the disk with the torch images the other tests load; on CI, whose disk is
+# the tightest and whose caches are thrown away, the shared e2e cache (~14 GB) goes first
+# (.ci/run sets CUDASTACK_DROP_E2E_CACHE).
+if [ -n "${CUDASTACK_DROP_E2E_CACHE:-}" ]; then
+  rm -rf "$target_dir/tmp/e2e-cache"
+  disk_report "before the source builds"
+fi
+cargo test --locked --test suite source_build::extensions_build_for_the_recipe_gpus_and_are_reused \
+  -- --ignored --exact 2>&1 | tee -a "$test_log"
 # The native probe's own crate (probe/rust), in the target dir setup.sh built it in.
 cargo test --locked --manifest-path probe/rust/Cargo.toml --target-dir target/probe-build/cuda12

@@ -27,7 +27,18 @@ fn build(layout: &Path) -> (String, String) {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         // --load: the image must be in the daemon under its tag for the planted-copy run
         // below, also when the verification is a cached report (which loads nothing).
-        .args(["build", RECIPE, "--load", "--layout"])
+        // gzip, not `auto` (none for --load alone): the tests that load a torch image share
+        // its layers in the e2e cache, and compressed they take 2.8 GB there and in Docker's
+        // load spool instead of 5.2 (CI's disk, stop 29). Uncompressed loads are tested in
+        // build_publish.
+        .args([
+            "build",
+            RECIPE,
+            "--load",
+            "--compression",
+            "gzip",
+            "--layout",
+        ])
         .arg(layout)
         .arg("--cache-dir")
         .arg(e2e_support::cache_dir())

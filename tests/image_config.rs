@@ -195,6 +195,9 @@ fn a_training_image_runs_as_its_user_and_extends_with_pip_within_its_constraints
                 "build",
                 "train.yaml",
                 "--load",
+                // gzip: the torch layers the other e2e tests share (tests/build_e2e.rs).
+                "--compression",
+                "gzip",
                 "--layout",
                 layout,
                 "--cache-dir",

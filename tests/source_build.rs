@@ -522,6 +522,7 @@ fn cudastack(args: &[&std::ffi::OsStr]) -> (String, String) {
 /// there, their .so carrying SASS for sm_89 and PTX for it only; a second build reuses both
 /// wheels without running the compiler.
 #[test]
+#[ignore = "run by scripts/test.sh after the suite (on CI, once the shared e2e cache is removed): its CUDA 13 stack needs ~11 GB while it runs"]
 fn extensions_build_for_the_recipe_gpus_and_are_reused() {
     if let Some(reason) = e2e_support::skip_reason(&[("umoci", &["--version"][..])]) {
         reason.report();

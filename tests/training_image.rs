@@ -133,6 +133,9 @@ fn build(dir: &Path, layout: &str, extra: &[&str]) -> (serde_json::Value, String
         "build",
         "training.yaml",
         "--json",
+        // gzip: the torch layers the other e2e tests share (tests/build_e2e.rs).
+        "--compression",
+        "gzip",
         "--layout",
         layout,
         "--cache-dir",
