@@ -347,6 +347,15 @@ fn cached(cache_root: &Path, key: &BuildKey) -> Result<Option<BuiltWheel>, Build
         return Ok(None);
     };
     let sha256 = file_sha256(&path)?;
+    // `complete` names the wheel's sha256 as it was built: a file changed since (or an
+    // entry of an older cudastack that recorded none) is built again, not trusted.
+    let recorded = fs_err::read_to_string(dir.join("complete")).unwrap_or_default();
+    if !recorded
+        .lines()
+        .any(|line| line == format!("sha256 {} {}", sha256.hex(), file_name(&path)))
+    {
+        return Ok(None);
+    }
     Ok(Some(BuiltWheel {
         package: key.package.clone(),
         wheel: FetchedWheel {
@@ -596,6 +605,13 @@ fn build_one(
     key: &BuildKey,
     blob: &Path,
 ) -> Result<BuiltWheel, BuildError> {
+    let final_dir = entry_dir(&settings.cache_root, key);
+    // One build of a key at a time on a cache: a second build waits, then reuses.
+    let lock_path = final_dir.with_extension("lock");
+    let _held = crate::atomic_file::lock(&lock_path).map_err(io_error(&lock_path))?;
+    if let Some(done) = cached(&settings.cache_root, key)? {
+        return Ok(done);
+    }
     let build = root.join("build");
     let _ = fs_err::remove_dir_all(&build);
     for dir in ["home", "tmp", "out", "unpack"] {
@@ -603,7 +619,7 @@ fn build_one(
     }
     let source = format!("{}-{}", sdist.name, sdist.version);
     unpack_sdist(blob, &build.join("unpack"), &build.join(&source))?;
-    let final_dir = entry_dir(&settings.cache_root, key);
+    give_to_builder(&build)?;
     let parent = final_dir.parent().expect("an entry has a parent");
     let partial = tempfile::Builder::new()
         .prefix(".partial-")
@@ -650,21 +666,27 @@ fn build_one(
         }
         .into());
     };
+    check_built_wheel(wheel, sdist)?;
     let target = partial.path().join(file_name(wheel));
     fs_err::copy(wheel, &target).map_err(io_error(&target))?;
+    let sha256 = file_sha256(&target)?;
     let key_json = serde_json::to_vec_pretty(key).expect("serialises");
     crate::atomic_file::write(&partial.path().join("key.json"), &key_json)
         .map_err(io_error(partial.path()))?;
     crate::atomic_file::write(
         &partial.path().join("complete"),
-        format!("built in {seconds:.1} s\n").as_bytes(),
+        format!(
+            "built in {seconds:.1} s\nsha256 {} {}\n",
+            sha256.hex(),
+            file_name(wheel)
+        )
+        .as_bytes(),
     )
     .map_err(io_error(partial.path()))?;
     let _ = fs_err::remove_dir_all(&final_dir);
     let kept = partial.keep();
     fs_err::rename(&kept, &final_dir).map_err(io_error(&final_dir))?;
     let path = final_dir.join(file_name(wheel));
-    let sha256 = file_sha256(&path)?;
     Ok(BuiltWheel {
         package: sdist.name.clone(),
         wheel: FetchedWheel {
@@ -675,6 +697,63 @@ fn build_one(
         log: final_log,
         reused: false,
     })
+}
+
+/// The uid and gid the build runs as (nobody): root in the chroot could leave it, and
+/// could write through the hard links of the builder root into the cache's staged trees
+/// that later images are made of. Only `/build` is theirs.
+const BUILDER_UID: u32 = 65534;
+
+/// Hand `/build` (the sdist, HOME, TMPDIR, the output directory) to [`BUILDER_UID`].
+fn give_to_builder(build: &Path) -> Result<(), BuildError> {
+    let mut pending = vec![build.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        std::os::unix::fs::lchown(&path, Some(BUILDER_UID), Some(BUILDER_UID))
+            .map_err(io_error(&path))?;
+        if fs_err::symlink_metadata(&path)
+            .map_err(io_error(&path))?
+            .is_dir()
+        {
+            for entry in fs_err::read_dir(&path).map_err(io_error(&path))? {
+                pending.push(entry.map_err(io_error(&path))?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The build's output is a regular file (a symlink would make cudastack, outside the
+/// chroot, copy a host file into the image) named for the sdist's own name and version (a
+/// `setup.py` saying `name="torch"` must not install torch under the sdist's name).
+fn check_built_wheel(wheel: &Path, sdist: &Artifact) -> Result<(), BuildError> {
+    let refuse = |why: String| {
+        BuildError::Unsupported(format!(
+            "the build of {} {} made `{}`, which cudastack does not install: {why}",
+            sdist.name,
+            sdist.version,
+            wheel.display()
+        ))
+    };
+    let metadata = fs_err::symlink_metadata(wheel).map_err(io_error(wheel))?;
+    if !metadata.is_file() {
+        return Err(refuse("it is not a regular file".into()));
+    }
+    let parsed: crate::names::WheelFilename = file_name(wheel)
+        .parse()
+        .map_err(|e| refuse(format!("its name is no wheel file name ({e})")))?;
+    let same_name = crate::names::normalize_name(&parsed.name.to_string())
+        == crate::names::normalize_name(&sdist.name);
+    let same_version = sdist
+        .version
+        .parse::<pep440_rs::Version>()
+        .is_ok_and(|version| version == parsed.version);
+    if !same_name || !same_version {
+        return Err(refuse(format!(
+            "it is {} {}, not the sdist's {} {}",
+            parsed.name, parsed.version, sdist.name, sdist.version
+        )));
+    }
+    Ok(())
 }
 
 /// A failed build's log, kept as `<entry>.failed.log` beside where the wheel would be.
@@ -739,9 +818,15 @@ fn run_in_chroot(
     let err = out.try_clone().map_err(io_error(log))?;
     let mut command = Command::new("unshare");
     command
-        .args(["--mount", "--net", "--pid", "--fork", "sh", "-c"])
+        .args(["--mount", "--net", "--pid", "--fork", "--kill-child", "sh", "-c"])
         .arg("mkdir -p \"$0/proc\" \"$0/dev\" && mount -t proc proc \"$0/proc\" && mount --rbind /dev \"$0/dev\" && exec chroot \"$0\" \"$@\"")
         .arg(root)
+        // As nobody, with no capabilities and no way to gain any (setuid binaries of the
+        // base do nothing): see BUILDER_UID.
+        .arg("/usr/bin/setpriv")
+        .arg(format!("--reuid={BUILDER_UID}"))
+        .arg(format!("--regid={BUILDER_UID}"))
+        .args(["--clear-groups", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"])
         .args(["/usr/bin/env", "-i"])
         .args(vars.iter().map(|(k, v)| format!("{k}={v}")))
         .args(["python3", "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--wheel-dir", "/build/out", "--verbose"])

@@ -174,7 +174,9 @@ pub(crate) fn pip_constraints(lock: &Lockfile) -> String {
     let mut pins: Vec<String> = lock
         .artifacts
         .iter()
-        .filter(|a| a.kind == ArtifactKind::Wheel)
+        // Built from an sdist (`build:`) counts too: pip must not replace the extension
+        // compiled for the recipe's GPUs with another build.
+        .filter(|a| matches!(a.kind, ArtifactKind::Wheel | ArtifactKind::Sdist))
         .map(|a| format!("{}=={}", a.name, a.version))
         .collect();
     pins.sort();
