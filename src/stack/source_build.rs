@@ -741,7 +741,7 @@ fn check_built_wheel(wheel: &Path, sdist: &Artifact) -> Result<(), BuildError> {
     let parsed: crate::names::WheelFilename = file_name(wheel)
         .parse()
         .map_err(|e| refuse(format!("its name is no wheel file name ({e})")))?;
-    let same_name = crate::names::normalize_name(&parsed.name.to_string())
+    let same_name = crate::names::normalize_name(parsed.name.as_ref())
         == crate::names::normalize_name(&sdist.name);
     let same_version = sdist
         .version
