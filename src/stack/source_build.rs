@@ -74,7 +74,7 @@ pub enum SourceBuildError {
         version: String,
         uid: u32,
     },
-    #[error("the build of `{package}` {version} failed ({status}); the last lines of its log:\n{tail}\n  the whole log: {}\n  hint: a missing header or library is a `build-deb` or `build-wheel` the sdist needs: add it to the entry's `requires:` or the recipe's `apt:`; `env:` passes switches to its setup.py", log.display())]
+    #[error("the build of `{package}` {version} failed ({status}); the last lines of its log:\n{tail}\n  the whole log: {}\n  hint: a missing header or library is a Debian package or a Python package the sdist needs: add it to the recipe's `apt:` or to the entry's `requires:` (both also put it in the image: there is no build-only list yet); `env:` passes switches to its setup.py", log.display())]
     Failed {
         package: String,
         version: String,
@@ -779,13 +779,32 @@ fn log_tail(log: &Path) -> String {
         .join("\n")
 }
 
+/// The most an sdist may unpack to: flash-attn 2.6.3's, with its CUTLASS copy, is ~60 MB.
+const MAX_SDIST_BYTES: u64 = 2 << 30;
+const MAX_SDIST_MEMBERS: usize = 200_000;
+
 /// The sdist's single top directory, unpacked (the tar crate keeps every member inside
 /// `scratch`) and renamed to `dest`.
 fn unpack_sdist(blob: &Path, scratch: &Path, dest: &Path) -> Result<(), BuildError> {
     let file = fs_err::File::open(blob).map_err(io_error(blob))?;
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
     archive.set_preserve_permissions(false);
-    archive.unpack(scratch).map_err(io_error(blob))?;
+    fs_err::create_dir_all(scratch).map_err(io_error(scratch))?;
+    // An sdist is source: a bomb of a few KB must not fill the cache's disk.
+    let (mut bytes, mut members) = (0u64, 0usize);
+    for entry in archive.entries().map_err(io_error(blob))? {
+        let mut entry = entry.map_err(io_error(blob))?;
+        bytes = bytes.saturating_add(entry.header().size().unwrap_or(u64::MAX));
+        members += 1;
+        if bytes > MAX_SDIST_BYTES || members > MAX_SDIST_MEMBERS {
+            return Err(BuildError::Unsupported(format!(
+                "the sdist `{}` unpacks to more than {} MiB or {MAX_SDIST_MEMBERS} files: cudastack does not build it",
+                blob.display(),
+                MAX_SDIST_BYTES >> 20
+            )));
+        }
+        entry.unpack_in(scratch).map_err(io_error(blob))?;
+    }
     let tops: Vec<PathBuf> = fs_err::read_dir(scratch)
         .map_err(io_error(scratch))?
         .filter_map(Result::ok)
@@ -1018,6 +1037,20 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("has 2 top-level entries"), "{error}");
+        // A member claiming 3 GiB is refused from its header, before anything is written.
+        let mut header = tar::Header::new_gnu();
+        header.set_path("bomb-1.0/big").unwrap();
+        header.set_size(3 << 30);
+        header.set_mode(0o644);
+        header.set_cksum();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, header.as_bytes()).unwrap();
+        std::fs::write(&blob, gz.finish().unwrap()).unwrap();
+        let error = unpack_sdist(&blob, &dir.path().join("bomb"), &dir.path().join("y"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unpacks to more than 2048 MiB"), "{error}");
+        assert!(!dir.path().join("bomb/bomb-1.0/big").exists());
         let log = dir.path().join("build.log");
         let text: String = (1..=100).map(|n| format!("line {n}\n")).collect();
         std::fs::write(&log, text).unwrap();
