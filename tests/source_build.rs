@@ -336,6 +336,43 @@ async fn lock_errors_of_build_entries_say_what_and_what_to_do() {
     );
 }
 
+/// One `build:` package whose build needs another: the builder has only the image's own
+/// packages, so it is refused at lock time, naming both, not an hour into the compile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_that_needs_another_build_is_refused_at_lock_time() {
+    let server = FixtureServer::start();
+    populate(&server);
+    publish(
+        &server,
+        "needs-ext",
+        &[File {
+            filename: "needs_ext-1.0.tar.gz".into(),
+            bytes: sdist(
+                "needs-ext",
+                "1.0",
+                "Metadata-Version: 2.4\nName: needs-ext\nVersion: 1.0\n",
+                Some("[build-system]\nrequires = [\"setuptools>=61\", \"cuda-ext\"]\nbuild-backend = \"setuptools.build_meta\"\n"),
+            ),
+        }],
+    );
+    let client = client();
+    let request = request(&client, &server, &["cuda-ext==1.0", "needs-ext==1.0"]);
+    let builds = builds(&[
+        r#"{"package": "cuda-ext", "version": "1.0"}"#,
+        r#"{"package": "needs-ext", "version": "1.0"}"#,
+    ]);
+    let message = resolve_with_builds(&client, &request, &builds)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("needs_ext-1.0.tar.gz")
+            && message
+                .contains("its build needs `cuda-ext`, which the recipe's `build:` also compiles"),
+        "{message}"
+    );
+}
+
 /// The sdist's bytes must be the ones the index lists the sha256 of.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sdist_whose_bytes_changed_is_refused() {

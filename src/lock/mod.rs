@@ -374,6 +374,24 @@ async fn resolve_build_wheels(
 ) -> Result<Vec<Artifact>, LockError> {
     let mut roots: Vec<Requirement> = Vec::new();
     let built: Vec<&PackageName> = sdists.iter().map(|s| &s.name).collect();
+    // Each build runs against the image's own packages (no build isolation), not against
+    // another build's wheel: a build need on a package the recipe also builds would be
+    // missing in the builder, so it is refused here rather than at compile time.
+    for sdist in sdists {
+        if let Some(other) = sdist
+            .build_requires
+            .iter()
+            .find(|r| r.name != sdist.name && built.contains(&&r.name))
+        {
+            return Err(LockError::SdistContent {
+                filename: sdist.file.filename.to_string(),
+                reason: format!(
+                    "its build needs `{}`, which the recipe's `build:` also compiles, and each build runs against the image's own packages, not another build's wheel\n  hint: build `{}` first and serve its wheel from an index in `indexes:`, then drop it from `build:`",
+                    other.name, other.name
+                ),
+            });
+        }
+    }
     let wanted = builds
         .toolchain
         .iter()
