@@ -257,18 +257,7 @@ impl Artifact {
         if matches!(self.kind, ArtifactKind::Wheel | ArtifactKind::BuildWheel) {
             let wheel = WheelFilename::from_str(&self.filename)
                 .map_err(|e| error("filename", e.to_string()))?;
-            let name = PackageName::from_str(&self.name).map_err(|e| {
-                error(
-                    "name",
-                    format!("`{}` is not a package name: {e}", self.name),
-                )
-            })?;
-            let version = Version::from_str(&self.version).map_err(|e| {
-                error(
-                    "version",
-                    format!("`{}` is not a PEP 440 version: {e}", self.version),
-                )
-            })?;
+            let (name, version) = self.python_name_and_version()?;
             if wheel.name != name || wheel.version != version {
                 return Err(error(
                     "filename",
@@ -282,9 +271,8 @@ impl Artifact {
         Ok(())
     }
 
-    /// An sdist's file name is a `.tar.gz` of this artifact's name and version (PEP 625:
-    /// `{name}-{version}.tar.gz`, the name with `-`, `_` or `.` as separators).
-    fn check_sdist(&self) -> Result<(), ArtifactError> {
+    /// The artifact's name and version as a Python distribution's (wheels and sdists).
+    fn python_name_and_version(&self) -> Result<(PackageName, Version), ArtifactError> {
         let error = |field: &'static str, reason: String| ArtifactError {
             name: self.name.clone(),
             version: self.version.clone(),
@@ -303,6 +291,19 @@ impl Artifact {
                 format!("`{}` is not a PEP 440 version: {e}", self.version),
             )
         })?;
+        Ok((name, version))
+    }
+
+    /// An sdist's file name is a `.tar.gz` of this artifact's name and version (PEP 625:
+    /// `{name}-{version}.tar.gz`, the name with `-`, `_` or `.` as separators).
+    fn check_sdist(&self) -> Result<(), ArtifactError> {
+        let error = |field: &'static str, reason: String| ArtifactError {
+            name: self.name.clone(),
+            version: self.version.clone(),
+            field,
+            reason,
+        };
+        let (name, version) = self.python_name_and_version()?;
         let stem = self.filename.strip_suffix(".tar.gz");
         let matches =
             stem.and_then(|stem| stem.rsplit_once('-'))

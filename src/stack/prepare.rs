@@ -342,44 +342,13 @@ async fn fetch_debs(
         "fetch",
         &format!("{} Debian packages, {} to download", debs.len(), missing),
     );
-    let fetches = debs.iter().map(|artifact| {
-        let candidates = deb_urls(artifact, settings.apt_mirror.as_ref());
-        let downloader = downloader.clone();
-        let item = artifact.fetch_item();
-        async move { fetch_first(&downloader, item, candidates).await }
-    });
-    let results = futures_util::future::join_all(fetches).await;
-    let mut unavailable = Vec::new();
+    let fetched = fetch_deb_files(&downloader, &debs, settings.apt_mirror.as_ref()).await?;
     let (mut base, mut apt) = (Vec::new(), Vec::new());
-    for (artifact, result) in debs.iter().zip(results) {
-        match result {
-            Ok(path) => {
-                let file = DebFile {
-                    name: artifact.name.clone(),
-                    version: artifact.version.clone(),
-                    architecture: artifact.platform.clone().unwrap_or_default(),
-                    filename: artifact.filename.to_string(),
-                    sha256: artifact.sha256,
-                    size: artifact.size,
-                    path,
-                };
-                match artifact.layer {
-                    Some(DebLayer::Apt) => apt.push(file),
-                    _ => base.push(file),
-                }
-            }
-            Err(tried) => unavailable.push(format!(
-                "{} {} ({})",
-                artifact.name,
-                artifact.version,
-                tried.join("; ")
-            )),
+    for (artifact, file) in debs.iter().zip(fetched) {
+        match artifact.layer {
+            Some(DebLayer::Apt) => apt.push(file),
+            _ => base.push(file),
         }
-    }
-    if !unavailable.is_empty() {
-        return Err(BuildError::DebsUnavailable {
-            missing: unavailable,
-        });
     }
     Ok((base, apt))
 }
@@ -400,6 +369,48 @@ fn deb_mirror_dirs(settings: &BuildSettings) -> Vec<PathBuf> {
 
 /// Where a locked deb may be fetched from, in order: the mirror given to this build (the
 /// same pool path under its root), the URL it was locked from, the snapshot archive.
+/// Fetch every .deb of `debs` (each from its candidate URLs, at the same time), in order;
+/// the ones no URL served are one error naming them all.
+pub(crate) async fn fetch_deb_files(
+    downloader: &Downloader,
+    debs: &[&Artifact],
+    apt_mirror: Option<&reqwest::Url>,
+) -> Result<Vec<DebFile>, BuildError> {
+    let fetches = debs.iter().map(|artifact| {
+        let candidates = deb_urls(artifact, apt_mirror);
+        let item = artifact.fetch_item();
+        async move { fetch_first(downloader, item, candidates).await }
+    });
+    let results = futures_util::future::join_all(fetches).await;
+    let mut files = Vec::new();
+    let mut unavailable = Vec::new();
+    for (artifact, result) in debs.iter().zip(results) {
+        match result {
+            Ok(path) => files.push(DebFile {
+                name: artifact.name.clone(),
+                version: artifact.version.clone(),
+                architecture: artifact.platform.clone().unwrap_or_default(),
+                filename: artifact.filename.to_string(),
+                sha256: artifact.sha256,
+                size: artifact.size,
+                path,
+            }),
+            Err(tried) => unavailable.push(format!(
+                "{} {} ({})",
+                artifact.name,
+                artifact.version,
+                tried.join("; ")
+            )),
+        }
+    }
+    if !unavailable.is_empty() {
+        return Err(BuildError::DebsUnavailable {
+            missing: unavailable,
+        });
+    }
+    Ok(files)
+}
+
 pub(crate) fn deb_urls(
     artifact: &Artifact,
     apt_mirror: Option<&reqwest::Url>,

@@ -37,7 +37,7 @@ use crate::matrix::Matrix;
 use crate::recipe::{Flavor, Recipe, SourceBuild};
 use crate::stack::error::{io_error, BuildError};
 use crate::stack::layers::{BuildEnv, LayerStager, StackLayers};
-use crate::stack::prepare::{deb_urls, fetch_first, link_wheel, FetchedWheel, PlatformInputs};
+use crate::stack::prepare::{fetch_deb_files, link_wheel, FetchedWheel, PlatformInputs};
 use crate::stack::settings::{source_date_epoch, BuildSettings};
 use crate::version::ComputeCapability;
 
@@ -422,33 +422,8 @@ async fn fetch_builder_inputs(
     )
     .offline(settings.offline)
     .mirrors(settings.mirrors.clone());
-    let mut debs = Vec::new();
-    let mut unavailable = Vec::new();
-    for artifact in of_kind(inputs, ArtifactKind::BuildDeb) {
-        let urls = deb_urls(artifact, settings.apt_mirror.as_ref());
-        match fetch_first(&downloader, artifact.fetch_item(), urls).await {
-            Ok(path) => debs.push(DebFile {
-                name: artifact.name.clone(),
-                version: artifact.version.clone(),
-                architecture: artifact.platform.clone().unwrap_or_default(),
-                filename: artifact.filename.to_string(),
-                sha256: artifact.sha256,
-                size: artifact.size,
-                path,
-            }),
-            Err(tried) => unavailable.push(format!(
-                "{} {} ({})",
-                artifact.name,
-                artifact.version,
-                tried.join("; ")
-            )),
-        }
-    }
-    if !unavailable.is_empty() {
-        return Err(BuildError::DebsUnavailable {
-            missing: unavailable,
-        });
-    }
+    let build_debs: Vec<&Artifact> = of_kind(inputs, ArtifactKind::BuildDeb).collect();
+    let debs = fetch_deb_files(&downloader, &build_debs, settings.apt_mirror.as_ref()).await?;
     Ok(BuilderTools {
         wheels: fetched,
         debs,
