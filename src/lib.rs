@@ -37,9 +37,12 @@ pub mod oci;
 pub mod stack;
 
 // Outputs and proof.
+pub mod attest;
 pub mod engine;
 pub mod pipeline;
 pub mod registry;
+pub mod sbom;
+pub mod sign;
 pub mod verify;
 
 // The host and clusters.

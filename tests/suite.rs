@@ -16,6 +16,7 @@ mod oci_support;
 mod registry_support;
 
 mod apt_archive;
+mod attestations;
 mod audit_loader;
 mod audit_static;
 mod build_audit;

@@ -22,7 +22,7 @@ use registry_support::{random_layer, Action, Proxy, Registry};
 const REQUIRE: &str = "cuda>=12.1";
 
 /// A small real image with the labels and env a cudastack build writes.
-fn write_image(dir: &Path, store: &BlobStore) -> cudastack::digest::Digest {
+pub(crate) fn write_image(dir: &Path, store: &BlobStore) -> cudastack::digest::Digest {
     let layer = random_layer(store, "payload", 7, 3 << 20);
     let image = cudastack::oci::Image::new(1_700_000_000)
         .with_layer(layer, "payload")
@@ -38,7 +38,7 @@ fn write_image(dir: &Path, store: &BlobStore) -> cudastack::digest::Digest {
     layout::write(&image, dir, "localhost/torch:2.4.1-cu121").unwrap()
 }
 
-fn report(levels: &str, gpu: bool) -> Report {
+pub(crate) fn report(levels: &str, gpu: bool) -> Report {
     let gpu_checks = [
         ("driver.version", "driver"),
         ("driver.cuda", "driver"),

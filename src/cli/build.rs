@@ -98,6 +98,8 @@ pub struct BuildArgs {
     /// path under this root); then the URL it was locked from, then the snapshot archive.
     #[arg(long, value_name = "URL", env = "CUDASTACK_APT_MIRROR")]
     apt_mirror: Option<reqwest::Url>,
+    #[command(flatten)]
+    sign: super::sign::SignKeyArg,
 }
 
 /// The build's stages on stderr, timed from the start, and download bars.
@@ -202,6 +204,7 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
         verify: !args.no_verify,
         load: args.load,
         push,
+        sign_key: args.sign.load()?,
     })
 }
 

@@ -43,6 +43,11 @@ pub struct CheckArgs {
         )
     )]
     pub platform: Option<cudastack::recipe::Platform>,
+    /// Answer no unless a verification attestation signed by this public key (cosign's
+    /// PEM format) says the image passed on a GPU of each of the node's classes (same
+    /// compute capability); needs the node's GPUs (--gpu, --cc or --detect).
+    #[arg(long, value_name = "KEY.pub")]
+    pub require_signed_by: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub registry: super::image_source::RegistryArgs,
 }
@@ -88,7 +93,25 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
     let location = ImageLocation::parse(&args.image, Some(&args.ref_name))?;
     let documents = super::image_source::read_documents(&location, &args.registry, args.platform)?;
     let claims = ImageClaims::from_config(&documents.config.config().clone().unwrap_or_default());
-    let answer = check(matrix, &claims, &node);
+    let mut answer = check(matrix, &claims, &node);
+    if let Some(path) = &args.require_signed_by {
+        let key = cudastack::sign::key::PublicKey::read(path)?;
+        let referrers = super::image_source::read_referrers(
+            &location,
+            &args.registry,
+            &documents.manifest_digest,
+        )?;
+        let bundles = referrers
+            .iter()
+            .filter(|r| r.artifact_type == cudastack::attest::bundle::MEDIA_TYPE)
+            .map(|r| (r.location.clone(), r.blob.as_slice()));
+        let claims = cudastack::attest::policy::signed_verifications(
+            bundles,
+            &documents.manifest_digest,
+            &key,
+        );
+        answer = cudastack::attest::policy::require_signed(answer, &node, &claims, &key);
+    }
     if printer.json {
         printer.json(&CheckOutput {
             image: &documents.location,

@@ -108,6 +108,8 @@ Examples:
   cudastack check ghcr.io/acme/torch:2.4.1 --detect
   # From a login node, for a compute node with driver 535 and H100s
   cudastack check ghcr.io/acme/torch:2.4.1 --driver 535.104.05 --gpu H100
+  # Only if your CI's key signed a verification on this GPU class
+  cudastack check ghcr.io/acme/torch:2.4.1 --detect --require-signed-by cosign.pub
 
 Exit status: 0 yes, 1 no, 2 error, 3 unknown.";
 
@@ -142,6 +144,13 @@ Examples:
   cudastack push images/torch2.4.1-cu121-py3.11 ghcr.io/acme/torch:2.4.1
   # Copy the image `cudastack pull` wrote to images/torch (named by its tag)
   cudastack push images/torch registry.example.com/torch:2.4.1 --ref 2.4.1";
+
+pub const SIGN: &str = "\
+Examples:
+  # Sign what `build` stored beside the image (password from COSIGN_PASSWORD)
+  cudastack sign images/torch2.4.1-cu121-py3.11 --key cosign.key
+  # Then push: the signed statements go up as referrers of the image
+  cudastack push images/torch2.4.1-cu121-py3.11 ghcr.io/acme/torch:2.4.1";
 
 pub const PULL: &str = "\
 Examples:

@@ -19,7 +19,29 @@ pub fn read_documents(
     registry: &RegistryArgs,
     platform: Option<cudastack::recipe::Platform>,
 ) -> Result<ImageDocuments, Error> {
-    let source = match location {
+    let source = source(location, registry)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok(runtime.block_on(image_source::read_documents(source, platform))?)
+}
+
+/// The referrers (SBOM, provenance, statements, reports) of the manifest `subject` at
+/// `location`.
+pub fn read_referrers(
+    location: &ImageLocation,
+    registry: &RegistryArgs,
+    subject: &cudastack::digest::Digest,
+) -> Result<Vec<image_source::Referrer>, Error> {
+    let source = source(location, registry)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok(runtime.block_on(image_source::read_referrers(source, subject))?)
+}
+
+fn source(location: &ImageLocation, registry: &RegistryArgs) -> Result<ImageSource, Error> {
+    Ok(match location {
         ImageLocation::Layout { dir, ref_name } => ImageSource::Layout {
             dir: dir.clone(),
             ref_name: ref_name.clone(),
@@ -29,11 +51,7 @@ pub fn read_documents(
             let client = Box::new(registry.client_options(&reference)?);
             ImageSource::Registry { reference, client }
         }
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    Ok(runtime.block_on(image_source::read_documents(source, platform))?)
+    })
 }
 
 /// The help of a `--platform` option whose default is this machine's platform: `what`, then

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use clap::Args;
+use cudastack::attest::describe::{describe, ReferrerSummary};
 use cudastack::audit::kernels::render_groups;
 use cudastack::verify::check::ImageClaims;
 use cudastack::verify::record::report_ref;
@@ -32,6 +33,10 @@ pub struct InspectArgs {
         )
     )]
     pub platform: Option<cudastack::recipe::Platform>,
+    /// Check the signatures of the image's signed statements with this public key
+    /// (cosign's PEM format).
+    #[arg(long, value_name = "KEY.pub")]
+    pub key: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub registry: super::image_source::RegistryArgs,
 }
@@ -45,6 +50,8 @@ struct Inspection<'a> {
     labels: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     report_ref: Option<String>,
+    /// The SBOM, provenance and statements stored as referrers of the image.
+    referrers: Vec<ReferrerSummary>,
 }
 
 pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
@@ -62,12 +69,31 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
         }
         ImageLocation::Registry(_) => None,
     };
+    let key = args
+        .key
+        .as_deref()
+        .map(cudastack::sign::key::PublicKey::read)
+        .transpose()?;
+    let referrers =
+        super::image_source::read_referrers(&location, &args.registry, &documents.manifest_digest)?
+            .iter()
+            .map(|r| {
+                describe(
+                    &r.location,
+                    r.kind.as_deref(),
+                    &r.artifact_type,
+                    &r.blob,
+                    key.as_ref(),
+                )
+            })
+            .collect();
     let inspection = Inspection {
         documents: &documents,
         declared: &claims,
         env,
         labels,
         report_ref: report,
+        referrers,
     };
     if printer.json {
         printer.json(&inspection);
@@ -75,7 +101,7 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
     }
     print_human(&inspection, printer);
     printer.status(format!(
-        "read {} bytes (manifest and config only)",
+        "read {} bytes of manifest and config, and the referrers' documents",
         documents.bytes_read
     ));
     Ok(ExitCode::SUCCESS)
@@ -147,6 +173,44 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
     }
     if let Some(report) = &inspection.report_ref {
         printer.line(format_args!("  report        {report} (in the layout)"));
+    }
+    print_referrers(&inspection.referrers, printer);
+}
+
+/// Each referrer: its kind and type, who signed it, then what it says.
+fn print_referrers(referrers: &[ReferrerSummary], printer: &Printer) {
+    if referrers.is_empty() {
+        printer.line(
+            "  referrers     none (no SBOM, provenance or signed statement stored with the image)",
+        );
+        return;
+    }
+    printer.line("  referrers:");
+    for referrer in referrers {
+        let what = referrer
+            .predicate_type
+            .clone()
+            .unwrap_or_else(|| referrer.artifact_type.clone());
+        printer.line(format_args!(
+            "    {}  {what}",
+            referrer.kind.as_deref().unwrap_or("-")
+        ));
+        match &referrer.signature {
+            Some(signature) => printer.line(format_args!(
+                "      signed by key {}: {}",
+                signature
+                    .key_id
+                    .as_deref()
+                    .map(|id| &id[..12.min(id.len())])
+                    .unwrap_or("(unnamed)"),
+                signature.status
+            )),
+            None if referrer.predicate_type.is_some() => printer.line("      unsigned"),
+            None => {}
+        }
+        for line in &referrer.detail {
+            printer.line(format_args!("      {line}"));
+        }
     }
 }
 

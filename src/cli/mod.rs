@@ -25,6 +25,7 @@ mod promote;
 mod pull;
 mod push;
 mod refresh;
+mod sign;
 mod solve;
 mod validate;
 mod verify;
@@ -107,6 +108,10 @@ enum Command {
     /// class required; refuses (exit 1) with what is missing or failed.
     #[command(after_help = examples::PROMOTE)]
     Promote(promote::PromoteArgs),
+    /// Sign the SBOM, provenance and verification statements stored beside an image of a
+    /// layout with a cosign key, as `cosign attest` stores them (DSSE in a sigstore bundle).
+    #[command(after_help = examples::SIGN)]
+    Sign(sign::SignArgs),
     /// Pull an image from a registry into an OCI layout (no daemon needed).
     #[command(after_help = examples::PULL)]
     Pull(pull::PullArgs),
@@ -153,6 +158,7 @@ pub fn main() -> ExitCode {
         Command::Push(args) => push::run(args, &printer),
         Command::Promote(args) => promote::run(args, &printer),
         Command::Pull(args) => pull::run(args, &printer),
+        Command::Sign(args) => sign::run(args, &printer),
         Command::Ci(args) => ci::run(args, &printer),
         Command::Doctor(args) => doctor::run(args, &printer),
         Command::Explain(args) => explain::run(args, &printer),

@@ -59,6 +59,21 @@ pub fn run(args: PullArgs, printer: &Printer) -> CommandResult {
         &args.layout,
         &ref_name,
     ))?;
+    // What was said about the image comes with it: SBOM, provenance, signed statements.
+    let referrers = runtime.block_on(cudastack::pipeline::attest::pull_referrers(
+        &client,
+        &reference,
+        &args.layout,
+        &report.manifest_digest,
+    ))?;
+    if !referrers.is_empty() {
+        printer.status(format!(
+            "pulled {} referrer(s) of {}: {}",
+            referrers.len(),
+            report.manifest_digest,
+            referrers.join(", ")
+        ));
+    }
     if printer.json {
         printer.json(&report);
     } else {

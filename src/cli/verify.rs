@@ -96,6 +96,8 @@ pub struct VerifyArgs {
     pub platform: Option<cudastack::recipe::Platform>,
     #[command(flatten)]
     pub registry: super::image_source::RegistryArgs,
+    #[command(flatten)]
+    pub sign: super::sign::SignKeyArg,
 }
 
 #[derive(Serialize)]
@@ -142,10 +144,19 @@ pub fn run(args: VerifyArgs, printer: &Printer) -> CommandResult {
     }
     let (dir, ref_name) = layout_of(image, &args.ref_name)?;
     let settings = settings(&args)?;
+    let key = args.sign.load()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let outcome = runtime.block_on(verify(&dir, &ref_name, &settings, printer))?;
+    attest_run(
+        &dir,
+        &ref_name,
+        &outcome.report,
+        &outcome.recorded,
+        key.as_ref(),
+        printer,
+    )?;
     finish(
         &outcome.report,
         Some(&outcome.recorded),
@@ -192,8 +203,16 @@ fn record_log(
             note: Some(format!("recorded from {}", log.display())),
         });
     }
+    let key = args.sign.load()?;
     let recorded = match ImageLocation::parse(image, Some(&args.ref_name))? {
-        ImageLocation::Layout { dir, ref_name } => record_in_layout(&dir, &ref_name, &report)?,
+        ImageLocation::Layout { dir, ref_name } => {
+            let recorded = record_in_layout(&dir, &ref_name, &report)?;
+            attest_run(&dir, &ref_name, &report, &recorded, key.as_ref(), printer)?;
+            recorded
+        }
+        ImageLocation::Registry(_) if key.is_some() => {
+            return Err("--sign-key with a registry IMAGE: record the log in a layout (`cudastack pull`, `verify DIR --from-log LOG --sign-key KEY`) and push it, so what is signed is what was checked here".into());
+        }
         ImageLocation::Registry(text) => {
             let reference: cudastack::registry::Reference = text.parse()?;
             let client = args.registry.client_options(&reference)?;
@@ -206,6 +225,24 @@ fn record_log(
         }
     };
     finish(&report, Some(&recorded), None, printer)
+}
+
+/// Store the run's verification statement beside the image (and the image's referrers on
+/// its verified copy); with a key, sign every statement about the image `ref_name` names
+/// now (the verified copy, when the run made one).
+fn attest_run(
+    dir: &std::path::Path,
+    ref_name: &str,
+    report: &Report,
+    recorded: &Recorded,
+    key: Option<&cudastack::sign::key::SigningKey>,
+    printer: &Printer,
+) -> Result<(), cudastack::pipeline::PipelineError> {
+    cudastack::pipeline::attest::after_verify(dir, report, recorded, ref_name)?;
+    if let Some(key) = key {
+        cudastack::pipeline::attest::sign(dir, ref_name, ref_name, key, printer)?;
+    }
+    Ok(())
 }
 
 /// The runner's settings from `--gpus`, `--require-gpu`, `--level`, `--timeout` and the

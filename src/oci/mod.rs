@@ -385,13 +385,16 @@ pub(crate) fn annotated(
     base: Descriptor,
     annotations: std::collections::HashMap<String, String>,
 ) -> Descriptor {
-    DescriptorBuilder::default()
+    let mut descriptor = DescriptorBuilder::default()
         .media_type(base.media_type().clone())
         .digest(base.digest().clone())
         .size(base.size())
         .annotations(annotations)
         .build()
-        .expect("descriptor fields are set")
+        .expect("descriptor fields are set");
+    // An artifact's entry keeps its type: what tells a referrer from an image in an index.
+    descriptor.set_artifact_type(base.artifact_type().clone());
+    descriptor
 }
 
 /// An image index over `manifests`, as the value and its canonical JSON bytes (the layout's

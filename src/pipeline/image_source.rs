@@ -70,3 +70,57 @@ async fn read_registry(
         bytes_read: (manifest.bytes.len() + config_bytes.len()) as u64,
     })
 }
+
+/// One referrer of an image, wherever the image lives: what it is and its (first) blob.
+#[derive(Debug, Clone)]
+pub struct Referrer {
+    /// Where it was found: the layout's index name, or `repository@digest`.
+    pub location: String,
+    pub kind: Option<String>,
+    pub artifact_type: String,
+    pub annotations: std::collections::BTreeMap<String, String>,
+    pub blob: Vec<u8>,
+}
+
+/// The referrers of the manifest `subject` at `source` (a layout's index, or the registry's
+/// referrers API or its fallback tag).
+pub async fn read_referrers(
+    source: ImageSource,
+    subject: &Digest,
+) -> Result<Vec<Referrer>, PipelineError> {
+    match source {
+        ImageSource::Layout { dir, .. } => Ok(crate::attest::store::referrers_of(&dir, subject)?
+            .into_iter()
+            .map(|r| Referrer {
+                location: r.ref_name,
+                kind: Some(r.kind),
+                artifact_type: r.artifact_type,
+                annotations: r.annotations,
+                blob: r.blob,
+            })
+            .collect()),
+        ImageSource::Registry { reference, client } => {
+            let client = RegistryClient::new(&reference, *client)?;
+            let fetched = crate::registry::referrers::fetch_referrers(
+                &client,
+                &reference,
+                subject,
+                super::attest::MAX_REFERRER_BLOB,
+            )
+            .await?;
+            Ok(fetched
+                .into_iter()
+                .map(|r| Referrer {
+                    location: format!("{}@{}", reference.without_digest(), r.digest),
+                    kind: r
+                        .annotations
+                        .get(crate::attest::store::KIND_ANNOTATION)
+                        .cloned(),
+                    artifact_type: r.artifact_type,
+                    annotations: r.annotations,
+                    blob: r.blob.map(|(_, b)| b.to_vec()).unwrap_or_default(),
+                })
+                .collect())
+        }
+    }
+}

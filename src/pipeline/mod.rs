@@ -12,6 +12,7 @@
 //! [`PipelineSettings`] and renders [`PipelineReport`]; what a person watching should read
 //! goes through [`Progress`].
 
+pub mod attest;
 pub mod early_push;
 pub mod image_source;
 pub mod load;
@@ -59,6 +60,8 @@ pub enum PipelineError {
     Digest(#[from] crate::digest::DigestError),
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Attest(Box<crate::attest::AttestError>),
     /// A descriptor of the layout's image index whose digest does not parse.
     #[error("{0}")]
     Descriptor(String),
@@ -104,6 +107,7 @@ boxed_from!(
     Registry: crate::registry::RegistryError,
     Layout: crate::oci::OciError,
     Source: crate::verify::source::SourceError,
+    Attest: crate::attest::AttestError,
 );
 
 /// What a person watching the pipeline reads (stderr in the binary, nothing with
@@ -131,6 +135,9 @@ pub struct PipelineSettings {
     /// Load the image into the Docker daemon, tagged with the recipe's tags.
     pub load: bool,
     pub push: Option<PushTarget>,
+    /// Sign the image's statements (SBOM, provenance, verification) before loading and
+    /// pushing (`--sign-key`).
+    pub sign_key: Option<crate::sign::key::SigningKey>,
 }
 
 /// What the pipeline did, stage by stage. Serialised as `build --json`: the build report's
@@ -142,6 +149,9 @@ pub struct PipelineReport {
     pub build: BuildReport,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verify: Option<VerifyOutcome>,
+    /// The statements signed (`--sign-key`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub signed: Vec<crate::attest::store::Signed>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load: Option<LoadReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -172,10 +182,17 @@ pub async fn build_verify_publish(
         Some(target) if target.reference.digest().is_none() => Some(EarlyUploads::start(target)?),
         _ => None,
     };
+    let started = crate::oci::rfc3339(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default(),
+    );
     let built = match &early {
         Some(early) => build(&settings.build, matrix, &early.progress(build_progress)).await?,
         None => build(&settings.build, matrix, build_progress).await?,
     };
+    attest::after_build(&settings.build, &built, &started, progress)?;
     // A failed upload fails the build now, before a verification that would be wasted.
     let mut early = early;
     let mut sent_early = None;
@@ -186,6 +203,14 @@ pub async fn build_verify_publish(
         verify::after_build(&built, policy, &settings.build.cache_root, progress).await?
     } else {
         None
+    };
+    let name = attest::image_name(&built);
+    if let Some(outcome) = &verified {
+        attest::after_verify(&built.layout, &outcome.report, &outcome.recorded, &name)?;
+    }
+    let signed = match &settings.sign_key {
+        Some(key) => attest::sign(&built.layout, &built.ref_name, &name, key, progress)?,
+        None => Vec::new(),
     };
     let loaded = if settings.load {
         Some(load_built(&built, progress).await?)
@@ -214,6 +239,7 @@ pub async fn build_verify_publish(
     Ok(PipelineReport {
         build: built,
         verify: verified,
+        signed,
         load: loaded,
         push: pushed,
     })
@@ -284,6 +310,7 @@ mod tests {
                 size: 0,
                 audit,
                 audit_cached: false,
+                built_from: Default::default(),
             }],
         }
     }
@@ -346,6 +373,7 @@ mod tests {
         let report = PipelineReport {
             build: built(Some("latest")),
             verify: None,
+            signed: Vec::new(),
             load: None,
             push: None,
         };
@@ -369,6 +397,7 @@ mod tests {
         let report = PipelineReport {
             build: built(Some("latest")),
             verify: None,
+            signed: Vec::new(),
             load: Some(load.clone()),
             push: None,
         };

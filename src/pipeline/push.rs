@@ -117,6 +117,7 @@ pub async fn push_after(
     for referrer in report_referrers(layout, ref_name, report.manifest_digest)? {
         push_report(&client, reference, referrer, progress).await?;
     }
+    push_attestations(&client, reference, layout, ref_name, progress).await?;
     progress.status(&summary(&report));
     Ok(report)
 }
@@ -268,6 +269,59 @@ async fn push_report(
         "pushed the verification report as a referrer of {}: {}",
         referrer.subject.digest, pushed.digest
     ));
+    Ok(())
+}
+
+/// The SBOM, provenance and verification statements (signed or not) stored in the layout
+/// as referrers of the pushed image, or of each platform's image of a pushed index, each
+/// pushed as a referrer of the same manifest in the registry.
+async fn push_attestations(
+    client: &RegistryClient,
+    reference: &Reference,
+    dir: &Path,
+    ref_name: &str,
+    progress: &dyn Progress,
+) -> Result<(), PipelineError> {
+    let images: Vec<oci_spec::image::Descriptor> = match layout::index_images(dir, ref_name)? {
+        Some(children) => children.into_iter().map(|(d, _)| d).collect(),
+        None => vec![layout::resolve(dir, ref_name)?.manifest],
+    };
+    let mut pushed = Vec::new();
+    for image in images {
+        let subject = Subject {
+            media_type: image.media_type().to_string(),
+            digest: crate::oci::digest_of(&image).map_err(PipelineError::Descriptor)?,
+            size: image.size(),
+        };
+        let referrers = crate::attest::store::referrers_of(dir, &subject.digest)?;
+        for referrer in referrers
+            .into_iter()
+            .filter(|r| r.artifact_type != REPORT_ARTIFACT_TYPE)
+        {
+            let layer = ArtifactLayer {
+                media_type: referrer.artifact_type.clone(),
+                bytes: referrer.blob.into(),
+                annotations: Default::default(),
+            };
+            push_referrer(
+                client,
+                reference,
+                &subject,
+                &referrer.artifact_type,
+                vec![layer],
+                referrer.annotations,
+            )
+            .await?;
+            pushed.push(referrer.kind);
+        }
+    }
+    if !pushed.is_empty() {
+        progress.status(&format!(
+            "pushed {} referrer(s): {}",
+            pushed.len(),
+            pushed.join(", ")
+        ));
+    }
     Ok(())
 }
 

@@ -101,6 +101,8 @@ pub async fn record_in_registry(
         report_ref: repository.to_string(),
         verified_manifest: None,
         verified_refs: Vec::new(),
+        ran: None,
+        verified: None,
     };
     if verdict != Verdict::Verified {
         return Ok(recorded);

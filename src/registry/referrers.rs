@@ -234,3 +234,80 @@ pub async fn list_referrers(
     };
     Ok(index["manifests"].as_array().cloned().unwrap_or_default())
 }
+
+/// A referrer as a registry holds it: its manifest (bytes, as served) and its first blob.
+#[derive(Debug, Clone)]
+pub struct FetchedReferrer {
+    pub digest: Digest,
+    /// The manifest's `artifactType`, else its config's media type (OCI 1.1): the index
+    /// entry's own field is not trusted (cosign 3 writes the empty config's type there).
+    pub artifact_type: String,
+    pub annotations: BTreeMap<String, String>,
+    pub manifest: Bytes,
+    /// (media type, bytes) of the first layer; None for an artifact without one.
+    pub blob: Option<(String, Bytes)>,
+}
+
+/// Every referrer of `subject` in the repository of `repository`, with its first blob
+/// (each digest-checked by the client; a blob over `max_blob` bytes is an error).
+pub async fn fetch_referrers(
+    client: &RegistryClient,
+    repository: &Reference,
+    subject: &Digest,
+    max_blob: u64,
+) -> Result<Vec<FetchedReferrer>, RegistryError> {
+    let mut fetched = Vec::new();
+    for entry in list_referrers(client, repository, subject).await? {
+        let not_a_manifest = |detail: String| RegistryError::Document {
+            path: repository.to_string(),
+            what: "a referrer manifest",
+            detail,
+        };
+        let digest: Digest = entry["digest"]
+            .as_str()
+            .unwrap_or_default()
+            .parse()
+            .map_err(|e| not_a_manifest(format!("its index entry has no valid digest: {e}")))?;
+        let manifest = client
+            .get_manifest(&repository.without_digest().with_digest(digest))
+            .await?;
+        let value: Value =
+            serde_json::from_slice(&manifest.bytes).map_err(|e| not_a_manifest(e.to_string()))?;
+        let artifact_type = value["artifactType"]
+            .as_str()
+            .or_else(|| value["config"]["mediaType"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        let annotations = value["annotations"]
+            .as_object()
+            .map(|map| {
+                map.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let blob = match value["layers"].as_array().and_then(|l| l.first()) {
+            Some(layer) => {
+                let blob_digest: Digest = layer["digest"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .parse()
+                    .map_err(|e| not_a_manifest(format!("its layer has no valid digest: {e}")))?;
+                let bytes = client
+                    .get_blob_bytes(repository.repository(), &blob_digest, max_blob)
+                    .await?;
+                let media_type = layer["mediaType"].as_str().unwrap_or_default().to_string();
+                Some((media_type, bytes))
+            }
+            None => None,
+        };
+        fetched.push(FetchedReferrer {
+            digest,
+            artifact_type,
+            annotations,
+            manifest: manifest.bytes,
+            blob,
+        });
+    }
+    Ok(fetched)
+}

@@ -29,7 +29,7 @@ pub use crate::stack::error::BuildError;
 pub use crate::stack::output::{platform_ref, render_tags};
 pub use crate::stack::prepare::host_platform;
 pub use crate::stack::report::{
-    human_bytes, AuditSummary, BuildReport, LayerReport, PlatformReport,
+    human_bytes, AuditSummary, BuildReport, BuiltFrom, LayerReport, PlatformReport,
 };
 use crate::stack::settings::source_date_epoch;
 pub use crate::stack::settings::{BuildProgress, BuildSettings, DEFAULT_SOURCE_DATE_EPOCH};
@@ -153,6 +153,14 @@ fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildE
         audit,
         audit_cached,
         facts,
+        built_from: crate::stack::report::BuiltFrom {
+            lock: Some(inputs.lock.clone()),
+            wheel_files: inputs
+                .wheels
+                .iter()
+                .map(|(name, wheel)| (name.clone(), wheel.path.clone()))
+                .collect(),
+        },
     })
 }
 

@@ -20,6 +20,7 @@ pub(crate) struct Assembled {
     pub audit: AuditSummary,
     pub audit_cached: bool,
     pub facts: StackFacts,
+    pub built_from: crate::stack::report::BuiltFrom,
 }
 
 /// Render the recipe's tag templates, each checked as an image reference
@@ -109,6 +110,7 @@ pub(crate) fn write_output(
             layers: built.layers.clone(),
             audit: built.audit.clone(),
             audit_cached: built.audit_cached,
+            built_from: built.built_from.clone(),
         });
     }
     let first = &platforms[0];

@@ -50,6 +50,19 @@ pub struct PlatformReport {
     pub size: u64,
     pub audit: AuditSummary,
     pub audit_cached: bool,
+    /// What the image was made from, for its SBOM and provenance (crate::attest).
+    #[serde(skip)]
+    pub built_from: BuiltFrom,
+}
+
+/// The inputs of one platform's image that its SBOM and provenance describe; the lock is
+/// its own file, so `build --json` leaves this out.
+#[derive(Debug, Clone, Default)]
+pub struct BuiltFrom {
+    pub lock: Option<crate::lock::Lockfile>,
+    /// Wheel name -> the wheel file the image's Python layer was made from (the locked
+    /// wheels, and those built from the recipe's sdists).
+    pub wheel_files: std::collections::BTreeMap<String, PathBuf>,
 }
 
 /// What the static audit looked at (it found nothing wrong, or the build failed).

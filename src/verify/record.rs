@@ -292,6 +292,12 @@ pub struct Recorded {
     pub verified_manifest: Option<Digest>,
     /// Refs written or moved to the verified image.
     pub verified_refs: Vec<String>,
+    /// The manifest the probe ran in, and the verified image made of it: the subjects of
+    /// the verification attestation (crate::attest).
+    #[serde(skip)]
+    pub ran: Option<oci_spec::image::Descriptor>,
+    #[serde(skip)]
+    pub verified: Option<oci_spec::image::Descriptor>,
 }
 
 /// Ref name of the report artifact stored beside `ref_name`.
@@ -327,6 +333,8 @@ pub fn record_in_layout(
             report_ref,
             verified_manifest: None,
             verified_refs: Vec::new(),
+            ran: Some(resolved.manifest),
+            verified: None,
         });
     }
     let rows = matrix_rows(report, &report_digest)?;
@@ -408,6 +416,8 @@ pub fn record_in_layout(
         report_ref,
         verified_manifest: digest,
         verified_refs: refs,
+        ran: Some(resolved.manifest),
+        verified: Some(verified_descriptor),
     })
 }
 

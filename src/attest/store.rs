@@ -1,0 +1,317 @@
+//! Referrers in an OCI layout: each an artifact manifest whose `subject` is an image of the
+//! layout, named `sha256-<subject hex>.<kind>` in `index.json` (one of each kind per image,
+//! so a rebuild or a second signing replaces rather than piles up), with the kind in the
+//! annotation [`KIND_ANNOTATION`] so a pull can name what it fetched the same way.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use oci_spec::image::{Descriptor, ImageManifest};
+
+use super::bundle::{self, Bundle};
+use super::statement::{Statement, Subject};
+use super::{AttestError, SPDX_PREDICATE_TYPE, STATEMENT_ARTIFACT_TYPE};
+use crate::digest::Digest;
+use crate::oci::layout::{self, Artifact, Layout};
+use crate::oci::OciError;
+use crate::sign::key::SigningKey;
+
+/// The annotation naming a referrer's kind (`sbom`, `provenance`, ...).
+pub const KIND_ANNOTATION: &str = "io.cudastack.referrer";
+pub const SBOM: &str = "sbom";
+pub const CYCLONEDX: &str = "sbom.cdx";
+pub const SBOM_STATEMENT: &str = "sbom.att";
+pub const PROVENANCE: &str = "provenance";
+/// Verification statements accumulate, one per report: `verification-<report hex, 12>`.
+pub const VERIFICATION_PREFIX: &str = "verification-";
+
+/// One referrer of an image in a layout, with its first (only) blob.
+#[derive(Debug, Clone)]
+pub struct StoredReferrer {
+    pub ref_name: String,
+    pub digest: Digest,
+    pub kind: String,
+    pub artifact_type: String,
+    pub subject: Digest,
+    pub annotations: BTreeMap<String, String>,
+    pub blob: Vec<u8>,
+}
+
+/// The index name of `subject`'s referrer of `kind`.
+pub fn referrer_name(subject: &Digest, kind: &str) -> String {
+    format!("sha256-{}.{kind}", subject.hex())
+}
+
+/// Store `bytes` (of media type `artifact_type`) as `subject`'s referrer of `kind`.
+pub fn attach(
+    dir: &Path,
+    subject: &Descriptor,
+    kind: &str,
+    artifact_type: &str,
+    bytes: Vec<u8>,
+    mut annotations: BTreeMap<String, String>,
+) -> Result<Digest, OciError> {
+    annotations.insert(KIND_ANNOTATION.to_string(), kind.to_string());
+    let subject_digest =
+        crate::oci::digest_of(subject).map_err(|problem| OciError::InvalidLayout {
+            dir: dir.to_path_buf(),
+            problem,
+        })?;
+    let artifact = Artifact {
+        artifact_type: artifact_type.to_string(),
+        subject: subject.clone(),
+        blobs: vec![(artifact_type.to_string(), bytes)],
+        annotations,
+    };
+    layout::write_artifact(dir, &artifact, &referrer_name(&subject_digest, kind))
+}
+
+/// Store an unsigned statement as `subject`'s referrer of `kind`.
+pub fn attach_statement(
+    dir: &Path,
+    subject: &Descriptor,
+    kind: &str,
+    statement: &Statement,
+) -> Result<Digest, OciError> {
+    attach(
+        dir,
+        subject,
+        kind,
+        STATEMENT_ARTIFACT_TYPE,
+        statement.to_bytes(),
+        BTreeMap::from([(
+            bundle::PREDICATE_TYPE_ANNOTATION.to_string(),
+            statement.predicate_type.clone(),
+        )]),
+    )
+}
+
+/// Every referrer of the manifest `subject` in the layout at `dir`, by index name.
+pub fn referrers_of(dir: &Path, subject: &Digest) -> Result<Vec<StoredReferrer>, OciError> {
+    let layout = Layout::open(dir)?;
+    let mut found = Vec::new();
+    for entry in layout.index().entries() {
+        let Some(artifact_type) = entry.artifact_type() else {
+            continue;
+        };
+        let manifest: ImageManifest = layout.read_json_blob(entry, "an artifact manifest")?;
+        let about = manifest
+            .subject()
+            .as_ref()
+            .and_then(|s| crate::oci::digest_of(s).ok());
+        if about.as_ref() != Some(subject) {
+            continue;
+        }
+        let Some(first) = manifest.layers().first() else {
+            continue;
+        };
+        let annotations: BTreeMap<String, String> = manifest
+            .annotations()
+            .clone()
+            .map(|a| a.into_iter().collect())
+            .unwrap_or_default();
+        let ref_name = layout::ref_name_of(entry).unwrap_or_default().to_string();
+        found.push(StoredReferrer {
+            kind: annotations
+                .get(KIND_ANNOTATION)
+                .cloned()
+                .unwrap_or_else(|| {
+                    ref_name
+                        .rsplit_once('.')
+                        .map(|(_, k)| k.to_string())
+                        .unwrap_or_default()
+                }),
+            digest: crate::oci::digest_of(entry).map_err(|problem| OciError::InvalidLayout {
+                dir: dir.to_path_buf(),
+                problem,
+            })?,
+            ref_name,
+            artifact_type: artifact_type.to_string(),
+            subject: *subject,
+            annotations,
+            blob: layout.read_blob(first)?,
+        });
+    }
+    found.sort_by(|a, b| a.ref_name.cmp(&b.ref_name));
+    Ok(found)
+}
+
+/// What signing did to one referrer.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Signed {
+    pub kind: String,
+    pub predicate_type: String,
+    pub digest: Digest,
+}
+
+/// Sign every statement about `subject` (named `name` in new subjects) with `key`: an
+/// unsigned statement becomes a bundle, a bundle this key signed that is not yet about
+/// `subject` is signed again with it added, and the SBOM gets a signed statement of its
+/// own ([`SBOM_STATEMENT`]). Bundles signed by other keys are left as they are.
+pub fn sign_referrers(
+    dir: &Path,
+    subject: &Descriptor,
+    name: &str,
+    key: &SigningKey,
+) -> Result<Vec<Signed>, AttestError> {
+    let digest = crate::oci::digest_of(subject).map_err(AttestError::Statement)?;
+    let referrers = referrers_of(dir, &digest)?;
+    let public = key.public_key();
+    let mut signed = Vec::new();
+    for referrer in &referrers {
+        let statement = match referrer.artifact_type.as_str() {
+            STATEMENT_ARTIFACT_TYPE => Statement::from_bytes(&referrer.blob)?,
+            bundle::MEDIA_TYPE => {
+                let Ok(statement) = super::open(&Bundle::from_bytes(&referrer.blob)?, &public)
+                else {
+                    continue;
+                };
+                if statement.is_about(&digest) {
+                    continue;
+                }
+                statement
+            }
+            crate::sbom::SPDX_MEDIA_TYPE if !referrers.iter().any(|r| r.kind == SBOM_STATEMENT) => {
+                let document = serde_json::from_slice(&referrer.blob).map_err(|e| {
+                    AttestError::Statement(format!("the stored SBOM is not JSON: {e}"))
+                })?;
+                let statement = Statement::new(
+                    vec![Subject::image(name, &digest)],
+                    SPDX_PREDICATE_TYPE,
+                    document,
+                );
+                signed.push(store_signed(dir, subject, SBOM_STATEMENT, &statement, key)?);
+                continue;
+            }
+            _ => continue,
+        };
+        let statement = statement.with_subject(Subject::image(name, &digest));
+        signed.push(store_signed(dir, subject, &referrer.kind, &statement, key)?);
+    }
+    Ok(signed)
+}
+
+fn store_signed(
+    dir: &Path,
+    subject: &Descriptor,
+    kind: &str,
+    statement: &Statement,
+    key: &SigningKey,
+) -> Result<Signed, AttestError> {
+    let bundle = super::sign(statement, key);
+    let annotations = BTreeMap::from([
+        (
+            bundle::CONTENT_ANNOTATION.to_string(),
+            "dsse-envelope".to_string(),
+        ),
+        (
+            bundle::PREDICATE_TYPE_ANNOTATION.to_string(),
+            statement.predicate_type.clone(),
+        ),
+    ]);
+    let digest = attach(
+        dir,
+        subject,
+        kind,
+        bundle::MEDIA_TYPE,
+        bundle.to_bytes(),
+        annotations,
+    )?;
+    Ok(Signed {
+        kind: kind.to_string(),
+        predicate_type: statement.predicate_type.clone(),
+        digest,
+    })
+}
+
+/// Give the image `to` (the verified copy of `from`) the referrers `from` has, but its
+/// verification reports and statements (those are about one run and are stored by the
+/// run): an unsigned statement gets `to` as a subject; a bundle and an SBOM are copied
+/// as they are (signing again is [`sign_referrers`]'s). Returns how many were copied.
+pub fn carry_referrers(
+    dir: &Path,
+    from: &Digest,
+    to: &Descriptor,
+    name: &str,
+) -> Result<usize, AttestError> {
+    let to_digest = crate::oci::digest_of(to).map_err(AttestError::Statement)?;
+    let mut carried = 0;
+    for referrer in referrers_of(dir, from)? {
+        if referrer.kind.starts_with(VERIFICATION_PREFIX)
+            || referrer.artifact_type == crate::verify::REPORT_ARTIFACT_TYPE
+        {
+            continue;
+        }
+        let bytes = if referrer.artifact_type == STATEMENT_ARTIFACT_TYPE {
+            Statement::from_bytes(&referrer.blob)?
+                .with_subject(Subject::image(name, &to_digest))
+                .to_bytes()
+        } else {
+            referrer.blob
+        };
+        let mut annotations = referrer.annotations;
+        annotations.remove(KIND_ANNOTATION);
+        attach(
+            dir,
+            to,
+            &referrer.kind,
+            &referrer.artifact_type,
+            bytes,
+            annotations,
+        )?;
+        carried += 1;
+    }
+    Ok(carried)
+}
+
+/// Store a referrer fetched from a registry as it was served (its manifest bytes, so its
+/// digest stays the registry's) beside `subject`, named by its kind annotation, else by
+/// its digest. The artifact's config must be the empty one (every referrer cudastack and
+/// cosign write has it); another is refused, as nothing here would read it.
+pub fn store_fetched(
+    dir: &Path,
+    subject: &Digest,
+    referrer: &crate::registry::referrers::FetchedReferrer,
+) -> Result<String, AttestError> {
+    let manifest: ImageManifest = serde_json::from_slice(&referrer.manifest).map_err(|e| {
+        AttestError::Statement(format!(
+            "referrer {}: not an OCI manifest: {e}",
+            referrer.digest
+        ))
+    })?;
+    let empty = Digest::of_bytes(layout::EMPTY_CONFIG);
+    if manifest.config().digest().to_string() != empty.to_string() {
+        return Err(AttestError::Statement(format!(
+            "referrer {}: its config is not the empty descriptor ({}), so it is not an artifact cudastack reads",
+            referrer.digest,
+            manifest.config().digest()
+        )));
+    }
+    let kind = referrer
+        .annotations
+        .get(KIND_ANNOTATION)
+        .filter(|k| {
+            k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+        })
+        .cloned()
+        .unwrap_or_else(|| format!("ref-{}", &referrer.digest.hex()[..12]));
+    let mut writer = layout::LayoutWriter::open(dir)?;
+    writer.put_bytes(layout::EMPTY_CONFIG)?;
+    if let Some((_, bytes)) = &referrer.blob {
+        writer.put_bytes(bytes)?;
+    }
+    let digest = writer.put_bytes(&referrer.manifest)?;
+    let mut entry = crate::oci::descriptor(
+        oci_spec::image::MediaType::ImageManifest,
+        &digest,
+        referrer.manifest.len() as u64,
+    );
+    entry.set_artifact_type(Some(oci_spec::image::MediaType::Other(
+        referrer.artifact_type.clone(),
+    )));
+    let name = referrer_name(subject, &kind);
+    writer.name_in_index_only(entry, &name)?;
+    writer.commit();
+    Ok(name)
+}

@@ -1,0 +1,75 @@
+//! `cudastack sign IMAGE --key KEY`: sign the statements stored beside an image of an OCI
+//! layout (SBOM, provenance, verification), and the `--sign-key` option `build` and
+//! `verify` share. Keys are cosign's (`cudastack key generate` or `cosign
+//! generate-key-pair`); the password comes from COSIGN_PASSWORD, as for cosign.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+use cudastack::sign::key::{password_from_env, SigningKey};
+use cudastack::verify::source::ImageLocation;
+
+use super::{CommandResult, Printer};
+
+/// `--sign-key KEY`, shared by `build` and `verify`.
+#[derive(Debug, Args)]
+pub struct SignKeyArg {
+    /// Sign the image's SBOM, provenance and verification statements with this cosign
+    /// private key (password from COSIGN_PASSWORD), as `cosign attest` stores them.
+    #[arg(long, value_name = "KEY", env = "CUDASTACK_SIGN_KEY")]
+    pub sign_key: Option<PathBuf>,
+}
+
+impl SignKeyArg {
+    /// The key, read (and decrypted) before any work starts, so a wrong password fails at
+    /// once rather than after a long build.
+    pub fn load(&self) -> Result<Option<SigningKey>, Box<dyn std::error::Error + Send + Sync>> {
+        self.sign_key.as_deref().map(read_key).transpose()
+    }
+}
+
+fn read_key(path: &Path) -> Result<SigningKey, Box<dyn std::error::Error + Send + Sync>> {
+    let password = password_from_env()?;
+    Ok(SigningKey::read(path, &password)?)
+}
+
+#[derive(Debug, Args)]
+pub struct SignArgs {
+    /// The image: an OCI layout (`images/NAME` or `oci:DIR[:REF]`). To sign an image of a
+    /// registry, pull it into a layout, sign, and push it back (the referrers go with it).
+    pub image: String,
+    /// The ref name inside the layout.
+    #[arg(long = "ref", value_name = "REF", default_value = "latest")]
+    pub ref_name: String,
+    /// The cosign private key (password from COSIGN_PASSWORD).
+    #[arg(long, value_name = "KEY", env = "CUDASTACK_SIGN_KEY")]
+    pub key: PathBuf,
+}
+
+pub fn run(args: SignArgs, printer: &Printer) -> CommandResult {
+    let key = read_key(&args.key)?;
+    let (dir, ref_name) = match ImageLocation::parse(&args.image, Some(&args.ref_name))? {
+        ImageLocation::Layout { dir, ref_name } => (dir, ref_name),
+        ImageLocation::Registry(reference) => {
+            return Err(format!(
+                "`{reference}` is a registry reference: `cudastack pull {reference} --layout DIR`, sign DIR, then `cudastack push DIR {reference}`"
+            )
+            .into())
+        }
+    };
+    let signed = cudastack::pipeline::attest::sign(&dir, &ref_name, &ref_name, &key, printer)?;
+    if printer.json {
+        printer.json(&signed);
+    } else if signed.is_empty() {
+        printer.text(format!(
+            "nothing to sign: oci:{}:{ref_name} has no unsigned statements (build it with this cudastack to get its SBOM and provenance)",
+            dir.display()
+        ));
+    } else {
+        for s in &signed {
+            printer.text(format!("{}  {}  {}", s.kind, s.predicate_type, s.digest));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

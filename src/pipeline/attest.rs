@@ -1,0 +1,217 @@
+//! The attestation stages of the pipeline: after the build, each image's SBOM and build
+//! provenance; after a verification, the statement of the run (and the verified copy gets
+//! the image's referrers); last, when a key is given, every statement signed. What the
+//! documents say is `attest`'s and `sbom`'s; this module decides when and on which image.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use oci_spec::image::Descriptor;
+
+use crate::attest::statement::{Statement, Subject};
+use crate::attest::store::{self, Signed};
+use crate::attest::{provenance, verification};
+use crate::digest::Digest;
+use crate::oci::layout;
+use crate::sign::key::SigningKey;
+use crate::stack::build::{BuildReport, BuildSettings, PlatformReport};
+use crate::verify::check::ImageClaims;
+use crate::verify::record::Recorded;
+use crate::verify::report::Report;
+
+use super::{PipelineError, Progress};
+
+/// The name statements give the image: its first tag, else the recipe's name.
+pub fn image_name(built: &BuildReport) -> String {
+    built
+        .tags
+        .first()
+        .cloned()
+        .unwrap_or_else(|| built.recipe.clone())
+}
+
+/// Store the SBOM and the provenance of every platform's image of `built`.
+pub fn after_build(
+    settings: &BuildSettings,
+    built: &BuildReport,
+    started: &str,
+    progress: &dyn Progress,
+) -> Result<(), PipelineError> {
+    let finished = crate::oci::rfc3339(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default(),
+    );
+    let name = image_name(built);
+    for platform in &built.platforms {
+        let Some(lock) = &platform.built_from.lock else {
+            continue;
+        };
+        let resolved = layout::resolve(&built.layout, &platform.ref_name)?;
+        let created = resolved
+            .config
+            .created()
+            .as_deref()
+            .and_then(crate::oci::parse_rfc3339)
+            .unwrap_or_default();
+        let runtime = resolved.config.config().clone().unwrap_or_default();
+        let (labels, env) = crate::verify::check::labels_and_env(&runtime);
+        let claims = ImageClaims::from_labels_and_env(&labels, &env);
+        let built_wheels = crate::sbom::BuiltWheel::from_labels(&labels);
+        let image = SbomImage {
+            name: &name,
+            digest: resolved.manifest_digest,
+            created,
+            claims: &claims,
+            built: &built_wheels,
+        };
+        let sbom = sbom_of(&image, lock, platform);
+        store::attach(
+            &built.layout,
+            &resolved.manifest,
+            store::SBOM,
+            crate::sbom::SPDX_MEDIA_TYPE,
+            sbom,
+            BTreeMap::new(),
+        )?;
+        let facts = provenance::BuildFacts {
+            recipe_path: &settings.recipe_path.display().to_string(),
+            lock,
+            platform: &platform.platform,
+            compression: serde_json::to_value(settings.compression).unwrap_or_default(),
+            encoder: settings.compression.encoder(),
+            source_date_epoch: created,
+            layers: &platform.layers,
+            started,
+            finished: &finished,
+        };
+        let statement = Statement::new(
+            vec![Subject::image(&name, &resolved.manifest_digest)],
+            provenance::PREDICATE_TYPE,
+            provenance::predicate(&facts),
+        );
+        store::attach_statement(
+            &built.layout,
+            &resolved.manifest,
+            store::PROVENANCE,
+            &statement,
+        )?;
+    }
+    progress.status(&format!(
+        "attest  SBOM (SPDX 2.3) and SLSA provenance stored as referrers in {}",
+        built.layout.display()
+    ));
+    Ok(())
+}
+
+/// The image an SBOM is about, as its config states it.
+struct SbomImage<'a> {
+    name: &'a str,
+    digest: Digest,
+    created: u64,
+    claims: &'a ImageClaims,
+    built: &'a [crate::sbom::BuiltWheel],
+}
+
+fn sbom_of(image: &SbomImage, lock: &crate::lock::Lockfile, platform: &PlatformReport) -> Vec<u8> {
+    let licenses = |artifact: &crate::lock::Artifact| {
+        platform
+            .built_from
+            .wheel_files
+            .get(&artifact.name)
+            .and_then(|path| crate::sbom::wheel_license(path))
+    };
+    crate::sbom::spdx_json(&crate::sbom::SbomInput {
+        name: image.name,
+        image: Some(image.digest),
+        lock,
+        claims: image.claims,
+        built: image.built,
+        created: image.created,
+        licenses: &licenses,
+    })
+}
+
+/// Store the statement of a verification run on the verified image (or, when the run
+/// verified nothing, on the image it ran in), and give the verified image the referrers
+/// of the one it was made from.
+pub fn after_verify(
+    layout_dir: &Path,
+    report: &Report,
+    recorded: &Recorded,
+    name: &str,
+) -> Result<(), PipelineError> {
+    let Some(ran) = &recorded.ran else {
+        return Ok(());
+    };
+    let ran_digest = digest_of(ran)?;
+    let verified_digest = recorded.verified.as_ref().map(digest_of).transpose()?;
+    let statement = verification::statement(name, report, &ran_digest, verified_digest.as_ref());
+    let kind = format!(
+        "{}{}",
+        store::VERIFICATION_PREFIX,
+        &recorded.report_digest.hex()[..12]
+    );
+    let subject = recorded.verified.as_ref().unwrap_or(ran);
+    store::attach_statement(layout_dir, subject, &kind, &statement)?;
+    if let Some(verified) = &recorded.verified {
+        store::carry_referrers(layout_dir, &ran_digest, verified, name)?;
+    }
+    Ok(())
+}
+
+/// Sign every statement about the image (each platform's of an image index) `ref_name`
+/// names in the layout.
+pub fn sign(
+    layout_dir: &Path,
+    ref_name: &str,
+    name: &str,
+    key: &SigningKey,
+    progress: &dyn Progress,
+) -> Result<Vec<Signed>, PipelineError> {
+    let images: Vec<Descriptor> = match layout::index_images(layout_dir, ref_name)? {
+        Some(children) => children.into_iter().map(|(d, _)| d).collect(),
+        None => vec![layout::resolve(layout_dir, ref_name)?.manifest],
+    };
+    let mut signed = Vec::new();
+    for image in &images {
+        signed.extend(store::sign_referrers(layout_dir, image, name, key)?);
+    }
+    progress.status(&format!(
+        "sign    {} attestation(s) signed by key {}: {}",
+        signed.len(),
+        &key.public_key().key_id()[..12],
+        signed
+            .iter()
+            .map(|s| s.kind.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    Ok(signed)
+}
+
+fn digest_of(descriptor: &Descriptor) -> Result<Digest, PipelineError> {
+    crate::oci::digest_of(descriptor).map_err(PipelineError::Descriptor)
+}
+
+/// After a pull: every referrer of the pulled image (SBOM, provenance, signed statements,
+/// verification reports) into the layout beside it, as the registry serves them.
+pub async fn pull_referrers(
+    client: &crate::registry::RegistryClient,
+    reference: &crate::registry::Reference,
+    layout_dir: &Path,
+    subject: &Digest,
+) -> Result<Vec<String>, PipelineError> {
+    let fetched =
+        crate::registry::referrers::fetch_referrers(client, reference, subject, MAX_REFERRER_BLOB)
+            .await?;
+    let mut stored = Vec::new();
+    for referrer in &fetched {
+        stored.push(store::store_fetched(layout_dir, subject, referrer)?);
+    }
+    Ok(stored)
+}
+
+/// An SBOM of a large image is a few MB; a referrer blob past this is not read.
+pub const MAX_REFERRER_BLOB: u64 = 64 << 20;

@@ -1,0 +1,415 @@
+//! Issue 22: what is inside an image and who proved it. The SBOM, the provenance and the
+//! verification statement stored beside an image are signed with a cosign key, verified by
+//! cosign itself (Debian's cosign 3.1, scripts/setup.sh) after a push to Debian's real
+//! `docker-registry`, pulled into another layout with the image, and `check
+//! --require-signed-by` says yes only for the right key, the right image and the right GPU
+//! class; a flipped byte anywhere makes it say no.
+//!
+//! The verification report is the one a probe prints on an H200 (`verify_record::report`),
+//! written by hand in the probe's format: this machine has no GPU, and what is tested here
+//! is what cudastack does with a report, not the probe (tests/build_e2e.rs runs that). The
+//! SBOM and provenance are made by the library from the committed torch 2.4.1 lock, as the
+//! build makes them (the build path itself: tests/build_publish.rs).
+
+use crate::gate;
+use crate::registry_support::{self, Registry};
+use crate::verify_record::{report, write_image};
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use cudastack::attest::bundle::{self, Bundle};
+use cudastack::attest::statement::{Statement, Subject};
+use cudastack::attest::{provenance, store, verification};
+use cudastack::cas::BlobStore;
+use cudastack::lock::Lockfile;
+use cudastack::oci::layout;
+use cudastack::verify::record::record_in_layout;
+
+const PASSWORD: &str = "correct horse battery staple";
+
+fn skip_reason() -> Option<gate::Skip> {
+    if let Some(skip) = registry_support::skip_reason() {
+        return Some(skip);
+    }
+    if !registry_support::have("cosign") {
+        return Some(gate::Skip::missing(
+            "cosign",
+            "cosign is not installed (scripts/setup.sh installs Debian's)".to_string(),
+        ));
+    }
+    let python = Command::new("python3")
+        .args(["-c", "import securesystemslib.dsse, cryptography"])
+        .output();
+    (!python.is_ok_and(|o| o.status.success())).then(|| {
+        gate::Skip::missing(
+            "securesystemslib",
+            "python3 cannot import securesystemslib (scripts/setup.sh installs it)".to_string(),
+        )
+    })
+}
+
+fn cudastack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(args)
+        .env("COSIGN_PASSWORD", PASSWORD)
+        .env_remove("CUDASTACK_SIGN_KEY")
+        .output()
+        .unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// A key pair made by cosign itself in `dir`: (private key, public key).
+fn cosign_key_pair(dir: &Path) -> (PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let output = Command::new("cosign")
+        .args(["generate-key-pair"])
+        .current_dir(dir)
+        .env("COSIGN_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    (dir.join("cosign.key"), dir.join("cosign.pub"))
+}
+
+/// `cosign verify-attestation` of `image` for `predicate_type` with `public_key`.
+fn cosign_verifies(image: &str, public_key: &Path, predicate_type: &str) -> Output {
+    Command::new("cosign")
+        .args([
+            "verify-attestation",
+            "--insecure-ignore-tlog",
+            "--allow-insecure-registry",
+        ])
+        .arg("--key")
+        .arg(public_key)
+        .args(["--type", predicate_type, image])
+        .output()
+        .unwrap()
+}
+
+/// An image with a verified H200 run recorded, and the SBOM and provenance a build of the
+/// torch 2.4.1 lock stores, all unsigned; returns the image's ref name after recording
+/// (`latest`, now the verified copy) and the manifest the probe ran in.
+fn recorded_image(dir: &Path, store: &BlobStore) -> cudastack::digest::Digest {
+    let ran = write_image(dir, store);
+    let image = layout::resolve(dir, "latest").unwrap();
+    let lock = Lockfile::read(&repo().join("recipes/torch2.4.1-cu121-py3.11.lock")).unwrap();
+    let claims = cudastack::verify::check::ImageClaims::default();
+    let sbom = cudastack::sbom::spdx_json(&cudastack::sbom::SbomInput {
+        name: "torch",
+        image: Some(ran),
+        lock: &lock,
+        claims: &claims,
+        built: &[],
+        created: 1_700_000_000,
+        licenses: &|_| None,
+    });
+    store::attach(
+        dir,
+        &image.manifest,
+        store::SBOM,
+        cudastack::sbom::SPDX_MEDIA_TYPE,
+        sbom,
+        BTreeMap::new(),
+    )
+    .unwrap();
+    let facts = provenance::BuildFacts {
+        recipe_path: "recipes/torch2.4.1-cu121-py3.11.yaml",
+        lock: &lock,
+        platform: "linux/amd64",
+        compression: serde_json::json!({"codec": "gzip", "level": 1}),
+        encoder: "libdeflate".to_string(),
+        source_date_epoch: 1_700_000_000,
+        layers: &[],
+        started: "2026-12-01T00:00:00Z",
+        finished: "2026-12-01T00:10:00Z",
+    };
+    let statement = Statement::new(
+        vec![Subject::image("torch", &ran)],
+        provenance::PREDICATE_TYPE,
+        provenance::predicate(&facts),
+    );
+    store::attach_statement(dir, &image.manifest, store::PROVENANCE, &statement).unwrap();
+    let report = report("static,driver,device,ops,train", true);
+    let recorded = record_in_layout(dir, "latest", &report).unwrap();
+    cudastack::pipeline::attest::after_verify(dir, &report, &recorded, "torch").unwrap();
+    ran
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `check` of `image` for an H200 node (or `cc`) on driver 550, requiring `key`'s signature.
+fn check_signed(image: &str, cc: &str, key: &Path) -> Output {
+    cudastack(&[
+        "check",
+        image,
+        "--driver",
+        "550.54.15",
+        "--cc",
+        cc,
+        "--require-signed-by",
+        key.to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn signed_statements_verify_with_cosign_travel_through_a_registry_and_gate_check() {
+    if let Some(reason) = skip_reason() {
+        reason.report();
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (key, public) = cosign_key_pair(&work.path().join("ours"));
+    let (_, other_public) = cosign_key_pair(&work.path().join("theirs"));
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let dir = work.path().join("layout");
+    let ran = recorded_image(&dir, &store);
+    let image = format!("oci:{}", dir.display());
+
+    // Before signing, no signature can satisfy the policy.
+    let unsigned = check_signed(&image, "9.0", &public);
+    assert_eq!(unsigned.status.code(), Some(1), "{}", text(&unsigned));
+
+    let signed = cudastack(&["sign", &image, "--key", key.to_str().unwrap()]);
+    assert!(signed.status.success(), "{}", text(&signed));
+    let listed = String::from_utf8_lossy(&signed.stdout);
+    for kind in ["provenance", "sbom.att", "verification-"] {
+        assert!(listed.contains(kind), "{kind} not signed:\n{listed}");
+    }
+
+    let yes = check_signed(&image, "9.0", &public);
+    assert_eq!(yes.status.code(), Some(0), "{}", text(&yes));
+    assert!(String::from_utf8_lossy(&yes.stdout).contains("signed verification attestation"));
+    let other_key = check_signed(&image, "9.0", &other_public);
+    assert_eq!(other_key.status.code(), Some(1), "{}", text(&other_key));
+    let other_class = check_signed(&image, "8.0", &public);
+    assert_eq!(other_class.status.code(), Some(1), "{}", text(&other_class));
+    assert!(
+        String::from_utf8_lossy(&other_class.stdout).contains("other GPU classes only"),
+        "{}",
+        text(&other_class)
+    );
+
+    let inspect = cudastack(&[
+        "--json",
+        "inspect",
+        &image,
+        "--key",
+        public.to_str().unwrap(),
+    ]);
+    assert!(inspect.status.success(), "{}", text(&inspect));
+    let value: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    let referrers = value["referrers"].as_array().unwrap();
+    let valid: Vec<&str> = referrers
+        .iter()
+        .filter(|r| r["signature"]["status"] == "valid")
+        .filter_map(|r| r["predicate_type"].as_str())
+        .collect();
+    for predicate in [
+        provenance::PREDICATE_TYPE,
+        verification::PREDICATE_TYPE,
+        cudastack::attest::SPDX_PREDICATE_TYPE,
+    ] {
+        assert!(
+            valid.contains(&predicate),
+            "{predicate} not valid: {value:#}"
+        );
+    }
+
+    // Pushed: cosign finds and verifies each statement on the image in the registry.
+    let registry = Registry::start(None);
+    let reference = format!("{}/att/torch:2.4.1", registry.host());
+    let cache = work.path().join("cache");
+    let pushed = cudastack(&[
+        "push",
+        dir.to_str().unwrap(),
+        &reference,
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    assert!(pushed.status.success(), "{}", text(&pushed));
+    for predicate in [
+        verification::PREDICATE_TYPE,
+        provenance::PREDICATE_TYPE,
+        cudastack::attest::SPDX_PREDICATE_TYPE,
+    ] {
+        let verified = cosign_verifies(&reference, &public, predicate);
+        assert!(
+            verified.status.success(),
+            "{predicate}: {}",
+            text(&verified)
+        );
+    }
+    let refused = cosign_verifies(&reference, &other_public, verification::PREDICATE_TYPE);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    let from_registry = check_signed(&reference, "9.0", &public);
+    assert_eq!(
+        from_registry.status.code(),
+        Some(0),
+        "{}",
+        text(&from_registry)
+    );
+
+    // Pulled into another layout, the referrers come along and still verify.
+    let pulled_dir = work.path().join("pulled");
+    let pulled = cudastack(&[
+        "pull",
+        &reference,
+        "--layout",
+        pulled_dir.to_str().unwrap(),
+        "--ref",
+        "latest",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    assert!(pulled.status.success(), "{}", text(&pulled));
+    let pulled_image = format!("oci:{}", pulled_dir.display());
+    let again = check_signed(&pulled_image, "9.0", &public);
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again));
+
+    // The statement is about the image that ran and its verified copy, nothing else.
+    let verified = layout::resolve(&dir, "latest").unwrap().manifest_digest;
+    let statement = signed_verification(&dir, &verified);
+    assert!(statement.is_about(&ran) && statement.is_about(&verified));
+}
+
+/// The verification statement signed on `image`, opened without checking the signature.
+fn signed_verification(dir: &Path, image: &cudastack::digest::Digest) -> Statement {
+    let referrer = store::referrers_of(dir, image)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.kind.starts_with(store::VERIFICATION_PREFIX))
+        .expect("a verification referrer");
+    assert_eq!(referrer.artifact_type, bundle::MEDIA_TYPE);
+    let bundle = Bundle::from_bytes(&referrer.blob).unwrap();
+    Statement::from_bytes(&bundle.envelope.payload).unwrap()
+}
+
+/// A flipped byte in the statement, in the signature, or the signed bundle attached to
+/// another image: `check --require-signed-by` says no each time, and securesystemslib
+/// (an independent DSSE implementation) agrees about the envelope.
+#[test]
+fn a_flipped_byte_or_another_image_is_refused() {
+    if let Some(reason) = skip_reason() {
+        reason.report();
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (key, public) = cosign_key_pair(&work.path().join("ours"));
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let dir = work.path().join("layout");
+    recorded_image(&dir, &store);
+    let image = format!("oci:{}", dir.display());
+    let signed = cudastack(&["sign", &image, "--key", key.to_str().unwrap()]);
+    assert!(signed.status.success(), "{}", text(&signed));
+    let verified = layout::resolve(&dir, "latest").unwrap();
+    let referrer = store::referrers_of(&dir, &verified.manifest_digest)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.kind.starts_with(store::VERIFICATION_PREFIX))
+        .unwrap();
+    let original = Bundle::from_bytes(&referrer.blob).unwrap();
+    assert!(securesystemslib_verifies(&original, &public, work.path()));
+
+    let replace = |bundle: &Bundle| {
+        store::attach(
+            &dir,
+            &verified.manifest,
+            &referrer.kind,
+            bundle::MEDIA_TYPE,
+            bundle.to_bytes(),
+            BTreeMap::new(),
+        )
+        .unwrap();
+    };
+    let mut payload = original.clone();
+    let at = payload.envelope.payload.len() / 2;
+    payload.envelope.payload[at] ^= 1;
+    let mut signature = original.clone();
+    let last = signature.envelope.signatures[0].sig.len() - 1;
+    signature.envelope.signatures[0].sig[last] ^= 1;
+    for (what, tampered) in [("payload", &payload), ("signature", &signature)] {
+        replace(tampered);
+        let answer = check_signed(&image, "9.0", &public);
+        assert_eq!(answer.status.code(), Some(1), "{what}: {}", text(&answer));
+        assert!(
+            !securesystemslib_verifies(tampered, &public, work.path()),
+            "securesystemslib accepted a flipped byte in the {what}"
+        );
+    }
+    replace(&original);
+    let answer = check_signed(&image, "9.0", &public);
+    assert_eq!(answer.status.code(), Some(0), "{}", text(&answer));
+
+    // The same signed bundle on another image (one label differs): about other images.
+    let other = layout::read(&dir, "latest")
+        .unwrap()
+        .with_label("io.cudastack.note", "changed");
+    layout::write(&other, &dir, "other").unwrap();
+    let other_manifest = layout::resolve(&dir, "other").unwrap().manifest;
+    store::attach(
+        &dir,
+        &other_manifest,
+        &referrer.kind,
+        bundle::MEDIA_TYPE,
+        original.to_bytes(),
+        BTreeMap::new(),
+    )
+    .unwrap();
+    let moved = check_signed(&format!("oci:{}:other", dir.display()), "9.0", &public);
+    assert_eq!(moved.status.code(), Some(1), "{}", text(&moved));
+    assert!(
+        String::from_utf8_lossy(&moved.stdout).contains("about other images"),
+        "{}",
+        text(&moved)
+    );
+}
+
+/// securesystemslib's DSSE verification of the bundle's envelope with the PEM `public`.
+fn securesystemslib_verifies(bundle: &Bundle, public: &Path, scratch: &Path) -> bool {
+    let envelope = scratch.join("envelope.json");
+    std::fs::write(&envelope, bundle.envelope.to_json()).unwrap();
+    let script = r#"
+import json, sys
+from securesystemslib.dsse import Envelope
+from securesystemslib.signer import SSlibKey, Signature
+from cryptography.hazmat.primitives import serialization
+document = json.load(open(sys.argv[1]))
+for signature in document["signatures"]:
+    signature.setdefault("keyid", "")
+envelope = Envelope.from_dict(document)
+pem = open(sys.argv[2], "rb").read()
+key = SSlibKey.from_crypto(serialization.load_pem_public_key(pem), keyid="k", scheme="ecdsa-sha2-nistp256")
+# DSSE verifiers match signatures to keys by keyid; cosign writes none: name it the key's.
+envelope.signatures = {"k": Signature("k", s.signature) for s in envelope.signatures.values()}
+try:
+    envelope.verify([key], 1)
+except Exception as error:
+    print(error, file=sys.stderr)
+    sys.exit(1)
+"#;
+    let output = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&envelope)
+        .arg(public)
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&output.stderr).contains("Traceback"),
+        "the verifier script failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.status.success()
+}
