@@ -332,6 +332,19 @@ fn registry_step(out: &mut String, options: &WorkflowOptions) {
 /// the workflow token, which GHCR accepts for packages of this repository.
 const CREDENTIALS_ENV: &str = r#"      CUDASTACK_REGISTRY_USERNAME: ${{ secrets.REGISTRY_USERNAME || github.actor }}
       CUDASTACK_REGISTRY_PASSWORD: ${{ secrets.REGISTRY_PASSWORD || secrets.GITHUB_TOKEN }}
+      # The cosign key (`cudastack key generate`) that signs the SBOM, the provenance and the
+      # verification statements; nothing is signed while the secret is unset.
+      COSIGN_PRIVATE_KEY: ${{ secrets.COSIGN_PRIVATE_KEY }}
+      COSIGN_PASSWORD: ${{ secrets.COSIGN_PASSWORD }}
+"#;
+
+/// The shell lines that write the signing key from its secret and set `sign` to the
+/// `--sign-key` option (empty when the secret is unset).
+const SIGN_KEY_LINES: &str = r#"          sign=()
+          if [ -n "$COSIGN_PRIVATE_KEY" ]; then
+            printf '%s\n' "$COSIGN_PRIVATE_KEY" > "$RUNNER_TEMP/cosign.key"
+            sign=(--sign-key "$RUNNER_TEMP/cosign.key")
+          fi
 "#;
 
 /// The workflow-level environment the install step reads: which release, from where, and
@@ -525,8 +538,8 @@ fn build_and_push_steps(out: &mut String) {
       # runner user so actions/cache can save it.
       - name: Build
         run: |
-          # shellcheck disable=SC2024 # build.json is meant to be written by the runner user
-          sudo --preserve-env=CUDASTACK_CACHE_DIR "$(command -v cudastack)" build "$RECIPE_FILE" --registry "$REGISTRY" --json > build.json
+{SIGN_KEY_LINES}          # shellcheck disable=SC2024 # build.json is meant to be written by the runner user
+          sudo --preserve-env=CUDASTACK_CACHE_DIR,COSIGN_PASSWORD "$(command -v cudastack)" build "$RECIPE_FILE" --registry "$REGISTRY" "${{sign[@]}}" --json > build.json
           sudo chown -R "$(id -u):$(id -g)" "$CUDASTACK_CACHE_DIR" "$(jq -r .layout build.json)"
       # Pushed under a per-commit tag: the recipe's matrix tags are only earned by the
       # verification below. The digest is what every later job uses.
@@ -618,7 +631,8 @@ fn verify_steps(out: &mut String) {
           cudastack pull "$IMAGE_REPOSITORY@$IMAGE_DIGEST" --layout "images/$RECIPE"
       # Exits non-zero unless every check ran on the GPU and passed; then nothing is pushed.
       - name: Verify on ${{{{ matrix.gpu }}}}
-        run: cudastack verify "images/$RECIPE" --gpus all --json > report.json
+        run: |
+{SIGN_KEY_LINES}          cudastack verify "images/$RECIPE" --gpus all "${{sign[@]}}" --json > report.json
       - name: Push the verified config and its report
         run: |
           cudastack push "images/$RECIPE" "$IMAGE_REPOSITORY:$IMAGE_TAG-verified-$RUNNER_LABEL" --json > push.json
