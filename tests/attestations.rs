@@ -11,6 +11,8 @@
 //! SBOM and provenance are made by the library from the committed torch 2.4.1 lock, as the
 //! build makes them (the build path itself: tests/build_publish.rs).
 
+use crate::build_publish;
+use crate::e2e_support;
 use crate::gate;
 use crate::registry_support::{self, Registry};
 use crate::verify_record::{report, write_image};
@@ -412,4 +414,123 @@ except Exception as error:
         String::from_utf8_lossy(&output.stderr)
     );
     output.status.success()
+}
+
+/// `cudastack build --sign-key` of a real (stand-in CUDA) stack: the layout holds the SBOM,
+/// which SPDX's own validator accepts and which lists the lock's CUDA wheels with their
+/// sha256, and the signed provenance, whose inputs are the recipe's and the lock's digests
+/// and every locked artifact; both verify with the key and are about the built image.
+#[test]
+fn a_signed_build_stores_a_valid_sbom_and_provenance_of_its_lock() {
+    if let Some(reason) = skip_reason().or_else(|| e2e_support::skip_reason(&[])) {
+        reason.report();
+        return;
+    }
+    if let Some(reason) = pyspdxtools_missing() {
+        reason.report();
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (key, public) = cosign_key_pair(&work.path().join("ours"));
+    let recipe = build_publish::locked_stand_in(work.path(), "attest-build", "");
+    let layout_dir = work.path().join("layout");
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["build", "--no-verify", "--json", "--mirror"])
+        .arg(work.path().join("mirror"))
+        .arg("--layout")
+        .arg(&layout_dir)
+        .arg("--cache-dir")
+        .arg(e2e_support::cache_dir())
+        .arg("--sign-key")
+        .arg(&key)
+        .arg(&recipe)
+        .env("COSIGN_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    let built = build_publish::report(&output);
+    let digest: cudastack::digest::Digest =
+        built["manifest_digest"].as_str().unwrap().parse().unwrap();
+    let lock = Lockfile::read(&recipe.with_extension("lock")).unwrap();
+    let referrers = store::referrers_of(&layout_dir, &digest).unwrap();
+    let kinds: Vec<&str> = referrers.iter().map(|r| r.kind.as_str()).collect();
+    assert_eq!(kinds, ["provenance", "sbom", "sbom.att"], "{referrers:#?}");
+
+    let sbom = &referrers[1];
+    assert_eq!(sbom.artifact_type, cudastack::sbom::SPDX_MEDIA_TYPE);
+    let file = work.path().join("sbom.spdx.json");
+    std::fs::write(&file, &sbom.blob).unwrap();
+    let validated = Command::new("pyspdxtools")
+        .arg("-i")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(validated.status.success(), "{}", text(&validated));
+    let document = assert_sbom_lists_cuda_wheels(&sbom.blob, &lock);
+
+    let key = cudastack::sign::key::PublicKey::read(&public).unwrap();
+    let provenance =
+        cudastack::attest::open(&Bundle::from_bytes(&referrers[0].blob).unwrap(), &key).unwrap();
+    assert!(provenance.is_about(&digest));
+    assert_eq!(provenance.predicate_type, provenance::PREDICATE_TYPE);
+    let definition = &provenance.predicate["buildDefinition"];
+    assert_eq!(
+        definition["externalParameters"]["recipe"]["digest"]["sha256"],
+        lock.recipe_digest.hex()
+    );
+    assert_eq!(
+        definition["externalParameters"]["lock"]["digest"]["sha256"],
+        provenance::lock_digest(&lock).hex()
+    );
+    assert_eq!(
+        definition["resolvedDependencies"].as_array().unwrap().len(),
+        lock.artifacts.len()
+    );
+    let sbom_statement =
+        cudastack::attest::open(&Bundle::from_bytes(&referrers[2].blob).unwrap(), &key).unwrap();
+    assert_eq!(sbom_statement.predicate, document);
+    assert!(sbom_statement.is_about(&digest));
+}
+
+fn pyspdxtools_missing() -> Option<gate::Skip> {
+    (!registry_support::have("pyspdxtools")).then(|| {
+        gate::Skip::missing(
+            "pyspdxtools",
+            "pyspdxtools is not installed (`pip install spdx-tools`; scripts/setup.sh does)"
+                .to_string(),
+        )
+    })
+}
+
+/// The SBOM `blob` (SPDX JSON) lists every nvidia-* wheel of `lock` with its version and
+/// sha256, and its summary names a CUDA component made from each one; returns the document.
+pub(crate) fn assert_sbom_lists_cuda_wheels(blob: &[u8], lock: &Lockfile) -> serde_json::Value {
+    let document: serde_json::Value = serde_json::from_slice(blob).unwrap();
+    let summary = cudastack::sbom::Summary::of_spdx(blob).unwrap();
+    let wheels: Vec<_> = lock
+        .artifacts
+        .iter()
+        .filter(|a| a.name.starts_with("nvidia-"))
+        .collect();
+    assert!(!wheels.is_empty(), "the lock has no nvidia-* wheels");
+    for wheel in wheels {
+        let listed = document["packages"].as_array().unwrap().iter().any(|p| {
+            p["name"] == wheel.name
+                && p["versionInfo"] == wheel.version
+                && p["checksums"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["checksumValue"] == wheel.sha256.hex()))
+        });
+        assert!(
+            listed,
+            "{} {} is not in the SBOM",
+            wheel.name, wheel.version
+        );
+        let from = format!("{} {}", wheel.name, wheel.version);
+        assert!(
+            summary.cuda.iter().any(|c| c.from == from),
+            "no CUDA component from {from}: {:#?}",
+            summary.cuda
+        );
+    }
+    document
 }

@@ -106,6 +106,7 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
     let (digest, first_log) = build(&work.path().join("layout-a"));
     assert!(digest.starts_with("sha256:"), "{digest}\n{first_log}");
     check_static_verification(&work.path().join("layout-a"), &digest, &first_log);
+    check_sbom(&work.path().join("layout-a"), &digest);
 
     // Rebuild into another layout: same digest, nothing rebuilt.
     let (again, second_log) = build(&work.path().join("layout-b"));
@@ -221,6 +222,23 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
 
 /// The verification stage ran in the build: static level passed, GPU levels skipped with
 /// the reason, the report stored beside the image, no verified label or ref anywhere.
+/// The SBOM stored beside the image lists the CUDA components of the recipe's lock (issue 22).
+fn check_sbom(layout: &Path, digest: &str) {
+    let lock = cudastack::lock::Lockfile::read(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(RECIPE)
+            .with_extension("lock"),
+    )
+    .unwrap();
+    let referrers =
+        cudastack::attest::store::referrers_of(layout, &digest.parse().unwrap()).unwrap();
+    let sbom = referrers
+        .iter()
+        .find(|r| r.kind == cudastack::attest::store::SBOM)
+        .unwrap_or_else(|| panic!("no SBOM beside the image: {referrers:#?}"));
+    crate::attestations::assert_sbom_lists_cuda_wheels(&sbom.blob, &lock);
+}
+
 fn check_static_verification(layout: &Path, digest: &str, log: &str) {
     assert!(
         log.contains("verify  running the probe in a container"),

@@ -33,7 +33,7 @@ const OCI_TAR_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 const LOAD_TAG: &str = "localhost/cudastack-test-publish:1";
 
 /// A stand-in CUDA 12.4 recipe on bookworm, locked, in `work` (its wheels in `work/mirror`).
-fn locked_stand_in(work: &Path, name: &str, extra: &str) -> PathBuf {
+pub(crate) fn locked_stand_in(work: &Path, name: &str, extra: &str) -> PathBuf {
     stand_in::cuda_12_4_wheels(
         stand_in::Target::X86_64,
         &work.join("libs"),
@@ -46,7 +46,7 @@ fn locked_stand_in(work: &Path, name: &str, extra: &str) -> PathBuf {
 }
 
 /// `cudastack build --no-verify --json` of `recipe` into `layout` with `cache`, plus `args`.
-fn build(recipe: &Path, layout: &Path, cache: &Path, args: &[&str]) -> Output {
+pub(crate) fn build(recipe: &Path, layout: &Path, cache: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cudastack"))
         .args(["build", "--no-verify", "--mirror"])
         .arg(recipe.parent().unwrap().join("mirror"))
@@ -61,7 +61,7 @@ fn build(recipe: &Path, layout: &Path, cache: &Path, args: &[&str]) -> Output {
 }
 
 /// The `--json` report of a build that succeeded.
-fn report(output: &Output) -> serde_json::Value {
+pub(crate) fn report(output: &Output) -> serde_json::Value {
     assert!(output.status.success(), "{}", output_text(output));
     serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("{e}: not the --json report:\n{}", output_text(output)))

@@ -315,3 +315,41 @@ pub fn store_fetched(
     writer.commit();
     Ok(name)
 }
+
+/// Drop the referrers of images no ref of the layout names any more (a rebuilt `latest`,
+/// an image whose refs moved to its verified copy), so rebuilds do not pile them up.
+/// Returns the names dropped.
+pub fn prune(dir: &Path) -> Result<Vec<String>, OciError> {
+    let layout = Layout::open(dir)?;
+    let mut live = std::collections::BTreeSet::new();
+    for entry in layout.index().entries() {
+        if entry.artifact_type().is_some() {
+            continue;
+        }
+        live.insert(entry.digest().to_string());
+        if *entry.media_type() == oci_spec::image::MediaType::ImageIndex {
+            for child in layout.child_index(entry)?.manifests() {
+                live.insert(child.digest().to_string());
+            }
+        }
+    }
+    let stale: Vec<String> = layout
+        .index()
+        .entries()
+        .iter()
+        .filter(|entry| entry.artifact_type().is_some())
+        .filter_map(layout::ref_name_of)
+        .filter(|name| {
+            name.strip_prefix("sha256-")
+                .and_then(|rest| rest.split_once('.'))
+                .is_some_and(|(hex, _)| !live.contains(&format!("sha256:{hex}")))
+        })
+        .map(str::to_string)
+        .collect();
+    if !stale.is_empty() {
+        let mut writer = layout::LayoutWriter::open(dir)?;
+        writer.unname(&stale)?;
+        writer.commit();
+    }
+    Ok(stale)
+}

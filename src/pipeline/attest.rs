@@ -44,6 +44,7 @@ pub fn after_build(
             .unwrap_or_default(),
     );
     let name = image_name(built);
+    store::prune(&built.layout)?;
     for platform in &built.platforms {
         let Some(lock) = &platform.built_from.lock else {
             continue;
@@ -157,6 +158,7 @@ pub fn after_verify(
     store::attach_statement(layout_dir, subject, &kind, &statement)?;
     if let Some(verified) = &recorded.verified {
         store::carry_referrers(layout_dir, &ran_digest, verified, name)?;
+        store::prune(layout_dir)?;
     }
     Ok(())
 }

@@ -95,6 +95,13 @@ impl LayoutIndex {
         self
     }
 
+    /// The index without the entries named in `names`.
+    pub(super) fn without_names(mut self, names: &[String]) -> Self {
+        self.manifests
+            .retain(|entry| !ref_name_of(entry).is_some_and(|n| names.iter().any(|x| x == n)));
+        self
+    }
+
     /// The canonical bytes of `index.json`.
     pub(super) fn to_bytes(&self) -> Result<Vec<u8>, OciError> {
         Ok(image_index(self.manifests.clone())?.1)

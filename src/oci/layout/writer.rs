@@ -188,6 +188,13 @@ impl LayoutWriter {
         self.put_index(&index)
     }
 
+    /// Drop the entries named `names` from `index.json` (their blobs stay: another entry
+    /// may share them).
+    pub fn unname(&mut self, names: &[String]) -> Result<(), OciError> {
+        let index = LayoutIndex::read_or_empty(&self.dir)?.without_names(names);
+        self.put_index(&index)
+    }
+
     fn put_index(&mut self, index: &LayoutIndex) -> Result<(), OciError> {
         let bytes = index.to_bytes()?;
         self.put_top_level(INDEX_FILE, &bytes)
