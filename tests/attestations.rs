@@ -263,6 +263,36 @@ fn signed_statements_verify_with_cosign_travel_through_a_registry_and_gate_check
         text(&from_registry)
     );
 
+    // A cluster job is emitted only for a digest the key signed a run of on its GPU class.
+    let job = |gpu_type: &str, key: &Path| {
+        cudastack(&[
+            "verify",
+            &reference,
+            "--emit",
+            "k8s-job",
+            "--gpu-type",
+            gpu_type,
+            "--require-signed-by",
+            key.to_str().unwrap(),
+        ])
+    };
+    let emitted = job("NVIDIA-H200", &public);
+    assert!(emitted.status.success(), "{}", text(&emitted));
+    assert!(String::from_utf8_lossy(&emitted.stdout).contains("kind: Job"));
+    for (gpu_type, key) in [
+        ("NVIDIA-H200", &other_public),
+        ("NVIDIA-A100-SXM4-80GB", &public),
+    ] {
+        let refused = job(gpu_type, key);
+        assert_eq!(
+            refused.status.code(),
+            Some(1),
+            "{gpu_type}: {}",
+            text(&refused)
+        );
+        assert!(String::from_utf8_lossy(&refused.stdout).contains("no verification of"));
+    }
+
     // Pulled into another layout, the referrers come along and still verify.
     let pulled_dir = work.path().join("pulled");
     let pulled = cudastack(&[

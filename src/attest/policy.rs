@@ -17,6 +17,18 @@ pub struct SignedClaims {
     pub rejected: Vec<String>,
 }
 
+impl SignedClaims {
+    /// A row of a signed, verified run on compute capability `cc` (`9.0`), or on any GPU
+    /// when `cc` is None.
+    pub fn verified_row(&self, cc: Option<&str>) -> Option<&crate::verify::record::VerifiedOn> {
+        self.verifications
+            .iter()
+            .filter(|p| p.verdict == "verified")
+            .flat_map(|p| p.matrix.iter())
+            .find(|row| cc.is_none_or(|cc| row.compute_capability == cc))
+    }
+}
+
 /// Read every bundle in `bundles` (their bytes, with a label for messages) for signed
 /// verification statements about `image`.
 pub fn signed_verifications<'a>(
@@ -82,12 +94,7 @@ pub fn require_signed(
             "{}.{}",
             gpu.compute_capability.major, gpu.compute_capability.minor
         );
-        let row = claims
-            .verifications
-            .iter()
-            .filter(|p| p.verdict == "verified")
-            .flat_map(|p| p.matrix.iter())
-            .find(|row| row.compute_capability == cc);
+        let row = claims.verified_row(Some(&cc));
         let subject = format!(
             "{} (sm_{}) signed by key {short}",
             gpu.name,

@@ -94,6 +94,11 @@ pub struct VerifyArgs {
         )
     )]
     pub platform: Option<cudastack::recipe::Platform>,
+    /// With --emit: emit the job only if a verification attestation signed by this public
+    /// key says the pinned image passed on the --gpu-type's GPU class (any GPU when the
+    /// type is not one the matrix knows), as `check --require-signed-by` asks of a node.
+    #[arg(long, value_name = "KEY.pub", requires = "emit")]
+    pub require_signed_by: Option<PathBuf>,
     #[command(flatten)]
     pub registry: super::image_source::RegistryArgs,
     #[command(flatten)]
@@ -296,6 +301,12 @@ fn emit(
             pinned.parse()?
         }
     };
+    if let Some(key) = &args.require_signed_by {
+        if let Some(refusal) = signed_for_job(&pinned, key, args, printer)? {
+            printer.line(format_args!("no: {refusal}"));
+            return Ok(ExitCode::from(1));
+        }
+    }
     let gpus = match parse_gpus(&args.gpus)? {
         Some(GpuRequest::Count(n)) => Some(n),
         Some(GpuRequest::DeviceIds(ids)) => Some(ids.len() as u32),
@@ -315,6 +326,48 @@ fn emit(
     )?;
     printer.text(text);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--emit --require-signed-by KEY`: why the job must not be emitted (no verification signed
+/// by KEY about the pinned digest on the job's GPU class), or None. The job runs exactly the
+/// pinned digest, so checking it here is checking what the nodes will run.
+fn signed_for_job(
+    pinned: &cudastack::cluster::PinnedImage,
+    key: &std::path::Path,
+    args: &VerifyArgs,
+    printer: &Printer,
+) -> Result<Option<String>, Box<dyn std::error::Error + Send + Sync>> {
+    let key = cudastack::sign::key::PublicKey::read(key)?;
+    let location = ImageLocation::Registry(pinned.by_digest());
+    let referrers = super::image_source::read_referrers(&location, &args.registry, &pinned.digest)?;
+    let bundles = referrers
+        .iter()
+        .filter(|r| r.artifact_type == cudastack::attest::bundle::MEDIA_TYPE)
+        .map(|r| (r.location.clone(), r.blob.as_slice()));
+    let claims = cudastack::attest::policy::signed_verifications(bundles, &pinned.digest, &key);
+    let loaded = super::matrix::load(printer)?;
+    let class = args
+        .gpu_type
+        .as_deref()
+        .and_then(|name| loaded.matrix().gpu(&name.replace(['-', '_'], " ")))
+        .map(|gpu| format!("{}.{}", gpu.cc.major, gpu.cc.minor));
+    Ok(match claims.verified_row(class.as_deref()) {
+        Some(row) => {
+            printer.status(format!(
+                "signed verification found: {} on {} with driver {}",
+                pinned, row.gpu, row.driver
+            ));
+            None
+        }
+        None => Some(format!(
+            "no verification of {pinned} signed by key {} {}",
+            &key.key_id()[..12],
+            match &class {
+                Some(cc) => format!("on compute capability {cc}"),
+                None => "on any GPU".to_string(),
+            }
+        )),
+    })
 }
 
 /// Print the report and what was recorded; exit 1 when a check failed.
