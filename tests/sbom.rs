@@ -252,19 +252,150 @@ fn assert_valid_spdx(dir: &Path, name: &str, bytes: &[u8]) {
     );
 }
 
+/// Every image of the committed locks and the source build, by name.
+fn all_images() -> Vec<(String, Image)> {
+    let mut images: Vec<(String, Image)> = committed_locks()
+        .into_iter()
+        .map(|(lock, recipe)| {
+            let name = lock.file_name().unwrap().to_string_lossy().into_owned();
+            (name, Image::of(&lock, &recipe))
+        })
+        .collect();
+    images.push(("source-build".into(), source_build_image()));
+    images
+}
+
 #[test]
 fn every_committed_lock_gives_spdx_the_reference_validator_accepts() {
     if validator_missing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    for (lock, recipe) in committed_locks() {
-        let image = Image::of(&lock, &recipe);
-        let name = lock.file_name().unwrap().to_string_lossy().into_owned();
+    for (name, image) in all_images() {
         assert_valid_spdx(dir.path(), &name, &image.spdx(&no_licenses));
     }
+}
+
+/// cyclonedx-python-lib's strict JSON schema validation of CycloneDX 1.6, over `files`:
+/// (passed, output); None when the library (with its json-validation extra) is missing.
+fn cyclonedx_validate(files: &[PathBuf]) -> Option<(bool, String)> {
+    const SCRIPT: &str = r#"
+import sys
+from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
+validator = JsonStrictValidator(SchemaVersion.V1_6)
+failed = False
+for path in sys.argv[1:]:
+    with open(path) as f:
+        error = validator.validate_str(f.read())
+    if error is not None:
+        failed = True
+        print(f"{path}: {error}")
+    else:
+        print(f"{path}: valid")
+sys.exit(1 if failed else 0)
+"#;
+    let probe = Command::new("python3")
+        .args(["-c", "import cyclonedx.validation.json, jsonschema"])
+        .output()
+        .ok()?;
+    if !probe.status.success() {
+        return None;
+    }
+    let output = Command::new("python3")
+        .args(["-c", SCRIPT])
+        .args(files)
+        .output()
+        .unwrap();
+    Some((
+        output.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    ))
+}
+
+/// One image of each kind: runtime, devel, arm64, a lock made against a local mirror
+/// (127.0.0.1 URLs), and the source build. Not every lock: the validator checks each URL
+/// against RFC 3987 at ~30 ms, ~5 s per document.
+#[test]
+fn each_kind_of_lock_gives_cyclonedx_the_reference_validator_accepts() {
+    let kinds = [
+        "torch2.4.1-cu121-py3.11.lock",
+        "torch2.15.0-cu132-py3.11-devel.lock",
+        "torch2.11.0-cu130-py3.11.linux-arm64.lock",
+        "torch2.1.2-cu118-py3.11.lock",
+        "source-build",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    let images: Vec<(String, Image)> = all_images()
+        .into_iter()
+        .filter(|(name, _)| kinds.contains(&name.as_str()))
+        .collect();
+    assert_eq!(images.len(), kinds.len());
+    for (name, image) in images {
+        let file = dir.path().join(format!("{name}.cdx.json"));
+        fs_err::write(&file, sbom::cyclonedx_json(&image.input(&no_licenses))).unwrap();
+        files.push(file);
+    }
+    let Some((ok, output)) = cyclonedx_validate(&files) else {
+        gate::skip(
+            "cyclonedx-python-lib",
+            "python3 cannot import cyclonedx.validation.json: pip install 'cyclonedx-python-lib[json-validation]'",
+        );
+        return;
+    };
+    assert!(ok, "{output}");
+    assert_eq!(output.matches(": valid").count(), files.len(), "{output}");
+}
+
+/// The CycloneDX document says what the SPDX one says: the same packages, hashes and
+/// purls, the image's facts as properties, build-only packages excluded from the image.
+#[test]
+fn cyclonedx_says_what_spdx_says() {
     let image = source_build_image();
-    assert_valid_spdx(dir.path(), "source-build", &image.spdx(&no_licenses));
+    let spdx = image.spdx(&no_licenses);
+    let (packages, _) = parse(&spdx);
+    let bom: Value =
+        serde_json::from_slice(&sbom::cyclonedx_json(&image.input(&no_licenses))).unwrap();
+    let components = bom["components"].as_array().unwrap();
+    assert_eq!(components.len() + 1, packages.len());
+    for component in components {
+        let id = format!("SPDXRef-{}", component["bom-ref"].as_str().unwrap());
+        let package = &packages[&id];
+        assert_eq!(component["name"], package["name"]);
+        assert_eq!(component["version"], package["versionInfo"]);
+        if let Some(hash) = component["hashes"][0]["content"].as_str() {
+            assert_eq!(hash, sha256_of(package));
+        }
+        if let Some(purl) = component["purl"].as_str() {
+            assert_eq!(purl, package["externalRefs"][0]["referenceLocator"]);
+        }
+        let excluded = component["scope"] == "excluded";
+        assert_eq!(
+            excluded,
+            id.starts_with("SPDXRef-Build") || id.starts_with("SPDXRef-Sdist"),
+            "{id}"
+        );
+    }
+    let properties = bom["metadata"]["component"]["properties"]
+        .as_array()
+        .unwrap();
+    assert!(properties
+        .iter()
+        .any(|p| p["name"] == "cudastack:driver-floor" && p["value"].is_string()));
+    let nvcc = components
+        .iter()
+        .find(|c| c["name"] == "nvidia-cuda-nvcc")
+        .unwrap();
+    assert!(nvcc["properties"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["name"] == "cudastack:build-dependency-of-ref"));
 }
 
 /// The packages of a document by SPDX id, and its relationships as (from, type, to).

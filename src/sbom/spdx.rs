@@ -204,3 +204,33 @@ fn purpose(role: Role) -> Option<&'static str> {
         Role::Deb | Role::BuildDeb => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn download_locations_follow_the_validators_rule() {
+        for url in [
+            "https://files.pythonhosted.org/packages/53/7b/filelock-4.3.1-py3-none-any.whl",
+            "http://deb.debian.org/debian/pool/main/a/adduser/adduser_3.134_all.deb",
+            "https://download.pytorch.org/whl/cu118/torch-2.1.2%2Bcu118-cp311-cp311-linux_x86_64.whl",
+        ] {
+            assert!(DOWNLOAD_URL.is_match(url), "{url}");
+        }
+        for url in [
+            "http://127.0.0.1:0/whl/cu118/files/torch.whl",
+            "http://localhost:8080/simple/torch.whl",
+            "file:///srv/mirror/torch.whl",
+        ] {
+            assert!(!DOWNLOAD_URL.is_match(url), "{url}");
+        }
+    }
+
+    #[test]
+    fn names_stay_readable_in_the_namespace() {
+        let encoded =
+            utf8_percent_encode("ghcr.io/acme/torch:2.4.1 cu121", NAME_IN_URI).to_string();
+        assert_eq!(encoded, "ghcr.io%2Facme%2Ftorch%3A2.4.1%20cu121");
+    }
+}

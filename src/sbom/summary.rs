@@ -216,3 +216,67 @@ impl Summary {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_documents_are_errors() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        for (bytes, says) in [
+            (b"".as_slice(), "not SPDX JSON"),
+            (b"\xff\xfe{".as_slice(), "not SPDX JSON"),
+            (deep.as_bytes(), "not SPDX JSON"),
+            (
+                br#"{"spdxVersion": "SPDX-2.2"}"#.as_slice(),
+                "SPDX version `SPDX-2.2`",
+            ),
+            (br#"{"spdxVersion": 3}"#.as_slice(), "not SPDX JSON"),
+            (
+                br#"{"spdxVersion": "SPDX-2.3", "packages": []}"#.as_slice(),
+                "describes no package",
+            ),
+            (
+                br#"{"spdxVersion": "SPDX-2.3", "packages": [{"SPDXID": 1}]}"#.as_slice(),
+                "not SPDX JSON",
+            ),
+        ] {
+            let error = Summary::of_spdx(bytes).unwrap_err();
+            assert!(error.to_string().contains(says), "{error}");
+        }
+        let big = vec![b' '; MAX_SBOM_BYTES + 1];
+        assert!(matches!(
+            Summary::of_spdx(&big),
+            Err(SbomError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn a_relationship_to_a_missing_package_is_ignored() {
+        let document = br#"{"spdxVersion": "SPDX-2.3", "name": "x",
+            "packages": [{"SPDXID": "SPDXRef-Image", "name": "x",
+                "annotations": [{"comment": "cudastack:driver-floor=535.104.05"},
+                                {"comment": "cudastack:device-code=/a: SASS sm_80; PTX -"}]}],
+            "relationships": [
+                {"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES", "relatedSpdxElement": "SPDXRef-Image"},
+                {"spdxElementId": "SPDXRef-Image", "relationshipType": "CONTAINS", "relatedSpdxElement": "SPDXRef-gone"}]}"#;
+        let summary = Summary::of_spdx(document).unwrap();
+        assert_eq!(
+            (summary.debs, summary.wheels, summary.cuda.len()),
+            (0, 0, 0)
+        );
+        assert_eq!(
+            summary.facts.into_iter().collect::<Vec<_>>(),
+            [("driver-floor".to_string(), "535.104.05".to_string())]
+        );
+    }
+
+    proptest::proptest! {
+        /// Arbitrary bytes are an error or a summary, never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = Summary::of_spdx(&bytes);
+        }
+    }
+}
