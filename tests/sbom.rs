@@ -398,8 +398,11 @@ fn cyclonedx_says_what_spdx_says() {
         .any(|p| p["name"] == "cudastack:build-dependency-of-ref"));
 }
 
-/// The packages of a document by SPDX id, and its relationships as (from, type, to).
-fn parse(bytes: &[u8]) -> (BTreeMap<String, Value>, Vec<(String, String, String)>) {
+/// A relationship: (from, type, to).
+type Relationship = (String, String, String);
+
+/// The packages of a document by SPDX id, and its relationships.
+fn parse(bytes: &[u8]) -> (BTreeMap<String, Value>, Vec<Relationship>) {
     let document: Value = serde_json::from_slice(bytes).unwrap();
     let packages = document["packages"]
         .as_array()
