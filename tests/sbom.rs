@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudastack::audit::kernels::CoverageGroup;
+use cudastack::audit::kernels::{CoverageGroup, KernelTarget};
 use cudastack::digest::Digest;
 use cudastack::lock::lockfile::{Artifact, ArtifactKind, Lockfile};
 use cudastack::matrix::Matrix;
@@ -104,6 +104,7 @@ struct Image {
     lock: Lockfile,
     claims: ImageClaims,
     built: Vec<BuiltWheel>,
+    targets: Vec<KernelTarget>,
     created: u64,
 }
 
@@ -114,6 +115,17 @@ impl Image {
         Image {
             name: format!("{}:latest", recipe.name),
             claims: claims_of(&recipe, &lock),
+            targets: recipe
+                .gpus
+                .iter()
+                .map(|name| {
+                    let gpu = Matrix::embedded().gpu(name).unwrap();
+                    KernelTarget {
+                        name: gpu.name.clone(),
+                        cc: gpu.cc,
+                    }
+                })
+                .collect(),
             created: recipe.source_date_epoch.unwrap_or(1_727_740_800),
             lock,
             built: Vec::new(),
@@ -131,6 +143,7 @@ impl Image {
             lock: &self.lock,
             claims: &self.claims,
             built: &self.built,
+            targets: &self.targets,
             created: self.created,
             licenses,
         }
@@ -562,6 +575,12 @@ fn the_torch_2_4_1_image_lists_its_cuda_components_as_the_lock_pins_them() {
         assert_eq!(component.version, wheel.version);
     }
     assert_eq!(summary.facts["driver-floor"], "530.30.02");
+    // The recipe's four GPUs, resolved by the matrix.
+    let targets: Vec<&str> = summary.facts["target-gpu"].split("; ").collect();
+    assert_eq!(targets.len(), 4, "{targets:?}");
+    for sm in ["(sm_80)", "(sm_90)", "(sm_89)", "(sm_86)"] {
+        assert!(targets.iter().any(|t| t.ends_with(sm)), "{sm}: {targets:?}");
+    }
     eprintln!("{}", serde_json::to_string_pretty(&summary).unwrap());
 }
 

@@ -372,6 +372,9 @@ fn image_package(input: &SbomInput) -> Package {
     );
     fact("cudnn", claims.cudnn.clone());
     fact("torch", claims.torch.clone());
+    for target in input.targets {
+        fact("target-gpu", Some(target.label()));
+    }
     fact("torch-sm", sm_list(&claims.sm));
     fact("covered-sm", sm_list(&claims.covered_sm));
     fact("kernels-unreadable", claims.kernels_unreadable.clone());

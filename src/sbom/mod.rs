@@ -26,6 +26,7 @@ pub mod summary;
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
+use crate::audit::kernels::KernelTarget;
 use crate::digest::Digest;
 use crate::lock::lockfile::{Artifact, Lockfile};
 use crate::verify::check::ImageClaims;
@@ -50,6 +51,9 @@ pub struct SbomInput<'a> {
     pub claims: &'a ImageClaims,
     /// The wheels compiled from the lock's sdists ([`BuiltWheel::from_labels`]).
     pub built: &'a [BuiltWheel],
+    /// The GPUs the recipe targets (its `gpus:`, resolved as the build resolves them:
+    /// `stack::produce::KernelTargets::of(matrix, recipe).gpus`); not in the image config.
+    pub targets: &'a [KernelTarget],
     /// The image's created time, epoch seconds: the document's only time.
     pub created: u64,
     /// An artifact's declared license as a valid SPDX expression (for wheels,
