@@ -567,3 +567,103 @@ fn built_package(
         facts,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::target::Target;
+    use crate::platform::Platform;
+    use crate::verify::check::ImageClaims;
+
+    fn redist(name: &str, version: &str) -> Artifact {
+        Artifact {
+            kind: ArtifactKind::RedistArchive,
+            name: name.into(),
+            version: version.into(),
+            filename: "archive.tar.xz".parse().unwrap(),
+            url: "https://developer.download.nvidia.com/compute/cuda/redist/x.tar.xz"
+                .parse()
+                .unwrap(),
+            sha256: Digest::of_bytes(name.as_bytes()),
+            size: 1,
+            source:
+                "https://developer.download.nvidia.com/compute/cuda/redist/redistrib_12.1.1.json"
+                    .into(),
+            platform: Some("linux-x86_64".into()),
+            variant: None,
+            requires: vec![],
+            required_by: vec![],
+            suite: None,
+            component: None,
+            fallback_url: None,
+            layer: None,
+        }
+    }
+
+    /// Redist names are not checked by the lock: ids stay in SPDX's alphabet and unique
+    /// whatever they are, and a known archive becomes its component.
+    #[test]
+    fn ids_are_unique_and_in_the_spdx_alphabet_whatever_the_names() {
+        let lock = crate::lock::lockfile::Lockfile {
+            lock_format: crate::lock::lockfile::LOCK_FORMAT_VERSION,
+            recipe_digest: Digest::of_bytes(b"recipe"),
+            target: Target::new(
+                "3.11".parse().unwrap(),
+                Platform::LinuxAmd64,
+                "2.36".parse().unwrap(),
+            )
+            .unwrap(),
+            requirements: vec![],
+            artifacts: vec![
+                redist("a b", "1:2"),
+                redist("a-b", "1-2"),
+                redist("ünï/../cödé", "1"),
+                redist("cudnn", "9.1.0.70"),
+            ],
+        };
+        let claims = ImageClaims::default();
+        let input = SbomInput {
+            name: "",
+            image: None,
+            lock: &lock,
+            claims: &claims,
+            built: &[],
+            targets: &[],
+            created: 0,
+            licenses: &|_| Some("not an expression".into()),
+        };
+        let inventory = Inventory::of(&input);
+        let ids: BTreeSet<&str> = inventory.packages.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids.len(), inventory.packages.len(), "{ids:?}");
+        for id in &ids {
+            assert!(
+                id.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-.".contains(c)),
+                "{id}"
+            );
+        }
+        assert!(inventory.packages.iter().all(|p| p.license.is_none()));
+        let cudnn = inventory
+            .packages
+            .iter()
+            .find(|p| p.role == Role::CudaComponent && p.name == "cuDNN")
+            .unwrap();
+        assert!(inventory.edges.contains(&Edge {
+            from: cudnn.id.clone(),
+            relation: Relation::ExpandedFromArchive,
+            to: "Redist-cudnn-9.1.0.70".into(),
+        }));
+        // The archives are not in the image; their components are.
+        let contained: Vec<&str> = inventory
+            .edges
+            .iter()
+            .filter(|e| e.relation == Relation::Contains)
+            .map(|e| e.to.as_str())
+            .collect();
+        assert_eq!(contained.len(), 4);
+        assert!(contained.iter().all(|id| id.starts_with("CUDA-")));
+        // An empty image name is still a document the summary reads back.
+        let summary = super::super::Summary::of_spdx(&super::super::spdx_json(&input)).unwrap();
+        assert_eq!(summary.cuda.len(), 4);
+    }
+}
