@@ -72,6 +72,7 @@ mod registry_auth;
 mod registry_push;
 mod registry_trust;
 mod release_binary;
+mod sbom;
 mod skip_gate;
 mod source_build;
 mod stack_archive_props;
