@@ -40,6 +40,7 @@ pub mod stack;
 pub mod engine;
 pub mod pipeline;
 pub mod registry;
+pub mod sign;
 pub mod verify;
 
 // The host and clusters.

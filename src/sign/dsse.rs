@@ -1,0 +1,303 @@
+//! DSSE envelopes (Dead Simple Signing Envelope, v1: https://github.com/secure-systems-lab/dsse):
+//! a payload, its type, and signatures over the pre-authentication encoding
+//! [`pae`] of both, so a signature never covers bytes of an ambiguous type.
+//!
+//! The JSON is the spec's: `{"payload": base64, "payloadType": str, "signatures":
+//! [{"keyid": str, "sig": base64}]}`, standard base64 with padding. cosign
+//! (`verify-blob-attestation`, `verify-attestation`) and securesystemslib read it.
+//!
+//! `keyid` is a hint, not authenticated: we write [`PublicKey::key_id`] (hex sha256 of the
+//! SPKI DER) and, on verifying, try every signature against the key whatever its keyid, as
+//! the spec says. cosign writes no keyid and ignores it; securesystemslib only tries the
+//! signatures whose keyid equals its key's, so a securesystemslib verifier builds its key
+//! with that id (`SSlibKey.from_crypto(key, keyid=...)`), which `cudastack key public` prints.
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+use super::key::{PublicKey, SigningKey};
+use super::SignError;
+
+/// The media type of a DSSE envelope as an OCI artifact or layer.
+pub const MEDIA_TYPE: &str = "application/vnd.dsse.envelope.v1+json";
+/// The payload type of an in-toto statement in an envelope.
+pub const IN_TOTO_PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
+/// An envelope larger than this is refused before it is parsed. Statements carry an SBOM
+/// (a few MB for thousands of packages) at most; 64 MiB leaves room and bounds memory.
+pub const MAX_ENVELOPE_BYTES: usize = 64 << 20;
+
+/// A signed payload. Build one with [`Envelope::sign`]; read one with
+/// [`Envelope::from_json`], trust its payload only through [`Envelope::verify`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    pub payload_type: String,
+    pub payload: Vec<u8>,
+    pub signatures: Vec<Signature>,
+}
+
+/// One signature: ECDSA-SHA256, ASN.1 DER, over [`pae`] of the envelope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signature {
+    pub keyid: String,
+    pub sig: Vec<u8>,
+}
+
+/// The wire form: field names and base64 as the spec has them.
+#[derive(Serialize, Deserialize)]
+struct WireEnvelope {
+    payload: String,
+    #[serde(rename = "payloadType")]
+    payload_type: String,
+    signatures: Vec<WireSignature>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireSignature {
+    #[serde(default)]
+    keyid: String,
+    sig: String,
+}
+
+/// The pre-authentication encoding the signatures cover:
+/// `"DSSEv1" SP LEN(type) SP type SP LEN(payload) SP payload`, lengths in ASCII decimal.
+pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "DSSEv1 {} {payload_type} {} ",
+        payload_type.len(),
+        payload.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(payload);
+    out
+}
+
+impl Envelope {
+    /// An envelope of `payload` signed by `key`.
+    pub fn sign(payload_type: impl Into<String>, payload: Vec<u8>, key: &SigningKey) -> Self {
+        let mut envelope = Envelope {
+            payload_type: payload_type.into(),
+            payload,
+            signatures: Vec::new(),
+        };
+        envelope.add_signature(key);
+        envelope
+    }
+
+    /// Add `key`'s signature (a second signer of the same payload).
+    pub fn add_signature(&mut self, key: &SigningKey) {
+        let sig = key.sign(&pae(&self.payload_type, &self.payload));
+        self.signatures.push(Signature {
+            keyid: key.public_key().key_id(),
+            sig,
+        });
+    }
+
+    /// The payload, when at least one signature verifies with `key` over the PAE of this
+    /// envelope's type and payload; an error that says how many were tried otherwise.
+    pub fn verify(&self, key: &PublicKey) -> Result<&[u8], SignError> {
+        let message = pae(&self.payload_type, &self.payload);
+        // Every signature is tried: a keyid is unauthenticated and may be anything.
+        if self
+            .signatures
+            .iter()
+            .any(|signature| key.verify(&message, &signature.sig).is_ok())
+        {
+            return Ok(&self.payload);
+        }
+        Err(SignError::NotSignedBy {
+            key_id: key.key_id(),
+            count: self.signatures.len(),
+        })
+    }
+
+    /// The JSON of the envelope (the bytes to store; deterministic for the same key and
+    /// payload, since signing is).
+    pub fn to_json(&self) -> Vec<u8> {
+        let wire = WireEnvelope {
+            payload: STANDARD.encode(&self.payload),
+            payload_type: self.payload_type.clone(),
+            signatures: self
+                .signatures
+                .iter()
+                .map(|signature| WireSignature {
+                    keyid: signature.keyid.clone(),
+                    sig: STANDARD.encode(&signature.sig),
+                })
+                .collect(),
+        };
+        serde_json::to_vec(&wire).expect("an envelope serialises")
+    }
+
+    /// Parse an envelope (nothing is verified yet), refusing more than
+    /// [`MAX_ENVELOPE_BYTES`].
+    pub fn from_json(bytes: &[u8]) -> Result<Self, SignError> {
+        Self::from_json_named(bytes, "the envelope")
+    }
+
+    /// [`Envelope::from_json`] with `what` (a file, a referrer's digest) named in errors.
+    pub fn from_json_named(bytes: &[u8], what: &str) -> Result<Self, SignError> {
+        let malformed = |detail: String| SignError::Envelope {
+            what: what.to_string(),
+            detail,
+        };
+        if bytes.len() > MAX_ENVELOPE_BYTES {
+            return Err(SignError::TooLarge {
+                what: what.to_string(),
+                kind: "a DSSE envelope",
+                size: bytes.len() as u64,
+                limit: MAX_ENVELOPE_BYTES as u64,
+                hint: "an envelope holds one statement; this is not one cudastack or cosign made",
+            });
+        }
+        let wire: WireEnvelope = serde_json::from_slice(bytes)
+            .map_err(|error| malformed(format!("its JSON does not parse: {error}")))?;
+        let payload = decode_base64(&wire.payload)
+            .map_err(|error| malformed(format!("`payload` is not base64: {error}")))?;
+        let signatures = wire
+            .signatures
+            .into_iter()
+            .enumerate()
+            .map(|(index, signature)| {
+                let sig = decode_base64(&signature.sig).map_err(|error| {
+                    malformed(format!("`signatures[{index}].sig` is not base64: {error}"))
+                })?;
+                Ok(Signature {
+                    keyid: signature.keyid,
+                    sig,
+                })
+            })
+            .collect::<Result<_, SignError>>()?;
+        Ok(Envelope {
+            payload_type: wire.payload_type,
+            payload,
+            signatures,
+        })
+    }
+}
+
+const STANDARD: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// The spec lets a writer use standard or URL-safe base64; readers accept both, padded or
+/// not (Go's protobuf JSON writes standard padded; other writers vary).
+fn decode_base64(text: &str) -> Result<Vec<u8>, base64::DecodeError> {
+    use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+    let unpadded = text.trim_end_matches('=');
+    if text.contains(['-', '_']) {
+        URL_SAFE_NO_PAD.decode(unpadded)
+    } else {
+        STANDARD_NO_PAD.decode(unpadded)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The PAE example of the DSSE spec (protocol.md, "Test vectors" use this encoding).
+    #[test]
+    fn pae_matches_the_spec() {
+        assert_eq!(
+            pae("http://example.com/HelloWorld", b"hello world"),
+            b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+        );
+        assert_eq!(pae("", b""), b"DSSEv1 0  0 ");
+    }
+
+    #[test]
+    fn a_signed_envelope_round_trips_and_verifies() {
+        let key = SigningKey::generate().unwrap();
+        let envelope = Envelope::sign(IN_TOTO_PAYLOAD_TYPE, b"{\"a\":1}".to_vec(), &key);
+        let json = envelope.to_json();
+        let text = String::from_utf8(json.clone()).unwrap();
+        assert!(text.starts_with(r#"{"payload":"eyJhIjoxfQ==","payloadType":"application/vnd.in-toto+json","signatures":[{"keyid":""#), "{text}");
+        let parsed = Envelope::from_json(&json).unwrap();
+        assert_eq!(parsed, envelope);
+        assert_eq!(parsed.verify(&key.public_key()).unwrap(), b"{\"a\":1}");
+        assert_eq!(envelope.signatures[0].keyid, key.public_key().key_id());
+        assert_eq!(
+            json,
+            Envelope::sign(IN_TOTO_PAYLOAD_TYPE, b"{\"a\":1}".to_vec(), &key).to_json()
+        );
+    }
+
+    #[test]
+    fn a_changed_payload_type_signature_or_key_is_refused() {
+        let key = SigningKey::generate().unwrap();
+        let public = key.public_key();
+        let envelope = Envelope::sign(IN_TOTO_PAYLOAD_TYPE, b"statement".to_vec(), &key);
+        let mut changed = envelope.clone();
+        changed.payload[0] ^= 1;
+        assert!(changed.verify(&public).is_err());
+        let mut changed = envelope.clone();
+        changed.payload_type = "application/json".into();
+        assert!(changed.verify(&public).is_err());
+        let mut changed = envelope.clone();
+        let last = changed.signatures[0].sig.len() - 1;
+        changed.signatures[0].sig[last] ^= 1;
+        assert!(changed.verify(&public).is_err());
+        let other = SigningKey::generate().unwrap().public_key();
+        let error = envelope.verify(&other).unwrap_err();
+        assert!(
+            matches!(error, SignError::NotSignedBy { count: 1, .. }),
+            "{error}"
+        );
+        let mut unsigned = envelope.clone();
+        unsigned.signatures.clear();
+        let error = unsigned.verify(&public).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("none of the envelope's 0 signature(s)"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn any_signature_counts_whatever_its_keyid() {
+        let key = SigningKey::generate().unwrap();
+        let other = SigningKey::generate().unwrap();
+        let mut envelope = Envelope::sign("t", b"p".to_vec(), &other);
+        envelope.add_signature(&key);
+        envelope.signatures[1].keyid = "misleading".into();
+        assert!(envelope.verify(&key.public_key()).is_ok());
+        assert!(envelope.verify(&other.public_key()).is_ok());
+    }
+
+    #[test]
+    fn malformed_json_is_named_precisely() {
+        let cases: [(&[u8], &str); 5] = [
+            (b"", "JSON does not parse"),
+            (b"{\"payload\":\"\"}", "missing field `payloadType`"),
+            (
+                br#"{"payload":"!","payloadType":"t","signatures":[]}"#,
+                "`payload` is not base64",
+            ),
+            (
+                br#"{"payload":"","payloadType":"t","signatures":[{"sig":"%%"}]}"#,
+                "`signatures[0].sig` is not base64",
+            ),
+            (
+                br#"{"payload":"","payloadType":"t","signatures":[{"keyid":1,"sig":""}]}"#,
+                "JSON does not parse",
+            ),
+        ];
+        for (bytes, expected) in cases {
+            let error = Envelope::from_json(bytes).unwrap_err();
+            assert!(error.to_string().contains(expected), "{error}");
+        }
+        let huge = vec![b' '; MAX_ENVELOPE_BYTES + 1];
+        let error = Envelope::from_json(&huge).unwrap_err();
+        assert!(matches!(error, SignError::TooLarge { .. }), "{error}");
+    }
+
+    #[test]
+    fn url_safe_and_unpadded_base64_are_read() {
+        let envelope = Envelope::from_json(
+            br#"{"payload":"-_8","payloadType":"t","signatures":[{"sig":"AA"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(envelope.payload, [0xfb, 0xff]);
+        assert_eq!(envelope.signatures[0].sig, [0]);
+        assert_eq!(envelope.signatures[0].keyid, "");
+    }
+}
