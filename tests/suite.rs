@@ -71,6 +71,7 @@ mod registry_auth;
 mod registry_push;
 mod registry_trust;
 mod release_binary;
+mod sign_keys;
 mod skip_gate;
 mod source_build;
 mod stack_archive_props;

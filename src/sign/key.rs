@@ -240,8 +240,9 @@ pub fn write_key_pair(prefix: &Path, password: &[u8]) -> Result<KeyPairFiles, Si
     let key = SigningKey::generate()?;
     let private_pem = key.to_encrypted_pem(password)?;
     let public_key = key.public_key();
-    write_new(&files.private_key, private_pem.as_bytes())?;
-    if let Err(error) = write_new(&files.public_key, public_key.to_pem().as_bytes()) {
+    write_new(&files.private_key, private_pem.as_bytes(), Secrecy::Private)?;
+    let public_pem = public_key.to_pem();
+    if let Err(error) = write_new(&files.public_key, public_pem.as_bytes(), Secrecy::Public) {
         // Half a pair is no pair: take back the private key this call wrote.
         let _ = std::fs::remove_file(&files.private_key);
         return Err(error);
@@ -252,9 +253,17 @@ pub fn write_key_pair(prefix: &Path, password: &[u8]) -> Result<KeyPairFiles, Si
     })
 }
 
-/// Write a new file whole (temp file 0600, synced, linked into place only if the name is
-/// still free), so a reader never sees half a key and a race never overwrites one.
-fn write_new(path: &Path, bytes: &[u8]) -> Result<(), SignError> {
+/// Who may read a key file: the owner alone (0600, as cosign writes cosign.key), or
+/// anyone the umask allows (cosign.pub).
+#[derive(Clone, Copy)]
+enum Secrecy {
+    Private,
+    Public,
+}
+
+/// Write a new file whole (temp file, synced, linked into place only if the name is still
+/// free), so a reader never sees half a key and a race never overwrites one.
+fn write_new(path: &Path, bytes: &[u8], secrecy: Secrecy) -> Result<(), SignError> {
     use std::io::Write as _;
     let write_error = |source| SignError::Write {
         path: path.to_path_buf(),
@@ -264,10 +273,14 @@ fn write_new(path: &Path, bytes: &[u8]) -> Result<(), SignError> {
         .parent()
         .filter(|parent| !parent.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let mut temp = tempfile::Builder::new()
-        .prefix(".tmp-key-")
-        .tempfile_in(dir)
-        .map_err(write_error)?;
+    let mut temp = match secrecy {
+        // tempfile creates 0600 files: the private key is never readable by others.
+        Secrecy::Private => tempfile::Builder::new()
+            .prefix(".tmp-key-")
+            .tempfile_in(dir),
+        Secrecy::Public => crate::atomic_file::temp_in(dir, ".tmp-key-"),
+    }
+    .map_err(write_error)?;
     temp.write_all(bytes).map_err(write_error)?;
     temp.as_file().sync_all().map_err(write_error)?;
     temp.persist_noclobber(path).map_err(|error| {
@@ -574,6 +587,11 @@ x5z6acxoPDxmWOcHkiG8pBCdC+Qm6CVYL6gl7I7Y2donsC7lmXDCtS8=
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+        let mode = std::fs::metadata(&files.public_key)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o044, 0o044 & !current_umask(), "{mode:o}");
         let key = SigningKey::read(&files.private_key, b"pw").unwrap();
         let public = PublicKey::read(&files.public_key).unwrap();
         assert_eq!(key.public_key(), public);
@@ -586,5 +604,11 @@ x5z6acxoPDxmWOcHkiG8pBCdC+Qm6CVYL6gl7I7Y2donsC7lmXDCtS8=
         std::fs::remove_file(&files.private_key).unwrap();
         assert!(write_key_pair(&prefix, b"pw").is_err());
         assert!(!files.private_key.exists());
+    }
+
+    fn current_umask() -> u32 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("Umask:")).unwrap();
+        u32::from_str_radix(line.split_whitespace().nth(1).unwrap(), 8).unwrap()
     }
 }
