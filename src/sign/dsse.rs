@@ -110,6 +110,19 @@ impl Envelope {
         })
     }
 
+    /// Those of `keys` that signed this envelope (each verifies one of its signatures over
+    /// the PAE), in the order given: who signed it among the keys a caller knows.
+    pub fn verified_by<'k>(&self, keys: &'k [PublicKey]) -> Vec<&'k PublicKey> {
+        let message = pae(&self.payload_type, &self.payload);
+        keys.iter()
+            .filter(|key| {
+                self.signatures
+                    .iter()
+                    .any(|signature| key.verify(&message, &signature.sig).is_ok())
+            })
+            .collect()
+    }
+
     /// The JSON of the envelope (the bytes to store; deterministic for the same key and
     /// payload, since signing is).
     pub fn to_json(&self) -> Vec<u8> {
@@ -261,6 +274,18 @@ mod tests {
         envelope.signatures[1].keyid = "misleading".into();
         assert!(envelope.verify(&key.public_key()).is_ok());
         assert!(envelope.verify(&other.public_key()).is_ok());
+    }
+
+    #[test]
+    fn verified_by_names_the_signers_among_the_known_keys() {
+        let keys: Vec<SigningKey> = (0..3).map(|_| SigningKey::generate().unwrap()).collect();
+        let public: Vec<PublicKey> = keys.iter().map(SigningKey::public_key).collect();
+        let mut envelope = Envelope::sign("t", b"p".to_vec(), &keys[2]);
+        envelope.add_signature(&keys[0]);
+        let signers = envelope.verified_by(&public);
+        assert_eq!(signers, [&public[0], &public[2]]);
+        envelope.payload.push(b'!');
+        assert!(envelope.verified_by(&public).is_empty());
     }
 
     #[test]
