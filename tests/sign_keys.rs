@@ -17,7 +17,7 @@ use std::process::{Command, Output};
 
 use base64::Engine as _;
 use cudastack::sign::dsse::{Envelope, IN_TOTO_PAYLOAD_TYPE};
-use cudastack::sign::{PublicKey, SignError, SigningKey};
+use cudastack::sign::{Bundle, BundleSigner, PublicKey, SignError, SigningKey};
 use proptest::prelude::*;
 
 const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
@@ -246,15 +246,17 @@ fn statement_about(name: &str, blob: &[u8]) -> Vec<u8> {
 }
 
 /// securesystemslib's verdict on the envelope file with the public key file, the key
-/// built with `keyid` (securesystemslib only tries signatures whose keyid matches).
+/// given the keyid our signatures carry, "" (securesystemslib only tries signatures whose
+/// keyid equals its key's; `from_crypto` would compute one of its own).
 const SSLIB_VERIFY: &str = r#"
 import json, sys
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import SSlibKey
-envelope_path, public_path, keyid = sys.argv[1:4]
+envelope_path, public_path = sys.argv[1:3]
 public = load_pem_public_key(open(public_path, "rb").read())
-key = SSlibKey.from_crypto(public, keyid=keyid, scheme="ecdsa-sha2-nistp256")
+made = SSlibKey.from_crypto(public, scheme="ecdsa-sha2-nistp256")
+key = SSlibKey("", made.keytype, made.scheme, made.keyval)
 envelope = Envelope.from_dict(json.load(open(envelope_path)))
 try:
     envelope.verify([key], 1)
@@ -275,7 +277,6 @@ fn sslib_verifies(dir: &Path, envelope: &Envelope, public: &PublicKey) -> Option
         .args(["-c", SSLIB_VERIFY])
         .arg(&envelope_path)
         .arg(&public_path)
-        .arg(public.key_id())
         .output()
         .unwrap();
     match output.status.code() {
@@ -488,6 +489,128 @@ fn an_attestation_cosign_signed_verifies_with_ours() {
     }
 }
 
+/// Whether `cosign verify-blob-attestation --bundle` (cosign 3's default format, verified
+/// by sigstore-go) accepts `bundle` as an attestation of `blob`.
+fn cosign_verifies_bundle(dir: &Path, bundle: &Bundle, public: &Path, blob: &Path) -> bool {
+    let bundle_path = dir.join("attestation.bundle");
+    std::fs::write(&bundle_path, bundle.to_json()).unwrap();
+    let args = [
+        "verify-blob-attestation",
+        "--key",
+        public.to_str().unwrap(),
+        "--bundle",
+        bundle_path.to_str().unwrap(),
+        "--type",
+        PREDICATE_TYPE,
+        "--insecure-ignore-tlog",
+        blob.to_str().unwrap(),
+    ];
+    let output = cosign(dir, "", &args);
+    let verified = text(&output).contains("Verified OK");
+    assert_eq!(output.status.success(), verified, "{}", text(&output));
+    verified
+}
+
+#[test]
+fn our_bundle_verifies_with_cosign_and_cosigns_with_ours() {
+    if let Some(reason) = cosign_missing() {
+        gate::skip("cosign", reason);
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let blob = dir.path().join("manifest.json");
+    std::fs::write(&blob, br#"{"schemaVersion":2}"#).unwrap();
+    let key = SigningKey::generate().unwrap();
+    let public = key.public_key();
+    let public_path = dir.path().join("signer.pub");
+    std::fs::write(&public_path, public.to_pem()).unwrap();
+    let statement = statement_about("manifest.json", br#"{"schemaVersion":2}"#);
+    let envelope = Envelope::sign(IN_TOTO_PAYLOAD_TYPE, statement, &key);
+    let bundle = Bundle::new(envelope.clone(), &public);
+    assert!(cosign_verifies_bundle(
+        dir.path(),
+        &bundle,
+        &public_path,
+        &blob
+    ));
+    for changed in [flipped(&envelope, true), flipped(&envelope, false)] {
+        let changed = Bundle::new(changed, &public);
+        assert!(!cosign_verifies_bundle(
+            dir.path(),
+            &changed,
+            &public_path,
+            &blob
+        ));
+    }
+    let other_path = dir.path().join("other.pub");
+    let other = SigningKey::generate().unwrap().public_key();
+    std::fs::write(&other_path, other.to_pem()).unwrap();
+    assert!(!cosign_verifies_bundle(
+        dir.path(),
+        &bundle,
+        &other_path,
+        &blob
+    ));
+    // sigstore-go skips a signature whose keyid is not empty: why we write "" (dsse.rs).
+    let mut named = envelope.clone();
+    named.signatures[0].keyid = public.key_id();
+    let named = Bundle::new(named, &public);
+    assert!(!cosign_verifies_bundle(
+        dir.path(),
+        &named,
+        &public_path,
+        &blob
+    ));
+
+    // cosign's own bundle, signed with a key and no transparency log, verifies with ours.
+    let (key_path, cosign_public) = cosign_key_pair(dir.path(), "pw", "cosign");
+    let config = dir.path().join("signing-config.json");
+    let no_services = [
+        "signing-config",
+        "create",
+        "--no-default-fulcio",
+        "--no-default-rekor",
+        "--no-default-tsa",
+        "--no-default-oidc",
+        "--out",
+        config.to_str().unwrap(),
+    ];
+    let output = cosign(dir.path(), "", &no_services);
+    assert!(output.status.success(), "{}", text(&output));
+    let predicate = dir.path().join("predicate.json");
+    std::fs::write(&predicate, br#"{"verdict":"verified"}"#).unwrap();
+    let written = dir.path().join("cosign.bundle");
+    let args = [
+        "attest-blob",
+        "--key",
+        key_path.to_str().unwrap(),
+        "--signing-config",
+        config.to_str().unwrap(),
+        "--predicate",
+        predicate.to_str().unwrap(),
+        "--type",
+        PREDICATE_TYPE,
+        "--bundle",
+        written.to_str().unwrap(),
+        "--yes",
+        blob.to_str().unwrap(),
+    ];
+    let output = cosign(dir.path(), "pw", &args);
+    assert!(output.status.success(), "{}", text(&output));
+    let theirs = Bundle::from_json(&std::fs::read(&written).unwrap(), "cosign.bundle").unwrap();
+    let cosign_key = PublicKey::read(&cosign_public).unwrap();
+    assert_eq!(
+        theirs.signer,
+        BundleSigner::Key {
+            hint: Some(cosign_key.key_id())
+        }
+    );
+    let payload = theirs.verify(&cosign_key).unwrap();
+    let statement: serde_json::Value = serde_json::from_slice(payload).unwrap();
+    assert_eq!(statement["predicateType"], PREDICATE_TYPE);
+    assert!(theirs.verify(&public).is_err());
+}
+
 fn cudastack_key(dir: &Path, password: Option<&str>, args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_cudastack"));
     command.arg("key").args(args).current_dir(dir);
@@ -612,6 +735,7 @@ proptest! {
         cut in any::<prop::sample::Index>(),
     ) {
         let _ = Envelope::from_json(&bytes);
+        let _ = Bundle::from_json(&bytes, "fuzz");
         let as_text = String::from_utf8_lossy(&bytes);
         let _ = PublicKey::from_pem(&as_text);
         let _ = SigningKey::from_pem(&as_text, b"", "fuzz");
@@ -627,6 +751,10 @@ proptest! {
             prop_assert_eq!(parsed.verify(&public).is_ok(), same);
         }
         let _ = Envelope::from_json(&envelope[..cut.index(envelope.len())]);
+        let bundle = Bundle::new(Envelope::from_json(envelope).unwrap(), &public).to_json();
+        if let Ok(parsed) = Bundle::from_json(&mutated(&bundle, index, value), "fuzz") {
+            let _ = parsed.verify(&public);
+        }
         for pem in [public_pem.as_str(), PKCS8_PEM] {
             let changed = mutated(pem.as_bytes(), index, value);
             let changed = String::from_utf8_lossy(&changed);

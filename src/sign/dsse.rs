@@ -6,11 +6,14 @@
 //! [{"keyid": str, "sig": base64}]}`, standard base64 with padding. cosign
 //! (`verify-blob-attestation`, `verify-attestation`) and securesystemslib read it.
 //!
-//! `keyid` is a hint, not authenticated: we write [`PublicKey::key_id`] (hex sha256 of the
-//! SPKI DER) and, on verifying, try every signature against the key whatever its keyid, as
-//! the spec says. cosign writes no keyid and ignores it; securesystemslib only tries the
-//! signatures whose keyid equals its key's, so a securesystemslib verifier builds its key
-//! with that id (`SSlibKey.from_crypto(key, keyid=...)`), which `cudastack key public` prints.
+//! `keyid` is a hint, not authenticated, and we write it empty (`"keyid": ""`), as cosign
+//! does (cosign omits it). Found with cosign 3.1.1: its bundle verifier (sigstore-go)
+//! skips every signature whose keyid is not empty, so an envelope with the key's id as
+//! keyid fails `cosign verify-attestation` in cosign 3's default format; the field is kept,
+//! empty, because securesystemslib's `Envelope.from_dict` requires it (and then tries only
+//! signatures whose keyid equals its key's: build the key with keyid "" there). The signer
+//! is named instead by the sigstore bundle's key hint ([`super::bundle`]). On verifying we
+//! try every signature against the key, whatever its keyid, as the spec says.
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -44,7 +47,7 @@ pub struct Signature {
 
 /// The wire form: field names and base64 as the spec has them.
 #[derive(Serialize, Deserialize)]
-struct WireEnvelope {
+pub(super) struct WireEnvelope {
     payload: String,
     #[serde(rename = "payloadType")]
     payload_type: String,
@@ -53,8 +56,10 @@ struct WireEnvelope {
 
 #[derive(Serialize, Deserialize)]
 struct WireSignature {
-    #[serde(default)]
-    keyid: String,
+    /// Absent in cosign's output and in a bundle (protobuf JSON omits empty strings);
+    /// present, maybe empty, in the envelopes we write (securesystemslib requires it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    keyid: Option<String>,
     sig: String,
 }
 
@@ -86,8 +91,9 @@ impl Envelope {
     /// Add `key`'s signature (a second signer of the same payload).
     pub fn add_signature(&mut self, key: &SigningKey) {
         let sig = key.sign(&pae(&self.payload_type, &self.payload));
+        // Empty: see the module's note on keyid.
         self.signatures.push(Signature {
-            keyid: key.public_key().key_id(),
+            keyid: String::new(),
             sig,
         });
     }
@@ -126,19 +132,25 @@ impl Envelope {
     /// The JSON of the envelope (the bytes to store; deterministic for the same key and
     /// payload, since signing is).
     pub fn to_json(&self) -> Vec<u8> {
-        let wire = WireEnvelope {
+        serde_json::to_vec(&self.to_wire(true)).expect("an envelope serialises")
+    }
+
+    /// The wire form; `with_keyid: false` leaves empty keyids out (a bundle's protobuf
+    /// JSON form).
+    pub(super) fn to_wire(&self, with_keyid: bool) -> WireEnvelope {
+        WireEnvelope {
             payload: STANDARD.encode(&self.payload),
             payload_type: self.payload_type.clone(),
             signatures: self
                 .signatures
                 .iter()
                 .map(|signature| WireSignature {
-                    keyid: signature.keyid.clone(),
+                    keyid: (with_keyid || !signature.keyid.is_empty())
+                        .then(|| signature.keyid.clone()),
                     sig: STANDARD.encode(&signature.sig),
                 })
                 .collect(),
-        };
-        serde_json::to_vec(&wire).expect("an envelope serialises")
+        }
     }
 
     /// Parse an envelope (nothing is verified yet), refusing more than
@@ -164,6 +176,15 @@ impl Envelope {
         }
         let wire: WireEnvelope = serde_json::from_slice(bytes)
             .map_err(|error| malformed(format!("its JSON does not parse: {error}")))?;
+        Self::from_wire(wire, what)
+    }
+
+    /// Decode the base64 of a parsed wire form.
+    pub(super) fn from_wire(wire: WireEnvelope, what: &str) -> Result<Self, SignError> {
+        let malformed = |detail: String| SignError::Envelope {
+            what: what.to_string(),
+            detail,
+        };
         let payload = decode_base64(&wire.payload)
             .map_err(|error| malformed(format!("`payload` is not base64: {error}")))?;
         let signatures = wire
@@ -175,7 +196,7 @@ impl Envelope {
                     malformed(format!("`signatures[{index}].sig` is not base64: {error}"))
                 })?;
                 Ok(Signature {
-                    keyid: signature.keyid,
+                    keyid: signature.keyid.unwrap_or_default(),
                     sig,
                 })
             })
@@ -222,11 +243,10 @@ mod tests {
         let envelope = Envelope::sign(IN_TOTO_PAYLOAD_TYPE, b"{\"a\":1}".to_vec(), &key);
         let json = envelope.to_json();
         let text = String::from_utf8(json.clone()).unwrap();
-        assert!(text.starts_with(r#"{"payload":"eyJhIjoxfQ==","payloadType":"application/vnd.in-toto+json","signatures":[{"keyid":""#), "{text}");
+        assert!(text.starts_with(r#"{"payload":"eyJhIjoxfQ==","payloadType":"application/vnd.in-toto+json","signatures":[{"keyid":"","sig":""#), "{text}");
         let parsed = Envelope::from_json(&json).unwrap();
         assert_eq!(parsed, envelope);
         assert_eq!(parsed.verify(&key.public_key()).unwrap(), b"{\"a\":1}");
-        assert_eq!(envelope.signatures[0].keyid, key.public_key().key_id());
         assert_eq!(
             json,
             Envelope::sign(IN_TOTO_PAYLOAD_TYPE, b"{\"a\":1}".to_vec(), &key).to_json()

@@ -173,7 +173,7 @@ impl PublicKey {
     }
 
     /// A stable name of the key: the hex sha256 of its SPKI DER. It does not depend on how
-    /// the PEM was wrapped; it is also the `keyid` of the DSSE signatures we make.
+    /// the PEM was wrapped, and it is what cosign hints a bundle's signer by (in base64).
     pub fn key_id(&self) -> String {
         hex::encode(Sha256::digest(self.to_der()))
     }

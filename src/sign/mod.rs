@@ -10,6 +10,8 @@
 //!   a PKCS#8 `PRIVATE KEY`, generated, written back in cosign's format) and [`PublicKey`]
 //!   (SPKI `PUBLIC KEY`), ECDSA-SHA256 signatures in ASN.1 DER.
 //! - [`dsse`]: the envelope, its pre-authentication encoding, signing and verifying.
+//! - [`bundle`]: the sigstore bundle around an envelope, the form cosign 3 stores and
+//!   verifies attestations in (an OCI referrer of the image).
 //!
 //! Keyless signing (a Fulcio certificate for an OIDC identity, the signature logged in
 //! Rekor) needs those services, which this module does not reach: a key the user holds is
@@ -17,12 +19,14 @@
 //! written cryptography (RustCrypto does the curve, scrypt and the secretbox), a panic on a
 //! hostile file, or unbounded work or memory for one (sizes and scrypt costs are capped).
 
+pub mod bundle;
 pub mod dsse;
 mod encrypted;
 pub mod key;
 
 use std::path::PathBuf;
 
+pub use bundle::{Bundle, BundleSigner};
 pub use dsse::{Envelope, Signature};
 pub use key::{password_from_env, write_key_pair, KeyPairFiles, PublicKey, SigningKey};
 
@@ -96,6 +100,8 @@ pub enum SignError {
     BadSignature { key_id: String },
     #[error("`{what}` is not a DSSE envelope: {detail}\n  hint: an envelope is JSON with `payload`, `payloadType` and `signatures` (https://github.com/secure-systems-lab/dsse)")]
     Envelope { what: String, detail: String },
+    #[error("the bundle is signed keylessly (a Fulcio certificate); cudastack verifies signatures by a key it is given\n  hint: verify it with `cosign verify-attestation --certificate-identity ... --certificate-oidc-issuer ...`, or sign with a key (`cudastack key generate`)")]
+    Keyless,
     #[error("none of the envelope's {count} signature(s) verifies with key {key_id}\n  hint: another key signed it, or its payload or a signature changed after signing")]
     NotSignedBy { key_id: String, count: usize },
 }
