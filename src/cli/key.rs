@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
+use cudastack::sign::key::{COSIGN_PRIVATE_KEY_LABEL, SIGSTORE_PRIVATE_KEY_LABEL};
 use cudastack::sign::{password_from_env, write_key_pair, PublicKey, SignError, SigningKey};
 
 use super::{CommandResult, Printer};
@@ -99,16 +100,19 @@ pub fn run(args: KeyArgs, printer: &Printer) -> CommandResult {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The public key of a public key file, or of a private key file: an unencrypted PKCS#8
-/// key needs no password, cosign's encrypted key takes COSIGN_PASSWORD.
+/// The public key of a public key file, or of a private key file: cosign's encrypted key
+/// is opened with COSIGN_PASSWORD; any other private key needs none (an unencrypted PKCS#8
+/// key is read, the rest refused with what to do).
 fn public_key_of(path: &Path) -> Result<PublicKey, SignError> {
     match PublicKey::read(path) {
-        Err(SignError::WrongBlock { found, .. }) if found == "PRIVATE KEY" => {
-            Ok(SigningKey::read(path, b"")?.public_key())
-        }
-        Err(SignError::WrongBlock { found, .. }) if found.contains("PRIVATE KEY") => {
+        Err(SignError::WrongBlock { found, .. })
+            if found == SIGSTORE_PRIVATE_KEY_LABEL || found == COSIGN_PRIVATE_KEY_LABEL =>
+        {
             let password = password_from_env()?;
             Ok(SigningKey::read(path, &password)?.public_key())
+        }
+        Err(SignError::WrongBlock { found, .. }) if found.contains("PRIVATE KEY") => {
+            Ok(SigningKey::read(path, b"")?.public_key())
         }
         other => other,
     }

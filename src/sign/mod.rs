@@ -68,7 +68,7 @@ pub enum SignError {
     },
     #[error("`{what}` is not a PEM file: {detail}\n  hint: {MAKE_A_KEY}")]
     NotPem { what: String, detail: String },
-    #[error("`{what}` holds a `{found}` PEM block, not {expected}\n  hint: {hint}")]
+    #[error("`{what}` holds the PEM block `{found}`, not {expected}\n  hint: {hint}")]
     WrongBlock {
         what: String,
         found: String,
