@@ -670,6 +670,30 @@ fn the_key_commands_refuse_with_what_to_do() {
         "{}",
         text(&output)
     );
+    // The key in an environment variable, as cosign's `--key env://NAME` (a CI secret).
+    let private_pem = std::fs::read_to_string(dir.path().join("cosign.key")).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["key", "public", "env://SIGNING_KEY"])
+        .env("SIGNING_KEY", &private_pem)
+        .env("COSIGN_PASSWORD", "")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    assert_eq!(
+        output.stdout,
+        std::fs::read(dir.path().join("cosign.pub")).unwrap()
+    );
+    let output = cudastack_key(
+        dir.path(),
+        Some(""),
+        &["public", "env://NO_SUCH_KEY_VARIABLE"],
+    );
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        text(&output).contains("the environment variable NO_SUCH_KEY_VARIABLE (from `env://NO_SUCH_KEY_VARIABLE`) is not set"),
+        "{}",
+        text(&output)
+    );
     // The public key file needs no password.
     let output = cudastack_key(dir.path(), None, &["public", "cosign.pub", "--json"]);
     assert!(output.status.success(), "{}", text(&output));

@@ -3,12 +3,15 @@
 //! `cudastack key public KEY`: the public key of a key file; stdout: its PEM (so that
 //! `> cosign.pub` writes a usable file), the key id on stderr (or both with `--json`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::builder::{OsStringValueParser, TypedValueParser as _};
 use clap::{Args, Subcommand};
 use cudastack::sign::key::{COSIGN_PRIVATE_KEY_LABEL, SIGSTORE_PRIVATE_KEY_LABEL};
-use cudastack::sign::{password_from_env, write_key_pair, PublicKey, SignError, SigningKey};
+use cudastack::sign::{
+    password_from_env, write_key_pair, KeySource, PublicKey, SignError, SigningKey,
+};
 
 use super::{CommandResult, Printer};
 
@@ -31,7 +34,9 @@ Examples:
   # Recover the PEM of cosign.pub from cosign.key (opened with $COSIGN_PASSWORD)
   cudastack key public cosign.key
   # The key id that inspect shows for signatures by this key
-  cudastack key public cosign.pub --json";
+  cudastack key public cosign.pub --json
+  # A key in an environment variable (a CI secret), as cosign's --key env://
+  cudastack key public env://COSIGN_PRIVATE_KEY";
 
 #[derive(Debug, Args)]
 pub struct KeyArgs {
@@ -54,8 +59,10 @@ enum KeyAction {
     /// with COSIGN_PASSWORD.
     #[command(after_help = KEY_PUBLIC)]
     Public {
-        /// cosign.key, cosign.pub, or a PKCS#8 PEM file.
-        key: PathBuf,
+        /// cosign.key, cosign.pub, or a PKCS#8 PEM file; or env://NAME for the PEM text in
+        /// the environment variable NAME (as cosign's --key).
+        #[arg(value_parser = OsStringValueParser::new().map(|text| KeySource::parse(&text)))]
+        key: KeySource,
     },
 }
 
@@ -103,16 +110,16 @@ pub fn run(args: KeyArgs, printer: &Printer) -> CommandResult {
 /// The public key of a public key file, or of a private key file: cosign's encrypted key
 /// is opened with COSIGN_PASSWORD; any other private key needs none (an unencrypted PKCS#8
 /// key is read, the rest refused with what to do).
-fn public_key_of(path: &Path) -> Result<PublicKey, SignError> {
-    match PublicKey::read(path) {
+fn public_key_of(source: &KeySource) -> Result<PublicKey, SignError> {
+    match PublicKey::load(source) {
         Err(SignError::WrongBlock { found, .. })
             if found == SIGSTORE_PRIVATE_KEY_LABEL || found == COSIGN_PRIVATE_KEY_LABEL =>
         {
             let password = password_from_env()?;
-            Ok(SigningKey::read(path, &password)?.public_key())
+            Ok(SigningKey::load(source, &password)?.public_key())
         }
         Err(SignError::WrongBlock { found, .. }) if found.contains("PRIVATE KEY") => {
-            Ok(SigningKey::read(path, b"")?.public_key())
+            Ok(SigningKey::load(source, b"")?.public_key())
         }
         other => other,
     }

@@ -54,6 +54,62 @@ pub struct PublicKey {
     inner: p256::ecdsa::VerifyingKey,
 }
 
+/// Where a key comes from, spelt as cosign spells `--key`: a file path, or `env://NAME`
+/// for the PEM text in an environment variable (a CI secret that never touches the disk).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    File(PathBuf),
+    Env(String),
+}
+
+/// The prefix of a key held in an environment variable (cosign's).
+pub const ENV_PREFIX: &str = "env://";
+
+impl KeySource {
+    /// `env://NAME` or a path (any other text, `env://` only as a prefix).
+    pub fn parse(text: &std::ffi::OsStr) -> Self {
+        match text.to_str().and_then(|text| text.strip_prefix(ENV_PREFIX)) {
+            Some(name) => KeySource::Env(name.to_string()),
+            None => KeySource::File(PathBuf::from(text)),
+        }
+    }
+
+    /// The key's PEM text and how errors name it, within [`MAX_KEY_FILE_BYTES`].
+    fn read_text(&self) -> Result<(String, String), SignError> {
+        match self {
+            KeySource::File(path) => Ok((read_key_file(path)?, path.display().to_string())),
+            KeySource::Env(name) => {
+                let what = format!("{ENV_PREFIX}{name}");
+                let value = std::env::var_os(name)
+                    .ok_or_else(|| SignError::KeyVariableUnset { name: name.clone() })?;
+                if value.len() as u64 > MAX_KEY_FILE_BYTES {
+                    return Err(SignError::TooLarge {
+                        what,
+                        kind: "a key",
+                        size: value.len() as u64,
+                        limit: MAX_KEY_FILE_BYTES,
+                        hint: "the variable should hold the PEM text of cosign.key or cosign.pub",
+                    });
+                }
+                let text = value.into_string().map_err(|_| SignError::NotPem {
+                    what: what.clone(),
+                    detail: "it is not text (UTF-8)".to_string(),
+                })?;
+                Ok((text, what))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySource::File(path) => write!(f, "{}", path.display()),
+            KeySource::Env(name) => write!(f, "{ENV_PREFIX}{name}"),
+        }
+    }
+}
+
 impl SigningKey {
     /// A new random key from the system's generator.
     pub fn generate() -> Result<Self, SignError> {
@@ -67,6 +123,12 @@ impl SigningKey {
     pub fn read(path: &Path, password: &[u8]) -> Result<Self, SignError> {
         let text = read_key_file(path)?;
         Self::from_pem(&text, password, &path.display().to_string())
+    }
+
+    /// Read a private key from a file or an environment variable ([`KeySource`]).
+    pub fn load(source: &KeySource, password: &[u8]) -> Result<Self, SignError> {
+        let (text, what) = source.read_text()?;
+        Self::from_pem(&text, password, &what)
     }
 
     /// A private key from PEM text; `what` names where it came from in errors.
@@ -129,6 +191,12 @@ impl PublicKey {
     pub fn read(path: &Path) -> Result<Self, SignError> {
         let text = read_key_file(path)?;
         Self::from_pem_named(&text, &path.display().to_string())
+    }
+
+    /// Read a public key from a file or an environment variable ([`KeySource`]).
+    pub fn load(source: &KeySource) -> Result<Self, SignError> {
+        let (text, what) = source.read_text()?;
+        Self::from_pem_named(&text, &what)
     }
 
     /// A public key from PEM text.
@@ -556,6 +624,27 @@ x5z6acxoPDxmWOcHkiG8pBCdC+Qm6CVYL6gl7I7Y2donsC7lmXDCtS8=
         let error = PublicKey::from_pem(garbled).unwrap_err();
         assert!(
             error.to_string().contains("its DER does not parse"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn key_sources_are_paths_or_environment_variables() {
+        use std::ffi::OsStr;
+        assert_eq!(
+            KeySource::parse(OsStr::new("env://SIGNING_KEY")),
+            KeySource::Env("SIGNING_KEY".into())
+        );
+        assert_eq!(
+            KeySource::parse(OsStr::new("keys/env://x")),
+            KeySource::File("keys/env://x".into())
+        );
+        let unset = KeySource::Env("CUDASTACK_TEST_UNSET_KEY_VARIABLE".into());
+        let error = PublicKey::load(&unset).unwrap_err();
+        assert!(
+            error.to_string().starts_with(
+                "the environment variable CUDASTACK_TEST_UNSET_KEY_VARIABLE (from `env://CUDASTACK_TEST_UNSET_KEY_VARIABLE`) is not set"
+            ),
             "{error}"
         );
     }

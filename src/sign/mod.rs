@@ -28,7 +28,7 @@ use std::path::PathBuf;
 
 pub use bundle::{Bundle, BundleSigner};
 pub use dsse::{Envelope, Signature};
-pub use key::{password_from_env, write_key_pair, KeyPairFiles, PublicKey, SigningKey};
+pub use key::{password_from_env, write_key_pair, KeyPairFiles, KeySource, PublicKey, SigningKey};
 
 /// The environment variable that holds the password of a private key; cosign's own, so
 /// that one CI secret serves both tools.
@@ -90,6 +90,8 @@ pub enum SignError {
     UnsupportedKey { what: String, algorithm: String },
     #[error("`{what}` does not hold a valid ECDSA P-256 key: {detail}\n  hint: {MAKE_A_KEY}")]
     InvalidKey { what: String, detail: String },
+    #[error("the environment variable {name} (from `env://{name}`) is not set\n  hint: set it to the PEM text of the key (in CI, from a repository secret), or give the key's file")]
+    KeyVariableUnset { name: String },
     #[error("{PASSWORD_VARIABLE} is not set: it is the password that protects the private key\n  hint: export {PASSWORD_VARIABLE}=... (in CI, from a repository secret); an empty value is allowed and leaves the key unprotected, as cosign allows")]
     PasswordUnset,
     #[error("the system's random number generator failed: {0}")]
