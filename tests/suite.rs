@@ -73,6 +73,7 @@ mod registry_push;
 mod registry_trust;
 mod release_binary;
 mod sbom;
+mod sign_keys;
 mod skip_gate;
 mod source_build;
 mod stack_archive_props;

@@ -17,6 +17,7 @@ mod examples;
 mod explain;
 mod image_source;
 mod inspect;
+mod key;
 mod load;
 mod lock;
 mod matrix;
@@ -122,6 +123,9 @@ enum Command {
     /// Explain an error message (argument, --file LOG, or stdin): cause, checks, fix.
     #[command(after_help = examples::EXPLAIN)]
     Explain(explain::ExplainArgs),
+    /// Make and read the ECDSA P-256 keys that sign attestations (cosign's key format).
+    #[command(after_help = key::KEY)]
+    Key(key::KeyArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -162,6 +166,7 @@ pub fn main() -> ExitCode {
         Command::Ci(args) => ci::run(args, &printer),
         Command::Doctor(args) => doctor::run(args, &printer),
         Command::Explain(args) => explain::run(args, &printer),
+        Command::Key(args) => key::run(args, &printer),
     };
     match result {
         Ok(code) => code,
