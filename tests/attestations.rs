@@ -21,12 +21,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use cudastack::attest::bundle::{self, Bundle};
 use cudastack::attest::statement::{Statement, Subject};
 use cudastack::attest::{provenance, store, verification};
 use cudastack::cas::BlobStore;
 use cudastack::lock::Lockfile;
 use cudastack::oci::layout;
+use cudastack::sign::bundle::{self, Bundle};
 use cudastack::verify::record::record_in_layout;
 
 const PASSWORD: &str = "correct horse battery staple";
@@ -112,6 +112,7 @@ fn recorded_image(dir: &Path, store: &BlobStore) -> cudastack::digest::Digest {
         lock: &lock,
         claims: &claims,
         built: &[],
+        targets: &[],
         created: 1_700_000_000,
         licenses: &|_| None,
     });
@@ -324,7 +325,7 @@ fn signed_verification(dir: &Path, image: &cudastack::digest::Digest) -> Stateme
         .find(|r| r.kind.starts_with(store::VERIFICATION_PREFIX))
         .expect("a verification referrer");
     assert_eq!(referrer.artifact_type, bundle::MEDIA_TYPE);
-    let bundle = Bundle::from_bytes(&referrer.blob).unwrap();
+    let bundle = Bundle::from_json(&referrer.blob, "test").unwrap();
     Statement::from_bytes(&bundle.envelope.payload).unwrap()
 }
 
@@ -351,7 +352,7 @@ fn a_flipped_byte_or_another_image_is_refused() {
         .into_iter()
         .find(|r| r.kind.starts_with(store::VERIFICATION_PREFIX))
         .unwrap();
-    let original = Bundle::from_bytes(&referrer.blob).unwrap();
+    let original = Bundle::from_json(&referrer.blob, "test").unwrap();
     assert!(securesystemslib_verifies(&original, &public, work.path()));
 
     let replace = |bundle: &Bundle| {
@@ -360,7 +361,7 @@ fn a_flipped_byte_or_another_image_is_refused() {
             &verified.manifest,
             &referrer.kind,
             bundle::MEDIA_TYPE,
-            bundle.to_bytes(),
+            bundle.to_json(),
             BTreeMap::new(),
         )
         .unwrap();
@@ -395,7 +396,7 @@ fn a_flipped_byte_or_another_image_is_refused() {
         &other_manifest,
         &referrer.kind,
         bundle::MEDIA_TYPE,
-        original.to_bytes(),
+        original.to_json(),
         BTreeMap::new(),
     )
     .unwrap();
@@ -498,8 +499,11 @@ fn a_signed_build_stores_a_valid_sbom_and_provenance_of_its_lock() {
     let document = assert_sbom_lists_cuda_wheels(&sbom.blob, &lock);
 
     let key = cudastack::sign::key::PublicKey::read(&public).unwrap();
-    let provenance =
-        cudastack::attest::open(&Bundle::from_bytes(&referrers[0].blob).unwrap(), &key).unwrap();
+    let provenance = cudastack::attest::open(
+        &Bundle::from_json(&referrers[0].blob, "test").unwrap(),
+        &key,
+    )
+    .unwrap();
     assert!(provenance.is_about(&digest));
     assert_eq!(provenance.predicate_type, provenance::PREDICATE_TYPE);
     let definition = &provenance.predicate["buildDefinition"];
@@ -515,8 +519,11 @@ fn a_signed_build_stores_a_valid_sbom_and_provenance_of_its_lock() {
         definition["resolvedDependencies"].as_array().unwrap().len(),
         lock.artifacts.len()
     );
-    let sbom_statement =
-        cudastack::attest::open(&Bundle::from_bytes(&referrers[2].blob).unwrap(), &key).unwrap();
+    let sbom_statement = cudastack::attest::open(
+        &Bundle::from_json(&referrers[2].blob, "test").unwrap(),
+        &key,
+    )
+    .unwrap();
     assert_eq!(sbom_statement.predicate, document);
     assert!(sbom_statement.is_about(&digest));
 }

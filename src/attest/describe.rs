@@ -3,13 +3,12 @@
 //! what it says. Any bytes may arrive here from a registry: a referrer that does not read
 //! is described as such, never an error for the whole inspection.
 
-use base64::Engine as _;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::bundle::{self, Bundle};
 use super::statement::Statement;
 use super::{provenance, verification, SPDX_PREDICATE_TYPE, STATEMENT_ARTIFACT_TYPE};
+use crate::sign::bundle::{self, Bundle, BundleSigner};
 use crate::sign::key::PublicKey;
 
 /// One referrer, described.
@@ -65,13 +64,13 @@ pub fn describe(
             return summary;
         }
         STATEMENT_ARTIFACT_TYPE => Statement::from_bytes(blob),
-        bundle::MEDIA_TYPE => match Bundle::from_bytes(blob) {
+        bundle::MEDIA_TYPE => match Bundle::from_json(blob, location) {
             Ok(bundle) => {
                 let (signature, statement) = signed_statement(&bundle, key);
                 summary.signature = Some(signature);
                 statement
             }
-            Err(error) => Err(error),
+            Err(error) => Err(error.into()),
         },
         _ => {
             summary.detail = vec![format!("{} bytes", blob.len())];
@@ -99,12 +98,18 @@ fn signed_statement(
     bundle: &Bundle,
     key: Option<&PublicKey>,
 ) -> (SignatureSummary, Result<Statement, super::AttestError>) {
-    let key_id = bundle.key_hint.as_ref().and_then(|hint| {
-        base64::engine::general_purpose::STANDARD
-            .decode(hint)
-            .ok()
-            .map(hex::encode)
-    });
+    let key_id = match &bundle.signer {
+        BundleSigner::Key { hint } => hint.clone(),
+        BundleSigner::Certificate => {
+            return (
+                SignatureSummary {
+                    key_id: None,
+                    status: "keyless (a Fulcio certificate): not checked by cudastack; use cosign verify-attestation --certificate-identity".to_string(),
+                },
+                Statement::from_bytes(&bundle.envelope.payload),
+            )
+        }
+    };
     match key {
         Some(key) => match super::open(bundle, key) {
             Ok(statement) => (

@@ -18,7 +18,6 @@
 //! is about, the one built and the verified copy, so a signature never has to be redone
 //! because a later stage changed the image's digest.
 
-pub mod bundle;
 pub mod describe;
 pub mod policy;
 pub mod provenance;
@@ -27,6 +26,7 @@ pub mod store;
 pub mod verification;
 
 use crate::oci::OciError;
+use crate::sign::bundle::Bundle;
 use crate::sign::dsse::Envelope;
 use crate::sign::key::{PublicKey, SigningKey};
 use statement::{Statement, PAYLOAD_TYPE};
@@ -45,26 +45,24 @@ pub enum AttestError {
     Oci(#[from] OciError),
     #[error("the statement is not usable: {0}")]
     Statement(String),
-    #[error("the sigstore bundle is not usable: {0}")]
-    Bundle(String),
     #[error(transparent)]
     Sign(#[from] crate::sign::SignError),
 }
 
 /// `statement` in a DSSE envelope signed by `key`, in a bundle naming the key.
-pub fn sign(statement: &Statement, key: &SigningKey) -> bundle::Bundle {
+pub fn sign(statement: &Statement, key: &SigningKey) -> Bundle {
     let envelope = Envelope::sign(PAYLOAD_TYPE, statement.to_bytes(), key);
-    bundle::Bundle::new(envelope, &key.public_key())
+    Bundle::new(envelope, &key.public_key())
 }
 
 /// The statement a bundle holds, when `key` signed its envelope.
-pub fn open(bundle: &bundle::Bundle, key: &PublicKey) -> Result<Statement, AttestError> {
+pub fn open(bundle: &Bundle, key: &PublicKey) -> Result<Statement, AttestError> {
     if bundle.envelope.payload_type != PAYLOAD_TYPE {
-        return Err(AttestError::Bundle(format!(
-            "its envelope holds `{}`, not an in-toto statement",
+        return Err(AttestError::Statement(format!(
+            "the bundle's envelope holds `{}`, not an in-toto statement",
             bundle.envelope.payload_type
         )));
     }
-    let payload = bundle.envelope.verify(key)?;
+    let payload = bundle.verify(key)?;
     Statement::from_bytes(payload)
 }

@@ -3,9 +3,9 @@
 //! compute capability), whatever the image's labels claim. Labels are the image's word about
 //! itself; the signed statement is the word of whoever holds the key.
 
-use super::bundle::Bundle;
 use super::verification::{VerificationPredicate, PREDICATE_TYPE};
 use crate::digest::Digest;
+use crate::sign::bundle::Bundle;
 use crate::sign::key::PublicKey;
 use crate::verify::check::{Answer, Finding, Fit, Node};
 
@@ -38,7 +38,9 @@ pub fn signed_verifications<'a>(
 ) -> SignedClaims {
     let mut claims = SignedClaims::default();
     for (label, bytes) in bundles {
-        let statement = Bundle::from_bytes(bytes).and_then(|b| super::open(&b, key));
+        let statement = Bundle::from_json(bytes, &label)
+            .map_err(super::AttestError::from)
+            .and_then(|b| super::open(&b, key));
         let statement = match statement {
             Ok(statement) => statement,
             Err(error) => {

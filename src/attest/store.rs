@@ -8,12 +8,12 @@ use std::path::Path;
 
 use oci_spec::image::{Descriptor, ImageManifest};
 
-use super::bundle::{self, Bundle};
 use super::statement::{Statement, Subject};
 use super::{AttestError, SPDX_PREDICATE_TYPE, STATEMENT_ARTIFACT_TYPE};
 use crate::digest::Digest;
 use crate::oci::layout::{self, Artifact, Layout};
 use crate::oci::OciError;
+use crate::sign::bundle::{self, Bundle};
 use crate::sign::key::SigningKey;
 
 /// The annotation naming a referrer's kind (`sbom`, `provenance`, ...).
@@ -162,8 +162,8 @@ pub fn sign_referrers(
         let statement = match referrer.artifact_type.as_str() {
             STATEMENT_ARTIFACT_TYPE => Statement::from_bytes(&referrer.blob)?,
             bundle::MEDIA_TYPE => {
-                let Ok(statement) = super::open(&Bundle::from_bytes(&referrer.blob)?, &public)
-                else {
+                let stored = Bundle::from_json(&referrer.blob, &referrer.ref_name)?;
+                let Ok(statement) = super::open(&stored, &public) else {
                     continue;
                 };
                 if statement.is_about(&digest) {
@@ -202,7 +202,7 @@ fn store_signed(
     let annotations = BTreeMap::from([
         (
             bundle::CONTENT_ANNOTATION.to_string(),
-            "dsse-envelope".to_string(),
+            bundle::CONTENT_DSSE.to_string(),
         ),
         (
             bundle::PREDICATE_TYPE_ANNOTATION.to_string(),
@@ -214,7 +214,7 @@ fn store_signed(
         subject,
         kind,
         bundle::MEDIA_TYPE,
-        bundle.to_bytes(),
+        bundle.to_json(),
         annotations,
     )?;
     Ok(Signed {

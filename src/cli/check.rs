@@ -103,7 +103,7 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
         )?;
         let bundles = referrers
             .iter()
-            .filter(|r| r.artifact_type == cudastack::attest::bundle::MEDIA_TYPE)
+            .filter(|r| r.artifact_type == cudastack::sign::bundle::MEDIA_TYPE)
             .map(|r| (r.location.clone(), r.blob.as_slice()));
         let claims = cudastack::attest::policy::signed_verifications(
             bundles,

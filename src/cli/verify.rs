@@ -342,7 +342,7 @@ fn signed_for_job(
     let referrers = super::image_source::read_referrers(&location, &args.registry, &pinned.digest)?;
     let bundles = referrers
         .iter()
-        .filter(|r| r.artifact_type == cudastack::attest::bundle::MEDIA_TYPE)
+        .filter(|r| r.artifact_type == cudastack::sign::bundle::MEDIA_TYPE)
         .map(|r| (r.location.clone(), r.blob.as_slice()));
     let claims = cudastack::attest::policy::signed_verifications(bundles, &pinned.digest, &key);
     let loaded = super::matrix::load(printer)?;

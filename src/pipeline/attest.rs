@@ -129,6 +129,7 @@ fn sbom_of(image: &SbomImage, lock: &crate::lock::Lockfile, platform: &PlatformR
         lock,
         claims: image.claims,
         built: image.built,
+        targets: &platform.built_from.targets,
         created: image.created,
         licenses: &licenses,
     })

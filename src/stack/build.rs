@@ -160,6 +160,7 @@ fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildE
                 .iter()
                 .map(|(name, wheel)| (name.clone(), wheel.path.clone()))
                 .collect(),
+            targets: targets.gpus.clone(),
         },
     })
 }

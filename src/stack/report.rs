@@ -63,6 +63,8 @@ pub struct BuiltFrom {
     /// Wheel name -> the wheel file the image's Python layer was made from (the locked
     /// wheels, and those built from the recipe's sdists).
     pub wheel_files: std::collections::BTreeMap<String, PathBuf>,
+    /// The recipe's GPUs as the build resolved them (the SBOM's target GPUs).
+    pub targets: Vec<crate::audit::kernels::KernelTarget>,
 }
 
 /// What the static audit looked at (it found nothing wrong, or the build failed).
