@@ -47,7 +47,7 @@ pub struct CheckArgs {
     /// PEM format) says the image passed on a GPU of each of the node's classes (same
     /// compute capability); needs the node's GPUs (--gpu, --cc or --detect).
     #[arg(long, value_name = "KEY.pub")]
-    pub require_signed_by: Option<std::path::PathBuf>,
+    pub require_signed_by: Option<std::ffi::OsString>,
     #[command(flatten)]
     pub registry: super::image_source::RegistryArgs,
 }
@@ -95,7 +95,8 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
     let claims = ImageClaims::from_config(&documents.config.config().clone().unwrap_or_default());
     let mut answer = check(matrix, &claims, &node);
     if let Some(path) = &args.require_signed_by {
-        let key = cudastack::sign::key::PublicKey::read(path)?;
+        let key =
+            cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(path))?;
         let referrers = super::image_source::read_referrers(
             &location,
             &args.registry,

@@ -33,7 +33,9 @@ Examples:
   # Build it and load the image into Docker under the recipe's tags
   cudastack build recipes/torch2.4.1-cu121-py3.11.yaml --load
   # Build without root, e.g. in a CI container (docs/rootless.md)
-  cudastack build recipes/torch2.4.1-cu121-py3.11.yaml --build-mode fakechroot";
+  cudastack build recipes/torch2.4.1-cu121-py3.11.yaml --build-mode fakechroot
+  # Sign the SBOM, provenance and verification with a key held in a CI secret
+  cudastack build recipes/torch2.4.1-cu121-py3.11.yaml --sign-key env://CI_KEY";
 
 pub const CACHE: &str = "\
 Examples:
@@ -108,8 +110,8 @@ Examples:
   cudastack check ghcr.io/acme/torch:2.4.1 --detect
   # From a login node, for a compute node with driver 535 and H100s
   cudastack check ghcr.io/acme/torch:2.4.1 --driver 535.104.05 --gpu H100
-  # Only if your CI's key signed a verification on this GPU class
-  cudastack check ghcr.io/acme/torch:2.4.1 --detect --require-signed-by cosign.pub
+  # Yes only if the CI key signed a run on this GPU class
+  cudastack check ghcr.io/acme/torch:2.4.1 --detect --require-signed-by ci.pub
 
 Exit status: 0 yes, 1 no, 2 error, 3 unknown.";
 
@@ -129,7 +131,9 @@ Examples:
   # A Kubernetes Job for a private image, pulled with the Secret named ghcr
   cudastack verify ghcr.io/acme/torch:2.4.1 --emit k8s --image-pull-secret ghcr
   # Record the Job's log on the image in the registry (tags 2.4.1-verified)
-  cudastack verify ghcr.io/acme/torch:2.4.1 --from-log verify.log";
+  cudastack verify ghcr.io/acme/torch:2.4.1 --from-log verify.log
+  # Verify and sign the statement with the CI key (password: COSIGN_PASSWORD)
+  cudastack verify images/torch2.4.1-cu121-py3.11 --sign-key ci.key";
 
 pub const PROMOTE: &str = "\
 Examples:
@@ -149,8 +153,9 @@ pub const SIGN: &str = "\
 Examples:
   # Sign what `build` stored beside the image (password from COSIGN_PASSWORD)
   cudastack sign images/torch2.4.1-cu121-py3.11 --key cosign.key
-  # Then push: the signed statements go up as referrers of the image
-  cudastack push images/torch2.4.1-cu121-py3.11 ghcr.io/acme/torch:2.4.1";
+  # With the key in a variable, as CI secrets are; `cudastack push` then sends
+  # the signed statements as referrers of the image
+  cudastack sign images/torch2.4.1-cu121-py3.11 --key env://CI_KEY";
 
 pub const PULL: &str = "\
 Examples:

@@ -36,7 +36,7 @@ pub struct InspectArgs {
     /// Check the signatures of the image's signed statements with this public key
     /// (cosign's PEM format).
     #[arg(long, value_name = "KEY.pub")]
-    pub key: Option<std::path::PathBuf>,
+    pub key: Option<std::ffi::OsString>,
     #[command(flatten)]
     pub registry: super::image_source::RegistryArgs,
 }
@@ -72,7 +72,9 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
     let key = args
         .key
         .as_deref()
-        .map(cudastack::sign::key::PublicKey::read)
+        .map(|key| {
+            cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(key))
+        })
         .transpose()?;
     let referrers =
         super::image_source::read_referrers(&location, &args.registry, &documents.manifest_digest)?

@@ -3,11 +3,11 @@
 //! `verify` share. Keys are cosign's (`cudastack key generate` or `cosign
 //! generate-key-pair`); the password comes from COSIGN_PASSWORD, as for cosign.
 
-use std::path::{Path, PathBuf};
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::Args;
-use cudastack::sign::key::{password_from_env, SigningKey};
+use cudastack::sign::key::{password_from_env, KeySource, SigningKey};
 use cudastack::verify::source::ImageLocation;
 
 use super::{CommandResult, Printer};
@@ -16,9 +16,10 @@ use super::{CommandResult, Printer};
 #[derive(Debug, Args)]
 pub struct SignKeyArg {
     /// Sign the image's SBOM, provenance and verification statements with this cosign
-    /// private key (password from COSIGN_PASSWORD), as `cosign attest` stores them.
+    /// private key (a file, or `env://NAME` for a variable holding it; password from
+    /// COSIGN_PASSWORD), as `cosign attest` stores them.
     #[arg(long, value_name = "KEY", env = "CUDASTACK_SIGN_KEY")]
-    pub sign_key: Option<PathBuf>,
+    pub sign_key: Option<OsString>,
 }
 
 impl SignKeyArg {
@@ -29,9 +30,9 @@ impl SignKeyArg {
     }
 }
 
-fn read_key(path: &Path) -> Result<SigningKey, Box<dyn std::error::Error + Send + Sync>> {
+fn read_key(key: &std::ffi::OsStr) -> Result<SigningKey, Box<dyn std::error::Error + Send + Sync>> {
     let password = password_from_env()?;
-    Ok(SigningKey::read(path, &password)?)
+    Ok(SigningKey::load(&KeySource::parse(key), &password)?)
 }
 
 #[derive(Debug, Args)]
@@ -42,9 +43,9 @@ pub struct SignArgs {
     /// The ref name inside the layout.
     #[arg(long = "ref", value_name = "REF", default_value = "latest")]
     pub ref_name: String,
-    /// The cosign private key (password from COSIGN_PASSWORD).
+    /// The cosign private key: a file, or `env://NAME` (password from COSIGN_PASSWORD).
     #[arg(long, value_name = "KEY", env = "CUDASTACK_SIGN_KEY")]
-    pub key: PathBuf,
+    pub key: OsString,
 }
 
 pub fn run(args: SignArgs, printer: &Printer) -> CommandResult {

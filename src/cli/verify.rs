@@ -98,7 +98,7 @@ pub struct VerifyArgs {
     /// key says the pinned image passed on the --gpu-type's GPU class (any GPU when the
     /// type is not one the matrix knows), as `check --require-signed-by` asks of a node.
     #[arg(long, value_name = "KEY.pub", requires = "emit")]
-    pub require_signed_by: Option<PathBuf>,
+    pub require_signed_by: Option<std::ffi::OsString>,
     #[command(flatten)]
     pub registry: super::image_source::RegistryArgs,
     #[command(flatten)]
@@ -333,11 +333,11 @@ fn emit(
 /// pinned digest, so checking it here is checking what the nodes will run.
 fn signed_for_job(
     pinned: &cudastack::cluster::PinnedImage,
-    key: &std::path::Path,
+    key: &std::ffi::OsStr,
     args: &VerifyArgs,
     printer: &Printer,
 ) -> Result<Option<String>, Box<dyn std::error::Error + Send + Sync>> {
-    let key = cudastack::sign::key::PublicKey::read(key)?;
+    let key = cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(key))?;
     let location = ImageLocation::Registry(pinned.by_digest());
     let referrers = super::image_source::read_referrers(&location, &args.registry, &pinned.digest)?;
     let bundles = referrers

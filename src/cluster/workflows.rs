@@ -338,13 +338,10 @@ const CREDENTIALS_ENV: &str = r#"      CUDASTACK_REGISTRY_USERNAME: ${{ secrets.
       COSIGN_PASSWORD: ${{ secrets.COSIGN_PASSWORD }}
 "#;
 
-/// The shell lines that write the signing key from its secret and set `sign` to the
-/// `--sign-key` option (empty when the secret is unset).
+/// The shell lines that set `sign` to the `--sign-key` option, reading the key from its
+/// secret's variable (never written to disk); empty when the secret is unset.
 const SIGN_KEY_LINES: &str = r#"          sign=()
-          if [ -n "$COSIGN_PRIVATE_KEY" ]; then
-            printf '%s\n' "$COSIGN_PRIVATE_KEY" > "$RUNNER_TEMP/cosign.key"
-            sign=(--sign-key "$RUNNER_TEMP/cosign.key")
-          fi
+          if [ -n "$COSIGN_PRIVATE_KEY" ]; then sign=(--sign-key env://COSIGN_PRIVATE_KEY); fi
 "#;
 
 /// The workflow-level environment the install step reads: which release, from where, and
@@ -539,7 +536,7 @@ fn build_and_push_steps(out: &mut String) {
       - name: Build
         run: |
 {SIGN_KEY_LINES}          # shellcheck disable=SC2024 # build.json is meant to be written by the runner user
-          sudo --preserve-env=CUDASTACK_CACHE_DIR,COSIGN_PASSWORD "$(command -v cudastack)" build "$RECIPE_FILE" --registry "$REGISTRY" "${{sign[@]}}" --json > build.json
+          sudo --preserve-env=CUDASTACK_CACHE_DIR,COSIGN_PRIVATE_KEY,COSIGN_PASSWORD "$(command -v cudastack)" build "$RECIPE_FILE" --registry "$REGISTRY" "${{sign[@]}}" --json > build.json
           sudo chown -R "$(id -u):$(id -g)" "$CUDASTACK_CACHE_DIR" "$(jq -r .layout build.json)"
       # Pushed under a per-commit tag: the recipe's matrix tags are only earned by the
       # verification below. The digest is what every later job uses.
