@@ -484,9 +484,14 @@ fn a_signed_build_stores_a_valid_sbom_and_provenance_of_its_lock() {
     let lock = Lockfile::read(&recipe.with_extension("lock")).unwrap();
     let referrers = store::referrers_of(&layout_dir, &digest).unwrap();
     let kinds: Vec<&str> = referrers.iter().map(|r| r.kind.as_str()).collect();
-    assert_eq!(kinds, ["provenance", "sbom", "sbom.att"], "{referrers:#?}");
+    assert_eq!(
+        kinds,
+        ["provenance", "sbom", "sbom.att", "sbom.cdx", "sbom.cdx.att"],
+        "{referrers:#?}"
+    );
+    let kind = |kind: &str| referrers.iter().find(|r| r.kind == kind).unwrap();
 
-    let sbom = &referrers[1];
+    let sbom = kind("sbom");
     assert_eq!(sbom.artifact_type, cudastack::sbom::SPDX_MEDIA_TYPE);
     let file = work.path().join("sbom.spdx.json");
     std::fs::write(&file, &sbom.blob).unwrap();
@@ -500,7 +505,7 @@ fn a_signed_build_stores_a_valid_sbom_and_provenance_of_its_lock() {
 
     let key = cudastack::sign::key::PublicKey::read(&public).unwrap();
     let provenance = cudastack::attest::open(
-        &Bundle::from_json(&referrers[0].blob, "test").unwrap(),
+        &Bundle::from_json(&kind("provenance").blob, "test").unwrap(),
         &key,
     )
     .unwrap();
@@ -520,12 +525,30 @@ fn a_signed_build_stores_a_valid_sbom_and_provenance_of_its_lock() {
         lock.artifacts.len()
     );
     let sbom_statement = cudastack::attest::open(
-        &Bundle::from_json(&referrers[2].blob, "test").unwrap(),
+        &Bundle::from_json(&kind("sbom.att").blob, "test").unwrap(),
         &key,
     )
     .unwrap();
     assert_eq!(sbom_statement.predicate, document);
     assert!(sbom_statement.is_about(&digest));
+    let cyclonedx = kind("sbom.cdx");
+    assert_eq!(
+        cyclonedx.artifact_type,
+        cudastack::sbom::CYCLONEDX_MEDIA_TYPE
+    );
+    let cyclonedx_statement = cudastack::attest::open(
+        &Bundle::from_json(&kind("sbom.cdx.att").blob, "test").unwrap(),
+        &key,
+    )
+    .unwrap();
+    assert_eq!(
+        cyclonedx_statement.predicate_type,
+        cudastack::attest::CYCLONEDX_PREDICATE_TYPE
+    );
+    assert_eq!(
+        cyclonedx_statement.predicate,
+        serde_json::from_slice::<serde_json::Value>(&cyclonedx.blob).unwrap()
+    );
 }
 
 fn pyspdxtools_missing() -> Option<gate::Skip> {

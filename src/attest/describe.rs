@@ -59,6 +59,10 @@ pub fn describe(
             summary.detail = sbom_lines(blob);
             return summary;
         }
+        crate::sbom::CYCLONEDX_MEDIA_TYPE => {
+            summary.detail = vec!["CycloneDX 1.6: the same inventory as the SPDX SBOM".to_string()];
+            return summary;
+        }
         crate::verify::REPORT_ARTIFACT_TYPE => {
             summary.detail = vec!["the verification report (unsigned)".to_string()];
             return summary;

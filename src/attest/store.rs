@@ -9,7 +9,7 @@ use std::path::Path;
 use oci_spec::image::{Descriptor, ImageManifest};
 
 use super::statement::{Statement, Subject};
-use super::{AttestError, SPDX_PREDICATE_TYPE, STATEMENT_ARTIFACT_TYPE};
+use super::{AttestError, CYCLONEDX_PREDICATE_TYPE, SPDX_PREDICATE_TYPE, STATEMENT_ARTIFACT_TYPE};
 use crate::digest::Digest;
 use crate::oci::layout::{self, Artifact, Layout};
 use crate::oci::OciError;
@@ -21,6 +21,7 @@ pub const KIND_ANNOTATION: &str = "io.cudastack.referrer";
 pub const SBOM: &str = "sbom";
 pub const CYCLONEDX: &str = "sbom.cdx";
 pub const SBOM_STATEMENT: &str = "sbom.att";
+pub const CYCLONEDX_STATEMENT: &str = "sbom.cdx.att";
 pub const PROVENANCE: &str = "provenance";
 /// Verification statements accumulate, one per report: `verification-<report hex, 12>`.
 pub const VERIFICATION_PREFIX: &str = "verification-";
@@ -171,24 +172,39 @@ pub fn sign_referrers(
                 }
                 statement
             }
-            crate::sbom::SPDX_MEDIA_TYPE if !referrers.iter().any(|r| r.kind == SBOM_STATEMENT) => {
+            other => {
+                let Some((kind, predicate_type)) = sbom_statement_of(other) else {
+                    continue;
+                };
+                if referrers.iter().any(|r| r.kind == kind) {
+                    continue;
+                }
                 let document = serde_json::from_slice(&referrer.blob).map_err(|e| {
                     AttestError::Statement(format!("the stored SBOM is not JSON: {e}"))
                 })?;
                 let statement = Statement::new(
                     vec![Subject::image(name, &digest)],
-                    SPDX_PREDICATE_TYPE,
+                    predicate_type,
                     document,
                 );
-                signed.push(store_signed(dir, subject, SBOM_STATEMENT, &statement, key)?);
+                signed.push(store_signed(dir, subject, kind, &statement, key)?);
                 continue;
             }
-            _ => continue,
         };
         let statement = statement.with_subject(Subject::image(name, &digest));
         signed.push(store_signed(dir, subject, &referrer.kind, &statement, key)?);
     }
     Ok(signed)
+}
+
+/// The signed statement an SBOM of `media_type` gets: its kind and predicate type (cosign's
+/// `--type spdxjson` and `--type cyclonedx`).
+fn sbom_statement_of(media_type: &str) -> Option<(&'static str, &'static str)> {
+    match media_type {
+        crate::sbom::SPDX_MEDIA_TYPE => Some((SBOM_STATEMENT, SPDX_PREDICATE_TYPE)),
+        crate::sbom::CYCLONEDX_MEDIA_TYPE => Some((CYCLONEDX_STATEMENT, CYCLONEDX_PREDICATE_TYPE)),
+        _ => None,
+    }
 }
 
 fn store_signed(

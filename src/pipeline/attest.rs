@@ -67,15 +67,24 @@ pub fn after_build(
             claims: &claims,
             built: &built_wheels,
         };
-        let sbom = sbom_of(&image, lock, platform);
-        store::attach(
-            &built.layout,
-            &resolved.manifest,
-            store::SBOM,
-            crate::sbom::SPDX_MEDIA_TYPE,
-            sbom,
-            BTreeMap::new(),
-        )?;
+        let (spdx, cyclonedx) = sboms_of(&image, lock, platform);
+        for (kind, media_type, document) in [
+            (store::SBOM, crate::sbom::SPDX_MEDIA_TYPE, spdx),
+            (
+                store::CYCLONEDX,
+                crate::sbom::CYCLONEDX_MEDIA_TYPE,
+                cyclonedx,
+            ),
+        ] {
+            store::attach(
+                &built.layout,
+                &resolved.manifest,
+                kind,
+                media_type,
+                document,
+                BTreeMap::new(),
+            )?;
+        }
         let facts = provenance::BuildFacts {
             recipe_path: &settings.recipe_path.display().to_string(),
             lock,
@@ -100,7 +109,7 @@ pub fn after_build(
         )?;
     }
     progress.status(&format!(
-        "attest  SBOM (SPDX 2.3) and SLSA provenance stored as referrers in {}",
+        "attest  SBOM (SPDX 2.3, CycloneDX 1.6) and SLSA provenance stored as referrers in {}",
         built.layout.display()
     ));
     Ok(())
@@ -115,7 +124,12 @@ struct SbomImage<'a> {
     built: &'a [crate::sbom::BuiltWheel],
 }
 
-fn sbom_of(image: &SbomImage, lock: &crate::lock::Lockfile, platform: &PlatformReport) -> Vec<u8> {
+/// The image's SBOM as SPDX 2.3 and as CycloneDX 1.6 (one inventory, two spellings).
+fn sboms_of(
+    image: &SbomImage,
+    lock: &crate::lock::Lockfile,
+    platform: &PlatformReport,
+) -> (Vec<u8>, Vec<u8>) {
     let licenses = |artifact: &crate::lock::Artifact| {
         platform
             .built_from
@@ -123,7 +137,7 @@ fn sbom_of(image: &SbomImage, lock: &crate::lock::Lockfile, platform: &PlatformR
             .get(&artifact.name)
             .and_then(|path| crate::sbom::wheel_license(path))
     };
-    crate::sbom::spdx_json(&crate::sbom::SbomInput {
+    let input = crate::sbom::SbomInput {
         name: image.name,
         image: Some(image.digest),
         lock,
@@ -132,7 +146,11 @@ fn sbom_of(image: &SbomImage, lock: &crate::lock::Lockfile, platform: &PlatformR
         targets: &platform.built_from.targets,
         created: image.created,
         licenses: &licenses,
-    })
+    };
+    (
+        crate::sbom::spdx_json(&input),
+        crate::sbom::cyclonedx_json(&input),
+    )
 }
 
 /// Store the statement of a verification run on the verified image (or, when the run
