@@ -293,23 +293,7 @@ fn cosign_verifies_attestation(
     public: &Path,
     blob: &Path,
 ) -> bool {
-    let envelope_path = dir.join("attestation.json");
-    std::fs::write(&envelope_path, envelope.to_json()).unwrap();
-    let args = [
-        "verify-blob-attestation",
-        "--key",
-        public.to_str().unwrap(),
-        "--signature",
-        envelope_path.to_str().unwrap(),
-        "--type",
-        PREDICATE_TYPE,
-        "--insecure-ignore-tlog",
-        blob.to_str().unwrap(),
-    ];
-    let output = cosign(dir, "", &args);
-    let verified = text(&output).contains("Verified OK");
-    assert_eq!(output.status.success(), verified, "{}", text(&output));
-    verified
+    cosign_verifies_blob_attestation(dir, "--signature", &envelope.to_json(), public, blob)
 }
 
 /// The envelope with one byte of its payload, or of its first signature, flipped.
@@ -492,14 +476,26 @@ fn an_attestation_cosign_signed_verifies_with_ours() {
 /// Whether `cosign verify-blob-attestation --bundle` (cosign 3's default format, verified
 /// by sigstore-go) accepts `bundle` as an attestation of `blob`.
 fn cosign_verifies_bundle(dir: &Path, bundle: &Bundle, public: &Path, blob: &Path) -> bool {
-    let bundle_path = dir.join("attestation.bundle");
-    std::fs::write(&bundle_path, bundle.to_json()).unwrap();
+    cosign_verifies_blob_attestation(dir, "--bundle", &bundle.to_json(), public, blob)
+}
+
+/// `cosign verify-blob-attestation --key PUBLIC FLAG FILE BLOB` with `document` (an
+/// envelope for `--signature`, a bundle for `--bundle`) in FILE: whether it says Verified OK.
+fn cosign_verifies_blob_attestation(
+    dir: &Path,
+    flag: &str,
+    document: &[u8],
+    public: &Path,
+    blob: &Path,
+) -> bool {
+    let path = dir.join("attestation.json");
+    std::fs::write(&path, document).unwrap();
     let args = [
         "verify-blob-attestation",
         "--key",
         public.to_str().unwrap(),
-        "--bundle",
-        bundle_path.to_str().unwrap(),
+        flag,
+        path.to_str().unwrap(),
         "--type",
         PREDICATE_TYPE,
         "--insecure-ignore-tlog",

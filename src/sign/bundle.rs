@@ -22,7 +22,7 @@
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use super::dsse::{Envelope, WireEnvelope, MAX_ENVELOPE_BYTES};
+use super::dsse::{refuse_oversized, Envelope, WireEnvelope};
 use super::key::PublicKey;
 use super::SignError;
 
@@ -112,15 +112,7 @@ impl Bundle {
             what: what.to_string(),
             detail,
         };
-        if bytes.len() > MAX_ENVELOPE_BYTES {
-            return Err(SignError::TooLarge {
-                what: what.to_string(),
-                kind: "a sigstore bundle",
-                size: bytes.len() as u64,
-                limit: MAX_ENVELOPE_BYTES as u64,
-                hint: "a bundle holds one statement; this is not one cudastack or cosign made",
-            });
-        }
+        refuse_oversized(bytes, what, "a sigstore bundle")?;
         let wire: WireBundle = serde_json::from_slice(bytes)
             .map_err(|error| malformed(format!("its bundle JSON does not parse: {error}")))?;
         if !wire

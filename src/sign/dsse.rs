@@ -63,6 +63,25 @@ struct WireSignature {
     sig: String,
 }
 
+/// Refuse a signed document (`kind`: an envelope, a bundle) of more than
+/// [`MAX_ENVELOPE_BYTES`] before it is parsed.
+pub(super) fn refuse_oversized(
+    bytes: &[u8],
+    what: &str,
+    kind: &'static str,
+) -> Result<(), SignError> {
+    if bytes.len() <= MAX_ENVELOPE_BYTES {
+        return Ok(());
+    }
+    Err(SignError::TooLarge {
+        what: what.to_string(),
+        kind,
+        size: bytes.len() as u64,
+        limit: MAX_ENVELOPE_BYTES as u64,
+        hint: "it holds one statement; this is not one cudastack or cosign made",
+    })
+}
+
 /// The pre-authentication encoding the signatures cover:
 /// `"DSSEv1" SP LEN(type) SP type SP LEN(payload) SP payload`, lengths in ASCII decimal.
 pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
@@ -165,15 +184,7 @@ impl Envelope {
             what: what.to_string(),
             detail,
         };
-        if bytes.len() > MAX_ENVELOPE_BYTES {
-            return Err(SignError::TooLarge {
-                what: what.to_string(),
-                kind: "a DSSE envelope",
-                size: bytes.len() as u64,
-                limit: MAX_ENVELOPE_BYTES as u64,
-                hint: "an envelope holds one statement; this is not one cudastack or cosign made",
-            });
-        }
+        refuse_oversized(bytes, what, "a DSSE envelope")?;
         let wire: WireEnvelope = serde_json::from_slice(bytes)
             .map_err(|error| malformed(format!("its JSON does not parse: {error}")))?;
         Self::from_wire(wire, what)
