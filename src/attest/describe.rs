@@ -202,6 +202,11 @@ fn predicate_lines(statement: &Statement) -> Vec<String> {
             Err(error) => vec![format!("unreadable: {error}")],
         },
         SPDX_PREDICATE_TYPE => sbom_lines(&serde_json::to_vec(p).unwrap_or_default()),
+        super::CYCLONEDX_PREDICATE_TYPE => vec![format!(
+            "CycloneDX {}: {} components",
+            p["specVersion"].as_str().unwrap_or("?"),
+            p["components"].as_array().map_or(0, Vec::len)
+        )],
         other => vec![format!("predicate {other}")],
     }
 }
