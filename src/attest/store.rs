@@ -369,3 +369,102 @@ pub fn prune(dir: &Path) -> Result<Vec<String>, OciError> {
     }
     Ok(stale)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oci::Image;
+
+    fn image(dir: &Path, label: &str, ref_name: &str) -> Descriptor {
+        let image = Image::new(1_700_000_000).with_label("x", label);
+        layout::write(&image, dir, ref_name).unwrap();
+        layout::resolve(dir, ref_name).unwrap().manifest
+    }
+
+    fn statement(about: &Descriptor) -> Statement {
+        Statement::new(
+            vec![Subject::image("x", &crate::oci::digest_of(about).unwrap())],
+            "https://example.com/p",
+            serde_json::json!({}),
+        )
+    }
+
+    fn kinds(dir: &Path, image: &Descriptor) -> Vec<String> {
+        referrers_of(dir, &crate::oci::digest_of(image).unwrap())
+            .unwrap()
+            .into_iter()
+            .map(|r| format!("{} {}", r.kind, r.artifact_type))
+            .collect()
+    }
+
+    #[test]
+    fn a_rebuilt_ref_drops_the_old_images_referrers_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = image(dir.path(), "old", "latest");
+        attach_statement(dir.path(), &old, PROVENANCE, &statement(&old)).unwrap();
+        let new = image(dir.path(), "new", "latest");
+        attach_statement(dir.path(), &new, PROVENANCE, &statement(&new)).unwrap();
+        let dropped = prune(dir.path()).unwrap();
+        assert_eq!(dropped.len(), 1, "{dropped:?}");
+        assert!(kinds(dir.path(), &old).is_empty());
+        assert_eq!(kinds(dir.path(), &new).len(), 1);
+        assert!(prune(dir.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_verified_copy_gets_the_statements_about_it_but_not_the_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let ran = image(dir.path(), "ran", "latest");
+        let verified = image(dir.path(), "verified", "latest-verified");
+        attach_statement(dir.path(), &ran, PROVENANCE, &statement(&ran)).unwrap();
+        attach_statement(
+            dir.path(),
+            &ran,
+            "verification-0123456789ab",
+            &statement(&ran),
+        )
+        .unwrap();
+        let ran_digest = crate::oci::digest_of(&ran).unwrap();
+        assert_eq!(
+            carry_referrers(dir.path(), &ran_digest, &verified, "x").unwrap(),
+            1
+        );
+        let carried = referrers_of(dir.path(), &crate::oci::digest_of(&verified).unwrap()).unwrap();
+        assert_eq!(carried.len(), 1);
+        let statement = Statement::from_bytes(&carried[0].blob).unwrap();
+        assert!(statement.is_about(&ran_digest));
+        assert!(statement.is_about(&crate::oci::digest_of(&verified).unwrap()));
+    }
+
+    #[test]
+    fn signing_twice_signs_nothing_new_and_leaves_another_keys_bundles() {
+        let dir = tempfile::tempdir().unwrap();
+        let subject = image(dir.path(), "a", "latest");
+        attach_statement(dir.path(), &subject, PROVENANCE, &statement(&subject)).unwrap();
+        let theirs = SigningKey::generate().unwrap();
+        store_signed(
+            dir.path(),
+            &subject,
+            "theirs",
+            &statement(&subject),
+            &theirs,
+        )
+        .unwrap();
+        let ours = SigningKey::generate().unwrap();
+        let signed = sign_referrers(dir.path(), &subject, "x", &ours).unwrap();
+        assert_eq!(signed.len(), 1, "{signed:?}");
+        assert_eq!(signed[0].kind, PROVENANCE);
+        assert!(sign_referrers(dir.path(), &subject, "x", &ours)
+            .unwrap()
+            .is_empty());
+        let stored = referrers_of(dir.path(), &crate::oci::digest_of(&subject).unwrap()).unwrap();
+        let bundle_of = |kind: &str| {
+            let referrer = stored.iter().find(|r| r.kind == kind).unwrap();
+            assert_eq!(referrer.artifact_type, bundle::MEDIA_TYPE);
+            Bundle::from_json(&referrer.blob, kind).unwrap()
+        };
+        assert!(super::super::open(&bundle_of(PROVENANCE), &ours.public_key()).is_ok());
+        assert!(super::super::open(&bundle_of("theirs"), &theirs.public_key()).is_ok());
+        assert!(super::super::open(&bundle_of("theirs"), &ours.public_key()).is_err());
+    }
+}
