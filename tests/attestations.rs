@@ -133,8 +133,6 @@ fn recorded_image(dir: &Path, store: &BlobStore) -> cudastack::digest::Digest {
         encoder: "libdeflate".to_string(),
         source_date_epoch: 1_700_000_000,
         layers: &[],
-        started: "2026-12-01T00:00:00Z",
-        finished: "2026-12-01T00:10:00Z",
     };
     let statement = Statement::new(
         vec![Subject::image("torch", &ran)],
@@ -144,7 +142,7 @@ fn recorded_image(dir: &Path, store: &BlobStore) -> cudastack::digest::Digest {
     store::attach_statement(dir, &image.manifest, store::PROVENANCE, &statement).unwrap();
     let report = report("static,driver,device,ops,train", true);
     let recorded = record_in_layout(dir, "latest", &report).unwrap();
-    cudastack::pipeline::attest::after_verify(dir, &report, &recorded, "torch").unwrap();
+    cudastack::pipeline::attest::after_verify(dir, &report, &recorded, "torch", None).unwrap();
     ran
 }
 
@@ -294,6 +292,10 @@ fn signed_statements_verify_with_cosign_travel_through_a_registry_and_gate_check
         assert!(String::from_utf8_lossy(&refused.stdout).contains("no verification of"));
     }
 
+    // Someone with push rights attaches an unsigned statement claiming an A100 run.
+    let forged = forged_verification(&dir, "8.0");
+    push_raw_referrer(&reference, &forged);
+
     // Pulled into another layout, the referrers come along and still verify.
     let pulled_dir = work.path().join("pulled");
     let pulled = cudastack(&[
@@ -310,6 +312,26 @@ fn signed_statements_verify_with_cosign_travel_through_a_registry_and_gate_check
     let pulled_image = format!("oci:{}", pulled_dir.display());
     let again = check_signed(&pulled_image, "9.0", &public);
     assert_eq!(again.status.code(), Some(0), "{}", text(&again));
+    // What the registry served is never signed here: the forged claim stays unsigned.
+    let resign = cudastack(&["sign", &pulled_image, "--key", key.to_str().unwrap()]);
+    assert!(resign.status.success(), "{}", text(&resign));
+    assert!(
+        String::from_utf8_lossy(&resign.stdout).contains("nothing to sign"),
+        "{}",
+        text(&resign)
+    );
+    let forged_class = check_signed(&pulled_image, "8.0", &public);
+    assert_eq!(
+        forged_class.status.code(),
+        Some(1),
+        "{}",
+        text(&forged_class)
+    );
+
+    // A job for a GPU type the matrix does not know is refused, not waved through.
+    let unknown = job("NVIDIA-X9000", &public);
+    assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown));
+    assert!(text(&unknown).contains("not a GPU the matrix knows"));
 
     // The statement is about the image that ran and its verified copy, nothing else.
     let verified = layout::resolve(&dir, "latest").unwrap().manifest_digest;
@@ -377,6 +399,11 @@ fn a_flipped_byte_or_another_image_is_refused() {
         let answer = check_signed(&image, "9.0", &public);
         assert_eq!(answer.status.code(), Some(1), "{what}: {}", text(&answer));
         assert!(
+            String::from_utf8_lossy(&answer.stdout).contains("did not count"),
+            "{what}: {}",
+            text(&answer)
+        );
+        assert!(
             !securesystemslib_verifies(tampered, &public, work.path()),
             "securesystemslib accepted a flipped byte in the {what}"
         );
@@ -407,6 +434,57 @@ fn a_flipped_byte_or_another_image_is_refused() {
         "{}",
         text(&moved)
     );
+    let shown = cudastack(&[
+        "inspect",
+        &format!("oci:{}:other", dir.display()),
+        "--key",
+        public.to_str().unwrap(),
+    ]);
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains("valid, but about other images"),
+        "{}",
+        text(&shown)
+    );
+}
+
+/// An unsigned verification statement about the image `latest` of `dir` claiming a run on
+/// compute capability `cc`: what someone with push rights could attach.
+fn forged_verification(dir: &Path, cc: &str) -> Statement {
+    let image = layout::resolve(dir, "latest").unwrap().manifest_digest;
+    let mut report = report("static,driver,device,ops,train", true);
+    report.gpus[0].compute_capability = cc.to_string();
+    report.gpus[0].name = "NVIDIA A100-SXM4-80GB".to_string();
+    verification::statement("forged", &report, &image, None)
+}
+
+/// Push `statement` unsigned as a referrer of the image `reference` names.
+fn push_raw_referrer(reference: &str, statement: &Statement) {
+    use cudastack::registry::referrers::{push_referrer, ArtifactLayer, Subject as Target};
+    let reference: cudastack::registry::Reference = reference.parse().unwrap();
+    let client = cudastack::registry::RegistryClient::new(&reference, Default::default()).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let manifest = runtime.block_on(client.get_manifest(&reference)).unwrap();
+    let target = Target {
+        media_type: manifest.media_type.clone(),
+        digest: manifest.digest,
+        size: manifest.bytes.len() as u64,
+    };
+    let layer = ArtifactLayer {
+        media_type: cudastack::attest::STATEMENT_ARTIFACT_TYPE.to_string(),
+        bytes: statement.to_bytes().into(),
+        annotations: BTreeMap::new(),
+    };
+    let annotations = BTreeMap::from([(store::KIND_ANNOTATION.to_string(), "evil".to_string())]);
+    runtime
+        .block_on(push_referrer(
+            &client,
+            &reference,
+            &target,
+            cudastack::attest::STATEMENT_ARTIFACT_TYPE,
+            vec![layer],
+            annotations,
+        ))
+        .unwrap();
 }
 
 /// securesystemslib's DSSE verification of the bundle's envelope with the PEM `public`.

@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::statement::Statement;
 use super::{provenance, verification, SPDX_PREDICATE_TYPE, STATEMENT_ARTIFACT_TYPE};
+use crate::digest::Digest;
 use crate::sign::bundle::{self, Bundle, BundleSigner};
 use crate::sign::key::PublicKey;
 
@@ -30,19 +31,56 @@ pub struct ReferrerSummary {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SignatureSummary {
-    /// The key the bundle names (hex sha256 of its public key), if it names one.
+    /// The key whose signature verified (hex sha256 of its public key): only when one did.
     pub key_id: Option<String>,
-    /// `valid` / `invalid: why` against the key given, or `not checked`.
+    /// The key the bundle says signed it (its unauthenticated hint).
+    pub claimed_key_id: Option<String>,
+    /// `valid`, `valid, but about other images`, `invalid: why`, or `not checked`.
     pub status: String,
 }
 
-/// Describe one referrer (`blob` of `artifact_type`), checking a bundle's signature
-/// against `key` when one is given.
+/// Describe one referrer (`blob` of `artifact_type`) of the manifest `image`, checking a
+/// bundle's signature against `key` when one is given. Every string that came with the
+/// referrer is shown with its control characters escaped: it may come from a registry.
 pub fn describe(
     location: &str,
     kind: Option<&str>,
     artifact_type: &str,
     blob: &[u8],
+    image: &Digest,
+    key: Option<&PublicKey>,
+) -> ReferrerSummary {
+    let mut summary = describe_unescaped(location, kind, artifact_type, blob, image, key);
+    summary.location = printable(&summary.location);
+    summary.kind = summary.kind.as_deref().map(printable);
+    summary.artifact_type = printable(&summary.artifact_type);
+    summary.predicate_type = summary.predicate_type.as_deref().map(printable);
+    summary.detail = summary.detail.iter().map(|l| printable(l)).collect();
+    if let Some(signature) = &mut summary.signature {
+        signature.claimed_key_id = signature.claimed_key_id.as_deref().map(printable);
+    }
+    summary
+}
+
+/// `text` with control characters (newlines, escapes) written as Rust escapes.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+fn describe_unescaped(
+    location: &str,
+    kind: Option<&str>,
+    artifact_type: &str,
+    blob: &[u8],
+    image: &Digest,
     key: Option<&PublicKey>,
 ) -> ReferrerSummary {
     let mut summary = ReferrerSummary {
@@ -83,6 +121,12 @@ pub fn describe(
     };
     match statement {
         Ok(statement) => {
+            if let Some(signature) = &mut summary.signature {
+                if signature.status == "valid" && !statement.is_about(image) {
+                    signature.status =
+                        "valid, but about other images: it says nothing about this one".to_string();
+                }
+            }
             summary.subjects = statement
                 .subject
                 .iter()
@@ -102,12 +146,13 @@ fn signed_statement(
     bundle: &Bundle,
     key: Option<&PublicKey>,
 ) -> (SignatureSummary, Result<Statement, super::AttestError>) {
-    let key_id = match &bundle.signer {
+    let claimed_key_id = match &bundle.signer {
         BundleSigner::Key { hint } => hint.clone(),
         BundleSigner::Certificate => {
             return (
                 SignatureSummary {
                     key_id: None,
+                    claimed_key_id: None,
                     status: "keyless (a Fulcio certificate): not checked by cudastack; use cosign verify-attestation --certificate-identity".to_string(),
                 },
                 Statement::from_bytes(&bundle.envelope.payload),
@@ -118,14 +163,16 @@ fn signed_statement(
         Some(key) => match super::open(bundle, key) {
             Ok(statement) => (
                 SignatureSummary {
-                    key_id,
+                    key_id: Some(key.key_id()),
+                    claimed_key_id,
                     status: "valid".to_string(),
                 },
                 Ok(statement),
             ),
             Err(error) => (
                 SignatureSummary {
-                    key_id,
+                    key_id: None,
+                    claimed_key_id,
                     status: format!("invalid: {error}"),
                 },
                 Statement::from_bytes(&bundle.envelope.payload),
@@ -133,7 +180,8 @@ fn signed_statement(
         },
         None => (
             SignatureSummary {
-                key_id,
+                key_id: None,
+                claimed_key_id,
                 status: "not checked (give --key KEY.pub)".to_string(),
             },
             Statement::from_bytes(&bundle.envelope.payload),

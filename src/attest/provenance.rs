@@ -6,7 +6,9 @@
 //! A cudastack build is a function of the recipe and its lock: the same inputs give the
 //! same layers and manifest digest (SOURCE_DATE_EPOCH, canonical tar, a pinned encoder).
 //! `internalParameters.reproducible` says which settings that rests on, so a verifier can
-//! rebuild and compare digests.
+//! rebuild and compare digests. The provenance itself is deterministic too (no start and
+//! finish times): a rebuild of the same image states the same thing, and a signature of it
+//! stays valid.
 
 use serde_json::{json, Value};
 
@@ -33,9 +35,6 @@ pub struct BuildFacts<'a> {
     pub encoder: String,
     pub source_date_epoch: u64,
     pub layers: &'a [LayerReport],
-    /// RFC 3339, when the build started and when the layout was written.
-    pub started: &'a str,
-    pub finished: &'a str,
 }
 
 /// The digest of a lock: sha256 of its canonical text (what `cudastack lock` writes).
@@ -95,10 +94,6 @@ pub fn predicate(facts: &BuildFacts) -> Value {
             "builder": {
                 "id": BUILDER_ID,
                 "version": {"cudastack": env!("CARGO_PKG_VERSION")},
-            },
-            "metadata": {
-                "startedOn": facts.started,
-                "finishedOn": facts.finished,
             },
             "byproducts": byproducts,
         },

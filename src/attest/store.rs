@@ -25,11 +25,16 @@ pub const CYCLONEDX_STATEMENT: &str = "sbom.cdx.att";
 pub const PROVENANCE: &str = "provenance";
 /// Verification statements accumulate, one per report: `verification-<report hex, 12>`.
 pub const VERIFICATION_PREFIX: &str = "verification-";
+/// The slot of a referrer `pull` fetched: `pulled-<its digest, 12 hex>`. What a registry
+/// served is kept and shown, and pushed again, but never signed by this cudastack.
+pub const FETCHED_PREFIX: &str = "pulled-";
 
 /// One referrer of an image in a layout, with its first (only) blob.
 #[derive(Debug, Clone)]
 pub struct StoredReferrer {
     pub ref_name: String,
+    /// Fetched from a registry (`pull`) rather than made here.
+    pub fetched: bool,
     pub digest: Digest,
     pub kind: String,
     pub artifact_type: String,
@@ -53,6 +58,18 @@ pub fn attach(
     mut annotations: BTreeMap<String, String>,
 ) -> Result<Digest, OciError> {
     annotations.insert(KIND_ANNOTATION.to_string(), kind.to_string());
+    write_referrer(dir, subject, kind, artifact_type, bytes, annotations)
+}
+
+/// Write a referrer of `subject` into the slot `sha256-<subject hex>.<slot>`.
+fn write_referrer(
+    dir: &Path,
+    subject: &Descriptor,
+    slot: &str,
+    artifact_type: &str,
+    bytes: Vec<u8>,
+    annotations: BTreeMap<String, String>,
+) -> Result<Digest, OciError> {
     let subject_digest =
         crate::oci::digest_of(subject).map_err(|problem| OciError::InvalidLayout {
             dir: dir.to_path_buf(),
@@ -64,7 +81,7 @@ pub fn attach(
         blobs: vec![(artifact_type.to_string(), bytes)],
         annotations,
     };
-    layout::write_artifact(dir, &artifact, &referrer_name(&subject_digest, kind))
+    layout::write_artifact(dir, &artifact, &referrer_name(&subject_digest, slot))
 }
 
 /// Store an unsigned statement as `subject`'s referrer of `kind`.
@@ -85,6 +102,30 @@ pub fn attach_statement(
             statement.predicate_type.clone(),
         )]),
     )
+}
+
+/// [`attach_statement`], unless this cudastack already stored the same statement about
+/// `subject` signed (a rebuild of a signed image keeps its signature). Returns whether it
+/// was stored.
+pub fn attach_statement_unless_signed(
+    dir: &Path,
+    subject: &Descriptor,
+    kind: &str,
+    statement: &Statement,
+) -> Result<bool, AttestError> {
+    let digest = crate::oci::digest_of(subject).map_err(AttestError::Statement)?;
+    let bytes = statement.to_bytes();
+    let signed = referrers_of(dir, &digest)?.into_iter().any(|r| {
+        !r.fetched
+            && r.kind == kind
+            && r.artifact_type == bundle::MEDIA_TYPE
+            && Bundle::from_json(&r.blob, &r.ref_name).is_ok_and(|b| b.envelope.payload == bytes)
+    });
+    if signed {
+        return Ok(false);
+    }
+    attach_statement(dir, subject, kind, statement)?;
+    Ok(true)
 }
 
 /// Every referrer of the manifest `subject` in the layout at `dir`, by index name.
@@ -112,7 +153,11 @@ pub fn referrers_of(dir: &Path, subject: &Digest) -> Result<Vec<StoredReferrer>,
             .map(|a| a.into_iter().collect())
             .unwrap_or_default();
         let ref_name = layout::ref_name_of(entry).unwrap_or_default().to_string();
+        let fetched = ref_name
+            .split_once('.')
+            .is_some_and(|(_, slot)| slot.starts_with(FETCHED_PREFIX));
         found.push(StoredReferrer {
+            fetched,
             kind: annotations
                 .get(KIND_ANNOTATION)
                 .cloned()
@@ -145,10 +190,11 @@ pub struct Signed {
     pub digest: Digest,
 }
 
-/// Sign every statement about `subject` (named `name` in new subjects) with `key`: an
-/// unsigned statement becomes a bundle, a bundle this key signed that is not yet about
-/// `subject` is signed again with it added, and the SBOM gets a signed statement of its
-/// own ([`SBOM_STATEMENT`]). Bundles signed by other keys are left as they are.
+/// Sign, with `key`, what this cudastack stored about `subject`: each unsigned statement
+/// about it becomes a bundle, and each SBOM gets a signed statement of its own
+/// ([`SBOM_STATEMENT`], [`CYCLONEDX_STATEMENT`]). Nothing a registry served is signed, no
+/// statement about other images is, and bundles are left as they are (a bundle is extended
+/// to a verified copy only by [`carry_referrers`], in the run that made the copy).
 pub fn sign_referrers(
     dir: &Path,
     subject: &Descriptor,
@@ -157,42 +203,29 @@ pub fn sign_referrers(
 ) -> Result<Vec<Signed>, AttestError> {
     let digest = crate::oci::digest_of(subject).map_err(AttestError::Statement)?;
     let referrers = referrers_of(dir, &digest)?;
-    let public = key.public_key();
     let mut signed = Vec::new();
-    for referrer in &referrers {
-        let statement = match referrer.artifact_type.as_str() {
-            STATEMENT_ARTIFACT_TYPE => Statement::from_bytes(&referrer.blob)?,
-            bundle::MEDIA_TYPE => {
-                let stored = Bundle::from_json(&referrer.blob, &referrer.ref_name)?;
-                let Ok(statement) = super::open(&stored, &public) else {
-                    continue;
-                };
-                if statement.is_about(&digest) {
-                    continue;
-                }
-                statement
+    for referrer in referrers.iter().filter(|r| !r.fetched) {
+        if referrer.artifact_type == STATEMENT_ARTIFACT_TYPE {
+            let statement = Statement::from_bytes(&referrer.blob)?;
+            if statement.is_about(&digest) {
+                signed.push(store_signed(dir, subject, &referrer.kind, &statement, key)?);
             }
-            other => {
-                let Some((kind, predicate_type)) = sbom_statement_of(other) else {
-                    continue;
-                };
-                if referrers.iter().any(|r| r.kind == kind) {
-                    continue;
-                }
-                let document = serde_json::from_slice(&referrer.blob).map_err(|e| {
-                    AttestError::Statement(format!("the stored SBOM is not JSON: {e}"))
-                })?;
-                let statement = Statement::new(
-                    vec![Subject::image(name, &digest)],
-                    predicate_type,
-                    document,
-                );
-                signed.push(store_signed(dir, subject, kind, &statement, key)?);
-                continue;
-            }
+            continue;
+        }
+        let Some((kind, predicate_type)) = sbom_statement_of(&referrer.artifact_type) else {
+            continue;
         };
-        let statement = statement.with_subject(Subject::image(name, &digest));
-        signed.push(store_signed(dir, subject, &referrer.kind, &statement, key)?);
+        if referrers.iter().any(|r| r.kind == kind && !r.fetched) {
+            continue;
+        }
+        let document = serde_json::from_slice(&referrer.blob)
+            .map_err(|e| AttestError::Statement(format!("the stored SBOM is not JSON: {e}")))?;
+        let statement = Statement::new(
+            vec![Subject::image(name, &digest)],
+            predicate_type,
+            document,
+        );
+        signed.push(store_signed(dir, subject, kind, &statement, key)?);
     }
     Ok(signed)
 }
@@ -240,40 +273,56 @@ fn store_signed(
     })
 }
 
-/// Give the image `to` (the verified copy of `from`) the referrers `from` has, but its
-/// verification reports and statements (those are about one run and are stored by the
-/// run): an unsigned statement gets `to` as a subject; a bundle and an SBOM are copied
-/// as they are (signing again is [`sign_referrers`]'s). Returns how many were copied.
+/// Give the image `to`, the verified copy `record` just made of `from` (same layers, labels
+/// added), the referrers of `from` but its reports: a statement this cudastack made about
+/// `from` gets `to` as a subject too; a bundle that `key` signed about `from` is signed again
+/// with `to` added (the same claim, on the same layers); everything else (SBOMs, what a
+/// registry served, bundles of other keys) is copied as it is. Returns how many were copied.
 pub fn carry_referrers(
     dir: &Path,
     from: &Digest,
     to: &Descriptor,
     name: &str,
+    key: Option<&SigningKey>,
 ) -> Result<usize, AttestError> {
     let to_digest = crate::oci::digest_of(to).map_err(AttestError::Statement)?;
     let mut carried = 0;
     for referrer in referrers_of(dir, from)? {
-        if referrer.kind.starts_with(VERIFICATION_PREFIX)
-            || referrer.artifact_type == crate::verify::REPORT_ARTIFACT_TYPE
-        {
+        if referrer.artifact_type == crate::verify::REPORT_ARTIFACT_TYPE {
             continue;
         }
-        let bytes = if referrer.artifact_type == STATEMENT_ARTIFACT_TYPE {
-            Statement::from_bytes(&referrer.blob)?
-                .with_subject(Subject::image(name, &to_digest))
-                .to_bytes()
-        } else {
-            referrer.blob
-        };
-        let mut annotations = referrer.annotations;
-        annotations.remove(KIND_ANNOTATION);
-        attach(
+        let extended =
+            |statement: Statement| statement.with_subject(Subject::image(name, &to_digest));
+        if !referrer.fetched && referrer.artifact_type == STATEMENT_ARTIFACT_TYPE {
+            let statement = Statement::from_bytes(&referrer.blob)?;
+            if statement.is_about(from) {
+                attach_statement(dir, to, &referrer.kind, &extended(statement))?;
+                carried += 1;
+            }
+            continue;
+        }
+        if let (Some(key), bundle::MEDIA_TYPE) = (key, referrer.artifact_type.as_str()) {
+            let ours = Bundle::from_json(&referrer.blob, &referrer.ref_name)
+                .ok()
+                .and_then(|b| super::open(&b, &key.public_key()).ok())
+                .filter(|statement| statement.is_about(from));
+            if let Some(statement) = ours {
+                store_signed(dir, to, &referrer.kind, &extended(statement), key)?;
+                carried += 1;
+                continue;
+            }
+        }
+        let slot = referrer
+            .ref_name
+            .split_once('.')
+            .map_or(referrer.kind.as_str(), |(_, slot)| slot);
+        write_referrer(
             dir,
             to,
-            &referrer.kind,
+            slot,
             &referrer.artifact_type,
-            bytes,
-            annotations,
+            referrer.blob,
+            referrer.annotations,
         )?;
         carried += 1;
     }
@@ -295,6 +344,16 @@ pub fn store_fetched(
             referrer.digest
         ))
     })?;
+    let about = manifest
+        .subject()
+        .as_ref()
+        .and_then(|s| crate::oci::digest_of(s).ok());
+    if about.as_ref() != Some(subject) {
+        return Err(AttestError::Statement(format!(
+            "referrer {}: its manifest's subject is not {subject}",
+            referrer.digest
+        )));
+    }
     let empty = Digest::of_bytes(layout::EMPTY_CONFIG);
     if manifest.config().digest().to_string() != empty.to_string() {
         return Err(AttestError::Statement(format!(
@@ -303,15 +362,9 @@ pub fn store_fetched(
             manifest.config().digest()
         )));
     }
-    let kind = referrer
-        .annotations
-        .get(KIND_ANNOTATION)
-        .filter(|k| {
-            k.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
-        })
-        .cloned()
-        .unwrap_or_else(|| format!("ref-{}", &referrer.digest.hex()[..12]));
+    // One slot per artifact: two referrers of one kind (a rebuild's provenance, a signed
+    // and an unsigned copy) are both kept.
+    let slot = format!("{FETCHED_PREFIX}{}", &referrer.digest.hex()[..12]);
     let mut writer = layout::LayoutWriter::open(dir)?;
     writer.put_bytes(layout::EMPTY_CONFIG)?;
     if let Some((_, bytes)) = &referrer.blob {
@@ -326,7 +379,7 @@ pub fn store_fetched(
     entry.set_artifact_type(Some(oci_spec::image::MediaType::Other(
         referrer.artifact_type.clone(),
     )));
-    let name = referrer_name(subject, &kind);
+    let name = referrer_name(subject, &slot);
     writer.name_in_index_only(entry, &name)?;
     writer.commit();
     Ok(name)
@@ -412,7 +465,7 @@ mod tests {
     }
 
     #[test]
-    fn the_verified_copy_gets_the_statements_about_it_but_not_the_runs() {
+    fn the_verified_copy_gets_the_statements_about_the_image_it_was_made_of() {
         let dir = tempfile::tempdir().unwrap();
         let ran = image(dir.path(), "ran", "latest");
         let verified = image(dir.path(), "verified", "latest-verified");
@@ -425,15 +478,18 @@ mod tests {
         )
         .unwrap();
         let ran_digest = crate::oci::digest_of(&ran).unwrap();
-        assert_eq!(
-            carry_referrers(dir.path(), &ran_digest, &verified, "x").unwrap(),
-            1
-        );
-        let carried = referrers_of(dir.path(), &crate::oci::digest_of(&verified).unwrap()).unwrap();
-        assert_eq!(carried.len(), 1);
-        let statement = Statement::from_bytes(&carried[0].blob).unwrap();
-        assert!(statement.is_about(&ran_digest));
-        assert!(statement.is_about(&crate::oci::digest_of(&verified).unwrap()));
+        // A statement about another image, stored beside this one, is not carried.
+        let elsewhere = image(dir.path(), "elsewhere", "elsewhere");
+        attach_statement(dir.path(), &ran, "misplaced", &statement(&elsewhere)).unwrap();
+        let count = carry_referrers(dir.path(), &ran_digest, &verified, "x", None).unwrap();
+        assert_eq!(count, 2);
+        let verified_digest = crate::oci::digest_of(&verified).unwrap();
+        let carried = referrers_of(dir.path(), &verified_digest).unwrap();
+        assert_eq!(carried.len(), 2, "{carried:#?}");
+        for referrer in carried {
+            let statement = Statement::from_bytes(&referrer.blob).unwrap();
+            assert!(statement.is_about(&ran_digest) && statement.is_about(&verified_digest));
+        }
     }
 
     #[test]
@@ -450,6 +506,20 @@ mod tests {
             &theirs,
         )
         .unwrap();
+        // What a registry served (a pull) and statements about other images are never signed.
+        let served = statement(&subject).to_bytes();
+        let slot = format!("{FETCHED_PREFIX}0123456789ab");
+        write_referrer(
+            dir.path(),
+            &subject,
+            &slot,
+            STATEMENT_ARTIFACT_TYPE,
+            served,
+            BTreeMap::new(),
+        )
+        .unwrap();
+        let elsewhere = image(dir.path(), "elsewhere", "elsewhere");
+        attach_statement(dir.path(), &subject, "misplaced", &statement(&elsewhere)).unwrap();
         let ours = SigningKey::generate().unwrap();
         let signed = sign_referrers(dir.path(), &subject, "x", &ours).unwrap();
         assert_eq!(signed.len(), 1, "{signed:?}");

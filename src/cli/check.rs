@@ -101,6 +101,7 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
             &location,
             &args.registry,
             &documents.manifest_digest,
+            &|kind| kind == cudastack::sign::bundle::MEDIA_TYPE,
         )?;
         let bundles = referrers
             .iter()

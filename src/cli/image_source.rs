@@ -32,12 +32,13 @@ pub fn read_referrers(
     location: &ImageLocation,
     registry: &RegistryArgs,
     subject: &cudastack::digest::Digest,
+    wanted: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<image_source::Referrer>, Error> {
     let source = source(location, registry)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    Ok(runtime.block_on(image_source::read_referrers(source, subject))?)
+    Ok(runtime.block_on(image_source::read_referrers(source, subject, wanted))?)
 }
 
 fn source(location: &ImageLocation, registry: &RegistryArgs) -> Result<ImageSource, Error> {

@@ -76,19 +76,24 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
             cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(key))
         })
         .transpose()?;
-    let referrers =
-        super::image_source::read_referrers(&location, &args.registry, &documents.manifest_digest)?
-            .iter()
-            .map(|r| {
-                describe(
-                    &r.location,
-                    r.kind.as_deref(),
-                    &r.artifact_type,
-                    &r.blob,
-                    key.as_ref(),
-                )
-            })
-            .collect();
+    let referrers = super::image_source::read_referrers(
+        &location,
+        &args.registry,
+        &documents.manifest_digest,
+        &|_| true,
+    )?
+    .iter()
+    .map(|r| {
+        describe(
+            &r.location,
+            r.kind.as_deref(),
+            &r.artifact_type,
+            &r.blob,
+            &documents.manifest_digest,
+            key.as_ref(),
+        )
+    })
+    .collect();
     let inspection = Inspection {
         documents: &documents,
         declared: &claims,
@@ -197,18 +202,29 @@ fn print_referrers(referrers: &[ReferrerSummary], printer: &Printer) {
             "    {}  {what}",
             referrer.kind.as_deref().unwrap_or("-")
         ));
+        let short = |id: &str| id.chars().take(12).collect::<String>();
         match &referrer.signature {
-            Some(signature) => printer.line(format_args!(
-                "      signed by key {}: {}",
-                signature
-                    .key_id
-                    .as_deref()
-                    .map(|id| &id[..12.min(id.len())])
-                    .unwrap_or("(unnamed)"),
-                signature.status
-            )),
+            Some(signature) => match &signature.key_id {
+                Some(id) => printer.line(format_args!(
+                    "      signed by key {}: {}",
+                    short(id),
+                    signature.status
+                )),
+                None => printer.line(format_args!(
+                    "      says it is signed by key {}: {}",
+                    signature
+                        .claimed_key_id
+                        .as_deref()
+                        .map(short)
+                        .unwrap_or_else(|| "(unnamed)".into()),
+                    signature.status
+                )),
+            },
             None if referrer.predicate_type.is_some() => printer.line("      unsigned"),
             None => {}
+        }
+        if !referrer.subjects.is_empty() {
+            printer.line(format_args!("      about {}", referrer.subjects.join(", ")));
         }
         for line in &referrer.detail {
             printer.line(format_args!("      {line}"));

@@ -30,9 +30,17 @@ impl SignKeyArg {
     }
 }
 
+/// The key at `key`: an unencrypted one needs no COSIGN_PASSWORD; an encrypted one is
+/// opened with it (and its absence is the error then).
 fn read_key(key: &std::ffi::OsStr) -> Result<SigningKey, Box<dyn std::error::Error + Send + Sync>> {
-    let password = password_from_env()?;
-    Ok(SigningKey::load(&KeySource::parse(key), &password)?)
+    let source = KeySource::parse(key);
+    match SigningKey::load(&source, b"") {
+        Ok(key) => Ok(key),
+        Err(_) => {
+            let password = password_from_env()?;
+            Ok(SigningKey::load(&source, &password)?)
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -64,7 +72,7 @@ pub fn run(args: SignArgs, printer: &Printer) -> CommandResult {
         printer.json(&signed);
     } else if signed.is_empty() {
         printer.text(format!(
-            "nothing to sign: oci:{}:{ref_name} has no unsigned statements (build it with this cudastack to get its SBOM and provenance)",
+            "nothing to sign: cudastack made no unsigned statement about oci:{}:{ref_name} (those it made are signed already, by this key or another: `cudastack inspect --key KEY.pub` says which; what `pull` fetched is never signed here, and one key signs each statement: co-signing is not supported)",
             dir.display()
         ));
     } else {

@@ -211,6 +211,11 @@ fn record_log(
     let key = args.sign.load()?;
     let recorded = match ImageLocation::parse(image, Some(&args.ref_name))? {
         ImageLocation::Layout { dir, ref_name } => {
+            if key.is_some() {
+                // A signature says "this image passed": the log must name the image it ran.
+                let digest = cudastack::oci::layout::resolve(&dir, &ref_name)?.manifest_digest;
+                cudastack::verify::record::check_report_image(&report, &ref_name, &digest, true)?;
+            }
             let recorded = record_in_layout(&dir, &ref_name, &report)?;
             attest_run(&dir, &ref_name, &report, &recorded, key.as_ref(), printer)?;
             recorded
@@ -243,7 +248,7 @@ fn attest_run(
     key: Option<&cudastack::sign::key::SigningKey>,
     printer: &Printer,
 ) -> Result<(), cudastack::pipeline::PipelineError> {
-    cudastack::pipeline::attest::after_verify(dir, report, recorded, ref_name)?;
+    cudastack::pipeline::attest::after_verify(dir, report, recorded, ref_name, key)?;
     if let Some(key) = key {
         cudastack::pipeline::attest::sign(dir, ref_name, ref_name, key, printer)?;
     }
@@ -339,19 +344,28 @@ fn signed_for_job(
 ) -> Result<Option<String>, Box<dyn std::error::Error + Send + Sync>> {
     let key = cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(key))?;
     let location = ImageLocation::Registry(pinned.by_digest());
-    let referrers = super::image_source::read_referrers(&location, &args.registry, &pinned.digest)?;
+    let referrers =
+        super::image_source::read_referrers(&location, &args.registry, &pinned.digest, &|kind| {
+            kind == cudastack::sign::bundle::MEDIA_TYPE
+        })?;
     let bundles = referrers
         .iter()
         .filter(|r| r.artifact_type == cudastack::sign::bundle::MEDIA_TYPE)
         .map(|r| (r.location.clone(), r.blob.as_slice()));
     let claims = cudastack::attest::policy::signed_verifications(bundles, &pinned.digest, &key);
     let loaded = super::matrix::load(printer)?;
-    let class = args
-        .gpu_type
-        .as_deref()
-        .and_then(|name| loaded.matrix().gpu(&name.replace(['-', '_'], " ")))
-        .map(|gpu| format!("{}.{}", gpu.cc.major, gpu.cc.minor));
-    Ok(match claims.verified_row(class.as_deref()) {
+    // The GPU class the job runs on decides what must have been verified: never "any GPU".
+    let Some(gpu_type) = args.gpu_type.as_deref() else {
+        return Err("--require-signed-by needs --gpu-type: the GPU class the job runs on is what the signed verification must cover".into());
+    };
+    let Some(gpu) = loaded.matrix().gpu(&gpu_type.replace(['-', '_'], " ")) else {
+        return Err(format!(
+            "--require-signed-by: `{gpu_type}` is not a GPU the matrix knows, so its class cannot be checked\n  hint: `cudastack matrix --table gpus` lists them; give the product name (NVIDIA-H100-80GB-HBM3, h100)"
+        )
+        .into());
+    };
+    let class = format!("{}.{}", gpu.cc.major, gpu.cc.minor);
+    Ok(match claims.verified_row(Some(&class)) {
         Some(row) => {
             printer.status(format!(
                 "signed verification found: {} on {} with driver {}",
@@ -362,10 +376,7 @@ fn signed_for_job(
         None => Some(format!(
             "no verification of {pinned} signed by key {} {}",
             &key.key_id()[..12],
-            match &class {
-                Some(cc) => format!("on compute capability {cc}"),
-                None => "on any GPU".to_string(),
-            }
+            format!("on compute capability {class}")
         )),
     })
 }

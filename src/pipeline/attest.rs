@@ -34,15 +34,8 @@ pub fn image_name(built: &BuildReport) -> String {
 pub fn after_build(
     settings: &BuildSettings,
     built: &BuildReport,
-    started: &str,
     progress: &dyn Progress,
 ) -> Result<(), PipelineError> {
-    let finished = crate::oci::rfc3339(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default(),
-    );
     let name = image_name(built);
     store::prune(&built.layout)?;
     for platform in &built.platforms {
@@ -62,7 +55,6 @@ pub fn after_build(
         let built_wheels = crate::sbom::BuiltWheel::from_labels(&labels);
         let image = SbomImage {
             name: &name,
-            digest: resolved.manifest_digest,
             created,
             claims: &claims,
             built: &built_wheels,
@@ -93,15 +85,13 @@ pub fn after_build(
             encoder: settings.compression.encoder(),
             source_date_epoch: created,
             layers: &platform.layers,
-            started,
-            finished: &finished,
         };
         let statement = Statement::new(
             vec![Subject::image(&name, &resolved.manifest_digest)],
             provenance::PREDICATE_TYPE,
             provenance::predicate(&facts),
         );
-        store::attach_statement(
+        store::attach_statement_unless_signed(
             &built.layout,
             &resolved.manifest,
             store::PROVENANCE,
@@ -118,7 +108,6 @@ pub fn after_build(
 /// The image an SBOM is about, as its config states it.
 struct SbomImage<'a> {
     name: &'a str,
-    digest: Digest,
     created: u64,
     claims: &'a ImageClaims,
     built: &'a [crate::sbom::BuiltWheel],
@@ -131,15 +120,20 @@ fn sboms_of(
     platform: &PlatformReport,
 ) -> (Vec<u8>, Vec<u8>) {
     let licenses = |artifact: &crate::lock::Artifact| {
-        platform
-            .built_from
-            .wheel_files
-            .get(&artifact.name)
+        let wheel = matches!(
+            artifact.kind,
+            crate::lock::ArtifactKind::Wheel | crate::lock::ArtifactKind::Sdist
+        );
+        wheel
+            .then(|| platform.built_from.wheel_files.get(&artifact.name))
+            .flatten()
             .and_then(|path| crate::sbom::wheel_license(path))
     };
     let input = crate::sbom::SbomInput {
         name: image.name,
-        image: Some(image.digest),
+        // Not the digest: the SBOM describes the content, which the verified copy shares;
+        // the referrer's subject says which image it is attached to.
+        image: None,
         lock,
         claims: image.claims,
         built: image.built,
@@ -155,12 +149,13 @@ fn sboms_of(
 
 /// Store the statement of a verification run on the verified image (or, when the run
 /// verified nothing, on the image it ran in), and give the verified image the referrers
-/// of the one it was made from.
+/// of the one it was made from (bundles `key` signed about it, signed again for both).
 pub fn after_verify(
     layout_dir: &Path,
     report: &Report,
     recorded: &Recorded,
     name: &str,
+    key: Option<&SigningKey>,
 ) -> Result<(), PipelineError> {
     let Some(ran) = &recorded.ran else {
         return Ok(());
@@ -176,7 +171,7 @@ pub fn after_verify(
     let subject = recorded.verified.as_ref().unwrap_or(ran);
     store::attach_statement(layout_dir, subject, &kind, &statement)?;
     if let Some(verified) = &recorded.verified {
-        store::carry_referrers(layout_dir, &ran_digest, verified, name)?;
+        store::carry_referrers(layout_dir, &ran_digest, verified, name, key)?;
         store::prune(layout_dir)?;
     }
     Ok(())
@@ -224,12 +219,20 @@ pub async fn pull_referrers(
     layout_dir: &Path,
     subject: &Digest,
 ) -> Result<Vec<String>, PipelineError> {
-    let fetched =
-        crate::registry::referrers::fetch_referrers(client, reference, subject, MAX_REFERRER_BLOB)
-            .await?;
+    let fetched = crate::registry::referrers::fetch_referrers(
+        client,
+        reference,
+        subject,
+        MAX_REFERRER_BLOB,
+        &|_| true,
+    )
+    .await?;
     let mut stored = Vec::new();
-    for referrer in &fetched {
-        stored.push(store::store_fetched(layout_dir, subject, referrer)?);
+    for referrer in fetched.iter().filter(|r| r.blob.is_some()) {
+        match store::store_fetched(layout_dir, subject, referrer) {
+            Ok(name) => stored.push(name),
+            Err(error) => tracing::warn!("a referrer of {subject} is not kept: {error}"),
+        }
     }
     Ok(stored)
 }

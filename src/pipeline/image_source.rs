@@ -83,10 +83,12 @@ pub struct Referrer {
 }
 
 /// The referrers of the manifest `subject` at `source` (a layout's index, or the registry's
-/// referrers API or its fallback tag).
+/// referrers API or its fallback tag); from a registry, only the blobs of the artifact
+/// types `wanted` says yes to are downloaded (`check` reads bundles, never an SBOM).
 pub async fn read_referrers(
     source: ImageSource,
     subject: &Digest,
+    wanted: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<Referrer>, PipelineError> {
     match source {
         ImageSource::Layout { dir, .. } => Ok(crate::attest::store::referrers_of(&dir, subject)?
@@ -106,6 +108,7 @@ pub async fn read_referrers(
                 &reference,
                 subject,
                 super::attest::MAX_REFERRER_BLOB,
+                wanted,
             )
             .await?;
             Ok(fetched

@@ -182,17 +182,11 @@ pub async fn build_verify_publish(
         Some(target) if target.reference.digest().is_none() => Some(EarlyUploads::start(target)?),
         _ => None,
     };
-    let started = crate::oci::rfc3339(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default(),
-    );
     let built = match &early {
         Some(early) => build(&settings.build, matrix, &early.progress(build_progress)).await?,
         None => build(&settings.build, matrix, build_progress).await?,
     };
-    attest::after_build(&settings.build, &built, &started, progress)?;
+    attest::after_build(&settings.build, &built, progress)?;
     // A failed upload fails the build now, before a verification that would be wasted.
     let mut early = early;
     let mut sent_early = None;
@@ -206,7 +200,13 @@ pub async fn build_verify_publish(
     };
     let name = attest::image_name(&built);
     if let Some(outcome) = &verified {
-        attest::after_verify(&built.layout, &outcome.report, &outcome.recorded, &name)?;
+        attest::after_verify(
+            &built.layout,
+            &outcome.report,
+            &outcome.recorded,
+            &name,
+            settings.sign_key.as_ref(),
+        )?;
     }
     let signed = match &settings.sign_key {
         Some(key) => attest::sign(&built.layout, &built.ref_name, &name, key, progress)?,

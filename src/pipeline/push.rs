@@ -294,9 +294,10 @@ async fn push_attestations(
             size: image.size(),
         };
         let referrers = crate::attest::store::referrers_of(dir, &subject.digest)?;
+        // This layout's own reports go up through `report_referrers`; pulled ones here.
         for referrer in referrers
             .into_iter()
-            .filter(|r| r.artifact_type != REPORT_ARTIFACT_TYPE)
+            .filter(|r| r.fetched || r.artifact_type != REPORT_ARTIFACT_TYPE)
         {
             let layer = ArtifactLayer {
                 media_type: referrer.artifact_type.clone(),

@@ -989,7 +989,7 @@ pub(crate) fn header_digest(response: &Response) -> Option<Digest> {
 }
 
 /// Read a body of at most `max` bytes.
-async fn read_limited(
+pub(crate) async fn read_limited(
     response: Response,
     url: &Url,
     max: u64,

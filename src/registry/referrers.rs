@@ -205,15 +205,20 @@ pub async fn list_referrers(
         )
         .await?;
     let index: Value = if response.status().is_success() {
-        response
-            .json()
-            .await
-            .map_err(|source| RegistryError::Transport {
-                method: Method::GET,
-                url: url.clone(),
-                attempts,
-                source,
-            })?
+        // The referrers API answers an image index: as small as a manifest is.
+        let bytes = super::client::read_limited(response, &url, MAX_REFERRERS_INDEX, || {
+            RegistryError::Document {
+                path: repository.to_string(),
+                what: "a referrers index",
+                detail: format!("it is larger than {MAX_REFERRERS_INDEX} bytes"),
+            }
+        })
+        .await?;
+        serde_json::from_slice(&bytes).map_err(|e| RegistryError::Document {
+            path: repository.to_string(),
+            what: "a referrers index",
+            detail: e.to_string(),
+        })?
     } else if response.status() == StatusCode::NOT_FOUND {
         match client
             .get_manifest(&repository.with_tag(&fallback_tag(subject))?)
@@ -235,6 +240,14 @@ pub async fn list_referrers(
     Ok(index["manifests"].as_array().cloned().unwrap_or_default())
 }
 
+/// The referrers index is read up to this size (a manifest's limit).
+const MAX_REFERRERS_INDEX: u64 = 4 << 20;
+/// At most this many referrers of one image are read, and at most this many bytes of
+/// their blobs in all: an index listing thousands of large artifacts is a registry's
+/// attempt to exhaust memory, not an image's attestations.
+pub const MAX_REFERRERS: usize = 256;
+pub const MAX_REFERRER_BYTES: u64 = 256 << 20;
+
 /// A referrer as a registry holds it: its manifest (bytes, as served) and its first blob.
 #[derive(Debug, Clone)]
 pub struct FetchedReferrer {
@@ -248,16 +261,50 @@ pub struct FetchedReferrer {
     pub blob: Option<(String, Bytes)>,
 }
 
-/// Every referrer of `subject` in the repository of `repository`, with its first blob
-/// (each digest-checked by the client; a blob over `max_blob` bytes is an error).
+/// The referrers of `subject` in the repository of `repository` (at most
+/// [`MAX_REFERRERS`]), each with its first blob when `wanted(artifact type)` (digest-checked
+/// by the client, at most `max_blob` bytes each and [`MAX_REFERRER_BYTES`] in all). A
+/// referrer that cannot be read is skipped with a warning naming it: one bad artifact does
+/// not hide the others. Errors are the registry's answer to the listing itself.
 pub async fn fetch_referrers(
     client: &RegistryClient,
     repository: &Reference,
     subject: &Digest,
     max_blob: u64,
+    wanted: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<FetchedReferrer>, RegistryError> {
-    let mut fetched = Vec::new();
-    for entry in list_referrers(client, repository, subject).await? {
+    let entries = list_referrers(client, repository, subject).await?;
+    if entries.len() > MAX_REFERRERS {
+        tracing::warn!(
+            "{repository}: {} referrers of {subject}; reading the first {MAX_REFERRERS}",
+            entries.len()
+        );
+    }
+    let mut fetched: Vec<FetchedReferrer> = Vec::new();
+    let mut budget = MAX_REFERRER_BYTES;
+    for entry in entries.iter().take(MAX_REFERRERS) {
+        match fetch_referrer(client, repository, entry, max_blob.min(budget), wanted).await {
+            Ok(referrer) => {
+                budget -= referrer.blob.as_ref().map_or(0, |(_, b)| b.len() as u64);
+                fetched.push(referrer);
+            }
+            Err(error) => {
+                tracing::warn!("{repository}: a referrer of {subject} is skipped: {error}")
+            }
+        }
+    }
+    Ok(fetched)
+}
+
+/// One referrer of an index entry: its manifest and, when wanted, its first blob.
+async fn fetch_referrer(
+    client: &RegistryClient,
+    repository: &Reference,
+    entry: &Value,
+    max_blob: u64,
+    wanted: &dyn Fn(&str) -> bool,
+) -> Result<FetchedReferrer, RegistryError> {
+    {
         let not_a_manifest = |detail: String| RegistryError::Document {
             path: repository.to_string(),
             what: "a referrer manifest",
@@ -287,7 +334,7 @@ pub async fn fetch_referrers(
             })
             .unwrap_or_default();
         let blob = match value["layers"].as_array().and_then(|l| l.first()) {
-            Some(layer) => {
+            Some(layer) if wanted(&artifact_type) => {
                 let blob_digest: Digest = layer["digest"]
                     .as_str()
                     .unwrap_or_default()
@@ -299,15 +346,14 @@ pub async fn fetch_referrers(
                 let media_type = layer["mediaType"].as_str().unwrap_or_default().to_string();
                 Some((media_type, bytes))
             }
-            None => None,
+            _ => None,
         };
-        fetched.push(FetchedReferrer {
+        Ok(FetchedReferrer {
             digest,
             artifact_type,
             annotations,
             manifest: manifest.bytes,
             blob,
-        });
+        })
     }
-    Ok(fetched)
 }

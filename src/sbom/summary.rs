@@ -158,13 +158,22 @@ impl Summary {
             .iter()
             .map(|p| (p.id.as_str(), p))
             .collect();
+        // Indexed once, duplicates dropped: a hostile document repeating one relationship
+        // or package a million times costs one pass, not a pass per package.
+        let mut edges: BTreeMap<(&str, &str), BTreeMap<&str, &SpdxPackage>> = BTreeMap::new();
+        for r in &document.relationships {
+            if let Some(package) = by_id.get(r.related_spdx_element.as_str()) {
+                edges
+                    .entry((r.spdx_element_id.as_str(), r.relationship_type.as_str()))
+                    .or_default()
+                    .insert(package.id.as_str(), *package);
+            }
+        }
         let related = |from: &str, kind: &str| -> Vec<&SpdxPackage> {
-            document
-                .relationships
-                .iter()
-                .filter(|r| r.spdx_element_id == from && r.relationship_type == kind)
-                .filter_map(|r| by_id.get(r.related_spdx_element.as_str()).copied())
-                .collect()
+            edges
+                .get(&(from, kind))
+                .map(|to| to.values().copied().collect())
+                .unwrap_or_default()
         };
         let root = related("SPDXRef-DOCUMENT", "DESCRIBES")
             .into_iter()

@@ -28,6 +28,8 @@ pub const IN_TOTO_PAYLOAD_TYPE: &str = "application/vnd.in-toto+json";
 /// An envelope larger than this is refused before it is parsed. Statements carry an SBOM
 /// (a few MB for thousands of packages) at most; 64 MiB leaves room and bounds memory.
 pub const MAX_ENVELOPE_BYTES: usize = 64 << 20;
+/// The most signatures an envelope may carry.
+pub const MAX_SIGNATURES: usize = 16;
 
 /// A signed payload. Build one with [`Envelope::sign`]; read one with
 /// [`Envelope::from_json`], trust its payload only through [`Envelope::verify`].
@@ -198,6 +200,14 @@ impl Envelope {
         };
         let payload = decode_base64(&wire.payload)
             .map_err(|error| malformed(format!("`payload` is not base64: {error}")))?;
+        // Every signature is tried against the key: a few are a co-signed statement,
+        // thousands are an attempt to make verification take minutes.
+        if wire.signatures.len() > MAX_SIGNATURES {
+            return Err(malformed(format!(
+                "it has {} signatures; cudastack reads at most {MAX_SIGNATURES}",
+                wire.signatures.len()
+            )));
+        }
         let signatures = wire
             .signatures
             .into_iter()

@@ -30,6 +30,9 @@ const COSIGN_P: u32 = 1;
 pub const MAX_N_TIMES_R: u64 = 1 << 20;
 /// Each unit of p repeats the whole computation: bounded, so a file cannot cost minutes.
 pub const MAX_P: u64 = 16;
+/// scrypt also allocates 128·r·p bytes for its p lanes: r is capped too (cosign uses 8),
+/// so N·r ≤ 2^20 and r ≤ 32 keep every allocation within 128 MiB + 64 KiB·p.
+pub const MAX_R: u64 = 32;
 
 const KDF_NAME: &str = "scrypt";
 const CIPHER_NAME: &str = "nacl/secretbox";
@@ -164,7 +167,7 @@ fn scrypt_params(params: &ScryptParams, what: &str) -> Result<scrypt::Params, Si
         });
     }
     let cost = params.n.checked_mul(params.r).ok_or_else(too_costly)?;
-    if cost > MAX_N_TIMES_R || params.p > MAX_P {
+    if cost > MAX_N_TIMES_R || params.p > MAX_P || params.r > MAX_R {
         return Err(too_costly());
     }
     // Within the caps every value fits: N <= 2^20, so log2(N) < 64; r, p <= 2^20.

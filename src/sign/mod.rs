@@ -77,7 +77,7 @@ pub enum SignError {
     },
     #[error("`{what}` is not an encrypted cosign key: {detail}\n  hint: {MAKE_A_KEY}")]
     EncryptedKey { what: String, detail: String },
-    #[error("`{what}` asks scrypt for N={n}, r={r}, p={p}, more than cudastack spends on a key (N*r at most {max_nr}, p at most {max_p}: {max_mib} MiB)\n  hint: {MAKE_A_KEY}, with N=65536, r=8, p=1", max_nr = encrypted::MAX_N_TIMES_R, max_p = encrypted::MAX_P, max_mib = (encrypted::MAX_N_TIMES_R * 128) >> 20)]
+    #[error("`{what}` asks scrypt for N={n}, r={r}, p={p}, more than cudastack spends on a key (N*r at most {max_nr}, r at most {max_r}, p at most {max_p}: {max_mib} MiB)\n  hint: {MAKE_A_KEY}, with N=65536, r=8, p=1", max_nr = encrypted::MAX_N_TIMES_R, max_p = encrypted::MAX_P, max_r = encrypted::MAX_R, max_mib = (encrypted::MAX_N_TIMES_R * 128) >> 20)]
     KdfTooCostly {
         what: String,
         n: u64,
