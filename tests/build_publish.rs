@@ -471,16 +471,29 @@ fn build_push_uploads_layers_while_building_then_the_manifest() {
             .load(std::sync::atomic::Ordering::Relaxed),
         "the report counts what went on the wire"
     );
-    // The manifest is the last thing sent, after every blob.
+    // The image's manifest goes up after every blob of the image; only its referrers (the
+    // SBOM and provenance, artifacts whose subject is that manifest) come after it.
     let requests = proxy.requests();
     let manifest = requests
         .iter()
-        .position(|r| r.starts_with("PUT ") && r.contains("/manifests/"))
+        .position(|r| r.starts_with("PUT ") && r.ends_with("/manifests/1"))
         .unwrap();
+    let image_blobs: Vec<String> = pushed["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().replace(':', "%3A"))
+        .collect();
     assert!(
         !requests[manifest..]
             .iter()
-            .any(|r| r.contains("/blobs/uploads/")),
+            .any(|r| r.contains("/blobs/uploads/") && image_blobs.iter().any(|d| r.contains(d))),
+        "{requests:?}"
+    );
+    assert!(
+        requests[..manifest]
+            .iter()
+            .all(|r| !r.contains("/manifests/")),
         "{requests:?}"
     );
 

@@ -124,16 +124,14 @@ Examples:
 
 pub const VERIFY: &str = "\
 Examples:
-  # Run the probe on this machine's GPUs and record the report in the layout
-  cudastack verify images/torch2.4.1-cu121-py3.11
+  # Run the probe on this machine's GPUs, record the report, sign the statement
+  cudastack verify images/torch2.4.1-cu121-py3.11 --sign-key ci.key
   # Print a Slurm batch script that runs the probe on an h100 (its GRES type)
   cudastack verify ghcr.io/acme/torch:2.4.1 --emit sbatch --gpu-type h100
   # A Kubernetes Job for a private image, pulled with the Secret named ghcr
   cudastack verify ghcr.io/acme/torch:2.4.1 --emit k8s --image-pull-secret ghcr
   # Record the Job's log on the image in the registry (tags 2.4.1-verified)
-  cudastack verify ghcr.io/acme/torch:2.4.1 --from-log verify.log
-  # Verify and sign the statement with the CI key (password: COSIGN_PASSWORD)
-  cudastack verify images/torch2.4.1-cu121-py3.11 --sign-key ci.key";
+  cudastack verify ghcr.io/acme/torch:2.4.1 --from-log verify.log";
 
 pub const PROMOTE: &str = "\
 Examples:

@@ -374,9 +374,8 @@ fn signed_for_job(
             None
         }
         None => Some(format!(
-            "no verification of {pinned} signed by key {} {}",
+            "no verification of {pinned} signed by key {} on compute capability {class}",
             &key.key_id()[..12],
-            format!("on compute capability {class}")
         )),
     })
 }

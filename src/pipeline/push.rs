@@ -114,10 +114,12 @@ pub async fn push_after(
     if let Err(error) = history.save(&history_path) {
         tracing::warn!(%error, "could not save the push history");
     }
+    // The referrers' bytes count as sent: the report says what went on the wire.
     for referrer in report_referrers(layout, ref_name, report.manifest_digest)? {
-        push_report(&client, reference, referrer, progress).await?;
+        report.bytes_uploaded += push_report(&client, reference, referrer, progress).await?;
     }
-    push_attestations(&client, reference, layout, ref_name, progress).await?;
+    report.bytes_uploaded +=
+        push_attestations(&client, reference, layout, ref_name, progress).await?;
     progress.status(&summary(&report));
     Ok(report)
 }
@@ -250,7 +252,7 @@ async fn push_report(
     reference: &Reference,
     referrer: ReportReferrer,
     progress: &dyn Progress,
-) -> Result<(), PipelineError> {
+) -> Result<u64, PipelineError> {
     let layer = ArtifactLayer {
         media_type: REPORT_ARTIFACT_TYPE.to_string(),
         bytes: referrer.report.into(),
@@ -269,19 +271,20 @@ async fn push_report(
         "pushed the verification report as a referrer of {}: {}",
         referrer.subject.digest, pushed.digest
     ));
-    Ok(())
+    Ok(pushed.bytes_uploaded)
 }
 
 /// The SBOM, provenance and verification statements (signed or not) stored in the layout
 /// as referrers of the pushed image, or of each platform's image of a pushed index, each
-/// pushed as a referrer of the same manifest in the registry.
+/// pushed as a referrer of the same manifest in the registry. Returns the blob bytes sent.
 async fn push_attestations(
     client: &RegistryClient,
     reference: &Reference,
     dir: &Path,
     ref_name: &str,
     progress: &dyn Progress,
-) -> Result<(), PipelineError> {
+) -> Result<u64, PipelineError> {
+    let mut sent = 0;
     let images: Vec<oci_spec::image::Descriptor> = match layout::index_images(dir, ref_name)? {
         Some(children) => children.into_iter().map(|(d, _)| d).collect(),
         None => vec![layout::resolve(dir, ref_name)?.manifest],
@@ -304,7 +307,7 @@ async fn push_attestations(
                 bytes: referrer.blob.into(),
                 annotations: Default::default(),
             };
-            push_referrer(
+            sent += push_referrer(
                 client,
                 reference,
                 &subject,
@@ -312,7 +315,8 @@ async fn push_attestations(
                 vec![layer],
                 referrer.annotations,
             )
-            .await?;
+            .await?
+            .bytes_uploaded;
             pushed.push(referrer.kind);
         }
     }
@@ -323,7 +327,7 @@ async fn push_attestations(
             pushed.join(", ")
         ));
     }
-    Ok(())
+    Ok(sent)
 }
 
 /// The last status line of a push: blobs by outcome, bytes sent and the rate.

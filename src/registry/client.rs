@@ -706,10 +706,21 @@ impl RegistryClient {
         repository: &str,
         bytes: Bytes,
     ) -> Result<Digest, RegistryError> {
+        Ok(self.put_blob_bytes_counted(repository, bytes).await?.0)
+    }
+
+    /// [`Self::put_blob_bytes`], also saying how many bytes went up (0 when the registry
+    /// had the blob).
+    pub async fn put_blob_bytes_counted(
+        &self,
+        repository: &str,
+        bytes: Bytes,
+    ) -> Result<(Digest, u64), RegistryError> {
         let digest = Digest::of_bytes(&bytes);
         if self.has_blob(repository, &digest).await? {
-            return Ok(digest);
+            return Ok((digest, 0));
         }
+        let size = bytes.len() as u64;
         let scopes = [scope(repository, "pull,push")];
         let url = self.url(&format!("{repository}/blobs/uploads/"));
         let (response, attempts) = self
@@ -733,7 +744,7 @@ impl RegistryClient {
         if response.status() != StatusCode::CREATED {
             return Err(status_error(Method::PUT, &put_url, response, attempts).await);
         }
-        Ok(digest)
+        Ok((digest, size))
     }
 
     /// PUT a manifest (or index) as raw bytes under `reference`'s tag (or its digest).

@@ -41,6 +41,8 @@ pub struct ArtifactLayer {
 pub struct ReferrerReport {
     /// The artifact manifest's digest.
     pub digest: Digest,
+    /// Blob bytes sent (the registry had the others).
+    pub bytes_uploaded: u64,
     /// The fallback tag written when the registry has no referrers API.
     pub fallback_tag: Option<String>,
 }
@@ -65,13 +67,14 @@ pub async fn push_referrer(
     annotations: BTreeMap<String, String>,
 ) -> Result<ReferrerReport, RegistryError> {
     let repo = repository.repository();
-    let bytes =
+    let (bytes, bytes_uploaded) =
         artifact_manifest(client, repo, subject, artifact_type, &layers, &annotations).await?;
     let digest = Digest::of_bytes(&bytes);
     let size = bytes.len() as u64;
     if put_artifact_manifest(client, repo, &digest, bytes).await? {
         return Ok(ReferrerReport {
             digest,
+            bytes_uploaded,
             fallback_tag: None,
         });
     }
@@ -84,12 +87,13 @@ pub async fn push_referrer(
     add_to_fallback_index(client, &repository.with_tag(&tag)?, &digest, entry).await?;
     Ok(ReferrerReport {
         digest,
+        bytes_uploaded,
         fallback_tag: Some(tag),
     })
 }
 
 /// Upload the artifact's blobs (the empty config and `layers`) to `repo`; returns its
-/// manifest's canonical bytes.
+/// manifest's canonical bytes and the blob bytes sent.
 async fn artifact_manifest(
     client: &RegistryClient,
     repo: &str,
@@ -97,12 +101,15 @@ async fn artifact_manifest(
     artifact_type: &str,
     layers: &[ArtifactLayer],
     annotations: &BTreeMap<String, String>,
-) -> Result<Bytes, RegistryError> {
+) -> Result<(Bytes, u64), RegistryError> {
     let empty = Bytes::from_static(b"{}");
-    let empty_digest = client.put_blob_bytes(repo, empty.clone()).await?;
+    let (empty_digest, mut sent) = client.put_blob_bytes_counted(repo, empty.clone()).await?;
     let mut layer_descriptors = Vec::new();
     for layer in layers {
-        let digest = client.put_blob_bytes(repo, layer.bytes.clone()).await?;
+        let (digest, bytes) = client
+            .put_blob_bytes_counted(repo, layer.bytes.clone())
+            .await?;
+        sent += bytes;
         let mut d = descriptor(&layer.media_type, &digest, layer.bytes.len() as u64);
         if !layer.annotations.is_empty() {
             d["annotations"] = json!(layer.annotations);
@@ -120,8 +127,9 @@ async fn artifact_manifest(
     if !annotations.is_empty() {
         manifest["annotations"] = json!(annotations);
     }
-    Ok(Bytes::from(
-        to_canonical_json(&manifest).expect("JSON values serialise"),
+    Ok((
+        Bytes::from(to_canonical_json(&manifest).expect("JSON values serialise")),
+        sent,
     ))
 }
 
