@@ -93,6 +93,28 @@ fn two_platforms_build_into_an_index_without_emulation() {
         })
         .collect();
     assert_eq!(platforms, ["linux/amd64", "linux/arm64"]);
+    // Each platform's image has its own SBOM and provenance, of its own lock (issue 22).
+    for (child, arch) in raw["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(["amd64", "arm64"])
+    {
+        let digest: cudastack::digest::Digest = child["digest"].as_str().unwrap().parse().unwrap();
+        let referrers = cudastack::attest::store::referrers_of(&layout, &digest).unwrap();
+        let kinds: Vec<&str> = referrers.iter().map(|r| r.kind.as_str()).collect();
+        assert_eq!(kinds, ["provenance", "sbom", "sbom.cdx"], "{arch}");
+        let sbom = String::from_utf8_lossy(&referrers[1].blob);
+        assert!(
+            sbom.contains(&format!("arch={arch}")),
+            "{arch}: no {arch} package in its SBOM"
+        );
+        let other = if arch == "amd64" { "arm64" } else { "amd64" };
+        assert!(
+            !sbom.contains(&format!("arch={other}")),
+            "{arch}: the {other} lock in its SBOM"
+        );
+    }
     let index_bytes = std::fs::read(
         layout
             .join("blobs/sha256")
