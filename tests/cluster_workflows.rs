@@ -348,7 +348,7 @@ fn relock_script_tries_every_recipe_and_names_the_failures() {
         .success());
     // A stand-in for the installed release on PATH: records each call's recipe (the last
     // argument), fails on the cu118 one (its index is unreachable from CI), and answers
-    // `lock --upgrade --json` with one package change, as `cudastack lock` prints it.
+    // `lock --upgrade --json` with Debian and wheel changes, as `cudastack lock` prints them.
     std::fs::create_dir_all(dir.join("bin")).unwrap();
     let stub = dir.join("bin/cudastack");
     std::fs::write(
@@ -360,7 +360,9 @@ fn relock_script_tries_every_recipe_and_names_the_failures() {
             "case \"$recipe\" in *cu118*) exit 2 ;; esac\n",
             "echo \"[{\\\"lock\\\": \\\"${recipe%.yaml}.lock\\\", \\\"deb_changes\\\": ",
             "[{\\\"name\\\": \\\"tzdata\\\", \\\"old\\\": \\\"2025b\\\", \\\"new\\\": \\\"2026f\\\"}, ",
-            "{\\\"name\\\": \\\"git\\\", \\\"old\\\": null, \\\"new\\\": \\\"1:2.39\\\"}]}]\"\n",
+            "{\\\"name\\\": \\\"git\\\", \\\"old\\\": null, \\\"new\\\": \\\"1:2.39\\\"}], ",
+            // What PyPI published after the lock's moment: found here, never in landing.
+            "\\\"wheel_changes\\\": [{\\\"name\\\": \\\"filelock\\\", \\\"old\\\": \\\"3.16.1\\\", \\\"new\\\": \\\"3.17.0\\\"}]}]\"\n",
         ),
     )
     .unwrap();
@@ -405,7 +407,8 @@ fn relock_script_tries_every_recipe_and_names_the_failures() {
     assert!(
         body.contains(&format!("**{}**", locked.replace(".yaml", ".lock")))
             && body.contains("- `tzdata` 2025b -> 2026f")
-            && body.contains("- `git` (new) -> 1:2.39"),
+            && body.contains("- `git` (new) -> 1:2.39")
+            && body.contains("- `filelock` 3.16.1 -> 3.17.0"),
         "{body}"
     );
 }

@@ -501,6 +501,7 @@ async fn an_exact_pin_locks_the_local_version_an_index_publishes() {
         redist: vec![],
         system: None,
         recipe_digest: Digest::of_bytes(b"exact pin"),
+        as_of: None,
     };
     let lock = resolve(&client, &request).await.unwrap();
     assert_eq!(lock.artifact("torchlike").unwrap().version, "2.5.1+cu118");

@@ -408,7 +408,14 @@ fn check_debs(name: &str, recipe: &Recipe, platform: Platform, lock: &Lockfile) 
     }
 }
 
-/// Resolve `recipe` with `sources` replacing the recipe's own (None: as the recipe says).
+/// Relock `recipe`'s wheels as of its committed lock's own moment (issue 40), with
+/// `sources` replacing the recipe's own (None: as the recipe says): index files uploaded
+/// after the lock was made are not candidates, so what upstream publishes next cannot
+/// change the answer. The Debian/Ubuntu packages are the committed lock's: the archives
+/// drop superseded versions, the snapshot services that keep them are not reachable from
+/// the machines this suite runs on, and `lock --as-of` against a snapshot is tested on a
+/// fixture archive (`lock_as_of`). Whether the archives moved is the relock workflow's
+/// question (`lock --upgrade`), never a landing test's.
 #[allow(clippy::result_large_err)] // LockError names its URLs, as in the library
 fn relock(
     recipe: &Recipe,
@@ -417,21 +424,36 @@ fn relock(
 ) -> Result<Lockfile, LockError> {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let client = client();
+    let committed = Lockfile::read(&platform_lock_path(
+        &recipes_dir().join(format!("{}.yaml", recipe.name)),
+        platform,
+    ))
+    .unwrap();
+    // Blessing the fixture lock moves it to today's PyPI; checking it uses its own moment.
+    let as_of = if std::env::var_os("CUDASTACK_BLESS_RECIPE_LOCKS").is_some() {
+        jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap()
+    } else {
+        committed
+            .as_of
+            .unwrap_or_else(|| panic!("{}: the committed lock records no `as_of`", recipe.name))
+    };
     let mut request =
         lock_request_for(Matrix::embedded(), recipe, &client, None, platform).unwrap();
     if let Some(sources) = sources {
         request.sources = sources;
     }
-    // As `cudastack lock` does: the committed lock's Debian packages are kept.
-    let committed = Lockfile::read(&platform_lock_path(
-        &recipes_dir().join(format!("{}.yaml", recipe.name)),
-        platform,
-    ))
-    .ok();
-    if let Some(system) = request.system.as_mut() {
-        system.keep_from(committed.as_ref(), None);
-    }
-    runtime.block_on(resolve(&client, &request))
+    request.system = None;
+    request.as_of(as_of, None).unwrap();
+    let mut fresh = runtime.block_on(resolve(&client, &request))?;
+    fresh.artifacts.extend(
+        committed
+            .artifacts
+            .iter()
+            .filter(|a| a.kind.is_deb())
+            .cloned(),
+    );
+    fresh.canonicalize();
+    Ok(fresh)
 }
 
 /// Why real PyPI cannot be used here, or None.
@@ -465,7 +487,7 @@ fn relocking_against_real_pypi_reproduces_the_committed_locks() {
         assert_eq!(
             fresh.to_json(),
             committed,
-            "{name} ({platform}): upstream moved (a dependency published a new version); run `cudastack lock {}` and commit the lock",
+            "{name} ({platform}): relocked as of the lock's own moment, PyPI answers otherwise: a locked file was deleted or yanked, or the resolver changed; run `cudastack lock {}`, review the diff and commit it",
             path.display()
         );
     }
@@ -490,7 +512,8 @@ const TORCH_212_CU118_REQUIRES: &[&str] = &[
 ];
 
 /// Serve the cu118 index fixture: `/whl/cu118/torch/` listing stand-in torch wheels for
-/// the Python versions of the 2.1 era (anything else is a 404, as on PyTorch's index for
+/// the Python versions of the 2.1 era, with the `data-upload-time` PyTorch's index adds
+/// (the lock is relocked as of its own moment) (anything else is a 404, as on PyTorch's index for
 /// projects it does not carry, so the resolver falls through to PyPI).
 fn cu118_index_fixture() -> FixtureServer {
     let server = FixtureServer::start();
@@ -501,7 +524,7 @@ fn cu118_index_fixture() -> FixtureServer {
         let (bytes, _) = wheel_bytes("torch", "2.1.2+cu118", TORCH_212_CU118_REQUIRES);
         let path = format!("/whl/cu118/files/{}", filename.replace('+', "%2B"));
         html.push_str(&format!(
-            "    <a href=\"{path}#sha256={}\" data-requires-python=\"&gt;=3.8.0\">{filename}</a><br/>\n",
+            "    <a href=\"{path}#sha256={}\" data-requires-python=\"&gt;=3.8.0\" data-upload-time=\"2023-12-14T22:44:39Z\">{filename}</a><br/>\n",
             sha256_hex(&bytes)
         ));
         server.add_bytes(&path, "application/octet-stream", bytes);

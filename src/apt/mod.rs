@@ -7,12 +7,15 @@
 //! as [`DebPackage`]s (name, version, architecture, URL, sha256, size, suite, component, and
 //! a snapshot-archive URL for when the mirror has moved on).
 //!
-//! At build time, [`repo`] turns the locked .debs, fetched by hash, into a local repository
-//! that mmdebstrap installs from; the mirror's index of the day is never read.
+//! At build time, [`trust`] checks every locked .deb against the archive's signed index
+//! (issue 32: a lock from a pull request cannot name bytes the archive did not sign), and
+//! [`repo`] turns the .debs, fetched by hash, into a local repository that mmdebstrap
+//! installs from: the index is read to check the lock, never to choose a package.
 
 pub mod repo;
 pub mod resolve;
 pub mod sources;
+pub mod trust;
 
 pub use repo::{write_repo, DebFile, RepoError};
 pub use resolve::{AptError, DebPackage, Resolution};

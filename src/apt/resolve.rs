@@ -8,7 +8,7 @@
 //! without Recommends (as mmdebstrap installs); `apt-cache show` and `madison` give each
 //! one's sha256, size, suite and component. Nothing runs as root and nothing is installed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::str::FromStr;
@@ -39,6 +39,8 @@ pub enum AptError {
     Unsatisfiable { roots: String, output: String },
     #[error("apt printed `{line}`, which cudastack could not read ({why})")]
     Unreadable { line: String, why: String },
+    #[error("`--as-of` reads the archive's past state from a snapshot archive, and cudastack knows none for `{root}`\n  hint: name the mirror's snapshot service with `--apt-snapshot URL` (URL/YYYYMMDDTHHMMSSZ/ is the mirror at that moment), or lock without `--as-of`")]
+    NoSnapshot { root: String },
     #[error("I/O error on `{path}`")]
     Io {
         path: PathBuf,
@@ -95,7 +97,7 @@ impl Resolution {
 
     /// The options that keep apt inside the throwaway root, as this user.
     fn options(&self) -> Vec<String> {
-        settings(self.dir(), &self.sources.architecture)
+        settings(self.dir(), &self.sources)
             .into_iter()
             .flat_map(|(name, value)| ["-o".to_string(), format!("{name}={value}")])
             .collect()
@@ -174,6 +176,40 @@ impl Resolution {
         uris.into_iter()
             .map(|uri| self.package(uri, &stanzas, &origins))
             .collect()
+    }
+
+    /// Which of `wanted` (name, architecture, version) the signed index lists, as
+    /// (name, version, sha256, size): one entry per stanza, so a version listed by two
+    /// suites with other bytes is both (issue 32: a build checks the lock against these).
+    pub fn listed(
+        &self,
+        wanted: &[(String, String, String)],
+    ) -> Result<BTreeSet<(String, String, Digest, u64)>, AptError> {
+        let mut listed = BTreeSet::new();
+        // One call per chunk: the command line stays short; a version apt does not know
+        // makes the call fail after printing the rest, so its output is read either way.
+        for chunk in wanted.chunks(200) {
+            let names: Vec<String> = chunk
+                .iter()
+                .map(|(name, arch, version)| format!("{name}:{arch}={version}"))
+                .collect();
+            let output = run(self.command("apt-cache").arg("show").args(&names))?;
+            for text in output.stdout.split("\n\n") {
+                let stanza = Stanza::parse(text);
+                let (Some(name), Some(version), Some(sha256), Some(size)) = (
+                    stanza.get("Package"),
+                    stanza.get("Version"),
+                    stanza
+                        .get("SHA256")
+                        .and_then(|h| Digest::from_str(&format!("sha256:{h}")).ok()),
+                    stanza.get("Size").and_then(|s| s.parse::<u64>().ok()),
+                ) else {
+                    continue;
+                };
+                listed.insert((name.to_string(), version.to_string(), sha256, size));
+            }
+        }
+        Ok(listed)
     }
 
     /// Every version of `name` the archive lists, in apt's order (newest first).
@@ -308,14 +344,25 @@ impl Resolution {
             .sources
             .suites
             .iter()
-            .find(|s| s.root == origin.root && s.suite == origin.suite);
+            .find(|s| s.read_root() == origin.root && s.suite == origin.suite);
+        // Read from a snapshot (`--as-of`): recorded under the archive's own root, where
+        // the same pool path serves the same file.
+        let (url, archive_root) = match suite {
+            Some(suite) if suite.read_from.is_some() => {
+                let pool = uri.url.as_str()[origin.root.len()..].trim_start_matches('/');
+                let url = Url::parse(&format!("{}/{pool}", suite.root))
+                    .map_err(|e| unreadable(&format!("bad URL under the archive root: {e}")))?;
+                (url, suite.root.clone())
+            }
+            _ => (uri.url, origin.root.clone()),
+        };
         let mut package = DebPackage {
             name: uri.name,
             version: uri.version,
             architecture: uri.architecture,
             filename: uri.filename,
-            url: uri.url,
-            archive_root: origin.root.clone(),
+            url,
+            archive_root,
             suite: origin.suite.clone(),
             component: origin.component.clone(),
             sha256,
@@ -345,9 +392,10 @@ impl Resolution {
 /// host's /etc/apt is never read: these also go into the file `APT_CONFIG` names, which apt
 /// reads before anything else), this architecture only, no Recommends (as mmdebstrap
 /// installs), no locking, downloads as this user.
-fn settings(root: &Path, architecture: &str) -> Vec<(&'static str, String)> {
+fn settings(root: &Path, sources: &AptSources) -> Vec<(&'static str, String)> {
+    let architecture = &sources.architecture;
     let root = root.display().to_string();
-    vec![
+    let mut settings = vec![
         ("Dir", format!("{root}/")),
         ("Dir::Etc", format!("{root}/etc/apt/")),
         ("Dir::Etc::Parts", format!("{root}/etc/apt/apt.conf.d/")),
@@ -373,12 +421,18 @@ fn settings(root: &Path, architecture: &str) -> Vec<(&'static str, String)> {
         ("Acquire::Languages", "none".to_string()),
         ("Debug::NoLocking", "1".to_string()),
         ("APT::Sandbox::User", current_user_name()),
-    ]
+    ];
+    // A past state's InRelease is past its Valid-Until by design (`--as-of`, issue 40);
+    // its signature and every hash are still checked.
+    if sources.as_of.is_some() {
+        settings.push(("Acquire::Check-Valid-Until", "false".to_string()));
+    }
+    settings
 }
 
 /// The same settings as an apt.conf file.
-fn apt_conf(root: &Path, architecture: &str) -> String {
-    settings(root, architecture)
+fn apt_conf(root: &Path, sources: &AptSources) -> String {
+    settings(root, sources)
         .into_iter()
         .map(|(name, value)| format!("{name} \"{value}\";\n"))
         .collect()
@@ -574,7 +628,7 @@ fn make_root(root: &Path, sources: &AptSources) -> Result<(), AptError> {
     }
     for (file, text) in [
         ("var/lib/dpkg/status", String::new()),
-        ("etc/apt/apt.conf", apt_conf(root, &sources.architecture)),
+        ("etc/apt/apt.conf", apt_conf(root, sources)),
         ("etc/apt/sources.list", sources.sources_list()),
     ] {
         let path = root.join(file);

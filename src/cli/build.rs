@@ -98,6 +98,16 @@ pub struct BuildArgs {
     /// path under this root); then the URL it was locked from, then the snapshot archive.
     #[arg(long, value_name = "URL", env = "CUDASTACK_APT_MIRROR")]
     apt_mirror: Option<reqwest::Url>,
+    /// The keyring that signs `--apt-mirror`'s index (default: the distribution's archive
+    /// keyring). Every locked .deb is checked against the archive's signed index before it
+    /// is installed.
+    #[arg(long, value_name = "FILE", env = "CUDASTACK_APT_KEYRING")]
+    apt_keyring: Option<PathBuf>,
+    /// A snapshot service in place of snapshot.debian.org / snapshot.ubuntu.com (the same
+    /// layout), or the snapshot root of `--apt-mirror`: where .debs the archive no longer
+    /// lists are checked, as of the lock's `as_of`.
+    #[arg(long, value_name = "URL", env = "CUDASTACK_APT_SNAPSHOT")]
+    apt_snapshot: Option<reqwest::Url>,
     #[command(flatten)]
     sign: super::sign::SignKeyArg,
 }
@@ -198,6 +208,8 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
             BuildModeArg::Fakechroot => Some(BuildMode::Fakechroot),
         },
         apt_mirror: args.apt_mirror,
+        apt_keyring: args.apt_keyring,
+        apt_snapshot: args.apt_snapshot,
     };
     Ok(PipelineSettings {
         build,

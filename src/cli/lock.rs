@@ -14,7 +14,8 @@ use cudastack::lock::lockfile::{ArtifactKind, Lockfile};
 use cudastack::lock::pylock::{pylock_path, to_pylock};
 use cudastack::lock::python_inputs::add_to_request;
 use cudastack::lock::resolve_with_builds;
-use cudastack::lock::system::{deb_changes, DebChange, SystemRequest};
+use cudastack::lock::changes::{changes, PackageChange};
+use cudastack::lock::system::SystemRequest;
 use cudastack::matrix::validate::validate;
 use cudastack::recipe::Recipe;
 use serde::Serialize;
@@ -48,6 +49,36 @@ pub struct LockArgs {
     /// The keyring that signs `--apt-mirror` (default: the distribution's archive keyring).
     #[arg(long, value_name = "FILE", env = "CUDASTACK_APT_KEYRING")]
     apt_keyring: Option<PathBuf>,
+    /// Resolve as upstream was at this moment (RFC 3339, or a date: its 00:00 UTC), as
+    /// uv's `--exclude-newer` does: index files uploaded later are not candidates, nor
+    /// files whose index gives no upload time, and the Debian/Ubuntu archive is read from
+    /// its snapshot (snapshot.debian.org, snapshot.ubuntu.com). `--as-of` with a lock's
+    /// own `as_of` reproduces its resolution after upstream moved on.
+    #[arg(long, value_name = "TIME", value_parser = parse_as_of)]
+    as_of: Option<jiff::Timestamp>,
+    /// A snapshot service in place of the public ones for `--as-of` (the same layout
+    /// under another origin), or the snapshot root of `--apt-mirror`
+    /// (URL/YYYYMMDDTHHMMSSZ/ is the mirror at that moment).
+    #[arg(long, value_name = "URL", env = "CUDASTACK_APT_SNAPSHOT", requires = "as_of")]
+    apt_snapshot: Option<reqwest::Url>,
+    /// Write nothing; exit 1 when the lock would change, printing what moved (a drift
+    /// check for CI: with `--upgrade`, "did upstream publish anything we would take?").
+    #[arg(long)]
+    check: bool,
+}
+
+/// `--as-of`: an RFC 3339 time, or a date taken as its first second in UTC (a date is the
+/// same moment on every machine).
+fn parse_as_of(text: &str) -> Result<jiff::Timestamp, String> {
+    if let Ok(at) = text.parse::<jiff::Timestamp>() {
+        return Ok(at);
+    }
+    let date: jiff::civil::Date = text.parse().map_err(|_| {
+        format!("`{text}` is neither an RFC 3339 time (2026-11-30T03:21:46Z) nor a date (2026-11-30)")
+    })?;
+    date.to_zoned(jiff::tz::TimeZone::UTC)
+        .map(|zoned| zoned.timestamp())
+        .map_err(|e| format!("`{text}`: {e}"))
 }
 
 /// One lock file written: an item of `lock --json` (keys in alphabetical order, as they
@@ -63,7 +94,9 @@ struct Written<'a> {
     recipe: &'a PathBuf,
     recipe_digest: cudastack::digest::Digest,
     /// Debian/Ubuntu packages added, removed or moved to another version.
-    deb_changes: Vec<DebChange>,
+    deb_changes: Vec<PackageChange>,
+    /// Wheels (and sdists) added, removed, or moved to another version or file.
+    wheel_changes: Vec<PackageChange>,
 }
 
 pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
@@ -72,6 +105,10 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
     let runtime = tokio::runtime::Runtime::new()?;
     let client = runtime.block_on(async { HttpClient::with_defaults() })?;
     let mut written = Vec::new();
+    let mut drifted = Vec::new();
+    // One moment for every lock of this run; seconds, as the lock records it.
+    let now = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+        .map_err(|e| e.to_string())?;
     for path in &args.recipes {
         let recipe = Recipe::load(path)?;
         let validation = validate(matrix, &recipe);
@@ -113,6 +150,13 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
             if let Some(system) = request.system.as_mut() {
                 configure_system(system, &args, &recipe, platform, previous.as_ref())?;
             }
+            match args.as_of {
+                Some(at) => request
+                    .as_of(at, args.apt_snapshot.as_ref())
+                    .map_err(|e| e.to_string())?,
+                // Today's upstream: recorded as the lock's moment, nothing filtered.
+                None => request.as_of = Some(now),
+            }
             // `build:` packages are locked from their sdists, with what their builds need.
             let builds = build_request(matrix, &recipe)?;
             for build in &builds.builds {
@@ -120,7 +164,32 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
                     "  reading the sdist of {build} (`build:`): its sha256, run and build requirements"
                 ));
             }
-            let lockfile = runtime.block_on(resolve_with_builds(&client, &request, &builds))?;
+            let mut lockfile =
+                runtime.block_on(resolve_with_builds(&client, &request, &builds))?;
+            keep_the_moment(&mut lockfile, previous.as_ref(), args.as_of.is_some());
+            let deb_changes = changes(previous.as_ref(), &lockfile, ArtifactKind::is_deb);
+            let wheel_changes = changes(previous.as_ref(), &lockfile, ArtifactKind::is_python);
+            if args.check {
+                let current = std::fs::read_to_string(&out).unwrap_or_default();
+                if current != lockfile.to_json() {
+                    printer.status(format!("{} would change:", out.display()));
+                    for change in deb_changes.iter().chain(&wheel_changes) {
+                        printer.status(format!("  {change}"));
+                    }
+                    drifted.push(out.clone());
+                }
+                written.push(Written {
+                    artifacts: lockfile.artifacts.len(),
+                    lock: out,
+                    platform: platform.as_str(),
+                    pylock: None,
+                    recipe: path,
+                    recipe_digest: lockfile.recipe_digest,
+                    deb_changes,
+                    wheel_changes,
+                });
+                continue;
+            }
             lockfile.write(&out)?;
             printer.status(format!(
                 "wrote {} ({} artifacts)",
@@ -131,9 +200,8 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
             if let Some(pylock) = &pylock {
                 printer.status(format!("wrote {}", pylock.display()));
             }
-            let changes = deb_changes(previous.as_ref(), &lockfile);
             if previous.is_some() {
-                for change in &changes {
+                for change in deb_changes.iter().chain(&wheel_changes) {
                     printer.status(format!("  {change}"));
                 }
             }
@@ -144,7 +212,8 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
                 pylock,
                 recipe: path,
                 recipe_digest: lockfile.recipe_digest,
-                deb_changes: changes,
+                deb_changes,
+                wheel_changes,
             });
         }
     }
@@ -155,7 +224,32 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
             printer.line(item.lock.display());
         }
     }
+    if !drifted.is_empty() {
+        printer.status(format!(
+            "{} lock(s) out of date; run `cudastack lock{}` without `--check` and review the diff",
+            drifted.len(),
+            if args.upgrade { " --upgrade" } else { "" }
+        ));
+        return Ok(ExitCode::from(1));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A relock that moved nothing keeps the previous lock's moment, so it leaves the file
+/// byte for byte as it was (the relock workflow opens no pull request for a date); an
+/// explicit `--as-of` is always recorded.
+fn keep_the_moment(lockfile: &mut Lockfile, previous: Option<&Lockfile>, explicit: bool) {
+    let Some(previous) = previous else { return };
+    if explicit || previous.as_of.is_none() {
+        return;
+    }
+    let unchanged = Lockfile {
+        as_of: previous.as_of,
+        ..lockfile.clone()
+    };
+    if unchanged.to_json() == previous.to_json() {
+        *lockfile = unchanged;
+    }
 }
 
 /// Write the lock's wheels as PEP 751 beside it, for pip and uv; None without wheels.
@@ -217,4 +311,23 @@ fn configure_system(
     }
     system.keep_from(previous, upgrade);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_as_of;
+
+    #[test]
+    fn as_of_takes_a_time_or_a_date_at_midnight_utc() {
+        assert_eq!(
+            parse_as_of("2026-11-30T03:21:46Z").unwrap().to_string(),
+            "2026-11-30T03:21:46Z"
+        );
+        assert_eq!(
+            parse_as_of("2026-11-30").unwrap().to_string(),
+            "2026-11-30T00:00:00Z"
+        );
+        let error = parse_as_of("last tuesday").unwrap_err();
+        assert!(error.contains("RFC 3339"), "{error}");
+    }
 }

@@ -771,7 +771,9 @@ jobs:
 {INSTALL_STEP}      # One recipe failing (an index unreachable) must not hide the others' changes: all are
       # tried, the pull request carries what changed, and the job fails afterwards.
       # `--upgrade`: Debian/Ubuntu packages move to the archive's current versions (security
-      # updates); each lock's changes (package, old -> new) go into the pull request.
+      # updates) and wheels to what the indexes publish today: this is where upstream's
+      # drift is found (the landing tests relock as of each lock's own `as_of`, issue 40).
+      # Each lock's changes (package, old -> new) go into the pull request.
       - name: Re-lock every recipe
         id: lock
         run: |
@@ -784,8 +786,8 @@ jobs:
           }} > relock-body.md
           for recipe in{files}; do
             if cudastack lock --upgrade --json "$recipe" > relock.json; then
-              jq -r '.[] | select(.deb_changes | length > 0)
-                | "**\(.lock)**\n" + ([.deb_changes[] | "- `\(.name)` \(.old // "(new)") -> \(.new // "(removed)")"] | join("\n")) + "\n"' \
+              jq -r '.[] | select((.deb_changes + (.wheel_changes // [])) | length > 0)
+                | "**\(.lock)**\n" + ([(.deb_changes + (.wheel_changes // []))[] | "- `\(.name)` \(.old // "(new)") -> \(.new // "(removed)")"] | join("\n")) + "\n"' \
                 relock.json >> relock-body.md
             else
               failed="$failed $recipe"

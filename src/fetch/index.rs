@@ -104,6 +104,8 @@ pub struct DistFile {
     pub requires_python: Option<VersionSpecifiers>,
     pub yanked: bool,
     pub yanked_reason: Option<String>,
+    /// When the index says the file was uploaded (PEP 700 `upload-time`, or the
+    /// `data-upload-time` attribute PyTorch's HTML index adds), as published.
     pub upload_time: Option<String>,
     pub core_metadata: CoreMetadata,
 }
@@ -112,6 +114,11 @@ impl DistFile {
     /// The parsed wheel name, or `None` for sdists and unknown files.
     pub fn wheel(&self) -> Option<WheelFilename> {
         WheelFilename::from_str(&self.filename).ok()
+    }
+
+    /// The upload time, parsed; None when the index gives none or an unreadable one.
+    pub fn uploaded_at(&self) -> Option<jiff::Timestamp> {
+        self.upload_time.as_deref()?.parse().ok()
     }
 
     /// The PEP 658 metadata URL: the file URL with `.metadata` appended to its path.
@@ -404,7 +411,8 @@ pub fn parse_html(page: &Url, body: &str) -> Result<Vec<DistFile>, IndexError> {
             yanked_reason: yanked_attribute
                 .filter(|reason| !reason.is_empty())
                 .map(str::to_string),
-            upload_time: None,
+            // Not in PEP 503: PyTorch's index and uv's mirrors publish it (issue 40).
+            upload_time: anchor.attribute("data-upload-time").map(str::to_string),
             core_metadata,
             filename,
         });

@@ -24,6 +24,13 @@ pub enum SourceError {
     Mirror(#[from] MirrorError),
     #[error("The blocking task reading a mirror failed")]
     Join(#[from] tokio::task::JoinError),
+    #[error("`{page}` gives no upload time for any of its {files} files, so none can be shown to predate {as_of} (`--as-of`)\n  hint: lock without `--as-of`, or take `{project}` from an index that publishes upload times (PEP 700; PyPI does)")]
+    NoUploadTimes {
+        project: PackageName,
+        page: String,
+        files: usize,
+        as_of: jiff::Timestamp,
+    },
 }
 
 /// One package source.
@@ -41,6 +48,14 @@ pub enum PackageSource {
         source: Box<PackageSource>,
         excluded: Arc<BTreeSet<PackageName>>,
     },
+    /// `source` as it was at `cutoff` (issue 40, uv's `--exclude-newer`): files uploaded
+    /// later are not offered, nor files whose upload time the index does not give (they
+    /// cannot be shown to be older). A `--mirror` directory is the site's own fixed set
+    /// and is offered whole.
+    AsOf {
+        source: Box<PackageSource>,
+        cutoff: jiff::Timestamp,
+    },
 }
 
 impl fmt::Display for PackageSource {
@@ -48,7 +63,9 @@ impl fmt::Display for PackageSource {
         match self {
             PackageSource::Index { index, .. } => write!(f, "{}", index.base()),
             PackageSource::Mirror(mirror) => write!(f, "{}", mirror.url()),
-            PackageSource::Excluding { source, .. } => source.fmt(f),
+            PackageSource::Excluding { source, .. } | PackageSource::AsOf { source, .. } => {
+                source.fmt(f)
+            }
         }
     }
 }
@@ -67,7 +84,25 @@ impl PackageSource {
             PackageSource::Index { plain_linux, .. } => *plain_linux,
             // A mirror holds whatever the site put there, often copied from PyTorch's index.
             PackageSource::Mirror(_) => true,
-            PackageSource::Excluding { source, .. } => source.accepts_plain_linux(),
+            PackageSource::Excluding { source, .. } | PackageSource::AsOf { source, .. } => {
+                source.accepts_plain_linux()
+            }
+        }
+    }
+
+    /// This source as it was at `cutoff`; a mirror directory is itself at any time.
+    pub fn as_of(self, cutoff: jiff::Timestamp) -> Self {
+        match self {
+            PackageSource::Mirror(_) => self,
+            PackageSource::Excluding { source, excluded } => PackageSource::Excluding {
+                source: Box::new(source.as_of(cutoff)),
+                excluded,
+            },
+            PackageSource::AsOf { source, .. } => source.as_of(cutoff),
+            PackageSource::Index { .. } => PackageSource::AsOf {
+                source: Box::new(self),
+                cutoff,
+            },
         }
     }
 
@@ -99,6 +134,12 @@ impl PackageSource {
                 }
                 Box::pin(source.project(name)).await
             }
+            PackageSource::AsOf { source, cutoff } => {
+                let Some(page) = Box::pin(source.project(name)).await? else {
+                    return Ok(None);
+                };
+                uploaded_by(page, *cutoff).map(Some)
+            }
             PackageSource::Index { index, .. } => match index.project(name).await {
                 Ok(page) => Ok(Some(page)),
                 Err(IndexError::Http(HttpError::NotFound { .. })) => Ok(None),
@@ -115,7 +156,9 @@ impl PackageSource {
     /// The METADATA text of one of this source's files.
     pub async fn metadata(&self, file: &DistFile) -> Result<String, MetadataError> {
         match self {
-            PackageSource::Excluding { source, .. } => Box::pin(source.metadata(file)).await,
+            PackageSource::Excluding { source, .. } | PackageSource::AsOf { source, .. } => {
+                Box::pin(source.metadata(file)).await
+            }
             PackageSource::Index { index, .. } => wheel_metadata(index.client(), file).await,
             PackageSource::Mirror(_) => {
                 let path = file
@@ -134,4 +177,22 @@ impl PackageSource {
             }
         }
     }
+}
+
+/// `page` less the files uploaded after `cutoff` or without an upload time; an error when
+/// none of its files has one (the index cannot answer "as of", and saying "no version"
+/// would send the user looking in the wrong place).
+fn uploaded_by(mut page: ProjectPage, cutoff: jiff::Timestamp) -> Result<ProjectPage, SourceError> {
+    let listed = page.files.len();
+    if listed > 0 && page.files.iter().all(|f| f.uploaded_at().is_none()) {
+        return Err(SourceError::NoUploadTimes {
+            project: page.name,
+            page: page.url.to_string(),
+            files: listed,
+            as_of: cutoff,
+        });
+    }
+    page.files
+        .retain(|file| file.uploaded_at().is_some_and(|at| at <= cutoff));
+    Ok(page)
 }

@@ -353,6 +353,7 @@ pub fn lock_request_for(
         redist: Vec::new(),
         system: system_request(recipe, platform),
         recipe_digest: recipe.lock_digest(),
+        as_of: None,
     })
 }
 

@@ -81,6 +81,22 @@ pub enum ArtifactKind {
     BuildDeb,
 }
 
+impl ArtifactKind {
+    /// A Debian or Ubuntu package, of the image or of the builder.
+    pub fn is_deb(self) -> bool {
+        matches!(self, ArtifactKind::Deb | ArtifactKind::BuildDeb)
+    }
+
+    /// A Python distribution from an index: a wheel or sdist of the image, or a wheel of
+    /// the builder.
+    pub fn is_python(self) -> bool {
+        matches!(
+            self,
+            ArtifactKind::Wheel | ArtifactKind::Sdist | ArtifactKind::BuildWheel
+        )
+    }
+}
+
 /// Which layer a `deb` artifact is installed in: the shared base (minbase, python3,
 /// ca-certificates) or the layer of the recipe's own `apt:` packages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -401,6 +417,12 @@ pub struct Lockfile {
     pub lock_format: u32,
     /// Digest of the recipe the lock was made from; see [`Lockfile::is_stale`].
     pub recipe_digest: Digest,
+    /// The moment the lock's resolution stands for (issue 40): index files uploaded after
+    /// it were not candidates, and `lock --as-of` with it reads the indexes and the
+    /// archive's snapshot as they were then, so the same resolution can be reproduced
+    /// after upstream published more. None in locks made before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<jiff::Timestamp>,
     pub target: Target,
     /// The root requirements, as given.
     pub requirements: Vec<String>,
@@ -516,13 +538,14 @@ impl Lockfile {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::platform::Platform;
     use proptest::prelude::*;
 
-    fn sample() -> Lockfile {
+    pub(crate) fn sample() -> Lockfile {
         Lockfile {
+            as_of: None,
             lock_format: LOCK_FORMAT_VERSION,
             recipe_digest: Digest::of_bytes(b"recipe"),
             target: Target::new(
@@ -591,6 +614,20 @@ mod tests {
         assert_eq!(read.artifacts[0].name, "cudnn");
         assert_eq!(read.artifacts[1].requires, ["filelock", "sympy"]);
         assert!(text.contains("\"kind\": \"redist-archive\""));
+    }
+
+    #[test]
+    fn the_moment_is_recorded_in_seconds_and_optional() {
+        let mut lock = sample();
+        assert!(!lock.to_json().contains("as_of"), "older locks have none");
+        lock.as_of = Some("2026-12-03T11:02:10Z".parse().unwrap());
+        let text = lock.to_json();
+        assert!(
+            text.contains("\"as_of\": \"2026-12-03T11:02:10Z\",\n  \"target\""),
+            "{text}"
+        );
+        let read: Lockfile = serde_json::from_str(&text).unwrap();
+        assert_eq!(read.as_of, lock.as_of);
     }
 
     #[test]

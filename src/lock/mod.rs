@@ -9,6 +9,7 @@
 
 #![allow(clippy::result_large_err)] // see crate::fetch: errors name their URLs
 
+pub mod changes;
 pub mod inputs;
 pub mod lockfile;
 pub mod pylock;
@@ -175,6 +176,31 @@ pub struct LockRequest {
     pub system: Option<system::SystemRequest>,
     /// The recipe's digest, recorded so a changed recipe makes the lock stale.
     pub recipe_digest: Digest,
+    /// The moment the resolution stands for, recorded in the lock; set by
+    /// [`LockRequest::as_of`] to read the sources as they were then (issue 40).
+    pub as_of: Option<jiff::Timestamp>,
+}
+
+impl LockRequest {
+    /// Resolve as the sources were at `at` (issue 40): index files uploaded later are
+    /// not candidates (uv's `--exclude-newer`), and the Debian/Ubuntu archive is read from
+    /// its snapshot at `at` (`snapshot_service` stands in for the public snapshot
+    /// services, or gives a mirror's). The lock records `at`.
+    pub fn as_of(
+        &mut self,
+        at: jiff::Timestamp,
+        snapshot_service: Option<&reqwest::Url>,
+    ) -> Result<(), crate::apt::AptError> {
+        if let Some(system) = self.system.as_mut() {
+            system.sources = system.sources.clone().at_snapshot(at, snapshot_service)?;
+        }
+        self.sources = std::mem::take(&mut self.sources)
+            .into_iter()
+            .map(|source| source.as_of(at))
+            .collect();
+        self.as_of = Some(at);
+        Ok(())
+    }
 }
 
 /// Resolve a [`LockRequest`] into a [`Lockfile`].
@@ -285,6 +311,7 @@ pub async fn resolve_with_builds(
     let mut lock = Lockfile {
         lock_format: LOCK_FORMAT_VERSION,
         recipe_digest: request.recipe_digest,
+        as_of: request.as_of,
         target: request.target.clone(),
         requirements: request.requirements.iter().map(|r| r.to_string()).collect(),
         artifacts,

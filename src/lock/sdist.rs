@@ -235,7 +235,9 @@ async fn fetch(
 fn is_mirror(source: &PackageSource) -> bool {
     match source {
         PackageSource::Mirror(_) => true,
-        PackageSource::Excluding { source, .. } => is_mirror(source),
+        PackageSource::Excluding { source, .. } | PackageSource::AsOf { source, .. } => {
+            is_mirror(source)
+        }
         PackageSource::Index { .. } => false,
     }
 }

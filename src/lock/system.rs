@@ -291,47 +291,9 @@ fn artifact(package: &DebPackage, layer: DebLayer) -> Result<Artifact, SystemErr
 }
 
 /// One difference between two locks' debs, as `lock` prints it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct DebChange {
-    pub name: String,
-    /// None: added.
-    pub old: Option<String>,
-    /// None: removed.
-    pub new: Option<String>,
-}
-
-impl std::fmt::Display for DebChange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (&self.old, &self.new) {
-            (Some(old), Some(new)) => write!(f, "{} {old} -> {new}", self.name),
-            (None, Some(new)) => write!(f, "{} (new) {new}", self.name),
-            (Some(old), None) => write!(f, "{} {old} (removed)", self.name),
-            (None, None) => write!(f, "{}", self.name),
-        }
-    }
-}
+pub type DebChange = crate::lock::changes::PackageChange;
 
 /// What changed in the debs from `old` to `new`, in name order.
 pub fn deb_changes(old: Option<&Lockfile>, new: &Lockfile) -> Vec<DebChange> {
-    let versions = |lock: &Lockfile| -> BTreeMap<String, String> {
-        lock.artifacts
-            .iter()
-            .filter(|a| a.kind == ArtifactKind::Deb)
-            .map(|a| (a.name.clone(), a.version.clone()))
-            .collect()
-    };
-    let before = old.map(versions).unwrap_or_default();
-    let after = versions(new);
-    let mut names: Vec<&String> = before.keys().chain(after.keys()).collect();
-    names.sort();
-    names.dedup();
-    names
-        .into_iter()
-        .filter(|name| before.get(*name) != after.get(*name))
-        .map(|name| DebChange {
-            name: name.clone(),
-            old: before.get(name).cloned(),
-            new: after.get(name).cloned(),
-        })
-        .collect()
+    crate::lock::changes::changes(old, new, ArtifactKind::is_deb)
 }

@@ -605,6 +605,7 @@ mod tests {
     #[test]
     fn ids_are_unique_and_in_the_spdx_alphabet_whatever_the_names() {
         let lock = crate::lock::lockfile::Lockfile {
+            as_of: None,
             lock_format: crate::lock::lockfile::LOCK_FORMAT_VERSION,
             recipe_digest: Digest::of_bytes(b"recipe"),
             target: Target::new(

@@ -71,6 +71,8 @@ pub enum BuildError {
     DebsUnavailable { missing: Vec<String> },
     #[error(transparent)]
     Repo(#[from] crate::apt::RepoError),
+    #[error(transparent)]
+    DebTrust(#[from] crate::apt::trust::TrustError),
     #[error("{0}")]
     Unsupported(String),
     #[error("I/O error on `{path}`")]

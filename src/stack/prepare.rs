@@ -80,6 +80,7 @@ pub(crate) async fn prepare_platform<'a>(
 ) -> Result<PlatformInputs<'a>, BuildError> {
     let lock = read_lock(settings, recipe, platform)?;
     let wheels = fetch_wheels(settings, recipe, &lock, store, progress).await?;
+    verify_debs(settings, recipe, &lock, platform, progress).await?;
     let (base_debs, apt_debs) = fetch_debs(settings, &lock, store, progress).await?;
     // The arch list this platform's torch wheel really carries (aarch64 builds carry
     // fewer SASS targets than the x86_64 one the matrix was read from), so the labels
@@ -310,6 +311,81 @@ async fn fetch_wheels(
         );
     }
     Ok(wheel_paths)
+}
+
+/// Check every .deb of `lock` (the image's and the builder's) against the base's archive
+/// before any is fetched (issue 32): URLs under the archive, its snapshot or the build's
+/// `--apt-mirror`, and each listed in the archive's signed index. Remembered per cache.
+async fn verify_debs(
+    settings: &BuildSettings,
+    recipe: &Recipe,
+    lock: &Lockfile,
+    platform: Platform,
+    progress: &dyn BuildProgress,
+) -> Result<(), BuildError> {
+    use crate::apt::trust::{check_origins, verify_signed, LockedDeb, VerifiedSets};
+    use crate::apt::AptSources;
+    let debs: Vec<LockedDeb> = lock
+        .artifacts
+        .iter()
+        .filter(|a| a.kind.is_deb())
+        .map(|a| LockedDeb {
+            name: a.name.clone(),
+            version: a.version.clone(),
+            architecture: a.platform.clone().unwrap_or_default(),
+            sha256: a.sha256,
+            size: a.size,
+            url: a.url.clone(),
+            fallback_url: a.fallback_url.clone(),
+        })
+        .collect();
+    if debs.is_empty() {
+        return Ok(());
+    }
+    let Some((distro, release)) = recipe.base.distro() else {
+        return Err(BuildError::Unsupported(format!(
+            "the lock names Debian packages, but the recipe's base `{}` has no Debian or Ubuntu archive to check them against",
+            recipe.base
+        )));
+    };
+    let architecture = platform.to_debian();
+    let public = AptSources::for_release(distro, release, architecture, None, None);
+    let mirror = settings.apt_mirror.as_ref().map(|url| {
+        AptSources::for_release(
+            distro,
+            release,
+            architecture,
+            Some(url),
+            settings.apt_keyring.clone(),
+        )
+    });
+    let mut trusted = vec![&public];
+    trusted.extend(mirror.as_ref());
+    check_origins(&debs, &trusted, settings.apt_snapshot.as_ref())?;
+    let index = mirror.unwrap_or(public);
+    let verified = VerifiedSets::new(&settings.cache_root.join("apt-verified"));
+    if verified.contains(&debs, &index)? {
+        return Ok(());
+    }
+    progress.stage(
+        "verify",
+        &format!(
+            "{} Debian packages against the archive's signed index",
+            debs.len()
+        ),
+    );
+    let (as_of, snapshot, release) = (
+        lock.as_of,
+        settings.apt_snapshot.clone(),
+        release.to_string(),
+    );
+    let (debs, index) = tokio::task::spawn_blocking(move || {
+        verify_signed(&debs, &index, &release, as_of, snapshot.as_ref()).map(|()| (debs, index))
+    })
+    .await
+    .map_err(|e| BuildError::Unsupported(format!("the .deb check stopped: {e}")))??;
+    verified.remember(&debs, &index)?;
+    Ok(())
 }
 
 /// Download (or find in the blob store) every deb of `lock`, each from the first of its

@@ -31,6 +31,11 @@ pub struct BuildSettings {
     pub build_mode: Option<crate::stack::rootless::BuildMode>,
     /// A mirror of the base's archive tried before the lock's URLs (`--apt-mirror`).
     pub apt_mirror: Option<reqwest::Url>,
+    /// The keyring that signs `apt_mirror` (`--apt-keyring`; default: the distribution's).
+    pub apt_keyring: Option<PathBuf>,
+    /// A snapshot service in place of the public ones, or `apt_mirror`'s snapshot root
+    /// (`--apt-snapshot`): where the lock's .debs are checked when the archive dropped them.
+    pub apt_snapshot: Option<reqwest::Url>,
 }
 
 /// Progress lines, one per stage; downloads get their own reporter (bars). Called from
