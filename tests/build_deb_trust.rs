@@ -120,7 +120,10 @@ fn a_lock_cannot_point_a_deb_outside_the_archive() {
 
     let output = cudastack(&recipe, &["build"], &archive, &server);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "the swapped .deb was built: {stderr}");
+    assert!(
+        !output.status.success(),
+        "the swapped .deb was built: {stderr}"
+    );
     assert!(
         stderr.contains(&format!("`tzdata {version}` points at `{}", evil.url()))
             && stderr.contains("outside the archives this build trusts"),
@@ -151,7 +154,10 @@ fn a_lock_cannot_name_bytes_the_archive_did_not_sign() {
 
     let output = cudastack(&recipe, &["build"], &archive, &server);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "the unsigned .deb was built: {stderr}");
+    assert!(
+        !output.status.success(),
+        "the unsigned .deb was built: {stderr}"
+    );
     assert!(
         stderr.contains("1 locked .deb is not in the archive's signed index")
             && stderr.contains(&format!(
@@ -161,7 +167,9 @@ fn a_lock_cannot_name_bytes_the_archive_did_not_sign() {
             )),
         "{stderr}"
     );
-    assert!(server.requests_for(&path).is_empty(), "fetched before the check");
+    assert!(
+        server.requests_for(&path).is_empty(),
+        "fetched before the check"
+    );
     assert!(!work.path().join("layout/index.json").exists());
-
 }

@@ -120,7 +120,12 @@ fn version(lock: &Lockfile, name: &str) -> String {
 fn a_package_published_after_the_locks_moment_changes_nothing() {
     let client = fetch_support::client(2);
     let mut index = JsonIndex::new();
-    index.upload("demo", "1.0", &["dep>=2"], Some("2026-01-10T08:00:00.123456Z"));
+    index.upload(
+        "demo",
+        "1.0",
+        &["dep>=2"],
+        Some("2026-01-10T08:00:00.123456Z"),
+    );
     index.upload("dep", "2.0", &[], Some("2026-01-05T00:00:00Z"));
     let moment: jiff::Timestamp = "2026-06-01T00:00:00Z".parse().unwrap();
     let mut first = request(&client, &index.url(), &["demo"]);
@@ -259,7 +264,12 @@ fn lock_as_of_reads_the_archive_snapshot_and_check_finds_the_drift() {
     std::fs::write(&recipe, "name: asof\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000000\n").unwrap();
     let keyring = archive.keyring().display().to_string();
     let live_url = live.url();
-    let mirror_args = ["--apt-mirror", live_url.as_str(), "--apt-keyring", keyring.as_str()];
+    let mirror_args = [
+        "--apt-mirror",
+        live_url.as_str(),
+        "--apt-keyring",
+        keyring.as_str(),
+    ];
     let lock_file = recipe.with_extension("lock");
     succeeded(&cudastack(&[&["lock"][..], &mirror_args].concat(), &recipe));
     let first_text = std::fs::read_to_string(&lock_file).unwrap();
@@ -284,7 +294,11 @@ fn lock_as_of_reads_the_archive_snapshot_and_check_finds_the_drift() {
 
     // The drift check: exit 1, names the change, writes nothing.
     let check = cudastack(
-        &[&["lock", "--check", "--upgrade", "--json"][..], &mirror_args].concat(),
+        &[
+            &["lock", "--check", "--upgrade", "--json"][..],
+            &mirror_args,
+        ]
+        .concat(),
         &recipe,
     );
     let stderr = String::from_utf8_lossy(&check.stderr);
@@ -301,7 +315,14 @@ fn lock_as_of_reads_the_archive_snapshot_and_check_finds_the_drift() {
     let snapshot_url = snapshot.url();
     succeeded(&cudastack(
         &[
-            &["lock", "--upgrade", "--as-of", moment, "--apt-snapshot", snapshot_url.as_str()][..],
+            &[
+                "lock",
+                "--upgrade",
+                "--as-of",
+                moment,
+                "--apt-snapshot",
+                snapshot_url.as_str(),
+            ][..],
             &mirror_args,
         ]
         .concat(),

@@ -271,9 +271,9 @@ mod tests {
         let ubuntu = AptSources::for_release("ubuntu", "noble", "amd64", None, None)
             .at_snapshot(at, None)
             .unwrap();
-        assert!(ubuntu
-            .sources_list()
-            .contains("https://snapshot.ubuntu.com/ubuntu/20261130T032146Z noble-security main universe"));
+        assert!(ubuntu.sources_list().contains(
+            "https://snapshot.ubuntu.com/ubuntu/20261130T032146Z noble-security main universe"
+        ));
         // A stand-in service keeps the public layout under its own origin.
         let service = Url::parse("http://127.0.0.1:8080/snap/").unwrap();
         let fixture = AptSources::for_release("ubuntu", "noble", "arm64", None, None)

@@ -172,18 +172,11 @@ fn unlisted(index: &Resolution, debs: &[LockedDeb]) -> Result<Vec<LockedDeb>, Tr
         .iter()
         .map(|d| (d.name.clone(), d.architecture.clone(), d.version.clone()))
         .collect();
-    let listed = index
-        .listed(&wanted)
-        .map_err(TrustError::IndexUnreadable)?;
+    let listed = index.listed(&wanted).map_err(TrustError::IndexUnreadable)?;
     Ok(debs
         .iter()
         .filter(|deb| {
-            !listed.contains(&(
-                deb.name.clone(),
-                deb.version.clone(),
-                deb.sha256,
-                deb.size,
-            ))
+            !listed.contains(&(deb.name.clone(), deb.version.clone(), deb.sha256, deb.size))
         })
         .cloned()
         .collect())
@@ -215,9 +208,7 @@ impl VerifiedSets {
         let mut lines: Vec<String> = debs.iter().map(LockedDeb::describe).collect();
         lines.sort();
         text.push_str(&lines.join("\n"));
-        Ok(self
-            .dir
-            .join(Digest::of_bytes(text.as_bytes()).hex().to_string()))
+        Ok(self.dir.join(Digest::of_bytes(text.as_bytes()).hex()))
     }
 
     pub fn contains(&self, debs: &[LockedDeb], sources: &AptSources) -> Result<bool, TrustError> {
@@ -234,5 +225,97 @@ impl VerifiedSets {
             path: marker.clone(),
             source,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deb(url: &str, fallback: Option<&str>) -> LockedDeb {
+        LockedDeb {
+            name: "tzdata".into(),
+            version: "2025b-0+deb12u1".into(),
+            architecture: "all".into(),
+            sha256: Digest::of_bytes(b"tzdata"),
+            size: 6,
+            url: url.parse().unwrap(),
+            fallback_url: fallback.map(|f| f.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn urls_must_stay_under_the_base_archive_its_snapshot_or_the_mirror() {
+        let public = AptSources::for_release("debian", "bookworm", "amd64", None, None);
+        let pool = "pool/main/t/tzdata/tzdata_2025b-0+deb12u1_all.deb";
+        let snapshot =
+            format!("https://snapshot.debian.org/archive/debian/20260101T000000Z/{pool}");
+        let good = deb(
+            &format!("http://deb.debian.org/debian/{pool}"),
+            Some(&snapshot),
+        );
+        assert!(check_origins(std::slice::from_ref(&good), &[&public], None).is_ok());
+        let security = deb(
+            &format!("http://security.debian.org/debian-security/{pool}"),
+            None,
+        );
+        assert!(check_origins(&[security], &[&public], None).is_ok());
+
+        // Another host, a look-alike prefix, a fallback elsewhere: refused, naming the URL.
+        for (url, fallback) in [
+            (format!("http://127.0.0.1:8000/{pool}"), None),
+            (format!("http://deb.debian.org/debian-evil/{pool}"), None),
+            (
+                format!("http://deb.debian.org/debian/{pool}"),
+                Some(format!("https://evil.example/{pool}")),
+            ),
+        ] {
+            let error = check_origins(&[deb(&url, fallback.as_deref())], &[&public], None)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("outside the archives this build trusts")
+                    && error.contains("tzdata 2025b-0+deb12u1"),
+                "{error}"
+            );
+        }
+
+        // The build's mirror and snapshot service are trusted as well, the public archive
+        // still (a lock made against it, built through the mirror).
+        let mirror_url: Url = "http://127.0.0.1:9000/debian/".parse().unwrap();
+        let mirror =
+            AptSources::for_release("debian", "bookworm", "amd64", Some(&mirror_url), None);
+        let service: Url = "http://127.0.0.1:9001/".parse().unwrap();
+        let mirrored = deb(
+            &format!("http://127.0.0.1:9000/debian/{pool}"),
+            Some(&format!("http://127.0.0.1:9001/20260101T000000Z/{pool}")),
+        );
+        assert!(check_origins(
+            std::slice::from_ref(&mirrored),
+            &[&public, &mirror],
+            Some(&service)
+        )
+        .is_ok());
+        assert!(check_origins(&[good], &[&public, &mirror], Some(&service)).is_ok());
+        assert!(check_origins(&[mirrored], &[&public], None).is_err());
+    }
+
+    #[test]
+    fn a_verified_set_is_keyed_by_the_keyring_the_archive_and_the_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let keyring = dir.path().join("keyring.gpg");
+        fs_err::write(&keyring, b"key one").unwrap();
+        let sources =
+            AptSources::for_release("debian", "bookworm", "amd64", None, Some(keyring.clone()));
+        let sets = VerifiedSets::new(&dir.path().join("verified"));
+        let debs = [deb("http://deb.debian.org/debian/pool/x.deb", None)];
+        assert!(!sets.contains(&debs, &sources).unwrap());
+        sets.remember(&debs, &sources).unwrap();
+        assert!(sets.contains(&debs, &sources).unwrap());
+        let mut other = debs.clone();
+        other[0].sha256 = Digest::of_bytes(b"other");
+        assert!(!sets.contains(&other, &sources).unwrap());
+        fs_err::write(&keyring, b"key two").unwrap();
+        assert!(!sets.contains(&debs, &sources).unwrap());
     }
 }

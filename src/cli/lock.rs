@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 use cudastack::apt::AptSources;
 use cudastack::fetch::http::HttpClient;
+use cudastack::lock::changes::{changes, PackageChange};
 use cudastack::lock::inputs::{
     build_request, index_credentials, lock_request_for, platform_lock_path,
 };
@@ -14,7 +15,6 @@ use cudastack::lock::lockfile::{ArtifactKind, Lockfile};
 use cudastack::lock::pylock::{pylock_path, to_pylock};
 use cudastack::lock::python_inputs::add_to_request;
 use cudastack::lock::resolve_with_builds;
-use cudastack::lock::changes::{changes, PackageChange};
 use cudastack::lock::system::SystemRequest;
 use cudastack::matrix::validate::validate;
 use cudastack::recipe::Recipe;
@@ -59,7 +59,12 @@ pub struct LockArgs {
     /// A snapshot service in place of the public ones for `--as-of` (the same layout
     /// under another origin), or the snapshot root of `--apt-mirror`
     /// (URL/YYYYMMDDTHHMMSSZ/ is the mirror at that moment).
-    #[arg(long, value_name = "URL", env = "CUDASTACK_APT_SNAPSHOT", requires = "as_of")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "CUDASTACK_APT_SNAPSHOT",
+        requires = "as_of"
+    )]
     apt_snapshot: Option<reqwest::Url>,
     /// Write nothing; exit 1 when the lock would change, printing what moved (a drift
     /// check for CI: with `--upgrade`, "did upstream publish anything we would take?").
@@ -74,7 +79,9 @@ fn parse_as_of(text: &str) -> Result<jiff::Timestamp, String> {
         return Ok(at);
     }
     let date: jiff::civil::Date = text.parse().map_err(|_| {
-        format!("`{text}` is neither an RFC 3339 time (2026-11-30T03:21:46Z) nor a date (2026-11-30)")
+        format!(
+            "`{text}` is neither an RFC 3339 time (2026-11-30T03:21:46Z) nor a date (2026-11-30)"
+        )
     })?;
     date.to_zoned(jiff::tz::TimeZone::UTC)
         .map(|zoned| zoned.timestamp())
@@ -164,8 +171,7 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
                     "  reading the sdist of {build} (`build:`): its sha256, run and build requirements"
                 ));
             }
-            let mut lockfile =
-                runtime.block_on(resolve_with_builds(&client, &request, &builds))?;
+            let mut lockfile = runtime.block_on(resolve_with_builds(&client, &request, &builds))?;
             keep_the_moment(&mut lockfile, previous.as_ref(), args.as_of.is_some());
             let deb_changes = changes(previous.as_ref(), &lockfile, ArtifactKind::is_deb);
             let wheel_changes = changes(previous.as_ref(), &lockfile, ArtifactKind::is_python);

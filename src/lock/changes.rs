@@ -89,7 +89,10 @@ mod tests {
         wheel.sha256 = Digest::of_bytes(b"another build");
         let moved = changes(Some(&old), &new, ArtifactKind::is_python);
         assert_eq!(moved.len(), 1);
-        assert_eq!(moved[0].to_string(), format!("{name} {version} (another file)"));
+        assert_eq!(
+            moved[0].to_string(),
+            format!("{name} {version} (another file)")
+        );
         new.artifacts.retain(|a| a.name != name);
         let removed = changes(Some(&old), &new, ArtifactKind::is_python);
         assert_eq!(removed[0].new, None);
