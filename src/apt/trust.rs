@@ -142,11 +142,16 @@ pub fn verify_signed(
         return Ok(());
     }
     let mut searched = sources.describe();
-    if let Some(at) = as_of {
-        let past_sources = sources
+    // A mirror without `--apt-snapshot` has no past to look in: what its live index does
+    // not list is unsigned as far as this build can tell.
+    let past_sources = as_of.and_then(|at| {
+        sources
             .clone()
             .at_snapshot(at, snapshot_service)
-            .map_err(TrustError::IndexUnreadable)?;
+            .ok()
+            .map(|past| (at, past))
+    });
+    if let Some((at, past_sources)) = past_sources {
         let past = Resolution::update(&past_sources, release).map_err(|source| {
             TrustError::SnapshotUnreadable {
                 as_of: at,
