@@ -35,14 +35,24 @@ pub enum ContainedError {
     #[error("`{}` is a {kind}, not a regular file; cudastack reads regular files only (a FIFO blocks a read, a device never ends)\n  hint: replace it with a regular file", crate::printable::path(.path))]
     NotRegular { path: PathBuf, kind: &'static str },
     #[error("`{}` is {size} bytes, more than the {limit} bytes allowed\n  hint: make it smaller", crate::printable::path(.path))]
-    TooLarge { path: PathBuf, size: u64, limit: u64 },
+    TooLarge {
+        path: PathBuf,
+        size: u64,
+        limit: u64,
+    },
     #[error("`{}` changed while it was read ({what}); build again when the files are settled", crate::printable::path(.path))]
     Changed { path: PathBuf, what: String },
     // The cause is in the message, not chained: callers wrap this error in their own.
     #[error("cannot read `{}`: {error}", crate::printable::path(.path))]
-    Io { path: PathBuf, error: std::io::Error },
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     #[error("cannot write what `{}` holds: {error}", crate::printable::path(.path))]
-    Write { path: PathBuf, error: std::io::Error },
+    Write {
+        path: PathBuf,
+        error: std::io::Error,
+    },
 }
 
 /// Which file was opened, to check that a second open finds the same one.
@@ -95,7 +105,8 @@ impl ContainedFile {
         }
         walked.push(std::ffi::OsStr::from_bytes(last.as_bytes()));
         // lstat first: a FIFO or a device is never opened (opening one can block or act).
-        let before = lstat_below(&directory, last).map_err(|e| classify(e, &path, &walked, root))?;
+        let before =
+            lstat_below(&directory, last).map_err(|e| classify(e, &path, &walked, root))?;
         refuse_special(before.st_mode, &path, &walked, root)?;
         let file = open_below(&directory, last, libc::O_NONBLOCK | libc::O_NOCTTY)
             .map_err(|error| classify(error, &path, &walked, root))?;
@@ -130,16 +141,15 @@ impl ContainedFile {
     ) -> Result<Self, ContainedError> {
         let file = Self::open(root, relative)?;
         if file.identity != planned {
-            let what = if (file.identity.device, file.identity.inode)
-                == (planned.device, planned.inode)
-            {
-                format!(
-                    "{} bytes when planned, {} now",
-                    planned.size, file.identity.size
-                )
-            } else {
-                "another file took its place".to_string()
-            };
+            let what =
+                if (file.identity.device, file.identity.inode) == (planned.device, planned.inode) {
+                    format!(
+                        "{} bytes when planned, {} now",
+                        planned.size, file.identity.size
+                    )
+                } else {
+                    "another file took its place".to_string()
+                };
             return Err(ContainedError::Changed {
                 path: file.path,
                 what,
@@ -168,10 +178,11 @@ impl ContainedFile {
 
     /// The whole file in memory, refused above `limit` bytes. Buffers: for small files.
     pub fn read_to_vec(self, limit: u64) -> Result<Vec<u8>, ContainedError> {
-        if self.size() > limit {
+        let size = self.size();
+        if size > limit {
             return Err(ContainedError::TooLarge {
                 path: self.path,
-                size: self.size(),
+                size,
                 limit,
             });
         }
@@ -281,12 +292,7 @@ fn lstat_below(directory: &OwnedFd, name: &CString) -> std::io::Result<libc::sta
 }
 
 /// What `mode` is when it is not a regular file (a link is named as the link it is).
-fn refuse_special(
-    mode: u32,
-    path: &Path,
-    at: &Path,
-    root: &Path,
-) -> Result<(), ContainedError> {
+fn refuse_special(mode: u32, path: &Path, at: &Path, root: &Path) -> Result<(), ContainedError> {
     let kind = match mode & libc::S_IFMT {
         libc::S_IFREG => return Ok(()),
         libc::S_IFLNK => {
@@ -350,7 +356,10 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         for bad in ["../etc/passwd", "/etc/passwd", "a/../../x", ""] {
             let error = ContainedFile::open(root.path(), Path::new(bad)).unwrap_err();
-            assert!(matches!(error, ContainedError::Outside { .. }), "{bad}: {error}");
+            assert!(
+                matches!(error, ContainedError::Outside { .. }),
+                "{bad}: {error}"
+            );
         }
     }
 
@@ -373,11 +382,17 @@ mod tests {
         let file = ContainedFile::open(root.path(), Path::new("f")).unwrap();
         fs_err::write(&path, "1234567890").unwrap();
         let error = file.read_to_vec(100).unwrap_err();
-        assert!(error.to_string().contains("grew past the 5 bytes"), "{error}");
+        assert!(
+            error.to_string().contains("grew past the 5 bytes"),
+            "{error}"
+        );
         let file = ContainedFile::open(root.path(), Path::new("f")).unwrap();
         fs_err::write(&path, "1").unwrap();
         let error = file.read_to_vec(100).unwrap_err();
-        assert!(error.to_string().contains("1 bytes read of the 10"), "{error}");
+        assert!(
+            error.to_string().contains("1 bytes read of the 10"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -404,6 +419,16 @@ mod tests {
             .unwrap()
             .read_to_vec(10)
             .unwrap_err();
-        assert!(matches!(error, ContainedError::TooLarge { size: 100, limit: 10, .. }), "{error}");
+        assert!(
+            matches!(
+                error,
+                ContainedError::TooLarge {
+                    size: 100,
+                    limit: 10,
+                    ..
+                }
+            ),
+            "{error}"
+        );
     }
 }

@@ -273,12 +273,19 @@ fn component_problem(component: &str) -> Option<String> {
     }
     let shown = escape(component);
     // The worst problem first: a newline is not "uppercase letters" (issue 32).
-    if let Some(c) = component.chars().find(|&c| crate::printable::is_unsafe(c) || c.is_whitespace()) {
+    if let Some(c) = component
+        .chars()
+        .find(|&c| crate::printable::is_unsafe(c) || c.is_whitespace())
+    {
         return Some(format!(
             "`{shown}` holds `{}`, a {} character; a name is lowercase letters, digits and \
              separators",
             c.escape_default(),
-            if c.is_whitespace() && !c.is_control() { "space" } else { "control" }
+            if c.is_whitespace() && !c.is_control() {
+                "space"
+            } else {
+                "control"
+            }
         ));
     }
     if component.bytes().any(|b| b.is_ascii_uppercase()) {

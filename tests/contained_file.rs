@@ -33,8 +33,11 @@ fn a_link_to_a_host_file_is_not_followed() {
     let root = tempfile::tempdir().unwrap();
     let host = tempfile::tempdir().unwrap();
     std::fs::write(host.path().join("shadow"), "root:$6$secret\n").unwrap();
-    std::os::unix::fs::symlink(host.path().join("shadow"), root.path().join("requirements.txt"))
-        .unwrap();
+    std::os::unix::fs::symlink(
+        host.path().join("shadow"),
+        root.path().join("requirements.txt"),
+    )
+    .unwrap();
     let error = read(root.path(), "requirements.txt").unwrap_err();
     assert!(matches!(error, ContainedError::Link { .. }), "{error}");
     assert!(!error.to_string().contains("secret"), "{error}");
@@ -58,7 +61,9 @@ fn a_fifo_is_refused_without_blocking() {
     mkfifo(&root.path().join("pipe"));
     let error = read(root.path(), "pipe").unwrap_err();
     assert!(
-        error.to_string().contains("is a named pipe (FIFO), not a regular file"),
+        error
+            .to_string()
+            .contains("is a named pipe (FIFO), not a regular file"),
         "{error}"
     );
 }

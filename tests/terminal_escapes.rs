@@ -10,7 +10,8 @@ use cudastack::oci::{self, Image};
 
 /// What a hostile label tries: retitle the window (OSC), clear the screen (CSI), return
 /// to the start of the line, print a fake answer on a line of its own, reverse text.
-const HOSTILE: &str = "12.1\u{1b}]0;pwned\u{7}\u{1b}[2J\ryes: fake runs on this node\n\u{202E}gnp.exe";
+const HOSTILE: &str =
+    "12.1\u{1b}]0;pwned\u{7}\u{1b}[2J\ryes: fake runs on this node\n\u{202E}gnp.exe";
 
 fn hostile_layout(dir: &Path) -> String {
     let verified = serde_json::json!([{

@@ -206,7 +206,10 @@ mod tests {
         // issue 32: "has uppercase letters" was the answer to `torch\nX`.
         let error = render("{registry}/torch\nX:1", &values()).unwrap_err();
         let message = error.to_string();
-        assert!(message.contains("holds `\\n`, a control character"), "{message}");
+        assert!(
+            message.contains("holds `\\n`, a control character"),
+            "{message}"
+        );
         assert!(!message.contains("uppercase"), "{message}");
         assert_eq!(message.lines().count(), 1, "{message}");
     }

@@ -702,7 +702,9 @@ x5z6acxoPDxmWOcHkiG8pBCdC+Qm6CVYL6gl7I7Y2donsC7lmXDCtS8=
         // issue 32: "/dev/zero is 0 bytes, more than the 65536 bytes" before.
         let error = SigningKey::read(Path::new("/dev/zero"), b"").unwrap_err();
         assert!(
-            error.to_string().contains("is a device, not a regular file"),
+            error
+                .to_string()
+                .contains("is a device, not a regular file"),
             "{error}"
         );
         let error = PublicKey::read(Path::new("/dev/null")).unwrap_err();

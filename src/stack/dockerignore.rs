@@ -218,7 +218,11 @@ mod tests {
     fn a_dockerignore_fifo_neither_blocks_nor_is_read() {
         let context = tempfile::tempdir().unwrap();
         let fifo = std::ffi::CString::new(
-            context.path().join(".dockerignore").into_os_string().into_encoded_bytes(),
+            context
+                .path()
+                .join(".dockerignore")
+                .into_os_string()
+                .into_encoded_bytes(),
         )
         .unwrap();
         // SAFETY: a NUL-terminated path.
