@@ -11,10 +11,12 @@
 pub mod atomic_file;
 pub mod canonical;
 pub mod cas;
+pub mod contained_file;
 pub mod digest;
 pub mod elf;
 pub mod names;
 pub mod platform;
+pub mod printable;
 pub mod reference;
 pub mod rootfs;
 pub mod version;

@@ -103,15 +103,7 @@ impl ReferenceProblem {
 /// Control characters (a newline in a tag) shown as escapes (`\n`), so a message stays
 /// one line and cannot rewrite the terminal.
 pub(crate) fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::printable::escape(text).into_owned()
 }
 
 /// `text` without its digest, split into the name and the tag: the tag is after the last
@@ -280,6 +272,22 @@ fn component_problem(component: &str) -> Option<String> {
         return Some("the name has an empty part (`//` or a trailing `/`)".to_string());
     }
     let shown = escape(component);
+    // The worst problem first: a newline is not "uppercase letters" (issue 32).
+    if let Some(c) = component
+        .chars()
+        .find(|&c| crate::printable::is_unsafe(c) || c.is_whitespace())
+    {
+        return Some(format!(
+            "`{shown}` holds `{}`, a {} character; a name is lowercase letters, digits and \
+             separators",
+            c.escape_default(),
+            if c.is_whitespace() && !c.is_control() {
+                "space"
+            } else {
+                "control"
+            }
+        ));
+    }
     if component.bytes().any(|b| b.is_ascii_uppercase()) {
         return Some(format!(
             "`{shown}` has uppercase letters; repository names must be lowercase"

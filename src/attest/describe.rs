@@ -56,23 +56,18 @@ pub fn describe(
     summary.artifact_type = printable(&summary.artifact_type);
     summary.predicate_type = summary.predicate_type.as_deref().map(printable);
     summary.detail = summary.detail.iter().map(|l| printable(l)).collect();
+    summary.subjects = summary.subjects.iter().map(|s| printable(s)).collect();
     if let Some(signature) = &mut summary.signature {
         signature.claimed_key_id = signature.claimed_key_id.as_deref().map(printable);
+        signature.status = printable(&signature.status);
     }
     summary
 }
 
-/// `text` with control characters (newlines, escapes) written as Rust escapes.
+/// `text` with control characters (newlines, escapes) and bidi controls written as Rust
+/// escapes: the one escaping of the crate (issue 32).
 fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
+    crate::printable::escape(text).into_owned()
 }
 
 fn describe_unescaped(

@@ -359,8 +359,8 @@ pub fn render_groups(groups: &[CoverageGroup]) -> String {
 /// print a fake line).
 fn printable(path: &Path) -> String {
     let text = path.to_string_lossy();
-    if text.chars().any(char::is_control) {
-        format!("{text:?}")
+    if text.chars().any(crate::printable::is_unsafe) {
+        format!("\"{}\"", crate::printable::escape(&text))
     } else {
         text.into_owned()
     }

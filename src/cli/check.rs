@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
+use cudastack::printable::escape;
 use cudastack::verify::check::{check, Fit, ImageClaims, Node, NodeGpu};
 use cudastack::verify::source::ImageLocation;
 use cudastack::version::{ComputeCapability, DriverVersion};
@@ -123,28 +124,33 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
             answer: &answer,
         });
     } else {
+        // A finding quotes the image's labels (the verified GPUs, the kernel table): each
+        // part stays on its line, so a label cannot print a fake `ok` or `yes` (issue 32).
         for finding in &answer.findings {
             printer.line(format_args!(
                 "{} {} {}",
                 if finding.ok { "ok " } else { "NO " },
-                finding.subject,
-                finding.what
+                escape(&finding.subject),
+                escape(&finding.what)
             ));
             if let Some(hint) = &finding.hint {
-                printer.line(format_args!("    hint: {hint}"));
+                printer.line(format_args!("    hint: {}", escape(hint)));
             }
         }
+        let location = escape(&documents.location);
         printer.line(format_args!(
             "{}",
             match answer.fits {
-                Fit::Yes => format!("yes: {} runs on this node", documents.location),
-                Fit::No => format!("no: {} will not run on this node", documents.location),
+                Fit::Yes => format!("yes: {location} runs on this node"),
+                Fit::No => format!("no: {location} will not run on this node"),
                 Fit::Unknown => format!(
                     "unknown: {}",
-                    answer
-                        .unknown_because
-                        .as_deref()
-                        .unwrap_or("not every requirement was compared")
+                    escape(
+                        answer
+                            .unknown_because
+                            .as_deref()
+                            .unwrap_or("not every requirement was compared")
+                    )
                 ),
             }
         ));

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 use cudastack::attest::describe::{describe, ReferrerSummary};
 use cudastack::audit::kernels::render_groups;
+use cudastack::printable::escape;
 use cudastack::verify::check::ImageClaims;
 use cudastack::verify::record::report_ref;
 use cudastack::verify::source::{ImageDocuments, ImageLocation};
@@ -119,8 +120,9 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
 fn print_human(inspection: &Inspection, printer: &Printer) {
     let documents = inspection.documents;
     let claims = inspection.declared;
-    let or_none = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_string());
-    printer.line(&documents.location);
+    // Label values are the image author's text: each stays on its line (issue 32).
+    let or_none = |v: &Option<String>| v.as_deref().map_or("-".into(), |v| escape(v).into_owned());
+    printer.line(escape(&documents.location));
     printer.line(format_args!(
         "  manifest      {}",
         documents.manifest_digest
@@ -143,8 +145,7 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
         inspection
             .env
             .get("NVIDIA_REQUIRE_CUDA")
-            .cloned()
-            .unwrap_or_else(|| "-".into())
+            .map_or("-".into(), |v| escape(v).into_owned())
     ));
     printer.line(format_args!(
         "  torch sm      {}",
@@ -167,19 +168,22 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
         for row in &claims.verified {
             printer.line(format_args!(
                 "    {} x{} (compute capability {}), driver {} (CUDA {}), {} checks passed, {} by cudastack {}",
-                row.gpu,
+                escape(&row.gpu),
                 row.count,
-                row.compute_capability,
-                row.driver,
-                row.cuda_driver.as_deref().unwrap_or("?"),
+                escape(&row.compute_capability),
+                escape(&row.driver),
+                escape(row.cuda_driver.as_deref().unwrap_or("?")),
                 row.checks.len(),
-                row.date,
-                row.cudastack
+                escape(&row.date),
+                escape(&row.cudastack)
             ));
         }
     }
     if let Some(report) = &inspection.report_ref {
-        printer.line(format_args!("  report        {report} (in the layout)"));
+        printer.line(format_args!(
+            "  report        {} (in the layout)",
+            escape(report)
+        ));
     }
     print_referrers(&inspection.referrers, printer);
 }
@@ -237,7 +241,8 @@ fn print_referrers(referrers: &[ReferrerSummary], printer: &Printer) {
 fn print_kernels(claims: &ImageClaims, printer: &Printer) {
     if let Some(error) = &claims.kernels_unreadable {
         printer.line(format_args!(
-            "  GPU code      unreadable: the io.cudastack.kernels label does not parse ({error})"
+            "  GPU code      unreadable: the io.cudastack.kernels label does not parse ({})",
+            escape(error)
         ));
         return;
     }

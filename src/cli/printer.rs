@@ -5,6 +5,13 @@
 //! std's `println!` family (which panics, exit 101, when the reader of a pipe has gone:
 //! `cudastack solve ... | head`); `clippy::print_stdout` and `clippy::print_stderr` are
 //! denied in `cli` to keep it so.
+//!
+//! Human output is made terminal-safe here, at the one boundary (issue 32): an image's
+//! labels, a registry's error body or a file name may hold escape sequences, carriage
+//! returns or bidi controls, and none of them reaches the terminal as it is
+//! ([`cudastack::printable::escape_keeping_lines`]). A field that must stay on its line
+//! is escaped whole by the command with [`cudastack::printable::escape`]. JSON is written
+//! as serde made it: its strings are escaped already, and it must stay exact.
 
 use std::fmt::Display;
 use std::io::Write;
@@ -50,7 +57,7 @@ impl Printer {
     /// A JSON document on stdout, its keys in the order of the type's fields.
     pub fn json<T: serde::Serialize>(&self, value: &T) {
         let text = serde_json::to_string_pretty(value).expect("output types serialise");
-        self.line(text);
+        write_stdout(format_args!("{text}\n"));
     }
 
     /// A JSON document on stdout with the keys of every object sorted. `build --json` has
@@ -63,25 +70,25 @@ impl Printer {
 
     /// One line of data on stdout.
     pub fn line(&self, line: impl Display) {
-        write_stdout(format_args!("{line}\n"));
+        write_stdout(format_args!("{}\n", terminal_safe(line)));
     }
 
-    /// Data on stdout as it is (a rendered block that ends its own lines).
+    /// Data on stdout (a rendered block that ends its own lines).
     pub fn text(&self, text: impl Display) {
-        write_stdout(format_args!("{text}"));
+        write_stdout(format_args!("{}", terminal_safe(text)));
     }
 
     /// A progress or log line on stderr, unless `--quiet`.
     pub fn status(&self, line: impl AsRef<str>) {
         if !self.quiet {
-            write_stderr(format_args!("{}\n", line.as_ref()));
+            write_stderr(format_args!("{}\n", terminal_safe(line.as_ref())));
         }
     }
 
-    /// A block on stderr as it is, unless `--quiet`.
+    /// A block on stderr, unless `--quiet`.
     pub fn status_text(&self, text: impl Display) {
         if !self.quiet {
-            write_stderr(format_args!("{text}"));
+            write_stderr(format_args!("{}", terminal_safe(text)));
         }
     }
 }
@@ -104,11 +111,38 @@ impl cudastack::pipeline::Progress for Printer {
 }
 
 /// Print an error with its cause chain, cargo/uv style (always, even with `--quiet`).
+/// A cause may quote a registry's or a daemon's answer: it is made terminal-safe too.
 pub fn report_error(error: &(dyn std::error::Error + 'static)) {
-    write_stderr(format_args!("error: {error}\n"));
+    write_stderr(format_args!("error: {}\n", terminal_safe(error)));
     let mut source = error.source();
     while let Some(cause) = source {
-        write_stderr(format_args!("  Caused by: {cause}\n"));
+        write_stderr(format_args!("  Caused by: {}\n", terminal_safe(cause)));
         source = cause.source();
+    }
+}
+
+/// `text` with every control character but newline and tab, and every bidi control,
+/// written as an escape (issue 32).
+fn terminal_safe(text: impl Display) -> String {
+    let text = text.to_string();
+    match cudastack::printable::escape_keeping_lines(&text) {
+        std::borrow::Cow::Borrowed(_) => text,
+        std::borrow::Cow::Owned(escaped) => escaped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_printed_for_a_person_carries_escape_codes_or_bidi_controls() {
+        let label = "12.4\u{1b}]0;pwned\u{7}\rok\u{202E}\nnext line\ttab";
+        let shown = terminal_safe(label);
+        assert!(
+            !shown.contains(['\u{1b}', '\r', '\u{7}', '\u{202E}']),
+            "{shown:?}"
+        );
+        assert!(shown.contains("\nnext line\ttab"), "{shown:?}");
     }
 }

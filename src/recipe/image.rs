@@ -218,9 +218,10 @@ pub struct UserSpec {
 #[serde(deny_unknown_fields)]
 struct RawUser {
     name: String,
-    uid: u32,
+    // Signed, so a negative id is said as one (issue 32), not as serde's "invalid u32".
+    uid: i64,
     #[serde(default)]
-    gid: Option<u32>,
+    gid: Option<i64>,
     #[serde(default)]
     home: Option<ImagePath>,
 }
@@ -238,10 +239,13 @@ impl TryFrom<RawUser> for UserSpec {
         check_user_name(&raw.name)?;
         let gid = raw.gid.unwrap_or(raw.uid);
         for (what, id) in [("uid", raw.uid), ("gid", gid)] {
+            if id < 0 {
+                return Err(format!("user `{}`: {what} {id} is negative; user and group ids are numbers from 1 to {MAX_ID}\n  hint: use 1000, the first uid of a Debian or Ubuntu user", raw.name));
+            }
             if id == 0 {
                 return Err(format!("user `{}`: {what} 0 is root's; the image's user must not be root (a container running as root owns the mounted data)\n  hint: use 1000, the first uid of a Debian or Ubuntu user", raw.name));
             }
-            if id > MAX_ID {
+            if id > i64::from(MAX_ID) {
                 return Err(format!("user `{}`: {what} {id} is above {MAX_ID}: Debian reserves the ids above (65534 is `nobody`)\n  hint: use an id from 1 to {MAX_ID}, e.g. the one the user has on your cluster's storage", raw.name));
             }
         }
@@ -258,10 +262,12 @@ impl TryFrom<RawUser> for UserSpec {
                 raw.name
             ));
         }
+        // Both are within 1..=MAX_ID, checked above.
+        let id = |id: i64| u32::try_from(id).unwrap_or(MAX_ID);
         Ok(UserSpec {
             name: raw.name,
-            uid: raw.uid,
-            gid,
+            uid: id(raw.uid),
+            gid: id(gid),
             home,
         })
     }
@@ -799,6 +805,20 @@ mod tests {
     fn parse(extra: &str) -> Result<super::super::Recipe, String> {
         super::super::Recipe::parse(&format!("{BASE}{extra}"), std::path::Path::new("r.yaml"))
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_negative_uid_is_said_as_negative() {
+        // issue 32: serde's "invalid value: integer `-1`, expected u32" before.
+        for user in [
+            "user: { name: trainer, uid: -1 }\n",
+            "user: { name: trainer, uid: 1000, gid: -5 }\n",
+        ] {
+            let error = parse(user).unwrap_err();
+            assert!(error.contains("is negative"), "{user}: {error}");
+            assert!(!error.contains("u32"), "{user}: {error}");
+        }
+        assert!(parse("user: { name: trainer, uid: 1000 }\n").is_ok());
     }
 
     #[test]

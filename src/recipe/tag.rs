@@ -202,6 +202,19 @@ mod tests {
     }
 
     #[test]
+    fn a_newline_in_a_name_is_said_as_one() {
+        // issue 32: "has uppercase letters" was the answer to `torch\nX`.
+        let error = render("{registry}/torch\nX:1", &values()).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("holds `\\n`, a control character"),
+            "{message}"
+        );
+        assert!(!message.contains("uppercase"), "{message}");
+        assert_eq!(message.lines().count(), 1, "{message}");
+    }
+
+    #[test]
     fn the_grammar_is_enforced_after_rendering() {
         let bad = |template: &str| render(template, &values()).unwrap_err();
         assert!(matches!(

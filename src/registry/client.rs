@@ -1045,13 +1045,15 @@ async fn registry_detail(response: Response) -> String {
             .errors
             .first()
             .map(|e| {
-                format!(
-                    ": {} {}",
+                // The registry's words: one line, escaped, cut (issue 32).
+                let said = format!(
+                    "{} {}",
                     e.code.as_deref().unwrap_or_default(),
                     e.message.as_deref().unwrap_or_default()
-                )
-                .trim_end()
-                .to_string()
+                );
+                format!(": {}", crate::printable::short(said.trim()))
+                    .trim_end()
+                    .to_string()
             })
             .unwrap_or_default(),
         Err(_) => String::new(),

@@ -370,13 +370,18 @@ fn read_key_file(path: &Path) -> Result<String, SignError> {
         source,
     };
     let file = std::fs::File::open(path).map_err(read_error)?;
+    refuse_devices(&file, path)?;
     let mut bytes = Vec::new();
     file.take(MAX_KEY_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(read_error)?;
     let what = path.display().to_string();
     if bytes.len() as u64 > MAX_KEY_FILE_BYTES {
-        let size = std::fs::metadata(path).map_or(bytes.len() as u64, |meta| meta.len());
+        // A pipe has no size: it gave at least the bytes read.
+        let size = std::fs::metadata(path)
+            .ok()
+            .filter(|meta| meta.is_file())
+            .map_or(bytes.len() as u64, |meta| meta.len());
         return Err(SignError::TooLarge {
             what,
             kind: "a key file",
@@ -388,6 +393,33 @@ fn read_key_file(path: &Path) -> Result<String, SignError> {
     String::from_utf8(bytes).map_err(|_| SignError::NotPem {
         what,
         detail: "it is not text (UTF-8)".to_string(),
+    })
+}
+
+/// A device (`/dev/zero`) or a socket is no key: say so rather than "0 bytes, more than
+/// the limit" (issue 32). A pipe stays allowed (`--key <(vault read ...)`); the read is
+/// bounded all the same.
+fn refuse_devices(file: &std::fs::File, path: &Path) -> Result<(), SignError> {
+    use std::os::unix::fs::FileTypeExt;
+    let file_type = file
+        .metadata()
+        .map_err(|source| SignError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .file_type();
+    let kind = if file_type.is_char_device() || file_type.is_block_device() {
+        "device"
+    } else if file_type.is_socket() {
+        "socket"
+    } else if file_type.is_dir() {
+        "directory"
+    } else {
+        return Ok(());
+    };
+    Err(SignError::NotAFile {
+        path: path.to_path_buf(),
+        kind,
     })
 }
 
@@ -663,6 +695,23 @@ x5z6acxoPDxmWOcHkiG8pBCdC+Qm6CVYL6gl7I7Y2donsC7lmXDCtS8=
         );
         let error = PublicKey::read(&dir.path().join("missing.pub")).unwrap_err();
         assert!(error.to_string().contains("missing.pub"), "{error}");
+    }
+
+    #[test]
+    fn a_key_from_a_device_is_said_to_be_no_file() {
+        // issue 32: "/dev/zero is 0 bytes, more than the 65536 bytes" before.
+        let error = SigningKey::read(Path::new("/dev/zero"), b"").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("is a device, not a regular file"),
+            "{error}"
+        );
+        let error = PublicKey::read(Path::new("/dev/null")).unwrap_err();
+        assert!(error.to_string().contains("is a device"), "{error}");
+        let dir = tempfile::tempdir().unwrap();
+        let error = PublicKey::read(dir.path()).unwrap_err();
+        assert!(error.to_string().contains("is a directory"), "{error}");
     }
 
     #[test]

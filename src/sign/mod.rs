@@ -54,6 +54,8 @@ pub enum SignError {
         #[source]
         source: std::io::Error,
     },
+    #[error("`{}` is a {kind}, not a regular file; a key is read from a file (or `env://NAME`)\n  hint: give the path of the cosign.key or cosign.pub file", crate::printable::path(.path))]
+    NotAFile { path: PathBuf, kind: &'static str },
     #[error("`{}` already exists; cudastack never overwrites a key\n  hint: move it away, or give another --output-prefix", path.display())]
     Exists { path: PathBuf },
     #[error(

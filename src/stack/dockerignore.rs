@@ -5,10 +5,20 @@
 //! below it; the last pattern that matches a path or one of its parents decides.
 //! Matching is globset's (`literal_separator`); only the file syntax and the
 //! parent rule are here.
+//!
+//! The file is the pull request's: it is read through [`ContainedFile`] (no link followed,
+//! no FIFO or device, at most [`MAX_BYTES`]), so a link to a host file cannot show its
+//! first line in a pattern error, nor a link to `/dev/zero` read until memory runs out
+//! (issue 32).
 
 use std::path::Path;
 
 use globset::{GlobBuilder, GlobMatcher};
+
+use crate::contained_file::{ContainedError, ContainedFile};
+
+/// The largest `.dockerignore` read (issue 32): Docker's own files are a few hundred bytes.
+const MAX_BYTES: u64 = 1 << 20;
 
 /// An ordered list of exclude and `!` re-include patterns.
 #[derive(Debug, Default)]
@@ -48,7 +58,10 @@ impl IgnorePatterns {
                 .literal_separator(true)
                 .backslash_escape(true)
                 .build()
-                .map_err(|e| format!("{origin}:{}: pattern `{line}`: {e}", number + 1))?
+                .map_err(|e| {
+                    let line = crate::printable::short(line);
+                    format!("{origin}:{}: pattern `{line}`: {e}", number + 1)
+                })?
                 .compile_matcher();
             patterns.push(Pattern { matcher, include });
         }
@@ -58,11 +71,19 @@ impl IgnorePatterns {
     /// The patterns of the `.dockerignore` in `dir`, or none when it has none.
     pub fn load(dir: &Path) -> Result<Self, String> {
         let path = dir.join(".dockerignore");
-        match std::fs::read_to_string(&path) {
-            Ok(text) => Self::parse(text.lines(), &path.display().to_string()),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(error) => Err(format!("cannot read {}: {error}", path.display())),
+        let bytes = match ContainedFile::open(dir, Path::new(".dockerignore")) {
+            Ok(file) => file.read_to_vec(MAX_BYTES),
+            Err(ContainedError::Missing { .. }) => return Ok(Self::default()),
+            Err(error) => Err(error),
         }
+        .map_err(|error| error.to_string())?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            format!(
+                "`{}` is not UTF-8 text\n  hint: a .dockerignore holds one pattern a line",
+                crate::printable::path(&path)
+            )
+        })?;
+        Self::parse(text.lines(), &path.display().to_string())
     }
 
     /// Whether `relative` (a `/`-separated path below the root these patterns are for) is
@@ -153,5 +174,70 @@ mod tests {
     fn a_bad_pattern_names_its_line() {
         let error = IgnorePatterns::parse(["ok", "[z-a"], ".dockerignore").unwrap_err();
         assert!(error.starts_with(".dockerignore:2:"), "{error}");
+    }
+
+    /// Run `load` on another thread: a `.dockerignore` that blocks or never ends fails the
+    /// test after `seconds` instead of hanging the suite.
+    fn load_within(dir: &Path, seconds: u64) -> Result<IgnorePatterns, String> {
+        let dir = dir.to_path_buf();
+        let (send, receive) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = send.send(IgnorePatterns::load(&dir));
+        });
+        receive
+            .recv_timeout(std::time::Duration::from_secs(seconds))
+            .expect("loading .dockerignore hung")
+    }
+
+    #[test]
+    fn a_dockerignore_link_to_a_host_file_is_not_read() {
+        // issue 32: the first line of the host file came back in the pattern error.
+        let context = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
+        fs_err::write(host.path().join("shadow"), "[root-secret-z-a\n").unwrap();
+        std::os::unix::fs::symlink(
+            host.path().join("shadow"),
+            context.path().join(".dockerignore"),
+        )
+        .unwrap();
+        let error = load_within(context.path(), 10).unwrap_err();
+        assert!(!error.contains("secret"), "{error}");
+        assert!(error.contains("symbolic link"), "{error}");
+    }
+
+    #[test]
+    fn a_dockerignore_link_to_dev_zero_is_not_read() {
+        // issue 32: it was read until memory ran out.
+        let context = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/dev/zero", context.path().join(".dockerignore")).unwrap();
+        let error = load_within(context.path(), 10).unwrap_err();
+        assert!(error.contains("symbolic link"), "{error}");
+    }
+
+    #[test]
+    fn a_dockerignore_fifo_neither_blocks_nor_is_read() {
+        let context = tempfile::tempdir().unwrap();
+        let fifo = std::ffi::CString::new(
+            context
+                .path()
+                .join(".dockerignore")
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        let error = load_within(context.path(), 10).unwrap_err();
+        assert!(error.contains("named pipe"), "{error}");
+    }
+
+    #[test]
+    fn a_huge_dockerignore_is_refused() {
+        let context = tempfile::tempdir().unwrap();
+        let line = "a-pattern-that-is-long-enough/**/*.bin\n";
+        let text = line.repeat((MAX_BYTES as usize / line.len()) + 1);
+        fs_err::write(context.path().join(".dockerignore"), text).unwrap();
+        let error = load_within(context.path(), 30).unwrap_err();
+        assert!(error.contains("more than the"), "{error}");
     }
 }

@@ -6,19 +6,23 @@
 //! planning read, so a file edited during the build fails it rather than ship a layer
 //! whose key says otherwise. Files are root's, 0644 or 0755 by their owner-execute bit,
 //! symlinks are kept as links (never followed: a link cannot pull a host file in).
+//! Every source file is read through [`ContainedFile`]: no link is followed on the way, a
+//! FIFO or device swapped in is refused without blocking, staging opens the same inode of
+//! the same size planning read and copies exactly that many bytes (issue 32).
 //! A directory above a destination that the `user` layer gives the user (home, workdir)
 //! keeps that owner: a layer's directory entry replaces the lower one's, and a checkpoint
 //! written next to the code must stay writable.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::below::{walk_down, Below, LowerKind};
 use super::{LayerStager, ASSEMBLER};
-use crate::digest::{Digest, Hasher, HashingReader};
+use crate::contained_file::{ContainedError, ContainedFile, FileIdentity};
+use crate::digest::{Digest, Hasher, HashingWriter};
 use crate::layer::{CacheKey, DirOptions, LayerPath, RecordedOwners};
+use crate::printable::{path as printable_path, short};
 use crate::recipe::CopyEntry;
 use crate::stack::dockerignore::IgnorePatterns;
 use crate::stack::error::{io_error, BuildError};
@@ -26,31 +30,31 @@ use crate::stack::staging::{write_record, Staging};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CopyError {
-    #[error("copy `{entry}`: the source `{}` does not exist\n  hint: `src` is relative to the recipe's directory `{}`", .path.display(), .context.display())]
+    #[error("copy `{}`: the source `{}` does not exist\n  hint: `src` is relative to the recipe's directory `{}`", short(.entry), printable_path(.path), printable_path(.context))]
     Missing {
         entry: String,
         path: PathBuf,
         context: PathBuf,
     },
-    #[error("copy `{entry}`: `{}` leads outside the recipe's directory `{}` through a symbolic link\n  hint: a recipe copies only from its own directory; copy the files next to it", .path.display(), .context.display())]
+    #[error("copy `{}`: `{}` leads outside the recipe's directory `{}` through a symbolic link\n  hint: a recipe copies only from its own directory; copy the files next to it", short(.entry), printable_path(.path), printable_path(.context))]
     Escapes {
         entry: String,
         path: PathBuf,
         context: PathBuf,
     },
-    #[error("copy `{entry}`: `{}` is excluded by {why}, so there is nothing to copy\n  hint: remove the pattern or the entry", .path.display())]
+    #[error("copy `{}`: `{}` is excluded by {why}, so there is nothing to copy\n  hint: remove the pattern or the entry", short(.entry), printable_path(.path))]
     Excluded {
         entry: String,
         path: PathBuf,
         why: String,
     },
-    #[error("copy `{entry}`: `{}` is a {kind}; an image layer holds files, directories and symbolic links only", .path.display())]
+    #[error("copy `{}`: `{}` is a {kind}; an image layer holds files, directories and symbolic links only", short(.entry), printable_path(.path))]
     SpecialFile {
         entry: String,
         path: PathBuf,
         kind: &'static str,
     },
-    #[error("copy `{entry}`: the file name `{}` is not UTF-8; image layers name files in UTF-8", .path.display())]
+    #[error("copy `{}`: the file name `{}` is not UTF-8; image layers name files in UTF-8", short(.entry), printable_path(.path))]
     NotUtf8 { entry: String, path: PathBuf },
     #[error("copy: `{first}` and `{second}` both write `/{path}`; give each its own destination")]
     Overlap {
@@ -58,7 +62,7 @@ pub enum CopyError {
         second: String,
         path: String,
     },
-    #[error("copy: `{}` changed while the image was being built (sha256 {planned} when planned, {staged} when copied); build again when the files are settled", .path.display())]
+    #[error("copy: `{}` changed while the image was being built (sha256 {planned} when planned, {staged} when copied); build again when the files are settled", printable_path(.path))]
     Changed {
         path: PathBuf,
         planned: Digest,
@@ -66,6 +70,11 @@ pub enum CopyError {
     },
     #[error("copy: {0}")]
     Patterns(String),
+    #[error("copy `{}`: {error}", short(.entry))]
+    Source {
+        entry: String,
+        error: ContainedError,
+    },
     #[error("copy: `{path}` goes through `{link}`, a symbolic link in the image (-> {target}); a layer cannot write through a link, it would replace it\n  hint: copy to the path the link points at")]
     ThroughLink {
         path: String,
@@ -89,7 +98,10 @@ pub enum CopyError {
 enum Item {
     Dir,
     File {
+        /// Relative to the recipe's directory, read through [`ContainedFile`].
         source: PathBuf,
+        /// The file planning read: staging must find the same.
+        identity: FileIdentity,
         sha256: Digest,
         executable: bool,
         /// Starts with the ELF magic: a library or program the audit must see.
@@ -103,6 +115,8 @@ enum Item {
 /// The copy layer of a recipe with `copy:` entries.
 pub(crate) struct CopyLayer {
     key: CacheKey,
+    /// The recipe's directory, canonical: every source is read below it.
+    context: PathBuf,
     /// Image path (relative, `/`-separated) -> what goes there, parents before children.
     items: BTreeMap<String, Item>,
     /// Directories on the way to the destinations (they keep a lower layer's owner).
@@ -165,6 +179,7 @@ impl CopyLayer {
         Ok(Some(Self {
             owners_record: staging.dir(&key).with_extension("owners.json"),
             key,
+            context,
             items,
             on_the_way,
             below: below.iter().map(|layer| staging.dir(layer.key())).collect(),
@@ -190,10 +205,18 @@ impl LayerStager for CopyLayer {
                 Item::Dir => fs_err::create_dir_all(&target).map_err(io_error(&target))?,
                 Item::File {
                     source,
+                    identity,
                     sha256,
                     executable,
                     ..
-                } => copy_checked(source, *sha256, &target, *executable)?,
+                } => {
+                    let file = ContainedFile::open_planned(&self.context, source, *identity)
+                        .map_err(|error| CopyError::Source {
+                            entry: source.display().to_string(),
+                            error,
+                        })?;
+                    copy_checked(file, *sha256, &target, *executable)?
+                }
                 Item::Symlink { target: link } => {
                     std::os::unix::fs::symlink(link, &target).map_err(io_error(&target))?
                 }
@@ -350,6 +373,7 @@ fn plan_entry(
     .map_err(CopyError::Patterns)?;
     let walk = SourceWalk {
         entry: &shown,
+        context,
         dockerignore,
         excludes: &excludes,
     };
@@ -365,7 +389,7 @@ fn plan_entry(
     let dst = entry.dst.trim_start_matches('/').to_string();
     let meta = fs_err::metadata(&source).map_err(io_error(&source))?;
     if !meta.is_dir() {
-        let item = walk.item(&source)?;
+        let item = walk.item(&source, &context_relative)?;
         return Ok(PlannedEntry {
             items: vec![(dst, item)],
             dst_is_dir: false,
@@ -382,6 +406,8 @@ fn plan_entry(
 /// Walking one entry's source directory with its exclude patterns.
 struct SourceWalk<'a> {
     entry: &'a str,
+    /// The recipe's directory: files are read below it without following links.
+    context: &'a Path,
     dockerignore: &'a IgnorePatterns,
     excludes: &'a IgnorePatterns,
 }
@@ -428,15 +454,16 @@ impl SourceWalk<'_> {
                 }
                 added = true;
             } else if !excluded {
-                items.push((image_path, self.item(&path)?));
+                items.push((image_path, self.item(&path, &context_child)?));
                 added = true;
             }
         }
         Ok(added)
     }
 
-    /// A file or symbolic link, read and hashed.
-    fn item(&self, path: &Path) -> Result<Item, BuildError> {
+    /// A file or symbolic link (`path`, `context_rel` below the recipe's directory), read
+    /// and hashed.
+    fn item(&self, path: &Path, context_rel: &str) -> Result<Item, BuildError> {
         let meta = fs_err::symlink_metadata(path).map_err(io_error(path))?;
         let file_type = meta.file_type();
         if file_type.is_symlink() {
@@ -453,11 +480,22 @@ impl SourceWalk<'_> {
             }
             .into());
         }
-        let (sha256, elf) = sha256_of(path)?;
+        // Opened again without following links: the file may have been swapped for a
+        // link, a FIFO or a device since the lstat above (issue 32).
+        let file = ContainedFile::open(self.context, Path::new(context_rel)).map_err(|error| {
+            CopyError::Source {
+                entry: self.entry.to_string(),
+                error,
+            }
+        })?;
+        let identity = file.identity();
+        let executable = file.mode() & 0o100 != 0;
+        let (sha256, elf) = sha256_of(file, self.entry)?;
         Ok(Item::File {
-            source: path.to_path_buf(),
+            source: PathBuf::from(context_rel),
+            identity,
             sha256,
-            executable: meta.permissions().mode() & 0o100 != 0,
+            executable,
             elf,
         })
     }
@@ -511,41 +549,58 @@ fn directories_above(dst: &str, dst_is_dir: bool) -> Vec<LayerPath> {
 }
 
 /// The file's sha256, and whether it starts with the ELF magic.
-fn sha256_of(path: &Path) -> Result<(Digest, bool), BuildError> {
-    let mut file = fs_err::File::open(path).map_err(io_error(path))?;
-    let mut hasher = Hasher::new();
-    let mut buffer = vec![0u8; 1 << 20];
-    let mut magic: Vec<u8> = Vec::with_capacity(4);
-    loop {
-        let read = file.read(&mut buffer).map_err(io_error(path))?;
-        if read == 0 {
-            break;
-        }
-        if magic.len() < 4 {
-            magic.extend(buffer[..read].iter().take(4 - magic.len()));
-        }
-        hasher.update(&buffer[..read]);
-    }
-    Ok((hasher.finish().0, magic == b"\x7fELF"))
+fn sha256_of(file: ContainedFile, entry: &str) -> Result<(Digest, bool), BuildError> {
+    let mut sink = MagicAndHash {
+        hasher: Hasher::new(),
+        magic: Vec::with_capacity(4),
+    };
+    file.copy_to(&mut sink).map_err(|error| CopyError::Source {
+        entry: entry.to_string(),
+        error,
+    })?;
+    Ok((sink.hasher.finish().0, sink.magic == b"\x7fELF"))
 }
 
-/// Copy `source` to `target` and check it is still the file planning read.
+/// Hashes what is written, and keeps its first four bytes.
+struct MagicAndHash {
+    hasher: Hasher,
+    magic: Vec<u8>,
+}
+
+impl std::io::Write for MagicAndHash {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let wanted = 4 - self.magic.len();
+        self.magic.extend(bytes.iter().take(wanted));
+        self.hasher.update(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Copy `file` (opened as planning saw it) to `target` and check it is still the file
+/// planning read.
 fn copy_checked(
-    source: &Path,
+    file: ContainedFile,
     planned: Digest,
     target: &Path,
     executable: bool,
 ) -> Result<(), BuildError> {
     // One pass: the bytes are hashed as they are copied, so what was written is what
     // is checked.
-    let file = fs_err::File::open(source).map_err(io_error(source))?;
-    let mut reader = HashingReader::new(file);
-    let mut out = fs_err::File::create(target).map_err(io_error(target))?;
-    std::io::copy(&mut reader, &mut out).map_err(io_error(source))?;
-    let (_, staged, _) = reader.finish();
+    let source = file.path().to_path_buf();
+    let out = fs_err::File::create(target).map_err(io_error(target))?;
+    let mut writer = HashingWriter::new(out);
+    file.copy_to(&mut writer)
+        .map_err(|error| CopyError::Source {
+            entry: source.display().to_string(),
+            error,
+        })?;
+    let (_, staged, _) = writer.finish();
     if staged != planned {
         return Err(CopyError::Changed {
-            path: source.to_path_buf(),
+            path: source,
             planned,
             staged,
         }
@@ -843,9 +898,95 @@ mod tests {
         fs_err::write(dir.path().join("train/train.py"), "edited\n").unwrap();
         let again = tempfile::tempdir().unwrap();
         let error = layer.stage(again.path()).unwrap_err();
-        assert!(
-            error.to_string().contains("changed while the image"),
-            "{error}"
-        );
+        // Another size is seen before a byte is copied; same size, the sha256 differs.
+        assert!(error.to_string().contains("changed while"), "{error}");
+    }
+
+    /// Plan `train` into `/w`, swap `train/train.py` for what `swap` makes, and stage on
+    /// another thread: a stage that blocks or never ends fails after `seconds` instead of
+    /// hanging the suite (issue 32).
+    fn stage_after_swap(swap: impl FnOnce(&Path), seconds: u64) -> Result<(), String> {
+        let dir = context();
+        let (staging_dir, staging) = staging();
+        let layer = CopyLayer::plan(&[entry("train", "/w", &[])], dir.path(), &[], &staging)
+            .unwrap()
+            .unwrap();
+        let source = dir.path().join("train/train.py");
+        fs_err::remove_file(&source).unwrap();
+        swap(&source);
+        let staged = tempfile::tempdir().unwrap();
+        let (send, receive) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let result = layer.stage(staged.path()).map_err(|e| e.to_string());
+            let _ = send.send(result);
+            drop((dir, staging_dir, staged));
+        });
+        receive
+            .recv_timeout(std::time::Duration::from_secs(seconds))
+            .expect("staging hung")
+    }
+
+    #[test]
+    fn a_source_swapped_for_a_link_to_a_host_file_is_not_read() {
+        // issue 32: root read the host file and printed its sha256 in the error.
+        let host = tempfile::tempdir().unwrap();
+        let secret = host.path().join("id_ed25519");
+        fs_err::write(&secret, "PRIVATE KEY\n").unwrap();
+        let leaked = Digest::of_bytes(b"PRIVATE KEY\n").hex().to_string();
+        let error = stage_after_swap(
+            |source| std::os::unix::fs::symlink(&secret, source).unwrap(),
+            10,
+        )
+        .unwrap_err();
+        assert!(!error.contains(&leaked), "{error}");
+        assert!(error.contains("symbolic link"), "{error}");
+    }
+
+    #[test]
+    fn a_source_swapped_for_a_fifo_does_not_hang_the_build() {
+        let error = stage_after_swap(
+            |source| {
+                let path = std::ffi::CString::new(source.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0);
+            },
+            10,
+        )
+        .unwrap_err();
+        assert!(error.contains("named pipe"), "{error}");
+    }
+
+    #[test]
+    fn a_source_swapped_for_dev_zero_does_not_fill_the_disk() {
+        let error = stage_after_swap(
+            |source| std::os::unix::fs::symlink("/dev/zero", source).unwrap(),
+            10,
+        )
+        .unwrap_err();
+        assert!(error.contains("symbolic link"), "{error}");
+    }
+
+    #[test]
+    fn a_source_that_grew_after_planning_is_refused_without_reading_the_rest() {
+        let error = stage_after_swap(
+            |source| fs_err::write(source, "print('step')\n".repeat(1000)).unwrap(),
+            10,
+        )
+        .unwrap_err();
+        assert!(error.contains("changed while"), "{error}");
+    }
+
+    #[test]
+    fn a_long_source_name_is_cut_in_the_message() {
+        // issue 32: a 100 KB name was echoed whole, twice.
+        let dir = context();
+        let (_staging_dir, staging) = staging();
+        let long = "n".repeat(100_000);
+        let error = CopyLayer::plan(&[entry(&long, "/x", &[])], dir.path(), &[], &staging)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.len() < 2000, "{} bytes", error.len());
+        assert!(error.contains("… (100"), "{error}");
     }
 }
