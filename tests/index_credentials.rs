@@ -485,10 +485,22 @@ fn environment_credentials_never_follow_a_recipe_to_another_url() {
         ("CUDASTACK_INDEX_INTERNAL_PASSWORD", PASSWORD),
     ];
     let real = internal.simple_url();
-    let bound_elsewhere = [credentials[0], credentials[1], ("CUDASTACK_INDEX_INTERNAL_URL", &real)];
+    let bound_elsewhere = [
+        credentials[0],
+        credentials[1],
+        ("CUDASTACK_INDEX_INTERNAL_URL", &real),
+    ];
     for (how, env, says) in [
-        ("unbound", &credentials[..], "CUDASTACK_INDEX_INTERNAL_URL is not"),
-        ("bound to the real index", &bound_elsewhere[..], "but CUDASTACK_INDEX_INTERNAL_URL is"),
+        (
+            "unbound",
+            &credentials[..],
+            "CUDASTACK_INDEX_INTERNAL_URL is not",
+        ),
+        (
+            "bound to the real index",
+            &bound_elsewhere[..],
+            "but CUDASTACK_INDEX_INTERNAL_URL is",
+        ),
     ] {
         let output = cli_lock(work.path(), &recipe_path, env);
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -499,7 +511,10 @@ fn environment_credentials_never_follow_a_recipe_to_another_url() {
         );
         assert!(!output.status.success(), "{how}: {stderr}");
         assert!(stderr.contains(says), "{how}: {stderr}");
-        assert!(!stderr.contains(PASSWORD) && !stderr.contains("Y2ktYm90"), "{how}: {stderr}");
+        assert!(
+            !stderr.contains(PASSWORD) && !stderr.contains("Y2ktYm90"),
+            "{how}: {stderr}"
+        );
     }
     assert!(internal.log().is_empty());
 }
@@ -511,7 +526,11 @@ fn environment_credentials_never_follow_a_recipe_to_another_url() {
 fn a_netrc_default_entry_goes_only_to_a_bound_index() {
     let work = tempfile::tempdir().unwrap();
     let netrc = work.path().join("default.netrc");
-    std::fs::write(&netrc, format!("default login {USER} password {PASSWORD}\n")).unwrap();
+    std::fs::write(
+        &netrc,
+        format!("default login {USER} password {PASSWORD}\n"),
+    )
+    .unwrap();
     let netrc_env = ("NETRC", netrc.to_str().unwrap());
 
     let attacker = AuthIndex::start(PageFormat::Json, None);
@@ -523,8 +542,16 @@ fn a_netrc_default_entry_goes_only_to_a_bound_index() {
         seen.iter().all(|seen| seen.authorization.is_none()),
         "the netrc default entry went to the recipe's server: {seen:?}"
     );
-    assert!(!seen.is_empty(), "{}", String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        !seen.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 
     // Bound by the user, the index gets it.
     let internal = AuthIndex::start(PageFormat::Json, Some((USER, PASSWORD)));
@@ -537,8 +564,15 @@ fn a_netrc_default_entry_goes_only_to_a_bound_index() {
         &recipe_path,
         &[netrc_env, ("CUDASTACK_INDEX_INTERNAL_URL", &bound)],
     );
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    assert!(internal.log().iter().all(|seen| seen.authorization.is_some()));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(internal
+        .log()
+        .iter()
+        .all(|seen| seen.authorization.is_some()));
 }
 
 /// This machine's address on its network interface (not loopback), where one exists: a
@@ -568,7 +602,11 @@ fn credentials_over_plain_http_to_another_host_are_refused() {
     let recipe_path = cli_project_at(work.path(), &remote.simple_url());
     std::fs::write(work.path().join("empty.netrc"), "").unwrap();
     let netrc = work.path().join("team.netrc");
-    std::fs::write(&netrc, format!("machine {address} login {USER} password {PASSWORD}\n")).unwrap();
+    std::fs::write(
+        &netrc,
+        format!("machine {address} login {USER} password {PASSWORD}\n"),
+    )
+    .unwrap();
     let bound = remote.simple_url();
     let env = [
         ("CUDASTACK_INDEX_INTERNAL_USERNAME", USER),
@@ -588,7 +626,11 @@ fn credentials_over_plain_http_to_another_host_are_refused() {
             "{how}: credentials crossed plain http: {seen:?}"
         );
         assert!(!output.status.success(), "{how}: {stderr}");
-        for says in ["plain http on another machine", from, "use the index's https URL"] {
+        for says in [
+            "plain http on another machine",
+            from,
+            "use the index's https URL",
+        ] {
             assert!(stderr.contains(says), "{how}: missing `{says}`: {stderr}");
         }
     }
@@ -627,10 +669,16 @@ async fn a_redirect_to_another_origin_carries_no_credentials() {
         ("CUDASTACK_INDEX_INTERNAL_URL", &bound),
     ];
     let client = client().with_credentials(credentials(&recipe, &env, None));
-    let url = format!("{}/redirect/{filename}", internal.base).parse().unwrap();
+    let url = format!("{}/redirect/{filename}", internal.base)
+        .parse()
+        .unwrap();
     // The way back to the index comes without credentials, and the index refuses it.
     let error = client.get_bytes(&url, None).await.unwrap_err();
-    assert!(error_chain(&error).contains("401"), "{}", error_chain(&error));
+    assert!(
+        error_chain(&error).contains("401"),
+        "{}",
+        error_chain(&error)
+    );
     let cdn_log = cdn.log();
     assert!(!cdn_log.is_empty());
     assert!(
@@ -639,7 +687,12 @@ async fn a_redirect_to_another_origin_carries_no_credentials() {
     );
     let internal_log = internal.log();
     assert!(internal_log[0].authorization.is_some(), "{internal_log:?}");
-    assert!(internal_log[1..].iter().all(|seen| seen.authorization.is_none()), "{internal_log:?}");
+    assert!(
+        internal_log[1..]
+            .iter()
+            .all(|seen| seen.authorization.is_none()),
+        "{internal_log:?}"
+    );
 }
 
 /// Whether `needle` occurs in what `reader` yields, read in chunks (a layer may be large).

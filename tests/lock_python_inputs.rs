@@ -486,7 +486,8 @@ fn a_fifo_as_an_input_is_refused_without_blocking() {
         let recipe = Recipe::load(&path).unwrap();
         let error = request_within_20s(&path, &recipe, &[fifo]).expect_err("an error");
         assert!(
-            error.contains(&format!("{name}` ")) && error.contains("a named pipe (FIFO), not a regular file"),
+            error.contains(&format!("{name}` "))
+                && error.contains("a named pipe (FIFO), not a regular file"),
             "{extra}: {error}"
         );
         assert!(error.contains("hint: "), "{error}");
@@ -546,7 +547,10 @@ async fn passwords_in_requirement_urls_are_masked_in_errors() {
                 }
             },
         };
-        assert!(!error.contains(secret) && !error.contains("bob"), "{package}: {error}");
+        assert!(
+            !error.contains(secret) && !error.contains("bob"),
+            "{package}: {error}"
+        );
         assert!(error.contains("acme"), "{package}: {error}");
     }
     // A pyproject's dependency.
@@ -560,7 +564,10 @@ async fn passwords_in_requirement_urls_are_masked_in_errors() {
     let url = format!("\"six @ https://bob:{secret}@files.example/six.whl\",");
     std::fs::write(&file, text.replacen("\"six==1.16.0\",", &url, 1)).unwrap();
     let error = request(&path, &recipe).expect_err("an error");
-    assert!(error.contains("`six @ https://****@files.example/six.whl` names a URL"), "{error}");
+    assert!(
+        error.contains("`six @ https://****@files.example/six.whl` names a URL"),
+        "{error}"
+    );
     assert!(!error.contains(secret) && !error.contains("bob"), "{error}");
 }
 

@@ -306,9 +306,7 @@ fn netrc_entry<'n>(
 ) -> Option<&'n netrc::Authenticator> {
     let host = spec.base.host_str().unwrap_or_default();
     // The netrc crate files the `default` entry under the host name `default`.
-    let machine = (host != "default")
-        .then(|| netrc.hosts.get(host))
-        .flatten();
+    let machine = (host != "default").then(|| netrc.hosts.get(host)).flatten();
     machine.or_else(|| {
         let default = netrc.hosts.get("default").filter(|_| bound);
         if default.is_none() && netrc.hosts.contains_key("default") {
@@ -517,7 +515,8 @@ mod tests {
         assert!(matches!(error, CredentialError::Unbound { .. }), "{text}");
         assert!(
             text.contains("CUDASTACK_INDEX_INTERNAL_URL is not")
-                && text.contains("set CUDASTACK_INDEX_INTERNAL_URL=https://attacker.example/simple/"),
+                && text
+                    .contains("set CUDASTACK_INDEX_INTERNAL_URL=https://attacker.example/simple/"),
             "{text}"
         );
         let bound = [(
@@ -540,7 +539,12 @@ mod tests {
         }
         let found = discover(&bound, "https://pypi.internal.example/simple").unwrap();
         assert_eq!(found.indexes[0].credentials().unwrap().password, "e-s3cret");
-        for bad in ["ftp://h/simple", "https://u:p4ss@h/simple", "https://h/simple?x=1", "not a url"] {
+        for bad in [
+            "ftp://h/simple",
+            "https://u:p4ss@h/simple",
+            "https://h/simple?x=1",
+            "not a url",
+        ] {
             let pairs = [("CUDASTACK_INDEX_INTERNAL_URL", bad)];
             let error = IndexCredentials::discover_with(
                 vec![spec("internal", "https://h/simple/")],
@@ -548,7 +552,10 @@ mod tests {
             )
             .unwrap_err();
             let text = error.to_string();
-            assert!(matches!(error, CredentialError::BadBinding { .. }), "{text}");
+            assert!(
+                matches!(error, CredentialError::BadBinding { .. }),
+                "{text}"
+            );
             assert!(!text.contains("p4ss"), "{text}");
         }
     }
@@ -574,10 +581,19 @@ mod tests {
             None,
         );
         for (name, url, from) in [
-            ("env", "http://10.0.0.5/simple/", "CUDASTACK_INDEX_ENV_USERNAME"),
-            ("netrc", "http://pypi.internal.example/simple/", "the netrc file"),
+            (
+                "env",
+                "http://10.0.0.5/simple/",
+                "CUDASTACK_INDEX_ENV_USERNAME",
+            ),
+            (
+                "netrc",
+                "http://pypi.internal.example/simple/",
+                "the netrc file",
+            ),
         ] {
-            let error = IndexCredentials::discover_with(vec![spec(name, url)], &lookup).unwrap_err();
+            let error =
+                IndexCredentials::discover_with(vec![spec(name, url)], &lookup).unwrap_err();
             let text = error.to_string();
             assert!(matches!(error, CredentialError::PlainHttp { .. }), "{text}");
             assert!(text.contains(url) && text.contains(from), "{text}");

@@ -402,8 +402,14 @@ mod tests {
             masked_urls("`acme @ https://bob:s3cret@h.example/a.whl ; os_name ==`\n  ^^^"),
             "`acme @ https://****@h.example/a.whl ; os_name ==`\n  ^^^"
         );
-        assert_eq!(masked_urls("acme@https://bob:s3cret@h/a.whl"), "****@h/a.whl");
-        assert_eq!(masked_urls("a @ https://h/a.whl?token=s3cret x"), "a @ https://h/a.whl?**** x");
+        assert_eq!(
+            masked_urls("acme@https://bob:s3cret@h/a.whl"),
+            "****@h/a.whl"
+        );
+        assert_eq!(
+            masked_urls("a @ https://h/a.whl?token=s3cret x"),
+            "a @ https://h/a.whl?**** x"
+        );
         assert_eq!(masked_urls("numpy==1.26.4"), "numpy==1.26.4");
         assert_eq!(masked("x\ny"), "x\\ny");
     }
