@@ -142,9 +142,11 @@ async fn a_pinned_package_comes_from_its_index_only() {
             ),
             "[acme-tokenizer]",
         );
+        let bound = internal.simple_url();
         let env = [
             ("CUDASTACK_INDEX_INTERNAL_USERNAME", USER),
             ("CUDASTACK_INDEX_INTERNAL_PASSWORD", PASSWORD),
+            ("CUDASTACK_INDEX_INTERNAL_URL", &bound),
         ];
         let client = client().with_credentials(credentials(&recipe, &env, None));
         let lock = resolve(
@@ -246,9 +248,11 @@ async fn a_missing_or_refused_login_says_what_to_do() {
     }
 
     let wrong_password = "wrong-9xZ";
+    let bound = internal.simple_url();
     let env = [
         ("CUDASTACK_INDEX_ACME_INTERNAL_USERNAME", USER),
         ("CUDASTACK_INDEX_ACME_INTERNAL_PASSWORD", wrong_password),
+        ("CUDASTACK_INDEX_ACME_INTERNAL_URL", &bound),
     ];
     let wrong = client().with_credentials(credentials(&recipe, &env, None));
     let error = resolve(
@@ -321,6 +325,11 @@ async fn credentials_never_go_to_another_host() {
 /// A torch wheel in a mirror directory (the stack without PyPI), and the recipe that adds a
 /// package of the private index to it.
 fn cli_project(work: &Path, internal: &AuthIndex) -> std::path::PathBuf {
+    cli_project_at(work, &internal.simple_url())
+}
+
+/// [`cli_project`] with the recipe's index at `index_url`.
+fn cli_project_at(work: &Path, index_url: &str) -> std::path::PathBuf {
     let mirror = work.join("mirror");
     std::fs::create_dir_all(&mirror).unwrap();
     let (torch, _) = wheel_bytes("torch", "2.4.1", &[]);
@@ -332,7 +341,7 @@ fn cli_project(work: &Path, internal: &AuthIndex) -> std::path::PathBuf {
     let recipe = work.join("train.yaml");
     std::fs::write(
         &recipe,
-        format!("name: train\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: {{ version: \"12.1\" }}\ntorch: {{ version: \"2.4.1\" }}\npackages: [acme-tokenizer]\nindexes:\n  - {{ name: internal, url: \"{}\", packages: [acme-tokenizer] }}\n", internal.simple_url()),
+        format!("name: train\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"530.30.02\"\ncuda: {{ version: \"12.1\" }}\ntorch: {{ version: \"2.4.1\" }}\npackages: [acme-tokenizer]\nindexes:\n  - {{ name: internal, url: \"{index_url}\", packages: [acme-tokenizer] }}\n"),
     )
     .unwrap();
     recipe
@@ -352,7 +361,8 @@ fn cli_lock(work: &Path, recipe: &Path, env: &[(&str, &str)]) -> std::process::O
         .env("RUST_LOG", "debug")
         .env_remove("CUDASTACK_KEYRING_PROVIDER")
         .env_remove("CUDASTACK_INDEX_INTERNAL_USERNAME")
-        .env_remove("CUDASTACK_INDEX_INTERNAL_PASSWORD");
+        .env_remove("CUDASTACK_INDEX_INTERNAL_PASSWORD")
+        .env_remove("CUDASTACK_INDEX_INTERNAL_URL");
     for (key, value) in env {
         command.env(key, value);
     }
@@ -383,9 +393,11 @@ fn cli_lock_uses_env_then_netrc_and_never_prints_the_password() {
         "{stderr}"
     );
 
+    let bound = internal.simple_url();
     let env = [
         ("CUDASTACK_INDEX_INTERNAL_USERNAME", USER),
         ("CUDASTACK_INDEX_INTERNAL_PASSWORD", PASSWORD),
+        ("CUDASTACK_INDEX_INTERNAL_URL", &bound),
     ];
     let netrc = work.path().join("team.netrc");
     std::fs::write(
@@ -454,6 +466,233 @@ fn cli_lock_uses_env_then_netrc_and_never_prints_the_password() {
     assert_eq!(
         Digest::of_bytes(&std::fs::read(blob).unwrap()),
         Digest::of_bytes(&tokenizer)
+    );
+}
+
+/// Issue 32: a pull request changes the recipe's index `url:` to its own server and keeps
+/// the name whose credentials CI holds. The environment's credentials go only to the URL
+/// `CUDASTACK_INDEX_<NAME>_URL` names: without it, or with the real index's URL there,
+/// `lock` stops before any request, and the other server never sees an `Authorization`.
+#[test]
+fn environment_credentials_never_follow_a_recipe_to_another_url() {
+    let work = tempfile::tempdir().unwrap();
+    let internal = AuthIndex::start(PageFormat::Json, Some((USER, PASSWORD)));
+    let attacker = AuthIndex::start(PageFormat::Json, None);
+    publish(&attacker, "acme-tokenizer", "1.0", &[]);
+    let recipe_path = cli_project_at(work.path(), &attacker.simple_url());
+    std::fs::write(work.path().join("empty.netrc"), "").unwrap();
+    let credentials = [
+        ("CUDASTACK_INDEX_INTERNAL_USERNAME", USER),
+        ("CUDASTACK_INDEX_INTERNAL_PASSWORD", PASSWORD),
+    ];
+    let real = internal.simple_url();
+    let bound_elsewhere = [
+        credentials[0],
+        credentials[1],
+        ("CUDASTACK_INDEX_INTERNAL_URL", &real),
+    ];
+    for (how, env, says) in [
+        (
+            "unbound",
+            &credentials[..],
+            "CUDASTACK_INDEX_INTERNAL_URL is not",
+        ),
+        (
+            "bound to the real index",
+            &bound_elsewhere[..],
+            "but CUDASTACK_INDEX_INTERNAL_URL is",
+        ),
+    ] {
+        let output = cli_lock(work.path(), &recipe_path, env);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let seen = attacker.log();
+        assert!(
+            seen.iter().all(|seen| seen.authorization.is_none()),
+            "{how}: the recipe's server got the credentials: {seen:?}"
+        );
+        assert!(!output.status.success(), "{how}: {stderr}");
+        assert!(stderr.contains(says), "{how}: {stderr}");
+        assert!(
+            !stderr.contains(PASSWORD) && !stderr.contains("Y2ktYm90"),
+            "{how}: {stderr}"
+        );
+    }
+    assert!(internal.log().is_empty());
+}
+
+/// Issue 32: a netrc `default` entry (curl and pip send it to every host) goes only to an
+/// index the user bound by `CUDASTACK_INDEX_<NAME>_URL`; a recipe's other server is read
+/// without it.
+#[test]
+fn a_netrc_default_entry_goes_only_to_a_bound_index() {
+    let work = tempfile::tempdir().unwrap();
+    let netrc = work.path().join("default.netrc");
+    std::fs::write(
+        &netrc,
+        format!("default login {USER} password {PASSWORD}\n"),
+    )
+    .unwrap();
+    let netrc_env = ("NETRC", netrc.to_str().unwrap());
+
+    let attacker = AuthIndex::start(PageFormat::Json, None);
+    publish(&attacker, "acme-tokenizer", "1.0", &[]);
+    let recipe_path = cli_project_at(work.path(), &attacker.simple_url());
+    let output = cli_lock(work.path(), &recipe_path, &[netrc_env]);
+    let seen = attacker.log();
+    assert!(
+        seen.iter().all(|seen| seen.authorization.is_none()),
+        "the netrc default entry went to the recipe's server: {seen:?}"
+    );
+    assert!(
+        !seen.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // Bound by the user, the index gets it.
+    let internal = AuthIndex::start(PageFormat::Json, Some((USER, PASSWORD)));
+    publish(&internal, "acme-tokenizer", "1.0", &[]);
+    let recipe_path = cli_project_at(work.path(), &internal.simple_url());
+    std::fs::remove_file(work.path().join("train.lock")).ok();
+    let bound = internal.simple_url();
+    let output = cli_lock(
+        work.path(),
+        &recipe_path,
+        &[netrc_env, ("CUDASTACK_INDEX_INTERNAL_URL", &bound)],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(internal
+        .log()
+        .iter()
+        .all(|seen| seen.authorization.is_some()));
+}
+
+/// This machine's address on its network interface (not loopback), where one exists: a
+/// server there stands for another host reached over plain http. No packet is sent to
+/// find it (a UDP socket's `connect` only picks the route).
+fn non_loopback_address() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.200:9").ok()?;
+    let address = socket.local_addr().ok()?.ip();
+    (!address.is_loopback() && !address.is_unspecified()).then_some(address)
+}
+
+/// Issue 32: credentials are never sent over plain http to a host other than this
+/// machine; `lock` refuses before any request, saying where they came from and what to do.
+#[test]
+fn credentials_over_plain_http_to_another_host_are_refused() {
+    let Some(address) = non_loopback_address() else {
+        crate::gate::skip(
+            "non-loopback address",
+            "this machine has no network interface besides loopback to stand for another host",
+        );
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let remote = AuthIndex::start_on(address, PageFormat::Json, Some((USER, PASSWORD)));
+    publish(&remote, "acme-tokenizer", "1.0", &[]);
+    let recipe_path = cli_project_at(work.path(), &remote.simple_url());
+    std::fs::write(work.path().join("empty.netrc"), "").unwrap();
+    let netrc = work.path().join("team.netrc");
+    std::fs::write(
+        &netrc,
+        format!("machine {address} login {USER} password {PASSWORD}\n"),
+    )
+    .unwrap();
+    let bound = remote.simple_url();
+    let env = [
+        ("CUDASTACK_INDEX_INTERNAL_USERNAME", USER),
+        ("CUDASTACK_INDEX_INTERNAL_PASSWORD", PASSWORD),
+        ("CUDASTACK_INDEX_INTERNAL_URL", &bound),
+    ];
+    let netrc_env = [("NETRC", netrc.to_str().unwrap())];
+    for (how, env, from) in [
+        ("environment", &env[..], "CUDASTACK_INDEX_INTERNAL_USERNAME"),
+        ("netrc", &netrc_env[..], "the netrc file"),
+    ] {
+        let output = cli_lock(work.path(), &recipe_path, env);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let seen = remote.log();
+        assert!(
+            seen.iter().all(|seen| seen.authorization.is_none()),
+            "{how}: credentials crossed plain http: {seen:?}"
+        );
+        assert!(!output.status.success(), "{how}: {stderr}");
+        for says in [
+            "plain http on another machine",
+            from,
+            "use the index's https URL",
+        ] {
+            assert!(stderr.contains(says), "{how}: missing `{says}`: {stderr}");
+        }
+    }
+}
+
+/// A file link whose redirect chain leaves the index's origin (another port of 127.0.0.1
+/// is another origin) and comes back: the credentials bound to the index reach it only
+/// before the chain leaves, never the other origin, and are not put back on the way back.
+#[tokio::test]
+async fn a_redirect_to_another_origin_carries_no_credentials() {
+    let internal = AuthIndex::start(PageFormat::Json, Some((USER, PASSWORD)));
+    let cdn = AuthIndex::start(PageFormat::Json, None);
+    let bytes = publish(&internal, "acme-tokenizer", "1.0", &[]);
+    let filename = "acme_tokenizer-1.0-py3-none-any.whl";
+    // internal /redirect/F -> cdn /redirect/F -> internal /packages/F
+    internal.publish_redirect(
+        "acme-tokenizer",
+        filename,
+        &sha256_hex(&bytes),
+        &format!("{}/redirect/{filename}", cdn.base),
+    );
+    cdn.publish_redirect(
+        "acme-tokenizer",
+        filename,
+        &sha256_hex(&bytes),
+        &format!("{}/packages/{filename}", internal.base),
+    );
+    let recipe = recipe(
+        &format!("[{{ name: internal, url: \"{}\" }}]", internal.simple_url()),
+        "[]",
+    );
+    let bound = internal.simple_url();
+    let env = [
+        ("CUDASTACK_INDEX_INTERNAL_USERNAME", USER),
+        ("CUDASTACK_INDEX_INTERNAL_PASSWORD", PASSWORD),
+        ("CUDASTACK_INDEX_INTERNAL_URL", &bound),
+    ];
+    let client = client().with_credentials(credentials(&recipe, &env, None));
+    let url = format!("{}/redirect/{filename}", internal.base)
+        .parse()
+        .unwrap();
+    // The way back to the index comes without credentials, and the index refuses it.
+    let error = client.get_bytes(&url, None).await.unwrap_err();
+    assert!(
+        error_chain(&error).contains("401"),
+        "{}",
+        error_chain(&error)
+    );
+    let cdn_log = cdn.log();
+    assert!(!cdn_log.is_empty());
+    assert!(
+        cdn_log.iter().all(|seen| seen.authorization.is_none()),
+        "credentials followed the redirect: {cdn_log:?}"
+    );
+    let internal_log = internal.log();
+    assert!(internal_log[0].authorization.is_some(), "{internal_log:?}");
+    assert!(
+        internal_log[1..]
+            .iter()
+            .all(|seen| seen.authorization.is_none()),
+        "{internal_log:?}"
     );
 }
 
@@ -556,7 +795,8 @@ fn build_fetches_the_private_wheel_and_the_layout_holds_no_credentials() {
             .env("CUDASTACK_LOG", "debug")
             .env("NETRC", work.path().join("none.netrc"))
             .env("CUDASTACK_INDEX_INTERNAL_USERNAME", USER)
-            .env("CUDASTACK_INDEX_INTERNAL_PASSWORD", PASSWORD);
+            .env("CUDASTACK_INDEX_INTERNAL_PASSWORD", PASSWORD)
+            .env("CUDASTACK_INDEX_INTERNAL_URL", internal.simple_url());
         command
     };
     let lock = run(&["lock"]).arg(&recipe).output().unwrap();

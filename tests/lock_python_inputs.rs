@@ -443,6 +443,134 @@ fn inputs_outside_the_recipe_directory_are_refused() {
     }
 }
 
+/// `request` on another thread, failed when it takes longer than 20 s: a FIFO opened for
+/// reading blocks until a writer comes. On a timeout each of `fifos` is opened for writing,
+/// which lets the blocked read end, before the test fails.
+fn request_within_20s(path: &Path, recipe: &Recipe, fifos: &[PathBuf]) -> Result<(), String> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let (path, recipe) = (path.to_path_buf(), recipe.clone());
+    std::thread::spawn(move || {
+        let _ = sender.send(request(&path, &recipe).map(|_| ()));
+    });
+    match receiver.recv_timeout(std::time::Duration::from_secs(20)) {
+        Ok(result) => result,
+        Err(_) => {
+            for fifo in fifos {
+                let _ = std::fs::OpenOptions::new().write(true).open(fifo);
+            }
+            panic!("reading the inputs blocked on a FIFO for 20 s");
+        }
+    }
+}
+
+/// Issue 32: a FIFO (or another file that is not a regular one) named as an input, or
+/// included by one, used to block `lock` until something wrote to it. It is refused at
+/// once, naming the file and what it is.
+#[test]
+fn a_fifo_as_an_input_is_refused_without_blocking() {
+    for (extra, name, include) in [
+        ("requirements: [pipe.txt]\n", "pipe.txt", false),
+        ("requirements: [requirements.txt]\n", "more.txt", true),
+        ("pyproject: { path: pipe.toml }\n", "pipe.toml", false),
+        ("python_lock: uv.lock\n", "uv.lock", false),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join(name);
+        let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success(), "mkfifo {}", fifo.display());
+        if include {
+            std::fs::write(dir.path().join("requirements.txt"), "six\n-r more.txt\n").unwrap();
+        }
+        let path = dir.path().join("recipe.yaml");
+        std::fs::write(&path, format!("{CUDA_ONLY}{extra}")).unwrap();
+        let recipe = Recipe::load(&path).unwrap();
+        let error = request_within_20s(&path, &recipe, &[fifo]).expect_err("an error");
+        assert!(
+            error.contains(&format!("{name}` "))
+                && error.contains("a named pipe (FIFO), not a regular file"),
+            "{extra}: {error}"
+        );
+        assert!(error.contains("hint: "), "{error}");
+    }
+}
+
+/// Issue 32: a requirements file of 200,000 lines (2 MB, under the size cap) used to send
+/// as many requests to the indexes; a chain of 300 includes read 300 files. Both are
+/// refused with the cap and where it was passed.
+#[test]
+fn inputs_beyond_the_caps_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines: String = (0..200_000).map(|i| format!("package-{i}\n")).collect();
+    std::fs::write(dir.path().join("huge.txt"), lines).unwrap();
+    for i in 0..300 {
+        std::fs::write(
+            dir.path().join(format!("chain-{i}.txt")),
+            format!("-r chain-{}.txt\n", i + 1),
+        )
+        .unwrap();
+    }
+    std::fs::write(dir.path().join("chain-300.txt"), "six\n").unwrap();
+    for (input, expected) in [
+        ("huge.txt", "huge.txt:10001: more than 10000 requirements"),
+        ("chain-0.txt", "more than 256 input files"),
+    ] {
+        let path = dir.path().join("recipe.yaml");
+        std::fs::write(&path, format!("{CUDA_ONLY}requirements: [{input}]\n")).unwrap();
+        let recipe = Recipe::load(&path).unwrap();
+        let error = request(&path, &recipe).expect_err("an error");
+        assert!(error.contains(expected), "{input}: {error}");
+        assert!(error.contains("hint: "), "{error}");
+    }
+}
+
+/// Issue 32: a URL with a password in a requirement of `packages:` or of a pyproject's
+/// dependencies was echoed whole by `lock`'s errors. The errors show it masked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_in_requirement_urls_are_masked_in_errors() {
+    let secret = "s3cret-Tok";
+    // The recipe's own `packages:`, well formed and not.
+    for package in [
+        format!("acme @ https://bob:{secret}@files.example/acme-1.0-py3-none-any.whl"),
+        format!("acme @ https://bob:{secret}@files.example/acme.whl ; os_name =="),
+        format!("acme @ https://files.example/acme.whl?token={secret}"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("recipe.yaml");
+        std::fs::write(&path, format!("{CUDA_ONLY}packages: [\"{package}\"]\n")).unwrap();
+        let error = match Recipe::load(&path) {
+            Err(error) => cudastack::fetch::http::error_chain(&error),
+            Ok(recipe) => match request(&path, &recipe) {
+                Err(error) => error,
+                Ok((client, request)) => {
+                    let error = resolve(&client, &request).await.expect_err("an error");
+                    cudastack::fetch::http::error_chain(&error)
+                }
+            },
+        };
+        assert!(
+            !error.contains(secret) && !error.contains("bob"),
+            "{package}: {error}"
+        );
+        assert!(error.contains("acme"), "{package}: {error}");
+    }
+    // A pyproject's dependency.
+    let (dir, path, recipe) = workspace(
+        "pyproject",
+        CUDA_ONLY,
+        "pyproject: { path: pyproject.toml }\n",
+    );
+    let file = dir.path().join("pyproject.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let url = format!("\"six @ https://bob:{secret}@files.example/six.whl\",");
+    std::fs::write(&file, text.replacen("\"six==1.16.0\",", &url, 1)).unwrap();
+    let error = request(&path, &recipe).expect_err("an error");
+    assert!(
+        error.contains("`six @ https://****@files.example/six.whl` names a URL"),
+        "{error}"
+    );
+    assert!(!error.contains(secret) && !error.contains("bob"), "{error}");
+}
+
 /// Issue 19 review: `torchlike==2.5.1` in a requirements file (constrained `<=2.5.1`) must
 /// lock the `2.5.1+cu118` a PyTorch-style index publishes: PEP 440's `==V` ignores the
 /// candidates' local labels, and the resolver's range used to be V alone ("no solution").

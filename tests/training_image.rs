@@ -99,8 +99,12 @@ fn acme_wheel() -> (String, Vec<u8>, String) {
 }
 
 fn cudastack(args: &[&str], dir: &Path) -> Output {
+    // The credentials are bound to the index this test's recipe names (issue 32).
+    let recipe = cudastack::recipe::Recipe::load(&dir.join("training.yaml")).unwrap();
+    let index = recipe.indexes[0].url.to_string();
     Command::new(env!("CARGO_BIN_EXE_cudastack"))
         .current_dir(dir)
+        .env("CUDASTACK_INDEX_ACME_URL", index)
         .env("CUDASTACK_INDEX_ACME_USERNAME", USER)
         .env("CUDASTACK_INDEX_ACME_PASSWORD", PASSWORD)
         .env("RUST_LOG", "debug")

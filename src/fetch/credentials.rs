@@ -4,6 +4,13 @@
 //! opts in with `CUDASTACK_KEYRING_PROVIDER=subprocess`, `keyring get URL USERNAME` (as uv
 //! and pip do).
 //!
+//! Each credential is bound to where the user meant it to go, never to what the recipe
+//! says (issue 32: a pull request can change a recipe's `url:` and keep its index name):
+//! the environment's and the keyring's to the URL of `CUDASTACK_INDEX_<NAME>_URL` (as
+//! Poetry's `POETRY_REPOSITORIES_<NAME>_URL`), a netrc `machine` entry to its host, and a
+//! netrc `default` entry only to an index bound by `CUDASTACK_INDEX_<NAME>_URL`. None is
+//! sent over plain http to a host other than this machine.
+//!
 //! The [`crate::fetch::http::HttpClient`] sends them as basic auth only to URLs of the
 //! index's origin (scheme, host and port): a real index serves its files from another path
 //! of the same host (`/packages/...`), never from another host, and reqwest drops the
@@ -26,6 +33,33 @@ pub enum CredentialError {
     Netrc { path: PathBuf, message: String },
     #[error("{KEYRING_PROVIDER_VARIABLE}=`{value}` is not a keyring provider\n  hint: set it to `subprocess` (run `keyring get URL USERNAME`) or `disabled`, or unset it")]
     Provider { value: String },
+    /// Issue 32: credentials from the environment with no URL outside the recipe to bind
+    /// them to.
+    #[error("index `{index}`: {prefix}_{what} set, but {prefix}_URL is not; cudastack sends credentials from the environment only to the URL that variable names, never to the URL a recipe names (a pull request can change it)\n  hint: if these credentials are for `{url}`, set {prefix}_URL={url}")]
+    Unbound {
+        index: String,
+        prefix: String,
+        what: &'static str,
+        url: String,
+    },
+    /// Issue 32: the recipe's index is not the one the user bound the credentials to.
+    #[error("index `{index}` is `{recipe_url}` in the recipe, but {prefix}_URL is `{bound_url}`; cudastack sends this index's credentials to that URL only\n  hint: if the recipe's URL is the right one, set {prefix}_URL to it; if not (a pull request may have changed it), restore the recipe's `url:`")]
+    Mismatch {
+        index: String,
+        prefix: String,
+        recipe_url: String,
+        bound_url: String,
+    },
+    #[error("{prefix}_URL is `{value}`, which is not an http or https URL without user name, password, query or fragment\n  hint: set it to the index's URL as the recipe writes it, such as `https://pypi.internal.example/simple`")]
+    BadBinding { prefix: String, value: String },
+    /// Issue 32: basic auth over plain http to another machine is readable on the way.
+    #[error("index `{index}` is plain http on another machine (`{url}`): the credentials from {origin} would cross the network readable by anyone on the path, so cudastack does not send them\n  hint: use the index's https URL in the recipe (and in {prefix}_URL), or remove the credentials for it")]
+    PlainHttp {
+        index: String,
+        prefix: String,
+        url: String,
+        origin: CredentialOrigin,
+    },
     #[error("{KEYRING_PROVIDER_VARIABLE}=subprocess, but `keyring` could not be run for index `{index}`\n  hint: install it (`pipx install keyring`) so that it is on PATH, or unset {KEYRING_PROVIDER_VARIABLE}")]
     Keyring {
         index: String,
@@ -104,9 +138,9 @@ impl IndexAuth {
     pub fn ways_to_authenticate(&self) -> String {
         let prefix = self.variable_prefix();
         format!(
-            "set {prefix}_USERNAME and {prefix}_PASSWORD; or add `machine {} login USER password PASSWORD` to ~/.netrc (or the file $NETRC names); or set {KEYRING_PROVIDER_VARIABLE}=subprocess and {prefix}_USERNAME to ask `keyring get {} USER`",
+            "set {prefix}_USERNAME and {prefix}_PASSWORD, with {prefix}_URL={base} (the URL they are for); or add `machine {} login USER password PASSWORD` to ~/.netrc (or the file $NETRC names); or set {KEYRING_PROVIDER_VARIABLE}=subprocess, {prefix}_URL and {prefix}_USERNAME to ask `keyring get {base} USER`",
             self.spec.base.host_str().unwrap_or_default(),
-            self.spec.base
+            base = self.spec.base
         )
     }
 }
@@ -159,23 +193,65 @@ impl Lookup {
         (self.env)(name).filter(|value| !value.is_empty())
     }
 
-    /// The first of environment, netrc and keyring that has credentials for `spec`.
+    /// Whether the user bound `spec`'s name to its URL with `<prefix>_URL` (issue 32). A
+    /// binding to another URL is an error: the recipe's index is not the user's.
+    fn bound(&self, spec: &IndexSpec, prefix: &str) -> Result<bool, CredentialError> {
+        let Some(value) = self.var(&format!("{prefix}_URL")) else {
+            return Ok(false);
+        };
+        let bad = || CredentialError::BadBinding {
+            prefix: prefix.to_string(),
+            value: crate::fetch::http::redacted_text(&value),
+        };
+        let bound = Url::parse(&value).map_err(|_| bad())?;
+        if !matches!(bound.scheme(), "http" | "https")
+            || !bound.username().is_empty()
+            || bound.password().is_some()
+            || bound.query().is_some()
+            || bound.fragment().is_some()
+        {
+            return Err(bad());
+        }
+        if !same_index(&bound, &spec.base) {
+            return Err(CredentialError::Mismatch {
+                index: spec.name.clone(),
+                prefix: prefix.to_string(),
+                recipe_url: spec.base.to_string(),
+                bound_url: bound.to_string(),
+            });
+        }
+        Ok(true)
+    }
+
+    /// The first of environment, netrc and keyring that has credentials for `spec`, each
+    /// taken only where it is bound to the index (module docs; issue 32).
     fn find(
         &self,
         spec: &IndexSpec,
         netrc: Option<&netrc::Netrc>,
     ) -> Result<Option<(Credentials, CredentialOrigin)>, CredentialError> {
         let prefix = format!("CUDASTACK_INDEX_{}", spec.env_key);
+        let bound = self.bound(spec, &prefix)?;
+        let unbound = |what| CredentialError::Unbound {
+            index: spec.name.clone(),
+            prefix: prefix.clone(),
+            what,
+            url: spec.base.to_string(),
+        };
         let username = self.var(&format!("{prefix}_USERNAME"));
         if let (Some(username), Some(password)) =
             (username.clone(), self.var(&format!("{prefix}_PASSWORD")))
         {
-            let origin = CredentialOrigin::Environment { prefix };
+            if !bound {
+                return Err(unbound("USERNAME and _PASSWORD are"));
+            }
+            let origin = CredentialOrigin::Environment {
+                prefix: prefix.clone(),
+            };
             return Ok(Some((Credentials { username, password }, origin)));
         }
         if let (Some(netrc), Some(path)) = (netrc, &self.netrc) {
-            let host = spec.base.host_str().unwrap_or_default();
-            if let Some(entry) = netrc.hosts.get(host).or_else(|| netrc.hosts.get("default")) {
+            if let Some(entry) = netrc_entry(netrc, spec, bound) {
                 let credentials = Credentials {
                     username: entry.login.clone(),
                     password: entry.password.clone(),
@@ -185,6 +261,7 @@ impl Lookup {
             }
         }
         match (&self.keyring, username) {
+            (Some(_), Some(_)) if !bound => Err(unbound("USERNAME is")),
             (Some(program), Some(username)) => {
                 Ok(keyring_get(program, spec, &username)?.map(|password| {
                     (
@@ -216,6 +293,33 @@ impl Lookup {
                 },
             })
     }
+}
+
+/// The netrc entry for `spec`: the `machine` of its host (the user named that host), else,
+/// only for an index the user `bound` by URL, the `default` entry. curl and pip send a
+/// `default` entry to every host; sent to whatever host a recipe names, it would go to a
+/// pull request's server (issue 32).
+fn netrc_entry<'n>(
+    netrc: &'n netrc::Netrc,
+    spec: &IndexSpec,
+    bound: bool,
+) -> Option<&'n netrc::Authenticator> {
+    let host = spec.base.host_str().unwrap_or_default();
+    // The netrc crate files the `default` entry under the host name `default`.
+    let machine = (host != "default").then(|| netrc.hosts.get(host)).flatten();
+    machine.or_else(|| {
+        let default = netrc.hosts.get("default").filter(|_| bound);
+        if default.is_none() && netrc.hosts.contains_key("default") {
+            tracing::debug!(index = %spec.name, "the netrc `default` entry is not sent to an index without CUDASTACK_INDEX_<NAME>_URL");
+        }
+        default
+    })
+}
+
+/// Whether two index URLs name the same index: the same origin and path, a trailing `/`
+/// aside (`.../simple` is `.../simple/`).
+fn same_index(a: &Url, b: &Url) -> bool {
+    a.origin() == b.origin() && a.path().trim_end_matches('/') == b.path().trim_end_matches('/')
 }
 
 /// `keyring get URL USERNAME`: the password on the first line of its output, or `None` when
@@ -258,6 +362,20 @@ fn is_loopback(url: &Url) -> bool {
     }
 }
 
+/// Issue 32: credentials go over plain http only to this machine; to another, an error
+/// (not a warning a CI log buries).
+fn refuse_plain_http(spec: &IndexSpec, origin: &CredentialOrigin) -> Result<(), CredentialError> {
+    if spec.base.scheme() == "http" && !is_loopback(&spec.base) {
+        return Err(CredentialError::PlainHttp {
+            index: spec.name.clone(),
+            prefix: format!("CUDASTACK_INDEX_{}", spec.env_key),
+            url: spec.base.to_string(),
+            origin: origin.clone(),
+        });
+    }
+    Ok(())
+}
+
 /// The recipe's named indexes with what was found for each.
 #[derive(Debug, Clone, Default)]
 pub struct IndexCredentials {
@@ -278,11 +396,8 @@ impl IndexCredentials {
         let mut indexes = Vec::new();
         for spec in specs {
             let found = lookup.find(&spec, netrc.as_ref())?;
-            if found.is_some() && spec.base.scheme() == "http" && !is_loopback(&spec.base) {
-                tracing::warn!(
-                    "index `{}` is plain http: its credentials would cross the network unencrypted; use its https URL",
-                    spec.name
-                );
+            if let Some((_, origin)) = &found {
+                refuse_plain_http(&spec, origin)?;
             }
             tracing::debug!(index = %spec.name, from = %found.as_ref().map_or("nowhere".to_string(), |(_, origin)| origin.to_string()), "index credentials");
             indexes.push(IndexAuth { spec, found });
@@ -345,6 +460,12 @@ mod tests {
             env(&[
                 ("CUDASTACK_INDEX_ACME_INTERNAL_USERNAME", "e-user"),
                 ("CUDASTACK_INDEX_ACME_INTERNAL_PASSWORD", "e-pass"),
+                // Bound without the trailing `/` the recipe's URL has: the same index.
+                (
+                    "CUDASTACK_INDEX_ACME_INTERNAL_URL",
+                    "https://pypi.internal.example/simple",
+                ),
+                ("CUDASTACK_INDEX_THIRD_URL", "https://third.example/simple/"),
             ]),
             Some(netrc.clone()),
             None,
@@ -354,6 +475,7 @@ mod tests {
                 spec("acme-internal", "https://pypi.internal.example/simple/"),
                 spec("other", "https://pypi.internal.example/other/simple/"),
                 spec("third", "https://third.example/simple/"),
+                spec("fourth", "https://fourth.example/simple/"),
             ],
             &lookup,
         )
@@ -364,10 +486,130 @@ mod tests {
             first.origin().unwrap().to_string(),
             "CUDASTACK_INDEX_ACME_INTERNAL_USERNAME and CUDASTACK_INDEX_ACME_INTERNAL_PASSWORD"
         );
+        // A `machine` entry is bound to its host by the user who wrote it.
         assert_eq!(found.indexes[1].credentials().unwrap().password, "n-pass");
+        // Issue 32: the `default` entry only for an index bound by its URL variable.
         assert_eq!(found.indexes[2].credentials().unwrap().username, "d-user");
+        assert!(found.indexes[3].credentials().is_none());
         assert!(!format!("{found:?}").contains("pass\""), "{found:?}");
         assert!(!format!("{found:?}").contains("e-pass"));
+    }
+
+    /// Issue 32: a recipe names the URL; the environment's credentials go only to the URL
+    /// `CUDASTACK_INDEX_<NAME>_URL` names, and their absence or another URL is an error.
+    #[test]
+    fn environment_credentials_go_only_to_their_bound_url() {
+        let credentials = [
+            ("CUDASTACK_INDEX_INTERNAL_USERNAME", "e-user"),
+            ("CUDASTACK_INDEX_INTERNAL_PASSWORD", "e-s3cret"),
+        ];
+        let discover = |extra: &[(&'static str, &'static str)], url: &str| {
+            let pairs: Vec<_> = credentials.iter().chain(extra).copied().collect();
+            IndexCredentials::discover_with(
+                vec![spec("internal", url)],
+                &Lookup::new(env(&pairs), None, None),
+            )
+        };
+        let error = discover(&[], "https://attacker.example/simple/").unwrap_err();
+        let text = error.to_string();
+        assert!(matches!(error, CredentialError::Unbound { .. }), "{text}");
+        assert!(
+            text.contains("CUDASTACK_INDEX_INTERNAL_URL is not")
+                && text
+                    .contains("set CUDASTACK_INDEX_INTERNAL_URL=https://attacker.example/simple/"),
+            "{text}"
+        );
+        let bound = [(
+            "CUDASTACK_INDEX_INTERNAL_URL",
+            "https://pypi.internal.example/simple/",
+        )];
+        for other in [
+            "https://attacker.example/simple/",
+            "https://pypi.internal.example/other/simple/",
+            "https://pypi.internal.example:8443/simple/",
+        ] {
+            let error = discover(&bound, other).unwrap_err();
+            let text = error.to_string();
+            assert!(matches!(error, CredentialError::Mismatch { .. }), "{text}");
+            assert!(
+                text.contains(other) && text.contains("https://pypi.internal.example/simple/"),
+                "{text}"
+            );
+            assert!(!text.contains("e-s3cret"), "{text}");
+        }
+        let found = discover(&bound, "https://pypi.internal.example/simple").unwrap();
+        assert_eq!(found.indexes[0].credentials().unwrap().password, "e-s3cret");
+        for bad in [
+            "ftp://h/simple",
+            "https://u:p4ss@h/simple",
+            "https://h/simple?x=1",
+            "not a url",
+        ] {
+            let pairs = [("CUDASTACK_INDEX_INTERNAL_URL", bad)];
+            let error = IndexCredentials::discover_with(
+                vec![spec("internal", "https://h/simple/")],
+                &Lookup::new(env(&pairs), None, None),
+            )
+            .unwrap_err();
+            let text = error.to_string();
+            assert!(
+                matches!(error, CredentialError::BadBinding { .. }),
+                "{text}"
+            );
+            assert!(!text.contains("p4ss"), "{text}");
+        }
+    }
+
+    /// Issue 32: any credential for a plain-http index on another machine is refused;
+    /// on this machine it is sent.
+    #[test]
+    fn plain_http_credentials_are_refused_off_this_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        let netrc = dir.path().join("netrc");
+        std::fs::write(
+            &netrc,
+            "machine pypi.internal.example login n-user password n-pass\nmachine 127.0.0.1 login l-user password l-pass\n",
+        )
+        .unwrap();
+        let lookup = Lookup::new(
+            env(&[
+                ("CUDASTACK_INDEX_ENV_USERNAME", "e-user"),
+                ("CUDASTACK_INDEX_ENV_PASSWORD", "e-pass"),
+                ("CUDASTACK_INDEX_ENV_URL", "http://10.0.0.5/simple/"),
+            ]),
+            Some(netrc),
+            None,
+        );
+        for (name, url, from) in [
+            (
+                "env",
+                "http://10.0.0.5/simple/",
+                "CUDASTACK_INDEX_ENV_USERNAME",
+            ),
+            (
+                "netrc",
+                "http://pypi.internal.example/simple/",
+                "the netrc file",
+            ),
+        ] {
+            let error =
+                IndexCredentials::discover_with(vec![spec(name, url)], &lookup).unwrap_err();
+            let text = error.to_string();
+            assert!(matches!(error, CredentialError::PlainHttp { .. }), "{text}");
+            assert!(text.contains(url) && text.contains(from), "{text}");
+        }
+        // Without credentials a plain-http index is only read, and on this machine it may
+        // have them.
+        let found = IndexCredentials::discover_with(
+            vec![
+                spec("open", "http://10.0.0.6/simple/"),
+                spec("local", "http://127.0.0.1:8080/simple/"),
+            ],
+            &lookup,
+        )
+        .unwrap();
+        assert!(found.indexes[0].credentials().is_none());
+        assert_eq!(found.indexes[1].credentials().unwrap().username, "l-user");
     }
 
     #[test]
@@ -443,8 +685,22 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        let lookup = Lookup::new(
+        // Issue 32: without the URL binding the keyring is not asked (a backend such as
+        // Google's answers for any URL of its service, a pull request's among them).
+        let unbound = Lookup::new(
             env(&[("CUDASTACK_INDEX_K_USERNAME", "kuser")]),
+            None,
+            Some(script.clone()),
+        );
+        let error =
+            IndexCredentials::discover_with(vec![spec("k", "https://k.example/simple/")], &unbound)
+                .unwrap_err();
+        assert!(matches!(error, CredentialError::Unbound { .. }), "{error}");
+        let lookup = Lookup::new(
+            env(&[
+                ("CUDASTACK_INDEX_K_USERNAME", "kuser"),
+                ("CUDASTACK_INDEX_K_URL", "https://k.example/simple/"),
+            ]),
             None,
             Some(script.clone()),
         );
@@ -461,7 +717,10 @@ mod tests {
                 .unwrap();
         assert!(found.indexes[0].credentials().is_none());
         let missing = Lookup::new(
-            env(&[("CUDASTACK_INDEX_K_USERNAME", "kuser")]),
+            env(&[
+                ("CUDASTACK_INDEX_K_USERNAME", "kuser"),
+                ("CUDASTACK_INDEX_K_URL", "https://k.example/simple/"),
+            ]),
             None,
             Some(dir.path().join("no-such-keyring")),
         );

@@ -111,7 +111,7 @@ impl fmt::Display for Redacted<'_> {
 }
 
 /// Text that failed to parse as a URL, with anything between `://` and an `@` masked.
-fn redacted_text(text: &str) -> String {
+pub(crate) fn redacted_text(text: &str) -> String {
     match text.split_once("://") {
         Some((scheme, rest)) => {
             let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());

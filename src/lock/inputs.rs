@@ -35,7 +35,10 @@ use crate::recipe::{Flavor, Platform, Recipe, TorchIndex};
 pub enum InputsError {
     #[error("cannot lock recipe `{recipe}`: {message}")]
     Unsupported { recipe: String, message: String },
-    #[error("invalid requirement `{text}` derived from the recipe")]
+    #[error(
+        "invalid requirement `{}` derived from the recipe",
+        crate::recipe::masked_urls(text)
+    )]
     Requirement {
         text: String,
         #[source]

@@ -166,8 +166,7 @@ fn import_package(
         return Err(refuse(format!("`{}` {version} lists no files", package.name), "a PEP 751 package from an index lists its wheels (or sdist) with hashes; regenerate the lock"));
     }
     reader.add_hashes(requirement.name.clone(), origin.clone(), sha256);
-    reader.add_root(requirement, origin);
-    Ok(())
+    reader.add_root(requirement, origin)
 }
 
 #[derive(Serialize)]

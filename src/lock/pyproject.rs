@@ -179,7 +179,7 @@ fn add(
     if let Some(VersionOrUrl::Url(_)) = requirement.version_or_url {
         return Err(PythonInputsError::Entry {
             origin,
-            message: format!("`{text}` names a URL, not a package on an index: cudastack locks packages it can list on an index and pin by sha256"),
+            message: format!("`{}` names a URL, not a package on an index: cudastack locks packages it can list on an index and pin by sha256", crate::recipe::masked_urls(text)),
             hint: "publish the package to an index named in the recipe's `indexes:` and require it by name".into(),
         });
     }
@@ -189,8 +189,7 @@ fn add(
         }
         return Ok(());
     }
-    reader.add_root(requirement, origin);
-    Ok(())
+    reader.add_root(requirement, origin)
 }
 
 /// A dependency-group requirement: (place, (byte offset, requirement text)).

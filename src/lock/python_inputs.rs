@@ -30,6 +30,14 @@ use crate::recipe::Recipe;
 /// No requirements file, pyproject or lock a team keeps is this big.
 pub const MAX_INPUT_BYTES: u64 = 16 * 1024 * 1024;
 
+/// The most requirements, constraints and locked packages all inputs of a recipe may hold
+/// (issue 32: each costs requests to the indexes; a 200,000-line file fits in
+/// [`MAX_INPUT_BYTES`]). A large monorepo's uv.lock holds about a thousand.
+pub const MAX_REQUIREMENTS: usize = 10_000;
+
+/// The most files (inputs and their `-r`/`-c` includes) one recipe may read (issue 32).
+pub const MAX_INPUT_FILES: usize = 256;
+
 #[derive(Debug, thiserror::Error)]
 pub enum PythonInputsError {
     #[error("failed to read `{path}`, named by the recipe (`{key}`)")]
@@ -41,6 +49,18 @@ pub enum PythonInputsError {
     },
     #[error("`{path}` is larger than {MAX_INPUT_BYTES} bytes; no requirements file or lock is that big\n  hint: check that the recipe names the file you meant")]
     TooLarge { path: PathBuf },
+    /// Issue 32: a FIFO would block `lock` until something writes to it; a device may never
+    /// end.
+    #[error("`{display}` ({key}) is {kind}, not a regular file; cudastack reads its inputs from regular files only\n  hint: name the file itself in the recipe (or the include), not a pipe, device or directory")]
+    NotAFile {
+        display: String,
+        key: String,
+        kind: &'static str,
+    },
+    #[error("{origin}: more than {MAX_REQUIREMENTS} requirements in the recipe's inputs, each of which the lock asks the indexes about\n  hint: check that the recipe names the files you meant; a project's dependencies are far fewer")]
+    TooManyRequirements { origin: Origin },
+    #[error("`{display}` ({key}): more than {MAX_INPUT_FILES} input files (includes counted)\n  hint: check the `-r`/`-c` includes; a project's inputs are a few files")]
+    TooManyFiles { display: String, key: String },
     #[error("`{path}` is not UTF-8 text (invalid byte at offset {offset})\n  hint: save it as UTF-8; pip, uv and PEP 751 read these files as UTF-8")]
     NotText { path: PathBuf, offset: usize },
     /// A line or entry of an input that cudastack refuses: what, and what to do instead.
@@ -337,7 +357,22 @@ impl InputReader {
                 why: "it is or passes through a symbolic link that leads out of it",
             });
         }
-        let file = std::fs::File::open(&real).map_err(read_error)?;
+        if self.inputs.files.len() >= MAX_INPUT_FILES {
+            return Err(PythonInputsError::TooManyFiles {
+                display: crate::reference::escape(display),
+                key: key.to_string(),
+            });
+        }
+        let not_a_file = |kind| PythonInputsError::NotAFile {
+            display: crate::reference::escape(display),
+            key: key.to_string(),
+            kind,
+        };
+        let file = match open_regular(&real) {
+            Ok(Ok(file)) => file,
+            Ok(Err(kind)) => return Err(not_a_file(kind)),
+            Err(error) => return Err(read_error(error)),
+        };
         let mut bytes = Vec::new();
         file.take(MAX_INPUT_BYTES + 1)
             .read_to_end(&mut bytes)
@@ -358,24 +393,49 @@ impl InputReader {
         })
     }
 
-    /// Keep `requirement` as a root when its marker holds for the target.
-    pub(crate) fn add_root(&mut self, requirement: Requirement, origin: Origin) {
+    /// Keep `requirement` as a root when its marker holds for the target; refuse one past
+    /// [`MAX_REQUIREMENTS`].
+    pub(crate) fn add_root(
+        &mut self,
+        requirement: Requirement,
+        origin: Origin,
+    ) -> Result<(), PythonInputsError> {
+        self.count(&origin)?;
         if requirement.evaluate_markers(&self.env, &[]) {
             self.inputs.roots.push(Sourced {
                 requirement,
                 origin,
             });
         }
+        Ok(())
     }
 
-    /// Keep `requirement` as a version constraint when its marker holds for the target.
-    pub(crate) fn add_constraint(&mut self, requirement: Requirement, origin: Origin) {
+    /// Keep `requirement` as a version constraint when its marker holds for the target;
+    /// refuse one past [`MAX_REQUIREMENTS`].
+    pub(crate) fn add_constraint(
+        &mut self,
+        requirement: Requirement,
+        origin: Origin,
+    ) -> Result<(), PythonInputsError> {
+        self.count(&origin)?;
         if requirement.evaluate_markers(&self.env, &[]) {
             self.inputs.constraints.versions.push(Sourced {
                 requirement,
                 origin,
             });
         }
+        Ok(())
+    }
+
+    /// Refuse the requirement at `origin` when the inputs already hold [`MAX_REQUIREMENTS`].
+    fn count(&self, origin: &Origin) -> Result<(), PythonInputsError> {
+        let held = self.inputs.roots.len() + self.inputs.constraints.versions.len();
+        if held >= MAX_REQUIREMENTS {
+            return Err(PythonInputsError::TooManyRequirements {
+                origin: origin.clone(),
+            });
+        }
+        Ok(())
     }
 
     /// Accept only `sha256` for `name`'s files (added to what an earlier line listed).
@@ -396,6 +456,32 @@ impl InputReader {
             .sha256
             .extend(sha256);
     }
+}
+
+/// Open `path` for reading if it is a regular file, else say what it is (issue 32).
+/// `O_NONBLOCK` makes the open of a FIFO return at once instead of waiting for a writer,
+/// and the type is read from the opened file (`fstat`), so a file swapped for a FIFO after
+/// any earlier look is caught too. On a regular file `O_NONBLOCK` changes nothing.
+fn open_regular(path: &Path) -> std::io::Result<Result<std::fs::File, &'static str>> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    Ok(if kind.is_file() {
+        Ok(file)
+    } else if kind.is_fifo() {
+        Err("a named pipe (FIFO)")
+    } else if kind.is_dir() {
+        Err("a directory")
+    } else if kind.is_char_device() || kind.is_block_device() {
+        Err("a device")
+    } else if kind.is_socket() {
+        Err("a socket")
+    } else {
+        Err("of another kind")
+    })
 }
 
 /// `base` joined with `relative`, `.` and `..` resolved by name: the path as the recipe's

@@ -131,11 +131,10 @@ impl Walk<'_> {
                 .add_hashes(requirement.name.clone(), origin.clone(), sha256);
         }
         if constraint {
-            self.reader.add_constraint(requirement, origin);
+            self.reader.add_constraint(requirement, origin)
         } else {
-            self.reader.add_root(requirement, origin);
+            self.reader.add_root(requirement, origin)
         }
-        Ok(())
     }
 }
 

@@ -231,8 +231,7 @@ fn import_package(
     let requirement = crate::names::parse_requirement(&text)
         .map_err(|e| refuse(invalid_requirement(&text, &e), "run `uv lock` again"))?;
     reader.add_hashes(requirement.name.clone(), origin.clone(), sha256);
-    reader.add_root(requirement, origin);
-    Ok(())
+    reader.add_root(requirement, origin)
 }
 
 #[cfg(test)]

@@ -83,7 +83,7 @@ impl IndexUrl {
             let _ = bare.set_password(None);
             let key = name.env_key();
             return Err(format!(
-                "index `{name}`: the URL carries credentials (`user:password@`); the recipe's URLs are written into its digest and the lock, so the credentials would be too; write `url: \"{}\"` and give the credentials as CUDASTACK_INDEX_{key}_USERNAME and CUDASTACK_INDEX_{key}_PASSWORD, in ~/.netrc (or $NETRC) as `machine {} login USER password PASSWORD`, or through `keyring` with CUDASTACK_KEYRING_PROVIDER=subprocess (docs/recipe-indexes.md)",
+                "index `{name}`: the URL carries credentials (`user:password@`); the recipe's URLs are written into its digest and the lock, so the credentials would be too; write `url: \"{}\"` and give the credentials as CUDASTACK_INDEX_{key}_USERNAME and CUDASTACK_INDEX_{key}_PASSWORD (with CUDASTACK_INDEX_{key}_URL set to that URL), in ~/.netrc (or $NETRC) as `machine {} login USER password PASSWORD`, or through `keyring` with CUDASTACK_KEYRING_PROVIDER=subprocess (docs/recipe-indexes.md)",
                 masked(bare.as_str()),
                 bare.host_str().unwrap_or_default()
             ));
@@ -127,6 +127,23 @@ pub(super) fn masked(text: &str) -> String {
         None => rest,
     };
     escape(&format!("{head}{rest}"))
+}
+
+/// `text` (a requirement, or a message that quotes one) with every word that holds a URL
+/// or a user name (`://` or `@`) shown through [`masked`]: `acme @
+/// https://bob:token@host/acme.whl` must not put the token into an error (issue 32).
+pub(crate) fn masked_urls(text: &str) -> String {
+    text.split_inclusive(char::is_whitespace)
+        .map(|piece| {
+            let word = piece.trim_end_matches(char::is_whitespace);
+            let space = &piece[word.len()..];
+            if word.contains("://") || (word.contains('@') && word != "@") {
+                format!("{}{space}", masked(word))
+            } else {
+                piece.to_string()
+            }
+        })
+        .collect()
 }
 
 impl fmt::Display for IndexUrl {
@@ -380,6 +397,20 @@ mod tests {
             "https://h.example/simple"
         );
         assert_eq!(masked("a\nb@c"), "****@c");
+        // Issue 32: each URL of a requirement or a message that quotes one.
+        assert_eq!(
+            masked_urls("`acme @ https://bob:s3cret@h.example/a.whl ; os_name ==`\n  ^^^"),
+            "`acme @ https://****@h.example/a.whl ; os_name ==`\n  ^^^"
+        );
+        assert_eq!(
+            masked_urls("acme@https://bob:s3cret@h/a.whl"),
+            "****@h/a.whl"
+        );
+        assert_eq!(
+            masked_urls("a @ https://h/a.whl?token=s3cret x"),
+            "a @ https://h/a.whl?**** x"
+        );
+        assert_eq!(masked_urls("numpy==1.26.4"), "numpy==1.26.4");
         assert_eq!(masked("x\ny"), "x\\ny");
     }
 

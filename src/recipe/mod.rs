@@ -32,6 +32,7 @@ pub use image::{
     expand_path, ExposedPort, ImagePath, Protocol, RuntimeSpec, UserSpec, OWNED_ENV,
     SHM_SIZE_LABEL, ULIMITS, ULIMIT_LABEL_PREFIX,
 };
+pub(crate) use indexes::masked_urls;
 pub use indexes::{pinned_index, IndexName, IndexUrl, PackageIndex};
 pub use tag::{check_template, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS};
 
@@ -444,10 +445,19 @@ impl PackageRequirement {
 
 impl FromStr for PackageRequirement {
     type Err = String;
+    /// A requirement on a package of an index. Its text is shown with any URL in it
+    /// masked (issue 32: `acme @ https://user:token@host/...` would print the token).
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        crate::names::parse_requirement(text)
-            .map(PackageRequirement)
-            .map_err(|e| format!("`{text}` is not a valid PEP 508 requirement: {e}"))
+        let requirement = crate::names::parse_requirement(text).map_err(|e| {
+            indexes::masked_urls(&format!("`{text}` is not a valid PEP 508 requirement: {e}"))
+        })?;
+        if let Some(pep508_rs::VersionOrUrl::Url(_)) = requirement.version_or_url {
+            return Err(format!(
+                "`{}` names a URL, not a package on an index: cudastack locks packages it can list on an index and pin by sha256\n  hint: publish the package to an index named in `indexes:` and require it by name",
+                indexes::masked_urls(text)
+            ));
+        }
+        Ok(PackageRequirement(requirement))
     }
 }
 

@@ -58,7 +58,17 @@ pub struct AuthIndex {
 
 impl AuthIndex {
     pub fn start(format: PageFormat, login: Option<(&str, &str)>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST.into(), format, login)
+    }
+
+    /// The same index listening on `address` (one of this machine's own, such as its
+    /// network interface's, to stand for another host).
+    pub fn start_on(
+        address: std::net::IpAddr,
+        format: PageFormat,
+        login: Option<(&str, &str)>,
+    ) -> Self {
+        let listener = TcpListener::bind((address, 0)).unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let expected = login.map(|(user, password)| {
             format!(
