@@ -98,6 +98,16 @@ pub struct BuildArgs {
     /// path under this root); then the URL it was locked from, then the snapshot archive.
     #[arg(long, value_name = "URL", env = "CUDASTACK_APT_MIRROR")]
     apt_mirror: Option<reqwest::Url>,
+    /// Kill a source build (the recipe's `build:` list) that runs longer than this many
+    /// seconds, with every process it started (docs/source-builds.md). Default: 14400
+    /// (4 hours).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "CUDASTACK_SOURCE_BUILD_TIMEOUT",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    source_build_timeout: Option<u64>,
     #[command(flatten)]
     sign: super::sign::SignKeyArg,
 }
@@ -198,6 +208,9 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
             BuildModeArg::Fakechroot => Some(BuildMode::Fakechroot),
         },
         apt_mirror: args.apt_mirror,
+        source_build_timeout: args
+            .source_build_timeout
+            .map(std::time::Duration::from_secs),
     };
     Ok(PipelineSettings {
         build,
