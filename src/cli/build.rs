@@ -108,6 +108,16 @@ pub struct BuildArgs {
     /// lists are checked, as of the lock's `as_of`.
     #[arg(long, value_name = "URL", env = "CUDASTACK_APT_SNAPSHOT")]
     apt_snapshot: Option<reqwest::Url>,
+    /// Kill a source build (the recipe's `build:` list) that runs longer than this many
+    /// seconds, with every process it started (docs/source-builds.md). Default: 14400
+    /// (4 hours).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "CUDASTACK_SOURCE_BUILD_TIMEOUT",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    source_build_timeout: Option<u64>,
     #[command(flatten)]
     sign: super::sign::SignKeyArg,
 }
@@ -210,6 +220,9 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
         apt_mirror: args.apt_mirror,
         apt_keyring: args.apt_keyring,
         apt_snapshot: args.apt_snapshot,
+        source_build_timeout: args
+            .source_build_timeout
+            .map(std::time::Duration::from_secs),
     };
     Ok(PipelineSettings {
         build,
