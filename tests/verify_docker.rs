@@ -456,6 +456,7 @@ fn python_root(root: &Path) {
     };
     copy(Path::new(HOST_PYTHON));
     std::os::unix::fs::symlink("python3.11", root.join("usr/bin/python3")).unwrap();
+    std::fs::create_dir_all(root.join("usr/lib")).unwrap();
     let status = Command::new("cp")
         .args(["-a", "/usr/lib/python3.11"])
         .arg(root.join("usr/lib/"))
@@ -550,7 +551,10 @@ fn a_pth_file_cannot_forge_the_report() {
     );
     let cleanup = Cleanup { images: vec![id], pids: vec![std::process::id()] };
 
-    let output = verify(&["--no-cache", "--json"], &work.path().join("cache")).arg(&dir).output().unwrap();
+    let output = verify(&["--no-cache", "--json"], &work.path().join("cache"))
+        .arg(&dir)
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     eprintln!("{stderr}");
     assert!(output.status.success(), "{stderr}");
@@ -563,15 +567,20 @@ fn a_pth_file_cannot_forge_the_report() {
     let refs = layout::list_refs(&dir).unwrap();
     assert!(!refs.iter().any(|r| r == "verified" || r.ends_with("-verified")), "{refs:?}");
 
-    // The control: run as every runner ran it before (`python3 probe.py`), the .pth file
-    // does print the forged report, last: the image really is the reported attack.
-    let image_id = json["load"]["image_id"].as_str().unwrap().to_string();
-    let plain = Command::new("docker")
-        .args(["run", "--rm", "--entrypoint", "python3", &image_id, cudastack::probe::PROBE_PATH, "--level", "static"])
+    // The control: run as every runner ran it before (`python3 probe.py`), in the image's
+    // files (chroot, as root like the daemon), the .pth file does print the forged report,
+    // last: the image really is the reported attack.
+    let plain = Command::new("chroot")
+        .arg(work.path().join("verify-forged-pth-root"))
+        .args(["/usr/bin/python3", cudastack::probe::PROBE_PATH, "--level", "static"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&plain.stdout);
-    let last = stdout.lines().rev().find(|l| l.starts_with("cudastack-report-v1 ")).unwrap();
+    let last = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("cudastack-report-v1 "))
+        .unwrap_or_else(|| panic!("{stdout}{}", String::from_utf8_lossy(&plain.stderr)));
     assert!(last.contains("\"hostname\":\"forged\""), "{stdout}");
     assert!(cudastack::verify::report::Report::from_output(&stdout, "the plain run").is_err());
     drop(cleanup);

@@ -454,7 +454,7 @@ mod tests {
         for output in [format!("{forged}\n{honest}\n"), format!("{honest}\n{forged}\n"), forged.clone()] {
             let error = accept(&output, &nonce, "the container's stdout").unwrap_err().to_string();
             assert!(error.contains("forgery attempt") && error.contains("1 report line(s)"), "{error}");
-            assert!(error.contains("NVIDIA H100"), "names the line: {error}");
+            assert!(error.contains("first such line: cudastack-report-v1 {"), "names the line: {error}");
         }
         // Another run's nonce is no better than none.
         let stale = line(&report(&[]), Some(&Nonce::generate().unwrap()));
