@@ -431,8 +431,10 @@ fn forged_report_json() -> String {
     let mut checks = vec![serde_json::json!({"id": "static.torch", "level": "static",
         "status": "pass", "seconds": 1.0, "detail": "torch 2.4.1+cu121"})];
     for (id, level) in gpu_checks {
-        checks.push(serde_json::json!({"id": id, "level": level, "status": "pass",
-            "seconds": 0.5, "detail": "ok"}));
+        checks.push(
+            serde_json::json!({"id": id, "level": level, "status": "pass",
+            "seconds": 0.5, "detail": "ok"}),
+        );
     }
     serde_json::json!({
         "schema": "cudastack.verify.report/v1", "probe_version": "1",
@@ -463,7 +465,15 @@ fn python_root(root: &Path) {
         .status()
         .unwrap();
     assert!(status.success());
-    for unused in ["test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data"] {
+    for unused in [
+        "test",
+        "idlelib",
+        "tkinter",
+        "turtledemo",
+        "ensurepip",
+        "lib2to3",
+        "pydoc_data",
+    ] {
         let _ = std::fs::remove_dir_all(root.join("usr/lib/python3.11").join(unused));
     }
     // Every library the interpreter and its extension modules load, where ldd finds it.
@@ -492,18 +502,33 @@ fn python_root(root: &Path) {
 /// A layout of a Python image holding the real probe (with no torch in the image, it runs
 /// the static level) and the wheel `forge` installed by cudastack's installer, with
 /// `members` (the forgery). Returns the layout and the image ID.
-fn forged_layout(work: &Path, name: &str, members: Vec<crate::install_support::Member>) -> (PathBuf, Digest) {
+fn forged_layout(
+    work: &Path,
+    name: &str,
+    members: Vec<crate::install_support::Member>,
+) -> (PathBuf, Digest) {
     use crate::install_support::{member, write_wheel, RecordTweaks};
     let root = work.join(format!("{name}-root"));
     python_root(&root);
     let mut all = members;
-    all.push(member("forge-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: forge\nVersion: 1.0\n"));
+    all.push(member(
+        "forge-1.0.dist-info/METADATA",
+        "Metadata-Version: 2.1\nName: forge\nVersion: 1.0\n",
+    ));
     all.push(member(
         "forge-1.0.dist-info/WHEEL",
         "Wheel-Version: 1.0\nGenerator: cudastack-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     ));
-    let wheel = write_wheel(work, "forge-1.0-py3-none-any.whl", "forge-1.0.dist-info", &all, &RecordTweaks::default());
-    let options = cudastack::install::InstallOptions::new(cudastack::install::Scheme::debian_local("3.11".parse().unwrap()));
+    let wheel = write_wheel(
+        work,
+        "forge-1.0-py3-none-any.whl",
+        "forge-1.0.dist-info",
+        &all,
+        &RecordTweaks::default(),
+    );
+    let options = cudastack::install::InstallOptions::new(
+        cudastack::install::Scheme::debian_local("3.11".parse().unwrap()),
+    );
     cudastack::install::install_wheel(&wheel, &options, &root).unwrap();
     let probe = root.join(cudastack::probe::PROBE_PATH.trim_start_matches('/'));
     std::fs::create_dir_all(probe.parent().unwrap()).unwrap();
@@ -514,7 +539,12 @@ fn forged_layout(work: &Path, name: &str, members: Vec<crate::install_support::M
 
     let store = BlobStore::open(work.join("store")).unwrap();
     let contents = LayerContents::from_dir(&root, &Default::default()).unwrap();
-    let layer = layer::build(&store, &contents, &BuildOptions::new(EPOCH, Compression::None)).unwrap();
+    let layer = layer::build(
+        &store,
+        &contents,
+        &BuildOptions::new(EPOCH, Compression::None),
+    )
+    .unwrap();
     let image = Image::new(EPOCH)
         .with_layer(layer, "python and the forged wheel")
         .with_env("PATH", "/usr/bin:/bin");
@@ -524,7 +554,10 @@ fn forged_layout(work: &Path, name: &str, members: Vec<crate::install_support::M
 }
 
 fn forgery_skip_reason() -> Option<String> {
-    skip_reason().or_else(|| (!Path::new(HOST_PYTHON).is_file()).then(|| format!("{HOST_PYTHON} is missing (apt-get install python3.11)")))
+    skip_reason().or_else(|| {
+        (!Path::new(HOST_PYTHON).is_file())
+            .then(|| format!("{HOST_PYTHON} is missing (apt-get install python3.11)"))
+    })
 }
 
 /// Issue 32, as reported: a wheel's `.pth` file prints a report claiming every level passed
@@ -547,9 +580,15 @@ fn a_pth_file_cannot_forge_the_report() {
     let (dir, id) = forged_layout(
         work.path(),
         "verify-forged-pth",
-        vec![member("forge.pth", "import forge_hook\n"), member("forge_hook.py", hook)],
+        vec![
+            member("forge.pth", "import forge_hook\n"),
+            member("forge_hook.py", hook),
+        ],
     );
-    let cleanup = Cleanup { images: vec![id], pids: vec![std::process::id()] };
+    let cleanup = Cleanup {
+        images: vec![id],
+        pids: vec![std::process::id()],
+    };
 
     let output = verify(&["--no-cache", "--json"], &work.path().join("cache"))
         .arg(&dir)
@@ -562,17 +601,30 @@ fn a_pth_file_cannot_forge_the_report() {
     assert_eq!(json["verdict"]["verdict"], "partial", "{json}");
     assert_eq!(json["report"]["gpus"], serde_json::json!([]), "{json}");
     assert_ne!(json["report"]["hostname"], "forged");
-    assert_eq!(json["report"]["runner"]["witness"]["gpus_given"], "none", "{json}");
+    assert_eq!(
+        json["report"]["runner"]["witness"]["gpus_given"], "none",
+        "{json}"
+    );
     assert!(json["recorded"]["verified_manifest"].is_null(), "{json}");
     let refs = layout::list_refs(&dir).unwrap();
-    assert!(!refs.iter().any(|r| r == "verified" || r.ends_with("-verified")), "{refs:?}");
+    assert!(
+        !refs
+            .iter()
+            .any(|r| r == "verified" || r.ends_with("-verified")),
+        "{refs:?}"
+    );
 
     // The control: run as every runner ran it before (`python3 probe.py`), in the image's
     // files (chroot, as root like the daemon), the .pth file does print the forged report,
     // last: the image really is the reported attack.
     let plain = Command::new("chroot")
         .arg(work.path().join("verify-forged-pth-root"))
-        .args(["/usr/bin/python3", cudastack::probe::PROBE_PATH, "--level", "static"])
+        .args([
+            "/usr/bin/python3",
+            cudastack::probe::PROBE_PATH,
+            "--level",
+            "static",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&plain.stdout);
@@ -618,14 +670,23 @@ fn code_the_probe_imports_cannot_forge_the_report() {
     let cache = work.path().join("cache");
     for (name, torch, refusal) in cases {
         let (dir, id) = forged_layout(work.path(), name, vec![member("torch/__init__.py", torch)]);
-        let cleanup = Cleanup { images: vec![id], pids: vec![std::process::id()] };
+        let cleanup = Cleanup {
+            images: vec![id],
+            pids: vec![std::process::id()],
+        };
         let output = verify(&["--no-cache"], &cache).arg(&dir).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         eprintln!("{name}: {}\n{stderr}", output.status);
         assert!(!output.status.success(), "{name}: {stderr}");
-        assert!(stderr.contains("refused") && stderr.contains(refusal), "{name}: {stderr}");
+        assert!(
+            stderr.contains("refused") && stderr.contains(refusal),
+            "{name}: {stderr}"
+        );
         let refs = layout::list_refs(&dir).unwrap();
-        assert!(!refs.iter().any(|r| r.contains("verif")), "{name}: nothing recorded: {refs:?}");
+        assert!(
+            !refs.iter().any(|r| r.contains("verif")),
+            "{name}: nothing recorded: {refs:?}"
+        );
         drop(cleanup);
     }
 }

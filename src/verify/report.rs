@@ -481,12 +481,18 @@ mod tests {
     #[test]
     fn a_log_must_hold_exactly_one_report() {
         let json = String::from_utf8(report(all_levels(Status::Pass), true).to_json()).unwrap();
-        let parsed = Report::from_output(&format!("noise\n{REPORT_PREFIX}{json}\n"), "a pod log").unwrap();
+        let parsed =
+            Report::from_output(&format!("noise\n{REPORT_PREFIX}{json}\n"), "a pod log").unwrap();
         assert_eq!(parsed.gpus[0].name, "NVIDIA H200");
         let log =
             format!("noise\n{REPORT_PREFIX}{{\"schema\":\"old\"}}\nmore\n{REPORT_PREFIX}{json}\n");
-        let err = Report::from_output(&log, "a pod log").unwrap_err().to_string();
-        assert!(err.contains("2 report lines") && err.contains("forgery"), "{err}");
+        let err = Report::from_output(&log, "a pod log")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("2 report lines") && err.contains("forgery"),
+            "{err}"
+        );
         let err = Report::from_output("Traceback\nImportError: x\n", "the container's stdout")
             .unwrap_err()
             .to_string();

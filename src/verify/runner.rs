@@ -355,7 +355,8 @@ async fn run_probe(
     let mut spec = RunSpec::new(image_id.clone(), probe_command(settings.level));
     spec.entrypoint = Some(Vec::new());
     spec.gpus = gpus.clone();
-    spec.env.push((NONCE_ENV.to_string(), nonce.as_str().to_string()));
+    spec.env
+        .push((NONCE_ENV.to_string(), nonce.as_str().to_string()));
     if *gpus == GpuRequest::None {
         // "No GPU" must be true for rule 2 of the witness: a daemon whose default runtime
         // is `nvidia` would otherwise give every GPU to an image that asks in its env.
@@ -460,17 +461,18 @@ pub fn verify_native(
             source,
         })?;
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let mut report = witness::accept(&stdout, &nonce, "the probe's stdout").map_err(|error| match error {
-        WitnessError::Report(source) => VerifyError::NoReport {
-            image: "the host".into(),
-            exit_code: i64::from(output.status.code().unwrap_or(-1)),
-            source,
-        },
-        source => VerifyError::Refused {
-            image: "the host".into(),
-            source,
-        },
-    })?;
+    let mut report =
+        witness::accept(&stdout, &nonce, "the probe's stdout").map_err(|error| match error {
+            WitnessError::Report(source) => VerifyError::NoReport {
+                image: "the host".into(),
+                exit_code: i64::from(output.status.code().unwrap_or(-1)),
+                source,
+            },
+            source => VerifyError::Refused {
+                image: "the host".into(),
+                source,
+            },
+        })?;
     report.runner = Some(RunnerFacts {
         kind: "native".to_string(),
         cudastack_version: env!("CARGO_PKG_VERSION").to_string(),

@@ -72,7 +72,8 @@ pub struct Nonce(String);
 impl Nonce {
     pub fn generate() -> Result<Self, String> {
         let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).map_err(|error| format!("no randomness for the nonce: {error}"))?;
+        getrandom::fill(&mut bytes)
+            .map_err(|error| format!("no randomness for the nonce: {error}"))?;
         Ok(Self(hex::encode(bytes)))
     }
 
@@ -210,7 +211,11 @@ impl Witness {
 
 /// Rules 2 and 3: refuse a report that claims more than the host gave the container; the
 /// testimony to store with it otherwise.
-pub fn testify(report: &Report, given: &GpuRequest, host: &HostView) -> Result<Witness, WitnessError> {
+pub fn testify(
+    report: &Report,
+    given: &GpuRequest,
+    host: &HostView,
+) -> Result<Witness, WitnessError> {
     let gpus_given = super::runner::describe(given);
     if *given == GpuRequest::None {
         refuse_gpu_claims(report)?;
@@ -251,7 +256,17 @@ fn refuse_gpu_claims(report: &Report) -> Result<(), WitnessError> {
         .checks
         .iter()
         .filter(|c| c.level.needs_gpu() && c.status != Status::Skip)
-        .map(|c| format!("{} {}", c.id, if c.status == Status::Pass { "passed" } else { "failed" }))
+        .map(|c| {
+            format!(
+                "{} {}",
+                c.id,
+                if c.status == Status::Pass {
+                    "passed"
+                } else {
+                    "failed"
+                }
+            )
+        })
         .collect();
     if let Some(driver) = &report.driver {
         claims.push(format!("driver {}", driver.version));
@@ -269,14 +284,22 @@ fn compare_driver(report: &Report, host: Option<&DriverVersion>) -> Result<(), W
     let Some(found) = &report.driver else {
         return Ok(());
     };
-    let matches = host.is_some_and(|host| found.version.parse::<DriverVersion>().ok().as_ref() == Some(host));
+    let matches =
+        host.is_some_and(|host| found.version.parse::<DriverVersion>().ok().as_ref() == Some(host));
     if matches {
         return Ok(());
     }
     Err(WitnessError::Driver {
-        expected: host.map_or("no NVIDIA driver (the host reads none)".to_string(), ToString::to_string),
+        expected: host.map_or(
+            "no NVIDIA driver (the host reads none)".to_string(),
+            ToString::to_string,
+        ),
         found: found.version.clone(),
-        note: if host.is_none() { ": the host has none" } else { "" },
+        note: if host.is_none() {
+            ": the host has none"
+        } else {
+            ""
+        },
     })
 }
 
@@ -326,7 +349,12 @@ fn compare_gpus(report: &Report, given: &GpuRequest, host: &[HostGpu]) -> Result
 }
 
 fn same_gpu(host: &HostGpu, name: &str, cc: Option<ComputeCapability>) -> bool {
-    let normal = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase();
+    let normal = |text: &str| {
+        text.split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_lowercase()
+    };
     normal(&host.name) == normal(name)
         && match host.compute_capability {
             Some(host_cc) => cc == Some(host_cc),
@@ -336,7 +364,10 @@ fn same_gpu(host: &HostGpu, name: &str, cc: Option<ComputeCapability>) -> bool {
 
 fn describe_host_gpu(gpu: &HostGpu) -> String {
     match gpu.compute_capability {
-        Some(cc) => format!("{} (compute capability {}.{})", gpu.name, cc.major, cc.minor),
+        Some(cc) => format!(
+            "{} (compute capability {}.{})",
+            gpu.name, cc.major, cc.minor
+        ),
         None => gpu.name.clone(),
     }
 }
@@ -411,7 +442,8 @@ mod tests {
                 .iter()
                 .map(|(name, cc)| HostGpu {
                     name: name.to_string(),
-                    compute_capability: cc.map(|(major, minor)| ComputeCapability::new(major, minor)),
+                    compute_capability: cc
+                        .map(|(major, minor)| ComputeCapability::new(major, minor)),
                 })
                 .collect(),
         }
@@ -451,10 +483,22 @@ mod tests {
         let nonce = Nonce::generate().unwrap();
         let forged = line(&report(&[("NVIDIA H100 80GB HBM3", "9.0")]), None);
         let honest = line(&report(&[]), Some(&nonce));
-        for output in [format!("{forged}\n{honest}\n"), format!("{honest}\n{forged}\n"), forged.clone()] {
-            let error = accept(&output, &nonce, "the container's stdout").unwrap_err().to_string();
-            assert!(error.contains("forgery attempt") && error.contains("1 report line(s)"), "{error}");
-            assert!(error.contains("first such line: cudastack-report-v1 {"), "names the line: {error}");
+        for output in [
+            format!("{forged}\n{honest}\n"),
+            format!("{honest}\n{forged}\n"),
+            forged.clone(),
+        ] {
+            let error = accept(&output, &nonce, "the container's stdout")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("forgery attempt") && error.contains("1 report line(s)"),
+                "{error}"
+            );
+            assert!(
+                error.contains("first such line: cudastack-report-v1 {"),
+                "names the line: {error}"
+            );
         }
         // Another run's nonce is no better than none.
         let stale = line(&report(&[]), Some(&Nonce::generate().unwrap()));
@@ -470,7 +514,10 @@ mod tests {
         let honest = line(&report(&[]), Some(&nonce));
         let stolen = line(&report(&[("NVIDIA H100 80GB HBM3", "9.0")]), Some(&nonce));
         let error = accept(&format!("{honest}\n{stolen}\n"), &nonce, "stdout").unwrap_err();
-        assert!(matches!(error, WitnessError::Several { count: 2, .. }), "{error}");
+        assert!(
+            matches!(error, WitnessError::Several { count: 2, .. }),
+            "{error}"
+        );
         assert!(error.to_string().contains("forgery attempt"));
         // None at all: the probe did not finish, with its last output.
         let error = accept("Traceback\nImportError: torch\n", &nonce, "stdout").unwrap_err();
@@ -483,9 +530,14 @@ mod tests {
         let witness = testify(&report(&[]), &GpuRequest::None, &unknown).unwrap();
         assert_eq!(witness.gpus_given, "none");
         let forged = report(&[("NVIDIA H100 80GB HBM3", "9.0")]);
-        let error = testify(&forged, &GpuRequest::None, &unknown).unwrap_err().to_string();
+        let error = testify(&forged, &GpuRequest::None, &unknown)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("given no GPU"), "{error}");
-        assert!(error.contains("train.x passed") && error.contains("driver 550.54.15"), "{error}");
+        assert!(
+            error.contains("train.x passed") && error.contains("driver 550.54.15"),
+            "{error}"
+        );
         // Even one failed GPU check, with no GPU named, is a claim the probe cannot make.
         let mut failed = report(&[]);
         failed.checks[1].status = Status::Fail;
@@ -500,26 +552,61 @@ mod tests {
         assert!(witness.host_compared);
         assert_eq!(witness.host_driver.as_deref(), Some("550.54.15"));
         // Numerically equal driver versions match; /proc names no compute capability.
-        testify(&on_h100, &GpuRequest::All, &host("550.054.15", &[("nvidia  h100 80GB HBM3", None)])).unwrap();
+        testify(
+            &on_h100,
+            &GpuRequest::All,
+            &host("550.054.15", &[("nvidia  h100 80GB HBM3", None)]),
+        )
+        .unwrap();
 
-        let error = testify(&on_h100, &GpuRequest::All, &host("535.104.05", &[h100])).unwrap_err().to_string();
-        assert!(error.contains("Expected: 535.104.05") && error.contains("Found:    550.54.15"), "{error}");
-        let no_driver = HostView::Local { driver: None, gpus: vec![] };
-        let error = testify(&on_h100, &GpuRequest::All, &no_driver).unwrap_err().to_string();
+        let error = testify(&on_h100, &GpuRequest::All, &host("535.104.05", &[h100]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("Expected: 535.104.05") && error.contains("Found:    550.54.15"),
+            "{error}"
+        );
+        let no_driver = HostView::Local {
+            driver: None,
+            gpus: vec![],
+        };
+        let error = testify(&on_h100, &GpuRequest::All, &no_driver)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("the host has none"), "{error}");
 
         // An A10 host, a report of an H100: refused, Expected and Found.
         let a10 = ("NVIDIA A10", Some((8, 6)));
-        let error = testify(&on_h100, &GpuRequest::All, &host("550.54.15", &[a10])).unwrap_err().to_string();
-        assert!(error.contains("Expected: at most 1 of: NVIDIA A10 (compute capability 8.6)"), "{error}");
-        assert!(error.contains("Found:    NVIDIA H100 80GB HBM3 (compute capability 9.0)"), "{error}");
+        let error = testify(&on_h100, &GpuRequest::All, &host("550.54.15", &[a10]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("Expected: at most 1 of: NVIDIA A10 (compute capability 8.6)"),
+            "{error}"
+        );
+        assert!(
+            error.contains("Found:    NVIDIA H100 80GB HBM3 (compute capability 9.0)"),
+            "{error}"
+        );
         // Same model, another compute capability.
-        let error = testify(&on_h100, &GpuRequest::All, &host("550.54.15", &[("NVIDIA H100 80GB HBM3", Some((8, 0)))]));
+        let error = testify(
+            &on_h100,
+            &GpuRequest::All,
+            &host("550.54.15", &[("NVIDIA H100 80GB HBM3", Some((8, 0)))]),
+        );
         assert!(error.is_err());
         // More GPUs than the host has, or than it gave the container.
-        let two = report(&[("NVIDIA H100 80GB HBM3", "9.0"), ("NVIDIA H100 80GB HBM3", "9.0")]);
+        let two = report(&[
+            ("NVIDIA H100 80GB HBM3", "9.0"),
+            ("NVIDIA H100 80GB HBM3", "9.0"),
+        ]);
         assert!(testify(&two, &GpuRequest::All, &host("550.54.15", &[h100])).is_err());
-        assert!(testify(&two, &GpuRequest::Count(1), &host("550.54.15", &[h100, h100])).is_err());
+        assert!(testify(
+            &two,
+            &GpuRequest::Count(1),
+            &host("550.54.15", &[h100, h100])
+        )
+        .is_err());
         testify(&two, &GpuRequest::All, &host("550.54.15", &[h100, h100])).unwrap();
     }
 
@@ -531,6 +618,10 @@ mod tests {
         };
         let witness = testify(&on_h100, &GpuRequest::All, &view).unwrap();
         assert!(!witness.host_compared);
-        assert!(witness.summary().contains("not compared"), "{}", witness.summary());
+        assert!(
+            witness.summary().contains("not compared"),
+            "{}",
+            witness.summary()
+        );
     }
 }
