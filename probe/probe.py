@@ -4,19 +4,34 @@
 Baked into every image cudastack builds at /opt/cudastack/probe/probe.py, beside
 /usr/share/cudastack/expect.json (what the recipe and lock say the image holds). Run as
 
-    python3 /opt/cudastack/probe/probe.py [--level static|driver|device|ops|train|all]
+    python3 -I -S /opt/cudastack/probe/probe.py [--level static|driver|device|ops|train|all]
+
+`-I -S` (issue 32): nothing of the image runs before the probe (no `.pth` file, no
+sitecustomize, no PYTHONPATH); the probe puts the site directories on sys.path itself.
 
 Checks run in levels; each level needs the ones before it. A check that cannot run (no
 GPU visible, no header in a runtime image) is `skip` with the reason, never `pass`.
 Human-readable lines go to stderr; the LAST line of stdout is
 
-    cudastack-report-v1 {one-line JSON report}
+    cudastack-report-v1 [nonce=HEX ]{one-line JSON report}
+
+where HEX is the run's nonce, when the host that started the probe gave one in
+CUDASTACK_REPORT_NONCE: the host accepts exactly one report carrying it. The probe takes
+the variable out of its environment before it imports anything of the image's.
 
 so a container log or a Kubernetes pod log carries the report (docs/verify.md describes the
 schema). Exit status: 0 when nothing failed, 1 when a check failed, 2 on a probe error.
 
 Standard library only, Python >= 3.8; torch is imported by the checks that need it.
 """
+
+import os
+import sys
+
+# Issue 32: the nonce leaves the environment first, before any module of the image's is
+# imported (torch later can still find it in this process's memory: docs/verify.md says so).
+NONCE_ENV = "CUDASTACK_REPORT_NONCE"
+NONCE = os.environ.pop(NONCE_ENV, None)
 
 import argparse
 import ctypes
@@ -25,11 +40,9 @@ import glob
 import importlib
 import json
 import math
-import os
 import platform
 import re
 import socket
-import sys
 import time
 import traceback
 
@@ -122,6 +135,23 @@ class Probe:
 
 def _raise(error):
     raise error
+
+
+def add_site_directories():
+    """Under `python3 -S`, put the site directories on sys.path as plain entries: the
+    packages import, and no `.pth` file of theirs runs (site.addsitedir would run them)."""
+    if not sys.flags.no_site:
+        return
+    import site  # with -S, importing site computes paths and runs nothing
+
+    for directory in site.getsitepackages():
+        if os.path.isdir(directory) and directory not in sys.path:
+            sys.path.append(directory)
+
+
+def report_line(report):
+    nonce = "nonce=%s " % NONCE if NONCE else ""
+    return REPORT_PREFIX + nonce + json.dumps(report, sort_keys=True, separators=(",", ":")) + "\n"
 
 
 # ---------------------------------------------------------------- helpers
@@ -628,12 +658,17 @@ def main():
     native = os.path.join(os.path.dirname(os.path.abspath(__file__)), NATIVE_PROBE)
     if not expect.get("torch") and os.access(native, os.X_OK):
         sys.stdout.flush()
+        environment = dict(os.environ)
+        if NONCE:
+            # The native probe prints the report, so it carries the nonce (and drops it too).
+            environment[NONCE_ENV] = NONCE
         try:
-            os.execv(native, [native, "--level", args.level, "--expect", args.expect])
+            os.execve(native, [native, "--level", args.level, "--expect", args.expect], environment)
         except OSError as error:
             # Not runnable here (another architecture, a missing loader): this probe's
             # static level still reports, and says why the GPU levels did not run.
             print(f"cudastack-probe: cannot run {native}: {error}; using probe.py", file=sys.stderr)
+    add_site_directories()
     started = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     probe = Probe(expect, levels)
     clock = time.monotonic()
@@ -661,7 +696,7 @@ def main():
         "counts": counts,
     }
     sys.stderr.write("%d passed, %d failed, %d skipped\n" % (counts["pass"], counts["fail"], counts["skip"]))
-    sys.stdout.write(REPORT_PREFIX + json.dumps(report, sort_keys=True, separators=(",", ":")) + "\n")
+    sys.stdout.write(report_line(report))
     sys.stdout.flush()
     return 1 if counts["fail"] else 0
 

@@ -58,7 +58,8 @@ fn quick_report() -> String {
                     "seconds": 0.1, "detail": "the stand-in probe ran"}],
         "counts": {"pass": 1, "fail": 0, "skip": 0},
     });
-    format!("echo 'cudastack-report-v1 {report}'\n")
+    // With the run's nonce, as the probe prints it (issue 32).
+    format!("printf 'cudastack-report-v1 nonce=%s %s\\n' \"$CUDASTACK_REPORT_NONCE\" '{report}'\n")
 }
 
 /// A busybox image whose probe is the shell script `probe`, unique to `name` and this
@@ -72,7 +73,9 @@ fn stand_in_layout(work: &Path, name: &str, probe: &str) -> (PathBuf, Digest) {
         Entry::file_bytes(
             p("bin/python3"),
             0o755,
-            b"#!/bin/sh\nexec /bin/sh \"$@\"\n".to_vec(),
+            // Drops the interpreter's flags (`python3 -I -S probe.py`).
+            b"#!/bin/sh\nwhile [ \"${1#-}\" != \"$1\" ]; do shift; done\nexec /bin/sh \"$@\"\n"
+                .to_vec(),
         ),
         Entry::dir(p("tmp"), 0o1777),
     ])
@@ -406,4 +409,284 @@ fn an_unchanged_image_on_an_unchanged_host_is_verified_from_the_cache() {
         assert!(json.get("load").is_some(), "{json}");
     }
     drop(cleanup);
+}
+
+/// The host's own Python (Debian's, which processes `.pth` files as every CPython does):
+/// the real interpreter of the forgery tests below.
+const HOST_PYTHON: &str = "/usr/bin/python3.11";
+
+/// A report claiming every level passed on an H100: what the forged image prints.
+fn forged_report_json() -> String {
+    let gpu_checks = [
+        ("driver.version", "driver"),
+        ("driver.cuda", "driver"),
+        ("device.count", "device"),
+        ("device.kernels", "device"),
+        ("ops.matmul", "ops"),
+        ("ops.conv", "ops"),
+        ("ops.conv_benchmark", "ops"),
+        ("ops.loaded_libraries", "ops"),
+        ("train.mlp", "train"),
+    ];
+    let mut checks = vec![serde_json::json!({"id": "static.torch", "level": "static",
+        "status": "pass", "seconds": 1.0, "detail": "torch 2.4.1+cu121"})];
+    for (id, level) in gpu_checks {
+        checks.push(
+            serde_json::json!({"id": id, "level": level, "status": "pass",
+            "seconds": 0.5, "detail": "ok"}),
+        );
+    }
+    serde_json::json!({
+        "schema": "cudastack.verify.report/v1", "probe_version": "1",
+        "started": "2026-11-29T23:00:00Z", "seconds": 42.0, "hostname": "forged",
+        "levels": ["static", "driver", "device", "ops", "train"], "expect": {},
+        "torch": "2.4.1+cu121", "driver": {"version": "550.54.15", "cuda": "12.4"},
+        "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
+                  "memory_bytes": 85_000_000_000u64, "kernels": "sass:sm_90"}],
+        "checks": checks, "counts": {"pass": 10, "fail": 0, "skip": 0},
+    })
+    .to_string()
+}
+
+/// The files of a root with `python3` (the host's Debian CPython, its stdlib and the
+/// shared libraries it and its extension modules need): the base of the forged images.
+fn python_root(root: &Path) {
+    let copy = |from: &Path| {
+        let to = root.join(from.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(from, &to).unwrap();
+    };
+    copy(Path::new(HOST_PYTHON));
+    std::os::unix::fs::symlink("python3.11", root.join("usr/bin/python3")).unwrap();
+    std::fs::create_dir_all(root.join("usr/lib")).unwrap();
+    let status = Command::new("cp")
+        .args(["-a", "/usr/lib/python3.11"])
+        .arg(root.join("usr/lib/"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for unused in [
+        "test",
+        "idlelib",
+        "tkinter",
+        "turtledemo",
+        "ensurepip",
+        "lib2to3",
+        "pydoc_data",
+    ] {
+        let _ = std::fs::remove_dir_all(root.join("usr/lib/python3.11").join(unused));
+    }
+    // Every library the interpreter and its extension modules load, where ldd finds it.
+    let mut objects = vec![PathBuf::from(HOST_PYTHON)];
+    for entry in std::fs::read_dir("/usr/lib/python3.11/lib-dynload").unwrap() {
+        objects.push(entry.unwrap().path());
+    }
+    let mut libraries = std::collections::BTreeSet::new();
+    for object in objects {
+        let output = Command::new("ldd").arg(&object).output().unwrap();
+        for line in String::from_utf8_lossy(&output.stdout).lines() {
+            let path = match line.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next(),
+                None => line.split_whitespace().next(),
+            };
+            if let Some(path) = path.filter(|p| p.starts_with('/')) {
+                libraries.insert(PathBuf::from(path));
+            }
+        }
+    }
+    for library in libraries {
+        copy(&library);
+    }
+}
+
+/// A layout of a Python image holding the real probe (with no torch in the image, it runs
+/// the static level) and the wheel `forge` installed by cudastack's installer, with
+/// `members` (the forgery). Returns the layout and the image ID.
+fn forged_layout(
+    work: &Path,
+    name: &str,
+    members: Vec<crate::install_support::Member>,
+) -> (PathBuf, Digest) {
+    use crate::install_support::{member, write_wheel, RecordTweaks};
+    let root = work.join(format!("{name}-root"));
+    python_root(&root);
+    let mut all = members;
+    all.push(member(
+        "forge-1.0.dist-info/METADATA",
+        "Metadata-Version: 2.1\nName: forge\nVersion: 1.0\n",
+    ));
+    all.push(member(
+        "forge-1.0.dist-info/WHEEL",
+        "Wheel-Version: 1.0\nGenerator: cudastack-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    ));
+    let wheel = write_wheel(
+        work,
+        "forge-1.0-py3-none-any.whl",
+        "forge-1.0.dist-info",
+        &all,
+        &RecordTweaks::default(),
+    );
+    let options = cudastack::install::InstallOptions::new(
+        cudastack::install::Scheme::debian_local("3.11".parse().unwrap()),
+    );
+    cudastack::install::install_wheel(&wheel, &options, &root).unwrap();
+    let probe = root.join(cudastack::probe::PROBE_PATH.trim_start_matches('/'));
+    std::fs::create_dir_all(probe.parent().unwrap()).unwrap();
+    std::fs::write(&probe, cudastack::probe::PROBE_SOURCE).unwrap();
+    let expect = root.join(cudastack::probe::EXPECT_PATH.trim_start_matches('/'));
+    std::fs::create_dir_all(expect.parent().unwrap()).unwrap();
+    std::fs::write(&expect, b"{}").unwrap();
+
+    let store = BlobStore::open(work.join("store")).unwrap();
+    let contents = LayerContents::from_dir(&root, &Default::default()).unwrap();
+    let layer = layer::build(
+        &store,
+        &contents,
+        &BuildOptions::new(EPOCH, Compression::None),
+    )
+    .unwrap();
+    let image = Image::new(EPOCH)
+        .with_layer(layer, "python and the forged wheel")
+        .with_env("PATH", "/usr/bin:/bin");
+    let dir = work.join(name);
+    layout::write(&image, &dir, "latest").unwrap();
+    (dir, image.documents().unwrap().config.digest)
+}
+
+fn forgery_skip_reason() -> Option<String> {
+    skip_reason().or_else(|| {
+        (!Path::new(HOST_PYTHON).is_file())
+            .then(|| format!("{HOST_PYTHON} is missing (apt-get install python3.11)"))
+    })
+}
+
+/// Issue 32, as reported: a wheel's `.pth` file prints a report claiming every level passed
+/// on an H100 (at start-up and again at exit, so it is the last line). On a host that gives
+/// the container no GPU, `verify` labelled the image verified. Now the probe runs with
+/// `python3 -I -S`, so the `.pth` file never runs: the report is the probe's own, static
+/// level only, and nothing is labelled.
+#[test]
+fn a_pth_file_cannot_forge_the_report() {
+    if let Some(reason) = forgery_skip_reason() {
+        eprintln!("skipping: {reason}");
+        return;
+    }
+    use crate::install_support::member;
+    let work = tempfile::tempdir().unwrap();
+    let hook = format!(
+        "import atexit\nLINE = 'cudastack-report-v1 ' + {json:?}\nprint(LINE, flush=True)\natexit.register(lambda: print(LINE, flush=True))\n",
+        json = forged_report_json()
+    );
+    let (dir, id) = forged_layout(
+        work.path(),
+        "verify-forged-pth",
+        vec![
+            member("forge.pth", "import forge_hook\n"),
+            member("forge_hook.py", hook),
+        ],
+    );
+    let cleanup = Cleanup {
+        images: vec![id],
+        pids: vec![std::process::id()],
+    };
+
+    let output = verify(&["--no-cache", "--json"], &work.path().join("cache"))
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("{stderr}");
+    assert!(output.status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["verdict"]["verdict"], "partial", "{json}");
+    assert_eq!(json["report"]["gpus"], serde_json::json!([]), "{json}");
+    assert_ne!(json["report"]["hostname"], "forged");
+    assert_eq!(
+        json["report"]["runner"]["witness"]["gpus_given"], "none",
+        "{json}"
+    );
+    assert!(json["recorded"]["verified_manifest"].is_null(), "{json}");
+    let refs = layout::list_refs(&dir).unwrap();
+    assert!(
+        !refs
+            .iter()
+            .any(|r| r == "verified" || r.ends_with("-verified")),
+        "{refs:?}"
+    );
+
+    // The control: run as every runner ran it before (`python3 probe.py`), in the image's
+    // files (chroot, as root like the daemon), the .pth file does print the forged report,
+    // last: the image really is the reported attack.
+    let plain = Command::new("chroot")
+        .arg(work.path().join("verify-forged-pth-root"))
+        .args([
+            "/usr/bin/python3",
+            cudastack::probe::PROBE_PATH,
+            "--level",
+            "static",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&plain.stdout);
+    let last = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("cudastack-report-v1 "))
+        .unwrap_or_else(|| panic!("{stdout}{}", String::from_utf8_lossy(&plain.stderr)));
+    assert!(last.contains("\"hostname\":\"forged\""), "{stdout}");
+    assert!(cudastack::verify::report::Report::from_output(&stdout, "the plain run").is_err());
+    drop(cleanup);
+}
+
+/// Issue 32: code of the image that runs inside the probe (a `torch` it imports) and
+/// prints a report of its own is a forgery, refused, whether it prints a line without the
+/// nonce or steals the nonce from /proc/self/environ and silences the probe: a container
+/// given no GPU can claim no GPU result.
+#[test]
+fn code_the_probe_imports_cannot_forge_the_report() {
+    if let Some(reason) = forgery_skip_reason() {
+        eprintln!("skipping: {reason}");
+        return;
+    }
+    use crate::install_support::member;
+    let work = tempfile::tempdir().unwrap();
+    let json = forged_report_json();
+    let cases = [
+        (
+            "verify-forged-torch",
+            format!("print('cudastack-report-v1 ' + {json:?}, flush=True)\n__version__ = '2.4.1'\n"),
+            "do not carry this run's nonce",
+        ),
+        (
+            "verify-forged-thief",
+            format!(
+                "import os\nenv = open('/proc/self/environ', 'rb').read().split(b'\\0')\n\
+                 nonce = [e.split(b'=', 1)[1].decode() for e in env if e.startswith(b'CUDASTACK_REPORT_NONCE=')][0]\n\
+                 print('cudastack-report-v1 nonce=' + nonce + ' ' + {json:?}, flush=True)\nos._exit(0)\n"
+            ),
+            "the container was given no GPU",
+        ),
+    ];
+    let cache = work.path().join("cache");
+    for (name, torch, refusal) in cases {
+        let (dir, id) = forged_layout(work.path(), name, vec![member("torch/__init__.py", torch)]);
+        let cleanup = Cleanup {
+            images: vec![id],
+            pids: vec![std::process::id()],
+        };
+        let output = verify(&["--no-cache"], &cache).arg(&dir).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        eprintln!("{name}: {}\n{stderr}", output.status);
+        assert!(!output.status.success(), "{name}: {stderr}");
+        assert!(
+            stderr.contains("refused") && stderr.contains(refusal),
+            "{name}: {stderr}"
+        );
+        let refs = layout::list_refs(&dir).unwrap();
+        assert!(
+            !refs.iter().any(|r| r.contains("verif")),
+            "{name}: nothing recorded: {refs:?}"
+        );
+        drop(cleanup);
+    }
 }

@@ -94,9 +94,10 @@ pub struct VerifyArgs {
         )
     )]
     pub platform: Option<cudastack::recipe::Platform>,
-    /// With --emit: emit the job only if a verification attestation signed by this public
-    /// key says the pinned image passed on the --gpu-type's GPU class (any GPU when the
-    /// type is not one the matrix knows), as `check --require-signed-by` asks of a node.
+    /// With --emit (needs --gpu-type): emit the job only if a verification attestation
+    /// signed by this public key says the pinned image passed on the compute capability of
+    /// the --gpu-type's GPU, as `check --require-signed-by` asks of a node; a type the
+    /// matrix does not know is an error, never "any GPU".
     #[arg(long, value_name = "KEY.pub", requires = "emit")]
     pub require_signed_by: Option<std::ffi::OsString>,
     #[command(flatten)]
@@ -196,18 +197,21 @@ fn record_log(
 ) -> CommandResult {
     let text = fs_err::read_to_string(log)?;
     let mut report = Report::from_output(&text, &format!("log {}", log.display()))?;
-    if let Some(facts) = cudastack::verify::record::image_in_log(&text) {
-        report.image = Some(facts);
-    }
-    if report.runner.is_none() {
-        report.runner = Some(cudastack::verify::report::RunnerFacts {
-            kind: "cluster".to_string(),
-            cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
-            gpus_requested: "see the job".to_string(),
-            engine: None,
-            note: Some(format!("recorded from {}", log.display())),
-        });
-    }
+    // Only the log's `cudastack-image-v1` line says which image ran (the report line's
+    // parser drops any `image` or `runner` the line carried: the probe writes neither).
+    report.image = cudastack::verify::record::image_in_log(&text);
+    report.runner = Some(cudastack::verify::report::RunnerFacts {
+        kind: "cluster".to_string(),
+        cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
+        gpus_requested: "see the job".to_string(),
+        engine: None,
+        // Issue 32: no host watched this run, so nothing here is its testimony.
+        note: Some(format!(
+            "not host-witnessed: recorded from {}, a log made elsewhere (no nonce, no comparison with the GPUs a host gave the probe)",
+            log.display()
+        )),
+        witness: None,
+    });
     let key = args.sign.load()?;
     let recorded = match ImageLocation::parse(image, Some(&args.ref_name))? {
         ImageLocation::Layout { dir, ref_name } => {
@@ -401,6 +405,10 @@ pub fn finish(
         let wrapped = |line: String| wrap_line(&line, RENDER_WIDTH);
         if let Some(note) = report.runner.as_ref().and_then(|r| r.note.as_ref()) {
             printer.text(wrapped(format!("note: {note}")));
+        }
+        // Issue 32: whether the host vouches for the report, and for what.
+        if let Some(witness) = report.runner.as_ref().and_then(|r| r.witness.as_ref()) {
+            printer.text(wrapped(format!("witness: {}", witness.summary())));
         }
         if let Some(recorded) = recorded {
             printer.text(wrapped(format!(

@@ -35,7 +35,8 @@ pub const REPORT_PREFIX: &str = "cudastack-report-v1 ";
 
 /// The probe command every cudastack image can run: all levels, report on stdout.
 pub fn probe_command() -> Vec<String> {
-    ["python3", PROBE_PATH, "--level", "all"]
+    // `-I -S` (issue 32): no `.pth` file or sitecustomize of the image runs before the probe.
+    ["python3", "-I", "-S", PROBE_PATH, "--level", "all"]
         .map(String::from)
         .to_vec()
 }

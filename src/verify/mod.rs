@@ -4,6 +4,9 @@
 //! probe/probe.py  (baked into the config layer at PROBE_PATH, beside EXPECT_PATH)
 //!      │  runs inside a container from the image (Docker API + NVIDIA runtime,
 //!      │  a Kubernetes Job, or natively), prints `cudastack-report-v1 {json}` last
+//!      ▼                  (with the run's nonce when cudastack started it: witness)
+//! witness: exactly one report, from this run's probe; no GPU results without a GPU given;
+//!          the driver and GPUs it names are the host's (issue 32)
 //!      ▼
 //! report::Report ──verdict──> Verified | StaticOnly | Failed
 //!      │
@@ -29,6 +32,7 @@ pub mod record;
 pub mod report;
 pub mod runner;
 pub mod source;
+pub mod witness;
 
 use crate::probe::PROBE_PATH;
 /// Prefix of the report line the probe prints last on stdout.
@@ -40,10 +44,16 @@ pub const IMAGE_PREFIX: &str = "cudastack-image-v1 ";
 /// The OCI artifact type of a stored verification report.
 pub const REPORT_ARTIFACT_TYPE: &str = "application/vnd.cudastack.verify.report.v1+json";
 
-/// The command that runs the probe in a container, up to `level`.
+/// The command that runs the probe in a container, up to `level`: `python3 -I -S`
+/// (issue 32) so nothing of the image runs before the probe: `-I` ignores PYTHON*
+/// variables and the user's site, `-S` skips `site`, and with it every `.pth` file and
+/// `sitecustomize` a package could have installed. The probe adds the site directories
+/// to `sys.path` itself, without running their `.pth` files.
 pub fn probe_command(level: report::Level) -> Vec<String> {
     vec![
         "python3".to_string(),
+        "-I".to_string(),
+        "-S".to_string(),
         PROBE_PATH.to_string(),
         "--level".to_string(),
         level.as_str().to_string(),

@@ -23,6 +23,19 @@ pub enum ReportError {
     },
     #[error("the report has schema `{found}`, this cudastack reads `{REPORT_SCHEMA}`")]
     Schema { found: String },
+    #[error("refused: {what} holds {count} report lines; a probe prints exactly one, so something else printed the others (a forgery attempt by code in the image, issue 32)\n  hint: find what prints `{prefix}` in the image; or run the probe again and record only its own output", prefix = REPORT_PREFIX.trim_end())]
+    Several { what: String, count: usize },
+}
+
+impl ReportError {
+    /// No report line in `output` (named `what`): its last lines, to say why.
+    pub fn missing(output: &str, what: &str) -> Self {
+        let tail: Vec<&str> = output.lines().rev().take(15).collect();
+        ReportError::Missing {
+            what: what.to_string(),
+            tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+        }
+    }
 }
 
 fn tail_hint(tail: &str) -> String {
@@ -143,6 +156,11 @@ pub struct RunnerFacts {
     pub engine: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// What the host vouches for (issue 32): the GPUs it gave the container and whether
+    /// the report's driver and GPUs are the host's. Absent: not host-witnessed (a report
+    /// recorded from a log made elsewhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub witness: Option<super::witness::Witness>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -193,20 +211,12 @@ impl fmt::Display for Verdict {
 }
 
 impl Report {
-    /// The report in a probe's output or a pod log: the last line with the prefix.
+    /// The report in a probe's output or a pod log: its one line with the prefix. Two such
+    /// lines are refused (issue 32: the last one used to win, so an image could print its
+    /// own after the probe's). A run cudastack starts itself checks its nonce instead
+    /// ([`super::witness::accept`]).
     pub fn from_output(output: &str, what: &str) -> Result<Report, ReportError> {
-        let Some(line) = output
-            .lines()
-            .rev()
-            .find_map(|line| line.trim_end().strip_prefix(REPORT_PREFIX))
-        else {
-            let tail: Vec<&str> = output.lines().rev().take(15).collect();
-            return Err(ReportError::Missing {
-                what: what.to_string(),
-                tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
-            });
-        };
-        Self::from_json(line.as_bytes())
+        super::witness::single_report(output, what)
     }
 
     pub fn from_json(bytes: &[u8]) -> Result<Report, ReportError> {
@@ -466,13 +476,23 @@ mod tests {
         assert!(matches!(missing_train.verdict(), Verdict::Partial { .. }));
     }
 
+    /// Issue 32: the last report line used to win, so a line an image printed after the
+    /// probe's (an atexit handler a `.pth` file registered) replaced the probe's report.
     #[test]
-    fn the_report_is_the_last_prefixed_line() {
+    fn a_log_must_hold_exactly_one_report() {
         let json = String::from_utf8(report(all_levels(Status::Pass), true).to_json()).unwrap();
+        let parsed =
+            Report::from_output(&format!("noise\n{REPORT_PREFIX}{json}\n"), "a pod log").unwrap();
+        assert_eq!(parsed.gpus[0].name, "NVIDIA H200");
         let log =
             format!("noise\n{REPORT_PREFIX}{{\"schema\":\"old\"}}\nmore\n{REPORT_PREFIX}{json}\n");
-        let parsed = Report::from_output(&log, "a pod log").unwrap();
-        assert_eq!(parsed.gpus[0].name, "NVIDIA H200");
+        let err = Report::from_output(&log, "a pod log")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("2 report lines") && err.contains("forgery"),
+            "{err}"
+        );
         let err = Report::from_output("Traceback\nImportError: x\n", "the container's stdout")
             .unwrap_err()
             .to_string();

@@ -7,6 +7,12 @@
 //! probe and host ([`super::cache`]) is recorded again without loading or running
 //! anything. A GPU asked for as required is a claim about what the probe saw: a report
 //! naming no GPU fails it, whichever runner produced it ([`require_gpu_seen`]).
+//!
+//! A container run is the host's testimony (issue 32, [`super::witness`]): the probe gets a
+//! fresh nonce and exactly one report carrying it is accepted; a container given no GPU
+//! (which then also gets `NVIDIA_VISIBLE_DEVICES=void`, so a daemon whose default runtime
+//! is `nvidia` cannot hand it one behind the request's back) may claim no GPU result; and
+//! the driver and GPUs a report names must be the ones this host reads for itself.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,6 +23,7 @@ use super::cache::{CacheKey, HostFacts, VerifyCache};
 use super::probe_command;
 use super::record::{record_in_layout, RecordError, Recorded};
 use super::report::{ImageFacts, Level, Report, ReportError, RunnerFacts, Status};
+use super::witness::{self, HostGpu, HostView, Nonce, Witness, WitnessError, NONCE_ENV};
 use crate::engine::load::layout_tags;
 use crate::engine::run::{GpuRequest, Reaped, RunOutcome, RunSpec};
 use crate::engine::{Engine, EngineError, LoadReport};
@@ -38,6 +45,14 @@ pub enum VerifyError {
         #[source]
         source: ReportError,
     },
+    #[error("the report of the probe in `{image}` is not accepted as a verification: {source}")]
+    Refused {
+        image: String,
+        #[source]
+        source: WitnessError,
+    },
+    #[error("{0}")]
+    Nonce(String),
     #[error("the probe in `{image}` ran past {seconds} s and was stopped")]
     TimedOut { image: String, seconds: u64 },
     #[error("verification needs a GPU (--require-gpu, or verify.gpu: required) but {reason}\n  hint: run on a host with an NVIDIA GPU, its driver and (for containers) the NVIDIA Container Toolkit; or accept the static level: drop --require-gpu, or set verify.gpu: auto")]
@@ -163,8 +178,13 @@ pub async fn verify_layout(
         )
     });
     if let Some(mut report) = cache.as_ref().and_then(|(cache, key)| cache.get(key)) {
-        // The same image may live in another layout now: the report names this one.
+        // The same image may live in another layout now: the report names this one. The
+        // testimony is taken again: the cache is a shortcut, never a witness (issue 32).
         report.image = Some(image_facts);
+        let witness = testify(&report, &gpus, &info, &location)?;
+        if let Some(runner) = report.runner.as_mut() {
+            runner.witness = Some(witness);
+        }
         let recorded = record_in_layout(dir, ref_name, &report)?;
         if matches!(settings.gpus, GpuChoice::Required(_)) {
             require_gpu_seen(&report)?;
@@ -187,23 +207,20 @@ pub async fn verify_layout(
         manifest_digest: &resolved.manifest_digest,
         config_digest: &resolved.config_digest,
     };
-    let (load, outcome) = run_probe(engine, &image, &gpus, settings).await?;
+    let nonce = Nonce::generate().map_err(VerifyError::Nonce)?;
+    let (load, outcome) = run_probe(engine, &image, &gpus, settings, &nonce).await?;
     if outcome.timed_out {
         return Err(VerifyError::TimedOut {
             image: location,
             seconds: settings.timeout.as_secs(),
         });
     }
-    let mut report =
-        Report::from_output(&outcome.stdout, "the container's stdout").map_err(|source| {
-            VerifyError::NoReport {
-                image: location.clone(),
-                exit_code: outcome.exit_code,
-                source: with_stderr(source, &outcome.stderr),
-            }
-        })?;
+    let mut report = accept_run(&outcome, &nonce, &location)?;
+    let witness = testify(&report, &gpus, &info, &location)?;
     report.image = Some(image_facts);
-    report.runner = Some(docker_runner_facts(&gpus, &info, note));
+    let mut runner = docker_runner_facts(&gpus, &info, note);
+    runner.witness = Some(witness);
+    report.runner = Some(runner);
     if let Some((cache, key)) = &cache {
         // A cache that cannot be written costs the next run time, not this one its result.
         if let Err(error) = cache.put(key, &report) {
@@ -223,6 +240,68 @@ pub async fn verify_layout(
         cached: None,
         reaped,
     })
+}
+
+/// The one report of this run's probe in the container's output (rule 1 of
+/// [`super::witness`]).
+fn accept_run(outcome: &RunOutcome, nonce: &Nonce, location: &str) -> Result<Report, VerifyError> {
+    witness::accept(&outcome.stdout, nonce, "the container's stdout").map_err(|error| match error {
+        WitnessError::Report(source) => VerifyError::NoReport {
+            image: location.to_string(),
+            exit_code: outcome.exit_code,
+            source: with_stderr(source, &outcome.stderr),
+        },
+        source => VerifyError::Refused {
+            image: location.to_string(),
+            source,
+        },
+    })
+}
+
+/// Rules 2 and 3 of [`super::witness`]: what the host vouches for, or the refusal.
+fn testify(
+    report: &Report,
+    gpus: &GpuRequest,
+    info: &crate::engine::EngineInfo,
+    location: &str,
+) -> Result<Witness, VerifyError> {
+    // Reading the host's GPUs runs nvidia-smi: only worth it when the container had some.
+    let view = if *gpus == GpuRequest::None {
+        HostView::Unknown {
+            reason: "no GPU given".to_string(),
+        }
+    } else {
+        host_view(info)
+    };
+    witness::testify(report, gpus, &view).map_err(|source| VerifyError::Refused {
+        image: location.to_string(),
+        source,
+    })
+}
+
+/// This host's driver and GPUs, when the daemon runs here (a unix socket); a daemon
+/// elsewhere runs containers on a machine this host cannot read.
+fn host_view(info: &crate::engine::EngineInfo) -> HostView {
+    if !info.host.starts_with("unix://") {
+        return HostView::Unknown {
+            reason: format!(
+                "the Docker daemon at {} is not on this host, so the host cannot read the GPUs and driver its containers get",
+                info.host
+            ),
+        };
+    }
+    let report = crate::host::driver::detect(&crate::host::HostRoot::live());
+    HostView::Local {
+        driver: report.driver_version,
+        gpus: report
+            .gpus
+            .iter()
+            .map(|gpu| HostGpu {
+                name: gpu.name.clone(),
+                compute_capability: gpu.cc,
+            })
+            .collect(),
+    }
 }
 
 /// The GPUs to ask for, and a note for the report when the choice fell back to none.
@@ -263,6 +342,7 @@ async fn run_probe(
     image: &ProbeImage<'_>,
     gpus: &GpuRequest,
     settings: &VerifySettings,
+    nonce: &Nonce,
 ) -> Result<(LoadReport, RunOutcome), VerifyError> {
     // By config or manifest digest: the containerd image store names images by the latter.
     let was_present = engine
@@ -275,6 +355,14 @@ async fn run_probe(
     let mut spec = RunSpec::new(image_id.clone(), probe_command(settings.level));
     spec.entrypoint = Some(Vec::new());
     spec.gpus = gpus.clone();
+    spec.env
+        .push((NONCE_ENV.to_string(), nonce.as_str().to_string()));
+    if *gpus == GpuRequest::None {
+        // "No GPU" must be true for rule 2 of the witness: a daemon whose default runtime
+        // is `nvidia` would otherwise give every GPU to an image that asks in its env.
+        spec.env
+            .push(("NVIDIA_VISIBLE_DEVICES".to_string(), "void".to_string()));
+    }
     spec.timeout = settings.timeout;
     spec.labels = vec![(
         "io.cudastack.verify".to_string(),
@@ -304,6 +392,7 @@ fn docker_runner_facts(
             info.server_version, info.api_version
         )),
         note,
+        witness: None,
     }
 }
 
@@ -359,7 +448,9 @@ pub fn verify_native(
         }
     };
     let command = format!("{python} {} --level {}", probe.display(), level.as_str());
+    let nonce = Nonce::generate().map_err(VerifyError::Nonce)?;
     let output = std::process::Command::new(python)
+        .env(NONCE_ENV, nonce.as_str())
         .arg(&probe)
         .args(["--level", level.as_str(), "--expect"])
         .arg(&expect)
@@ -370,19 +461,25 @@ pub fn verify_native(
             source,
         })?;
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let mut report = Report::from_output(&stdout, "the probe's stdout").map_err(|source| {
-        VerifyError::NoReport {
-            image: "the host".into(),
-            exit_code: i64::from(output.status.code().unwrap_or(-1)),
-            source,
-        }
-    })?;
+    let mut report =
+        witness::accept(&stdout, &nonce, "the probe's stdout").map_err(|error| match error {
+            WitnessError::Report(source) => VerifyError::NoReport {
+                image: "the host".into(),
+                exit_code: i64::from(output.status.code().unwrap_or(-1)),
+                source,
+            },
+            source => VerifyError::Refused {
+                image: "the host".into(),
+                source,
+            },
+        })?;
     report.runner = Some(RunnerFacts {
         kind: "native".to_string(),
         cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
         gpus_requested: "all".to_string(),
         engine: None,
         note: Some(format!("{python} on the host, not an image")),
+        witness: None,
     });
     if require_gpu {
         require_gpu_seen(&report)?;

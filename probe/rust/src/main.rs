@@ -758,6 +758,9 @@ fn hostname() -> String {
 type LevelFn = fn(&mut Checks, &mut State);
 
 fn real_main() -> i32 {
+    // Issue 32: the nonce leaves the environment before any library of the image's loads.
+    let nonce = std::env::var(report::NONCE_ENV).ok();
+    std::env::remove_var(report::NONCE_ENV);
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let args = match parse_args(&argv) {
         Ok(Some(args)) => args,
@@ -842,7 +845,7 @@ fn real_main() -> i32 {
         checks.count("fail"),
         checks.count("skip")
     );
-    println!("{}", report::report_line(&value));
+    println!("{}", report::report_line(&value, nonce.as_deref()));
     report::exit_code(&checks)
 }
 

@@ -151,10 +151,15 @@ pub fn report(facts: ReportFacts, checks: &Checks) -> Value {
     })
 }
 
-/// The last stdout line: prefix + one-line JSON.
-pub fn report_line(report: &Value) -> String {
+/// The environment variable that carries the run's nonce (issue 32), as probe.py reads it.
+pub const NONCE_ENV: &str = "CUDASTACK_REPORT_NONCE";
+
+/// The last stdout line: prefix, the run's nonce when the host gave one (it accepts only
+/// a report carrying it: issue 32), one-line JSON.
+pub fn report_line(report: &Value, nonce: Option<&str>) -> String {
+    let nonce = nonce.map(|n| format!("nonce={n} ")).unwrap_or_default();
     format!(
-        "{REPORT_PREFIX}{}",
+        "{REPORT_PREFIX}{nonce}{}",
         serde_json::to_string(report).expect("a JSON value serialises")
     )
 }
@@ -273,7 +278,8 @@ mod tests {
         checks.run("static.x", "static", || pass("ok"));
         checks.run("driver.version", "driver", || skip("no driver"));
         let value = report(facts(), &checks);
-        let line = report_line(&value);
+        let line = report_line(&value, None);
+        assert!(report_line(&value, Some("ab12")).starts_with("cudastack-report-v1 nonce=ab12 {"));
         let json = line.strip_prefix(REPORT_PREFIX).expect("prefixed");
         assert!(!json.contains('\n'), "one line");
         let parsed: Value = serde_json::from_str(json).unwrap();
