@@ -10,25 +10,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::apt_support::{self, debs, repack_with_version, Archive, DirServer, Suite};
+use crate::apt_support::{minbase_archive, repack_with_version, Archive, DirServer};
 use crate::e2e_support::stand_in::{cuda_12_4_wheels, Target};
-
-/// The fixture archive (minbase, published), served; None when the test must skip.
-fn archive() -> Option<(Archive, DirServer)> {
-    if let Some(skip) = apt_support::skip_reason() {
-        skip.report();
-        return None;
-    }
-    let minbase = debs::minbase_or_skip("amd64")?;
-    let suites = ["bookworm", "bookworm-updates", "bookworm-security"]
-        .map(|dist| Suite::debian(dist, &["amd64"]))
-        .to_vec();
-    let mut archive = Archive::new(suites).unwrap();
-    archive.add_all("bookworm", "main", &minbase).unwrap();
-    archive.publish().unwrap();
-    let server = DirServer::serve(archive.root()).unwrap();
-    Some((archive, server))
-}
 
 /// A stand-in CUDA 12.4 recipe on bookworm in `work`, locked against `server`.
 fn locked_recipe(work: &Path, archive: &Archive, server: &DirServer) -> std::path::PathBuf {
@@ -105,7 +88,7 @@ fn evil_tzdata(archive: &Archive, lock: &Path, dir: &Path) -> (String, Vec<u8>) 
 
 #[test]
 fn a_lock_cannot_point_a_deb_outside_the_archive() {
-    let Some((archive, server)) = archive() else {
+    let Some((archive, server)) = minbase_archive() else {
         return;
     };
     let work = tempfile::tempdir().unwrap();
@@ -138,7 +121,7 @@ fn a_lock_cannot_point_a_deb_outside_the_archive() {
 
 #[test]
 fn a_lock_cannot_name_bytes_the_archive_did_not_sign() {
-    let Some((archive, server)) = archive() else {
+    let Some((archive, server)) = minbase_archive() else {
         return;
     };
     let work = tempfile::tempdir().unwrap();
@@ -172,4 +155,77 @@ fn a_lock_cannot_name_bytes_the_archive_did_not_sign() {
         "fetched before the check"
     );
     assert!(!work.path().join("layout/index.json").exists());
+}
+
+/// A lock whose .deb the archive has since dropped (Debian keeps the current point release
+/// only): the live signed index no longer lists it, the snapshot archive as of the lock's
+/// moment does, so the check passes there; the live index alone refuses it.
+#[test]
+fn a_deb_the_archive_dropped_is_checked_in_its_snapshot_as_of_the_lock() {
+    use cudastack::apt::trust::{verify_signed, LockedDeb, TrustError};
+    use cudastack::apt::AptSources;
+    let Some((mut archive, server)) = minbase_archive() else {
+        return;
+    };
+    // The snapshot service keeps today's state under its stamp.
+    let snapshots = tempfile::tempdir().unwrap();
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(archive.root())
+        .arg(snapshots.path().join("20260601T000000Z"))
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let snapshot = DirServer::serve(snapshots.path()).unwrap();
+    let pool = archive.root().join("pool/main/t/tzdata");
+    let file = std::fs::read_dir(&pool)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.extension().is_some_and(|e| e == "deb"))
+        .unwrap();
+    let info = crate::apt_support::DebInfo::read(&file).unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    let relative = file.strip_prefix(archive.root()).unwrap().display().to_string();
+    let locked = LockedDeb {
+        name: info.package.clone(),
+        version: info.version.clone(),
+        architecture: info.architecture.clone(),
+        sha256: format!("sha256:{}", crate::fetch_support::sha256_hex(&bytes))
+            .parse()
+            .unwrap(),
+        size: bytes.len() as u64,
+        url: format!("{}/{relative}", server.url()).parse().unwrap(),
+        fallback_url: None,
+    };
+    archive.remove("bookworm", "tzdata", &info.version).unwrap();
+    archive.publish().unwrap();
+
+    let mirror: reqwest::Url = server.url().parse().unwrap();
+    let sources = AptSources::for_release(
+        "debian",
+        "bookworm",
+        "amd64",
+        Some(&mirror),
+        Some(archive.keyring().to_path_buf()),
+    );
+    let live_only = verify_signed(
+        std::slice::from_ref(&locked),
+        &sources,
+        "bookworm",
+        None,
+        None,
+    );
+    assert!(
+        matches!(live_only, Err(TrustError::NotSigned { .. })),
+        "{live_only:?}"
+    );
+    let service: reqwest::Url = snapshot.url().parse().unwrap();
+    verify_signed(
+        &[locked],
+        &sources,
+        "bookworm",
+        Some("2026-06-01T00:00:00Z".parse().unwrap()),
+        Some(&service),
+    )
+    .unwrap();
 }

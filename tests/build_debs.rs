@@ -284,22 +284,15 @@ fn set_deb_field(path: &Path, name: &str, field: &str, value: &str) {
 /// second server), the build works again.
 #[test]
 fn a_build_from_the_lock_is_the_same_image_after_the_archive_moved_on() {
-    use crate::apt_support::{self, debs, repack_with_version, AptRoot, Archive, DirServer, Suite};
-    if let Some(skip) = e2e_support::skip_reason(&[]).or_else(apt_support::skip_reason) {
+    use crate::apt_support::{minbase_archive, repack_with_version, AptRoot, DirServer};
+    if let Some(skip) = e2e_support::skip_reason(&[]) {
         skip.report();
         return;
     }
-    let Some(minbase) = debs::minbase_or_skip("amd64") else {
+    let Some((mut archive, server)) = minbase_archive() else {
         return;
     };
     let work = tempfile::tempdir().unwrap();
-    let suites = ["bookworm", "bookworm-updates", "bookworm-security"]
-        .map(|dist| Suite::debian(dist, &["amd64"]))
-        .to_vec();
-    let mut archive = Archive::new(suites).unwrap();
-    archive.add_all("bookworm", "main", &minbase).unwrap();
-    archive.publish().unwrap();
-    let server = DirServer::serve(archive.root()).unwrap();
     let recipe = work.path().join("day.yaml");
     cuda_12_4_wheels(
         Target::X86_64,

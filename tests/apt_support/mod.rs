@@ -121,6 +121,24 @@ pub fn skip_reason() -> Option<gate::Skip> {
     None
 }
 
+/// A signed bookworm archive (its three suites) holding the real amd64 minbase set,
+/// published and served on 127.0.0.1; None (the skip reported) when it cannot be made here.
+pub fn minbase_archive() -> Option<(Archive, DirServer)> {
+    if let Some(skip) = skip_reason() {
+        skip.report();
+        return None;
+    }
+    let minbase = debs::minbase_or_skip("amd64")?;
+    let suites = ["bookworm", "bookworm-updates", "bookworm-security"]
+        .map(|dist| Suite::debian(dist, &["amd64"]))
+        .to_vec();
+    let mut archive = Archive::new(suites).unwrap();
+    archive.add_all("bookworm", "main", &minbase).unwrap();
+    archive.publish().unwrap();
+    let server = DirServer::serve(archive.root()).unwrap();
+    Some((archive, server))
+}
+
 /// A fresh directory under the cargo target's temporary directory, removed on drop.
 pub fn temp_dir(prefix: &str) -> Result<tempfile::TempDir> {
     let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
