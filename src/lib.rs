@@ -2,10 +2,11 @@
 //!
 //! The modules follow the data flow of a build, in groups, and a module imports only
 //! modules of its own group or of the groups above it, with no cycle (docs/architecture.md
-//! has the picture and a paragraph per module): shared vocabulary, then the inputs (recipe -> matrix -> fetch -> lock), the content
+//! has the picture and a paragraph per module): shared vocabulary, then the inputs (recipe -> matrix -> fetch -> lock), the host's
+//! driver and GPUs as read (host: verification compares a report with them), the content
 //! (elf, install, audit, layer, probe), the assembly (stack) and the image (oci), the
 //! outputs (engine, registry) and the proof (verify), their composition (pipeline), and
-//! the host and cluster tools. The binary (src/cli) parses arguments and prints.
+//! the cluster and diagnosis tools. The binary (src/cli) parses arguments and prints.
 
 // Shared vocabulary.
 pub mod atomic_file;
@@ -28,6 +29,9 @@ pub mod lock;
 pub mod matrix;
 pub mod recipe;
 
+// The host: its driver and GPUs as read (what verification compares a report with).
+pub mod host;
+
 // Content.
 pub mod audit;
 pub mod install;
@@ -47,7 +51,6 @@ pub mod sbom;
 pub mod sign;
 pub mod verify;
 
-// The host and clusters.
+// Clusters and diagnosis.
 pub mod cluster;
 pub mod doctor;
-pub mod host;
