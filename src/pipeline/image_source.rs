@@ -104,7 +104,7 @@ pub async fn read_referrers(
     subject: &Digest,
     types: crate::registry::referrers::ArtifactTypes<'_>,
 ) -> Result<ReadReferrers, PipelineError> {
-    use crate::registry::referrers::{fetch_referrers, BlobSink, ReferrerBudget};
+    use crate::registry::referrers::{fetch_referrers, BlobContent, BlobSink, ReferrerBudget};
     match source {
         ImageSource::Layout { dir, .. } => {
             let (wanted, others): (Vec<_>, Vec<_>) =
@@ -137,18 +137,22 @@ pub async fn read_referrers(
                 BlobSink::Memory,
             )
             .await?;
+            // Each blob moved, not copied: the budget is what is held (issue 32).
             let referrers = fetched
                 .referrers
-                .iter()
+                .into_iter()
                 .map(|r| Referrer {
                     location: format!("{}@{}", reference.without_digest(), r.digest),
                     kind: r
                         .annotations
                         .get(crate::attest::store::KIND_ANNOTATION)
                         .cloned(),
-                    artifact_type: r.artifact_type.clone(),
-                    annotations: r.annotations.clone(),
-                    blob: r.blob_bytes().map(|b| b.to_vec()).unwrap_or_default(),
+                    blob: match r.blob.map(|b| b.content) {
+                        Some(BlobContent::Bytes(bytes)) => Vec::from(bytes),
+                        _ => Vec::new(),
+                    },
+                    artifact_type: r.artifact_type,
+                    annotations: r.annotations,
                 })
                 .collect();
             Ok(ReadReferrers {

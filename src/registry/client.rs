@@ -1048,7 +1048,9 @@ pub(crate) async fn read_limited(
     if response.content_length().is_some_and(|len| len > max) {
         return Err(too_large());
     }
-    let mut body = Vec::new();
+    // Sized once from the declared length (at most `max`): growing by doubling would hold
+    // up to twice a large body.
+    let mut body = Vec::with_capacity(response.content_length().unwrap_or(0) as usize);
     let mut stream = response.bytes_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|source| RegistryError::Transport {
