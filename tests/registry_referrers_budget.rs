@@ -263,12 +263,8 @@ fn push_signed_verification(
     let report =
         cudastack::verify::report::Report::from_json(&serde_json::to_vec(&report_json).unwrap())
             .unwrap();
-    let statement = cudastack::attest::verification::statement(
-        "team/torch",
-        &report,
-        &subject.digest,
-        None,
-    );
+    let statement =
+        cudastack::attest::verification::statement("team/torch", &report, &subject.digest, None);
     let signed = cudastack::attest::sign(&statement, &key);
     let runtime_handle = tokio::runtime::Handle::current();
     let pushed = tokio::task::block_in_place(|| {
@@ -377,11 +373,15 @@ async fn hostile_referrers_stay_within_one_budget_per_command() {
     assert_bounded("inspect", served, peak, &output);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        stdout.contains("not read ") && stdout.contains("128 referrer(s) of types cudastack does not read"),
+        stdout.contains("not read ")
+            && stdout.contains("128 referrer(s) of types cudastack does not read"),
         "{}",
         text(&output)
     );
-    assert!(!fixture.fetched_unread_types(), "inspect fetched other types");
+    assert!(
+        !fixture.fetched_unread_types(),
+        "inspect fetched other types"
+    );
 
     // pull: copies only what fits the budget; the layout holds at most that much.
     let layout = fixture.work.path().join("pulled");

@@ -174,7 +174,10 @@ fn unread_is_unknown(
     node: &Node,
     read: &cudastack::pipeline::image_source::ReadReferrers,
 ) -> cudastack::verify::check::Answer {
-    if answer.fits != Fit::No || before == Fit::No || node.gpus.is_empty() || read.skipped.is_empty()
+    if answer.fits != Fit::No
+        || before == Fit::No
+        || node.gpus.is_empty()
+        || read.skipped.is_empty()
     {
         return answer;
     }

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 use cudastack::attest::describe::{describe, ReferrerSummary};
-use cudastack::registry::referrers::ArtifactTypes;
 use cudastack::audit::kernels::render_groups;
 use cudastack::printable::escape;
+use cudastack::registry::referrers::ArtifactTypes;
 use cudastack::verify::check::ImageClaims;
 use cudastack::verify::record::report_ref;
 use cudastack::verify::source::{ImageDocuments, ImageLocation};

@@ -352,9 +352,7 @@ fn signed_for_job(
         &location,
         &args.registry,
         &pinned.digest,
-        cudastack::registry::referrers::ArtifactTypes::Only(&[
-            cudastack::sign::bundle::MEDIA_TYPE,
-        ]),
+        cudastack::registry::referrers::ArtifactTypes::Only(&[cudastack::sign::bundle::MEDIA_TYPE]),
         printer,
     )?;
     let bundles = read

@@ -381,11 +381,13 @@ async fn evidence(
             if !seen.insert(digest) {
                 continue;
             }
-            reports.push(Report::from_json(&bytes).map_err(|source| PromoteError::Report {
-                repository: first_ref.repository().to_string(),
-                digest: digest.to_string(),
-                source,
-            })?);
+            reports.push(
+                Report::from_json(&bytes).map_err(|source| PromoteError::Report {
+                    repository: first_ref.repository().to_string(),
+                    digest: digest.to_string(),
+                    source,
+                })?,
+            );
         }
     }
     Ok(reports)

@@ -636,3 +636,46 @@ async fn blob_into_store(
     }
     Ok(store.path(digest))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listed_type_filters_before_fetching_unless_it_says_nothing() {
+        let bundles = ArtifactTypes::Only(&[crate::sign::bundle::MEDIA_TYPE]);
+        assert!(bundles.may_want(Some(crate::sign::bundle::MEDIA_TYPE)));
+        assert!(!bundles.may_want(Some("application/spdx+json")));
+        // No type, or the empty config's (cosign 3): the manifest says what it is.
+        assert!(bundles.may_want(None));
+        assert!(bundles.may_want(Some(OCI_EMPTY)));
+        assert_eq!(bundles.query(), Some(crate::sign::bundle::MEDIA_TYPE));
+        assert_eq!(ArtifactTypes::All.query(), None);
+    }
+
+    #[test]
+    fn the_budget_counts_manifests_and_blobs_and_says_which_limit() {
+        let mut spending = Spending {
+            budget: ReferrerBudget {
+                max_count: 2,
+                max_bytes: 100,
+            },
+            count: 0,
+            bytes: 10,
+            refused: 0,
+        };
+        assert!(spending.take_one().is_ok());
+        assert!(spending.take_bytes(60, "manifest").is_ok());
+        let over = spending.take_bytes(31, "blob").unwrap_err();
+        assert!(
+            over.contains("blob of 31 bytes") && over.contains("30 bytes"),
+            "{over}"
+        );
+        assert!(spending.take_one().is_ok());
+        assert!(spending
+            .take_one()
+            .unwrap_err()
+            .contains("limit of 2 referrers"));
+        assert_eq!(spending.refused, 2);
+    }
+}
