@@ -133,7 +133,8 @@ impl Fixture {
             digest: pushed.manifest_digest,
             size: manifest.bytes.len() as u64,
         };
-        let (real_entry, public_key) = push_signed_verification(&client, &direct, &subject, &work);
+        let (real_entry, public_key) =
+            push_signed_verification(&client, &direct, &subject, &work).await;
         let hostile = hostile(
             direct.repository(),
             &subject.digest,
@@ -250,7 +251,7 @@ fn peak_rss(stderr: &str) -> u64 {
 
 /// Push a verification of `subject` on an H200 (compute capability 9.0), signed by a new
 /// key, as a referrer; returns its index entry and the public key's file.
-fn push_signed_verification(
+async fn push_signed_verification(
     client: &RegistryClient,
     reference: &Reference,
     subject: &Subject,
@@ -266,29 +267,27 @@ fn push_signed_verification(
     let statement =
         cudastack::attest::verification::statement("team/torch", &report, &subject.digest, None);
     let signed = cudastack::attest::sign(&statement, &key);
-    let runtime_handle = tokio::runtime::Handle::current();
-    let pushed = tokio::task::block_in_place(|| {
-        runtime_handle.block_on(push_referrer(
-            client,
-            reference,
-            subject,
-            bundle::MEDIA_TYPE,
-            vec![ArtifactLayer {
-                media_type: bundle::MEDIA_TYPE.to_string(),
-                bytes: signed.to_json().into(),
-                annotations: BTreeMap::new(),
-            }],
-            BTreeMap::from([(
-                bundle::CONTENT_ANNOTATION.to_string(),
-                bundle::CONTENT_DSSE.to_string(),
-            )]),
-        ))
-    })
+    let pushed = push_referrer(
+        client,
+        reference,
+        subject,
+        bundle::MEDIA_TYPE,
+        vec![ArtifactLayer {
+            media_type: bundle::MEDIA_TYPE.to_string(),
+            bytes: signed.to_json().into(),
+            annotations: BTreeMap::new(),
+        }],
+        BTreeMap::from([(
+            bundle::CONTENT_ANNOTATION.to_string(),
+            bundle::CONTENT_DSSE.to_string(),
+        )]),
+    )
+    .await
     .unwrap();
-    let manifest = tokio::task::block_in_place(|| {
-        runtime_handle.block_on(client.get_manifest(&reference.with_digest(pushed.digest)))
-    })
-    .unwrap();
+    let manifest = client
+        .get_manifest(&reference.with_digest(pushed.digest))
+        .await
+        .unwrap();
     let entry = json!({
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "digest": pushed.digest.to_string(), "size": manifest.bytes.len(),
