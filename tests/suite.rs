@@ -73,6 +73,7 @@ mod recipe_validate;
 mod recipes_all;
 mod registry_auth;
 mod registry_push;
+mod registry_referrers_budget;
 mod registry_trust;
 mod release_binary;
 mod sbom;

@@ -13,6 +13,7 @@ use super::{AttestError, CYCLONEDX_PREDICATE_TYPE, SPDX_PREDICATE_TYPE, STATEMEN
 use crate::digest::Digest;
 use crate::oci::layout::{self, Artifact, Layout};
 use crate::oci::OciError;
+use crate::registry::referrers::BlobContent;
 use crate::sign::bundle::{self, Bundle};
 use crate::sign::key::SigningKey;
 
@@ -367,8 +368,15 @@ pub fn store_fetched(
     let slot = format!("{FETCHED_PREFIX}{}", &referrer.digest.hex()[..12]);
     let mut writer = layout::LayoutWriter::open(dir)?;
     writer.put_bytes(layout::EMPTY_CONFIG)?;
-    if let Some((_, bytes)) = &referrer.blob {
-        writer.put_bytes(bytes)?;
+    if let Some(blob) = &referrer.blob {
+        match &blob.content {
+            BlobContent::Bytes(bytes) => {
+                writer.put_bytes(bytes)?;
+            }
+            // Streamed into the blob store, digest-checked there (issue 32): linked or
+            // copied, never read into memory.
+            BlobContent::File(path) => writer.put_file(path, &blob.digest)?,
+        }
     }
     let digest = writer.put_bytes(&referrer.manifest)?;
     let mut entry = crate::oci::descriptor(

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use cudastack::printable::escape;
+use cudastack::registry::referrers::ArtifactTypes;
 use cudastack::verify::check::{check, Fit, ImageClaims, Node, NodeGpu};
 use cudastack::verify::source::ImageLocation;
 use cudastack::version::{ComputeCapability, DriverVersion};
@@ -98,13 +99,16 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
     if let Some(path) = &args.require_signed_by {
         let key =
             cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(path))?;
-        let referrers = super::image_source::read_referrers(
+        // Only bundles are fetched: an SBOM never counts here (issue 32).
+        let read = super::image_source::read_referrers(
             &location,
             &args.registry,
             &documents.manifest_digest,
-            &|kind| kind == cudastack::sign::bundle::MEDIA_TYPE,
+            ArtifactTypes::Only(&[cudastack::sign::bundle::MEDIA_TYPE]),
+            printer,
         )?;
-        let bundles = referrers
+        let bundles = read
+            .referrers
             .iter()
             .filter(|r| r.artifact_type == cudastack::sign::bundle::MEDIA_TYPE)
             .map(|r| (r.location.clone(), r.blob.as_slice()));
@@ -113,7 +117,9 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
             &documents.manifest_digest,
             &key,
         );
+        let before = answer.fits;
         answer = cudastack::attest::policy::require_signed(answer, &node, &claims, &key);
+        answer = unread_is_unknown(answer, before, &node, &read);
     }
     if printer.json {
         printer.json(&CheckOutput {
@@ -156,6 +162,34 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
         ));
     }
     Ok(exit_code(answer.fits))
+}
+
+/// A signature requirement that failed while bundles went unread (over the budget, or
+/// unreadable) is unknown, not no: the unread ones may hold the signature. Never yes: a
+/// skipped bundle can only remove evidence, so `check` fails closed (issue 32). A no that
+/// the labels already gave stays no.
+fn unread_is_unknown(
+    mut answer: cudastack::verify::check::Answer,
+    before: Fit,
+    node: &Node,
+    read: &cudastack::pipeline::image_source::ReadReferrers,
+) -> cudastack::verify::check::Answer {
+    if answer.fits != Fit::No
+        || before == Fit::No
+        || node.gpus.is_empty()
+        || read.skipped.is_empty()
+    {
+        return answer;
+    }
+    answer.fits = Fit::Unknown;
+    answer.unknown_because = Some(format!(
+        "no signed verification was found in the bundles read, and {} referrer(s) were not read ({}): the signature cannot be confirmed",
+        read.skipped.len(),
+        read.over_budget
+            .clone()
+            .unwrap_or_else(|| read.skipped[0].why.clone())
+    ));
+    answer
 }
 
 /// The exit status of `check` (documented in its `--help` and in README): 0 yes, 1 no,

@@ -26,19 +26,25 @@ pub fn read_documents(
     Ok(runtime.block_on(image_source::read_documents(source, platform))?)
 }
 
-/// The referrers (SBOM, provenance, statements, reports) of the manifest `subject` at
-/// `location`.
+/// The referrers of `types` (SBOM, provenance, statements, reports) of the manifest
+/// `subject` at `location`, within the per-image budget; when the budget ran out, the line
+/// saying so (registry, image, limit) goes to stderr (issue 32).
 pub fn read_referrers(
     location: &ImageLocation,
     registry: &RegistryArgs,
     subject: &cudastack::digest::Digest,
-    wanted: &dyn Fn(&str) -> bool,
-) -> Result<Vec<image_source::Referrer>, Error> {
+    types: cudastack::registry::referrers::ArtifactTypes<'_>,
+    printer: &Printer,
+) -> Result<image_source::ReadReferrers, Error> {
     let source = source(location, registry)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    Ok(runtime.block_on(image_source::read_referrers(source, subject, wanted))?)
+    let read = runtime.block_on(image_source::read_referrers(source, subject, types))?;
+    if let Some(line) = &read.over_budget {
+        printer.status(format!("warning: {line}"));
+    }
+    Ok(read)
 }
 
 fn source(location: &ImageLocation, registry: &RegistryArgs) -> Result<ImageSource, Error> {

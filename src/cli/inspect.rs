@@ -8,6 +8,7 @@ use clap::Args;
 use cudastack::attest::describe::{describe, ReferrerSummary};
 use cudastack::audit::kernels::render_groups;
 use cudastack::printable::escape;
+use cudastack::registry::referrers::ArtifactTypes;
 use cudastack::verify::check::ImageClaims;
 use cudastack::verify::record::report_ref;
 use cudastack::verify::source::{ImageDocuments, ImageLocation};
@@ -53,6 +54,11 @@ struct Inspection<'a> {
     report_ref: Option<String>,
     /// The SBOM, provenance and statements stored as referrers of the image.
     referrers: Vec<ReferrerSummary>,
+    /// Referrers of the types read that were not read: over the per-image budget, or
+    /// unreadable (issue 32).
+    referrers_skipped: Vec<cudastack::registry::referrers::SkippedReferrer>,
+    /// Referrers of types cudastack does not read: listed, never fetched.
+    referrers_of_other_types: usize,
 }
 
 pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
@@ -77,24 +83,28 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
             cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(key))
         })
         .transpose()?;
-    let referrers = super::image_source::read_referrers(
+    // Every type cudastack reads, within the per-image budget (issue 32).
+    let read = super::image_source::read_referrers(
         &location,
         &args.registry,
         &documents.manifest_digest,
-        &|_| true,
-    )?
-    .iter()
-    .map(|r| {
-        describe(
-            &r.location,
-            r.kind.as_deref(),
-            &r.artifact_type,
-            &r.blob,
-            &documents.manifest_digest,
-            key.as_ref(),
-        )
-    })
-    .collect();
+        ArtifactTypes::Only(cudastack::pipeline::attest::KNOWN_REFERRER_TYPES),
+        printer,
+    )?;
+    let referrers = read
+        .referrers
+        .iter()
+        .map(|r| {
+            describe(
+                &r.location,
+                r.kind.as_deref(),
+                &r.artifact_type,
+                &r.blob,
+                &documents.manifest_digest,
+                key.as_ref(),
+            )
+        })
+        .collect();
     let inspection = Inspection {
         documents: &documents,
         declared: &claims,
@@ -102,6 +112,8 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
         labels,
         report_ref: report,
         referrers,
+        referrers_skipped: read.skipped,
+        referrers_of_other_types: read.other_types,
     };
     if printer.json {
         printer.json(&inspection);
@@ -186,6 +198,26 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
         ));
     }
     print_referrers(&inspection.referrers, printer);
+    print_unread(inspection, printer);
+}
+
+/// How many referrers were not read, and why the first was not (issue 32): what `inspect`
+/// lists is what it read, and it says what it left.
+fn print_unread(inspection: &Inspection, printer: &Printer) {
+    if let Some(first) = inspection.referrers_skipped.first() {
+        printer.line(format_args!(
+            "  not read      {} referrer(s); the first, {}: {}",
+            inspection.referrers_skipped.len(),
+            escape(&first.digest),
+            escape(&first.why)
+        ));
+    }
+    if inspection.referrers_of_other_types > 0 {
+        printer.line(format_args!(
+            "  other types   {} referrer(s) of types cudastack does not read (not fetched)",
+            inspection.referrers_of_other_types
+        ));
+    }
 }
 
 /// Each referrer: its kind and type, who signed it, then what it says.

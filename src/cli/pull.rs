@@ -60,18 +60,29 @@ pub fn run(args: PullArgs, printer: &Printer) -> CommandResult {
         &ref_name,
     ))?;
     // What was said about the image comes with it: SBOM, provenance, signed statements.
+    // Within the per-image budget, each blob streamed into the layout (issue 32).
     let referrers = runtime.block_on(cudastack::pipeline::attest::pull_referrers(
         &client,
         &reference,
         &args.layout,
         &report.manifest_digest,
+        &store,
     ))?;
-    if !referrers.is_empty() {
+    if !referrers.stored.is_empty() {
         printer.status(format!(
             "pulled {} referrer(s) of {}: {}",
-            referrers.len(),
+            referrers.stored.len(),
             report.manifest_digest,
-            referrers.join(", ")
+            referrers.stored.join(", ")
+        ));
+    }
+    if let Some(line) = &referrers.over_budget {
+        printer.status(format!("warning: {line}"));
+    }
+    if referrers.skipped > 0 || referrers.other_types > 0 {
+        printer.status(format!(
+            "not copied: {} referrer(s) over the budget or unreadable, {} of types cudastack does not read",
+            referrers.skipped, referrers.other_types
         ));
     }
     if printer.json {

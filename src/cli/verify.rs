@@ -348,11 +348,15 @@ fn signed_for_job(
 ) -> Result<Option<String>, Box<dyn std::error::Error + Send + Sync>> {
     let key = cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(key))?;
     let location = ImageLocation::Registry(pinned.by_digest());
-    let referrers =
-        super::image_source::read_referrers(&location, &args.registry, &pinned.digest, &|kind| {
-            kind == cudastack::sign::bundle::MEDIA_TYPE
-        })?;
-    let bundles = referrers
+    let read = super::image_source::read_referrers(
+        &location,
+        &args.registry,
+        &pinned.digest,
+        cudastack::registry::referrers::ArtifactTypes::Only(&[cudastack::sign::bundle::MEDIA_TYPE]),
+        printer,
+    )?;
+    let bundles = read
+        .referrers
         .iter()
         .filter(|r| r.artifact_type == cudastack::sign::bundle::MEDIA_TYPE)
         .map(|r| (r.location.clone(), r.blob.as_slice()));
@@ -378,8 +382,17 @@ fn signed_for_job(
             None
         }
         None => Some(format!(
-            "no verification of {pinned} signed by key {} on compute capability {class}",
+            "no verification of {pinned} signed by key {} on compute capability {class}{}",
             &key.key_id()[..12],
+            if read.skipped.is_empty() {
+                String::new()
+            } else {
+                // Fails closed: an unread bundle is not a signature (issue 32).
+                format!(
+                    " among the bundles read; {} referrer(s) were not read",
+                    read.skipped.len()
+                )
+            }
         )),
     })
 }

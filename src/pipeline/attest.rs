@@ -211,31 +211,65 @@ fn digest_of(descriptor: &Descriptor) -> Result<Digest, PipelineError> {
     crate::oci::digest_of(descriptor).map_err(PipelineError::Descriptor)
 }
 
-/// After a pull: every referrer of the pulled image (SBOM, provenance, signed statements,
-/// verification reports) into the layout beside it, as the registry serves them.
+/// The artifact types cudastack reads and keeps as referrers: signed bundles, unsigned
+/// statements (provenance, verification), SBOMs and verification reports. `inspect` reads
+/// these and `pull` copies these; others are counted, never fetched (issue 32).
+pub const KNOWN_REFERRER_TYPES: &[&str] = &[
+    crate::sign::bundle::MEDIA_TYPE,
+    crate::attest::STATEMENT_ARTIFACT_TYPE,
+    crate::sbom::SPDX_MEDIA_TYPE,
+    crate::sbom::CYCLONEDX_MEDIA_TYPE,
+    crate::verify::REPORT_ARTIFACT_TYPE,
+];
+
+/// What [`pull_referrers`] copied, and what it left.
+#[derive(Debug, Clone, Default)]
+pub struct PulledReferrers {
+    /// The index names of the referrers stored in the layout.
+    pub stored: Vec<String>,
+    /// Referrers of types cudastack does not read: not copied.
+    pub other_types: usize,
+    /// Referrers of known types not copied: over the budget, or unreadable.
+    pub skipped: usize,
+    /// The line saying the budget ran out (registry, image, limit), for stderr.
+    pub over_budget: Option<String>,
+}
+
+/// After a pull: the referrers of the pulled image of the types cudastack reads (SBOM,
+/// provenance, signed statements, verification reports) into the layout beside it, as the
+/// registry serves them, within the per-image budget; their blobs are streamed through
+/// `store` into the layout, digest-checked, never held in memory (issue 32).
 pub async fn pull_referrers(
     client: &crate::registry::RegistryClient,
     reference: &crate::registry::Reference,
     layout_dir: &Path,
     subject: &Digest,
-) -> Result<Vec<String>, PipelineError> {
-    let fetched = crate::registry::referrers::fetch_referrers(
+    store: &crate::cas::BlobStore,
+) -> Result<PulledReferrers, PipelineError> {
+    use crate::registry::referrers::{fetch_referrers, ArtifactTypes, BlobSink, ReferrerBudget};
+    let fetched = fetch_referrers(
         client,
         reference,
         subject,
-        MAX_REFERRER_BLOB,
-        &|_| true,
+        ArtifactTypes::Only(KNOWN_REFERRER_TYPES),
+        ReferrerBudget::default(),
+        BlobSink::Store(store),
     )
     .await?;
-    let mut stored = Vec::new();
-    for referrer in fetched.iter().filter(|r| r.blob.is_some()) {
+    let mut pulled = PulledReferrers {
+        other_types: fetched.other_types,
+        skipped: fetched.skipped.len(),
+        over_budget: fetched.over_budget,
+        ..PulledReferrers::default()
+    };
+    for referrer in fetched.referrers.iter().filter(|r| r.blob.is_some()) {
         match store::store_fetched(layout_dir, subject, referrer) {
-            Ok(name) => stored.push(name),
-            Err(error) => tracing::warn!("a referrer of {subject} is not kept: {error}"),
+            Ok(name) => pulled.stored.push(name),
+            Err(error) => {
+                pulled.skipped += 1;
+                tracing::warn!("a referrer of {subject} is not kept: {error}")
+            }
         }
     }
-    Ok(stored)
+    Ok(pulled)
 }
-
-/// An SBOM of a large image is a few MB; a referrer blob past this is not read.
-pub const MAX_REFERRER_BLOB: u64 = 64 << 20;

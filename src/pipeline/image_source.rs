@@ -82,36 +82,64 @@ pub struct Referrer {
     pub blob: Vec<u8>,
 }
 
-/// The referrers of the manifest `subject` at `source` (a layout's index, or the registry's
-/// referrers API or its fallback tag); from a registry, only the blobs of the artifact
-/// types `wanted` says yes to are downloaded (`check` reads bundles, never an SBOM).
+/// The referrers [`read_referrers`] read, and what it did not.
+#[derive(Debug, Clone, Default)]
+pub struct ReadReferrers {
+    pub referrers: Vec<Referrer>,
+    /// Referrers of types the caller does not read: never fetched.
+    pub other_types: usize,
+    /// Referrers of the types read (or of a type the listing did not give) that were not
+    /// read: over the budget, or unreadable. Only from a registry.
+    pub skipped: Vec<crate::registry::referrers::SkippedReferrer>,
+    /// When the budget ran out: the line naming the registry, the image and the limit.
+    pub over_budget: Option<String>,
+}
+
+/// The referrers of `types` of the manifest `subject` at `source` (a layout's index, or
+/// the registry's referrers API or its fallback tag). From a registry, within the
+/// per-image budget, and only the types asked for are fetched (`check` reads bundles,
+/// never an SBOM): issue 32.
 pub async fn read_referrers(
     source: ImageSource,
     subject: &Digest,
-    wanted: &dyn Fn(&str) -> bool,
-) -> Result<Vec<Referrer>, PipelineError> {
+    types: crate::registry::referrers::ArtifactTypes<'_>,
+) -> Result<ReadReferrers, PipelineError> {
+    use crate::registry::referrers::{fetch_referrers, BlobContent, BlobSink, ReferrerBudget};
     match source {
-        ImageSource::Layout { dir, .. } => Ok(crate::attest::store::referrers_of(&dir, subject)?
-            .into_iter()
-            .map(|r| Referrer {
-                location: r.ref_name,
-                kind: Some(r.kind),
-                artifact_type: r.artifact_type,
-                annotations: r.annotations,
-                blob: r.blob,
+        ImageSource::Layout { dir, .. } => {
+            let (wanted, others): (Vec<_>, Vec<_>) =
+                crate::attest::store::referrers_of(&dir, subject)?
+                    .into_iter()
+                    .partition(|r| types.wants(&r.artifact_type));
+            Ok(ReadReferrers {
+                referrers: wanted
+                    .into_iter()
+                    .map(|r| Referrer {
+                        location: r.ref_name,
+                        kind: Some(r.kind),
+                        artifact_type: r.artifact_type,
+                        annotations: r.annotations,
+                        blob: r.blob,
+                    })
+                    .collect(),
+                other_types: others.len(),
+                ..ReadReferrers::default()
             })
-            .collect()),
+        }
         ImageSource::Registry { reference, client } => {
             let client = RegistryClient::new(&reference, *client)?;
-            let fetched = crate::registry::referrers::fetch_referrers(
+            let fetched = fetch_referrers(
                 &client,
                 &reference,
                 subject,
-                super::attest::MAX_REFERRER_BLOB,
-                wanted,
+                types,
+                ReferrerBudget::default(),
+                BlobSink::Memory,
             )
             .await?;
-            Ok(fetched
+            // Each blob moved, not copied: the budget is what is held (issue 32).
+            let referrers = fetched
+                .referrers
                 .into_iter()
                 .map(|r| Referrer {
                     location: format!("{}@{}", reference.without_digest(), r.digest),
@@ -119,11 +147,20 @@ pub async fn read_referrers(
                         .annotations
                         .get(crate::attest::store::KIND_ANNOTATION)
                         .cloned(),
+                    blob: match r.blob.map(|b| b.content) {
+                        Some(BlobContent::Bytes(bytes)) => Vec::from(bytes),
+                        _ => Vec::new(),
+                    },
                     artifact_type: r.artifact_type,
                     annotations: r.annotations,
-                    blob: r.blob.map(|(_, b)| b.to_vec()).unwrap_or_default(),
                 })
-                .collect())
+                .collect();
+            Ok(ReadReferrers {
+                referrers,
+                other_types: fetched.other_types,
+                skipped: fetched.skipped,
+                over_budget: fetched.over_budget,
+            })
         }
     }
 }

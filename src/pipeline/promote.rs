@@ -17,7 +17,6 @@ use serde::Serialize;
 use crate::digest::Digest;
 use crate::matrix::solve::{SolveError, SolveQuery, TargetGpu};
 use crate::matrix::Matrix;
-use crate::registry::referrers::list_referrers;
 use crate::registry::{ClientOptions, Manifest, Reference, RegistryClient, RegistryError};
 use crate::verify::record::{
     config_labels, verified_documents, verified_labels, VerifiedOn, LABEL_MATRIX,
@@ -115,6 +114,12 @@ pub enum PromoteError {
     /// Boxed: a registry error names its URL and would make every `Result` large.
     #[error(transparent)]
     Registry(Box<RegistryError>),
+    #[error("refusing to promote: {count} verification report(s) of {subject} were not read ({why}); one of them may be a failed run\n  hint: remove the registry's stray referrers of the image, or promote from a registry that serves its reports")]
+    ReportsUnread {
+        subject: String,
+        count: usize,
+        why: String,
+    },
     #[error("the verification report {digest} stored in `{repository}` cannot be read")]
     Report {
         repository: String,
@@ -372,18 +377,54 @@ async fn evidence(
     let mut seen = BTreeSet::new();
     let mut reports = Vec::new();
     for subject in subjects {
-        for descriptor in list_referrers(client, first_ref, &subject).await? {
-            let digest = descriptor["digest"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            if descriptor["artifactType"] != REPORT_ARTIFACT_TYPE || !seen.insert(digest.clone()) {
+        for (digest, bytes) in report_blobs(client, first_ref, &subject).await? {
+            if !seen.insert(digest) {
                 continue;
             }
-            reports.push(read_report(client, first_ref, &digest).await?);
+            reports.push(
+                Report::from_json(&bytes).map_err(|source| PromoteError::Report {
+                    repository: first_ref.repository().to_string(),
+                    digest: digest.to_string(),
+                    source,
+                })?,
+            );
         }
     }
     Ok(reports)
+}
+
+/// The report artifacts of `subject` (their digest and report bytes), within the
+/// per-image referrer budget. A report left unread refuses the promotion: it may be the
+/// failed run that outweighs a pass (fail closed, issue 32).
+async fn report_blobs(
+    client: &RegistryClient,
+    repository: &Reference,
+    subject: &Digest,
+) -> Result<Vec<(Digest, bytes::Bytes)>, PromoteError> {
+    use crate::registry::referrers::{fetch_referrers, ArtifactTypes, BlobSink, ReferrerBudget};
+    let fetched = fetch_referrers(
+        client,
+        repository,
+        subject,
+        ArtifactTypes::Only(&[REPORT_ARTIFACT_TYPE]),
+        ReferrerBudget::default(),
+        BlobSink::Memory,
+    )
+    .await?;
+    if let Some(first) = fetched.skipped.first() {
+        return Err(PromoteError::ReportsUnread {
+            subject: subject.to_string(),
+            count: fetched.skipped.len(),
+            why: fetched
+                .over_budget
+                .unwrap_or_else(|| format!("{}: {}", first.digest, first.why)),
+        });
+    }
+    Ok(fetched
+        .referrers
+        .iter()
+        .filter_map(|r| Some((r.digest, r.blob_bytes()?.clone())))
+        .collect())
 }
 
 fn same_layers(a: &Manifest, b: &Manifest) -> bool {
@@ -393,48 +434,6 @@ fn same_layers(a: &Manifest, b: &Manifest) -> bool {
             .map(|v| v["layers"].clone())
     };
     a.digest != b.digest && layers(a).is_some() && layers(a) == layers(b)
-}
-
-/// The report in the report artifact `digest` (its one layer).
-async fn read_report(
-    client: &RegistryClient,
-    repository: &Reference,
-    digest: &str,
-) -> Result<Report, PromoteError> {
-    let artifact_digest: Digest =
-        digest
-            .parse()
-            .map_err(|e: crate::digest::DigestError| RegistryError::Document {
-                path: repository.to_string(),
-                what: "a referrer descriptor",
-                detail: e.to_string(),
-            })?;
-    let artifact = client
-        .get_manifest(&repository.with_digest(artifact_digest))
-        .await?;
-    let value: serde_json::Value =
-        serde_json::from_slice(&artifact.bytes).map_err(|e| RegistryError::Document {
-            path: repository.with_digest(artifact_digest).to_string(),
-            what: "a report artifact",
-            detail: e.to_string(),
-        })?;
-    let layer: Digest = value["layers"][0]["digest"]
-        .as_str()
-        .unwrap_or_default()
-        .parse()
-        .map_err(|e: crate::digest::DigestError| RegistryError::Document {
-            path: repository.with_digest(artifact_digest).to_string(),
-            what: "a report artifact",
-            detail: e.to_string(),
-        })?;
-    let bytes = client
-        .get_blob_bytes(repository.repository(), &layer, 16 << 20)
-        .await?;
-    Report::from_json(&bytes).map_err(|source| PromoteError::Report {
-        repository: repository.repository().to_string(),
-        digest: digest.to_string(),
-        source,
-    })
 }
 
 /// Whether a GPU a report or row names (`NVIDIA H100 80GB HBM3`, compute capability

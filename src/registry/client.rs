@@ -25,6 +25,8 @@ pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 pub const DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 /// The OCI 1.1 empty descriptor's media type (`{}`), the config of artifact manifests.
+/// A manifest or index is read up to this size (distribution's own limit on a PUT).
+pub const MAX_MANIFEST: u64 = 4 << 20;
 pub const OCI_EMPTY: &str = "application/vnd.oci.empty.v1+json";
 
 /// How to reach a registry.
@@ -791,6 +793,17 @@ impl RegistryClient {
 
     /// GET a manifest or index (any of the OCI and Docker v2 types), digest-checked.
     pub async fn get_manifest(&self, reference: &Reference) -> Result<Manifest, RegistryError> {
+        self.get_manifest_limited(reference, MAX_MANIFEST).await
+    }
+
+    /// [`Self::get_manifest`], reading at most `max` bytes (at most [`MAX_MANIFEST`]): a
+    /// referrer's manifest is read up to the size its index entry gives (issue 32).
+    pub async fn get_manifest_limited(
+        &self,
+        reference: &Reference,
+        max: u64,
+    ) -> Result<Manifest, RegistryError> {
+        let max = max.min(MAX_MANIFEST);
         let url = self.url(&format!(
             "{}/manifests/{}",
             reference.repository(),
@@ -819,10 +832,10 @@ impl RegistryClient {
             .and_then(|v| v.to_str().ok())
             .map(|v| v.split(';').next().unwrap_or(v).trim().to_string());
         let stored = header_digest(&response);
-        let bytes = read_limited(response, &url, 4 << 20, || RegistryError::TooLarge {
+        let bytes = read_limited(response, &url, max, || RegistryError::TooLarge {
             repository: reference.repository().to_string(),
             digest: reference.digest().copied().unwrap_or(Digest::of_bytes(b"")),
-            max: 4 << 20,
+            max,
         })
         .await?;
         let digest = Digest::of_bytes(&bytes);
@@ -946,6 +959,26 @@ impl RegistryClient {
         sink: &mut W,
         sink_path: &std::path::Path,
     ) -> Result<u64, RegistryError> {
+        self.download_blob_limited(repository, digest, sink, sink_path, u64::MAX)
+            .await
+    }
+
+    /// [`Self::download_blob`], refusing a body of more than `max` bytes before writing
+    /// past it ([`RegistryError::TooLarge`]): a referrer's blob is streamed to disk and
+    /// never read beyond the size its manifest gives (issue 32).
+    pub(crate) async fn download_blob_limited<W: std::io::Write>(
+        &self,
+        repository: &str,
+        digest: &Digest,
+        sink: &mut W,
+        sink_path: &std::path::Path,
+        max: u64,
+    ) -> Result<u64, RegistryError> {
+        let too_large = || RegistryError::TooLarge {
+            repository: repository.to_string(),
+            digest: *digest,
+            max,
+        };
         let url = self.url(&format!("{repository}/blobs/{digest}"));
         let scopes = [scope(repository, "pull")];
         let (response, attempts) = self
@@ -953,6 +986,9 @@ impl RegistryClient {
             .await?;
         if !response.status().is_success() {
             return Err(status_error(Method::GET, &url, response, attempts).await);
+        }
+        if response.content_length().is_some_and(|len| len > max) {
+            return Err(too_large());
         }
         let mut size = 0u64;
         let mut stream = response.bytes_stream();
@@ -964,6 +1000,9 @@ impl RegistryClient {
                 source,
             })?;
             size += chunk.len() as u64;
+            if size > max {
+                return Err(too_large());
+            }
             sink.write_all(&chunk).map_err(|source| RegistryError::Io {
                 path: sink_path.to_path_buf(),
                 source,
@@ -1009,7 +1048,9 @@ pub(crate) async fn read_limited(
     if response.content_length().is_some_and(|len| len > max) {
         return Err(too_large());
     }
-    let mut body = Vec::new();
+    // Sized once from the declared length (at most `max`): growing by doubling would hold
+    // up to twice a large body.
+    let mut body = Vec::with_capacity(response.content_length().unwrap_or(0) as usize);
     let mut stream = response.bytes_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|source| RegistryError::Transport {

@@ -201,8 +201,29 @@ pub async fn list_referrers(
     repository: &Reference,
     subject: &Digest,
 ) -> Result<Vec<Value>, RegistryError> {
+    Ok(list_entries(client, repository, subject, None).await?.0)
+}
+
+/// The index entries listing the referrers of `subject`, and the bytes read for them. With
+/// `artifact_type`, the referrers API is asked for that type only (`?artifactType=`, OCI
+/// distribution 1.1); a registry may ignore it, so callers filter again.
+async fn list_entries(
+    client: &RegistryClient,
+    repository: &Reference,
+    subject: &Digest,
+    artifact_type: Option<&str>,
+) -> Result<(Vec<Value>, u64), RegistryError> {
     let repo = repository.repository();
-    let url = client.url(&format!("{repo}/referrers/{subject}"));
+    let mut url = client.url(&format!("{repo}/referrers/{subject}"));
+    if let Some(artifact_type) = artifact_type {
+        url.query_pairs_mut()
+            .append_pair("artifactType", artifact_type);
+    }
+    let not_an_index = |detail: String| RegistryError::Document {
+        path: repository.to_string(),
+        what: "a referrers index",
+        detail,
+    };
     let (response, attempts) = client
         .request(
             Method::GET,
@@ -212,49 +233,124 @@ pub async fn list_referrers(
             &Body::Empty,
         )
         .await?;
-    let index: Value = if response.status().is_success() {
+    let bytes = if response.status().is_success() {
         // The referrers API answers an image index: as small as a manifest is.
-        let bytes = super::client::read_limited(response, &url, MAX_REFERRERS_INDEX, || {
-            RegistryError::Document {
-                path: repository.to_string(),
-                what: "a referrers index",
-                detail: format!("it is larger than {MAX_REFERRERS_INDEX} bytes"),
-            }
+        super::client::read_limited(response, &url, MAX_REFERRERS_INDEX, || {
+            not_an_index(format!("it is larger than {MAX_REFERRERS_INDEX} bytes"))
         })
-        .await?;
-        serde_json::from_slice(&bytes).map_err(|e| RegistryError::Document {
-            path: repository.to_string(),
-            what: "a referrers index",
-            detail: e.to_string(),
-        })?
+        .await?
     } else if response.status() == StatusCode::NOT_FOUND {
         match client
             .get_manifest(&repository.with_tag(&fallback_tag(subject))?)
             .await
         {
-            Ok(manifest) => {
-                serde_json::from_slice(&manifest.bytes).map_err(|e| RegistryError::Document {
-                    path: repository.to_string(),
-                    what: "a referrers index",
-                    detail: e.to_string(),
-                })?
-            }
-            Err(RegistryError::ManifestNotFound { .. }) => return Ok(Vec::new()),
+            Ok(manifest) => manifest.bytes,
+            Err(RegistryError::ManifestNotFound { .. }) => return Ok((Vec::new(), 0)),
             Err(error) => return Err(error),
         }
     } else {
         return Err(status_error(Method::GET, &url, response, attempts).await);
     };
-    Ok(index["manifests"].as_array().cloned().unwrap_or_default())
+    let index: Value = serde_json::from_slice(&bytes).map_err(|e| not_an_index(e.to_string()))?;
+    let entries = index["manifests"].as_array().cloned().unwrap_or_default();
+    Ok((entries, bytes.len() as u64))
 }
 
 /// The referrers index is read up to this size (a manifest's limit).
-const MAX_REFERRERS_INDEX: u64 = 4 << 20;
-/// At most this many referrers of one image are read, and at most this many bytes of
-/// their blobs in all: an index listing thousands of large artifacts is a registry's
-/// attempt to exhaust memory, not an image's attestations.
-pub const MAX_REFERRERS: usize = 256;
-pub const MAX_REFERRER_BYTES: u64 = 256 << 20;
+const MAX_REFERRERS_INDEX: u64 = super::client::MAX_MANIFEST;
+
+/// How much of one image's referrers one operation reads (issue 32): at most `max_count`
+/// referrer manifests fetched, and at most `max_bytes` in all of what is read for them
+/// (the listing, every manifest and every blob). A registry listing 256 referrers of
+/// 4 MiB took `inspect`, `check` and `pull` to 2.1 GB of memory: an image's attestations
+/// are a few documents of a few MB, so a listing past this is skipped, and said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReferrerBudget {
+    pub max_count: usize,
+    pub max_bytes: u64,
+}
+
+/// The default budget: 64 referrers, 64 MiB.
+pub const MAX_REFERRERS: usize = 64;
+pub const MAX_REFERRER_BYTES: u64 = 64 << 20;
+
+impl Default for ReferrerBudget {
+    fn default() -> Self {
+        ReferrerBudget {
+            max_count: MAX_REFERRERS,
+            max_bytes: MAX_REFERRER_BYTES,
+        }
+    }
+}
+
+impl std::fmt::Display for ReferrerBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "at most {} referrers and {} MiB of their manifests and blobs per image",
+            self.max_count,
+            self.max_bytes >> 20
+        )
+    }
+}
+
+/// The artifact types an operation reads; the others are never fetched (issue 32).
+#[derive(Debug, Clone, Copy)]
+pub enum ArtifactTypes<'a> {
+    All,
+    Only(&'a [&'a str]),
+}
+
+impl ArtifactTypes<'_> {
+    pub fn wants(&self, artifact_type: &str) -> bool {
+        match self {
+            ArtifactTypes::All => true,
+            ArtifactTypes::Only(types) => types.contains(&artifact_type),
+        }
+    }
+
+    /// The one type to ask the referrers API for, when there is one.
+    fn query(&self) -> Option<&str> {
+        match self {
+            ArtifactTypes::Only([one]) => Some(*one),
+            _ => None,
+        }
+    }
+
+    /// Whether an index entry listed as `listed` may be of a wanted type. An entry without
+    /// a type, or with the empty config's (cosign 3 writes that there), is fetched to learn
+    /// its type from its manifest; a lie here can only hide a referrer, as a registry can.
+    fn may_want(&self, listed: Option<&str>) -> bool {
+        match listed {
+            None | Some(OCI_EMPTY) | Some("") => true,
+            Some(listed) => self.wants(listed),
+        }
+    }
+}
+
+/// Where the blob of a wanted referrer goes: into memory (what `inspect` and `check`
+/// parse), or streamed into the blob store, digest-checked (what `pull` copies).
+#[derive(Clone, Copy)]
+pub enum BlobSink<'a> {
+    Memory,
+    Store(&'a crate::cas::BlobStore),
+}
+
+/// The first blob of a fetched referrer.
+#[derive(Debug, Clone)]
+pub struct FetchedBlob {
+    pub media_type: String,
+    pub digest: Digest,
+    pub size: u64,
+    pub content: BlobContent,
+}
+
+#[derive(Debug, Clone)]
+pub enum BlobContent {
+    Bytes(Bytes),
+    /// In the blob store, at this path.
+    File(std::path::PathBuf),
+}
 
 /// A referrer as a registry holds it: its manifest (bytes, as served) and its first blob.
 #[derive(Debug, Clone)]
@@ -265,103 +361,321 @@ pub struct FetchedReferrer {
     pub artifact_type: String,
     pub annotations: BTreeMap<String, String>,
     pub manifest: Bytes,
-    /// (media type, bytes) of the first layer; None for an artifact without one.
-    pub blob: Option<(String, Bytes)>,
+    /// None for an artifact without a layer.
+    pub blob: Option<FetchedBlob>,
 }
 
-/// The referrers of `subject` in the repository of `repository` (at most
-/// [`MAX_REFERRERS`]), each with its first blob when `wanted(artifact type)` (digest-checked
-/// by the client, at most `max_blob` bytes each and [`MAX_REFERRER_BYTES`] in all). A
-/// referrer that cannot be read is skipped with a warning naming it: one bad artifact does
-/// not hide the others. Errors are the registry's answer to the listing itself.
+impl FetchedReferrer {
+    /// The blob's bytes, when it was read into memory.
+    pub fn blob_bytes(&self) -> Option<&Bytes> {
+        match &self.blob.as_ref()?.content {
+            BlobContent::Bytes(bytes) => Some(bytes),
+            BlobContent::File(_) => None,
+        }
+    }
+}
+
+/// A referrer of a wanted (or unknown) type that was not read, and why.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SkippedReferrer {
+    /// As the listing gives it (escaped for printing).
+    pub digest: String,
+    /// The reason, in words.
+    pub why: String,
+}
+
+/// What [`fetch_referrers`] read, and what it did not.
+#[derive(Debug, Clone, Default)]
+pub struct FetchedReferrers {
+    pub referrers: Vec<FetchedReferrer>,
+    /// Referrers of types the operation does not read (never fetched, or fetched only as
+    /// far as their manifest).
+    pub other_types: usize,
+    pub skipped: Vec<SkippedReferrer>,
+    /// When the budget ran out: the line to say on stderr, naming the registry, the image
+    /// and the limit.
+    pub over_budget: Option<String>,
+}
+
+/// The budget left while reading one image's referrers.
+struct Spending {
+    budget: ReferrerBudget,
+    count: usize,
+    bytes: u64,
+    /// Referrers left unread for the budget.
+    refused: usize,
+}
+
+impl Spending {
+    fn bytes_left(&self) -> u64 {
+        self.budget.max_bytes.saturating_sub(self.bytes)
+    }
+
+    /// Take one more referrer, or say which limit it is over.
+    fn take_one(&mut self) -> Result<(), String> {
+        if self.count >= self.budget.max_count {
+            self.refused += 1;
+            return Err(format!(
+                "over the limit of {} referrers per image",
+                self.budget.max_count
+            ));
+        }
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Take `size` bytes (as a descriptor declares them, before reading), or say why not.
+    fn take_bytes(&mut self, size: u64, what: &str) -> Result<(), String> {
+        if size > self.bytes_left() {
+            self.refused += 1;
+            return Err(format!(
+                "its {what} of {size} bytes is over what is left of the {} MiB read per image ({} bytes)",
+                self.budget.max_bytes >> 20,
+                self.bytes_left()
+            ));
+        }
+        self.bytes += size;
+        Ok(())
+    }
+}
+
+/// Why a referrer was not kept: over the budget (said once, in the summary) or unreadable
+/// (a warning naming it: one bad artifact does not hide the others).
+enum NotRead {
+    Budget(String),
+    OtherType,
+    Error(RegistryError),
+}
+
+impl From<RegistryError> for NotRead {
+    fn from(error: RegistryError) -> Self {
+        NotRead::Error(error)
+    }
+}
+
+/// The referrers of `subject` in the repository of `repository` of the `types` wanted,
+/// within `budget` (issue 32): entries the listing gives another type are never fetched;
+/// each manifest is read up to the size its entry declares and each blob up to the size
+/// its manifest declares, both counted before they are read, and blobs go to `sink`
+/// (digest-checked). Errors are the registry's answer to the listing itself.
 pub async fn fetch_referrers(
     client: &RegistryClient,
     repository: &Reference,
     subject: &Digest,
-    max_blob: u64,
-    wanted: &dyn Fn(&str) -> bool,
-) -> Result<Vec<FetchedReferrer>, RegistryError> {
-    let entries = list_referrers(client, repository, subject).await?;
-    if entries.len() > MAX_REFERRERS {
-        tracing::warn!(
-            "{repository}: {} referrers of {subject}; reading the first {MAX_REFERRERS}",
-            entries.len()
-        );
-    }
-    let mut fetched: Vec<FetchedReferrer> = Vec::new();
-    let mut budget = MAX_REFERRER_BYTES;
-    for entry in entries.iter().take(MAX_REFERRERS) {
-        match fetch_referrer(client, repository, entry, max_blob.min(budget), wanted).await {
-            Ok(referrer) => {
-                budget -= referrer.blob.as_ref().map_or(0, |(_, b)| b.len() as u64);
-                fetched.push(referrer);
-            }
-            Err(error) => {
-                tracing::warn!("{repository}: a referrer of {subject} is skipped: {error}")
+    types: ArtifactTypes<'_>,
+    budget: ReferrerBudget,
+    sink: BlobSink<'_>,
+) -> Result<FetchedReferrers, RegistryError> {
+    let (entries, listing_bytes) = list_entries(client, repository, subject, types.query()).await?;
+    let mut spending = Spending {
+        budget,
+        count: 0,
+        bytes: listing_bytes,
+        refused: 0,
+    };
+    let mut fetched = FetchedReferrers::default();
+    for entry in &entries {
+        let listed = entry["digest"].as_str().unwrap_or_default();
+        if !types.may_want(entry["artifactType"].as_str()) {
+            fetched.other_types += 1;
+            continue;
+        }
+        let skip = |why: String| SkippedReferrer {
+            digest: crate::printable::short(listed),
+            why,
+        };
+        match fetch_referrer(client, repository, entry, types, &mut spending, sink).await {
+            Ok(referrer) => fetched.referrers.push(referrer),
+            Err(NotRead::OtherType) => fetched.other_types += 1,
+            Err(NotRead::Budget(why)) => fetched.skipped.push(skip(why)),
+            Err(NotRead::Error(error)) => {
+                tracing::warn!("{repository}: a referrer of {subject} is skipped: {error}");
+                fetched.skipped.push(skip(error.to_string()));
             }
         }
+    }
+    if spending.refused > 0 {
+        fetched.over_budget = Some(format!(
+            "{}/{}: {} referrer(s) of {subject} were not read: cudastack reads {budget} (issue 32); the rest are skipped",
+            client.registry(),
+            repository.repository(),
+            spending.refused,
+        ));
     }
     Ok(fetched)
 }
 
-/// One referrer of an index entry: its manifest and, when wanted, its first blob.
+/// One referrer of an index entry: its manifest and, when of a wanted type, its first blob.
 async fn fetch_referrer(
     client: &RegistryClient,
     repository: &Reference,
     entry: &Value,
-    max_blob: u64,
-    wanted: &dyn Fn(&str) -> bool,
-) -> Result<FetchedReferrer, RegistryError> {
-    {
-        let not_a_manifest = |detail: String| RegistryError::Document {
-            path: repository.to_string(),
-            what: "a referrer manifest",
-            detail,
-        };
-        let digest: Digest = entry["digest"]
-            .as_str()
-            .unwrap_or_default()
-            .parse()
-            .map_err(|e| not_a_manifest(format!("its index entry has no valid digest: {e}")))?;
-        let manifest = client
-            .get_manifest(&repository.without_digest().with_digest(digest))
-            .await?;
-        let value: Value =
-            serde_json::from_slice(&manifest.bytes).map_err(|e| not_a_manifest(e.to_string()))?;
-        let artifact_type = value["artifactType"]
-            .as_str()
-            .or_else(|| value["config"]["mediaType"].as_str())
-            .unwrap_or_default()
-            .to_string();
-        let annotations = value["annotations"]
-            .as_object()
-            .map(|map| {
-                map.iter()
-                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let blob = match value["layers"].as_array().and_then(|l| l.first()) {
-            Some(layer) if wanted(&artifact_type) => {
-                let blob_digest: Digest = layer["digest"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .parse()
-                    .map_err(|e| not_a_manifest(format!("its layer has no valid digest: {e}")))?;
-                let bytes = client
-                    .get_blob_bytes(repository.repository(), &blob_digest, max_blob)
-                    .await?;
-                let media_type = layer["mediaType"].as_str().unwrap_or_default().to_string();
-                Some((media_type, bytes))
-            }
-            _ => None,
-        };
-        Ok(FetchedReferrer {
-            digest,
-            artifact_type,
-            annotations,
-            manifest: manifest.bytes,
-            blob,
+    types: ArtifactTypes<'_>,
+    spending: &mut Spending,
+    sink: BlobSink<'_>,
+) -> Result<FetchedReferrer, NotRead> {
+    let not_a_manifest = |detail: String| RegistryError::Document {
+        path: repository.to_string(),
+        what: "a referrer manifest",
+        detail,
+    };
+    let digest: Digest = entry["digest"]
+        .as_str()
+        .unwrap_or_default()
+        .parse()
+        .map_err(|e| not_a_manifest(format!("its index entry has no valid digest: {e}")))?;
+    let size = entry["size"]
+        .as_u64()
+        .ok_or_else(|| not_a_manifest("its index entry has no size".to_string()))?;
+    spending.take_one().map_err(NotRead::Budget)?;
+    spending
+        .take_bytes(size, "manifest")
+        .map_err(NotRead::Budget)?;
+    let manifest = client
+        .get_manifest_limited(&repository.without_digest().with_digest(digest), size)
+        .await?;
+    let value: Value =
+        serde_json::from_slice(&manifest.bytes).map_err(|e| not_a_manifest(e.to_string()))?;
+    let artifact_type = value["artifactType"]
+        .as_str()
+        .or_else(|| value["config"]["mediaType"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    if !types.wants(&artifact_type) {
+        return Err(NotRead::OtherType);
+    }
+    let annotations = value["annotations"]
+        .as_object()
+        .map(|map| {
+            map.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
         })
+        .unwrap_or_default();
+    let blob = match value["layers"].as_array().and_then(|l| l.first()) {
+        Some(layer) => Some(fetch_blob(client, repository, layer, spending, sink).await?),
+        None => None,
+    };
+    Ok(FetchedReferrer {
+        digest,
+        artifact_type,
+        annotations,
+        manifest: manifest.bytes,
+        blob,
+    })
+}
+
+/// The blob a referrer's layer descriptor names, read up to the size it declares.
+async fn fetch_blob(
+    client: &RegistryClient,
+    repository: &Reference,
+    layer: &Value,
+    spending: &mut Spending,
+    sink: BlobSink<'_>,
+) -> Result<FetchedBlob, NotRead> {
+    let not_a_manifest = |detail: String| RegistryError::Document {
+        path: repository.to_string(),
+        what: "a referrer manifest",
+        detail,
+    };
+    let digest: Digest = layer["digest"]
+        .as_str()
+        .unwrap_or_default()
+        .parse()
+        .map_err(|e| not_a_manifest(format!("its layer has no valid digest: {e}")))?;
+    let size = layer["size"]
+        .as_u64()
+        .ok_or_else(|| not_a_manifest("its layer has no size".to_string()))?;
+    spending.take_bytes(size, "blob").map_err(NotRead::Budget)?;
+    let repo = repository.repository();
+    let content = match sink {
+        BlobSink::Memory => BlobContent::Bytes(client.get_blob_bytes(repo, &digest, size).await?),
+        BlobSink::Store(store) => {
+            BlobContent::File(blob_into_store(client, repo, &digest, size, store).await?)
+        }
+    };
+    Ok(FetchedBlob {
+        media_type: layer["mediaType"].as_str().unwrap_or_default().to_string(),
+        digest,
+        size,
+        content,
+    })
+}
+
+/// Stream the blob `digest` of `size` bytes into `store` (never more than `size` bytes
+/// written, the digest checked before it is kept); returns its path there.
+async fn blob_into_store(
+    client: &RegistryClient,
+    repository: &str,
+    digest: &Digest,
+    size: u64,
+    store: &crate::cas::BlobStore,
+) -> Result<std::path::PathBuf, RegistryError> {
+    if !store.contains(digest) {
+        let tmp = store.tmp_dir();
+        let mut pending = store.begin()?;
+        client
+            .download_blob_limited(repository, digest, &mut pending, &tmp, size)
+            .await?;
+        std::io::Write::flush(&mut pending).map_err(|source| RegistryError::Io {
+            path: tmp.clone(),
+            source,
+        })?;
+        let what = format!(
+            "referrer blob {digest} of `{}/{repository}`",
+            client.registry()
+        );
+        let (_, found) = pending.commit(Some(digest), &what)?;
+        if found != size {
+            return Err(RegistryError::Document {
+                path: what,
+                what: "the size its referrer's manifest gives",
+                detail: format!("{found} bytes, the manifest says {size}"),
+            });
+        }
+    }
+    Ok(store.path(digest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listed_type_filters_before_fetching_unless_it_says_nothing() {
+        let bundles = ArtifactTypes::Only(&[crate::sign::bundle::MEDIA_TYPE]);
+        assert!(bundles.may_want(Some(crate::sign::bundle::MEDIA_TYPE)));
+        assert!(!bundles.may_want(Some("application/spdx+json")));
+        // No type, or the empty config's (cosign 3): the manifest says what it is.
+        assert!(bundles.may_want(None));
+        assert!(bundles.may_want(Some(OCI_EMPTY)));
+        assert_eq!(bundles.query(), Some(crate::sign::bundle::MEDIA_TYPE));
+        assert_eq!(ArtifactTypes::All.query(), None);
+    }
+
+    #[test]
+    fn the_budget_counts_manifests_and_blobs_and_says_which_limit() {
+        let mut spending = Spending {
+            budget: ReferrerBudget {
+                max_count: 2,
+                max_bytes: 100,
+            },
+            count: 0,
+            bytes: 10,
+            refused: 0,
+        };
+        assert!(spending.take_one().is_ok());
+        assert!(spending.take_bytes(60, "manifest").is_ok());
+        let over = spending.take_bytes(31, "blob").unwrap_err();
+        assert!(
+            over.contains("blob of 31 bytes") && over.contains("30 bytes"),
+            "{over}"
+        );
+        assert!(spending.take_one().is_ok());
+        assert!(spending
+            .take_one()
+            .unwrap_err()
+            .contains("limit of 2 referrers"));
+        assert_eq!(spending.refused, 2);
     }
 }
