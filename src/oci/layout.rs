@@ -133,6 +133,11 @@ pub fn host_architecture() -> oci_spec::image::Arch {
     crate::platform::Platform::host_or_amd64().to_oci_arch()
 }
 
+/// The largest JSON document of a layout read (issue 32): `index.json`, a manifest, a
+/// config, a referrer's blob. They are read whole, and a layout may come from a pull
+/// request; a registry's config limit (src/registry/pull.rs) is the same.
+pub const MAX_DOCUMENT_BYTES: u64 = 16 << 20;
+
 /// Where a blob lives in a layout.
 pub fn blob_path(dir: &Path, digest: &Digest) -> PathBuf {
     dir.join("blobs").join("sha256").join(digest.hex())

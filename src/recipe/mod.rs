@@ -39,6 +39,10 @@ pub use tag::{check_template, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS}
 /// The platforms of `platforms:`; defined in [`crate::platform`], the one platform type.
 pub use crate::platform::Platform;
 
+/// The largest recipe read (issue 32): a recipe is a page of YAML; a pull request's
+/// recipe may be a link to `/dev/zero` or a file of gigabytes.
+pub const MAX_RECIPE_BYTES: u64 = 1 << 20;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RecipeError {
     #[error("failed to read recipe `{path}`")]
