@@ -326,7 +326,7 @@ fn hostile_json() -> impl Strategy<Value = Value> {
         Just(serde_json::json!("")),
         Just(serde_json::json!({})),
         Just(serde_json::json!([])),
-        Just(serde_json::json!([[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]])),
+        (1usize..200).prop_map(|depth| (0..depth).fold(Value::Null, |v, _| Value::Array(vec![v]))),
         prop::sample::select(TOKENS).prop_map(Value::from),
         "\\PC{0,40}".prop_map(Value::from),
         "[é€😀a-z0-9:/.]{0,80}".prop_map(Value::from),
@@ -742,4 +742,34 @@ fn the_other_inputs_past_their_caps_are_refused_unread() {
     let oversized = vec![b' '; cudastack::sbom::summary::MAX_SBOM_BYTES + 1];
     let message = entries::render(&cudastack::sbom::summary::Summary::of_spdx(&oversized).unwrap_err());
     assert!(message.contains("more than"), "{message}");
+}
+
+/// Nesting thousands of levels deep (as deep as [`entries::MAX_INPUT`] allows): each
+/// format's reader refuses it with an error (a recursion limit), never a stack overflow,
+/// which would abort the process (no panic hook, no error message, and in CI the whole test
+/// binary).
+#[test]
+fn deep_nesting_is_an_error_not_a_stack_overflow() {
+    const DEPTH: usize = 30_000;
+    let flow = format!("name: {}{}\n", "[".repeat(DEPTH), "]".repeat(DEPTH));
+    let block: String = (0..200).map(|i| format!("{}- \n", " ".repeat(i * 2))).collect();
+    let mapping: String = (0..200).map(|i| format!("{}a:\n", " ".repeat(i * 2))).collect();
+    for text in [flow, block, mapping, format!("{}a", "- ".repeat(DEPTH))] {
+        assert!(text.len() <= entries::MAX_INPUT);
+        entries::recipe(text.as_bytes());
+    }
+    let json = format!("{}{}", "[".repeat(DEPTH), "]".repeat(DEPTH));
+    entries::lock(json.as_bytes());
+    entries::attestation(json.as_bytes());
+    let half = format!("{}{}", "[".repeat(DEPTH / 2), "]".repeat(DEPTH / 2));
+    entries::layout(half.as_bytes(), &[b"{}"]);
+    let toml_array = format!("a = {}{}\n", "[".repeat(DEPTH), "]".repeat(DEPTH));
+    let toml_table = format!("a = {}1{}\n", "{ b = ".repeat(DEPTH / 4), " }".repeat(DEPTH / 4));
+    let dotted = format!("{} = 1\n", vec!["a"; DEPTH].join("."));
+    for text in [toml_array, toml_table, dotted] {
+        assert!(text.len() <= entries::MAX_INPUT);
+        for kind in [PythonInput::Pyproject, PythonInput::Pylock, PythonInput::UvLock] {
+            entries::python_input(kind, text.as_bytes(), b"");
+        }
+    }
 }
