@@ -25,7 +25,7 @@ use serde_json::Value;
 
 /// Cases per property in CI; each takes well under a millisecond to a few (the Python
 /// inputs and layouts are real files), so the whole file runs in seconds at this count.
-const DEFAULT_CASES: u32 = 256;
+const DEFAULT_CASES: u32 = 1024;
 
 fn config() -> Config {
     let cases = std::env::var("CUDASTACK_FUZZ_CASES")
@@ -288,17 +288,21 @@ fn mutated_lines(seeds: Vec<Vec<u8>>, extra: &'static [&'static str]) -> impl St
     ];
     (
         prop::sample::select(seeds),
-        prop::collection::vec((any::<prop::sample::Index>(), 0u8..4, line), 1..6),
+        prop::collection::vec((any::<prop::sample::Index>(), 0u8..4, line, value()), 1..6),
     )
         .prop_map(|(seed, edits)| {
             let text = String::from_utf8_lossy(&seed).into_owned();
             let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
-            for (index, kind, line) in edits {
+            for (index, kind, line, value) in edits {
                 let at = index.index(lines.len().max(1)).min(lines.len().saturating_sub(1));
                 match kind {
+                    // A value replaced, its key kept (`key = value`, `key: value`).
                     0 if !lines.is_empty() => {
-                        lines[at] = match lines[at].split_once('=') {
-                            Some((key, _)) if !key.trim().is_empty() => format!("{key}= {line}"),
+                        let split = [" = ", ": ", "=="]
+                            .iter()
+                            .find_map(|s| lines[at].split_once(s).map(|(k, _)| (k.to_string(), *s)));
+                        lines[at] = match split {
+                            Some((key, sep)) if !key.trim().is_empty() => format!("{key}{sep}{value}"),
                             _ => line,
                         }
                     }
@@ -311,6 +315,22 @@ fn mutated_lines(seeds: Vec<Vec<u8>>, extra: &'static [&'static str]) -> impl St
             }
             (lines.join("\n") + "\n").into_bytes()
         })
+}
+
+/// A value for a `key = value` or `key: value` line: well-formed in TOML and YAML, wrong in
+/// type, size or content.
+fn value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(&[
+            "\"é\"", "\"\"", "\"1.0\"", "\"0\"", "\"six\"", "\"../../x\"", "\"/etc/passwd\"",
+            "\"==1\"", "\"1.0 ; python_version < '3'\"", "\"sha256:00\"", "\"https://é/x.whl\"",
+            "[]", "{}", "[\"é\"]", "[1, 2]", "{ a = 1 }", "1", "-1", "0", "true", "1e999",
+            "18446744073709551616", "\"\\u0000\"", "\"\\u001b[2J\"", "\"{torch}é\"", "~", "null", "&a x", "*a",
+        ][..])
+        .prop_map(str::to_string),
+        "\"[ -~é]{0,30}\"".prop_map(|s| s.replace('\\', "")),
+        (1usize..3000).prop_map(|n| format!("\"{}\"", "é".repeat(n))),
+    ]
 }
 
 /// A JSON value that breaks readers expecting another type or a sane size.
@@ -772,4 +792,80 @@ fn deep_nesting_is_an_error_not_a_stack_overflow() {
             entries::python_input(kind, text.as_bytes(), b"");
         }
     }
+}
+
+/// The format-aware mutations keep enough of each seed's structure that a good share of
+/// them still parses, so the properties exercise what lies behind the syntax (the lock's
+/// round trip, the layout's image reader, the Python inputs' requirements) and not only
+/// the syntax errors. A mutator that broke every input would pass every property and test
+/// nothing; this fails instead.
+#[test]
+fn mutations_reach_past_the_syntax() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    const SAMPLES: usize = 300;
+    fn share(strategy: impl Strategy<Value = Vec<u8>>, parses: impl Fn(&[u8]) -> bool) -> f64 {
+        let mut runner = TestRunner::deterministic();
+        let ok = (0..SAMPLES)
+            .filter(|_| parses(&strategy.new_tree(&mut runner).unwrap().current()))
+            .count();
+        ok as f64 / SAMPLES as f64
+    }
+    let lock = share(mutated_json(lock_seeds().to_vec()), |b| {
+        std::str::from_utf8(b)
+            .is_ok_and(|t| cudastack::lock::Lockfile::from_json(t, Path::new("l")).is_ok())
+    });
+    let recipe = share(
+        mutated_lines(recipe_seeds().to_vec(), &["name: é"]),
+        |b| cudastack::recipe::Recipe::parse_bytes(b, Path::new("r")).is_ok(),
+    );
+    let requirements = share(
+        mutated_lines(python_seeds(PythonInput::Requirements), PYTHON_LINES),
+        |b| python_inputs_load(PythonInput::Requirements, b),
+    );
+    let uv_lock = share(
+        mutated_lines(python_seeds(PythonInput::UvLock), PYTHON_LINES),
+        |b| python_inputs_load(PythonInput::UvLock, b),
+    );
+    let layout = share(
+        mutated_json(vec![layout_seed().0.clone()]),
+        |index| {
+            let dir = tempfile::tempdir().unwrap();
+            let refs: Vec<&[u8]> = layout_seed().1.iter().map(Vec::as_slice).collect();
+            entries::write_layout(dir.path(), index, &refs);
+            cudastack::oci::layout::Layout::open(dir.path()).is_ok()
+        },
+    );
+    let shares = [("lock", lock), ("recipe", recipe), ("requirements", requirements), ("uv.lock", uv_lock), ("layout", layout)];
+    eprintln!("shares of mutated inputs that parse: {shares:?}");
+    for (what, share) in shares {
+        assert!(share >= 0.05, "{what}: only {share} of mutated inputs parse");
+        assert!(share <= 0.95, "{what}: {share} of mutated inputs parse: the mutations change nothing");
+    }
+}
+
+/// Whether `PythonInputs::load` reads `bytes` as the input `kind` without an error.
+fn python_inputs_load(kind: PythonInput, bytes: &[u8]) -> bool {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, key) = match kind {
+        PythonInput::Requirements => ("requirements.txt", "requirements: [requirements.txt]"),
+        _ => ("uv.lock", "python_lock: uv.lock"),
+    };
+    std::fs::write(dir.path().join(file), bytes).unwrap();
+    std::fs::create_dir(dir.path().join("shared")).unwrap();
+    std::fs::write(dir.path().join("shared/base.txt"), included_seed()).unwrap();
+    std::fs::write(dir.path().join("shared/constraints.txt"), read("tests/fixtures/python-inputs/requirements/shared/constraints.txt")).unwrap();
+    let path = dir.path().join("recipe.yaml");
+    let recipe = cudastack::recipe::Recipe::parse(
+        &format!("name: job\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\n{key}\n"),
+        &path,
+    )
+    .unwrap();
+    let target = cudastack::lock::Target::new(
+        "3.11".parse().unwrap(),
+        cudastack::recipe::Platform::LinuxAmd64,
+        "2.28".parse().unwrap(),
+    )
+    .unwrap();
+    cudastack::lock::python_inputs::PythonInputs::load(&recipe, &path, &target).is_ok()
 }

@@ -132,8 +132,8 @@ impl PythonInput {
 
 /// A requirements file, pyproject.toml, pylock.toml or uv.lock: written into a recipe's
 /// directory and read by [`PythonInputs::load`] for a CPython 3.11 amd64 target, as
-/// `cudastack lock` reads it. A second file, `shared/base.txt`, is there for `-r`
-/// includes to find.
+/// `cudastack lock` reads it. `included` is written as `shared/base.txt` and
+/// `shared/constraints.txt`, which the seed's `-r` and `-c` lines include.
 pub fn python_input(kind: PythonInput, bytes: &[u8], included: &[u8]) {
     if bytes.len() > MAX_INPUT || included.len() > MAX_INPUT {
         return;
@@ -142,7 +142,9 @@ pub fn python_input(kind: PythonInput, bytes: &[u8], included: &[u8]) {
     let (file, key) = kind.file_and_key();
     std::fs::write(dir.path().join(file), bytes).expect("write the input");
     std::fs::create_dir(dir.path().join("shared")).expect("create shared/");
-    std::fs::write(dir.path().join("shared/base.txt"), included).expect("write the include");
+    for name in ["shared/base.txt", "shared/constraints.txt"] {
+        std::fs::write(dir.path().join(name), included).expect("write an include");
+    }
     let recipe_path = dir.path().join("recipe.yaml");
     let text = format!(
         "name: job\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\n{key}\n"
