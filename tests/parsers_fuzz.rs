@@ -76,12 +76,22 @@ fn lock_seeds() -> &'static [Vec<u8>] {
         let artifacts = lock["artifacts"].as_array().unwrap();
         let mut kept: Vec<Value> = Vec::new();
         for kind in ["wheel", "deb", "redist-archive"] {
-            kept.extend(artifacts.iter().filter(|a| a["kind"] == kind).take(3).cloned());
+            kept.extend(
+                artifacts
+                    .iter()
+                    .filter(|a| a["kind"] == kind)
+                    .take(3)
+                    .cloned(),
+            );
         }
         lock["artifacts"] = Value::Array(kept);
         let text = serde_json::to_vec_pretty(&lock).unwrap();
         assert!(
-            cudastack::lock::Lockfile::from_json(std::str::from_utf8(&text).unwrap(), Path::new("seed")).is_ok(),
+            cudastack::lock::Lockfile::from_json(
+                std::str::from_utf8(&text).unwrap(),
+                Path::new("seed")
+            )
+            .is_ok(),
             "the seed lock reads"
         );
         vec![text]
@@ -157,8 +167,13 @@ fn layout_seed() -> &'static (Vec<u8>, Vec<Vec<u8>>) {
             Default::default(),
         )
         .unwrap();
-        cudastack::attest::store::attach_statement(&dir, &image_descriptor(&dir), "provenance", &statement)
-            .unwrap();
+        cudastack::attest::store::attach_statement(
+            &dir,
+            &image_descriptor(&dir),
+            "provenance",
+            &statement,
+        )
+        .unwrap();
         let index = std::fs::read(dir.join("index.json")).unwrap();
         let mut blobs: Vec<Vec<u8>> = std::fs::read_dir(dir.join("blobs/sha256"))
             .unwrap()
@@ -170,7 +185,9 @@ fn layout_seed() -> &'static (Vec<u8>, Vec<Vec<u8>>) {
 }
 
 fn image_descriptor(dir: &Path) -> oci_spec::image::Descriptor {
-    cudastack::oci::layout::resolve(dir, "latest").unwrap().manifest
+    cudastack::oci::layout::resolve(dir, "latest")
+        .unwrap()
+        .manifest
 }
 
 /// The bundle `cosign attest-blob --bundle` 3.1.1 wrote (the key is [`entries::COSIGN_PUB`]).
@@ -203,12 +220,59 @@ fn attestation_seeds() -> &'static [Vec<u8>] {
 /// Text that breaks parsers: multi-byte characters (a byte slice off a char boundary
 /// panics), controls, NUL, huge and negative numbers, paths that climb, deep nesting.
 const TOKENS: &[&str] = &[
-    "é", "€", "😀", "\u{202e}", "\u{1b}[2J", "\0", "\r", "\n", "\t", "\\", "\"", "'", "#",
-    "=", "==", ";", ",", ":", "@", "[", "]", "{", "}", "[[", "]]", "-", "--", "../", "/",
-    "~", "*", "**", "!", "?", "-1", "0", "18446744073709551616", "1e999", "NaN", "true",
-    "null", "sha256:", "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
-    "https://", "file:///etc/passwd", "%2e%2e", " ; python_version < '3.12'", " \\\n",
-    "&a", "*a", "<<: *a", "!!binary", "%YAML 1.2\n---\n",
+    "é",
+    "€",
+    "😀",
+    "\u{202e}",
+    "\u{1b}[2J",
+    "\0",
+    "\r",
+    "\n",
+    "\t",
+    "\\",
+    "\"",
+    "'",
+    "#",
+    "=",
+    "==",
+    ";",
+    ",",
+    ":",
+    "@",
+    "[",
+    "]",
+    "{",
+    "}",
+    "[[",
+    "]]",
+    "-",
+    "--",
+    "../",
+    "/",
+    "~",
+    "*",
+    "**",
+    "!",
+    "?",
+    "-1",
+    "0",
+    "18446744073709551616",
+    "1e999",
+    "NaN",
+    "true",
+    "null",
+    "sha256:",
+    "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    "https://",
+    "file:///etc/passwd",
+    "%2e%2e",
+    " ; python_version < '3.12'",
+    " \\\n",
+    "&a",
+    "*a",
+    "<<: *a",
+    "!!binary",
+    "%YAML 1.2\n---\n",
 ];
 
 fn token() -> impl Strategy<Value = Vec<u8>> {
@@ -280,7 +344,10 @@ fn mutated_bytes(seeds: Vec<Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
 
 /// A line-based or TOML seed with lines replaced (the value after `=` or the whole line),
 /// repeated, dropped, or a hostile line inserted.
-fn mutated_lines(seeds: Vec<Vec<u8>>, extra: &'static [&'static str]) -> impl Strategy<Value = Vec<u8>> {
+fn mutated_lines(
+    seeds: Vec<Vec<u8>>,
+    extra: &'static [&'static str],
+) -> impl Strategy<Value = Vec<u8>> {
     let line = prop_oneof![
         2 => prop::sample::select(extra).prop_map(str::to_string),
         1 => prop::sample::select(TOKENS).prop_map(str::to_string),
@@ -294,15 +361,19 @@ fn mutated_lines(seeds: Vec<Vec<u8>>, extra: &'static [&'static str]) -> impl St
             let text = String::from_utf8_lossy(&seed).into_owned();
             let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
             for (index, kind, line, value) in edits {
-                let at = index.index(lines.len().max(1)).min(lines.len().saturating_sub(1));
+                let at = index
+                    .index(lines.len().max(1))
+                    .min(lines.len().saturating_sub(1));
                 match kind {
                     // A value replaced, its key kept (`key = value`, `key: value`).
                     0 if !lines.is_empty() => {
-                        let split = [" = ", ": ", "=="]
-                            .iter()
-                            .find_map(|s| lines[at].split_once(s).map(|(k, _)| (k.to_string(), *s)));
+                        let split = [" = ", ": ", "=="].iter().find_map(|s| {
+                            lines[at].split_once(s).map(|(k, _)| (k.to_string(), *s))
+                        });
                         lines[at] = match split {
-                            Some((key, sep)) if !key.trim().is_empty() => format!("{key}{sep}{value}"),
+                            Some((key, sep)) if !key.trim().is_empty() => {
+                                format!("{key}{sep}{value}")
+                            }
                             _ => line,
                         }
                     }
@@ -321,12 +392,39 @@ fn mutated_lines(seeds: Vec<Vec<u8>>, extra: &'static [&'static str]) -> impl St
 /// type, size or content.
 fn value() -> impl Strategy<Value = String> {
     prop_oneof![
-        prop::sample::select(&[
-            "\"é\"", "\"\"", "\"1.0\"", "\"0\"", "\"six\"", "\"../../x\"", "\"/etc/passwd\"",
-            "\"==1\"", "\"1.0 ; python_version < '3'\"", "\"sha256:00\"", "\"https://é/x.whl\"",
-            "[]", "{}", "[\"é\"]", "[1, 2]", "{ a = 1 }", "1", "-1", "0", "true", "1e999",
-            "18446744073709551616", "\"\\u0000\"", "\"\\u001b[2J\"", "\"{torch}é\"", "~", "null", "&a x", "*a",
-        ][..])
+        prop::sample::select(
+            &[
+                "\"é\"",
+                "\"\"",
+                "\"1.0\"",
+                "\"0\"",
+                "\"six\"",
+                "\"../../x\"",
+                "\"/etc/passwd\"",
+                "\"==1\"",
+                "\"1.0 ; python_version < '3'\"",
+                "\"sha256:00\"",
+                "\"https://é/x.whl\"",
+                "[]",
+                "{}",
+                "[\"é\"]",
+                "[1, 2]",
+                "{ a = 1 }",
+                "1",
+                "-1",
+                "0",
+                "true",
+                "1e999",
+                "18446744073709551616",
+                "\"\\u0000\"",
+                "\"\\u001b[2J\"",
+                "\"{torch}é\"",
+                "~",
+                "null",
+                "&a x",
+                "*a",
+            ][..]
+        )
         .prop_map(str::to_string),
         "\"[ -~é]{0,30}\"".prop_map(|s| s.replace('\\', "")),
         (1usize..3000).prop_map(|n| format!("\"{}\"", "é".repeat(n))),
@@ -520,9 +618,34 @@ const PYTHON_LINES: &[&str] = &[
 ];
 
 const DOCKERIGNORE_LINES: &[&str] = &[
-    "**", "**/", "!**", "*", "!", "!!a", "/", "./", "../..", "a/../../b", "[", "[!]", "[]]", "[a-]",
-    "{a,b}", "{a,{b,c}}", "{", "\\", "a\\", "\\*", "**/**/**/**/**/**", "?é", "é/**", "# x",
-    "  spaced  ", "\u{0}", "a//b", "./././a",
+    "**",
+    "**/",
+    "!**",
+    "*",
+    "!",
+    "!!a",
+    "/",
+    "./",
+    "../..",
+    "a/../../b",
+    "[",
+    "[!]",
+    "[]]",
+    "[a-]",
+    "{a,b}",
+    "{a,{b,c}}",
+    "{",
+    "\\",
+    "a\\",
+    "\\*",
+    "**/**/**/**/**/**",
+    "?é",
+    "é/**",
+    "# x",
+    "  spaced  ",
+    "\u{0}",
+    "a//b",
+    "./././a",
 ];
 
 /// After blobs of the layout seed were edited, point every document that named an edited
@@ -652,7 +775,10 @@ fn within<T: Send + 'static>(seconds: u64, read: impl FnOnce() -> T + Send + 'st
 }
 
 fn mkfifo(path: &Path) {
-    let status = std::process::Command::new("mkfifo").arg(path).status().unwrap();
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
     assert!(status.success());
 }
 
@@ -714,15 +840,19 @@ fn layout_documents_past_the_cap_or_not_files_are_refused() {
     // to find that out), then a link to a device.
     let dir = tempfile::tempdir().unwrap();
     entries::write_layout(dir.path(), index, &refs);
-    let manifest = cudastack::oci::layout::resolve(dir.path(), "latest").unwrap().manifest_digest;
+    let manifest = cudastack::oci::layout::resolve(dir.path(), "latest")
+        .unwrap()
+        .manifest_digest;
     let blob = cudastack::oci::layout::blob_path(dir.path(), &manifest);
     std::fs::remove_file(&blob).unwrap();
     sparse(&blob, limit + 1);
-    let message = entries::render(&cudastack::oci::layout::resolve(dir.path(), "latest").unwrap_err());
+    let message =
+        entries::render(&cudastack::oci::layout::resolve(dir.path(), "latest").unwrap_err());
     assert!(message.contains("larger than"), "{message}");
     std::fs::remove_file(&blob).unwrap();
     std::os::unix::fs::symlink("/dev/null", &blob).unwrap();
-    let message = entries::render(&cudastack::oci::layout::resolve(dir.path(), "latest").unwrap_err());
+    let message =
+        entries::render(&cudastack::oci::layout::resolve(dir.path(), "latest").unwrap_err());
     assert!(message.contains("a device"), "{message}");
 }
 
@@ -741,7 +871,10 @@ fn the_other_inputs_past_their_caps_are_refused_unread() {
     assert!(message.contains("1048576"), "{message}");
 
     let requirements = dir.path().join("requirements.txt");
-    sparse(&requirements, cudastack::lock::python_inputs::MAX_INPUT_BYTES + 1);
+    sparse(
+        &requirements,
+        cudastack::lock::python_inputs::MAX_INPUT_BYTES + 1,
+    );
     let recipe_path = dir.path().join("recipe.yaml");
     let recipe = cudastack::recipe::Recipe::parse(
         "name: job\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\nrequirements: [requirements.txt]\n",
@@ -760,7 +893,8 @@ fn the_other_inputs_past_their_caps_are_refused_unread() {
     assert!(message.contains("larger than"), "{message}");
 
     let oversized = vec![b' '; cudastack::sbom::summary::MAX_SBOM_BYTES + 1];
-    let message = entries::render(&cudastack::sbom::summary::Summary::of_spdx(&oversized).unwrap_err());
+    let message =
+        entries::render(&cudastack::sbom::summary::Summary::of_spdx(&oversized).unwrap_err());
     assert!(message.contains("more than"), "{message}");
 }
 
@@ -772,8 +906,12 @@ fn the_other_inputs_past_their_caps_are_refused_unread() {
 fn deep_nesting_is_an_error_not_a_stack_overflow() {
     const DEPTH: usize = 30_000;
     let flow = format!("name: {}{}\n", "[".repeat(DEPTH), "]".repeat(DEPTH));
-    let block: String = (0..200).map(|i| format!("{}- \n", " ".repeat(i * 2))).collect();
-    let mapping: String = (0..200).map(|i| format!("{}a:\n", " ".repeat(i * 2))).collect();
+    let block: String = (0..200)
+        .map(|i| format!("{}- \n", " ".repeat(i * 2)))
+        .collect();
+    let mapping: String = (0..200)
+        .map(|i| format!("{}a:\n", " ".repeat(i * 2)))
+        .collect();
     for text in [flow, block, mapping, format!("{}a", "- ".repeat(DEPTH))] {
         assert!(text.len() <= entries::MAX_INPUT);
         entries::recipe(text.as_bytes());
@@ -784,11 +922,19 @@ fn deep_nesting_is_an_error_not_a_stack_overflow() {
     let half = format!("{}{}", "[".repeat(DEPTH / 2), "]".repeat(DEPTH / 2));
     entries::layout(half.as_bytes(), &[b"{}"]);
     let toml_array = format!("a = {}{}\n", "[".repeat(DEPTH), "]".repeat(DEPTH));
-    let toml_table = format!("a = {}1{}\n", "{ b = ".repeat(DEPTH / 4), " }".repeat(DEPTH / 4));
+    let toml_table = format!(
+        "a = {}1{}\n",
+        "{ b = ".repeat(DEPTH / 4),
+        " }".repeat(DEPTH / 4)
+    );
     let dotted = format!("{} = 1\n", vec!["a"; DEPTH].join("."));
     for text in [toml_array, toml_table, dotted] {
         assert!(text.len() <= entries::MAX_INPUT);
-        for kind in [PythonInput::Pyproject, PythonInput::Pylock, PythonInput::UvLock] {
+        for kind in [
+            PythonInput::Pyproject,
+            PythonInput::Pylock,
+            PythonInput::UvLock,
+        ] {
             entries::python_input(kind, text.as_bytes(), b"");
         }
     }
@@ -815,10 +961,9 @@ fn mutations_reach_past_the_syntax() {
         std::str::from_utf8(b)
             .is_ok_and(|t| cudastack::lock::Lockfile::from_json(t, Path::new("l")).is_ok())
     });
-    let recipe = share(
-        mutated_lines(recipe_seeds().to_vec(), &["name: é"]),
-        |b| cudastack::recipe::Recipe::parse_bytes(b, Path::new("r")).is_ok(),
-    );
+    let recipe = share(mutated_lines(recipe_seeds().to_vec(), &["name: é"]), |b| {
+        cudastack::recipe::Recipe::parse_bytes(b, Path::new("r")).is_ok()
+    });
     let requirements = share(
         mutated_lines(python_seeds(PythonInput::Requirements), PYTHON_LINES),
         |b| python_inputs_load(PythonInput::Requirements, b),
@@ -827,20 +972,29 @@ fn mutations_reach_past_the_syntax() {
         mutated_lines(python_seeds(PythonInput::UvLock), PYTHON_LINES),
         |b| python_inputs_load(PythonInput::UvLock, b),
     );
-    let layout = share(
-        mutated_json(vec![layout_seed().0.clone()]),
-        |index| {
-            let dir = tempfile::tempdir().unwrap();
-            let refs: Vec<&[u8]> = layout_seed().1.iter().map(Vec::as_slice).collect();
-            entries::write_layout(dir.path(), index, &refs);
-            cudastack::oci::layout::Layout::open(dir.path()).is_ok()
-        },
-    );
-    let shares = [("lock", lock), ("recipe", recipe), ("requirements", requirements), ("uv.lock", uv_lock), ("layout", layout)];
+    let layout = share(mutated_json(vec![layout_seed().0.clone()]), |index| {
+        let dir = tempfile::tempdir().unwrap();
+        let refs: Vec<&[u8]> = layout_seed().1.iter().map(Vec::as_slice).collect();
+        entries::write_layout(dir.path(), index, &refs);
+        cudastack::oci::layout::Layout::open(dir.path()).is_ok()
+    });
+    let shares = [
+        ("lock", lock),
+        ("recipe", recipe),
+        ("requirements", requirements),
+        ("uv.lock", uv_lock),
+        ("layout", layout),
+    ];
     eprintln!("shares of mutated inputs that parse: {shares:?}");
     for (what, share) in shares {
-        assert!(share >= 0.05, "{what}: only {share} of mutated inputs parse");
-        assert!(share <= 0.95, "{what}: {share} of mutated inputs parse: the mutations change nothing");
+        assert!(
+            share >= 0.05,
+            "{what}: only {share} of mutated inputs parse"
+        );
+        assert!(
+            share <= 0.95,
+            "{what}: {share} of mutated inputs parse: the mutations change nothing"
+        );
     }
 }
 
@@ -854,7 +1008,11 @@ fn python_inputs_load(kind: PythonInput, bytes: &[u8]) -> bool {
     std::fs::write(dir.path().join(file), bytes).unwrap();
     std::fs::create_dir(dir.path().join("shared")).unwrap();
     std::fs::write(dir.path().join("shared/base.txt"), included_seed()).unwrap();
-    std::fs::write(dir.path().join("shared/constraints.txt"), read("tests/fixtures/python-inputs/requirements/shared/constraints.txt")).unwrap();
+    std::fs::write(
+        dir.path().join("shared/constraints.txt"),
+        read("tests/fixtures/python-inputs/requirements/shared/constraints.txt"),
+    )
+    .unwrap();
     let path = dir.path().join("recipe.yaml");
     let recipe = cudastack::recipe::Recipe::parse(
         &format!("name: job\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\n{key}\n"),

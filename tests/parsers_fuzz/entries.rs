@@ -238,8 +238,11 @@ pub fn layout(index: &[u8], blobs: &[&[u8]]) {
 
 /// Write `index` and `blobs` as an OCI layout at `root`.
 pub fn write_layout(root: &Path, index: &[u8], blobs: &[&[u8]]) -> Vec<PathBuf> {
-    std::fs::write(root.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)
-        .expect("write oci-layout");
+    std::fs::write(
+        root.join("oci-layout"),
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .expect("write oci-layout");
     std::fs::write(root.join("index.json"), index).expect("write index.json");
     let dir = root.join("blobs/sha256");
     std::fs::create_dir_all(&dir).expect("create blobs/sha256");
