@@ -68,6 +68,7 @@ mod oci_layout;
 mod oci_layout_atomic;
 mod oci_peers;
 mod oci_pull_integrity;
+mod parsers_fuzz;
 mod recipe_properties;
 mod recipe_validate;
 mod recipes_all;

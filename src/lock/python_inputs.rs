@@ -462,7 +462,7 @@ impl InputReader {
 /// `O_NONBLOCK` makes the open of a FIFO return at once instead of waiting for a writer,
 /// and the type is read from the opened file (`fstat`), so a file swapped for a FIFO after
 /// any earlier look is caught too. On a regular file `O_NONBLOCK` changes nothing.
-fn open_regular(path: &Path) -> std::io::Result<Result<std::fs::File, &'static str>> {
+pub(crate) fn open_regular(path: &Path) -> std::io::Result<Result<std::fs::File, &'static str>> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let file = std::fs::OpenOptions::new()
         .read(true)

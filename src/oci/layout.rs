@@ -133,6 +133,41 @@ pub fn host_architecture() -> oci_spec::image::Arch {
     crate::platform::Platform::host_or_amd64().to_oci_arch()
 }
 
+/// The largest JSON document of a layout read (issue 32): `index.json`, a manifest, a
+/// config, a referrer's blob. They are read whole, and a layout may come from a pull
+/// request; a registry's config limit (src/registry/pull.rs) is the same.
+pub const MAX_DOCUMENT_BYTES: u64 = 16 << 20;
+
+/// Read a layout's JSON document at `path` whole: a regular file of at most
+/// [`MAX_DOCUMENT_BYTES`], refused before more is read (issue 32).
+pub(crate) fn read_document_file(path: &Path) -> Result<Vec<u8>, OciError> {
+    use std::io::Read;
+    let io = |source| OciError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = match crate::lock::python_inputs::open_regular(path).map_err(io)? {
+        Ok(file) => file,
+        Err(kind) => {
+            return Err(OciError::NotAFile {
+                path: path.to_path_buf(),
+                kind,
+            })
+        }
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_DOCUMENT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_DOCUMENT_BYTES {
+        return Err(OciError::TooLarge {
+            path: path.to_path_buf(),
+            limit: MAX_DOCUMENT_BYTES,
+        });
+    }
+    Ok(bytes)
+}
+
 /// Where a blob lives in a layout.
 pub fn blob_path(dir: &Path, digest: &Digest) -> PathBuf {
     dir.join("blobs").join("sha256").join(digest.hex())

@@ -67,6 +67,11 @@ pub enum OciError {
         reference: String,
         available: String,
     },
+    /// Issue 32: a layout may come from a pull request, and its documents are read whole.
+    #[error("`{path}` is larger than {limit} bytes, more than any OCI index, manifest or config\n  hint: check that this is the OCI layout you meant")]
+    TooLarge { path: PathBuf, limit: u64 },
+    #[error("`{path}` is {kind}, not a regular file; cudastack reads an OCI layout's documents from regular files only (a FIFO blocks a read, a device never ends)\n  hint: put the file itself in the layout")]
+    NotAFile { path: PathBuf, kind: &'static str },
     #[error("the OCI layout `{dir}`: {problem}")]
     InvalidLayout { dir: PathBuf, problem: String },
     #[error(

@@ -39,6 +39,10 @@ pub use tag::{check_template, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS}
 /// The platforms of `platforms:`; defined in [`crate::platform`], the one platform type.
 pub use crate::platform::Platform;
 
+/// The largest recipe read (issue 32): a recipe is a page of YAML; a pull request's
+/// recipe may be a link to `/dev/zero` or a file of gigabytes.
+pub const MAX_RECIPE_BYTES: u64 = 1 << 20;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RecipeError {
     #[error("failed to read recipe `{path}`")]
@@ -47,6 +51,11 @@ pub enum RecipeError {
         #[source]
         source: std::io::Error,
     },
+    /// Issue 32: a FIFO would block the read; a device (`/dev/zero`) may never end.
+    #[error("recipe `{path}` is {kind}, not a regular file; cudastack reads recipes from regular files only\n  hint: name the recipe file itself, not a pipe or device")]
+    NotAFile { path: PathBuf, kind: &'static str },
+    #[error("recipe `{path}` is larger than {MAX_RECIPE_BYTES} bytes; no recipe is that big\n  hint: check that this is the recipe you meant")]
+    TooLarge { path: PathBuf },
     #[error("recipe `{path}` is not UTF-8 text: invalid UTF-8 at byte {offset} (line {line})\n  hint: a recipe is a YAML text file; check that this is the file you meant")]
     NotText {
         path: PathBuf,
@@ -587,16 +596,44 @@ fn not_text(path: &Path, bytes: &[u8], source: std::str::Utf8Error) -> RecipeErr
     }
 }
 
+/// The bytes of the recipe at `path`, refusing a FIFO or device and reading at most
+/// [`MAX_RECIPE_BYTES`] (issue 32: a pull request's recipe may be a link to `/dev/zero`,
+/// which `std::fs::read` would read until memory ran out). std::fs, not fs_err: the error
+/// names the path already, and the OS's reason ("Permission denied", "Is a directory") is
+/// the cause shown under it.
+fn read_recipe(path: &Path) -> Result<Vec<u8>, RecipeError> {
+    use std::io::Read;
+    let read_error = |source| RecipeError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = match crate::lock::python_inputs::open_regular(path).map_err(read_error)? {
+        Ok(file) => file,
+        // A directory reads as before: its read fails with "Is a directory".
+        Err("a directory") => std::fs::File::open(path).map_err(read_error)?,
+        Err(kind) => {
+            return Err(RecipeError::NotAFile {
+                path: path.to_path_buf(),
+                kind,
+            })
+        }
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_RECIPE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    if bytes.len() as u64 > MAX_RECIPE_BYTES {
+        return Err(RecipeError::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(bytes)
+}
+
 impl Recipe {
     /// Read and parse a recipe file.
     pub fn load(path: &Path) -> Result<Recipe, RecipeError> {
-        // std::fs, not fs_err: the error names the path already, and the OS's reason
-        // ("Permission denied", "Is a directory") is the cause shown under it.
-        let bytes = std::fs::read(path).map_err(|source| RecipeError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Recipe::parse_bytes(&bytes, path)
+        Recipe::parse_bytes(&read_recipe(path)?, path)
     }
 
     /// Parse recipe bytes: UTF-8 text, else [`RecipeError::NotText`] with the offset.

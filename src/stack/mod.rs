@@ -12,7 +12,7 @@ pub mod base;
 pub mod build;
 pub mod cache_dir;
 pub mod config;
-mod dockerignore;
+pub mod dockerignore;
 mod error;
 pub mod foreign_base;
 mod layers;

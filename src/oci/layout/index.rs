@@ -24,10 +24,7 @@ impl LayoutIndex {
     /// Read `dir/index.json` (a missing file is an error naming it).
     pub fn read(dir: &Path) -> Result<Self, OciError> {
         let path = dir.join(INDEX_FILE);
-        let bytes = fs_err::read(&path).map_err(|e| OciError::Io {
-            path: path.clone(),
-            source: io::Error::new(e.kind(), e),
-        })?;
+        let bytes = super::read_document_file(&path)?;
         let index: ImageIndex =
             serde_json::from_slice(&bytes).map_err(|source| OciError::Json {
                 path,

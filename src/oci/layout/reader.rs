@@ -15,7 +15,7 @@ use super::index::{available, LayoutIndex};
 use super::{blob_path, host_architecture};
 use crate::digest::Digest;
 use crate::layer::Layer;
-use crate::oci::{digest_of, io_error, Blob, OciError, StoredImage};
+use crate::oci::{digest_of, Blob, OciError, StoredImage};
 
 /// An OCI layout opened for reading (see the module docs).
 #[derive(Debug, Clone)]
@@ -262,7 +262,7 @@ fn read_document(dir: &Path, descriptor: &Descriptor) -> Result<Blob, OciError> 
         problem,
     })?;
     let path = blob_path(dir, &digest);
-    let bytes = fs_err::read(&path).map_err(io_error(&path))?;
+    let bytes = super::read_document_file(&path)?;
     let found = Digest::of_bytes(&bytes);
     if found != digest {
         return Err(OciError::BlobMismatch {
