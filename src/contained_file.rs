@@ -337,6 +337,32 @@ fn classify(error: std::io::Error, path: &Path, at: &Path, root: &Path) -> Conta
     }
 }
 
+/// Open `path` for reading if it is a regular file, else say what it is (issue 32).
+/// `O_NONBLOCK` makes the open of a FIFO return at once instead of waiting for a writer,
+/// and the type is read from the opened file (`fstat`), so a file swapped for a FIFO after
+/// any earlier look is caught too. On a regular file `O_NONBLOCK` changes nothing.
+pub fn open_regular(path: &Path) -> std::io::Result<Result<std::fs::File, &'static str>> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    Ok(if kind.is_file() {
+        Ok(file)
+    } else if kind.is_fifo() {
+        Err("a named pipe (FIFO)")
+    } else if kind.is_dir() {
+        Err("a directory")
+    } else if kind.is_char_device() || kind.is_block_device() {
+        Err("a device")
+    } else if kind.is_socket() {
+        Err("a socket")
+    } else {
+        Err("of another kind")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

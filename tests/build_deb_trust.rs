@@ -185,7 +185,11 @@ fn a_deb_the_archive_dropped_is_checked_in_its_snapshot_as_of_the_lock() {
         .unwrap();
     let info = crate::apt_support::DebInfo::read(&file).unwrap();
     let bytes = std::fs::read(&file).unwrap();
-    let relative = file.strip_prefix(archive.root()).unwrap().display().to_string();
+    let relative = file
+        .strip_prefix(archive.root())
+        .unwrap()
+        .display()
+        .to_string();
     let locked = LockedDeb {
         name: info.package.clone(),
         version: info.version.clone(),

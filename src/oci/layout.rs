@@ -146,7 +146,7 @@ pub(crate) fn read_document_file(path: &Path) -> Result<Vec<u8>, OciError> {
         path: path.to_path_buf(),
         source,
     };
-    let file = match crate::lock::python_inputs::open_regular(path).map_err(io)? {
+    let file = match crate::contained_file::open_regular(path).map_err(io)? {
         Ok(file) => file,
         Err(kind) => {
             return Err(OciError::NotAFile {

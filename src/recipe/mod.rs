@@ -607,7 +607,7 @@ fn read_recipe(path: &Path) -> Result<Vec<u8>, RecipeError> {
         path: path.to_path_buf(),
         source,
     };
-    let file = match crate::lock::python_inputs::open_regular(path).map_err(read_error)? {
+    let file = match crate::contained_file::open_regular(path).map_err(read_error)? {
         Ok(file) => file,
         // A directory reads as before: its read fails with "Is a directory".
         Err("a directory") => std::fs::File::open(path).map_err(read_error)?,
