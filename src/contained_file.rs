@@ -1,5 +1,5 @@
 //! Reading a file of a directory a pull request controls (a recipe's directory, a build
-//! context, a sandbox) without leaving it (issue 32).
+//! context, a sandbox) without leaving it.
 //!
 //! The path is opened one component at a time below an open directory of the root, each
 //! with `O_NOFOLLOW`: no symbolic link is followed, so a link swapped in during the build
@@ -337,7 +337,7 @@ fn classify(error: std::io::Error, path: &Path, at: &Path, root: &Path) -> Conta
     }
 }
 
-/// Open `path` for reading if it is a regular file, else say what it is (issue 32).
+/// Open `path` for reading if it is a regular file, else say what it is.
 /// `O_NONBLOCK` makes the open of a FIFO return at once instead of waiting for a writer,
 /// and the type is read from the opened file (`fstat`), so a file swapped for a FIFO after
 /// any earlier look is caught too. On a regular file `O_NONBLOCK` changes nothing.

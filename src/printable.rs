@@ -1,6 +1,6 @@
 //! Text from outside (an image's labels, a registry's answer, a file name in a pull
 //! request) made safe to show: escaped before it reaches a terminal, and cut when it is
-//! too long for a message (issue 32).
+//! too long for a message.
 //!
 //! A terminal obeys what it prints: an escape sequence in a label can clear the screen or
 //! retitle the window, a carriage return or a newline can print a fake `ok` line, and a

@@ -272,7 +272,7 @@ fn component_problem(component: &str) -> Option<String> {
         return Some("the name has an empty part (`//` or a trailing `/`)".to_string());
     }
     let shown = escape(component);
-    // The worst problem first: a newline is not "uppercase letters" (issue 32).
+    // The worst problem first: a newline is not "uppercase letters".
     if let Some(c) = component
         .chars()
         .find(|&c| crate::printable::is_unsafe(c) || c.is_whitespace())

@@ -8,7 +8,7 @@
 //! a snapshot-archive URL for when the mirror has moved on).
 //!
 //! At build time, [`trust`] checks every locked .deb against the archive's signed index
-//! (issue 32: a lock from a pull request cannot name bytes the archive did not sign), and
+//! (a lock from a pull request cannot name bytes the archive did not sign), and
 //! [`repo`] turns the .debs, fetched by hash, into a local repository that mmdebstrap
 //! installs from: the index is read to check the lock, never to choose a package.
 

@@ -180,7 +180,7 @@ impl Resolution {
 
     /// Which of `wanted` (name, architecture, version) the signed index lists, as
     /// (name, version, sha256, size): one entry per stanza, so a version listed by two
-    /// suites with other bytes is both (issue 32: a build checks the lock against these).
+    /// suites with other bytes is both (a build checks the lock against these).
     pub fn listed(
         &self,
         wanted: &[(String, String, String)],
@@ -422,7 +422,7 @@ fn settings(root: &Path, sources: &AptSources) -> Vec<(&'static str, String)> {
         ("Debug::NoLocking", "1".to_string()),
         ("APT::Sandbox::User", current_user_name()),
     ];
-    // A past state's InRelease is past its Valid-Until by design (`--as-of`, issue 40);
+    // A past state's InRelease is past its Valid-Until by design (`--as-of`);
     // its signature and every hash are still checked.
     if sources.as_of.is_some() {
         settings.push(("Acquire::Check-Valid-Until", "false".to_string()));

@@ -18,7 +18,7 @@ pub struct ArchiveSuite {
     /// know.
     pub snapshot: Option<String>,
     /// Where apt reads this suite when it is not `root`: the snapshot archive's state at
-    /// a moment (`lock --as-of`, issue 40). The lock still records `root` URLs: the pool
+    /// a moment (`lock --as-of`). The lock still records `root` URLs: the pool
     /// paths are the same, and a lock made as of a moment equals one made then.
     pub read_from: Option<String>,
 }
@@ -137,7 +137,7 @@ impl AptSources {
         }
     }
 
-    /// The same suites as they were at `at`, read from the snapshot archive (issue 40):
+    /// The same suites as they were at `at`, read from the snapshot archive:
     /// snapshot.debian.org and snapshot.ubuntu.com keep every state the archives served,
     /// under `SERVICE/<archive>/YYYYMMDDTHHMMSSZ/`. `service` replaces the public
     /// services' origin (a fixture, or a site's copy of them), and is the snapshot root

@@ -1,4 +1,4 @@
-//! A lock's .debs are what the archive signed, checked at build time (issue 32).
+//! A lock's .debs are what the archive signed, checked at build time.
 //!
 //! A lock arrives in pull requests. Its sha256 fixes the bytes, but only the archive's
 //! signature says they are Debian's (or Ubuntu's, or the site mirror's): a lock whose .deb

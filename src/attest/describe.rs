@@ -65,7 +65,7 @@ pub fn describe(
 }
 
 /// `text` with control characters (newlines, escapes) and bidi controls written as Rust
-/// escapes: the one escaping of the crate (issue 32).
+/// escapes: the one escaping of the crate.
 fn printable(text: &str) -> String {
     crate::printable::escape(text).into_owned()
 }

@@ -373,7 +373,7 @@ pub fn store_fetched(
             BlobContent::Bytes(bytes) => {
                 writer.put_bytes(bytes)?;
             }
-            // Streamed into the blob store, digest-checked there (issue 32): linked or
+            // Streamed into the blob store, digest-checked there: linked or
             // copied, never read into memory.
             BlobContent::File(path) => writer.put_file(path, &blob.digest)?,
         }

@@ -99,7 +99,7 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
     if let Some(path) = &args.require_signed_by {
         let key =
             cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(path))?;
-        // Only bundles are fetched: an SBOM never counts here (issue 32).
+        // Only bundles are fetched: an SBOM never counts here.
         let read = super::image_source::read_referrers(
             &location,
             &args.registry,
@@ -131,7 +131,7 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
         });
     } else {
         // A finding quotes the image's labels (the verified GPUs, the kernel table): each
-        // part stays on its line, so a label cannot print a fake `ok` or `yes` (issue 32).
+        // part stays on its line, so a label cannot print a fake `ok` or `yes`.
         for finding in &answer.findings {
             printer.line(format_args!(
                 "{} {} {}",
@@ -166,7 +166,7 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
 
 /// A signature requirement that failed while bundles went unread (over the budget, or
 /// unreadable) is unknown, not no: the unread ones may hold the signature. Never yes: a
-/// skipped bundle can only remove evidence, so `check` fails closed (issue 32). A no that
+/// skipped bundle can only remove evidence, so `check` fails closed. A no that
 /// the labels already gave stays no.
 fn unread_is_unknown(
     mut answer: cudastack::verify::check::Answer,

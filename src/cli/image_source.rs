@@ -28,7 +28,7 @@ pub fn read_documents(
 
 /// The referrers of `types` (SBOM, provenance, statements, reports) of the manifest
 /// `subject` at `location`, within the per-image budget; when the budget ran out, the line
-/// saying so (registry, image, limit) goes to stderr (issue 32).
+/// saying so (registry, image, limit) goes to stderr.
 pub fn read_referrers(
     location: &ImageLocation,
     registry: &RegistryArgs,

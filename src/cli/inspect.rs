@@ -55,7 +55,7 @@ struct Inspection<'a> {
     /// The SBOM, provenance and statements stored as referrers of the image.
     referrers: Vec<ReferrerSummary>,
     /// Referrers of the types read that were not read: over the per-image budget, or
-    /// unreadable (issue 32).
+    /// unreadable.
     referrers_skipped: Vec<cudastack::registry::referrers::SkippedReferrer>,
     /// Referrers of types cudastack does not read: listed, never fetched.
     referrers_of_other_types: usize,
@@ -83,7 +83,7 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
             cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(key))
         })
         .transpose()?;
-    // Every type cudastack reads, within the per-image budget (issue 32).
+    // Every type cudastack reads, within the per-image budget.
     let read = super::image_source::read_referrers(
         &location,
         &args.registry,
@@ -132,7 +132,7 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
 fn print_human(inspection: &Inspection, printer: &Printer) {
     let documents = inspection.documents;
     let claims = inspection.declared;
-    // Label values are the image author's text: each stays on its line (issue 32).
+    // Label values are the image author's text: each stays on its line.
     let or_none = |v: &Option<String>| v.as_deref().map_or("-".into(), |v| escape(v).into_owned());
     printer.line(escape(&documents.location));
     printer.line(format_args!(
@@ -201,7 +201,7 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
     print_unread(inspection, printer);
 }
 
-/// How many referrers were not read, and why the first was not (issue 32): what `inspect`
+/// How many referrers were not read, and why the first was not: what `inspect`
 /// lists is what it read, and it says what it left.
 fn print_unread(inspection: &Inspection, printer: &Printer) {
     if let Some(first) = inspection.referrers_skipped.first() {

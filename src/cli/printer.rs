@@ -6,7 +6,7 @@
 //! `cudastack solve ... | head`); `clippy::print_stdout` and `clippy::print_stderr` are
 //! denied in `cli` to keep it so.
 //!
-//! Human output is made terminal-safe here, at the one boundary (issue 32): an image's
+//! Human output is made terminal-safe here, at the one boundary: an image's
 //! labels, a registry's error body or a file name may hold escape sequences, carriage
 //! returns or bidi controls, and none of them reaches the terminal as it is
 //! ([`cudastack::printable::escape_keeping_lines`]). A field that must stay on its line
@@ -122,7 +122,7 @@ pub fn report_error(error: &(dyn std::error::Error + 'static)) {
 }
 
 /// `text` with every control character but newline and tab, and every bidi control,
-/// written as an escape (issue 32).
+/// written as an escape.
 fn terminal_safe(text: impl Display) -> String {
     let text = text.to_string();
     match cudastack::printable::escape_keeping_lines(&text) {

@@ -60,7 +60,7 @@ pub fn run(args: PullArgs, printer: &Printer) -> CommandResult {
         &ref_name,
     ))?;
     // What was said about the image comes with it: SBOM, provenance, signed statements.
-    // Within the per-image budget, each blob streamed into the layout (issue 32).
+    // Within the per-image budget, each blob streamed into the layout.
     let referrers = runtime.block_on(cudastack::pipeline::attest::pull_referrers(
         &client,
         &reference,

@@ -387,7 +387,7 @@ fn signed_for_job(
             if read.skipped.is_empty() {
                 String::new()
             } else {
-                // Fails closed: an unread bundle is not a signature (issue 32).
+                // Fails closed: an unread bundle is not a signature.
                 format!(
                     " among the bundles read; {} referrer(s) were not read",
                     read.skipped.len()

@@ -35,7 +35,7 @@ pub const REPORT_PREFIX: &str = "cudastack-report-v1 ";
 
 /// The probe command every cudastack image can run: all levels, report on stdout.
 pub fn probe_command() -> Vec<String> {
-    // `-I -S` (issue 32): no `.pth` file or sitecustomize of the image runs before the probe.
+    // `-I -S`: no `.pth` file or sitecustomize of the image runs before the probe.
     ["python3", "-I", "-S", PROBE_PATH, "--level", "all"]
         .map(String::from)
         .to_vec()

@@ -5,7 +5,7 @@
 //! and pip do).
 //!
 //! Each credential is bound to where the user meant it to go, never to what the recipe
-//! says (issue 32: a pull request can change a recipe's `url:` and keep its index name):
+//! says (a pull request can change a recipe's `url:` and keep its index name):
 //! the environment's and the keyring's to the URL of `CUDASTACK_INDEX_<NAME>_URL` (as
 //! Poetry's `POETRY_REPOSITORIES_<NAME>_URL`), a netrc `machine` entry to its host, and a
 //! netrc `default` entry only to an index bound by `CUDASTACK_INDEX_<NAME>_URL`. None is
@@ -193,7 +193,7 @@ impl Lookup {
         (self.env)(name).filter(|value| !value.is_empty())
     }
 
-    /// Whether the user bound `spec`'s name to its URL with `<prefix>_URL` (issue 32). A
+    /// Whether the user bound `spec`'s name to its URL with `<prefix>_URL`. A
     /// binding to another URL is an error: the recipe's index is not the user's.
     fn bound(&self, spec: &IndexSpec, prefix: &str) -> Result<bool, CredentialError> {
         let Some(value) = self.var(&format!("{prefix}_URL")) else {
@@ -224,7 +224,7 @@ impl Lookup {
     }
 
     /// The first of environment, netrc and keyring that has credentials for `spec`, each
-    /// taken only where it is bound to the index (module docs; issue 32).
+    /// taken only where it is bound to the index (module docs;).
     fn find(
         &self,
         spec: &IndexSpec,
@@ -298,7 +298,7 @@ impl Lookup {
 /// The netrc entry for `spec`: the `machine` of its host (the user named that host), else,
 /// only for an index the user `bound` by URL, the `default` entry. curl and pip send a
 /// `default` entry to every host; sent to whatever host a recipe names, it would go to a
-/// pull request's server (issue 32).
+/// pull request's server.
 fn netrc_entry<'n>(
     netrc: &'n netrc::Netrc,
     spec: &IndexSpec,

@@ -411,7 +411,7 @@ pub fn parse_html(page: &Url, body: &str) -> Result<Vec<DistFile>, IndexError> {
             yanked_reason: yanked_attribute
                 .filter(|reason| !reason.is_empty())
                 .map(str::to_string),
-            // Not in PEP 503: PyTorch's index and uv's mirrors publish it (issue 40).
+            // Not in PEP 503: PyTorch's index and uv's mirrors publish it.
             upload_time: anchor.attribute("data-upload-time").map(str::to_string),
             core_metadata,
             filename,

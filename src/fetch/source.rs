@@ -48,7 +48,7 @@ pub enum PackageSource {
         source: Box<PackageSource>,
         excluded: Arc<BTreeSet<PackageName>>,
     },
-    /// `source` as it was at `cutoff` (issue 40, uv's `--exclude-newer`): files uploaded
+    /// `source` as it was at `cutoff`: files uploaded
     /// later are not offered, nor files whose upload time the index does not give (they
     /// cannot be shown to be older). A `--mirror` directory is the site's own fixed set
     /// and is offered whole.

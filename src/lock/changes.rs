@@ -1,6 +1,6 @@
 //! What moved between two locks, package by package: what `lock` prints after a relock,
 //! what `lock --json` reports (`deb_changes`, `wheel_changes`), and what the relock
-//! workflow puts in its pull request and `lock --check` fails on (issue 40).
+//! workflow puts in its pull request and `lock --check` fails on.
 
 use std::collections::BTreeMap;
 

@@ -417,7 +417,7 @@ pub struct Lockfile {
     pub lock_format: u32,
     /// Digest of the recipe the lock was made from; see [`Lockfile::is_stale`].
     pub recipe_digest: Digest,
-    /// The moment the lock's resolution stands for (issue 40): index files uploaded after
+    /// The moment the lock's resolution stands for: index files uploaded after
     /// it were not candidates, and `lock --as-of` with it reads the indexes and the
     /// archive's snapshot as they were then, so the same resolution can be reproduced
     /// after upstream published more. None in locks made before it was recorded.

@@ -177,12 +177,12 @@ pub struct LockRequest {
     /// The recipe's digest, recorded so a changed recipe makes the lock stale.
     pub recipe_digest: Digest,
     /// The moment the resolution stands for, recorded in the lock; set by
-    /// [`LockRequest::as_of`] to read the sources as they were then (issue 40).
+    /// [`LockRequest::as_of`] to read the sources as they were then.
     pub as_of: Option<jiff::Timestamp>,
 }
 
 impl LockRequest {
-    /// Resolve as the sources were at `at` (issue 40): index files uploaded later are
+    /// Resolve as the sources were at `at`: index files uploaded later are
     /// not candidates (uv's `--exclude-newer`), and the Debian/Ubuntu archive is read from
     /// its snapshot at `at` (`snapshot_service` stands in for the public snapshot
     /// services, or gives a mirror's). The lock records `at`.

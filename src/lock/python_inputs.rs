@@ -31,11 +31,11 @@ use crate::recipe::Recipe;
 pub const MAX_INPUT_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The most requirements, constraints and locked packages all inputs of a recipe may hold
-/// (issue 32: each costs requests to the indexes; a 200,000-line file fits in
+/// (each costs requests to the indexes; a 200,000-line file fits in
 /// [`MAX_INPUT_BYTES`]). A large monorepo's uv.lock holds about a thousand.
 pub const MAX_REQUIREMENTS: usize = 10_000;
 
-/// The most files (inputs and their `-r`/`-c` includes) one recipe may read (issue 32).
+/// The most files (inputs and their `-r`/`-c` includes) one recipe may read.
 pub const MAX_INPUT_FILES: usize = 256;
 
 #[derive(Debug, thiserror::Error)]

@@ -133,13 +133,13 @@ pub fn host_architecture() -> oci_spec::image::Arch {
     crate::platform::Platform::host_or_amd64().to_oci_arch()
 }
 
-/// The largest JSON document of a layout read (issue 32): `index.json`, a manifest, a
+/// The largest JSON document of a layout read: `index.json`, a manifest, a
 /// config, a referrer's blob. They are read whole, and a layout may come from a pull
 /// request; a registry's config limit (src/registry/pull.rs) is the same.
 pub const MAX_DOCUMENT_BYTES: u64 = 16 << 20;
 
 /// Read a layout's JSON document at `path` whole: a regular file of at most
-/// [`MAX_DOCUMENT_BYTES`], refused before more is read (issue 32).
+/// [`MAX_DOCUMENT_BYTES`], refused before more is read.
 pub(crate) fn read_document_file(path: &Path) -> Result<Vec<u8>, OciError> {
     use std::io::Read;
     let io = |source| OciError::Io {

@@ -213,7 +213,7 @@ fn digest_of(descriptor: &Descriptor) -> Result<Digest, PipelineError> {
 
 /// The artifact types cudastack reads and keeps as referrers: signed bundles, unsigned
 /// statements (provenance, verification), SBOMs and verification reports. `inspect` reads
-/// these and `pull` copies these; others are counted, never fetched (issue 32).
+/// these and `pull` copies these; others are counted, never fetched.
 pub const KNOWN_REFERRER_TYPES: &[&str] = &[
     crate::sign::bundle::MEDIA_TYPE,
     crate::attest::STATEMENT_ARTIFACT_TYPE,
@@ -238,7 +238,7 @@ pub struct PulledReferrers {
 /// After a pull: the referrers of the pulled image of the types cudastack reads (SBOM,
 /// provenance, signed statements, verification reports) into the layout beside it, as the
 /// registry serves them, within the per-image budget; their blobs are streamed through
-/// `store` into the layout, digest-checked, never held in memory (issue 32).
+/// `store` into the layout, digest-checked, never held in memory.
 pub async fn pull_referrers(
     client: &crate::registry::RegistryClient,
     reference: &crate::registry::Reference,

@@ -98,7 +98,7 @@ pub struct ReadReferrers {
 /// The referrers of `types` of the manifest `subject` at `source` (a layout's index, or
 /// the registry's referrers API or its fallback tag). From a registry, within the
 /// per-image budget, and only the types asked for are fetched (`check` reads bundles,
-/// never an SBOM): issue 32.
+/// never an SBOM):.
 pub async fn read_referrers(
     source: ImageSource,
     subject: &Digest,
@@ -137,7 +137,7 @@ pub async fn read_referrers(
                 BlobSink::Memory,
             )
             .await?;
-            // Each blob moved, not copied: the budget is what is held (issue 32).
+            // Each blob moved, not copied: the budget is what is held.
             let referrers = fetched
                 .referrers
                 .into_iter()

@@ -395,7 +395,7 @@ async fn evidence(
 
 /// The report artifacts of `subject` (their digest and report bytes), within the
 /// per-image referrer budget. A report left unread refuses the promotion: it may be the
-/// failed run that outweighs a pass (fail closed, issue 32).
+/// failed run that outweighs a pass (fail closed).
 async fn report_blobs(
     client: &RegistryClient,
     repository: &Reference,

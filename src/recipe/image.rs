@@ -218,7 +218,7 @@ pub struct UserSpec {
 #[serde(deny_unknown_fields)]
 struct RawUser {
     name: String,
-    // Signed, so a negative id is said as one (issue 32), not as serde's "invalid u32".
+    // Signed, so a negative id is said as one, not as serde's "invalid u32".
     uid: i64,
     #[serde(default)]
     gid: Option<i64>,
@@ -809,7 +809,7 @@ mod tests {
 
     #[test]
     fn a_negative_uid_is_said_as_negative() {
-        // issue 32: serde's "invalid value: integer `-1`, expected u32" before.
+        // Serde's "invalid value: integer `-1`, expected u32" before.
         for user in [
             "user: { name: trainer, uid: -1 }\n",
             "user: { name: trainer, uid: 1000, gid: -5 }\n",

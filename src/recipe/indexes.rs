@@ -131,7 +131,7 @@ pub(super) fn masked(text: &str) -> String {
 
 /// `text` (a requirement, or a message that quotes one) with every word that holds a URL
 /// or a user name (`://` or `@`) shown through [`masked`]: `acme @
-/// https://bob:token@host/acme.whl` must not put the token into an error (issue 32).
+/// https://bob:token@host/acme.whl` must not put the token into an error.
 pub(crate) fn masked_urls(text: &str) -> String {
     text.split_inclusive(char::is_whitespace)
         .map(|piece| {

@@ -39,7 +39,7 @@ pub use tag::{check_template, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS}
 /// The platforms of `platforms:`; defined in [`crate::platform`], the one platform type.
 pub use crate::platform::Platform;
 
-/// The largest recipe read (issue 32): a recipe is a page of YAML; a pull request's
+/// The largest recipe read: a recipe is a page of YAML; a pull request's
 /// recipe may be a link to `/dev/zero` or a file of gigabytes.
 pub const MAX_RECIPE_BYTES: u64 = 1 << 20;
 
@@ -455,7 +455,7 @@ impl PackageRequirement {
 impl FromStr for PackageRequirement {
     type Err = String;
     /// A requirement on a package of an index. Its text is shown with any URL in it
-    /// masked (issue 32: `acme @ https://user:token@host/...` would print the token).
+    /// masked (`acme @ https://user:token@host/...` would print the token).
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let requirement = crate::names::parse_requirement(text).map_err(|e| {
             indexes::masked_urls(&format!("`{text}` is not a valid PEP 508 requirement: {e}"))
@@ -597,7 +597,7 @@ fn not_text(path: &Path, bytes: &[u8], source: std::str::Utf8Error) -> RecipeErr
 }
 
 /// The bytes of the recipe at `path`, refusing a FIFO or device and reading at most
-/// [`MAX_RECIPE_BYTES`] (issue 32: a pull request's recipe may be a link to `/dev/zero`,
+/// [`MAX_RECIPE_BYTES`] (a pull request's recipe may be a link to `/dev/zero`,
 /// which `std::fs::read` would read until memory ran out). std::fs, not fs_err: the error
 /// names the path already, and the OS's reason ("Permission denied", "Is a directory") is
 /// the cause shown under it.

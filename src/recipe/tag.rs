@@ -203,7 +203,7 @@ mod tests {
 
     #[test]
     fn a_newline_in_a_name_is_said_as_one() {
-        // issue 32: "has uppercase letters" was the answer to `torch\nX`.
+        // "has uppercase letters" was the answer to `torch\nX`.
         let error = render("{registry}/torch\nX:1", &values()).unwrap_err();
         let message = error.to_string();
         assert!(

@@ -797,7 +797,7 @@ impl RegistryClient {
     }
 
     /// [`Self::get_manifest`], reading at most `max` bytes (at most [`MAX_MANIFEST`]): a
-    /// referrer's manifest is read up to the size its index entry gives (issue 32).
+    /// referrer's manifest is read up to the size its index entry gives.
     pub async fn get_manifest_limited(
         &self,
         reference: &Reference,
@@ -965,7 +965,7 @@ impl RegistryClient {
 
     /// [`Self::download_blob`], refusing a body of more than `max` bytes before writing
     /// past it ([`RegistryError::TooLarge`]): a referrer's blob is streamed to disk and
-    /// never read beyond the size its manifest gives (issue 32).
+    /// never read beyond the size its manifest gives.
     pub(crate) async fn download_blob_limited<W: std::io::Write>(
         &self,
         repository: &str,
@@ -1086,7 +1086,7 @@ async fn registry_detail(response: Response) -> String {
             .errors
             .first()
             .map(|e| {
-                // The registry's words: one line, escaped, cut (issue 32).
+                // The registry's words: one line, escaped, cut.
                 let said = format!(
                     "{} {}",
                     e.code.as_deref().unwrap_or_default(),

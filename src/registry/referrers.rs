@@ -259,7 +259,7 @@ async fn list_entries(
 /// The referrers index is read up to this size (a manifest's limit).
 const MAX_REFERRERS_INDEX: u64 = super::client::MAX_MANIFEST;
 
-/// How much of one image's referrers one operation reads (issue 32): at most `max_count`
+/// How much of one image's referrers one operation reads: at most `max_count`
 /// referrer manifests fetched, and at most `max_bytes` in all of what is read for them
 /// (the listing, every manifest and every blob). A registry listing 256 referrers of
 /// 4 MiB took `inspect`, `check` and `pull` to 2.1 GB of memory: an image's attestations
@@ -294,7 +294,7 @@ impl std::fmt::Display for ReferrerBudget {
     }
 }
 
-/// The artifact types an operation reads; the others are never fetched (issue 32).
+/// The artifact types an operation reads; the others are never fetched.
 #[derive(Debug, Clone, Copy)]
 pub enum ArtifactTypes<'a> {
     All,
@@ -454,7 +454,7 @@ impl From<RegistryError> for NotRead {
 }
 
 /// The referrers of `subject` in the repository of `repository` of the `types` wanted,
-/// within `budget` (issue 32): entries the listing gives another type are never fetched;
+/// within `budget`: entries the listing gives another type are never fetched;
 /// each manifest is read up to the size its entry declares and each blob up to the size
 /// its manifest declares, both counted before they are read, and blobs go to `sink`
 /// (digest-checked). Errors are the registry's answer to the listing itself.

@@ -397,7 +397,7 @@ fn read_key_file(path: &Path) -> Result<String, SignError> {
 }
 
 /// A device (`/dev/zero`) or a socket is no key: say so rather than "0 bytes, more than
-/// the limit" (issue 32). A pipe stays allowed (`--key <(vault read ...)`); the read is
+/// the limit". A pipe stays allowed (`--key <(vault read ...)`); the read is
 /// bounded all the same.
 fn refuse_devices(file: &std::fs::File, path: &Path) -> Result<(), SignError> {
     use std::os::unix::fs::FileTypeExt;
@@ -699,7 +699,7 @@ x5z6acxoPDxmWOcHkiG8pBCdC+Qm6CVYL6gl7I7Y2donsC7lmXDCtS8=
 
     #[test]
     fn a_key_from_a_device_is_said_to_be_no_file() {
-        // issue 32: "/dev/zero is 0 bytes, more than the 65536 bytes" before.
+        // "/dev/zero is 0 bytes, more than the 65536 bytes" before.
         let error = SigningKey::read(Path::new("/dev/zero"), b"").unwrap_err();
         assert!(
             error

@@ -9,7 +9,7 @@
 //! The file is the pull request's: it is read through [`ContainedFile`] (no link followed,
 //! no FIFO or device, at most [`MAX_BYTES`]), so a link to a host file cannot show its
 //! first line in a pattern error, nor a link to `/dev/zero` read until memory runs out
-//! (issue 32).
+//! .
 
 use std::path::Path;
 
@@ -17,7 +17,7 @@ use globset::{GlobBuilder, GlobMatcher};
 
 use crate::contained_file::{ContainedError, ContainedFile};
 
-/// The largest `.dockerignore` read (issue 32): Docker's own files are a few hundred bytes.
+/// The largest `.dockerignore` read: Docker's own files are a few hundred bytes.
 const MAX_BYTES: u64 = 1 << 20;
 
 /// An ordered list of exclude and `!` re-include patterns.
@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn a_dockerignore_link_to_a_host_file_is_not_read() {
-        // issue 32: the first line of the host file came back in the pattern error.
+        // The first line of the host file came back in the pattern error.
         let context = tempfile::tempdir().unwrap();
         let host = tempfile::tempdir().unwrap();
         fs_err::write(host.path().join("shadow"), "[root-secret-z-a\n").unwrap();
@@ -207,7 +207,7 @@ mod tests {
 
     #[test]
     fn a_dockerignore_link_to_dev_zero_is_not_read() {
-        // issue 32: it was read until memory ran out.
+        // It was read until memory ran out.
         let context = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink("/dev/zero", context.path().join(".dockerignore")).unwrap();
         let error = load_within(context.path(), 10).unwrap_err();

@@ -314,7 +314,7 @@ async fn fetch_wheels(
 }
 
 /// Check every .deb of `lock` (the image's and the builder's) against the base's archive
-/// before any is fetched (issue 32): URLs under the archive, its snapshot or the build's
+/// before any is fetched: URLs under the archive, its snapshot or the build's
 /// `--apt-mirror`, and each listed in the archive's signed index. Remembered per cache.
 async fn verify_debs(
     settings: &BuildSettings,

@@ -39,12 +39,12 @@ pub struct BuildSettings {
     pub apt_snapshot: Option<reqwest::Url>,
     /// How long one source build may run before it is killed (`--source-build-timeout`);
     /// [`DEFAULT_SOURCE_BUILD_TIMEOUT`] when None. A setting of whoever runs the build, not
-    /// of the recipe, which a pull request can change (issue 32).
+    /// of the recipe, which a pull request can change.
     pub source_build_timeout: Option<Duration>,
 }
 
 /// The default of [`BuildSettings::source_build_timeout`]: 4 hours. flash-attn 2.6 takes
-/// over an hour on 16 cores; a build that hangs must still end a CI job (issue 32).
+/// over an hour on 16 cores; a build that hangs must still end a CI job.
 pub const DEFAULT_SOURCE_BUILD_TIMEOUT: Duration = Duration::from_secs(4 * 60 * 60);
 
 /// Progress lines, one per stage; downloads get their own reporter (bars). Called from

@@ -10,7 +10,7 @@
 //! nothing copied), and `pip wheel --no-deps --no-build-isolation --no-index` runs there in
 //! a chroot, in a sandbox of its own (`Sandbox`: no network, a private /dev, /dev/shm,
 //! IPC and PID namespace, a time limit, killed whole on a stop signal or with cudastack:
-//! issue 32), from `/build/<name>-<version>`, with
+//! from `/build/<name>-<version>`, with
 //! TORCH_CUDA_ARCH_LIST from `gpus:` (SASS for each, `+PTX` on the newest), MAX_JOBS from
 //! the cores, SOURCE_DATE_EPOCH and a fixed HOME, TMPDIR and PYTHONHASHSEED: as
 //! reproducible as the compiler allows. Building needs root (chroot), as the root build
@@ -521,9 +521,9 @@ fn build_missing(
     Ok(built)
 }
 
-/// A builder root, `<cache>/source-builds/builder-XXXXXX/`, removed when dropped (on
-/// every return, error or stop signal: issue 32), and held by the lock of
-/// `builder-XXXXXX.lock` while it lives: a root whose lock nobody holds was left by a
+/// A builder root, `<cache>/source-builds/builder-<random>/`, removed when dropped (on
+/// every return, error or stop signal:), and held by the lock of
+/// `builder-<random>.lock` while it lives: a root whose lock nobody holds was left by a
 /// cudastack killed outright, and the next build removes it ([`remove_stale_builders`]).
 struct BuilderRoot {
     dir: PathBuf,
@@ -996,7 +996,7 @@ extern "C" fn note_stop_signal(signal: libc::c_int) {
 }
 
 /// While alive, SIGINT, SIGTERM and SIGHUP stop the source builds instead of ending
-/// cudastack where it stands (issue 32): the sandbox is killed with everything in it and
+/// cudastack where it stands: the sandbox is killed with everything in it and
 /// the builder root removed, then the build fails with [`SourceBuildError::Stopped`]. The
 /// actions it replaced (the default, or tokio's handler when a verify ran before) come
 /// back when the last one is dropped; a signal the process ignores stays ignored.
@@ -1063,7 +1063,7 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// What the sandbox does as root before it enters the chroot (`$0` is the root, `$@` the
 /// command), in its own mount namespace: /proc of its own PID namespace; a /dev of its own
-/// (issue 32): a tmpfs with null, zero, random, urandom and tty bound from the host and
+/// : a tmpfs with null, zero, random, urandom and tty bound from the host and
 /// an empty tmpfs /dev/shm (Python's multiprocessing needs one), not the host's /dev with
 /// its disks and its /dev/shm shared with every other process. This shell stays the PID
 /// namespace's init (no `exec`): it keeps the parent-death signal `--kill-child` gave it,
@@ -1097,7 +1097,7 @@ impl Sandbox<'_> {
 
     /// `command` in a chroot of `root`, output to `log`, in namespaces of its own: mount
     /// (/proc and /dev, [`SANDBOX_SCRIPT`]), network (none), IPC (no System V or POSIX
-    /// shared memory with the host's processes: issue 32) and PID: nvcc names its
+    /// shared memory with the host's processes:) and PID: nvcc names its
     /// temporary files after its PID (`tmpxft_<pid>_...cudafe1.cpp`) and that name ends
     /// up in the extension's symbols, so the same build in a fresh namespace gets the same
     /// PIDs and the same bytes. unshare runs in a session of its own, with SIGKILL as its
@@ -1145,7 +1145,7 @@ impl Sandbox<'_> {
             std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
                 // A session (and process group) of its own: the terminal's Ctrl-C reaches
                 // cudastack alone, which stops the sandbox itself, and /dev/tty opens no
-                // terminal in the build (issue 32).
+                // terminal in the build.
                 if libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -1282,7 +1282,7 @@ fn describe(kind: std::fs::FileType) -> &'static str {
 /// The `.whl` files the build left in `/build/out`: their names and open files. `/build`
 /// and `/build/out` are the build's (nobody's): it may have replaced either, or a wheel,
 /// with a link to a host path, which cudastack (outside the chroot) would follow and cache
-/// as the built wheel (issue 32). So each is opened under `root` without following a link,
+/// as the built wheel. So each is opened under `root` without following a link,
 /// one component at a time, and must be a directory, or a regular file with one name.
 fn read_out(
     root: &Path,
@@ -1591,7 +1591,7 @@ mod tests {
     }
 }
 
-/// The sandbox (issue 32), run for real with a tiny builder root of the host's own tools
+/// The sandbox, run for real with a tiny builder root of the host's own tools
 /// and a shell script as the build. They need root and unshare(1) (as building does); on
 /// a machine without them they say so and pass. No GPU and no compiler is involved.
 #[cfg(test)]

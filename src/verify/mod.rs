@@ -6,7 +6,7 @@
 //!      │  a Kubernetes Job, or natively), prints `cudastack-report-v1 {json}` last
 //!      ▼                  (with the run's nonce when cudastack started it: witness)
 //! witness: exactly one report, from this run's probe; no GPU results without a GPU given;
-//!          the driver and GPUs it names are the host's (issue 32)
+//!          the driver and GPUs it names are the host's
 //!      ▼
 //! report::Report ──verdict──> Verified | StaticOnly | Failed
 //!      │
@@ -45,7 +45,7 @@ pub const IMAGE_PREFIX: &str = "cudastack-image-v1 ";
 pub const REPORT_ARTIFACT_TYPE: &str = "application/vnd.cudastack.verify.report.v1+json";
 
 /// The command that runs the probe in a container, up to `level`: `python3 -I -S`
-/// (issue 32) so nothing of the image runs before the probe: `-I` ignores PYTHON*
+///  so nothing of the image runs before the probe: `-I` ignores PYTHON*
 /// variables and the user's site, `-S` skips `site`, and with it every `.pth` file and
 /// `sitecustomize` a package could have installed. The probe adds the site directories
 /// to `sys.path` itself, without running their `.pth` files.

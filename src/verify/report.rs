@@ -156,7 +156,7 @@ pub struct RunnerFacts {
     pub engine: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
-    /// What the host vouches for (issue 32): the GPUs it gave the container and whether
+    /// What the host vouches for: the GPUs it gave the container and whether
     /// the report's driver and GPUs are the host's. Absent: not host-witnessed (a report
     /// recorded from a log made elsewhere).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -212,7 +212,7 @@ impl fmt::Display for Verdict {
 
 impl Report {
     /// The report in a probe's output or a pod log: its one line with the prefix. Two such
-    /// lines are refused (issue 32: the last one used to win, so an image could print its
+    /// lines are refused (the last one used to win, so an image could print its
     /// own after the probe's). A run cudastack starts itself checks its nonce instead
     /// ([`super::witness::accept`]).
     pub fn from_output(output: &str, what: &str) -> Result<Report, ReportError> {

@@ -8,7 +8,7 @@
 //! anything. A GPU asked for as required is a claim about what the probe saw: a report
 //! naming no GPU fails it, whichever runner produced it ([`require_gpu_seen`]).
 //!
-//! A container run is the host's testimony (issue 32, [`super::witness`]): the probe gets a
+//! A container run is the host's testimony: the probe gets a
 //! fresh nonce and exactly one report carrying it is accepted; a container given no GPU
 //! (which then also gets `NVIDIA_VISIBLE_DEVICES=void`, so a daemon whose default runtime
 //! is `nvidia` cannot hand it one behind the request's back) may claim no GPU result; and
@@ -179,7 +179,7 @@ pub async fn verify_layout(
     });
     if let Some(mut report) = cache.as_ref().and_then(|(cache, key)| cache.get(key)) {
         // The same image may live in another layout now: the report names this one. The
-        // testimony is taken again: the cache is a shortcut, never a witness (issue 32).
+        // testimony is taken again: the cache is a shortcut, never a witness.
         report.image = Some(image_facts);
         let witness = testify(&report, &gpus, &info, &location)?;
         if let Some(runner) = report.runner.as_mut() {

@@ -1,4 +1,4 @@
-//! The host's testimony (issue 32): a verification is what the host saw, not what the image
+//! The host's testimony: a verification is what the host saw, not what the image
 //! says about itself.
 //!
 //! The probe runs inside the image, and the image is built from inputs a pull request can
@@ -123,7 +123,7 @@ pub fn accept(output: &str, nonce: &Nonce, what: &str) -> Result<Report, Witness
 }
 
 /// The one report of a log made elsewhere (`verify --from-log`, a test's own run): no nonce
-/// to check, so a log with two report lines is refused (issue 32: "the last line wins"
+/// to check, so a log with two report lines is refused ("the last line wins"
 /// let an image's line replace the probe's). A nonce on the line, if any, is dropped.
 pub fn single_report(output: &str, what: &str) -> Result<Report, ReportError> {
     let lines: Vec<&str> = output

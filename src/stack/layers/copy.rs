@@ -8,7 +8,7 @@
 //! symlinks are kept as links (never followed: a link cannot pull a host file in).
 //! Every source file is read through [`ContainedFile`]: no link is followed on the way, a
 //! FIFO or device swapped in is refused without blocking, staging opens the same inode of
-//! the same size planning read and copies exactly that many bytes (issue 32).
+//! the same size planning read and copies exactly that many bytes.
 //! A directory above a destination that the `user` layer gives the user (home, workdir)
 //! keeps that owner: a layer's directory entry replaces the lower one's, and a checkpoint
 //! written next to the code must stay writable.
@@ -481,7 +481,7 @@ impl SourceWalk<'_> {
             .into());
         }
         // Opened again without following links: the file may have been swapped for a
-        // link, a FIFO or a device since the lstat above (issue 32).
+        // link, a FIFO or a device since the lstat above.
         let file = ContainedFile::open(self.context, Path::new(context_rel)).map_err(|error| {
             CopyError::Source {
                 entry: self.entry.to_string(),
@@ -904,7 +904,7 @@ mod tests {
 
     /// Plan `train` into `/w`, swap `train/train.py` for what `swap` makes, and stage on
     /// another thread: a stage that blocks or never ends fails after `seconds` instead of
-    /// hanging the suite (issue 32).
+    /// hanging the suite.
     fn stage_after_swap(swap: impl FnOnce(&Path), seconds: u64) -> Result<(), String> {
         let dir = context();
         let (staging_dir, staging) = staging();
@@ -928,7 +928,7 @@ mod tests {
 
     #[test]
     fn a_source_swapped_for_a_link_to_a_host_file_is_not_read() {
-        // issue 32: root read the host file and printed its sha256 in the error.
+        // Root read the host file and printed its sha256 in the error.
         let host = tempfile::tempdir().unwrap();
         let secret = host.path().join("id_ed25519");
         fs_err::write(&secret, "PRIVATE KEY\n").unwrap();
@@ -978,7 +978,7 @@ mod tests {
 
     #[test]
     fn a_long_source_name_is_cut_in_the_message() {
-        // issue 32: a 100 KB name was echoed whole, twice.
+        // A 100 KB name was echoed whole, twice.
         let dir = context();
         let (_staging_dir, staging) = staging();
         let long = "n".repeat(100_000);
