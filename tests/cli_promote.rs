@@ -7,6 +7,7 @@
 use std::process::Output;
 
 use crate::cli_verify_registry::{cudastack, gpu_report, job_log, text, Fixture};
+use crate::registry_support::{Action, Proxy};
 
 /// Record a log of `gpu` (failing `fail`) on the fixture's image; its exit code.
 fn record(fixture: &Fixture, name: &str, gpu: &str, cc: &str, fail: Option<&str>) -> Option<i32> {
@@ -287,4 +288,108 @@ async fn promote_merges_the_verified_copies_each_gpu_job_pushed() {
     .unwrap();
     let gpus: Vec<&str> = rows.iter().map(|r| r["gpu"].as_str().unwrap()).collect();
     assert_eq!(gpus, ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"]);
+}
+
+/// A registry can list more reports of an image than the referrer budget reads (here 80
+/// passing copies ahead of the real ones), and so hide a failed run past the budget. Promote
+/// refuses while any report is unread, tags nothing, and says why; the same registry without
+/// the padding promotes, so the refusal is the budget's.
+#[tokio::test(flavor = "multi_thread")]
+async fn promote_refuses_while_a_report_is_past_the_referrer_budget() {
+    use cudastack::digest::Digest;
+    use cudastack::registry::referrers::list_referrers;
+    use cudastack::verify::REPORT_ARTIFACT_TYPE;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    let Some(fixture) = Fixture::start().await else {
+        return;
+    };
+    let client = fixture.client();
+    let plain = fixture.reference.clone();
+    assert_eq!(
+        record(&fixture, "h100.log", "NVIDIA H100 80GB HBM3", "9.0", None),
+        Some(0)
+    );
+    let verified = plain.with_tag("2.4.1-verified").unwrap();
+    let verified_digest = client.get_manifest(&verified).await.unwrap().digest;
+    let mut real = HashMap::new();
+    for subject in [fixture.digest, verified_digest] {
+        let entries = list_referrers(&client, &plain, &subject).await.unwrap();
+        real.insert(subject.to_string(), entries);
+    }
+
+    let repo = plain.repository().to_string();
+    let report = serde_json::to_vec(&gpu_report("NVIDIA H100 80GB HBM3", "9.0", None)).unwrap();
+    let report_digest = Digest::of_bytes(&report);
+    let mut bodies = HashMap::from([(format!("/v2/{repo}/blobs/{report_digest}"), report.clone())]);
+    let mut padding = Vec::new();
+    for i in 0..80 {
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": cudastack::registry::OCI_MANIFEST,
+            "artifactType": REPORT_ARTIFACT_TYPE,
+            "config": {"mediaType": "application/vnd.oci.empty.v1+json",
+                       "digest": Digest::of_bytes(b"{}").to_string(), "size": 2},
+            "layers": [{"mediaType": REPORT_ARTIFACT_TYPE,
+                        "digest": report_digest.to_string(), "size": report.len()}],
+            "annotations": {"copy": i.to_string()},
+        }))
+        .unwrap();
+        let digest = Digest::of_bytes(&manifest);
+        padding.push(serde_json::json!({
+            "mediaType": cudastack::registry::OCI_MANIFEST, "digest": digest.to_string(),
+            "size": manifest.len(), "artifactType": REPORT_ARTIFACT_TYPE,
+        }));
+        bodies.insert(format!("/v2/{repo}/manifests/{digest}"), manifest);
+    }
+    let hostile = Proxy::start(
+        fixture.registry.port,
+        Arc::new(move |head| {
+            let path = head.target.split('?').next().unwrap_or_default();
+            if head.method != "GET" {
+                return Action::Forward;
+            }
+            if let Some((_, subject)) = path.split_once("/referrers/") {
+                let mut manifests = padding.clone();
+                manifests.extend(real.get(subject).cloned().unwrap_or_default());
+                let index = serde_json::json!({"schemaVersion": 2,
+                    "mediaType": cudastack::registry::OCI_INDEX, "manifests": manifests});
+                return Action::Respond {
+                    status: 200,
+                    headers: vec![("Content-Type".into(), cudastack::registry::OCI_INDEX.into())],
+                    body: serde_json::to_vec(&index).unwrap(),
+                };
+            }
+            match bodies.get(path) {
+                Some(body) => Action::Respond {
+                    status: 200,
+                    headers: vec![(
+                        "Content-Type".into(),
+                        cudastack::registry::OCI_MANIFEST.into(),
+                    )],
+                    body: body.clone(),
+                },
+                None => Action::Forward,
+            }
+        }),
+    );
+
+    let through_hostile = format!("{}/{repo}:2.4.1-verified", hostile.host());
+    let output = promote(&[&through_hostile, "--require-gpu", "h100"]);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert!(
+        text(&output).contains("were not read")
+            && text(&output).contains("one of them may be a failed run"),
+        "{}",
+        text(&output)
+    );
+    assert_eq!(
+        client.get_manifest(&plain).await.unwrap().digest,
+        fixture.digest,
+        "nothing was tagged"
+    );
+
+    let output = promote(&[&verified.to_string(), "--require-gpu", "h100"]);
+    assert!(output.status.success(), "{}", text(&output));
 }
