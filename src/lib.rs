@@ -39,6 +39,7 @@ pub mod layer;
 pub mod probe;
 
 // Assembly and the image.
+pub mod base_root;
 pub mod oci;
 pub mod stack;
 

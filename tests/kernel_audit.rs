@@ -32,7 +32,7 @@ use cudastack::fetch::remote_zip::RemoteZip;
 use cudastack::matrix::Matrix;
 use cudastack::names::PackageName;
 use cudastack::oci::{self, Image};
-use cudastack::stack::config::StackConfig;
+use cudastack::stack::image_config::StackConfig;
 use cudastack::version::{ComputeCapability, GpuArch, PtxIsa};
 
 /// One file inside one wheel on PyPI (CPython 3.11, manylinux x86_64).

@@ -867,7 +867,8 @@ fn the_other_inputs_past_their_caps_are_refused_unread() {
     assert!(message.contains("larger than"), "{message}");
 
     sparse(&dir.path().join(".dockerignore"), (1 << 20) + 1);
-    let message = cudastack::stack::dockerignore::IgnorePatterns::load(dir.path()).unwrap_err();
+    let message =
+        cudastack::stack::layers::copy::dockerignore::IgnorePatterns::load(dir.path()).unwrap_err();
     assert!(message.contains("1048576"), "{message}");
 
     let requirements = dir.path().join("requirements.txt");

@@ -16,7 +16,7 @@ use cudastack::lock::lockfile::{Artifact, ArtifactKind, Lockfile};
 use cudastack::matrix::Matrix;
 use cudastack::recipe::Recipe;
 use cudastack::sbom::{self, BuiltWheel, SbomInput, Summary};
-use cudastack::stack::config::{stack_config, StackFacts};
+use cudastack::stack::image_config::{stack_config, StackFacts};
 use cudastack::verify::check::ImageClaims;
 use serde_json::Value;
 
@@ -78,7 +78,7 @@ fn kernel_groups(lock: &Lockfile) -> Vec<CoverageGroup> {
 }
 
 /// What the image config of `recipe` built from `lock` states: the labels the stack writes
-/// (src/stack/config.rs), with the kernel audit's.
+/// (src/stack/image_config.rs), with the kernel audit's.
 fn claims_of(recipe: &Recipe, lock: &Lockfile) -> ImageClaims {
     let version = |pick: &dyn Fn(&str) -> bool| {
         lock.artifacts

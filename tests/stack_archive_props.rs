@@ -16,8 +16,8 @@ use cudastack::layer::{
 };
 use cudastack::platform::Platform;
 use cudastack::recipe::Flavor;
-use cudastack::stack::config::ToolkitPaths;
-use cudastack::stack::toolkit::{stage, NvidiaWheel};
+use cudastack::stack::layers::toolkit::layout::ToolkitPaths;
+use cudastack::stack::layers::toolkit::layout::{stage, NvidiaWheel};
 use cudastack::version::CudaVersion;
 
 /// Everything under `dir`, as paths relative to it (symlinks not followed).

@@ -1,4 +1,4 @@
-//! cudastack's own loader cache (`stack::ldcache`, used for images the host's ldconfig
+//! cudastack's own loader cache (`base_root::ldcache`, used for images the host's ldconfig
 //! cannot read) says what glibc's `ldconfig` says: for an x86_64 root, where the host's
 //! ldconfig works, both caches hold the same entries in the same order. The root has
 //! gcc-built libraries in the multiarch directory and an ld.so.conf.d directory, SONAMEs
@@ -10,9 +10,9 @@ use crate::e2e_support;
 use std::path::Path;
 use std::process::Command;
 
+use cudastack::base_root::ldcache;
 use cudastack::elf::Machine;
 use cudastack::host::stack::parse_ld_so_cache;
-use cudastack::stack::ldcache;
 
 fn gcc_lib(path: &Path, soname: &str) {
     let source = path.with_extension("c");

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
+use cudastack::base_root::rootless::BuildMode;
 use cudastack::fetch::progress::{IndicatifReporter, NoReporter, Reporter};
 use cudastack::layer::{Compression, DEFAULT_GZIP_LEVEL};
 use cudastack::pipeline::{
@@ -14,7 +15,6 @@ use cudastack::pipeline::{
 };
 use cudastack::registry::Reference;
 use cudastack::stack::build::{human_bytes, BuildProgress, BuildSettings};
-use cudastack::stack::rootless::BuildMode;
 
 use super::{CommandResult, Printer};
 

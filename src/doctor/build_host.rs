@@ -13,8 +13,8 @@ use std::process::Command;
 use serde::Serialize;
 
 use super::{Finding, LayerStatus, Severity};
+use crate::base_root::rootless::{hint_for, which, BuildHost, BuildMode};
 use crate::host::HostRoot;
-use crate::stack::rootless::{hint_for, which, BuildHost, BuildMode};
 
 /// Versioned identifier of `doctor --build-host --json`.
 pub const BUILD_HOST_SCHEMA: &str = "cudastack.doctor.build-host/v1";
@@ -284,7 +284,7 @@ fn free_bytes(dir: &Path) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stack::rootless::IdRange;
+    use crate::base_root::rootless::IdRange;
 
     fn facts() -> BuildHostFacts {
         let range = Some(IdRange {

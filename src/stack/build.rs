@@ -10,14 +10,14 @@
 //! static audit can look at the whole filesystem without unpacking blobs again; when every
 //! layer and the audit verdict are cached, nothing is staged.
 
+use crate::base_root::RootfsFacts;
 use crate::cas::BlobStore;
 use crate::layer::{BuildOptions, Layer, LayerCache};
 use crate::matrix::validate::validate;
 use crate::matrix::Matrix;
 use crate::oci::{self, Image};
 use crate::recipe::{Platform, Recipe};
-use crate::stack::base::RootfsFacts;
-use crate::stack::config::{stack_config, StackConfig, StackFacts};
+use crate::stack::image_config::{stack_config, StackConfig, StackFacts};
 use crate::stack::layers::{BuildEnv, StackLayers};
 use crate::stack::output::{write_output, Assembled};
 use crate::stack::prepare::{prepare_platform, PlatformInputs};

@@ -38,9 +38,9 @@ pub enum BuildError {
     #[error(transparent)]
     Cas(#[from] crate::cas::CasError),
     #[error(transparent)]
-    Base(#[from] crate::stack::base::BaseError),
+    Base(#[from] crate::base_root::BaseError),
     #[error(transparent)]
-    Toolkit(#[from] crate::stack::toolkit::ToolkitError),
+    Toolkit(#[from] crate::stack::layers::toolkit::layout::ToolkitError),
     #[error(transparent)]
     Install(#[from] crate::install::InstallError),
     #[error(transparent)]

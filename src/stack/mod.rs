@@ -3,29 +3,25 @@
 //! wheels -> config.
 //!
 //! [`build`] is the stage's entry point and reads as its steps: [`prepare`] each platform's
-//! inputs (lock, wheels, arch list), plan the [`layers`] (one file per layer kind),
-//! [`produce`] them through the layer cache and the [`staging`] area, audit, and write the
-//! [`output`]. The mechanics the layer kinds use live beside them: [`base`] and
-//! [`foreign_base`] (mmdebstrap roots), [`toolkit`] (wheels -> NVIDIA's layout), [`config`]
-//! (environment and labels) and [`ldcache`] (the loader cache writer).
-pub mod base;
+//! inputs (lock, wheels, arch list), plan the [`layers`] (one module per layer kind, each
+//! holding its stager and its mechanics: `layers::toolkit::layout` lays wheels out as
+//! NVIDIA's installers do, `layers::copy::dockerignore` reads the build context's ignore
+//! file), [`produce`] them through the layer cache and the [`staging`] area, audit, and
+//! write the [`output`] with its [`image_config`] (environment, labels, command). The base
+//! root itself (mmdebstrap, foreign architectures, rootless builds, the loader cache writer)
+//! is `crate::base_root`'s job.
 pub mod build;
 pub mod cache_dir;
-pub mod config;
-pub mod dockerignore;
 mod error;
-pub mod foreign_base;
-mod layers;
-pub mod ldcache;
+pub mod image_config;
+pub mod layers;
 mod output;
 mod prepare;
 mod produce;
 mod report;
-pub mod rootless;
 mod settings;
 pub mod source_build;
 mod staging;
 
 pub(crate) use staging::hold_builds_lock;
-pub mod toolkit;
 mod tree_diff;

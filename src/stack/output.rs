@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use crate::oci::{self, Image};
 use crate::recipe::{Platform, Recipe};
-use crate::stack::config::StackFacts;
 use crate::stack::error::BuildError;
+use crate::stack::image_config::StackFacts;
 use crate::stack::prepare::host_platform;
 use crate::stack::report::{AuditSummary, BuildReport, LayerReport, PlatformReport};
 use crate::stack::settings::{BuildProgress, BuildSettings};

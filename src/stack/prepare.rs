@@ -19,8 +19,8 @@ use crate::lock::python_inputs::PythonInputs;
 use crate::matrix::validate::{gpu_errors, locked_torch_build, selected_torch_build};
 use crate::matrix::{Matrix, TorchBuild};
 use crate::recipe::{Platform, Recipe};
-use crate::stack::config::ToolkitPaths;
 use crate::stack::error::{io_error, BuildError};
+use crate::stack::layers::toolkit::layout::ToolkitPaths;
 use crate::stack::settings::{BuildProgress, BuildSettings};
 use crate::stack::staging::{write_record, Staging};
 

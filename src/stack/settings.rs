@@ -29,7 +29,7 @@ pub struct BuildSettings {
     pub platforms: Option<Vec<Platform>>,
     /// How mmdebstrap builds the base (docs/rootless.md); None: root as uid 0, else
     /// unshare when user namespaces work, else fakechroot.
-    pub build_mode: Option<crate::stack::rootless::BuildMode>,
+    pub build_mode: Option<crate::base_root::rootless::BuildMode>,
     /// A mirror of the base's archive tried before the lock's URLs (`--apt-mirror`).
     pub apt_mirror: Option<reqwest::Url>,
     /// The keyring that signs `apt_mirror` (`--apt-keyring`; default: the distribution's).

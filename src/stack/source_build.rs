@@ -485,7 +485,7 @@ fn build_missing(
     missing: &[(Artifact, SourceBuild, BuildKey)],
     sdist_blobs: &[PathBuf],
 ) -> Result<Vec<BuiltWheel>, BuildError> {
-    let uid = crate::stack::rootless::effective_uid();
+    let uid = crate::base_root::rootless::effective_uid();
     if uid != 0 {
         let (sdist, _, _) = &missing[0];
         return Err(SourceBuildError::NotRoot {
@@ -1604,7 +1604,7 @@ mod sandbox_tests {
     static SERIAL: Mutex<()> = Mutex::new(());
 
     fn available() -> bool {
-        if crate::stack::rootless::effective_uid() != 0 {
+        if crate::base_root::rootless::effective_uid() != 0 {
             eprintln!("skipped: the sandbox needs root (chroot, mounts), as building does");
             return false;
         }

@@ -21,7 +21,7 @@ pub const DIST: &str = "bookworm";
 const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
 /// What cudastack's base installs: mmdebstrap's minbase variant (Essential: yes, Priority:
-/// required, apt) plus python3 and ca-certificates (src/stack/base.rs).
+/// required, apt) plus python3 and ca-certificates (src/base_root/mod.rs).
 pub const MINBASE: &[&str] = &[
     "?essential",
     "?priority(required)",

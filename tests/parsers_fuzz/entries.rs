@@ -24,7 +24,7 @@ use cudastack::oci::layout::{self, Layout};
 use cudastack::recipe::{Platform, Recipe};
 use cudastack::sbom::summary::Summary;
 use cudastack::sign::{Bundle, Envelope, PublicKey};
-use cudastack::stack::dockerignore::IgnorePatterns;
+use cudastack::stack::layers::copy::dockerignore::IgnorePatterns;
 
 /// Inputs past this size are not run: the readers' own caps (which refuse far larger
 /// files before reading them) are tested on their own; a fuzzer learns nothing from

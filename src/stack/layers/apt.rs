@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 
 use super::base::BaseLayer;
 use super::{BuildEnv, LayerStager, ASSEMBLER};
+use crate::base_root::rootless::BuildMode;
+use crate::base_root::{debootstrap, DebootstrapSpec};
 use crate::layer::{CacheKey, DirOptions, RecordedOwners};
-use crate::stack::base::{debootstrap, DebootstrapSpec};
 use crate::stack::error::{io_error, BuildError};
 use crate::stack::prepare::PlatformInputs;
-use crate::stack::rootless::BuildMode;
 use crate::stack::staging::write_record;
 use crate::stack::tree_diff::{diff_trees, Tree};
 

@@ -1,17 +1,17 @@
-//! The `base` layer: a Debian or Ubuntu root built by mmdebstrap ([`crate::stack::base`]),
+//! The `base` layer: a Debian or Ubuntu root built by mmdebstrap ([`crate::base_root`]),
 //! with the packages the rest of the stack needs, checked against the Python and glibc the
 //! locked wheels were chosen for.
 
 use std::path::{Path, PathBuf};
 
 use super::{LayerStager, ASSEMBLER};
+use crate::base_root::rootless::{BuildHost, BuildMode};
+use crate::base_root::{debootstrap, inspect_rootfs, BaseError, DebootstrapSpec, RootfsFacts};
 use crate::layer::{CacheKey, DirOptions, ModePolicy};
 use crate::lock::lockfile::Lockfile;
 use crate::recipe::{Base, Recipe};
-use crate::stack::base::{debootstrap, inspect_rootfs, BaseError, DebootstrapSpec, RootfsFacts};
 use crate::stack::error::{io_error, BuildError};
 use crate::stack::prepare::PlatformInputs;
-use crate::stack::rootless::{BuildHost, BuildMode};
 use crate::stack::staging::{write_record, Staging};
 
 /// The base layer of one platform: the mmdebstrap spec is its whole cache key.
@@ -60,7 +60,7 @@ impl<'a> BaseLayer<'a> {
             None => format!("{ASSEMBLER}/base-mmdebstrap+etc2+locked2"),
             Some(_) => format!(
                 "{ASSEMBLER}/base-mmdebstrap-{}+etc2+locked2",
-                crate::stack::foreign_base::ASSEMBLER
+                crate::base_root::foreign::ASSEMBLER
             ),
         };
         let key = CacheKey::new(&assembler, &spec.deb_digests(), &spec);

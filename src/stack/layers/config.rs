@@ -8,6 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use super::{BuildEnv, LayerStager, ASSEMBLER};
+use crate::base_root::inspect_rootfs;
+use crate::base_root::ldcache;
 use crate::digest::Digest;
 use crate::elf::Machine;
 use crate::layer::CacheKey;
@@ -16,10 +18,9 @@ use crate::probe::expect::Expectations;
 use crate::probe::glibc::can_run_on;
 use crate::probe::native::{self, NativeProbe, NATIVE_PROBE_PATH};
 use crate::probe::{EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
-use crate::stack::base::inspect_rootfs;
-use crate::stack::config::{ld_so_conf, PIP_CONSTRAINTS_PATH};
 use crate::stack::error::{io_error, BuildError};
-use crate::stack::ldcache;
+use crate::stack::image_config::PIP_CONSTRAINTS_PATH;
+use crate::stack::layers::toolkit::layout::ToolkitPaths;
 use crate::stack::prepare::PlatformInputs;
 use crate::stack::settings::BuildProgress;
 use crate::stack::staging::{merge_trees, write_file, Staging};
@@ -256,6 +257,15 @@ pub(crate) fn expectations(inputs: &PlatformInputs) -> Expectations {
             .map(|a| a.name.replace(['-', '.'], "_"))
             .collect(),
     }
+}
+
+/// `/etc/ld.so.conf.d/` entry so `ldconfig` and programs without LD_LIBRARY_PATH find the
+/// one toolkit library directory.
+pub fn ld_so_conf(paths: &ToolkitPaths) -> (String, String) {
+    (
+        format!("etc/ld.so.conf.d/000-cuda-{}.conf", paths.cuda.line()),
+        format!("{}\n", paths.lib_dir()),
+    )
 }
 
 #[cfg(test)]

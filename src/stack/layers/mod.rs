@@ -45,7 +45,7 @@ pub(crate) struct BuildEnv<'a> {
     pub options: &'a BuildOptions,
     pub progress: &'a dyn BuildProgress,
     /// How mmdebstrap builds the base (`--build-mode`); None: what this host allows.
-    pub build_mode: Option<crate::stack::rootless::BuildMode>,
+    pub build_mode: Option<crate::base_root::rootless::BuildMode>,
 }
 
 /// One layer kind: its name in the image, its cache key, how to fill its staging directory

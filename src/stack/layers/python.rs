@@ -27,8 +27,8 @@ use crate::install::{
 };
 use crate::layer::CacheKey;
 use crate::stack::error::{io_error, BuildError};
+use crate::stack::layers::toolkit::layout::Placement;
 use crate::stack::prepare::{FetchedWheel, PlatformInputs};
-use crate::stack::toolkit::Placement;
 
 /// A distribution whose files unpack to more than this gets a layer of its own.
 ///

@@ -13,6 +13,8 @@
 //! keeps that owner: a layer's directory entry replaces the lower one's, and a checkpoint
 //! written next to the code must stay writable.
 
+pub mod dockerignore;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -24,9 +26,9 @@ use crate::digest::{Digest, Hasher, HashingWriter};
 use crate::layer::{CacheKey, DirOptions, LayerPath, RecordedOwners};
 use crate::printable::{path as printable_path, short};
 use crate::recipe::CopyEntry;
-use crate::stack::dockerignore::IgnorePatterns;
 use crate::stack::error::{io_error, BuildError};
 use crate::stack::staging::{write_record, Staging};
+use dockerignore::IgnorePatterns;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CopyError {

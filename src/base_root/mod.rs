@@ -1,5 +1,8 @@
-//! The base layer: a Debian or Ubuntu root filesystem built hermetically with mmdebstrap,
+//! The base root: a Debian or Ubuntu root filesystem built hermetically with mmdebstrap,
 //! or an existing image (OCI layout) whose layers become the first layers of the stack.
+//! The stack's `base` and `apt` layers stage it; [`foreign`] finishes a root of another
+//! architecture without running its code, [`rootless`] builds without root (user
+//! namespaces, recorded owners), and [`ldcache`] writes a root's loader cache.
 //!
 //! mmdebstrap honours SOURCE_DATE_EPOCH, and the layer writer fixes every mtime and the
 //! entry order, so the same package set gives the same layer. What mmdebstrap cannot pin
@@ -7,12 +10,16 @@
 //! therefore names the inputs cudastack controls, and [`inspect_rootfs`] records the
 //! Python and glibc the base really has so the build checks them against the wheels.
 
+pub mod foreign;
+pub mod ldcache;
+pub mod rootless;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::apt::{write_repo, AptSources, DebFile};
+use crate::base_root::rootless::{unpack_recording_owners, which, BuildMode, RootlessError};
 use crate::layer::RecordedOwners;
-use crate::stack::rootless::{unpack_recording_owners, which, BuildMode, RootlessError};
 use crate::version::PythonVersion;
 
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +41,7 @@ pub enum BaseError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Foreign(#[from] crate::stack::foreign_base::ForeignBaseError),
+    Foreign(#[from] crate::base_root::foreign::ForeignBaseError),
     #[error(transparent)]
     Rootless(#[from] RootlessError),
     #[error(transparent)]
@@ -156,7 +163,7 @@ pub fn debootstrap(
         }
     };
     if let Some(architecture) = &spec.foreign_architecture {
-        crate::stack::foreign_base::finish_unpacked_root(
+        crate::base_root::foreign::finish_unpacked_root(
             dest,
             machine_of(architecture),
             spec.source_date_epoch,
@@ -279,7 +286,7 @@ fn mmdebstrap_command(
                 .arg(format!("--extract-hook={SOURCES}"))
                 .arg(format!(
                     "--extract-hook={}",
-                    crate::stack::foreign_base::DPKG_STATUS_HOOK
+                    crate::base_root::foreign::DPKG_STATUS_HOOK
                 ))
                 .arg(format!("--extract-hook={CLEAN}"));
             let merged_usr = Path::new("/usr/share/mmdebstrap/hooks/merged-usr");
@@ -386,7 +393,7 @@ pub fn inspect_rootfs(root: &Path) -> Result<RootfsFacts, BaseError> {
 }
 
 /// The version of `package` in a dpkg status file, when its files are on disk: installed,
-/// or unpacked (a foreign-architecture base, see [`crate::stack::foreign_base`]).
+/// or unpacked (a foreign-architecture base, see [`crate::base_root::foreign`]).
 pub fn dpkg_version(status: &str, package: &str) -> Option<String> {
     status.split("\n\n").find_map(|stanza| {
         let mut name = None;

@@ -14,46 +14,12 @@ use crate::matrix::validate::nvidia_require_cuda;
 use crate::matrix::{Matrix, TorchBuild};
 use crate::platform::Platform;
 use crate::recipe::{expand_path, Recipe};
-use crate::version::{CudaVersion, PtxIsa};
+use crate::stack::layers::toolkit::layout::ToolkitPaths;
+use crate::version::PtxIsa;
 
 /// Where the NVIDIA container runtime mounts the driver's user-space libraries in images
 /// that follow the nvidia/cuda convention.
 pub const NVIDIA_DRIVER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
-
-/// Paths of the toolkit inside the image, laid out like NVIDIA's installers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolkitPaths {
-    pub cuda: CudaVersion,
-    pub arch: Platform,
-}
-
-impl ToolkitPaths {
-    pub fn new(cuda: CudaVersion, arch: Platform) -> Self {
-        Self { cuda, arch }
-    }
-    /// The `targets/` directory NVIDIA's installers use: `x86_64-linux`, and `sbsa-linux`
-    /// for arm64 servers (the CUDA packages for Grace/GH200/Jetson Thor).
-    pub fn target(&self) -> &'static str {
-        match self.arch {
-            Platform::LinuxAmd64 => "x86_64-linux",
-            Platform::LinuxArm64 => "sbsa-linux",
-        }
-    }
-    /// `/usr/local/cuda-12.1`
-    pub fn home(&self) -> String {
-        format!("/usr/local/cuda-{}", self.cuda.line())
-    }
-    /// `/usr/local/cuda-12.1/targets/x86_64-linux/lib`: the one CUDA library directory.
-    pub fn lib_dir(&self) -> String {
-        format!("{}/targets/{}/lib", self.home(), self.target())
-    }
-    pub fn include_dir(&self) -> String {
-        format!("{}/targets/{}/include", self.home(), self.target())
-    }
-    pub fn bin_dir(&self) -> String {
-        format!("{}/bin", self.home())
-    }
-}
 
 /// The pip constraints file the config layer writes: every locked distribution pinned, so
 /// `pip install` in an image built `FROM` this one cannot replace the stack (issue 19).
@@ -274,15 +240,6 @@ impl StackConfig {
         }
         self
     }
-}
-
-/// `/etc/ld.so.conf.d/` entry so `ldconfig` and programs without LD_LIBRARY_PATH find the
-/// one toolkit library directory.
-pub fn ld_so_conf(paths: &ToolkitPaths) -> (String, String) {
-    (
-        format!("etc/ld.so.conf.d/000-cuda-{}.conf", paths.cuda.line()),
-        format!("{}\n", paths.lib_dir()),
-    )
 }
 
 #[cfg(test)]

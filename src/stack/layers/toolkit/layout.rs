@@ -20,8 +20,44 @@ use std::path::{Path, PathBuf};
 
 use crate::elf::chain::{plan_soname_links, scan_library_dir, ChainError};
 use crate::elf::{read_elf, ElfError};
+use crate::platform::Platform;
 use crate::recipe::Flavor;
-use crate::stack::config::ToolkitPaths;
+use crate::version::CudaVersion;
+
+/// Paths of the toolkit inside the image, laid out like NVIDIA's installers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolkitPaths {
+    pub cuda: CudaVersion,
+    pub arch: Platform,
+}
+
+impl ToolkitPaths {
+    pub fn new(cuda: CudaVersion, arch: Platform) -> Self {
+        Self { cuda, arch }
+    }
+    /// The `targets/` directory NVIDIA's installers use: `x86_64-linux`, and `sbsa-linux`
+    /// for arm64 servers (the CUDA packages for Grace/GH200/Jetson Thor).
+    pub fn target(&self) -> &'static str {
+        match self.arch {
+            Platform::LinuxAmd64 => "x86_64-linux",
+            Platform::LinuxArm64 => "sbsa-linux",
+        }
+    }
+    /// `/usr/local/cuda-12.1`
+    pub fn home(&self) -> String {
+        format!("/usr/local/cuda-{}", self.cuda.line())
+    }
+    /// `/usr/local/cuda-12.1/targets/x86_64-linux/lib`: the one CUDA library directory.
+    pub fn lib_dir(&self) -> String {
+        format!("{}/targets/{}/lib", self.home(), self.target())
+    }
+    pub fn include_dir(&self) -> String {
+        format!("{}/targets/{}/include", self.home(), self.target())
+    }
+    pub fn bin_dir(&self) -> String {
+        format!("{}/bin", self.home())
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ToolkitError {

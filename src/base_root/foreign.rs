@@ -10,7 +10,7 @@
 //! - `ca-certificates`: `/etc/ca-certificates.conf` and the bundle
 //!   `/etc/ssl/certs/ca-certificates.crt` that OpenSSL (and so Python's `ssl`) reads;
 //! - `update-alternatives --install` lines of the postinst scripts (`awk -> mawk`);
-//! - `libc-bin`'s trigger: `/etc/ld.so.cache`, written by [`crate::stack::ldcache`].
+//! - `libc-bin`'s trigger: `/etc/ld.so.cache`, written by [`crate::base_root::ldcache`].
 //!
 //! The dpkg database records every package as `install ok unpacked` (with its control
 //! files and file lists, see [`DPKG_STATUS_HOOK`]), which is the truth: on an arm64 host,
@@ -20,9 +20,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::base_root::ldcache;
 use crate::elf::Machine;
 use crate::layer::{LayerPath, Recorded, RecordedOwners};
-use crate::stack::ldcache;
 
 /// Bump when what an unpacked base holds changes (part of its layer cache key).
 pub const ASSEMBLER: &str = "unpacked-3";
@@ -66,7 +66,7 @@ for deb in "$root"/var/cache/apt/archives/*.deb; do
 done
 "#;
 
-/// What can go wrong finishing an unpacked root; wrapped by `stack::base::BaseError`
+/// What can go wrong finishing an unpacked root; wrapped by `base_root::BaseError`
 /// with the same message (this module sits below `base`, which calls it).
 #[derive(Debug, thiserror::Error)]
 pub enum ForeignBaseError {

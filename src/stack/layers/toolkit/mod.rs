@@ -1,5 +1,5 @@
 //! The `cuda`, `cuda-math` and `cudnn` layers: the CUDA toolkit and cuDNN laid out like
-//! NVIDIA's installers, from the locked nvidia-* wheels ([`crate::stack::toolkit::stage`]).
+//! NVIDIA's installers, from the locked nvidia-* wheels ([`layout::stage`]).
 //!
 //! One stager serves the three kinds: they differ only in which wheels they take (cuDNN's,
 //! the math libraries', or every other nvidia-* wheel) and in the top-level links
@@ -8,17 +8,18 @@
 //! layer at the bottom of a pull is much larger than needed ([`family`]). Each staged tree records which wheel members it holds (its
 //! placement), for the Python layer to link to.
 
+pub mod layout;
+
 use std::path::{Path, PathBuf};
 
 use super::{LayerStager, ASSEMBLER};
 use crate::digest::Digest;
 use crate::layer::CacheKey;
 use crate::recipe::Flavor;
-use crate::stack::config::ToolkitPaths;
 use crate::stack::error::BuildError;
 use crate::stack::prepare::PlatformInputs;
 use crate::stack::staging::{write_record, Staging};
-use crate::stack::toolkit::{self, NvidiaWheel};
+use layout::{NvidiaWheel, ToolkitPaths};
 
 /// A toolkit layer of one platform: `cuda`, `cuda-math` or `cudnn`.
 pub(crate) struct ToolkitLayer {
@@ -126,7 +127,7 @@ impl ToolkitLayer {
         }
     }
 
-    /// Which wheel members the staged tree holds ([`toolkit::Placement`] as JSON).
+    /// Which wheel members the staged tree holds ([`layout::Placement`] as JSON).
     pub fn placement_record(&self) -> &Path {
         &self.placement_record
     }
@@ -156,7 +157,7 @@ impl LayerStager for ToolkitLayer {
     }
     fn stage(&self, dir: &Path) -> Result<(), BuildError> {
         let wheels: Vec<&NvidiaWheel> = self.wheels.iter().collect();
-        let placed = toolkit::stage(&wheels, &self.paths, self.flavor, self.top_links, dir)?;
+        let placed = layout::stage(&wheels, &self.paths, self.flavor, self.top_links, dir)?;
         write_record(
             &placement_record(dir),
             &serde_json::to_vec(&placed).expect("placement serialises"),
