@@ -15,6 +15,7 @@ pub mod cas;
 pub mod contained_file;
 pub mod digest;
 pub mod elf;
+pub mod labels;
 pub mod names;
 pub mod platform;
 pub mod printable;

@@ -8,6 +8,7 @@ use std::process::Output;
 
 use crate::cli_verify_registry::{cudastack, gpu_report, job_log, text, Fixture};
 use crate::registry_support::{Action, Proxy};
+use cudastack::labels;
 
 /// Record a log of `gpu` (failing `fail`) on the fixture's image; its exit code.
 fn record(fixture: &Fixture, name: &str, gpu: &str, cc: &str, fail: Option<&str>) -> Option<i32> {
@@ -281,7 +282,7 @@ async fn promote_merges_the_verified_copies_each_gpu_job_pushed() {
         .unwrap();
     let config: serde_json::Value = serde_json::from_slice(&config).unwrap();
     let rows: Vec<serde_json::Value> = serde_json::from_str(
-        config["config"]["Labels"][cudastack::verify::record::LABEL_MATRIX]
+        config["config"]["Labels"][labels::VERIFIED_MATRIX]
             .as_str()
             .unwrap(),
     )

@@ -5,6 +5,7 @@
 //! written by hand: no GPU here). The command run is the one the header prints.
 
 use crate::registry_support;
+use cudastack::labels;
 
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +16,7 @@ use cudastack::registry::referrers::list_referrers;
 use cudastack::registry::{
     push_image, ClientOptions, PushOptions, Reference, RegistryClient, RegistryError,
 };
-use cudastack::verify::record::{config_labels, LABEL_MATRIX, LABEL_VERIFIED};
+use cudastack::verify::record::config_labels;
 use registry_support::{random_layer, Action, Proxy, Registry};
 
 pub fn cudastack() -> Command {
@@ -332,9 +333,9 @@ async fn the_command_the_job_header_prints_records_a_registry_image_without_uplo
         .await
         .unwrap();
     let labels = config_labels(&serde_json::from_slice(&config).unwrap());
-    assert_eq!(labels[LABEL_VERIFIED], "2026-11-30T10:00:00Z");
+    assert_eq!(labels[labels::VERIFIED], "2026-11-30T10:00:00Z");
     assert!(
-        labels[LABEL_MATRIX].contains("NVIDIA H100 80GB HBM3"),
+        labels[labels::VERIFIED_MATRIX].contains("NVIDIA H100 80GB HBM3"),
         "{labels:?}"
     );
     assert_eq!(
@@ -378,8 +379,8 @@ async fn the_command_the_job_header_prints_records_a_registry_image_without_uplo
         .unwrap();
     let labels = config_labels(&serde_json::from_slice(&config).unwrap());
     assert!(
-        labels[LABEL_MATRIX].contains("NVIDIA H100 80GB HBM3")
-            && labels[LABEL_MATRIX].contains("NVIDIA A100-SXM4-80GB"),
+        labels[labels::VERIFIED_MATRIX].contains("NVIDIA H100 80GB HBM3")
+            && labels[labels::VERIFIED_MATRIX].contains("NVIDIA A100-SXM4-80GB"),
         "{labels:?}"
     );
     drop(fixture.registry.clone());

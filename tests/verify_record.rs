@@ -6,6 +6,7 @@
 //! check what cudastack does with it. The probe itself runs for real in tests/build_e2e.rs.
 
 use crate::registry_support;
+use cudastack::labels;
 
 use registry_support::gate;
 
@@ -15,7 +16,7 @@ use std::sync::Arc;
 
 use cudastack::cas::BlobStore;
 use cudastack::oci::layout;
-use cudastack::verify::record::{record_in_layout, LABEL_MATRIX, LABEL_VERIFIED};
+use cudastack::verify::record::record_in_layout;
 use cudastack::verify::report::{Report, Verdict};
 use registry_support::{random_layer, Action, Proxy, Registry};
 
@@ -150,9 +151,9 @@ fn a_verified_report_labels_a_new_config_with_the_same_layers() {
         layers_before.iter().map(|l| l.digest).collect::<Vec<_>>()
     );
     let labels = labels(&dir, "verified");
-    assert_eq!(labels[LABEL_VERIFIED], "2026-11-29T23:00:00Z");
+    assert_eq!(labels[labels::VERIFIED], "2026-11-29T23:00:00Z");
     let matrix: serde_json::Value =
-        serde_json::from_str(labels[LABEL_MATRIX].as_str().unwrap()).unwrap();
+        serde_json::from_str(labels[labels::VERIFIED_MATRIX].as_str().unwrap()).unwrap();
     assert_eq!(matrix[0]["gpu"], "NVIDIA H200");
     assert_eq!(matrix[0]["driver"], "550.54.15");
     assert_eq!(matrix[0]["checks"].as_object().unwrap().len(), 10);
@@ -262,7 +263,7 @@ fn a_verified_platform_image_replaces_itself_inside_the_index() {
             .unwrap()
             .manifest_digest
     );
-    assert!(labels(&dir, name).contains_key(LABEL_VERIFIED), "{name}");
+    assert!(labels(&dir, name).contains_key(labels::VERIFIED), "{name}");
     assert_eq!(
         layout::resolve(&dir, "latest-linux-amd64-verified")
             .unwrap()

@@ -26,13 +26,6 @@ use crate::elf::fatbin::{read_device_code, DeviceCode, FatbinError, PtxTarget};
 use crate::rootfs::host_path;
 use crate::version::{ComputeCapability, GpuArch, PtxIsa};
 
-/// The image label of the coverage groups, as canonical JSON (written by the stack's
-/// config, read back by `check` and `inspect`).
-pub const LABEL_KERNELS: &str = "io.cudastack.kernels";
-/// The image label of the compute capabilities every library with GPU code covers, with
-/// SASS or with PTX the driver floor JIT-compiles ([`covered_by_all`]): `sm_80 sm_86 sm_90`.
-pub const LABEL_SM: &str = "io.cudastack.sm";
-
 /// Threads that read fatbin headers at once: the work is small reads spread over large
 /// files, which a few threads overlap well.
 const SCAN_THREADS: usize = 8;

@@ -15,12 +15,11 @@ use std::collections::BTreeSet;
 use serde::Serialize;
 
 use crate::digest::Digest;
+use crate::labels;
 use crate::matrix::solve::{SolveError, SolveQuery, TargetGpu};
 use crate::matrix::Matrix;
 use crate::registry::{ClientOptions, Manifest, Reference, RegistryClient, RegistryError};
-use crate::verify::record::{
-    config_labels, verified_documents, verified_labels, VerifiedOn, LABEL_MATRIX,
-};
+use crate::verify::record::{config_labels, verified_documents, verified_labels, VerifiedOn};
 use crate::verify::report::{Report, ReportError, Verdict};
 use crate::verify::REPORT_ARTIFACT_TYPE;
 
@@ -93,7 +92,7 @@ pub enum PromoteError {
     NoTag { reference: String },
     #[error("`{to}` is a multi-platform image index; promoting one platform's verified image would replace it for every platform\n  hint: promote to a tag of this platform (--to TAG)")]
     IndexTag { to: String },
-    #[error("`{reference}` carries no verified matrix (label {LABEL_MATRIX}): it is not a verified image\n  hint: promote the `-verified` tag that `cudastack verify --from-log` wrote")]
+    #[error("`{reference}` carries no verified matrix (label {label}): it is not a verified image\n  hint: promote the `-verified` tag that `cudastack verify --from-log` wrote", label = labels::VERIFIED_MATRIX)]
     NotVerified { reference: String },
     #[error("refusing to promote `{verified}` to `{to}`: {}\n{}\n  hint: verify the image on each missing class (`cudastack verify IMAGE --emit k8s-job --gpu-type TYPE`, then --from-log), and fix what failed", problem_count(.problems), .problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
     Refused {
@@ -326,7 +325,9 @@ async fn verified_rows(
     };
     let (_, config) = image_config(client, reference, manifest).await?;
     let labels = config_labels(&config);
-    let matrix = labels.get(LABEL_MATRIX).ok_or_else(not_verified)?;
+    let matrix = labels
+        .get(labels::VERIFIED_MATRIX)
+        .ok_or_else(not_verified)?;
     serde_json::from_str(matrix).map_err(|_| not_verified())
 }
 

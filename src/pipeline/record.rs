@@ -16,11 +16,12 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 
 use crate::digest::Digest;
+use crate::labels;
 use crate::registry::referrers::{push_referrer, ArtifactLayer, Subject};
 use crate::registry::{ClientOptions, Manifest, Reference, RegistryClient, RegistryError};
 use crate::verify::record::{
     check_report_image, config_labels, matrix_rows, report_annotations, verified_documents,
-    verified_labels, RecordError, Recorded, LABEL_MATRIX,
+    verified_labels, RecordError, Recorded,
 };
 use crate::verify::report::{Report, Verdict};
 use crate::verify::REPORT_ARTIFACT_TYPE;
@@ -184,7 +185,7 @@ async fn push_verified(
     let mut earlier = labels.clone();
     if target.tag().is_some() {
         if let Some(matrix) = earlier_matrix(client, target, manifest).await? {
-            earlier.insert(LABEL_MATRIX.to_string(), matrix);
+            earlier.insert(labels::VERIFIED_MATRIX.to_string(), matrix);
         }
     }
     labels.extend(verified_labels(
@@ -251,5 +252,5 @@ async fn earlier_matrix(
     }
     let (_, config) = read_config(client, target, &existing).await?;
     let labels: BTreeMap<String, String> = config_labels(&config);
-    Ok(labels.get(LABEL_MATRIX).cloned())
+    Ok(labels.get(labels::VERIFIED_MATRIX).cloned())
 }

@@ -15,6 +15,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::labels;
 use crate::reference::escape;
 
 /// Variables the stack sets and that its guarantees rest on (one CUDA library directory on
@@ -477,11 +478,6 @@ pub struct RuntimeSpec {
     pub ulimits: BTreeMap<String, i64>,
 }
 
-/// The label of the /dev/shm size, in bytes.
-pub const SHM_SIZE_LABEL: &str = "io.cudastack.runtime.shm-size";
-/// The prefix of the ulimit labels (`io.cudastack.runtime.ulimit.memlock`).
-pub const ULIMIT_LABEL_PREFIX: &str = "io.cudastack.runtime.ulimit.";
-
 /// The limits `docker run --ulimit` knows (Docker's `ulimit.Parse`), with the `ulimit`
 /// flag of bash and the unit bash counts a byte limit in (1: a count, not bytes).
 pub const ULIMITS: &[(&str, char, u64)] = &[
@@ -511,10 +507,13 @@ impl RuntimeSpec {
     pub fn labels(&self) -> Vec<(String, String)> {
         let mut labels = Vec::new();
         if let Some(size) = self.shm_size {
-            labels.push((SHM_SIZE_LABEL.to_string(), size.to_string()));
+            labels.push((labels::RUNTIME_SHM_SIZE.to_string(), size.to_string()));
         }
         for (name, value) in &self.ulimits {
-            labels.push((format!("{ULIMIT_LABEL_PREFIX}{name}"), value.to_string()));
+            labels.push((
+                format!("{}{name}", labels::RUNTIME_ULIMIT_PREFIX),
+                value.to_string(),
+            ));
         }
         labels
     }
@@ -522,12 +521,13 @@ impl RuntimeSpec {
     /// Read back from an image's labels (other labels are ignored), checked as a recipe's.
     pub fn from_labels(labels: &BTreeMap<String, String>) -> Result<Self, String> {
         let mut spec = RuntimeSpec::default();
-        if let Some(size) = labels.get(SHM_SIZE_LABEL) {
-            spec.shm_size =
-                Some(parse_size(size).map_err(|e| format!("label {SHM_SIZE_LABEL}: {e}"))?);
+        if let Some(size) = labels.get(labels::RUNTIME_SHM_SIZE) {
+            spec.shm_size = Some(
+                parse_size(size).map_err(|e| format!("label {}: {e}", labels::RUNTIME_SHM_SIZE))?,
+            );
         }
         for (key, value) in labels {
-            if let Some(name) = key.strip_prefix(ULIMIT_LABEL_PREFIX) {
+            if let Some(name) = key.strip_prefix(labels::RUNTIME_ULIMIT_PREFIX) {
                 let value = value
                     .parse::<i64>()
                     .map_err(|_| format!("label {key}: `{}` is not a number", escape(value)))?;
@@ -932,7 +932,7 @@ mod tests {
         assert_eq!(runtime.shm_size, Some(16 << 30));
         assert_eq!(runtime.ulimits["memlock"], -1);
         let labels: BTreeMap<String, String> = runtime.labels().into_iter().collect();
-        assert_eq!(labels[SHM_SIZE_LABEL], "17179869184");
+        assert_eq!(labels[labels::RUNTIME_SHM_SIZE], "17179869184");
         assert_eq!(labels["io.cudastack.runtime.ulimit.stack"], "67108864");
         assert_eq!(RuntimeSpec::from_labels(&labels).unwrap(), runtime);
         let bytes = parse("runtime: { shm_size: 17179869184, ulimits: { memlock: unlimited, stack: 67108864 } }\n").unwrap();

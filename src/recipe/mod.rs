@@ -29,8 +29,7 @@ pub use apt::{DebName, DebVersion, SystemPackage};
 pub use build::SourceBuild;
 pub use copy::CopyEntry;
 pub use image::{
-    expand_path, ExposedPort, ImagePath, Protocol, RuntimeSpec, UserSpec, OWNED_ENV,
-    SHM_SIZE_LABEL, ULIMITS, ULIMIT_LABEL_PREFIX,
+    expand_path, ExposedPort, ImagePath, Protocol, RuntimeSpec, UserSpec, OWNED_ENV, ULIMITS,
 };
 pub(crate) use indexes::masked_urls;
 pub use indexes::{pinned_index, IndexName, IndexUrl, PackageIndex};

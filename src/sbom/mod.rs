@@ -28,6 +28,7 @@ use std::str::FromStr;
 
 use crate::audit::kernels::KernelTarget;
 use crate::digest::Digest;
+use crate::labels;
 use crate::lock::lockfile::{Artifact, Lockfile};
 use crate::verify::check::ImageClaims;
 
@@ -35,10 +36,6 @@ pub use cyclonedx::{cyclonedx_json, CYCLONEDX_MEDIA_TYPE};
 pub use license::wheel_license;
 pub use spdx::{spdx_json, SPDX_MEDIA_TYPE};
 pub use summary::{SbomError, Summary};
-
-/// The image label prefix of a wheel compiled from a `build:` sdist (src/stack/build.rs):
-/// `io.cudastack.built.<name>` = `<version> <wheel file> <sha256>`.
-pub const LABEL_BUILT_PREFIX: &str = "io.cudastack.built.";
 
 /// What an SBOM is made of.
 pub struct SbomInput<'a> {
@@ -80,7 +77,7 @@ impl BuiltWheel {
         labels
             .iter()
             .filter_map(|(key, value)| {
-                let name = key.strip_prefix(LABEL_BUILT_PREFIX)?;
+                let name = key.strip_prefix(labels::BUILT_PREFIX)?;
                 let mut words = value.split_whitespace();
                 let (version, filename, sha256) = (words.next()?, words.next()?, words.next()?);
                 if words.next().is_some() || name.is_empty() {

@@ -12,6 +12,7 @@
 
 use crate::base_root::RootfsFacts;
 use crate::cas::BlobStore;
+use crate::labels;
 use crate::layer::{BuildOptions, Layer, LayerCache};
 use crate::matrix::validate::validate;
 use crate::matrix::Matrix;
@@ -205,7 +206,7 @@ fn with_built_labels(mut image: Image, inputs: &PlatformInputs) -> Image {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             image = image.with_label(
-                &format!("io.cudastack.built.{}", sdist.name),
+                &format!("{}{}", labels::BUILT_PREFIX, sdist.name),
                 &format!("{} {file} {}", sdist.version, wheel.sha256),
             );
         }

@@ -9,7 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::audit::kernels::{covered_by_all, CoverageGroup, LABEL_KERNELS, LABEL_SM};
+use crate::audit::kernels::{covered_by_all, CoverageGroup};
+use crate::labels::{self, StackLabels};
 use crate::matrix::validate::nvidia_require_cuda;
 use crate::matrix::{Matrix, TorchBuild};
 use crate::platform::Platform;
@@ -162,58 +163,42 @@ fn stack_labels(
     torch_build: Option<&TorchBuild>,
     facts: &StackFacts,
 ) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    let mut label = |key: &str, value: String| {
-        labels.insert(key.to_string(), value);
-    };
-    label("org.opencontainers.image.title", recipe.name.clone());
-    label("org.opencontainers.image.created", facts.created.clone());
-    label(
-        "org.opencontainers.image.description",
-        format!(
-            "CUDA {} stack built by cudastack from recipe {}",
-            recipe.cuda.version, recipe.name
+    let mut labels = BTreeMap::from([
+        (labels::TITLE.to_string(), recipe.name.clone()),
+        (labels::CREATED.to_string(), facts.created.clone()),
+        (
+            labels::DESCRIPTION.to_string(),
+            format!(
+                "CUDA {} stack built by cudastack from recipe {}",
+                recipe.cuda.version, recipe.name
+            ),
         ),
-    );
-    label("io.cudastack.recipe", recipe.name.clone());
-    label("io.cudastack.recipe.digest", recipe.digest().to_string());
-    label("io.cudastack.driver-floor", recipe.driver_floor.to_string());
-    label(
-        "io.cudastack.cuda",
-        facts
-            .cuda_runtime
+    ]);
+    StackLabels {
+        recipe: Some(recipe.name.clone()),
+        recipe_digest: Some(recipe.digest().to_string()),
+        driver_floor: Some(recipe.driver_floor.to_string()),
+        cuda: Some(
+            facts
+                .cuda_runtime
+                .clone()
+                .unwrap_or_else(|| recipe.cuda.version.to_string()),
+        ),
+        cuda_flavor: Some(format!("{:?}", recipe.cuda.flavor).to_lowercase()),
+        python: Some(recipe.python.to_string()),
+        cudnn: facts
+            .cudnn
             .clone()
-            .unwrap_or_else(|| recipe.cuda.version.to_string()),
-    );
-    label(
-        "io.cudastack.cuda.flavor",
-        format!("{:?}", recipe.cuda.flavor).to_lowercase(),
-    );
-    label("io.cudastack.python", recipe.python.to_string());
-    if let Some(cudnn) = facts
-        .cudnn
-        .clone()
-        .or_else(|| recipe.cudnn.as_ref().map(|c| c.version.to_string()))
-    {
-        label("io.cudastack.cudnn", cudnn);
+            .or_else(|| recipe.cudnn.as_ref().map(|c| c.version.to_string())),
+        torch: facts
+            .torch
+            .clone()
+            .or_else(|| torch_build.map(TorchBuild::label)),
+        torch_sm: torch_build.map(|build| build.arch_list.iter().map(|cc| cc.sm()).collect()),
+        os: facts.os.clone(),
     }
-    if let Some(torch) = facts
-        .torch
-        .clone()
-        .or_else(|| torch_build.map(TorchBuild::label))
-    {
-        label("io.cudastack.torch", torch);
-    }
-    if let Some(build) = torch_build {
-        let archs: Vec<String> = build.arch_list.iter().map(|cc| cc.sm()).collect();
-        label("io.cudastack.torch.sm", archs.join(" "));
-    }
-    if let Some(os) = &facts.os {
-        label("io.cudastack.os", os.clone());
-    }
-    for (key, value) in recipe.runtime.iter().flat_map(|r| r.labels()) {
-        label(&key, value);
-    }
+    .write_into(&mut labels);
+    labels.extend(recipe.runtime.iter().flat_map(|r| r.labels()));
     labels
 }
 
@@ -228,7 +213,7 @@ impl StackConfig {
         }
         let json = crate::canonical::to_canonical_json(groups).expect("coverage groups serialise");
         self.labels.insert(
-            LABEL_KERNELS.to_string(),
+            labels::KERNELS.to_string(),
             String::from_utf8(json).expect("JSON is UTF-8"),
         );
         let sm: Vec<String> = covered_by_all(groups, jit)
@@ -236,7 +221,7 @@ impl StackConfig {
             .map(|cc| cc.sm())
             .collect();
         if !sm.is_empty() {
-            self.labels.insert(LABEL_SM.to_string(), sm.join(" "));
+            self.labels.insert(labels::SM.to_string(), sm.join(" "));
         }
         self
     }
@@ -346,11 +331,11 @@ mod tests {
             ),
         ];
         let labelled = config.with_kernel_labels(&groups, None);
-        assert_eq!(labelled.labels[LABEL_SM], "sm_80 sm_86 sm_90");
+        assert_eq!(labelled.labels[labels::SM], "sm_80 sm_86 sm_90");
         let back: Vec<CoverageGroup> =
-            serde_json::from_str(&labelled.labels[LABEL_KERNELS]).unwrap();
+            serde_json::from_str(&labelled.labels[labels::KERNELS]).unwrap();
         assert_eq!(back, groups);
-        assert!(!labelled.labels[LABEL_KERNELS].contains(' '));
+        assert!(!labelled.labels[labels::KERNELS].contains(' '));
     }
 
     /// Docker's rule: an entrypoint without `cmd:` runs with no arguments; `[python3]` is

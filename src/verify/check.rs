@@ -7,8 +7,9 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use super::record::{VerifiedOn, LABEL_MATRIX};
-use crate::audit::kernels::{CoverageGroup, Reach, LABEL_KERNELS, LABEL_SM};
+use super::record::VerifiedOn;
+use crate::audit::kernels::{CoverageGroup, Reach};
+use crate::labels::{self, StackLabels};
 use crate::matrix::solve::TargetGpu;
 use crate::matrix::{GpuDrivers, Matrix};
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion, PtxIsa};
@@ -82,25 +83,31 @@ impl ImageClaims {
         };
         // Present but unreadable is not absent: falling back to the torch list would answer
         // yes for a GPU whose cuDNN has no code (review of issue 20).
-        let kernels = label(LABEL_KERNELS).map(|text| {
+        let kernels = label(labels::KERNELS).map(|text| {
             serde_json::from_str::<Vec<CoverageGroup>>(&text).map_err(|error| error.to_string())
         });
+        let stack = StackLabels::read(labels);
         Self {
-            recipe: label("io.cudastack.recipe"),
-            torch: label("io.cudastack.torch"),
-            cuda: label("io.cudastack.cuda"),
-            cudnn: label("io.cudastack.cudnn"),
-            driver_floor: label("io.cudastack.driver-floor").and_then(|v| v.parse().ok()),
+            recipe: stack.recipe,
+            torch: stack.torch,
+            cuda: stack.cuda,
+            cudnn: stack.cudnn,
+            driver_floor: stack.driver_floor.and_then(|v| v.parse().ok()),
             require_cuda: env.get("NVIDIA_REQUIRE_CUDA").and_then(|v| require_cuda(v)),
-            sm: sm_list("io.cudastack.torch.sm"),
+            sm: stack
+                .torch_sm
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|sm| ComputeCapability::from_str(sm).ok())
+                .collect(),
             kernels: kernels
                 .as_ref()
                 .and_then(|parsed| parsed.as_ref().ok())
                 .cloned()
                 .unwrap_or_default(),
             kernels_unreadable: kernels.and_then(|parsed| parsed.err()),
-            covered_sm: sm_list(LABEL_SM),
-            verified: label(LABEL_MATRIX)
+            covered_sm: sm_list(labels::SM),
+            verified: label(labels::VERIFIED_MATRIX)
                 .and_then(|text| serde_json::from_str(&text).ok())
                 .unwrap_or_default(),
         }
@@ -435,7 +442,8 @@ fn unknown_because(image: &ImageClaims, node: &Node) -> Option<String> {
     }
     if let Some(error) = &image.kernels_unreadable {
         return Some(format!(
-            "the image's {LABEL_KERNELS} label does not parse ({error}): the GPU code of its libraries cannot be compared; rebuild it, or check it with the cudastack that built it"
+            "the image's {} label does not parse ({error}): the GPU code of its libraries cannot be compared; rebuild it, or check it with the cudastack that built it",
+            labels::KERNELS
         ));
     }
     if node.driver.is_none() && node.gpus.is_empty() {
@@ -629,7 +637,7 @@ mod tests {
                     "io.cudastack.driver-floor".to_string(),
                     "570.86.10".to_string(),
                 ),
-                (LABEL_KERNELS.to_string(), bad.to_string()),
+                (labels::KERNELS.to_string(), bad.to_string()),
             ]);
             let claims = ImageClaims::from_labels_and_env(&labels, &env);
             assert!(claims.kernels_unreadable.is_some(), "{bad}");
@@ -644,7 +652,7 @@ mod tests {
                     .unknown_because
                     .as_deref()
                     .unwrap_or_default()
-                    .contains(LABEL_KERNELS),
+                    .contains(labels::KERNELS),
                 "{answer:?}"
             );
         }
@@ -659,8 +667,8 @@ mod tests {
                 "io.cudastack.torch.sm".to_string(),
                 "sm_80 sm_90 sm_120".to_string(),
             ),
-            (LABEL_KERNELS.to_string(), groups.to_string()),
-            (LABEL_SM.to_string(), "sm_80 sm_86 sm_90".to_string()),
+            (labels::KERNELS.to_string(), groups.to_string()),
+            (labels::SM.to_string(), "sm_80 sm_86 sm_90".to_string()),
         ]);
         let env = BTreeMap::from([("NVIDIA_REQUIRE_CUDA".to_string(), "cuda>=12.4".to_string())]);
         let claims = ImageClaims::from_labels_and_env(&labels, &env);
@@ -680,7 +688,7 @@ mod tests {
             "{jit:?}"
         );
         let no_ptx = groups.replace(r#"{"arch":"sm_90","isa":"8.4"}"#, "");
-        let labels = BTreeMap::from([(LABEL_KERNELS.to_string(), no_ptx)]);
+        let labels = BTreeMap::from([(labels::KERNELS.to_string(), no_ptx)]);
         let claims = ImageClaims::from_labels_and_env(&labels, &env);
         let answer = check(
             Matrix::embedded(),

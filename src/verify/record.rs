@@ -13,14 +13,9 @@ use serde::{Deserialize, Serialize};
 use super::report::{ImageFacts, Report, Status, Verdict};
 use super::REPORT_ARTIFACT_TYPE;
 use crate::digest::Digest;
+use crate::labels;
 use crate::oci::layout::{self, Artifact};
 use crate::oci::OciError;
-
-pub const LABEL_VERIFIED: &str = "io.cudastack.verified";
-pub const LABEL_MATRIX: &str = "io.cudastack.verified.matrix";
-pub const LABEL_DRIVER: &str = "io.cudastack.verified.driver";
-pub const LABEL_GPUS: &str = "io.cudastack.verified.gpus";
-pub const LABEL_REPORT: &str = "io.cudastack.verified.report";
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
@@ -107,7 +102,7 @@ pub fn verified_labels(
     rows: Vec<VerifiedOn>,
 ) -> BTreeMap<String, String> {
     let mut matrix: Vec<VerifiedOn> = existing
-        .get(LABEL_MATRIX)
+        .get(labels::VERIFIED_MATRIX)
         .and_then(|text| serde_json::from_str(text).ok())
         .unwrap_or_default();
     for row in rows {
@@ -129,14 +124,14 @@ pub fn verified_labels(
         values.join(",")
     };
     BTreeMap::from([
-        (LABEL_VERIFIED.to_string(), latest.date.clone()),
+        (labels::VERIFIED.to_string(), latest.date.clone()),
         (
-            LABEL_MATRIX.to_string(),
+            labels::VERIFIED_MATRIX.to_string(),
             String::from_utf8(crate::oci::canonical::to_canonical_json(&matrix).expect("rows"))
                 .expect("JSON is UTF-8"),
         ),
         (
-            LABEL_GPUS.to_string(),
+            labels::VERIFIED_GPUS.to_string(),
             join(
                 matrix
                     .iter()
@@ -145,10 +140,10 @@ pub fn verified_labels(
             ),
         ),
         (
-            LABEL_DRIVER.to_string(),
+            labels::VERIFIED_DRIVER.to_string(),
             join(matrix.iter().map(|r| r.driver.clone()).collect()),
         ),
-        (LABEL_REPORT.to_string(), latest.report.clone()),
+        (labels::VERIFIED_REPORT.to_string(), latest.report.clone()),
     ])
 }
 
@@ -200,12 +195,9 @@ pub fn check_report_image(
 /// The annotations of a stored report artifact: when it ran and its verdict.
 pub fn report_annotations(report: &Report) -> BTreeMap<String, String> {
     BTreeMap::from([
+        (labels::CREATED.to_string(), report.started.clone()),
         (
-            "org.opencontainers.image.created".to_string(),
-            report.started.clone(),
-        ),
-        (
-            "io.cudastack.verdict".to_string(),
+            labels::VERDICT.to_string(),
             match report.verdict() {
                 Verdict::Verified => "verified",
                 Verdict::Partial { .. } => "partial",
@@ -379,7 +371,7 @@ pub fn record_in_layout(
                             .ok()
                             .and_then(|c| c.config().clone())
                             .and_then(|c| c.labels().clone())
-                            .is_some_and(|l| l.contains_key(LABEL_VERIFIED))
+                            .is_some_and(|l| l.contains_key(labels::VERIFIED))
                 });
                 if all_verified && !is_verified_ref(&name) {
                     index_refs.push((verified_ref(&name), replaced.clone()));
@@ -515,7 +507,7 @@ mod tests {
             "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
                        "digest": Digest::of_bytes(&config_bytes).to_string(), "size": config_bytes.len()},
             "layers": [layer]});
-        let labels = BTreeMap::from([(LABEL_VERIFIED.to_string(), "2026".to_string())]);
+        let labels = BTreeMap::from([(labels::VERIFIED.to_string(), "2026".to_string())]);
         let (new_config, new_manifest) = verified_documents(
             &serde_json::to_vec(&manifest).unwrap(),
             &config_bytes,
@@ -524,7 +516,7 @@ mod tests {
         .unwrap();
         let new_config: serde_json::Value = serde_json::from_slice(&new_config).unwrap();
         assert_eq!(new_config["config"]["Labels"]["keep"], "me");
-        assert_eq!(new_config["config"]["Labels"][LABEL_VERIFIED], "2026");
+        assert_eq!(new_config["config"]["Labels"][labels::VERIFIED], "2026");
         assert_eq!(new_config["history"], config["history"]);
         let new_manifest: serde_json::Value = serde_json::from_slice(&new_manifest).unwrap();
         assert_eq!(new_manifest["layers"], manifest["layers"]);
@@ -536,7 +528,7 @@ mod tests {
         // A config without `config` gets one; a manifest that is not one is an error.
         let (bare, _) =
             verified_documents(&serde_json::to_vec(&manifest).unwrap(), b"{}", &labels).unwrap();
-        assert!(String::from_utf8(bare).unwrap().contains(LABEL_VERIFIED));
+        assert!(String::from_utf8(bare).unwrap().contains(labels::VERIFIED));
         assert!(verified_documents(b"[]", b"{}", &labels).is_err());
         assert!(verified_documents(b"not json", b"{}", &labels).is_err());
     }
@@ -569,14 +561,15 @@ mod tests {
                 row("NVIDIA H200", "550.54.15", "2026-03-01T00:00:00Z"),
             ],
         );
-        let matrix: Vec<VerifiedOn> = serde_json::from_str(&second[LABEL_MATRIX]).unwrap();
+        let matrix: Vec<VerifiedOn> =
+            serde_json::from_str(&second[labels::VERIFIED_MATRIX]).unwrap();
         assert_eq!(
             matrix.len(),
             2,
             "the H200 row is replaced, the A100 row added"
         );
-        assert_eq!(second[LABEL_VERIFIED], "2026-03-01T00:00:00Z");
-        assert_eq!(second[LABEL_DRIVER], "535.104.05,550.54.15");
-        assert!(second[LABEL_GPUS].contains("NVIDIA H200 (sm_90)"));
+        assert_eq!(second[labels::VERIFIED], "2026-03-01T00:00:00Z");
+        assert_eq!(second[labels::VERIFIED_DRIVER], "535.104.05,550.54.15");
+        assert!(second[labels::VERIFIED_GPUS].contains("NVIDIA H200 (sm_90)"));
     }
 }
