@@ -21,6 +21,7 @@ pub mod platform;
 pub mod printable;
 pub mod reference;
 pub mod rootfs;
+pub mod target_gpu;
 pub mod version;
 
 // Inputs.

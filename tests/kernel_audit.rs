@@ -22,7 +22,7 @@ use std::process::Command;
 use std::str::FromStr;
 use std::time::Instant;
 
-use cudastack::audit::kernels::{missing, CoverageGroup, KernelTarget, Reach};
+use cudastack::audit::kernels::{missing, CoverageGroup, Reach};
 use cudastack::audit::{audit, AuditOptions, FindingKind};
 use cudastack::cas::BlobStore;
 use cudastack::elf::fatbin::{read_device_code, DeviceCode, FatbinError, SectionCode};
@@ -33,6 +33,7 @@ use cudastack::matrix::Matrix;
 use cudastack::names::PackageName;
 use cudastack::oci::{self, Image};
 use cudastack::stack::image_config::StackConfig;
+use cudastack::target_gpu::TargetGpu;
 use cudastack::version::{ComputeCapability, GpuArch, PtxIsa};
 
 /// One file inside one wheel on PyPI (CPython 3.11, manylinux x86_64).
@@ -352,7 +353,7 @@ fn cudnn_8_9_against_9_x_for_sm_90_and_sm_120() {
     );
     // An RTX 5090 runs 8.9's and 9.1's compute_90 PTX only through a driver whose JIT
     // reads its ISA: R570 (CUDA 12.8) does, a 525 floor (CUDA 12.0, ISA 8.0) does not.
-    let rtx_5090 = KernelTarget {
+    let rtx_5090 = TargetGpu {
         name: "GeForce RTX 5090".into(),
         cc: cc("12.0"),
     };
@@ -421,7 +422,7 @@ fn nccl_of_torch_2_4_1_against_sm_100() {
     assert_eq!(code.fatbin.containers, 1);
     assert_eq!(ptx_names(&code.relocatable), ["compute_90 (PTX ISA 8.4)"]);
     assert_eq!(code.relocatable.containers, 112);
-    let b200 = KernelTarget {
+    let b200 = TargetGpu {
         name: "B200".into(),
         cc: cc("10.0"),
     };
@@ -468,7 +469,7 @@ fn an_audit_names_the_library_without_kernels_for_a_target() {
     let options = |gpus: &[(&str, &str)], floor: &str| AuditOptions {
         target_gpus: gpus
             .iter()
-            .map(|(name, c)| KernelTarget {
+            .map(|(name, c)| TargetGpu {
                 name: name.to_string(),
                 cc: cc(c),
             })

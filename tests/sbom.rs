@@ -10,13 +10,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudastack::audit::kernels::{CoverageGroup, KernelTarget};
+use cudastack::audit::kernels::CoverageGroup;
 use cudastack::digest::Digest;
 use cudastack::lock::lockfile::{Artifact, ArtifactKind, Lockfile};
 use cudastack::matrix::Matrix;
 use cudastack::recipe::Recipe;
 use cudastack::sbom::{self, BuiltWheel, SbomInput, Summary};
 use cudastack::stack::image_config::{stack_config, StackFacts};
+use cudastack::target_gpu::TargetGpu;
 use cudastack::verify::check::ImageClaims;
 use serde_json::Value;
 
@@ -104,7 +105,7 @@ struct Image {
     lock: Lockfile,
     claims: ImageClaims,
     built: Vec<BuiltWheel>,
-    targets: Vec<KernelTarget>,
+    targets: Vec<TargetGpu>,
     created: u64,
 }
 
@@ -120,7 +121,7 @@ impl Image {
                 .iter()
                 .map(|name| {
                     let gpu = Matrix::embedded().gpu(name).unwrap();
-                    KernelTarget {
+                    TargetGpu {
                         name: gpu.name.clone(),
                         cc: gpu.cc,
                     }

@@ -24,29 +24,12 @@ use serde::{Deserialize, Serialize};
 use super::{AuditError, Finding, FindingKind};
 use crate::elf::fatbin::{read_device_code, DeviceCode, FatbinError, PtxTarget};
 use crate::rootfs::host_path;
+use crate::target_gpu::TargetGpu;
 use crate::version::{ComputeCapability, GpuArch, PtxIsa};
 
 /// Threads that read fatbin headers at once: the work is small reads spread over large
 /// files, which a few threads overlap well.
 const SCAN_THREADS: usize = 8;
-
-/// A GPU the image is built for: `RTX 5090` with compute capability 12.0.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KernelTarget {
-    pub name: String,
-    pub cc: ComputeCapability,
-}
-
-impl KernelTarget {
-    /// `RTX 5090 (sm_120)`.
-    pub fn label(&self) -> String {
-        if self.name.is_empty() || self.name == self.cc.sm() {
-            self.cc.sm()
-        } else {
-            format!("{} ({})", self.name, self.cc.sm())
-        }
-    }
-}
 
 /// One library (ELF file) with device code.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -263,7 +246,7 @@ pub(super) fn scan(
 /// A finding for each group of libraries without code some target GPU can run.
 pub fn missing(
     groups: &[CoverageGroup],
-    targets: &[KernelTarget],
+    targets: &[TargetGpu],
     jit: Option<PtxIsa>,
 ) -> Vec<Finding> {
     let mut findings = Vec::new();
@@ -286,7 +269,7 @@ pub fn missing(
 
 fn evidence(
     group: &CoverageGroup,
-    target: &KernelTarget,
+    target: &TargetGpu,
     reach: Reach,
     jit: Option<PtxIsa>,
 ) -> String {
@@ -311,7 +294,7 @@ fn evidence(
     text
 }
 
-fn hint(target: &KernelTarget, reach: Reach) -> String {
+fn hint(target: &TargetGpu, reach: Reach) -> String {
     match reach {
         Reach::PtxTooNew(ptx) => match ptx.isa.and_then(|isa| isa.cuda()) {
             Some(cuda) => format!(
@@ -385,8 +368,8 @@ mod tests {
         }
     }
 
-    fn target(name: &str, cc: &str) -> KernelTarget {
-        KernelTarget {
+    fn target(name: &str, cc: &str) -> TargetGpu {
+        TargetGpu {
             name: name.to_string(),
             cc: cc.parse().unwrap(),
         }

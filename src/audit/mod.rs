@@ -57,7 +57,7 @@ use serde::Serialize;
 use crate::version::PtxIsa;
 
 pub use cudnn::parse_cudnn_header;
-pub use kernels::{CoverageGroup, KernelTable, KernelTarget};
+pub use kernels::{CoverageGroup, KernelTable};
 pub use loader::{image_glibc, ld_so_conf_dirs, DEFAULT_LIBRARY_DIRS};
 
 #[cfg(test)]
@@ -91,7 +91,7 @@ pub struct AuditOptions {
     pub preloaded: BTreeSet<String>,
     /// The GPUs the image is for (the recipe's `gpus`): every library with device code
     /// must have SASS or JIT-able PTX for each. Empty: the table is made, nothing checked.
-    pub target_gpus: Vec<kernels::KernelTarget>,
+    pub target_gpus: Vec<crate::target_gpu::TargetGpu>,
     /// The newest PTX ISA the driver floor's JIT compiler reads; None counts PTX of any ISA.
     pub jit_ptx_isa: Option<PtxIsa>,
 }

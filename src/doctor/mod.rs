@@ -30,8 +30,9 @@ use serde::Serialize;
 use crate::host::driver::{self, DriverReport};
 use crate::host::python::PythonProbe;
 use crate::host::HostRoot;
-use crate::matrix::solve::{solve, Candidate, SolveQuery, TargetGpu};
+use crate::matrix::solve::{solve, Candidate, SolveQuery};
 use crate::matrix::Matrix;
+use crate::target_gpu::TargetGpu;
 use crate::version::{CudaVersion, DriverVersion, PythonVersion};
 
 /// Versioned identifier of the JSON document.

@@ -24,6 +24,7 @@ use std::sync::OnceLock;
 use pep440_rs::Version;
 use serde::{Deserialize, Serialize};
 
+use crate::target_gpu::TargetGpu;
 use crate::version::{ComputeCapability, CudaVersion, CudnnVersion, DriverVersion, PythonVersion};
 
 pub const NVIDIA_DATA: &str = include_str!("../../data/nvidia.yaml");
@@ -572,7 +573,7 @@ impl Matrix {
     /// has one, else its architecture's branch, up to its architecture's last branch;
     /// `None` when the matrix knows neither (Turing, whose branches span every CUDA 11+
     /// driver).
-    pub fn gpu_drivers(&self, gpu: &solve::TargetGpu) -> Option<GpuDrivers> {
+    pub fn gpu_drivers(&self, gpu: &TargetGpu) -> Option<GpuDrivers> {
         let arch = self.arch_min_drivers.iter().find(|row| row.cc == gpu.cc);
         let product = self
             .gpu(&gpu.name)
@@ -653,6 +654,21 @@ impl Matrix {
         self.cudnn_library_sets
             .iter()
             .find(|set| set.major == major)
+    }
+
+    /// A GPU given by name (as [`Matrix::gpu`] finds it) or by compute capability (`8.9`):
+    /// the one way every command and the build resolve what a user names.
+    pub fn target_gpu(&self, name_or_cc: &str) -> Option<TargetGpu> {
+        match self.gpu(name_or_cc) {
+            Some(gpu) => Some(TargetGpu {
+                name: gpu.name.clone(),
+                cc: gpu.cc,
+            }),
+            None => name_or_cc
+                .parse::<ComputeCapability>()
+                .ok()
+                .map(TargetGpu::from_cc),
+        }
     }
 
     /// Look a GPU up by name, forgiving vendor prefixes, case, spaces, dashes, memory

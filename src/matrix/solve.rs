@@ -9,51 +9,13 @@ use serde::Serialize;
 
 use super::{GpuDrivers, KernelSupport, Matrix, TorchBuild};
 use crate::recipe::Platform;
+use crate::target_gpu::TargetGpu;
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion, PythonVersion};
 
 /// The first PyPI torch release with CUDA wheels for linux/aarch64; older releases were
 /// CPU-only there, and PyTorch's own cuXYZ indexes are not locked for arm64. The same fact
 /// as `lock::inputs::FIRST_ARM64_CUDA_TORCH` (matrix sits below lock and cannot import it).
 pub const FIRST_ARM64_CUDA_TORCH: &str = "2.11.0";
-
-/// A GPU the answer must run on. A GPU given by compute capability alone carries its sm
-/// (`sm_89`) as its name.
-#[derive(Debug, Clone, Serialize)]
-pub struct TargetGpu {
-    pub name: String,
-    pub cc: ComputeCapability,
-}
-
-impl TargetGpu {
-    /// A GPU known only by its compute capability (`--cc 8.9`).
-    pub fn from_cc(cc: ComputeCapability) -> TargetGpu {
-        TargetGpu { name: cc.sm(), cc }
-    }
-
-    /// Whether the user named the GPU (rather than giving a compute capability).
-    pub fn named(&self) -> bool {
-        self.name != self.cc.sm()
-    }
-
-    /// How reasons name it: `GeForce RTX 3090 (sm_86)`, or `sm_89` alone.
-    pub fn label(&self) -> String {
-        if self.named() {
-            format!("{} ({})", self.name, self.cc.sm())
-        } else {
-            self.cc.sm()
-        }
-    }
-
-    /// How a recipe's `gpus:` names it: the GPU's name, or its capability (`8.9`), the two
-    /// forms `validate` accepts.
-    pub fn recipe_entry(&self) -> String {
-        if self.named() {
-            self.name.clone()
-        } else {
-            self.cc.to_string()
-        }
-    }
-}
 
 #[derive(Debug, Clone, Default)]
 pub struct SolveQuery {
@@ -79,19 +41,12 @@ pub enum SolveError {
 impl SolveQuery {
     /// Resolve a GPU given by name or by compute capability.
     pub fn gpu(matrix: &Matrix, name_or_cc: &str) -> Result<TargetGpu, SolveError> {
-        if let Some(gpu) = matrix.gpu(name_or_cc) {
-            return Ok(TargetGpu {
-                name: gpu.name.clone(),
-                cc: gpu.cc,
-            });
-        }
-        match ComputeCapability::from_str(name_or_cc) {
-            Ok(cc) => Ok(TargetGpu::from_cc(cc)),
-            Err(_) => Err(SolveError::UnknownGpu {
+        matrix
+            .target_gpu(name_or_cc)
+            .ok_or_else(|| SolveError::UnknownGpu {
                 name: name_or_cc.to_string(),
                 suggestions: matrix.gpu_suggestions(name_or_cc),
-            }),
-        }
+            })
     }
 
     /// Parse `2.4.1` (exact), `2.4` (the series `==2.4.*`, issue 24), `==2.4.*` or

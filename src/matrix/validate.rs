@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::{KernelSupport, Matrix, TorchBuild};
 use crate::recipe::Recipe;
+use crate::target_gpu::TargetGpu;
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion};
 
 pub mod system_packages;
@@ -654,18 +655,7 @@ fn check_gpus(
             }
         }
         // A GPU given by capability (`"8.9"`) is named by its sm alone (not `sm_89 (sm_89)`).
-        let Some(gpu) = matrix
-            .gpu(name)
-            .map(|g| super::solve::TargetGpu {
-                name: g.name.clone(),
-                cc: g.cc,
-            })
-            .or_else(|| {
-                name.parse::<ComputeCapability>()
-                    .ok()
-                    .map(super::solve::TargetGpu::from_cc)
-            })
-        else {
+        let Some(gpu) = matrix.target_gpu(name) else {
             problems.error(
                 "unknown-gpu",
                 format!("GPU `{name}` is not in the matrix{}", super::solve::did_you_mean(&matrix.gpu_suggestions(name))),
@@ -744,12 +734,7 @@ fn check_gpus(
 
 /// The recipe's driver floor against the drivers the GPU runs on at all (issue 24: an
 /// R550 floor for a B200 passed through minor-version compatibility).
-fn check_gpu_driver(
-    matrix: &Matrix,
-    recipe: &Recipe,
-    gpu: &super::solve::TargetGpu,
-    problems: &mut Collector,
-) {
+fn check_gpu_driver(matrix: &Matrix, recipe: &Recipe, gpu: &TargetGpu, problems: &mut Collector) {
     let Some(drivers) = matrix.gpu_drivers(gpu) else {
         return;
     };

@@ -16,9 +16,10 @@ use serde::Serialize;
 
 use crate::digest::Digest;
 use crate::labels;
-use crate::matrix::solve::{SolveError, SolveQuery, TargetGpu};
+use crate::matrix::solve::{SolveError, SolveQuery};
 use crate::matrix::Matrix;
 use crate::registry::{ClientOptions, Manifest, Reference, RegistryClient, RegistryError};
+use crate::target_gpu::TargetGpu;
 use crate::verify::record::{config_labels, verified_documents, verified_labels, VerifiedOn};
 use crate::verify::report::{Report, ReportError, Verdict};
 use crate::verify::REPORT_ARTIFACT_TYPE;

@@ -26,10 +26,10 @@ pub mod summary;
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
-use crate::audit::kernels::KernelTarget;
 use crate::digest::Digest;
 use crate::labels;
 use crate::lock::lockfile::{Artifact, Lockfile};
+use crate::target_gpu::TargetGpu;
 use crate::verify::check::ImageClaims;
 
 pub use cyclonedx::{cyclonedx_json, CYCLONEDX_MEDIA_TYPE};
@@ -50,7 +50,7 @@ pub struct SbomInput<'a> {
     pub built: &'a [BuiltWheel],
     /// The GPUs the recipe targets (its `gpus:`, resolved as the build resolves them:
     /// `stack::produce::KernelTargets::of(matrix, recipe).gpus`); not in the image config.
-    pub targets: &'a [KernelTarget],
+    pub targets: &'a [TargetGpu],
     /// The image's created time, epoch seconds: the document's only time.
     pub created: u64,
     /// An artifact's declared license as a valid SPDX expression (for wheels,

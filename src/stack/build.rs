@@ -137,7 +137,7 @@ fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildE
         &facts,
         inputs.arch(),
     );
-    let targets = KernelTargets::of(inputs.matrix, inputs.recipe);
+    let targets = KernelTargets::of(inputs.matrix, inputs.recipe)?;
     let (audit, audit_cached) =
         audit_stack(&planned, &layers, &config, torch_build, &targets, env)?;
     let config = config.with_kernel_labels(

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::{Scope, ScopedJoinHandle};
 
-use crate::audit::kernels::{missing, KernelTable, KernelTarget, LibraryKernels};
+use crate::audit::kernels::{missing, KernelTable, LibraryKernels};
 use crate::audit::{audit, AuditOptions, AuditReport};
 use crate::digest::Digest;
 use crate::elf::fatbin::{DeviceCode, SectionCode};
@@ -27,7 +27,8 @@ use crate::stack::image_config::StackConfig;
 use crate::stack::layers::{BuildEnv, LayerStager, StackLayers};
 use crate::stack::report::{human_bytes, AuditSummary, LayerReport};
 use crate::stack::staging::{merge_trees, write_record, Staging};
-use crate::version::{ComputeCapability, PtxIsa};
+use crate::target_gpu::TargetGpu;
+use crate::version::PtxIsa;
 
 /// Layers tarred and compressed at once. Two keep a writer busy while the next tree stages
 /// and bound memory (each writer holds a few MiB of chunks and compressor blocks).
@@ -307,33 +308,32 @@ fn audit_record(staging: &Staging, diff_ids: &[Digest]) -> PathBuf {
 /// floor can JIT-compile.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KernelTargets {
-    pub gpus: Vec<KernelTarget>,
+    pub gpus: Vec<TargetGpu>,
     pub jit_ptx_isa: Option<PtxIsa>,
 }
 
 impl KernelTargets {
-    pub fn of(matrix: &Matrix, recipe: &Recipe) -> Self {
-        // Names validation refused never reach a build; skipping one here cannot hide it.
+    /// The recipe's `gpus:`, resolved as validation resolves them. A name the matrix does not
+    /// know is an error here too: dropping it would build an image whose audit never checked
+    /// the GPU the recipe asked for.
+    pub fn of(matrix: &Matrix, recipe: &Recipe) -> Result<Self, BuildError> {
         let gpus = recipe
             .gpus
             .iter()
-            .filter_map(|name| match matrix.gpu(name) {
-                Some(gpu) => Some(KernelTarget {
-                    name: gpu.name.clone(),
-                    cc: gpu.cc,
-                }),
-                None => name
-                    .parse::<ComputeCapability>()
-                    .ok()
-                    .map(|cc| KernelTarget { name: cc.sm(), cc }),
+            .map(|name| {
+                matrix.target_gpu(name).ok_or_else(|| {
+                    BuildError::Unsupported(format!(
+                        "GPU `{name}` of the recipe's `gpus:` is not in the matrix, so its kernels cannot be checked\n  hint: use a name from `cudastack matrix --table gpus`, or its compute capability (e.g. \"8.6\"); `cudastack validate` says the same"
+                    ))
+                })
             })
-            .collect();
-        Self {
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
             gpus,
             jit_ptx_isa: matrix
                 .cuda_ceiling(&recipe.driver_floor)
                 .and_then(PtxIsa::newest_for),
-        }
+        })
     }
 }
 
@@ -600,12 +600,28 @@ mod tests {
             Path::new("t.yaml"),
         )
         .unwrap();
-        let targets = KernelTargets::of(Matrix::embedded(), &recipe);
+        let targets = KernelTargets::of(Matrix::embedded(), &recipe).unwrap();
         let ccs: Vec<String> = targets.gpus.iter().map(|g| g.cc.sm()).collect();
         assert_eq!(ccs, ["sm_89", "sm_90"]);
         assert!(targets.gpus[0].name.contains("4090"), "{:?}", targets.gpus);
         assert_eq!(targets.gpus[1].label(), "sm_90");
         assert_eq!(targets.jit_ptx_isa, Some(PtxIsa::new(8, 2)));
+    }
+
+    /// A GPU name the matrix does not know fails the build's kernel targets (it was dropped,
+    /// so the audit never checked the GPU the recipe named).
+    #[test]
+    fn an_unknown_gpu_is_an_error_not_a_gap_in_the_audit() {
+        let recipe = Recipe::parse(
+            "name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"535.104.05\"\ncuda: { version: \"12.1\" }\ngpus: [\"RTX 4090\", \"GTX 9999 Ultra\"]\n",
+            Path::new("t.yaml"),
+        )
+        .unwrap();
+        let error = KernelTargets::of(Matrix::embedded(), &recipe).unwrap_err();
+        assert!(
+            error.to_string().contains("GPU `GTX 9999 Ultra`"),
+            "{error}"
+        );
     }
 
     /// A cached audit is checked against this build's GPUs: adding H100 to `gpus:` fails a
@@ -624,7 +640,7 @@ mod tests {
             distributions: 1,
             kernels: Some(vec![group]),
         };
-        let target = |name: &str, cc: &str| KernelTarget {
+        let target = |name: &str, cc: &str| TargetGpu {
             name: name.into(),
             cc: cc.parse().unwrap(),
         };

@@ -64,7 +64,7 @@ pub struct BuiltFrom {
     /// wheels, and those built from the recipe's sdists).
     pub wheel_files: std::collections::BTreeMap<String, PathBuf>,
     /// The recipe's GPUs as the build resolved them (the SBOM's target GPUs).
-    pub targets: Vec<crate::audit::kernels::KernelTarget>,
+    pub targets: Vec<crate::target_gpu::TargetGpu>,
 }
 
 /// What the static audit looked at (it found nothing wrong, or the build failed).

@@ -10,8 +10,8 @@ use serde::Serialize;
 use super::record::VerifiedOn;
 use crate::audit::kernels::{CoverageGroup, Reach};
 use crate::labels::{self, StackLabels};
-use crate::matrix::solve::TargetGpu;
 use crate::matrix::{GpuDrivers, Matrix};
+use crate::target_gpu::TargetGpu;
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion, PtxIsa};
 
 /// What an image's config declares about what it needs.
