@@ -533,9 +533,18 @@ fn test_files() -> Vec<(String, String, syn::File)> {
 /// pasted into tests); other macros are not expanded.
 #[test]
 fn no_test_returns_early_without_the_gate() {
-    let files = test_files();
+    let found = early_returns_past_the_gate(&test_files());
+    assert!(
+        found.is_empty(),
+        "early returns past the gate (report the skip through tests/gate first):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The returns `files` (path, module, syntax) make past the gate, as `path:line: test ...`.
+fn early_returns_past_the_gate(files: &[(String, String, syn::File)]) -> Vec<String> {
     let mut functions = Functions::default();
-    for (path, module, file) in &files {
+    for (path, module, file) in files {
         if !path.starts_with("tests/gate/") {
             functions.module = module.clone();
             functions.visit_file(file);
@@ -543,7 +552,7 @@ fn no_test_returns_early_without_the_gate() {
     }
     let gates = gate_keys(&functions);
     let mut found = Vec::new();
-    for (path, module, file) in &files {
+    for (path, module, file) in files {
         let mut scan = EarlyReturns {
             functions: &functions,
             gates: &gates,
@@ -557,9 +566,46 @@ fn no_test_returns_early_without_the_gate() {
         scan.visit_file(file);
         found.extend(scan.found);
     }
-    assert!(
-        found.is_empty(),
-        "early returns past the gate (report the skip through tests/gate first):\n{}",
-        found.join("\n")
+    found
+}
+
+#[test]
+fn the_scan_tells_a_gated_return_from_a_bare_one() {
+    let source = r#"
+        fn skip_reason() -> Option<Skip> { None }
+        fn skip_without_gcc() -> bool { gate::skip("gcc", "no gcc"); true }
+        macro_rules! require { () => { if let Some(r) = skip_reason() { eprintln!("{r}"); return; } }; }
+        #[test]
+        fn reported() { if let Some(r) = skip_reason() { r.report(); return; } }
+        #[test]
+        fn through_a_helper() { if skip_without_gcc() { return; } }
+        #[test]
+        fn returned_gate() { let Some(x) = other() else { return gate::not_applicable("x") }; }
+        #[test]
+        fn decided() { if flag() { assert_eq!(1, 1); return; } }
+        #[test]
+        fn bare() {
+            let Some(dir) = other() else {
+                eprintln!("skipped");
+                return;
+            };
+        }
+        #[test]
+        fn printed() { if let Some(r) = skip_reason() { eprintln!("skipped: {r}"); return; } }
+        #[test]
+        #[ignore = "a child"]
+        fn child() { let Ok(v) = std::env::var("CHILD") else { return; }; }
+        #[test]
+        fn in_a_closure() { std::thread::spawn(|| { if done() { return; } }); }
+    "#;
+    let file = syn::parse_file(source).unwrap();
+    let found = early_returns_past_the_gate(&[("tests/t.rs".into(), "t".into(), file)]);
+    assert_eq!(
+        found,
+        [
+            "tests/t.rs:4: macro_rules! require returns without the gate",
+            "tests/t.rs:17: bare returns without the gate",
+            "tests/t.rs:21: printed returns without the gate",
+        ]
     );
 }
