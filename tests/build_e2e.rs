@@ -332,7 +332,7 @@ fn a_no_op_rebuild_with_docker_loads_and_runs_nothing() {
     if let Some(reason) =
         e2e_support::skip_reason(&[("gcc", &["--version"][..]), ("docker", &["info"][..])])
     {
-        eprintln!("skipped: {reason}");
+        reason.report();
         return;
     }
     let work = tempfile::tempdir().unwrap();

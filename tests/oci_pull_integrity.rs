@@ -39,7 +39,7 @@ fn names_under(dir: &Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_cached_blob_is_fetched_again_not_linked_into_the_layout() {
     if let Some(reason) = skip_reason() {
-        eprintln!("skipped: {reason}");
+        reason.report();
         return;
     }
     let registry = Registry::start(None);

@@ -20,7 +20,7 @@ use registry_support::*;
 macro_rules! require_registry {
     () => {
         if let Some(reason) = skip_reason() {
-            eprintln!("skipped: {reason}");
+            reason.report();
             return;
         }
     };
@@ -138,7 +138,7 @@ async fn a_registry_that_answered_before_is_retried_across_a_restart() {
 #[test]
 fn every_retry_is_a_line_on_stderr() {
     if let Some(reason) = skip_reason() {
-        eprintln!("skipped: {reason}");
+        reason.report();
         return;
     }
     let registry = Registry::start(None);

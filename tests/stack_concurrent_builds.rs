@@ -129,7 +129,7 @@ fn spawn_build(recipe: &Path, layout: &Path, cache: &Path) -> Child {
 #[test]
 fn concurrent_builds_sharing_one_cache_all_succeed_and_agree() {
     if let Some(reason) = e2e_support::skip_reason(&[("gcc", &["--version"])]) {
-        eprintln!("skipped: {reason}");
+        reason.report();
         return;
     }
     let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::gate::Skip;
+
 use cudastack::cas::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::engine::run::RUN_LABEL;
@@ -23,22 +25,27 @@ use cudastack::oci::{layout, Image};
 const EPOCH: u64 = 1_714_521_600;
 const BUSYBOX: &str = "/bin/busybox";
 
-fn skip_reason() -> Option<String> {
+/// Why these tests cannot run here, if they cannot (the caller reports it: `.report()`).
+fn skip_reason() -> Option<Skip> {
     if !Path::new(BUSYBOX).is_file() {
-        return Some(format!(
-            "{BUSYBOX} is missing (apt-get install busybox-static)"
+        return Some(Skip::missing(
+            "busybox",
+            format!("{BUSYBOX} is missing (apt-get install busybox-static)"),
         ));
     }
     match Command::new("docker").arg("info").output() {
         Ok(output) if output.status.success() => None,
-        _ => Some("no Docker daemon answers `docker info`".to_string()),
+        _ => Some(Skip::missing(
+            "docker",
+            "no Docker daemon answers `docker info`",
+        )),
     }
 }
 
 macro_rules! require_docker {
     () => {
         if let Some(reason) = skip_reason() {
-            eprintln!("skipping: {reason}");
+            reason.report();
             return;
         }
     };
@@ -553,10 +560,14 @@ fn forged_layout(
     (dir, image.documents().unwrap().config.digest)
 }
 
-fn forgery_skip_reason() -> Option<String> {
+fn forgery_skip_reason() -> Option<Skip> {
     skip_reason().or_else(|| {
-        (!Path::new(HOST_PYTHON).is_file())
-            .then(|| format!("{HOST_PYTHON} is missing (apt-get install python3.11)"))
+        (!Path::new(HOST_PYTHON).is_file()).then(|| {
+            Skip::missing(
+                "python3.11",
+                format!("{HOST_PYTHON} is missing (apt-get install python3.11)"),
+            )
+        })
     })
 }
 
@@ -568,7 +579,7 @@ fn forgery_skip_reason() -> Option<String> {
 #[test]
 fn a_pth_file_cannot_forge_the_report() {
     if let Some(reason) = forgery_skip_reason() {
-        eprintln!("skipping: {reason}");
+        reason.report();
         return;
     }
     use crate::install_support::member;
@@ -645,7 +656,7 @@ fn a_pth_file_cannot_forge_the_report() {
 #[test]
 fn code_the_probe_imports_cannot_forge_the_report() {
     if let Some(reason) = forgery_skip_reason() {
-        eprintln!("skipping: {reason}");
+        reason.report();
         return;
     }
     use crate::install_support::member;

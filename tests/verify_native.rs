@@ -4,23 +4,29 @@
 //! exit 0. This machine has no GPU, which is the case to prove; on a machine with a GPU
 //! the test says so and skips.
 
+use crate::gate::Skip;
+
 use std::path::Path;
 use std::process::Command;
 
-fn skip_reason() -> Option<String> {
+/// Why these tests cannot run here, if they cannot: a GPU here is a condition of the host
+/// (the case to prove is a machine without one), a missing python3 a missing component.
+fn skip_reason() -> Option<Skip> {
     if Path::new("/dev/nvidiactl").exists() || Path::new("/proc/driver/nvidia/version").exists() {
-        return Some("this machine has an NVIDIA driver: the probe may see a GPU".to_string());
+        return Some(Skip::host(
+            "this machine has an NVIDIA driver: the probe may see a GPU",
+        ));
     }
     match Command::new("python3").arg("--version").output() {
         Ok(output) if output.status.success() => None,
-        _ => Some("no python3 to run the probe with".to_string()),
+        _ => Some(Skip::missing("python3", "no python3 to run the probe with")),
     }
 }
 
 #[test]
 fn require_gpu_without_a_gpu_fails_saying_no_gpu_was_seen() {
     if let Some(reason) = skip_reason() {
-        eprintln!("skipping: {reason}");
+        reason.report();
         return;
     }
     for level in ["driver", "train"] {
@@ -42,7 +48,7 @@ fn require_gpu_without_a_gpu_fails_saying_no_gpu_was_seen() {
 #[test]
 fn without_require_gpu_no_gpu_is_the_static_level_not_an_error_about_gpus() {
     if let Some(reason) = skip_reason() {
-        eprintln!("skipping: {reason}");
+        reason.report();
         return;
     }
     let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
