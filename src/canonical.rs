@@ -7,7 +7,7 @@
 //! are the bytes that are hashed and the bytes that are stored.
 //!
 //! Shared vocabulary, below the pipeline: `layer` (cache keys), `oci` (documents), `verify`
-//! and `registry` use it; it depends on nothing of cudastack (issue 17: it used to live in
+//! and `registry` use it; it depends on nothing of cudastack (it used to live in
 //! `oci`, which made `layer` and `oci` import each other).
 
 use std::io::Write;

@@ -15,7 +15,7 @@
 //! at most a file in `tmp/`, which is never read as a blob.
 //!
 //! A blob can still change after it was stored: a disk that fills, a tool that truncates
-//! or edits a file of a layout that is a hard link to the blob (issue 16, "Trust"). So the
+//! or edits a file of a layout that is a hard link to the blob. So the
 //! store hands out a blob only through [`BlobStore::verified`] (and [`BlobStore::contains`],
 //! which uses it), and the rule is: **a blob is used only while its integrity record
 //! matches its `stat`; otherwise it is hashed again before use.** Any write, truncation or

@@ -5,7 +5,7 @@
 //! `localhost`; otherwise the registry is `docker.io`, and a one-component repository on
 //! Docker Hub lives under `library/` (`ubuntu` is `docker.io/library/ubuntu:latest`).
 //!
-//! Shared vocabulary, below the pipeline (issue 17): `recipe` checks the tags a recipe names
+//! Shared vocabulary, below the pipeline: `recipe` checks the tags a recipe names
 //! with it, `engine` and `registry` address images with it. It depends only on `digest`;
 //! `registry::Reference` is a re-export of [`Reference`].
 
@@ -230,7 +230,7 @@ impl Reference {
 /// `localhost` (any case), or an IP address that is loopback (`127.0.0.0/8`, `[::1]`,
 /// `[::ffff:127.0.0.1]`), with or without a port. Anything else is a host name, however it
 /// starts: `127.evil.example` resolves wherever its owner wants, so it gets https and no
-/// plain-http credentials (issue 16).
+/// plain-http credentials.
 pub fn is_localhost(registry: &str) -> bool {
     if let Some(rest) = registry.strip_prefix('[') {
         // Brackets hold an IPv6 address and nothing else (RFC 3986 IP-literal).
@@ -659,7 +659,7 @@ mod tests {
         assert!(text.contains("`ghcr.io/team/Torch\\n:1`"), "{text}");
     }
 
-    /// Issue 16: one grammar for every edge. Each of these is refused by the Docker 20.10
+    /// One grammar for every edge. Each of these is refused by the Docker 20.10
     /// daemon (measured with `POST /images/ID/tag`), by distribution/reference, or both,
     /// and so here, with the part at fault named.
     #[test]
@@ -744,7 +744,7 @@ mod tests {
         assert_eq!(split_name_and_tag(":"), ("", Some("")));
     }
 
-    /// Issue 16: only loopback addresses and `localhost` are this machine. A name that
+    /// Only loopback addresses and `localhost` are this machine. A name that
     /// merely starts with `127.` is a DNS name anyone can point anywhere.
     #[test]
     fn only_loopback_addresses_and_localhost_are_local() {

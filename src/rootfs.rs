@@ -8,7 +8,7 @@
 //!
 //! Shared vocabulary at the bottom of the dependency order: it depends on `std` only, so
 //! `install`, `stack` and `audit` can all use it without depending on each other (it used to
-//! be `audit::rootfs`, which made install depend on audit; issue 17).
+//! be `audit::rootfs`, which made install depend on audit).
 
 use std::collections::VecDeque;
 use std::ffi::OsString;

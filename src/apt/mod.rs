@@ -1,4 +1,4 @@
-//! Debian and Ubuntu packages, locked like every other byte of the image (issue 18).
+//! Debian and Ubuntu packages, locked like every other byte of the image.
 //!
 //! At lock time, [`resolve`] runs apt itself, as a normal user, against a throwaway root
 //! whose only trusted key is the archive's keyring: apt checks InRelease against the

@@ -194,7 +194,7 @@ fn unread_is_unknown(
 
 /// The exit status of `check` (documented in its `--help` and in README): 0 yes, 1 no,
 /// 3 unknown; 2 is an error, from `cli::main`. Unknown is not yes, so scripts that test
-/// `$?` never read "cannot tell" as "runs" (issue 16).
+/// `$?` never read "cannot tell" as "runs".
 pub const EXIT_YES: u8 = 0;
 pub const EXIT_NO: u8 = 1;
 pub const EXIT_UNKNOWN: u8 = 3;

@@ -1,4 +1,4 @@
-//! The "Examples:" section of every command's `--help` (issue 24): one or two real
+//! The "Examples:" section of every command's `--help`: one or two real
 //! commands, each after a `#` line that says what it does. They run as written from a
 //! checkout of the repository (its recipes/), given what the command itself needs (a
 //! registry you may push to, a GPU, Docker); `ghcr.io/acme/torch` stands for your image.

@@ -63,7 +63,7 @@ fn source(location: &ImageLocation, registry: &RegistryArgs) -> Result<ImageSour
 
 /// The help of a `--platform` option whose default is this machine's platform: `what`, then
 /// the default as it is on the machine showing the help (`linux/arm64` on a Grace node).
-/// A clap `[default: linux/amd64]` beside "this machine's" read as a fixed value (issue 24);
+/// A clap `[default: linux/amd64]` beside "this machine's" read as a fixed value;
 /// the help says where the default comes from and what it is here.
 pub fn platform_help(what: &str) -> String {
     let default = cudastack::recipe::Platform::host_or_amd64();

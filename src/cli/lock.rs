@@ -132,7 +132,7 @@ pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
             )
             .into());
         }
-        // What a two-part torch version was taken to mean (issue 24), before the lock
+        // What a two-part torch version was taken to mean, before the lock
         // records the exact release.
         for note in validation
             .problems

@@ -293,7 +293,7 @@ fn gpu_table(matrix: &Matrix, origin: &Origin, printer: &Printer) -> CommandResu
         } else {
             format!("{} (also {})", gpu.name, gpu.aliases.join(", "))
         };
-        // Issue 24: the oldest driver that runs the GPU at all, and how sure that is.
+        // The oldest driver that runs the GPU at all, and how sure that is.
         let target = cudastack::target_gpu::TargetGpu {
             name: gpu.name.clone(),
             cc: gpu.cc,

@@ -21,11 +21,11 @@ pub struct PullArgs {
     layout: PathBuf,
     /// The name of the image in the layout (default: the tag, else `latest`).
     // `--ref` as in push, load, inspect, check and verify; `--ref-name`, its old name, is
-    // a hidden alias so existing scripts keep working (issue 24).
+    // a hidden alias so existing scripts keep working.
     #[arg(long = "ref", value_name = "REF", alias = "ref-name")]
     ref_name: Option<String>,
     // No static clap default: the default is this machine's platform, found at run time,
-    // and the help says which it is here (issue 24).
+    // and the help says which it is here.
     #[arg(
         long,
         help = super::image_source::platform_help("The platform to pick from a multi-platform index")

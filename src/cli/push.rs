@@ -89,7 +89,7 @@ pub struct PushArgs {
     reference: String,
     /// The image of the layout to push (its `org.opencontainers.image.ref.name`).
     // `--ref` in every command that names an image of a layout; `--ref-name`, push's old
-    // name, is a hidden alias so existing scripts keep working (issue 24).
+    // name, is a hidden alias so existing scripts keep working.
     #[arg(
         long = "ref",
         value_name = "REF",

@@ -216,7 +216,7 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
     }
 }
 
-/// What the status words of the shown rows mean (issue 24: an unconfirmed answer says so).
+/// What the status words of the shown rows mean (an unconfirmed answer says so).
 fn print_legend<'a>(shown: impl Iterator<Item = &'a str>, printer: &Printer) {
     let shown: Vec<&str> = shown.collect();
     let statuses = Status::ALL

@@ -205,7 +205,7 @@ fn record_log(
         cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
         gpus_requested: "see the job".to_string(),
         engine: None,
-        // Issue 32: no host watched this run, so nothing here is its testimony.
+        // No host watched this run, so nothing here is its testimony.
         note: Some(format!(
             "not host-witnessed: recorded from {}, a log made elsewhere (no nonce, no comparison with the GPUs a host gave the probe)",
             log.display()
@@ -414,12 +414,12 @@ pub fn finish(
         });
     } else {
         printer.text(report.render());
-        // Like the table, every line fits RENDER_WIDTH columns (issue 24).
+        // Like the table, every line fits RENDER_WIDTH columns.
         let wrapped = |line: String| wrap_line(&line, RENDER_WIDTH);
         if let Some(note) = report.runner.as_ref().and_then(|r| r.note.as_ref()) {
             printer.text(wrapped(format!("note: {note}")));
         }
-        // Issue 32: whether the host vouches for the report, and for what.
+        // Whether the host vouches for the report, and for what.
         if let Some(witness) = report.runner.as_ref().and_then(|r| r.witness.as_ref()) {
             printer.text(wrapped(format!("witness: {}", witness.summary())));
         }

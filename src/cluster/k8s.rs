@@ -28,7 +28,7 @@ use crate::recipe::RuntimeSpec;
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// The node label GPU feature discovery (part of the GPU Operator) sets to the product name.
 pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
-/// Where every cudastack image carries its probe (issue 7).
+/// Where every cudastack image carries its probe.
 pub const PROBE_PATH: &str = "/opt/cudastack/probe/probe.py";
 /// Prefix of the report line the probe prints last on stdout.
 pub const REPORT_PREFIX: &str = "cudastack-report-v1 ";
@@ -505,7 +505,7 @@ mod tests {
         assert_eq!(yaml, job_manifest(&spec).unwrap());
     }
 
-    /// Issue 19: the image's runtime needs: /dev/shm as a memory emptyDir of its size, the
+    /// The image's runtime needs: /dev/shm as a memory emptyDir of its size, the
     /// ulimits named for the node's runtime; nothing of either without them.
     #[test]
     fn runtime_needs_mount_a_memory_dev_shm() {

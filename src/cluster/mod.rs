@@ -1,6 +1,6 @@
 //! Beyond one machine: what cudastack hands to the engines clusters already run, so an
 //! image built and verified here is published, re-verified and pulled there without a
-//! home-made scheduler (issue 10).
+//! home-made scheduler.
 //!
 //! It sits after the outputs in the pipeline: it reads recipes and built images and writes
 //! text other systems execute: GitHub Actions workflows ([`workflows`]), a Kubernetes Job

@@ -390,7 +390,7 @@ mod tests {
         insta::assert_snapshot!(script);
     }
 
-    /// Issue 19: ulimits set in the batch shell (bash's units), /dev/shm checked; the script
+    /// Ulimits set in the batch shell (bash's units), /dev/shm checked; the script
     /// is still valid bash.
     #[test]
     fn runtime_needs_set_ulimits_and_check_dev_shm() {

@@ -11,7 +11,7 @@
 //! type passed (`cudastack promote`). `relock.yml` re-locks every recipe on a schedule and
 //! opens a pull request when upstream moved.
 //!
-//! Every job installs a released cudastack (issue 24): the static binary of a pinned
+//! Every job installs a released cudastack: the static binary of a pinned
 //! version, downloaded from the project's releases (or a mirror) and checked against the
 //! release's SHA256SUMS, whose own digest a team may pin. Nothing compiles cudastack or
 //! checks out its source, so the files work in any team's repository.
@@ -657,7 +657,7 @@ fn promote_gpus(recipes: &[WorkflowRecipe]) -> Vec<(&WorkflowRecipe, Vec<(&str, 
     promoted
 }
 
-/// The promote job (issue 24): one leg per recipe with GPUs, after every verify leg ran.
+/// The promote job: one leg per recipe with GPUs, after every verify leg ran.
 /// `cudastack promote` refuses unless the pinned image has a passing verification for each
 /// GPU type given, so it only tags what every GPU type of the recipe passed on, and one
 /// recipe's failure does not hold back another's promotion.
@@ -885,7 +885,7 @@ mod tests {
         assert!(text.contains("hashFiles(matrix.lock)"));
     }
 
-    /// Issue 24: the jobs install a released cudastack (checked against the release's
+    /// The jobs install a released cudastack (checked against the release's
     /// SHA256SUMS) instead of compiling it, so nothing needs cudastack's source.
     #[test]
     fn jobs_install_a_released_cudastack_and_never_compile_it() {
@@ -930,7 +930,7 @@ mod tests {
         )));
     }
 
-    /// Issue 24: after the verify legs, each recipe with GPUs is promoted to its matrix tag
+    /// After the verify legs, each recipe with GPUs is promoted to its matrix tag
     /// by `cudastack promote REF --require-gpu CLASS...`, one flag per verified GPU type.
     #[test]
     fn each_recipe_with_gpus_is_promoted_after_its_verification() {

@@ -21,7 +21,7 @@ pub const BUILD_HOST_SCHEMA: &str = "cudastack.doctor.build-host/v1";
 
 /// The free space a build of one torch image needs in the cache: its blobs (wheels,
 /// compressed layers) and the staged trees together were about 12 GB for the
-/// torch 2.4.1 + CUDA 12.1 recipe (the figure measured for issue 24).
+/// torch 2.4.1 + CUDA 12.1 recipe.
 pub const TORCH_IMAGE_CACHE_BYTES: u64 = 12 * 1_000_000_000;
 
 /// What was read about this host.

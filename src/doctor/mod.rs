@@ -220,7 +220,7 @@ pub enum DoctorError {
 /// The host planted under `root` (`doctor --root DIR`), once `root` is known to be a
 /// readable directory. Every file the diagnosis reads is looked up under the root, so a
 /// missing root would otherwise read as a host with nothing installed: "no driver"
-/// instead of "no such directory" (issue 16).
+/// instead of "no such directory".
 pub fn planted_host(root: &Path, env: BTreeMap<String, String>) -> Result<HostRoot, DoctorError> {
     let metadata = std::fs::metadata(root).map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => DoctorError::RootMissing {

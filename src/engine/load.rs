@@ -12,7 +12,7 @@
 //! Docker 20.10 answers a load only after reading the whole upload, so the load request
 //! runs without bollard's 120 s timeout (CRATES.md pitfall 3).
 //!
-//! A load is all or nothing (issue 16). The tags are checked against the daemon's own
+//! A load is all or nothing. The tags are checked against the daemon's own
 //! grammar before anything is sent ([`super::split_tag`]): Docker creates the image before
 //! it parses the archive's RepoTags, so a tag it refuses used to leave the image untagged.
 //! Any failure after the upload began removes the image if it was not there before (the
@@ -591,7 +591,7 @@ mod tests {
         assert_eq!(error.kind(), io::ErrorKind::BrokenPipe);
     }
 
-    /// Issue 16: Docker creates the image, then parses the archive's RepoTags; a tag it
+    /// Docker creates the image, then parses the archive's RepoTags; a tag it
     /// refuses failed the load and left the image untagged in the daemon. Past the tag
     /// check (which refuses such tags up front), a load that fails inside the daemon must
     /// still leave nothing. Needs a Docker daemon; says why it skips otherwise.

@@ -235,7 +235,7 @@ pub(crate) fn message_of(error: &bollard::errors::Error) -> String {
 ///
 /// Why this is strict: Docker's load creates the image *before* it parses the archive's
 /// RepoTags, so a tag it rejects (`torch/Cu121:x`) failed the load after the image was in
-/// the daemon, left there untagged (issue 16). Every tag is checked here, before a byte
+/// the daemon, left there untagged. Every tag is checked here, before a byte
 /// is sent.
 pub fn split_tag(reference: &str) -> Result<(&str, &str), EngineError> {
     Reference::parse_docker_name(reference).map_err(|error| EngineError::InvalidTag {
@@ -276,7 +276,7 @@ mod tests {
         }
     }
 
-    /// Issue 16: the daemon created the image, then refused these tags, leaving the image
+    /// The daemon created the image, then refused these tags, leaving the image
     /// untagged. Each is refused here, with the part at fault named.
     #[test]
     fn tags_the_daemon_refuses_are_refused_before_loading() {

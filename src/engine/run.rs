@@ -10,7 +10,7 @@
 //!
 //! Every container is labelled `io.cudastack.run=<pid>` and removed on every path: after
 //! a normal exit, on timeout (killed first), on any error, on SIGINT, SIGTERM or SIGHUP
-//! (a CI runner cancels a job with SIGTERM: issue 16), and (best effort, by a spawned
+//! (a CI runner cancels a job with SIGTERM), and (best effort, by a spawned
 //! task) when the caller drops the future. The run then returns
 //! [`EngineError::Interrupted`] and the caller exits. Listening for a signal replaces the
 //! process's default action for the rest of its life (a tokio property), so a watcher
@@ -729,7 +729,7 @@ mod tests {
         }
     }
 
-    /// Issue 16: reaping must only remove containers whose run is dead; a concurrent
+    /// Reaping must only remove containers whose run is dead; a concurrent
     /// live run on the same host keeps its container.
     #[test]
     fn only_provably_dead_runs_are_orphans() {

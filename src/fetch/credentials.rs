@@ -1,4 +1,4 @@
-//! Credentials for the recipe's private package indexes (issue 19), found outside the
+//! Credentials for the recipe's private package indexes, found outside the
 //! recipe: the environment (`CUDASTACK_INDEX_<NAME>_USERNAME` / `_PASSWORD`, as uv's
 //! `UV_INDEX_<NAME>_*`), then a netrc file (`$NETRC`, else `~/.netrc`), then, when the user
 //! opts in with `CUDASTACK_KEYRING_PROVIDER=subprocess`, `keyring get URL USERNAME` (as uv
@@ -33,7 +33,7 @@ pub enum CredentialError {
     Netrc { path: PathBuf, message: String },
     #[error("{KEYRING_PROVIDER_VARIABLE}=`{value}` is not a keyring provider\n  hint: set it to `subprocess` (run `keyring get URL USERNAME`) or `disabled`, or unset it")]
     Provider { value: String },
-    /// Issue 32: credentials from the environment with no URL outside the recipe to bind
+    /// Credentials from the environment with no URL outside the recipe to bind
     /// them to.
     #[error("index `{index}`: {prefix}_{what} set, but {prefix}_URL is not; cudastack sends credentials from the environment only to the URL that variable names, never to the URL a recipe names (a pull request can change it)\n  hint: if these credentials are for `{url}`, set {prefix}_URL={url}")]
     Unbound {
@@ -42,7 +42,7 @@ pub enum CredentialError {
         what: &'static str,
         url: String,
     },
-    /// Issue 32: the recipe's index is not the one the user bound the credentials to.
+    /// The recipe's index is not the one the user bound the credentials to.
     #[error("index `{index}` is `{recipe_url}` in the recipe, but {prefix}_URL is `{bound_url}`; cudastack sends this index's credentials to that URL only\n  hint: if the recipe's URL is the right one, set {prefix}_URL to it; if not (a pull request may have changed it), restore the recipe's `url:`")]
     Mismatch {
         index: String,
@@ -52,7 +52,7 @@ pub enum CredentialError {
     },
     #[error("{prefix}_URL is `{value}`, which is not an http or https URL without user name, password, query or fragment\n  hint: set it to the index's URL as the recipe writes it, such as `https://pypi.internal.example/simple`")]
     BadBinding { prefix: String, value: String },
-    /// Issue 32: basic auth over plain http to another machine is readable on the way.
+    /// Basic auth over plain http to another machine is readable on the way.
     #[error("index `{index}` is plain http on another machine (`{url}`): the credentials from {origin} would cross the network readable by anyone on the path, so cudastack does not send them\n  hint: use the index's https URL in the recipe (and in {prefix}_URL), or remove the credentials for it")]
     PlainHttp {
         index: String,
@@ -362,7 +362,7 @@ fn is_loopback(url: &Url) -> bool {
     }
 }
 
-/// Issue 32: credentials go over plain http only to this machine; to another, an error
+/// Credentials go over plain http only to this machine; to another, an error
 /// (not a warning a CI log buries).
 fn refuse_plain_http(spec: &IndexSpec, origin: &CredentialOrigin) -> Result<(), CredentialError> {
     if spec.base.scheme() == "http" && !is_loopback(&spec.base) {
@@ -488,14 +488,14 @@ mod tests {
         );
         // A `machine` entry is bound to its host by the user who wrote it.
         assert_eq!(found.indexes[1].credentials().unwrap().password, "n-pass");
-        // Issue 32: the `default` entry only for an index bound by its URL variable.
+        // The `default` entry only for an index bound by its URL variable.
         assert_eq!(found.indexes[2].credentials().unwrap().username, "d-user");
         assert!(found.indexes[3].credentials().is_none());
         assert!(!format!("{found:?}").contains("pass\""), "{found:?}");
         assert!(!format!("{found:?}").contains("e-pass"));
     }
 
-    /// Issue 32: a recipe names the URL; the environment's credentials go only to the URL
+    /// A recipe names the URL; the environment's credentials go only to the URL
     /// `CUDASTACK_INDEX_<NAME>_URL` names, and their absence or another URL is an error.
     #[test]
     fn environment_credentials_go_only_to_their_bound_url() {
@@ -560,7 +560,7 @@ mod tests {
         }
     }
 
-    /// Issue 32: any credential for a plain-http index on another machine is refused;
+    /// Any credential for a plain-http index on another machine is refused;
     /// on this machine it is sent.
     #[test]
     fn plain_http_credentials_are_refused_off_this_machine() {
@@ -685,7 +685,7 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        // Issue 32: without the URL binding the keyring is not asked (a backend such as
+        // Without the URL binding the keyring is not asked (a backend such as
         // Google's answers for any URL of its service, a pull request's among them).
         let unbound = Lookup::new(
             env(&[("CUDASTACK_INDEX_K_USERNAME", "kuser")]),

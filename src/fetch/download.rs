@@ -8,7 +8,7 @@
 //! resumes from the same partial file. Memory stays flat: one network chunk and a 1 MiB
 //! write buffer per transfer, whatever the artifact's size.
 //!
-//! What is left behind (issue 16): a partial file survives only a *transfer* failure
+//! What is left behind: a partial file survives only a *transfer* failure
 //! (the connection broke, the server answered 5xx or could not be reached) and only when it
 //! holds bytes, so the next run can resume; it never grows past the locked size, because
 //! every source stops reading at `size + 1` bytes and fails. Every other failure (too many
@@ -236,7 +236,7 @@ impl Downloader {
     }
 
     async fn download(&self, item: &FetchItem) -> Result<PathBuf, DownloadError> {
-        // Another build sharing the cache may be downloading the same blob (issue 16).
+        // Another build sharing the cache may be downloading the same blob.
         let _lock = self.store.lock_partial(&item.sha256)?;
         if let Some(path) = self.store.verified(&item.sha256)? {
             return Ok(path);

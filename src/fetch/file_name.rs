@@ -1,7 +1,7 @@
 //! [`FileName`]: one path component that came from outside (a lock, an index page, a wheel,
 //! a manifest) and is about to become part of a path on this machine.
 //!
-//! Issue 16: a lock's `"filename": "../../x"` or `"/tmp/x"` was joined onto the wheels
+//! A lock's `"filename": "../../x"` or `"/tmp/x"` was joined onto the wheels
 //! directory and the target replaced by a symlink, as root. Every such name is now parsed
 //! once into this type, which cannot hold a separator, `.`/`..`, a NUL or control character,
 //! or be empty or longer than a file name may be; `dir.join(name)` is then always a direct

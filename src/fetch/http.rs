@@ -289,7 +289,7 @@ pub struct HttpClient {
 /// without any (a bare container: `debian:bookworm-slim` has no ca-certificates, and the
 /// static release binary is meant to run there), the Mozilla roots compiled into cudastack
 /// (webpki-root-certs). Without this, building the client fails with "No CA certificates
-/// were loaded from the system" before any request, even to a plain-http index (issue 24).
+/// were loaded from the system" before any request, even to a plain-http index.
 /// `SSL_CERT_FILE` / `SSL_CERT_DIR` still choose the system store, as in rustls-native-certs.
 pub fn client_builder() -> reqwest::ClientBuilder {
     let builder = reqwest::Client::builder();
@@ -566,7 +566,7 @@ pub fn is_transient_status(status: StatusCode) -> bool {
 /// A body cut short surfaces as a decode error wrapping an I/O error, so the whole source
 /// chain is inspected.
 pub fn is_transient_error(error: &reqwest::Error) -> bool {
-    // Nobody listening, or no such host: waiting will not change that (issue 16: a refused
+    // Nobody listening, or no such host: waiting will not change that (a refused
     // connection used to be retried silently for 45 s).
     !is_refused_or_unresolved(error) && may_pass_on_retry(error)
 }

@@ -445,7 +445,7 @@ mod tests {
 
     const HEX: &str = "0000000000000000000000000000000000000000000000000000000000000abc";
 
-    /// Issue 19: a link with `user:password@` (an index echoing the request's credentials)
+    /// A link with `user:password@` (an index echoing the request's credentials)
     /// is locked without them.
     #[test]
     fn credentials_in_file_links_are_dropped() {
@@ -569,7 +569,7 @@ mod tests {
         assert_eq!(percent_decode("x%zz"), "x%zz");
     }
 
-    /// Issue 16: names from an index become paths; a page cannot smuggle in a separator.
+    /// Names from an index become paths; a page cannot smuggle in a separator.
     #[test]
     fn file_names_that_are_paths_refuse_the_page() {
         let page = Url::parse("https://pypi.org/simple/torch/").unwrap();

@@ -18,7 +18,7 @@ use crate::fetch::index::{CoreMetadata, DistFile};
 use crate::fetch::remote_zip::{RemoteZip, RemoteZipError};
 
 /// The largest METADATA read, from a `.metadata` file, a remote wheel or a local one
-/// (issue 16: a 1.5 MB wheel whose METADATA inflated to 1.5 GB made `lock` use 1.5 GB).
+/// (a 1.5 MB wheel whose METADATA inflated to 1.5 GB made `lock` use 1.5 GB).
 /// The biggest on PyPI are long READMEs of a few hundred kB.
 pub const MAX_METADATA_BYTES: u64 = 8 * 1024 * 1024;
 

@@ -30,7 +30,7 @@ const TAIL_BYTES: u64 = 128 * 1024;
 /// Guess for the local header's extra field, so most entries take one request.
 const LOCAL_EXTRA_GUESS: u64 = 256;
 /// The largest central directory read (torch's, ~10k entries, is about 1 MB). Every size
-/// below comes from the server; each is bounded before anything is allocated (issue 16).
+/// below comes from the server; each is bounded before anything is allocated.
 pub const MAX_CENTRAL_DIRECTORY_BYTES: u64 = 64 * 1024 * 1024;
 /// The largest entry [`RemoteZip::read_entry`] holds in memory, compressed or inflated
 /// (METADATA is kB; bigger entries go through [`RemoteZip::entry_reader`]).

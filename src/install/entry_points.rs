@@ -60,7 +60,7 @@ pub fn parse_scripts(text: &str) -> Result<Vec<ScriptEntry>, EntryPointError> {
             return Err(malformed());
         }
         // The name becomes a file in the scripts directory: one plain component (the same
-        // check as every other outside name, issue 16), and no whitespace.
+        // check as every other outside name), and no whitespace.
         if crate::fetch::file_name::FileName::new(name).is_err()
             || name.chars().any(char::is_whitespace)
         {

@@ -233,7 +233,7 @@ fn stack_requirements(matrix: &Matrix, recipe: &Recipe) -> Vec<String> {
         // A PyTorch index variant publishes local versions (`2.1.2+cu118`), which `==2.1.2`
         // excludes once the specifier becomes a version range: pin the local version.
         // A series (`version: "2.4"`) is locked as the release the matrix resolves it to
-        // (2.4.1), so the lock records one exact torch (issue 24).
+        // (2.4.1), so the lock records one exact torch.
         (Some(torch), _) => {
             let release = torch_release(matrix, recipe).unwrap_or_else(|| torch.version.clone());
             match torch.index.variant() {
@@ -271,7 +271,7 @@ fn stack_requirements(matrix: &Matrix, recipe: &Recipe) -> Vec<String> {
     if recipe.cuda.flavor == Flavor::Devel {
         requirements.push(nvcc_requirement(matrix, recipe));
     }
-    // pip from the lock, so `FROM image` + `RUN pip install` works (issue 19).
+    // pip from the lock, so `FROM image` + `RUN pip install` works.
     requirements.push(PIP.to_string());
     requirements
 }
@@ -459,7 +459,7 @@ mod tests {
         );
     }
 
-    /// Issue 24: `version: "2.4"` asked the resolver for `torch==2.4` (2.4.0).
+    /// `version: "2.4"` asked the resolver for `torch==2.4` (2.4.0).
     #[test]
     fn a_torch_series_asks_for_its_resolved_release() {
         let r = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4\" }\n");
@@ -494,7 +494,7 @@ mod tests {
         );
     }
 
-    /// Issue 20: a `build:` package is a root at its exact version; its builder gets the
+    /// A `build:` package is a root at its exact version; its builder gets the
     /// toolchain, with nvcc only when the image itself has none; CUDA 12 has no nvcc wheel.
     #[test]
     fn build_entries_are_roots_and_their_builder_gets_the_toolchain() {

@@ -21,7 +21,7 @@ use crate::lock::target::Target;
 use crate::names::{PackageName, WheelFilename};
 
 /// Bumped when the format changes incompatibly.
-/// Format 2 (issue 18) locks the base's Debian or Ubuntu packages (`deb` artifacts).
+/// Format 2 locks the base's Debian or Ubuntu packages (`deb` artifacts).
 pub const LOCK_FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
@@ -665,7 +665,7 @@ pub(crate) mod tests {
         Lockfile::from_json(text, Path::new("hostile.lock"))
     }
 
-    /// Issue 16: a lock's file name was joined onto `wheels/` and the target replaced.
+    /// A lock's file name was joined onto `wheels/` and the target replaced.
     #[test]
     fn refuses_file_names_that_are_paths() {
         for bad in [
@@ -707,7 +707,7 @@ pub(crate) mod tests {
         assert_eq!(lock.artifacts.len(), 2);
     }
 
-    /// Issue 16: `a.url.parse().expect("lock URLs are valid")` panicked on a bad URL.
+    /// `a.url.parse().expect("lock URLs are valid")` panicked on a bad URL.
     #[test]
     fn refuses_bad_urls_naming_the_artifact() {
         for (bad, says) in [
@@ -746,7 +746,7 @@ pub(crate) mod tests {
         json.to_string()
     }
 
-    /// Issue 18: a deb's name, version and architecture reach mmdebstrap's `--include` and
+    /// A deb's name, version and architecture reach mmdebstrap's `--include` and
     /// a Packages index; a lock from a pull request must not smuggle anything in.
     #[test]
     fn refuses_debs_that_are_not_what_a_lock_writes() {

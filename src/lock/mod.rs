@@ -208,7 +208,7 @@ pub async fn resolve(client: &HttpClient, request: &LockRequest) -> Result<Lockf
     resolve_with_builds(client, request, &sdist::BuildRequest::default()).await
 }
 
-/// Resolve a [`LockRequest`] whose recipe has a `build:` list (issue 20): each entry's
+/// Resolve a [`LockRequest`] whose recipe has a `build:` list: each entry's
 /// sdist is locked in place of a wheel (kind `sdist`, with the run requirements it
 /// declares), and what the builds need, resolved against the image's own versions, is
 /// locked as `build-wheel` artifacts that never enter the image.
@@ -288,7 +288,7 @@ pub async fn resolve_with_builds(
             Ok::<_, system::SystemError>((debs, builder_debs))
         })
         .await??;
-        // What the builder's apt layer adds to the image's packages (issue 20).
+        // What the builder's apt layer adds to the image's packages.
         let in_image: std::collections::BTreeSet<String> =
             debs.iter().map(|d| d.name.clone()).collect();
         let extra = builder_debs

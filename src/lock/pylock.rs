@@ -1,4 +1,4 @@
-//! PEP 751 lock files (`pylock.toml`), both ways (issue 19).
+//! PEP 751 lock files (`pylock.toml`), both ways.
 //!
 //! Import ([`import`]): each package whose marker holds for the target becomes a root pinned
 //! to its version (`name==version`), and the sha256 of its listed files become the only

@@ -1,4 +1,4 @@
-//! `pyproject.toml` as an input (issue 19): `[project].dependencies` (PEP 621), the extras
+//! `pyproject.toml` as an input: `[project].dependencies` (PEP 621), the extras
 //! the recipe chooses from `[project.optional-dependencies]`, and the PEP 735
 //! `[dependency-groups]` it chooses (with `{include-group = "..."}`). The project itself is
 //! not installed: its dependencies are. An extra that names the project itself

@@ -1,4 +1,4 @@
-//! The recipe's Python input files, read into what the resolver takes (issue 19): root
+//! The recipe's Python input files, read into what the resolver takes: root
 //! requirements, constraints that restrict versions without adding packages, and the sha256
 //! each package's file must have when an input lists hashes.
 //!
@@ -49,7 +49,7 @@ pub enum PythonInputsError {
     },
     #[error("`{path}` is larger than {MAX_INPUT_BYTES} bytes; no requirements file or lock is that big\n  hint: check that the recipe names the file you meant")]
     TooLarge { path: PathBuf },
-    /// Issue 32: a FIFO would block `lock` until something writes to it; a device may never
+    /// A FIFO would block `lock` until something writes to it; a device may never
     /// end.
     #[error("`{display}` ({key}) is {kind}, not a regular file; cudastack reads its inputs from regular files only\n  hint: name the file itself in the recipe (or the include), not a pipe, device or directory")]
     NotAFile {
@@ -695,7 +695,7 @@ mod tests {
         (dir, error)
     }
 
-    /// Issue 19 review: `-r /home/ci/.netrc` printed the file in a parse error. Includes that
+    /// `-r /home/ci/.netrc` printed the file in a parse error. Includes that
     /// leave the recipe's directory, by path or by symbolic link, are refused before reading.
     #[test]
     fn includes_cannot_read_host_files() {

@@ -429,7 +429,7 @@ mod tests {
         );
     }
 
-    /// Issue 19 review: `-é` sliced a two-byte character in half and panicked.
+    /// `-é` sliced a two-byte character in half and panicked.
     #[test]
     fn non_ascii_lines_are_errors_not_panics() {
         let o = origin();

@@ -618,7 +618,7 @@ impl Provider {
     }
 
     /// The hint of a package whose versions in `range` have no wheel for the target but
-    /// an sdist: the `build:` entry that compiles the newest (issue 20); empty otherwise.
+    /// an sdist: the `build:` entry that compiles the newest; empty otherwise.
     fn build_hint(&self, package: &PackageName, range: &Ranges<Version>) -> String {
         let projects = self.projects.lock().unwrap();
         let Some((version, file)) = projects.get(package).and_then(|project| {

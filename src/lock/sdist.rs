@@ -1,5 +1,5 @@
 //! The source distributions of the recipe's `build:` list, read when the recipe is locked
-//! (issue 20): which file, by sha256; what the package needs at run time (its PKG-INFO's
+//! : which file, by sha256; what the package needs at run time (its PKG-INFO's
 //! `Requires-Dist` when the sdist declares them statically, else the recipe's `requires:`);
 //! and what its build needs (`[build-system] requires` of its pyproject.toml, plus the
 //! toolchain every CUDA extension build uses). Nothing is built here: the lock records the

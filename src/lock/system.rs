@@ -1,5 +1,5 @@
 //! The base's Debian or Ubuntu packages and the recipe's `apt:` packages, locked as `deb`
-//! artifacts (issue 18).
+//! artifacts.
 //!
 //! apt decides both sets ([`crate::apt::Resolution`]): the base is mmdebstrap's minbase
 //! (`?essential`, `?priority(required)`, apt) plus what a Python CUDA stack needs; the

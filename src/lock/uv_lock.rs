@@ -1,4 +1,4 @@
-//! `uv.lock` as an input (issue 19): uv's own lock, read as uv installs it for one
+//! `uv.lock` as an input: uv's own lock, read as uv installs it for one
 //! platform. uv.lock is universal (every platform, every extra and group), so the packages
 //! are those reachable from the workspace members (`source = { editable | virtual }`)
 //! through their default dependencies, each edge's marker evaluated for the target and the

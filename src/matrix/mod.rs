@@ -151,7 +151,7 @@ pub struct Gpu {
     pub min_driver: Option<ProductMinDriver>,
 }
 
-/// The oldest driver branch that runs GPUs of one compute capability at all (issue 24: a
+/// The oldest driver branch that runs GPUs of one compute capability at all (a
 /// Blackwell GPU does not run on an R550 driver, whatever minor-version compatibility
 /// allows the CUDA runtime).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -184,7 +184,7 @@ pub struct ArchLastDriver {
     pub status: Status,
 }
 
-/// The drivers one GPU runs on at all (issue 24), with where the figures come from: what
+/// The drivers one GPU runs on at all, with where the figures come from: what
 /// `solve`, `validate` and `check` compare a driver with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GpuDrivers {
@@ -931,7 +931,7 @@ mod tests {
         assert!(m.gpu("Voodoo 2").is_none());
     }
 
-    /// Issue 24: names users rent or type were not found.
+    /// Names users rent or type were not found.
     #[test]
     fn gpu_lookup_finds_cloud_skus_and_typed_names() {
         let m = matrix();

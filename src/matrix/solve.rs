@@ -49,7 +49,7 @@ impl SolveQuery {
             })
     }
 
-    /// Parse `2.4.1` (exact), `2.4` (the series `==2.4.*`, issue 24), `==2.4.*` or
+    /// Parse `2.4.1` (exact), `2.4` (the series `==2.4.*`), `==2.4.*` or
     /// `>=2.3,<2.6`.
     pub fn torch_spec(text: &str) -> Result<VersionSpecifiers, SolveError> {
         let trimmed = text.trim();
@@ -106,7 +106,7 @@ pub struct Solution {
     pub cuda_ceiling: Option<CudaVersion>,
     pub gpus: Vec<TargetGpu>,
     /// The drivers each GPU runs on at all (its minimum, or the last branch that still
-    /// runs it), where the matrix knows them (issue 24).
+    /// runs it), where the matrix knows them.
     pub gpu_drivers: Vec<GpuDrivers>,
     /// What the answer took the query to mean (`torch 2.5 means the 2.5 series; ...`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -134,7 +134,7 @@ pub fn solve(matrix: &Matrix, query: &SolveQuery) -> Solution {
         .iter()
         .map(|build| (judge(matrix, query, build), build))
         .collect();
-    // Rank by what a user would pick (issue 24): accepted first; native before
+    // Rank by what a user would pick: accepted first; native before
     // minor-version compatibility (which needs a setting and a compat package); newest torch;
     // then, among builds of one torch release, the surer row (read from the wheels, then from
     // primary sources: a tie-breaker, never a demotion below older releases), the PyPI build
@@ -172,7 +172,7 @@ fn gpu_drivers(matrix: &Matrix, query: &SolveQuery) -> Vec<GpuDrivers> {
 }
 
 /// `torch 2.5 means the 2.5 series (==2.5.*); picked 2.5.1, ...` when the torch query is
-/// one release series (issue 24: a two-part version is a series, not `==2.5.0`).
+/// one release series (a two-part version is a series, not `==2.5.0`).
 fn series_note(query: &SolveQuery, best: Option<&Candidate>) -> Option<String> {
     let spec = query.torch.as_ref()?;
     let [only] = &spec.iter().collect::<Vec<_>>()[..] else {
@@ -526,7 +526,7 @@ mod tests {
         }
     }
 
-    /// Hidden-case style (issue 24): a GPU's own minimum driver, spelled as users type
+    /// Hidden-case style: a GPU's own minimum driver, spelled as users type
     /// names, over the edges of each minimum. `None`: nothing is offered, and every
     /// rejection says `why`; `Some(build)`: the best answer.
     #[test]
@@ -649,7 +649,7 @@ mod tests {
         assert_eq!(solution.gpu_drivers[0].min_branch.as_deref(), Some("R570"));
     }
 
-    /// Issue 24: `--torch 2.5` meant `==2.5` (2.5.0 only); it is the 2.5 series and says so.
+    /// `--torch 2.5` meant `==2.5` (2.5.0 only); it is the 2.5 series and says so.
     #[test]
     fn a_two_part_torch_version_is_a_series() {
         assert_eq!(

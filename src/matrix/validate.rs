@@ -92,8 +92,8 @@ impl Collector {
     }
 }
 
-/// The torch release a recipe names: its exact version, or for a series (`version: "2.4"`,
-/// issue 24) the newest release of the series whose build on the recipe's index is for
+/// The torch release a recipe names: its exact version, or for a series (`version: "2.4"`)
+/// the newest release of the series whose build on the recipe's index is for
 /// the recipe's CUDA line and Python; failing that, the series' newest release, so the
 /// checks below say what does not fit.
 pub fn torch_release(matrix: &Matrix, recipe: &Recipe) -> Option<Version> {
@@ -530,7 +530,7 @@ fn check_base(
     let Some((distro, release)) = recipe.base.distro() else {
         // `image:` and `oci:` parse (the recipe format reserves them) but nothing builds
         // them yet: refusing here refuses them in `validate`, `lock` and `build` alike,
-        // and `build` validates before it reads the lock or fetches anything (issue 16).
+        // and `build` validates before it reads the lock or fetches anything.
         let known: Vec<String> = matrix
             .bases
             .iter()
@@ -732,7 +732,7 @@ fn check_gpus(
     }
 }
 
-/// The recipe's driver floor against the drivers the GPU runs on at all (issue 24: an
+/// The recipe's driver floor against the drivers the GPU runs on at all (an
 /// R550 floor for a B200 passed through minor-version compatibility).
 fn check_gpu_driver(matrix: &Matrix, recipe: &Recipe, gpu: &TargetGpu, problems: &mut Collector) {
     let Some(drivers) = matrix.gpu_drivers(gpu) else {
@@ -803,7 +803,7 @@ mod tests {
         assert!(errors[0].what.contains("sm_75"), "{}", errors[0].what);
     }
 
-    /// Issue 16: `image:` and `oci:` bases passed `validate` and failed in `build` only
+    /// `image:` and `oci:` bases passed `validate` and failed in `build` only
     /// after the downloads; `build` and `lock` run this before anything else.
     #[test]
     fn image_and_oci_bases_are_refused() {
@@ -829,7 +829,7 @@ mod tests {
         Recipe::parse(text, Path::new("t.yaml")).unwrap()
     }
 
-    /// Issue 18: an `apt:` package that adds a second CUDA, cuDNN or NCCL, or a copy of
+    /// An `apt:` package that adds a second CUDA, cuDNN or NCCL, or a copy of
     /// the host's driver, is an error with its reason; other packages pass.
     #[test]
     fn apt_packages_that_copy_the_stacks_libraries_are_errors() {
@@ -900,7 +900,7 @@ mod tests {
         assert_eq!(validation.errors().count(), 3, "{:?}", validation.problems);
     }
 
-    /// Issue 18: `apt:` needs a base that cudastack builds with apt.
+    /// `apt:` needs a base that cudastack builds with apt.
     #[test]
     fn apt_with_an_image_base_is_an_error() {
         let matrix = Matrix::embedded();
@@ -909,7 +909,7 @@ mod tests {
         assert_eq!(codes, ["unsupported-base", "apt-needs-debian-base"]);
     }
 
-    /// Issue 24: an R550 floor for a Blackwell GPU passed through minor-version
+    /// An R550 floor for a Blackwell GPU passed through minor-version
     /// compatibility; the GPU does not run on that driver at all.
     #[test]
     fn a_floor_below_the_gpus_own_minimum_is_an_error() {
@@ -958,7 +958,7 @@ mod tests {
         );
     }
 
-    /// Issue 24: `version: "2.4"` meant 2.4.0; it is the 2.4 series, resolved to its newest
+    /// `version: "2.4"` meant 2.4.0; it is the 2.4 series, resolved to its newest
     /// release that fits the recipe, with a note that says so.
     #[test]
     fn a_two_part_torch_version_picks_the_newest_fitting_release() {

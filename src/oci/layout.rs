@@ -12,13 +12,13 @@
 //! name) its entry in `index.json`; every file is renamed into place atomically.
 //! [`read`] turns an image of a layout back into an [`Image`], to be used as a base.
 //!
-//! One reader and one writer (issue 17): [`Layout`] parses `index.json` and hands out each
+//! One reader and one writer: [`Layout`] parses `index.json` and hands out each
 //! image as a [`StoredImage`] (its manifest and config bytes as stored, digest-verified);
 //! [`LayoutWriter`] is the only code that writes the layout's files, and
 //! [`LayoutWriter::name`] the only one that writes `index.json` ([`index`] is its format).
 //! The functions below are the short paths other stages call.
 //!
-//! Every write goes through one [`LayoutWriter`] (issue 16, "Trust"): it holds the
+//! Every write goes through one [`LayoutWriter`]: it holds the
 //! layout directory's `flock(2)` for the whole write, so concurrent builds and pulls into
 //! one layout never lose each other's `index.json` entries; it writes blobs first and
 //! `index.json` last; and dropped without [`LayoutWriter::commit`] (any error, a full

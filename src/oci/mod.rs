@@ -7,8 +7,7 @@
 //! The config and manifest are built with oci-spec and serialised canonically
 //! ([`canonical`]): the bytes hashed are the bytes written.
 //!
-//! Every output takes the same image as it is stored, a [`StoredImage`] (STYLE.md 3,
-//! issue 17): its manifest and config bytes, computed once from an [`Image`]
+//! Every output takes the same image as it is stored, a [`StoredImage`] (STYLE.md 3): its manifest and config bytes, computed once from an [`Image`]
 //! ([`StoredImage::of`]) or read from a layout ([`layout::Layout`]), and its layer blobs.
 //! [`layout::write_stored`] (an OCI image layout directory), [`docker_archive::write_stored`]
 //! (a `docker load` stream), and the outputs above this module (`engine`, `registry`) take
@@ -67,7 +66,7 @@ pub enum OciError {
         reference: String,
         available: String,
     },
-    /// Issue 32: a layout may come from a pull request, and its documents are read whole.
+    /// A layout may come from a pull request, and its documents are read whole.
     #[error("`{path}` is larger than {limit} bytes, more than any OCI index, manifest or config\n  hint: check that this is the OCI layout you meant")]
     TooLarge { path: PathBuf, limit: u64 },
     #[error("`{path}` is {kind}, not a regular file; cudastack reads an OCI layout's documents from regular files only (a FIFO blocks a read, a device never ends)\n  hint: put the file itself in the layout")]

@@ -1,7 +1,7 @@
 //! An image as it is stored: its exact manifest and config bytes, and its layer blobs.
 //!
 //! Position in the pipeline: between the image values ([`Image`]) and the outputs. A
-//! [`StoredImage`] is what every output takes (issue 17; go-containerregistry's
+//! [`StoredImage`] is what every output takes (go-containerregistry's
 //! `RawManifest`/`RawConfigFile`): the Docker load (`engine`), the registry push and the
 //! docker-archive writer move these bytes as they are and never rebuild them, so an image
 //! keeps its digests wherever it goes, whoever wrote it. One comes from an OCI layout

@@ -1,5 +1,5 @@
 //! `build --push` uploads each layer's blob as soon as the build has it, while the other
-//! layers are still building (issue 21): the build says so through
+//! layers are still building: the build says so through
 //! [`BuildProgress::layer_ready`], [`EarlyUploads::progress`] passes each ready layer to a
 //! task that pushes blobs as `push` does (HEAD first, mounts, the same parallelism and
 //! chunking), and the push stage then finds them present and sends only the config, the

@@ -34,7 +34,7 @@ pub struct Expectations {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cuda_archs: Vec<String>,
     /// The import names of the packages the recipe's `build:` compiled from source
-    /// (issue 20): the static level imports each.
+    /// : the static level imports each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extensions: Vec<String>,
 }

@@ -1,4 +1,4 @@
-//! The recipe's `apt:` list: Debian and Ubuntu packages the user adds to the base (issue 18),
+//! The recipe's `apt:` list: Debian and Ubuntu packages the user adds to the base,
 //! each a package name optionally pinned to an exact version, `git` or
 //! `git=1:2.39.5-0+deb12u2`.
 //!

@@ -1,5 +1,5 @@
 //! The recipe's `build:` list: Python packages published only as source distributions,
-//! compiled by cudastack for the recipe's GPUs (issue 20), e.g.
+//! compiled by cudastack for the recipe's GPUs, e.g.
 //! `build: [{package: torchsort, version: 0.1.10, env: {FORCE_CUDA: "1"}}]`.
 //!
 //! Parsed strictly at load time: a package name (PEP 508), one exact version (the sdist is

@@ -1,4 +1,4 @@
-//! The image configuration a recipe may give (issue 19): `env`, `workdir`, `user`,
+//! The image configuration a recipe may give: `env`, `workdir`, `user`,
 //! `entrypoint`, `cmd`, `expose`, `labels` and the run's needs (`runtime`), parsed strictly
 //! at load time into types. docs/recipe-image.md is the reference.
 //!

@@ -1,4 +1,4 @@
-//! The recipe's `indexes:` list: private and extra Python package indexes (issue 19), each
+//! The recipe's `indexes:` list: private and extra Python package indexes, each
 //! a name, a simple-API URL (PEP 503 HTML or PEP 691 JSON) and the packages pinned to it.
 //!
 //! Parsed strictly at load time. A URL may not carry `user:password@`: the URL is part of
@@ -397,7 +397,7 @@ mod tests {
             "https://h.example/simple"
         );
         assert_eq!(masked("a\nb@c"), "****@c");
-        // Issue 32: each URL of a requirement or a message that quotes one.
+        // Each URL of a requirement or a message that quotes one.
         assert_eq!(
             masked_urls("`acme @ https://bob:s3cret@h.example/a.whl ; os_name ==`\n  ^^^"),
             "`acme @ https://****@h.example/a.whl ; os_name ==`\n  ^^^"

@@ -50,7 +50,7 @@ pub enum RecipeError {
         #[source]
         source: std::io::Error,
     },
-    /// Issue 32: a FIFO would block the read; a device (`/dev/zero`) may never end.
+    /// A FIFO would block the read; a device (`/dev/zero`) may never end.
     #[error("recipe `{path}` is {kind}, not a regular file; cudastack reads recipes from regular files only\n  hint: name the recipe file itself, not a pipe or device")]
     NotAFile { path: PathBuf, kind: &'static str },
     #[error("recipe `{path}` is larger than {MAX_RECIPE_BYTES} bytes; no recipe is that big\n  hint: check that this is the recipe you meant")]
@@ -326,7 +326,7 @@ pub struct TorchSpec {
 }
 
 /// Whether a version names a release series: two release parts and nothing else (`2.4`),
-/// which means `==2.4.*` and resolves to the series' newest release that fits (issue 24);
+/// which means `==2.4.*` and resolves to the series' newest release that fits;
 /// `2.4.0` and `2.4.1` stay exact.
 pub fn is_series(version: &Version) -> bool {
     version.release().len() == 2
@@ -974,7 +974,7 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
             .contains("unknown placeholder `{pyton}`"));
     }
 
-    /// Issue 16: tags that Docker refuses passed `validate` and `build` and failed in `load`.
+    /// Tags that Docker refuses passed `validate` and `build` and failed in `load`.
     #[test]
     fn tags_are_image_references_once_rendered() {
         let with_tag = |tag: &str| {
@@ -1032,7 +1032,7 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
         assert!(error.to_string().contains("Bad Registry"), "{error}");
     }
 
-    /// Issue 16: an epoch past year 9999 built an image Docker cannot load.
+    /// An epoch past year 9999 built an image Docker cannot load.
     #[test]
     fn source_date_epoch_ends_with_year_9999() {
         let last = parse(&format!(
@@ -1057,7 +1057,7 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
         assert!(parse(&format!("{GOOD}source_date_epoch: -1\n")).is_err());
     }
 
-    /// Issue 16: serde-saphyr's advice to programmers reached users.
+    /// Serde-saphyr's advice to programmers reached users.
     #[test]
     fn duplicate_keys_name_the_key_the_line_and_what_to_do() {
         let error = parse(&GOOD.replace("python: \"3.11\"", "python: \"3.11\"\npython: \"3.12\""))
@@ -1084,7 +1084,7 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
         assert!(text.starts_with("r.yaml:6:"), "{text}");
     }
 
-    /// Issue 18: `apt:` packages, parsed into types, pinned or not, as a set.
+    /// `apt:` packages, parsed into types, pinned or not, as a set.
     #[test]
     fn apt_packages_are_typed_sorted_and_part_of_the_digest() {
         let plain = parse(GOOD).unwrap();
@@ -1139,7 +1139,7 @@ tags: ["{registry}/torch:{torch}-cuda{cuda_mm}-cudnn{cudnn_major}-py{python}"]
         }
     }
 
-    /// Issue 16: `validate` of a binary file said nothing of where or why.
+    /// `validate` of a binary file said nothing of where or why.
     #[test]
     fn binary_input_names_the_byte() {
         let mut bytes = GOOD.as_bytes().to_vec();

@@ -1,4 +1,4 @@
-//! The recipe's Python inputs beyond `packages:` (issue 19): requirements files, a
+//! The recipe's Python inputs beyond `packages:`: requirements files, a
 //! `pyproject.toml` with chosen extras and dependency groups, and an existing lock
 //! (PEP 751 `pylock.toml` or `uv.lock`).
 //!

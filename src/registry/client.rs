@@ -656,7 +656,7 @@ impl RegistryClient {
         body: &Body,
     ) -> Result<(Response, u32), RegistryError> {
         // The auth scheme first, with its own retries: learnt inside the loop below, a
-        // registry that does not answer was tried max_attempts² times (45 s, issue 16).
+        // registry that does not answer was tried max_attempts² times (45 s).
         self.discover().await?;
         let mut attempts = 0;
         loop {
@@ -1216,7 +1216,7 @@ mod tests {
             "http://localhost/v2/a/blobs/x"
         );
         assert_eq!(client("reg.lan:5000/a", &[]).url("").scheme(), "https");
-        // Issue 16: a host name that starts with `127.` is not this machine.
+        // A host name that starts with `127.` is not this machine.
         assert_eq!(
             client("127.evil.example:5000/a", &[]).url("").as_str(),
             "https://127.evil.example:5000/v2/"

@@ -240,7 +240,7 @@ async fn push_artifact(
 }
 
 /// A reference that pins a digest (`repo:tag@sha256:...`) names the image it wants: one
-/// with another digest is refused, naming both (issue 16: the pin used to be ignored).
+/// with another digest is refused, naming both (the pin used to be ignored).
 pub(crate) fn check_pinned(reference: &Reference, found: &Digest) -> Result<(), RegistryError> {
     match reference.digest() {
         Some(expected) if expected != found => Err(RegistryError::PinnedDigestMismatch {

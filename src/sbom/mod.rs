@@ -1,6 +1,6 @@
 //! The software bill of materials of an image: what it contains and what it was made
 //! from, as SPDX 2.3 JSON (and CycloneDX 1.6 JSON), stored beside the image as an OCI
-//! referrer (issue 22).
+//! referrer.
 //!
 //! Produced from the lock and the image config's facts, not from a scan after the fact:
 //! the lock names every Debian package, wheel and source distribution by URL and sha256;

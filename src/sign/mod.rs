@@ -1,4 +1,4 @@
-//! Signatures (issue 22): ECDSA P-256 keys in the files cosign reads and writes, and DSSE
+//! Signatures: ECDSA P-256 keys in the files cosign reads and writes, and DSSE
 //! envelopes signed with them.
 //!
 //! Where it sits: among the outputs and their proof. The pipeline signs what it attaches to

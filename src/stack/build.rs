@@ -67,7 +67,7 @@ pub async fn build(
             settings, matrix, &recipe, platform, &store, &staging, progress,
         )
         .await?;
-        // The wheels of the recipe's `build:` sdists, built or from the cache (issue 20).
+        // The wheels of the recipe's `build:` sdists, built or from the cache.
         add_built_wheels(settings, &mut prepared, &store, &env).await?;
         inputs.push(prepared);
     }
@@ -189,7 +189,7 @@ fn stack_facts(inputs: &PlatformInputs, base: &RootfsFacts, mtime: u64) -> Stack
     }
 }
 
-/// The wheels compiled from the recipe's `build:` sdists (issue 20), recorded on the image:
+/// The wheels compiled from the recipe's `build:` sdists, recorded on the image:
 /// `io.cudastack.built.<name>` = `<version> <wheel file> <sha256>`, as the lock records the
 /// sdist and the image holds what was built from it.
 fn with_built_labels(mut image: Image, inputs: &PlatformInputs) -> Image {

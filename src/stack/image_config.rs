@@ -23,7 +23,7 @@ use crate::version::PtxIsa;
 pub const NVIDIA_DRIVER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
 
 /// The pip constraints file the config layer writes: every locked distribution pinned, so
-/// `pip install` in an image built `FROM` this one cannot replace the stack (issue 19).
+/// `pip install` in an image built `FROM` this one cannot replace the stack.
 pub const PIP_CONSTRAINTS_PATH: &str = "/etc/pip/constraints.txt";
 
 /// The command of an image whose recipe gives neither `entrypoint` nor `cmd`.
@@ -135,7 +135,7 @@ fn stack_env(
             "compute,utility".to_string(),
         ),
         ("LANG".to_string(), "C.UTF-8".to_string()),
-        // pip in a derived image installs within the lock's versions (issue 19).
+        // pip in a derived image installs within the lock's versions.
         (
             "PIP_CONSTRAINT".to_string(),
             PIP_CONSTRAINTS_PATH.to_string(),

@@ -224,7 +224,7 @@ fn read_lock(
         });
     }
     let lock = Lockfile::read(&lock_file)?;
-    // The recipe and the bytes of every Python input file it reads (issue 19).
+    // The recipe and the bytes of every Python input file it reads.
     let expected = PythonInputs::load(recipe, &settings.recipe_path, &lock.target)
         .map_err(Box::new)?
         .lock_digest(recipe);
@@ -236,7 +236,7 @@ fn read_lock(
             found: lock.recipe_digest,
         });
     }
-    // Every image carries pip from the lock since issue 19; a lock made before has none.
+    // Every image carries pip from the lock now; a lock made before that has none.
     if !lock
         .artifacts
         .iter()

@@ -4,7 +4,7 @@
 //! at all. Otherwise each tree is staged once per key ([`Staging::ensure`]) and walked into
 //! a layer. The static audit of the merged tree is cached per set of layer diff_ids.
 //!
-//! Staging and writing overlap (issue 21): trees are staged in plan order on the calling
+//! Staging and writing overlap: trees are staged in plan order on the calling
 //! thread (an upper stager may read the trees below it), and each staged tree is tarred,
 //! compressed and stored on a worker thread while the next one stages. Staging is mostly
 //! unzip and disk, writing mostly deflate, so the two share the machine better than they
@@ -289,7 +289,7 @@ fn report(stager: &dyn LayerStager, layer: &Layer, cached: bool) -> LayerReport 
 const AUDIT_READER: &str = "v3-fatbin1";
 
 /// The audit verdict of one set of layers: `<digest of their diff_ids>.audit.AUDIT_READER.json`.
-/// Records since v2 keep the kernel coverage groups (issue 20); an older record is not
+/// Records since v2 keep the kernel coverage groups; an older record is not
 /// looked at, so a build that finds none stages its trees and audits them again.
 fn audit_record(staging: &Staging, diff_ids: &[Digest]) -> PathBuf {
     staging.record_path(&format!(

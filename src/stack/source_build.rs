@@ -1,4 +1,4 @@
-//! Source builds (issue 20): the wheel of each `sdist` artifact of the lock (the recipe's
+//! Source builds: the wheel of each `sdist` artifact of the lock (the recipe's
 //! `build:` list), compiled for the recipe's GPUs before the image's layers are planned,
 //! then installed by the Python layers like any locked wheel, without the toolchain.
 //!

@@ -16,7 +16,7 @@ use crate::stack::error::{io_error, BuildError};
 
 /// A staged tree, kept per cache key so audits and later builds can reuse it.
 ///
-/// Several builds may share one cache (CI runners, a user's parallel builds; issue 16).
+/// Several builds may share one cache (CI runners, a user's parallel builds).
 /// Each tree has a lock file (`<key-hex>.lock`, `flock(2)`): a build stages a tree only
 /// while holding it, and the tree counts only once its `.complete` marker exists, which
 /// is renamed into place after the tree and its records are whole. So a second build of

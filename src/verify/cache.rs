@@ -1,6 +1,6 @@
 //! The verification cache: a probe's report is a function of the image, the probe and the
 //! host, so verifying an identical image with the identical probe on an identical host
-//! again is a lookup, not an 87 s container run (issue 16: every no-op rebuild with a
+//! again is a lookup, not an 87 s container run (every no-op rebuild with a
 //! Docker daemon re-ran the probe).
 //!
 //! The key ([`CacheKey`]) is the image's manifest digest, the probe (the digest of the

@@ -82,7 +82,7 @@ impl ImageClaims {
                 .unwrap_or_default()
         };
         // Present but unreadable is not absent: falling back to the torch list would answer
-        // yes for a GPU whose cuDNN has no code (review of issue 20).
+        // yes for a GPU whose cuDNN has no code.
         let kernels = label(labels::KERNELS).map(|text| {
             serde_json::from_str::<Vec<CoverageGroup>>(&text).map_err(|error| error.to_string())
         });
@@ -145,7 +145,7 @@ pub enum Fit {
     No,
     /// Nothing failed, but something was not compared: the image declares nothing to
     /// check, or the node fact a declared requirement needs is missing. Unknown is not
-    /// yes (issue 16): `cudastack check` exits 3 for it.
+    /// yes: `cudastack check` exits 3 for it.
     Unknown,
 }
 
@@ -184,7 +184,7 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
         .collect();
     if let Some(driver) = &node.driver {
         check_driver(matrix, image, driver, &mut findings);
-        // Issue 24: a GPU the driver does not support is a no whatever the image needs.
+        // A GPU the driver does not support is a no whatever the image needs.
         for drivers in gpu_drivers
             .iter()
             .filter(|drivers| !drivers.runs_on(driver))
@@ -555,7 +555,7 @@ mod tests {
             .any(|f| f.what.contains("sm_90 kernels")));
     }
 
-    /// Issue 24: a Blackwell GPU on an R550 driver was a yes when the image needed CUDA 12.1.
+    /// A Blackwell GPU on an R550 driver was a yes when the image needed CUDA 12.1.
     #[test]
     fn a_driver_older_than_the_gpu_says_no_and_names_the_branch() {
         let answer = check(
@@ -658,7 +658,7 @@ mod tests {
         }
     }
 
-    /// Issue 20: the torch arch list covers sm_120, the image's cuDNN does not.
+    /// The torch arch list covers sm_120, the image's cuDNN does not.
     #[test]
     fn a_library_without_kernels_for_the_gpu_says_no_and_names_it() {
         let groups = r#"[{"libraries":["/usr/local/lib/python3.11/site-packages/nvidia/cudnn/lib/libcudnn_engines_precompiled.so.9"],"ptx":[{"arch":"sm_90","isa":"8.4"}],"sass":["sm_50","sm_80","sm_86","sm_90"]},{"libraries":["/usr/local/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so"],"ptx":[],"sass":["sm_80","sm_90","sm_120"]}]"#;
@@ -727,7 +727,7 @@ mod tests {
             .contains("nothing is known about the node"));
     }
 
-    /// Issue 16: an image that declares nothing was answered "yes" for any node.
+    /// An image that declares nothing was answered "yes" for any node.
     #[test]
     fn an_image_that_declares_nothing_is_unknown_not_yes() {
         let answer = check(

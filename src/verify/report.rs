@@ -286,7 +286,7 @@ impl Report {
         let mut table = comfy_table::Table::new();
         table.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
         // A fixed width, not the terminal's: the report also lands in CI logs and files,
-        // where a detail such as LD_LIBRARY_PATH made one 220-column line (issue 24).
+        // where a detail such as LD_LIBRARY_PATH made one 220-column line.
         table.set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
         table.set_width(RENDER_WIDTH as u16);
         table.set_header(["check", "status", "time", "detail"]);
@@ -476,7 +476,7 @@ mod tests {
         assert!(matches!(missing_train.verdict(), Verdict::Partial { .. }));
     }
 
-    /// Issue 32: the last report line used to win, so a line an image printed after the
+    /// The last report line used to win, so a line an image printed after the
     /// probe's (an atexit handler a `.pth` file registered) replaced the probe's report.
     #[test]
     fn a_log_must_hold_exactly_one_report() {

@@ -477,7 +477,7 @@ mod tests {
         assert_eq!(accepted.runner, None);
     }
 
-    /// Issue 32, as reported: a `.pth` file's report line, before or after the probe's.
+    /// As reported: a `.pth` file's report line, before or after the probe's.
     #[test]
     fn a_report_line_without_the_nonce_is_a_forgery() {
         let nonce = Nonce::generate().unwrap();

@@ -1,5 +1,5 @@
 //! Which Debian and Ubuntu packages would put a second copy of a library the stack already
-//! has (CUDA, cuDNN, NCCL) or a copy of the host's driver into the image (issue 18).
+//! has (CUDA, cuDNN, NCCL) or a copy of the host's driver into the image.
 //!
 //! One copy of every library: the stack's CUDA, cuDNN and NCCL are the locked nvidia-*
 //! wheels torch loads, and the driver's libraries come from the host through the NVIDIA

@@ -1,4 +1,4 @@
-//! A layout's `index.json`: the one place it is parsed and serialised (issue 17).
+//! A layout's `index.json`: the one place it is parsed and serialised.
 //!
 //! Readers get it through [`super::Layout`], writers through [`super::LayoutWriter::name`];
 //! no other code of cudastack reads or writes the file. An entry is named by its

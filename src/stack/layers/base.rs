@@ -54,7 +54,7 @@ impl<'a> BaseLayer<'a> {
             mtime,
             inputs.base_debs.clone(),
         );
-        // `+locked2`: the bases made from locked .debs, apt as root (issue 18); `+etc2`: /etc/resolv.conf
+        // `+locked2`: the bases made from locked .debs, apt as root; `+etc2`: /etc/resolv.conf
         // and /etc/hostname emptied.
         let assembler = match spec.foreign_architecture {
             None => format!("{ASSEMBLER}/base-mmdebstrap+etc2+locked2"),

@@ -170,7 +170,7 @@ impl LayerStager for ConfigLayer<'_> {
 
 /// The pip constraints file: every locked wheel as `name==version`, sorted, under a header
 /// saying what it is. PIP_CONSTRAINT names it, so `pip install` in a derived image keeps
-/// every distribution of the stack at its locked version or fails (issue 19).
+/// every distribution of the stack at its locked version or fails.
 pub(crate) fn pip_constraints(lock: &Lockfile) -> String {
     let mut pins: Vec<String> = lock
         .artifacts

@@ -3,7 +3,7 @@
 //! so the image has one copy of each CUDA library (DESIGN.md, "two copies of cuDNN in one
 //! environment is how version skew happens").
 //!
-//! The wheels are cut by what changes together and by size (issue 21, "layers cut for
+//! The wheels are cut by what changes together and by size ("layers cut for
 //! change and for pulls"):
 //! - each very large distribution ([`LARGE_DISTRIBUTION`]: torch, triton) alone in a layer
 //!   named after it, so neither a closure package's bump nor a team requirement re-tars,

@@ -1,5 +1,5 @@
 //! The `user` layer: the recipe's non-root user (`user:`), created the way `useradd -m`
-//! would, but deterministically and without running anything in the image (issue 19).
+//! would, but deterministically and without running anything in the image.
 //!
 //! The account files (/etc/passwd, /etc/group, /etc/shadow, /etc/gshadow) are read from
 //! the layers that write /etc (the base and the `apt:` layer; the top-most copy of each
