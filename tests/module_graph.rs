@@ -501,3 +501,38 @@ fn the_depends_on_sentence_is_read_up_to_its_end_without_parentheses() {
     assert_eq!(documented["digest"], Some(BTreeSet::new()));
     assert_eq!(documented["layer"], None);
 }
+
+/// Comments say why the code is as it is; which issue brought it is the history's job (`git
+/// log -S`, `git blame`). A comment citing an issue number reads as a changelog and goes stale.
+#[test]
+fn no_comment_in_src_cites_an_issue_number() {
+    let mut files = Vec::new();
+    module_files(&parse(&src().join("lib.rs")).items, &src(), &mut files);
+    files.push(src().join("lib.rs"));
+    files.push(src().join("main.rs"));
+    module_files(&parse(&src().join("main.rs")).items, &src(), &mut files);
+    let mut citing = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (number, line) in text.lines().enumerate() {
+            let Some((_, comment)) = line.split_once("//") else {
+                continue;
+            };
+            let lower = comment.to_lowercase();
+            let cites = lower.match_indices("issue ").any(|(at, word)| {
+                lower[at + word.len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_digit())
+            });
+            if cites {
+                citing.push(format!("{}:{}: {}", file.display(), number + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        citing.is_empty(),
+        "comments citing issue numbers (say why instead):\n{}",
+        citing.join("\n")
+    );
+}
