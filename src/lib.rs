@@ -16,6 +16,7 @@ pub mod contained_file;
 pub mod digest;
 pub mod elf;
 pub mod names;
+pub mod net;
 pub mod platform;
 pub mod printable;
 pub mod reference;
