@@ -161,10 +161,7 @@ impl Transport {
                     let status = response.status();
                     if is_transient(Failure::Status(status))
                         && attempts
-                            .retry(
-                                format_args!("HTTP {status}"),
-                                retry_after(response.headers()),
-                            )
+                            .retry(format!("HTTP {status}"), retry_after(response.headers()))
                             .await
                     {
                         continue;
