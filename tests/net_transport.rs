@@ -172,7 +172,14 @@ async fn cuts_without_progress_give_up_after_the_attempts() {
     let url: Url = server.url("/dead.bin").parse().unwrap();
     let error = read_resumably(&transport(3), &url).await.unwrap_err();
     assert!(
-        matches!(error, TestError::Read(ReadError::Cut { attempts: 3, offset: 0, .. })),
+        matches!(
+            error,
+            TestError::Read(ReadError::Cut {
+                attempts: 3,
+                offset: 0,
+                ..
+            })
+        ),
         "{error:?}"
     );
     assert_eq!(server.requests_for("/dead.bin").len(), 3);

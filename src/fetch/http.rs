@@ -16,9 +16,9 @@ use reqwest::{Method, Response, StatusCode, Url};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::fetch::credentials::{IndexAuth, IndexCredentials};
-use crate::net::{is_transient, Failure, NetError, Transport};
+use crate::net::{attempts_note, is_transient, Failure, NetError, Transport};
 // The transport's vocabulary, under the names fetch's callers have always used.
-pub use crate::net::{client_builder, error_chain, redacted, ContentRange, Redacted, RetryPolicy};
+pub use crate::net::{error_chain, redacted, ContentRange, Redacted, RetryPolicy};
 
 /// Errors from the HTTP layer. Every variant names the URL, with any user name and
 /// password in it masked ([`redacted`]).
@@ -99,14 +99,6 @@ pub(crate) fn redacted_text(text: &str) -> String {
             }
         }
         None => text.to_string(),
-    }
-}
-
-fn attempts_note(attempts: u32) -> String {
-    if attempts > 1 {
-        format!(" (after {attempts} attempts)")
-    } else {
-        String::new()
     }
 }
 
@@ -205,7 +197,7 @@ pub struct HttpClient {
 
 impl HttpClient {
     pub fn new(config: HttpConfig) -> Result<Self, HttpError> {
-        let client = client_builder()
+        let client = crate::net::client_builder()
             .user_agent(config.user_agent)
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.read_timeout)

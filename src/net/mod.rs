@@ -37,4 +37,4 @@ pub use retry::{
     error_chain, is_transient, is_transient_status, redacted, retry_after, Attempts, Failure,
     Redacted, RetryPolicy,
 };
-pub use transport::{client_builder, NetError, Sent, Transport};
+pub use transport::{attempts_note, client_builder, NetError, Sent, Transport};

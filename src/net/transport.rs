@@ -29,7 +29,8 @@ pub enum NetError {
     },
 }
 
-fn attempts_note(attempts: u32) -> String {
+/// ` (after N attempts)` when there was more than one, for error messages.
+pub fn attempts_note(attempts: u32) -> String {
     if attempts > 1 {
         format!(" (after {attempts} attempts)")
     } else {

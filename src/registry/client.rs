@@ -505,10 +505,8 @@ impl RegistryClient {
         body: &Body,
     ) -> Result<Response, RegistryError> {
         let once = RetryPolicy::once();
-        let sent = self
-            .exchange(&once, method, url, scopes, headers, body)
-            .await?;
-        Ok(sent.response)
+        let sent = self.exchange(&once, method, url, scopes, headers, body);
+        Ok(sent.await?.response)
     }
 
     /// Send with auth, retried by the transport's rule (idempotent requests only; each
@@ -522,11 +520,9 @@ impl RegistryClient {
         headers: HeaderMap,
         body: &Body,
     ) -> Result<(Response, u32), RegistryError> {
-        let policy = self.retry_policy().clone();
-        let sent = self
-            .exchange(&policy, method, url, scopes, headers, body)
-            .await?;
-        Ok((sent.response, sent.attempts))
+        let sent = self.exchange(self.retry_policy(), method, url, scopes, headers, body);
+        let Sent { response, attempts } = sent.await?;
+        Ok((response, attempts))
     }
 
     /// The auth layer: send with the Authorization the registry's scheme asks for, through

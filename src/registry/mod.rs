@@ -35,7 +35,7 @@ use std::path::PathBuf;
 use reqwest::{Method, StatusCode, Url};
 
 use crate::digest::Digest;
-use crate::net::{is_transient, Failure, NetError, ReadError};
+use crate::net::{attempts_note, is_transient, Failure, NetError, ReadError};
 
 /// The reference grammar lives at the vocabulary level ([`crate::reference`]; recipes name
 /// tags with it too); these paths are kept for callers that name it here.
@@ -165,14 +165,6 @@ fn unreachable_hint(registry: &str, url: &Url) -> String {
         format!("check the host and port, and that a registry runs there; one that speaks plain http needs --insecure-registry {registry} (only localhost gets http without it)")
     } else {
         "check the host and port, and that the registry is started".to_string()
-    }
-}
-
-fn attempts_note(attempts: u32) -> String {
-    if attempts > 1 {
-        format!(" (after {attempts} attempts)")
-    } else {
-        String::new()
     }
 }
 
