@@ -905,18 +905,19 @@ impl RegistryClient {
         Ok(bytes)
     }
 
-    /// Stream a blob into `store`, refusing a body of more than `max` bytes before
-    /// writing past it ([`RegistryError::TooLarge`]), continued from where it stopped when
-    /// cut ([`ResumableBody`]) and committed only when its digest is `digest`. `what`
-    /// names it in a mismatch. Returns its size.
+    /// Stream a blob of `size` bytes (as its manifest gives) into `store`: never written
+    /// past `size` ([`RegistryError::TooLarge`]), continued from where it stopped when cut
+    /// ([`ResumableBody`]), committed only when its digest is `digest` and it is exactly
+    /// `size` long. `what` names it in errors.
     pub(crate) async fn download_blob(
         &self,
         repository: &str,
         digest: &Digest,
+        size: u64,
         store: &BlobStore,
-        max: u64,
         what: &str,
-    ) -> Result<u64, RegistryError> {
+    ) -> Result<(), RegistryError> {
+        let max = size;
         let too_large = || RegistryError::TooLarge {
             repository: repository.to_string(),
             digest: *digest,
@@ -930,17 +931,17 @@ impl RegistryClient {
             source,
         };
         let mut pending = store.begin()?;
-        let mut size = 0u64;
+        let mut found = 0u64;
         let mut body = ResumableBody::new(&url, 0, self.retry_policy(), |from| {
             self.open_blob(&url, &scopes, from, max, too_large)
         });
         while let Some(piece) = body.next().await? {
             match piece {
                 // Dropping the old temp file deletes it.
-                Piece::Restart => (pending, size) = (store.begin()?, 0),
+                Piece::Restart => (pending, found) = (store.begin()?, 0),
                 Piece::Bytes(chunk) => {
-                    size += chunk.len() as u64;
-                    if size > max {
+                    found += chunk.len() as u64;
+                    if found > max {
                         return Err(too_large());
                     }
                     pending.write_all(&chunk).map_err(io)?;
@@ -949,7 +950,14 @@ impl RegistryClient {
         }
         pending.flush().map_err(io)?;
         pending.commit(Some(digest), what)?;
-        Ok(size)
+        if found != size {
+            return Err(RegistryError::Document {
+                path: what.to_string(),
+                what: "the size its manifest gives",
+                detail: format!("{found} bytes, the manifest says {size}"),
+            });
+        }
+        Ok(())
     }
 
     /// The GET of a blob from byte `from`, refused when it says it is larger than `max`.
