@@ -17,6 +17,7 @@ pub mod digest;
 pub mod elf;
 pub mod labels;
 pub mod names;
+pub mod net;
 pub mod platform;
 pub mod printable;
 pub mod reference;

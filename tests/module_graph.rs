@@ -526,7 +526,12 @@ fn no_comment_in_src_cites_an_issue_number() {
                     .is_some_and(|c| c.is_ascii_digit())
             });
             if cites {
-                citing.push(format!("{}:{}: {}", file.display(), number + 1, line.trim()));
+                citing.push(format!(
+                    "{}:{}: {}",
+                    file.display(),
+                    number + 1,
+                    line.trim()
+                ));
             }
         }
     }

@@ -64,6 +64,7 @@ mod lock_pypi;
 mod lock_python_inputs;
 mod matrix_refresh;
 mod module_graph;
+mod net_transport;
 mod oci_layout;
 mod oci_layout_atomic;
 mod oci_peers;

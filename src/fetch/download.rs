@@ -3,9 +3,9 @@
 //! Each download streams into a stable partial file (`tmp/partial-<expected hex>`), hashing
 //! as bytes arrive, and is adopted into `blobs/sha256/` only when the digest matches; on a
 //! mismatch the partial is deleted and the error names the URL with Expected and Found.
-//! An interrupted transfer (connection cut, timeout, 5xx) is retried with backoff and
-//! continued with `Range: bytes=<have>-` when the server honours ranges; a later run
-//! resumes from the same partial file. Memory stays flat: one network chunk and a 1 MiB
+//! An interrupted transfer (connection cut, timeout, 5xx) is retried by the transport's
+//! rule and continued with `Range: bytes=<have>-` ([`crate::net::ResumableBody`]), from
+//! zero when the server ignores ranges; a later run resumes from the same partial file. Memory stays flat: one network chunk and a 1 MiB
 //! write buffer per transfer, whatever the artifact's size.
 //!
 //! What is left behind: a partial file survives only a *transfer* failure
@@ -27,16 +27,13 @@ use std::io::{self, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use futures_util::StreamExt;
-use reqwest::header::{HeaderMap, HeaderValue, ACCEPT_ENCODING, CONTENT_RANGE, RANGE};
-use reqwest::{StatusCode, Url};
+use reqwest::{Response, StatusCode, Url};
 
 use crate::cas::{BlobStore, CasError};
 use crate::digest::{Digest, Hasher};
-use crate::fetch::http::{
-    is_transient_error, is_transient_status, redacted, ContentRange, HttpClient, HttpError,
-};
+use crate::fetch::http::{redacted, HttpClient, HttpError};
 use crate::fetch::progress::Reporter;
+use crate::net::{is_transient_status, range_headers, Piece, ReadError, ResumableBody};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DownloadError {
@@ -82,6 +79,29 @@ pub enum DownloadError {
     },
     #[error("The download task failed")]
     Join(#[from] tokio::task::JoinError),
+}
+
+impl From<ReadError> for DownloadError {
+    fn from(error: ReadError) -> Self {
+        match error {
+            ReadError::Cut {
+                url,
+                attempts,
+                source,
+                ..
+            } => DownloadError::Interrupted {
+                url,
+                attempts,
+                source,
+            },
+            ReadError::WrongRange { url, answered, .. } => {
+                DownloadError::Http(HttpError::BadContentRange {
+                    url,
+                    value: answered,
+                })
+            }
+        }
+    }
 }
 
 fn mirrors_note(mirrors: &[PathBuf]) -> String {
@@ -304,96 +324,41 @@ impl Downloader {
             tracing::info!(url = %redacted(&item.url), bytes = have, "resuming partial download");
         }
         self.reporter.advance(id, have);
-        let retry = self.client.retry_policy().clone();
-        let mut failures = 0u32;
-        loop {
-            if item.size.is_some_and(|size| have >= size) {
-                break;
-            }
-            let mut headers = HeaderMap::new();
-            headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-            if have > 0 {
-                headers.insert(
-                    RANGE,
-                    HeaderValue::from_str(&format!("bytes={have}-")).expect("ASCII"),
-                );
-            }
-            let response = match self.client.get(&item.url, headers).await {
-                Ok(response) => response,
-                // The partial already holds the whole file (a range past the end).
-                Err(HttpError::Status { status, .. })
-                    if status == StatusCode::RANGE_NOT_SATISFIABLE && have > 0 =>
-                {
-                    break;
+        if item.size.is_some_and(|size| have >= size) {
+            return Ok(hasher.finish());
+        }
+        file.seek(io::SeekFrom::Start(have)).map_err(io_error)?;
+        let mut file = io::BufWriter::with_capacity(1 << 20, file);
+        let mut body = ResumableBody::new(&item.url, have, self.client.retry_policy(), |from| {
+            self.open_from(&item.url, from)
+        });
+        while let Some(piece) = body.next().await? {
+            match piece {
+                Piece::Restart => {
+                    file.flush().map_err(io_error)?;
+                    file.get_mut().set_len(0).map_err(io_error)?;
+                    file.seek(io::SeekFrom::Start(0)).map_err(io_error)?;
+                    hasher = Hasher::new();
+                    self.reporter.restart(id);
+                    have = 0;
                 }
-                Err(error) => return Err(error.into()),
-            };
-            let resumed = response.status() == StatusCode::PARTIAL_CONTENT
-                && response
-                    .headers()
-                    .get(CONTENT_RANGE)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(ContentRange::parse)
-                    .is_some_and(|range| range.start == have);
-            if have > 0 && !resumed {
-                // The server ignored the range: start over.
-                tracing::info!(url = %redacted(&item.url), "server ignored Range; restarting from zero");
-                file.set_len(0).map_err(io_error)?;
-                hasher = Hasher::new();
-                self.reporter.restart(id);
-                have = 0;
-            }
-            file.seek(io::SeekFrom::Start(have)).map_err(io_error)?;
-            let mut writer = io::BufWriter::with_capacity(1 << 20, &mut file);
-            let mut stream = response.bytes_stream();
-            let mut progressed = false;
-            let mut stream_error = None;
-            while let Some(chunk) = stream.next().await {
-                match chunk {
-                    Ok(chunk) => {
-                        let found = have + chunk.len() as u64;
-                        if let Some(expected) = item.size.filter(|&expected| found > expected) {
-                            return Err(DownloadError::TooLarge {
-                                url: item.url.clone(),
-                                expected,
-                                found,
-                            });
-                        }
-                        writer.write_all(&chunk).map_err(io_error)?;
-                        hasher.update(&chunk);
-                        have = found;
-                        progressed = true;
-                        self.reporter.advance(id, chunk.len() as u64);
-                    }
-                    Err(error) => {
-                        stream_error = Some(error);
-                        break;
-                    }
-                }
-            }
-            writer.flush().map_err(io_error)?;
-            drop(writer);
-            match stream_error {
-                None => break,
-                Some(error) => {
-                    failures = if progressed { 1 } else { failures + 1 };
-                    if !is_transient_error(&error) || failures >= retry.max_attempts {
-                        return Err(DownloadError::Interrupted {
+                Piece::Bytes(chunk) => {
+                    let found = have + chunk.len() as u64;
+                    if let Some(expected) = item.size.filter(|&expected| found > expected) {
+                        return Err(DownloadError::TooLarge {
                             url: item.url.clone(),
-                            attempts: failures,
-                            source: error.without_url(),
+                            expected,
+                            found,
                         });
                     }
-                    let wait = retry.backoff(failures);
-                    tracing::warn!(
-                        "transfer of `{}` interrupted after {have} bytes ({}); resuming in {wait:?}",
-                        redacted(&item.url),
-                        error.without_url()
-                    );
-                    tokio::time::sleep(wait).await;
+                    file.write_all(&chunk).map_err(io_error)?;
+                    hasher.update(&chunk);
+                    have = found;
+                    self.reporter.advance(id, chunk.len() as u64);
                 }
             }
         }
+        file.flush().map_err(io_error)?;
         drop(file);
         if let Some(expected) = item.size.filter(|&expected| have != expected) {
             return Err(DownloadError::TooSmall {
@@ -403,6 +368,22 @@ impl Downloader {
             });
         }
         Ok(hasher.finish())
+    }
+}
+
+impl Downloader {
+    /// The response for `url` from byte `from`; `None` when a range past 0 is past the end
+    /// (the partial already holds the whole file).
+    async fn open_from(&self, url: &Url, from: u64) -> Result<Option<Response>, DownloadError> {
+        match self.client.get(url, range_headers(from)).await {
+            Ok(response) => Ok(Some(response)),
+            Err(HttpError::Status { status, .. })
+                if status == StatusCode::RANGE_NOT_SATISFIABLE && from > 0 =>
+            {
+                Ok(None)
+            }
+            Err(error) => Err(error.into()),
+        }
     }
 }
 

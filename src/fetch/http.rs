@@ -1,21 +1,24 @@
 //! The one HTTP client every fetch goes through.
 //!
-//! It owns the policy that every source shares: a user agent, timeouts, retries with
-//! exponential backoff on transient failures (5xx, 429, timeouts, connection resets), and a
-//! bounded semaphore so no more than N bodies stream at once. Index pages and metadata are
+//! It owns what every source shares: a user agent, timeouts, a bounded semaphore so no
+//! more than N bodies stream at once, and an index's basic credentials, added to each
+//! request on top of the retrying [`crate::net::Transport`] (which decides what is
+//! transient). Index pages and metadata are
 //! small and are read whole ([`HttpClient::get_bytes`] says so in its name); artifacts are
 //! streamed by the downloader ([`crate::fetch::download`]) and never held in memory.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_RANGE, RANGE, RETRY_AFTER};
-use reqwest::{Response, StatusCode, Url};
+use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_RANGE, RANGE};
+use reqwest::{Method, Response, StatusCode, Url};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::fetch::credentials::{IndexAuth, IndexCredentials};
+use crate::net::{attempts_note, is_transient, Failure, NetError, Transport};
+// The transport's vocabulary, under the names fetch's callers have always used.
+pub use crate::net::{error_chain, redacted, ContentRange, Redacted, RetryPolicy};
 
 /// Errors from the HTTP layer. Every variant names the URL, with any user name and
 /// password in it masked ([`redacted`]).
@@ -85,31 +88,6 @@ fn unauthorized_message(auth: &IndexAuth, url: &Url, status: StatusCode) -> Stri
     }
 }
 
-/// A URL as it may be shown: a user name and password in it (a mirror URL given on the
-/// command line may carry them) are masked as `****`.
-pub struct Redacted<'a>(&'a Url);
-
-pub fn redacted(url: &Url) -> Redacted<'_> {
-    Redacted(url)
-}
-
-impl fmt::Display for Redacted<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let url = self.0;
-        if url.username().is_empty() && url.password().is_none() {
-            return f.write_str(url.as_str());
-        }
-        let mut shown = url.clone();
-        if !url.username().is_empty() {
-            let _ = shown.set_username("****");
-        }
-        if url.password().is_some() {
-            let _ = shown.set_password(Some("****"));
-        }
-        f.write_str(shown.as_str())
-    }
-}
-
 /// Text that failed to parse as a URL, with anything between `://` and an `@` masked.
 pub(crate) fn redacted_text(text: &str) -> String {
     match text.split_once("://") {
@@ -121,14 +99,6 @@ pub(crate) fn redacted_text(text: &str) -> String {
             }
         }
         None => text.to_string(),
-    }
-}
-
-fn attempts_note(attempts: u32) -> String {
-    if attempts > 1 {
-        format!(" (after {attempts} attempts)")
-    } else {
-        String::new()
     }
 }
 
@@ -158,39 +128,6 @@ pub fn parse_url(url: &str) -> Result<Url, HttpError> {
         url: url.to_string(),
         source,
     })
-}
-
-/// How hard to try before giving up on a request.
-#[derive(Debug, Clone)]
-pub struct RetryPolicy {
-    /// Total attempts, including the first one.
-    pub max_attempts: u32,
-    /// Wait before the first retry; doubled for each further retry.
-    pub initial_backoff: Duration,
-    /// Upper bound on a single wait (also caps `Retry-After`).
-    pub max_backoff: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            max_attempts: 5,
-            initial_backoff: Duration::from_millis(500),
-            max_backoff: Duration::from_secs(20),
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// The wait before retry number `retry` (1-based): `initial * 2^(retry-1)`, capped.
-    pub fn backoff(&self, retry: u32) -> Duration {
-        let factor = 1u32
-            .checked_shl(retry.saturating_sub(1))
-            .unwrap_or(u32::MAX);
-        self.initial_backoff
-            .saturating_mul(factor)
-            .min(self.max_backoff)
-    }
 }
 
 /// Settings for [`HttpClient::new`].
@@ -242,32 +179,6 @@ impl ByteRange {
     }
 }
 
-/// A parsed `Content-Range: bytes start-end/total` header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ContentRange {
-    pub start: u64,
-    pub end: u64,
-    /// `None` when the server answered `*` for the total.
-    pub total: Option<u64>,
-}
-
-impl ContentRange {
-    pub fn parse(value: &str) -> Option<ContentRange> {
-        let rest = value.trim().strip_prefix("bytes ")?;
-        let (span, total) = rest.split_once('/')?;
-        let (start, end) = span.split_once('-')?;
-        let total = match total.trim() {
-            "*" => None,
-            t => Some(t.parse().ok()?),
-        };
-        Some(ContentRange {
-            start: start.trim().parse().ok()?,
-            end: end.trim().parse().ok()?,
-            total,
-        })
-    }
-}
-
 /// The bytes of a ranged response plus where they sit in the whole file.
 #[derive(Debug, Clone)]
 pub struct RangeBytes {
@@ -279,41 +190,21 @@ pub struct RangeBytes {
 /// credentials of the recipe's private indexes, if any.
 #[derive(Debug, Clone)]
 pub struct HttpClient {
-    client: reqwest::Client,
-    retry: RetryPolicy,
+    transport: Transport,
     permits: Arc<Semaphore>,
     credentials: Arc<IndexCredentials>,
 }
 
-/// A reqwest client builder that trusts the system's CA certificates, or, on a system
-/// without any (a bare container: `debian:bookworm-slim` has no ca-certificates, and the
-/// static release binary is meant to run there), the Mozilla roots compiled into cudastack
-/// (webpki-root-certs). Without this, building the client fails with "No CA certificates
-/// were loaded from the system" before any request, even to a plain-http index.
-/// `SSL_CERT_FILE` / `SSL_CERT_DIR` still choose the system store, as in rustls-native-certs.
-pub fn client_builder() -> reqwest::ClientBuilder {
-    let builder = reqwest::Client::builder();
-    if rustls_native_certs::load_native_certs().certs.is_empty() {
-        let bundled = webpki_root_certs::TLS_SERVER_ROOT_CERTS
-            .iter()
-            .filter_map(|der| reqwest::Certificate::from_der(der.as_ref()).ok());
-        builder.tls_certs_merge(bundled)
-    } else {
-        builder
-    }
-}
-
 impl HttpClient {
     pub fn new(config: HttpConfig) -> Result<Self, HttpError> {
-        let client = client_builder()
+        let client = crate::net::client_builder()
             .user_agent(config.user_agent)
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.read_timeout)
             .build()
             .map_err(HttpError::Client)?;
         Ok(HttpClient {
-            client,
-            retry: config.retry,
+            transport: Transport::new(client, config.retry),
             permits: Arc::new(Semaphore::new(config.max_parallel.max(1))),
             credentials: Arc::default(),
         })
@@ -334,7 +225,7 @@ impl HttpClient {
     }
 
     pub fn retry_policy(&self) -> &RetryPolicy {
-        &self.retry
+        self.transport.retry_policy()
     }
 
     /// Wait for a transfer slot. Hold the permit for as long as the body streams.
@@ -347,73 +238,48 @@ impl HttpClient {
     }
 
     /// Send a GET with retries and return the response once its status is a success.
-    /// 404 is [`HttpError::NotFound`] at once; 5xx, 429, timeouts and connection errors are
-    /// retried with backoff. The body is not read.
+    /// 404 is [`HttpError::NotFound`] at once; what the transport's rule calls transient
+    /// is retried first ([`crate::net`]). The body is not read.
     pub async fn get(&self, url: &Url, headers: HeaderMap) -> Result<Response, HttpError> {
         // Credentials go only to their index's origin; reqwest drops them on a redirect
         // that leaves it (`redirect::remove_sensitive_headers`).
         let auth = self.credentials.for_url(url);
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut request = self.client.get(url.clone()).headers(headers.clone());
-            if let Some(credentials) = auth.and_then(IndexAuth::credentials) {
-                request = request.basic_auth(&credentials.username, Some(&credentials.password));
-            }
-            let result = request.send().await;
-            let (retry_after, why) = match result {
-                Ok(response) => {
-                    let status = response.status();
-                    if status.is_success() {
-                        return Ok(response);
-                    }
-                    if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
-                        return Err(HttpError::NotFound { url: url.clone() });
-                    }
-                    if let Some(auth) = auth.filter(|_| {
-                        status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN
-                    }) {
-                        return Err(HttpError::Unauthorized {
-                            url: url.clone(),
-                            status,
-                            auth: Box::new(auth.clone()),
-                        });
-                    }
-                    if !is_transient_status(status) || attempt >= self.retry.max_attempts {
-                        return Err(HttpError::Status {
-                            url: url.clone(),
-                            status,
-                            attempts: attempt,
-                        });
-                    }
-                    (retry_after(response.headers()), format!("HTTP {status}"))
+        let sent = self
+            .transport
+            .send(&Method::GET, url, || {
+                let mut request = self
+                    .transport
+                    .client()
+                    .get(url.clone())
+                    .headers(headers.clone());
+                if let Some(credentials) = auth.and_then(IndexAuth::credentials) {
+                    request =
+                        request.basic_auth(&credentials.username, Some(&credentials.password));
                 }
-                Err(source) => {
-                    // Our messages name the URL, masked; the error's own copy would not be.
-                    let source = source.without_url();
-                    if !is_transient_error(&source) || attempt >= self.retry.max_attempts {
-                        return Err(HttpError::Transport {
-                            url: url.clone(),
-                            attempts: attempt,
-                            source,
-                        });
-                    }
-                    (None, error_chain(&source))
-                }
-            };
-            let wait = retry_after
-                .unwrap_or_else(|| self.retry.backoff(attempt))
-                .min(self.retry.max_backoff);
-            // One line per retry on stderr (warn is shown unless `--quiet`): a slow or
-            // failing server is visible, never a silent wait.
-            tracing::warn!(
-                "retrying `{}` in {wait:?} (attempt {} of {}): {why}",
-                redacted(url),
-                attempt + 1,
-                self.retry.max_attempts
-            );
-            tokio::time::sleep(wait).await;
+                std::future::ready(Ok::<_, HttpError>(request))
+            })
+            .await?;
+        let status = sent.response.status();
+        if status.is_success() {
+            return Ok(sent.response);
         }
+        if status == StatusCode::NOT_FOUND || status == StatusCode::GONE {
+            return Err(HttpError::NotFound { url: url.clone() });
+        }
+        if let Some(auth) =
+            auth.filter(|_| status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN)
+        {
+            return Err(HttpError::Unauthorized {
+                url: url.clone(),
+                status,
+                auth: Box::new(auth.clone()),
+            });
+        }
+        Err(HttpError::Status {
+            url: url.clone(),
+            status,
+            attempts: sent.attempts,
+        })
     }
 
     /// GET a small document (index page, metadata, manifest) and hold it in memory.
@@ -456,9 +322,13 @@ impl HttpClient {
             url: url.clone(),
             limit,
         };
-        let mut attempt = 0;
+        // A document is read again whole when its body is cut: it may come compressed,
+        // so a byte range of it would mean nothing.
+        let mut attempts = self
+            .retry_policy()
+            .attempts(format_args!("GET `{}`", redacted(url)));
         loop {
-            attempt += 1;
+            attempts.start();
             let mut response = self.get(url, headers.clone()).await?;
             let response_headers = response.headers().clone();
             if response
@@ -469,7 +339,7 @@ impl HttpClient {
             }
             // Grow with what arrives, never with what a header claims.
             let mut body = Vec::new();
-            let result = loop {
+            let source = loop {
                 match response.chunk().await {
                     Ok(Some(chunk)) => {
                         if body.len() as u64 + chunk.len() as u64 > limit {
@@ -477,31 +347,18 @@ impl HttpClient {
                         }
                         body.extend_from_slice(&chunk);
                     }
-                    Ok(None) => break Ok(()),
-                    Err(error) => break Err(error),
+                    Ok(None) => return Ok((response_headers, Bytes::from(body))),
+                    Err(error) => break error.without_url(),
                 }
             };
-            match result {
-                Ok(()) => return Ok((response_headers, Bytes::from(body))),
-                Err(source) => {
-                    let source = source.without_url();
-                    if attempt >= self.retry.max_attempts {
-                        return Err(HttpError::Transport {
-                            url: url.clone(),
-                            attempts: attempt,
-                            source,
-                        });
-                    }
-                    let wait = self.retry.backoff(attempt);
-                    tracing::warn!(
-                        "retrying `{}` in {wait:?} (attempt {} of {}): {}",
-                        redacted(url),
-                        attempt + 1,
-                        self.retry.max_attempts,
-                        error_chain(&source)
-                    );
-                    tokio::time::sleep(wait).await;
-                }
+            if !(is_transient(Failure::of_error(&source, true))
+                && attempts.retry(error_chain(&source), None).await)
+            {
+                return Err(HttpError::Transport {
+                    url: url.clone(),
+                    attempts: attempts.made(),
+                    source,
+                });
             }
         }
     }
@@ -555,132 +412,19 @@ impl HttpClient {
     }
 }
 
-/// 5xx and 429 are worth another try; 4xx other than 408/429 are not.
-pub fn is_transient_status(status: StatusCode) -> bool {
-    status.is_server_error()
-        || status == StatusCode::TOO_MANY_REQUESTS
-        || status == StatusCode::REQUEST_TIMEOUT
-}
-
-/// Timeouts, refused or reset connections and truncated bodies are worth another try.
-/// A body cut short surfaces as a decode error wrapping an I/O error, so the whole source
-/// chain is inspected.
-pub fn is_transient_error(error: &reqwest::Error) -> bool {
-    // Nobody listening, or no such host: waiting will not change that (a refused
-    // connection used to be retried silently for 45 s).
-    !is_refused_or_unresolved(error) && may_pass_on_retry(error)
-}
-
-/// Whether the failure is of a kind that can go away: any connection failure (a server
-/// that answered before may be restarting), a timeout, a body cut short. Callers that know
-/// the server answered before use this; [`is_transient_error`] also refuses to wait for a
-/// server that is simply not there.
-pub fn may_pass_on_retry(error: &reqwest::Error) -> bool {
-    if error.is_timeout() || error.is_connect() || error.is_request() || error.is_body() {
-        return true;
-    }
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        if let Some(io_error) = cause.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind::*;
-            if matches!(
-                io_error.kind(),
-                UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | TimedOut
-            ) {
-                return true;
-            }
+impl From<NetError> for HttpError {
+    fn from(error: NetError) -> Self {
+        HttpError::Transport {
+            url: error.url().clone(),
+            attempts: error.attempts(),
+            source: error.into_source(),
         }
-        if let Some(inner) = cause.downcast_ref::<reqwest::Error>() {
-            if inner.is_body() || inner.is_timeout() {
-                return true;
-            }
-        }
-        source = cause.source();
     }
-    false
-}
-
-/// A connection refused, or a host name that does not resolve.
-pub fn is_refused_or_unresolved(error: &reqwest::Error) -> bool {
-    if !error.is_connect() {
-        return false;
-    }
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        if let Some(io_error) = cause.downcast_ref::<std::io::Error>() {
-            if io_error.kind() == std::io::ErrorKind::ConnectionRefused {
-                return true;
-            }
-        }
-        // hyper-util's resolver error reads `dns error`; getaddrinfo's reads `failed to
-        // lookup address information`. Neither has a type or kind of its own to test.
-        let text = cause.to_string();
-        if text.starts_with("dns error") || text.contains("failed to lookup address") {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
-}
-
-/// An error and its causes on one line, for retry messages.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let seconds: u64 = headers
-        .get(RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Duration::from_secs(seconds))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_and_caps() {
-        let policy = RetryPolicy {
-            max_attempts: 10,
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_millis(700),
-        };
-        assert_eq!(policy.backoff(1), Duration::from_millis(100));
-        assert_eq!(policy.backoff(2), Duration::from_millis(200));
-        assert_eq!(policy.backoff(3), Duration::from_millis(400));
-        assert_eq!(policy.backoff(4), Duration::from_millis(700));
-        assert_eq!(policy.backoff(40), Duration::from_millis(700));
-    }
-
-    #[test]
-    fn content_range_parses() {
-        assert_eq!(
-            ContentRange::parse("bytes 10-19/100"),
-            Some(ContentRange {
-                start: 10,
-                end: 19,
-                total: Some(100)
-            })
-        );
-        assert_eq!(ContentRange::parse("bytes 0-0/*").unwrap().total, None);
-        assert_eq!(ContentRange::parse("items 0-1/2"), None);
-        assert_eq!(ContentRange::parse("bytes 5/10"), None);
-    }
 
     #[test]
     fn urls_are_shown_without_credentials() {
@@ -716,13 +460,5 @@ mod tests {
             assert!(!text.contains("s3cret") && !text.contains("bob"), "{text}");
             assert!(text.contains("mirror"), "{text}");
         }
-    }
-
-    #[test]
-    fn transient_statuses() {
-        assert!(is_transient_status(StatusCode::BAD_GATEWAY));
-        assert!(is_transient_status(StatusCode::TOO_MANY_REQUESTS));
-        assert!(!is_transient_status(StatusCode::FORBIDDEN));
-        assert!(!is_transient_status(StatusCode::NOT_FOUND));
     }
 }

@@ -1,23 +1,26 @@
-//! The distribution API client: one registry, its auth state, requests with retries, and
-//! the small generic calls (manifests, blobs held in memory) the other stages use.
+//! The distribution API client: one registry and its auth state (challenges, basic
+//! credentials, bearer tokens per scope) layered on the retrying [`Transport`], and the
+//! small generic calls (manifests, blobs) the other stages use.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
-use reqwest::{Method, Response, StatusCode, Url};
+use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::auth::{Challenge, Credentials, Secret};
 use super::RegistryError;
+use crate::cas::BlobStore;
 use crate::digest::Digest;
-use crate::fetch::http::RetryPolicy;
+use crate::net::{range_headers, Piece, ResumableBody, RetryPolicy, Sent, Transport};
 use crate::reference::Reference;
 
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -204,19 +207,14 @@ impl Body {
 /// A client for one registry. Cheap to share (`Arc`); safe to use from parallel tasks.
 #[derive(Debug)]
 pub struct RegistryClient {
-    http: reqwest::Client,
+    transport: Transport,
     registry: String,
     base: Url,
     credentials: Credentials,
-    retry: RetryPolicy,
     auth: Mutex<AuthState>,
     /// Held while a token is fetched, so parallel uploads needing the same scope wait
     /// for one token instead of each asking the token service.
     token_fetch: tokio::sync::Mutex<()>,
-    /// Whether the registry has ever answered this client. Until it has, a failure to
-    /// connect means nothing listens there (a wrong host or port, a registry not started,
-    /// https to a plain-http registry): retrying only hides that for half a minute.
-    answered: AtomicBool,
 }
 
 /// `repository:NAME:ACTIONS` scopes for the token service.
@@ -240,24 +238,22 @@ impl RegistryClient {
                 detail: e.to_string(),
             }
         })?;
-        let http = crate::fetch::http::client_builder()
+        let http = crate::net::client_builder()
             .user_agent(format!("cudastack/{}", env!("CARGO_PKG_VERSION")))
             .connect_timeout(options.connect_timeout)
             .read_timeout(options.read_timeout)
             .build()
             .map_err(RegistryError::Client)?;
         Ok(Self {
-            http,
+            transport: Transport::new(http, options.retry),
             registry: reference.registry().to_string(),
             base,
             credentials: options.credentials,
-            retry: options.retry,
             auth: Mutex::new(AuthState {
                 scheme: Scheme::Unknown,
                 tokens: HashMap::new(),
             }),
             token_fetch: tokio::sync::Mutex::new(()),
-            answered: AtomicBool::new(false),
         })
     }
 
@@ -266,7 +262,7 @@ impl RegistryClient {
     }
 
     pub(crate) fn retry_policy(&self) -> &RetryPolicy {
-        &self.retry
+        self.transport.retry_policy()
     }
 
     /// `BASE/v2/PATH`.
@@ -307,11 +303,13 @@ impl RegistryClient {
             return Ok(());
         }
         let url = self.url("");
-        let response = self
-            .with_retries(&Method::GET, &url, || async {
-                self.http.get(url.clone()).send().await
+        let Sent { response, .. } = self
+            .transport
+            .send(&Method::GET, &url, || {
+                std::future::ready(Ok(self.transport.client().get(url.clone())))
             })
-            .await?;
+            .await
+            .map_err(|error| self.named(error))?;
         let scheme = match response.status() {
             status if status.is_success() => Scheme::Anonymous,
             StatusCode::UNAUTHORIZED => self.scheme_from(&response)?,
@@ -410,11 +408,27 @@ impl RegistryClient {
             realm: realm.to_string(),
             detail,
         };
-        let request = self.token_request(realm, service, scopes);
-        let response = request
-            .send()
+        let method = if matches!(self.credentials, Credentials::IdentityToken(_)) {
+            Method::POST
+        } else {
+            Method::GET
+        };
+        let response = self
+            .transport
+            .send(&method, realm, || {
+                std::future::ready(Ok::<_, RegistryError>(
+                    self.token_request(realm, service, scopes),
+                ))
+            })
             .await
-            .map_err(|e| failed(format!("the request failed: {}", e.without_url())))?;
+            .map_err(|error| match error {
+                RegistryError::Transport { source, .. }
+                | RegistryError::Unreachable { source, .. } => {
+                    failed(format!("the request failed: {source}"))
+                }
+                other => other,
+            })?
+            .response;
         let status = response.status();
         if (status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN)
             && self.credentials == Credentials::Anonymous
@@ -458,7 +472,8 @@ impl RegistryClient {
                 form.append_pair("scope", scope);
             }
             return self
-                .http
+                .transport
+                .client()
                 .post(url)
                 .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
                 .body(form.finish());
@@ -472,15 +487,15 @@ impl RegistryClient {
                 query.append_pair("scope", scope);
             }
         }
-        let mut request = self.http.get(url);
+        let mut request = self.transport.client().get(url);
         if let Some(header) = self.credentials.basic_header() {
             request = request.header(AUTHORIZATION, header);
         }
         request
     }
 
-    /// Send once with auth; on 401 re-learn the challenge (a token for the scope the
-    /// registry names) and send once more.
+    /// Send once with auth (for the steps of an upload session, which must not be sent
+    /// twice: push resumes them on its own terms).
     pub(crate) async fn send(
         &self,
         method: Method,
@@ -489,39 +504,56 @@ impl RegistryClient {
         headers: HeaderMap,
         body: &Body,
     ) -> Result<Response, RegistryError> {
+        let once = RetryPolicy::once();
+        let sent = self.exchange(&once, method, url, scopes, headers, body);
+        Ok(sent.await?.response)
+    }
+
+    /// Send with auth, retried by the transport's rule (idempotent requests only; each
+    /// retry said on stderr). The response may still have a failure status: the caller
+    /// decides what it means. Returns it with the number of attempts made.
+    pub(crate) async fn request(
+        &self,
+        method: Method,
+        url: &Url,
+        scopes: &[String],
+        headers: HeaderMap,
+        body: &Body,
+    ) -> Result<(Response, u32), RegistryError> {
+        let sent = self.exchange(self.retry_policy(), method, url, scopes, headers, body);
+        let Sent { response, attempts } = sent.await?;
+        Ok((response, attempts))
+    }
+
+    /// The auth layer: send with the Authorization the registry's scheme asks for, through
+    /// the transport under `policy`; on 401 re-learn the challenge (a token for the scope
+    /// the registry names) and send once more.
+    async fn exchange(
+        &self,
+        policy: &RetryPolicy,
+        method: Method,
+        url: &Url,
+        scopes: &[String],
+        headers: HeaderMap,
+        body: &Body,
+    ) -> Result<Sent, RegistryError> {
+        // The scheme first, with its own retries: learnt per attempt, a registry that
+        // does not answer was tried max_attempts² times.
         self.discover().await?;
         let mut scopes = scopes.to_vec();
         for round in 0..2 {
             let authorization = self.authorization(&scopes).await?;
-            let mut request = self
-                .http
-                .request(method.clone(), url.clone())
-                .headers(headers.clone());
-            if let Some(value) = authorization {
-                let mut value =
-                    HeaderValue::from_str(&value).map_err(|_| RegistryError::Protocol {
-                        registry: self.registry.clone(),
-                        what: "a token",
-                        detail: "it is not a valid header value".to_string(),
-                    })?;
-                value.set_sensitive(true);
-                request = request.header(AUTHORIZATION, value);
-            }
-            // Every request that may carry a body says how long it is (some registries
-            // refuse a bodiless POST without `Content-Length: 0`).
-            if ![Method::GET, Method::HEAD, Method::DELETE].contains(&method) {
-                request = request
-                    .header(reqwest::header::CONTENT_LENGTH, body.len())
-                    .body(body.open().await?);
-            }
-            let response = request
-                .send()
+            let sent = self
+                .transport
+                .send_with(policy, &method, url, || {
+                    self.build(&method, url, &headers, authorization.as_deref(), body)
+                })
                 .await
-                .map_err(|source| self.transport_error(&method, url, 1, source))?;
-            self.answered.store(true, Ordering::Relaxed);
-            if response.status() != StatusCode::UNAUTHORIZED {
-                return Ok(response);
+                .map_err(|error| self.named(error))?;
+            if sent.response.status() != StatusCode::UNAUTHORIZED {
+                return Ok(sent);
             }
+            let response = sent.response;
             let previous = self.auth.lock().unwrap().scheme.clone();
             let scheme = self.scheme_from(&response)?;
             let challenge = response
@@ -565,126 +597,49 @@ impl RegistryClient {
         unreachable!("the loop returns in its second round")
     }
 
-    /// Run `attempt` until it gives a non-transient answer or the retries run out.
-    async fn with_retries<F, Fut>(
+    /// One attempt's request: its headers, the Authorization, and its body made anew.
+    async fn build(
         &self,
         method: &Method,
         url: &Url,
-        mut attempt: F,
-    ) -> Result<Response, RegistryError>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<Response, reqwest::Error>>,
-    {
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let last = attempts >= self.retry.max_attempts;
-            let why = match attempt().await {
-                Ok(response) => {
-                    self.answered.store(true, Ordering::Relaxed);
-                    if !crate::fetch::http::is_transient_status(response.status()) || last {
-                        return Ok(response);
-                    }
-                    format!("answered {}", response.status())
-                }
-                Err(source) => {
-                    let error = self.transport_error(method, url, attempts, source);
-                    if !error.is_transient() || last {
-                        return Err(error);
-                    }
-                    transport_reason(&error)
-                }
-            };
-            self.note_retry(method, url, attempts, &why);
-            self.back_off(attempts).await;
-        }
-    }
-
-    /// A failed send as an error: [`RegistryError::Unreachable`] (not retried) when the
-    /// registry has never answered and the connection itself failed, else `Transport`.
-    fn transport_error(
-        &self,
-        method: &Method,
-        url: &Url,
-        attempts: u32,
-        source: reqwest::Error,
-    ) -> RegistryError {
-        if source.is_connect() && !self.answered.load(Ordering::Relaxed) {
-            RegistryError::Unreachable {
-                registry: self.registry.clone(),
-                url: url.clone(),
-                source,
-            }
-        } else {
-            RegistryError::Transport {
-                method: method.clone(),
-                url: url.clone(),
-                attempts,
-                source,
-            }
-        }
-    }
-
-    /// Say on stderr (a warning, so `--quiet` hides it) what is retried, why, and when:
-    /// a registry that stalls is visible while it stalls, not after the last attempt.
-    fn note_retry(&self, method: &Method, url: &Url, attempt: u32, why: &str) {
-        let wait = self.retry.backoff(attempt);
-        tracing::warn!(
-            "{method} `{url}` {why}; retrying in {:.1}s (attempt {} of {})",
-            wait.as_secs_f64(),
-            attempt + 1,
-            self.retry.max_attempts
-        );
-    }
-
-    /// Sleep the backoff after failed attempt number `attempt`.
-    async fn back_off(&self, attempt: u32) {
-        tokio::time::sleep(self.retry.backoff(attempt)).await;
-    }
-
-    /// [`send`] with retries on transient failures (idempotent requests only), each
-    /// said on stderr. The response may still have a failure status: the caller decides
-    /// what it means. A registry that never answered is not retried: see
-    /// [`RegistryError::Unreachable`].
-    pub(crate) async fn request(
-        &self,
-        method: Method,
-        url: &Url,
-        scopes: &[String],
-        headers: HeaderMap,
+        headers: &HeaderMap,
+        authorization: Option<&str>,
         body: &Body,
-    ) -> Result<(Response, u32), RegistryError> {
-        // The auth scheme first, with its own retries: learnt inside the loop below, a
-        // registry that does not answer was tried max_attempts² times (45 s).
-        self.discover().await?;
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let last = attempts >= self.retry.max_attempts;
-            let why = match self
-                .send(method.clone(), url, scopes, headers.clone(), body)
-                .await
-            {
-                Ok(response)
-                    if !crate::fetch::http::is_transient_status(response.status()) || last =>
-                {
-                    return Ok((response, attempts))
-                }
-                Ok(response) => format!("answered {}", response.status()),
-                Err(error) if error.is_transient() && !last => transport_reason(&error),
-                Err(RegistryError::Transport { source, .. }) => {
-                    return Err(RegistryError::Transport {
-                        method,
-                        url: url.clone(),
-                        attempts,
-                        source,
-                    })
-                }
-                Err(other) => return Err(other),
-            };
-            self.note_retry(&method, url, attempts, &why);
-            self.back_off(attempts).await;
+    ) -> Result<RequestBuilder, RegistryError> {
+        let mut request = self
+            .transport
+            .client()
+            .request(method.clone(), url.clone())
+            .headers(headers.clone());
+        if let Some(value) = authorization {
+            let mut value = HeaderValue::from_str(value).map_err(|_| RegistryError::Protocol {
+                registry: self.registry.clone(),
+                what: "a token",
+                detail: "it is not a valid header value".to_string(),
+            })?;
+            value.set_sensitive(true);
+            request = request.header(AUTHORIZATION, value);
+        }
+        // Every request that may carry a body says how long it is (some registries
+        // refuse a bodiless POST without `Content-Length: 0`).
+        if ![Method::GET, Method::HEAD, Method::DELETE].contains(method) {
+            request = request
+                .header(reqwest::header::CONTENT_LENGTH, body.len())
+                .body(body.open().await?);
+        }
+        Ok(request)
+    }
+
+    /// A transport error naming this registry as the user wrote it (`docker.io`, not
+    /// the API host it is reached at).
+    fn named(&self, error: RegistryError) -> RegistryError {
+        match error {
+            RegistryError::Unreachable { url, source, .. } => RegistryError::Unreachable {
+                registry: self.registry.clone(),
+                url,
+                source,
+            },
+            other => other,
         }
     }
 
@@ -950,30 +905,19 @@ impl RegistryClient {
         Ok(bytes)
     }
 
-    /// Stream a blob into `sink` (one attempt; the caller verifies the digest, e.g. with
-    /// a `PendingBlob`, and retries on [`RegistryError::is_transient`]). Returns the size.
-    pub(crate) async fn download_blob<W: std::io::Write>(
+    /// Stream a blob of `size` bytes (as its manifest gives) into `store`: never written
+    /// past `size` ([`RegistryError::TooLarge`]), continued from where it stopped when cut
+    /// ([`ResumableBody`]), committed only when its digest is `digest` and it is exactly
+    /// `size` long. `what` names it in errors.
+    pub(crate) async fn download_blob(
         &self,
         repository: &str,
         digest: &Digest,
-        sink: &mut W,
-        sink_path: &std::path::Path,
-    ) -> Result<u64, RegistryError> {
-        self.download_blob_limited(repository, digest, sink, sink_path, u64::MAX)
-            .await
-    }
-
-    /// [`Self::download_blob`], refusing a body of more than `max` bytes before writing
-    /// past it ([`RegistryError::TooLarge`]): a referrer's blob is streamed to disk and
-    /// never read beyond the size its manifest gives.
-    pub(crate) async fn download_blob_limited<W: std::io::Write>(
-        &self,
-        repository: &str,
-        digest: &Digest,
-        sink: &mut W,
-        sink_path: &std::path::Path,
-        max: u64,
-    ) -> Result<u64, RegistryError> {
+        size: u64,
+        store: &BlobStore,
+        what: &str,
+    ) -> Result<(), RegistryError> {
+        let max = size;
         let too_large = || RegistryError::TooLarge {
             repository: repository.to_string(),
             digest: *digest,
@@ -981,49 +925,63 @@ impl RegistryClient {
         };
         let url = self.url(&format!("{repository}/blobs/{digest}"));
         let scopes = [scope(repository, "pull")];
+        let tmp = store.tmp_dir();
+        let io = |source| RegistryError::Io {
+            path: tmp.clone(),
+            source,
+        };
+        let mut pending = store.begin()?;
+        let mut found = 0u64;
+        let mut body = ResumableBody::new(&url, 0, self.retry_policy(), |from| {
+            self.open_blob(&url, &scopes, from, max, too_large)
+        });
+        while let Some(piece) = body.next().await? {
+            match piece {
+                // Dropping the old temp file deletes it.
+                Piece::Restart => (pending, found) = (store.begin()?, 0),
+                Piece::Bytes(chunk) => {
+                    found += chunk.len() as u64;
+                    if found > max {
+                        return Err(too_large());
+                    }
+                    pending.write_all(&chunk).map_err(io)?;
+                }
+            }
+        }
+        pending.flush().map_err(io)?;
+        pending.commit(Some(digest), what)?;
+        if found != size {
+            return Err(RegistryError::Document {
+                path: what.to_string(),
+                what: "the size its manifest gives",
+                detail: format!("{found} bytes, the manifest says {size}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// The GET of a blob from byte `from`, refused when it says it is larger than `max`.
+    async fn open_blob(
+        &self,
+        url: &Url,
+        scopes: &[String],
+        from: u64,
+        max: u64,
+        too_large: impl FnOnce() -> RegistryError,
+    ) -> Result<Option<Response>, RegistryError> {
         let (response, attempts) = self
-            .request(Method::GET, &url, &scopes, HeaderMap::new(), &Body::Empty)
+            .request(Method::GET, url, scopes, range_headers(from), &Body::Empty)
             .await?;
         if !response.status().is_success() {
-            return Err(status_error(Method::GET, &url, response, attempts).await);
+            return Err(status_error(Method::GET, url, response, attempts).await);
         }
-        if response.content_length().is_some_and(|len| len > max) {
+        if response
+            .content_length()
+            .is_some_and(|len| from.saturating_add(len) > max)
+        {
             return Err(too_large());
         }
-        let mut size = 0u64;
-        let mut stream = response.bytes_stream();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|source| RegistryError::Transport {
-                method: Method::GET,
-                url: url.clone(),
-                attempts: 1,
-                source,
-            })?;
-            size += chunk.len() as u64;
-            if size > max {
-                return Err(too_large());
-            }
-            sink.write_all(&chunk).map_err(|source| RegistryError::Io {
-                path: sink_path.to_path_buf(),
-                source,
-            })?;
-        }
-        Ok(size)
-    }
-}
-
-/// Why a request failed, for a retry line: its innermost cause (`Connection refused`,
-/// `connection closed before message completed`).
-pub(crate) fn transport_reason(error: &RegistryError) -> String {
-    let mut innermost = None;
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        innermost = Some(cause.to_string());
-        source = cause.source();
-    }
-    match innermost {
-        Some(cause) => format!("failed ({cause})"),
-        None => format!("failed ({error})"),
+        Ok(Some(response))
     }
 }
 

@@ -5,8 +5,8 @@
 //! distribution HTTP API directly over reqwest:
 //!
 //! ```text
-//! Reference ──RegistryClient (auth: anonymous | basic | bearer token per scope,
-//!              retries with backoff, http only for localhost / --insecure-registry)
+//! Reference ──RegistryClient (auth: anonymous | basic | bearer token per scope, over
+//!              net::Transport's retries; http only for localhost / --insecure-registry)
 //!   push: HEAD blob ─ present? ─ mount from another repo ─ upload (monolithic PUT streamed
 //!         from the file; chunked PATCH for big blobs; resume from the session's Range)
 //!         ─ manifest PUT (raw bytes: the digest is the one computed locally)
@@ -18,8 +18,8 @@
 //! through [`crate::oci::layout::LayoutWriter`]: this module never parses or writes a
 //! layout's `index.json` itself. The module must not build images or decide tags; it moves
 //! bytes whose digests are already known, and checks them. It never holds a layer in
-//! memory. Depends on `oci`, `reference`, `cas`, `canonical`, `digest` and `fetch::http`
-//! (retry policy).
+//! memory. Depends on `oci`, `reference`, `cas`, `canonical`, `digest` and `net` (the
+//! retrying transport its auth is layered on).
 
 // Errors carry the URL they are about (as in crate::fetch); they are not on a hot path.
 #![allow(clippy::result_large_err)]
@@ -35,6 +35,7 @@ use std::path::PathBuf;
 use reqwest::{Method, StatusCode, Url};
 
 use crate::digest::Digest;
+use crate::net::{attempts_note, is_transient, Failure, NetError, ReadError};
 
 /// The reference grammar lives at the vocabulary level ([`crate::reference`]; recipes name
 /// tags with it too); these paths are kept for callers that name it here.
@@ -167,14 +168,6 @@ fn unreachable_hint(registry: &str, url: &Url) -> String {
     }
 }
 
-fn attempts_note(attempts: u32) -> String {
-    if attempts > 1 {
-        format!(" (after {attempts} attempts)")
-    } else {
-        String::new()
-    }
-}
-
 fn detail_note(detail: &str) -> String {
     if detail.is_empty() {
         String::new()
@@ -190,18 +183,77 @@ fn user_note(username: Option<&str>) -> String {
 }
 
 impl RegistryError {
-    /// Worth another try (connection trouble, 5xx, 429, 408)?
+    /// Worth another try, by the transport's rule ([`crate::net`])?
     pub fn is_transient(&self) -> bool {
         match self {
-            // A registry that never answered fails earlier, as `Unreachable` (client.rs);
-            // one that answered before and now refuses is likely restarting: retry it.
+            // A registry that never answered fails earlier, as `Unreachable`; one that
+            // answered before and now refuses is likely restarting: retry it.
             RegistryError::Transport { source, .. } => {
-                crate::fetch::http::may_pass_on_retry(source)
+                is_transient(Failure::of_error(source, true))
             }
-            RegistryError::Status { status, .. } => {
-                crate::fetch::http::is_transient_status(*status)
-            }
+            RegistryError::Status { status, .. } => is_transient(Failure::Status(*status)),
             _ => false,
+        }
+    }
+}
+
+/// The registry as its API host, for errors of the transport below the client (which
+/// names them as the user wrote it).
+fn host_of(url: &Url) -> String {
+    match (url.host_str(), url.port()) {
+        (Some(host), Some(port)) => format!("{host}:{port}"),
+        (Some(host), None) => host.to_string(),
+        (None, _) => url.to_string(),
+    }
+}
+
+impl From<NetError> for RegistryError {
+    fn from(error: NetError) -> Self {
+        match error {
+            NetError::Failed {
+                method,
+                url,
+                attempts,
+                source,
+            } => RegistryError::Transport {
+                method,
+                url,
+                attempts,
+                source,
+            },
+            NetError::Unreachable { url, source } => RegistryError::Unreachable {
+                registry: host_of(&url),
+                url,
+                source,
+            },
+        }
+    }
+}
+
+impl From<ReadError> for RegistryError {
+    fn from(error: ReadError) -> Self {
+        match error {
+            ReadError::Cut {
+                url,
+                attempts,
+                source,
+                ..
+            } => RegistryError::Transport {
+                method: Method::GET,
+                url,
+                attempts,
+                source,
+            },
+            ReadError::WrongRange {
+                url,
+                asked,
+                status,
+                answered,
+            } => RegistryError::Protocol {
+                registry: host_of(&url),
+                what: "a resumed blob read",
+                detail: format!("asked for bytes {asked}-, got {status} `{answered}`"),
+            },
         }
     }
 }

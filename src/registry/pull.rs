@@ -2,7 +2,6 @@
 //! cache, every digest verified, then an OCI layout holding the manifest byte for byte
 //! (so the layout's manifest digest is the registry's).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -39,13 +38,6 @@ pub struct PullReport {
     pub blobs: Vec<PulledBlob>,
     pub bytes_downloaded: u64,
     pub seconds: f64,
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError + '_ {
-    move |source| RegistryError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 /// Pull `reference` for `platform` into `store` and write it into the OCI layout at
@@ -143,40 +135,15 @@ async fn pull_layer(
             cached: true,
         });
     }
-    let policy = client.retry_policy().clone();
-    let mut attempts = 0;
-    loop {
-        attempts += 1;
-        // A fresh temp file per attempt; dropping a failed one deletes it.
-        let mut pending = store.begin()?;
-        let tmp = store.tmp_dir();
-        match client
-            .download_blob(repository, &digest, &mut pending, &tmp)
-            .await
-        {
-            Ok(_) => {
-                pending.flush().map_err(io(&tmp))?;
-                let what = format!("blob {digest} of `{}/{repository}`", client.registry());
-                let (_, found_size) = pending.commit(Some(&digest), &what)?;
-                if found_size != size {
-                    return Err(RegistryError::Document {
-                        path: what,
-                        what: "the size its manifest gives",
-                        detail: format!("{found_size} bytes, the manifest says {size}"),
-                    });
-                }
-                return Ok(PulledBlob {
-                    digest,
-                    size,
-                    cached: false,
-                });
-            }
-            Err(error) if error.is_transient() && attempts < policy.max_attempts => {
-                tokio::time::sleep(policy.backoff(attempts)).await;
-            }
-            Err(error) => return Err(error),
-        }
-    }
+    let what = format!("blob {digest} of `{}/{repository}`", client.registry());
+    client
+        .download_blob(repository, &digest, size, store, &what)
+        .await?;
+    Ok(PulledBlob {
+        digest,
+        size,
+        cached: false,
+    })
 }
 
 /// Put the blobs (hardlinked from the store when possible) and the manifest into the layout

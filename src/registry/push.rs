@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::client::{scope, status_error, Body, RegistryClient};
 use super::RegistryError;
 use crate::digest::Digest;
+use crate::net::error_chain;
 use crate::oci::layout::Layout;
 use crate::oci::{Image, StoredImage};
 use crate::reference::Reference;
@@ -453,41 +454,31 @@ async fn upload(
         check_session: false,
         resumed: false,
     };
-    let policy = client.retry_policy().clone();
-    let mut attempts = 0;
+    let mut attempts = client.retry_policy().attempts(format_args!(
+        "the upload of blob {} to `{}/{repository}`",
+        blob.digest,
+        client.registry()
+    ));
     loop {
-        attempts += 1;
-        match upload_attempt(client, repository, blob, options, counter, &mut state).await {
-            Ok(()) => {
-                return Ok(if state.resumed {
-                    BlobOutcome::Resumed
-                } else {
-                    BlobOutcome::Uploaded
-                })
-            }
-            Err(error) if error.is_transient() && attempts < policy.max_attempts => {
-                tracing::warn!(
-                    "uploading blob {} to `{}/{repository}` {}; resuming in {:.1}s (attempt {} of {})",
-                    blob.digest,
-                    client.registry(),
-                    super::client::transport_reason(&error),
-                    policy.backoff(attempts).as_secs_f64(),
-                    attempts + 1,
-                    policy.max_attempts
-                );
-                tokio::time::sleep(policy.backoff(attempts)).await;
-            }
-            Err(RegistryError::Status { status, .. })
-                if (status == StatusCode::NOT_FOUND
-                    || status == StatusCode::RANGE_NOT_SATISFIABLE)
-                    && attempts < policy.max_attempts =>
-            {
-                // The session is gone or disagrees about the offset: start the blob over.
-                state.session = None;
-                state.offset = 0;
-                state.check_session = false;
-            }
-            Err(error) => return Err(with_attempts(error, attempts)),
+        attempts.start();
+        let error =
+            match upload_attempt(client, repository, blob, options, counter, &mut state).await {
+                Ok(()) if state.resumed => return Ok(BlobOutcome::Resumed),
+                Ok(()) => return Ok(BlobOutcome::Uploaded),
+                Err(error) => error,
+            };
+        // The session is gone or disagrees about the offset: start the blob over.
+        let session_lost = matches!(&error, RegistryError::Status { status, .. }
+            if *status == StatusCode::NOT_FOUND || *status == StatusCode::RANGE_NOT_SATISFIABLE);
+        if !(error.is_transient() || session_lost)
+            || !attempts.retry(error_chain(&error), None).await
+        {
+            return Err(with_attempts(error, attempts.made()));
+        }
+        if session_lost {
+            state.session = None;
+            state.offset = 0;
+            state.check_session = false;
         }
     }
 }

@@ -612,27 +612,13 @@ async fn blob_into_store(
     store: &crate::cas::BlobStore,
 ) -> Result<std::path::PathBuf, RegistryError> {
     if !store.contains(digest) {
-        let tmp = store.tmp_dir();
-        let mut pending = store.begin()?;
-        client
-            .download_blob_limited(repository, digest, &mut pending, &tmp, size)
-            .await?;
-        std::io::Write::flush(&mut pending).map_err(|source| RegistryError::Io {
-            path: tmp.clone(),
-            source,
-        })?;
         let what = format!(
             "referrer blob {digest} of `{}/{repository}`",
             client.registry()
         );
-        let (_, found) = pending.commit(Some(digest), &what)?;
-        if found != size {
-            return Err(RegistryError::Document {
-                path: what,
-                what: "the size its referrer's manifest gives",
-                detail: format!("{found} bytes, the manifest says {size}"),
-            });
-        }
+        client
+            .download_blob(repository, digest, size, store, &what)
+            .await?;
     }
     Ok(store.path(digest))
 }
