@@ -74,6 +74,7 @@ mod recipe_properties;
 mod recipe_validate;
 mod recipes_all;
 mod registry_auth;
+mod registry_hostile_auth;
 mod registry_push;
 mod registry_referrers_budget;
 mod registry_trust;

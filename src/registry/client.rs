@@ -355,6 +355,20 @@ impl RegistryClient {
         }
     }
 
+    /// Whether credentials may go to `url`: over https anywhere; over plain http only to
+    /// this machine or to the registry's own host (which the user chose to reach over
+    /// http). A registry's challenge names the token service, so a hostile registry could
+    /// otherwise collect the password in clear from any host it names.
+    fn may_carry_credentials(&self, url: &Url) -> bool {
+        let loopback = match url.host() {
+            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+            Some(url::Host::Domain(name)) => name == "localhost",
+            None => false,
+        };
+        url.scheme() == "https" || loopback || url.host_str() == self.base.host_str()
+    }
+
     /// The Authorization header for a request needing `scopes`.
     async fn authorization(&self, scopes: &[String]) -> Result<Option<String>, RegistryError> {
         let scheme = self.auth.lock().unwrap().scheme.clone();
@@ -408,6 +422,11 @@ impl RegistryClient {
             realm: realm.to_string(),
             detail,
         };
+        if self.credentials != Credentials::Anonymous && !self.may_carry_credentials(realm) {
+            return Err(failed(format!(
+                "it is plain http on another machine than the registry, and cudastack sends credentials over plain http only to this machine or to the registry's own host\n  hint: the registry's token service must be https (or the registry must name one on its own host)"
+            )));
+        }
         let method = if matches!(self.credentials, Credentials::IdentityToken(_)) {
             Method::POST
         } else {
@@ -1025,6 +1044,13 @@ pub(crate) async fn read_limited(
     Ok(Bytes::from(body))
 }
 
+/// A registry's error document is read up to this size; the rest is not waited for.
+const MAX_ERROR_DOCUMENT: u64 = 64 << 10;
+/// A token service's answer is read up to this size (real tokens are a few KiB).
+const MAX_TOKEN_ANSWER: u64 = 1 << 20;
+/// The longest a token is kept, whatever its service says.
+const MAX_TOKEN_LIFETIME_SECS: u64 = 24 * 60 * 60;
+
 /// The distribution error document's first `code: message`, for error messages.
 async fn registry_detail(response: Response) -> String {
     #[derive(serde::Deserialize)]
@@ -1036,7 +1062,17 @@ async fn registry_detail(response: Response) -> String {
         code: Option<String>,
         message: Option<String>,
     }
-    let Ok(bytes) = response.bytes().await else {
+    // A registry's error document is small; one that never ends is cut, not held.
+    let url = response.url().clone();
+    let Ok(bytes) = read_limited(response, &url, MAX_ERROR_DOCUMENT, || {
+        RegistryError::Protocol {
+            registry: url.host_str().unwrap_or_default().to_string(),
+            what: "an error document",
+            detail: format!("it is larger than {MAX_ERROR_DOCUMENT} bytes"),
+        }
+    })
+    .await
+    else {
         return String::new();
     };
     match serde_json::from_slice::<Errors>(&bytes) {
@@ -1088,17 +1124,31 @@ async fn read_token(response: reqwest::Response) -> Result<(Secret, Duration), S
         access_token: Option<String>,
         expires_in: Option<u64>,
     }
-    let answer: TokenAnswer = response
-        .json()
-        .await
+    let url = response.url().clone();
+    let bytes = read_limited(response, &url, MAX_TOKEN_ANSWER, || {
+        RegistryError::Protocol {
+            registry: url.host_str().unwrap_or_default().to_string(),
+            what: "a token answer",
+            detail: String::new(),
+        }
+    })
+    .await
+    .map_err(|_| format!("the answer is larger than {MAX_TOKEN_ANSWER} bytes, or was cut"))?;
+    let answer: TokenAnswer = serde_json::from_slice(&bytes)
         .map_err(|_| "the answer is not the JSON {token, expires_in}".to_string())?;
     let token = answer
         .token
         .or(answer.access_token)
         .filter(|t| !t.is_empty())
         .ok_or_else(|| "the answer has no token".to_string())?;
-    // The spec's default lifetime is 60 s.
-    let lifetime = Duration::from_secs(answer.expires_in.unwrap_or(60).max(60));
+    // The spec's default lifetime is 60 s. A lifetime past a day is taken as a day: a
+    // token service's number must not overflow the clock (it panicked at u64::MAX).
+    let lifetime = Duration::from_secs(
+        answer
+            .expires_in
+            .unwrap_or(60)
+            .clamp(60, MAX_TOKEN_LIFETIME_SECS),
+    );
     Ok((Secret::new(token), lifetime))
 }
 
