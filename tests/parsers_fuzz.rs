@@ -810,6 +810,23 @@ fn a_recipe_that_is_a_device_or_a_fifo_is_refused() {
     assert!(message.contains("named pipe"), "{message}");
 }
 
+/// A lock that is a FIFO, or a link to a device or to `/dev/stdin` (a pull request can carry
+/// the link; CI's stdin is often an open pipe), blocked `build`, `lock` and `lock --check`
+/// for ever: it is refused, not read.
+#[test]
+fn a_lock_that_is_a_device_or_a_fifo_is_refused() {
+    use cudastack::lock::lockfile::Lockfile;
+    let dir = tempfile::tempdir().unwrap();
+    let device = dir.path().join("device.lock");
+    std::os::unix::fs::symlink("/dev/null", &device).unwrap();
+    let message = entries::render(&Lockfile::read(&device).unwrap_err());
+    assert!(message.contains("a device"), "{message}");
+    let fifo = dir.path().join("fifo.lock");
+    mkfifo(&fifo);
+    let message = within(10, move || entries::render(&Lockfile::read(&fifo).unwrap_err()));
+    assert!(message.contains("named pipe"), "{message}");
+}
+
 /// An OCI layout's `index.json` and its documents (manifest, config, referrers) are read
 /// whole: each is capped, and one that is a device or FIFO is refused.
 #[test]

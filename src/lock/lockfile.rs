@@ -39,6 +39,11 @@ pub enum LockfileError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("`{path}` is {kind}, not a regular file; a lock file is read from a file only")]
+    NotAFile {
+        path: std::path::PathBuf,
+        kind: &'static str,
+    },
     #[error("`{path}` is larger than {limit} bytes; no cudastack lock is that big")]
     TooLarge {
         path: std::path::PathBuf,
@@ -481,7 +486,17 @@ impl Lockfile {
             path: path.to_path_buf(),
             source,
         };
-        let file = fs_err::File::open(path).map_err(io_error)?;
+        // Non-blocking and checked on the open file: a lock in a pull request can be a FIFO
+        // or a link to /dev/stdin, which would block `build` and `lock` for ever.
+        let file = match crate::contained_file::open_regular(path).map_err(io_error)? {
+            Ok(file) => file,
+            Err(kind) => {
+                return Err(LockfileError::NotAFile {
+                    path: path.to_path_buf(),
+                    kind,
+                })
+            }
+        };
         let mut text = String::new();
         std::io::Read::read_to_string(
             &mut std::io::Read::take(file, MAX_LOCK_BYTES + 1),
