@@ -823,7 +823,9 @@ fn a_lock_that_is_a_device_or_a_fifo_is_refused() {
     assert!(message.contains("a device"), "{message}");
     let fifo = dir.path().join("fifo.lock");
     mkfifo(&fifo);
-    let message = within(10, move || entries::render(&Lockfile::read(&fifo).unwrap_err()));
+    let message = within(10, move || {
+        entries::render(&Lockfile::read(&fifo).unwrap_err())
+    });
     assert!(message.contains("named pipe"), "{message}");
 }
 

@@ -199,7 +199,7 @@ fn record_log(
     let mut report = Report::from_output(&text, &format!("log {}", log.display()))?;
     // Only the log's `cudastack-image-v1` line says which image ran (the report line's
     // parser drops any `image` or `runner` the line carried: the probe writes neither).
-    report.image = cudastack::verify::record::image_in_log(&text);
+    report.image = cudastack::verify::record::image_in_log(&text)?;
     report.runner = Some(cudastack::verify::report::RunnerFacts {
         kind: "cluster".to_string(),
         cudastack_version: env!("CARGO_PKG_VERSION").to_string(),

@@ -25,12 +25,14 @@ pub enum RecordError {
     NotVerified { verdict: Verdict },
     #[error("the log does not say which image ran: it has no `{prefix}` line, so it cannot be recorded on `{image}`\n  hint: run the Job or sbatch script that `cudastack verify {image} --emit k8s-job` (or `--emit sbatch`) prints now: it prints the image's digest before the probe runs", prefix = super::IMAGE_PREFIX.trim_end())]
     NoImageInLog { image: String },
-    #[error("the log is about another image than `{image}`\n  Expected: {expected}\n  Found:    {found}\n  hint: record the log on the image the job ran (`cudastack verify REPOSITORY@{found} --from-log LOG`), or run the job for `{image}`")]
+    #[error("the log is about another image than `{image}`\n  Expected: {expected}\n  Found:    {found}\n  hint: record a log only on the image whose job you emitted (`cudastack verify {image} --emit ...`) and ran; the line naming the image is printed inside the container, so code in an image can print another")]
     OtherImage {
         image: String,
         expected: Digest,
         found: String,
     },
+    #[error("the log names more than one image ({found}); code in the image can print that line too, so the log cannot say which image ran\n  hint: run the job that `cudastack verify IMAGE --emit ...` prints again and record its log")]
+    SeveralImagesInLog { found: String },
     #[error("`{what}` is not a usable image document: {detail}")]
     Document { what: String, detail: String },
 }
@@ -147,22 +149,38 @@ pub fn verified_labels(
     ])
 }
 
-/// The image a cluster job's log names (its `cudastack-image-v1 REF` line, the last one),
-/// as the report's image facts: the reference and the digest after its `@`.
-pub fn image_in_log(log: &str) -> Option<ImageFacts> {
-    let reference = log
+/// The image a cluster job's log names (its `cudastack-image-v1 REF` line), as the report's
+/// image facts: the reference and the digest after its `@`. The job prints that line before
+/// the probe runs, but code in the image can print one too: a log whose lines name more than
+/// one image is refused, never resolved by taking the first or the last.
+pub fn image_in_log(log: &str) -> Result<Option<ImageFacts>, RecordError> {
+    let mut named: Vec<&str> = log
         .lines()
-        .rev()
-        .find_map(|line| line.trim_end().strip_prefix(super::IMAGE_PREFIX))?
-        .trim();
+        .filter_map(|line| line.trim_end().strip_prefix(super::IMAGE_PREFIX))
+        .map(str::trim)
+        .collect();
+    named.dedup();
+    let reference = match named.as_slice() {
+        [] => return Ok(None),
+        [one] => *one,
+        several => {
+            return Err(RecordError::SeveralImagesInLog {
+                found: several
+                    .iter()
+                    .map(|r| crate::printable::short(r))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+        }
+    };
     let digest = reference
         .rsplit_once('@')
         .map(|(_, digest)| digest.to_string());
-    Some(ImageFacts {
+    Ok(Some(ImageFacts {
         reference: reference.to_string(),
         manifest_digest: digest,
         config_digest: None,
-    })
+    }))
 }
 
 /// Refuse to record `report` on the image `expected` (named `image` for the message) when
@@ -469,10 +487,17 @@ mod tests {
         let log = format!(
             "cudastack-image-v1 ghcr.io/acme/torch@{digest}\nnoise\ncudastack-report-v1 {{}}\n"
         );
-        let facts = image_in_log(&log).unwrap();
+        let facts = image_in_log(&log).unwrap().unwrap();
         assert_eq!(facts.reference, format!("ghcr.io/acme/torch@{digest}"));
         assert_eq!(facts.manifest_digest, Some(digest.to_string()));
-        assert!(image_in_log("cudastack-report-v1 {}").is_none());
+        assert!(image_in_log("cudastack-report-v1 {}").unwrap().is_none());
+        // The same line twice is one image; a second image is a refusal, whichever comes first.
+        let twice = format!("{log}cudastack-image-v1 ghcr.io/acme/torch@{digest}\n");
+        assert!(image_in_log(&twice).unwrap().is_some());
+        let other = Digest::of_bytes(b"other");
+        let forged = format!("{log}cudastack-image-v1 ghcr.io/acme/torch@{other}\n");
+        let error = image_in_log(&forged).unwrap_err().to_string();
+        assert!(error.contains("more than one image"), "{error}");
         let report_json = serde_json::json!({
             "schema": super::super::report::REPORT_SCHEMA, "probe_version": "1",
             "started": "2026-11-30T10:00:00Z", "seconds": 1.0, "hostname": "h",
