@@ -32,7 +32,7 @@ fn specs() -> Vec<(&'static str, SbatchSpec, Vec<&'static str>)> {
             vec![
                 "--container-image=docker://ghcr.io#acme/torch@sha256:4a5d132a06a77c8331e15845f2e925adc788b00105097ad55409afa3f4fa4860",
                 "--no-container-mount-home",
-                "python3",
+                "/usr/bin/python3",
                 "-I",
                 "-S",
                 "/opt/cudastack/probe/probe.py",
@@ -61,7 +61,7 @@ fn specs() -> Vec<(&'static str, SbatchSpec, Vec<&'static str>)> {
             vec![
                 "--container-image=/scratch/torch.sqsh",
                 "--no-container-mount-home",
-                "python3",
+                "/usr/bin/python3",
                 "-I",
                 "-S",
                 "/opt/cudastack/probe/probe.py",

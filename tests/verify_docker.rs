@@ -78,9 +78,9 @@ fn stand_in_layout(work: &Path, name: &str, probe: &str) -> (PathBuf, Digest) {
         Entry::symlink(p("bin/sh"), "busybox"),
         Entry::symlink(p("bin/sleep"), "busybox"),
         Entry::file_bytes(
-            p("bin/python3"),
+            p("usr/bin/python3"),
             0o755,
-            // Drops the interpreter's flags (`python3 -I -S probe.py`).
+            // Drops the interpreter's flags (`/usr/bin/python3 -I -S probe.py`).
             b"#!/bin/sh\nwhile [ \"${1#-}\" != \"$1\" ]; do shift; done\nexec /bin/sh \"$@\"\n"
                 .to_vec(),
         ),
@@ -359,6 +359,56 @@ fn the_next_verify_reaps_a_killed_runs_container_and_spares_a_live_one() {
 
 /// Issue 16: every no-op rebuild with a daemon re-loaded the image and re-ran the probe.
 /// The same image, probe, level and host is a cached report: nothing is loaded or run.
+/// Image code that prints without end (256 MiB here, no newline) took `verify` to 820 MB of
+/// memory and 512 MiB of terminal output. Each stream keeps its last 8 MiB; the message shows
+/// the last lines escaped and cut.
+#[test]
+fn a_probe_that_prints_without_end_is_kept_to_its_tail() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    let probe = "busybox head -c 268435456 /dev/zero | busybox tr '\\0' A\n";
+    let (dir, id) = stand_in_layout(work.path(), "verify-loud", probe);
+    let cleanup = Cleanup {
+        images: vec![id],
+        pids: vec![std::process::id()],
+    };
+    let timed = Path::new("/usr/bin/time").is_file();
+    let mut command = if timed {
+        let mut command = Command::new("/usr/bin/time");
+        command.arg("-v").arg(env!("CARGO_BIN_EXE_cudastack"));
+        command
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_cudastack"))
+    };
+    let output = command
+        .args(["verify", "--gpus", "none", "--no-cache", "--cache-dir"])
+        .arg(work.path().join("cache"))
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "{}",
+        &stderr[..stderr.len().min(2000)]
+    );
+    assert!(stderr.len() < 64 << 10, "{} bytes of stderr", stderr.len());
+    assert!(
+        stderr.contains("bytes)"),
+        "the line is cut, saying how long it was:\n{stderr}"
+    );
+    if timed {
+        let peak_kib: u64 = stderr
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Maximum resident set size (kbytes):"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap();
+        assert!(peak_kib < 96 << 10, "peak memory {} MiB", peak_kib >> 10);
+    }
+    drop(cleanup);
+}
+
 #[test]
 fn an_unchanged_image_on_an_unchanged_host_is_verified_from_the_cache() {
     require_docker!();
@@ -554,7 +604,8 @@ fn forged_layout(
     .unwrap();
     let image = Image::new(EPOCH)
         .with_layer(layer, "python and the forged wheel")
-        .with_env("PATH", "/usr/bin:/bin");
+        // As the stack's: /usr/local/bin, where wheels' scripts go, first.
+        .with_env("PATH", "/usr/local/bin:/usr/bin:/bin");
     let dir = work.join(name);
     layout::write(&image, &dir, "latest").unwrap();
     (dir, image.documents().unwrap().config.digest)
@@ -646,6 +697,64 @@ fn a_pth_file_cannot_forge_the_report() {
         .unwrap_or_else(|| panic!("{stdout}{}", String::from_utf8_lossy(&plain.stderr)));
     assert!(last.contains("\"hostname\":\"forged\""), "{stdout}");
     assert!(cudastack::verify::report::Report::from_output(&stdout, "the plain run").is_err());
+    drop(cleanup);
+}
+
+/// A wheel's console script named `python3` lands in /usr/local/bin, first on the stack's
+/// PATH: run as `python3`, it replaced the probe, read the nonce from its environment and
+/// printed a static-level report the host accepted as witnessed. The probe now runs the
+/// base's interpreter by absolute path, so the script never runs.
+#[test]
+fn a_python3_on_path_cannot_stand_in_for_the_probe() {
+    if let Some(reason) = forgery_skip_reason() {
+        reason.report();
+        return;
+    }
+    use crate::install_support::member;
+    let work = tempfile::tempdir().unwrap();
+    let report = serde_json::json!({
+        "schema": "cudastack.verify.report/v1", "probe_version": "1",
+        "started": "2026-11-30T12:00:00Z", "seconds": 0.1, "hostname": "forged",
+        "levels": ["static"], "expect": {}, "driver": null, "gpus": [],
+        "checks": [{"id": "static.forged-by-image", "level": "static", "status": "pass",
+                    "seconds": 0.1, "detail": "the image's own python3"}],
+        "counts": {"pass": 1, "fail": 0, "skip": 0},
+    })
+    .to_string();
+    let shadow = format!(
+        "import os\ndef main():\n    print('cudastack-report-v1 nonce=' + os.environ.get('CUDASTACK_REPORT_NONCE', '') + ' ' + {report:?}, flush=True)\n"
+    );
+    let (dir, id) = forged_layout(
+        work.path(),
+        "verify-forged-python3",
+        vec![
+            member("forge_shadow.py", shadow),
+            member(
+                "forge-1.0.dist-info/entry_points.txt",
+                "[console_scripts]\npython3 = forge_shadow:main\n",
+            ),
+        ],
+    );
+    let cleanup = Cleanup {
+        images: vec![id],
+        pids: vec![std::process::id()],
+    };
+    assert!(
+        work.path()
+            .join("verify-forged-python3-root/usr/local/bin/python3")
+            .is_file(),
+        "the wheel's script is in the image, first on its PATH"
+    );
+    let output = verify(&["--no-cache", "--json"], &work.path().join("cache"))
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let checks = json["report"]["checks"].to_string();
+    assert!(!checks.contains("forged-by-image"), "{json}");
+    assert_ne!(json["report"]["hostname"], "forged", "{json}");
     drop(cleanup);
 }
 

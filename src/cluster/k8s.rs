@@ -22,21 +22,21 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{is_dns_label, slug, to_yaml, ClusterError, PinnedImage};
+use crate::probe::{PROBE_INTERPRETER, PROBE_PATH};
 use crate::recipe::RuntimeSpec;
 
 /// The extended resource the NVIDIA device plugin advertises.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// The node label GPU feature discovery (part of the GPU Operator) sets to the product name.
 pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
-/// Where every cudastack image carries its probe.
-pub const PROBE_PATH: &str = "/opt/cudastack/probe/probe.py";
 /// Prefix of the report line the probe prints last on stdout.
 pub const REPORT_PREFIX: &str = "cudastack-report-v1 ";
 
 /// The probe command every cudastack image can run: all levels, report on stdout.
 pub fn probe_command() -> Vec<String> {
-    // `-I -S`: no `.pth` file or sitecustomize of the image runs before the probe.
-    ["python3", "-I", "-S", PROBE_PATH, "--level", "all"]
+    // The base's interpreter by absolute path, `-I -S`: no script on PATH, `.pth` file or
+    // sitecustomize of the image runs before the probe.
+    [PROBE_INTERPRETER, "-I", "-S", PROBE_PATH, "--level", "all"]
         .map(String::from)
         .to_vec()
 }

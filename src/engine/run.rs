@@ -411,8 +411,8 @@ impl Engine {
                 }
             };
 
-        let mut stdout = Vec::new();
-        let mut stderr = Vec::new();
+        let mut stdout = LogTail::default();
+        let mut stderr = LogTail::default();
         let options = LogsOptions {
             stdout: true,
             stderr: true,
@@ -424,9 +424,9 @@ impl Engine {
         while let Some(item) = logs.next().await {
             match item.map_err(container_error("reading logs"))? {
                 LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                    stdout.extend_from_slice(&message)
+                    stdout.push(&message)
                 }
-                LogOutput::StdErr { message } => stderr.extend_from_slice(&message),
+                LogOutput::StdErr { message } => stderr.push(&message),
                 LogOutput::StdIn { .. } => {}
             }
         }
@@ -437,8 +437,8 @@ impl Engine {
         };
         Ok(RunOutcome {
             exit_code,
-            stdout: String::from_utf8_lossy(&stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            stdout: stdout.into_text(),
+            stderr: stderr.into_text(),
             copied,
             timed_out,
             seconds: 0.0,
@@ -696,8 +696,66 @@ async fn remove_container(docker: &Docker, id: &str) -> Result<(), BollardError>
     }
 }
 
+/// The last [`LOG_TAIL_BYTES`] of one of a container's streams. What runs in the container
+/// is the image's code: it can print without end, and only the end matters (the report is
+/// the last line), so the rest is dropped as it comes instead of held.
+#[derive(Default)]
+struct LogTail {
+    bytes: Vec<u8>,
+    dropped: u64,
+}
+
+/// How much of each stream a run keeps: the probe's own output is a few KiB.
+const LOG_TAIL_BYTES: usize = 8 << 20;
+
+impl LogTail {
+    fn push(&mut self, chunk: &[u8]) {
+        self.bytes.extend_from_slice(chunk);
+        // Dropped in steps of the limit, so a stream of small chunks is not copied per chunk.
+        if self.bytes.len() > 2 * LOG_TAIL_BYTES {
+            let drop = self.bytes.len() - LOG_TAIL_BYTES;
+            self.bytes.drain(..drop);
+            self.dropped += drop as u64;
+        }
+    }
+
+    fn into_text(mut self) -> String {
+        if self.bytes.len() > LOG_TAIL_BYTES {
+            let drop = self.bytes.len() - LOG_TAIL_BYTES;
+            self.bytes.drain(..drop);
+            self.dropped += drop as u64;
+        }
+        let text = String::from_utf8_lossy(&self.bytes);
+        if self.dropped == 0 {
+            return text.into_owned();
+        }
+        // Start at a line: the first one kept is likely cut.
+        let rest = text.split_once('\n').map_or("", |(_, rest)| rest);
+        format!("[{} earlier bytes not kept]\n{rest}", self.dropped)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_stream_without_end_keeps_only_its_last_lines() {
+        let mut tail = super::LogTail::default();
+        let line = [b'x'; 1023]
+            .iter()
+            .copied()
+            .chain([b'\n'])
+            .collect::<Vec<u8>>();
+        for _ in 0..(3 * super::LOG_TAIL_BYTES / line.len()) {
+            tail.push(&line);
+            assert!(tail.bytes.len() <= 2 * super::LOG_TAIL_BYTES + line.len());
+        }
+        tail.push(b"cudastack-report-v1 {}\n");
+        let text = tail.into_text();
+        assert!(text.len() <= super::LOG_TAIL_BYTES + 64);
+        assert!(text.starts_with('['), "{}", &text[..80]);
+        assert!(text.ends_with("cudastack-report-v1 {}\n"));
+    }
+
     use super::*;
 
     fn labels(owner: Option<&RunOwner>, deadline: Option<u64>) -> HashMap<String, String> {

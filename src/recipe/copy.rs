@@ -74,10 +74,45 @@ pub fn check_destination(dst: &str) -> Result<(), String> {
             "copy `dst: {dst}` contains `..`; write the path it means"
         ));
     }
-    if normalise(dst) == "/" {
+    let dst = normalise(dst);
+    if dst == "/" {
         return Err("copy `dst: /` would put files over the whole image; copy into a directory of its own (`/workspace`)".into());
     }
+    if let Some(protected) = VERIFICATION_BASE
+        .iter()
+        .find(|protected| overlaps(&dst, protected))
+    {
+        return Err(format!(
+            "copy `dst: {dst}` would write over `{protected}`, which the verification probe runs with: code copied there would run before the probe and could forge its report\n  hint: copy the team's code into a directory of its own (`/workspace`, `/opt/<team>`)"
+        ));
+    }
     Ok(())
+}
+
+/// What the verification probe runs with and reads before any image code: its own files,
+/// the base's interpreter and its standard library. `copy:` (the team's layer, above the
+/// probe's) may not write over them or over a directory holding them. The probe's paths are
+/// `crate::probe::{PROBE_PATH, EXPECT_PATH, PROBE_INTERPRETER}` (a test there checks they are
+/// covered; recipe sits below probe in the module order and cannot import it).
+pub const VERIFICATION_BASE: &[&str] = &[
+    "/opt/cudastack",
+    "/usr/share/cudastack",
+    "/usr/bin/python3",
+    "/usr/lib/python3",
+];
+
+/// Whether writing at `dst` can touch `protected`: one lies inside the other. A protected
+/// name also covers its versioned siblings (`/usr/bin/python3` covers `/usr/bin/python3.11`,
+/// `/usr/lib/python3` covers `/usr/lib/python3.11`).
+fn overlaps(dst: &str, protected: &str) -> bool {
+    let (parent, name) = protected.rsplit_once('/').unwrap_or(("", protected));
+    let covered = |path: &str| {
+        path.strip_prefix(parent)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .and_then(|rest| rest.strip_prefix(name))
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || rest.starts_with('.'))
+    };
+    covered(dst) || protected.starts_with(&format!("{dst}/"))
 }
 
 /// `/workspace//train/./` -> `/workspace/train`.
@@ -100,6 +135,36 @@ mod tests {
         assert!(check_source(".").is_ok());
         for bad in ["", "/etc/passwd", "../secrets", "train/../../x"] {
             assert!(check_source(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn destinations_may_not_touch_what_the_probe_runs_with() {
+        for bad in [
+            "/usr/bin/python3",
+            "/usr/bin/python3.11",
+            "/usr/lib/python3.11/encodings",
+            "/usr/lib/python3",
+            "/opt/cudastack/probe/probe.py",
+            "/usr/share/cudastack",
+            "/opt",
+            "/usr",
+            "/usr/lib",
+            "/usr/bin",
+            "/usr/share//cudastack/",
+        ] {
+            let error = check_destination(bad).unwrap_err();
+            assert!(error.contains("verification probe"), "{bad}: {error}");
+        }
+        for good in [
+            "/workspace",
+            "/opt/team",
+            "/usr/local/bin/train",
+            "/usr/bin/python3-config-notes",
+            "/usr/lib/python3-extras",
+            "/usr/share/team",
+        ] {
+            assert!(check_destination(good).is_ok(), "{good}");
         }
     }
 

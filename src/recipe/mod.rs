@@ -19,7 +19,7 @@ use crate::version::{CudaVersion, CudnnVersion, DriverVersion, PythonVersion};
 
 mod apt;
 pub mod build;
-mod copy;
+pub mod copy;
 mod image;
 mod indexes;
 pub mod python_inputs;

@@ -423,9 +423,10 @@ impl RegistryClient {
             detail,
         };
         if self.credentials != Credentials::Anonymous && !self.may_carry_credentials(realm) {
-            return Err(failed(format!(
+            return Err(failed(
                 "it is plain http on another machine than the registry, and cudastack sends credentials over plain http only to this machine or to the registry's own host\n  hint: the registry's token service must be https (or the registry must name one on its own host)"
-            )));
+                    .to_string(),
+            ));
         }
         let method = if matches!(self.credentials, Credentials::IdentityToken(_)) {
             Method::POST

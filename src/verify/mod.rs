@@ -34,7 +34,7 @@ pub mod runner;
 pub mod source;
 pub mod witness;
 
-use crate::probe::PROBE_PATH;
+use crate::probe::{PROBE_INTERPRETER, PROBE_PATH};
 /// Prefix of the report line the probe prints last on stdout.
 pub const REPORT_PREFIX: &str = "cudastack-report-v1 ";
 /// Prefix of the line a cluster job prints before the probe runs: the image it runs, by
@@ -44,14 +44,15 @@ pub const IMAGE_PREFIX: &str = "cudastack-image-v1 ";
 /// The OCI artifact type of a stored verification report.
 pub const REPORT_ARTIFACT_TYPE: &str = "application/vnd.cudastack.verify.report.v1+json";
 
-/// The command that runs the probe in a container, up to `level`: `python3 -I -S`
-///  so nothing of the image runs before the probe: `-I` ignores PYTHON*
+/// The command that runs the probe in a container, up to `level`: the base's interpreter
+/// by absolute path ([`PROBE_INTERPRETER`]) with `-I -S`, so nothing of the image runs
+/// before the probe: `-I` ignores PYTHON*
 /// variables and the user's site, `-S` skips `site`, and with it every `.pth` file and
 /// `sitecustomize` a package could have installed. The probe adds the site directories
 /// to `sys.path` itself, without running their `.pth` files.
 pub fn probe_command(level: report::Level) -> Vec<String> {
     vec![
-        "python3".to_string(),
+        PROBE_INTERPRETER.to_string(),
         "-I".to_string(),
         "-S".to_string(),
         PROBE_PATH.to_string(),

@@ -30,7 +30,13 @@ pub enum ReportError {
 impl ReportError {
     /// No report line in `output` (named `what`): its last lines, to say why.
     pub fn missing(output: &str, what: &str) -> Self {
-        let tail: Vec<&str> = output.lines().rev().take(15).collect();
+        // The image's output: each line escaped and cut, so it cannot fill the terminal.
+        let tail: Vec<String> = output
+            .lines()
+            .rev()
+            .take(15)
+            .map(crate::printable::short)
+            .collect();
         ReportError::Missing {
             what: what.to_string(),
             tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),

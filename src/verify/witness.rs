@@ -22,7 +22,7 @@
 //! /proc/self/environ and suppress or rewrite the probe's report. Rules 2 and 3 bound
 //! what such a report can claim to what the host really gave the container; they cannot
 //! prove the check results themselves (docs/verify.md, "What a verification can and
-//! cannot prove"). The probe runs `python3 -I -S` so nothing of the image runs before it
+//! cannot prove"). The probe runs `/usr/bin/python3 -I -S` so nothing of the image runs before it
 //! ([`super::probe_command`]).
 //!
 //! What this module must not do: run anything, or read the host (the runner reads it and
