@@ -60,7 +60,7 @@ impl ImageArgs {
     pub fn resolve(&self) -> Result<ImageSettings, Error> {
         Ok(ImageSettings {
             location: ImageLocation::parse(&self.image, Some(&self.layout_ref.ref_name))?,
-            platform: self.platform.clone(),
+            platform: self.platform,
             registry: self.registry.resolve()?,
         })
     }

@@ -76,8 +76,7 @@ pub fn run(args: CheckArgs, runtime: &Async, printer: &Printer) -> CommandResult
         super::image_source::detect_node(&mut node, printer)?;
     }
     let image = args.image.resolve()?;
-    let documents =
-        super::image_source::read_documents(image.source()?, image.platform.clone(), runtime)?;
+    let documents = super::image_source::read_documents(image.source()?, image.platform, runtime)?;
     let claims = ImageClaims::from_config(&documents.config.config().clone().unwrap_or_default());
     let mut answer = check(matrix, &claims, &node);
     if let Some(path) = &args.require_signed_by {

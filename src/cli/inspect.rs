@@ -47,8 +47,7 @@ struct Inspection<'a> {
 
 pub fn run(args: InspectArgs, runtime: &Async, printer: &Printer) -> CommandResult {
     let image = args.image.resolve()?;
-    let documents =
-        super::image_source::read_documents(image.source()?, image.platform.clone(), runtime)?;
+    let documents = super::image_source::read_documents(image.source()?, image.platform, runtime)?;
     let config = documents.config.config().clone().unwrap_or_default();
     let (labels, env) = cudastack::verify::check::labels_and_env(&config);
     let claims = ImageClaims::from_labels_and_env(&labels, &env);

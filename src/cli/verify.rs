@@ -288,7 +288,7 @@ fn emit(
             };
             let documents = super::image_source::read_documents(
                 registry.source(&location)?,
-                args.platform.clone(),
+                args.platform,
                 runtime,
             )?;
             let repository = reference.split('@').next().unwrap_or(reference);
