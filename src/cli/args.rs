@@ -1,8 +1,9 @@
 //! The option groups several commands share, each flattened into its commands with
 //! `#[command(flatten)]` so that a flag is spelled, documented and defaulted once: which
 //! image of a layout (`--ref`), where an image lives (inspect, check), how to reach a
-//! registry, the key that signs (`--sign-key`), and the cache directory. Each group resolves into settings once per
-//! command: `--password-stdin` reads stdin once, however many requests follow.
+//! registry, the key that signs (`--sign-key`), and the cache directory. Each group
+//! resolves into settings once per command: `--password-stdin` reads stdin once, however
+//! many requests follow.
 
 use std::ffi::{OsStr, OsString};
 use std::io::BufRead;
