@@ -345,3 +345,57 @@ async fn bearer_token_flow_with_cached_tokens() {
         "{error:?}"
     );
 }
+
+/// `inspect` (the documents, then the referrers) and `check` reach an authenticated
+/// registry with a password given once on stdin: the password is read once per command,
+/// however many requests the command makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_commands_read_the_stdin_password_once() {
+    require_registry!();
+    let registry = Registry::start(Some(("alice", PASSWORD)));
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let image = image_of(&[random_layer(&store, "s", 52, 64 << 10)], "stdin");
+    let reference: Reference = format!("{}/private/inspect:v1", registry.host())
+        .parse()
+        .unwrap();
+    let client = RegistryClient::new(
+        &reference,
+        options(Credentials::basic("alice", Secret::new(PASSWORD))),
+    )
+    .unwrap();
+    let digest = push_image(&client, &image, &reference, &PushOptions::default())
+        .await
+        .unwrap()
+        .manifest_digest;
+    let home = work.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let cli = |args: &[&str]| {
+        Command::cargo_bin("cudastack")
+            .unwrap()
+            .env("HOME", &home)
+            .env_remove("DOCKER_CONFIG")
+            .env_remove("CUDASTACK_REGISTRY_PASSWORD")
+            .env("CUDASTACK_CACHE_DIR", work.path().join("cli-cache"))
+            .args(args)
+            .args(["--username", "alice", "--password-stdin"])
+            .write_stdin(format!("{PASSWORD}\n"))
+            .output()
+            .unwrap()
+    };
+    let target = reference.to_string();
+    let output = cli(&["inspect", &target, "--json"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let inspection: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        inspection["manifest_digest"],
+        digest.to_string(),
+        "{stderr}"
+    );
+    // The image declares nothing: `check` answers unknown (3), not an error (2).
+    let output = cli(&["check", &target, "--driver", "550.54.14"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(!stderr.contains(PASSWORD), "{stderr}");
+}

@@ -16,7 +16,8 @@ use cudastack::pipeline::{
 use cudastack::registry::Reference;
 use cudastack::stack::build::{human_bytes, BuildProgress, BuildSettings};
 
-use super::{CommandResult, Printer};
+use super::args::{CacheArgs, RegistryArgs};
+use super::{Async, CommandResult, Printer};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum CompressionArg {
@@ -69,14 +70,13 @@ pub struct BuildArgs {
     /// Registry host substituted for {registry} in the recipe's tags.
     #[arg(long, default_value = "localhost")]
     registry: String,
-    /// Cache directory (blobs, layers, staging).
-    #[arg(long, env = "CUDASTACK_CACHE_DIR")]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    cache: CacheArgs,
     /// After writing the layout, push the image to this registry reference.
     #[arg(long, value_name = "REF")]
     push: Option<String>,
     #[command(flatten)]
-    registry_args: super::push::RegistryArgs,
+    registry_args: RegistryArgs,
     /// Also load the image into the Docker daemon (DOCKER_HOST or the default socket),
     /// tagged with the recipe's tags.
     #[arg(long)]
@@ -119,7 +119,7 @@ pub struct BuildArgs {
     )]
     source_build_timeout: Option<u64>,
     #[command(flatten)]
-    sign: super::sign::SignKeyArg,
+    sign: super::args::SignKeyArg,
 }
 
 /// The build's stages on stderr, timed from the start, and download bars.
@@ -144,16 +144,13 @@ impl BuildProgress for StderrProgress<'_> {
     }
 }
 
-pub fn run(args: BuildArgs, printer: &Printer) -> CommandResult {
+pub fn run(args: BuildArgs, runtime: &Async, printer: &Printer) -> CommandResult {
     let settings = settings(args)?;
     let loaded = super::matrix::load_from(&settings.build.cache_root, printer)?;
     let progress = StderrProgress {
         printer,
         started: Instant::now(),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let report = runtime.block_on(build_verify_publish(
         &settings,
         loaded.matrix(),
@@ -182,11 +179,11 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
         args.level,
         args.load && args.push.is_none(),
     );
-    let cache_root = cudastack::cas::cache_root(args.cache_dir.clone());
+    let cache_root = args.cache.root();
     let push = match args.push.as_deref() {
         Some(text) => {
             let reference: Reference = text.parse()?;
-            let client = args.registry_args.client_options(&reference)?;
+            let client = args.registry_args.resolve()?.client_options(&reference)?;
             Some(PushTarget {
                 reference,
                 client,

@@ -5,27 +5,19 @@
 use std::process::ExitCode;
 
 use clap::Args;
+use cudastack::pipeline::signed::SignedVerifications;
 use cudastack::printable::escape;
-use cudastack::registry::referrers::ArtifactTypes;
 use cudastack::verify::check::{check, Fit, ImageClaims, Node, NodeGpu};
-use cudastack::verify::source::ImageLocation;
 use cudastack::version::{ComputeCapability, DriverVersion};
 use serde::Serialize;
 
-use super::{CommandResult, Printer};
+use super::args::ImageArgs;
+use super::{Async, CommandResult, Printer};
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// `images/NAME`, `oci:DIR[:REF]`, or a registry reference `host/repo:tag`.
-    pub image: String,
-    /// The ref name inside an OCI layout.
-    #[arg(
-        long = "ref",
-        value_name = "REF",
-        default_value = "latest",
-        alias = "ref-name"
-    )]
-    pub ref_name: String,
+    #[command(flatten)]
+    pub image: ImageArgs,
     /// The node's driver version (as nvidia-smi prints it).
     #[arg(long)]
     pub driver: Option<DriverVersion>,
@@ -38,20 +30,11 @@ pub struct CheckArgs {
     /// Read the driver and GPUs of this machine.
     #[arg(long)]
     pub detect: bool,
-    #[arg(
-        long,
-        help = super::image_source::platform_help(
-            "Of a multi-platform image, the platform's image to read (`linux/amd64`, `linux/arm64`)"
-        )
-    )]
-    pub platform: Option<cudastack::recipe::Platform>,
     /// Answer no unless a verification attestation signed by this public key (cosign's
     /// PEM format) says the image passed on a GPU of each of the node's classes (same
     /// compute capability); needs the node's GPUs (--gpu, --cc or --detect).
     #[arg(long, value_name = "KEY.pub")]
     pub require_signed_by: Option<std::ffi::OsString>,
-    #[command(flatten)]
-    pub registry: super::image_source::RegistryArgs,
 }
 
 #[derive(Serialize)]
@@ -64,7 +47,7 @@ struct CheckOutput<'a> {
     answer: &'a cudastack::verify::check::Answer,
 }
 
-pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
+pub fn run(args: CheckArgs, runtime: &Async, printer: &Printer) -> CommandResult {
     let loaded = super::matrix::load(printer)?;
     let matrix = loaded.matrix();
     let mut node = Node {
@@ -92,34 +75,23 @@ pub fn run(args: CheckArgs, printer: &Printer) -> CommandResult {
     if args.detect {
         super::image_source::detect_node(&mut node, printer)?;
     }
-    let location = ImageLocation::parse(&args.image, Some(&args.ref_name))?;
-    let documents = super::image_source::read_documents(&location, &args.registry, args.platform)?;
+    let image = args.image.resolve()?;
+    let documents = super::image_source::read_documents(image.source()?, image.platform, runtime)?;
     let claims = ImageClaims::from_config(&documents.config.config().clone().unwrap_or_default());
     let mut answer = check(matrix, &claims, &node);
     if let Some(path) = &args.require_signed_by {
         let key =
             cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(path))?;
-        // Only bundles are fetched: an SBOM never counts here.
-        let read = super::image_source::read_referrers(
-            &location,
-            &args.registry,
-            &documents.manifest_digest,
-            ArtifactTypes::Only(&[cudastack::sign::bundle::MEDIA_TYPE]),
-            printer,
-        )?;
-        let bundles = read
-            .referrers
-            .iter()
-            .filter(|r| r.artifact_type == cudastack::sign::bundle::MEDIA_TYPE)
-            .map(|r| (r.location.clone(), r.blob.as_slice()));
-        let claims = cudastack::attest::policy::signed_verifications(
-            bundles,
+        let signed = super::image_source::signed_verifications(
+            image.source()?,
             &documents.manifest_digest,
             &key,
-        );
+            runtime,
+            printer,
+        )?;
         let before = answer.fits;
-        answer = cudastack::attest::policy::require_signed(answer, &node, &claims, &key);
-        answer = unread_is_unknown(answer, before, &node, &read);
+        answer = cudastack::attest::policy::require_signed(answer, &node, &signed.claims, &key);
+        answer = unread_is_unknown(answer, before, &node, &signed);
     }
     if printer.json {
         printer.json(&CheckOutput {
@@ -172,22 +144,23 @@ fn unread_is_unknown(
     mut answer: cudastack::verify::check::Answer,
     before: Fit,
     node: &Node,
-    read: &cudastack::pipeline::image_source::ReadReferrers,
+    signed: &SignedVerifications,
 ) -> cudastack::verify::check::Answer {
     if answer.fits != Fit::No
         || before == Fit::No
         || node.gpus.is_empty()
-        || read.skipped.is_empty()
+        || signed.unread.is_empty()
     {
         return answer;
     }
     answer.fits = Fit::Unknown;
     answer.unknown_because = Some(format!(
         "no signed verification was found in the bundles read, and {} referrer(s) were not read ({}): the signature cannot be confirmed",
-        read.skipped.len(),
-        read.over_budget
+        signed.unread.len(),
+        signed
+            .over_budget
             .clone()
-            .unwrap_or_else(|| read.skipped[0].why.clone())
+            .unwrap_or_else(|| signed.unread[0].why.clone())
     ));
     answer
 }

@@ -1,64 +1,62 @@
-//! Shared by inspect, check and verify: the image a person named (a layout or a registry
-//! reference, with the registry's credentials) as the library's [`ImageSource`], read
-//! through `cudastack::pipeline::image_source`; and detecting the local node.
+//! Shared by inspect, check and verify: reading an image's documents, its referrers and
+//! the verifications signed about it, wherever it lives (the library's [`ImageSource`],
+//! resolved from the arguments by `cli/args.rs`), on the run's runtime; and detecting the
+//! local node.
 
+use cudastack::digest::Digest;
 use cudastack::pipeline::image_source::{self, ImageSource};
-use cudastack::registry::Reference;
+use cudastack::pipeline::signed::{self, SignedVerifications};
+use cudastack::sign::key::PublicKey;
 use cudastack::verify::check::Node;
-use cudastack::verify::source::{ImageDocuments, ImageLocation};
+use cudastack::verify::source::ImageDocuments;
 
-pub use super::push::RegistryArgs;
-use super::Printer;
+use super::{Async, Printer};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// The documents of the image at `location`; of `platform`'s image when it names a
+/// The documents of the image at `source`; of `platform`'s image when it names a
 /// multi-platform image (default: this machine's platform).
 pub fn read_documents(
-    location: &ImageLocation,
-    registry: &RegistryArgs,
+    source: ImageSource,
     platform: Option<cudastack::recipe::Platform>,
+    runtime: &Async,
 ) -> Result<ImageDocuments, Error> {
-    let source = source(location, registry)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    Ok(runtime.block_on(image_source::read_documents(source, platform))?)
+    runtime.block_on(image_source::read_documents(source, platform))
 }
 
 /// The referrers of `types` (SBOM, provenance, statements, reports) of the manifest
-/// `subject` at `location`, within the per-image budget; when the budget ran out, the line
+/// `subject` at `source`, within the per-image budget; when the budget ran out, the line
 /// saying so (registry, image, limit) goes to stderr.
 pub fn read_referrers(
-    location: &ImageLocation,
-    registry: &RegistryArgs,
-    subject: &cudastack::digest::Digest,
+    source: ImageSource,
+    subject: &Digest,
     types: cudastack::registry::referrers::ArtifactTypes<'_>,
+    runtime: &Async,
     printer: &Printer,
 ) -> Result<image_source::ReadReferrers, Error> {
-    let source = source(location, registry)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let read = runtime.block_on(image_source::read_referrers(source, subject, types))?;
-    if let Some(line) = &read.over_budget {
-        printer.status(format!("warning: {line}"));
-    }
+    warn_over_budget(&read.over_budget, printer);
     Ok(read)
 }
 
-fn source(location: &ImageLocation, registry: &RegistryArgs) -> Result<ImageSource, Error> {
-    Ok(match location {
-        ImageLocation::Layout { dir, ref_name } => ImageSource::Layout {
-            dir: dir.clone(),
-            ref_name: ref_name.clone(),
-        },
-        ImageLocation::Registry(text) => {
-            let reference: Reference = text.parse()?;
-            let client = Box::new(registry.client_options(&reference)?);
-            ImageSource::Registry { reference, client }
-        }
-    })
+/// The verifications `key` signed about the manifest `subject` at `source`, and the
+/// bundles left unread; the budget's line, when it ran out, goes to stderr.
+pub fn signed_verifications(
+    source: ImageSource,
+    subject: &Digest,
+    key: &PublicKey,
+    runtime: &Async,
+    printer: &Printer,
+) -> Result<SignedVerifications, Error> {
+    let signed = runtime.block_on(signed::signed_verifications(source, subject, key))?;
+    warn_over_budget(&signed.over_budget, printer);
+    Ok(signed)
+}
+
+fn warn_over_budget(over_budget: &Option<String>, printer: &Printer) {
+    if let Some(line) = over_budget {
+        printer.status(format!("warning: {line}"));
+    }
 }
 
 /// The help of a `--platform` option whose default is this machine's platform: `what`, then

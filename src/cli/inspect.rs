@@ -14,33 +14,17 @@ use cudastack::verify::record::report_ref;
 use cudastack::verify::source::{ImageDocuments, ImageLocation};
 use serde::Serialize;
 
-use super::{CommandResult, Printer};
+use super::args::ImageArgs;
+use super::{Async, CommandResult, Printer};
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// `images/NAME`, `oci:DIR[:REF]`, or a registry reference `host/repo:tag`.
-    pub image: String,
-    /// The ref name inside an OCI layout.
-    #[arg(
-        long = "ref",
-        value_name = "REF",
-        default_value = "latest",
-        alias = "ref-name"
-    )]
-    pub ref_name: String,
-    #[arg(
-        long,
-        help = super::image_source::platform_help(
-            "Of a multi-platform image, the platform's image to read (`linux/amd64`, `linux/arm64`)"
-        )
-    )]
-    pub platform: Option<cudastack::recipe::Platform>,
+    #[command(flatten)]
+    pub image: ImageArgs,
     /// Check the signatures of the image's signed statements with this public key
     /// (cosign's PEM format).
     #[arg(long, value_name = "KEY.pub")]
     pub key: Option<std::ffi::OsString>,
-    #[command(flatten)]
-    pub registry: super::image_source::RegistryArgs,
 }
 
 #[derive(Serialize)]
@@ -61,13 +45,13 @@ struct Inspection<'a> {
     referrers_of_other_types: usize,
 }
 
-pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
-    let location = ImageLocation::parse(&args.image, Some(&args.ref_name))?;
-    let documents = super::image_source::read_documents(&location, &args.registry, args.platform)?;
+pub fn run(args: InspectArgs, runtime: &Async, printer: &Printer) -> CommandResult {
+    let image = args.image.resolve()?;
+    let documents = super::image_source::read_documents(image.source()?, image.platform, runtime)?;
     let config = documents.config.config().clone().unwrap_or_default();
     let (labels, env) = cudastack::verify::check::labels_and_env(&config);
     let claims = ImageClaims::from_labels_and_env(&labels, &env);
-    let report = match &location {
+    let report = match &image.location {
         ImageLocation::Layout { dir, ref_name } => {
             let name = report_ref(&cudastack::verify::record::image_ref(dir, ref_name)?);
             cudastack::oci::layout::list_refs(dir)?
@@ -85,10 +69,10 @@ pub fn run(args: InspectArgs, printer: &Printer) -> CommandResult {
         .transpose()?;
     // Every type cudastack reads, within the per-image budget.
     let read = super::image_source::read_referrers(
-        &location,
-        &args.registry,
+        image.source()?,
         &documents.manifest_digest,
         ArtifactTypes::Only(cudastack::pipeline::attest::KNOWN_REFERRER_TYPES),
+        runtime,
         printer,
     )?;
     let referrers = read

@@ -10,36 +10,29 @@ use cudastack::engine::load::layout_tags;
 use cudastack::engine::LoadReport;
 use cudastack::pipeline::load::load;
 
-use super::{CommandResult, Printer};
+use super::args::RefArg;
+use super::{Async, CommandResult, Printer};
 
 #[derive(Debug, Args)]
 pub struct LoadArgs {
     /// The OCI layout directory (e.g. images/torch2.4.1-cu121-py3.11).
     layout: PathBuf,
-    /// Which image of the layout (its ref name).
-    #[arg(
-        long = "ref",
-        value_name = "REF",
-        default_value = "latest",
-        alias = "ref-name"
-    )]
-    ref_name: String,
+    #[command(flatten)]
+    layout_ref: RefArg,
     /// Tag the loaded image as name[:tag] (repeatable). Default: the tags the layout
     /// records for the image (the recipe's tags).
     #[arg(long = "tag", short = 't')]
     tags: Vec<String>,
 }
 
-pub fn run(args: LoadArgs, printer: &Printer) -> CommandResult {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+pub fn run(args: LoadArgs, runtime: &Async, printer: &Printer) -> CommandResult {
+    let ref_name = &args.layout_ref.ref_name;
     let tags = if args.tags.is_empty() {
-        layout_tags(&args.layout, &args.ref_name)?
+        layout_tags(&args.layout, ref_name)?
     } else {
         args.tags
     };
-    let report = runtime.block_on(load(&args.layout, &args.ref_name, &tags, printer))?;
+    let report = runtime.block_on(load(&args.layout, ref_name, &tags, printer))?;
     if printer.json {
         printer.json(&report);
     } else {

@@ -20,7 +20,7 @@ use cudastack::matrix::validate::validate;
 use cudastack::recipe::Recipe;
 use serde::Serialize;
 
-use super::{CommandResult, Printer};
+use super::{Async, CommandResult, Printer};
 
 #[derive(Debug, Args)]
 pub struct LockArgs {
@@ -106,10 +106,9 @@ struct Written<'a> {
     wheel_changes: Vec<PackageChange>,
 }
 
-pub fn run(args: LockArgs, printer: &Printer) -> CommandResult {
+pub fn run(args: LockArgs, runtime: &Async, printer: &Printer) -> CommandResult {
     let loaded = super::matrix::load(printer)?;
     let matrix = loaded.matrix();
-    let runtime = tokio::runtime::Runtime::new()?;
     let client = runtime.block_on(async { HttpClient::with_defaults() })?;
     let mut written = Vec::new();
     let mut drifted = Vec::new();

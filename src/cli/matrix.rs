@@ -12,7 +12,7 @@ use cudastack::matrix::{KernelSupport, Matrix, Status};
 use cudastack::version::{ComputeCapability, CudaVersion};
 use serde::Serialize;
 
-use super::{CommandResult, Printer};
+use super::{Async, CommandResult, Printer};
 
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -91,9 +91,9 @@ fn print_json<T: Serialize>(origin: &Origin, rows: T, printer: &Printer) {
     });
 }
 
-pub fn run(args: MatrixArgs, printer: &Printer) -> CommandResult {
+pub fn run(args: MatrixArgs, runtime: &Async, printer: &Printer) -> CommandResult {
     if let Some(MatrixCommand::Refresh(refresh)) = args.command {
-        return super::refresh::run(refresh, printer);
+        return super::refresh::run(refresh, runtime, printer);
     }
     let loaded = source::load(&default_cache_root())?;
     for note in &loaded.notes {

@@ -6,8 +6,14 @@
 //! its translation into the library's settings, and one library call whose result is
 //! printed through the [`Printer`] (typed structs for `--json`). Deciding anything about
 //! images belongs to the library (`cudastack::pipeline` and the stages below it).
+//!
+//! What commands share is declared once: the option groups in `args.rs` (`--ref`, where an
+//! image lives, the registry's credentials, `--cache-dir`), each resolved once per command,
+//! and one tokio runtime, [`Async`], built here on first use and lent to the commands that
+//! wait on I/O.
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+mod args;
 mod build;
 mod cache;
 mod check;
@@ -148,20 +154,21 @@ pub fn main() -> ExitCode {
         json: cli.json,
         quiet: cli.quiet,
     };
+    let runtime = Async::default();
     let result = match cli.command {
         Command::Validate { recipes } => validate::run(&recipes, &printer),
-        Command::Build(args) => build::run(args, &printer),
+        Command::Build(args) => build::run(args, &runtime, &printer),
         Command::Cache(args) => cache::run(args, &printer),
-        Command::Lock(args) => lock::run(args, &printer),
-        Command::Matrix(args) => matrix::run(args, &printer),
+        Command::Lock(args) => lock::run(args, &runtime, &printer),
+        Command::Matrix(args) => matrix::run(args, &runtime, &printer),
         Command::Solve(args) => solve::run(args, &printer),
-        Command::Inspect(args) => inspect::run(args, &printer),
-        Command::Check(args) => check::run(args, &printer),
-        Command::Load(args) => load::run(args, &printer),
-        Command::Verify(args) => verify::run(args, &printer),
-        Command::Push(args) => push::run(args, &printer),
-        Command::Promote(args) => promote::run(args, &printer),
-        Command::Pull(args) => pull::run(args, &printer),
+        Command::Inspect(args) => inspect::run(args, &runtime, &printer),
+        Command::Check(args) => check::run(args, &runtime, &printer),
+        Command::Load(args) => load::run(args, &runtime, &printer),
+        Command::Verify(args) => verify::run(args, &runtime, &printer),
+        Command::Push(args) => push::run(args, &runtime, &printer),
+        Command::Promote(args) => promote::run(args, &runtime, &printer),
+        Command::Pull(args) => pull::run(args, &runtime, &printer),
         Command::Sign(args) => sign::run(args, &printer),
         Command::Ci(args) => ci::run(args, &printer),
         Command::Doctor(args) => doctor::run(args, &printer),
@@ -178,3 +185,34 @@ pub fn main() -> ExitCode {
 }
 
 pub type CommandResult = Result<ExitCode, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The one tokio runtime of a run, built on first use: a command that never waits on the
+/// network, Docker or a registry (validate, solve, --help) starts no worker threads.
+#[derive(Default)]
+pub struct Async {
+    runtime: std::sync::OnceLock<tokio::runtime::Runtime>,
+}
+
+impl Async {
+    /// The runtime, built now if no command step needed it before.
+    pub fn runtime(&self) -> std::io::Result<&tokio::runtime::Runtime> {
+        if let Some(runtime) = self.runtime.get() {
+            return Ok(runtime);
+        }
+        let built = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        Ok(self.runtime.get_or_init(|| built))
+    }
+
+    /// Run `future` to its end; its error, or the runtime's, as the command's.
+    pub fn block_on<T, E>(
+        &self,
+        future: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, Box<dyn std::error::Error + Send + Sync>>
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        self.runtime()?.block_on(future).map_err(Into::into)
+    }
+}

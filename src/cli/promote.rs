@@ -8,7 +8,7 @@ use clap::Args;
 use cudastack::pipeline::promote::{promote, ClassStatus, PromoteError, PromoteSettings};
 use cudastack::registry::Reference;
 
-use super::{CommandResult, Printer};
+use super::{Async, CommandResult, Printer};
 
 #[derive(Debug, Args)]
 pub struct PromoteArgs {
@@ -37,12 +37,12 @@ pub struct PromoteArgs {
     #[arg(long)]
     pub dry_run: bool,
     #[command(flatten)]
-    pub registry: super::image_source::RegistryArgs,
+    pub registry: super::args::RegistryArgs,
 }
 
-pub fn run(args: PromoteArgs, printer: &Printer) -> CommandResult {
+pub fn run(args: PromoteArgs, runtime: &Async, printer: &Printer) -> CommandResult {
     let reference: Reference = args.image.parse()?;
-    let client = args.registry.client_options(&reference)?;
+    let client = args.registry.resolve()?.client_options(&reference)?;
     let settings = PromoteSettings {
         require: args.require_gpu.clone(),
         to: args.to.clone(),
@@ -53,10 +53,10 @@ pub fn run(args: PromoteArgs, printer: &Printer) -> CommandResult {
             .map(|r| r.parse())
             .collect::<Result<_, _>>()?,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let promotion = match runtime.block_on(promote(&reference, &settings, client, printer)) {
+    let promotion = match runtime
+        .runtime()?
+        .block_on(promote(&reference, &settings, client, printer))
+    {
         Ok(promotion) => promotion,
         // A refusal is a negative answer (exit 1), as `check: no` is; errors exit 2.
         Err(refused @ PromoteError::Refused { .. }) => {

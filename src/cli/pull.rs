@@ -9,8 +9,8 @@ use clap::Args;
 use cudastack::cas::BlobStore;
 use cudastack::registry::{pull, Platform, Reference, RegistryClient};
 
-use super::push::RegistryArgs;
-use super::{CommandResult, Printer};
+use super::args::{CacheArgs, RegistryArgs};
+use super::{Async, CommandResult, Printer};
 
 #[derive(Debug, Args)]
 pub struct PullArgs {
@@ -31,25 +31,24 @@ pub struct PullArgs {
         help = super::image_source::platform_help("The platform to pick from a multi-platform index")
     )]
     platform: Option<Platform>,
-    /// Cache directory (the blobs are kept there too).
-    #[arg(long, env = "CUDASTACK_CACHE_DIR")]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    cache: CacheArgs,
     #[command(flatten)]
     registry: RegistryArgs,
 }
 
-pub fn run(args: PullArgs, printer: &Printer) -> CommandResult {
+pub fn run(args: PullArgs, runtime: &Async, printer: &Printer) -> CommandResult {
     let reference: Reference = args.reference.parse()?;
     let ref_name = args
         .ref_name
         .clone()
         .unwrap_or_else(|| reference.tag().unwrap_or("latest").to_string());
     let platform = args.platform.clone().unwrap_or_default();
-    let store = BlobStore::open(cudastack::cas::cache_root(args.cache_dir))?;
-    let client = RegistryClient::new(&reference, args.registry.client_options(&reference)?)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let store = BlobStore::open(args.cache.root())?;
+    let client = RegistryClient::new(
+        &reference,
+        args.registry.resolve()?.client_options(&reference)?,
+    )?;
     printer.status(format!("pulling {reference} ({platform})"));
     let report = runtime.block_on(pull(
         &client,

@@ -21,7 +21,7 @@ use cudastack::matrix::source::{refreshed_path, Date};
 use cudastack::matrix::{TorchPypiData, TORCH_PYPI_DATA};
 use pep440_rs::Version;
 
-use super::{CommandResult, Printer};
+use super::{Async, CommandResult, Printer};
 
 #[derive(Debug, Args)]
 #[command(after_help = super::examples::REFRESH)]
@@ -69,7 +69,7 @@ fn previous_data(output: &std::path::Path) -> Option<TorchPypiData> {
         .or_else(|| serde_json::from_str(TORCH_PYPI_DATA).ok())
 }
 
-pub fn run(args: RefreshArgs, printer: &Printer) -> CommandResult {
+pub fn run(args: RefreshArgs, runtime: &Async, printer: &Printer) -> CommandResult {
     let since =
         Version::from_str(&args.since).map_err(|e| format!("--since `{}`: {e}", args.since))?;
     let in_use = args.output.is_none();
@@ -79,7 +79,6 @@ pub fn run(args: RefreshArgs, printer: &Printer) -> CommandResult {
         .unwrap_or_else(|| refreshed_path(&default_cache_root()));
     let previous = previous_data(&output);
     let generated = Date::today();
-    let runtime = tokio::runtime::Runtime::new()?;
     let data = runtime.block_on(async {
         let client = HttpClient::with_defaults()?;
         let base = args

@@ -17,7 +17,8 @@ use cudastack::verify::runner::{verify_native, GpuChoice, VerifySettings};
 use cudastack::verify::source::ImageLocation;
 use serde::Serialize;
 
-use super::{CommandResult, Printer};
+use super::args::{CacheArgs, RefArg, RegistryArgs, RegistrySettings};
+use super::{Async, CommandResult, Printer};
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
@@ -25,14 +26,8 @@ pub struct VerifyArgs {
     /// --from-log also a registry reference (`host/repo:tag[@sha256:…]`). Not needed with
     /// --native.
     pub image: Option<String>,
-    /// The ref name inside the layout.
-    #[arg(
-        long = "ref",
-        value_name = "REF",
-        default_value = "latest",
-        alias = "ref-name"
-    )]
-    pub ref_name: String,
+    #[command(flatten)]
+    pub layout_ref: RefArg,
     /// GPUs for the container: auto (all when the host and daemon can provide them, else
     /// none: static level only), none, all, a count, or device ids (`0,1` or UUIDs).
     #[arg(long, default_value = "auto")]
@@ -50,9 +45,8 @@ pub struct VerifyArgs {
     /// probe and host.
     #[arg(long)]
     pub no_cache: bool,
-    /// Cache directory (its `verify/` holds reports by image, probe and host).
-    #[arg(long, env = "CUDASTACK_CACHE_DIR")]
-    pub cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
     /// Run the probe with this host's Python instead of a container (a GPU machine without
     /// Docker); proves the host's PyTorch stack, records nothing on an image.
     #[arg(long, conflicts_with = "from_log")]
@@ -101,9 +95,9 @@ pub struct VerifyArgs {
     #[arg(long, value_name = "KEY.pub", requires = "emit")]
     pub require_signed_by: Option<std::ffi::OsString>,
     #[command(flatten)]
-    pub registry: super::image_source::RegistryArgs,
+    pub registry: RegistryArgs,
     #[command(flatten)]
-    pub sign: super::sign::SignKeyArg,
+    pub sign: super::args::SignKeyArg,
 }
 
 #[derive(Serialize)]
@@ -129,7 +123,7 @@ pub fn parse_gpus(text: &str) -> Result<Option<GpuRequest>, String> {
     }))
 }
 
-pub fn run(args: VerifyArgs, printer: &Printer) -> CommandResult {
+pub fn run(args: VerifyArgs, runtime: &Async, printer: &Printer) -> CommandResult {
     if args.native {
         let (report, _) = verify_native(
             &args.python,
@@ -143,17 +137,14 @@ pub fn run(args: VerifyArgs, printer: &Printer) -> CommandResult {
         return Err("give the image to verify (images/NAME), or --native".into());
     };
     if let Some(target) = args.emit {
-        return emit(target, image, &args, printer);
+        return emit(target, image, &args, runtime, printer);
     }
     if let Some(log) = &args.from_log {
-        return record_log(log, image, &args, printer);
+        return record_log(log, image, &args, runtime, printer);
     }
-    let (dir, ref_name) = layout_of(image, &args.ref_name)?;
+    let (dir, ref_name) = layout_of(image, &args.layout_ref.ref_name)?;
     let settings = settings(&args)?;
     let key = args.sign.load()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let outcome = runtime.block_on(verify(&dir, &ref_name, &settings, printer))?;
     attest_run(
         &dir,
@@ -193,6 +184,7 @@ fn record_log(
     log: &std::path::Path,
     image: &str,
     args: &VerifyArgs,
+    runtime: &Async,
     printer: &Printer,
 ) -> CommandResult {
     let text = fs_err::read_to_string(log)?;
@@ -213,7 +205,7 @@ fn record_log(
         witness: None,
     });
     let key = args.sign.load()?;
-    let recorded = match ImageLocation::parse(image, Some(&args.ref_name))? {
+    let recorded = match ImageLocation::parse(image, Some(&args.layout_ref.ref_name))? {
         ImageLocation::Layout { dir, ref_name } => {
             if key.is_some() {
                 // A signature says "this image passed": the log must name the image it ran.
@@ -229,10 +221,7 @@ fn record_log(
         }
         ImageLocation::Registry(text) => {
             let reference: cudastack::registry::Reference = text.parse()?;
-            let client = args.registry.client_options(&reference)?;
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
+            let client = args.registry.resolve()?.client_options(&reference)?;
             runtime.block_on(cudastack::pipeline::record::record_in_registry(
                 &reference, &report, client, printer,
             ))?
@@ -272,7 +261,7 @@ fn settings(args: &VerifyArgs) -> Result<VerifySettings, String> {
         gpus,
         level: args.level,
         timeout: Duration::from_secs(args.timeout),
-        cache: (!args.no_cache).then(|| cudastack::cas::cache_root(args.cache_dir.clone())),
+        cache: (!args.no_cache).then(|| args.cache.root()),
     })
 }
 
@@ -281,9 +270,11 @@ fn emit(
     target: cudastack::cluster::Emit,
     image: &str,
     args: &VerifyArgs,
+    runtime: &Async,
     printer: &Printer,
 ) -> CommandResult {
     use cudastack::cluster::{EmitOptions, PinnedImage};
+    let registry = args.registry.resolve()?;
     // The image's runtime needs (shm size, ulimits) when its config is read: a tag is
     // pinned through the registry; a digest alone is emitted without contacting it.
     let mut needs = cudastack::recipe::RuntimeSpec::default();
@@ -295,8 +286,11 @@ fn emit(
             let ImageLocation::Registry(reference) = &location else {
                 return Err(format!("--emit needs a registry reference (host/repo:tag or @sha256:...), not `{image}`: push the image first").into());
             };
-            let documents =
-                super::image_source::read_documents(&location, &args.registry, args.platform)?;
+            let documents = super::image_source::read_documents(
+                registry.source(&location)?,
+                args.platform,
+                runtime,
+            )?;
             let repository = reference.split('@').next().unwrap_or(reference);
             let labels = documents
                 .config
@@ -311,7 +305,7 @@ fn emit(
         }
     };
     if let Some(key) = &args.require_signed_by {
-        if let Some(refusal) = signed_for_job(&pinned, key, args, printer)? {
+        if let Some(refusal) = signed_for_job(&pinned, key, args, &registry, runtime, printer)? {
             printer.line(format_args!("no: {refusal}"));
             return Ok(ExitCode::from(1));
         }
@@ -344,23 +338,19 @@ fn signed_for_job(
     pinned: &cudastack::cluster::PinnedImage,
     key: &std::ffi::OsStr,
     args: &VerifyArgs,
+    registry: &RegistrySettings,
+    runtime: &Async,
     printer: &Printer,
 ) -> Result<Option<String>, Box<dyn std::error::Error + Send + Sync>> {
     let key = cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(key))?;
     let location = ImageLocation::Registry(pinned.by_digest());
-    let read = super::image_source::read_referrers(
-        &location,
-        &args.registry,
+    let signed = super::image_source::signed_verifications(
+        registry.source(&location)?,
         &pinned.digest,
-        cudastack::registry::referrers::ArtifactTypes::Only(&[cudastack::sign::bundle::MEDIA_TYPE]),
+        &key,
+        runtime,
         printer,
     )?;
-    let bundles = read
-        .referrers
-        .iter()
-        .filter(|r| r.artifact_type == cudastack::sign::bundle::MEDIA_TYPE)
-        .map(|r| (r.location.clone(), r.blob.as_slice()));
-    let claims = cudastack::attest::policy::signed_verifications(bundles, &pinned.digest, &key);
     let loaded = super::matrix::load(printer)?;
     // The GPU class the job runs on decides what must have been verified: never "any GPU".
     let Some(gpu_type) = args.gpu_type.as_deref() else {
@@ -373,7 +363,7 @@ fn signed_for_job(
         .into());
     };
     let class = format!("{}.{}", gpu.cc.major, gpu.cc.minor);
-    Ok(match claims.verified_row(Some(&class)) {
+    Ok(match signed.claims.verified_row(Some(&class)) {
         Some(row) => {
             printer.status(format!(
                 "signed verification found: {} on {} with driver {}",
@@ -384,13 +374,13 @@ fn signed_for_job(
         None => Some(format!(
             "no verification of {pinned} signed by key {} on compute capability {class}{}",
             &key.key_id()[..12],
-            if read.skipped.is_empty() {
+            if signed.unread.is_empty() {
                 String::new()
             } else {
                 // Fails closed: an unread bundle is not a signature.
                 format!(
                     " among the bundles read; {} referrer(s) were not read",
-                    read.skipped.len()
+                    signed.unread.len()
                 )
             }
         )),

@@ -19,6 +19,7 @@ pub mod load;
 pub mod promote;
 pub mod push;
 pub mod record;
+pub mod signed;
 pub mod verify;
 
 use std::path::PathBuf;
