@@ -288,6 +288,35 @@ fn duplicate_soname_is_found_but_links_are_one_copy() {
 /// Ubuntu's packages leave links into translations and docs that language packs or other
 /// packages provide (`LC_TIME/coreutils.mo -> ../LC_MESSAGES/coreutils.mo`): not the
 /// runtime's, not findings. A dangling library link next to them still is.
+/// A wheel's `.data/data/lib/` member installs into /usr/local/lib, which Debian's
+/// ld.so.conf.d/libc.conf puts before the system directories: a library of the same SONAME
+/// there would load instead of the base's into every process (the probe's interpreter too,
+/// before its first line). The audit finds it, and a finding fails the build.
+#[test]
+fn a_wheel_library_in_usr_local_lib_shadowing_another_is_a_duplicate() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    write(&root, "etc/ld.so.conf.d/libc.conf", "/usr/local/lib\n");
+    std::fs::create_dir_all(root.join("usr/local/lib")).unwrap();
+    std::fs::copy(
+        root.join("opt/conf/lib/libconf.so.1"),
+        root.join("usr/local/lib/libconf.so.1"),
+    )
+    .unwrap();
+    let report = audit(&root, &pins()).unwrap();
+    let finding = only_finding(&report, FindingKind::DuplicateSoname);
+    assert_eq!(
+        finding.paths,
+        vec![
+            PathBuf::from("/opt/conf/lib/libconf.so.1"),
+            PathBuf::from("/usr/local/lib/libconf.so.1"),
+        ]
+    );
+}
+
 #[test]
 fn dangling_links_in_docs_and_translations_are_the_distributions() {
     if skip_without_gcc() {

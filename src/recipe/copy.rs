@@ -90,27 +90,52 @@ pub fn check_destination(dst: &str) -> Result<(), String> {
 }
 
 /// What the verification probe runs with and reads before any image code: its own files,
-/// the base's interpreter and its standard library. `copy:` (the team's layer, above the
-/// probe's) may not write over them or over a directory holding them. The probe's paths are
+/// the base's interpreter and its standard library, and what the dynamic loader reads
+/// before the interpreter's first line (`/etc/ld.so.preload`, its configuration and cache,
+/// the library directories it searches, the CUDA and driver directories on the stack's
+/// LD_LIBRARY_PATH): a library there runs its constructors before the probe takes the
+/// nonce out of its environment. `copy:` (the team's layer, above the probe's) may not write
+/// over them or over a directory holding them. The probe's paths are
 /// `crate::probe::{PROBE_PATH, EXPECT_PATH, PROBE_INTERPRETER}` (a test there checks they are
-/// covered; recipe sits below probe in the module order and cannot import it).
+/// covered; recipe sits below probe in the module order and cannot import it). A name
+/// ending in `*` covers every name it starts (`/usr/local/cuda*`: `/usr/local/cuda-12.1`).
 pub const VERIFICATION_BASE: &[&str] = &[
     "/opt/cudastack",
     "/usr/share/cudastack",
     "/usr/bin/python3",
-    "/usr/lib/python3",
+    "/etc/ld.so.preload",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.cache",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/usr/lib",
+    "/usr/lib32",
+    "/usr/lib64",
+    "/usr/libx32",
+    "/usr/local/lib",
+    "/usr/local/lib64",
+    "/usr/local/cuda*",
+    "/usr/local/nvidia",
 ];
 
 /// Whether writing at `dst` can touch `protected`: one lies inside the other. A protected
 /// name also covers its versioned siblings (`/usr/bin/python3` covers `/usr/bin/python3.11`,
-/// `/usr/lib/python3` covers `/usr/lib/python3.11`).
+/// `/etc/ld.so.conf` covers `/etc/ld.so.conf.d`), and one ending in `*` every name it starts.
 fn overlaps(dst: &str, protected: &str) -> bool {
+    let (protected, any_suffix) = match protected.strip_suffix('*') {
+        Some(stem) => (stem, true),
+        None => (protected, false),
+    };
     let (parent, name) = protected.rsplit_once('/').unwrap_or(("", protected));
     let covered = |path: &str| {
         path.strip_prefix(parent)
             .and_then(|rest| rest.strip_prefix('/'))
             .and_then(|rest| rest.strip_prefix(name))
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || rest.starts_with('.'))
+            .is_some_and(|rest| {
+                any_suffix || rest.is_empty() || rest.starts_with('/') || rest.starts_with('.')
+            })
     };
     covered(dst) || protected.starts_with(&format!("{dst}/"))
 }
@@ -152,6 +177,19 @@ mod tests {
             "/usr/lib",
             "/usr/bin",
             "/usr/share//cudastack/",
+            // What the loader reads before the interpreter's first line.
+            "/etc/ld.so.preload",
+            "/etc/ld.so.conf.d/team.conf",
+            "/etc/ld.so.cache",
+            "/etc",
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libz.so.1",
+            "/usr/lib64",
+            "/usr/local/lib/libz.so.1",
+            "/usr/local/lib/python3.11/dist-packages/team",
+            "/usr/local/cuda",
+            "/usr/local/cuda-12.1/targets/x86_64-linux/lib/libz.so.1",
+            "/usr/local/nvidia/lib64/libcuda.so.1",
         ] {
             let error = check_destination(bad).unwrap_err();
             assert!(error.contains("verification probe"), "{bad}: {error}");
@@ -161,8 +199,11 @@ mod tests {
             "/opt/team",
             "/usr/local/bin/train",
             "/usr/bin/python3-config-notes",
-            "/usr/lib/python3-extras",
             "/usr/share/team",
+            "/etc/team/config.yaml",
+            "/etc/ld.so.conf-notes",
+            "/usr/local/share/team",
+            "/usr/local/library",
         ] {
             assert!(check_destination(good).is_ok(), "{good}");
         }

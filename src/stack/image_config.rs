@@ -262,6 +262,18 @@ mod tests {
             arm64_env["LD_LIBRARY_PATH"],
             "/usr/local/cuda-12.1/targets/sbsa-linux/lib:/usr/local/nvidia/lib64"
         );
+        // A library copied into a directory on LD_LIBRARY_PATH would load into the probe's
+        // interpreter before its first line: `copy:` may not write there.
+        for dir in [&env["LD_LIBRARY_PATH"], &arm64_env["LD_LIBRARY_PATH"]]
+            .into_iter()
+            .flat_map(|path| path.split(':'))
+        {
+            let library = format!("{dir}/libz.so.1");
+            assert!(
+                crate::recipe::copy::check_destination(&library).is_err(),
+                "{library}"
+            );
+        }
         assert_eq!(env["CUDA_HOME"], "/usr/local/cuda-12.1");
         // The floor driver supports 12.2, but the image needs only 12.1.
         assert_eq!(env["NVIDIA_REQUIRE_CUDA"], "cuda>=12.1");
