@@ -317,6 +317,41 @@ fn a_wheel_library_in_usr_local_lib_shadowing_another_is_a_duplicate() {
     );
 }
 
+/// glibc searches `DIR/glibc-hwcaps/<level>/` before every searched DIR: a copy there (a
+/// wheel's `.data/data/nvidia/lib64/glibc-hwcaps/x86-64-v2/` member lands under the
+/// driver directory on LD_LIBRARY_PATH) loads before the one in DIR, so it is a duplicate.
+#[test]
+fn a_copy_in_a_glibc_hwcaps_subdirectory_of_a_searched_dir_is_a_duplicate() {
+    if skip_without_gcc() {
+        return;
+    }
+    for (dir, ld_library_path) in [
+        ("opt/conf/lib/glibc-hwcaps/x86-64-v2", ""),
+        (
+            "usr/local/nvidia/lib64/glibc-hwcaps/x86-64-v3",
+            "/usr/local/nvidia/lib64",
+        ),
+    ] {
+        let temp = tempfile::tempdir().unwrap();
+        let root = clean_root(temp.path());
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+        std::fs::copy(
+            root.join("opt/conf/lib/libconf.so.1"),
+            root.join(dir).join("libconf.so.1"),
+        )
+        .unwrap();
+        let report = audit(&root, &pins().with_ld_library_path(ld_library_path)).unwrap();
+        let finding = only_finding(&report, FindingKind::DuplicateSoname);
+        assert!(
+            finding
+                .paths
+                .contains(&PathBuf::from(format!("/{dir}/libconf.so.1"))),
+            "{dir}: {:?}",
+            finding.paths
+        );
+    }
+}
+
 #[test]
 fn dangling_links_in_docs_and_translations_are_the_distributions() {
     if skip_without_gcc() {

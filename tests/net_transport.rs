@@ -184,3 +184,28 @@ async fn cuts_without_progress_give_up_after_the_attempts() {
     );
     assert_eq!(server.requests_for("/dead.bin").len(), 3);
 }
+
+/// A server that ignores the range and cuts the whole body again at the same byte: the
+/// bytes read again after each restart are no progress, so the attempts run out.
+#[tokio::test]
+async fn a_server_that_restarts_and_cuts_at_the_same_byte_gives_up() {
+    let server = FixtureServer::start();
+    server.add(
+        "/loop.bin",
+        "application/octet-stream",
+        Body::Bytes(Arc::new(payload(50_000))),
+        Faults {
+            cut_after: Some(4096),
+            cut_times: 50,
+            ignore_range: true,
+            ..Faults::default()
+        },
+    );
+    let url: Url = server.url("/loop.bin").parse().unwrap();
+    let error = read_resumably(&transport(3), &url).await.unwrap_err();
+    assert!(
+        matches!(error, TestError::Read(ReadError::Cut { attempts: 3, .. })),
+        "{error:?}"
+    );
+    assert_eq!(server.requests_for("/loop.bin").len(), 3);
+}

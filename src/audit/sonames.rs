@@ -28,11 +28,14 @@ pub(super) fn duplicates(
     loaded_by: &HashMap<PathBuf, Vec<PathBuf>>,
 ) -> Result<Vec<Finding>, AuditError> {
     let search_dirs = searched_dirs(options, ld_so_conf, &objects.list);
+    let searched = |dir: &Path| {
+        search_dirs.contains(dir) || is_torch_preload_dir(dir) || is_toolkit_lib_dir(dir)
+    };
     let reachable = |path: &PathBuf| {
         loaded_by.contains_key(path)
-            || path.parent().is_some_and(|dir| {
-                search_dirs.contains(dir) || is_torch_preload_dir(dir) || is_toolkit_lib_dir(dir)
-            })
+            || path
+                .parent()
+                .is_some_and(|dir| searched(dir) || hwcaps_parent(dir).is_some_and(searched))
     };
     let mut findings = Vec::new();
     for (soname, paths) in &objects.providers {
@@ -70,6 +73,14 @@ fn searched_dirs(
         search_dirs.extend(info.expanded_runpath(&origin));
     }
     search_dirs
+}
+
+/// `DIR` for `DIR/glibc-hwcaps/<level>`: glibc (2.33 and later) searches these
+/// subdirectories of every searched directory before the directory itself, so a library
+/// there wins over one of the same SONAME in DIR or further down the path.
+fn hwcaps_parent(dir: &Path) -> Option<&Path> {
+    let hwcaps = dir.parent()?;
+    (hwcaps.file_name()? == "glibc-hwcaps").then_some(hwcaps.parent()?)
 }
 
 /// `.../site-packages/nvidia/<package>/lib` (or `dist-packages`).

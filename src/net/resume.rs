@@ -94,6 +94,9 @@ pub struct ResumableBody<Open> {
     open: Open,
     attempts: Attempts,
     offset: u64,
+    /// The furthest offset any answer reached: after a restart, the bytes up to it are read
+    /// again and are not progress.
+    furthest: u64,
     response: Option<Response>,
     done: bool,
 }
@@ -111,6 +114,7 @@ where
             url: url.clone(),
             open,
             offset: from,
+            furthest: from,
             response: None,
             done: false,
         }
@@ -139,7 +143,13 @@ where
             match response.chunk().await {
                 Ok(Some(bytes)) => {
                     self.offset += bytes.len() as u64;
-                    self.attempts.progressed();
+                    // Only bytes past the furthest read count the attempts from one again:
+                    // a server that ignores the range and cuts at the same byte each time
+                    // would otherwise be asked again for ever.
+                    if self.offset > self.furthest {
+                        self.furthest = self.offset;
+                        self.attempts.progressed();
+                    }
                     return Ok(Some(Piece::Bytes(bytes)));
                 }
                 Ok(None) => {

@@ -78,10 +78,7 @@ pub fn check_destination(dst: &str) -> Result<(), String> {
     if dst == "/" {
         return Err("copy `dst: /` would put files over the whole image; copy into a directory of its own (`/workspace`)".into());
     }
-    if let Some(protected) = VERIFICATION_BASE
-        .iter()
-        .find(|protected| overlaps(&dst, protected))
-    {
+    if let Some(protected) = verification_base_at(&dst) {
         return Err(format!(
             "copy `dst: {dst}` would write over `{protected}`, which the verification probe runs with: code copied there would run before the probe and could forge its report\n  hint: copy the team's code into a directory of its own (`/workspace`, `/opt/<team>`)"
         ));
@@ -119,6 +116,16 @@ pub const VERIFICATION_BASE: &[&str] = &[
     "/usr/local/cuda*",
     "/usr/local/nvidia",
 ];
+
+/// The entry of [`VERIFICATION_BASE`] that writing at the absolute image path `path` would
+/// touch, if any (a wheel's `.data/data/` member is checked the same way as `copy:`).
+pub fn verification_base_at(path: &str) -> Option<&'static str> {
+    let path = normalise(path);
+    VERIFICATION_BASE
+        .iter()
+        .copied()
+        .find(|protected| overlaps(&path, protected))
+}
 
 /// Whether writing at `dst` can touch `protected`: one lies inside the other. A protected
 /// name also covers its versioned siblings (`/usr/bin/python3` covers `/usr/bin/python3.11`,

@@ -42,15 +42,37 @@ pub const OWNED_LABEL_PREFIX: &str = "io.cudastack";
 /// Debian's reserved ranges, 60000-64999 and 65534 `nobody`).
 pub const MAX_ID: u32 = 60000;
 
-/// Whether the stack owns `name` (see [`OWNED_ENV`]).
-fn stack_owns(name: &str) -> bool {
-    OWNED_ENV.iter().any(|owned| {
-        if owned.ends_with('_') {
-            name.starts_with(owned)
+/// Variables glibc reads as a process starts, naming code or data it loads before the
+/// program's first line: the loader's (`LD_*`), the character-set converters
+/// (`GCONV_PATH`, which a locale's charset makes it `dlopen`), the locales (`LOCPATH`), the
+/// tunables, message catalogues and `malloc`'s trace. In the image's `Env` they reach the
+/// verification probe's interpreter, where a module they name runs before the probe could
+/// take its nonce out of the environment. glibc ignores the same variables for setuid
+/// programs, for the same reason (`unsecvars.h`). A prefix ends in `_`.
+pub const LOADER_ENV: &[&str] = &[
+    "LD_",
+    "GCONV_PATH",
+    "LOCPATH",
+    "GLIBC_TUNABLES",
+    "NLSPATH",
+    "GETCONF_DIR",
+    "MALLOC_TRACE",
+];
+
+/// Whether `name` is in `list`, where an entry ending in `_` names a prefix.
+fn listed(list: &[&str], name: &str) -> bool {
+    list.iter().any(|entry| {
+        if entry.ends_with('_') {
+            name.starts_with(entry)
         } else {
-            name == *owned
+            name == *entry
         }
     })
+}
+
+/// Whether the stack owns `name` (see [`OWNED_ENV`]).
+fn stack_owns(name: &str) -> bool {
+    listed(OWNED_ENV, name)
 }
 
 /// The `env:` map: each name a shell variable name the stack does not own, each value a
@@ -91,7 +113,10 @@ pub fn check_env(name: &str, value: &str) -> Result<(), String> {
         return Err(format!("env `{}` is not a variable name: letters, digits and `_`, not starting with a digit (what a shell can export)", escape(name)));
     }
     if stack_owns(name) {
-        return Err(format!("env `{name}` is set by the stack and may not be changed: the audit and the verification proved the image with the stack's value (one CUDA library directory on the loader's path, the NVIDIA runtime's switches, pip kept to the lock); the variables the stack owns are {}\n  hint: remove `{name}` from `env:`; for a library of your own, give the extension that loads it a RUNPATH (`-Wl,-rpath,'$ORIGIN/lib'`), which the loader follows without its cache; a Debian package's libraries come through `apt:`, whose /etc/ld.so.conf.d entries the image's loader cache includes (a file there from `copy:` does nothing: the cache is built in the config layer, below the code)", OWNED_ENV.iter().map(|n| if n.ends_with('_') { format!("{n}*") } else { n.to_string() }).collect::<Vec<_>>().join(", ")));
+        return Err(format!("env `{name}` is set by the stack and may not be changed: the audit and the verification proved the image with the stack's value (one CUDA library directory on the loader's path, the NVIDIA runtime's switches, pip kept to the lock); the variables the stack owns are {}\n  hint: remove `{name}` from `env:`; for a library of your own, give the extension that loads it a RUNPATH (`-Wl,-rpath,'$ORIGIN/lib'`), which the loader follows without its cache; a Debian package's libraries come through `apt:`, whose /etc/ld.so.conf.d entries the image's loader cache includes (`copy:` may not write the loader's files: the cache is built in the config layer, below the code)", OWNED_ENV.iter().map(|n| if n.ends_with('_') { format!("{n}*") } else { n.to_string() }).collect::<Vec<_>>().join(", ")));
+    }
+    if listed(LOADER_ENV, name) {
+        return Err(format!("env `{name}` names what glibc loads or reads as every program starts, before its first line: a module it names would run in the verification probe before the probe could check anything (glibc ignores it in setuid programs for the same reason); the variables refused are {}\n  hint: remove `{name}` from `env:`; locales and character sets come from the base (`LANG`/`LC_*` may name one it has), libraries through a RUNPATH or `apt:`", LOADER_ENV.iter().map(|n| if n.ends_with('_') { format!("{n}*") } else { n.to_string() }).collect::<Vec<_>>().join(", ")));
     }
     if value.contains('\0') {
         return Err(format!(
@@ -630,6 +655,8 @@ mod tests {
     fn env_names_and_ownership() {
         assert!(check_env("OMP_NUM_THREADS", "4").is_ok());
         assert!(check_env("LANG", "en_US.UTF-8").is_ok());
+        assert!(check_env("LC_ALL", "C.UTF-8").is_ok());
+        assert!(check_env("LDFLAGS", "-L/opt/x").is_ok());
         assert!(check_env("_X1", "").is_ok());
         for (name, expected) in [
             ("1X", "is not a variable name"),
@@ -644,6 +671,12 @@ mod tests {
             ("PIP_CONSTRAINT", "pip kept to the lock"),
             ("PIP_BREAK_SYSTEM_PACKAGES", "hint: remove"),
             ("LD_LIBRARY_PATH", "a RUNPATH"),
+            // What glibc loads before a program's first line.
+            ("GCONV_PATH", "before its first line"),
+            ("LOCPATH", "before its first line"),
+            ("GLIBC_TUNABLES", "before its first line"),
+            ("LD_BIND_NOW", "before its first line"),
+            ("NLSPATH", "setuid"),
         ] {
             let error = check_env(name, "x").unwrap_err();
             assert!(error.contains(expected), "{name}: {error}");

@@ -25,6 +25,12 @@ pub enum BuildError {
         expected: Digest,
         found: Digest,
     },
+    #[error("wheel `{}` installs `{path}` (a `.data/data/` member), over `{protected}`, which the verification probe or the dynamic loader reads before the probe's first line: code there would run before the probe and could forge its report\n  hint: a wheel's files belong in site-packages; if the package needs this file, install it in an image built `FROM` this one, outside the verified stack", .wheel.display())]
+    WheelWritesVerificationBase {
+        wheel: PathBuf,
+        path: String,
+        protected: &'static str,
+    },
     #[error(transparent)]
     Lockfile(#[from] crate::lock::lockfile::LockfileError),
     #[error(transparent)]

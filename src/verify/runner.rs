@@ -296,10 +296,7 @@ fn host_view(info: &crate::engine::EngineInfo) -> HostView {
         gpus: report
             .gpus
             .iter()
-            .map(|gpu| HostGpu {
-                name: gpu.name.clone(),
-                compute_capability: gpu.cc,
-            })
+            .map(|gpu| HostGpu::read(&gpu.name, gpu.cc))
             .collect(),
     }
 }

@@ -161,8 +161,25 @@ fn shorten(line: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostGpu {
     pub name: String,
-    /// `None` where the host's source does not say (/proc).
+    /// `None` where neither the host's source (/proc names no compute capability) nor the
+    /// matrix (by the GPU's name) says: no report can claim such a GPU.
     pub compute_capability: Option<ComputeCapability>,
+}
+
+impl HostGpu {
+    /// A GPU as the host reads it. Where its source gives no compute capability, the
+    /// matrix's for its name is taken: a report's own value is never what the host vouches
+    /// for (an A10 run would otherwise be recorded, and signed, as the sm_90 it claimed).
+    pub fn read(name: &str, compute_capability: Option<ComputeCapability>) -> Self {
+        HostGpu {
+            name: name.to_string(),
+            compute_capability: compute_capability.or_else(|| {
+                crate::matrix::Matrix::embedded()
+                    .gpu(name)
+                    .map(|known| known.cc)
+            }),
+        }
+    }
 }
 
 /// What the host knows of its own driver and GPUs.
@@ -356,10 +373,8 @@ fn same_gpu(host: &HostGpu, name: &str, cc: Option<ComputeCapability>) -> bool {
             .to_lowercase()
     };
     normal(&host.name) == normal(name)
-        && match host.compute_capability {
-            Some(host_cc) => cc == Some(host_cc),
-            None => cc.is_some(),
-        }
+        && host.compute_capability.is_some()
+        && cc == host.compute_capability
 }
 
 fn describe_host_gpu(gpu: &HostGpu) -> String {
@@ -440,10 +455,11 @@ mod tests {
             driver: Some(driver.parse().unwrap()),
             gpus: gpus
                 .iter()
-                .map(|(name, cc)| HostGpu {
-                    name: name.to_string(),
-                    compute_capability: cc
-                        .map(|(major, minor)| ComputeCapability::new(major, minor)),
+                .map(|(name, cc)| {
+                    HostGpu::read(
+                        name,
+                        cc.map(|(major, minor)| ComputeCapability::new(major, minor)),
+                    )
                 })
                 .collect(),
         }
@@ -551,13 +567,36 @@ mod tests {
         let witness = testify(&on_h100, &GpuRequest::All, &host("550.54.15", &[h100])).unwrap();
         assert!(witness.host_compared);
         assert_eq!(witness.host_driver.as_deref(), Some("550.54.15"));
-        // Numerically equal driver versions match; /proc names no compute capability.
+        // Numerically equal driver versions match; /proc names no compute capability, the
+        // matrix gives the H100's.
         testify(
             &on_h100,
             &GpuRequest::All,
             &host("550.054.15", &[("nvidia  h100 80GB HBM3", None)]),
         )
         .unwrap();
+        // Read from /proc, an A10 is still an 8.6: a report calling it a 9.0 is refused.
+        let a10_as_sm90 = report(&[("NVIDIA A10", "9.0")]);
+        let error = testify(
+            &a10_as_sm90,
+            &GpuRequest::All,
+            &host("550.54.15", &[("NVIDIA A10", None)]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("NVIDIA A10 (compute capability 8.6)"),
+            "{error}"
+        );
+        // A GPU neither the host nor the matrix knows the compute capability of: no report
+        // can claim it.
+        let unknown = report(&[("NVIDIA Z9000", "9.0")]);
+        assert!(testify(
+            &unknown,
+            &GpuRequest::All,
+            &host("550.54.15", &[("NVIDIA Z9000", None)])
+        )
+        .is_err());
 
         let error = testify(&on_h100, &GpuRequest::All, &host("535.104.05", &[h100]))
             .unwrap_err()

@@ -151,6 +151,11 @@ impl LayerStager for PythonLayer<'_> {
         for wheel in &self.wheels {
             let mut reader = WheelReader::open(&wheel.path)?;
             let mut plan = plan_with_reader(&mut reader, &self.install_options)?;
+            refuse_data_over_the_verification_base(
+                &wheel.path,
+                &plan.entries,
+                &self.install_options.scheme,
+            )?;
             for entry in &mut plan.entries {
                 if let EntryContent::ZipMember { name, .. } = &entry.content {
                     if let Some(target) = placement.get(name) {
@@ -165,6 +170,39 @@ impl LayerStager for PythonLayer<'_> {
         }
         Ok(())
     }
+}
+
+/// A wheel's `.data/data/` members install under the prefix (`/usr/local`), where the
+/// loader searches too (`/usr/local/lib` is in Debian's ld.so.conf, and the CUDA and driver
+/// directories are on LD_LIBRARY_PATH, `glibc-hwcaps/` subdirectories included): a library
+/// there would load into the verification probe's interpreter before its first line. Such
+/// members are held to the rule of `copy:`; the scheme's other directories (site-packages,
+/// scripts, headers) are the wheel's own.
+fn refuse_data_over_the_verification_base(
+    wheel: &Path,
+    entries: &[crate::install::InstallEntry],
+    scheme: &Scheme,
+) -> Result<(), BuildError> {
+    let own = [
+        &scheme.purelib,
+        &scheme.platlib,
+        &scheme.scripts,
+        &scheme.headers,
+    ];
+    for entry in entries {
+        if own.iter().any(|dir| entry.path.starts_with(dir)) {
+            continue;
+        }
+        let path = entry.path.to_string_lossy();
+        if let Some(protected) = crate::recipe::copy::verification_base_at(&path) {
+            return Err(BuildError::WheelWritesVerificationBase {
+                wheel: wheel.to_path_buf(),
+                path: path.into_owned(),
+                protected,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The locked wheels cut into layers: each large distribution alone (bottom to top), the
@@ -337,6 +375,41 @@ fn closure<'n>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `.data/data/` member under a directory the loader searches is refused; the
+    /// scheme's own directories and the rest of the prefix are the wheel's.
+    #[test]
+    fn a_wheel_data_member_may_not_land_where_the_loader_searches() {
+        let scheme = Scheme::debian_local("3.11".parse().unwrap());
+        let entry = |path: &str| crate::install::InstallEntry {
+            path: PathBuf::from(path),
+            mode: 0o644,
+            content: EntryContent::Directory,
+        };
+        let wheel = Path::new("evil-1.0-py3-none-any.whl");
+        for bad in [
+            "/usr/local/nvidia/lib64/glibc-hwcaps/x86-64-v2/libz.so.1",
+            "/usr/local/lib/libz.so.1",
+            "/usr/local/lib/glibc-hwcaps/x86-64-v2/libz.so.1",
+            "/usr/local/cuda-12.1/targets/x86_64-linux/lib/libz.so.1",
+        ] {
+            let error = refuse_data_over_the_verification_base(wheel, &[entry(bad)], &scheme)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains(bad) && error.contains("verification probe"),
+                "{error}"
+            );
+        }
+        let fine = [
+            entry("/usr/local/lib/python3.11/dist-packages/evil/__init__.py"),
+            entry("/usr/local/bin/evil"),
+            entry("/usr/local/include/python3.11/evil/evil.h"),
+            entry("/usr/local/share/jupyter/kernels/evil/kernel.json"),
+            entry("/usr/local/etc/jupyter/evil.json"),
+        ];
+        refuse_data_over_the_verification_base(wheel, &fine, &scheme).unwrap();
+    }
     use crate::lock::lockfile::Lockfile;
     use crate::matrix::Matrix;
     use crate::recipe::{Platform, Recipe};
