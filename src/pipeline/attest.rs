@@ -39,17 +39,18 @@ pub fn after_build(
     let name = image_name(built);
     store::prune(&built.layout)?;
     for platform in &built.platforms {
-        let Some(lock) = &platform.built_from.lock else {
+        let (Some(lock), Some(built_image)) =
+            (&platform.built_from.lock, &platform.built_from.image)
+        else {
             continue;
         };
-        let resolved = layout::resolve(&built.layout, &platform.ref_name)?;
-        let created = resolved
-            .config
-            .created()
-            .as_deref()
-            .and_then(crate::oci::parse_rfc3339)
+        let created = built_image.created();
+        let manifest = built_image.documents()?.manifest_descriptor();
+        let runtime = built_image
+            .configuration()?
+            .config()
+            .clone()
             .unwrap_or_default();
-        let runtime = resolved.config.config().clone().unwrap_or_default();
         let (labels, env) = crate::verify::check::labels_and_env(&runtime);
         let claims = ImageClaims::from_labels_and_env(&labels, &env);
         let built_wheels = crate::sbom::BuiltWheel::from_labels(&labels);
@@ -70,7 +71,7 @@ pub fn after_build(
         ] {
             store::attach(
                 &built.layout,
-                &resolved.manifest,
+                &manifest,
                 kind,
                 media_type,
                 document,
@@ -87,13 +88,13 @@ pub fn after_build(
             layers: &platform.layers,
         };
         let statement = Statement::new(
-            vec![Subject::image(&name, &resolved.manifest_digest)],
+            vec![Subject::image(&name, &platform.manifest_digest)],
             provenance::PREDICATE_TYPE,
             provenance::predicate(&facts),
         );
         store::attach_statement_unless_signed(
             &built.layout,
-            &resolved.manifest,
+            &manifest,
             store::PROVENANCE,
             &statement,
         )?;

@@ -16,6 +16,7 @@ pub mod attest;
 pub mod early_push;
 pub mod image_source;
 pub mod load;
+pub mod lock;
 pub mod promote;
 pub mod push;
 pub mod record;

@@ -144,12 +144,13 @@ fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildE
         audit.kernels.as_deref().unwrap_or_default(),
         targets.jit_ptx_isa,
     );
+    let image = with_built_labels(
+        image_of(inputs.platform, &layers, &config, env.options.mtime),
+        inputs,
+    );
     Ok(Assembled {
         platform: inputs.platform,
-        image: with_built_labels(
-            image_of(inputs.platform, &layers, &config, env.options.mtime),
-            inputs,
-        ),
+        image: image.clone(),
         layers: layers.into_iter().map(|(report, _)| report).collect(),
         audit,
         audit_cached,
@@ -162,6 +163,7 @@ fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildE
                 .map(|(name, wheel)| (name.clone(), wheel.path.clone()))
                 .collect(),
             targets: targets.gpus.clone(),
+            image: Some(image),
         },
     })
 }

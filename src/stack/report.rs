@@ -65,6 +65,9 @@ pub struct BuiltFrom {
     pub wheel_files: std::collections::BTreeMap<String, PathBuf>,
     /// The recipe's GPUs as the build resolved them (the SBOM's target GPUs).
     pub targets: Vec<crate::target_gpu::TargetGpu>,
+    /// The image as the build assembled it: its config (labels, env, created) and manifest,
+    /// so the SBOM describes what was built without reading the layout back.
+    pub image: Option<crate::oci::Image>,
 }
 
 /// What the static audit looked at (it found nothing wrong, or the build failed).

@@ -1,0 +1,325 @@
+//! The lock stage: each platform of a recipe resolved to a lock file (`NAME.lock`,
+//! `NAME.linux-arm64.lock`, ...) and its wheels to a PEP 751 `pylock.NAME.toml` beside it,
+//! or, in [`LockMode::Check`], compared with the lock on disk without writing anything.
+//! The binary turns `cudastack lock`'s arguments into [`LockSettings`] and prints the
+//! [`LockedPlatform`]s this returns.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::Progress;
+use crate::apt::AptSources;
+use crate::digest::Digest;
+use crate::fetch::http::HttpClient;
+use crate::lock::changes::{changes, PackageChange};
+use crate::lock::inputs::{build_request, index_credentials, lock_request_for, platform_lock_path};
+use crate::lock::lockfile::{ArtifactKind, Lockfile};
+use crate::lock::pylock::{pylock_path, to_pylock};
+use crate::lock::python_inputs::add_to_request;
+use crate::lock::resolve_with_builds;
+use crate::lock::system::SystemRequest;
+use crate::matrix::validate::validate;
+use crate::matrix::Matrix;
+use crate::recipe::{Platform, Recipe};
+
+/// What `lock` was asked for, beyond the recipe.
+#[derive(Debug, Clone)]
+pub struct LockSettings {
+    /// A local directory of wheels searched before any index (locked as `file://` URLs).
+    pub mirror: Option<PathBuf>,
+    /// Which Debian/Ubuntu packages of the previous lock move to the archive's current version.
+    pub upgrade: Upgrade,
+    /// A mirror of the base's archive serving every suite of the release from one root.
+    pub apt_mirror: Option<reqwest::Url>,
+    /// The keyring that signs `apt_mirror` (default: the distribution's archive keyring).
+    pub apt_keyring: Option<PathBuf>,
+    /// Resolve as upstream was at this moment (`--as-of`); None: as it is `now`.
+    pub as_of: Option<jiff::Timestamp>,
+    /// A snapshot service in place of the public ones for `as_of`.
+    pub apt_snapshot: Option<reqwest::Url>,
+    /// The moment of this run, recorded in every lock it writes without `as_of`.
+    pub now: jiff::Timestamp,
+    pub mode: LockMode,
+}
+
+/// Which locked Debian/Ubuntu versions a relock keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upgrade {
+    /// Every version of the previous lock is kept.
+    Nothing,
+    /// Every package is resolved again (`--upgrade`).
+    Everything,
+    /// These packages are resolved again, the others kept (`--upgrade-package`).
+    Packages(Vec<String>),
+}
+
+/// Whether the locks are written or only compared with the files on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockMode {
+    Write,
+    /// Write nothing; report the locks that would change (`lock --check`).
+    Check,
+}
+
+/// One platform's lock: an item of `lock --json` (keys in alphabetical order, as they have
+/// always been printed).
+#[derive(Debug, Serialize)]
+pub struct LockedPlatform {
+    pub artifacts: usize,
+    pub lock: PathBuf,
+    pub platform: &'static str,
+    /// The PEP 751 lock of the same wheels; None when the lock has no wheel, or in
+    /// [`LockMode::Check`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pylock: Option<PathBuf>,
+    pub recipe: PathBuf,
+    pub recipe_digest: Digest,
+    /// Debian/Ubuntu packages added, removed or moved to another version.
+    pub deb_changes: Vec<PackageChange>,
+    /// Wheels (and sdists) added, removed, or moved to another version or file.
+    pub wheel_changes: Vec<PackageChange>,
+    /// [`LockMode::Check`]: the lock on disk differs from this resolution.
+    #[serde(skip)]
+    pub drifted: bool,
+}
+
+/// Everything that stops a lock. The stages' own errors pass through unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum LockStageError {
+    #[error(transparent)]
+    Recipe(#[from] crate::recipe::RecipeError),
+    #[error("{} is not valid ({first}); run `cudastack validate {}`", .recipe.display(), .recipe.display())]
+    Invalid { recipe: PathBuf, first: String },
+    #[error(transparent)]
+    Credentials(#[from] crate::fetch::credentials::CredentialError),
+    #[error(transparent)]
+    Inputs(#[from] crate::lock::inputs::InputsError),
+    #[error(transparent)]
+    PythonInputs(#[from] crate::lock::python_inputs::PythonInputsError),
+    #[error(transparent)]
+    Snapshot(#[from] crate::apt::AptError),
+    #[error(transparent)]
+    Resolve(#[from] crate::lock::LockError),
+    #[error(transparent)]
+    Lockfile(#[from] crate::lock::lockfile::LockfileError),
+    #[error("failed to write `{}`", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`--upgrade-package {0}`: the lock has no Debian package `{0}` to upgrade (a new package comes from the recipe's `apt:` list)")]
+    NotLocked(String),
+}
+
+/// Lock every platform of the recipe at `path`.
+pub async fn lock_recipe(
+    matrix: &Matrix,
+    client: &HttpClient,
+    path: &Path,
+    settings: &LockSettings,
+    progress: &dyn Progress,
+) -> Result<Vec<LockedPlatform>, LockStageError> {
+    let recipe = Recipe::load(path)?;
+    check_valid(matrix, &recipe, path, progress)?;
+    // The recipe's private indexes get their credentials (environment, netrc, keyring);
+    // sent only to each index's origin, never written anywhere.
+    let client = client.with_credentials(index_credentials(&recipe)?);
+    let mut locked = Vec::new();
+    for platform in recipe.platforms() {
+        progress.status(&format!("locking {} for {platform} ...", path.display()));
+        locked.push(
+            lock_platform(matrix, &client, &recipe, path, platform, settings, progress).await?,
+        );
+    }
+    Ok(locked)
+}
+
+/// Refuse an invalid recipe, naming its first error; print what a two-part torch version
+/// was taken to mean, before the lock records the exact release.
+fn check_valid(
+    matrix: &Matrix,
+    recipe: &Recipe,
+    path: &Path,
+    progress: &dyn Progress,
+) -> Result<(), LockStageError> {
+    let validation = validate(matrix, recipe);
+    if let Some(first) = validation.errors().next() {
+        return Err(LockStageError::Invalid {
+            recipe: path.to_path_buf(),
+            first: format!("{}: {}", first.code, first.what),
+        });
+    }
+    for note in validation
+        .problems
+        .iter()
+        .filter(|p| p.code == "torch-series")
+    {
+        progress.status(&format!("note: {}", note.what));
+    }
+    Ok(())
+}
+
+async fn lock_platform(
+    matrix: &Matrix,
+    client: &HttpClient,
+    recipe: &Recipe,
+    path: &Path,
+    platform: Platform,
+    settings: &LockSettings,
+    progress: &dyn Progress,
+) -> Result<LockedPlatform, LockStageError> {
+    let mut request =
+        lock_request_for(matrix, recipe, client, settings.mirror.as_deref(), platform)?;
+    // requirements:, pyproject:, python_lock: (their files join the lock's digest).
+    add_to_request(matrix, recipe, path, &mut request)?;
+    let out = platform_lock_path(path, platform);
+    // A previous lock of another format or unreadable: nothing to keep.
+    let previous = Lockfile::read(&out).ok();
+    if let Some(system) = request.system.as_mut() {
+        configure_system(system, settings, recipe, platform, previous.as_ref())?;
+    }
+    match settings.as_of {
+        Some(at) => request.as_of(at, settings.apt_snapshot.as_ref())?,
+        // Today's upstream: recorded as the lock's moment, nothing filtered.
+        None => request.as_of = Some(settings.now),
+    }
+    // `build:` packages are locked from their sdists, with what their builds need.
+    let builds = build_request(matrix, recipe)?;
+    for build in &builds.builds {
+        progress.status(&format!(
+            "  reading the sdist of {build} (`build:`): its sha256, run and build requirements"
+        ));
+    }
+    let mut lockfile = resolve_with_builds(client, &request, &builds).await?;
+    keep_the_moment(&mut lockfile, previous.as_ref(), settings.as_of.is_some());
+    let deb_changes = changes(previous.as_ref(), &lockfile, ArtifactKind::is_deb);
+    let wheel_changes = changes(previous.as_ref(), &lockfile, ArtifactKind::is_python);
+    let mut locked = LockedPlatform {
+        artifacts: lockfile.artifacts.len(),
+        lock: out,
+        platform: platform.as_str(),
+        pylock: None,
+        recipe: path.to_path_buf(),
+        recipe_digest: lockfile.recipe_digest,
+        deb_changes,
+        wheel_changes,
+        drifted: false,
+    };
+    let changed: Vec<&PackageChange> = locked
+        .deb_changes
+        .iter()
+        .chain(&locked.wheel_changes)
+        .collect();
+    match settings.mode {
+        LockMode::Check => {
+            let current = std::fs::read_to_string(&locked.lock).unwrap_or_default();
+            locked.drifted = current != lockfile.to_json();
+            if locked.drifted {
+                progress.status(&format!("{} would change:", locked.lock.display()));
+                for change in changed {
+                    progress.status(&format!("  {change}"));
+                }
+            }
+        }
+        LockMode::Write => {
+            lockfile.write(&locked.lock)?;
+            progress.status(&format!(
+                "wrote {} ({} artifacts)",
+                locked.lock.display(),
+                lockfile.artifacts.len()
+            ));
+            locked.pylock = write_pylock(&locked.lock, recipe, platform, &lockfile)?;
+            if let Some(pylock) = &locked.pylock {
+                progress.status(&format!("wrote {}", pylock.display()));
+            }
+            if previous.is_some() {
+                for change in changed {
+                    progress.status(&format!("  {change}"));
+                }
+            }
+        }
+    }
+    Ok(locked)
+}
+
+/// A relock that moved nothing keeps the previous lock's moment, so it leaves the file
+/// byte for byte as it was (the relock workflow opens no pull request for a date); an
+/// explicit `--as-of` is always recorded.
+fn keep_the_moment(lockfile: &mut Lockfile, previous: Option<&Lockfile>, explicit: bool) {
+    let Some(previous) = previous else { return };
+    if explicit || previous.as_of.is_none() {
+        return;
+    }
+    let unchanged = Lockfile {
+        as_of: previous.as_of,
+        ..lockfile.clone()
+    };
+    if unchanged.to_json() == previous.to_json() {
+        *lockfile = unchanged;
+    }
+}
+
+/// Write the lock's wheels as PEP 751 beside it, for pip and uv; None without wheels.
+fn write_pylock(
+    lock_path: &Path,
+    recipe: &Recipe,
+    platform: Platform,
+    lockfile: &Lockfile,
+) -> Result<Option<PathBuf>, LockStageError> {
+    if !lockfile
+        .artifacts
+        .iter()
+        .any(|a| a.kind == ArtifactKind::Wheel)
+    {
+        return Ok(None);
+    }
+    let path = pylock_path(lock_path, &recipe.name, platform);
+    crate::atomic_file::write(&path, to_pylock(lockfile).as_bytes()).map_err(|source| {
+        LockStageError::Write {
+            path: path.clone(),
+            source,
+        }
+    })?;
+    Ok(Some(path))
+}
+
+/// The archive (public or the mirror), and the versions of the previous lock to keep.
+fn configure_system(
+    system: &mut SystemRequest,
+    settings: &LockSettings,
+    recipe: &Recipe,
+    platform: Platform,
+    previous: Option<&Lockfile>,
+) -> Result<(), LockStageError> {
+    if let Some((distro, release)) = recipe.base.distro() {
+        system.sources = AptSources::for_release(
+            distro,
+            release,
+            platform.to_debian(),
+            settings.apt_mirror.as_ref(),
+            settings.apt_keyring.clone(),
+        );
+    }
+    let upgrade = match &settings.upgrade {
+        Upgrade::Nothing => None,
+        Upgrade::Everything => Some(&[][..]),
+        Upgrade::Packages(names) => {
+            if let Some(name) = names.iter().find(|name| !locks_deb(previous, name)) {
+                return Err(LockStageError::NotLocked(name.clone()));
+            }
+            Some(names.as_slice())
+        }
+    };
+    system.keep_from(previous, upgrade);
+    Ok(())
+}
+
+fn locks_deb(lock: Option<&Lockfile>, name: &str) -> bool {
+    lock.is_some_and(|lock| {
+        lock.artifacts
+            .iter()
+            .any(|a| a.kind == ArtifactKind::Deb && a.name == name)
+    })
+}
