@@ -352,6 +352,34 @@ fn a_copy_in_a_glibc_hwcaps_subdirectory_of_a_searched_dir_is_a_duplicate() {
     }
 }
 
+/// The loader finds a NEEDED name by file name in each directory it searches: a file named
+/// `libconf.so.1` that declares another SONAME still answers for `libconf.so.1`, ahead of
+/// the real one when its directory comes first (the CUDA directory on LD_LIBRARY_PATH).
+#[test]
+fn a_file_named_like_another_library_is_a_duplicate_whatever_its_soname() {
+    if skip_without_gcc() {
+        return;
+    }
+    let temp = tempfile::tempdir().unwrap();
+    let root = clean_root(temp.path());
+    bare_lib(
+        &root.join(TOOLKIT_LIB),
+        "libconf.so.1",
+        "libforged.so.1",
+        vec![],
+        None,
+    );
+    let report = audit(&root, &pins()).unwrap();
+    let finding = only_finding(&report, FindingKind::DuplicateSoname);
+    assert_eq!(
+        finding.paths,
+        vec![
+            PathBuf::from("/opt/conf/lib/libconf.so.1"),
+            PathBuf::from(format!("/{TOOLKIT_LIB}/libconf.so.1")),
+        ]
+    );
+}
+
 #[test]
 fn dangling_links_in_docs_and_translations_are_the_distributions() {
     if skip_without_gcc() {

@@ -589,6 +589,8 @@ fn an_image_without_the_probe_is_a_clear_error_and_leaves_nothing() {
         ),
         Entry::symlink(p("bin/sh"), "busybox"),
         Entry::symlink(p("bin/python3"), "busybox"),
+        // The probe runs the base's interpreter by absolute path.
+        Entry::symlink(p("usr/bin/python3"), "/bin/busybox"),
         Entry::file_bytes(
             p("etc/marker"),
             0o644,

@@ -57,22 +57,34 @@ impl Objects {
         let mut providers: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
         let mut by_name: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
         for (path, info) in &list {
+            // Link-time stubs (`.../stubs/libcuda.so`) are never on a search path.
+            let is_stub = path
+                .parent()
+                .and_then(Path::file_name)
+                .is_some_and(|d| d == "stubs");
             if let Some(name) = path.file_name() {
-                by_name
-                    .entry(name.to_string_lossy().into_owned())
-                    .or_default()
-                    .push(path.clone());
+                let name = name.to_string_lossy().into_owned();
+                // The loader looks a NEEDED name up by file name in each directory it
+                // searches, so a file named like a library answers for that name whatever
+                // its own SONAME says: a `libz.so.1` declaring another SONAME would load in
+                // place of the base's.
+                if !is_stub
+                    && name.starts_with("lib")
+                    && name.contains(".so")
+                    && info.soname.as_deref() != Some(name.as_str())
+                {
+                    providers
+                        .entry(name.clone())
+                        .or_default()
+                        .push(path.clone());
+                }
+                by_name.entry(name).or_default().push(path.clone());
             }
             if let Some(soname) = &info.soname {
                 by_name
                     .entry(soname.clone())
                     .or_default()
                     .push(path.clone());
-                // Link-time stubs (`.../stubs/libcuda.so`) are never on a search path.
-                let is_stub = path
-                    .parent()
-                    .and_then(Path::file_name)
-                    .is_some_and(|d| d == "stubs");
                 if !is_stub {
                     providers
                         .entry(soname.clone())

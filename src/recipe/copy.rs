@@ -100,6 +100,11 @@ pub const VERIFICATION_BASE: &[&str] = &[
     "/opt/cudastack",
     "/usr/share/cudastack",
     "/usr/bin/python3",
+    // CPython reads these beside its executable and one level up at start, `-I` or not: a
+    // `home =` there makes another directory its prefix and standard library.
+    "/usr/bin/pyvenv.cfg",
+    "/usr/pyvenv.cfg",
+    "/usr/bin/pybuilddir.txt",
     "/etc/ld.so.preload",
     "/etc/ld.so.conf",
     "/etc/ld.so.cache",
@@ -184,6 +189,10 @@ mod tests {
             "/usr/lib",
             "/usr/bin",
             "/usr/share//cudastack/",
+            // What CPython reads at start to find its prefix.
+            "/usr/pyvenv.cfg",
+            "/usr/bin/pyvenv.cfg",
+            "/usr/bin/pybuilddir.txt",
             // What the loader reads before the interpreter's first line.
             "/etc/ld.so.preload",
             "/etc/ld.so.conf.d/team.conf",

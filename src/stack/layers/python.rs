@@ -190,7 +190,11 @@ fn refuse_data_over_the_verification_base(
         &scheme.headers,
     ];
     for entry in entries {
-        if own.iter().any(|dir| entry.path.starts_with(dir)) {
+        // The planner adds every directory above a file (`/usr`, `/usr/local`, ...); what
+        // is written there is the files and links.
+        if matches!(entry.content, EntryContent::Directory)
+            || own.iter().any(|dir| entry.path.starts_with(dir))
+        {
             continue;
         }
         let path = entry.path.to_string_lossy();
@@ -387,13 +391,18 @@ mod tests {
             content: EntryContent::Directory,
         };
         let wheel = Path::new("evil-1.0-py3-none-any.whl");
+        let file = |path: &str| crate::install::InstallEntry {
+            path: PathBuf::from(path),
+            mode: 0o644,
+            content: EntryContent::generated(b"x".to_vec()),
+        };
         for bad in [
             "/usr/local/nvidia/lib64/glibc-hwcaps/x86-64-v2/libz.so.1",
             "/usr/local/lib/libz.so.1",
             "/usr/local/lib/glibc-hwcaps/x86-64-v2/libz.so.1",
             "/usr/local/cuda-12.1/targets/x86_64-linux/lib/libz.so.1",
         ] {
-            let error = refuse_data_over_the_verification_base(wheel, &[entry(bad)], &scheme)
+            let error = refuse_data_over_the_verification_base(wheel, &[file(bad)], &scheme)
                 .unwrap_err()
                 .to_string();
             assert!(
@@ -402,11 +411,15 @@ mod tests {
             );
         }
         let fine = [
-            entry("/usr/local/lib/python3.11/dist-packages/evil/__init__.py"),
-            entry("/usr/local/bin/evil"),
-            entry("/usr/local/include/python3.11/evil/evil.h"),
-            entry("/usr/local/share/jupyter/kernels/evil/kernel.json"),
-            entry("/usr/local/etc/jupyter/evil.json"),
+            // The directories the planner adds above every file.
+            entry("/usr"),
+            entry("/usr/local"),
+            entry("/usr/local/lib"),
+            file("/usr/local/lib/python3.11/dist-packages/evil/__init__.py"),
+            file("/usr/local/bin/evil"),
+            file("/usr/local/include/python3.11/evil/evil.h"),
+            file("/usr/local/share/jupyter/kernels/evil/kernel.json"),
+            file("/usr/local/etc/jupyter/evil.json"),
         ];
         refuse_data_over_the_verification_base(wheel, &fine, &scheme).unwrap();
     }

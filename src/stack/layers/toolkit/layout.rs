@@ -75,6 +75,8 @@ pub enum ToolkitError {
     },
     #[error("wheel member `{member}` of `{wheel}` would leave the toolkit directory")]
     UnsafeMember { wheel: PathBuf, member: String },
+    #[error("wheel member `{member}` of `{wheel}` is in a subdirectory of the CUDA library directory, which is on LD_LIBRARY_PATH: glibc searches such subdirectories (`glibc-hwcaps/<level>/`, and `tls/`, `x86_64/`, `haswell/` before glibc 2.37) before the directory itself, so a library there would load into every program, the verification probe's interpreter included, in place of the one it names; NVIDIA's wheels put their libraries directly in `lib/`")]
+    LibrarySubdirectory { wheel: PathBuf, member: String },
     #[error(transparent)]
     Chain(#[from] ChainError),
     #[error(transparent)]
@@ -250,6 +252,16 @@ fn extract_wheel(
                 member: name,
             });
         }
+        let in_lib_subdirectory = relative
+            .strip_prefix(paths.lib_dir().trim_start_matches('/'))
+            .and_then(|rest| rest.strip_prefix('/'))
+            .is_some_and(|rest| rest.contains('/'));
+        if in_lib_subdirectory {
+            return Err(ToolkitError::LibrarySubdirectory {
+                wheel: wheel.path.clone(),
+                member: name,
+            });
+        }
         let target = root.join(&relative);
         if let Some(parent) = target.parent() {
             fs_err::create_dir_all(parent).map_err(io_error(parent))?;
@@ -331,6 +343,41 @@ mod tests {
     use super::*;
     use crate::platform::Platform;
     use crate::version::CudaVersion;
+
+    /// A wheel member in a subdirectory of `lib/` (a `glibc-hwcaps/x86-64-v2/libz.so.1`)
+    /// would land under the directory on LD_LIBRARY_PATH, where glibc looks first.
+    #[test]
+    fn a_library_in_a_subdirectory_of_lib_is_refused() {
+        let temp = tempfile::tempdir().unwrap();
+        let path = temp
+            .path()
+            .join("nvidia_cuda_runtime_cu12-12.1.105-py3-none-any.whl");
+        let mut zip = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+        for member in [
+            "nvidia/cuda_runtime/lib/libcudart.so.12",
+            "nvidia/cuda_runtime/lib/glibc-hwcaps/x86-64-v2/libz.so.1",
+        ] {
+            zip.start_file(member, zip::write::SimpleFileOptions::default())
+                .unwrap();
+            std::io::Write::write_all(&mut zip, b"not an ELF").unwrap();
+        }
+        zip.finish().unwrap();
+        let wheel = NvidiaWheel {
+            path,
+            project: "nvidia-cuda-runtime-cu12".into(),
+            version: "12.1.105".into(),
+        };
+        let paths = ToolkitPaths::new(CudaVersion::new(12, 1, None), Platform::LinuxAmd64);
+        let root = temp.path().join("root");
+        let error = match extract_wheel(&wheel, &paths, Flavor::Runtime, &root) {
+            Err(error) => error.to_string(),
+            Ok(_) => panic!("a library under lib/glibc-hwcaps/ was extracted"),
+        };
+        assert!(
+            error.contains("glibc-hwcaps/x86-64-v2/libz.so.1") && error.contains("LD_LIBRARY_PATH"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn versioned_names_follow_nvidia_archives() {
