@@ -56,6 +56,15 @@ impl LayerPath {
                         reason: "contains a `..` component",
                     })
                 }
+                // An OCI runtime reads `.wh.X` as "delete X from the layers below" and
+                // `.wh..wh..opq` as "hide the directory's contents": a file of that name
+                // cannot be written, only a whiteout ([`EntryKind::Whiteout`]) can.
+                other if other.starts_with(".wh.") => {
+                    return Err(LayerError::InvalidPath {
+                        path: raw.to_string(),
+                        reason: "has a name starting with `.wh.`, which marks a whiteout in an OCI layer: the runtime would delete a file of the layers below instead of writing this one",
+                    })
+                }
                 other => parts.push(other),
             }
         }
@@ -520,6 +529,13 @@ mod tests {
         }
         let message = LayerPath::parse("usr/../../etc").unwrap_err().to_string();
         assert!(message.contains("usr/../../etc"), "{message}");
+        // A file named `.wh.X` would delete X below instead of being written (a copied
+        // `usr/share/.wh.cudastack` removed the probe's expectations at run time).
+        for whiteout in ["usr/share/.wh.cudastack", ".wh..wh..opq", "a/.wh.b/c"] {
+            let message = LayerPath::parse(whiteout).unwrap_err().to_string();
+            assert!(message.contains("whiteout"), "{whiteout}: {message}");
+        }
+        assert_eq!(p("a/.whiteout").as_str(), "a/.whiteout");
     }
 
     #[test]

@@ -74,6 +74,14 @@ pub fn check_destination(dst: &str) -> Result<(), String> {
             "copy `dst: {dst}` contains `..`; write the path it means"
         ));
     }
+    if path
+        .components()
+        .any(|c| c.as_os_str().to_string_lossy().starts_with(".wh."))
+    {
+        return Err(format!(
+            "copy `dst: {dst}` has a name starting with `.wh.`, which marks a whiteout in an OCI layer: the image would lose a file of the layers below instead of getting this one"
+        ));
+    }
     let dst = normalise(dst);
     if dst == "/" {
         return Err("copy `dst: /` would put files over the whole image; copy into a directory of its own (`/workspace`)".into());
@@ -223,6 +231,23 @@ mod tests {
         ] {
             assert!(check_destination(good).is_ok(), "{good}");
         }
+    }
+
+    /// `.wh.X` in a layer deletes X below: `/usr/share/.wh.cudastack` would remove the
+    /// probe's expectations at run time.
+    #[test]
+    fn destinations_may_not_be_whiteouts() {
+        for bad in [
+            "/usr/share/.wh.cudastack",
+            "/opt/.wh.cudastack",
+            "/usr/bin/.wh.python3.11",
+            "/workspace/.wh..wh..opq",
+            "/.wh.etc/x",
+        ] {
+            let error = check_destination(bad).unwrap_err();
+            assert!(error.contains("whiteout"), "{bad}: {error}");
+        }
+        assert!(check_destination("/workspace/.whitelist").is_ok());
     }
 
     #[test]

@@ -285,8 +285,10 @@ fn report(stager: &dyn LayerStager, layer: &Layer, cached: bool) -> LayerReport 
 /// What the audit reads and how it judges, as part of its record's name: a record made by
 /// another reader (a fatbin entry read differently, a placeholder module counted or not)
 /// is not looked at, so a fix in the reader reaches images whose layers did not change.
-/// Bump it with any change to what `audit()` finds on the same tree.
-const AUDIT_READER: &str = "v3-fatbin1";
+/// Bump it with any change to what `audit()` finds on the same tree, so a verdict of the
+/// old rules is not reused (v4: library copies in `glibc-hwcaps/`, and files answering for
+/// a library by their name).
+const AUDIT_READER: &str = "v4-hwcaps-names";
 
 /// The audit verdict of one set of layers: `<digest of their diff_ids>.audit.AUDIT_READER.json`.
 /// Records since v2 keep the kernel coverage groups; an older record is not
