@@ -137,3 +137,77 @@ async fn credentials_never_go_to_a_plain_http_token_service_on_another_host() {
     );
     assert!(proxy.requests().iter().all(|r| !r.contains("/token")));
 }
+
+/// A registry that requires Basic auth answers the upload POST with a `Location` on another
+/// origin (here another port of this machine, standing in for another host): the upload
+/// goes there without the registry's credentials, as Docker's client sends them only to
+/// the host that asked for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_location_on_another_host_gets_no_credentials() {
+    if let Some(reason) = registry_support::skip_reason() {
+        reason.report();
+        return;
+    }
+    let registry = Registry::start(None);
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    let image = cudastack::oci::Image::new(1_700_000_000)
+        .with_layer(random_layer(&store, "payload", 3, 4 << 10), "payload");
+
+    // The other host: records whether each request carried an Authorization header.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<Option<String>>::new()));
+    let record = seen.clone();
+    let elsewhere = Proxy::start(
+        registry.port,
+        Arc::new(move |head| {
+            record
+                .lock()
+                .unwrap()
+                .push(head.header("authorization").map(str::to_string));
+            Action::Respond {
+                status: 400,
+                headers: vec![],
+                body: b"{}".to_vec(),
+            }
+        }),
+    );
+    let location = format!(
+        "http://{}/v2/team/app/blobs/uploads/session1",
+        elsewhere.host()
+    );
+    let registry_with_basic = Proxy::start(
+        registry.port,
+        Arc::new(move |head| {
+            if head.header("authorization").is_none() {
+                return Action::Respond {
+                    status: 401,
+                    headers: vec![("WWW-Authenticate".into(), r#"Basic realm="hostile""#.into())],
+                    body: Vec::new(),
+                };
+            }
+            if head.method == "POST" && head.target.contains("/blobs/uploads/") {
+                return Action::Respond {
+                    status: 202,
+                    headers: vec![("Location".into(), location.clone())],
+                    body: Vec::new(),
+                };
+            }
+            Action::ForwardWithoutAuth
+        }),
+    );
+    let reference: Reference = format!("{}/team/app:1", registry_with_basic.host())
+        .parse()
+        .unwrap();
+    let password = Secret::new("s3cret-password".to_string());
+    let client = RegistryClient::new(&reference, with(Credentials::basic("ci", password))).unwrap();
+    let error = push_image(&client, &image, &reference, &PushOptions::default())
+        .await
+        .unwrap_err();
+    assert!(!format!("{error:?}").contains("s3cret"), "{error:?}");
+    let seen = seen.lock().unwrap();
+    assert!(!seen.is_empty(), "the upload never reached the Location");
+    assert!(
+        seen.iter().all(Option::is_none),
+        "the other host received credentials: {seen:?}"
+    );
+}

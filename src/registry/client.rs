@@ -560,9 +560,16 @@ impl RegistryClient {
         // The scheme first, with its own retries: learnt per attempt, a registry that
         // does not answer was tried max_attempts² times.
         self.discover().await?;
+        // Credentials go only to the registry's own origin: an upload `Location` on another
+        // host, or over http from an https registry, is sent without them (Docker's client
+        // too sends them only to the host that asked), and its 401 teaches nothing.
+        let own_origin = url.origin() == self.base.origin();
         let mut scopes = scopes.to_vec();
         for round in 0..2 {
-            let authorization = self.authorization(&scopes).await?;
+            let authorization = match own_origin {
+                true => self.authorization(&scopes).await?,
+                false => None,
+            };
             let sent = self
                 .transport
                 .send_with(policy, &method, url, || {
@@ -570,7 +577,7 @@ impl RegistryClient {
                 })
                 .await
                 .map_err(|error| self.named(error))?;
-            if sent.response.status() != StatusCode::UNAUTHORIZED {
+            if sent.response.status() != StatusCode::UNAUTHORIZED || !own_origin {
                 return Ok(sent);
             }
             let response = sent.response;
