@@ -96,11 +96,12 @@ pub enum LockStageError {
     #[error(transparent)]
     Inputs(#[from] crate::lock::inputs::InputsError),
     #[error(transparent)]
-    PythonInputs(#[from] crate::lock::python_inputs::PythonInputsError),
+    PythonInputs(Box<crate::lock::python_inputs::PythonInputsError>),
     #[error(transparent)]
     Snapshot(#[from] crate::apt::AptError),
+    /// Boxed, like `PythonInputs`: the large errors would make every `Result` here large.
     #[error(transparent)]
-    Resolve(#[from] crate::lock::LockError),
+    Resolve(Box<crate::lock::LockError>),
     #[error(transparent)]
     Lockfile(#[from] crate::lock::lockfile::LockfileError),
     #[error("failed to write `{}`", .path.display())]
@@ -111,6 +112,18 @@ pub enum LockStageError {
     },
     #[error("`--upgrade-package {0}`: the lock has no Debian package `{0}` to upgrade (a new package comes from the recipe's `apt:` list)")]
     NotLocked(String),
+}
+
+impl From<crate::lock::LockError> for LockStageError {
+    fn from(error: crate::lock::LockError) -> Self {
+        LockStageError::Resolve(Box::new(error))
+    }
+}
+
+impl From<crate::lock::python_inputs::PythonInputsError> for LockStageError {
+    fn from(error: crate::lock::python_inputs::PythonInputsError) -> Self {
+        LockStageError::PythonInputs(Box::new(error))
+    }
 }
 
 /// Lock every platform of the recipe at `path`.

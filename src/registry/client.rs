@@ -814,9 +814,8 @@ impl RegistryClient {
             .and_then(|v| v.to_str().ok())
             .map(|v| v.split(';').next().unwrap_or(v).trim().to_string());
         let stored = header_digest(&response);
-        let bytes = read_limited(response, &url, max, || RegistryError::TooLarge {
-            repository: reference.repository().to_string(),
-            digest: reference.digest().copied().unwrap_or(Digest::of_bytes(b"")),
+        let bytes = read_limited(response, &url, max, || RegistryError::ManifestTooLarge {
+            reference: reference.to_string(),
             max,
         })
         .await?;
@@ -1180,9 +1179,15 @@ fn manifest_media_type(
         #[serde(rename = "mediaType")]
         media_type: Option<String>,
     }
+    // A manifest is a JSON object: anything else (a body cut short, an HTML page) is named
+    // here, with the reference, rather than by a later parser without context.
     let body_type = serde_json::from_slice::<Typed>(bytes)
-        .ok()
-        .and_then(|t| t.media_type);
+        .map_err(|e| RegistryError::Document {
+            path: reference.to_string(),
+            what: "a manifest",
+            detail: e.to_string(),
+        })?
+        .media_type;
     let media_type = body_type
         .or(header_type)
         .unwrap_or_else(|| OCI_MANIFEST.to_string());
@@ -1198,6 +1203,23 @@ fn manifest_media_type(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body cut short is an error naming the reference, not a bare parser message.
+    #[test]
+    fn a_manifest_that_is_not_json_names_its_reference() {
+        let reference: Reference = "127.0.0.1:5000/team/img:1".parse().unwrap();
+        let error = manifest_media_type(&reference, br#"{"schemaVe"#, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("team/img:1") && error.contains("manifest"),
+            "{error}"
+        );
+        assert_eq!(
+            manifest_media_type(&reference, b"{}", None).unwrap(),
+            OCI_MANIFEST
+        );
+    }
 
     #[test]
     fn platforms_parse() {

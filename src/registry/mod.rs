@@ -125,6 +125,8 @@ pub enum RegistryError {
         digest: Digest,
         max: u64,
     },
+    #[error("The manifest of `{reference}` is larger than the {max} bytes allowed for a manifest")]
+    ManifestTooLarge { reference: String, max: u64 },
     #[error("`{reference}` does not exist in the registry (manifest unknown)")]
     ManifestNotFound { reference: String },
     #[error("`{reference}` has no image for {platform} (it has: {available})")]
