@@ -37,8 +37,8 @@ use python::PythonPart;
 
 /// Bump when what an assembler writes, or what it refuses to write, changes: it is part of
 /// every cache key, so a tree staged under older rules is never reused (stack-2: toolkit
-/// wheels may not fill subdirectories of the CUDA lib dir, wheel `.data/data/` members may
-/// not land where the loader searches, no `.wh.*` names).
+/// wheels may not put libraries in subdirectories of the CUDA lib dir, wheel `.data/data/`
+/// members may not land where the loader searches, no `.wh.*` names).
 pub(crate) const ASSEMBLER: &str = concat!("cudastack-", env!("CARGO_PKG_VERSION"), "-stack-2");
 
 /// What every step of the assembly shares: the caches, the layer options, the progress.

@@ -75,7 +75,7 @@ pub enum ToolkitError {
     },
     #[error("wheel member `{member}` of `{wheel}` would leave the toolkit directory")]
     UnsafeMember { wheel: PathBuf, member: String },
-    #[error("wheel member `{member}` of `{wheel}` is in a subdirectory of the CUDA library directory, which is on LD_LIBRARY_PATH: glibc searches such subdirectories (`glibc-hwcaps/<level>/`, and `tls/`, `x86_64/`, `haswell/` before glibc 2.37) before the directory itself, so a library there would load into every program, the verification probe's interpreter included, in place of the one it names; NVIDIA's wheels put their libraries directly in `lib/`")]
+    #[error("wheel member `{member}` of `{wheel}` is a shared library in a subdirectory of the CUDA library directory, which is on LD_LIBRARY_PATH: glibc searches such subdirectories (`glibc-hwcaps/<level>/`, and `tls/`, `x86_64/`, `haswell/` before glibc 2.37) before the directory itself, so a library there would load into every program, the verification probe's interpreter included, in place of the one it names; NVIDIA's wheels put their libraries directly in `lib/` (only `cmake/` and `pkgconfig/` files in subdirectories)")]
     LibrarySubdirectory { wheel: PathBuf, member: String },
     #[error(transparent)]
     Chain(#[from] ChainError),
@@ -252,11 +252,14 @@ fn extract_wheel(
                 member: name,
             });
         }
-        let in_lib_subdirectory = relative
+        // The loader finds libraries by name (`lib*.so*`); CUDA 13's `lib/cmake/` and
+        // `lib/pkgconfig/` files are no concern of it.
+        let library_in_lib_subdirectory = relative
             .strip_prefix(paths.lib_dir().trim_start_matches('/'))
             .and_then(|rest| rest.strip_prefix('/'))
-            .is_some_and(|rest| rest.contains('/'));
-        if in_lib_subdirectory {
+            .and_then(|rest| rest.rsplit_once('/'))
+            .is_some_and(|(_, file)| file.contains(".so"));
+        if library_in_lib_subdirectory {
             return Err(ToolkitError::LibrarySubdirectory {
                 wheel: wheel.path.clone(),
                 member: name,
@@ -344,8 +347,9 @@ mod tests {
     use crate::platform::Platform;
     use crate::version::CudaVersion;
 
-    /// A wheel member in a subdirectory of `lib/` (a `glibc-hwcaps/x86-64-v2/libz.so.1`)
-    /// would land under the directory on LD_LIBRARY_PATH, where glibc looks first.
+    /// A shared library in a subdirectory of `lib/` (a `glibc-hwcaps/x86-64-v2/libz.so.1`)
+    /// would land under the directory on LD_LIBRARY_PATH, where glibc looks first; CUDA
+    /// 13's `lib/cmake/` files are extracted.
     #[test]
     fn a_library_in_a_subdirectory_of_lib_is_refused() {
         let temp = tempfile::tempdir().unwrap();
@@ -355,6 +359,7 @@ mod tests {
         let mut zip = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
         for member in [
             "nvidia/cuda_runtime/lib/libcudart.so.12",
+            "nvidia/cuda_runtime/lib/cmake/cudart/cudart-config.cmake",
             "nvidia/cuda_runtime/lib/glibc-hwcaps/x86-64-v2/libz.so.1",
         ] {
             zip.start_file(member, zip::write::SimpleFileOptions::default())
