@@ -35,6 +35,11 @@ pub enum AptError {
         searched: String,
         release: String,
     },
+    #[error("`{package}` is a virtual package: no package has that name, {} provide it\n  hint: name the one the image should have in `apt:` (apt would not choose either)", providers.join(", "))]
+    Virtual {
+        package: String,
+        providers: Vec<String>,
+    },
     #[error("apt found no set of packages that installs {roots}\n  apt said:\n{output}")]
     Unsatisfiable { roots: String, output: String },
     #[error("apt printed `{line}`, which cudastack could not read ({why})")]
@@ -229,6 +234,14 @@ impl Resolution {
     /// The error for a failed install: which root apt could not find, or its own words.
     fn install_error(&self, roots: &[String], stdout: &str, stderr: &str) -> AptError {
         let missing: Vec<String> = stderr.lines().filter_map(missing_package).collect();
+        for package in &missing {
+            if let Some(providers) = virtual_providers(stdout, package) {
+                return AptError::Virtual {
+                    package: package.clone(),
+                    providers,
+                };
+            }
+        }
         if !missing.is_empty() {
             return AptError::NotFound {
                 packages: missing,
@@ -546,6 +559,19 @@ fn missing_package(line: &str) -> Option<String> {
     None
 }
 
+/// The packages apt lists under `Package NAME is a virtual package provided by:` (one
+/// indented `name version` line each), or None when apt did not say NAME is virtual.
+fn virtual_providers(output: &str, name: &str) -> Option<Vec<String>> {
+    let header = format!("Package {name} is a virtual package provided by:");
+    let mut lines = output.lines().skip_while(|line| line.trim() != header);
+    lines.next()?;
+    let providers: Vec<String> = lines
+        .take_while(|line| line.starts_with(' '))
+        .filter_map(|line| line.split_whitespace().next().map(str::to_string))
+        .collect();
+    (!providers.is_empty()).then_some(providers)
+}
+
 /// A line of `apt-get update` that means the index was not read and checked.
 fn is_update_failure(line: &str) -> bool {
     line.starts_with("E: ")
@@ -697,6 +723,30 @@ mod tests {
         assert_eq!(uri.size, 86880);
         assert!(parse_uri_line("'http://x/y.deb' y.txt 1").is_err());
         assert!(parse_uri_line("garbage").is_err());
+    }
+
+    /// apt's own words for a virtual package (bookworm's apt 2.6, `apt-get install
+    /// mail-transport-agent`): the error names the providers instead of "not found".
+    #[test]
+    fn a_virtual_package_names_its_providers() {
+        let stdout = "Reading package lists...\nBuilding dependency tree...\nPackage mail-transport-agent is a virtual package provided by:\n  postfix 3.7.11-0+deb12u1\n  exim4-daemon-light 4.96-15+deb12u7\nYou should explicitly select one to install.\n\n";
+        assert_eq!(
+            virtual_providers(stdout, "mail-transport-agent"),
+            Some(vec![
+                "postfix".to_string(),
+                "exim4-daemon-light".to_string()
+            ])
+        );
+        assert_eq!(virtual_providers(stdout, "git"), None);
+        let error = AptError::Virtual {
+            package: "mail-transport-agent".into(),
+            providers: virtual_providers(stdout, "mail-transport-agent").unwrap(),
+        }
+        .to_string();
+        assert!(
+            error.contains("virtual package") && error.contains("postfix, exim4-daemon-light"),
+            "{error}"
+        );
     }
 
     #[test]
