@@ -78,9 +78,9 @@ pub fn run(args: PromoteArgs, runtime: &Async, printer: &Printer) -> CommandResu
         }
     }
     if promotion.tagged {
-        printer.text(&promotion.to);
+        printer.line(&promotion.to);
     } else {
-        printer.text(format!(
+        printer.line(format_args!(
             "dry run: would tag {} as {}",
             promotion.verified, promotion.to
         ));

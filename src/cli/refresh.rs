@@ -113,9 +113,10 @@ pub fn run(args: RefreshArgs, runtime: &Async, printer: &Printer) -> CommandResu
         });
         return Ok(ExitCode::SUCCESS);
     }
+    let releases = data.releases.len();
     printer.line(format_args!(
-        "wrote {} torch releases (generated {generated}) to {}",
-        data.releases.len(),
+        "wrote {releases} torch release{} (generated {generated}) to {}",
+        if releases == 1 { "" } else { "s" },
         output.display()
     ));
     if in_use {

@@ -38,13 +38,16 @@ pub fn run(args: SignArgs, printer: &Printer) -> CommandResult {
     if printer.json {
         printer.json(&signed);
     } else if signed.is_empty() {
-        printer.text(format!(
+        printer.line(format_args!(
             "nothing to sign: cudastack made no unsigned statement about oci:{}:{ref_name} (those it made are signed already, by this key or another: `cudastack inspect --key KEY.pub` says which; what `pull` fetched is never signed here, and one key signs each statement: co-signing is not supported)",
             dir.display()
         ));
     } else {
         for s in &signed {
-            printer.text(format!("{}  {}  {}", s.kind, s.predicate_type, s.digest));
+            printer.line(format_args!(
+                "{}  {}  {}",
+                s.kind, s.predicate_type, s.digest
+            ));
         }
     }
     Ok(ExitCode::SUCCESS)
