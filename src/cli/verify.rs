@@ -404,8 +404,14 @@ pub fn finish(
         });
     } else {
         printer.text(report.render());
-        // Like the table, every line fits RENDER_WIDTH columns.
-        let wrapped = |line: String| wrap_line(&line, RENDER_WIDTH);
+        // Like the table, every line fits RENDER_WIDTH columns, unless one word is wider:
+        // wrap_line cuts such a word, and an image reference cut in two (registry, repository
+        // and a 71-character digest are wider than a line) cannot be copied. Its line is
+        // widened to hold it whole, with the indent of a continued line.
+        let wrapped = |line: String| {
+            let widest = line.split(' ').map(|word| word.chars().count() + 2).max();
+            wrap_line(&line, RENDER_WIDTH.max(widest.unwrap_or(0)))
+        };
         if let Some(note) = report.runner.as_ref().and_then(|r| r.note.as_ref()) {
             printer.text(wrapped(format!("note: {note}")));
         }
