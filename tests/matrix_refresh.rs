@@ -302,7 +302,7 @@ fn committed_rows_match_pypi() {
 const TORCH_299: &str = "Metadata-Version: 2.1\nName: torch\nVersion: 2.99.0\nRequires-Dist: nvidia-cuda-runtime-cu12==12.4.127; platform_system == \"Linux\" and platform_machine == \"x86_64\"\nRequires-Dist: nvidia-cudnn-cu12==9.1.0.70; platform_system == \"Linux\" and platform_machine == \"x86_64\"\n\n";
 
 /// A local index with one torch release no embedded matrix has (2.99.0, CUDA 12.4).
-fn index_with_torch_2_99() -> FixtureServer {
+pub(crate) fn index_with_torch_2_99() -> FixtureServer {
     let server = FixtureServer::start();
     let name = "torch-2.99.0-cp311-cp311-manylinux_2_28_x86_64.whl";
     let path = format!("/files/{name}");
