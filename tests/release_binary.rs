@@ -109,8 +109,9 @@ impl Release {
 
 fn build_release(out: &Path) -> Release {
     let started = std::time::Instant::now();
+    // `static-check`: the dist build's target and linking, unoptimised (Cargo.toml says why).
     let output = Command::new(root().join("scripts/release.sh"))
-        .args([TARGET, "--out"])
+        .args([TARGET, "--profile", "static-check", "--out"])
         .arg(out)
         .current_dir(root())
         .output()
