@@ -26,19 +26,6 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-sudo_cmd=""
-[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-packages=(mmdebstrap fakechroot fakeroot uidmap ca-certificates)
-missing=()
-for package in "${packages[@]}"; do
-  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  echo "install: installing ${missing[*]}" >&2
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-fi
-
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 name="$(basename "$archive")"
@@ -74,6 +61,20 @@ while IFS= read -r member; do
   esac
   case "$member" in *..*) die "$name holds \`$member\`" ;; esac
 done < <(tar -tzf "$work/$name")
+
+# What a build host needs, once the archive is known to be the one published.
+sudo_cmd=""
+[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+packages=(mmdebstrap fakechroot fakeroot uidmap ca-certificates)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install: installing ${missing[*]}" >&2
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
 
 $sudo_cmd mkdir -p "$prefix/opt" "$prefix/bin"
 $sudo_cmd rm -rf "$prefix/opt/$top.new"

@@ -35,7 +35,7 @@ const BUILT_IMAGE: &str = "cudastack-test/bookworm-minbase:latest";
 /// A bookworm with what a rootless build needs besides cudastack (made once, kept: 0.3 GB).
 const BUILD_IMAGE: &str = "cudastack-test/bookworm-build:latest";
 /// The packages of [`BUILD_IMAGE`] on top of minbase.
-const BUILD_PACKAGES: &str = "mmdebstrap,fakechroot,fakeroot,ca-certificates";
+const BUILD_PACKAGES: &str = "mmdebstrap,fakechroot,fakeroot,uidmap,ca-certificates";
 /// `nobody` in Debian's base-passwd.
 const USER: &str = "65534:65534";
 
@@ -395,9 +395,63 @@ fn static_release_binary_runs_in_a_fresh_bookworm_container() {
     check_step(&container);
     doctor_step(&release.binary(), work.path());
     match imported_bookworm(BUILD_IMAGE, Some(BUILD_PACKAGES)) {
-        Ok(image) => rootless_build_step(&release, image, work.path()),
+        Ok(image) => {
+            install_script_step(&release, image, work.path());
+            rootless_build_step(&release, image, work.path());
+        }
         Err(skip) => skip.report(),
     }
+}
+
+/// A user's setup, `scripts/install.sh ARCHIVE`, in a fresh container of a build host:
+/// the archive installs and runs; a copy with one byte changed is refused before anything
+/// is unpacked.
+fn install_script_step(release: &Release, image: &str, work: &Path) {
+    let name = release.archive.file_name().unwrap().to_str().unwrap();
+    let tampered = work.join("tampered");
+    std::fs::create_dir_all(&tampered).unwrap();
+    let mut bytes = std::fs::read(&release.archive).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(tampered.join(name), bytes).unwrap();
+    std::fs::write(
+        tampered.join(format!("{name}.sha256")),
+        &release.sha256_line,
+    )
+    .unwrap();
+    let install = |dir: &Path, prefix: &str| {
+        Command::new("docker")
+            .args(["run", "--rm", "--network", "host", "-v"])
+            .arg(format!("{}:/dist:ro", dir.display()))
+            .arg("-v")
+            .arg(format!(
+                "{}:/install.sh:ro",
+                root().join("scripts/install.sh").display()
+            ))
+            .arg(image)
+            .args(["bash", "-c"])
+            .arg(format!(
+                "bash /install.sh /dist/{name} --prefix {prefix} && {prefix}/bin/cudastack --version; status=$?; ls {prefix}/bin 2>&1; exit $status"
+            ))
+            .output()
+            .unwrap()
+    };
+    let installed = install(release.archive.parent().unwrap(), "/tmp/user");
+    assert!(installed.status.success(), "{}", text(&installed));
+    assert!(
+        String::from_utf8_lossy(&installed.stdout)
+            .contains(&format!("cudastack {}", env!("CARGO_PKG_VERSION"))),
+        "{}",
+        text(&installed)
+    );
+    let refused = install(&tampered, "/tmp/user");
+    let said = text(&refused);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("does not match its .sha256"), "{said}");
+    assert!(
+        said.contains("No such file or directory"),
+        "nothing installed: {said}"
+    );
 }
 
 /// `doctor` of the static binary on a host whose loader path has libcuda.so.1 (a planted

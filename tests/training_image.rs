@@ -1,22 +1,30 @@
-//! Issue 19, end to end: a team's training image from one recipe, on real packages.
+//! A team's training image from one recipe, end to end, on real packages: the one torch
+//! image the suite builds beyond the shipped stack's own (tests/build_e2e.rs), so every check
+//! that needs a loaded training image runs here.
 //!
 //! The recipe (written below, beside tests/fixtures/training/) is the shipped torch 2.4.1 +
 //! CUDA 12.1 + cuDNN 9.1 stack plus what a team adds: `requirements.txt` (transformers,
 //! tokenizers, accelerate from PyPI), `acme-tokenizer` from a private index on 127.0.0.1 that
 //! requires basic auth (tests/fetch_support/auth_index.rs; its credentials come from the
 //! environment), `apt: [git]`, a `copy:` of the training script, a `trainer` user with uid
-//! 1000, a workdir and an entrypoint. It locks (PyPI, Debian's archive; the shipped lock's
-//! base packages are kept so the base comes from the warm cache), builds with the static
-//! verification, loads, and `docker run` runs the script as uid 1000 for a few steps of a
-//! tiny GPT-2 on the CPU. Then a code-only change rebuilds the `copy` layer alone, and a push
-//! to a real registry after it uploads that layer alone. The private index's password is in
-//! no output: not the lock, not the pylock export, not `--json`, not the logs.
+//! 1000, a workdir, an entrypoint and a command, env, exposed ports and a label. It locks
+//! (PyPI, Debian's archive; the shipped lock's base packages are kept so the base comes from
+//! the warm cache), builds with the static verification, loads, and `docker run` runs the
+//! script as uid 1000 for a few steps of a tiny GPT-2 on the CPU. The config is what `docker
+//! inspect` shows, the user owns its home and workdir, and two Dockerfiles `FROM` the image
+//! show pip extending it within its constraints: `pip install six==1.16.0` succeeds (the
+//! static probe still passes in that image), `pip install torch==2.5.1` fails with pip's own
+//! constraint conflict. A second build of the same recipe gives the same digest. Then a
+//! code-only change rebuilds the `copy` layer alone, and a push to a real registry after it
+//! uploads that layer alone. The private index's password is in no output: not the lock, not
+//! the pylock export, not `--json`, not the logs.
 //!
 //! Needs root (mmdebstrap), Docker, Debian's docker-registry, PyPI and Debian's archive.
 
 use crate::e2e_support;
 use crate::e2e_support::output_text as text;
 use crate::gate;
+use crate::image_config;
 use crate::index_credentials::auth_index::{AuthIndex, PageFormat};
 use crate::registry_support::{self, Registry};
 
@@ -25,7 +33,10 @@ use std::process::{Command, Output};
 use std::time::Instant;
 
 const SHIPPED: &str = "recipes/torch2.4.1-cu121-py3.11";
+const NAME: &str = "cudastack-training-test";
 const TAG: &str = "localhost/cudastack-training-test:2.4.1";
+const WITH_SIX: &str = "cudastack-training-test-six:test";
+const WITH_TORCH: &str = "cudastack-training-test-torch:test";
 const USER: &str = "ci-reader";
 const PASSWORD: &str = "s3cret-Pa55-for-acme-index";
 
@@ -51,8 +62,11 @@ copy:
   - {{ src: train, dst: /workspace/train }}
 user: {{ name: trainer, uid: 1000 }}
 workdir: /workspace
-entrypoint: [python3, /workspace/train/train.py]
-env: {{ STEPS: "8", HF_HUB_OFFLINE: "1", TOKENIZERS_PARALLELISM: "false" }}
+entrypoint: [python3]
+cmd: [/workspace/train/train.py]
+env: {{ STEPS: "8", HF_HUB_OFFLINE: "1", TOKENIZERS_PARALLELISM: "false", OMP_NUM_THREADS: 4, PATH: "$PATH:/home/trainer/.local/bin" }}
+expose: ["29500", 8080/tcp]
+labels: {{ com.example.team: ml }}
 tags: ["{{registry}}/cudastack-training-test:{{torch}}"]
 source_date_epoch: 1727740800
 "#
@@ -126,8 +140,20 @@ fn copy_dir(from: &Path, to: &Path) {
 struct RemoveImages;
 impl Drop for RemoveImages {
     fn drop(&mut self) {
-        let _ = Command::new("docker").args(["rmi", "-f", TAG]).output();
+        remove_images();
     }
+}
+
+/// The image, the two built `FROM` it, and the steps a failed `docker build` left as
+/// untagged images (they carry the image's labels).
+fn remove_images() {
+    let _ = Command::new("docker")
+        .args(["rmi", "-f", TAG, WITH_SIX, WITH_TORCH])
+        .output();
+    let _ = Command::new("docker")
+        .args(["image", "prune", "-f", "--filter"])
+        .arg(format!("label=io.cudastack.recipe={NAME}"))
+        .output();
 }
 
 /// One build with `extra` arguments: its `--json` report, the whole log, the seconds.
@@ -280,15 +306,22 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
 
     check_training_run();
     check_one_copy_of_each_cuda_library();
+    check_config();
+    check_runs_as_the_user();
+    check_pip_extends_within_the_constraints();
     // Done with Docker: its 5 GB copy of the image goes before the registry stores ~3 GB of
     // blobs (the suite's disk peak; RemoveImages still runs at the end).
-    let _ = Command::new("docker").args(["rmi", "-f", TAG]).output();
+    remove_images();
 
     // Push, change the code, rebuild, push again: only the copy layer is new.
     let registry = Registry::start(None);
     let reference = format!("{}/team/training:1", registry.host());
     let (pushed, log, _) = build(dir, "layout-b", &["--no-verify", "--push", &reference]);
     assert!(pushed["push"]["blobs"].is_array(), "{log}");
+    assert_eq!(
+        pushed["manifest_digest"], first["manifest_digest"],
+        "two builds of one recipe differ:\n{log}"
+    );
     let train = dir.join("train/train.py");
     let code = std::fs::read_to_string(&train).unwrap();
     std::fs::write(&train, code.replace("STEPS = ", "STEPS = 0 + ")).unwrap();
@@ -330,6 +363,10 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
     }
 }
 
+fn docker_output(args: &[&str]) -> Output {
+    Command::new("docker").args(args).output().unwrap()
+}
+
 fn docker(args: &[&str]) -> String {
     let output = Command::new("docker").args(args).output().unwrap();
     assert!(
@@ -340,7 +377,7 @@ fn docker(args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// The image's entrypoint trains as uid 1000 in its workdir and writes its checkpoint.
+/// The image's default command trains as uid 1000 in its workdir and writes its checkpoint.
 fn check_training_run() {
     let started = Instant::now();
     let out = docker(&["run", "--rm", "--network", "none", TAG]);
@@ -397,4 +434,144 @@ fn check_one_copy_of_each_cuda_library() {
             find(pattern)
         );
     }
+}
+
+/// Entrypoint, Cmd, Env, ExposedPorts, Labels, User and WorkingDir in `docker inspect`.
+fn check_config() {
+    let inspect = docker(&["image", "inspect", "--format", "{{json .Config}}", TAG]);
+    let config: serde_json::Value = serde_json::from_str(&inspect).unwrap();
+    assert_eq!(config["User"], "1000:1000", "{config}");
+    assert_eq!(config["WorkingDir"], "/workspace", "{config}");
+    assert_eq!(config["Entrypoint"], serde_json::json!(["python3"]));
+    assert_eq!(
+        config["Cmd"],
+        serde_json::json!(["/workspace/train/train.py"])
+    );
+    assert_eq!(
+        config["ExposedPorts"],
+        serde_json::json!({"29500/tcp": {}, "8080/tcp": {}})
+    );
+    assert_eq!(config["Labels"]["com.example.team"], "ml");
+    assert_eq!(config["Labels"]["io.cudastack.recipe"], NAME);
+    let env: Vec<&str> = config["Env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    for expected in [
+        "OMP_NUM_THREADS=4",
+        "PIP_CONSTRAINT=/etc/pip/constraints.txt",
+        "PIP_BREAK_SYSTEM_PACKAGES=1",
+        "PATH=/usr/local/cuda-12.1/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/home/trainer/.local/bin",
+    ] {
+        assert!(env.contains(&expected), "{expected} not in {env:?}");
+    }
+}
+
+fn check_runs_as_the_user() {
+    let run = |entrypoint: &str, args: &[&str]| {
+        let mut all = vec!["run", "--rm", "--entrypoint", entrypoint, TAG];
+        all.extend(args);
+        docker(&all).trim().to_string()
+    };
+    assert_eq!(
+        run("id", &[]),
+        "uid=1000(trainer) gid=1000(trainer) groups=1000(trainer)"
+    );
+    assert_eq!(run("pwd", &[]), "/workspace");
+    assert_eq!(
+        run(
+            "sh",
+            &["-c", "echo $HOME; stat -c %u:%g /home/trainer /workspace"]
+        ),
+        "/home/trainer\n1000:1000\n1000:1000"
+    );
+    let constraints = run("cat", &["/etc/pip/constraints.txt"]);
+    assert!(
+        constraints.lines().any(|l| l == "torch==2.4.1"),
+        "{constraints}"
+    );
+    assert!(
+        constraints.lines().any(|l| l.starts_with("pip==")),
+        "{constraints}"
+    );
+}
+
+fn check_pip_extends_within_the_constraints() {
+    // The supported way to extend: install as root into the image's site, back to the user.
+    let six = image_config::docker_build(
+        &format!(
+            "FROM {TAG}\nUSER root\nRUN {{pip_cert}}pip install six==1.16.0\nUSER 1000:1000\n"
+        ),
+        WITH_SIX,
+    );
+    assert!(
+        six.status.success(),
+        "pip install six failed:\n{}",
+        text(&six)
+    );
+    let imports = docker_output(&[
+        "run",
+        "--rm",
+        "--entrypoint",
+        "python3",
+        WITH_SIX,
+        "-c",
+        "import six, torch; print(six.__version__, torch.__version__, six.__file__)",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&imports.stdout).trim(),
+        "1.16.0 2.4.1+cu121 /usr/local/lib/python3.11/dist-packages/six.py",
+        "{}",
+        text(&imports)
+    );
+    // The static probe in the derived image: still the one stack it was.
+    let probe = docker_output(&[
+        "run",
+        "--rm",
+        "--entrypoint",
+        "python3",
+        WITH_SIX,
+        "/opt/cudastack/probe/probe.py",
+        "--level",
+        "static",
+    ]);
+    let stdout = String::from_utf8_lossy(&probe.stdout);
+    assert!(
+        probe.status.success(),
+        "the static probe failed in the derived image:\n{}",
+        text(&probe)
+    );
+    let report =
+        cudastack::verify::report::Report::from_output(&stdout, "the derived image").unwrap();
+    for check in &report.checks {
+        assert_ne!(
+            check.status,
+            cudastack::verify::report::Status::Fail,
+            "{}: {}",
+            check.id,
+            check.detail
+        );
+    }
+    assert!(report
+        .checks
+        .iter()
+        .any(|c| c.id == "static.loaded_libraries"));
+
+    // Another torch: pip's own resolver refuses it against the constraints.
+    let torch = image_config::docker_build(
+        &format!("FROM {TAG}\nUSER root\nRUN {{pip_cert}}pip install torch==2.5.1\n"),
+        WITH_TORCH,
+    );
+    let output = text(&torch);
+    assert!(!torch.status.success(), "pip replaced torch:\n{output}");
+    assert!(
+        output.contains("The user requested (constraint) torch==2.4.1"),
+        "{output}"
+    );
+    assert!(
+        output.contains("ResolutionImpossible") || output.contains("conflicting dependencies"),
+        "{output}"
+    );
 }
