@@ -651,13 +651,14 @@ async fn a_two_part_torch_version_locks_the_series_newest_release() {
     )
     .unwrap();
     let client = client();
-    let mut request = cudastack::lock::inputs::lock_request(
+    let resolved = cudastack::matrix::ResolvedRecipe::new(
         cudastack::matrix::Matrix::embedded(),
-        &recipe,
-        &client,
-        Some(mirror.path()),
+        recipe,
+        std::path::Path::new("series.yaml"),
     )
     .unwrap();
+    let mut request =
+        cudastack::lock::inputs::lock_request(&resolved, &client, Some(mirror.path())).unwrap();
     assert_eq!(request.requirements[0].to_string(), "torch==2.4.1");
     // The mirror alone: this test never reaches PyPI.
     request.sources.truncate(1);

@@ -25,7 +25,7 @@ use cudastack::lock::inputs::lock_request;
 use cudastack::lock::pylock::{pylock_path, to_pylock};
 use cudastack::lock::python_inputs::{add_to_request, PythonInputs};
 use cudastack::lock::{resolve, ArtifactKind, LockError, LockRequest, Lockfile, Target};
-use cudastack::matrix::Matrix;
+use cudastack::matrix::{Matrix, ResolvedRecipe};
 use cudastack::recipe::{Platform, Recipe};
 
 const FIXTURES: &str = "tests/fixtures/python-inputs";
@@ -71,9 +71,10 @@ fn request(
     recipe: &Recipe,
 ) -> Result<(HttpClient, cudastack::lock::LockRequest), String> {
     let client = HttpClient::with_defaults().unwrap();
-    let mut request = lock_request(Matrix::embedded(), recipe, &client, None).unwrap();
+    let resolved = ResolvedRecipe::new(Matrix::embedded(), recipe.clone(), path).unwrap();
+    let mut request = lock_request(&resolved, &client, None).unwrap();
     request.system = None;
-    add_to_request(Matrix::embedded(), recipe, path, &mut request).map_err(|e| e.to_string())?;
+    add_to_request(&resolved, &mut request).map_err(|e| e.to_string())?;
     Ok((client, request))
 }
 

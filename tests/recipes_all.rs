@@ -24,13 +24,10 @@ use std::time::Duration;
 use cudastack::fetch::http::{HttpClient, HttpConfig, RetryPolicy};
 use cudastack::fetch::index::SimpleIndex;
 use cudastack::fetch::source::PackageSource;
-use cudastack::lock::inputs::{
-    base_glibc, lock_path, lock_request_for, platform_lock_path, root_requirements,
-};
+use cudastack::lock::inputs::{lock_path, lock_request_for, platform_lock_path, root_requirements};
 use cudastack::lock::lockfile::DebLayer;
 use cudastack::lock::{resolve, ArtifactKind, LockError, Lockfile};
-use cudastack::matrix::validate::{selected_torch_build, validate};
-use cudastack::matrix::Matrix;
+use cudastack::matrix::{Matrix, ResolvedRecipe};
 use cudastack::recipe::{Platform, Recipe, TorchIndex};
 use fetch_support::{sha256_hex, wheel_bytes, FixtureServer};
 
@@ -110,14 +107,9 @@ fn every_recipe_validates_and_is_named_after_its_file() {
         "expected the full recipe set, found {paths:?}"
     );
     for path in &paths {
-        let recipe = Recipe::load(path).unwrap();
-        let validation = validate(matrix, &recipe);
-        assert!(
-            validation.is_valid(),
-            "{} is invalid: {:#?}",
-            path.display(),
-            validation.problems
-        );
+        let resolved = ResolvedRecipe::load(path, matrix)
+            .unwrap_or_else(|error| panic!("{} is invalid: {error:#?}", path.display()));
+        let recipe = resolved.recipe();
         assert_eq!(
             path.file_stem().unwrap().to_string_lossy(),
             recipe.name,
@@ -189,16 +181,16 @@ fn no_lock_is_orphaned() {
 
 #[test]
 fn every_lock_is_fresh_and_pins_what_its_recipe_asks_for() {
-    let matrix = Matrix::embedded();
     for path in recipe_paths() {
-        let recipe = Recipe::load(&path).unwrap();
-        for platform in recipe.platforms() {
-            check_lock(matrix, &path, &recipe, platform);
+        let resolved = ResolvedRecipe::load(&path, Matrix::embedded()).unwrap();
+        for &platform in resolved.platforms() {
+            check_lock(&resolved, platform);
         }
     }
 }
 
-fn check_lock(matrix: &Matrix, path: &Path, recipe: &Recipe, platform: Platform) {
+fn check_lock(resolved: &ResolvedRecipe, platform: Platform) {
+    let (path, recipe) = (resolved.path(), resolved.recipe());
     let lock_file = platform_lock_path(path, platform);
     let lock = Lockfile::read(&lock_file)
         .unwrap_or_else(|e| panic!("{}: {e} (run `cudastack lock`)", lock_file.display()));
@@ -217,15 +209,11 @@ fn check_lock(matrix: &Matrix, path: &Path, recipe: &Recipe, platform: Platform)
         recipe.python.to_string(),
         "{name}"
     );
-    assert_eq!(
-        Some(lock.target.glibc),
-        base_glibc(matrix, recipe),
-        "{name}"
-    );
+    assert_eq!(Some(lock.target.glibc), resolved.base_glibc(), "{name}");
     // The root requirements are exactly what the recipe asks for.
     assert_eq!(
         lock.requirements,
-        root_requirements(matrix, recipe).unwrap(),
+        root_requirements(resolved).unwrap(),
         "{name}"
     );
     let fixture = recipe.name == FIXTURE_RECIPE;
@@ -295,7 +283,7 @@ fn check_lock(matrix: &Matrix, path: &Path, recipe: &Recipe, platform: Platform)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(tags.len(), recipe.tags.len(), "{name}");
     let wanted = recipe.torch.as_ref().unwrap();
-    let build = selected_torch_build(matrix, recipe).unwrap();
+    let build = resolved.torch_build().unwrap();
     // Every platform-specific wheel is for this platform's architecture.
     for artifact in lock
         .artifacts
@@ -418,10 +406,11 @@ fn check_debs(name: &str, recipe: &Recipe, platform: Platform, lock: &Lockfile) 
 /// question (`lock --upgrade`), never a landing test's.
 #[allow(clippy::result_large_err)] // LockError names its URLs, as in the library
 fn relock(
-    recipe: &Recipe,
+    resolved: &ResolvedRecipe,
     sources: Option<Vec<PackageSource>>,
     platform: Platform,
 ) -> Result<Lockfile, LockError> {
+    let recipe = resolved.recipe();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let client = client();
     let committed = Lockfile::read(&platform_lock_path(
@@ -437,8 +426,7 @@ fn relock(
             .as_of
             .unwrap_or_else(|| panic!("{}: the committed lock records no `as_of`", recipe.name))
     };
-    let mut request =
-        lock_request_for(Matrix::embedded(), recipe, &client, None, platform).unwrap();
+    let mut request = lock_request_for(resolved, &client, None, platform).unwrap();
     if let Some(sources) = sources {
         request.sources = sources;
     }
@@ -480,9 +468,12 @@ fn relocking_against_real_pypi_reproduces_the_committed_locks() {
         ("torch2.11.0-cu130-py3.11", Platform::LinuxArm64),
     ] {
         let path = recipes_dir().join(format!("{name}.yaml"));
-        let recipe = Recipe::load(&path).unwrap();
-        assert!(recipe.platforms().contains(&platform), "{name}: {platform}");
-        let fresh = relock(&recipe, None, platform).unwrap();
+        let resolved = ResolvedRecipe::load(&path, Matrix::embedded()).unwrap();
+        assert!(
+            resolved.platforms().contains(&platform),
+            "{name}: {platform}"
+        );
+        let fresh = relock(&resolved, None, platform).unwrap();
         let committed = std::fs::read_to_string(platform_lock_path(&path, platform)).unwrap();
         assert_eq!(
             fresh.to_json(),
@@ -537,7 +528,8 @@ fn cu118_index_fixture() -> FixtureServer {
 #[test]
 fn the_cu118_lock_reproduces_against_the_index_fixture() {
     let path = recipes_dir().join(format!("{FIXTURE_RECIPE}.yaml"));
-    let recipe = Recipe::load(&path).unwrap();
+    let resolved = ResolvedRecipe::load(&path, Matrix::embedded()).unwrap();
+    let recipe = resolved.recipe();
     assert_eq!(
         recipe.torch.as_ref().unwrap().index.variant(),
         Some("cu118")
@@ -558,7 +550,7 @@ fn the_cu118_lock_reproduces_against_the_index_fixture() {
         },
         PackageSource::pypi(client),
     ];
-    let mut lock = relock(&recipe, Some(sources), Platform::LinuxAmd64).unwrap();
+    let mut lock = relock(&resolved, Some(sources), Platform::LinuxAmd64).unwrap();
     // The recipe's digest is that of the real recipe (index: cu118), not of a rewritten one.
     assert_eq!(lock.recipe_digest, recipe.digest());
     for artifact in &mut lock.artifacts {

@@ -13,7 +13,7 @@ use std::process::Command;
 use cudastack::audit::kernels::CoverageGroup;
 use cudastack::digest::Digest;
 use cudastack::lock::lockfile::{Artifact, ArtifactKind, Lockfile};
-use cudastack::matrix::Matrix;
+use cudastack::matrix::{Matrix, ResolvedRecipe};
 use cudastack::recipe::Recipe;
 use cudastack::sbom::{self, BuiltWheel, SbomInput, Summary};
 use cudastack::stack::image_config::{stack_config, StackFacts};
@@ -116,17 +116,11 @@ impl Image {
         Image {
             name: format!("{}:latest", recipe.name),
             claims: claims_of(&recipe, &lock),
-            targets: recipe
-                .gpus
-                .iter()
-                .map(|name| {
-                    let gpu = Matrix::embedded().gpu(name).unwrap();
-                    TargetGpu {
-                        name: gpu.name.clone(),
-                        cc: gpu.cc,
-                    }
-                })
-                .collect(),
+            // As the build records them: the recipe's `gpus:` as validation resolved them.
+            targets: ResolvedRecipe::load(recipe_path, Matrix::embedded())
+                .unwrap()
+                .target_gpus()
+                .to_vec(),
             created: recipe.source_date_epoch.unwrap_or(1_727_740_800),
             lock,
             built: Vec::new(),

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use cudastack::fetch::http::HttpClient;
-use cudastack::pipeline::lock::{lock_recipe, LockMode, LockSettings, Upgrade};
+use cudastack::pipeline::lock::{lock_recipe, resolve_recipe, LockMode, LockSettings, Upgrade};
 
 use super::{Async, CommandResult, Printer};
 
@@ -113,7 +113,8 @@ pub fn run(args: LockArgs, runtime: &Async, printer: &Printer) -> CommandResult 
     let settings = args.settings(now);
     let mut locked = Vec::new();
     for path in &args.recipes {
-        locked.extend(runtime.block_on(lock_recipe(matrix, &client, path, &settings, printer))?);
+        let recipe = resolve_recipe(matrix, path, printer)?;
+        locked.extend(runtime.block_on(lock_recipe(&client, &recipe, &settings, printer))?);
     }
     if printer.json {
         printer.json(&locked);

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use cudastack::matrix::validate::{validate, Severity, Validation};
-use cudastack::recipe::Recipe;
+use cudastack::matrix::validate::{Severity, Validation};
+use cudastack::matrix::{ResolveError, ResolvedRecipe};
 use serde::Serialize;
 
 use super::{CommandResult, Printer};
@@ -28,18 +28,19 @@ pub fn run(paths: &[PathBuf], printer: &Printer) -> CommandResult {
     let matrix = loaded.matrix();
     let mut results = Vec::new();
     for path in paths {
-        let result = match Recipe::load(path) {
-            Ok(recipe) => {
-                let validation = validate(matrix, &recipe);
-                FileResult {
-                    path: path.display().to_string(),
-                    valid: validation.is_valid(),
-                    parse_error: None,
-                    caused_by: Vec::new(),
-                    validation: Some(validation),
-                }
-            }
-            Err(error) => FileResult {
+        let checked = |validation: Validation| FileResult {
+            path: path.display().to_string(),
+            valid: validation.is_valid(),
+            parse_error: None,
+            caused_by: Vec::new(),
+            validation: Some(validation),
+        };
+        // The same resolution `lock` and `build` start from: what is printed here is what
+        // they decide.
+        let result = match ResolvedRecipe::load(path, matrix) {
+            Ok(resolved) => checked(resolved.validation().clone()),
+            Err(ResolveError::Invalid(invalid)) => checked(invalid.validation),
+            Err(ResolveError::Recipe(error)) => FileResult {
                 path: path.display().to_string(),
                 valid: false,
                 parse_error: Some(error.to_string()),

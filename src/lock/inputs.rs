@@ -25,10 +25,9 @@ use crate::fetch::source::PackageSource;
 use crate::lock::python_inputs::PythonInputs;
 use crate::lock::python_inputs::StackPin;
 use crate::lock::system::SystemRequest;
-use crate::lock::target::{GlibcVersion, Target};
+use crate::lock::target::Target;
 use crate::lock::LockRequest;
-use crate::matrix::validate::{selected_torch_build, torch_release};
-use crate::matrix::Matrix;
+use crate::matrix::{ResolvedRecipe, TorchBuild};
 use crate::recipe::{Flavor, Platform, Recipe, TorchIndex};
 
 #[derive(Debug, thiserror::Error)]
@@ -91,22 +90,15 @@ fn platform_unsupported(recipe: &Recipe, platform: Platform) -> Option<String> {
     None
 }
 
-/// The glibc of the base, which sets the newest manylinux level the wheels may use.
-pub fn base_glibc(matrix: &Matrix, recipe: &Recipe) -> Option<GlibcVersion> {
-    let (distro, release) = recipe.base.distro()?;
-    matrix
-        .base(distro, release)
-        .and_then(|base| base.glibc.parse().ok())
-}
-
 /// The installer every image carries (Debian's python3 has neither pip nor ensurepip), so
 /// images built `FROM` it can `pip install` within the constraints file.
 pub const PIP: &str = "pip";
 
 /// The PEP 508 root requirements of a recipe: the stack's, then `packages:`. The recipe's
 /// Python input files add theirs when it is locked ([`PythonInputs`]).
-pub fn root_requirements(matrix: &Matrix, recipe: &Recipe) -> Result<Vec<String>, InputsError> {
-    let mut requirements = stack_requirements(matrix, recipe);
+pub fn root_requirements(resolved: &ResolvedRecipe) -> Result<Vec<String>, InputsError> {
+    let recipe = resolved.recipe();
+    let mut requirements = stack_requirements(resolved);
     requirements.extend(recipe.packages.iter().map(ToString::to_string));
     // A package of `build:` is part of the image at its exact version (from its sdist).
     requirements.extend(recipe.build.iter().map(ToString::to_string));
@@ -128,9 +120,9 @@ pub const FIRST_CUDA_WITH_NVCC_WHEEL: u32 = 13;
 /// when the image is of the runtime flavor, the nvcc wheel of the stack's exact CUDA
 /// release (the devel flavor has it in the image already).
 pub fn build_request(
-    matrix: &Matrix,
-    recipe: &Recipe,
+    resolved: &ResolvedRecipe,
 ) -> Result<crate::lock::sdist::BuildRequest, InputsError> {
+    let recipe = resolved.recipe();
     if recipe.build.is_empty() {
         return Ok(Default::default());
     }
@@ -142,7 +134,7 @@ pub fn build_request(
     }
     let mut texts: Vec<String> = BUILD_TOOLCHAIN.iter().map(|t| t.to_string()).collect();
     if recipe.cuda.flavor == Flavor::Runtime {
-        texts.push(nvcc_requirement(matrix, recipe));
+        texts.push(nvcc_requirement(recipe, resolved.torch_build()));
     }
     // nvidia-cuda-nvcc 13.0.88 requires cicc (nvidia-nvvm) and the crt headers
     // (nvidia-cuda-crt) without a version, and cuda-toolkit 13.0.2's `nvcc` extra does
@@ -172,10 +164,11 @@ pub fn build_request(
 /// and the wheels torch pins (data/torch-pypi.json, read from its wheel's Requires-Dist), or
 /// the CUDA wheels of a recipe without torch. A requirement from the recipe's input files
 /// must admit each ([`PythonInputs::check_stack`]).
-pub fn stack_pins(matrix: &Matrix, recipe: &Recipe) -> Vec<StackPin> {
+pub fn stack_pins(resolved: &ResolvedRecipe) -> Vec<StackPin> {
+    let recipe = resolved.recipe();
     let mut pins: Vec<StackPin> = Vec::new();
-    let torch_build = selected_torch_build(matrix, recipe);
-    for text in stack_requirements(matrix, recipe) {
+    let torch_build = resolved.torch_build();
+    for text in stack_requirements(resolved) {
         let Ok(requirement) = crate::names::parse_requirement::<pep508_rs::VerbatimUrl>(&text)
         else {
             continue;
@@ -220,7 +213,8 @@ pub fn stack_pins(matrix: &Matrix, recipe: &Recipe) -> Vec<StackPin> {
 }
 
 /// What the stack itself asks the resolver for: torch, or the CUDA wheels; nvcc for devel.
-fn stack_requirements(matrix: &Matrix, recipe: &Recipe) -> Vec<String> {
+fn stack_requirements(resolved: &ResolvedRecipe) -> Vec<String> {
+    let recipe = resolved.recipe();
     let cuda = recipe.cuda.version;
     let suffix = if cuda.major >= 13 {
         String::new()
@@ -228,14 +222,13 @@ fn stack_requirements(matrix: &Matrix, recipe: &Recipe) -> Vec<String> {
         format!("-cu{}", cuda.major)
     };
     let mut requirements = Vec::new();
-    let torch_build = selected_torch_build(matrix, recipe);
-    match (&recipe.torch, torch_build) {
+    match &recipe.torch {
         // A PyTorch index variant publishes local versions (`2.1.2+cu118`), which `==2.1.2`
         // excludes once the specifier becomes a version range: pin the local version.
         // A series (`version: "2.4"`) is locked as the release the matrix resolves it to
         // (2.4.1), so the lock records one exact torch.
-        (Some(torch), _) => {
-            let release = torch_release(matrix, recipe).unwrap_or_else(|| torch.version.clone());
+        Some(torch) => {
+            let release = resolved.torch_release().unwrap_or(&torch.version).clone();
             match torch.index.variant() {
                 Some(variant) if !release.to_string().contains('+') => {
                     requirements.push(format!("torch=={release}+{variant}"))
@@ -243,11 +236,11 @@ fn stack_requirements(matrix: &Matrix, recipe: &Recipe) -> Vec<String> {
                 _ => requirements.push(format!("torch=={release}")),
             }
         }
-        (None, _) if cuda.major >= 13 => requirements.push(format!(
+        None if cuda.major >= 13 => requirements.push(format!(
             "cuda-toolkit[cudart,cublas]=={}.{}.*",
             cuda.major, cuda.minor
         )),
-        (None, _) => {
+        None => {
             requirements.push(format!(
                 "nvidia-cuda-runtime{suffix}=={}.{}.*",
                 cuda.major, cuda.minor
@@ -269,7 +262,7 @@ fn stack_requirements(matrix: &Matrix, recipe: &Recipe) -> Vec<String> {
         }
     }
     if recipe.cuda.flavor == Flavor::Devel {
-        requirements.push(nvcc_requirement(matrix, recipe));
+        requirements.push(nvcc_requirement(recipe, resolved.torch_build()));
     }
     // pip from the lock, so `FROM image` + `RUN pip install` works.
     requirements.push(PIP.to_string());
@@ -277,14 +270,13 @@ fn stack_requirements(matrix: &Matrix, recipe: &Recipe) -> Vec<String> {
 }
 
 /// nvcc of the very release the runtime is: the same exact version torch pins.
-fn nvcc_requirement(matrix: &Matrix, recipe: &Recipe) -> String {
+fn nvcc_requirement(recipe: &Recipe, torch_build: Option<&TorchBuild>) -> String {
     let cuda = recipe.cuda.version;
     let suffix = if cuda.major >= 13 {
         String::new()
     } else {
         format!("-cu{}", cuda.major)
     };
-    let torch_build = selected_torch_build(matrix, recipe);
     let runtime = torch_build.and_then(|b| b.cuda_runtime.clone());
     match (cuda.major >= 13, runtime) {
         (true, _) => match torch_build.and_then(|b| {
@@ -303,12 +295,11 @@ fn nvcc_requirement(matrix: &Matrix, recipe: &Recipe) -> String {
 
 /// Build the linux/amd64 lock request for `recipe` (see [`lock_request_for`]).
 pub fn lock_request(
-    matrix: &Matrix,
-    recipe: &Recipe,
+    resolved: &ResolvedRecipe,
     client: &HttpClient,
     mirror: Option<&Path>,
 ) -> Result<LockRequest, InputsError> {
-    lock_request_for(matrix, recipe, client, mirror, Platform::LinuxAmd64)
+    lock_request_for(resolved, client, mirror, Platform::LinuxAmd64)
 }
 
 /// Build the lock request of one platform of `recipe`. `mirror` (an air-gapped directory of
@@ -317,19 +308,19 @@ pub fn lock_request(
 /// credentials of the recipe's private indexes ([`index_credentials`]); the caller resolves
 /// with the same client, which also asks the indexes for file sizes.
 pub fn lock_request_for(
-    matrix: &Matrix,
-    recipe: &Recipe,
+    resolved: &ResolvedRecipe,
     client: &HttpClient,
     mirror: Option<&Path>,
     platform: Platform,
 ) -> Result<LockRequest, InputsError> {
+    let recipe = resolved.recipe();
     if let Some(message) = platform_unsupported(recipe, platform) {
         return Err(InputsError::Unsupported {
             recipe: recipe.name.clone(),
             message,
         });
     }
-    let glibc = base_glibc(matrix, recipe).ok_or_else(|| InputsError::Unsupported {
+    let glibc = resolved.base_glibc().ok_or_else(|| InputsError::Unsupported {
         recipe: recipe.name.clone(),
         message: format!("the glibc of base {} is unknown; cudastack locks for the bases in `cudastack matrix` (data/nvidia.yaml: bases)", recipe.base),
     })?;
@@ -339,7 +330,7 @@ pub fn lock_request_for(
             message: e.to_string(),
         })?;
     let mut requirements = Vec::new();
-    for text in root_requirements(matrix, recipe)? {
+    for text in root_requirements(resolved)? {
         let requirement =
             crate::names::parse_requirement(&text).map_err(|e| InputsError::Requirement {
                 text: text.clone(),
@@ -446,15 +437,26 @@ pub fn system_request(recipe: &Recipe, platform: Platform) -> Option<SystemReque
 mod tests {
     use super::*;
 
-    fn recipe(extra: &str) -> Recipe {
-        Recipe::parse(&format!("name: t\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\n{extra}"), Path::new("t.yaml")).unwrap()
+    use crate::matrix::Matrix;
+
+    /// The stack of `extra` as `lock` gets it: parsed and resolved (valid), on a driver
+    /// floor its CUDA runs on (CUDA 13 needs R580).
+    fn recipe(extra: &str) -> ResolvedRecipe {
+        let path = Path::new("t.yaml");
+        let floor = if extra.contains("version: \"13.") {
+            "580.65.06"
+        } else {
+            "550.54.14"
+        };
+        let recipe = Recipe::parse(&format!("name: t\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"{floor}\"\n{extra}"), path).unwrap();
+        ResolvedRecipe::new(Matrix::embedded(), recipe, path).unwrap()
     }
 
     #[test]
     fn torch_recipes_ask_for_torch_and_packages() {
         let r = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\npackages: [\"numpy==1.26.4\"]\n");
         assert_eq!(
-            root_requirements(Matrix::embedded(), &r).unwrap(),
+            root_requirements(&r).unwrap(),
             vec!["torch==2.4.1", "pip", "numpy==1.26.4"]
         );
     }
@@ -463,13 +465,10 @@ mod tests {
     #[test]
     fn a_torch_series_asks_for_its_resolved_release() {
         let r = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4\" }\n");
-        assert_eq!(
-            root_requirements(Matrix::embedded(), &r).unwrap(),
-            vec!["torch==2.4.1", "pip"]
-        );
+        assert_eq!(root_requirements(&r).unwrap(), vec!["torch==2.4.1", "pip"]);
         let r = recipe("cuda: { version: \"11.8\" }\ntorch: { version: \"2.5\", index: cu118 }\n");
         assert_eq!(
-            root_requirements(Matrix::embedded(), &r).unwrap(),
+            root_requirements(&r).unwrap(),
             vec!["torch==2.5.1+cu118", "pip"]
         );
     }
@@ -479,7 +478,7 @@ mod tests {
         let r =
             recipe("cuda: { version: \"11.8\" }\ntorch: { version: \"2.1.2\", index: cu118 }\n");
         assert_eq!(
-            root_requirements(Matrix::embedded(), &r).unwrap(),
+            root_requirements(&r).unwrap(),
             vec!["torch==2.1.2+cu118", "pip"]
         );
     }
@@ -489,7 +488,7 @@ mod tests {
         let r =
             recipe("cuda: { version: \"12.1\", flavor: devel }\ntorch: { version: \"2.4.1\" }\n");
         assert_eq!(
-            root_requirements(Matrix::embedded(), &r).unwrap(),
+            root_requirements(&r).unwrap(),
             vec!["torch==2.4.1", "nvidia-cuda-nvcc-cu12==12.1.105", "pip"]
         );
     }
@@ -500,20 +499,18 @@ mod tests {
     fn build_entries_are_roots_and_their_builder_gets_the_toolchain() {
         let cu121 = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
         assert_eq!(
-            root_requirements(Matrix::embedded(), &cu121).unwrap(),
+            root_requirements(&cu121).unwrap(),
             vec!["torch==2.4.1", "pip", "torchsort==0.1.10"]
         );
-        let error = build_request(Matrix::embedded(), &cu121)
-            .unwrap_err()
-            .to_string();
+        let error = build_request(&cu121).unwrap_err().to_string();
         assert!(
             error.contains("PyPI publishes nvcc for CUDA 13 and later only"),
             "{error}"
         );
         assert!(error.contains("hint: use a CUDA 13 stack"), "{error}");
         let r = recipe("cuda: { version: \"13.0\" }\ntorch: { version: \"2.11.0\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
-        let toolchain = |r: &Recipe| -> Vec<String> {
-            build_request(Matrix::embedded(), r)
+        let toolchain = |r: &ResolvedRecipe| -> Vec<String> {
+            build_request(r)
                 .unwrap()
                 .toolchain
                 .iter()
@@ -544,17 +541,14 @@ mod tests {
             ]
         );
         let none = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\n");
-        assert!(build_request(Matrix::embedded(), &none)
-            .unwrap()
-            .builds
-            .is_empty());
+        assert!(build_request(&none).unwrap().builds.is_empty());
     }
 
     #[test]
     fn without_torch_the_cuda_wheels_are_named() {
         let r = recipe("cuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\n");
         assert_eq!(
-            root_requirements(Matrix::embedded(), &r).unwrap(),
+            root_requirements(&r).unwrap(),
             vec![
                 "nvidia-cuda-runtime-cu12==12.4.*",
                 "nvidia-cublas-cu12==12.4.*",
@@ -584,27 +578,14 @@ mod tests {
             .block_on(async { HttpClient::with_defaults() })
             .unwrap();
         let old = recipe("cuda: { version: \"12.4\" }\ntorch: { version: \"2.6.0\" }\n");
-        let error = lock_request_for(
-            Matrix::embedded(),
-            &old,
-            &client,
-            None,
-            Platform::LinuxArm64,
-        )
-        .unwrap_err()
-        .to_string();
+        let error = lock_request_for(&old, &client, None, Platform::LinuxArm64)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("no CUDA wheels for linux/arm64"), "{error}");
         // The amd64 lock of the same recipe is fine.
-        lock_request(Matrix::embedded(), &old, &client, None).unwrap();
+        lock_request(&old, &client, None).unwrap();
         let new = recipe("cuda: { version: \"13.0\" }\ntorch: { version: \"2.11.0\" }\n");
-        let request = lock_request_for(
-            Matrix::embedded(),
-            &new,
-            &client,
-            None,
-            Platform::LinuxArm64,
-        )
-        .unwrap();
+        let request = lock_request_for(&new, &client, None, Platform::LinuxArm64).unwrap();
         assert_eq!(request.target.arch, Platform::LinuxArm64);
         assert_eq!(request.target.glibc.to_string(), "2.36");
     }

@@ -23,7 +23,7 @@ use pubgrub::Ranges;
 use crate::digest::Digest;
 use crate::lock::target::Target;
 use crate::lock::LockRequest;
-use crate::matrix::Matrix;
+use crate::matrix::ResolvedRecipe;
 use crate::recipe::python_inputs::PythonLockFormat;
 use crate::recipe::Recipe;
 
@@ -237,16 +237,15 @@ impl PythonInputs {
     }
 }
 
-/// Read `recipe`'s Python input files for `request`'s target, refuse what conflicts with
+/// Read the recipe's Python input files for `request`'s target, refuse what conflicts with
 /// the stack, and add the rest to `request` ([`PythonInputs::apply`]).
 pub fn add_to_request(
-    matrix: &Matrix,
-    recipe: &Recipe,
-    recipe_path: &Path,
+    resolved: &ResolvedRecipe,
     request: &mut LockRequest,
 ) -> Result<(), PythonInputsError> {
+    let (recipe, recipe_path) = (resolved.recipe(), resolved.path());
     let inputs = PythonInputs::load(recipe, recipe_path, &request.target)?;
-    let stack = crate::lock::inputs::stack_pins(matrix, recipe);
+    let stack = crate::lock::inputs::stack_pins(resolved);
     // `packages:` in the recipe itself are held to the same rule.
     let file = recipe_path
         .file_name()

@@ -11,12 +11,16 @@
 //! - `torch-variants.yaml`: builds on PyTorch's own per-CUDA indexes (cu118, cu124, ...),
 //!   from PyTorch's build matrix, since those indexes are not reachable from here.
 //!
-//! This module only answers questions; [`validate`] and [`solve`] turn answers into verdicts.
+//! This module only answers questions; [`validate`] and [`solve`] turn answers into verdicts,
+//! and [`ResolvedRecipe`] is a recipe `validate` accepted with the facts it decided.
 
 pub mod refresh;
+pub mod resolved;
 pub mod solve;
 pub mod source;
 pub mod validate;
+
+pub use resolved::{InvalidRecipe, ResolveError, ResolvedRecipe};
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;

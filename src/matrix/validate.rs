@@ -167,7 +167,19 @@ pub fn nvidia_require_cuda(matrix: &Matrix, recipe: &Recipe) -> Option<CudaVersi
     Some(std::cmp::min(ceiling, recipe.cuda.version.line()))
 }
 
+/// Every problem of `recipe` against `matrix`, and the facts the checks decided (the
+/// selected torch build, NVIDIA_REQUIRE_CUDA) as text for the report. What the later stages
+/// use comes as values from [`ResolvedRecipe`](super::ResolvedRecipe), which runs this.
 pub fn validate(matrix: &Matrix, recipe: &Recipe) -> Validation {
+    check(matrix, recipe).0
+}
+
+/// The report of [`validate`] and the torch build the checks selected, so that a caller
+/// keeping the build gets the very one the checks were run against.
+pub(super) fn check<'m>(
+    matrix: &'m Matrix,
+    recipe: &Recipe,
+) -> (Validation, Option<&'m TorchBuild>) {
     let mut problems = Collector(Vec::new());
     let cuda = recipe.cuda.version;
     let known_cuda = matrix.cuda_release(&cuda).is_some();
@@ -201,14 +213,15 @@ pub fn validate(matrix: &Matrix, recipe: &Recipe) -> Validation {
 
     let mut problems = problems.0;
     problems.sort_by_key(|problem| std::cmp::Reverse(problem.severity));
-    Validation {
+    let validation = Validation {
         recipe: recipe.name.clone(),
         recipe_digest: recipe.digest().to_string(),
         torch_build: build.map(TorchBuild::label),
         nvidia_require_cuda: nvidia_require_cuda(matrix, recipe)
             .map(|cuda| format!("cuda>={cuda}")),
         problems,
-    }
+    };
+    (validation, build)
 }
 
 fn check_driver_floor(matrix: &Matrix, recipe: &Recipe, problems: &mut Collector) {

@@ -1,8 +1,9 @@
 //! The lock stage: each platform of a recipe resolved to a lock file (`NAME.lock`,
 //! `NAME.linux-arm64.lock`, ...) and its wheels to a PEP 751 `pylock.NAME.toml` beside it,
 //! or, in [`LockMode::Check`], compared with the lock on disk without writing anything.
-//! The binary turns `cudastack lock`'s arguments into [`LockSettings`] and prints the
-//! [`LockedPlatform`]s this returns.
+//! The binary turns `cudastack lock`'s arguments into [`LockSettings`], each recipe into a
+//! [`ResolvedRecipe`] through [`resolve_recipe`], and prints the [`LockedPlatform`]s
+//! [`lock_recipe`] returns.
 
 use std::path::{Path, PathBuf};
 
@@ -19,8 +20,7 @@ use crate::lock::pylock::{pylock_path, to_pylock};
 use crate::lock::python_inputs::add_to_request;
 use crate::lock::resolve_with_builds;
 use crate::lock::system::SystemRequest;
-use crate::matrix::validate::validate;
-use crate::matrix::Matrix;
+use crate::matrix::{Matrix, ResolveError, ResolvedRecipe};
 use crate::recipe::{Platform, Recipe};
 
 /// What `lock` was asked for, beyond the recipe.
@@ -89,8 +89,9 @@ pub struct LockedPlatform {
 pub enum LockStageError {
     #[error(transparent)]
     Recipe(#[from] crate::recipe::RecipeError),
-    #[error("{} is not valid ({first}); run `cudastack validate {}`", .recipe.display(), .recipe.display())]
-    Invalid { recipe: PathBuf, first: String },
+    /// Validation found errors; the message names the first.
+    #[error(transparent)]
+    Invalid(Box<crate::matrix::InvalidRecipe>),
     #[error(transparent)]
     Credentials(#[from] crate::fetch::credentials::CredentialError),
     #[error(transparent)]
@@ -114,6 +115,15 @@ pub enum LockStageError {
     NotLocked(String),
 }
 
+impl From<ResolveError> for LockStageError {
+    fn from(error: ResolveError) -> Self {
+        match error {
+            ResolveError::Recipe(error) => LockStageError::Recipe(error),
+            ResolveError::Invalid(invalid) => LockStageError::Invalid(invalid),
+        }
+    }
+}
+
 impl From<crate::lock::LockError> for LockStageError {
     fn from(error: crate::lock::LockError) -> Self {
         LockStageError::Resolve(Box::new(error))
@@ -126,67 +136,58 @@ impl From<crate::lock::python_inputs::PythonInputsError> for LockStageError {
     }
 }
 
-/// Lock every platform of the recipe at `path`.
-pub async fn lock_recipe(
+/// The recipe at `path`, resolved against `matrix`: an invalid one is refused, naming its
+/// first error. Prints what a two-part torch version was taken to mean, before the lock
+/// records the exact release.
+pub fn resolve_recipe(
     matrix: &Matrix,
-    client: &HttpClient,
-    path: &Path,
-    settings: &LockSettings,
-    progress: &dyn Progress,
-) -> Result<Vec<LockedPlatform>, LockStageError> {
-    let recipe = Recipe::load(path)?;
-    check_valid(matrix, &recipe, path, progress)?;
-    // The recipe's private indexes get their credentials (environment, netrc, keyring);
-    // sent only to each index's origin, never written anywhere.
-    let client = client.with_credentials(index_credentials(&recipe)?);
-    let mut locked = Vec::new();
-    for platform in recipe.platforms() {
-        progress.status(&format!("locking {} for {platform} ...", path.display()));
-        locked.push(
-            lock_platform(matrix, &client, &recipe, path, platform, settings, progress).await?,
-        );
-    }
-    Ok(locked)
-}
-
-/// Refuse an invalid recipe, naming its first error; print what a two-part torch version
-/// was taken to mean, before the lock records the exact release.
-fn check_valid(
-    matrix: &Matrix,
-    recipe: &Recipe,
     path: &Path,
     progress: &dyn Progress,
-) -> Result<(), LockStageError> {
-    let validation = validate(matrix, recipe);
-    if let Some(first) = validation.errors().next() {
-        return Err(LockStageError::Invalid {
-            recipe: path.to_path_buf(),
-            first: format!("{}: {}", first.code, first.what),
-        });
-    }
-    for note in validation
+) -> Result<ResolvedRecipe, LockStageError> {
+    let resolved = ResolvedRecipe::load(path, matrix)?;
+    for note in resolved
+        .validation()
         .problems
         .iter()
         .filter(|p| p.code == "torch-series")
     {
         progress.status(&format!("note: {}", note.what));
     }
-    Ok(())
+    Ok(resolved)
+}
+
+/// Lock every platform of a resolved recipe.
+pub async fn lock_recipe(
+    client: &HttpClient,
+    resolved: &ResolvedRecipe,
+    settings: &LockSettings,
+    progress: &dyn Progress,
+) -> Result<Vec<LockedPlatform>, LockStageError> {
+    // The recipe's private indexes get their credentials (environment, netrc, keyring);
+    // sent only to each index's origin, never written anywhere.
+    let client = client.with_credentials(index_credentials(resolved.recipe())?);
+    let mut locked = Vec::new();
+    for &platform in resolved.platforms() {
+        progress.status(&format!(
+            "locking {} for {platform} ...",
+            resolved.path().display()
+        ));
+        locked.push(lock_platform(&client, resolved, platform, settings, progress).await?);
+    }
+    Ok(locked)
 }
 
 async fn lock_platform(
-    matrix: &Matrix,
     client: &HttpClient,
-    recipe: &Recipe,
-    path: &Path,
+    resolved: &ResolvedRecipe,
     platform: Platform,
     settings: &LockSettings,
     progress: &dyn Progress,
 ) -> Result<LockedPlatform, LockStageError> {
-    let mut request =
-        lock_request_for(matrix, recipe, client, settings.mirror.as_deref(), platform)?;
+    let (recipe, path) = (resolved.recipe(), resolved.path());
+    let mut request = lock_request_for(resolved, client, settings.mirror.as_deref(), platform)?;
     // requirements:, pyproject:, python_lock: (their files join the lock's digest).
-    add_to_request(matrix, recipe, path, &mut request)?;
+    add_to_request(resolved, &mut request)?;
     let out = platform_lock_path(path, platform);
     // A previous lock of another format or unreadable: nothing to keep.
     let previous = Lockfile::read(&out).ok();
@@ -199,7 +200,7 @@ async fn lock_platform(
         None => request.as_of = Some(settings.now),
     }
     // `build:` packages are locked from their sdists, with what their builds need.
-    let builds = build_request(matrix, recipe)?;
+    let builds = build_request(resolved)?;
     for build in &builds.builds {
         progress.status(&format!(
             "  reading the sdist of {build} (`build:`): its sha256, run and build requirements"

@@ -48,8 +48,9 @@ pub struct SbomInput<'a> {
     pub claims: &'a ImageClaims,
     /// The wheels compiled from the lock's sdists ([`BuiltWheel::from_labels`]).
     pub built: &'a [BuiltWheel],
-    /// The GPUs the recipe targets (its `gpus:`, resolved as the build resolves them:
-    /// `stack::produce::KernelTargets::of(matrix, recipe).gpus`); not in the image config.
+    /// The GPUs the recipe targets: its `gpus:` as validation resolved them
+    /// (`matrix::ResolvedRecipe::target_gpus`), which the build's kernel audit checked and its
+    /// report records; not in the image config.
     pub targets: &'a [TargetGpu],
     /// The image's created time, epoch seconds: the document's only time.
     pub created: u64,
