@@ -2,7 +2,7 @@
 //!
 //! The modules follow the data flow of a build, in groups, and a module imports only
 //! modules of its own group or of the groups above it, with no cycle (docs/architecture.md
-//! has the picture and a paragraph per module): shared vocabulary, then the inputs (recipe -> matrix -> fetch -> lock), the host's
+//! has the picture and a paragraph per module): shared vocabulary, the cache directory, then the inputs (recipe -> matrix -> fetch -> lock), the host's
 //! driver and GPUs as read (host: verification compares a report with them), the content
 //! (elf, install, audit, layer, probe), the assembly (stack) and the image (oci), the
 //! outputs (engine, registry) and the proof (verify), their composition (pipeline), and
@@ -11,7 +11,6 @@
 // Shared vocabulary.
 pub mod atomic_file;
 pub mod canonical;
-pub mod cas;
 pub mod contained_file;
 pub mod digest;
 pub mod elf;
@@ -24,6 +23,9 @@ pub mod reference;
 pub mod rootfs;
 pub mod target_gpu;
 pub mod version;
+
+// The cache directory, below every stage that keeps bytes on disk.
+pub mod cache;
 
 // Inputs.
 pub mod apt;

@@ -17,7 +17,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::fetch::http::RetryPolicy;
 use cudastack::fetch::progress::{NoReporter, Reporter};
 use cudastack::layer::{BuildOptions, Compression, Entry, LayerContents, LayerPath};

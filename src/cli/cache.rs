@@ -34,7 +34,7 @@ enum CacheAction {
 }
 
 pub fn run(args: CacheArgs, printer: &Printer) -> CommandResult {
-    let root = cudastack::cas::cache_root(args.cache_dir);
+    let root = cudastack::cache::cache_root(args.cache_dir);
     match args.action {
         None => {
             let usage = cache_usage(&root)?;

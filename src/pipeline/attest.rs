@@ -245,7 +245,7 @@ pub async fn pull_referrers(
     reference: &crate::registry::Reference,
     layout_dir: &Path,
     subject: &Digest,
-    store: &crate::cas::BlobStore,
+    store: &crate::cache::BlobStore,
 ) -> Result<PulledReferrers, PipelineError> {
     use crate::registry::referrers::{fetch_referrers, ArtifactTypes, BlobSink, ReferrerBudget};
     let fetched = fetch_referrers(

@@ -125,9 +125,8 @@ pub async fn push_after(
 }
 
 fn history_path(settings: &PushSettings) -> PathBuf {
-    settings
-        .cache_root
-        .join("registry")
+    crate::cache::CacheDir::new(&settings.cache_root)
+        .registry()
         .join("push-history.json")
 }
 

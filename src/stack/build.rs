@@ -11,7 +11,7 @@
 //! layer and the audit verdict are cached, nothing is staged.
 
 use crate::base_root::RootfsFacts;
-use crate::cas::BlobStore;
+use crate::cache::BlobStore;
 use crate::labels;
 use crate::layer::{BuildOptions, Layer, LayerCache};
 use crate::matrix::validate::validate;

@@ -3,7 +3,7 @@
 //! locked downloads (blobs), the layer cache (index entries and their blobs) and the staged
 //! trees that the audit and the upper layers read when a layer above them changes.
 //!
-//! Builds stamp what they use ([`crate::cas::touch_last_use`]): a blob's integrity record,
+//! Builds stamp what they use ([`crate::cache::touch_last_use`]): a blob's integrity record,
 //! a layer entry, a tree's `.complete` marker. Pruning removes what is older than a cutoff
 //! and that no build holds: a tree only under its `.use` and staging locks, a layer entry
 //! under its lock, a blob only when no remaining layer entry names it and no download of it
@@ -15,9 +15,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use crate::cas::{try_lock, BlobStore};
+use crate::cache::{try_lock, BlobStore, Records};
 use crate::digest::Digest;
-use crate::layer::LayerCache;
 use crate::stack::error::{io_error, BuildError};
 use crate::stack::staging::use_lock_path;
 
@@ -136,8 +135,8 @@ fn staged_trees(staging: &Path) -> Result<BTreeMap<String, bool>, BuildError> {
 /// What the cache directory at `root` holds, by kind.
 pub fn cache_usage(root: &Path) -> Result<CacheUsage, BuildError> {
     let store = BlobStore::open(root)?;
-    let cache = LayerCache::open(store.clone())?;
-    let staging = root.join("staging");
+    let layers = Records::layers(store.cache_dir());
+    let staging = store.cache_dir().staging();
     fs_err::create_dir_all(&staging).map_err(io_error(&staging))?;
     // Every kind, even when there is none of it.
     let mut kinds: BTreeMap<CacheKind, KindUsage> = [
@@ -152,11 +151,8 @@ pub fn cache_usage(root: &Path) -> Result<CacheUsage, BuildError> {
     .map(|kind| (kind, KindUsage::default()))
     .collect();
     let mut disk = DiskUsage::default();
-    let entries = cache.entries()?;
-    let layer_blobs: BTreeSet<Digest> = entries
-        .iter()
-        .filter_map(|e| e.layer.as_ref().map(|l| l.digest))
-        .collect();
+    let entries = layers.entries()?;
+    let layer_blobs: BTreeSet<Digest> = entries.iter().filter_map(|e| e.blob).collect();
     for (digest, path) in store.blobs()? {
         let kind = if layer_blobs.contains(&digest) {
             CacheKind::LayerBlobs
@@ -179,7 +175,7 @@ pub fn cache_usage(root: &Path) -> Result<CacheUsage, BuildError> {
         0,
         disk.of(&store.tmp_dir()),
     );
-    let verify = root.join("verify");
+    let verify = store.cache_dir().verify();
     let results = fs_err::read_dir(&verify).map(|d| d.count()).unwrap_or(0);
     add(
         &mut kinds,
@@ -210,41 +206,34 @@ pub fn prune(root: &Path, older_than: Duration) -> Result<PruneReport, BuildErro
         .checked_sub(older_than)
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let store = BlobStore::open(root)?;
-    let cache = LayerCache::open(store.clone())?;
+    let layers = Records::layers(store.cache_dir());
     let mut report = PruneReport {
         older_than_days: older_than.as_secs_f64() / 86_400.0,
         ..Default::default()
     };
     let mut disk = DiskUsage::default();
-    prune_trees(&root.join("staging"), cutoff, &mut disk, &mut report)?;
+    prune_trees(&store.cache_dir().staging(), cutoff, &mut disk, &mut report)?;
     // Layer entries and blobs only while no build runs: a build looks them up long before
     // it reads them (see Staging). Trees have locks of their own.
-    let builds = crate::stack::staging::builds_lock_path(root);
+    let builds = store.cache_dir().builds_lock();
     let Some(_no_build) = try_lock(&builds).map_err(io_error(&builds))? else {
         report.builds_running = true;
         return Ok(report);
     };
-    let entries = cache.entries()?;
-    let layer_blobs: BTreeSet<Digest> = entries
-        .iter()
-        .filter_map(|e| e.layer.as_ref().map(|l| l.digest))
-        .collect();
+    let entries = layers.entries()?;
+    let layer_blobs: BTreeSet<Digest> = entries.iter().filter_map(|e| e.blob).collect();
     for entry in entries {
         if entry.last_use >= cutoff {
             continue;
         }
-        if cache.remove_if_unused_since(&entry, cutoff)? {
+        if layers.remove_if_unused_since(&entry, cutoff)? {
             add(&mut report.removed, CacheKind::Records, 1, entry.size);
         } else {
             report.kept_in_use += 1;
         }
     }
     // A blob stays while any remaining entry names it (layers shared by several images).
-    let named: BTreeSet<Digest> = cache
-        .entries()?
-        .iter()
-        .filter_map(|e| e.layer.as_ref().map(|l| l.digest))
-        .collect();
+    let named: BTreeSet<Digest> = layers.entries()?.iter().filter_map(|e| e.blob).collect();
     for (digest, path) in store.blobs()? {
         if named.contains(&digest) || store.last_use(&digest).is_none_or(|u| u >= cutoff) {
             continue;
@@ -258,7 +247,7 @@ pub fn prune(root: &Path, older_than: Duration) -> Result<PruneReport, BuildErro
             };
             add(&mut report.removed, kind, 1, bytes);
             // The wheel's named link (`wheels/<hex>/<file>`) would point at nothing.
-            let _ = std::fs::remove_dir_all(root.join("wheels").join(digest.hex()));
+            let _ = std::fs::remove_dir_all(store.cache_dir().wheels().join(digest.hex()));
         }
     }
     Ok(report)

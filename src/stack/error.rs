@@ -42,7 +42,7 @@ pub enum BuildError {
     #[error(transparent)]
     Credentials(#[from] crate::fetch::credentials::CredentialError),
     #[error(transparent)]
-    Cas(#[from] crate::cas::CasError),
+    Cache(#[from] crate::cache::CacheError),
     #[error(transparent)]
     Base(#[from] crate::base_root::BaseError),
     #[error(transparent)]

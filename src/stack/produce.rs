@@ -485,7 +485,7 @@ fn nvidia_pins(torch_build: Option<&TorchBuild>) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cas::BlobStore;
+    use crate::cache::BlobStore;
     use crate::fetch::progress::{NoReporter, Reporter};
     use crate::layer::{BuildOptions, Compression, LayerCache};
     use crate::stack::settings::BuildProgress;

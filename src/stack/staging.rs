@@ -52,12 +52,12 @@ pub(crate) fn hold_builds_lock(cache_root: &Path) -> Option<std::fs::File> {
 
 /// The cache-wide lock every build holds shared (see [`Staging`]).
 pub(crate) fn builds_lock_path(cache_root: &Path) -> PathBuf {
-    cache_root.join("builds.lock")
+    crate::cache::CacheDir::new(cache_root).builds_lock()
 }
 
 impl Staging {
     pub(crate) fn open(cache_root: &Path) -> Result<Self, BuildError> {
-        let root = cache_root.join("staging");
+        let root = crate::cache::CacheDir::new(cache_root).staging();
         fs_err::create_dir_all(&root).map_err(io_error(&root))?;
         let building = hold_builds_lock(cache_root);
         Ok(Self {
@@ -82,7 +82,7 @@ impl Staging {
     pub(crate) fn touch(&self, key: &CacheKey) {
         if self.is_complete(key) {
             self.hold(key);
-            crate::cas::touch_last_use(&self.marker(key));
+            crate::cache::touch_last_use(&self.marker(key));
         }
     }
     /// Take the shared `.use` lock of `key`'s tree for the rest of this build (once).

@@ -35,7 +35,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::apt::DebFile;
-use crate::cas::BlobStore;
+use crate::cache::{BlobStore, CacheDir};
 use crate::digest::Digest;
 use crate::fetch::download::Downloader;
 use crate::fetch::http::HttpClient;
@@ -366,7 +366,9 @@ fn builder_digest(artifacts: &[Artifact]) -> Digest {
 /// `<cache>/source-builds/<key>`: the wheel, `build.log`, `key.json`, and the `complete`
 /// marker written last.
 fn entry_dir(cache_root: &Path, key: &BuildKey) -> PathBuf {
-    cache_root.join("source-builds").join(key.digest().hex())
+    CacheDir::new(cache_root)
+        .source_builds()
+        .join(key.digest().hex())
 }
 
 /// The cached wheel of `key`, if a build with the same inputs finished before.
@@ -436,7 +438,7 @@ async fn fetch_builder_inputs(
 ) -> Result<BuilderTools, BuildError> {
     let wheels: Vec<Artifact> = of_kind(inputs, ArtifactKind::BuildWheel).cloned().collect();
     let blobs = fetch_artifacts(settings, inputs.recipe, store, env, &wheels).await?;
-    let named = settings.cache_root.join("wheels");
+    let named = CacheDir::new(&settings.cache_root).wheels();
     fs_err::create_dir_all(&named).map_err(io_error(&named))?;
     let mut fetched = BTreeMap::new();
     for (artifact, blob) in wheels.iter().zip(blobs) {
@@ -501,7 +503,7 @@ fn build_missing(
     // Declared first, dropped last: a signal caught while the builder root is removed
     // still waits for that.
     let signals = StopSignals::catch();
-    let work = settings.cache_root.join("source-builds");
+    let work = CacheDir::new(&settings.cache_root).source_builds();
     fs_err::create_dir_all(&work).map_err(io_error(&work))?;
     remove_stale_builders(&work);
     let builder = BuilderRoot::new(&work)?;
