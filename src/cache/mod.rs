@@ -36,12 +36,16 @@
 
 mod blobs;
 mod records;
+mod staging;
+mod usage;
 
 use std::io;
 use std::path::{Path, PathBuf};
 
 pub use blobs::{BlobStore, PendingBlob};
 pub use records::{RecordEntry, Records};
+pub use staging::Staging;
+pub use usage::{cache_usage, prune, CacheKind, CacheUsage, KindUsage, PruneReport};
 
 /// What can go wrong in the cache directory.
 #[derive(Debug, thiserror::Error)]
@@ -201,4 +205,15 @@ fn open_lock_file(path: &Path) -> io::Result<std::fs::File> {
         .truncate(false)
         .write(true)
         .open(path)
+}
+
+/// Take `builds.lock` shared, for as long as the returned file lives: what a build (or
+/// the uploads it started) looked up in the cache stays there, since prune removes layer
+/// records and blobs only while it holds that lock exclusively. None where the cache is
+/// read-only (nothing prunes it then).
+pub fn hold_builds_lock(cache_root: &Path) -> Option<std::fs::File> {
+    open_lock_file(&CacheDir::new(cache_root).builds_lock())
+        .and_then(|file| file.lock_shared().map(|()| file))
+        .inspect_err(|error| tracing::debug!(%error, "could not take the builds lock"))
+        .ok()
 }

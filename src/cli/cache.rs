@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use cudastack::cache::{cache_usage, prune};
 use cudastack::stack::build::human_bytes;
-use cudastack::stack::cache_dir::{cache_usage, prune};
 
 use super::{CommandResult, Printer};
 

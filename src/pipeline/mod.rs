@@ -179,7 +179,7 @@ pub async fn build_verify_publish(
     let _cache_in_use = settings
         .push
         .as_ref()
-        .and_then(|_| crate::stack::hold_builds_lock(&settings.build.cache_root));
+        .and_then(|_| crate::cache::hold_builds_lock(&settings.build.cache_root));
     let early = match &settings.push {
         Some(target) if target.reference.digest().is_none() => Some(EarlyUploads::start(target)?),
         _ => None,

@@ -12,6 +12,7 @@
 
 use crate::base_root::RootfsFacts;
 use crate::cache::BlobStore;
+use crate::cache::Staging;
 use crate::labels;
 use crate::layer::{BuildOptions, Layer, LayerCache};
 use crate::matrix::validate::validate;
@@ -24,7 +25,6 @@ use crate::stack::output::{write_output, Assembled};
 use crate::stack::prepare::{prepare_platform, PlatformInputs};
 use crate::stack::produce::{audit_stack, produce_layers, KernelTargets};
 use crate::stack::source_build::add_built_wheels;
-use crate::stack::staging::Staging;
 
 pub use crate::stack::error::BuildError;
 pub use crate::stack::output::{platform_ref, render_tags};

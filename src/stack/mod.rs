@@ -6,13 +6,13 @@
 //! inputs (lock, wheels, arch list), plan the [`layers`] (one module per layer kind, each
 //! holding its stager and its mechanics: `layers::toolkit::layout` lays wheels out as
 //! NVIDIA's installers do, `layers::copy::dockerignore` reads the build context's ignore
-//! file), [`produce`] them through the layer cache and the [`staging`] area, audit, and
+//! file), [`produce`] them through the layer cache and the cache's staging area, audit, and
 //! write the [`output`] with its [`image_config`] (environment, labels, command). The base
 //! root itself (mmdebstrap, foreign architectures, rootless builds, the loader cache writer)
 //! is `crate::base_root`'s job.
 pub mod build;
-pub mod cache_dir;
 mod error;
+mod files;
 pub mod image_config;
 pub mod layers;
 mod output;
@@ -21,7 +21,4 @@ mod produce;
 mod report;
 mod settings;
 pub mod source_build;
-mod staging;
-
-pub(crate) use staging::hold_builds_lock;
 mod tree_diff;

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::apt::DebFile;
+use crate::cache::Staging;
 use crate::cache::{BlobStore, CacheDir};
 use crate::digest::Digest;
 use crate::elf::Machine;
@@ -20,9 +21,9 @@ use crate::matrix::validate::{gpu_errors, locked_torch_build, selected_torch_bui
 use crate::matrix::{Matrix, TorchBuild};
 use crate::recipe::{Platform, Recipe};
 use crate::stack::error::{io_error, BuildError};
+use crate::stack::files::write_record;
 use crate::stack::layers::toolkit::layout::ToolkitPaths;
 use crate::stack::settings::{BuildProgress, BuildSettings};
-use crate::stack::staging::{write_record, Staging};
 
 /// A wheel of the lock, in the blob store and linked under its file name.
 #[derive(Debug, Clone)]
