@@ -5,7 +5,8 @@
 //! has the picture and a paragraph per module): shared vocabulary, the cache directory, then the inputs (recipe -> matrix -> fetch -> lock), the host's
 //! driver and GPUs as read (host: verification compares a report with them), the content
 //! (elf, install, audit, layer, probe), the assembly (stack) and the image (oci), the
-//! outputs (engine, registry) and the proof (verify), their composition (pipeline), and
+//! source builds (on the assembly's stagers), the outputs (engine, registry) and the proof
+//! (verify), their composition (pipeline), and
 //! the cluster and diagnosis tools. The binary (src/cli) parses arguments and prints.
 
 // Shared vocabulary.
@@ -47,6 +48,9 @@ pub mod probe;
 pub mod base_root;
 pub mod oci;
 pub mod stack;
+
+// Source builds: an input of the assembly, made in a builder staged with its stagers.
+pub mod source_build;
 
 // Outputs and proof.
 pub mod attest;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use cudastack::cache::{cache_usage, prune};
-use cudastack::stack::build::human_bytes;
+use cudastack::stack::human_bytes;
 
 use super::{CommandResult, Printer};
 

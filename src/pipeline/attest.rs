@@ -14,7 +14,7 @@ use crate::attest::{provenance, verification};
 use crate::digest::Digest;
 use crate::oci::layout;
 use crate::sign::key::SigningKey;
-use crate::stack::build::{BuildReport, BuildSettings, PlatformReport};
+use crate::stack::{BuildReport, BuildSettings, PlatformReport};
 use crate::verify::check::ImageClaims;
 use crate::verify::record::Recorded;
 use crate::verify::report::Report;
