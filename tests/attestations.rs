@@ -23,7 +23,7 @@ use std::process::{Command, Output};
 
 use cudastack::attest::statement::{Statement, Subject};
 use cudastack::attest::{provenance, store, verification};
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::lock::Lockfile;
 use cudastack::oci::layout;
 use cudastack::sign::bundle::{self, Bundle};

@@ -17,7 +17,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::fetch::http::RetryPolicy;
 use cudastack::fetch::progress::{NoReporter, Reporter};
 use cudastack::layer::{BuildOptions, Compression, Entry, LayerContents, LayerPath};
@@ -26,7 +26,7 @@ use cudastack::pipeline::{PipelineError, PushSettings, PushTarget};
 use cudastack::registry::{
     push_image, BlobOutcome, ClientOptions, PushOptions, Reference, RegistryClient,
 };
-use cudastack::stack::build::BuildProgress;
+use cudastack::stack::BuildProgress;
 
 const OCI_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
 const OCI_TAR_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::layer::{
     BuildOptions, CacheKey, Compression, Entry, Layer, LayerCache, LayerContents, LayerPath,

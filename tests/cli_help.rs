@@ -191,7 +191,7 @@ fn push_and_pull_take_ref_and_the_old_ref_name() {
     let registry = Registry::start(None);
     let work = tempfile::tempdir().unwrap();
     let cache = work.path().join("cache");
-    let store = cudastack::cas::BlobStore::open(&cache).unwrap();
+    let store = cudastack::cache::BlobStore::open(&cache).unwrap();
     let source = work.path().join("source");
     let image = image_of(&[random_layer(&store, "ref", 5, 64 << 10)], "ref");
     let digest = oci::layout::write(&image, &source, "v1").unwrap();

@@ -205,7 +205,7 @@ fn check_exit_codes_are_yes_0_no_1_error_2_unknown_3() {
 #[test]
 fn the_verification_table_fits_100_columns() {
     let work = tempfile::tempdir().unwrap();
-    let store = cudastack::cas::BlobStore::open(work.path().join("cache")).unwrap();
+    let store = cudastack::cache::BlobStore::open(work.path().join("cache")).unwrap();
     let dir = work.path().join("layout");
     let layer = crate::registry_support::random_layer(&store, "payload", 3, 1 << 10);
     let image = crate::registry_support::image_of(&[layer], "table");

@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::registry::referrers::list_referrers;
 use cudastack::registry::{
     push_image, ClientOptions, PushOptions, Reference, RegistryClient, RegistryError,

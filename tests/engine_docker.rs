@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::engine::run::RUN_LABEL;
 use cudastack::engine::{Engine, EngineError, GpuRequest, RunSpec};

@@ -7,7 +7,7 @@ use crate::fetch_support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::fetch::download::{DownloadError, Downloader, FetchItem};
 use cudastack::fetch::http::{HttpClient, HttpConfig, HttpError, RetryPolicy};

@@ -16,7 +16,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::fetch::download::{DownloadError, Downloader, FetchItem};
 use cudastack::fetch::http::{HttpClient, HttpError};

@@ -11,7 +11,7 @@ use crate::fetch_support;
 use std::io::Write;
 use std::sync::Arc;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::digest::Hasher;
 use cudastack::fetch::download::{Downloader, FetchItem};
 use cudastack::fetch::http::HttpClient;

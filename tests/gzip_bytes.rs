@@ -16,8 +16,8 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use cudastack::cache::BlobStore;
 use cudastack::canonical::to_canonical_json;
-use cudastack::cas::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::layer::{
     self, BuildOptions, CacheKey, Compression, Entry, LayerCache, LayerContents, LayerPath,

@@ -17,7 +17,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use auth_index::{AuthIndex, PageFormat};
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::fetch::credentials::{IndexCredentials, IndexSpec, Lookup};
 use cudastack::fetch::download::Downloader;

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use cudastack::audit::kernels::{missing, CoverageGroup, Reach};
 use cudastack::audit::{audit, AuditOptions, FindingKind};
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::elf::fatbin::{read_device_code, DeviceCode, FatbinError, SectionCode};
 use cudastack::fetch::http::{HttpClient, HttpConfig};
 use cudastack::fetch::index::SimpleIndex;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::layer::{
     self, BuildOptions, CacheKey, Compression, DirOptions, Entry, FileSource, LayerCache,
     LayerContents, LayerError, LayerPath, OpenContent,

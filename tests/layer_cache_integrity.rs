@@ -6,7 +6,7 @@
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::layer::{
     BuildOptions, CacheKey, Compression, Entry, LayerCache, LayerContents, LayerPath,

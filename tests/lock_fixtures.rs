@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::fetch::download::{Downloader, FetchItem};
 use cudastack::fetch::http::{HttpClient, HttpConfig, RetryPolicy};

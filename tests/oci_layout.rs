@@ -5,7 +5,7 @@ use crate::gate;
 
 use std::path::Path;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::layer::{self, BuildOptions, Compression, Entry, Layer, LayerContents, LayerPath};
 use cudastack::oci::{layout, Image, OciError};
 

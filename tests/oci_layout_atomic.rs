@@ -9,7 +9,7 @@ use crate::gate;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::layer::{
     self, BuildOptions, CacheKey, Compression, Entry, LayerCache, LayerContents, LayerPath,
 };

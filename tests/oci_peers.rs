@@ -8,7 +8,7 @@ use crate::oci_support;
 use std::path::Path;
 use std::process::Command;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::layer::{self, BuildOptions, Compression, Entry, Layer, LayerContents, LayerPath};
 use cudastack::oci::{docker_archive, layout, Image};
 use oci_support::{docker, have, run, static_show_binary, DockerCleanup};

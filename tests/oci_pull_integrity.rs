@@ -9,7 +9,7 @@ use crate::registry_support;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::oci;
 use cudastack::registry::{

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use assert_cmd::Command;
 use base64::Engine as _;
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::oci;
 use cudastack::registry::{
     pull, push_image, ClientOptions, Credentials, Platform, PushOptions, Reference, RegistryClient,

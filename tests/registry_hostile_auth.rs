@@ -9,7 +9,7 @@ use crate::registry_support::{self, random_layer, Action, Proxy, Registry};
 
 use std::sync::{Arc, OnceLock};
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::registry::{
     push_image, ClientOptions, Credentials, PushOptions, Reference, RegistryClient, Secret,
 };

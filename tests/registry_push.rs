@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::fetch::http::RetryPolicy;
 use cudastack::oci;
 use cudastack::registry::referrers::{list_referrers, push_referrer, ArtifactLayer, Subject};

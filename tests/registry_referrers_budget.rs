@@ -20,7 +20,7 @@ use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::registry::referrers::{push_referrer, ArtifactLayer, Subject};
 use cudastack::registry::{push_image, ClientOptions, PushOptions, Reference, RegistryClient};

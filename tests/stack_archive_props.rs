@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::layer::{
     self, BuildOptions, Compression, Entry, EntryKind, LayerContents, LayerPath,
 };

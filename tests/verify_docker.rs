@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::gate::Skip;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::digest::Digest;
 use cudastack::engine::run::RUN_LABEL;
 use cudastack::layer::{self, BuildOptions, Compression, Entry, LayerContents, LayerPath};

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::oci::layout;
 use cudastack::verify::record::record_in_layout;
 use cudastack::verify::report::{Report, Verdict};

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use crate::digest::Digest;
 use crate::lock::Lockfile;
-use crate::stack::build::LayerReport;
+use crate::stack::LayerReport;
 
 /// The predicate type of SLSA v1 provenance.
 pub const PREDICATE_TYPE: &str = "https://slsa.dev/provenance/v1";

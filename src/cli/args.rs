@@ -237,6 +237,6 @@ pub struct CacheArgs {
 impl CacheArgs {
     /// The cache directory, absolute.
     pub fn root(&self) -> PathBuf {
-        cudastack::cas::cache_root(self.cache_dir.clone())
+        cudastack::cache::cache_root(self.cache_dir.clone())
     }
 }

@@ -14,7 +14,7 @@ use cudastack::pipeline::{
     build_verify_publish, PipelineReport, PipelineSettings, PushSettings, PushTarget,
 };
 use cudastack::registry::Reference;
-use cudastack::stack::build::{human_bytes, BuildProgress, BuildSettings};
+use cudastack::stack::{human_bytes, BuildProgress, BuildSettings};
 
 use super::args::{CacheArgs, RegistryArgs};
 use super::{Async, CommandResult, Printer};

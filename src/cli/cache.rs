@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use cudastack::stack::build::human_bytes;
-use cudastack::stack::cache_dir::{cache_usage, prune};
+use cudastack::cache::{cache_usage, prune};
+use cudastack::stack::human_bytes;
 
 use super::{CommandResult, Printer};
 
@@ -34,7 +34,7 @@ enum CacheAction {
 }
 
 pub fn run(args: CacheArgs, printer: &Printer) -> CommandResult {
-    let root = cudastack::cas::cache_root(args.cache_dir);
+    let root = cudastack::cache::cache_root(args.cache_dir);
     match args.action {
         None => {
             let usage = cache_usage(&root)?;

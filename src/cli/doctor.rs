@@ -43,7 +43,7 @@ pub fn run(args: DoctorArgs, printer: &Printer) -> CommandResult {
         Some(root) => planted_host(root, std::env::vars().collect::<BTreeMap<_, _>>())?,
         None => HostRoot::live(),
     };
-    let cache_dir = cudastack::cas::cache_root(args.cache_dir.clone());
+    let cache_dir = cudastack::cache::cache_root(args.cache_dir.clone());
     if args.build_host {
         let report = build_host::check(&host, &cache_dir);
         if printer.json {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand, ValueEnum};
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
-use cudastack::cas::default_cache_root;
+use cudastack::cache::default_cache_root;
 use cudastack::matrix::solve::SolveQuery;
 use cudastack::matrix::source::{self, LoadedMatrix, Origin};
 use cudastack::matrix::{KernelSupport, Matrix, Status};

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::registry::{pull, Platform, Reference, RegistryClient};
 
 use super::args::{CacheArgs, RegistryArgs};

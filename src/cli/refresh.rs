@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::str::FromStr;
 
 use clap::Args;
-use cudastack::cas::default_cache_root;
+use cudastack::cache::default_cache_root;
 use cudastack::fetch::http::HttpClient;
 use cudastack::fetch::index::SimpleIndex;
 use cudastack::matrix::refresh::{

@@ -603,7 +603,7 @@ mod tests {
             return;
         };
         let work = tempfile::tempdir().unwrap();
-        let store = crate::cas::BlobStore::open(work.path().join("store")).unwrap();
+        let store = crate::cache::BlobStore::open(work.path().join("store")).unwrap();
         let marker = format!(
             "load-rollback {} {:?}\n",
             std::process::id(),

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use reqwest::{Response, StatusCode, Url};
 
-use crate::cas::{BlobStore, CasError};
+use crate::cache::{BlobStore, CacheError};
 use crate::digest::{Digest, Hasher};
 use crate::fetch::http::{redacted, HttpClient, HttpError};
 use crate::fetch::progress::Reporter;
@@ -40,7 +40,7 @@ pub enum DownloadError {
     #[error(transparent)]
     Http(#[from] HttpError),
     #[error(transparent)]
-    Cas(#[from] CasError),
+    Cache(#[from] CacheError),
     #[error("I/O error on `{path}`")]
     Io {
         path: PathBuf,

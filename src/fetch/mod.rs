@@ -14,7 +14,7 @@
 //! - [`mirror`]: a local directory of wheels for air-gapped sites;
 //! - [`source`]: the package sources the resolver asks, in priority order;
 //! - [`download`] and [`progress`]: streaming, resumable, hash-checked downloads into the
-//!   [`crate::cas::BlobStore`], with progress on a reporter trait and an offline mode.
+//!   [`crate::cache::BlobStore`], with progress on a reporter trait and an offline mode.
 //!
 //! Nothing here decides which version to use; that is [`crate::lock`].
 // Errors here carry the URL they are about (a `Url` is ~90 bytes) so every message can name

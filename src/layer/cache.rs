@@ -4,33 +4,28 @@
 //! them: the assembler's version string, the digests of the input artifacts, the
 //! assembler's options (any serialisable value, hashed as canonical JSON), and the
 //! [`BuildOptions`] that change bytes (mtime and compression, not thread count).
-//! ```text
-//! <root>/layers/<key-hex>.json   -> the Layer descriptor (digest, diff_id, size, media type);
-//!                                   its mtime is the entry's last use
-//! <root>/layers/<key-hex>.lock   -> held while the entry is looked up and built
-//! <root>/blobs/sha256/<hex>      -> the blob itself (the shared BlobStore)
-//! ```
-//! The index file is written after the blob is committed and is itself renamed into
-//! place atomically, so an interrupted build leaves no entry that points at nothing.
+//! The entries are the cache directory's layer [`Records`] (`layers/<key-hex>.json`: the
+//! Layer descriptor, whose top-level `digest` is the blob it keeps; its mtime is the
+//! entry's last use), the blobs are the shared [`BlobStore`]'s. The record is written
+//! after the blob is committed and is itself renamed into place atomically, so an
+//! interrupted build leaves no entry that points at nothing.
 //! A hit is only a hit if the blob is present and its bytes still hash to its digest
 //! ([`BlobStore::verified`]: an integrity record, rehashing when it no longer matches); a
 //! missing or corrupt blob, or an unreadable index entry, is a miss, repaired by building
 //! the layer again (with a warning).
 //!
-//! Concurrent builds sharing one cache: each entry has a lock file
-//! (`<key-hex>.lock`, `flock(2)`), taken by [`LayerCache::get_or_build`] around the
-//! lookup and the build, so two builds of the same layer build it once and different
+//! Concurrent builds sharing one cache: each entry has a lock ([`Records::lock`]), taken
+//! by [`LayerCache::get_or_build`] around the lookup and the build, so two builds of the same layer build it once and different
 //! layers build in parallel. Blobs and index entries are renamed into place, so readers
 //! that take no lock see a whole entry or none.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
 use super::{build, BuildOptions, Layer, LayerContents, LayerError};
+use crate::cache::{BlobStore, Records};
 use crate::canonical::to_canonical_json;
-use crate::cas::BlobStore;
 use crate::digest::Digest;
 
 /// The identity of a layer's inputs, computed by the caller's assembler.
@@ -78,6 +73,14 @@ impl CacheKey {
     }
 }
 
+/// A key is its digest for the cache's staging area, which names trees by digest (the
+/// cache sits below this module and knows no keys of its own).
+impl std::borrow::Borrow<Digest> for CacheKey {
+    fn borrow(&self) -> &Digest {
+        &self.0
+    }
+}
+
 /// Counters, so callers and tests can see what a build actually did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
@@ -87,37 +90,23 @@ pub struct CacheStats {
     pub builds: u64,
 }
 
-/// One entry of the layer cache's index (`layers/<hex>.json`).
-#[derive(Debug, Clone)]
-pub struct IndexEntry {
-    pub path: PathBuf,
-    /// The entry's descriptor; None when the file cannot be read as one.
-    pub layer: Option<Layer>,
-    /// Size of the index file itself.
-    pub size: u64,
-    pub last_use: std::time::SystemTime,
-}
-
 /// A layer cache over a [`BlobStore`].
 #[derive(Debug)]
 pub struct LayerCache {
     store: BlobStore,
-    index_dir: PathBuf,
+    records: Records,
     hits: AtomicU64,
     builds: AtomicU64,
 }
 
 impl LayerCache {
-    /// Open the cache whose index lives in `<store root>/layers`.
+    /// Open the cache whose records are the layer records of `store`'s cache directory.
     pub fn open(store: BlobStore) -> Result<Self, LayerError> {
-        let index_dir = store.root().join("layers");
-        fs_err::create_dir_all(&index_dir).map_err(|source| LayerError::Io {
-            path: index_dir.clone(),
-            source,
-        })?;
+        let records = Records::layers(store.cache_dir());
+        records.create()?;
         Ok(Self {
             store,
-            index_dir,
+            records,
             hits: AtomicU64::new(0),
             builds: AtomicU64::new(0),
         })
@@ -134,22 +123,16 @@ impl LayerCache {
         }
     }
 
-    fn index_path(&self, key: &CacheKey, options: &BuildOptions) -> PathBuf {
-        self.index_dir
-            .join(format!("{}.json", key.with_build(options).hex()))
-    }
-
     /// The cached layer for these inputs, if its index entry and blob are present.
     pub fn get(&self, key: &CacheKey, options: &BuildOptions) -> Result<Option<Layer>, LayerError> {
-        let path = self.index_path(key, options);
-        let bytes = match fs_err::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(LayerError::Io { path, source }),
+        let record = key.with_build(options);
+        let Some(bytes) = self.records.read(&record)? else {
+            return Ok(None);
         };
         let mut layer: Layer = match serde_json::from_slice(&bytes) {
             Ok(layer) => layer,
             Err(error) => {
+                let path = self.records.path(&record);
                 tracing::warn!(path = %path.display(), %error, "unreadable layer cache entry; building the layer again");
                 return Ok(None);
             }
@@ -157,18 +140,13 @@ impl LayerCache {
         match self.store.verified(&layer.digest)? {
             Some(blob) if fs_err::metadata(&blob).is_ok_and(|m| m.len() == layer.size) => {
                 // The entry's mtime is its last use (`cudastack cache prune`).
-                crate::cas::touch_last_use(&path);
+                self.records.touch(&record);
                 layer.blob = blob;
                 Ok(Some(layer))
             }
             // Missing, or removed by `verified` as corrupt (it warned): build it again.
             _ => Ok(None),
         }
-    }
-
-    fn lock_path(&self, key: &CacheKey, options: &BuildOptions) -> PathBuf {
-        self.index_dir
-            .join(format!("{}.lock", key.with_build(options).hex()))
     }
 
     /// Return the cached layer, or build it from `contents()` and record it. On a hit
@@ -185,11 +163,7 @@ impl LayerCache {
             return Ok(layer);
         }
         // Another build may be writing this layer: wait for it, then look again.
-        let lock_path = self.lock_path(key, options);
-        let _lock = crate::atomic_file::lock(&lock_path).map_err(|source| LayerError::Io {
-            path: lock_path.clone(),
-            source,
-        })?;
+        let _lock = self.records.lock(&key.with_build(options))?;
         if let Some(layer) = self.get(key, options)? {
             self.hits.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(digest = %layer.digest, "layer cache hit after waiting for another build");
@@ -202,79 +176,13 @@ impl LayerCache {
         Ok(layer)
     }
 
-    /// Every entry of the index, for `cudastack cache`: its file, its layer (None when it
-    /// cannot be read) and its last use (the file's mtime, touched by [`LayerCache::get`]).
-    pub fn entries(&self) -> Result<Vec<IndexEntry>, LayerError> {
-        let io = |path: &PathBuf| {
-            let path = path.clone();
-            move |source| LayerError::Io { path, source }
-        };
-        let mut entries = Vec::new();
-        for dirent in fs_err::read_dir(&self.index_dir).map_err(io(&self.index_dir))? {
-            let path = dirent.map_err(io(&self.index_dir))?.path();
-            if path.extension().is_none_or(|ext| ext != "json") {
-                continue;
-            }
-            let Ok(meta) = fs_err::metadata(&path) else {
-                continue; // removed by a concurrent prune
-            };
-            let layer = fs_err::read(&path)
-                .ok()
-                .and_then(|bytes| serde_json::from_slice::<Layer>(&bytes).ok());
-            entries.push(IndexEntry {
-                last_use: meta.modified().map_err(io(&path))?,
-                size: meta.len(),
-                path,
-                layer,
-            });
-        }
-        entries.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(entries)
-    }
-
-    /// Remove `entry` if no build used it since `cutoff` and none is building it now (its
-    /// lock is free). Returns whether it was removed; its blob is the store's to prune.
-    pub fn remove_if_unused_since(
-        &self,
-        entry: &IndexEntry,
-        cutoff: std::time::SystemTime,
-    ) -> Result<bool, LayerError> {
-        let lock_path = entry.path.with_extension("lock");
-        let io = |path: &PathBuf| {
-            let path = path.clone();
-            move |source| LayerError::Io { path, source }
-        };
-        let Some(_lock) = crate::cas::try_lock(&lock_path).map_err(io(&lock_path))? else {
-            return Ok(false);
-        };
-        // Looked at again under the lock: a build may have used it since it was listed.
-        let used = fs_err::metadata(&entry.path).and_then(|m| m.modified());
-        if used.is_ok_and(|used| used >= cutoff) {
-            return Ok(false);
-        }
-        match fs_err::remove_file(&entry.path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(source) => Err(LayerError::Io {
-                path: entry.path.clone(),
-                source,
-            }),
-        }
-    }
-
     fn record(
         &self,
         key: &CacheKey,
         options: &BuildOptions,
         layer: &Layer,
     ) -> Result<(), LayerError> {
-        let path = self.index_path(key, options);
         let bytes = to_canonical_json(layer).expect("layer descriptor serialises");
-        let tmp_dir = self.store.tmp_dir();
-        let io = |path: PathBuf| move |source| LayerError::Io { path, source };
-        let mut temp =
-            crate::atomic_file::temp_in(&tmp_dir, "layer-index-").map_err(io(tmp_dir.clone()))?;
-        std::io::Write::write_all(&mut temp, &bytes).map_err(io(temp.path().to_path_buf()))?;
-        crate::atomic_file::persist(temp, &path).map_err(io(path.clone()))
+        Ok(self.records.write(&key.with_build(options), &bytes)?)
     }
 }

@@ -31,10 +31,10 @@ use std::sync::mpsc;
 use oci_spec::image::MediaType;
 use serde::{Deserialize, Serialize};
 
-use crate::cas::{BlobStore, CasError};
+use crate::cache::{BlobStore, CacheError};
 use crate::digest::{Digest, HashingWriter};
 
-pub use cache::{CacheKey, CacheStats, IndexEntry, LayerCache};
+pub use cache::{CacheKey, CacheStats, LayerCache};
 pub use compress::{Compression, Compressor, ParallelGzip, DEFAULT_GZIP_LEVEL};
 pub use entry::{Entry, EntryKind, FileSource, LayerContents, LayerPath, OpenContent};
 pub use tar_writer::{write_layer_tar, ContentError, Header, TarWriter};
@@ -90,7 +90,7 @@ pub enum LayerError {
     #[error("failed to compress the layer stream")]
     Compress(#[source] io::Error),
     #[error(transparent)]
-    Store(#[from] CasError),
+    Store(#[from] CacheError),
 }
 
 /// How a layer is written: everything that changes its bytes, plus parallelism.

@@ -24,7 +24,9 @@ use super::{Matrix, TorchPypiData, NVIDIA_DATA, TORCH_PYPI_DATA, TORCH_VARIANTS_
 
 /// Where a refreshed torch matrix lives under a cache root.
 pub fn refreshed_path(cache_root: &Path) -> PathBuf {
-    cache_root.join("matrix").join("torch-pypi.json")
+    crate::cache::CacheDir::new(cache_root)
+        .matrix()
+        .join("torch-pypi.json")
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -28,7 +28,7 @@
 //!
 //! Hard links stay (copying gigabytes per build would cost more than the risk): a layout's
 //! layer blob and the cache's blob are one file. The cache checks that file against its
-//! integrity record before every reuse ([`crate::cas::BlobStore::verified`]), so an edit
+//! integrity record before every reuse ([`crate::cache::BlobStore::verified`]), so an edit
 //! through the layout is caught at the next build and the cache entry is rebuilt into a
 //! new file (the old layout keeps the damaged one, which `skopeo`/`docker` reject by digest).
 //! A blob already in the layout is kept only when it is the very file being placed or

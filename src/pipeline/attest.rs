@@ -14,7 +14,7 @@ use crate::attest::{provenance, verification};
 use crate::digest::Digest;
 use crate::oci::layout;
 use crate::sign::key::SigningKey;
-use crate::stack::build::{BuildReport, BuildSettings, PlatformReport};
+use crate::stack::{BuildReport, BuildSettings, PlatformReport};
 use crate::verify::check::ImageClaims;
 use crate::verify::record::Recorded;
 use crate::verify::report::Report;
@@ -245,7 +245,7 @@ pub async fn pull_referrers(
     reference: &crate::registry::Reference,
     layout_dir: &Path,
     subject: &Digest,
-    store: &crate::cas::BlobStore,
+    store: &crate::cache::BlobStore,
 ) -> Result<PulledReferrers, PipelineError> {
     use crate::registry::referrers::{fetch_referrers, ArtifactTypes, BlobSink, ReferrerBudget};
     let fetched = fetch_referrers(

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use crate::fetch::progress::Reporter;
 use crate::layer::Layer;
 use crate::registry::{push_blob_file, BlobReport, PushOptions, RegistryClient};
-use crate::stack::build::BuildProgress;
+use crate::stack::BuildProgress;
 
 use super::{PipelineError, PushTarget};
 

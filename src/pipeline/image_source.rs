@@ -33,7 +33,7 @@ pub async fn read_documents(
     source: ImageSource,
     platform: Option<Platform>,
 ) -> Result<ImageDocuments, PipelineError> {
-    let platform = platform.or_else(crate::stack::build::host_platform);
+    let platform = platform.or_else(crate::stack::host_platform);
     match source {
         ImageSource::Layout { dir, ref_name } => {
             let architecture = platform.map(|p| p.to_oci_arch());

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use crate::engine::{split_tag, Engine, LoadReport};
-use crate::stack::build::human_bytes;
+use crate::stack::human_bytes;
 
 use super::{PipelineError, Progress};
 

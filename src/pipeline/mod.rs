@@ -1,6 +1,6 @@
 //! The pipeline: what `cudastack build` does after parsing its arguments, as library
-//! functions with typed settings and a typed report. Build the image (`stack::build`),
-//! then verify it (`verify::runner`, with the verification cache), then load it into the
+//! functions with typed settings and a typed report. Build the image ([`build`]: the
+//! inputs, the source builds, the assembly in `stack`, the layout), then verify it (`verify::runner`, with the verification cache), then load it into the
 //! Docker daemon (`engine`), then push it (`registry`) with its verification reports as
 //! referrers. Each stage is also a function of its own, which the `verify`, `load` and
 //! `push` commands call, and [`image_source`] reads an image's documents from a layout or
@@ -13,6 +13,7 @@
 //! goes through [`Progress`].
 
 pub mod attest;
+pub mod build;
 pub mod early_push;
 pub mod image_source;
 pub mod load;
@@ -33,9 +34,10 @@ use crate::engine::LoadReport;
 use crate::matrix::Matrix;
 use crate::recipe::Recipe;
 use crate::registry::{ClientOptions, PushReport, Reference};
-use crate::stack::build::{build, BuildProgress, BuildReport, BuildSettings};
+use crate::stack::{BuildProgress, BuildReport, BuildSettings};
 use crate::verify::report::Report;
 use crate::verify::runner::VerifyOutcome;
+use build::build;
 
 pub use push::PushSettings;
 
@@ -47,7 +49,9 @@ pub enum PipelineError {
     #[error(transparent)]
     Recipe(Box<crate::recipe::RecipeError>),
     #[error(transparent)]
-    Build(Box<crate::stack::build::BuildError>),
+    Build(Box<crate::stack::BuildError>),
+    #[error(transparent)]
+    SourceBuild(Box<crate::source_build::SourceBuildError>),
     #[error(transparent)]
     Verify(Box<crate::verify::runner::VerifyError>),
     #[error(transparent)]
@@ -103,7 +107,8 @@ macro_rules! boxed_from {
 
 boxed_from!(
     Recipe: crate::recipe::RecipeError,
-    Build: crate::stack::build::BuildError,
+    Build: crate::stack::BuildError,
+    SourceBuild: crate::source_build::SourceBuildError,
     Verify: crate::verify::runner::VerifyError,
     Engine: crate::engine::EngineError,
     Registry: crate::registry::RegistryError,
@@ -179,7 +184,7 @@ pub async fn build_verify_publish(
     let _cache_in_use = settings
         .push
         .as_ref()
-        .and_then(|_| crate::stack::hold_builds_lock(&settings.build.cache_root));
+        .and_then(|_| crate::cache::hold_builds_lock(&settings.build.cache_root));
     let early = match &settings.push {
         Some(target) if target.reference.digest().is_none() => Some(EarlyUploads::start(target)?),
         _ => None,
@@ -267,7 +272,7 @@ mod tests {
 
     use super::*;
     use crate::digest::Digest;
-    use crate::stack::build::{AuditSummary, PlatformReport};
+    use crate::stack::{AuditSummary, PlatformReport};
 
     /// Collects the status lines a stage says.
     #[derive(Default)]

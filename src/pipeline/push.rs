@@ -14,7 +14,7 @@ use crate::registry::{
     push_layout, BlobOutcome, ClientOptions, PushHistory, PushOptions, PushReport, Reference,
     RegistryClient,
 };
-use crate::stack::build::human_bytes;
+use crate::stack::human_bytes;
 use crate::verify::record::{report_ref, stored_report};
 use crate::verify::REPORT_ARTIFACT_TYPE;
 
@@ -125,9 +125,8 @@ pub async fn push_after(
 }
 
 fn history_path(settings: &PushSettings) -> PathBuf {
-    settings
-        .cache_root
-        .join("registry")
+    crate::cache::CacheDir::new(&settings.cache_root)
+        .registry()
         .join("push-history.json")
 }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::engine::run::GpuRequest;
 use crate::engine::Engine;
 use crate::recipe::GpuPolicy;
-use crate::stack::build::BuildReport;
+use crate::stack::BuildReport;
 use crate::verify::report::Verdict;
 use crate::verify::runner::{verify_layout, GpuChoice, VerifyOutcome, VerifySettings};
 

@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::auth::{Challenge, Credentials, Secret};
 use super::RegistryError;
-use crate::cas::BlobStore;
+use crate::cache::BlobStore;
 use crate::digest::Digest;
 use crate::net::{range_headers, Piece, ResumableBody, RetryPolicy, Sent, Transport};
 use crate::reference::Reference;

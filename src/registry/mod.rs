@@ -18,7 +18,7 @@
 //! through [`crate::oci::layout::LayoutWriter`]: this module never parses or writes a
 //! layout's `index.json` itself. The module must not build images or decide tags; it moves
 //! bytes whose digests are already known, and checks them. It never holds a layer in
-//! memory. Depends on `oci`, `reference`, `cas`, `canonical`, `digest` and `net` (the
+//! memory. Depends on `oci`, `reference`, `cache`, `canonical`, `digest` and `net` (the
 //! retrying transport its auth is layered on).
 
 // Errors carry the URL they are about (as in crate::fetch); they are not on a hot path.
@@ -159,7 +159,7 @@ pub enum RegistryError {
     #[error(transparent)]
     Oci(#[from] crate::oci::OciError),
     #[error(transparent)]
-    Cas(#[from] crate::cas::CasError),
+    Cache(#[from] crate::cache::CacheError),
 }
 
 fn unreachable_hint(registry: &str, url: &Url) -> String {

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::client::{Platform, RegistryClient};
 use super::RegistryError;
-use crate::cas::BlobStore;
+use crate::cache::BlobStore;
 use crate::digest::Digest;
 use crate::reference::Reference;
 

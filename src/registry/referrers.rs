@@ -333,7 +333,7 @@ impl ArtifactTypes<'_> {
 #[derive(Clone, Copy)]
 pub enum BlobSink<'a> {
     Memory,
-    Store(&'a crate::cas::BlobStore),
+    Store(&'a crate::cache::BlobStore),
 }
 
 /// The first blob of a fetched referrer.
@@ -609,7 +609,7 @@ async fn blob_into_store(
     repository: &str,
     digest: &Digest,
     size: u64,
-    store: &crate::cas::BlobStore,
+    store: &crate::cache::BlobStore,
 ) -> Result<std::path::PathBuf, RegistryError> {
     if !store.contains(digest) {
         let what = format!(

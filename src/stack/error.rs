@@ -1,6 +1,9 @@
-//! The one error type of `cudastack build` ([`BuildError`]), shared by every step of the
-//! assembly (inputs, staging, the layer stagers, the output), so each step can use `?`
-//! without converting, and the messages stay in one voice.
+//! The error of the assembly ([`BuildError`]), shared by its steps (inputs, the layer
+//! stagers, produce, the output), so each step can use `?` without converting, and the
+//! messages stay in one voice. It wraps the errors of the modules the stack calls (the
+//! lock, fetch, the cache, install, layer, oci, the audit); a stage above the stack keeps
+//! its own (`source_build::SourceBuildError`, which wraps this one when its builder fails
+//! to stage), and the pipeline holds both.
 
 use std::path::{Path, PathBuf};
 
@@ -42,7 +45,7 @@ pub enum BuildError {
     #[error(transparent)]
     Credentials(#[from] crate::fetch::credentials::CredentialError),
     #[error(transparent)]
-    Cas(#[from] crate::cas::CasError),
+    Cache(#[from] crate::cache::CacheError),
     #[error(transparent)]
     Base(#[from] crate::base_root::BaseError),
     #[error(transparent)]
@@ -57,8 +60,6 @@ pub enum BuildError {
     Audit(#[from] crate::audit::AuditError),
     #[error(transparent)]
     Copy(#[from] crate::stack::layers::copy::CopyError),
-    #[error(transparent)]
-    SourceBuild(Box<crate::stack::source_build::SourceBuildError>),
     #[error("cannot read the metadata of wheel `{wheel}`: {message}\n  hint: the wheel in the cache matched its locked sha256, so the locked file itself is malformed; run `cudastack lock --upgrade-package` for it")]
     Wheel { wheel: String, message: String },
     #[error("the static audit of the assembled image failed:\n{0}")]

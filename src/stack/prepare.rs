@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::apt::DebFile;
-use crate::cas::BlobStore;
+use crate::cache::Staging;
+use crate::cache::{BlobStore, CacheDir};
 use crate::digest::Digest;
 use crate::elf::Machine;
 use crate::fetch::download::{Downloader, FetchItem};
@@ -20,9 +21,9 @@ use crate::matrix::validate::{gpu_errors, locked_torch_build, selected_torch_bui
 use crate::matrix::{Matrix, TorchBuild};
 use crate::recipe::{Platform, Recipe};
 use crate::stack::error::{io_error, BuildError};
+use crate::stack::files::write_record;
 use crate::stack::layers::toolkit::layout::ToolkitPaths;
 use crate::stack::settings::{BuildProgress, BuildSettings};
-use crate::stack::staging::{write_record, Staging};
 
 /// A wheel of the lock, in the blob store and linked under its file name.
 #[derive(Debug, Clone)]
@@ -296,7 +297,7 @@ async fn fetch_wheels(
     let paths = downloader.fetch_all(&items).await?;
     // Blobs are named by digest; the installer reads a wheel's tags from its file name, so
     // each gets a link under its real name.
-    let named = settings.cache_root.join("wheels");
+    let named = CacheDir::new(&settings.cache_root).wheels();
     fs_err::create_dir_all(&named).map_err(io_error(&named))?;
     let mut wheel_paths: BTreeMap<String, FetchedWheel> = BTreeMap::new();
     for (artifact, blob) in wheels.iter().zip(paths) {
@@ -363,7 +364,7 @@ async fn verify_debs(
     trusted.extend(mirror.as_ref());
     check_origins(&debs, &trusted, settings.apt_snapshot.as_ref())?;
     let index = mirror.unwrap_or(public);
-    let verified = VerifiedSets::new(&settings.cache_root.join("apt-verified"));
+    let verified = VerifiedSets::new(&CacheDir::new(&settings.cache_root).apt_verified());
     if verified.contains(&debs, &index)? {
         return Ok(());
     }

@@ -17,16 +17,17 @@ use std::thread::{Scope, ScopedJoinHandle};
 
 use crate::audit::kernels::{missing, KernelTable, LibraryKernels};
 use crate::audit::{audit, AuditOptions, AuditReport};
+use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::elf::fatbin::{DeviceCode, SectionCode};
 use crate::layer::{CacheKey, DirOptions, Layer, LayerContents};
 use crate::matrix::{Matrix, TorchBuild};
 use crate::recipe::Recipe;
 use crate::stack::error::BuildError;
+use crate::stack::files::{merge_trees, write_record};
 use crate::stack::image_config::StackConfig;
 use crate::stack::layers::{BuildEnv, LayerStager, StackLayers};
 use crate::stack::report::{human_bytes, AuditSummary, LayerReport};
-use crate::stack::staging::{merge_trees, write_record, Staging};
 use crate::target_gpu::TargetGpu;
 use crate::version::PtxIsa;
 
@@ -485,11 +486,11 @@ fn nvidia_pins(torch_build: Option<&TorchBuild>) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cas::BlobStore;
+    use crate::cache::BlobStore;
     use crate::fetch::progress::{NoReporter, Reporter};
     use crate::layer::{BuildOptions, Compression, LayerCache};
+    use crate::stack::files::write_file;
     use crate::stack::settings::BuildProgress;
-    use crate::stack::staging::write_file;
     use std::sync::{Arc, Condvar, Mutex};
     use std::time::Duration;
 

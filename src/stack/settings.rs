@@ -1,5 +1,6 @@
 //! What a build is asked to do ([`BuildSettings`]) and how it reports progress
-//! ([`BuildProgress`]): the inputs every step of the assembly reads, below all of them.
+//! ([`BuildProgress`]): the inputs every step of the assembly (and the source builds above
+//! it) reads, below all of them.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,14 +39,11 @@ pub struct BuildSettings {
     /// (`--apt-snapshot`): where the lock's .debs are checked when the archive dropped them.
     pub apt_snapshot: Option<reqwest::Url>,
     /// How long one source build may run before it is killed (`--source-build-timeout`);
-    /// [`DEFAULT_SOURCE_BUILD_TIMEOUT`] when None. A setting of whoever runs the build, not
-    /// of the recipe, which a pull request can change.
+    /// `crate::source_build::DEFAULT_SOURCE_BUILD_TIMEOUT` when None. A setting of whoever
+    /// runs the build, not of the recipe, which a pull request can change. Read by the
+    /// source builds only; here because one `cudastack build` is asked for it with the rest.
     pub source_build_timeout: Option<Duration>,
 }
-
-/// The default of [`BuildSettings::source_build_timeout`]: 4 hours. flash-attn 2.6 takes
-/// over an hour on 16 cores; a build that hangs must still end a CI job.
-pub const DEFAULT_SOURCE_BUILD_TIMEOUT: Duration = Duration::from_secs(4 * 60 * 60);
 
 /// Progress lines, one per stage; downloads get their own reporter (bars). Called from
 /// the layer writer threads too, hence `Sync`.

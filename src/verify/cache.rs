@@ -9,8 +9,8 @@
 //! and bus, the daemon's version and its GPU runtimes). Anything that could change the
 //! report changes the key; a new driver or another GPU re-runs the probe.
 //!
-//! Entries live at `CACHE/verify/<sha256 of the key>.json`, written whole
-//! ([`crate::atomic_file`]), and repeat their key, which a lookup compares field by
+//! Entries are the cache directory's verify records (`CACHE/verify/<sha256 of the
+//! key>.json`, written whole: [`crate::cache::Records`]), and repeat their key, which a lookup compares field by
 //! field: a truncated, foreign or colliding file is a miss, never a wrong answer. A
 //! failed report is never stored, so a failure is always re-run (a flaky GPU gets its
 //! second chance). The cache is as trusted as the rest of the cache directory: whoever
@@ -18,11 +18,12 @@
 //!
 //! What this module must not do: run anything, or decide a verdict.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use super::report::{Report, Verdict};
+use crate::cache::{CacheDir, CacheError, Records};
 use crate::digest::Digest;
 use crate::probe::PROBE_SOURCE;
 
@@ -121,10 +122,10 @@ impl CacheKey {
         }
     }
 
-    /// The entry's file name: the digest of the key's canonical JSON.
-    fn file_name(&self) -> String {
+    /// The entry's key among the records: the digest of the key's canonical JSON.
+    fn record_key(&self) -> Digest {
         let json = crate::oci::canonical::to_canonical_json(self).expect("a key serialises");
-        format!("{}.json", Digest::of_bytes(&json).hex())
+        Digest::of_bytes(&json)
     }
 }
 
@@ -137,20 +138,20 @@ struct Entry {
 /// The cache of one cache directory.
 #[derive(Debug, Clone)]
 pub struct VerifyCache {
-    dir: PathBuf,
+    records: Records,
 }
 
 impl VerifyCache {
     /// The cache under `cache_root` (the build cache's root: `CACHE/verify`).
     pub fn new(cache_root: &Path) -> Self {
         Self {
-            dir: cache_root.join("verify"),
+            records: Records::verify(&CacheDir::new(cache_root)),
         }
     }
 
     /// The report stored under `key`, if one is and its stored key is exactly `key`.
     pub fn get(&self, key: &CacheKey) -> Option<Report> {
-        let bytes = std::fs::read(self.dir.join(key.file_name())).ok()?;
+        let bytes = self.records.read(&key.record_key()).ok()??;
         let entry: Entry = serde_json::from_slice(&bytes).ok()?;
         // A failed report is never stored; one found is not trusted to skip anything.
         (entry.key == *key && !matches!(entry.report.verdict(), Verdict::Failed { .. }))
@@ -158,20 +159,16 @@ impl VerifyCache {
     }
 
     /// Store `report` under `key`; a failed report is not stored. Returns whether it was.
-    pub fn put(&self, key: &CacheKey, report: &Report) -> std::io::Result<bool> {
+    pub fn put(&self, key: &CacheKey, report: &Report) -> Result<bool, CacheError> {
         if matches!(report.verdict(), Verdict::Failed { .. }) {
             return Ok(false);
         }
-        fs_err::create_dir_all(&self.dir)?;
         let entry = Entry {
             key: key.clone(),
             report: report.clone(),
         };
-        let bytes = serde_json::to_vec_pretty(&entry).map_err(std::io::Error::other)?;
-        let path = self.dir.join(key.file_name());
-        crate::atomic_file::write(&path, &bytes).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("writing {}: {e}", path.display()))
-        })?;
+        let bytes = serde_json::to_vec_pretty(&entry).expect("a report serialises");
+        self.records.write(&key.record_key(), &bytes)?;
         Ok(true)
     }
 }
@@ -319,7 +316,10 @@ mod tests {
         assert!(cache.get(&key).is_none());
 
         cache.put(&key, &report("pass")).unwrap();
-        let path = dir.path().join("verify").join(key.file_name());
+        let path = dir
+            .path()
+            .join("verify")
+            .join(format!("{}.json", key.record_key().hex()));
         let text = std::fs::read_to_string(&path).unwrap();
         // Truncated.
         std::fs::write(&path, &text[..text.len() / 2]).unwrap();

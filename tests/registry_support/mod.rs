@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cudastack::cas::BlobStore;
+use cudastack::cache::BlobStore;
 use cudastack::layer::{self, BuildOptions, Compression, Entry, LayerContents, LayerPath};
 use cudastack::oci::Image;
 

@@ -16,8 +16,8 @@ use crate::base_root::rootless::BuildMode;
 use crate::base_root::{debootstrap, DebootstrapSpec};
 use crate::layer::{CacheKey, DirOptions, RecordedOwners};
 use crate::stack::error::{io_error, BuildError};
+use crate::stack::files::write_record;
 use crate::stack::prepare::PlatformInputs;
-use crate::stack::staging::write_record;
 use crate::stack::tree_diff::{diff_trees, Tree};
 
 pub(crate) struct AptLayer {

@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 use super::{LayerStager, ASSEMBLER};
 use crate::base_root::rootless::{BuildHost, BuildMode};
 use crate::base_root::{debootstrap, inspect_rootfs, BaseError, DebootstrapSpec, RootfsFacts};
+use crate::cache::Staging;
 use crate::layer::{CacheKey, DirOptions, ModePolicy};
 use crate::lock::lockfile::Lockfile;
 use crate::recipe::{Base, Recipe};
 use crate::stack::error::{io_error, BuildError};
+use crate::stack::files::write_record;
 use crate::stack::prepare::PlatformInputs;
-use crate::stack::staging::{write_record, Staging};
 
 /// The base layer of one platform: the mmdebstrap spec is its whole cache key.
 pub(crate) struct BaseLayer<'a> {

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use super::{BuildEnv, LayerStager, ASSEMBLER};
 use crate::base_root::inspect_rootfs;
 use crate::base_root::ldcache;
+use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::elf::Machine;
 use crate::layer::CacheKey;
@@ -19,11 +20,11 @@ use crate::probe::glibc::can_run_on;
 use crate::probe::native::{self, NativeProbe, NATIVE_PROBE_PATH};
 use crate::probe::{EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
 use crate::stack::error::{io_error, BuildError};
+use crate::stack::files::{merge_trees, write_file};
 use crate::stack::image_config::PIP_CONSTRAINTS_PATH;
 use crate::stack::layers::toolkit::layout::ToolkitPaths;
 use crate::stack::prepare::PlatformInputs;
 use crate::stack::settings::BuildProgress;
-use crate::stack::staging::{merge_trees, write_file, Staging};
 
 /// The config layer of one platform.
 pub(crate) struct ConfigLayer<'a> {

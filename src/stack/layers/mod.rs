@@ -28,11 +28,11 @@ pub mod user;
 
 use std::path::{Path, PathBuf};
 
+use crate::cache::Staging;
 use crate::layer::{BuildOptions, CacheKey, DirOptions, LayerCache};
 use crate::stack::error::BuildError;
 use crate::stack::prepare::{FetchedWheel, PlatformInputs};
 use crate::stack::settings::BuildProgress;
-use crate::stack::staging::Staging;
 use python::PythonPart;
 
 /// Bump when what an assembler writes, or what it refuses to write, changes: it is part of

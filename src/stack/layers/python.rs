@@ -423,11 +423,11 @@ mod tests {
         ];
         refuse_data_over_the_verification_base(wheel, &fine, &scheme).unwrap();
     }
+    use crate::cache::Staging;
     use crate::lock::lockfile::Lockfile;
     use crate::matrix::Matrix;
     use crate::recipe::{Platform, Recipe};
     use crate::stack::layers::toolkit::ToolkitLayer;
-    use crate::stack::staging::Staging;
     use std::io::Write;
 
     const MIB: u64 = 1024 * 1024;

@@ -16,8 +16,8 @@ use super::{BuildEnv, LayerStager, ASSEMBLER};
 use crate::layer::{CacheKey, DirOptions, LayerPath, ModePolicy, Recorded, RecordedOwners};
 use crate::recipe::{ImagePath, UserSpec};
 use crate::stack::error::{io_error, BuildError};
+use crate::stack::files::{write_file, write_record};
 use crate::stack::prepare::PlatformInputs;
-use crate::stack::staging::{write_file, write_record};
 
 /// The account files, with the line the user gets in each. gshadow only when the base has
 /// one (Debian and Ubuntu do).

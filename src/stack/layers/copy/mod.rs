@@ -21,13 +21,14 @@ use std::path::{Path, PathBuf};
 
 use super::below::{walk_down, Below, LowerKind};
 use super::{LayerStager, ASSEMBLER};
+use crate::cache::Staging;
 use crate::contained_file::{ContainedError, ContainedFile, FileIdentity};
 use crate::digest::{Digest, Hasher, HashingWriter};
 use crate::layer::{CacheKey, DirOptions, LayerPath, RecordedOwners};
 use crate::printable::{path as printable_path, short};
 use crate::recipe::CopyEntry;
 use crate::stack::error::{io_error, BuildError};
-use crate::stack::staging::{write_record, Staging};
+use crate::stack::files::write_record;
 use dockerignore::IgnorePatterns;
 
 #[derive(Debug, thiserror::Error)]

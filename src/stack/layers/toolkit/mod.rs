@@ -13,12 +13,13 @@ pub mod layout;
 use std::path::{Path, PathBuf};
 
 use super::{LayerStager, ASSEMBLER};
+use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::layer::CacheKey;
 use crate::recipe::Flavor;
 use crate::stack::error::BuildError;
+use crate::stack::files::write_record;
 use crate::stack::prepare::PlatformInputs;
-use crate::stack::staging::{write_record, Staging};
 use layout::{NvidiaWheel, ToolkitPaths};
 
 /// A toolkit layer of one platform: `cuda`, `cuda-math` or `cudnn`.

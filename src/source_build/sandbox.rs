@@ -146,7 +146,7 @@ exit 0"#;
 
 impl Sandbox<'_> {
     /// Run to the end: see [`Sandbox::spawn`] and [`Sandbox::wait`].
-    pub(super) fn run(&self, signals: &StopSignals) -> Result<Ended, BuildError> {
+    pub(super) fn run(&self, signals: &StopSignals) -> Result<Ended, SourceBuildError> {
         if let Some(signal) = signals.caught() {
             return Ok(Ended::Stopped(signal));
         }
@@ -161,7 +161,7 @@ impl Sandbox<'_> {
     /// up in the extension's symbols, so the same build in a fresh namespace gets the same
     /// PIDs and the same bytes. unshare runs in a session of its own, with SIGKILL as its
     /// parent-death signal.
-    fn spawn(&self) -> Result<std::process::Child, BuildError> {
+    fn spawn(&self) -> Result<std::process::Child, SourceBuildError> {
         mount_points(self.root)?;
         let log = self.log;
         let out = std::fs::File::create(log).map_err(io_error(log))?;
@@ -227,7 +227,7 @@ impl Sandbox<'_> {
         &self,
         mut child: std::process::Child,
         signals: &StopSignals,
-    ) -> Result<Ended, BuildError> {
+    ) -> Result<Ended, SourceBuildError> {
         let unshare = Path::new("unshare");
         let deadline = std::time::Instant::now() + self.timeout;
         loop {
@@ -250,7 +250,7 @@ impl Sandbox<'_> {
 
 /// `/proc` and `/dev` of the builder root are directories (made if missing): the mounts
 /// of [`SANDBOX_SCRIPT`] run outside the chroot, and must not follow a link of the base.
-pub(super) fn mount_points(root: &Path) -> Result<(), BuildError> {
+pub(super) fn mount_points(root: &Path) -> Result<(), SourceBuildError> {
     for name in ["proc", "dev"] {
         let path = root.join(name);
         match std::fs::symlink_metadata(&path) {
@@ -259,11 +259,11 @@ pub(super) fn mount_points(root: &Path) -> Result<(), BuildError> {
                 fs_err::create_dir(&path).map_err(io_error(&path))?;
             }
             Ok(metadata) => {
-                return Err(BuildError::Unsupported(format!(
-                    "the builder root's `/{name}` ({}) is {}, not a directory: the sandbox mounts its own there\n  hint: the image's base or a package of it puts something else at `/{name}`",
-                    path.display(),
-                    describe(metadata.file_type())
-                )))
+                return Err(SourceBuildError::MountPointNotDirectory {
+                    name,
+                    path,
+                    found: describe(metadata.file_type()),
+                })
             }
             Err(error) => return Err(io_error(&path)(error)),
         }
@@ -275,7 +275,7 @@ pub(super) fn mount_points(root: &Path) -> Result<(), BuildError> {
 /// kernel kills every process of the namespace before its init can be reaped, so once
 /// unshare (waiting for it) has exited, none is left. The session's process group when
 /// that init is not there (unshare had not forked yet), or unshare does not exit.
-pub(super) fn stop(child: &mut std::process::Child) -> Result<(), BuildError> {
+pub(super) fn stop(child: &mut std::process::Child) -> Result<(), SourceBuildError> {
     let unshare = child.id() as libc::pid_t;
     // SAFETY: kill(2) of processes this sandbox started: unshare is not reaped yet, so
     // neither its PID nor its process group can belong to anyone else.
@@ -347,18 +347,17 @@ pub(super) fn read_out(
     root: &Path,
     package: &str,
     version: &str,
-) -> Result<Vec<(String, std::fs::File)>, BuildError> {
+) -> Result<Vec<(String, std::fs::File)>, SourceBuildError> {
     let top = std::fs::File::open(root).map_err(io_error(root))?;
     let open = |dir: &std::fs::File, shown: &str, name: &OsStr, want_dir: bool| {
         open_output(dir, root, shown, name, want_dir).map_err(|error| match error {
-            OutputError::Io(path, source) => BuildError::Io { path, source },
+            OutputError::Io(path, source) => SourceBuildError::Io { path, source },
             OutputError::Found(path, found) => SourceBuildError::UnsafeOutput {
                 package: package.to_string(),
                 version: version.to_string(),
                 path,
                 found,
-            }
-            .into(),
+            },
         })
     };
     let build = open(&top, "", OsStr::new("build"), true)?;
@@ -439,7 +438,7 @@ pub(super) fn open_output(
 }
 
 /// Copy the opened wheel to `target`.
-pub(super) fn copy_out(mut file: &std::fs::File, target: &Path) -> Result<(), BuildError> {
+pub(super) fn copy_out(mut file: &std::fs::File, target: &Path) -> Result<(), SourceBuildError> {
     let mut copy = std::fs::File::create(target).map_err(io_error(target))?;
     std::io::copy(&mut file, &mut copy).map_err(io_error(target))?;
     Ok(())

@@ -1,15 +1,7 @@
-//! The content-addressed blob store shared by every stage that keeps bytes on disk.
+//! The content-addressed blob store shared by every stage that keeps bytes on disk: the
+//! `blobs/`, `verified/`, `tmp/` and `locks/` directories of the cache (the module's head
+//! has the whole layout).
 //!
-//! Layout under the cache root (default `~/.cache/cudastack`, or `$CUDASTACK_CACHE_DIR`):
-//! ```text
-//! blobs/sha256/<hex>      complete, verified blobs (downloads, compressed layers, configs)
-//! verified/sha256/<hex>   integrity record: the blob's size, mtime, inode and device
-//!                         when its bytes last hashed to <hex>; the record's own mtime
-//!                         is the blob's last use (`cudastack cache prune`)
-//! tmp/                    in-progress writes; same filesystem so the final rename is atomic
-//! locks/                  `flock(2)` files of resumable downloads (kept: removing a lock
-//!                         file another process waits on would split the lock)
-//! ```
 //! A blob appears under `blobs/` only after its bytes hashed to the name it gets, so a
 //! reader never sees a half-written entry (DESIGN.md, "Safe"). An interrupted write leaves
 //! at most a file in `tmp/`, which is never read as a blob.
@@ -30,92 +22,31 @@
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use super::{io_err, touch_last_use, try_lock, CacheDir, CacheError};
 use crate::digest::{Digest, HashingWriter};
-
-#[derive(Debug, thiserror::Error)]
-pub enum CasError {
-    #[error("I/O error on `{path}`")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("content of {what} does not match its digest\n  Expected: {expected}\n  Found:    {found} ({size} bytes)")]
-    Mismatch {
-        what: String,
-        expected: Digest,
-        found: Digest,
-        size: u64,
-    },
-}
-
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CasError + '_ {
-    move |source| CasError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-/// The default cache root: `$CUDASTACK_CACHE_DIR`, else `$XDG_CACHE_HOME/cudastack`,
-/// else `~/.cache/cudastack`.
-/// The cache root a command uses: `given` (`--cache-dir`) or the default, made absolute so
-/// links and records made under it do not depend on the working directory.
-pub fn cache_root(given: Option<PathBuf>) -> PathBuf {
-    let root = given.unwrap_or_else(default_cache_root);
-    std::path::absolute(&root).unwrap_or(root)
-}
-
-pub fn default_cache_root() -> PathBuf {
-    if let Some(dir) = std::env::var_os("CUDASTACK_CACHE_DIR") {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(dir).join("cudastack");
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    home.join(".cache").join("cudastack")
-}
-
-/// Set `path`'s mtime to now: the last-use stamp of a cache entry (an integrity record, a
-/// layer cache entry, a staged tree's marker), which `cudastack cache prune` reads. Best
-/// effort: a stamp that could not be written only makes the entry look older.
-pub fn touch_last_use(path: &Path) {
-    let touched = std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .and_then(|file| file.set_modified(std::time::SystemTime::now()));
-    if let Err(error) = touched {
-        tracing::debug!(path = %path.display(), %error, "could not stamp a cache entry's last use");
-    }
-}
 
 /// How long a temp file in `tmp/` may go unwritten before it counts as abandoned.
 const STALE_TEMP_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
 
+/// The temp files of `tmp/` a killed writer can leave: blobs, records, and the layer
+/// records of caches written before records had one store (`layer-index-`). Resumable
+/// downloads (`partial-`) are not among them: resuming them is their point.
+const STALE_TEMP_PREFIXES: [&str; 3] = ["blob-", super::records::TEMP_PREFIX, "layer-index-"];
+
 /// A content-addressed store of sha256 blobs.
 #[derive(Debug, Clone)]
 pub struct BlobStore {
-    root: PathBuf,
+    dir: CacheDir,
 }
 
 impl BlobStore {
-    /// Open (creating if needed) the store under `root`.
-    pub fn open(root: impl Into<PathBuf>) -> Result<Self, CasError> {
-        let root = root.into();
-        for dir in [
-            root.join("blobs").join("sha256"),
-            root.join("verified").join("sha256"),
-            root.join("tmp"),
-            root.join("locks"),
-        ] {
-            fs_err::create_dir_all(&dir).map_err(|source| CasError::Io {
-                path: dir.clone(),
-                source,
-            })?;
+    /// Open (creating if needed) the store of the cache directory `root`.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self, CacheError> {
+        let dir = CacheDir::new(root);
+        for path in [dir.blobs(), dir.integrity_records(), dir.tmp(), dir.locks()] {
+            fs_err::create_dir_all(&path).map_err(io_err(&path))?;
         }
-        let store = Self { root };
+        let store = Self { dir };
         store.sweep_stale_temp_files();
         Ok(store)
     }
@@ -131,7 +62,7 @@ impl BlobStore {
         for entry in entries.flatten() {
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if !(name.starts_with("blob-") || name.starts_with("layer-index-")) {
+            if !STALE_TEMP_PREFIXES.iter().any(|p| name.starts_with(p)) {
                 continue;
             }
             let stale = entry
@@ -146,13 +77,18 @@ impl BlobStore {
         }
     }
 
+    /// The cache directory the store is part of.
     pub fn root(&self) -> &Path {
-        &self.root
+        self.dir.root()
+    }
+
+    pub fn cache_dir(&self) -> &CacheDir {
+        &self.dir
     }
 
     /// Where the blob with this digest lives (whether or not it exists yet).
     pub fn path(&self, digest: &Digest) -> PathBuf {
-        self.root.join("blobs").join("sha256").join(digest.hex())
+        self.dir.blobs().join(digest.hex())
     }
 
     /// Whether the store holds the blob `digest` with bytes that hash to it (see
@@ -173,7 +109,7 @@ impl BlobStore {
     /// is missing or no longer matches. A blob whose bytes are not what its name says is
     /// removed with a warning and `None` is returned, so callers repair the entry by
     /// fetching or rebuilding it.
-    pub fn verified(&self, digest: &Digest) -> Result<Option<PathBuf>, CasError> {
+    pub fn verified(&self, digest: &Digest) -> Result<Option<PathBuf>, CacheError> {
         let path = self.path(digest);
         let meta = match fs_err::symlink_metadata(&path) {
             Ok(meta) => meta,
@@ -228,7 +164,7 @@ impl BlobStore {
 
     /// The integrity record of `digest`; its mtime is the blob's last use.
     pub fn record_path(&self, digest: &Digest) -> PathBuf {
-        self.root.join("verified").join("sha256").join(digest.hex())
+        self.dir.integrity_records().join(digest.hex())
     }
 
     fn read_record(&self, digest: &Digest) -> Option<Stamp> {
@@ -258,7 +194,7 @@ impl BlobStore {
 
     /// Directory for temporary files on the store's filesystem.
     pub fn tmp_dir(&self) -> PathBuf {
-        self.root.join("tmp")
+        self.dir.tmp()
     }
 
     /// A stable name in `tmp/` for a resumable download of the blob `expected`, so a rerun
@@ -271,17 +207,22 @@ impl BlobStore {
     /// held until the returned file is dropped: two builds sharing the cache must never
     /// append to one partial file. After taking it, check [`BlobStore::verified`] again:
     /// the other build may have finished the blob.
-    pub fn lock_partial(&self, expected: &Digest) -> Result<std::fs::File, CasError> {
-        let path = self
-            .root
-            .join("locks")
-            .join(format!("partial-{}.lock", expected.hex()));
+    pub fn lock_partial(&self, expected: &Digest) -> Result<std::fs::File, CacheError> {
+        let path = self.partial_lock_path(expected);
         crate::atomic_file::lock(&path).map_err(io_err(&path))
+    }
+
+    /// The lock of the resumable download of `digest`, kept in `locks/` (removing a lock
+    /// file another process waits on would split the lock).
+    fn partial_lock_path(&self, digest: &Digest) -> PathBuf {
+        self.dir
+            .locks()
+            .join(format!("partial-{}.lock", digest.hex()))
     }
 
     /// Move a fully written and hashed temp file (e.g. a finished partial download) into
     /// the store. `found` is the digest its bytes hashed to; unless it equals `expected`
-    /// the file is deleted and a [`CasError::Mismatch`] naming `what` is returned.
+    /// the file is deleted and a [`CacheError::Mismatch`] naming `what` is returned.
     pub fn adopt(
         &self,
         temp_path: &Path,
@@ -289,10 +230,10 @@ impl BlobStore {
         size: u64,
         expected: &Digest,
         what: &str,
-    ) -> Result<PathBuf, CasError> {
+    ) -> Result<PathBuf, CacheError> {
         if found != *expected {
             let _ = fs_err::remove_file(temp_path);
-            return Err(CasError::Mismatch {
+            return Err(CacheError::Mismatch {
                 what: what.to_string(),
                 expected: *expected,
                 found,
@@ -309,7 +250,7 @@ impl BlobStore {
     }
 
     /// Start writing a new blob; its digest is known only when it is committed.
-    pub fn begin(&self) -> Result<PendingBlob, CasError> {
+    pub fn begin(&self) -> Result<PendingBlob, CacheError> {
         let tmp_dir = self.tmp_dir();
         let file = crate::atomic_file::temp_in(&tmp_dir, "blob-").map_err(io_err(&tmp_dir))?;
         Ok(PendingBlob {
@@ -319,7 +260,7 @@ impl BlobStore {
     }
 
     /// Store bytes held in memory (configs, manifests). Returns their digest.
-    pub fn put_bytes(&self, bytes: &[u8]) -> Result<Digest, CasError> {
+    pub fn put_bytes(&self, bytes: &[u8]) -> Result<Digest, CacheError> {
         let digest = Digest::of_bytes(bytes);
         if self.contains(&digest) {
             return Ok(digest);
@@ -335,8 +276,8 @@ impl BlobStore {
 impl BlobStore {
     /// Every blob in the store: its digest and path (names that are not a digest, which
     /// cudastack never writes, are left out).
-    pub fn blobs(&self) -> Result<Vec<(Digest, PathBuf)>, CasError> {
-        let dir = self.root.join("blobs").join("sha256");
+    pub fn blobs(&self) -> Result<Vec<(Digest, PathBuf)>, CacheError> {
+        let dir = self.dir.blobs();
         let mut blobs = Vec::new();
         for entry in fs_err::read_dir(&dir).map_err(io_err(&dir))? {
             let entry = entry.map_err(io_err(&dir))?;
@@ -362,11 +303,8 @@ impl BlobStore {
         &self,
         digest: &Digest,
         cutoff: std::time::SystemTime,
-    ) -> Result<Option<u64>, CasError> {
-        let lock_path = self
-            .root
-            .join("locks")
-            .join(format!("partial-{}.lock", digest.hex()));
+    ) -> Result<Option<u64>, CacheError> {
+        let lock_path = self.partial_lock_path(digest);
         let Some(_lock) = try_lock(&lock_path).map_err(io_err(&lock_path))? else {
             return Ok(None);
         };
@@ -380,20 +318,6 @@ impl BlobStore {
         remove_any(&path).map_err(io_err(&path))?;
         let _ = std::fs::remove_file(self.record_path(digest));
         Ok(Some(size))
-    }
-}
-
-/// Take the `flock(2)` of `path` if no one holds it: Some(lock) held until dropped, or None.
-pub fn try_lock(path: &Path) -> io::Result<Option<std::fs::File>> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)?;
-    match file.try_lock() {
-        Ok(()) => Ok(Some(file)),
-        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
-        Err(std::fs::TryLockError::Error(error)) => Err(error),
     }
 }
 
@@ -472,17 +396,21 @@ impl PendingBlob {
 
     /// Finish the blob. With `expected`, the content must hash to it or nothing is kept
     /// (the error names `what`, e.g. the URL it came from). Returns the digest and size.
-    pub fn commit(self, expected: Option<&Digest>, what: &str) -> Result<(Digest, u64), CasError> {
+    pub fn commit(
+        self,
+        expected: Option<&Digest>,
+        what: &str,
+    ) -> Result<(Digest, u64), CacheError> {
         let tmp_dir = self.store.tmp_dir();
         let (buffered, digest, size) = self.writer.finish();
-        let temp = buffered.into_inner().map_err(|e| CasError::Io {
+        let temp = buffered.into_inner().map_err(|e| CacheError::Io {
             path: tmp_dir.clone(),
             source: e.into_error(),
         })?;
         if let Some(expected) = expected {
             if *expected != digest {
                 // `temp` is dropped here, which removes the partial file.
-                return Err(CasError::Mismatch {
+                return Err(CacheError::Mismatch {
                     what: what.to_string(),
                     expected: *expected,
                     found: digest,
@@ -492,7 +420,7 @@ impl PendingBlob {
         }
         temp.as_file().sync_all().map_err(io_err(temp.path()))?;
         let final_path = self.store.path(&digest);
-        temp.persist(&final_path).map_err(|e| CasError::Io {
+        temp.persist(&final_path).map_err(|e| CacheError::Io {
             path: final_path.clone(),
             source: e.error,
         })?;
@@ -636,7 +564,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = BlobStore::open(dir.path()).unwrap();
         let old = std::time::SystemTime::now() - STALE_TEMP_AGE * 2;
-        for name in ["blob-abandoned", "layer-index-abandoned", "partial-abc"] {
+        for name in [
+            "blob-abandoned",
+            "record-abandoned",
+            "layer-index-abandoned",
+            "partial-abc",
+        ] {
             let file = std::fs::File::create(store.tmp_dir().join(name)).unwrap();
             file.set_modified(old).unwrap();
         }

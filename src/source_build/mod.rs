@@ -2,6 +2,12 @@
 //! `build:` list), compiled for the recipe's GPUs before the image's layers are planned,
 //! then installed by the Python layers like any locked wheel, without the toolchain.
 //!
+//! In the data flow it is an input stage, between a platform's inputs and the assembly
+//! (`crate::pipeline::build` calls [`add_built_wheels`] between the two). In the import
+//! order it sits above the stack, whose layer stagers stage its builder; the stack never
+//! calls it. Its failures are [`SourceBuildError`]s, the stack's own (staging the builder)
+//! wrapped in one.
+//!
 //! The builder is the devel flavor of the same stack: the image's own layers (base, CUDA,
 //! cuDNN, torch, the other wheels) staged with nvcc and the CUDA headers, plus the
 //! `build-deb` artifacts (g++, the Python headers) in the apt layer and the `build-wheel`
@@ -18,7 +24,8 @@
 //!
 //! The wheel is cached by its inputs ([`BuildKey`]: the sdist's sha256, the builder's
 //! artifacts, the arch list, the entry's env, the timestamp), next to its build log, under
-//! `<cache>/source-builds/<key>/`; a rebuild with the same inputs runs no compiler.
+//! the cache directory's `source-builds/<key>/`; a rebuild with the same inputs runs no
+//! compiler.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -35,7 +42,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::apt::DebFile;
-use crate::cas::BlobStore;
+use crate::cache::{BlobStore, CacheDir};
 use crate::digest::Digest;
 use crate::fetch::download::Downloader;
 use crate::fetch::http::HttpClient;
@@ -44,10 +51,10 @@ use crate::lock::lockfile::{Artifact, ArtifactKind};
 use crate::matrix::solve::SolveQuery;
 use crate::matrix::Matrix;
 use crate::recipe::{Flavor, Recipe, SourceBuild};
-use crate::stack::error::{io_error, BuildError};
-use crate::stack::layers::{BuildEnv, LayerStager, StackLayers};
-use crate::stack::prepare::{fetch_deb_files, link_wheel, FetchedWheel, PlatformInputs};
-use crate::stack::settings::{source_date_epoch, BuildSettings, DEFAULT_SOURCE_BUILD_TIMEOUT};
+use crate::stack::{
+    fetch_deb_files, link_wheel, source_date_epoch, BuildEnv, BuildError, BuildSettings,
+    FetchedWheel, LayerStager, PlatformInputs, StackLayers,
+};
 use crate::version::ComputeCapability;
 
 mod sandbox;
@@ -57,6 +64,10 @@ use sandbox::*;
 /// 3: the build runs as the PID namespace's second process (its init is the sandbox's
 /// shell), so nvcc's temporary names, and the bytes, differ from 2's.
 const BUILDER: &str = "source-build-3";
+
+/// The default of `BuildSettings::source_build_timeout`: 4 hours. flash-attn 2.6 takes
+/// over an hour on 16 cores; a build that hangs must still end a CI job.
+pub const DEFAULT_SOURCE_BUILD_TIMEOUT: Duration = Duration::from_secs(4 * 60 * 60);
 
 /// Lines of the build log an error shows.
 const LOG_TAIL: usize = 40;
@@ -122,12 +133,62 @@ pub enum SourceBuildError {
         found: usize,
         log: PathBuf,
     },
+    #[error("the build of {package} {version} made `/build/out/{name}`, which cudastack does not install: {why}")]
+    UnexpectedWheel {
+        package: String,
+        version: String,
+        name: String,
+        why: String,
+    },
+    #[error("the sdist `{}` unpacks to more than {} MiB or {max_members} files: cudastack does not build it", sdist.display(), max_bytes >> 20)]
+    SdistTooLarge {
+        sdist: PathBuf,
+        max_bytes: u64,
+        max_members: usize,
+    },
+    #[error("the sdist `{}` has {found} top-level entries, not one directory (PEP 517 sdists have one)", sdist.display())]
+    SdistNotOneDirectory { sdist: PathBuf, found: usize },
+    #[error("the builder root's `/{name}` ({}) is {found}, not a directory: the sandbox mounts its own there\n  hint: the image's base or a package of it puts something else at `/{name}`", path.display())]
+    MountPointNotDirectory {
+        name: &'static str,
+        path: PathBuf,
+        found: &'static str,
+    },
+    /// Staging the builder (the stack's layers) failed.
+    #[error(transparent)]
+    Assembly(Box<BuildError>),
+    #[error(transparent)]
+    Download(#[from] crate::fetch::download::DownloadError),
+    #[error(transparent)]
+    Http(#[from] crate::fetch::http::HttpError),
+    #[error(transparent)]
+    Credentials(#[from] crate::fetch::credentials::CredentialError),
+    #[error("I/O error on `{path}`")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{command}` failed ({status}):\n{output}")]
+    Command {
+        command: String,
+        status: String,
+        output: String,
+    },
 }
 
-/// Boxed: its messages carry a log tail, and every `Result` of the build holds a BuildError.
-impl From<SourceBuildError> for BuildError {
-    fn from(error: SourceBuildError) -> Self {
-        BuildError::SourceBuild(Box::new(error))
+/// What the builder is made of failed to stage: the assembly's own error, boxed (it is
+/// large, and a source build's `Result` should not be).
+impl From<BuildError> for SourceBuildError {
+    fn from(error: BuildError) -> Self {
+        SourceBuildError::Assembly(Box::new(error))
+    }
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> SourceBuildError + '_ {
+    move |source| SourceBuildError::Io {
+        path: path.to_path_buf(),
+        source,
     }
 }
 
@@ -260,7 +321,7 @@ pub(crate) async fn add_built_wheels(
     inputs: &mut PlatformInputs<'_>,
     store: &BlobStore,
     env: &BuildEnv<'_>,
-) -> Result<Vec<BuiltWheel>, BuildError> {
+) -> Result<Vec<BuiltWheel>, SourceBuildError> {
     let sdists: Vec<Artifact> = of_kind(inputs, ArtifactKind::Sdist).cloned().collect();
     if sdists.is_empty() {
         return Ok(Vec::new());
@@ -306,8 +367,7 @@ pub(crate) async fn add_built_wheels(
                 package: sdist.name.clone(),
                 platform: inputs.platform.to_string(),
                 host: host.map_or("unknown".into(), |h| h.to_string()),
-            }
-            .into());
+            });
         }
     }
     if !missing.is_empty() {
@@ -366,11 +426,13 @@ fn builder_digest(artifacts: &[Artifact]) -> Digest {
 /// `<cache>/source-builds/<key>`: the wheel, `build.log`, `key.json`, and the `complete`
 /// marker written last.
 fn entry_dir(cache_root: &Path, key: &BuildKey) -> PathBuf {
-    cache_root.join("source-builds").join(key.digest().hex())
+    CacheDir::new(cache_root)
+        .source_builds()
+        .join(key.digest().hex())
 }
 
 /// The cached wheel of `key`, if a build with the same inputs finished before.
-fn cached(cache_root: &Path, key: &BuildKey) -> Result<Option<BuiltWheel>, BuildError> {
+fn cached(cache_root: &Path, key: &BuildKey) -> Result<Option<BuiltWheel>, SourceBuildError> {
     let dir = entry_dir(cache_root, key);
     if !dir.join("complete").is_file() {
         return Ok(None);
@@ -402,7 +464,7 @@ fn cached(cache_root: &Path, key: &BuildKey) -> Result<Option<BuiltWheel>, Build
 }
 
 /// The sha256 of a file, streamed.
-fn file_sha256(path: &Path) -> Result<Digest, BuildError> {
+fn file_sha256(path: &Path) -> Result<Digest, SourceBuildError> {
     let file = fs_err::File::open(path).map_err(io_error(path))?;
     let mut writer = crate::digest::HashingWriter::new(std::io::sink());
     std::io::copy(&mut std::io::BufReader::new(file), &mut writer).map_err(io_error(path))?;
@@ -410,7 +472,7 @@ fn file_sha256(path: &Path) -> Result<Digest, BuildError> {
 }
 
 /// The one `.whl` of `dir`, if there is exactly one.
-fn only_wheel(dir: &Path) -> Result<Option<PathBuf>, BuildError> {
+fn only_wheel(dir: &Path) -> Result<Option<PathBuf>, SourceBuildError> {
     let mut wheels = Vec::new();
     for entry in fs_err::read_dir(dir).map_err(io_error(dir))? {
         let path = entry.map_err(io_error(dir))?.path();
@@ -433,10 +495,10 @@ async fn fetch_builder_inputs(
     inputs: &PlatformInputs<'_>,
     store: &BlobStore,
     env: &BuildEnv<'_>,
-) -> Result<BuilderTools, BuildError> {
+) -> Result<BuilderTools, SourceBuildError> {
     let wheels: Vec<Artifact> = of_kind(inputs, ArtifactKind::BuildWheel).cloned().collect();
     let blobs = fetch_artifacts(settings, inputs.recipe, store, env, &wheels).await?;
-    let named = settings.cache_root.join("wheels");
+    let named = CacheDir::new(&settings.cache_root).wheels();
     fs_err::create_dir_all(&named).map_err(io_error(&named))?;
     let mut fetched = BTreeMap::new();
     for (artifact, blob) in wheels.iter().zip(blobs) {
@@ -470,7 +532,7 @@ async fn fetch_artifacts(
     store: &BlobStore,
     env: &BuildEnv<'_>,
     artifacts: &[Artifact],
-) -> Result<Vec<PathBuf>, BuildError> {
+) -> Result<Vec<PathBuf>, SourceBuildError> {
     let items: Vec<_> = artifacts.iter().map(Artifact::fetch_item).collect();
     let client = HttpClient::with_defaults()?.with_credentials(index_credentials(recipe)?);
     let downloader = Downloader::new(client, store.clone(), env.progress.downloads())
@@ -487,7 +549,7 @@ fn build_missing(
     tools: BuilderTools,
     missing: &[(Artifact, SourceBuild, BuildKey)],
     sdist_blobs: &[PathBuf],
-) -> Result<Vec<BuiltWheel>, BuildError> {
+) -> Result<Vec<BuiltWheel>, SourceBuildError> {
     let uid = crate::base_root::rootless::effective_uid();
     if uid != 0 {
         let (sdist, _, _) = &missing[0];
@@ -495,13 +557,12 @@ fn build_missing(
             package: sdist.name.clone(),
             version: sdist.version.clone(),
             uid,
-        }
-        .into());
+        });
     }
     // Declared first, dropped last: a signal caught while the builder root is removed
     // still waits for that.
     let signals = StopSignals::catch();
-    let work = settings.cache_root.join("source-builds");
+    let work = CacheDir::new(&settings.cache_root).source_builds();
     fs_err::create_dir_all(&work).map_err(io_error(&work))?;
     remove_stale_builders(&work);
     let builder = BuilderRoot::new(&work)?;
@@ -535,7 +596,7 @@ struct BuilderRoot {
 }
 
 impl BuilderRoot {
-    fn new(work: &Path) -> Result<Self, BuildError> {
+    fn new(work: &Path) -> Result<Self, SourceBuildError> {
         // The lock first, held before its directory exists: a sweep never sees a live
         // root without a held lock.
         let lock = tempfile::Builder::new()
@@ -591,7 +652,7 @@ fn stage_builder(
     tools: BuilderTools,
     root: &Path,
     signals: &StopSignals,
-) -> Result<(), BuildError> {
+) -> Result<(), SourceBuildError> {
     let recipe = Recipe {
         cuda: crate::recipe::CudaSpec {
             version: inputs.recipe.cuda.version,
@@ -640,8 +701,7 @@ fn stage_builder(
             return Err(SourceBuildError::Stopped {
                 what: "staging the builder of the source builds".into(),
                 signal,
-            }
-            .into());
+            });
         }
         let dir = env.staging.ensure(stager.key(), |dir| stager.stage(dir))?;
         stager.staged(&dir)?;
@@ -654,7 +714,7 @@ fn stage_builder(
 /// Hard links, not copies: the staged trees are gigabytes, and nothing in the build
 /// writes to a file it did not create (PYTHONDONTWRITEBYTECODE; the build writes under
 /// /build only).
-fn merge_tree(tree: &Path, root: &Path) -> Result<(), BuildError> {
+fn merge_tree(tree: &Path, root: &Path) -> Result<(), SourceBuildError> {
     let output = Command::new("cp")
         .args(["-a", "-l", "--remove-destination", "--no-target-directory"])
         .arg(tree)
@@ -662,7 +722,7 @@ fn merge_tree(tree: &Path, root: &Path) -> Result<(), BuildError> {
         .output()
         .map_err(io_error(Path::new("cp")))?;
     if !output.status.success() {
-        return Err(BuildError::Command {
+        return Err(SourceBuildError::Command {
             command: format!("cp -al {} {}", tree.display(), root.display()),
             status: output.status.to_string(),
             output: String::from_utf8_lossy(&output.stderr).into_owned(),
@@ -680,7 +740,7 @@ fn build_one(
     (sdist, entry, key): &(Artifact, SourceBuild, BuildKey),
     blob: &Path,
     signals: &StopSignals,
-) -> Result<BuiltWheel, BuildError> {
+) -> Result<BuiltWheel, SourceBuildError> {
     let final_dir = entry_dir(&settings.cache_root, key);
     // One build of a key at a time on a cache: a second build waits, then reuses.
     let lock_path = final_dir.with_extension("lock");
@@ -732,15 +792,13 @@ fn build_one(
                 limit: human_duration(sandbox.timeout),
                 tail: log_tail(&kept),
                 log: kept,
-            }
-            .into());
+            });
         }
         Ended::Stopped(signal) => {
             return Err(SourceBuildError::Stopped {
                 what: format!("the build of `{}` {}", sdist.name, sdist.version),
                 signal,
-            }
-            .into())
+            })
         }
     };
     let seconds = started.elapsed().as_secs_f64();
@@ -753,8 +811,7 @@ fn build_one(
             status: status.to_string(),
             tail: log_tail(&kept),
             log: kept,
-        }
-        .into());
+        });
     }
     let made = read_out(root, &sdist.name, &sdist.version)?;
     let [(name, file)] = made.as_slice() else {
@@ -763,8 +820,7 @@ fn build_one(
             version: sdist.version.clone(),
             found: made.len(),
             log: keep_failed_log(&log, &final_dir)?,
-        }
-        .into());
+        });
     };
     check_built_wheel(name, sdist)?;
     let target = partial.path().join(name);
@@ -800,7 +856,7 @@ fn build_one(
 const BUILDER_UID: u32 = 65534;
 
 /// Hand `/build` (the sdist, HOME, TMPDIR, the output directory) to [`BUILDER_UID`].
-fn give_to_builder(build: &Path) -> Result<(), BuildError> {
+fn give_to_builder(build: &Path) -> Result<(), SourceBuildError> {
     let mut pending = vec![build.to_path_buf()];
     while let Some(path) = pending.pop() {
         std::os::unix::fs::lchown(&path, Some(BUILDER_UID), Some(BUILDER_UID))
@@ -819,12 +875,12 @@ fn give_to_builder(build: &Path) -> Result<(), BuildError> {
 
 /// The build's output is named for the sdist's own name and version (a `setup.py` saying
 /// `name="torch"` must not install torch under the sdist's name).
-fn check_built_wheel(name: &str, sdist: &Artifact) -> Result<(), BuildError> {
-    let refuse = |why: String| {
-        BuildError::Unsupported(format!(
-            "the build of {} {} made `/build/out/{name}`, which cudastack does not install: {why}",
-            sdist.name, sdist.version,
-        ))
+fn check_built_wheel(name: &str, sdist: &Artifact) -> Result<(), SourceBuildError> {
+    let refuse = |why: String| SourceBuildError::UnexpectedWheel {
+        package: sdist.name.clone(),
+        version: sdist.version.clone(),
+        name: name.to_string(),
+        why,
     };
     let parsed: crate::names::WheelFilename = name
         .parse()
@@ -865,7 +921,7 @@ fn human_duration(duration: Duration) -> String {
 }
 
 /// A failed build's log, kept as `<entry>.failed.log` beside where the wheel would be.
-fn keep_failed_log(log: &Path, final_dir: &Path) -> Result<PathBuf, BuildError> {
+fn keep_failed_log(log: &Path, final_dir: &Path) -> Result<PathBuf, SourceBuildError> {
     let kept = final_dir.with_extension("failed.log");
     fs_err::copy(log, &kept).map_err(io_error(&kept))?;
     Ok(kept)
@@ -893,7 +949,7 @@ const MAX_SDIST_MEMBERS: usize = 200_000;
 
 /// The sdist's single top directory, unpacked (the tar crate keeps every member inside
 /// `scratch`) and renamed to `dest`.
-fn unpack_sdist(blob: &Path, scratch: &Path, dest: &Path) -> Result<(), BuildError> {
+fn unpack_sdist(blob: &Path, scratch: &Path, dest: &Path) -> Result<(), SourceBuildError> {
     let file = fs_err::File::open(blob).map_err(io_error(blob))?;
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
     archive.set_preserve_permissions(false);
@@ -905,11 +961,11 @@ fn unpack_sdist(blob: &Path, scratch: &Path, dest: &Path) -> Result<(), BuildErr
         bytes = bytes.saturating_add(entry.header().size().unwrap_or(u64::MAX));
         members += 1;
         if bytes > MAX_SDIST_BYTES || members > MAX_SDIST_MEMBERS {
-            return Err(BuildError::Unsupported(format!(
-                "the sdist `{}` unpacks to more than {} MiB or {MAX_SDIST_MEMBERS} files: cudastack does not build it",
-                blob.display(),
-                MAX_SDIST_BYTES >> 20
-            )));
+            return Err(SourceBuildError::SdistTooLarge {
+                sdist: blob.to_path_buf(),
+                max_bytes: MAX_SDIST_BYTES,
+                max_members: MAX_SDIST_MEMBERS,
+            });
         }
         entry.unpack_in(scratch).map_err(io_error(blob))?;
     }
@@ -919,11 +975,10 @@ fn unpack_sdist(blob: &Path, scratch: &Path, dest: &Path) -> Result<(), BuildErr
         .map(|e| e.path())
         .collect();
     let [top] = tops.as_slice() else {
-        return Err(BuildError::Unsupported(format!(
-            "the sdist `{}` has {} top-level entries, not one directory (PEP 517 sdists have one)",
-            blob.display(),
-            tops.len()
-        )));
+        return Err(SourceBuildError::SdistNotOneDirectory {
+            sdist: blob.to_path_buf(),
+            found: tops.len(),
+        });
     };
     fs_err::rename(top, dest).map_err(io_error(dest))?;
     let _ = fs_err::remove_dir(scratch);

@@ -1,7 +1,6 @@
-//! `cudastack build`: a validated, locked recipe -> an OCI image of layers cut by how often
-//! they change (base, apt, the CUDA toolkit, cuDNN, torch and other large wheels, the rest of
-//! the stack, user, the recipe's packages, config with the verification probe, code),
-//! audited, written to an OCI layout.
+//! One platform's image from its inputs: plan the layers, produce them (cached, or staged
+//! and written), audit the merged tree, and make the image value with its config and
+//! labels. The layout is written by [`super::output`] once every platform is assembled.
 //!
 //! Each layer has a cache key over exactly the inputs that decide its contents (the
 //! assembler version, the digests of the artifacts it reads, the options), so a changed
@@ -11,121 +10,20 @@
 //! layer and the audit verdict are cached, nothing is staged.
 
 use crate::base_root::RootfsFacts;
-use crate::cas::BlobStore;
 use crate::labels;
-use crate::layer::{BuildOptions, Layer, LayerCache};
-use crate::matrix::validate::validate;
-use crate::matrix::Matrix;
+use crate::layer::Layer;
 use crate::oci::{self, Image};
-use crate::recipe::{Platform, Recipe};
+use crate::recipe::Platform;
+use crate::stack::error::BuildError;
 use crate::stack::image_config::{stack_config, StackConfig, StackFacts};
 use crate::stack::layers::{BuildEnv, StackLayers};
-use crate::stack::output::{write_output, Assembled};
-use crate::stack::prepare::{prepare_platform, PlatformInputs};
+use crate::stack::output::Assembled;
+use crate::stack::prepare::PlatformInputs;
 use crate::stack::produce::{audit_stack, produce_layers, KernelTargets};
-use crate::stack::source_build::add_built_wheels;
-use crate::stack::staging::Staging;
-
-pub use crate::stack::error::BuildError;
-pub use crate::stack::output::{platform_ref, render_tags};
-pub use crate::stack::prepare::host_platform;
-pub use crate::stack::report::{
-    human_bytes, AuditSummary, BuildReport, BuiltFrom, LayerReport, PlatformReport,
-};
-use crate::stack::settings::source_date_epoch;
-pub use crate::stack::settings::{BuildProgress, BuildSettings, DEFAULT_SOURCE_DATE_EPOCH};
-
-/// Build the image of `settings.recipe`: check the recipe, gather every platform's inputs,
-/// assemble each platform's layers, write the layout.
-pub async fn build(
-    settings: &BuildSettings,
-    matrix: &Matrix,
-    progress: &dyn BuildProgress,
-) -> Result<BuildReport, BuildError> {
-    let recipe = load_valid_recipe(settings, matrix)?;
-    let platforms = platforms_to_build(settings, &recipe)?;
-    let options = BuildOptions::new(source_date_epoch(&recipe)?, settings.compression);
-    let store = BlobStore::open(&settings.cache_root)?;
-    let cache = LayerCache::open(store.clone())?;
-    let staging = Staging::open(&settings.cache_root)?;
-    let several = platforms.len() > 1;
-    let env = BuildEnv {
-        cache: &cache,
-        staging: &staging,
-        options: &options,
-        progress,
-        build_mode: settings.build_mode,
-    };
-    // Every platform's lock and artifacts first, so a platform that cannot work (no kernels
-    // for a recipe GPU in its own wheel) fails before any layer is assembled.
-    let mut inputs = Vec::new();
-    for &platform in &platforms {
-        if several {
-            progress.stage("platform", platform.as_str());
-        }
-        let mut prepared = prepare_platform(
-            settings, matrix, &recipe, platform, &store, &staging, progress,
-        )
-        .await?;
-        // The wheels of the recipe's `build:` sdists, built or from the cache.
-        add_built_wheels(settings, &mut prepared, &store, &env).await?;
-        inputs.push(prepared);
-    }
-    let mut assembled = Vec::new();
-    for platform_inputs in &inputs {
-        if several {
-            progress.stage("platform", &format!("{}: layers", platform_inputs.platform));
-        }
-        // Heavy work runs on blocking threads.
-        assembled.push(tokio::task::block_in_place(|| {
-            assemble(platform_inputs, &env)
-        })?);
-    }
-    write_output(settings, &recipe, assembled, progress)
-}
-
-/// The recipe, valid against the matrix, its tags rendered with this build's `--registry`
-/// before anything is fetched.
-fn load_valid_recipe(settings: &BuildSettings, matrix: &Matrix) -> Result<Recipe, BuildError> {
-    let recipe = Recipe::load(&settings.recipe_path)?;
-    let validation = validate(matrix, &recipe);
-    if !validation.is_valid() {
-        return Err(BuildError::Invalid {
-            recipe: recipe.name.clone(),
-            problems: validation.errors().cloned().collect(),
-        });
-    }
-    render_tags(
-        &settings.recipe_path,
-        &recipe,
-        None,
-        None,
-        &settings.registry,
-    )?;
-    Ok(recipe)
-}
-
-/// The platforms asked for (each one the recipe declares), or the recipe's.
-fn platforms_to_build(
-    settings: &BuildSettings,
-    recipe: &Recipe,
-) -> Result<Vec<Platform>, BuildError> {
-    let Some(requested) = &settings.platforms else {
-        return Ok(recipe.platforms());
-    };
-    let declared = recipe.platforms();
-    if let Some(missing) = requested.iter().find(|p| !declared.contains(p)) {
-        return Err(BuildError::Unsupported(format!(
-            "recipe `{}` is not made for {missing} (its platforms: {}); add it to `platforms:` and run `cudastack lock` again",
-            recipe.name,
-            declared.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ")
-        )));
-    }
-    Ok(requested.clone())
-}
+use crate::stack::report::{BuiltFrom, LayerReport};
 
 /// One platform's image: its layers (cached or staged), the config, the audit.
-fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildError> {
+pub(crate) fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildError> {
     let planned = StackLayers::plan(inputs, env)?;
     let layers = produce_layers(&planned.all(), planned.base.facts_record(), env)?;
     let facts = stack_facts(inputs, &planned.base.facts(), env.options.mtime);
@@ -155,7 +53,7 @@ fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildE
         audit,
         audit_cached,
         facts,
-        built_from: crate::stack::report::BuiltFrom {
+        built_from: BuiltFrom {
             lock: Some(inputs.lock.clone()),
             wheel_files: inputs
                 .wheels

@@ -3,7 +3,7 @@
 //! locked downloads (blobs), the layer cache (index entries and their blobs) and the staged
 //! trees that the audit and the upper layers read when a layer above them changes.
 //!
-//! Builds stamp what they use ([`crate::cas::touch_last_use`]): a blob's integrity record,
+//! Builds stamp what they use ([`super::touch_last_use`]): a blob's integrity record,
 //! a layer entry, a tree's `.complete` marker. Pruning removes what is older than a cutoff
 //! and that no build holds: a tree only under its `.use` and staging locks, a layer entry
 //! under its lock, a blob only when no remaining layer entry names it and no download of it
@@ -15,11 +15,11 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use crate::cas::{try_lock, BlobStore};
+use super::staging::{
+    marker_path, staging_lock_path, use_lock_path, MARKER, STAGING_LOCK, USE_LOCK,
+};
+use super::{io_err, try_lock, BlobStore, CacheError, Records};
 use crate::digest::Digest;
-use crate::layer::LayerCache;
-use crate::stack::error::{io_error, BuildError};
-use crate::stack::staging::use_lock_path;
 
 /// The kinds of things a cache directory holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -120,25 +120,26 @@ fn tree_hex(name: &str) -> Option<&str> {
 }
 
 /// The staged trees under `staging/`: key hex -> complete (has its marker).
-fn staged_trees(staging: &Path) -> Result<BTreeMap<String, bool>, BuildError> {
+fn staged_trees(staging: &Path) -> Result<BTreeMap<String, bool>, CacheError> {
     let mut trees = BTreeMap::new();
-    for entry in fs_err::read_dir(staging).map_err(io_error(staging))? {
-        let name = entry.map_err(io_error(staging))?.file_name();
+    for entry in fs_err::read_dir(staging).map_err(io_err(staging))? {
+        let name = entry.map_err(io_err(staging))?.file_name();
         let name = name.to_string_lossy();
         let Some(hex) = tree_hex(&name) else { continue };
-        if name.len() == 64 || name.ends_with(".complete") {
-            *trees.entry(hex.to_string()).or_insert(false) |= name.ends_with(".complete");
+        if name.len() == 64 || name.ends_with(MARKER) {
+            *trees.entry(hex.to_string()).or_insert(false) |= name.ends_with(MARKER);
         }
     }
     Ok(trees)
 }
 
 /// What the cache directory at `root` holds, by kind.
-pub fn cache_usage(root: &Path) -> Result<CacheUsage, BuildError> {
+pub fn cache_usage(root: &Path) -> Result<CacheUsage, CacheError> {
     let store = BlobStore::open(root)?;
-    let cache = LayerCache::open(store.clone())?;
-    let staging = root.join("staging");
-    fs_err::create_dir_all(&staging).map_err(io_error(&staging))?;
+    let layers = Records::layers(store.cache_dir());
+    layers.create()?;
+    let staging = store.cache_dir().staging();
+    fs_err::create_dir_all(&staging).map_err(io_err(&staging))?;
     // Every kind, even when there is none of it.
     let mut kinds: BTreeMap<CacheKind, KindUsage> = [
         CacheKind::Downloads,
@@ -152,11 +153,8 @@ pub fn cache_usage(root: &Path) -> Result<CacheUsage, BuildError> {
     .map(|kind| (kind, KindUsage::default()))
     .collect();
     let mut disk = DiskUsage::default();
-    let entries = cache.entries()?;
-    let layer_blobs: BTreeSet<Digest> = entries
-        .iter()
-        .filter_map(|e| e.layer.as_ref().map(|l| l.digest))
-        .collect();
+    let entries = layers.entries()?;
+    let layer_blobs: BTreeSet<Digest> = entries.iter().filter_map(|e| e.blob).collect();
     for (digest, path) in store.blobs()? {
         let kind = if layer_blobs.contains(&digest) {
             CacheKind::LayerBlobs
@@ -179,7 +177,7 @@ pub fn cache_usage(root: &Path) -> Result<CacheUsage, BuildError> {
         0,
         disk.of(&store.tmp_dir()),
     );
-    let verify = root.join("verify");
+    let verify = store.cache_dir().verify();
     let results = fs_err::read_dir(&verify).map(|d| d.count()).unwrap_or(0);
     add(
         &mut kinds,
@@ -205,46 +203,40 @@ pub fn cache_usage(root: &Path) -> Result<CacheUsage, BuildError> {
 
 /// Remove from the cache at `root` the staged trees, layer cache entries and blobs that no
 /// build used in the last `older_than`, leaving whatever a running build holds.
-pub fn prune(root: &Path, older_than: Duration) -> Result<PruneReport, BuildError> {
+pub fn prune(root: &Path, older_than: Duration) -> Result<PruneReport, CacheError> {
     let cutoff = SystemTime::now()
         .checked_sub(older_than)
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let store = BlobStore::open(root)?;
-    let cache = LayerCache::open(store.clone())?;
+    let layers = Records::layers(store.cache_dir());
+    layers.create()?;
     let mut report = PruneReport {
         older_than_days: older_than.as_secs_f64() / 86_400.0,
         ..Default::default()
     };
     let mut disk = DiskUsage::default();
-    prune_trees(&root.join("staging"), cutoff, &mut disk, &mut report)?;
+    prune_trees(&store.cache_dir().staging(), cutoff, &mut disk, &mut report)?;
     // Layer entries and blobs only while no build runs: a build looks them up long before
     // it reads them (see Staging). Trees have locks of their own.
-    let builds = crate::stack::staging::builds_lock_path(root);
-    let Some(_no_build) = try_lock(&builds).map_err(io_error(&builds))? else {
+    let builds = store.cache_dir().builds_lock();
+    let Some(_no_build) = try_lock(&builds).map_err(io_err(&builds))? else {
         report.builds_running = true;
         return Ok(report);
     };
-    let entries = cache.entries()?;
-    let layer_blobs: BTreeSet<Digest> = entries
-        .iter()
-        .filter_map(|e| e.layer.as_ref().map(|l| l.digest))
-        .collect();
+    let entries = layers.entries()?;
+    let layer_blobs: BTreeSet<Digest> = entries.iter().filter_map(|e| e.blob).collect();
     for entry in entries {
         if entry.last_use >= cutoff {
             continue;
         }
-        if cache.remove_if_unused_since(&entry, cutoff)? {
+        if layers.remove_if_unused_since(&entry, cutoff)? {
             add(&mut report.removed, CacheKind::Records, 1, entry.size);
         } else {
             report.kept_in_use += 1;
         }
     }
     // A blob stays while any remaining entry names it (layers shared by several images).
-    let named: BTreeSet<Digest> = cache
-        .entries()?
-        .iter()
-        .filter_map(|e| e.layer.as_ref().map(|l| l.digest))
-        .collect();
+    let named: BTreeSet<Digest> = layers.entries()?.iter().filter_map(|e| e.blob).collect();
     for (digest, path) in store.blobs()? {
         if named.contains(&digest) || store.last_use(&digest).is_none_or(|u| u >= cutoff) {
             continue;
@@ -258,7 +250,7 @@ pub fn prune(root: &Path, older_than: Duration) -> Result<PruneReport, BuildErro
             };
             add(&mut report.removed, kind, 1, bytes);
             // The wheel's named link (`wheels/<hex>/<file>`) would point at nothing.
-            let _ = std::fs::remove_dir_all(root.join("wheels").join(digest.hex()));
+            let _ = std::fs::remove_dir_all(store.cache_dir().wheels().join(digest.hex()));
         }
     }
     Ok(report)
@@ -271,20 +263,20 @@ fn prune_trees(
     cutoff: SystemTime,
     disk: &mut DiskUsage,
     report: &mut PruneReport,
-) -> Result<(), BuildError> {
+) -> Result<(), CacheError> {
     if !staging.is_dir() {
         return Ok(());
     }
     for (hex, complete) in staged_trees(staging)? {
-        let marker = staging.join(format!("{hex}.complete"));
+        let marker = marker_path(staging, &hex);
         let used = |marker: &Path| fs_err::metadata(marker).and_then(|m| m.modified()).ok();
         if complete && used(&marker).is_none_or(|u| u >= cutoff) {
             continue;
         }
         let use_lock = use_lock_path(staging, &hex);
-        let stage_lock = staging.join(format!("{hex}.lock"));
-        let held = try_lock(&use_lock).map_err(io_error(&use_lock))?;
-        let staging_now = try_lock(&stage_lock).map_err(io_error(&stage_lock))?;
+        let stage_lock = staging_lock_path(staging, &hex);
+        let held = try_lock(&use_lock).map_err(io_err(&use_lock))?;
+        let staging_now = try_lock(&stage_lock).map_err(io_err(&stage_lock))?;
         let (Some(_held), Some(_staging_now)) = (held, staging_now) else {
             report.kept_in_use += 1;
             continue;
@@ -311,26 +303,26 @@ fn prune_trees(
 
 /// The records and scratch kept beside a tree (`<hex>.facts.json`, `<hex>.scratch`, ...),
 /// all but its lock files.
-fn remove_tree_records(staging: &Path, hex: &str) -> Result<(), BuildError> {
+fn remove_tree_records(staging: &Path, hex: &str) -> Result<(), CacheError> {
     let prefix = format!("{hex}.");
-    for entry in fs_err::read_dir(staging).map_err(io_error(staging))? {
-        let name = entry.map_err(io_error(staging))?.file_name();
+    for entry in fs_err::read_dir(staging).map_err(io_err(staging))? {
+        let name = entry.map_err(io_err(staging))?.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with(&prefix) && !name.ends_with(".lock") && !name.ends_with(".use") {
+        if name.starts_with(&prefix) && !name.ends_with(STAGING_LOCK) && !name.ends_with(USE_LOCK) {
             remove_path(&staging.join(name.as_ref()))?;
         }
     }
     Ok(())
 }
 
-fn remove_path(path: &Path) -> Result<(), BuildError> {
+fn remove_path(path: &Path) -> Result<(), CacheError> {
     let removed = match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(path),
         Ok(_) => std::fs::remove_file(path),
         Err(error) => Err(error),
     };
     match removed {
-        Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(io_error(path)(error)),
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(io_err(path)(error)),
         _ => Ok(()),
     }
 }
