@@ -3,7 +3,7 @@
 //! the stages in the order the data flows:
 //!
 //! ```text
-//! recipe, checked against the matrix
+//! recipe, resolved once     matrix::ResolvedRecipe (validated: platforms, GPUs, torch build)
 //!   -> inputs per platform   stack::prepare_platform (the lock, fetched wheels and .debs)
 //!   -> source builds         source_build::add_built_wheels (the `build:` sdists' wheels)
 //!   -> assembly              stack::assemble (layers, audit, config, labels)
@@ -20,26 +20,39 @@ use std::path::Path;
 use super::PipelineError;
 use crate::cache::{BlobStore, Staging};
 use crate::layer::{BuildOptions, LayerCache};
-use crate::matrix::validate::validate;
-use crate::matrix::Matrix;
-use crate::recipe::{Platform, Recipe};
+use crate::matrix::{Matrix, ResolveError, ResolvedRecipe};
+use crate::recipe::Platform;
 use crate::source_build::add_built_wheels;
 use crate::stack::{
     assemble, prepare_platform, render_tags, source_date_epoch, write_output, BuildEnv, BuildError,
     BuildProgress, BuildReport, BuildSettings,
 };
 
-/// Build the image of `settings.recipe`: check the recipe, gather every platform's inputs
-/// (with the wheels of its source builds), assemble each platform's layers, write the
-/// layout.
+/// The recipe of a build, read and checked once: an invalid recipe stops here with every
+/// problem validation found, before anything is fetched.
+pub fn resolve_for_build(path: &Path, matrix: &Matrix) -> Result<ResolvedRecipe, BuildError> {
+    ResolvedRecipe::load(path, matrix).map_err(|error| match error {
+        ResolveError::Recipe(error) => BuildError::Recipe(error),
+        ResolveError::Invalid(invalid) => BuildError::Invalid {
+            recipe: invalid.recipe.name.clone(),
+            problems: invalid.errors().cloned().collect(),
+        },
+    })
+}
+
+/// Build the image of `resolved` (the recipe at `settings.recipe_path`): gather every
+/// platform's inputs (with the wheels of its source builds), assemble each platform's
+/// layers, write the layout.
 pub async fn build(
     settings: &BuildSettings,
+    resolved: &ResolvedRecipe,
     matrix: &Matrix,
     progress: &dyn BuildProgress,
 ) -> Result<BuildReport, PipelineError> {
-    let recipe = load_valid_recipe(settings, matrix)?;
-    let platforms = platforms_to_build(settings, &recipe)?;
-    let options = BuildOptions::new(source_date_epoch(&recipe)?, settings.compression);
+    let recipe = resolved.recipe();
+    check_tags(settings, resolved)?;
+    let platforms = platforms_to_build(settings, resolved)?;
+    let options = BuildOptions::new(source_date_epoch(recipe)?, settings.compression);
     let (store, cache, staging) = open_caches(&settings.cache_root)?;
     let env = BuildEnv {
         cache: &cache,
@@ -55,7 +68,7 @@ pub async fn build(
             progress.stage("platform", platform.as_str());
         }
         let mut prepared = prepare_platform(
-            settings, matrix, &recipe, platform, &store, &staging, progress,
+            settings, matrix, resolved, platform, &store, &staging, progress,
         )
         .await?;
         // The wheels of the recipe's `build:` sdists, built or from the cache.
@@ -72,7 +85,7 @@ pub async fn build(
             assemble(platform_inputs, &env)
         })?);
     }
-    Ok(write_output(settings, &recipe, assembled, progress)?)
+    Ok(write_output(settings, recipe, assembled, progress)?)
 }
 
 /// The blob store, the layer cache and the staging area of the cache directory `root`;
@@ -84,40 +97,32 @@ fn open_caches(root: &Path) -> Result<(BlobStore, LayerCache, Staging), BuildErr
     Ok((store, cache, staging))
 }
 
-/// The recipe, valid against the matrix, its tags rendered with this build's `--registry`
-/// before anything is fetched.
-fn load_valid_recipe(settings: &BuildSettings, matrix: &Matrix) -> Result<Recipe, BuildError> {
-    let recipe = Recipe::load(&settings.recipe_path)?;
-    let validation = validate(matrix, &recipe);
-    if !validation.is_valid() {
-        return Err(BuildError::Invalid {
-            recipe: recipe.name.clone(),
-            problems: validation.errors().cloned().collect(),
-        });
-    }
+/// The recipe's tags render with this build's `--registry`: checked before anything is
+/// fetched.
+fn check_tags(settings: &BuildSettings, resolved: &ResolvedRecipe) -> Result<(), BuildError> {
     render_tags(
         &settings.recipe_path,
-        &recipe,
+        resolved.recipe(),
         None,
         None,
         &settings.registry,
     )?;
-    Ok(recipe)
+    Ok(())
 }
 
 /// The platforms asked for (each one the recipe declares), or the recipe's.
 fn platforms_to_build(
     settings: &BuildSettings,
-    recipe: &Recipe,
+    resolved: &ResolvedRecipe,
 ) -> Result<Vec<Platform>, BuildError> {
+    let declared = resolved.platforms();
     let Some(requested) = &settings.platforms else {
-        return Ok(recipe.platforms());
+        return Ok(declared.to_vec());
     };
-    let declared = recipe.platforms();
     if let Some(missing) = requested.iter().find(|p| !declared.contains(p)) {
         return Err(BuildError::Unsupported(format!(
             "recipe `{}` is not made for {missing} (its platforms: {}); add it to `platforms:` and run `cudastack lock` again",
-            recipe.name,
+            resolved.recipe().name,
             declared.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ")
         )));
     }

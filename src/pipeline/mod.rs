@@ -32,12 +32,11 @@ use early_push::{EarlyUploads, SentWhileBuilding};
 
 use crate::engine::LoadReport;
 use crate::matrix::Matrix;
-use crate::recipe::Recipe;
 use crate::registry::{ClientOptions, PushReport, Reference};
 use crate::stack::{BuildProgress, BuildReport, BuildSettings};
 use crate::verify::report::Report;
 use crate::verify::runner::VerifyOutcome;
-use build::build;
+use build::{build, resolve_for_build};
 
 pub use push::PushSettings;
 
@@ -175,7 +174,9 @@ pub async fn build_verify_publish(
     build_progress: &dyn BuildProgress,
     progress: &dyn Progress,
 ) -> Result<PipelineReport, PipelineError> {
-    let policy = Recipe::load(&settings.build.recipe_path)?.verify.gpu;
+    // Loaded and checked once: the build and the verification policy read the same facts.
+    let resolved = resolve_for_build(&settings.build.recipe_path, matrix)?;
+    let policy = resolved.verify_policy();
     // `--push`: each layer goes up as soon as it is built; the manifest only after verifying.
     // A reference pinned to a digest uploads nothing before the push stage has checked the
     // built manifest against it.
@@ -190,8 +191,16 @@ pub async fn build_verify_publish(
         _ => None,
     };
     let built = match &early {
-        Some(early) => build(&settings.build, matrix, &early.progress(build_progress)).await?,
-        None => build(&settings.build, matrix, build_progress).await?,
+        Some(early) => {
+            build(
+                &settings.build,
+                &resolved,
+                matrix,
+                &early.progress(build_progress),
+            )
+            .await?
+        }
+        None => build(&settings.build, &resolved, matrix, build_progress).await?,
     };
     attest::after_build(&settings.build, &built, progress)?;
     // A failed upload fails the build now, before a verification that would be wasted.

@@ -668,6 +668,7 @@ fn stage_builder(
     apt_debs.extend(tools.debs);
     let builder = PlatformInputs {
         matrix: inputs.matrix,
+        resolved: inputs.resolved,
         recipe: &recipe,
         platform: inputs.platform,
         lock: inputs.lock.clone(),

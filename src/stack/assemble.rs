@@ -35,7 +35,10 @@ pub(crate) fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assemb
         &facts,
         inputs.arch(),
     );
-    let targets = KernelTargets::of(inputs.matrix, inputs.recipe)?;
+    let targets = KernelTargets {
+        gpus: inputs.resolved.target_gpus().to_vec(),
+        jit_ptx_isa: inputs.resolved.jit_ptx_isa(),
+    };
     let (audit, audit_cached) =
         audit_stack(&planned, &layers, &config, torch_build, &targets, env)?;
     let config = config.with_kernel_labels(

@@ -17,8 +17,8 @@ use crate::fetch::http::HttpClient;
 use crate::lock::inputs::{index_credentials, platform_lock_path};
 use crate::lock::lockfile::{Artifact, ArtifactKind, DebLayer, Lockfile};
 use crate::lock::python_inputs::PythonInputs;
-use crate::matrix::validate::{gpu_errors, locked_torch_build, selected_torch_build};
-use crate::matrix::{Matrix, TorchBuild};
+use crate::matrix::validate::{gpu_errors, locked_torch_build};
+use crate::matrix::{Matrix, ResolvedRecipe, TorchBuild};
 use crate::recipe::{Platform, Recipe};
 use crate::stack::error::{io_error, BuildError};
 use crate::stack::files::write_record;
@@ -37,6 +37,9 @@ pub(crate) struct FetchedWheel {
 /// Everything one platform's layers are made from.
 pub(crate) struct PlatformInputs<'a> {
     pub matrix: &'a Matrix,
+    /// What validation decided about the recipe (its target GPUs, the driver floor's PTX).
+    pub resolved: &'a ResolvedRecipe,
+    /// `resolved`'s recipe.
     pub recipe: &'a Recipe,
     pub platform: Platform,
     pub lock: Lockfile,
@@ -73,12 +76,13 @@ impl PlatformInputs<'_> {
 pub(crate) async fn prepare_platform<'a>(
     settings: &BuildSettings,
     matrix: &'a Matrix,
-    recipe: &'a Recipe,
+    resolved: &'a ResolvedRecipe,
     platform: Platform,
     store: &BlobStore,
     staging: &Staging,
     progress: &dyn BuildProgress,
 ) -> Result<PlatformInputs<'a>, BuildError> {
+    let recipe = resolved.recipe();
     let lock = read_lock(settings, recipe, platform)?;
     let wheels = fetch_wheels(settings, recipe, &lock, store, progress).await?;
     verify_debs(settings, recipe, &lock, platform, progress).await?;
@@ -90,7 +94,7 @@ pub(crate) async fn prepare_platform<'a>(
     // when it was locked, and a refreshed matrix may pick a newer release now.
     let selected = match wheels.get("torch") {
         Some(torch) => locked_torch_build(matrix, recipe, &torch.version),
-        None => selected_torch_build(matrix, recipe),
+        None => resolved.torch_build(),
     };
     let torch_build = match (selected, wheels.get("torch")) {
         (Some(build), Some(torch)) => Some(tokio::task::block_in_place(|| {
@@ -114,6 +118,7 @@ pub(crate) async fn prepare_platform<'a>(
     }
     Ok(PlatformInputs {
         matrix,
+        resolved,
         recipe,
         platform,
         lock,

@@ -21,8 +21,7 @@ use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::elf::fatbin::{DeviceCode, SectionCode};
 use crate::layer::{CacheKey, DirOptions, Layer, LayerContents};
-use crate::matrix::{Matrix, TorchBuild};
-use crate::recipe::Recipe;
+use crate::matrix::TorchBuild;
 use crate::stack::error::BuildError;
 use crate::stack::files::{merge_trees, write_record};
 use crate::stack::image_config::StackConfig;
@@ -306,38 +305,13 @@ fn audit_record(staging: &Staging, diff_ids: &[Digest]) -> PathBuf {
     ))
 }
 
-/// The GPUs a build's kernels are checked against (the recipe's `gpus`, resolved to
-/// compute capabilities as validation resolves them) and the newest PTX ISA its driver
-/// floor can JIT-compile.
+/// The GPUs a build's kernels are checked against (the recipe's `gpus`, as validation
+/// resolved them: `ResolvedRecipe::target_gpus`) and the newest PTX ISA its driver floor
+/// can JIT-compile.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KernelTargets {
     pub gpus: Vec<TargetGpu>,
     pub jit_ptx_isa: Option<PtxIsa>,
-}
-
-impl KernelTargets {
-    /// The recipe's `gpus:`, resolved as validation resolves them. A name the matrix does not
-    /// know is an error here too: dropping it would build an image whose audit never checked
-    /// the GPU the recipe asked for.
-    pub fn of(matrix: &Matrix, recipe: &Recipe) -> Result<Self, BuildError> {
-        let gpus = recipe
-            .gpus
-            .iter()
-            .map(|name| {
-                matrix.target_gpu(name).ok_or_else(|| {
-                    BuildError::Unsupported(format!(
-                        "GPU `{name}` of the recipe's `gpus:` is not in the matrix, so its kernels cannot be checked\n  hint: use a name from `cudastack matrix --table gpus`, or its compute capability (e.g. \"8.6\"); `cudastack validate` says the same"
-                    ))
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Self {
-            gpus,
-            jit_ptx_isa: matrix
-                .cuda_ceiling(&recipe.driver_floor)
-                .and_then(PtxIsa::newest_for),
-        })
-    }
 }
 
 /// The static audit of the assembled filesystem (every ELF's NEEDED, one copy per SONAME,
@@ -596,37 +570,6 @@ mod tests {
 
     /// The recipe's `gpus` by name or capability, as validation resolves them, and the PTX
     /// ISA its driver floor's JIT reads (535 supports CUDA 12.2: ISA 8.2).
-    #[test]
-    fn kernel_targets_are_the_recipes_gpus_and_its_floors_ptx_isa() {
-        let recipe = Recipe::parse(
-            "name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"535.104.05\"\ncuda: { version: \"12.1\" }\ngpus: [\"RTX 4090\", \"9.0\"]\n",
-            Path::new("t.yaml"),
-        )
-        .unwrap();
-        let targets = KernelTargets::of(Matrix::embedded(), &recipe).unwrap();
-        let ccs: Vec<String> = targets.gpus.iter().map(|g| g.cc.sm()).collect();
-        assert_eq!(ccs, ["sm_89", "sm_90"]);
-        assert!(targets.gpus[0].name.contains("4090"), "{:?}", targets.gpus);
-        assert_eq!(targets.gpus[1].label(), "sm_90");
-        assert_eq!(targets.jit_ptx_isa, Some(PtxIsa::new(8, 2)));
-    }
-
-    /// A GPU name the matrix does not know fails the build's kernel targets (it was dropped,
-    /// so the audit never checked the GPU the recipe named).
-    #[test]
-    fn an_unknown_gpu_is_an_error_not_a_gap_in_the_audit() {
-        let recipe = Recipe::parse(
-            "name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"535.104.05\"\ncuda: { version: \"12.1\" }\ngpus: [\"RTX 4090\", \"GTX 9999 Ultra\"]\n",
-            Path::new("t.yaml"),
-        )
-        .unwrap();
-        let error = KernelTargets::of(Matrix::embedded(), &recipe).unwrap_err();
-        assert!(
-            error.to_string().contains("GPU `GTX 9999 Ultra`"),
-            "{error}"
-        );
-    }
-
     /// A cached audit is checked against this build's GPUs: adding H100 to `gpus:` fails a
     /// build whose layers were audited clean for an RTX 4090.
     #[test]

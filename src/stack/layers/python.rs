@@ -426,7 +426,8 @@ mod tests {
     use crate::cache::Staging;
     use crate::lock::lockfile::Lockfile;
     use crate::matrix::Matrix;
-    use crate::recipe::{Platform, Recipe};
+    use crate::matrix::ResolvedRecipe;
+    use crate::recipe::Platform;
     use crate::stack::layers::toolkit::ToolkitLayer;
     use std::io::Write;
 
@@ -507,22 +508,25 @@ Requires-Dist: numpy ; extra == 'tests'
     }
 
     /// The shipped torch 2.4.1 recipe and its lock (target: CPython 3.11, x86_64).
-    fn recipe_and_lock() -> (Recipe, Lockfile) {
+    fn recipe_and_lock() -> (ResolvedRecipe, Lockfile) {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let yaml = root.join(format!("{RECIPE}.yaml"));
-        let text = fs_err::read_to_string(&yaml).unwrap();
         let lock = Lockfile::read(&root.join(format!("{RECIPE}.lock"))).unwrap();
-        (Recipe::parse(&text, &yaml).unwrap(), lock)
+        (
+            ResolvedRecipe::load(&yaml, Matrix::embedded()).unwrap(),
+            lock,
+        )
     }
 
     fn inputs<'a>(
-        recipe: &'a Recipe,
+        resolved: &'a ResolvedRecipe,
         lock: &Lockfile,
         wheels: BTreeMap<String, FetchedWheel>,
     ) -> PlatformInputs<'a> {
         PlatformInputs {
             matrix: Matrix::embedded(),
-            recipe,
+            resolved,
+            recipe: resolved.recipe(),
             platform: Platform::LinuxAmd64,
             lock: lock.clone(),
             wheels,
