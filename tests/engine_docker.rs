@@ -829,6 +829,16 @@ fn interrupted_load_child() {
     println!("child: the second signal did not end the process");
 }
 
+/// The bytes process `pid` has read so far (`rchar` of /proc/PID/io: files, pipes and
+/// sockets alike).
+fn read_chars(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    io.lines()
+        .find_map(|line| line.strip_prefix("rchar: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Issue 16: a load interrupted midway (SIGTERM) leaves nothing it created, even when the
 /// daemon already had the whole upload; and a SIGTERM outside a load or run still ends the
 /// process (the handlers an earlier run installed would otherwise swallow it).
@@ -891,7 +901,18 @@ fn an_interrupted_load_leaves_nothing() {
             panic!("the child ended before loading");
         }
     }
-    std::thread::sleep(Duration::from_millis(700));
+    // The signal must come while the archive is streaming, not in the API calls before it
+    // (a loaded machine took more than a fixed 700 ms to get there, and the signal then ended
+    // the child as its default action would): wait until the child has read 32 MiB more.
+    let started_reading = read_chars(child.id());
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while read_chars(child.id()) < started_reading + (32 << 20) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child did not start streaming the archive in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     run_ok(Command::new("kill").args(["-TERM", &child.id().to_string()]));
     let mut said = String::new();
     while !line.contains("waiting") {
