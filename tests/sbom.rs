@@ -14,7 +14,6 @@ use cudastack::audit::kernels::CoverageGroup;
 use cudastack::digest::Digest;
 use cudastack::lock::lockfile::{Artifact, ArtifactKind, Lockfile};
 use cudastack::matrix::{Matrix, ResolvedRecipe};
-use cudastack::recipe::Recipe;
 use cudastack::sbom::{self, BuiltWheel, SbomInput, Summary};
 use cudastack::stack::image_config::{stack_config, StackFacts};
 use cudastack::target_gpu::TargetGpu;
@@ -80,7 +79,7 @@ fn kernel_groups(lock: &Lockfile) -> Vec<CoverageGroup> {
 
 /// What the image config of `recipe` built from `lock` states: the labels the stack writes
 /// (src/stack/image_config.rs), with the kernel audit's.
-fn claims_of(recipe: &Recipe, lock: &Lockfile) -> ImageClaims {
+fn claims_of(resolved: &ResolvedRecipe, lock: &Lockfile) -> ImageClaims {
     let version = |pick: &dyn Fn(&str) -> bool| {
         lock.artifacts
             .iter()
@@ -94,7 +93,7 @@ fn claims_of(recipe: &Recipe, lock: &Lockfile) -> ImageClaims {
         os: None,
         created: "2024-10-01T00:00:00Z".into(),
     };
-    let config = stack_config(Matrix::embedded(), recipe, None, &facts, lock.target.arch)
+    let config = stack_config(resolved, None, &facts, lock.target.arch)
         .with_kernel_labels(&kernel_groups(lock), None);
     let env: BTreeMap<String, String> = config.env.iter().cloned().collect();
     ImageClaims::from_labels_and_env(&config.labels, &env)
@@ -112,15 +111,13 @@ struct Image {
 impl Image {
     fn of(lock_path: &Path, recipe_path: &Path) -> Image {
         let lock = Lockfile::read(lock_path).unwrap();
-        let recipe = Recipe::load(recipe_path).unwrap();
+        let resolved = ResolvedRecipe::load(recipe_path, Matrix::embedded()).unwrap();
+        let recipe = resolved.recipe();
         Image {
             name: format!("{}:latest", recipe.name),
-            claims: claims_of(&recipe, &lock),
+            claims: claims_of(&resolved, &lock),
             // As the build records them: the recipe's `gpus:` as validation resolved them.
-            targets: ResolvedRecipe::load(recipe_path, Matrix::embedded())
-                .unwrap()
-                .target_gpus()
-                .to_vec(),
+            targets: resolved.target_gpus().to_vec(),
             created: recipe.source_date_epoch.unwrap_or(1_727_740_800),
             lock,
             built: Vec::new(),

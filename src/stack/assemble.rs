@@ -28,13 +28,7 @@ pub(crate) fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assemb
     let layers = produce_layers(&planned.all(), planned.base.facts_record(), env)?;
     let facts = stack_facts(inputs, &planned.base.facts(), env.options.mtime);
     let torch_build = inputs.torch_build.as_ref();
-    let config = stack_config(
-        inputs.matrix,
-        inputs.recipe,
-        torch_build,
-        &facts,
-        inputs.arch(),
-    );
+    let config = stack_config(inputs.resolved, torch_build, &facts, inputs.arch());
     let targets = KernelTargets {
         gpus: inputs.resolved.target_gpus().to_vec(),
         jit_ptx_isa: inputs.resolved.jit_ptx_isa(),

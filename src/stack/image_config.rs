@@ -11,8 +11,7 @@ use std::collections::BTreeMap;
 
 use crate::audit::kernels::{covered_by_all, CoverageGroup};
 use crate::labels::{self, StackLabels};
-use crate::matrix::validate::nvidia_require_cuda;
-use crate::matrix::{Matrix, TorchBuild};
+use crate::matrix::{ResolvedRecipe, TorchBuild};
 use crate::platform::Platform;
 use crate::recipe::{expand_path, Recipe};
 use crate::stack::layers::toolkit::layout::ToolkitPaths;
@@ -59,18 +58,18 @@ pub struct StackFacts {
 }
 
 pub fn stack_config(
-    matrix: &Matrix,
-    recipe: &Recipe,
+    resolved: &ResolvedRecipe,
     torch_build: Option<&TorchBuild>,
     facts: &StackFacts,
     arch: Platform,
 ) -> StackConfig {
+    let recipe = resolved.recipe();
     // Never claimed at build time: only `cudastack verify` may add io.cudastack.verified.
     let mut labels = stack_labels(recipe, torch_build, facts);
     // The recipe cannot name `io.cudastack.*` (recipe::image), so nothing of ours is lost.
     labels.extend(recipe.labels.clone());
     StackConfig {
-        env: with_recipe_env(stack_env(matrix, recipe, facts, arch), recipe),
+        env: with_recipe_env(stack_env(resolved, facts, arch), recipe),
         labels,
         entrypoint: recipe.entrypoint.clone(),
         cmd: image_cmd(recipe),
@@ -110,11 +109,11 @@ fn with_recipe_env(mut env: Vec<(String, String)>, recipe: &Recipe) -> Vec<(Stri
 /// The environment: the toolkit on PATH, its one library directory on LD_LIBRARY_PATH,
 /// the NVIDIA runtime's switches and the driver floor.
 fn stack_env(
-    matrix: &Matrix,
-    recipe: &Recipe,
+    resolved: &ResolvedRecipe,
     facts: &StackFacts,
     arch: Platform,
 ) -> Vec<(String, String)> {
+    let recipe = resolved.recipe();
     let paths = ToolkitPaths::new(recipe.cuda.version, arch);
     let mut env = vec![
         (
@@ -148,7 +147,7 @@ fn stack_env(
     if let Some(runtime) = &facts.cuda_runtime {
         env.push(("CUDA_VERSION".to_string(), runtime.clone()));
     }
-    if let Some(require) = nvidia_require_cuda(matrix, recipe) {
+    if let Some(require) = resolved.nvidia_require_cuda() {
         env.push((
             "NVIDIA_REQUIRE_CUDA".to_string(),
             format!("cuda>={require}"),
@@ -230,14 +229,18 @@ impl StackConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::matrix::Matrix;
     use std::path::Path;
+
+    fn resolved(recipe: &Recipe) -> ResolvedRecipe {
+        ResolvedRecipe::new(Matrix::embedded(), recipe.clone(), Path::new("t.yaml")).unwrap()
+    }
 
     #[test]
     fn one_cuda_library_dir_and_the_driver_dir() {
         let recipe = Recipe::parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"535.104.05\"\ncuda: { version: \"12.1\" }\n", Path::new("t.yaml")).unwrap();
         let config = stack_config(
-            Matrix::embedded(),
-            &recipe,
+            &resolved(&recipe),
             None,
             &StackFacts {
                 created: "2024-10-01T00:00:00Z".into(),
@@ -251,8 +254,7 @@ mod tests {
             "/usr/local/cuda-12.1/targets/x86_64-linux/lib:/usr/local/nvidia/lib64"
         );
         let arm64 = stack_config(
-            Matrix::embedded(),
-            &recipe,
+            &resolved(&recipe),
             None,
             &StackFacts::default(),
             Platform::LinuxArm64,
@@ -294,8 +296,7 @@ mod tests {
         )
         .unwrap();
         let config = stack_config(
-            Matrix::embedded(),
-            &recipe,
+            &resolved(&recipe),
             None,
             &StackFacts::default(),
             Platform::LinuxAmd64,
@@ -323,8 +324,7 @@ mod tests {
     fn kernel_labels_record_the_groups_and_what_all_cover() {
         let recipe = Recipe::parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"535.104.05\"\ncuda: { version: \"12.1\" }\n", Path::new("t.yaml")).unwrap();
         let config = stack_config(
-            Matrix::embedded(),
-            &recipe,
+            &resolved(&recipe),
             None,
             &StackFacts::default(),
             Platform::LinuxAmd64,
@@ -361,8 +361,7 @@ mod tests {
             )
             .unwrap();
             stack_config(
-                Matrix::embedded(),
-                &recipe,
+                &resolved(&recipe),
                 None,
                 &StackFacts::default(),
                 Platform::LinuxAmd64,
