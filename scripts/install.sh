@@ -61,6 +61,14 @@ while IFS= read -r member; do
   esac
   case "$member" in *..*) die "$name holds \`$member\`" ;; esac
 done < <(tar -tzf "$work/$name")
+# Regular files and directories only: a link in the archive would point the installed
+# command somewhere outside it.
+while IFS= read -r entry; do
+  case "$entry" in
+    -* | d*) ;;
+    *) die "$name holds something that is not a file or a directory: $entry" ;;
+  esac
+done < <(tar -tvzf "$work/$name")
 
 # What a build host needs, once the archive is known to be the one published.
 sudo_cmd=""
