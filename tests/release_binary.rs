@@ -452,6 +452,36 @@ fn install_script_step(release: &Release, image: &str, work: &Path) {
         said.contains("No such file or directory"),
         "nothing installed: {said}"
     );
+
+    // An archive whose bin/cudastack is a link (to the container's shell), with a matching
+    // .sha256: refused for what it holds, nothing installed.
+    let linked = work.join("linked");
+    let top = name.trim_end_matches(".tar.gz");
+    std::fs::create_dir_all(linked.join(top).join("bin")).unwrap();
+    std::os::unix::fs::symlink("/bin/sh", linked.join(top).join("bin/cudastack")).unwrap();
+    let packed = Command::new("tar")
+        .arg("-czf")
+        .arg(linked.join(name))
+        .arg("-C")
+        .arg(&linked)
+        .arg(top)
+        .output()
+        .unwrap();
+    assert!(packed.status.success(), "{}", text(&packed));
+    let bytes = std::fs::read(linked.join(name)).unwrap();
+    std::fs::write(
+        linked.join(format!("{name}.sha256")),
+        format!("{}  {name}\n", sha256_hex(&bytes)),
+    )
+    .unwrap();
+    let refused = install(&linked, "/tmp/user");
+    let said = text(&refused);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("not a file or a directory"), "{said}");
+    assert!(
+        said.contains("No such file or directory"),
+        "nothing installed: {said}"
+    );
 }
 
 /// `doctor` of the static binary on a host whose loader path has libcuda.so.1 (a planted
