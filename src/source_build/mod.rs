@@ -53,7 +53,7 @@ use crate::matrix::Matrix;
 use crate::recipe::{Flavor, Recipe, SourceBuild};
 use crate::stack::{
     fetch_deb_files, link_wheel, source_date_epoch, BuildEnv, BuildError, BuildSettings,
-    FetchedWheel, LayerStager, PlatformInputs, StackLayers,
+    FetchedWheel, PlatformInputs, StackLayers,
 };
 use crate::version::ComputeCapability;
 
@@ -680,24 +680,7 @@ fn stage_builder(
     };
     let planned = StackLayers::plan(&builder, env)?;
     fs_err::create_dir_all(root).map_err(io_error(root))?;
-    let mut stagers: Vec<&dyn LayerStager> = vec![&planned.base];
-    if let Some(apt) = &planned.apt {
-        stagers.push(apt);
-    }
-    stagers.extend(
-        planned
-            .toolkit
-            .all()
-            .into_iter()
-            .map(|l| l as &dyn LayerStager),
-    );
-    stagers.extend(planned.large.iter().map(|l| l as &dyn LayerStager));
-    stagers.push(&planned.python);
-    stagers.extend(planned.large_packages.iter().map(|l| l as &dyn LayerStager));
-    if let Some(packages) = &planned.packages {
-        stagers.push(packages);
-    }
-    for stager in stagers {
+    for stager in planned.software() {
         if let Some(signal) = signals.caught() {
             return Err(SourceBuildError::Stopped {
                 what: "staging the builder of the source builds".into(),

@@ -35,7 +35,7 @@ pub use settings::{BuildProgress, BuildSettings, DEFAULT_SOURCE_DATE_EPOCH};
 
 // The steps the pipeline composes, and what the source builds reuse of the inputs.
 pub(crate) use assemble::assemble;
-pub(crate) use layers::{BuildEnv, LayerStager, StackLayers};
+pub(crate) use layers::{BuildEnv, StackLayers};
 pub(crate) use output::write_output;
 pub(crate) use prepare::{
     fetch_deb_files, link_wheel, prepare_platform, FetchedWheel, PlatformInputs,

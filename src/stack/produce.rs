@@ -20,7 +20,7 @@ use crate::audit::{audit, AuditOptions, AuditReport};
 use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::elf::fatbin::{DeviceCode, SectionCode};
-use crate::layer::{CacheKey, DirOptions, Layer, LayerContents};
+use crate::layer::{BuildOptions, CacheKey, DirOptions, Layer, LayerContents};
 use crate::matrix::TorchBuild;
 use crate::stack::error::BuildError;
 use crate::stack::files::{merge_trees, write_record};
@@ -53,7 +53,10 @@ pub(crate) fn produce_layers(
 ) -> Result<Vec<(LayerReport, Layer)>, BuildError> {
     let mut cached_layers = Vec::new();
     for stager in stagers {
-        cached_layers.push(env.cache.get(stager.key(), env.options)?);
+        cached_layers.push(
+            env.cache
+                .get(stager.key(), &env.options_for(stager.part()))?,
+        );
     }
     // When every layer and the audit verdict are cached there is nothing to stage.
     let fully_cached = cached_layers.iter().all(Option::is_some)
@@ -135,8 +138,9 @@ fn stage_and_write<'scope, 'env>(
         }
         env.progress.stage(stager.name(), "writing layer");
         let (name, key, walk) = (stager.name().to_string(), *stager.key(), stager.walk());
+        let options = env.options_for(stager.part());
         writers.spawn(scope, index, move || {
-            write_layer(&name, &key, &dir, &walk, env)
+            write_layer(&name, &key, &dir, &walk, &options, env)
         });
     }
     while !writers.running.is_empty() {
@@ -249,11 +253,12 @@ fn write_layer(
     key: &CacheKey,
     dir: &Path,
     walk: &DirOptions,
+    options: &BuildOptions,
     env: &BuildEnv,
 ) -> Result<Layer, BuildError> {
     let layer = env
         .cache
-        .get_or_build(key, env.options, || LayerContents::from_dir(dir, walk))?;
+        .get_or_build(key, options, || LayerContents::from_dir(dir, walk))?;
     layer_done(name, &layer, false, env);
     Ok(layer)
 }
@@ -367,6 +372,15 @@ pub(crate) fn audit_stack(
         "audit",
         "every ELF's NEEDED, one copy per SONAME, symlinks, cuDNN header, pins, GPU code",
     );
+    if let Some(apt) = &planned.apt {
+        // The stack's trees above the base, which the apt tree (on top of the base) may
+        // add to but not replace.
+        let stack: Vec<(&str, PathBuf)> = planned.stack()[1..]
+            .iter()
+            .map(|layer| (layer.name(), env.staging.dir(layer.key())))
+            .collect();
+        crate::stack::layers::apt::refuse_replacing(&env.staging.dir(apt.key()), &stack)?;
+    }
     let scratch = env.staging.scratch(planned.config.key(), "audit")?;
     let merged = scratch.path();
     merge_trees(
@@ -462,8 +476,9 @@ mod tests {
     use super::*;
     use crate::cache::BlobStore;
     use crate::fetch::progress::{NoReporter, Reporter};
-    use crate::layer::{BuildOptions, Compression, LayerCache};
+    use crate::layer::{Compression, LayerCache};
     use crate::stack::files::write_file;
+    use crate::stack::layers::Part;
     use crate::stack::settings::BuildProgress;
     use std::sync::{Arc, Condvar, Mutex};
     use std::time::Duration;
@@ -489,6 +504,9 @@ mod tests {
     impl LayerStager for FileLayer {
         fn name(&self) -> &'static str {
             self.name
+        }
+        fn part(&self) -> Part {
+            Part::Team
         }
         fn key(&self) -> &CacheKey {
             &self.key

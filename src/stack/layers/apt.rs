@@ -7,11 +7,15 @@
 //! together from locked .debs into a scratch root, and the layer is what that root has on
 //! top of the base's tree ([`crate::stack::tree_diff`]): the packages' files and what
 //! their installation changed (the dpkg database, /etc/passwd for a new system user).
+//!
+//! The layer sits above the stack's layers (issue 34: they are shared by every recipe on
+//! the stack), so a package could replace one of their files; [`refuse_replacing`]
+//! refuses that, naming the package.
 
 use std::path::{Path, PathBuf};
 
 use super::base::BaseLayer;
-use super::{BuildEnv, LayerStager, ASSEMBLER};
+use super::{BuildEnv, LayerStager, Part, ASSEMBLER};
 use crate::base_root::rootless::BuildMode;
 use crate::base_root::{debootstrap, DebootstrapSpec};
 use crate::layer::{CacheKey, DirOptions, RecordedOwners};
@@ -70,9 +74,94 @@ impl AptLayer {
     }
 }
 
+/// Refuse an apt `tree` that replaces a file of the `stack` trees (name, tree) above the
+/// base (a directory in both is shared, not replaced): the image would silently hold the
+/// package's file where the stack was verified with its own.
+pub(crate) fn refuse_replacing(tree: &Path, stack: &[(&str, PathBuf)]) -> Result<(), BuildError> {
+    let mut replaced = Vec::new();
+    find_replaced(tree, Path::new(""), stack, &mut replaced)?;
+    if replaced.is_empty() {
+        return Ok(());
+    }
+    let owners = package_lists(tree);
+    let shown: Vec<String> = replaced
+        .iter()
+        .take(5)
+        .map(|(path, layer)| {
+            let package = owners
+                .iter()
+                .find(|(_, files)| files.contains(&format!("/{path}")))
+                .map_or("an `apt:` package", |(package, _)| package.as_str());
+            format!("/{path} (from {package}, over the `{layer}` layer)")
+        })
+        .collect();
+    Err(BuildError::Unsupported(format!(
+        "the recipe's `apt:` packages replace {} of the stack's files: {}\n  why: the stack's layers come first and are shared by every image on the stack; an `apt:` package may add files above them, not replace theirs\n  hint: leave the package out of `apt:` (a Python package belongs in the requirements)",
+        replaced.len(),
+        shown.join(", ")
+    )))
+}
+
+/// Walk `dir` (the apt tree at `relative`) beside the same directory of each lower tree
+/// (each a real directory, never a link: the walk never follows one of the image's links on
+/// the host), collecting what the apt tree has where a lower tree has something that is
+/// not a directory in both.
+fn find_replaced(
+    dir: &Path,
+    relative: &Path,
+    lowers: &[(&str, PathBuf)],
+    replaced: &mut Vec<(String, String)>,
+) -> Result<(), BuildError> {
+    for entry in fs_err::read_dir(dir).map_err(io_error(dir))? {
+        let entry = entry.map_err(io_error(dir))?;
+        let name = entry.file_name();
+        let path = relative.join(&name);
+        let is_dir = entry.file_type().map_err(io_error(&entry.path()))?.is_dir();
+        let mut below = Vec::new();
+        for (layer, lower) in lowers {
+            let Ok(meta) = fs_err::symlink_metadata(lower.join(&name)) else {
+                continue;
+            };
+            if is_dir && meta.is_dir() {
+                below.push((*layer, lower.join(&name)));
+            } else {
+                replaced.push((path.to_string_lossy().into_owned(), layer.to_string()));
+            }
+        }
+        if is_dir && !below.is_empty() {
+            find_replaced(&entry.path(), &path, &below, replaced)?;
+        }
+    }
+    Ok(())
+}
+
+/// Each installed package's file list (dpkg's `info/<package>.list`) in the apt tree.
+fn package_lists(tree: &Path) -> Vec<(String, Vec<String>)> {
+    let info = tree.join("var/lib/dpkg/info");
+    let Ok(entries) = fs_err::read_dir(&info) else {
+        return Vec::new();
+    };
+    let mut lists: Vec<(String, Vec<String>)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // `libfoo:amd64.list` for a package of one architecture.
+            let package = name.strip_suffix(".list")?;
+            let package = package.split(':').next().unwrap_or(package).to_string();
+            let text = fs_err::read_to_string(entry.path()).ok()?;
+            Some((package, text.lines().map(str::to_string).collect()))
+        })
+        .collect();
+    lists.sort();
+    lists
+}
+
 impl LayerStager for AptLayer {
     fn name(&self) -> &str {
         "apt"
+    }
+    fn part(&self) -> Part {
+        Part::Team
     }
     fn key(&self) -> &CacheKey {
         &self.key
@@ -128,5 +217,56 @@ impl LayerStager for AptLayer {
     /// Like the base: modes and owners as the packages set them.
     fn walk(&self) -> DirOptions {
         super::base::package_tree_walk(&self.owners_record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(path: &Path, text: &str) {
+        fs_err::create_dir_all(path.parent().unwrap()).unwrap();
+        fs_err::write(path, text).unwrap();
+    }
+
+    #[test]
+    fn apt_may_add_to_the_stack_but_not_replace_its_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (apt, python, cuda) = (
+            dir.path().join("apt"),
+            dir.path().join("python"),
+            dir.path().join("cuda"),
+        );
+        let site = "usr/local/lib/python3.11/dist-packages";
+        write(&python.join(site).join("six.py"), "stack");
+        write(&apt.join(site).join("extra.py"), "added beside the stack's");
+        write(&apt.join("usr/bin/git"), "added");
+        assert!(refuse_replacing(&apt, &[("python", python.clone())]).is_ok());
+
+        write(&apt.join(site).join("six.py"), "replaced");
+        write(
+            &apt.join("var/lib/dpkg/info/python3-six:amd64.list"),
+            &format!("/{site}\n/{site}/six.py\n"),
+        );
+        let error = refuse_replacing(&apt, &[("python", python.clone())])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(&format!("replace 1 of the stack's files: /{site}/six.py (from python3-six, over the `python` layer)")),
+            "{error}"
+        );
+
+        // A link of the stack's tree is never followed on the host: a directory of the apt
+        // tree where the stack has a link replaces the link.
+        fs_err::create_dir_all(cuda.join("usr/local")).unwrap();
+        std::os::unix::fs::symlink("/etc", cuda.join("usr/local/cuda")).unwrap();
+        write(&apt.join("usr/local/cuda/passwd"), "x");
+        let error = refuse_replacing(&apt, &[("cuda", cuda)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("/usr/local/cuda (from an `apt:` package, over the `cuda` layer)"),
+            "{error}"
+        );
     }
 }

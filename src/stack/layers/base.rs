@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{LayerStager, ASSEMBLER};
+use super::{LayerStager, Part, ASSEMBLER};
 use crate::base_root::rootless::{BuildHost, BuildMode};
 use crate::base_root::{debootstrap, inspect_rootfs, BaseError, DebootstrapSpec, RootfsFacts};
 use crate::cache::Staging;
@@ -109,6 +109,9 @@ impl<'a> BaseLayer<'a> {
 impl LayerStager for BaseLayer<'_> {
     fn name(&self) -> &str {
         "base"
+    }
+    fn part(&self) -> Part {
+        Part::Stack
     }
     fn key(&self) -> &CacheKey {
         &self.key

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{BuildEnv, LayerStager, ASSEMBLER};
+use super::{BuildEnv, LayerStager, Part, ASSEMBLER};
 use crate::base_root::inspect_rootfs;
 use crate::base_root::ldcache;
 use crate::cache::Staging;
@@ -158,6 +158,9 @@ impl<'a> ConfigLayer<'a> {
 impl LayerStager for ConfigLayer<'_> {
     fn name(&self) -> &str {
         "config"
+    }
+    fn part(&self) -> Part {
+        Part::Team
     }
     fn key(&self) -> &CacheKey {
         &self.key

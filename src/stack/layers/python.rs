@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::toolkit::{self as toolkit_layer, ToolkitLayers};
-use super::{LayerStager, ASSEMBLER};
+use super::{LayerStager, Part, ASSEMBLER};
 use crate::digest::Digest;
 use crate::fetch::metadata::{local_wheel_metadata, Metadata};
 use crate::install::{
@@ -44,8 +44,9 @@ pub(crate) const LARGE_DISTRIBUTION: u64 = 256 * 1024 * 1024;
 /// Which of the locked wheels a Python layer installs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PythonPart<'a> {
-    /// One very large distribution alone, in a layer named after it (`torch`).
-    Large(&'a str),
+    /// One very large distribution alone, in a layer named after it (`torch`): the stack's
+    /// or one of the recipe's requirements.
+    Large(&'a str, Part),
     /// pip, the nvidia-* and cuda-* wheels, and what they and torch require.
     Stack,
     /// Every other wheel: the recipe's own requirements.
@@ -53,9 +54,18 @@ pub(crate) enum PythonPart<'a> {
 }
 
 impl<'a> PythonPart<'a> {
+    /// The stack's part of the image, or the team's.
+    fn image_part(self) -> Part {
+        match self {
+            PythonPart::Large(_, part) => part,
+            PythonPart::Stack => Part::Stack,
+            PythonPart::Packages => Part::Team,
+        }
+    }
+
     fn name(self) -> &'a str {
         match self {
-            PythonPart::Large(name) => name,
+            PythonPart::Large(name, _) => name,
             PythonPart::Stack => "python",
             PythonPart::Packages => "packages",
         }
@@ -86,7 +96,7 @@ impl<'a> PythonLayer<'a> {
         let recipe = inputs.recipe;
         let wheel_digests: Vec<Digest> = wheels.iter().map(|w| w.sha256).collect();
         let (key, placements) = match part {
-            PythonPart::Large(_) => (
+            PythonPart::Large(..) => (
                 CacheKey::new(
                     &format!("{ASSEMBLER}/large-distribution"),
                     &wheel_digests,
@@ -142,6 +152,9 @@ impl<'a> PythonLayer<'a> {
 impl LayerStager for PythonLayer<'_> {
     fn name(&self) -> &str {
         self.part.name()
+    }
+    fn part(&self) -> Part {
+        self.part.image_part()
     }
     fn key(&self) -> &CacheKey {
         &self.key
@@ -659,7 +672,10 @@ Requires-Dist: numpy ; extra == 'tests'
             ("cuda", toolkit.cuda.key().digest()),
             ("cuda-math", toolkit.math.as_ref().unwrap().key().digest()),
             ("cudnn", toolkit.cudnn.key().digest()),
-            ("torch", plan(&["torch"], PythonPart::Large("torch"))),
+            (
+                "torch",
+                plan(&["torch"], PythonPart::Large("torch", Part::Stack)),
+            ),
             (
                 "python",
                 plan(
@@ -766,6 +782,6 @@ Requires-Dist: numpy ; extra == 'tests'
 
     #[test]
     fn a_large_distributions_layer_is_named_after_it() {
-        assert_eq!(PythonPart::Large("torch").name(), "torch");
+        assert_eq!(PythonPart::Large("torch", Part::Stack).name(), "torch");
     }
 }

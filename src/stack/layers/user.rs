@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use super::below::{self, Below, LowerEntry, LowerKind};
-use super::{BuildEnv, LayerStager, ASSEMBLER};
+use super::{BuildEnv, LayerStager, Part, ASSEMBLER};
 use crate::layer::{CacheKey, DirOptions, LayerPath, ModePolicy, Recorded, RecordedOwners};
 use crate::recipe::{ImagePath, UserSpec};
 use crate::stack::error::{io_error, BuildError};
@@ -162,6 +162,9 @@ impl UserLayer {
 impl LayerStager for UserLayer {
     fn name(&self) -> &str {
         "user"
+    }
+    fn part(&self) -> Part {
+        Part::Team
     }
     fn key(&self) -> &CacheKey {
         &self.key

@@ -20,7 +20,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::below::{walk_down, Below, LowerKind};
-use super::{LayerStager, ASSEMBLER};
+use super::{LayerStager, Part, ASSEMBLER};
 use crate::cache::Staging;
 use crate::contained_file::{ContainedError, ContainedFile, FileIdentity};
 use crate::digest::{Digest, Hasher, HashingWriter};
@@ -193,6 +193,9 @@ impl CopyLayer {
 impl LayerStager for CopyLayer {
     fn name(&self) -> &str {
         "copy"
+    }
+    fn part(&self) -> Part {
+        Part::Team
     }
     fn key(&self) -> &CacheKey {
         &self.key
@@ -801,6 +804,9 @@ mod tests {
     impl LayerStager for Lower {
         fn name(&self) -> &str {
             "lower"
+        }
+        fn part(&self) -> Part {
+            Part::Stack
         }
         fn key(&self) -> &CacheKey {
             &self.key

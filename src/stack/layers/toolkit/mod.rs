@@ -12,7 +12,7 @@ pub mod layout;
 
 use std::path::{Path, PathBuf};
 
-use super::{LayerStager, ASSEMBLER};
+use super::{LayerStager, Part, ASSEMBLER};
 use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::layer::CacheKey;
@@ -152,6 +152,9 @@ fn placement_record(dir: &Path) -> PathBuf {
 impl LayerStager for ToolkitLayer {
     fn name(&self) -> &str {
         self.name
+    }
+    fn part(&self) -> Part {
+        Part::Stack
     }
     fn key(&self) -> &CacheKey {
         &self.key
