@@ -39,6 +39,11 @@ pub const SM: &str = "io.cudastack.sm";
 /// file> <sha256>`.
 pub const BUILT_PREFIX: &str = "io.cudastack.built.";
 
+/// The OCI chain ID of the image's layers as cudastack built them (issue 34). An image built
+/// FROM a cudastack image by another tool keeps the labels but has more layers: this says
+/// which of them the labels describe.
+pub const LAYERS: &str = "io.cudastack.layers";
+
 /// The recipe's /dev/shm size, in bytes.
 pub const RUNTIME_SHM_SIZE: &str = "io.cudastack.runtime.shm-size";
 /// The recipe's ulimits: `io.cudastack.runtime.ulimit.memlock` = `-1`.

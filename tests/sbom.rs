@@ -96,7 +96,7 @@ fn claims_of(resolved: &ResolvedRecipe, lock: &Lockfile) -> ImageClaims {
     let config = stack_config(resolved, None, &facts, lock.target.arch)
         .with_kernel_labels(&kernel_groups(lock), None);
     let env: BTreeMap<String, String> = config.env.iter().cloned().collect();
-    ImageClaims::from_labels_and_env(&config.labels, &env)
+    ImageClaims::from_labels_and_env(&config.labels, &env, &[])
 }
 
 struct Image {

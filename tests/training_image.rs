@@ -19,6 +19,13 @@
 //! uploads that layer alone. The private index's password is in no output: not the lock, not
 //! the pylock export, not `--json`, not the logs.
 //!
+//! One stack under many images (issue 34): the recipe sets no `source_date_epoch` (a new
+//! user's), a second team's recipe on the same stack differs in everything a team adds
+//! (`apt:`, requirements, code, its own `source_date_epoch`), and the shipped recipe has its
+//! own epoch. The three share the stack's seven layers by digest; in Docker the two team
+//! images have them as a common prefix of their layer chains, so the second `--load` sends
+//! only its own layers; and its push to the registry holding the first uploads only its own.
+//!
 //! Needs root (mmdebstrap), Docker, Debian's docker-registry, PyPI and Debian's archive.
 
 use crate::e2e_support;
@@ -37,6 +44,18 @@ const NAME: &str = "cudastack-training-test";
 const TAG: &str = "localhost/cudastack-training-test:2.4.1";
 const WITH_SIX: &str = "cudastack-training-test-six:test";
 const WITH_TORCH: &str = "cudastack-training-test-torch:test";
+/// The second team's image, on the same stack.
+const OTHER_TAG: &str = "localhost/cudastack-training-test-other:1";
+/// The layers every image on the stack shares, bottom to top.
+const STACK_LAYERS: [&str; 7] = [
+    "base",
+    "cuda",
+    "cuda-math",
+    "cudnn",
+    "triton",
+    "torch",
+    "python",
+];
 const USER: &str = "ci-reader";
 const PASSWORD: &str = "s3cret-Pa55-for-acme-index";
 
@@ -68,7 +87,6 @@ env: {{ STEPS: "8", HF_HUB_OFFLINE: "1", TOKENIZERS_PARALLELISM: "false", OMP_NU
 expose: ["29500", 8080/tcp]
 labels: {{ com.example.team: ml }}
 tags: ["{{registry}}/cudastack-training-test:{{torch}}"]
-source_date_epoch: 1727740800
 "#
     )
 }
@@ -148,7 +166,7 @@ impl Drop for RemoveImages {
 /// untagged images (they carry the image's labels).
 fn remove_images() {
     let _ = Command::new("docker")
-        .args(["rmi", "-f", TAG, WITH_SIX, WITH_TORCH])
+        .args(["rmi", "-f", TAG, WITH_SIX, WITH_TORCH, OTHER_TAG])
         .output();
     let _ = Command::new("docker")
         .args(["image", "prune", "-f", "--filter"])
@@ -277,13 +295,13 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
         names,
         [
             "base",
-            "apt",
             "cuda",
             "cuda-math",
             "cudnn",
             "triton",
             "torch",
             "python",
+            "apt",
             "user",
             "packages",
             "config",
@@ -309,6 +327,9 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
     check_config();
     check_runs_as_the_user();
     check_pip_extends_within_the_constraints();
+    let other_dir = work.path().join("other");
+    let other = check_a_second_team_shares_the_stack(&first, &other_dir);
+    check_the_shipped_recipe_shares_the_stack(&first);
     // Done with Docker: its 5 GB copy of the image goes before the registry stores ~3 GB of
     // blobs (the suite's disk peak; RemoveImages still runs at the end).
     remove_images();
@@ -349,6 +370,7 @@ fn a_training_image_locks_builds_runs_as_its_user_and_rebuilds_code_alone() {
         uploaded.iter().sum::<u64>(),
         uploaded.len()
     );
+    check_the_second_team_pushes_only_its_layers(&other_dir, &other, &registry);
 
     // The private index's password is nowhere cudastack writes.
     let mut written = vec![lock_log, first_log, log, lock];
@@ -573,5 +595,250 @@ fn check_pip_extends_within_the_constraints() {
     assert!(
         output.contains("ResolutionImpossible") || output.contains("conflicting dependencies"),
         "{output}"
+    );
+}
+
+/// The digests of a build report's layers, by name.
+fn layer_digests(report: &serde_json::Value) -> Vec<(String, String)> {
+    report["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            let name = l["name"].as_str().unwrap().to_string();
+            (name, l["digest"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+/// The stack's layers of a build report, checked to come first.
+fn stack_prefix(report: &serde_json::Value) -> Vec<(String, String)> {
+    let layers = layer_digests(report);
+    let names: Vec<&str> = layers
+        .iter()
+        .take(STACK_LAYERS.len())
+        .map(|l| l.0.as_str())
+        .collect();
+    assert_eq!(names, STACK_LAYERS, "the stack's layers come first");
+    layers[..STACK_LAYERS.len()].to_vec()
+}
+
+/// A second team's recipe on the same stack: other `apt:` packages, requirements, code and
+/// `source_date_epoch`, no user. Written in `dir`.
+fn other_recipe(dir: &Path) {
+    std::fs::create_dir_all(dir.join("serve")).unwrap();
+    std::fs::write(
+        dir.join("serve/serve.py"),
+        "import json, six, torch\nprint(json.dumps({\"six\": six.__version__, \"torch\": torch.__version__}))\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("requirements.txt"), "six==1.16.0\n").unwrap();
+    std::fs::write(
+        dir.join("other.yaml"),
+        format!(
+            r#"name: cudastack-training-test-other
+base: {{ debian: bookworm }}
+python: "3.11"
+driver_floor: "530.30.02"
+cuda: {{ version: "12.1" }}
+cudnn: {{ version: "9.1.0.70" }}
+torch: {{ version: "2.4.1" }}
+requirements: [requirements.txt]
+apt: [curl]
+copy:
+  - {{ src: serve, dst: /srv/serve }}
+entrypoint: [python3, /srv/serve/serve.py]
+tags: ["{OTHER_TAG}"]
+source_date_epoch: 1800000000
+"#
+        ),
+    )
+    .unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("{SHIPPED}.lock")),
+        dir.join("other.lock"),
+    )
+    .unwrap();
+}
+
+/// `cudastack ARGS` in `dir`, which must succeed; its `--json` report and its log.
+fn cudastack_json(args: &[&str], dir: &Path) -> (serde_json::Value, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    let log = text(&output);
+    assert!(output.status.success(), "cudastack {args:?} failed:\n{log}");
+    let report = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("cudastack {args:?} --json is not JSON ({e}):\n{log}"));
+    (report, log)
+}
+
+/// The second team's image shares every stack layer with the first by digest and, in
+/// Docker, by chain: its `--load` sends only its own layers. It runs its code. Returns its
+/// build report.
+fn check_a_second_team_shares_the_stack(
+    first: &serde_json::Value,
+    dir: &Path,
+) -> serde_json::Value {
+    other_recipe(dir);
+    let cache = e2e_support::cache_dir();
+    let cache = cache.to_str().unwrap();
+    cudastack_json(&["lock", "other.yaml", "--json"], dir);
+    let started = Instant::now();
+    let (other, log) = cudastack_json(
+        &[
+            "build",
+            "other.yaml",
+            "--json",
+            "--compression",
+            "gzip",
+            "--layout",
+            "layout",
+            "--cache-dir",
+            cache,
+            "--load",
+        ],
+        dir,
+    );
+    eprintln!(
+        "second team's build: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let shared = stack_prefix(first);
+    assert_eq!(stack_prefix(&other), shared, "{log}");
+    let own = layer_digests(&other)[STACK_LAYERS.len()..].to_vec();
+    let names: Vec<&str> = own.iter().map(|l| l.0.as_str()).collect();
+    assert_eq!(names, ["apt", "packages", "config", "copy"], "{log}");
+    for (name, digest) in &own {
+        assert!(
+            !layer_digests(first).iter().any(|l| &l.1 == digest),
+            "{name} is the second team's own"
+        );
+    }
+    // Docker: the same chain below the team's layers, and only those sent.
+    let chain = |tag: &str| -> Vec<String> {
+        let json = docker(&[
+            "image",
+            "inspect",
+            "--format",
+            "{{json .RootFS.Layers}}",
+            tag,
+        ]);
+        serde_json::from_str(&json).unwrap()
+    };
+    let (ours, theirs) = (chain(TAG), chain(OTHER_TAG));
+    assert_eq!(ours[..STACK_LAYERS.len()], theirs[..STACK_LAYERS.len()]);
+    assert_ne!(ours[STACK_LAYERS.len()], theirs[STACK_LAYERS.len()]);
+    let load = &other["load"];
+    eprintln!("second team's --load: {load}");
+    assert!(
+        load["skipped"] == true
+            || load["layers_present"].as_u64().unwrap() >= STACK_LAYERS.len() as u64,
+        "the second --load sent the stack again: {load}"
+    );
+    let own_bytes: u64 = other["layers"].as_array().unwrap()[STACK_LAYERS.len()..]
+        .iter()
+        .map(|l| l["size"].as_u64().unwrap())
+        .sum();
+    eprintln!("second team's own layers: {own_bytes} bytes");
+    let out = docker(&["run", "--rm", "--network", "none", OTHER_TAG]);
+    assert!(
+        out.contains(r#""six": "1.16.0""#) && out.contains("2.4.1+cu121"),
+        "{out}"
+    );
+    assert!(docker(&[
+        "run",
+        "--rm",
+        "--entrypoint",
+        "curl",
+        OTHER_TAG,
+        "--version"
+    ])
+    .starts_with("curl "));
+    other
+}
+
+/// The shipped recipe (its own `source_date_epoch`) and the team's (none set) share the
+/// stack's layers.
+fn check_the_shipped_recipe_shares_the_stack(team: &serde_json::Value) {
+    let work = tempfile::tempdir().unwrap();
+    let layout = work.path().join("layout");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let recipe = root.join(format!("{SHIPPED}.yaml"));
+    let started = Instant::now();
+    let (shipped, log) = cudastack_json(
+        &[
+            "build",
+            recipe.to_str().unwrap(),
+            "--json",
+            "--compression",
+            "gzip",
+            "--no-verify",
+            "--layout",
+            layout.to_str().unwrap(),
+            "--cache-dir",
+            e2e_support::cache_dir().to_str().unwrap(),
+        ],
+        root,
+    );
+    eprintln!(
+        "shipped recipe's build: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(stack_prefix(&shipped), stack_prefix(team), "{log}");
+}
+
+/// The second team's push to the registry that holds the first team's image uploads only
+/// its own layers (and its config); the stack's are mounted or already there.
+fn check_the_second_team_pushes_only_its_layers(
+    dir: &Path,
+    other: &serde_json::Value,
+    registry: &Registry,
+) {
+    let reference = format!("{}/other-team/serve:1", registry.host());
+    let cache = e2e_support::cache_dir();
+    let (pushed, log) = cudastack_json(
+        &[
+            "build",
+            "other.yaml",
+            "--json",
+            "--compression",
+            "gzip",
+            "--no-verify",
+            "--layout",
+            "layout-push",
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--push",
+            &reference,
+        ],
+        dir,
+    );
+    assert_eq!(pushed["manifest_digest"], other["manifest_digest"], "{log}");
+    let blobs = pushed["push"]["blobs"].as_array().unwrap();
+    let uploaded: u64 = blobs
+        .iter()
+        .filter(|b| b["outcome"] != "present" && b["outcome"] != "mounted")
+        .map(|b| b["size"].as_u64().unwrap())
+        .sum();
+    let image: u64 = blobs.iter().map(|b| b["size"].as_u64().unwrap()).sum();
+    let stack: Vec<String> = stack_prefix(other).into_iter().map(|l| l.1).collect();
+    for blob in blobs {
+        if stack.iter().any(|d| blob["digest"] == d.as_str()) {
+            assert!(
+                blob["outcome"] == "present" || blob["outcome"] == "mounted",
+                "a stack layer went again: {blob}\n{log}"
+            );
+        }
+    }
+    eprintln!(
+        "second team's push: {uploaded} of {image} bytes uploaded ({:.3}%)",
+        100.0 * uploaded as f64 / image as f64
+    );
+    assert!(
+        uploaded * 50 < image,
+        "more than 2% of the image went again:\n{log}"
     );
 }

@@ -77,7 +77,7 @@ pub fn run(args: CheckArgs, runtime: &Async, printer: &Printer) -> CommandResult
     }
     let image = args.image.resolve()?;
     let documents = super::image_source::read_documents(image.source()?, image.platform, runtime)?;
-    let claims = ImageClaims::from_config(&documents.config.config().clone().unwrap_or_default());
+    let claims = ImageClaims::from_image(&documents.config);
     let mut answer = check(matrix, &claims, &node);
     if let Some(path) = &args.require_signed_by {
         let key =

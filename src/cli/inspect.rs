@@ -9,7 +9,7 @@ use cudastack::attest::describe::{describe, ReferrerSummary};
 use cudastack::audit::kernels::render_groups;
 use cudastack::printable::escape;
 use cudastack::registry::referrers::ArtifactTypes;
-use cudastack::verify::check::ImageClaims;
+use cudastack::verify::check::{ImageClaims, Lineage};
 use cudastack::verify::record::report_ref;
 use cudastack::verify::source::{ImageDocuments, ImageLocation};
 use serde::Serialize;
@@ -50,7 +50,7 @@ pub fn run(args: InspectArgs, runtime: &Async, printer: &Printer) -> CommandResu
     let documents = super::image_source::read_documents(image.source()?, image.platform, runtime)?;
     let config = documents.config.config().clone().unwrap_or_default();
     let (labels, env) = cudastack::verify::check::labels_and_env(&config);
-    let claims = ImageClaims::from_labels_and_env(&labels, &env);
+    let claims = ImageClaims::from_image(&documents.config);
     let report = match &image.location {
         ImageLocation::Layout { dir, ref_name } => {
             let name = report_ref(&cudastack::verify::record::image_ref(dir, ref_name)?);
@@ -124,6 +124,9 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
         documents.manifest_digest
     ));
     printer.line(format_args!("  config        {}", documents.config_digest));
+    if let Some(layers) = describe_lineage(claims.lineage) {
+        printer.line(format_args!("  layers        {layers}"));
+    }
     printer.line(format_args!("  recipe        {}", or_none(&claims.recipe)));
     printer.line(format_args!("  torch         {}", or_none(&claims.torch)));
     printer.line(format_args!("  CUDA          {}", or_none(&claims.cuda)));
@@ -183,6 +186,22 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
     }
     print_referrers(&inspection.referrers, printer);
     print_unread(inspection, printer);
+}
+
+/// Which of the image's layers its claims describe; None when the image does not say.
+fn describe_lineage(lineage: Lineage) -> Option<String> {
+    match lineage {
+        Lineage::Unrecorded => None,
+        Lineage::Built { layers } => Some(format!("{layers}, as cudastack built them")),
+        Lineage::Derived { base, added } => Some(format!(
+            "{}: a cudastack image's {base} and {added} added by another tool; what it declares below is that image's, not the added layers'",
+            base + added
+        )),
+        Lineage::Mismatched => Some(format!(
+            "not those its io.cudastack labels were written for ({} names other layers: squashed, or rebuilt with the labels copied); what it declares below does not describe it",
+            cudastack::labels::LAYERS
+        )),
+    }
 }
 
 /// How many referrers were not read, and why the first was not: what `inspect`

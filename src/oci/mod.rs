@@ -419,6 +419,21 @@ pub fn image_index(
     Ok((index, bytes))
 }
 
+/// The OCI chain IDs of a stack of layers, bottom to top: the first layer's is its diff_id,
+/// each next one `sha256("<chain id below> <diff_id>")`. A runtime keys its unpacked layers
+/// by these, so two images share a layer on a node only when they share its chain.
+pub fn chain_ids(diff_ids: &[Digest]) -> Vec<Digest> {
+    let mut chain: Vec<Digest> = Vec::with_capacity(diff_ids.len());
+    for diff_id in diff_ids {
+        let next = match chain.last() {
+            None => *diff_id,
+            Some(below) => Digest::of_bytes(format!("{below} {diff_id}").as_bytes()),
+        };
+        chain.push(next);
+    }
+    chain
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

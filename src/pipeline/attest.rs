@@ -46,13 +46,11 @@ pub fn after_build(
         };
         let created = built_image.created();
         let manifest = built_image.documents()?.manifest_descriptor();
-        let runtime = built_image
-            .configuration()?
-            .config()
-            .clone()
-            .unwrap_or_default();
-        let (labels, env) = crate::verify::check::labels_and_env(&runtime);
-        let claims = ImageClaims::from_labels_and_env(&labels, &env);
+        let configuration = built_image.configuration()?;
+        let claims = ImageClaims::from_image(&configuration);
+        let (labels, _) = crate::verify::check::labels_and_env(
+            &configuration.config().clone().unwrap_or_default(),
+        );
         let built_wheels = crate::sbom::BuiltWheel::from_labels(&labels);
         let image = SbomImage {
             name: &name,

@@ -44,7 +44,7 @@ pub struct SbomInput<'a> {
     /// The image manifest's digest, when known: the root package's checksum and purl.
     pub image: Option<Digest>,
     pub lock: &'a Lockfile,
-    /// What the image config states (`ImageClaims::from_config`).
+    /// What the image config states (`ImageClaims::from_image`).
     pub claims: &'a ImageClaims,
     /// The wheels compiled from the lock's sdists ([`BuiltWheel::from_labels`]).
     pub built: &'a [BuiltWheel],

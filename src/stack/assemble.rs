@@ -129,6 +129,10 @@ fn image_of(
     for (name, value) in &config.labels {
         image = image.with_label(name, value);
     }
+    let diff_ids: Vec<_> = layers.iter().map(|(_, layer)| layer.diff_id).collect();
+    if let Some(top) = oci::chain_ids(&diff_ids).last() {
+        image = image.with_label(labels::LAYERS, &top.to_string());
+    }
     if !config.entrypoint.is_empty() {
         image = image.with_entrypoint(config.entrypoint.clone());
     }

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::record::VerifiedOn;
 use crate::audit::kernels::{CoverageGroup, Reach};
+use crate::digest::Digest;
 use crate::labels::{self, StackLabels};
 use crate::matrix::{GpuDrivers, Matrix};
 use crate::target_gpu::TargetGpu;
@@ -37,6 +38,47 @@ pub struct ImageClaims {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub covered_sm: Vec<ComputeCapability>,
     pub verified: Vec<VerifiedOn>,
+    /// Whether the labels describe all of the image's layers or only those below.
+    pub lineage: Lineage,
+}
+
+/// The image's layers against those its io.cudastack labels were written for
+/// ([`labels::LAYERS`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Lineage {
+    /// No label to compare with: built by a cudastack from before the label, or not by
+    /// cudastack.
+    #[default]
+    Unrecorded,
+    /// Exactly the layers cudastack built.
+    Built { layers: usize },
+    /// Built FROM a cudastack image by another tool (a Dockerfile, ...): `added` layers
+    /// above its `base`; the labels describe the base only.
+    Derived { base: usize, added: usize },
+    /// The labels were written for layers this image does not have (squashed, or rebuilt
+    /// with its labels copied): they do not describe it.
+    Mismatched,
+}
+
+impl Lineage {
+    /// Where the labelled chain ends among the image's `diff_ids`.
+    pub fn of(labels: &BTreeMap<String, String>, diff_ids: &[Digest]) -> Self {
+        let Some(recorded) = labels.get(labels::LAYERS) else {
+            return Lineage::Unrecorded;
+        };
+        let chain = crate::oci::chain_ids(diff_ids);
+        match chain.iter().position(|id| id.to_string() == *recorded) {
+            Some(top) if top + 1 == diff_ids.len() => Lineage::Built {
+                layers: diff_ids.len(),
+            },
+            Some(top) => Lineage::Derived {
+                base: top + 1,
+                added: diff_ids.len() - top - 1,
+            },
+            None => Lineage::Mismatched,
+        }
+    }
 }
 
 /// An image config's labels and environment (`NAME=value` entries split), sorted.
@@ -62,14 +104,23 @@ pub fn labels_and_env(
 }
 
 impl ImageClaims {
-    pub fn from_config(config: &oci_spec::image::Config) -> Self {
-        let (labels, env) = labels_and_env(config);
-        Self::from_labels_and_env(&labels, &env)
+    /// What an image's configuration claims, and which of its layers the claims are about.
+    pub fn from_image(image: &oci_spec::image::ImageConfiguration) -> Self {
+        let (labels, env) = labels_and_env(&image.config().clone().unwrap_or_default());
+        let diff_ids: Vec<Digest> = image
+            .rootfs()
+            .diff_ids()
+            .iter()
+            .filter_map(|id| id.parse().ok())
+            .collect();
+        Self::from_labels_and_env(&labels, &env, &diff_ids)
     }
 
+    /// The claims of `labels` and `env`, about an image whose layers have `diff_ids`.
     pub fn from_labels_and_env(
         labels: &BTreeMap<String, String>,
         env: &BTreeMap<String, String>,
+        diff_ids: &[Digest],
     ) -> Self {
         let label = |key: &str| labels.get(key).cloned();
         let sm_list = |key: &str| -> Vec<ComputeCapability> {
@@ -110,6 +161,7 @@ impl ImageClaims {
             verified: label(labels::VERIFIED_MATRIX)
                 .and_then(|text| serde_json::from_str(&text).ok())
                 .unwrap_or_default(),
+            lineage: Lineage::of(labels, diff_ids),
         }
     }
 }
@@ -210,6 +262,14 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
             check_kernels(image, gpu, jit, &mut findings);
         }
         verified_on(image, gpu, &mut findings);
+    }
+    if let Lineage::Derived { base, added } = image.lineage {
+        findings.push(Finding {
+            ok: true,
+            subject: "image".to_string(),
+            what: format!("derives from a cudastack image: {added} layer(s) added above its {base} by another tool; the claims are that image's, and say nothing of what the added layers changed"),
+            hint: Some("`cudastack verify` it: its probe checks the image as it is".to_string()),
+        });
     }
     if findings.iter().any(|f| !f.ok) {
         return Answer {
@@ -430,6 +490,12 @@ fn verified_on(image: &ImageClaims, gpu: &NodeGpu, findings: &mut Vec<Finding>) 
 /// Why nothing-failed is not yet a yes: a requirement with no node fact to compare it
 /// with, or no requirement at all. `None` when every declared requirement was compared.
 fn unknown_because(image: &ImageClaims, node: &Node) -> Option<String> {
+    if image.lineage == Lineage::Mismatched {
+        return Some(format!(
+            "the image's io.cudastack labels were written for other layers ({} names a chain this image does not have: squashed, or rebuilt with the labels copied), so they do not describe it; check the image cudastack built, or verify this one with `cudastack verify`",
+            labels::LAYERS
+        ));
+    }
     // What the driver is compared with, and what the GPUs are (the torch arch list, or
     // the archs of the required CUDA when there is no torch).
     let needs_driver = image.require_cuda.is_some() || image.driver_floor.is_some();
@@ -480,7 +546,7 @@ mod tests {
             ),
         ]);
         let env = BTreeMap::from([("NVIDIA_REQUIRE_CUDA".to_string(), "cuda>=12.1".to_string())]);
-        ImageClaims::from_labels_and_env(&labels, &env)
+        ImageClaims::from_labels_and_env(&labels, &env, &[])
     }
 
     fn node(driver: &str, gpus: &[(&str, &str)]) -> Node {
@@ -616,7 +682,7 @@ mod tests {
     fn claims_with_sm(sm: &str) -> ImageClaims {
         let labels = BTreeMap::from([("io.cudastack.torch.sm".to_string(), sm.to_string())]);
         let env = BTreeMap::from([("NVIDIA_REQUIRE_CUDA".to_string(), "cuda>=12.1".to_string())]);
-        ImageClaims::from_labels_and_env(&labels, &env)
+        ImageClaims::from_labels_and_env(&labels, &env, &[])
     }
 
     /// A kernels label that does not parse (cut short, or a suffix this version does not
@@ -639,7 +705,7 @@ mod tests {
                 ),
                 (labels::KERNELS.to_string(), bad.to_string()),
             ]);
-            let claims = ImageClaims::from_labels_and_env(&labels, &env);
+            let claims = ImageClaims::from_labels_and_env(&labels, &env, &[]);
             assert!(claims.kernels_unreadable.is_some(), "{bad}");
             let answer = check(
                 Matrix::embedded(),
@@ -671,7 +737,7 @@ mod tests {
             (labels::SM.to_string(), "sm_80 sm_86 sm_90".to_string()),
         ]);
         let env = BTreeMap::from([("NVIDIA_REQUIRE_CUDA".to_string(), "cuda>=12.4".to_string())]);
-        let claims = ImageClaims::from_labels_and_env(&labels, &env);
+        let claims = ImageClaims::from_labels_and_env(&labels, &env, &[]);
         assert_eq!(claims.kernels.len(), 2);
         assert_eq!(claims.covered_sm.len(), 3);
         // R570 supports CUDA 12.8, whose JIT reads ISA 8.4: cuDNN's compute_90 PTX runs.
@@ -689,7 +755,7 @@ mod tests {
         );
         let no_ptx = groups.replace(r#"{"arch":"sm_90","isa":"8.4"}"#, "");
         let labels = BTreeMap::from([(labels::KERNELS.to_string(), no_ptx)]);
-        let claims = ImageClaims::from_labels_and_env(&labels, &env);
+        let claims = ImageClaims::from_labels_and_env(&labels, &env, &[]);
         let answer = check(
             Matrix::embedded(),
             &claims,
@@ -772,5 +838,37 @@ mod tests {
             gpus: Vec::new(),
         };
         assert_eq!(check(Matrix::embedded(), &claims(), &old).fits, Fit::No);
+    }
+
+    #[test]
+    fn the_layers_label_tells_built_derived_and_mismatched_images_apart() {
+        let ids: Vec<Digest> = ["a", "b", "c"]
+            .iter()
+            .map(|s| Digest::of_bytes(s.as_bytes()))
+            .collect();
+        // sha256("sha256:<sha256 of a> sha256:<sha256 of b>"), computed with sha256sum.
+        let chain = crate::oci::chain_ids(&ids);
+        assert_eq!(chain[0], ids[0]);
+        assert_eq!(
+            chain[1].hex(),
+            "51c0c8ace48498d6f5fee6b0592cc06f2da0f3cbe09c5a34a97dce85c3889676"
+        );
+        let labelled =
+            |top: &Digest| BTreeMap::from([(labels::LAYERS.to_string(), top.to_string())]);
+        assert_eq!(
+            Lineage::of(&labelled(&chain[1]), &ids[..2]),
+            Lineage::Built { layers: 2 }
+        );
+        assert_eq!(
+            Lineage::of(&labelled(&chain[1]), &ids),
+            Lineage::Derived { base: 2, added: 1 }
+        );
+        // The same diff_ids in another order are other layers.
+        let reordered = [ids[1], ids[0], ids[2]];
+        assert_eq!(
+            Lineage::of(&labelled(&chain[1]), &reordered),
+            Lineage::Mismatched
+        );
+        assert_eq!(Lineage::of(&BTreeMap::new(), &ids), Lineage::Unrecorded);
     }
 }
