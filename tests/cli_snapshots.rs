@@ -393,7 +393,9 @@ fn commands_that_need_nothing_but_the_binary() {
 /// directory with relative paths, as a user types them.
 #[test]
 fn image_commands_on_one_stand_in_build() {
-    if let Some(skip) = e2e_support::skip_reason(&[("gcc", &["--version"])]) {
+    if let Some(skip) =
+        e2e_support::skip_reason(&[("gcc", &["--version"]), ("umoci", &["--version"])])
+    {
         skip.report();
         return;
     }
@@ -492,6 +494,52 @@ fn image_commands_on_one_stand_in_build() {
         &scrub,
     );
     snapshot("check_unknown", &cli(&["check", image]), &scrub);
+
+    // An image another tool built FROM it (umoci adds a layer, as a Dockerfile's COPY
+    // would): the labels stay, and inspect and check say whose they are (issue 34).
+    let derived = work.path().join("derived");
+    let copied = Command::new("cp")
+        .args(["-a", "layout"])
+        .arg(&derived)
+        .current_dir(work.path())
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    std::fs::write(work.path().join("extra.txt"), "added by another tool\n").unwrap();
+    let inserted = Command::new("umoci")
+        .args([
+            "insert",
+            "--image",
+            "derived:latest",
+            "extra.txt",
+            "/opt/team/extra.txt",
+        ])
+        .current_dir(work.path())
+        .output()
+        .unwrap();
+    assert!(
+        inserted.status.success(),
+        "umoci insert: {}",
+        String::from_utf8_lossy(&inserted.stderr)
+    );
+    snapshot_with(
+        "inspect_derived",
+        &cli(&["inspect", "oci:derived"]),
+        &scrub,
+        debian,
+    );
+    snapshot(
+        "check_derived",
+        &cli(&[
+            "check",
+            "oci:derived",
+            "--driver",
+            "550.54.15",
+            "--gpu",
+            "H100",
+        ]),
+        &scrub,
+    );
 
     // sign with the test key, then inspect with its public half; a second sign has nothing
     // left to sign.
