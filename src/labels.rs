@@ -39,7 +39,7 @@ pub const SM: &str = "io.cudastack.sm";
 /// file> <sha256>`.
 pub const BUILT_PREFIX: &str = "io.cudastack.built.";
 
-/// The OCI chain ID of the image's layers as cudastack built them (issue 34). An image built
+/// The OCI chain ID of the image's layers as cudastack built them. An image built
 /// FROM a cudastack image by another tool keeps the labels but has more layers: this says
 /// which of them the labels describe.
 pub const LAYERS: &str = "io.cudastack.layers";

@@ -8,7 +8,7 @@
 //! top of the base's tree ([`crate::stack::tree_diff`]): the packages' files and what
 //! their installation changed (the dpkg database, /etc/passwd for a new system user).
 //!
-//! The layer sits above the stack's layers (issue 34: they are shared by every recipe on
+//! The layer sits above the stack's layers (they are shared by every recipe on
 //! the stack), so a package could replace one of their files; [`refuse_replacing`]
 //! refuses that, naming the package.
 

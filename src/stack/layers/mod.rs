@@ -1,5 +1,5 @@
 //! The layers of a CUDA stack, one file per kind, in image order. The stack's layers come
-//! first, the team's after them (issue 34):
+//! first, the team's after them:
 //!
 //! - the stack: [`base`] (a Debian or Ubuntu root) -> [`toolkit`] (the `cuda`, `cuda-math`
 //!   and `cudnn` layers, from the nvidia-* wheels) -> one layer per very large distribution
