@@ -44,6 +44,15 @@ pub const BUILT_PREFIX: &str = "io.cudastack.built.";
 /// which of them the labels describe.
 pub const LAYERS: &str = "io.cudastack.layers";
 
+/// Where the config layer puts the image's lock (relative to the root, as in a layer's tar).
+pub const LOCK_IN_IMAGE: &str = "usr/share/cudastack/lock.json";
+
+/// The `created_by` of the history entry of each layer cudastack writes (`cudastack torch
+/// layer`): how a reader finds one of them in an image another tool built on top.
+pub fn layer_created_by(name: &str) -> String {
+    format!("cudastack {name} layer")
+}
+
 /// The recipe's /dev/shm size, in bytes.
 pub const RUNTIME_SHM_SIZE: &str = "io.cudastack.runtime.shm-size";
 /// The recipe's ulimits: `io.cudastack.runtime.ulimit.memlock` = `-1`.

@@ -810,3 +810,152 @@ fn code_the_probe_imports_cannot_forge_the_report() {
         drop(cleanup);
     }
 }
+
+/// A stand-in cudastack image (busybox, the quick probe, the torch 2.4.1 lock in a layer
+/// named as cudastack names its config layer, and `io.cudastack.layers`), and images another
+/// tool derived from it by adding one layer of `added` entries. Returns the layout and the
+/// images to remove.
+fn derived_layout(work: &Path, added: &[(&str, Vec<Entry>)]) -> (PathBuf, Vec<Digest>) {
+    let store = BlobStore::open(work.join("store")).unwrap();
+    let (stand_in, _) = stand_in_layout(work, "derived-base", &quick_report());
+    let stand_in = layout::read(&stand_in, "latest").unwrap();
+    let lock = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/torch2.4.1-cu121-py3.11.lock"),
+    )
+    .unwrap();
+    let config = LayerContents::from_entries([Entry::file_bytes(
+        p(cudastack::labels::LOCK_IN_IMAGE),
+        0o644,
+        lock,
+    )])
+    .unwrap();
+    let config = layer::build(
+        &store,
+        &config,
+        &BuildOptions::new(EPOCH, Compression::None),
+    )
+    .unwrap();
+    let mut base = Image::new(EPOCH).with_env("PATH", "/bin");
+    for layer in stand_in.layers() {
+        base = base.with_layer(layer.clone(), "stand-in");
+    }
+    base = base.with_layer(config, &cudastack::labels::layer_created_by("config"));
+    let diff_ids: Vec<Digest> = base.layers().iter().map(|l| l.diff_id).collect();
+    let top = *cudastack::oci::chain_ids(&diff_ids).last().unwrap();
+    let base = base.with_label(cudastack::labels::LAYERS, &top.to_string());
+    let dir = work.join("derived");
+    layout::write(&base, &dir, "cudastack").unwrap();
+    let mut images = vec![base.documents().unwrap().config.digest];
+    for (name, entries) in added {
+        let layer = LayerContents::from_entries(entries.clone()).unwrap();
+        let layer = layer::build(
+            &store,
+            &layer,
+            &BuildOptions::new(EPOCH, Compression::Gzip { level: 1 }),
+        )
+        .unwrap();
+        let derived = base
+            .clone()
+            .with_layer(layer, "RUN pip install (another tool)");
+        layout::write(&derived, &dir, name).unwrap();
+        images.push(derived.documents().unwrap().config.digest);
+    }
+    (dir, images)
+}
+
+/// `cudastack verify` of an image derived from a cudastack image: the host reads the added
+/// layers before the probe runs. A replaced torch or a second libcudnn fails, naming it; an
+/// added pure-Python package passes. The probe in these images passes whatever the image
+/// holds, as an image's own code may: the verdict comes from the host's reading.
+#[test]
+fn a_derived_image_fails_verify_when_its_layers_change_the_locked_stack() {
+    require_docker!();
+    let work = tempfile::tempdir().unwrap();
+    let site = "usr/local/lib/python3.11/dist-packages";
+    let metadata = |name: &str, version: &str| {
+        Entry::file_bytes(
+            p(&format!("{site}/{name}-{version}.dist-info/METADATA")),
+            0o644,
+            format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n").into_bytes(),
+        )
+    };
+    let (dir, images) = derived_layout(
+        work.path(),
+        &[
+            ("six", vec![metadata("six", "1.16.0")]),
+            (
+                "torch",
+                vec![
+                    Entry::file_bytes(
+                        p(&format!("{site}/.wh.torch-2.4.1.dist-info")),
+                        0o644,
+                        Vec::new(),
+                    ),
+                    metadata("torch", "2.5.1"),
+                ],
+            ),
+            (
+                "cudnn",
+                vec![Entry::file_bytes(
+                    p("opt/other/lib/libcudnn.so.9"),
+                    0o755,
+                    b"\x7fELF".to_vec(),
+                )],
+            ),
+        ],
+    );
+    let _cleanup = Cleanup {
+        images,
+        pids: vec![std::process::id()],
+    };
+    let cache = work.path().join("cache");
+    let run = |name: &str| {
+        let output = verify(&["--json", "--no-cache"], &cache)
+            .arg(format!("{}:{name}", dir.display()))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        eprintln!("verify {name}: {}\n{stderr}", output.status);
+        (output.status.success(), stdout, stderr)
+    };
+
+    let (ok, stdout, stderr) = run("six");
+    assert!(ok, "{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let check = json["report"]["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == cudastack::verify::derived::CHECK_ID)
+        .unwrap_or_else(|| panic!("no derived-layers check: {json}"))
+        .clone();
+    assert_eq!(check["status"], "pass", "{check}");
+    assert!(
+        check["detail"]
+            .as_str()
+            .unwrap()
+            .contains("1 layer(s) added above the cudastack image's 3 by another tool: adds six 1.16.0; the locked stack is intact"),
+        "{check}"
+    );
+
+    let (ok, stdout, stderr) = run("torch");
+    assert!(!ok, "a replaced torch was verified:\n{stdout}");
+    assert!(
+        stderr.contains("replaces torch 2.4.1 with 2.5.1"),
+        "{stderr}"
+    );
+    let (ok, stdout, stderr) = run("cudnn");
+    assert!(!ok, "a second libcudnn was verified:\n{stdout}");
+    assert!(
+        stderr.contains("adds a second copy of a CUDA library: /opt/other/lib/libcudnn.so.9"),
+        "{stderr}"
+    );
+    // The cudastack image itself is not derived: no such check.
+    let (ok, stdout, stderr) = run("cudastack");
+    assert!(ok, "{stderr}");
+    assert!(
+        !stdout.contains(cudastack::verify::derived::CHECK_ID),
+        "{stdout}"
+    );
+}

@@ -121,7 +121,7 @@ fn image_of(
     let mut image =
         Image::new(mtime).with_platform(platform.to_oci_arch(), oci_spec::image::Os::Linux);
     for (report, layer) in layers {
-        image = image.with_layer(layer.clone(), &format!("cudastack {} layer", report.name));
+        image = image.with_layer(layer.clone(), &labels::layer_created_by(&report.name));
     }
     for (name, value) in &config.env {
         image = image.with_env(name, value);

@@ -28,6 +28,7 @@
 
 pub mod cache;
 pub mod check;
+pub mod derived;
 pub mod record;
 pub mod report;
 pub mod runner;

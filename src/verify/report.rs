@@ -237,6 +237,16 @@ impl Report {
         serde_json::from_value(value).map_err(|source| ReportError::Json { source })
     }
 
+    /// Add a check the host ran itself (not the probe in the image), counting it.
+    pub fn add_host_check(&mut self, check: CheckResult) {
+        match check.status {
+            Status::Pass => self.counts.pass += 1,
+            Status::Fail => self.counts.fail += 1,
+            Status::Skip => self.counts.skip += 1,
+        }
+        self.checks.push(check);
+    }
+
     /// Canonical bytes, as stored beside the image.
     pub fn to_json(&self) -> Vec<u8> {
         crate::oci::canonical::to_canonical_json(self).expect("report serialises")

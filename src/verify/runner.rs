@@ -38,6 +38,12 @@ pub enum VerifyError {
     Oci(#[from] crate::oci::OciError),
     #[error(transparent)]
     Record(#[from] RecordError),
+    #[error("reading the layers another tool added to `{image}`: {source}")]
+    Derived {
+        image: String,
+        #[source]
+        source: super::derived::DerivedError,
+    },
     #[error("the probe in `{image}` produced no report (exit status {exit_code}): {source}")]
     NoReport {
         image: String,
@@ -199,6 +205,14 @@ pub async fn verify_layout(
             reaped,
         });
     }
+    // The host reads what another tool's layers changed, before the image's own code runs.
+    let examined = std::time::Instant::now();
+    let stored = layout::Layout::open(dir)?.complete_image(ref_name, None)?;
+    let derived = super::derived::examine(&stored).map_err(|source| VerifyError::Derived {
+        image: location.clone(),
+        source,
+    })?;
+    let derived = derived.map(|changes| changes.check(examined.elapsed().as_secs_f64()));
     let tags = layout_tags(dir, ref_name)?;
     let image = ProbeImage {
         dir,
@@ -216,6 +230,9 @@ pub async fn verify_layout(
         });
     }
     let mut report = accept_run(&outcome, &nonce, &location)?;
+    if let Some(check) = derived {
+        report.add_host_check(check);
+    }
     let witness = testify(&report, &gpus, &info, &location)?;
     report.image = Some(image_facts);
     let mut runner = docker_runner_facts(&gpus, &info, note);

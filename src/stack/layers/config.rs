@@ -97,7 +97,7 @@ impl<'a> ConfigLayer<'a> {
             self.recipe_json.as_bytes(),
         )?;
         write_file(
-            &dir.join("usr/share/cudastack/lock.json"),
+            &dir.join(crate::labels::LOCK_IN_IMAGE),
             self.lock_json.as_bytes(),
         )?;
         write_file(
