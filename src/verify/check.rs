@@ -268,7 +268,7 @@ pub fn check(matrix: &Matrix, image: &ImageClaims, node: &Node) -> Answer {
             ok: true,
             subject: "image".to_string(),
             what: format!("derives from a cudastack image: {added} layer(s) added above its {base} by another tool; the claims are that image's, and say nothing of what the added layers changed"),
-            hint: Some("`cudastack verify` it: its probe checks the image as it is".to_string()),
+            hint: Some("`cudastack verify` it: the host compares the added layers with the image's lock, then the probe checks the image as it is".to_string()),
         });
     }
     if findings.iter().any(|f| !f.ok) {
