@@ -24,6 +24,7 @@ use super::report::{CheckResult, Level, Status};
 use crate::labels;
 use crate::layer::Layer;
 use crate::lock::lockfile::{ArtifactKind, Lockfile};
+use crate::names::normalize_name;
 use crate::oci::StoredImage;
 
 /// The id of the check in the report.
@@ -155,13 +156,13 @@ pub fn examine(image: &StoredImage) -> Result<Option<Changes>, DerivedError> {
         .artifacts
         .iter()
         .filter(|a| a.kind == ArtifactKind::Wheel)
-        .map(|a| (normalise(&a.name), a.version.clone()))
+        .map(|a| (normalize_name(&a.name), a.version.clone()))
         .collect();
     let mut installed = BTreeSet::new();
     let mut whited_out = BTreeSet::new();
     let mut libraries = Vec::new();
     for layer in &image.layers[base..] {
-        read_entries(layer, |path| {
+        find_entry(layer, |path, _| {
             if let Some(distribution) = dist_info(path, "METADATA") {
                 installed.insert(distribution);
             } else if let Some(distribution) = whiteout_of_dist_info(path) {
@@ -169,6 +170,7 @@ pub fn examine(image: &StoredImage) -> Result<Option<Changes>, DerivedError> {
             } else if is_cuda_library(path) {
                 libraries.push(path.to_string());
             }
+            Ok(None::<()>)
         })?;
     }
     let mut changes = Changes {
@@ -241,25 +243,12 @@ fn open_tar(layer: &Layer) -> Result<Box<dyn Read>, DerivedError> {
     })
 }
 
-/// Call `seen` with each entry's path (relative, no leading `./` or `/`).
-fn read_entries(layer: &Layer, mut seen: impl FnMut(&str)) -> Result<(), DerivedError> {
-    let read_error = |source| DerivedError::Read {
-        digest: layer.digest.to_string(),
-        path: layer.blob.clone(),
-        source,
-    };
-    let mut archive = tar::Archive::new(open_tar(layer)?);
-    for entry in archive.entries().map_err(read_error)? {
-        let entry = entry.map_err(read_error)?;
-        let path = entry.path_bytes();
-        let path = String::from_utf8_lossy(&path);
-        seen(path.trim_start_matches("./").trim_start_matches('/'));
-    }
-    Ok(())
-}
-
-/// The text of the file at `wanted` in the layer, if it has it.
-fn read_file(layer: &Layer, wanted: &str) -> Result<Option<String>, DerivedError> {
+/// Walk the layer's entries in order, each with its path (relative, no leading `./` or `/`),
+/// until `visit` returns `Some`.
+fn find_entry<T>(
+    layer: &Layer,
+    mut visit: impl FnMut(&str, &mut dyn Read) -> std::io::Result<Option<T>>,
+) -> Result<Option<T>, DerivedError> {
     let read_error = |source| DerivedError::Read {
         digest: layer.digest.to_string(),
         path: layer.blob.clone(),
@@ -269,28 +258,24 @@ fn read_file(layer: &Layer, wanted: &str) -> Result<Option<String>, DerivedError
     for entry in archive.entries().map_err(read_error)? {
         let mut entry = entry.map_err(read_error)?;
         let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-        if path.trim_start_matches("./").trim_start_matches('/') == wanted {
-            let mut text = String::new();
-            entry.read_to_string(&mut text).map_err(read_error)?;
-            return Ok(Some(text));
+        let path = path.trim_start_matches("./").trim_start_matches('/');
+        if let Some(found) = visit(path, &mut entry).map_err(read_error)? {
+            return Ok(Some(found));
         }
     }
     Ok(None)
 }
 
-/// PEP 503: lowercase, runs of `-`, `_` and `.` as one `-`.
-fn normalise(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for c in name.chars() {
-        if matches!(c, '-' | '_' | '.') {
-            if !out.ends_with('-') {
-                out.push('-');
-            }
-        } else {
-            out.push(c.to_ascii_lowercase());
+/// The text of the file at `wanted` in the layer, if it has it.
+fn read_file(layer: &Layer, wanted: &str) -> Result<Option<String>, DerivedError> {
+    find_entry(layer, |path, entry| {
+        if path != wanted {
+            return Ok(None);
         }
-    }
-    out
+        let mut text = String::new();
+        entry.read_to_string(&mut text)?;
+        Ok(Some(text))
+    })
 }
 
 /// The distribution of `<site>/<name>-<version>.dist-info/<file>` in a Python site directory.
@@ -318,7 +303,7 @@ fn distribution_of(dir: &str) -> Option<Distribution> {
     let stem = dir.strip_suffix(".dist-info")?;
     let (name, version) = stem.split_once('-')?;
     (!name.is_empty() && !version.is_empty()).then(|| Distribution {
-        name: normalise(name),
+        name: normalize_name(name),
         version: version.to_string(),
     })
 }
