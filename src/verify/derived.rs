@@ -27,6 +27,10 @@ use crate::lock::lockfile::{ArtifactKind, Lockfile};
 use crate::names::normalize_name;
 use crate::oci::StoredImage;
 
+/// The largest lock read from an image: the image is untrusted, and a real lock is a few
+/// hundred KiB.
+const LOCK_LIMIT: u64 = 64 << 20;
+
 /// The id of the check in the report.
 pub const CHECK_ID: &str = "static.derived_layers";
 
@@ -45,6 +49,8 @@ pub enum DerivedError {
     MediaType { digest: String, media_type: String },
     #[error("the cudastack image below the added layers has no lock at /{}: it was not built by cudastack, or its config layer was replaced", labels::LOCK_IN_IMAGE)]
     NoLock,
+    #[error("the lock in the cudastack image below the added layers is over {} MiB: not a lock cudastack wrote", LOCK_LIMIT >> 20)]
+    LockTooLarge,
     #[error("the lock in the cudastack image below the added layers does not parse: {0}")]
     Lock(String),
 }
@@ -210,8 +216,12 @@ fn lock_below(image: &StoredImage, base: usize) -> Result<Lockfile, DerivedError
         .position(|entry| entry.created_by().as_deref() == Some(config.as_str()))
         .filter(|index| *index < base)
         .ok_or(DerivedError::NoLock)?;
-    let text =
+    let bytes =
         read_file(&image.layers[index], labels::LOCK_IN_IMAGE)?.ok_or(DerivedError::NoLock)?;
+    if bytes.len() as u64 > LOCK_LIMIT {
+        return Err(DerivedError::LockTooLarge);
+    }
+    let text = String::from_utf8(bytes).map_err(|_| DerivedError::Lock("not UTF-8".into()))?;
     Lockfile::from_json(&text, std::path::Path::new(labels::LOCK_IN_IMAGE))
         .map_err(|error| DerivedError::Lock(error.to_string()))
 }
@@ -266,15 +276,16 @@ fn find_entry<T>(
     Ok(None)
 }
 
-/// The text of the file at `wanted` in the layer, if it has it.
-fn read_file(layer: &Layer, wanted: &str) -> Result<Option<String>, DerivedError> {
+/// The bytes of the file at `wanted` in the layer (at most [`LOCK_LIMIT`] + 1), if it has it.
+fn read_file(layer: &Layer, wanted: &str) -> Result<Option<Vec<u8>>, DerivedError> {
     find_entry(layer, |path, entry| {
         if path != wanted {
             return Ok(None);
         }
-        let mut text = String::new();
-        entry.read_to_string(&mut text)?;
-        Ok(Some(text))
+        // One byte over the limit is enough to tell it is too large.
+        let mut bytes = Vec::new();
+        entry.take(LOCK_LIMIT + 1).read_to_end(&mut bytes)?;
+        Ok(Some(bytes))
     })
 }
 
