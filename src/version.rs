@@ -157,6 +157,11 @@ impl DriverVersion {
     pub fn branch(&self) -> u32 {
         self.parts[0]
     }
+
+    /// Branch, minor and patch (0 where the version gave none): `535.104.05` -> [535, 104, 5].
+    pub fn parts(&self) -> [u32; 3] {
+        self.parts
+    }
 }
 
 impl PartialEq for DriverVersion {

@@ -12,7 +12,9 @@
 //! same input gives the same bytes and the committed workflow files can be compared with
 //! the generator's output in a test.
 
+pub mod job;
 pub mod k8s;
+pub mod placement;
 pub mod readiness;
 pub mod slurm;
 pub mod workflows;
@@ -41,6 +43,8 @@ pub enum ClusterError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the image cannot be placed: {why}\n  hint: {hint}")]
+    Unplaceable { why: String, hint: String },
     #[error(transparent)]
     Recipe(#[from] crate::recipe::RecipeError),
     #[error("failed to render YAML for {what}")]
