@@ -55,7 +55,11 @@ impl TrainingJob {
             return Err(invalid("job name", self.name.clone(), "an RFC 1123 label of at most 48 characters (lowercase letters, digits, `-`): pods are named after it with a suffix"));
         }
         if self.nodes == 0 {
-            return Err(invalid("nodes", "0".into(), "a job runs on at least one node"));
+            return Err(invalid(
+                "nodes",
+                "0".into(),
+                "a job runs on at least one node",
+            ));
         }
         if self.gpus_per_node == 0 {
             return Err(invalid(
@@ -194,7 +198,11 @@ pub(crate) mod tests {
 
     #[test]
     fn python_entrypoints_start_through_torchrun() {
-        let single = job(&["/usr/bin/python3", "-u", "train.py", "--lr", "1e-4"], 1, 8);
+        let single = job(
+            &["/usr/bin/python3", "-u", "train.py", "--lr", "1e-4"],
+            1,
+            8,
+        );
         assert_eq!(
             single.node_command("R", "M").join(" "),
             "/usr/bin/python3 -m torch.distributed.run --nnodes=1 --nproc-per-node=8 --standalone train.py --lr 1e-4"
@@ -224,7 +232,11 @@ pub(crate) mod tests {
         assert!(bad.validate().unwrap_err().to_string().contains("nodes"));
         bad.nodes = 1;
         bad.command.clear();
-        assert!(bad.validate().unwrap_err().to_string().contains("entrypoint"));
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("entrypoint"));
         bad.command = vec!["x".into()];
         bad.name = "Train".into();
         assert!(bad.validate().unwrap_err().to_string().contains("job name"));

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::placement::Placement;
 use super::{is_dns_label, slug, to_yaml, ClusterError, PinnedImage};
 use crate::probe::{PROBE_INTERPRETER, PROBE_PATH};
 use crate::recipe::RuntimeSpec;
@@ -170,7 +171,7 @@ struct PodSpec<'a> {
     restart_policy: &'static str,
     automount_service_account_token: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    affinity: Option<Affinity<'a>>,
+    affinity: Option<Affinity>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     image_pull_secrets: Vec<SecretReference<'a>>,
     tolerations: Vec<Toleration>,
@@ -182,69 +183,69 @@ struct PodSpec<'a> {
 /// The memory-backed /dev/shm (https://kubernetes.io/docs/concepts/storage/volumes/#emptydir).
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Volume {
-    name: &'static str,
-    empty_dir: EmptyDir,
+pub(super) struct Volume {
+    pub(super) name: &'static str,
+    pub(super) empty_dir: EmptyDir,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct EmptyDir {
-    medium: &'static str,
-    size_limit: String,
+pub(super) struct EmptyDir {
+    pub(super) medium: &'static str,
+    pub(super) size_limit: String,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct VolumeMount {
-    name: &'static str,
-    mount_path: &'static str,
+pub(super) struct VolumeMount {
+    pub(super) name: &'static str,
+    pub(super) mount_path: &'static str,
 }
 
-const SHM_VOLUME: &str = "dshm";
+pub(super) const SHM_VOLUME: &str = "dshm";
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Affinity<'a> {
-    node_affinity: NodeAffinity<'a>,
+pub(super) struct Affinity {
+    pub(super) node_affinity: NodeAffinity,
 }
 
 #[derive(Serialize)]
-struct NodeAffinity<'a> {
+pub(super) struct NodeAffinity {
     #[serde(rename = "requiredDuringSchedulingIgnoredDuringExecution")]
-    required: NodeSelector<'a>,
+    pub(super) required: NodeSelector,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct NodeSelector<'a> {
-    node_selector_terms: Vec<NodeSelectorTerm<'a>>,
+pub(super) struct NodeSelector {
+    pub(super) node_selector_terms: Vec<NodeSelectorTerm>,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct NodeSelectorTerm<'a> {
-    match_expressions: Vec<Requirement<'a>>,
+pub(super) struct NodeSelectorTerm {
+    pub(super) match_expressions: Vec<Requirement>,
 }
 
-#[derive(Serialize)]
-struct Requirement<'a> {
-    key: &'static str,
-    operator: &'static str,
-    values: Vec<&'a str>,
+#[derive(Serialize, Clone)]
+pub(super) struct Requirement {
+    pub(super) key: &'static str,
+    pub(super) operator: &'static str,
+    pub(super) values: Vec<String>,
 }
 
 /// A `LocalObjectReference`: a Secret of the pod's namespace, by name.
 #[derive(Serialize)]
-struct SecretReference<'a> {
-    name: &'a str,
+pub(super) struct SecretReference<'a> {
+    pub(super) name: &'a str,
 }
 
 #[derive(Serialize)]
-struct Toleration {
-    key: &'static str,
-    operator: &'static str,
-    effect: &'static str,
+pub(super) struct Toleration {
+    pub(super) key: &'static str,
+    pub(super) operator: &'static str,
+    pub(super) effect: &'static str,
 }
 
 #[derive(Serialize)]
@@ -418,7 +419,7 @@ fn shm_volume(spec: &JobSpec) -> Option<Volume> {
 }
 
 /// A byte count as a Kubernetes quantity: `16Gi`, `512Mi`, else bytes.
-fn quantity(bytes: u64) -> String {
+pub(super) fn quantity(bytes: u64) -> String {
     for (unit, size) in [("Ti", 1u64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20)] {
         if bytes.is_multiple_of(size) {
             return format!("{}{unit}", bytes / size);
@@ -438,7 +439,75 @@ fn logged_command(spec: &JobSpec) -> Vec<String> {
     command
 }
 
-fn gpu_type_affinity(gpu_type: &str) -> Affinity<'_> {
+/// The node labels GPU feature discovery sets to the driver's version, as integers:
+/// `550`, `54`, `15` (a driver without a patch has an empty `rev`).
+pub const DRIVER_MAJOR_LABEL: &str = "nvidia.com/cuda.driver.major";
+pub const DRIVER_MINOR_LABEL: &str = "nvidia.com/cuda.driver.minor";
+pub const DRIVER_REV_LABEL: &str = "nvidia.com/cuda.driver.rev";
+
+/// Node affinity admitting exactly the nodes of `placement`: a verified product (the
+/// `nvidia.com/gpu.product` label) with a driver at or above the floor. Terms are ORed and
+/// their expressions ANDed, so the floor `a.b.c` is three terms (branch above `a`; branch
+/// `a`, minor above `b`; branch `a`, minor `b`, patch at least `c`), each with the products.
+/// `Gt`/`Lt` compare the labels as integers (a patch label `05` is 5); a node without the
+/// driver labels matches no term: an unknown driver is never admitted.
+pub(super) fn placement_affinity(placement: &Placement) -> Affinity {
+    let products = Requirement {
+        key: GPU_PRODUCT_LABEL,
+        operator: "In",
+        values: placement.products.iter().map(|p| p.node_label()).collect(),
+    };
+    let [branch, minor, patch] = placement.driver_floor.parts();
+    let above = |key, value: i64| Requirement {
+        key,
+        operator: "Gt",
+        values: vec![value.to_string()],
+    };
+    let at_least = |key, value: u32| above(key, i64::from(value) - 1);
+    let exactly = |key, value: u32| {
+        [
+            at_least(key, value),
+            Requirement {
+                key,
+                operator: "Lt",
+                values: vec![(value + 1).to_string()],
+            },
+        ]
+    };
+    let mut terms = vec![
+        vec![above(DRIVER_MAJOR_LABEL, branch.into())],
+        [
+            exactly(DRIVER_MAJOR_LABEL, branch).to_vec(),
+            vec![above(DRIVER_MINOR_LABEL, minor.into())],
+        ]
+        .concat(),
+    ];
+    let mut last = [
+        exactly(DRIVER_MAJOR_LABEL, branch),
+        exactly(DRIVER_MINOR_LABEL, minor),
+    ]
+    .concat();
+    if patch > 0 {
+        last.push(at_least(DRIVER_REV_LABEL, patch));
+    }
+    terms.push(last);
+    Affinity {
+        node_affinity: NodeAffinity {
+            required: NodeSelector {
+                node_selector_terms: terms
+                    .into_iter()
+                    .map(|driver| NodeSelectorTerm {
+                        match_expressions: std::iter::once(products.clone())
+                            .chain(driver)
+                            .collect(),
+                    })
+                    .collect(),
+            },
+        },
+    }
+}
+
+fn gpu_type_affinity(gpu_type: &str) -> Affinity {
     Affinity {
         node_affinity: NodeAffinity {
             required: NodeSelector {
@@ -446,7 +515,7 @@ fn gpu_type_affinity(gpu_type: &str) -> Affinity<'_> {
                     match_expressions: vec![Requirement {
                         key: GPU_PRODUCT_LABEL,
                         operator: "In",
-                        values: vec![gpu_type],
+                        values: vec![gpu_type.to_string()],
                     }],
                 }],
             },

@@ -12,11 +12,15 @@
 //! same input gives the same bytes and the committed workflow files can be compared with
 //! the generator's output in a test.
 
+pub mod admission;
+pub mod dra;
 pub mod job;
 pub mod k8s;
 pub mod placement;
 pub mod readiness;
+pub mod site_features;
 pub mod slurm;
+pub mod training;
 pub mod workflows;
 
 use std::fmt;

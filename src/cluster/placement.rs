@@ -192,7 +192,11 @@ pub(crate) mod tests {
                 &[][..],
                 "verified on no GPU",
             ),
-            (claims(None, Lineage::Unrecorded), &rows[..], "no driver floor"),
+            (
+                claims(None, Lineage::Unrecorded),
+                &rows[..],
+                "no driver floor",
+            ),
             (
                 claims(Some("550.54.15"), Lineage::Derived { base: 9, added: 1 }),
                 &rows[..],

@@ -501,6 +501,11 @@ pub struct RuntimeSpec {
         deserialize_with = "deserialize_ulimits"
     )]
     pub ulimits: BTreeMap<String, i64>,
+    /// Put the start-time guard in front of the entrypoint (docs/guard.md): the image
+    /// checks the node's driver and GPUs before the team's code starts. Unlike the other
+    /// keys it shapes the image (its entrypoint, a file, a variable), not the runtime.
+    #[serde(default, skip_serializing_if = "super::is_false")]
+    pub guard: bool,
 }
 
 /// The limits `docker run --ulimit` knows (Docker's `ulimit.Parse`), with the `ulimit`
@@ -524,6 +529,7 @@ pub const ULIMITS: &[(&str, char, u64)] = &[
 ];
 
 impl RuntimeSpec {
+    /// Whether the runtime has nothing to apply (the guard is the image's own).
     pub fn is_empty(&self) -> bool {
         self.shm_size.is_none() && self.ulimits.is_empty()
     }
@@ -954,6 +960,26 @@ mod tests {
             );
             assert!(error.starts_with("r.yaml:6:"), "{extra}: {error}");
         }
+    }
+
+    #[test]
+    fn the_guard_is_opt_in_and_needs_something_to_start() {
+        let plain = parse("runtime: { shm_size: 16g }\n").unwrap();
+        assert!(!plain.runtime.as_ref().unwrap().guard);
+        // Off is not written: recipes from before the key keep their digest.
+        let off = parse("runtime: { shm_size: 16g, guard: false }\n").unwrap();
+        assert_eq!(off.digest(), plain.digest());
+        let on = parse("runtime: { guard: true }\n").unwrap();
+        assert!(on.runtime.as_ref().unwrap().guard);
+        assert!(on.runtime.as_ref().unwrap().is_empty(), "no runtime need");
+        assert_ne!(on.digest(), plain.digest());
+        // The default `[python3]` command, or the recipe's, is what it guards.
+        assert!(parse("runtime: { guard: true }\ncmd: [bash]\n").is_ok());
+        let nothing = parse("runtime: { guard: true }\ncmd: []\n").unwrap_err();
+        assert!(nothing.contains("nothing to start"), "{nothing}");
+        assert!(nothing.contains("hint: set `entrypoint:`"), "{nothing}");
+        let wrong = parse("runtime: { guard: yes please }\n").unwrap_err();
+        assert!(wrong.starts_with("r.yaml:6:"), "{wrong}");
     }
 
     #[test]

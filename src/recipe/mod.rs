@@ -704,6 +704,12 @@ impl Recipe {
             let first = &self.build[0];
             return Err(invalid(format!("`build:` compiles `{first}` for the recipe's GPUs, and the recipe lists none: TORCH_CUDA_ARCH_LIST is derived from `gpus:`, and a guessed list is how extensions end up without kernels for the GPU they run on\n  hint: add the GPUs the image runs on, e.g. `gpus: [\"RTX 4090\", \"H100\"]`")));
         }
+        if self.runtime.as_ref().is_some_and(|r| r.guard)
+            && self.entrypoint.is_empty()
+            && self.cmd.as_ref().is_some_and(Vec::is_empty)
+        {
+            return Err(invalid("`runtime: { guard: true }` guards the image's entrypoint or command, and this recipe has neither (`cmd: []` and no `entrypoint:`): the guard would have nothing to start\n  hint: set `entrypoint:` or `cmd:`, or drop `guard:`".to_string()));
+        }
         // Every tag as `build` will render it: the recipe's own values, and stand-ins of the
         // right shape for what only the lock knows.
         let values = self.tag_values("localhost", None, None);

@@ -1,0 +1,437 @@
+//! The team's training job on Kubernetes: the image's own entrypoint on the nodes its
+//! verified matrix admits, by node affinity over GPU feature discovery's labels or, with
+//! DRA, by a ResourceClaimTemplate whose selector says the same.
+//!
+//! One node: a Job with one pod. Several: an Indexed Job (one pod per node, the completion
+//! index as the node rank) and a headless Service of the same name, so pod 0 is reachable
+//! as `NAME-0.NAME` for torchrun's rendezvous before any pod is ready
+//! (`publishNotReadyAddresses`). /dev/shm is a memory emptyDir of the image's
+//! `runtime.shm_size`; NCCL needs far more than the container runtime's 64 MiB default.
+//! No retries (`backoffLimit: 0`): a failed rank fails the job, and restarting a training
+//! run is the team's decision.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::dra::{self, ResourceApi};
+use super::job::{TrainingJob, RENDEZVOUS_PORT};
+use super::k8s::{
+    placement_affinity, quantity, Affinity, EmptyDir, SecretReference, Toleration, Volume,
+    VolumeMount, GPU_RESOURCE, SHM_VOLUME,
+};
+use super::{is_dns_label, to_yaml, ClusterError};
+
+/// How the pods get their GPUs: the device plugin's `nvidia.com/gpu` on nodes chosen by
+/// affinity, or a DRA claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuRequest {
+    DevicePlugin,
+    Dra(ResourceApi),
+}
+
+/// The Kubernetes settings of the job beyond [`TrainingJob`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesOptions {
+    pub namespace: String,
+    pub image_pull_secrets: Vec<String>,
+    pub gpus: GpuRequest,
+}
+
+impl Default for KubernetesOptions {
+    fn default() -> Self {
+        KubernetesOptions {
+            namespace: "default".to_string(),
+            image_pull_secrets: Vec::new(),
+            gpus: GpuRequest::DevicePlugin,
+        }
+    }
+}
+
+/// The pod's index in an Indexed Job, as the container's command expands it.
+const NODE_RANK: &str = "$(JOB_COMPLETION_INDEX)";
+
+/// The manifests, one YAML stream: the ResourceClaimTemplate (DRA), the Service (several
+/// nodes) and the Job.
+pub fn training_manifests(
+    job: &TrainingJob,
+    options: &KubernetesOptions,
+) -> Result<String, ClusterError> {
+    job.validate()?;
+    if !is_dns_label(&options.namespace) {
+        return Err(ClusterError::Invalid {
+            field: "namespace",
+            value: options.namespace.clone(),
+            rule: "an RFC 1123 label: at most 63 lowercase letters, digits or `-`",
+        });
+    }
+    let mut documents = Vec::new();
+    if let GpuRequest::Dra(api) = options.gpus {
+        documents.push(dra::claim_template(
+            &claim_template_name(job),
+            &options.namespace,
+            job.gpus_per_node,
+            &job.placement,
+            api,
+        )?);
+    }
+    if job.nodes > 1 {
+        documents.push(to_yaml(&service(job, options), "the Service")?);
+    }
+    documents.push(to_yaml(&job_object(job, options), "the Job")?);
+    Ok(format!(
+        "{}---\n{}",
+        usage_comment(job, options),
+        documents.join("---\n")
+    ))
+}
+
+fn claim_template_name(job: &TrainingJob) -> String {
+    format!("{}-gpus", job.name)
+}
+
+/// The pods' host names `NAME-INDEX` resolve under the Service `NAME`.
+fn master_address(job: &TrainingJob) -> String {
+    format!("{}-0.{}", job.name, job.name)
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Object<'a, S> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: Metadata<'a>,
+    spec: S,
+}
+
+#[derive(Serialize)]
+struct Metadata<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace: Option<&'a str>,
+    labels: BTreeMap<&'static str, String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ServiceSpec<'a> {
+    #[serde(rename = "clusterIP")]
+    cluster_ip: &'static str,
+    publish_not_ready_addresses: bool,
+    selector: BTreeMap<&'static str, &'a str>,
+    ports: Vec<Port>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Port {
+    name: &'static str,
+    port: u16,
+}
+
+fn labels(job: &TrainingJob) -> BTreeMap<&'static str, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/managed-by", "cudastack".to_string()),
+        ("app.kubernetes.io/name", "cudastack-train".to_string()),
+        (
+            "io.cudastack/digest",
+            job.image.digest.hex()[..12].to_string(),
+        ),
+    ])
+}
+
+/// The headless Service that gives each pod of the Indexed Job a DNS name.
+fn service<'a>(
+    job: &'a TrainingJob,
+    options: &'a KubernetesOptions,
+) -> Object<'a, ServiceSpec<'a>> {
+    Object {
+        api_version: "v1",
+        kind: "Service",
+        metadata: Metadata {
+            name: Some(&job.name),
+            namespace: Some(&options.namespace),
+            labels: labels(job),
+        },
+        spec: ServiceSpec {
+            cluster_ip: "None",
+            publish_not_ready_addresses: true,
+            selector: BTreeMap::from([("batch.kubernetes.io/job-name", job.name.as_str())]),
+            ports: vec![Port {
+                name: "rendezvous",
+                port: RENDEZVOUS_PORT,
+            }],
+        },
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JobSpec<'a> {
+    backoff_limit: u32,
+    completions: u32,
+    parallelism: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completion_mode: Option<&'static str>,
+    template: PodTemplate<'a>,
+}
+
+#[derive(Serialize)]
+struct PodTemplate<'a> {
+    metadata: Metadata<'a>,
+    spec: PodSpec<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PodSpec<'a> {
+    restart_policy: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subdomain: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    affinity: Option<Affinity>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    image_pull_secrets: Vec<SecretReference<'a>>,
+    tolerations: Vec<Toleration>,
+    containers: Vec<Container>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    volumes: Vec<Volume>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    resource_claims: Vec<PodResourceClaim>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PodResourceClaim {
+    name: &'static str,
+    resource_claim_template_name: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Container {
+    name: &'static str,
+    image: String,
+    image_pull_policy: &'static str,
+    command: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    working_dir: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    env: Vec<EnvVar>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    ports: Vec<ContainerPort>,
+    resources: Resources,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    volume_mounts: Vec<VolumeMount>,
+}
+
+#[derive(Serialize)]
+struct EnvVar {
+    name: String,
+    value: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerPort {
+    name: &'static str,
+    container_port: u16,
+}
+
+#[derive(Serialize)]
+struct Resources {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    limits: BTreeMap<&'static str, u32>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    claims: Vec<ClaimReference>,
+}
+
+#[derive(Serialize)]
+struct ClaimReference {
+    name: &'static str,
+}
+
+const CLAIM: &str = "gpus";
+
+fn job_object<'a>(job: &'a TrainingJob, options: &'a KubernetesOptions) -> Object<'a, JobSpec<'a>> {
+    let multi = job.nodes > 1;
+    Object {
+        api_version: "batch/v1",
+        kind: "Job",
+        metadata: Metadata {
+            name: Some(&job.name),
+            namespace: Some(&options.namespace),
+            labels: labels(job),
+        },
+        spec: JobSpec {
+            backoff_limit: 0,
+            completions: job.nodes,
+            parallelism: job.nodes,
+            completion_mode: multi.then_some("Indexed"),
+            template: PodTemplate {
+                metadata: Metadata {
+                    name: None,
+                    namespace: None,
+                    labels: labels(job),
+                },
+                spec: pod_spec(job, options),
+            },
+        },
+    }
+}
+
+fn pod_spec<'a>(job: &'a TrainingJob, options: &'a KubernetesOptions) -> PodSpec<'a> {
+    let dra = matches!(options.gpus, GpuRequest::Dra(_));
+    let shm = job.needs.shm_size.map(|size| Volume {
+        name: SHM_VOLUME,
+        empty_dir: EmptyDir {
+            medium: "Memory",
+            size_limit: quantity(size),
+        },
+    });
+    PodSpec {
+        restart_policy: "Never",
+        subdomain: (job.nodes > 1).then_some(job.name.as_str()),
+        // With DRA the claim's selector places the pod; GPU feature discovery's labels may
+        // not exist on a DRA cluster.
+        affinity: (!dra).then(|| placement_affinity(&job.placement)),
+        image_pull_secrets: options
+            .image_pull_secrets
+            .iter()
+            .map(|name| SecretReference { name })
+            .collect(),
+        tolerations: vec![Toleration {
+            key: GPU_RESOURCE,
+            operator: "Exists",
+            effect: "NoSchedule",
+        }],
+        containers: vec![container(job, dra, shm.is_some())],
+        volumes: shm.into_iter().collect(),
+        resource_claims: if dra {
+            vec![PodResourceClaim {
+                name: CLAIM,
+                resource_claim_template_name: claim_template_name(job),
+            }]
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+fn container(job: &TrainingJob, dra: bool, shm: bool) -> Container {
+    let master = master_address(job);
+    Container {
+        name: "train",
+        image: job.image.by_digest(),
+        image_pull_policy: "IfNotPresent",
+        command: job.node_command(NODE_RANK, &master),
+        working_dir: job.working_dir.clone(),
+        env: job
+            .rendezvous_env(NODE_RANK, &master)
+            .into_iter()
+            .map(|(name, value)| EnvVar { name, value })
+            .collect(),
+        ports: if job.nodes > 1 {
+            vec![ContainerPort {
+                name: "rendezvous",
+                container_port: RENDEZVOUS_PORT,
+            }]
+        } else {
+            Vec::new()
+        },
+        resources: if dra {
+            Resources {
+                limits: BTreeMap::new(),
+                claims: vec![ClaimReference { name: CLAIM }],
+            }
+        } else {
+            Resources {
+                limits: BTreeMap::from([(GPU_RESOURCE, job.gpus_per_node)]),
+                claims: Vec::new(),
+            }
+        },
+        volume_mounts: if shm {
+            vec![VolumeMount {
+                name: SHM_VOLUME,
+                mount_path: "/dev/shm",
+            }]
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+fn usage_comment(job: &TrainingJob, options: &KubernetesOptions) -> String {
+    format!(
+        "# Training job generated by cudastack: {image}\n\
+         # on {nodes} node(s) x {gpus} GPU(s), admitted where it was verified: {placement}.\n\
+         #   kubectl apply -f THIS_FILE\n\
+         #   kubectl logs -n {ns} -f job/{name}\n",
+        image = job.image.by_digest(),
+        nodes = job.nodes,
+        gpus = job.gpus_per_node,
+        placement = job.placement.summary(),
+        ns = options.namespace,
+        name = job.name,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::job::tests::job;
+
+    fn parse(yaml: &str) -> Vec<serde_json::Value> {
+        yaml.split("\n---\n")
+            .skip(1)
+            .map(|doc| serde_saphyr::from_str(doc).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn one_node_is_a_plain_job_with_the_placement_affinity() {
+        let yaml = training_manifests(
+            &job(&["python", "train.py"], 1, 1),
+            &KubernetesOptions::default(),
+        )
+        .unwrap();
+        let docs = parse(&yaml);
+        assert_eq!(docs.len(), 1, "{yaml}");
+        let pod = &docs[0]["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["containers"][0]["command"],
+            serde_json::json!(["python", "train.py"])
+        );
+        let terms = &pod["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+        assert_eq!(terms.as_array().unwrap().len(), 3, "{yaml}");
+        assert_eq!(docs[0]["spec"].get("completionMode"), None);
+    }
+
+    #[test]
+    fn several_nodes_are_an_indexed_job_behind_a_headless_service() {
+        let mut job = job(&["python", "train.py"], 2, 8);
+        job.needs.shm_size = Some(16 << 30);
+        let options = KubernetesOptions {
+            namespace: "ml".into(),
+            gpus: GpuRequest::Dra(ResourceApi::V1),
+            ..Default::default()
+        };
+        let docs = parse(&training_manifests(&job, &options).unwrap());
+        let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["ResourceClaimTemplate", "Service", "Job"]);
+        let pod = &docs[2]["spec"]["template"]["spec"];
+        assert_eq!(pod["subdomain"], "train");
+        assert_eq!(docs[2]["spec"]["completionMode"], "Indexed");
+        let command = pod["containers"][0]["command"].as_array().unwrap();
+        assert!(command.contains(&serde_json::json!("--node-rank=$(JOB_COMPLETION_INDEX)")));
+        assert!(command.contains(&serde_json::json!("--master-addr=train-0.train")));
+        assert_eq!(
+            pod["resourceClaims"][0]["resourceClaimTemplateName"],
+            "train-gpus"
+        );
+        assert_eq!(pod.get("affinity"), None);
+        assert_eq!(pod["volumes"][0]["emptyDir"]["sizeLimit"], "16Gi");
+    }
+}
