@@ -107,8 +107,9 @@ if ! python3 -c "import spdx_tools, cyclonedx, securesystemslib, nacl, jsonschem
   python3 -m pip install --quiet spdx-tools "cyclonedx-python-lib[json-validation]" "securesystemslib[crypto]" pynacl >&2 \
     || echo "setup: could not install spdx-tools, cyclonedx-python-lib, securesystemslib or pynacl; the SBOM and signature tests will skip (and fail under CUDASTACK_REQUIRE, as in CI)" >&2
 fi
-if ! command -v kubernetes-validate >/dev/null 2>&1; then
-  python3 -m pip install --quiet kubernetes-validate >&2 \
+# 1.35 or newer: its schemas cover Kubernetes 1.32-1.35 (tests/cluster_placement.rs).
+if ! kubernetes-validate --version 2>/dev/null | awk -F. '{ exit !($1 > 1 || $2 >= 35) }'; then
+  python3 -m pip install --quiet --upgrade "kubernetes-validate>=1.35" >&2 \
     || echo "setup: could not install kubernetes-validate; the Job schema test will skip (and fail under CUDASTACK_REQUIRE, as in CI)" >&2
 fi
 

@@ -8,6 +8,7 @@
 mod gate;
 
 mod apt_support;
+mod cel_support;
 mod e2e_support;
 mod elf_support;
 mod fetch_support;
@@ -37,6 +38,7 @@ mod cli_trust;
 mod cli_verify_registry;
 mod cluster_image;
 mod cluster_k8s;
+mod cluster_placement;
 mod cluster_slurm;
 mod cluster_workflows;
 mod contained_file;
