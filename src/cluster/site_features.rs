@@ -33,6 +33,8 @@ pub enum SiteFeaturesError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the site feature map `{}` is larger than 1 MiB: a map lists a few dozen lines, so this is not one", path.display())]
+    TooLarge { path: PathBuf },
     #[error("{}:{line}:{column}: {message}", path.display())]
     Syntax {
         path: PathBuf,
@@ -95,7 +97,8 @@ struct SiteFeaturesFile {
     drivers: Vec<DriverFeature>,
 }
 
-/// Largest map read: a site lists a few dozen lines; anything bigger is the wrong file.
+/// Largest map read (its error says 1 MiB): a site lists a few dozen lines; anything
+/// bigger is the wrong file, and reading it whole could exhaust memory (`/dev/zero`).
 const MAX_MAP_BYTES: u64 = 1 << 20;
 
 impl SiteFeatures {
@@ -109,9 +112,14 @@ impl SiteFeatures {
         let mut text = String::new();
         std::fs::File::open(path)
             .map_err(read_error)?
-            .take(MAX_MAP_BYTES)
+            .take(MAX_MAP_BYTES + 1)
             .read_to_string(&mut text)
             .map_err(read_error)?;
+        if text.len() as u64 > MAX_MAP_BYTES {
+            return Err(SiteFeaturesError::TooLarge {
+                path: path.to_path_buf(),
+            });
+        }
         SiteFeatures::parse(&text, path)
     }
 
@@ -159,7 +167,11 @@ impl SiteFeatures {
                 return Err(self.invalid(field("product"), "", "the NVML name of a GPU, e.g. `NVIDIA H100 80GB HBM3` (`nvidia-smi --query-gpu=name --format=csv,noheader` prints it)"));
             }
             if !products.insert(gpu.product.as_str()) {
-                return Err(self.invalid(field("product"), &gpu.product, "listed twice: one node feature per GPU product"));
+                return Err(self.invalid(
+                    field("product"),
+                    &gpu.product,
+                    "listed twice: one node feature per GPU product",
+                ));
             }
             self.check_feature(field("feature"), &gpu.feature, &mut features)?;
             if let Some(gres) = &gpu.gres {
@@ -169,7 +181,11 @@ impl SiteFeatures {
             }
         }
         for (i, driver) in self.drivers.iter().enumerate() {
-            self.check_feature(format!("drivers[{i}].feature"), &driver.feature, &mut features)?;
+            self.check_feature(
+                format!("drivers[{i}].feature"),
+                &driver.feature,
+                &mut features,
+            )?;
         }
         Ok(())
     }
@@ -256,7 +272,10 @@ pub struct SlurmPlacement {
 impl SlurmPlacement {
     /// What `site` admits of `placement`: refused when no verified product has a node
     /// feature, when the map lists no driver features, or when none is at the floor.
-    pub fn admit(placement: &Placement, site: &SiteFeatures) -> Result<SlurmPlacement, ClusterError> {
+    pub fn admit(
+        placement: &Placement,
+        site: &SiteFeatures,
+    ) -> Result<SlurmPlacement, ClusterError> {
         let file = site.path.display();
         let mut notes = Vec::new();
         let mut gpus = Vec::new();
@@ -427,16 +446,54 @@ drivers:
     }
 
     #[test]
+    fn load_reads_a_file_and_refuses_one_too_large() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("site.yaml");
+        std::fs::write(&path, MAP).unwrap();
+        assert_eq!(SiteFeatures::load(&path).unwrap().gpus.len(), 2);
+        let padding = "x".repeat(MAX_MAP_BYTES as usize);
+        std::fs::write(&path, format!("{MAP}# {padding}\n")).unwrap();
+        let error = SiteFeatures::load(&path).unwrap_err();
+        assert!(
+            matches!(error, SiteFeaturesError::TooLarge { .. }),
+            "{error:?}"
+        );
+        let missing = SiteFeatures::load(&dir.path().join("none.yaml")).unwrap_err();
+        assert!(missing.to_string().contains("none.yaml"), "{missing}");
+    }
+
+    #[test]
     fn bad_maps_name_the_file_and_the_field() {
         for (text, says) in [
             ("gpu: []", "unknown field `gpu`"),
-            ("gpus: [{product: X, feature: x, type: a}]", "unknown field `type`"),
-            ("drivers: [{feature: d, version: latest}]", "NVIDIA driver version"),
-            ("gpus: [{product: X, feature: 'a|b'}]", "invalid gpus[0].feature `a|b`"),
-            ("gpus: [{product: X, feature: a, gres: 'a:1'}]", "invalid gpus[0].gres `a:1`"),
-            ("gpus: [{product: X, feature: a}, {product: X, feature: b}]", "invalid gpus[1].product `X`: listed twice"),
-            ("gpus: [{product: X, feature: a}]\ndrivers: [{feature: a, version: 550.1}]", "invalid drivers[0].feature `a`: listed twice"),
-            ("gpus: [{product: ' ', feature: a}]", "invalid gpus[0].product"),
+            (
+                "gpus: [{product: X, feature: x, type: a}]",
+                "unknown field `type`",
+            ),
+            (
+                "drivers: [{feature: d, version: latest}]",
+                "NVIDIA driver version",
+            ),
+            (
+                "gpus: [{product: X, feature: 'a|b'}]",
+                "invalid gpus[0].feature `a|b`",
+            ),
+            (
+                "gpus: [{product: X, feature: a, gres: 'a:1'}]",
+                "invalid gpus[0].gres `a:1`",
+            ),
+            (
+                "gpus: [{product: X, feature: a}, {product: X, feature: b}]",
+                "invalid gpus[1].product `X`: listed twice",
+            ),
+            (
+                "gpus: [{product: X, feature: a}]\ndrivers: [{feature: a, version: 550.1}]",
+                "invalid drivers[0].feature `a`: listed twice",
+            ),
+            (
+                "gpus: [{product: ' ', feature: a}]",
+                "invalid gpus[0].product",
+            ),
         ] {
             let error = site_result(text).unwrap_err().to_string();
             assert!(error.starts_with("/etc/cudastack/site.yaml"), "{error}");
@@ -452,7 +509,10 @@ drivers:
     #[test]
     fn two_mapped_products_share_one_product_per_job_and_the_drivers_at_the_floor() {
         let admitted = SlurmPlacement::admit(
-            &placement("550.54.15", &["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]),
+            &placement(
+                "550.54.15",
+                &["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"],
+            ),
             &site(MAP),
         )
         .unwrap();
@@ -469,9 +529,11 @@ drivers:
 
     #[test]
     fn one_mapped_product_with_a_gres_type_asks_for_typed_gpus() {
-        let admitted =
-            SlurmPlacement::admit(&placement("535.104.05", &["NVIDIA H100 80GB HBM3"]), &site(MAP))
-                .unwrap();
+        let admitted = SlurmPlacement::admit(
+            &placement("535.104.05", &["NVIDIA H100 80GB HBM3"]),
+            &site(MAP),
+        )
+        .unwrap();
         assert_eq!(admitted.constraint, "h100&(driver-535|driver-560)");
         assert_eq!(admitted.gpu_request(4), "--gres=gpu:h100:4");
         assert!(admitted.notes.is_empty());
@@ -481,13 +543,29 @@ drivers:
     fn refusals_say_what_why_and_what_to_do() {
         let h100 = placement("550.54.15", &["NVIDIA H100 80GB HBM3"]);
         let no_drivers = site("gpus: [{product: NVIDIA H100 80GB HBM3, feature: h100}]");
-        let error = SlurmPlacement::admit(&h100, &no_drivers).unwrap_err().to_string();
-        assert!(error.contains("lists no driver features") && error.contains("hint:"), "{error}");
+        let error = SlurmPlacement::admit(&h100, &no_drivers)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("lists no driver features") && error.contains("hint:"),
+            "{error}"
+        );
         let l40 = placement("550.54.15", &["NVIDIA L40S"]);
-        let error = SlurmPlacement::admit(&l40, &site(MAP)).unwrap_err().to_string();
-        assert!(error.contains("(NVIDIA L40S)") && error.contains("it maps: NVIDIA H100 80GB HBM3, NVIDIA A100-SXM4-80GB"), "{error}");
+        let error = SlurmPlacement::admit(&l40, &site(MAP))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("(NVIDIA L40S)")
+                && error.contains("it maps: NVIDIA H100 80GB HBM3, NVIDIA A100-SXM4-80GB"),
+            "{error}"
+        );
         let future = placement("570.86.10", &["NVIDIA H100 80GB HBM3"]);
-        let error = SlurmPlacement::admit(&future, &site(MAP)).unwrap_err().to_string();
-        assert!(error.contains("driver >= 570.86.10") && error.contains("driver-560 = 560.35.03"), "{error}");
+        let error = SlurmPlacement::admit(&future, &site(MAP))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("driver >= 570.86.10") && error.contains("driver-560 = 560.35.03"),
+            "{error}"
+        );
     }
 }

@@ -10,6 +10,12 @@
 //! [`SbatchSpec::local_image`] the script runs a squashfs (enroot) or SIF (Apptainer) file
 //! imported on the login node instead, and the script's comments say how to make it.
 //!
+//! The team's own job ([`training_script`]) uses the same runtimes: one task per node on
+//! the nodes a site's feature map admits for the image's verified placement
+//! ([`SlurmPlacement`]: `--constraint` and the GPU request), each running the image's
+//! entrypoint by digest, through torchrun with the first node of the allocation as the
+//! rendezvous when the job spans several GPUs.
+//!
 //! Host Python settings must not leak into the container (a PYTHONPATH from an
 //! environment module, packages in ~/.local shadowing the image's torch): the script
 //! clears them, pyxis runs without the home mount, Apptainer with `--cleanenv --no-home`.
@@ -18,7 +24,9 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::job::TrainingJob;
 use super::k8s::probe_command;
+use super::site_features::{SiteFeatures, SlurmPlacement};
 use super::{ClusterError, PinnedImage};
 use crate::recipe::{RuntimeSpec, ULIMITS};
 
@@ -309,9 +317,12 @@ pub const ENROOT_DIGEST_MAJOR: u32 = 4;
 /// [`ENROOT_DIGEST_MAJOR`] (or missing), instead of an import error from deep inside pyxis.
 /// `enroot version` prints the bare version (`3.5.0`). A local squashfs needs no check.
 fn enroot_check(out: &mut String, spec: &SbatchSpec) {
-    if spec.runtime != Runtime::Pyxis || spec.local_image.is_some() {
-        return;
+    if spec.runtime == Runtime::Pyxis && spec.local_image.is_none() {
+        enroot_version_check(out);
     }
+}
+
+fn enroot_version_check(out: &mut String) {
     let major = ENROOT_DIGEST_MAJOR;
     let older = (0..major)
         .map(|m| m.to_string())
@@ -358,6 +369,324 @@ fn srun_line(out: &mut String, spec: &SbatchSpec) {
             );
         }
     }
+}
+
+/// What [`training_script`] gives the caller: the script, and what it asks Slurm for, whose
+/// notes (verified GPUs the site map leaves out, drivers below the floor) belong on stderr.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrainingSbatch {
+    pub script: String,
+    pub placement: SlurmPlacement,
+}
+
+/// Where the node command has its node rank and the first node's address. NUL can never
+/// be part of an argument, so an entrypoint argument that happens to read `$SLURM_NODEID`
+/// stays literal and only these expand.
+const NODE_RANK_MARK: &str = "\0node-rank\0";
+const MASTER_ADDR_MARK: &str = "\0master-addr\0";
+/// The variable the batch shell exports with the first node's hostname.
+const MASTER_ADDR_VARIABLE: &str = "CUDASTACK_MASTER_ADDR";
+
+/// The team's training job as an sbatch script: one task per node on the nodes `site`
+/// admits for the job's verified placement, each running the image's entrypoint (through
+/// torchrun on several GPUs, [`TrainingJob::node_command`]) with pyxis or Apptainer.
+/// Partition, account and time limit are left to sbatch's own flags.
+pub fn training_script(
+    job: &TrainingJob,
+    runtime: Runtime,
+    site: &SiteFeatures,
+) -> Result<TrainingSbatch, ClusterError> {
+    job.validate()?;
+    validate_training(job)?;
+    let placement = SlurmPlacement::admit(&job.placement, site)?;
+    let task = TrainingTask::new(job, runtime);
+    let mut out = String::new();
+    training_header(&mut out, job, runtime, &placement, site);
+    training_directives(&mut out, job, &placement);
+    clean_environment(&mut out);
+    if runtime == Runtime::Pyxis {
+        enroot_version_check(&mut out);
+    }
+    let _ = writeln!(
+        out,
+        "echo {}",
+        shell_quote(&format!("cudastack: image {}", job.image))
+    );
+    run_needs(&mut out, &job.needs);
+    if task.uses(MASTER_ADDR_MARK) {
+        master_address(&mut out);
+    }
+    task.srun_line(&mut out);
+    Ok(TrainingSbatch {
+        script: out,
+        placement,
+    })
+}
+
+/// What the generic job check leaves to the script: words bash can pass, and a working
+/// directory both runtimes take.
+fn validate_training(job: &TrainingJob) -> Result<(), ClusterError> {
+    if let Some(word) = job.command.iter().find(|word| word.contains('\0')) {
+        return Err(ClusterError::Invalid {
+            field: "command",
+            value: word.replace('\0', "\\0"),
+            rule: "an argument cannot hold a NUL byte",
+        });
+    }
+    if let Some(dir) = &job.working_dir {
+        if !dir.starts_with('/') || dir.contains(['\0', '\n']) {
+            return Err(ClusterError::Invalid {
+                field: "working directory",
+                value: dir.clone(),
+                rule: "an absolute path in the image (pyxis's --container-workdir and Apptainer's --pwd take no other)",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A comment line; a line break in `text` (a path from the command line) would end the
+/// comment and start a command, so it becomes a space.
+fn comment(out: &mut String, text: &str) {
+    let _ = writeln!(out, "# {}", text.replace(['\n', '\r'], " "));
+}
+
+fn training_header(
+    out: &mut String,
+    job: &TrainingJob,
+    runtime: Runtime,
+    placement: &SlurmPlacement,
+    site: &SiteFeatures,
+) {
+    let runtime = match runtime {
+        Runtime::Pyxis => "enroot + pyxis",
+        Runtime::Apptainer => "Apptainer",
+    };
+    let _ = writeln!(out, "#!/bin/bash");
+    comment(
+        out,
+        &format!(
+            "Train with {} on {} node(s) x {} GPU(s) with {runtime}; generated by cudastack.",
+            job.image, job.nodes, job.gpus_per_node
+        ),
+    );
+    comment(out, &format!("Verified on {}.", job.placement.summary()));
+    comment(
+        out,
+        &format!(
+            "Admitted by the site feature map {}: {placement}.",
+            site.path.display()
+        ),
+    );
+    for note in &placement.notes {
+        comment(out, &format!("Note: {note}."));
+    }
+    comment(
+        out,
+        "  sbatch --partition=PARTITION --time=HH:MM:SS THIS_FILE",
+    );
+}
+
+fn training_directives(out: &mut String, job: &TrainingJob, placement: &SlurmPlacement) {
+    let _ = writeln!(out, "#SBATCH --job-name={}", job.name);
+    let _ = writeln!(out, "#SBATCH --nodes={}", job.nodes);
+    comment(
+        out,
+        "One task per node: torchrun (or the entrypoint) starts one process per GPU itself.",
+    );
+    let _ = writeln!(out, "#SBATCH --ntasks-per-node=1");
+    let _ = writeln!(out, "#SBATCH {}", placement.gpu_request(job.gpus_per_node));
+    comment(
+        out,
+        "Only nodes with a verified GPU (one product for the whole job) and a driver at the floor.",
+    );
+    let _ = writeln!(out, "#SBATCH --constraint={}", placement.constraint);
+    let _ = writeln!(out, "#SBATCH --output={}-%j.out", job.name);
+}
+
+/// The first node of the allocation, exported for every task: torchrun's rendezvous runs
+/// there. The hostnames are read whole and cut in bash rather than through `head`, whose
+/// early exit could kill scontrol with SIGPIPE on a long node list, which `pipefail` turns
+/// into a failed job.
+fn master_address(out: &mut String) {
+    let var = MASTER_ADDR_VARIABLE;
+    comment(
+        out,
+        "The rendezvous runs on the first node of the allocation.",
+    );
+    let _ = writeln!(
+        out,
+        "cudastack_hosts=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\")"
+    );
+    let _ = writeln!(out, "{var}=${{cudastack_hosts%%$'\\n'*}}");
+    let _ = writeln!(
+        out,
+        "if [ -z \"${var}\" ]; then echo \"cudastack: scontrol named no node for SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST\" >&2; exit 1; fi"
+    );
+    let _ = writeln!(out, "export {var}");
+}
+
+/// What srun starts on each node: the runtime's options and the container command, with
+/// the node rank and master address still as marks.
+struct TrainingTask {
+    /// srun's own options and, under pyxis, the container options.
+    srun_options: Vec<String>,
+    /// The command srun starts (under Apptainer, `apptainer exec …` with the image).
+    command: Vec<String>,
+    /// Variables the container command needs exported first (pyxis; Apptainer takes
+    /// them as `--env` in `command`).
+    exports: Vec<(String, String)>,
+}
+
+impl TrainingTask {
+    fn new(job: &TrainingJob, runtime: Runtime) -> TrainingTask {
+        let entrypoint = job.node_command(NODE_RANK_MARK, MASTER_ADDR_MARK);
+        let env = job.rendezvous_env(NODE_RANK_MARK, MASTER_ADDR_MARK);
+        // --export=ALL: the tasks need this shell's variables (the master address, the
+        // cleared Python settings) even when the site sets `sbatch --export=NONE`.
+        // --kill-on-bad-exit: one failed rank ends the step instead of leaving the others
+        // waiting on it until the time limit.
+        let mut srun_options = vec![
+            "--export=ALL".to_string(),
+            "--kill-on-bad-exit=1".to_string(),
+        ];
+        match runtime {
+            Runtime::Pyxis => {
+                srun_options.push(format!("--container-image={}", enroot_uri(&job.image)));
+                srun_options.push("--no-container-mount-home".to_string());
+                if let Some(dir) = &job.working_dir {
+                    srun_options.push(format!("--container-workdir={dir}"));
+                }
+                TrainingTask {
+                    srun_options,
+                    command: entrypoint,
+                    exports: env,
+                }
+            }
+            Runtime::Apptainer => {
+                let mut command: Vec<String> =
+                    ["apptainer", "exec", "--nv", "--cleanenv", "--no-home"]
+                        .map(String::from)
+                        .to_vec();
+                if let Some(dir) = &job.working_dir {
+                    command.extend(["--pwd".to_string(), dir.clone()]);
+                }
+                // --cleanenv keeps the host's variables out; --env puts the rendezvous in.
+                for (name, value) in env {
+                    command.extend(["--env".to_string(), format!("{name}={value}")]);
+                }
+                command.push(apptainer_uri(&job.image));
+                command.extend(entrypoint);
+                TrainingTask {
+                    srun_options,
+                    command,
+                    exports: Vec::new(),
+                }
+            }
+        }
+    }
+
+    fn uses(&self, mark: &str) -> bool {
+        self.command.iter().any(|word| word.contains(mark))
+            || self.exports.iter().any(|(_, value)| value.contains(mark))
+    }
+
+    /// `srun OPTIONS COMMAND`. A command with marks runs through `/bin/sh -c` in each task
+    /// (inside the container under pyxis, on the node under Apptainer, whose --cleanenv
+    /// would hide SLURM_NODEID from the container), so the node rank is that task's own.
+    fn srun_line(&self, out: &mut String) {
+        let mut line = String::from("srun");
+        for option in &self.srun_options {
+            line.push(' ');
+            line.push_str(&shell_quote(option));
+        }
+        if self.uses(NODE_RANK_MARK) || self.uses(MASTER_ADDR_MARK) {
+            comment(
+                out,
+                "The task's shell expands the node rank and master address, not this one.",
+            );
+            let _ = writeln!(out, "# shellcheck disable=SC2016");
+            let _ = write!(line, " /bin/sh -c {}", shell_quote(&self.task_script()));
+        } else {
+            if self.command.iter().any(|word| word.contains(['$', '`'])) {
+                comment(
+                    out,
+                    "A `$` in the entrypoint's arguments is theirs, not this shell's.",
+                );
+                let _ = writeln!(out, "# shellcheck disable=SC2016");
+            }
+            for word in &self.command {
+                line.push(' ');
+                line.push_str(&shell_quote(word));
+            }
+        }
+        let _ = writeln!(out, "{line}");
+    }
+
+    /// The POSIX sh script each task runs: the exports, then `exec` of the command.
+    fn task_script(&self) -> String {
+        let mut script = String::new();
+        if !self.exports.is_empty() {
+            let assignments: Vec<String> = self
+                .exports
+                .iter()
+                .map(|(name, value)| format!("{name}={}", task_word(value)))
+                .collect();
+            let _ = write!(script, "export {}; ", assignments.join(" "));
+        }
+        let words: Vec<String> = self.command.iter().map(|word| task_word(word)).collect();
+        let _ = write!(script, "exec {}", words.join(" "));
+        script
+    }
+}
+
+/// One word for the task's shell: each mark as the variable the task's environment holds,
+/// the rest double-quoted where it is not a plain word. Double quotes, not single: the
+/// whole script is single-quoted once more for the batch shell, and single quotes nested
+/// in single quotes read as an escaping mistake to shellcheck (SC1003) and to people.
+fn task_word(word: &str) -> String {
+    let marks = [
+        (NODE_RANK_MARK, "\"$SLURM_NODEID\"".to_string()),
+        (MASTER_ADDR_MARK, format!("\"${MASTER_ADDR_VARIABLE}\"")),
+    ];
+    let mut out = String::new();
+    let mut rest = word;
+    loop {
+        let next = marks
+            .iter()
+            .filter_map(|(mark, expansion)| rest.find(mark).map(|at| (at, *mark, expansion)))
+            .min_by_key(|(at, _, _)| *at);
+        let Some((at, mark, expansion)) = next else {
+            break;
+        };
+        if at > 0 {
+            out.push_str(&double_quote(&rest[..at]));
+        }
+        out.push_str(expansion);
+        rest = &rest[at + mark.len()..];
+    }
+    if !rest.is_empty() || out.is_empty() {
+        out.push_str(&double_quote(rest));
+    }
+    out
+}
+
+/// `text` for a POSIX shell: bare when [`shell_quote`] would leave it bare, else in double
+/// quotes with the four characters special there (`\`, `"`, `$`, `` ` ``) escaped.
+fn double_quote(text: &str) -> String {
+    if shell_quote(text) == text {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        if matches!(c, '\\' | '"' | '$' | '`') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]
@@ -480,5 +809,66 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("GPU count"));
+    }
+
+    fn site() -> SiteFeatures {
+        SiteFeatures::parse(
+            "gpus:\n  - {product: NVIDIA H100 80GB HBM3, feature: h100, gres: h100}\ndrivers:\n  - {feature: driver-550, version: 550.54.15}\n  - {feature: driver-560, version: 560.35.03}\n",
+            std::path::Path::new("/etc/slurm/cudastack-features.yaml"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_multi_node_training_script_with_pyxis() {
+        let job = crate::cluster::job::tests::job(&["python", "train.py", "--name", "run 1"], 2, 8);
+        let sbatch = training_script(&job, Runtime::Pyxis, &site()).unwrap();
+        assert!(sbatch.placement.notes.is_empty());
+        insta::assert_snapshot!(sbatch.script);
+    }
+
+    #[test]
+    fn one_gpu_runs_the_entrypoint_without_a_task_shell() {
+        let job = crate::cluster::job::tests::job(&["python", "train.py"], 1, 1);
+        let script = training_script(&job, Runtime::Apptainer, &site())
+            .unwrap()
+            .script;
+        assert!(
+            !script.contains("/bin/sh -c") && !script.contains("scontrol"),
+            "{script}"
+        );
+        assert!(script.ends_with("srun --export=ALL --kill-on-bad-exit=1 apptainer exec --nv --cleanenv --no-home --pwd /app docker://ghcr.io/acme/train@sha256:4a5d132a06a77c8331e15845f2e925adc788b00105097ad55409afa3f4fa4860 python train.py\n"), "{script}");
+        assert!(
+            script.contains("\n#SBATCH --gres=gpu:h100:1\n#"),
+            "{script}"
+        );
+    }
+
+    #[test]
+    fn task_words_expand_only_the_marks() {
+        assert_eq!(
+            task_word("--node-rank=\0node-rank\0"),
+            "--node-rank=\"$SLURM_NODEID\""
+        );
+        assert_eq!(task_word("\0master-addr\0"), "\"$CUDASTACK_MASTER_ADDR\"");
+        assert_eq!(
+            task_word("a b\0master-addr\0:\0node-rank\0#"),
+            "\"a b\"\"$CUDASTACK_MASTER_ADDR\":\"$SLURM_NODEID\"\"#\""
+        );
+        assert_eq!(task_word("$SLURM_NODEID"), "\"\\$SLURM_NODEID\"");
+        assert_eq!(task_word(r#"it's "a\b" `x`"#), r#""it's \"a\\b\" \`x\`""#);
+        assert_eq!(task_word(""), "\"\"");
+    }
+
+    #[test]
+    fn training_jobs_with_bad_words_are_refused() {
+        let mut job = crate::cluster::job::tests::job(&["python", "train.py"], 1, 1);
+        job.working_dir = Some("app".into());
+        let error = training_script(&job, Runtime::Pyxis, &site()).unwrap_err();
+        assert!(error.to_string().contains("working directory"), "{error}");
+        job.working_dir = None;
+        job.command.push("a\0b".into());
+        let error = training_script(&job, Runtime::Pyxis, &site()).unwrap_err();
+        assert!(error.to_string().contains("NUL"), "{error}");
     }
 }
