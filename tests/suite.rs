@@ -51,6 +51,7 @@ mod fetch_hostile;
 mod fetch_memory;
 mod fetch_pypi;
 mod fetch_remote_zip;
+mod guard_start;
 mod gzip_bytes;
 mod image_config;
 mod index_credentials;

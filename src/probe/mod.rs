@@ -2,7 +2,7 @@
 //! verification stage runs. `probe.py` (embedded from `probe/probe.py`) at [`PROBE_PATH`],
 //! the [`expect::Expectations`] it compares against at [`EXPECT_PATH`], and for images
 //! without torch the [`native`] probe binary beside it, when the image's glibc
-//! ([`glibc`]) can run it.
+//! ([`glibc`]) can run it; and the start-time [`guard`] of images that ask for it.
 //!
 //! This module holds the contract between the build and the probe, and nothing about how
 //! a stack is assembled: the assembler (`crate::stack`) computes the expectations from
@@ -10,6 +10,7 @@
 
 pub mod expect;
 pub mod glibc;
+pub mod guard;
 pub mod native;
 
 /// Where the probe lives inside every image cudastack builds.

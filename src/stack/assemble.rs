@@ -35,10 +35,10 @@ pub(crate) fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assemb
     };
     let (audit, audit_cached) =
         audit_stack(&planned, &layers, &config, torch_build, &targets, env)?;
-    let config = config.with_kernel_labels(
-        audit.kernels.as_deref().unwrap_or_default(),
-        targets.jit_ptx_isa,
-    );
+    let groups = audit.kernels.as_deref().unwrap_or_default();
+    let config = config
+        .with_kernel_labels(groups, targets.jit_ptx_isa)
+        .with_start_guard(inputs.resolved, torch_build, groups);
     let image = with_built_labels(
         image_of(inputs.platform, &layers, &config, env.options.mtime),
         inputs,

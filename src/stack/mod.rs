@@ -10,7 +10,7 @@
 //! `layers::copy::dockerignore` reads the build context's ignore file), [`produce`] them
 //! through the layer cache and the cache's staging area (what the stagers write there is
 //! [`files`]), audit, and make the image with its [`image_config`] (environment, labels,
-//! command); finally write the [`output`]. The base root itself (mmdebstrap, foreign
+//! command; the start-time [`guard`] in front of the entrypoint when asked); finally write the [`output`]. The base root itself (mmdebstrap, foreign
 //! architectures, rootless builds, the loader cache writer) is `crate::base_root`'s job,
 //! how the cache directory keeps things is `crate::cache`'s, and compiling the recipe's
 //! `build:` sdists is `crate::source_build`'s, which stages its builder with this
@@ -18,6 +18,7 @@
 mod assemble;
 mod error;
 mod files;
+pub mod guard;
 pub mod image_config;
 pub mod layers;
 mod output;

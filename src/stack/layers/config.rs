@@ -17,6 +17,7 @@ use crate::layer::CacheKey;
 use crate::lock::lockfile::{ArtifactKind, Lockfile};
 use crate::probe::expect::Expectations;
 use crate::probe::glibc::can_run_on;
+use crate::probe::guard::{GUARD_PATH, GUARD_SOURCE};
 use crate::probe::native::{self, NativeProbe, NATIVE_PROBE_PATH};
 use crate::probe::{EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
 use crate::stack::error::{io_error, BuildError};
@@ -40,6 +41,8 @@ pub(crate) struct ConfigLayer<'a> {
     expect_json: Vec<u8>,
     /// The native probe, for images without torch, when one is built for them.
     native_probe: Option<NativeProbe>,
+    /// The start-time guard's source, when the recipe asks for it (`runtime.guard`).
+    guard: Option<&'static str>,
     /// The staged trees of every layer below, base first.
     below: Vec<PathBuf>,
     machine: Machine,
@@ -55,6 +58,12 @@ impl<'a> ConfigLayer<'a> {
         let lock_json = inputs.lock.to_json();
         let expect_json = expectations(inputs).to_json();
         let native_probe = native_probe(inputs, env.progress);
+        let guard = inputs
+            .recipe
+            .runtime
+            .as_ref()
+            .is_some_and(|runtime| runtime.guard)
+            .then_some(GUARD_SOURCE);
         let key = CacheKey::new(
             &format!("{ASSEMBLER}/config"),
             &below
@@ -67,6 +76,7 @@ impl<'a> ConfigLayer<'a> {
                     Digest::of_bytes(&expect_json),
                 ])
                 .chain(native_probe.as_ref().map(|p| p.digest))
+                .chain(guard.map(|source| Digest::of_bytes(source.as_bytes())))
                 .collect::<Vec<_>>(),
             &conf_text,
         );
@@ -79,6 +89,7 @@ impl<'a> ConfigLayer<'a> {
             lock_json,
             expect_json,
             native_probe,
+            guard,
             below: below
                 .iter()
                 .map(|layer| env.staging.dir(layer.key()))
@@ -89,7 +100,8 @@ impl<'a> ConfigLayer<'a> {
         }
     }
 
-    /// The loader configuration, the provenance files, the probe and its expectations.
+    /// The loader configuration, the provenance files, the probe and its expectations,
+    /// and the guard when the recipe asks for it.
     fn write_files(&self, dir: &Path) -> Result<(), BuildError> {
         write_file(&dir.join(&self.conf_path), self.conf_text.as_bytes())?;
         write_file(
@@ -111,7 +123,14 @@ impl<'a> ConfigLayer<'a> {
         write_executable(
             &dir.join(PROBE_PATH.trim_start_matches('/')),
             PROBE_SOURCE.as_bytes(),
-        )
+        )?;
+        match self.guard {
+            Some(source) => write_file(
+                &dir.join(GUARD_PATH.trim_start_matches('/')),
+                source.as_bytes(),
+            ),
+            None => Ok(()),
+        }
     }
 
     /// The native probe, when the base's glibc can run it.
