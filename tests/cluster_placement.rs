@@ -69,6 +69,7 @@ fn training_job(nodes: u32) -> TrainingJob {
         image: IMAGE.parse().unwrap(),
         command: vec!["python".into(), "train.py".into()],
         working_dir: Some("/app".into()),
+        start_guard: Vec::new(),
         nodes,
         gpus_per_node: 8,
         needs: Default::default(),
@@ -368,5 +369,8 @@ fn every_emitted_object_validates_against_kubernetes_1_32_to_1_35() {
         },
     )
     .unwrap();
-    assert!(validate(&unserved, "1.32.0").is_err(), "resource.k8s.io/v1 is not served by 1.32");
+    assert!(
+        validate(&unserved, "1.32.0").is_err(),
+        "resource.k8s.io/v1 is not served by 1.32"
+    );
 }

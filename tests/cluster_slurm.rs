@@ -365,6 +365,7 @@ fn training_job(command: &[&str], nodes: u32, gpus: u32) -> TrainingJob {
             .unwrap(),
         command: command.iter().map(|s| s.to_string()).collect(),
         working_dir: Some("/work dir".into()),
+        start_guard: Vec::new(),
         nodes,
         gpus_per_node: gpus,
         needs: Default::default(),

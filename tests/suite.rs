@@ -32,6 +32,7 @@ mod cache_concurrency;
 mod cli_doctor_build_host;
 mod cli_help;
 mod cli_matrix;
+mod cli_place;
 mod cli_promote;
 mod cli_snapshots;
 mod cli_trust;

@@ -178,6 +178,27 @@ Examples:
   # The known errors found in a log
   cudastack explain --file train.log";
 
+pub const PLACE: &str = "\
+Examples:
+  # Node affinity admitting the GPUs and drivers the image was verified on
+  cudastack place ghcr.io/acme/torch:2.4.1-verified
+  # The same as a DRA claim template for NVIDIA's DRA driver (Kubernetes 1.34)
+  cudastack place ghcr.io/acme/torch:2.4.1-verified --for dra
+  # #SBATCH lines from the site's map of Slurm features
+  cudastack place ghcr.io/acme/torch:2.4.1 --for slurm --site-features site.yaml";
+
+pub const JOB: &str = "\
+Examples:
+  # The image's entrypoint as a Kubernetes Job on 2 nodes x 8 verified GPUs
+  cudastack job ghcr.io/acme/torch:2.4.1-verified --nodes 2 --gpus-per-node 8
+  # The same with Slurm and pyxis, placed by the site's features
+  cudastack job ghcr.io/acme/torch:2.4.1 --for sbatch --site-features site.yaml";
+
+pub const ADMISSION: &str = "\
+Examples:
+  # Let GPU pods run only these images, each on the GPUs it was verified on
+  cudastack admission ghcr.io/acme/torch:2.4.1 ghcr.io/acme/jax:0.4";
+
 /// The command lines of the "Examples:" section of `help` (not the `#` lines).
 #[cfg(test)]
 pub fn command_lines(help: &str) -> Vec<&str> {

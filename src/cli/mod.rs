@@ -27,6 +27,7 @@ mod key;
 mod load;
 mod lock;
 mod matrix;
+mod place;
 mod printer;
 mod promote;
 mod pull;
@@ -111,6 +112,15 @@ enum Command {
     /// Push an image of an OCI layout to a registry (no daemon needed).
     #[command(after_help = examples::PUSH)]
     Push(push::PushArgs),
+    /// Where a verified image may run: node affinity, a DRA claim or Slurm lines for its verified GPUs and driver floor.
+    #[command(after_help = examples::PLACE)]
+    Place(place::PlaceArgs),
+    /// The team's training job where a verified image may run: a Kubernetes Job or a Slurm sbatch script.
+    #[command(after_help = examples::JOB)]
+    Job(place::JobArgs),
+    /// A Kubernetes admission policy: GPU pods run only images verified for their GPU product.
+    #[command(after_help = examples::ADMISSION)]
+    Admission(place::AdmissionArgs),
     /// Give a verified image in a registry its plain tag, once it passed on every GPU
     /// class required; refuses (exit 1) with what is missing or failed.
     #[command(after_help = examples::PROMOTE)]
@@ -167,6 +177,9 @@ pub fn main() -> ExitCode {
         Command::Load(args) => load::run(args, &runtime, &printer),
         Command::Verify(args) => verify::run(args, &runtime, &printer),
         Command::Push(args) => push::run(args, &runtime, &printer),
+        Command::Place(args) => place::place(args, &runtime, &printer),
+        Command::Job(args) => place::job(args, &runtime, &printer),
+        Command::Admission(args) => place::admission(args, &runtime, &printer),
         Command::Promote(args) => promote::run(args, &runtime, &printer),
         Command::Pull(args) => pull::run(args, &runtime, &printer),
         Command::Sign(args) => sign::run(args, &printer),

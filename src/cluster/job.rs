@@ -11,7 +11,7 @@
 //! (`MASTER_ADDR`, `MASTER_PORT`, `NNODES`, `NODE_RANK`, `NPROC_PER_NODE`).
 
 use super::placement::Placement;
-use super::{is_dns_label, ClusterError, PinnedImage};
+use super::{is_dns_label, slug, ClusterError, PinnedImage};
 use crate::recipe::RuntimeSpec;
 
 /// The port of the rendezvous on the first node (torchrun's default).
@@ -23,8 +23,13 @@ pub struct TrainingJob {
     /// An RFC 1123 label: the Kubernetes Job and Service name, the Slurm job name.
     pub name: String,
     pub image: PinnedImage,
-    /// The image's entrypoint followed by its command (the config's Entrypoint + Cmd).
+    /// The image's entrypoint followed by its command (the config's Entrypoint + Cmd),
+    /// without the start guard.
     pub command: Vec<String>,
+    /// The start guard's words when the image has one (`runtime: { guard: true }`):
+    /// they go in front of what each node runs, so the guard checks the node once and the
+    /// launcher (torchrun) behind it sees the team's command.
+    pub start_guard: Vec<String>,
     /// The image's working directory, when its config sets one.
     pub working_dir: Option<String>,
     /// Nodes (pods) the job spans, at least 1.
@@ -48,6 +53,23 @@ pub enum Launch {
 }
 
 impl TrainingJob {
+    /// `<repository>-<first 8 digest hex digits>`: stable for one image, distinct across
+    /// digests, a valid job name.
+    pub fn default_name(image: &PinnedImage) -> String {
+        let repository = image.path().rsplit('/').next().unwrap_or("train");
+        let base = match slug(repository, 30) {
+            base if base.is_empty() || !base.as_bytes()[0].is_ascii_lowercase() => {
+                format!("train-{base}")
+            }
+            base => base,
+        };
+        format!(
+            "{}-{}",
+            base.trim_end_matches('-'),
+            &image.digest.hex()[..8]
+        )
+    }
+
     /// The fields every generator needs valid.
     pub fn validate(&self) -> Result<(), ClusterError> {
         let invalid = |field, value: String, rule| ClusterError::Invalid { field, value, rule };
@@ -95,6 +117,13 @@ impl TrainingJob {
     /// spelling of the node's index and the first node's address (`$(JOB_COMPLETION_INDEX)`,
     /// `$SLURM_NODEID`), kept as given for the runtime to expand.
     pub fn node_command(&self, node_rank: &str, master_addr: &str) -> Vec<String> {
+        let mut command = self.start_guard.clone();
+        command.extend(self.launcher(node_rank, master_addr));
+        command
+    }
+
+    /// What runs behind the guard: torchrun and the team's command, or the command.
+    fn launcher(&self, node_rank: &str, master_addr: &str) -> Vec<String> {
         match (self.launch(), python_target(&self.command)) {
             (Launch::Torchrun, Some((python, target))) => {
                 let mut command = vec![
@@ -181,6 +210,7 @@ pub(crate) mod tests {
             image: "ghcr.io/acme/train@sha256:4a5d132a06a77c8331e15845f2e925adc788b00105097ad55409afa3f4fa4860".parse().unwrap(),
             command: command.iter().map(|s| s.to_string()).collect(),
             working_dir: Some("/app".into()),
+            start_guard: Vec::new(),
             nodes,
             gpus_per_node: gpus,
             needs: RuntimeSpec::default(),
@@ -215,6 +245,15 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_start_guard_runs_once_in_front_of_torchrun() {
+        let mut job = job(&["python", "train.py"], 2, 8);
+        job.start_guard = crate::probe::guard::guard_prefix();
+        let command = job.node_command("R", "M");
+        assert_eq!(command[..5], crate::probe::guard::guard_prefix()[..]);
+        assert_eq!(command[5..8], ["python", "-m", "torch.distributed.run"]);
+    }
+
+    #[test]
     fn other_entrypoints_get_the_rendezvous_in_their_environment() {
         for command in [&["/app/run.sh"][..], &["python", "-c", "print(1)"][..]] {
             let job = job(command, 2, 4);
@@ -224,6 +263,20 @@ pub(crate) mod tests {
             assert!(env.contains(&("NODE_RANK".into(), "R".into())), "{env:?}");
             assert!(env.contains(&("MASTER_ADDR".into(), "M".into())), "{env:?}");
         }
+    }
+
+    #[test]
+    fn default_names_are_valid_labels_named_after_the_image() {
+        let image: PinnedImage = format!("ghcr.io/acme/My_Trainer.v2@sha256:{}", "ab".repeat(32))
+            .to_lowercase()
+            .parse()
+            .unwrap();
+        let name = TrainingJob::default_name(&image);
+        assert_eq!(name, "my-trainer-v2-abababab");
+        let digits: PinnedImage = format!("ghcr.io/acme/2024@sha256:{}", "0".repeat(64))
+            .parse()
+            .unwrap();
+        assert!(is_dns_label(&TrainingJob::default_name(&digits)));
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod admission;
 pub mod dra;
 pub mod job;
 pub mod k8s;
+pub mod placed;
 pub mod placement;
 pub mod readiness;
 pub mod site_features;
@@ -49,6 +50,9 @@ pub enum ClusterError {
     },
     #[error("the image cannot be placed: {why}\n  hint: {hint}")]
     Unplaceable { why: String, hint: String },
+    /// Reading the image from its registry failed.
+    #[error(transparent)]
+    Read(Box<crate::pipeline::PipelineError>),
     #[error(transparent)]
     Recipe(#[from] crate::recipe::RecipeError),
     #[error("failed to render YAML for {what}")]
