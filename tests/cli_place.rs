@@ -6,21 +6,11 @@
 //! image with the start guard keeps it in front of the launcher.
 
 use crate::cli_verify_registry::{cudastack, gpu_report, job_log, text};
+use crate::cluster_placement::documents;
 use crate::registry_support::{self, random_layer, Registry};
 
 use cudastack::cache::BlobStore;
 use cudastack::registry::{push_image, ClientOptions, PushOptions, Reference, RegistryClient};
-use serde_json::Value;
-
-fn documents(yaml: &str) -> Vec<Value> {
-    yaml.split("\n---\n")
-        .filter(|doc| {
-            doc.lines()
-                .any(|l| !l.starts_with('#') && !l.trim().is_empty())
-        })
-        .map(|doc| serde_saphyr::from_str(doc).unwrap())
-        .collect()
-}
 
 fn run(args: &[&str]) -> std::process::Output {
     cudastack().args(args).output().unwrap()

@@ -78,7 +78,7 @@ fn training_job(nodes: u32) -> TrainingJob {
 }
 
 /// The documents of a YAML stream (the leading comment is not one).
-fn documents(yaml: &str) -> Vec<Value> {
+pub fn documents(yaml: &str) -> Vec<Value> {
     yaml.split("\n---\n")
         .filter(|doc| {
             doc.lines()

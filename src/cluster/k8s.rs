@@ -130,54 +130,77 @@ fn is_dns_subdomain(text: &str) -> bool {
         && text.as_bytes()[text.len() - 1].is_ascii_alphanumeric()
 }
 
+// The Kubernetes objects both Jobs are made of (the probe's here, the team's in
+// `training`): the fields either one sets, the others left out of the YAML.
+
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Job<'a> {
-    api_version: &'static str,
-    kind: &'static str,
-    metadata: Metadata<'a>,
-    spec: JobBody<'a>,
+pub(super) struct Object<'a, S> {
+    pub(super) api_version: &'static str,
+    pub(super) kind: &'static str,
+    pub(super) metadata: Metadata<'a>,
+    pub(super) spec: S,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Metadata<'a> {
+pub(super) struct Metadata<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<&'a str>,
+    pub(super) name: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    namespace: Option<&'a str>,
-    labels: BTreeMap<&'static str, String>,
+    pub(super) namespace: Option<&'a str>,
+    pub(super) labels: BTreeMap<&'static str, String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    annotations: BTreeMap<&'static str, String>,
+    pub(super) annotations: BTreeMap<&'static str, String>,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct JobBody<'a> {
-    backoff_limit: u32,
-    active_deadline_seconds: u64,
-    template: PodTemplate<'a>,
-}
-
-#[derive(Serialize)]
-struct PodTemplate<'a> {
-    metadata: Metadata<'a>,
-    spec: PodSpec<'a>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct PodSpec<'a> {
-    restart_policy: &'static str,
-    automount_service_account_token: bool,
+pub(super) struct JobBody<'a> {
+    pub(super) backoff_limit: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
-    affinity: Option<Affinity>,
+    pub(super) active_deadline_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) completions: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) parallelism: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) completion_mode: Option<&'static str>,
+    pub(super) template: PodTemplate<'a>,
+}
+
+#[derive(Serialize)]
+pub(super) struct PodTemplate<'a> {
+    pub(super) metadata: Metadata<'a>,
+    pub(super) spec: PodSpec<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct PodSpec<'a> {
+    pub(super) restart_policy: &'static str,
+    pub(super) automount_service_account_token: bool,
+    /// With a headless Service of this name, the pods of an Indexed Job get DNS names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) subdomain: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) affinity: Option<Affinity>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    image_pull_secrets: Vec<SecretReference<'a>>,
-    tolerations: Vec<Toleration>,
-    containers: Vec<Container>,
+    pub(super) image_pull_secrets: Vec<SecretReference<'a>>,
+    pub(super) tolerations: Vec<Toleration>,
+    pub(super) containers: Vec<Container>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    volumes: Vec<Volume>,
+    pub(super) volumes: Vec<Volume>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(super) resource_claims: Vec<PodResourceClaim>,
+}
+
+/// A pod's DRA claim made from a ResourceClaimTemplate.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct PodResourceClaim {
+    pub(super) name: &'static str,
+    pub(super) resource_claim_template_name: String,
 }
 
 /// The memory-backed /dev/shm (https://kubernetes.io/docs/concepts/storage/volumes/#emptydir).
@@ -250,22 +273,50 @@ pub(super) struct Toleration {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Container {
-    name: &'static str,
-    image: String,
-    image_pull_policy: &'static str,
-    command: Vec<String>,
-    resources: Resources,
+pub(super) struct Container {
+    pub(super) name: &'static str,
+    pub(super) image: String,
+    pub(super) image_pull_policy: &'static str,
+    pub(super) command: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) working_dir: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    volume_mounts: Vec<VolumeMount>,
+    pub(super) env: Vec<EnvVar>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(super) ports: Vec<ContainerPort>,
+    pub(super) resources: Resources,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(super) volume_mounts: Vec<VolumeMount>,
     /// The report line also lands in the termination message when the probe fails, so
     /// `kubectl describe` shows it.
-    termination_message_policy: &'static str,
+    pub(super) termination_message_policy: &'static str,
 }
 
 #[derive(Serialize)]
-struct Resources {
-    limits: BTreeMap<&'static str, u32>,
+pub(super) struct EnvVar {
+    pub(super) name: String,
+    pub(super) value: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct ContainerPort {
+    pub(super) name: &'static str,
+    pub(super) container_port: u16,
+}
+
+/// The device plugin's GPUs as a limit, or DRA claims by name.
+#[derive(Serialize)]
+pub(super) struct Resources {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) limits: BTreeMap<&'static str, u32>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(super) claims: Vec<ClaimReference>,
+}
+
+#[derive(Serialize)]
+pub(super) struct ClaimReference {
+    pub(super) name: &'static str,
 }
 
 /// Render the Job as YAML (one document, deterministic), after checking every field the
@@ -340,11 +391,11 @@ fn labels(spec: &JobSpec) -> BTreeMap<&'static str, String> {
 }
 
 /// The Job: no retries, a deadline, one pod running the probe.
-fn job(spec: &JobSpec) -> Job<'_> {
+fn job(spec: &JobSpec) -> Object<'_, JobBody<'_>> {
     let labels = labels(spec);
     let mut annotations = BTreeMap::new();
     annotations.insert("io.cudastack/image", spec.image.by_digest());
-    Job {
+    Object {
         api_version: "batch/v1",
         kind: "Job",
         metadata: Metadata {
@@ -355,7 +406,10 @@ fn job(spec: &JobSpec) -> Job<'_> {
         },
         spec: JobBody {
             backoff_limit: 0,
-            active_deadline_seconds: spec.active_deadline_seconds,
+            active_deadline_seconds: Some(spec.active_deadline_seconds),
+            completions: None,
+            parallelism: None,
+            completion_mode: None,
             template: PodTemplate {
                 metadata: Metadata {
                     name: None,
@@ -375,6 +429,7 @@ fn pod_spec(spec: &JobSpec) -> PodSpec<'_> {
     PodSpec {
         restart_policy: "Never",
         automount_service_account_token: false,
+        subdomain: None,
         affinity: spec.gpu_type.as_deref().map(gpu_type_affinity),
         image_pull_secrets: spec
             .image_pull_secrets
@@ -391,8 +446,12 @@ fn pod_spec(spec: &JobSpec) -> PodSpec<'_> {
             image: spec.image.by_digest(),
             image_pull_policy: "IfNotPresent",
             command: logged_command(spec),
+            working_dir: None,
+            env: Vec::new(),
+            ports: Vec::new(),
             resources: Resources {
                 limits: BTreeMap::from([(GPU_RESOURCE, spec.gpu_count)]),
+                claims: Vec::new(),
             },
             volume_mounts: shm_volume(spec)
                 .map(|_| VolumeMount {
@@ -404,6 +463,7 @@ fn pod_spec(spec: &JobSpec) -> PodSpec<'_> {
             termination_message_policy: "FallbackToLogsOnError",
         }],
         volumes: shm_volume(spec).into_iter().collect(),
+        resource_claims: Vec::new(),
     }
 }
 

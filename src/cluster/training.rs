@@ -17,8 +17,9 @@ use serde::Serialize;
 use super::dra::{self, ResourceApi};
 use super::job::{TrainingJob, RENDEZVOUS_PORT};
 use super::k8s::{
-    placement_affinity, quantity, Affinity, EmptyDir, SecretReference, Toleration, Volume,
-    VolumeMount, GPU_RESOURCE, SHM_VOLUME,
+    placement_affinity, quantity, ClaimReference, Container, ContainerPort, EmptyDir, EnvVar,
+    JobBody, Metadata, Object, PodResourceClaim, PodSpec, PodTemplate, Resources, SecretReference,
+    Toleration, Volume, VolumeMount, GPU_RESOURCE, SHM_VOLUME,
 };
 use super::{is_dns_label, to_yaml, ClusterError};
 
@@ -95,24 +96,7 @@ fn master_address(job: &TrainingJob) -> String {
     format!("{}-0.{}", job.name, job.name)
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Object<'a, S> {
-    api_version: &'static str,
-    kind: &'static str,
-    metadata: Metadata<'a>,
-    spec: S,
-}
-
-#[derive(Serialize)]
-struct Metadata<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    namespace: Option<&'a str>,
-    labels: BTreeMap<&'static str, String>,
-}
-
+/// The headless Service's spec.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct ServiceSpec<'a> {
@@ -124,10 +108,22 @@ struct ServiceSpec<'a> {
 }
 
 #[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
 struct Port {
     name: &'static str,
     port: u16,
+}
+
+fn metadata<'a>(
+    name: Option<&'a str>,
+    namespace: Option<&'a str>,
+    job: &TrainingJob,
+) -> Metadata<'a> {
+    Metadata {
+        name,
+        namespace,
+        labels: labels(job),
+        annotations: BTreeMap::new(),
+    }
 }
 
 fn labels(job: &TrainingJob) -> BTreeMap<&'static str, String> {
@@ -149,11 +145,7 @@ fn service<'a>(
     Object {
         api_version: "v1",
         kind: "Service",
-        metadata: Metadata {
-            name: Some(&job.name),
-            namespace: Some(&options.namespace),
-            labels: labels(job),
-        },
+        metadata: metadata(Some(&job.name), Some(&options.namespace), job),
         spec: ServiceSpec {
             cluster_ip: "None",
             publish_not_ready_addresses: true,
@@ -166,115 +158,22 @@ fn service<'a>(
     }
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct JobSpec<'a> {
-    backoff_limit: u32,
-    completions: u32,
-    parallelism: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    completion_mode: Option<&'static str>,
-    template: PodTemplate<'a>,
-}
-
-#[derive(Serialize)]
-struct PodTemplate<'a> {
-    metadata: Metadata<'a>,
-    spec: PodSpec<'a>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct PodSpec<'a> {
-    restart_policy: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    subdomain: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    affinity: Option<Affinity>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    image_pull_secrets: Vec<SecretReference<'a>>,
-    tolerations: Vec<Toleration>,
-    containers: Vec<Container>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    volumes: Vec<Volume>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    resource_claims: Vec<PodResourceClaim>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct PodResourceClaim {
-    name: &'static str,
-    resource_claim_template_name: String,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Container {
-    name: &'static str,
-    image: String,
-    image_pull_policy: &'static str,
-    command: Vec<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    working_dir: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    env: Vec<EnvVar>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    ports: Vec<ContainerPort>,
-    resources: Resources,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    volume_mounts: Vec<VolumeMount>,
-}
-
-#[derive(Serialize)]
-struct EnvVar {
-    name: String,
-    value: String,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ContainerPort {
-    name: &'static str,
-    container_port: u16,
-}
-
-#[derive(Serialize)]
-struct Resources {
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    limits: BTreeMap<&'static str, u32>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    claims: Vec<ClaimReference>,
-}
-
-#[derive(Serialize)]
-struct ClaimReference {
-    name: &'static str,
-}
-
 const CLAIM: &str = "gpus";
 
-fn job_object<'a>(job: &'a TrainingJob, options: &'a KubernetesOptions) -> Object<'a, JobSpec<'a>> {
+fn job_object<'a>(job: &'a TrainingJob, options: &'a KubernetesOptions) -> Object<'a, JobBody<'a>> {
     let multi = job.nodes > 1;
     Object {
         api_version: "batch/v1",
         kind: "Job",
-        metadata: Metadata {
-            name: Some(&job.name),
-            namespace: Some(&options.namespace),
-            labels: labels(job),
-        },
-        spec: JobSpec {
+        metadata: metadata(Some(&job.name), Some(&options.namespace), job),
+        spec: JobBody {
             backoff_limit: 0,
-            completions: job.nodes,
-            parallelism: job.nodes,
+            active_deadline_seconds: None,
+            completions: Some(job.nodes),
+            parallelism: Some(job.nodes),
             completion_mode: multi.then_some("Indexed"),
             template: PodTemplate {
-                metadata: Metadata {
-                    name: None,
-                    namespace: None,
-                    labels: labels(job),
-                },
+                metadata: metadata(None, None, job),
                 spec: pod_spec(job, options),
             },
         },
@@ -292,6 +191,8 @@ fn pod_spec<'a>(job: &'a TrainingJob, options: &'a KubernetesOptions) -> PodSpec
     });
     PodSpec {
         restart_policy: "Never",
+        // The team's code needs no Kubernetes API credentials.
+        automount_service_account_token: false,
         subdomain: (job.nodes > 1).then_some(job.name.as_str()),
         // With DRA the claim's selector places the pod; GPU feature discovery's labels may
         // not exist on a DRA cluster.
@@ -359,6 +260,8 @@ fn container(job: &TrainingJob, dra: bool, shm: bool) -> Container {
         } else {
             Vec::new()
         },
+        // A failed rank's last lines show in `kubectl describe`.
+        termination_message_policy: "FallbackToLogsOnError",
     }
 }
 
