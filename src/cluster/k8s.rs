@@ -431,16 +431,8 @@ fn pod_spec(spec: &JobSpec) -> PodSpec<'_> {
         automount_service_account_token: false,
         subdomain: None,
         affinity: spec.gpu_type.as_deref().map(gpu_type_affinity),
-        image_pull_secrets: spec
-            .image_pull_secrets
-            .iter()
-            .map(|name| SecretReference { name })
-            .collect(),
-        tolerations: vec![Toleration {
-            key: GPU_RESOURCE,
-            operator: "Exists",
-            effect: "NoSchedule",
-        }],
+        image_pull_secrets: pull_secrets(&spec.image_pull_secrets),
+        tolerations: gpu_tolerations(),
         containers: vec![Container {
             name: "probe",
             image: spec.image.by_digest(),
@@ -453,7 +445,7 @@ fn pod_spec(spec: &JobSpec) -> PodSpec<'_> {
                 limits: BTreeMap::from([(GPU_RESOURCE, spec.gpu_count)]),
                 claims: Vec::new(),
             },
-            volume_mounts: shm_volume(spec)
+            volume_mounts: shm_volume(&spec.needs)
                 .map(|_| VolumeMount {
                     name: SHM_VOLUME,
                     mount_path: "/dev/shm",
@@ -462,14 +454,28 @@ fn pod_spec(spec: &JobSpec) -> PodSpec<'_> {
                 .collect(),
             termination_message_policy: "FallbackToLogsOnError",
         }],
-        volumes: shm_volume(spec).into_iter().collect(),
+        volumes: shm_volume(&spec.needs).into_iter().collect(),
         resource_claims: Vec::new(),
     }
 }
 
+/// The pod's `imagePullSecrets`: Secrets of its namespace, by name.
+pub(super) fn pull_secrets(names: &[String]) -> Vec<SecretReference<'_>> {
+    names.iter().map(|name| SecretReference { name }).collect()
+}
+
+/// GPU node pools commonly carry the `nvidia.com/gpu` taint: tolerate it.
+pub(super) fn gpu_tolerations() -> Vec<Toleration> {
+    vec![Toleration {
+        key: GPU_RESOURCE,
+        operator: "Exists",
+        effect: "NoSchedule",
+    }]
+}
+
 /// A /dev/shm of the image's size: an emptyDir in memory (counted against the pod's memory).
-fn shm_volume(spec: &JobSpec) -> Option<Volume> {
-    spec.needs.shm_size.map(|size| Volume {
+pub(super) fn shm_volume(needs: &RuntimeSpec) -> Option<Volume> {
+    needs.shm_size.map(|size| Volume {
         name: SHM_VOLUME,
         empty_dir: EmptyDir {
             medium: "Memory",
@@ -479,7 +485,7 @@ fn shm_volume(spec: &JobSpec) -> Option<Volume> {
 }
 
 /// A byte count as a Kubernetes quantity: `16Gi`, `512Mi`, else bytes.
-pub(super) fn quantity(bytes: u64) -> String {
+fn quantity(bytes: u64) -> String {
     for (unit, size) in [("Ti", 1u64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20)] {
         if bytes.is_multiple_of(size) {
             return format!("{}{unit}", bytes / size);

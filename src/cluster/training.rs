@@ -17,9 +17,9 @@ use serde::Serialize;
 use super::dra::{self, ResourceApi};
 use super::job::{TrainingJob, RENDEZVOUS_PORT};
 use super::k8s::{
-    placement_affinity, quantity, ClaimReference, Container, ContainerPort, EmptyDir, EnvVar,
-    JobBody, Metadata, Object, PodResourceClaim, PodSpec, PodTemplate, Resources, SecretReference,
-    Toleration, Volume, VolumeMount, GPU_RESOURCE, SHM_VOLUME,
+    gpu_tolerations, placement_affinity, pull_secrets, shm_volume, ClaimReference, Container,
+    ContainerPort, EnvVar, JobBody, Metadata, Object, PodResourceClaim, PodSpec, PodTemplate,
+    Resources, VolumeMount, GPU_RESOURCE, SHM_VOLUME,
 };
 use super::{is_dns_label, to_yaml, ClusterError};
 
@@ -182,13 +182,7 @@ fn job_object<'a>(job: &'a TrainingJob, options: &'a KubernetesOptions) -> Objec
 
 fn pod_spec<'a>(job: &'a TrainingJob, options: &'a KubernetesOptions) -> PodSpec<'a> {
     let dra = matches!(options.gpus, GpuRequest::Dra(_));
-    let shm = job.needs.shm_size.map(|size| Volume {
-        name: SHM_VOLUME,
-        empty_dir: EmptyDir {
-            medium: "Memory",
-            size_limit: quantity(size),
-        },
-    });
+    let shm = shm_volume(&job.needs);
     PodSpec {
         restart_policy: "Never",
         // The team's code needs no Kubernetes API credentials.
@@ -197,16 +191,8 @@ fn pod_spec<'a>(job: &'a TrainingJob, options: &'a KubernetesOptions) -> PodSpec
         // With DRA the claim's selector places the pod; GPU feature discovery's labels may
         // not exist on a DRA cluster.
         affinity: (!dra).then(|| placement_affinity(&job.placement)),
-        image_pull_secrets: options
-            .image_pull_secrets
-            .iter()
-            .map(|name| SecretReference { name })
-            .collect(),
-        tolerations: vec![Toleration {
-            key: GPU_RESOURCE,
-            operator: "Exists",
-            effect: "NoSchedule",
-        }],
+        image_pull_secrets: pull_secrets(&options.image_pull_secrets),
+        tolerations: gpu_tolerations(),
         containers: vec![container(job, dra, shm.is_some())],
         volumes: shm.into_iter().collect(),
         resource_claims: if dra {
