@@ -196,11 +196,29 @@ fn the_dra_selector_admits_exactly_the_verified_devices() {
     // The version is compared as a version: as a string, "550.100.0" < "550.54.15".
     let newer = json!({"name": "x", "attributes": {
         "productName": {"string": "NVIDIA H100 80GB HBM3"},
+        "cudaComputeCapability": {"version": "9.0.0"},
         "driverVersion": {"version": "550.100.0"}}});
     assert_eq!(
         evaluate(selector, &json!({ "device": dra_device(&newer, driver) })),
         Ok(true)
     );
+    // The verified product's name with another capability (a report or a driver that
+    // disagrees) is not what was verified; a device without the attribute matches nothing.
+    let mut other_cc = newer.clone();
+    other_cc["attributes"]["cudaComputeCapability"] = json!({"version": "9.0.1"});
+    assert_eq!(
+        evaluate(
+            selector,
+            &json!({ "device": dra_device(&other_cc, driver) })
+        ),
+        Ok(false)
+    );
+    let mut no_cc = newer.clone();
+    no_cc["attributes"]
+        .as_object_mut()
+        .unwrap()
+        .remove("cudaComputeCapability");
+    assert!(evaluate(selector, &json!({ "device": dra_device(&no_cc, driver) })).is_err());
     // A device of another driver is not the NVIDIA GPU the image was verified on.
     let mut other = dra_device(&slice["spec"]["devices"][0], driver);
     other["driver"] = json!("gpu.example.com");

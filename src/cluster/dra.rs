@@ -3,8 +3,8 @@
 //! verified product with a driver at or above the image's floor.
 //!
 //! The driver publishes, per GPU, the attributes `productName` (NVML's name, as the probe
-//! recorded it) and `driverVersion` (a semantic version: `550.54.15`), among others
-//! (`cudaComputeCapability`, `architecture`, ...). Version attributes are compared with the
+//! recorded it), `cudaComputeCapability` (`9.0.0`) and `driverVersion` (`550.54.15`), both
+//! semantic versions, among others (`architecture`, `brand`, ...). Version attributes are compared with the
 //! `semver` library of Kubernetes' DRA CEL environment. The API group is GA as
 //! `resource.k8s.io/v1` from Kubernetes 1.34; 1.33 serves `v1beta2` (same shape) and 1.32
 //! `v1beta1` (a request without `exactly`).
@@ -77,18 +77,31 @@ impl FromStr for KubernetesVersion {
 }
 
 /// The CEL expression admitting a device of `placement`: NVIDIA's driver, a verified
-/// product, a driver version at or above the floor.
+/// product with the compute capability it was verified with, a driver version at or above
+/// the floor. A device without one of these attributes is an evaluation error for that
+/// device, which the scheduler counts as not matching.
 pub fn device_selector(placement: &Placement) -> String {
-    let attributes = format!("device.attributes[{}]", cel_string(NVIDIA_GPU_CLASS));
+    let attribute =
+        |name: &str| format!("device.attributes[{}].{name}", cel_string(NVIDIA_GPU_CLASS));
     let products: Vec<String> = placement
         .products
         .iter()
-        .map(|p| cel_string(&p.name))
+        .map(|p| {
+            format!(
+                "({} == {} && {}.compareTo(semver(\"{}.{}.0\")) == 0)",
+                attribute("productName"),
+                cel_string(&p.name),
+                attribute("cudaComputeCapability"),
+                p.compute_capability.major,
+                p.compute_capability.minor,
+            )
+        })
         .collect();
     format!(
-        "device.driver == {driver} && {attributes}.productName in [{products}] && {attributes}.driverVersion.compareTo(semver({floor})) >= 0",
+        "device.driver == {driver} && ({products}) && {version}.compareTo(semver({floor})) >= 0",
         driver = cel_string(NVIDIA_GPU_CLASS),
-        products = products.join(", "),
+        products = products.join(" || "),
+        version = attribute("driverVersion"),
         floor = cel_string(&placement.floor_semver()),
     )
 }
@@ -222,10 +235,15 @@ mod tests {
     }
 
     #[test]
-    fn the_selector_names_the_products_and_the_floor_as_a_semver() {
+    fn the_selector_names_each_product_with_its_capability_and_the_floor_as_a_semver() {
         assert_eq!(
             device_selector(&placement()),
-            r#"device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].productName in ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"] && device.attributes["gpu.nvidia.com"].driverVersion.compareTo(semver("535.104.5")) >= 0"#
+            concat!(
+                r#"device.driver == "gpu.nvidia.com" && ("#,
+                r#"(device.attributes["gpu.nvidia.com"].productName == "NVIDIA A100-SXM4-80GB" && device.attributes["gpu.nvidia.com"].cudaComputeCapability.compareTo(semver("8.0.0")) == 0)"#,
+                r#" || (device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3" && device.attributes["gpu.nvidia.com"].cudaComputeCapability.compareTo(semver("9.0.0")) == 0)"#,
+                r#") && device.attributes["gpu.nvidia.com"].driverVersion.compareTo(semver("535.104.5")) >= 0"#
+            )
         );
     }
 
