@@ -263,24 +263,48 @@ fn this_machine_funnel_is_honest() {
             all_ids.contains(&"driver.kernel_module".to_string()),
             "{all_ids:?}"
         );
+    } else if !std::fs::read_dir("/sys/bus/pci/devices")
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|d| {
+            std::fs::read_to_string(d.path().join("vendor")).is_ok_and(|v| v.trim() == "0x10de")
+        })
+    {
+        // No GPU here: a build host, not a broken one. The hardware layer says so, the
+        // layers that need a GPU are not checked, and doctor exits 0.
+        assert_eq!(json["stopped_at"], serde_json::Value::Null, "{json}");
+        assert!(all_ids.contains(&"host.no_gpu".to_string()), "{all_ids:?}");
+        for layer in &json["layers"].as_array().unwrap()[1..] {
+            assert_eq!(layer["status"], "not_checked", "{layer}");
+        }
+        assert_eq!(json["recommendation"]["status"], "not_possible");
+        assert_eq!(output.status.code(), Some(0));
     } else {
-        // No GPU here: the funnel stops at the hardware layer and says why; exit status 1.
+        // A GPU without a driver: the funnel stops at the hardware layer; exit status 1.
         assert_eq!(json["stopped_at"], "hardware");
         assert!(
             all_ids.contains(&"driver.no_kernel_module".to_string()),
             "{all_ids:?}"
         );
-        assert_eq!(json["recommendation"]["status"], "not_possible");
         assert_eq!(output.status.code(), Some(1));
     }
-    // Docker present or not: the answer must match what the socket does.
+    // Docker present or not: the answer must match what the socket does: in the
+    // container runtime layer, or, on a host without a GPU, in the build host's report.
     let socket = std::env::var("DOCKER_HOST")
         .ok()
         .and_then(|h| h.strip_prefix("unix://").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from("/var/run/docker.sock"));
     let reachable = std::os::unix::net::UnixStream::connect(&socket).is_ok();
     eprintln!("docker socket {} reachable: {reachable}", socket.display());
-    if reachable {
+    if all_ids.contains(&"host.no_gpu".to_string()) {
+        let docker = json["build_host"]["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["id"] == "build.docker")
+            .unwrap_or_else(|| panic!("no build.docker: {json}"));
+        assert_eq!(docker["severity"] == "ok", reachable, "{docker}");
+    } else if reachable {
         assert!(
             all_ids.contains(&"docker.reachable".to_string()),
             "{all_ids:?}"
@@ -390,6 +414,39 @@ fn planted_stub_libcuda_first_on_the_path() {
         "{finding:?}"
     );
     assert!(finding.fix.as_ref().unwrap().contains("stubs"));
+}
+
+/// A PCI device in sysfs's layout: its vendor and class files.
+fn plant_pci_device(plant: &Plant, address: &str, vendor: &str, class: &str) {
+    plant.write(
+        &format!("/sys/bus/pci/devices/{address}/vendor"),
+        &format!("{vendor}\n"),
+    );
+    plant.write(
+        &format!("/sys/bus/pci/devices/{address}/class"),
+        &format!("{class}\n"),
+    );
+}
+
+#[test]
+fn a_host_without_an_nvidia_gpu_is_a_build_host_not_a_broken_one() {
+    let plant = Plant::new();
+    plant_pci_device(&plant, "0000:00:02.0", "0x8086", "0x030000");
+    plant_pci_device(&plant, "0000:00:1f.0", "0x8086", "0x060100");
+    let report = plant.diagnose(false);
+    assert_finding(&report, "host.no_gpu", Severity::Info);
+    assert_eq!(report.stopped_at, None, "{:?}", ids(&report));
+    for layer in &report.layers[1..] {
+        assert_eq!(layer.status, LayerStatus::NotChecked, "{layer:?}");
+    }
+    assert!(report.finding("driver.no_kernel_module").is_none());
+
+    // An NVIDIA controller without its driver is a GPU host that is broken.
+    plant_pci_device(&plant, "0000:3b:00.0", "0x10de", "0x030200");
+    let report = plant.diagnose(false);
+    assert_finding(&report, "driver.no_kernel_module", Severity::Error);
+    assert_eq!(report.stopped_at, Some(Layer::Hardware));
+    assert!(report.finding("host.no_gpu").is_none());
 }
 
 #[test]

@@ -99,7 +99,7 @@ impl cudastack::pipeline::Progress for Printer {
         Printer::status(self, line);
     }
     fn verification(&self, report: &Report) {
-        self.status_text(report.render());
+        self.status_text(report.render_compact());
         if let Some(note) = report.runner.as_ref().and_then(|r| r.note.as_ref()) {
             let note = format!("note: {note}");
             self.status_text(cudastack::verify::report::wrap_line(

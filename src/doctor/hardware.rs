@@ -11,6 +11,9 @@ use crate::matrix::Matrix;
 /// The hardware checks in report order: WSL2, nouveau, the kernel module, libcuda, the
 /// kernel module against the user-space libraries, the GPUs, the CUDA ceiling.
 pub fn check(_host: &HostRoot, report: &DriverReport, matrix: &Matrix) -> Vec<Finding> {
+    if report.no_gpu_hardware() {
+        return vec![no_gpu_finding()];
+    }
     let mut findings = Vec::new();
     if let Some(wsl) = &report.wsl {
         findings.extend(wsl_findings(wsl));
@@ -71,6 +74,18 @@ fn nouveau_finding(report: &DriverReport) -> Option<Finding> {
         .evidence("nouveau in /proc/modules or /sys/module/nouveau")
         .fix("blacklist nouveau (`echo 'blacklist nouveau\\noptions nouveau modeset=0' | sudo tee /etc/modprobe.d/blacklist-nouveau.conf`), `sudo update-initramfs -u`, reboot, then install the NVIDIA driver")
     })
+}
+
+/// A host without an NVIDIA GPU builds images; it is not broken.
+fn no_gpu_finding() -> Finding {
+    Finding::new(
+        "host.no_gpu",
+        Severity::Info,
+        "no NVIDIA GPU on this host (no NVIDIA controller on the PCI bus, no driver): it can build images, and verification needs a GPU host",
+    )
+    .evidence("/sys/bus/pci/devices: no device of vendor 0x10de, class 0x03")
+    .evidence("/proc/driver/nvidia/version: absent")
+    .fix("`cudastack doctor --build-host` checks what a build needs; verify on a GPU host, or emit its job with `cudastack verify IMAGE --emit k8s-job`")
 }
 
 /// The kernel module (WSL2 has none, and needs none).

@@ -132,6 +132,16 @@ pub struct LayerReport {
 }
 
 impl LayerReport {
+    /// A layer not examined, and why.
+    fn not_checked(layer: Layer, why: String) -> Self {
+        LayerReport {
+            layer,
+            title: layer.title(),
+            status: LayerStatus::NotChecked,
+            findings: vec![Finding::new("funnel.not_checked", Severity::Info, why)],
+        }
+    }
+
     fn from_findings(layer: Layer, findings: Vec<Finding>) -> Self {
         let worst = findings.iter().map(|f| f.severity).max();
         let status = match worst {
@@ -272,19 +282,19 @@ pub fn diagnose(host: &HostRoot, options: &DoctorOptions) -> DoctorReport {
     let mut python_probe: Option<PythonProbe> = None;
     for layer in Layer::ALL {
         if stopped_at.is_some() && !options.keep_going {
-            layers.push(LayerReport {
+            let below = stopped_at.map(|l: Layer| l.title()).unwrap_or_default();
+            layers.push(LayerReport::not_checked(
                 layer,
-                title: layer.title(),
-                status: LayerStatus::NotChecked,
-                findings: vec![Finding::new(
-                    "funnel.not_checked",
-                    Severity::Info,
-                    format!(
-                        "not checked: the {} layer below is broken; fix it first (or pass --keep-going)",
-                        stopped_at.map(|l: Layer| l.title()).unwrap_or_default()
-                    ),
-                )],
-            });
+                format!("not checked: the {below} layer below is broken; fix it first (or pass --keep-going)"),
+            ));
+            continue;
+        }
+        // Without a GPU, the runtime, stack and Python layers have nothing to run on.
+        if layer != Layer::Hardware && driver_report.no_gpu_hardware() {
+            layers.push(LayerReport::not_checked(
+                layer,
+                "not checked: this host has no NVIDIA GPU (see the hardware layer)".to_string(),
+            ));
             continue;
         }
         let findings = match layer {

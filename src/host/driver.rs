@@ -44,6 +44,23 @@ pub struct DriverReport {
     pub nouveau_loaded: bool,
     pub wsl: Option<Wsl>,
     pub device_nodes: Vec<PathBuf>,
+    /// NVIDIA display and 3D controllers on the PCI bus (`/sys/bus/pci/devices/*`, vendor
+    /// 0x10de, class 0x03xxxx), by address; None when sysfs could not be read.
+    pub nvidia_pci_devices: Option<Vec<String>>,
+}
+
+impl DriverReport {
+    /// Whether this host has no NVIDIA GPU at all, as opposed to a GPU without a working
+    /// driver: sysfs lists no NVIDIA controller, and no driver, device node, GPU or WSL
+    /// passthrough says otherwise. A build host; not a broken one.
+    pub fn no_gpu_hardware(&self) -> bool {
+        self.nvidia_pci_devices.as_ref().is_some_and(Vec::is_empty)
+            && self.kernel_module.is_none()
+            && self.wsl.is_none()
+            && self.device_nodes.is_empty()
+            && self.gpus.is_empty()
+            && !self.nouveau_loaded
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -317,7 +334,25 @@ pub fn detect(host: &HostRoot) -> DriverReport {
         nouveau_loaded: nouveau_loaded(host),
         wsl: detect_wsl(host),
         device_nodes: nvidia_device_nodes(host),
+        nvidia_pci_devices: nvidia_pci_devices(host),
     }
+}
+
+/// The PCI addresses of NVIDIA GPUs (vendor 0x10de; class 0x03: display controllers,
+/// which is what GPUs, data-centre ones included, are); None without a readable sysfs.
+fn nvidia_pci_devices(host: &HostRoot) -> Option<Vec<String>> {
+    let dir = Path::new("/sys/bus/pci/devices");
+    let resolved = host.resolve(dir)?;
+    std::fs::read_dir(host.path(resolved)).ok()?;
+    let devices = list_dir(host, dir, |_| true)
+        .into_iter()
+        .filter(|device| {
+            let field = |name: &str| host.read_text(device.join(name)).unwrap_or_default();
+            field("vendor").trim() == "0x10de" && field("class").trim().starts_with("0x03")
+        })
+        .filter_map(|device| device.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    Some(devices)
 }
 
 /// The GPUs of the first source that lists any (libcuda, then nvidia-smi, then /proc),

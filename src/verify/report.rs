@@ -299,6 +299,32 @@ impl Report {
     /// A table for people: one row per check, every line at most [`RENDER_WIDTH`] columns
     /// (long details wrap inside their cell, the lines below the table wrap with an indent).
     pub fn render(&self) -> String {
+        self.render_rows(&self.checks.iter().collect::<Vec<_>>())
+    }
+
+    /// [`Self::render`] for a build's log: the checks that need a GPU and were skipped (a
+    /// build host without one skips every GPU level) are one line, not a row each;
+    /// `cudastack verify` shows them all.
+    pub fn render_compact(&self) -> String {
+        let (skipped, shown): (Vec<&CheckResult>, Vec<&CheckResult>) = self
+            .checks
+            .iter()
+            .partition(|c| c.status == Status::Skip && c.level.needs_gpu());
+        let Some(first) = skipped.first() else {
+            return self.render();
+        };
+        let mut text = self.render_rows(&shown);
+        let line = format!(
+            "{} checks that need a GPU skipped; {}: {} (`cudastack verify IMAGE` lists them)",
+            skipped.len(),
+            first.id,
+            first.detail
+        );
+        text.push_str(&wrap_line(&line, RENDER_WIDTH));
+        text
+    }
+
+    fn render_rows(&self, checks: &[&CheckResult]) -> String {
         let mut table = comfy_table::Table::new();
         table.load_style(comfy_table::presets::UTF8_BORDERS_ONLY);
         // A fixed width, not the terminal's: the report also lands in CI logs and files,
@@ -306,7 +332,7 @@ impl Report {
         table.set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
         table.set_width(RENDER_WIDTH as u16);
         table.set_header(["check", "status", "time", "detail"]);
-        for check in &self.checks {
+        for check in checks {
             let status = match check.status {
                 Status::Pass => "pass",
                 Status::Fail => "FAIL",
@@ -459,6 +485,39 @@ mod tests {
                 check(&format!("{}.x", l.as_str()), l, status)
             })
             .collect()
+    }
+
+    /// A build host without a GPU: the skipped GPU levels are one line, the static checks
+    /// keep their rows, and the totals are the report's.
+    #[test]
+    fn a_compact_report_says_the_gpu_skips_in_one_line() {
+        let mut checks = all_levels(Status::Skip);
+        for check in checks.iter_mut().filter(|c| c.level.needs_gpu()) {
+            check.detail = "no GPU given".to_string();
+        }
+        let mut skipping = report(Vec::new(), false);
+        for check in checks {
+            skipping.add_host_check(check);
+        }
+        let full = skipping.render();
+        let compact = skipping.render_compact();
+        assert!(compact.lines().count() < full.lines().count(), "{compact}");
+        assert!(compact.contains("static.x"), "{compact}");
+        assert!(
+            !compact.contains("│ driver.x"),
+            "no row for a GPU skip: {compact}"
+        );
+        let skipped = Level::ALL.iter().filter(|l| l.needs_gpu()).count();
+        assert!(
+            compact.contains(&format!(
+                "{skipped} checks that need a GPU skipped (no GPU given)"
+            )),
+            "{compact}"
+        );
+        assert!(compact.contains(&format!("{skipped} skipped")), "{compact}");
+        // Nothing skipped for want of a GPU: the full table.
+        let ran = report(all_levels(Status::Pass), true);
+        assert_eq!(ran.render_compact(), ran.render());
     }
 
     #[test]
