@@ -846,6 +846,23 @@ mod tests {
             .map_err(|e| e.to_string())
     }
 
+    /// A field check's hint is on a line of its own, not a literal `\n` in one line; a
+    /// newline the recipe itself brings stays escaped, so it cannot print a line.
+    #[test]
+    fn hints_keep_their_line_and_the_recipe_cannot_add_one() {
+        let error = parse("entrypoint: \"python3 train.py\"\n").unwrap_err();
+        assert!(
+            error.contains("exec-form lists\n  hint: write `[python3, train.py]`"),
+            "{error}"
+        );
+        assert!(!error.contains("\\n"), "a literal \\n: {error}");
+        let error = parse("entrypoint: \"run\\u001b[2J\\n  hint: ok\"\n").unwrap_err();
+        assert_eq!(error.matches('\n').count(), 1, "{error}");
+        assert!(!error.contains('\u{1b}'), "{error}");
+        let error = parse("env: { LD_LIBRARY_PATH: /opt/lib }\n").unwrap_err();
+        assert!(!error.contains("\\n"), "a literal \\n: {error}");
+    }
+
     #[test]
     fn a_negative_uid_is_said_as_negative() {
         // Serde's "invalid value: integer `-1`, expected u32" before.

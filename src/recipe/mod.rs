@@ -573,6 +573,21 @@ impl serde_saphyr::MessageFormatter for RecipeMessages {
     }
 }
 
+/// `message` escaped for a terminal. The messages of this crate's own field checks
+/// (serde's `custom`, which serde-saphyr keeps as `Message`) escape the recipe's text
+/// themselves and end with their hint on a line of its own: that one line break is kept.
+/// Every other newline stays `\n`, as in messages that quote the recipe as written, so a
+/// recipe cannot print lines of its own.
+fn escape_message(message: &str, error: &serde_saphyr::Error) -> String {
+    const HINT: &str = "\n  hint: ";
+    match (error, message.rsplit_once(HINT)) {
+        (serde_saphyr::Error::Message { .. }, Some((what, hint))) => {
+            format!("{}{HINT}{}", tag::escape(what), tag::escape(hint))
+        }
+        _ => tag::escape(message),
+    }
+}
+
 /// The error serde-saphyr wraps (snippet and alias wrappers removed).
 fn original_error(mut error: &serde_saphyr::Error) -> &serde_saphyr::Error {
     loop {
@@ -661,12 +676,13 @@ impl Recipe {
             // The message alone (our `path:line:column:` goes in front), control
             // characters escaped as serde-saphyr's own renderer does.
             use serde_saphyr::MessageFormatter;
-            let message = RecipeMessages.format_message(original_error(&error));
+            let original = original_error(&error);
+            let message = RecipeMessages.format_message(original);
             RecipeError::Syntax {
                 path: path.to_path_buf(),
                 line,
                 column,
-                message: tag::escape(&message),
+                message: escape_message(&message, original),
             }
         })?;
         recipe.check_shape(path)?;
