@@ -510,7 +510,7 @@ mod tests {
         let skipped = Level::ALL.iter().filter(|l| l.needs_gpu()).count();
         assert!(
             compact.contains(&format!(
-                "{skipped} checks that need a GPU skipped (no GPU given)"
+                "{skipped} checks that need a GPU skipped; driver.x: no GPU given"
             )),
             "{compact}"
         );
