@@ -107,7 +107,7 @@ pub fn default_job_name(image: &PinnedImage, gpu_type: Option<&str>) -> String {
 
 /// A Kubernetes label value: at most 63 characters, alphanumerics with `-`, `_`, `.`
 /// inside, starting and ending alphanumeric.
-fn is_label_value(text: &str) -> bool {
+pub(super) fn is_label_value(text: &str) -> bool {
     !text.is_empty()
         && text.len() <= 63
         && text

@@ -83,16 +83,22 @@ impl Placement {
                 )
             })?;
             let name = row.gpu.split_whitespace().collect::<Vec<_>>().join(" ");
-            if name.is_empty() {
+            let product = VerifiedProduct {
+                name,
+                compute_capability,
+            };
+            // The matrix is the image's word (a label): a name no node label can carry is
+            // not a GPU NVML reports, and is refused rather than written into a manifest.
+            if !super::k8s::is_label_value(&product.node_label()) {
                 return Err(refuse(
-                    "a verified row names no GPU".to_string(),
+                    format!(
+                        "a verified row names GPU `{}`, which is no GPU name NVML reports (a node label value: at most 63 letters, digits, `-`, `_`, `.`)",
+                        crate::printable::escape(&row.gpu)
+                    ),
                     "verify the image again with this cudastack",
                 ));
             }
-            products.push(VerifiedProduct {
-                name,
-                compute_capability,
-            });
+            products.push(product);
         }
         products.sort();
         products.dedup_by(|a, b| a.name == b.name);
@@ -211,6 +217,26 @@ pub(crate) mod tests {
             let error = Placement::new(&claims, rows).unwrap_err().to_string();
             assert!(error.contains(says), "{error}");
             assert!(error.contains("hint:"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_gpu_name_no_node_label_can_carry_is_refused() {
+        for name in ["", "NVIDIA \"H100\" \n", &"A".repeat(64), "GPU (x)"] {
+            let error = Placement::new(
+                &claims(Some("550.54.15"), Lineage::Unrecorded),
+                &[row(name, "9.0")],
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                error.contains("no GPU name NVML reports"),
+                "{name}: {error}"
+            );
+            assert!(
+                !error.contains('\n') || error.matches('\n').count() == 1,
+                "{error}"
+            );
         }
     }
 
