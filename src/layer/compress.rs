@@ -70,7 +70,11 @@ impl Compression {
     pub fn encoder(&self) -> String {
         match self {
             Compression::None => "tar".to_string(),
-            Compression::Gzip { .. } => GZIP_ENCODER.to_string(),
+            // Which files' deflate data is copied changes the bytes too.
+            Compression::Gzip { .. } => format!(
+                "{GZIP_ENCODER}-copies-deflate-from-{}",
+                super::deflated::COPY_DEFLATE_FROM
+            ),
             Compression::Zstd { .. } => format!("zstd-{}", zstd::zstd_safe::version_string()),
         }
     }
@@ -116,6 +120,18 @@ impl<W: Write> Compressor<W> {
             }
             Compressor::Gzip(gzip) => (*gzip).finish(),
             Compressor::Zstd(encoder) => encoder.finish(),
+        }
+    }
+}
+
+impl<W: Write> Compressor<W> {
+    /// The gzip compressor, which alone can take deflate data as it is.
+    pub fn gzip(&mut self) -> io::Result<&mut ParallelGzip<W>> {
+        match self {
+            Compressor::Gzip(gzip) => Ok(gzip),
+            _ => Err(io::Error::other(
+                "only a gzip layer takes deflate data as it is",
+            )),
         }
     }
 }
@@ -177,6 +193,8 @@ pub struct ParallelGzip<W: Write> {
     workers: Vec<JoinHandle<()>>,
     /// The compressor of the calling thread when there are no workers.
     inline: Option<libdeflater::Compressor>,
+    /// Members whose deflate data the caller gave ([`Self::begin_deflated`]).
+    copied_members: u64,
 }
 
 impl<W: Write> ParallelGzip<W> {
@@ -194,6 +212,7 @@ impl<W: Write> ParallelGzip<W> {
             results: None,
             workers: Vec::new(),
             inline: None,
+            copied_members: 0,
         };
         if threads <= 1 {
             gzip.inline = Some(libdeflater::Compressor::new(level));
@@ -285,10 +304,38 @@ impl<W: Write> ParallelGzip<W> {
         Ok(())
     }
 
+    /// Start a member whose deflate data the caller has (a wheel member's,
+    /// [`super::deflated`]): what was written before it is compressed and written out
+    /// first, then the member's header. Its bytes follow with [`Self::write_deflated`],
+    /// its trailer with [`Self::end_deflated`].
+    pub fn begin_deflated(&mut self) -> io::Result<()> {
+        if !self.block.is_empty() {
+            self.dispatch()?;
+        }
+        while self.next_to_write < self.next_sequence {
+            self.collect(true)?;
+        }
+        // No name, mtime 0, XFL 0 (the level is the archive's, not known), OS 255.
+        self.out
+            .write_all(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255])?;
+        self.copied_members += 1;
+        Ok(())
+    }
+
+    pub fn write_deflated(&mut self, compressed: &[u8]) -> io::Result<()> {
+        self.out.write_all(compressed)
+    }
+
+    /// The trailer of a copied member: the content's CRC-32 and its size modulo 2^32.
+    pub fn end_deflated(&mut self, crc32: u32, size: u64) -> io::Result<()> {
+        self.out.write_all(&crc32.to_le_bytes())?;
+        self.out.write_all(&(size as u32).to_le_bytes())
+    }
+
     /// Compress what is left, wait for every member, stop the workers.
     pub fn finish(mut self) -> io::Result<W> {
         // An empty layer is still one (empty) member: a gzip file has at least one.
-        if !self.block.is_empty() || self.next_sequence == 0 {
+        if !self.block.is_empty() || self.next_sequence + self.copied_members == 0 {
             self.dispatch()?;
         }
         while self.next_to_write < self.next_sequence {

@@ -21,6 +21,7 @@ use std::io::{self, Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::deflated::{ContentOnly, ZipMember};
 use super::LayerError;
 
 /// A normalised path inside a layer: relative, `/`-separated, no `.`, `..` or empty
@@ -152,6 +153,9 @@ pub enum FileSource {
     Bytes(Arc<[u8]>),
     /// Content produced lazily by the caller.
     Lazy(Arc<dyn OpenContent>),
+    /// A member of a zip archive (a wheel), inflated when written; a gzip layer may take
+    /// its deflate data instead ([`super::deflated`]).
+    ZipMember(Arc<ZipMember>),
 }
 
 impl FileSource {
@@ -178,6 +182,7 @@ impl FileSource {
                 Ok(bytes.len() as u64)
             }
             FileSource::Lazy(opener) => opener.copy_to(sink),
+            FileSource::ZipMember(member) => member.inflate_to(&mut ContentOnly(sink)),
         }
     }
 
@@ -186,6 +191,7 @@ impl FileSource {
             FileSource::Path(path) => path.display().to_string(),
             FileSource::Bytes(_) => "in-memory content".to_string(),
             FileSource::Lazy(opener) => opener.describe(),
+            FileSource::ZipMember(member) => member.describe(),
         }
     }
 }
@@ -196,6 +202,7 @@ impl fmt::Debug for FileSource {
             FileSource::Path(path) => write!(f, "Path({})", path.display()),
             FileSource::Bytes(bytes) => write!(f, "Bytes({} bytes)", bytes.len()),
             FileSource::Lazy(opener) => write!(f, "Lazy({})", opener.describe()),
+            FileSource::ZipMember(member) => write!(f, "ZipMember({})", member.describe()),
         }
     }
 }
@@ -400,6 +407,42 @@ impl LayerContents {
 
     pub fn entries(&self) -> &[Entry] {
         &self.entries
+    }
+
+    /// Take the content of the files at `members`' paths from those zip members (a tree
+    /// staged from wheels, whose files are the members' bytes): a gzip layer then copies
+    /// their deflate data instead of compressing the staged files again. Each path must be
+    /// a regular file of this layer with the member's size.
+    pub fn take_from_zip_members(
+        &mut self,
+        members: impl IntoIterator<Item = (LayerPath, ZipMember)>,
+    ) -> Result<(), LayerError> {
+        for (path, member) in members {
+            let found = self
+                .entries
+                .binary_search_by(|entry| entry.tar_name().as_str().cmp(path.as_str()));
+            let entry = found.ok().map(|index| &mut self.entries[index]);
+            let Some(Entry {
+                kind: EntryKind::File { size, source },
+                ..
+            }) = entry
+            else {
+                return Err(LayerError::ArchiveMember {
+                    archive: member.archive.clone(),
+                    member: member.name.clone(),
+                    reason: format!("is recorded at `{path}`, which is not a file of the layer"),
+                });
+            };
+            if *size != member.size {
+                return Err(LayerError::SizeMismatch {
+                    source_name: member.describe(),
+                    expected: *size,
+                    found: member.size,
+                });
+            }
+            *source = FileSource::ZipMember(Arc::new(member));
+        }
+        Ok(())
     }
 
     /// Total bytes of regular-file content (hardlinks counted once).

@@ -20,6 +20,7 @@
 
 mod cache;
 mod compress;
+mod deflated;
 mod entry;
 mod tar_writer;
 mod walk;
@@ -36,8 +37,11 @@ use crate::digest::{Digest, HashingWriter};
 
 pub use cache::{CacheKey, CacheStats, LayerCache};
 pub use compress::{Compression, Compressor, ParallelGzip, DEFAULT_GZIP_LEVEL};
+pub use deflated::{Method, ZipMember, COPY_DEFLATE_FROM};
 pub use entry::{Entry, EntryKind, FileSource, LayerContents, LayerPath, OpenContent};
-pub use tar_writer::{write_layer_tar, ContentError, Header, TarWriter};
+pub use tar_writer::{
+    write_layer_tar, write_layer_tar_deflated, ContentError, DeflatedSink, Header, TarWriter,
+};
 pub use walk::{DirOptions, ModePolicy, Recorded, RecordedOwners};
 
 /// Errors from building layers.
@@ -86,6 +90,12 @@ pub enum LayerError {
         entry: String,
         #[source]
         source: io::Error,
+    },
+    #[error("`{member}` of `{archive}` {reason}")]
+    ArchiveMember {
+        archive: PathBuf,
+        member: String,
+        reason: String,
     },
     #[error("failed to compress the layer stream")]
     Compress(#[source] io::Error),
@@ -149,39 +159,85 @@ impl Layer {
 const PIPELINE_CHUNK: usize = 1 << 20;
 const PIPELINE_DEPTH: usize = 4;
 
-/// Cuts the tar stream into chunks for the compressing thread.
-struct ChunkSender {
-    sender: mpsc::SyncSender<Vec<u8>>,
-    chunk: Vec<u8>,
+/// What the producing thread sends the compressing one: tar bytes to compress, or a copied
+/// member's deflate data (gzip layers only, [`deflated`]).
+enum Piece {
+    Tar(Vec<u8>),
+    BeginDeflated,
+    Deflated(Vec<u8>),
+    EndDeflated { crc32: u32, size: u64 },
 }
 
-impl ChunkSender {
-    fn send(&mut self) -> io::Result<()> {
-        let chunk = std::mem::replace(&mut self.chunk, Vec::with_capacity(PIPELINE_CHUNK));
+/// Cuts the tar stream into chunks for the compressing thread. While a member's deflate
+/// data is copied, the content written (already hashed for the diff_id) is not sent: its
+/// compressed bytes stand for it.
+struct PieceSender {
+    sender: mpsc::SyncSender<Piece>,
+    chunk: Vec<u8>,
+    in_deflated: bool,
+}
+
+impl PieceSender {
+    fn send(&mut self, piece: Piece) -> io::Result<()> {
         self.sender
-            .send(chunk)
+            .send(piece)
             .map_err(|_| io::Error::other("the layer compressor stopped"))
+    }
+
+    fn send_chunk(&mut self) -> io::Result<()> {
+        let chunk = std::mem::replace(&mut self.chunk, Vec::with_capacity(PIPELINE_CHUNK));
+        self.send(Piece::Tar(chunk))
     }
 
     fn finish(mut self) -> io::Result<()> {
         if !self.chunk.is_empty() {
-            self.send()?;
+            self.send_chunk()?;
         }
         Ok(())
     }
 }
 
-impl Write for ChunkSender {
+impl Write for PieceSender {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.in_deflated {
+            return Ok(buf.len());
+        }
         let n = (PIPELINE_CHUNK - self.chunk.len()).min(buf.len());
         self.chunk.extend_from_slice(&buf[..n]);
         if self.chunk.len() == PIPELINE_CHUNK {
-            self.send()?;
+            self.send_chunk()?;
         }
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+impl DeflatedSink for PieceSender {
+    fn begin_deflated(&mut self) -> io::Result<()> {
+        if !self.chunk.is_empty() {
+            self.send_chunk()?;
+        }
+        self.in_deflated = true;
+        self.send(Piece::BeginDeflated)
+    }
+    fn deflated(&mut self, compressed: &[u8]) -> io::Result<()> {
+        self.send(Piece::Deflated(compressed.to_vec()))
+    }
+    fn end_deflated(&mut self, crc32: u32, size: u64) -> io::Result<()> {
+        self.in_deflated = false;
+        self.send(Piece::EndDeflated { crc32, size })
+    }
+}
+
+/// Pass one piece to the compressor.
+fn compress_piece<W: Write>(compressor: &mut Compressor<W>, piece: Piece) -> io::Result<()> {
+    match piece {
+        Piece::Tar(chunk) => compressor.write_all(&chunk),
+        Piece::BeginDeflated => compressor.gzip()?.begin_deflated(),
+        Piece::Deflated(compressed) => compressor.gzip()?.write_deflated(&compressed),
+        Piece::EndDeflated { crc32, size } => compressor.gzip()?.end_deflated(crc32, size),
     }
 }
 
@@ -213,14 +269,20 @@ pub fn build(
     // Two stages run at once: a producer thread walks the entries, reads the files and
     // hashes the tar (diff_id); this thread feeds the compressor, whose workers use the
     // other cores. Bounded chunks keep memory flat.
-    let (sender, receiver) = mpsc::sync_channel::<Vec<u8>>(PIPELINE_DEPTH);
+    let (sender, receiver) = mpsc::sync_channel::<Piece>(PIPELINE_DEPTH);
+    let copy_deflate = matches!(options.compression, Compression::Gzip { .. });
     let (diff_id, uncompressed_size) = std::thread::scope(|scope| {
         let producer = scope.spawn(move || {
-            let sink = ChunkSender {
+            let sink = HashingWriter::new(PieceSender {
                 sender,
                 chunk: Vec::with_capacity(PIPELINE_CHUNK),
+                in_deflated: false,
+            });
+            let hashing = if copy_deflate {
+                write_layer_tar_deflated(contents, options.mtime, sink)?
+            } else {
+                write_layer_tar(contents, options.mtime, sink)?
             };
-            let hashing = write_layer_tar(contents, options.mtime, HashingWriter::new(sink))?;
             let (sink, diff_id, size) = hashing.finish();
             sink.finish().map_err(|source| LayerError::WriteTar {
                 entry: "end of the layer".to_string(),
@@ -229,8 +291,8 @@ pub fn build(
             Ok::<_, LayerError>((diff_id, size))
         });
         let mut written = Ok(());
-        for chunk in receiver.iter() {
-            if let Err(e) = compressor.write_all(&chunk) {
+        for piece in receiver.iter() {
+            if let Err(e) = compress_piece(&mut compressor, piece) {
                 written = Err(e);
                 break;
             }

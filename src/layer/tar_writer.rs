@@ -13,7 +13,8 @@
 
 use std::io::{self, Read, Write};
 
-use super::entry::{Entry, EntryKind, LayerContents};
+use super::deflated::{MemberSink, ZipMember};
+use super::entry::{Entry, EntryKind, FileSource, LayerContents};
 use super::LayerError;
 
 const BLOCK: usize = 512;
@@ -271,6 +272,84 @@ impl<W: Write> TarWriter<W> {
     }
 }
 
+/// Where a gzip layer's tar stream goes when some files' deflate data is copied from their
+/// archives ([`super::deflated`]): between `begin_deflated` and `end_deflated`, what is
+/// written is the file's content (for the diff_id), and `deflated` gets the compressed
+/// bytes that stand for it in the blob.
+pub trait DeflatedSink: Write {
+    fn begin_deflated(&mut self) -> io::Result<()>;
+    fn deflated(&mut self, compressed: &[u8]) -> io::Result<()>;
+    fn end_deflated(&mut self, crc32: u32, size: u64) -> io::Result<()>;
+}
+
+impl<W: DeflatedSink> DeflatedSink for crate::digest::HashingWriter<W> {
+    fn begin_deflated(&mut self) -> io::Result<()> {
+        self.get_mut().begin_deflated()
+    }
+    fn deflated(&mut self, compressed: &[u8]) -> io::Result<()> {
+        self.get_mut().deflated(compressed)
+    }
+    fn end_deflated(&mut self, crc32: u32, size: u64) -> io::Result<()> {
+        self.get_mut().end_deflated(crc32, size)
+    }
+}
+
+impl<W: DeflatedSink> TarWriter<W> {
+    /// Write a regular file whose content is `member`, its deflate data copied as the
+    /// compressed form of the content: the content is still inflated and written (hashed),
+    /// and checked against the member's size and CRC-32.
+    fn append_deflated(&mut self, entry: &Entry, member: &ZipMember) -> Result<(), LayerError> {
+        let name = entry.tar_name();
+        let write_err = |source| LayerError::WriteTar {
+            entry: entry.path.to_string(),
+            source,
+        };
+        let header = self.header(entry, &name, b'0', member.size, "");
+        self.write_header(&header).map_err(write_err)?;
+        self.inner.begin_deflated().map_err(write_err)?;
+        let mut splice = Splice {
+            inner: &mut self.inner,
+            write_error: None,
+        };
+        let inflated = member.inflate_to(&mut splice);
+        if let Some(e) = splice.write_error.take() {
+            return Err(write_err(e));
+        }
+        inflated.map_err(|source| LayerError::ReadContent {
+            source_name: member.describe(),
+            source,
+        })?;
+        self.inner
+            .end_deflated(member.crc32(), member.size)
+            .map_err(write_err)?;
+        self.pad(member.size).map_err(write_err)
+    }
+}
+
+/// A member's compressed bytes to the blob, its content to the tar stream; write errors are
+/// kept apart from the member's read errors, as in [`SizedSink`].
+struct Splice<'a, W> {
+    inner: &'a mut W,
+    write_error: Option<io::Error>,
+}
+
+impl<W> Splice<'_, W> {
+    fn keep(&mut self, error: io::Error) -> io::Error {
+        let kind = error.kind();
+        self.write_error.get_or_insert(error);
+        io::Error::new(kind, "layer stream write failed")
+    }
+}
+
+impl<W: DeflatedSink> MemberSink for Splice<'_, W> {
+    fn compressed(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.inner.deflated(bytes).map_err(|e| self.keep(e))
+    }
+    fn content(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.inner.write_all(bytes).map_err(|e| self.keep(e))
+    }
+}
+
 /// Passes at most `remaining` bytes through; more is recorded as an overflow (the
 /// header already declared the size). Write errors are kept apart from the source's
 /// read errors so the message blames the right side.
@@ -339,6 +418,30 @@ pub fn write_layer_tar<W: Write>(
     for entry in contents.entries() {
         tar.append_entry(entry)?;
     }
+    finish_layer_tar(tar)
+}
+
+/// [`write_layer_tar`] for a gzip layer: the files whose zip member
+/// [`ZipMember::copies_deflate`] go to `out` with their deflate data.
+pub fn write_layer_tar_deflated<W: DeflatedSink>(
+    contents: &LayerContents,
+    mtime: u64,
+    out: W,
+) -> Result<W, LayerError> {
+    let mut tar = TarWriter::new(out, mtime);
+    for entry in contents.entries() {
+        match &entry.kind {
+            EntryKind::File {
+                source: FileSource::ZipMember(member),
+                ..
+            } if member.copies_deflate() => tar.append_deflated(entry, member)?,
+            _ => tar.append_entry(entry)?,
+        }
+    }
+    finish_layer_tar(tar)
+}
+
+fn finish_layer_tar<W: Write>(tar: TarWriter<W>) -> Result<W, LayerError> {
     tar.finish().map_err(|source| LayerError::WriteTar {
         entry: "end-of-archive marker".to_string(),
         source,

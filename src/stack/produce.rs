@@ -20,12 +20,12 @@ use crate::audit::{audit, AuditOptions, AuditReport};
 use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::elf::fatbin::{DeviceCode, SectionCode};
-use crate::layer::{BuildOptions, CacheKey, DirOptions, Layer, LayerContents};
+use crate::layer::{BuildOptions, CacheKey, Layer, LayerContents, LayerError};
 use crate::matrix::TorchBuild;
 use crate::stack::error::BuildError;
 use crate::stack::files::{merge_trees, write_record};
 use crate::stack::image_config::StackConfig;
-use crate::stack::layers::{BuildEnv, LayerStager, StackLayers};
+use crate::stack::layers::{BuildEnv, LayerStager, StackLayers, WheelMembers};
 use crate::stack::report::{human_bytes, AuditSummary, LayerReport};
 use crate::target_gpu::TargetGpu;
 use crate::version::PtxIsa;
@@ -139,8 +139,16 @@ fn stage_and_write<'scope, 'env>(
         env.progress.stage(stager.name(), "writing layer");
         let (name, key, walk) = (stager.name().to_string(), *stager.key(), stager.walk());
         let options = env.options_for(stager.part());
+        let wheel_members = stager.records_wheel_members();
         writers.spawn(scope, index, move || {
-            write_layer(&name, &key, &dir, &walk, &options, env)
+            let contents = || {
+                let mut contents = LayerContents::from_dir(&dir, &walk)?;
+                if wheel_members {
+                    contents.take_from_zip_members(WheelMembers::read(&dir)?.locate()?)?;
+                }
+                Ok(contents)
+            };
+            write_layer(&name, &key, contents, &options, env)
         });
     }
     while !writers.running.is_empty() {
@@ -251,14 +259,11 @@ fn open_tree(stager: &dyn LayerStager, env: &BuildEnv) -> Result<PathBuf, BuildE
 fn write_layer(
     name: &str,
     key: &CacheKey,
-    dir: &Path,
-    walk: &DirOptions,
+    contents: impl FnOnce() -> Result<LayerContents, LayerError>,
     options: &BuildOptions,
     env: &BuildEnv,
 ) -> Result<Layer, BuildError> {
-    let layer = env
-        .cache
-        .get_or_build(key, options, || LayerContents::from_dir(dir, walk))?;
+    let layer = env.cache.get_or_build(key, options, contents)?;
     layer_done(name, &layer, false, env);
     Ok(layer)
 }

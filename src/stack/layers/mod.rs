@@ -39,6 +39,7 @@ pub mod copy;
 pub mod python;
 pub mod toolkit;
 pub mod user;
+mod wheel_members;
 
 use std::path::{Path, PathBuf};
 
@@ -48,12 +49,14 @@ use crate::stack::error::BuildError;
 use crate::stack::prepare::{FetchedWheel, PlatformInputs};
 use crate::stack::settings::BuildProgress;
 use python::PythonPart;
+pub(crate) use wheel_members::WheelMembers;
 
 /// Bump when what an assembler writes, or what it refuses to write, changes: it is part of
 /// every cache key, so a tree staged under older rules is never reused (stack-2: toolkit
 /// wheels may not put libraries in subdirectories of the CUDA lib dir, wheel `.data/data/`
-/// members may not land where the loader searches, no `.wh.*` names).
-pub(crate) const ASSEMBLER: &str = concat!("cudastack-", env!("CARGO_PKG_VERSION"), "-stack-2");
+/// members may not land where the loader searches, no `.wh.*` names; stack-3: the wheel
+/// stagers record their trees' wheel members, [`WheelMembers`]).
+pub(crate) const ASSEMBLER: &str = concat!("cudastack-", env!("CARGO_PKG_VERSION"), "-stack-3");
 
 /// The mtime of every entry of the stack's layers (and the base's SOURCE_DATE_EPOCH):
 /// 2024-01-01T00:00:00Z, whatever the recipe's `source_date_epoch`, so that recipes on one
@@ -107,6 +110,11 @@ pub(crate) trait LayerStager {
     /// How the tree becomes a layer (modes, owners).
     fn walk(&self) -> DirOptions {
         DirOptions::default()
+    }
+    /// Whether the stager records the wheel members its tree holds unchanged
+    /// ([`WheelMembers`]), for the layer to copy their deflate data.
+    fn records_wheel_members(&self) -> bool {
+        false
     }
     /// Checks and records on the staged tree, whether staged now or by an earlier build;
     /// run whenever the tree is opened.

@@ -19,11 +19,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::toolkit::{self as toolkit_layer, ToolkitLayers};
-use super::{LayerStager, Part, ASSEMBLER};
+use super::{LayerStager, Part, WheelMembers, ASSEMBLER};
 use crate::digest::Digest;
 use crate::fetch::metadata::{local_wheel_metadata, Metadata};
 use crate::install::{
-    apply_entries, plan_with_reader, EntryContent, InstallOptions, Scheme, WheelReader,
+    apply_entries, plan_with_reader, EntryContent, InstallEntry, InstallOptions, Scheme,
+    WheelReader,
 };
 use crate::layer::CacheKey;
 use crate::stack::error::{io_error, BuildError};
@@ -161,6 +162,7 @@ impl LayerStager for PythonLayer<'_> {
     }
     fn stage(&self, dir: &Path) -> Result<(), BuildError> {
         let placement = self.placement()?;
+        let mut members = WheelMembers::default();
         for wheel in &self.wheels {
             let mut reader = WheelReader::open(&wheel.path)?;
             let mut plan = plan_with_reader(&mut reader, &self.install_options)?;
@@ -180,8 +182,25 @@ impl LayerStager for PythonLayer<'_> {
                 }
             }
             apply_entries(&plan.entries, Some(&mut reader), dir)?;
+            record_members(&mut members, &wheel.path, &plan.entries);
         }
-        Ok(())
+        members.write(dir)
+    }
+    fn records_wheel_members(&self) -> bool {
+        true
+    }
+}
+
+/// Record which of the paths `entries` wrote hold a member of `wheel` unchanged; a path
+/// written again as something else (a generated file, a link) loses its record.
+fn record_members(members: &mut WheelMembers, wheel: &Path, entries: &[InstallEntry]) {
+    for entry in entries {
+        let path = entry.path.to_string_lossy();
+        match &entry.content {
+            EntryContent::ZipMember { name, .. } => members.insert(&path, wheel, name.as_str()),
+            EntryContent::Directory => {}
+            EntryContent::Generated { .. } | EntryContent::Symlink { .. } => members.remove(&path),
+        }
     }
 }
 
@@ -193,7 +212,7 @@ impl LayerStager for PythonLayer<'_> {
 /// scripts, headers) are the wheel's own.
 fn refuse_data_over_the_verification_base(
     wheel: &Path,
-    entries: &[crate::install::InstallEntry],
+    entries: &[InstallEntry],
     scheme: &Scheme,
 ) -> Result<(), BuildError> {
     let own = [

@@ -22,6 +22,7 @@ use crate::elf::chain::{plan_soname_links, scan_library_dir, ChainError};
 use crate::elf::{read_elf, ElfError};
 use crate::platform::Platform;
 use crate::recipe::Flavor;
+use crate::stack::layers::WheelMembers;
 use crate::version::CudaVersion;
 
 /// Paths of the toolkit inside the image, laid out like NVIDIA's installers.
@@ -155,13 +156,15 @@ pub fn versioned_name(soname: &str, wheel_version: &str, cudnn: bool) -> Option<
 
 /// Extract the toolkit part of `wheels` under `root` (a staging directory that becomes one
 /// layer), complete the SONAME chains, and add the top-level links (`lib64`, `include`,
-/// `/usr/local/cuda`) when `top_links` is set.
-pub fn stage(
+/// `/usr/local/cuda`) when `top_links` is set. Every file extracted is a wheel member
+/// unchanged, recorded in `members` under its final name.
+pub(crate) fn stage(
     wheels: &[&NvidiaWheel],
     paths: &ToolkitPaths,
     flavor: Flavor,
     top_links: bool,
     root: &Path,
+    members: &mut WheelMembers,
 ) -> Result<Placement, ToolkitError> {
     let mut placement = Placement::new();
     let lib_dir = root.join(paths.lib_dir().trim_start_matches('/'));
@@ -187,11 +190,12 @@ pub fn stage(
                     wheel,
                 });
             } else {
+                members.insert(&relative, &wheel.path, &member);
                 placement.insert(member, format!("/{relative}"));
             }
         }
     }
-    version_libraries(&libraries, &lib_dir, paths, &mut placement)?;
+    version_libraries(&libraries, &lib_dir, paths, &mut placement, members)?;
     for link in plan_soname_links(&scan_library_dir(&lib_dir)?) {
         let path = lib_dir.join(&link.link);
         std::os::unix::fs::symlink(&link.target, &path).map_err(io_error(&path))?;
@@ -291,11 +295,13 @@ fn version_libraries(
     lib_dir: &Path,
     paths: &ToolkitPaths,
     placement: &mut Placement,
+    members: &mut WheelMembers,
 ) -> Result<(), ToolkitError> {
     for library in libraries {
         let (file_name, wheel) = (&library.file_name, library.wheel);
         let path = lib_dir.join(file_name);
         let soname = read_elf(&path)?.into_elf().and_then(|info| info.soname);
+        let mut final_name = file_name.clone();
         if let Some(versioned) = soname
             .as_deref()
             .filter(|s| s == file_name)
@@ -303,7 +309,13 @@ fn version_libraries(
         {
             let renamed = lib_dir.join(&versioned);
             fs_err::rename(&path, &renamed).map_err(io_error(&path))?;
+            final_name = versioned;
         }
+        members.insert(
+            &format!("{}/{final_name}", paths.lib_dir()),
+            &wheel.path,
+            &library.member,
+        );
         // The member's name is what torch's RUNPATH looks for; it resolves to this path
         // once the SONAME chain is complete.
         placement.insert(

@@ -12,7 +12,7 @@ pub mod layout;
 
 use std::path::{Path, PathBuf};
 
-use super::{LayerStager, Part, ASSEMBLER};
+use super::{LayerStager, Part, WheelMembers, ASSEMBLER};
 use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::layer::CacheKey;
@@ -161,11 +161,23 @@ impl LayerStager for ToolkitLayer {
     }
     fn stage(&self, dir: &Path) -> Result<(), BuildError> {
         let wheels: Vec<&NvidiaWheel> = self.wheels.iter().collect();
-        let placed = layout::stage(&wheels, &self.paths, self.flavor, self.top_links, dir)?;
+        let mut members = WheelMembers::default();
+        let placed = layout::stage(
+            &wheels,
+            &self.paths,
+            self.flavor,
+            self.top_links,
+            dir,
+            &mut members,
+        )?;
+        members.write(dir)?;
         write_record(
             &placement_record(dir),
             &serde_json::to_vec(&placed).expect("placement serialises"),
         )
+    }
+    fn records_wheel_members(&self) -> bool {
+        true
     }
 }
 
