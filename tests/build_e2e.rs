@@ -393,3 +393,68 @@ fn a_no_op_rebuild_with_docker_loads_and_runs_nothing() {
     );
     assert!(second_s < third_s, "{second_s:.2} s >= {third_s:.2} s");
 }
+
+/// `build --load` of an image without tags loaded it twice: the verification loaded it for
+/// the probe and removed it (an untagged image would be an anonymous leftover), then the
+/// load sent every layer again. Now the probe's image stays until the verified image is
+/// loaded: the load sends no layer again, and the probe's image is gone afterwards unless it
+/// is the loaded one.
+#[test]
+fn build_load_of_an_untagged_image_sends_its_layers_once() {
+    use e2e_support::stand_in::{cuda_12_4_wheels, lock, Target};
+    if let Some(reason) =
+        e2e_support::skip_reason(&[("gcc", &["--version"][..]), ("docker", &["info"][..])])
+    {
+        reason.report();
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let mirror = work.path().join("mirror");
+    cuda_12_4_wheels(Target::X86_64, &work.path().join("libs"), &mirror);
+    let recipe = work.path().join("load-once.yaml");
+    std::fs::write(&recipe, "name: load-once\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000001\n").unwrap();
+    lock(&recipe, &mirror);
+    let cache = e2e_support::cache_dir();
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["build", "--load", "--json", "--mirror"])
+        .arg(&mirror)
+        .arg("--layout")
+        .arg(work.path().join("layout"))
+        .arg("--cache-dir")
+        .arg(&cache)
+        .arg(&recipe)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "build failed:\n{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let (probe, load) = (&report["verify"]["load"], &report["load"]);
+    let loaded_id = load["image_id"].as_str().unwrap().to_string();
+    let inspect = |id: &str| {
+        Command::new("docker")
+            .args(["image", "inspect", "--format", "{{.Id}}", id])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    let loaded_exists = inspect(&loaded_id);
+    let probe_id = probe["image_id"].as_str().unwrap_or_default().to_string();
+    let probe_left = probe_id != loaded_id && inspect(&probe_id);
+    let _ = Command::new("docker").args(["rmi", &loaded_id]).output();
+    if probe_left {
+        let _ = Command::new("docker").args(["rmi", &probe_id]).output();
+    }
+    eprintln!("the probe's load: {probe}\nthe build's load: {load}");
+    assert!(loaded_exists, "the loaded image is in Docker");
+    assert!(!probe_left, "the probe's image {probe_id} was left behind");
+    let layers = report["layers"].as_array().unwrap().len() as u64;
+    assert!(
+        probe["bytes"].as_u64().unwrap() > 1_000_000,
+        "the probe's load sends the layers: {probe}"
+    );
+    assert!(
+        load["skipped"] == true || load["layers_present"].as_u64() == Some(layers),
+        "the build's load sent layers again: {load}"
+    );
+}

@@ -262,6 +262,7 @@ fn settings(args: &VerifyArgs) -> Result<VerifySettings, String> {
         level: args.level,
         timeout: Duration::from_secs(args.timeout),
         cache: (!args.no_cache).then(|| args.cache.root()),
+        keep_loaded: false,
     })
 }
 

@@ -210,7 +210,15 @@ pub async fn build_verify_publish(
         sent_early = Some(failed.finish().await?);
     }
     let verified = if settings.verify {
-        verify::after_build(&built, policy, &settings.build.cache_root, progress).await?
+        let keep_loaded = settings.load;
+        verify::after_build(
+            &built,
+            policy,
+            &settings.build.cache_root,
+            keep_loaded,
+            progress,
+        )
+        .await?
     } else {
         None
     };
@@ -229,7 +237,11 @@ pub async fn build_verify_publish(
         None => Vec::new(),
     };
     let loaded = if settings.load {
-        Some(load_built(&built, progress).await?)
+        let loaded = load_built(&built, progress).await;
+        let left_loaded = verified.as_ref().and_then(|outcome| outcome.left_loaded);
+        let loaded_id = loaded.as_ref().ok().map(|report| &report.image_id);
+        verify::remove_left_loaded(left_loaded, loaded_id).await;
+        Some(loaded?)
     } else {
         None
     };
@@ -338,6 +350,7 @@ mod tests {
             &built(None),
             crate::recipe::GpuPolicy::Required,
             Path::new("/nonexistent"),
+            false,
             &lines,
         )
         .await
@@ -359,6 +372,7 @@ mod tests {
             &built(Some("latest")),
             crate::recipe::GpuPolicy::Skip,
             Path::new("/nonexistent"),
+            false,
             &lines,
         )
         .await

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use crate::digest::Digest;
 use crate::engine::run::GpuRequest;
 use crate::engine::Engine;
 use crate::recipe::GpuPolicy;
@@ -17,10 +18,15 @@ use super::{PipelineError, Progress};
 /// is reachable (on GPUs when there are any, else the static level) and says so when none
 /// is; `required` fails without a GPU; `skip` runs nothing. A build without an image of
 /// this host's platform is not verified here (Docker runs images of its own platform).
+///
+/// `keep_loaded`: a load of the verified image follows, so an untagged image the probe ran
+/// in stays loaded for it (its layers go to Docker once); the caller removes it with
+/// [`remove_left_loaded`].
 pub async fn after_build(
     built: &BuildReport,
     policy: GpuPolicy,
     cache_root: &Path,
+    keep_loaded: bool,
     progress: &dyn Progress,
 ) -> Result<Option<VerifyOutcome>, PipelineError> {
     let Some(host_ref) = &built.host_ref else {
@@ -62,10 +68,29 @@ pub async fn after_build(
     let settings = VerifySettings {
         gpus,
         cache: Some(cache_root.to_path_buf()),
+        keep_loaded,
         ..VerifySettings::default()
     };
     let outcome = verify_layout(&engine, &built.layout, host_ref, &settings).await?;
-    judge(outcome, &built.layout, progress).map(Some)
+    let left_loaded = outcome.left_loaded;
+    let judged = judge(outcome, &built.layout, progress);
+    if judged.is_err() {
+        remove_left_loaded(left_loaded, None).await;
+    }
+    judged.map(Some)
+}
+
+/// Remove the image the probe left loaded for a load ([`VerifySettings::keep_loaded`]),
+/// unless it is the image that load left (`loaded`): its layers stay, held by that image.
+pub async fn remove_left_loaded(left_loaded: Option<Digest>, loaded: Option<&Digest>) {
+    let Some(id) = left_loaded.filter(|id| Some(id) != loaded) else {
+        return;
+    };
+    if let Ok(engine) = Engine::connect().await {
+        if let Err(error) = engine.remove_image(&id.to_string()).await {
+            tracing::warn!("the image {id} the verification loaded was not removed: {error}");
+        }
+    }
 }
 
 /// `cudastack verify`: run the probe on `ref_name` of `layout` through the Docker daemon

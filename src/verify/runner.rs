@@ -24,6 +24,7 @@ use super::probe_command;
 use super::record::{record_in_layout, RecordError, Recorded};
 use super::report::{ImageFacts, Level, Report, ReportError, RunnerFacts, Status};
 use super::witness::{self, HostGpu, HostView, Nonce, Witness, WitnessError, NONCE_ENV};
+use crate::digest::Digest;
 use crate::engine::load::layout_tags;
 use crate::engine::run::{GpuRequest, Reaped, RunOutcome, RunSpec};
 use crate::engine::{Engine, EngineError, LoadReport};
@@ -90,6 +91,10 @@ pub struct VerifySettings {
     /// The cache root whose `verify/` holds reports by image, probe and host; `None`
     /// always runs the probe.
     pub cache: Option<PathBuf>,
+    /// Leave the image loaded after the run even when it has no tags, because a load of the
+    /// verified image follows (`build --load`): its layers are then in the daemon already,
+    /// and the caller removes this one ([`VerifyOutcome::left_loaded`]).
+    pub keep_loaded: bool,
 }
 
 impl Default for VerifySettings {
@@ -99,6 +104,7 @@ impl Default for VerifySettings {
             level: Level::Train,
             timeout: Duration::from_secs(1800),
             cache: None,
+            keep_loaded: false,
         }
     }
 }
@@ -117,6 +123,10 @@ pub struct VerifyOutcome {
     /// Containers of dead runs removed before this one started.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reaped: Vec<Reaped>,
+    /// The untagged image this run loaded and left in the daemon for the caller to remove
+    /// ([`VerifySettings::keep_loaded`]).
+    #[serde(skip)]
+    pub left_loaded: Option<Digest>,
 }
 
 /// Fail unless the report saw a GPU: `--require-gpu` (or `verify.gpu: required`) asks
@@ -203,6 +213,7 @@ pub async fn verify_layout(
             exit_code: 0,
             seconds: started.elapsed().as_secs_f64(),
             reaped,
+            left_loaded: None,
         });
     }
     // The host reads what another tool's layers changed, before the image's own code runs.
@@ -222,41 +233,50 @@ pub async fn verify_layout(
         config_digest: &resolved.config_digest,
     };
     let nonce = Nonce::generate().map_err(VerifyError::Nonce)?;
-    let (load, outcome) = run_probe(engine, &image, &gpus, settings, &nonce).await?;
-    if outcome.timed_out {
-        return Err(VerifyError::TimedOut {
-            image: location,
-            seconds: settings.timeout.as_secs(),
-        });
-    }
-    let mut report = accept_run(&outcome, &nonce, &location)?;
-    if let Some(check) = derived {
-        report.add_host_check(check);
-    }
-    let witness = testify(&report, &gpus, &info, &location)?;
-    report.image = Some(image_facts);
-    let mut runner = docker_runner_facts(&gpus, &info, note);
-    runner.witness = Some(witness);
-    report.runner = Some(runner);
-    if let Some((cache, key)) = &cache {
-        // A cache that cannot be written costs the next run time, not this one its result.
-        if let Err(error) = cache.put(key, &report) {
-            tracing::warn!("the verification cache was not written: {error}");
+    let (load, outcome, left_loaded) = run_probe(engine, &image, &gpus, settings, &nonce).await?;
+    // What follows the run may still fail (no report, a check that failed): then the image
+    // left for the caller goes too.
+    let judged = (|| {
+        if outcome.timed_out {
+            return Err(VerifyError::TimedOut {
+                image: location,
+                seconds: settings.timeout.as_secs(),
+            });
         }
+        let mut report = accept_run(&outcome, &nonce, &location)?;
+        if let Some(check) = derived {
+            report.add_host_check(check);
+        }
+        let witness = testify(&report, &gpus, &info, &location)?;
+        report.image = Some(image_facts);
+        let mut runner = docker_runner_facts(&gpus, &info, note);
+        runner.witness = Some(witness);
+        report.runner = Some(runner);
+        if let Some((cache, key)) = &cache {
+            // A cache that cannot be written costs the next run time, not this one its result.
+            if let Err(error) = cache.put(key, &report) {
+                tracing::warn!("the verification cache was not written: {error}");
+            }
+        }
+        let recorded = record_in_layout(dir, ref_name, &report)?;
+        if matches!(settings.gpus, GpuChoice::Required(_)) {
+            require_gpu_seen(&report)?;
+        }
+        Ok(VerifyOutcome {
+            report,
+            recorded,
+            load: Some(load),
+            exit_code: outcome.exit_code,
+            seconds: started.elapsed().as_secs_f64(),
+            cached: None,
+            reaped,
+            left_loaded,
+        })
+    })();
+    if let (Err(_), Some(id)) = (&judged, left_loaded) {
+        let _ = engine.remove_image(&id.to_string()).await;
     }
-    let recorded = record_in_layout(dir, ref_name, &report)?;
-    if matches!(settings.gpus, GpuChoice::Required(_)) {
-        require_gpu_seen(&report)?;
-    }
-    Ok(VerifyOutcome {
-        report,
-        recorded,
-        load: Some(load),
-        exit_code: outcome.exit_code,
-        seconds: started.elapsed().as_secs_f64(),
-        cached: None,
-        reaped,
-    })
+    judged
 }
 
 /// The one report of this run's probe in the container's output (rule 1 of
@@ -350,14 +370,15 @@ struct ProbeImage<'a> {
     config_digest: &'a crate::digest::Digest,
 }
 
-/// Load the image (skipped when present) and run the probe in a container of it.
+/// Load the image (skipped when present) and run the probe in a container of it. Also
+/// returns the image's ID when it stays loaded only for the caller ([`VerifySettings::keep_loaded`]).
 async fn run_probe(
     engine: &Engine,
     image: &ProbeImage<'_>,
     gpus: &GpuRequest,
     settings: &VerifySettings,
     nonce: &Nonce,
-) -> Result<(LoadReport, RunOutcome), VerifyError> {
+) -> Result<(LoadReport, RunOutcome, Option<Digest>), VerifyError> {
     // By config or manifest digest: the containerd image store names images by the latter.
     let was_present = engine
         .has_image(image.config_digest, image.manifest_digest)
@@ -383,12 +404,18 @@ async fn run_probe(
         image.manifest_digest.to_string(),
     )];
     // A tagged image stays loaded (like `docker build` leaves its result); one without tags
-    // would only be an anonymous leftover, so it goes again if this run brought it.
+    // would only be an anonymous leftover, so it goes again if this run brought it, unless
+    // the caller loads the verified image next (whose layers these are).
     let outcome = engine.run(&spec).await;
+    let mut left_loaded = None;
     if image.tags.is_empty() && !was_present {
-        let _ = engine.remove_image(&image_id).await;
+        if settings.keep_loaded && outcome.is_ok() {
+            left_loaded = Some(load.image_id);
+        } else {
+            let _ = engine.remove_image(&image_id).await;
+        }
     }
-    Ok((load, outcome?))
+    Ok((load, outcome?, left_loaded))
 }
 
 /// How the probe was run, for the report.
