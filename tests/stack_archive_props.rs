@@ -95,7 +95,8 @@ fn stage_bytes(wheel_bytes: &[u8], flavor: Flavor, cudnn: bool) {
     };
     let paths = ToolkitPaths::new(CudaVersion::new(12, 1, None), Platform::LinuxAmd64);
     // Ok or Err, both fine: what matters is no panic and nothing outside `root`.
-    let _ = stage(&[&wheel], &paths, flavor, true, &root);
+    let mut members = cudastack::stack::layers::WheelMembers::default();
+    let _ = stage(&[&wheel], &paths, flavor, true, &root, &mut members);
     let outside: Vec<PathBuf> = listing(work.path())
         .into_iter()
         .filter(|p| p != Path::new("wheel.whl") && !p.starts_with("root"))

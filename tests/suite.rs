@@ -62,6 +62,7 @@ mod install_wheel;
 mod kernel_audit;
 mod layer_build;
 mod layer_cache_integrity;
+mod layer_wheel_members;
 mod lock_as_of;
 mod lock_debs;
 mod lock_fixtures;

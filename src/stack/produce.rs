@@ -12,7 +12,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+use std::sync::{Condvar, Mutex};
 use std::thread::{Scope, ScopedJoinHandle};
 
 use crate::audit::kernels::{missing, KernelTable, LibraryKernels};
@@ -104,53 +106,39 @@ pub(crate) fn produce_layers(
         .collect())
 }
 
-/// Stage every tree in order on this thread, writing each uncached layer on a worker of
-/// `scope` (at most [`WRITERS`] at once). Returns the built layers by plan index (None for
-/// the cached ones), or the first error once every started writer has finished.
+/// Stage every tree and write each uncached layer on a worker of `scope` (at most
+/// [`WRITERS`] at once). Two staging lanes (this thread and one more) take the trees in
+/// plan order, so the base's mmdebstrap and the wheels' unzip overlap; a tree that reads
+/// the trees below it ([`LayerStager::reads_trees_below`]) stages once all of them are
+/// staged, and a lane starts a layer's writer as soon as its tree is staged. Returns the
+/// built layers by plan index (None for the cached ones), or the first error once every
+/// started writer has finished.
 fn stage_and_write<'scope, 'env>(
     stagers: &[&dyn LayerStager],
     cached_layers: &[Option<Layer>],
     env: &'env BuildEnv<'env>,
     scope: &'scope Scope<'scope, 'env>,
 ) -> Result<Vec<Option<Layer>>, BuildError> {
-    let mut writers = Writers::new(stagers.len());
-    for (index, (stager, cached)) in stagers.iter().zip(cached_layers).enumerate() {
-        // A writer that already failed stops the build now, not minutes of staging later.
-        writers.join_finished();
-        if writers.first_error.is_some() {
-            break;
-        }
-        let dir = match open_tree(*stager, env) {
-            Ok(dir) => dir,
-            Err(error) => {
-                writers.first_error.get_or_insert(error);
-                break;
-            }
-        };
-        if cached.is_some() {
-            continue;
-        }
-        while writers.running.len() >= WRITERS {
-            writers.join_next();
-        }
-        if writers.first_error.is_some() {
-            break;
-        }
-        env.progress.stage(stager.name(), "writing layer");
-        let (name, key, walk) = (stager.name().to_string(), *stager.key(), stager.walk());
-        let options = env.options_for(stager.part());
-        let wheel_members = stager.records_wheel_members();
-        writers.spawn(scope, index, move || {
-            let contents = || {
-                let mut contents = LayerContents::from_dir(&dir, &walk)?;
-                if wheel_members {
-                    contents.take_from_zip_members(WheelMembers::read(&dir)?.locate()?)?;
-                }
-                Ok(contents)
-            };
-            write_layer(&name, &key, contents, &options, env)
+    let lanes = Lanes {
+        claimed: stagers.iter().map(|_| AtomicBool::new(false)).collect(),
+        staged: Mutex::new(vec![false; stagers.len()]),
+        staged_changed: Condvar::new(),
+        writers: Mutex::new(Writers::new(stagers.len())),
+        panicked: AtomicBool::new(false),
+    };
+    std::thread::scope(|lane| {
+        lane.spawn(|| {
+            // A lane that panics must not leave the other waiting for its tree; the
+            // scope passes the panic on once this thread returns.
+            let _guard = PanicFlag(&lanes.panicked);
+            lanes.run(stagers, cached_layers, env, scope)
         });
-    }
+        lanes.run(stagers, cached_layers, env, scope);
+    });
+    let mut writers = lanes
+        .writers
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner());
     while !writers.running.is_empty() {
         writers.join_next();
     }
@@ -158,6 +146,127 @@ fn stage_and_write<'scope, 'env>(
         Some(error) => Err(error),
         None => Ok(writers.built),
     }
+}
+
+/// What the staging lanes share: which trees are claimed and staged, and the writers.
+struct Lanes<'scope> {
+    claimed: Vec<AtomicBool>,
+    staged: Mutex<Vec<bool>>,
+    staged_changed: Condvar,
+    writers: Mutex<Writers<'scope>>,
+    /// The other lane panicked.
+    panicked: AtomicBool,
+}
+
+/// Raises its flag when dropped by a panicking thread.
+struct PanicFlag<'a>(&'a AtomicBool);
+
+impl Drop for PanicFlag<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl<'scope> Lanes<'scope> {
+    /// One lane: claim the next unclaimed tree in plan order, stage it, start its writer.
+    fn run<'env>(
+        &self,
+        stagers: &[&dyn LayerStager],
+        cached_layers: &[Option<Layer>],
+        env: &'env BuildEnv<'env>,
+        scope: &'scope Scope<'scope, 'env>,
+    ) {
+        for (index, stager) in stagers.iter().enumerate() {
+            // A writer that already failed stops the build now, not minutes of staging later.
+            if self.failed() {
+                return;
+            }
+            if self.claimed[index].swap(true, Ordering::AcqRel) {
+                continue;
+            }
+            if stager.reads_trees_below() && !self.wait_for_trees_below(index) {
+                return;
+            }
+            match open_tree(*stager, env) {
+                Ok(dir) => {
+                    if cached_layers[index].is_none() {
+                        let mut writers = self.lock_writers();
+                        spawn_writer(*stager, index, dir, &mut writers, env, scope);
+                    }
+                    self.staged.lock().unwrap_or_else(|e| e.into_inner())[index] = true;
+                }
+                Err(error) => {
+                    self.lock_writers().first_error.get_or_insert(error);
+                }
+            }
+            self.staged_changed.notify_all();
+        }
+    }
+
+    fn lock_writers(&self) -> std::sync::MutexGuard<'_, Writers<'scope>> {
+        self.writers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a lane's staging or a writer failed (writers that finished are joined).
+    fn failed(&self) -> bool {
+        if self.panicked.load(Ordering::Acquire) {
+            return true;
+        }
+        let mut writers = self.lock_writers();
+        writers.join_finished();
+        writers.first_error.is_some()
+    }
+
+    /// Wait until every tree below `index` is staged; false when the build failed meanwhile.
+    fn wait_for_trees_below(&self, index: usize) -> bool {
+        let mut staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+        while !staged[..index].iter().all(|done| *done) {
+            if self.failed() {
+                return false;
+            }
+            // A writer's failure does not notify: look again now and then.
+            staged = self
+                .staged_changed
+                .wait_timeout(staged, std::time::Duration::from_millis(200))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+/// Write the layer of the staged tree `dir` on a worker of `scope`, once fewer than
+/// [`WRITERS`] are running.
+fn spawn_writer<'scope, 'env>(
+    stager: &dyn LayerStager,
+    index: usize,
+    dir: PathBuf,
+    writers: &mut Writers<'scope>,
+    env: &'env BuildEnv<'env>,
+    scope: &'scope Scope<'scope, 'env>,
+) {
+    while writers.running.len() >= WRITERS {
+        writers.join_next();
+    }
+    if writers.first_error.is_some() {
+        return;
+    }
+    env.progress.stage(stager.name(), "writing layer");
+    let (name, key, walk) = (stager.name().to_string(), *stager.key(), stager.walk());
+    let options = env.options_for(stager.part());
+    let wheel_members = stager.records_wheel_members();
+    writers.spawn(scope, index, move || {
+        let contents = || {
+            let mut contents = LayerContents::from_dir(&dir, &walk)?;
+            if wheel_members {
+                contents.take_from_zip_members(WheelMembers::read(&dir)?.locate()?)?;
+            }
+            Ok(contents)
+        };
+        write_layer(&name, &key, contents, &options, env)
+    });
 }
 
 /// The layer writers running on a scope's threads. Each says when it is done, so the first

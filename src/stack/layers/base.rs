@@ -125,6 +125,10 @@ impl LayerStager for BaseLayer<'_> {
             None => Ok(()),
         }
     }
+    /// The bottom layer: mmdebstrap reads only the locked .debs.
+    fn reads_trees_below(&self) -> bool {
+        false
+    }
     /// The base is a root filesystem: modes and owners as the packages set them, from
     /// the record when the tree was staged without root.
     fn walk(&self) -> DirOptions {

@@ -39,7 +39,7 @@ pub mod copy;
 pub mod python;
 pub mod toolkit;
 pub mod user;
-mod wheel_members;
+pub mod wheel_members;
 
 use std::path::{Path, PathBuf};
 
@@ -49,7 +49,7 @@ use crate::stack::error::BuildError;
 use crate::stack::prepare::{FetchedWheel, PlatformInputs};
 use crate::stack::settings::BuildProgress;
 use python::PythonPart;
-pub(crate) use wheel_members::WheelMembers;
+pub use wheel_members::WheelMembers;
 
 /// Bump when what an assembler writes, or what it refuses to write, changes: it is part of
 /// every cache key, so a tree staged under older rules is never reused (stack-2: toolkit
@@ -99,7 +99,7 @@ impl BuildEnv<'_> {
 
 /// One layer kind: its name in the image, its cache key, how to fill its staging directory
 /// and how to walk that directory into a layer.
-pub(crate) trait LayerStager {
+pub(crate) trait LayerStager: Sync {
     /// The layer's name in reports and history (`base`, `cuda`, ...).
     fn name(&self) -> &str;
     /// Whether it is one of the stack's layers or one of the team's.
@@ -110,6 +110,11 @@ pub(crate) trait LayerStager {
     /// How the tree becomes a layer (modes, owners).
     fn walk(&self) -> DirOptions {
         DirOptions::default()
+    }
+    /// Whether staging reads the trees (or records) of the layers below: such a tree
+    /// stages only once they are staged; one that does not may stage beside them.
+    fn reads_trees_below(&self) -> bool {
+        true
     }
     /// Whether the stager records the wheel members its tree holds unchanged
     /// ([`WheelMembers`]), for the layer to copy their deflate data.

@@ -189,6 +189,11 @@ impl LayerStager for PythonLayer<'_> {
     fn records_wheel_members(&self) -> bool {
         true
     }
+    /// The stack's and the team's layers read the toolkit's placement; a large
+    /// distribution's reads nothing below.
+    fn reads_trees_below(&self) -> bool {
+        !self.placements.is_empty()
+    }
 }
 
 /// Record which of the paths `entries` wrote hold a member of `wheel` unchanged; a path

@@ -19,7 +19,7 @@ use crate::stack::files::write_record;
 /// Layer path (`usr/local/cuda-12.1/targets/x86_64-linux/lib/libcudnn.so.9.1.0`) -> the
 /// wheel member whose bytes it is.
 #[derive(Debug, Default, Serialize, Deserialize)]
-pub(crate) struct WheelMembers(BTreeMap<String, WheelMember>);
+pub struct WheelMembers(BTreeMap<String, WheelMember>);
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct WheelMember {

@@ -158,7 +158,7 @@ pub fn versioned_name(soname: &str, wheel_version: &str, cudnn: bool) -> Option<
 /// layer), complete the SONAME chains, and add the top-level links (`lib64`, `include`,
 /// `/usr/local/cuda`) when `top_links` is set. Every file extracted is a wheel member
 /// unchanged, recorded in `members` under its final name.
-pub(crate) fn stage(
+pub fn stage(
     wheels: &[&NvidiaWheel],
     paths: &ToolkitPaths,
     flavor: Flavor,

@@ -179,6 +179,9 @@ impl LayerStager for ToolkitLayer {
     fn records_wheel_members(&self) -> bool {
         true
     }
+    fn reads_trees_below(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
