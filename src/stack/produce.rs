@@ -679,6 +679,7 @@ mod tests {
                 lines
             };
             lines.push(format!("ready {name}"));
+            self.changed.notify_all();
         }
     }
 
@@ -778,6 +779,118 @@ mod tests {
         assert_eq!(digests(&again), digests(&layers));
         let ready = progress.lines.lock().unwrap();
         assert_eq!(ready.iter().filter(|l| l.starts_with("ready ")).count(), 3);
+    }
+
+    /// Staging events in order: `start NAME`, `end NAME`.
+    #[derive(Default)]
+    struct StagingLog {
+        events: Mutex<Vec<String>>,
+        changed: Condvar,
+    }
+
+    /// A layer whose staging is logged: it waits for `beside` to start staging (so it can
+    /// stage only on a second lane), and when it reads the trees below it checks they are
+    /// all staged.
+    struct LaneLayer<'a> {
+        file: FileLayer,
+        reads_below: Option<&'a [&'static str]>,
+        beside: Option<&'static str>,
+        log: &'a StagingLog,
+    }
+
+    impl LayerStager for LaneLayer<'_> {
+        fn name(&self) -> &str {
+            self.file.name
+        }
+        fn part(&self) -> Part {
+            Part::Team
+        }
+        fn key(&self) -> &CacheKey {
+            &self.file.key
+        }
+        fn reads_trees_below(&self) -> bool {
+            self.reads_below.is_some()
+        }
+        fn stage(&self, dir: &Path) -> Result<(), BuildError> {
+            let name = self.file.name;
+            let mut events = self.log.events.lock().unwrap();
+            events.push(format!("start {name}"));
+            self.log.changed.notify_all();
+            if let Some(other) = self.beside {
+                let started = format!("start {other}");
+                let (waited, timeout) = self
+                    .log
+                    .changed
+                    .wait_timeout_while(events, Duration::from_secs(20), |events| {
+                        !events.contains(&started)
+                    })
+                    .unwrap();
+                assert!(!timeout.timed_out(), "{other} did not stage beside {name}");
+                events = waited;
+            }
+            for below in self.reads_below.unwrap_or_default() {
+                assert!(
+                    events.contains(&format!("end {below}")),
+                    "{name} staged before {below}: {events:?}"
+                );
+            }
+            drop(events);
+            let staged = self.file.stage(dir);
+            self.log.events.lock().unwrap().push(format!("end {name}"));
+            self.log.changed.notify_all();
+            staged
+        }
+    }
+
+    /// Trees that read none below stage two at a time (each of the first two waits for
+    /// the other to start); one that reads the trees below waits for all of them; a tree
+    /// that fails stops the build with its error while the other lane waits.
+    #[test]
+    fn independent_trees_stage_beside_each_other_and_dependent_ones_wait() {
+        let log = StagingLog::default();
+        let layer = |name, reads_below, beside| LaneLayer {
+            file: FileLayer::new(name),
+            reads_below,
+            beside,
+            log: &log,
+        };
+        let (base, cuda) = (
+            layer("base", None, Some("cuda")),
+            layer("cuda", None, Some("base")),
+        );
+        let torch = layer("torch", None, None);
+        let python = layer("python", Some(&["base", "cuda", "torch"][..]), None);
+        let config = layer(
+            "config",
+            Some(&["base", "cuda", "torch", "python"][..]),
+            None,
+        );
+        let cache = tempfile::tempdir().unwrap();
+        let stagers: [&dyn LayerStager; 5] = [&base, &cuda, &torch, &python, &config];
+        let layers = produce(cache.path(), &stagers, &Events::default()).unwrap();
+        let names: Vec<&str> = layers.iter().map(|(r, _)| r.name.as_str()).collect();
+        assert_eq!(names, ["base", "cuda", "torch", "python", "config"]);
+
+        // A failed tree below: the dependent tree never stages, the build ends with the error.
+        let log = StagingLog::default();
+        let layer = |name, reads_below| LaneLayer {
+            file: FileLayer::new(name),
+            reads_below,
+            beside: None,
+            log: &log,
+        };
+        let mut broken = layer("broken-torch", None);
+        broken.file.fail = true;
+        let (base, cuda) = (layer("base", None), layer("cuda", None));
+        let python = layer("python", Some(&["base", "cuda", "broken-torch"][..]));
+        let cache = tempfile::tempdir().unwrap();
+        let stagers: [&dyn LayerStager; 4] = [&base, &cuda, &broken, &python];
+        let error = produce(cache.path(), &stagers, &Events::default())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("broken-torch cannot stage"), "{error}");
+        let events = log.events.lock().unwrap();
+        assert!(!events.contains(&"start python".to_string()), "{events:?}");
     }
 
     /// A big layer still being written does not keep the next layer waiting for a writer
