@@ -14,7 +14,7 @@
 
 use crate::e2e_support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const RECIPE: &str = "recipes/torch2.4.1-cu121-py3.11.yaml";
@@ -327,6 +327,18 @@ fn check_static_verification(layout: &Path, digest: &str, log: &str) {
     assert!(detail.contains("libcudnn in /tmp/stale"), "{detail}");
 }
 
+/// The smallest stack the tests build, without tags: stand-in CUDA 12.4 wheels on Debian
+/// bookworm, locked against its mirror. Returns the recipe and the mirror.
+fn untagged_stand_in(work: &Path, name: &str, epoch: u64) -> (PathBuf, PathBuf) {
+    use e2e_support::stand_in::{cuda_12_4_wheels, lock, Target};
+    let mirror = work.join("mirror");
+    cuda_12_4_wheels(Target::X86_64, &work.join("libs"), &mirror);
+    let recipe = work.join(format!("{name}.yaml"));
+    std::fs::write(&recipe, format!("name: {name}\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\ncudnn: {{ version: \"9.1.0.70\" }}\nsource_date_epoch: {epoch}\n")).unwrap();
+    lock(&recipe, &mirror);
+    (recipe, mirror)
+}
+
 /// Issue 16: every no-op rebuild with a Docker daemon loaded the whole image again and
 /// re-ran the probe. The smallest stack the tests build (stand-in CUDA 12.4 wheels on
 /// Debian bookworm, no tags) is built three times into one layout: the second build must
@@ -334,7 +346,6 @@ fn check_static_verification(layout: &Path, digest: &str, log: &str) {
 /// the verification cache emptied, does what every rebuild did before. Prints the times.
 #[test]
 fn a_no_op_rebuild_with_docker_loads_and_runs_nothing() {
-    use e2e_support::stand_in::{cuda_12_4_wheels, lock, Target};
     if let Some(reason) =
         e2e_support::skip_reason(&[("gcc", &["--version"][..]), ("docker", &["info"][..])])
     {
@@ -342,11 +353,7 @@ fn a_no_op_rebuild_with_docker_loads_and_runs_nothing() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
-    let mirror = work.path().join("mirror");
-    cuda_12_4_wheels(Target::X86_64, &work.path().join("libs"), &mirror);
-    let recipe = work.path().join("noop-rebuild.yaml");
-    std::fs::write(&recipe, "name: noop-rebuild\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000000\n").unwrap();
-    lock(&recipe, &mirror);
+    let (recipe, mirror) = untagged_stand_in(work.path(), "noop-rebuild", 1700000000);
     let cache = e2e_support::cache_dir();
     let layout = work.path().join("layout");
     let build = || {
@@ -401,7 +408,6 @@ fn a_no_op_rebuild_with_docker_loads_and_runs_nothing() {
 /// is the loaded one.
 #[test]
 fn build_load_of_an_untagged_image_sends_its_layers_once() {
-    use e2e_support::stand_in::{cuda_12_4_wheels, lock, Target};
     if let Some(reason) =
         e2e_support::skip_reason(&[("gcc", &["--version"][..]), ("docker", &["info"][..])])
     {
@@ -409,11 +415,7 @@ fn build_load_of_an_untagged_image_sends_its_layers_once() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
-    let mirror = work.path().join("mirror");
-    cuda_12_4_wheels(Target::X86_64, &work.path().join("libs"), &mirror);
-    let recipe = work.path().join("load-once.yaml");
-    std::fs::write(&recipe, "name: load-once\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\ncudnn: { version: \"9.1.0.70\" }\nsource_date_epoch: 1700000001\n").unwrap();
-    lock(&recipe, &mirror);
+    let (recipe, mirror) = untagged_stand_in(work.path(), "load-once", 1700000001);
     let cache = e2e_support::cache_dir();
     let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
         .args(["build", "--load", "--json", "--mirror"])
