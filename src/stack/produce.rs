@@ -126,13 +126,15 @@ fn stage_and_write<'scope, 'env>(
         writers: Mutex::new(Writers::new(stagers.len())),
         panicked: AtomicBool::new(false),
     };
+    // A lane that panics must not leave the other waiting for its tree (the scope would
+    // then never end): either lane raises the flag as it unwinds, and the scope passes the
+    // panic on once the other has returned.
     std::thread::scope(|lane| {
         lane.spawn(|| {
-            // A lane that panics must not leave the other waiting for its tree; the
-            // scope passes the panic on once this thread returns.
             let _guard = PanicFlag(&lanes.panicked);
             lanes.run(stagers, cached_layers, env, scope)
         });
+        let _guard = PanicFlag(&lanes.panicked);
         lanes.run(stagers, cached_layers, env, scope);
     });
     let mut writers = lanes
@@ -154,7 +156,7 @@ struct Lanes<'scope> {
     staged: Mutex<Vec<bool>>,
     staged_changed: Condvar,
     writers: Mutex<Writers<'scope>>,
-    /// The other lane panicked.
+    /// A lane panicked.
     panicked: AtomicBool,
 }
 
