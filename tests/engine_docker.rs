@@ -203,7 +203,9 @@ fn load_streams_then_skips_and_tags_everything() {
 
     assert!(!rt.block_on(engine.image_exists(&id.to_string())).unwrap());
     assert_eq!(
-        cudastack::engine::load::layout_tags(&dir, "latest").unwrap(),
+        cudastack::engine::load::layout_tags(
+            &cudastack::oci::layout::LayoutImage::open(&dir, "latest").unwrap()
+        ),
         {
             let mut sorted = tags.clone();
             sorted.sort();

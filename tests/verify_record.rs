@@ -145,6 +145,22 @@ fn a_verified_report_labels_a_new_config_with_the_same_layers() {
             verified
         );
     }
+    // The verified image as a value (what `build --load` loads after verifying) is the one
+    // the layout now names, read back whole, with the same names.
+    let value = recorded.verified_image.unwrap();
+    let read_back = layout::LayoutImage::open(&dir, "latest").unwrap();
+    assert_eq!(value.image.manifest, read_back.image.manifest);
+    assert_eq!(value.image.config, read_back.image.config);
+    let blobs = |image: &layout::LayoutImage| -> Vec<_> {
+        image
+            .image
+            .layers
+            .iter()
+            .map(|l| (l.digest, l.diff_id, l.blob.clone()))
+            .collect()
+    };
+    assert_eq!(blobs(&value), blobs(&read_back));
+    assert_eq!(value.other_names, read_back.other_names);
     let after = layout::read(&dir, "verified").unwrap();
     assert_eq!(
         after.layers().iter().map(|l| l.digest).collect::<Vec<_>>(),

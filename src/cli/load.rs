@@ -6,9 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use cudastack::engine::load::layout_tags;
 use cudastack::engine::LoadReport;
-use cudastack::pipeline::load::load;
+use cudastack::pipeline::load::load_from_layout;
 
 use super::args::RefArg;
 use super::{Async, CommandResult, Printer};
@@ -26,13 +25,13 @@ pub struct LoadArgs {
 }
 
 pub fn run(args: LoadArgs, runtime: &Async, printer: &Printer) -> CommandResult {
-    let ref_name = &args.layout_ref.ref_name;
-    let tags = if args.tags.is_empty() {
-        layout_tags(&args.layout, ref_name)?
-    } else {
-        args.tags
-    };
-    let report = runtime.block_on(load(&args.layout, ref_name, &tags, printer))?;
+    let tags = (!args.tags.is_empty()).then_some(args.tags.as_slice());
+    let report = runtime.block_on(load_from_layout(
+        &args.layout,
+        &args.layout_ref.ref_name,
+        tags,
+        printer,
+    ))?;
     if printer.json {
         printer.json(&report);
     } else {

@@ -36,7 +36,7 @@ use tokio::sync::mpsc;
 
 use super::{message_of, split_tag, status_of, Engine, EngineError};
 use crate::digest::Digest;
-use crate::oci::layout::Layout;
+use crate::oci::layout::LayoutImage;
 use crate::oci::{self, Image, OciError, StoredImage};
 
 /// The load request may take as long as the upload does (hours for a slow disk).
@@ -91,8 +91,8 @@ impl Engine {
         ref_name: &str,
         tags: &[String],
     ) -> Result<LoadReport, EngineError> {
-        let image = Layout::open(dir)?.complete_image(ref_name, None)?;
-        self.load_stored(&image, tags, &dir.display().to_string())
+        let image = LayoutImage::open(dir, ref_name)?;
+        self.load_stored(&image.image, tags, &dir.display().to_string())
             .await
     }
 
@@ -400,21 +400,15 @@ impl Engine {
     }
 }
 
-/// Docker tags among the layout's ref names that name the same manifest as `ref_name`
-/// (cudastack writes each recipe tag as a ref name beside `latest`), sorted.
-pub fn layout_tags(dir: &Path, ref_name: &str) -> Result<Vec<String>, EngineError> {
-    let layout = Layout::open(dir)?;
-    let entry = layout.entry(ref_name)?;
-    let mut tags: Vec<String> = layout
-        .index()
-        .names_of_same_manifest(entry)
-        .into_iter()
-        .filter(|name| *name != ref_name && name.contains(':') && split_tag(name).is_ok())
-        .map(str::to_string)
-        .collect();
-    tags.sort();
-    tags.dedup();
-    Ok(tags)
+/// Docker tags among the layout's names of the image (cudastack writes each recipe tag as
+/// a ref name beside `latest`), sorted.
+pub fn layout_tags(image: &LayoutImage) -> Vec<String> {
+    image
+        .other_names
+        .iter()
+        .filter(|name| name.contains(':') && split_tag(name).is_ok())
+        .cloned()
+        .collect()
 }
 
 fn check_tags(tags: &[String]) -> Result<(), EngineError> {

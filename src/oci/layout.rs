@@ -46,7 +46,7 @@ use super::{Image, OciError, StoredImage};
 use crate::canonical::to_canonical_json;
 use crate::digest::Digest;
 pub use index::{ref_name_of, LayoutIndex};
-pub use reader::Layout;
+pub use reader::{Layout, LayoutImage};
 pub use writer::LayoutWriter;
 
 const LAYOUT_FILE: &str = r#"{"imageLayoutVersion":"1.0.0"}"#;

@@ -1,32 +1,68 @@
 //! The load stage: an image of an OCI layout into the Docker daemon, tagged (`build --load`
-//! and `cudastack load`). Streaming the layout into the daemon is `engine`'s.
+//! and `cudastack load`). Streaming the image into the daemon is `engine`'s.
 
 use std::path::Path;
 
+use crate::engine::load::layout_tags;
 use crate::engine::{split_tag, Engine, LoadReport};
+use crate::oci::layout::LayoutImage;
 use crate::stack::human_bytes;
 
 use super::{PipelineError, Progress};
 
-/// Check the tags, connect and load, with a status line before and after. A tag the
-/// daemon would refuse is an error before anything is said about loading or any daemon
-/// is contacted.
+/// Load `image` under `tags`. A tag the daemon would refuse is an error before anything is
+/// said about loading or any daemon is contacted.
 pub async fn load(
-    layout: &Path,
-    ref_name: &str,
+    image: &LayoutImage,
     tags: &[String],
     progress: &dyn Progress,
 ) -> Result<LoadReport, PipelineError> {
+    check_tags(tags)?;
+    let engine = Engine::connect().await?;
+    load_with(&engine, image, tags, progress).await
+}
+
+/// `cudastack load`: the image `ref_name` of the layout at `dir`, under `tags` or, when
+/// none are given, the tags the layout records for it. The tags are checked first, then
+/// the daemon is reached, then the layout is read.
+pub async fn load_from_layout(
+    dir: &Path,
+    ref_name: &str,
+    tags: Option<&[String]>,
+    progress: &dyn Progress,
+) -> Result<LoadReport, PipelineError> {
+    if let Some(tags) = tags {
+        check_tags(tags)?;
+    }
+    let engine = Engine::connect().await?;
+    let image = LayoutImage::open(dir, ref_name)?;
+    let tags = tags.map_or_else(|| layout_tags(&image), <[String]>::to_vec);
+    load_with(&engine, &image, &tags, progress).await
+}
+
+fn check_tags(tags: &[String]) -> Result<(), PipelineError> {
     for tag in tags {
         split_tag(tag)?;
     }
-    let engine = Engine::connect().await?;
+    Ok(())
+}
+
+/// Load with a status line before and after.
+async fn load_with(
+    engine: &Engine,
+    image: &LayoutImage,
+    tags: &[String],
+    progress: &dyn Progress,
+) -> Result<LoadReport, PipelineError> {
     progress.status(&format!(
-        "loading {}:{ref_name} into the Docker daemon at {}",
-        layout.display(),
+        "loading {}:{} into the Docker daemon at {}",
+        image.dir.display(),
+        image.ref_name,
         engine.host()
     ));
-    let report = engine.load_layout(layout, ref_name, tags).await?;
+    let report = engine
+        .load_stored(&image.image, tags, &image.dir.display().to_string())
+        .await?;
     if report.skipped {
         progress.status(&format!(
             "the daemon already has {}; tagged in {:.2}s",

@@ -32,6 +32,7 @@ use early_push::{EarlyUploads, SentWhileBuilding};
 
 use crate::engine::LoadReport;
 use crate::matrix::Matrix;
+use crate::oci::layout::LayoutImage;
 use crate::registry::{ClientOptions, PushReport, Reference};
 use crate::stack::{BuildProgress, BuildReport, BuildSettings};
 use crate::verify::report::Report;
@@ -237,7 +238,10 @@ pub async fn build_verify_publish(
         None => Vec::new(),
     };
     let loaded = if settings.load {
-        let loaded = load_built(&built, progress).await;
+        let verified_image = verified
+            .as_ref()
+            .and_then(|outcome| outcome.recorded.verified_image.as_ref());
+        let loaded = load_built(&built, verified_image, progress).await;
         let left_loaded = verified.as_ref().and_then(|outcome| outcome.left_loaded);
         let loaded_id = loaded.as_ref().ok().map(|report| &report.image_id);
         verify::remove_left_loaded(left_loaded, loaded_id).await;
@@ -273,17 +277,20 @@ pub async fn build_verify_publish(
     })
 }
 
-/// `build --load`: the image of this host's platform, tagged with the recipe's tags.
+/// `build --load`: the image of this host's platform (its verified copy when the
+/// verification made one), tagged with the tags the layout gives it.
 async fn load_built(
     built: &BuildReport,
+    verified: Option<&LayoutImage>,
     progress: &dyn Progress,
 ) -> Result<LoadReport, PipelineError> {
-    let Some(host_ref) = &built.host_ref else {
+    let Some(host_image) = verified.or(built.host_image.as_ref()) else {
         return Err(PipelineError::NoHostImageToLoad {
             architecture: crate::platform::host_cpu(),
         });
     };
-    load::load(&built.layout, host_ref, &built.tags, progress).await
+    let tags = crate::engine::load::layout_tags(host_image);
+    load::load(host_image, &tags, progress).await
 }
 
 #[cfg(test)]
@@ -326,6 +333,10 @@ mod tests {
             ref_name: "latest".into(),
             tags: vec!["localhost/r:1".into()],
             host_ref: host_ref.map(str::to_string),
+            host_image: host_ref.map(|name| {
+                let image = crate::oci::StoredImage::of(&crate::oci::Image::new(0)).unwrap();
+                crate::oci::layout::LayoutImage::written(Path::new("images/r"), name, &[], image)
+            }),
             layers: Vec::new(),
             size: 0,
             audit: audit.clone(),
@@ -387,7 +398,7 @@ mod tests {
     #[tokio::test]
     async fn load_refuses_a_build_without_a_host_image_before_any_daemon() {
         let lines = Lines::default();
-        let error = load_built(&built(None), &lines).await.unwrap_err();
+        let error = load_built(&built(None), None, &lines).await.unwrap_err();
         assert_eq!(
             error.to_string(),
             format!(

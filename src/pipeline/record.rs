@@ -104,6 +104,7 @@ pub async fn record_in_registry(
         verified_refs: Vec::new(),
         ran: None,
         verified: None,
+        verified_image: None,
     };
     if verdict != Verdict::Verified {
         return Ok(recorded);

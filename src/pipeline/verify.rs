@@ -10,7 +10,9 @@ use crate::engine::Engine;
 use crate::recipe::GpuPolicy;
 use crate::stack::BuildReport;
 use crate::verify::report::Verdict;
-use crate::verify::runner::{verify_layout, GpuChoice, VerifyOutcome, VerifySettings};
+use crate::verify::runner::{
+    verify_image, verify_layout, GpuChoice, VerifyOutcome, VerifySettings,
+};
 
 use super::{PipelineError, Progress};
 
@@ -29,7 +31,7 @@ pub async fn after_build(
     keep_loaded: bool,
     progress: &dyn Progress,
 ) -> Result<Option<VerifyOutcome>, PipelineError> {
-    let Some(host_ref) = &built.host_ref else {
+    let Some(host_image) = &built.host_image else {
         let platforms: Vec<&str> = built
             .platforms
             .iter()
@@ -71,7 +73,8 @@ pub async fn after_build(
         keep_loaded,
         ..VerifySettings::default()
     };
-    let outcome = verify_layout(&engine, &built.layout, host_ref, &settings).await?;
+    let tags = crate::engine::load::layout_tags(host_image);
+    let outcome = verify_image(&engine, host_image, &tags, &settings).await?;
     let left_loaded = outcome.left_loaded;
     let judged = judge(outcome, &built.layout, progress);
     if judged.is_err() {

@@ -4,7 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::oci::{self, Image};
+use crate::oci::layout::LayoutImage;
+use crate::oci::{self, Image, StoredImage};
 use crate::recipe::{Platform, Recipe};
 use crate::stack::error::BuildError;
 use crate::stack::image_config::StackFacts;
@@ -69,10 +70,16 @@ pub(crate) fn write_output(
     progress.stage("output", &format!("OCI layout {}", layout.display()));
     let host = host_platform();
     let mut platforms = Vec::new();
+    // The image of the host's platform, as written: what verification and load take.
+    let mut host_image = None;
     let (manifest_digest, host_ref) = if assembled.len() == 1 {
-        let manifest_digest = oci::layout::write(&first.image, &layout, "latest")?;
+        let stored = StoredImage::of(&first.image)?;
+        let manifest_digest = oci::layout::write_stored(&stored, &layout, "latest")?;
         for tag in &tags {
-            oci::layout::write(&first.image, &layout, tag)?;
+            oci::layout::write_stored(&stored, &layout, tag)?;
+        }
+        if Some(first.platform) == host {
+            host_image = Some(LayoutImage::written(&layout, "latest", &tags, stored));
         }
         (
             manifest_digest,
@@ -82,11 +89,12 @@ pub(crate) fn write_output(
         let mut children = Vec::new();
         for built in &assembled {
             let ref_name = platform_ref("latest", built.platform);
-            oci::layout::write(&built.image, &layout, &ref_name)?;
-            children.push((
-                built.image.documents()?.manifest_descriptor(),
-                built.platform.to_oci(),
-            ));
+            let stored = StoredImage::of(&built.image)?;
+            oci::layout::write_stored(&stored, &layout, &ref_name)?;
+            children.push((stored.manifest_descriptor(), built.platform.to_oci()));
+            if Some(built.platform) == host {
+                host_image = Some(LayoutImage::written(&layout, &ref_name, &[], stored));
+            }
         }
         let digest = oci::layout::write_index(&layout, &children, "latest")?;
         for tag in &tags {
@@ -121,6 +129,7 @@ pub(crate) fn write_output(
         ref_name: "latest".into(),
         tags,
         host_ref,
+        host_image,
         layers: first.layers.clone(),
         size: first.size,
         audit: first.audit.clone(),

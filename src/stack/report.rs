@@ -30,6 +30,10 @@ pub struct BuildReport {
     /// `--load` run (`latest`, or `latest-linux-amd64` beside an index); None when the
     /// host's platform was not built.
     pub host_ref: Option<String>,
+    /// That image as written to the layout: the stages after the build (verification, load)
+    /// take it instead of reading the layout again.
+    #[serde(skip)]
+    pub host_image: Option<crate::oci::layout::LayoutImage>,
     /// The first platform's layers, size and audit (the only one in a single-platform build).
     pub layers: Vec<LayerReport>,
     /// Compressed size of all layers.

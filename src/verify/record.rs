@@ -15,7 +15,7 @@ use super::REPORT_ARTIFACT_TYPE;
 use crate::digest::Digest;
 use crate::labels;
 use crate::oci::layout::{self, Artifact};
-use crate::oci::OciError;
+use crate::oci::{OciError, StoredImage};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
@@ -308,6 +308,10 @@ pub struct Recorded {
     pub ran: Option<oci_spec::image::Descriptor>,
     #[serde(skip)]
     pub verified: Option<oci_spec::image::Descriptor>,
+    /// The verified image as written to the layout, under the verified ref (what a load
+    /// after the verification takes); None for a report recorded elsewhere.
+    #[serde(skip)]
+    pub verified_image: Option<layout::LayoutImage>,
 }
 
 /// Ref name of the report artifact stored beside `ref_name`.
@@ -345,6 +349,7 @@ pub fn record_in_layout(
             verified_refs: Vec::new(),
             ran: Some(resolved.manifest),
             verified: None,
+            verified_image: None,
         });
     }
     let rows = matrix_rows(report, &report_digest)?;
@@ -420,6 +425,9 @@ pub fn record_in_layout(
         layout::write_index(dir, children, name)?;
         refs.push(name.clone());
     }
+    let others: Vec<String> = refs.iter().filter(|r| *r != ref_name).cloned().collect();
+    let verified_image =
+        layout::LayoutImage::written(dir, ref_name, &others, StoredImage::of(&image)?);
     Ok(Recorded {
         verdict,
         report_digest,
@@ -428,6 +436,7 @@ pub fn record_in_layout(
         verified_refs: refs,
         ran: Some(resolved.manifest),
         verified: Some(verified_descriptor),
+        verified_image: Some(verified_image),
     })
 }
 

@@ -28,7 +28,8 @@ use crate::digest::Digest;
 use crate::engine::load::layout_tags;
 use crate::engine::run::{GpuRequest, Reaped, RunOutcome, RunSpec};
 use crate::engine::{Engine, EngineError, LoadReport};
-use crate::oci::layout;
+use crate::oci::layout::LayoutImage;
+use crate::oci::StoredImage;
 use crate::probe::PROBE_SOURCE;
 
 #[derive(Debug, thiserror::Error)]
@@ -163,30 +164,43 @@ fn gpu_visible(info: &crate::engine::EngineInfo) -> Result<(), String> {
     }
 }
 
-/// Verify the image `ref_name` of the layout `dir`: load it (skipped when present), run
-/// the probe, record the report (and, only on a full pass, the verified image).
+/// Verify the image `ref_name` of the layout `dir`, loaded under the tags the layout
+/// records for it: [`verify_image`].
 pub async fn verify_layout(
     engine: &Engine,
     dir: &Path,
     ref_name: &str,
     settings: &VerifySettings,
 ) -> Result<VerifyOutcome, VerifyError> {
+    let image = LayoutImage::open(dir, ref_name)?;
+    verify_image(engine, &image, &layout_tags(&image), settings).await
+}
+
+/// Verify `image`: load it under `tags` (skipped when present), run the probe, record the
+/// report in its layout (and, only on a full pass, the verified image).
+pub async fn verify_image(
+    engine: &Engine,
+    image: &LayoutImage,
+    tags: &[String],
+    settings: &VerifySettings,
+) -> Result<VerifyOutcome, VerifyError> {
     let started = std::time::Instant::now();
     let info = engine.info().await?;
     let reaped = engine.reap_orphans().await?;
     let (gpus, note) = choose_gpus(&settings.gpus, &info)?;
-    let resolved = layout::resolve(dir, ref_name)?;
-    let location = format!("oci:{}:{ref_name}", dir.display());
+    let (dir, ref_name) = (image.dir.as_path(), image.ref_name.as_str());
+    let manifest_digest = image.image.manifest_digest();
+    let location = image.location();
     let image_facts = ImageFacts {
         reference: location.clone(),
-        manifest_digest: Some(resolved.manifest_digest.to_string()),
-        config_digest: Some(resolved.config_digest.to_string()),
+        manifest_digest: Some(manifest_digest.to_string()),
+        config_digest: Some(image.image.config_digest().to_string()),
     };
     let cache = settings.cache.as_deref().map(|root| {
         (
             VerifyCache::new(root),
             CacheKey::new(
-                &resolved.manifest_digest,
+                &manifest_digest,
                 settings.level,
                 &describe(&gpus),
                 HostFacts::read(&info),
@@ -218,22 +232,18 @@ pub async fn verify_layout(
     }
     // The host reads what another tool's layers changed, before the image's own code runs.
     let examined = std::time::Instant::now();
-    let stored = layout::Layout::open(dir)?.complete_image(ref_name, None)?;
-    let derived = super::derived::examine(&stored).map_err(|source| VerifyError::Derived {
+    let derived = super::derived::examine(&image.image).map_err(|source| VerifyError::Derived {
         image: location.clone(),
         source,
     })?;
     let derived = derived.map(|changes| changes.check(examined.elapsed().as_secs_f64()));
-    let tags = layout_tags(dir, ref_name)?;
-    let image = ProbeImage {
-        dir,
-        ref_name,
-        tags: &tags,
-        manifest_digest: &resolved.manifest_digest,
-        config_digest: &resolved.config_digest,
+    let probed = ProbeImage {
+        image: &image.image,
+        origin: dir.display().to_string(),
+        tags,
     };
     let nonce = Nonce::generate().map_err(VerifyError::Nonce)?;
-    let (load, outcome, left_loaded) = run_probe(engine, &image, &gpus, settings, &nonce).await?;
+    let (load, outcome, left_loaded) = run_probe(engine, &probed, &gpus, settings, &nonce).await?;
     // What follows the run may still fail (no report, a check that failed): then the image
     // left for the caller goes too.
     let judged = (|| {
@@ -359,15 +369,14 @@ fn choose_gpus(
     })
 }
 
-/// The image of a layout the probe runs in.
+/// The image the probe runs in.
 struct ProbeImage<'a> {
-    dir: &'a Path,
-    ref_name: &'a str,
+    image: &'a StoredImage,
+    /// Where it is stored, for messages.
+    origin: String,
     /// The tags it is loaded under (none: removed again after the run if this run
     /// brought it).
     tags: &'a [String],
-    manifest_digest: &'a crate::digest::Digest,
-    config_digest: &'a crate::digest::Digest,
 }
 
 /// Load the image (skipped when present) and run the probe in a container of it. Also
@@ -380,11 +389,12 @@ async fn run_probe(
     nonce: &Nonce,
 ) -> Result<(LoadReport, RunOutcome, Option<Digest>), VerifyError> {
     // By config or manifest digest: the containerd image store names images by the latter.
+    let manifest_digest = image.image.manifest_digest();
     let was_present = engine
-        .has_image(image.config_digest, image.manifest_digest)
+        .has_image(&image.image.config_digest(), &manifest_digest)
         .await?;
     let load = engine
-        .load_layout(image.dir, image.ref_name, image.tags)
+        .load_stored(image.image, image.tags, &image.origin)
         .await?;
     let image_id = load.image_id.to_string();
     let mut spec = RunSpec::new(image_id.clone(), probe_command(settings.level));
@@ -401,7 +411,7 @@ async fn run_probe(
     spec.timeout = settings.timeout;
     spec.labels = vec![(
         "io.cudastack.verify".to_string(),
-        image.manifest_digest.to_string(),
+        manifest_digest.to_string(),
     )];
     // A tagged image stays loaded (like `docker build` leaves its result); one without tags
     // would only be an anonymous leftover, so it goes again if this run brought it, unless

@@ -17,6 +17,64 @@ use crate::digest::Digest;
 use crate::layer::Layer;
 use crate::oci::{digest_of, Blob, OciError, StoredImage};
 
+/// One image of a layout as one reading found it: the layout it lives in (where reports and
+/// attestations about it are written), the name it was read by, the layout's other names
+/// of the same manifest (the tags it records for it), and its documents and layers. The
+/// stages after a build take this value instead of reading the layout again.
+#[derive(Debug, Clone)]
+pub struct LayoutImage {
+    pub dir: PathBuf,
+    pub ref_name: String,
+    /// The layout's other names of the same manifest, sorted.
+    pub other_names: Vec<String>,
+    pub image: StoredImage,
+}
+
+impl LayoutImage {
+    /// Open the layout at `dir` and read the image `ref_name` names (for an image index,
+    /// the host's platform's), checked to be whole.
+    pub fn open(dir: &Path, ref_name: &str) -> Result<Self, OciError> {
+        let layout = Layout::open(dir)?;
+        let image = layout.complete_image(ref_name, None)?;
+        let mut other_names: Vec<String> = layout
+            .index
+            .names_of_same_manifest(layout.entry(ref_name)?)
+            .into_iter()
+            .filter(|name| *name != ref_name)
+            .map(str::to_string)
+            .collect();
+        other_names.sort();
+        other_names.dedup();
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            ref_name: ref_name.to_string(),
+            other_names,
+            image,
+        })
+    }
+
+    /// `image` as just written to the layout at `dir` under `ref_name` and `other_names`:
+    /// its layer blobs are the layout's copies.
+    pub fn written(dir: &Path, ref_name: &str, other_names: &[String], image: StoredImage) -> Self {
+        let mut image = image;
+        for layer in &mut image.layers {
+            layer.blob = blob_path(dir, &layer.digest);
+        }
+        image.ref_name = Some(ref_name.to_string());
+        Self {
+            dir: dir.to_path_buf(),
+            ref_name: ref_name.to_string(),
+            other_names: other_names.to_vec(),
+            image,
+        }
+    }
+
+    /// `oci:DIR:REF`, how messages and reports name it.
+    pub fn location(&self) -> String {
+        format!("oci:{}:{}", self.dir.display(), self.ref_name)
+    }
+}
+
 /// An OCI layout opened for reading (see the module docs).
 #[derive(Debug, Clone)]
 pub struct Layout {
