@@ -168,6 +168,17 @@ impl ResolvedRecipe {
         self.torch_build.as_ref()
     }
 
+    /// The torch build of the release a lock records (`locked`, the wheel's version): a
+    /// series (`version: "2.4"`) was resolved when it was locked, and a refreshed matrix may
+    /// pick a newer release now. [`Self::torch_build`] when `locked` does not parse.
+    pub fn locked_torch_build<'m>(
+        &'m self,
+        matrix: &'m Matrix,
+        locked: &str,
+    ) -> Option<&'m TorchBuild> {
+        super::validate::locked_torch_build(matrix, &self.recipe, locked)
+    }
+
     /// The CUDA version NVIDIA_REQUIRE_CUDA asks for (`cuda>=X.Y`): what the driver floor
     /// supports, capped at the recipe's CUDA.
     pub fn nvidia_require_cuda(&self) -> Option<CudaVersion> {

@@ -640,9 +640,11 @@ fn glibc_key(text: &str) -> (u32, u32) {
 
 /// The errors of the recipe's `gpus:` against one platform's torch build (its own wheel's
 /// arch list, which differs between x86_64 and aarch64 wheels of one release).
-pub fn gpu_errors(matrix: &Matrix, recipe: &Recipe, build: &TorchBuild) -> Vec<Problem> {
+pub fn kernel_errors(matrix: &Matrix, gpus: &[TargetGpu], build: &TorchBuild) -> Vec<Problem> {
     let mut problems = Collector(Vec::new());
-    check_gpus(matrix, recipe, Some(build), &mut problems);
+    for gpu in gpus {
+        check_kernels(matrix, gpu, build, &mut problems);
+    }
     problems
         .0
         .into_iter()
@@ -679,43 +681,8 @@ fn check_gpus(
         };
         check_gpu_driver(matrix, recipe, &gpu, problems);
         let (gpu_label, cc) = (gpu.label(), gpu.cc);
-        let gpu_with_cc = if gpu.named() {
-            format!("{} (compute capability {cc}, {})", gpu.name, cc.sm())
-        } else {
-            format!("{} (compute capability {cc})", cc.sm())
-        };
         if let Some(build) = build {
-            let mut archs = build.arch_list.clone();
-            archs.sort();
-            let archs: Vec<String> = archs.iter().map(ComputeCapability::sm).collect();
-            match build.kernels_for(&cc) {
-                KernelSupport::Sass(_) => {}
-                KernelSupport::Ptx(ptx) => problems.push(
-                    Severity::Warning,
-                    "gpu-ptx-only",
-                    format!("{gpu_label} has no native kernels in torch {}; it would run {}'s PTX through the driver's JIT", build.label(), ptx.sm()),
-                    "JIT compilation makes the first run slow and needs a driver at least as new as the build's CUDA",
-                    "prefer a build whose arch list contains the GPU's major",
-                ),
-                KernelSupport::None => {
-                    let first = matrix
-                        .torch_builds
-                        .iter()
-                        .filter(|b| b.pypi_default && matches!(b.kernels_for(&cc), KernelSupport::Sass(_)))
-                        .min_by(|a, b| a.torch.cmp(&b.torch));
-                    let last = matrix.torch_builds.iter().filter(|b| b.pypi_default && matches!(b.kernels_for(&cc), KernelSupport::Sass(_))).max_by(|a, b| a.torch.cmp(&b.torch));
-                    let hint = match (first, last) {
-                        (Some(first), Some(last)) => format!("PyPI builds with kernels for {}: torch {} .. {} (e.g. {} for CUDA {})", cc.sm(), first.torch, last.torch, last.label(), last.cuda),
-                        _ => format!("no PyPI torch build has kernels for {}; check `cudastack solve --cc {cc}`", cc.sm()),
-                    };
-                    problems.error(
-                        "gpu-no-kernels",
-                        format!("{gpu_with_cc} has no kernels in torch {} (built for {})", build.label(), archs.join(" ")),
-                        format!("a cubin runs only on its own major with an equal or newer minor, and {} carries {}; the first CUDA op would fail with \"no kernel image is available for execution on the device\"", build.label(), if build.ptx { "PTX only for its newest arch" } else { "no PTX" }),
-                        hint,
-                    );
-                }
-            }
+            check_kernels(matrix, &gpu, build, problems);
         } else if let Some(support) = matrix.arch_support.iter().find(|row| {
             row.cc.major == cc.major
                 && row.cc.minor <= cc.minor
@@ -741,6 +708,48 @@ fn check_gpus(
                     format!("use CUDA >= {}", support.first_cuda.unwrap()),
                 );
             }
+        }
+    }
+}
+
+/// The kernels `build` carries for `gpu`: nothing to say when it has native ones, a
+/// warning for PTX only, an error for none.
+fn check_kernels(matrix: &Matrix, gpu: &TargetGpu, build: &TorchBuild, problems: &mut Collector) {
+    let (gpu_label, cc) = (gpu.label(), gpu.cc);
+    let gpu_with_cc = if gpu.named() {
+        format!("{} (compute capability {cc}, {})", gpu.name, cc.sm())
+    } else {
+        format!("{} (compute capability {cc})", cc.sm())
+    };
+    let mut archs = build.arch_list.clone();
+    archs.sort();
+    let archs: Vec<String> = archs.iter().map(ComputeCapability::sm).collect();
+    match build.kernels_for(&cc) {
+        KernelSupport::Sass(_) => {}
+        KernelSupport::Ptx(ptx) => problems.push(
+            Severity::Warning,
+            "gpu-ptx-only",
+            format!("{gpu_label} has no native kernels in torch {}; it would run {}'s PTX through the driver's JIT", build.label(), ptx.sm()),
+            "JIT compilation makes the first run slow and needs a driver at least as new as the build's CUDA",
+            "prefer a build whose arch list contains the GPU's major",
+        ),
+        KernelSupport::None => {
+            let first = matrix
+                .torch_builds
+                .iter()
+                .filter(|b| b.pypi_default && matches!(b.kernels_for(&cc), KernelSupport::Sass(_)))
+                .min_by(|a, b| a.torch.cmp(&b.torch));
+            let last = matrix.torch_builds.iter().filter(|b| b.pypi_default && matches!(b.kernels_for(&cc), KernelSupport::Sass(_))).max_by(|a, b| a.torch.cmp(&b.torch));
+            let hint = match (first, last) {
+                (Some(first), Some(last)) => format!("PyPI builds with kernels for {}: torch {} .. {} (e.g. {} for CUDA {})", cc.sm(), first.torch, last.torch, last.label(), last.cuda),
+                _ => format!("no PyPI torch build has kernels for {}; check `cudastack solve --cc {cc}`", cc.sm()),
+            };
+            problems.error(
+                "gpu-no-kernels",
+                format!("{gpu_with_cc} has no kernels in torch {} (built for {})", build.label(), archs.join(" ")),
+                format!("a cubin runs only on its own major with an equal or newer minor, and {} carries {}; the first CUDA op would fail with \"no kernel image is available for execution on the device\"", build.label(), if build.ptx { "PTX only for its newest arch" } else { "no PTX" }),
+                hint,
+            );
         }
     }
 }
@@ -793,7 +802,7 @@ mod tests {
     /// The aarch64 torch 2.11 wheel carries sm_80 and up only: the same recipe GPU that the
     /// x86_64 row accepts is an error against that platform's build.
     #[test]
-    fn gpu_errors_use_the_platform_build_given() {
+    fn kernel_errors_use_the_platform_build_given() {
         let matrix = Matrix::embedded();
         let recipe = Recipe::parse(
             "name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"580.65.06\"\ncuda: { version: \"13.0\" }\ncudnn: { version: \"9.19.0.56\" }\ntorch: { version: \"2.11.0\" }\ngpus: [\"Tesla T4\"]\n",
@@ -801,7 +810,8 @@ mod tests {
         )
         .unwrap();
         let x86_64 = selected_torch_build(matrix, &recipe).expect("torch 2.11.0 is in the matrix");
-        assert!(gpu_errors(matrix, &recipe, x86_64).is_empty());
+        let gpus = [matrix.target_gpu("Tesla T4").unwrap()];
+        assert!(kernel_errors(matrix, &gpus, x86_64).is_empty());
         let aarch64 = TorchBuild {
             arch_list: ["8.0", "9.0", "10.0", "11.0", "12.0"]
                 .iter()
@@ -810,7 +820,7 @@ mod tests {
             ptx: false,
             ..x86_64.clone()
         };
-        let errors = gpu_errors(matrix, &recipe, &aarch64);
+        let errors = kernel_errors(matrix, &gpus, &aarch64);
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert_eq!(errors[0].code, "gpu-no-kernels");
         assert!(errors[0].what.contains("sm_75"), "{}", errors[0].what);

@@ -48,14 +48,14 @@ use crate::fetch::download::Downloader;
 use crate::fetch::http::HttpClient;
 use crate::lock::inputs::index_credentials;
 use crate::lock::lockfile::{Artifact, ArtifactKind};
-use crate::matrix::solve::SolveQuery;
 use crate::matrix::Matrix;
 use crate::recipe::{Flavor, Recipe, SourceBuild};
 use crate::stack::{
     fetch_deb_files, link_wheel, source_date_epoch, BuildEnv, BuildError, BuildSettings,
     FetchedWheel, PlatformInputs, StackLayers,
 };
-use crate::version::ComputeCapability;
+use crate::target_gpu::TargetGpu;
+use crate::version::{ComputeCapability, CudaVersion};
 
 mod sandbox;
 use sandbox::*;
@@ -75,8 +75,6 @@ const LOG_TAIL: usize = 40;
 /// Why a source build failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceBuildError {
-    #[error("`build` package `{package}`: GPU `{gpu}` is not in the matrix, so its SASS target is unknown\n  hint: give its compute capability instead (`\"8.9\"`), or a name from `cudastack matrix --table gpus`")]
-    UnknownGpu { package: String, gpu: String },
     #[error("`build` package `{package}`: CUDA {cuda}'s nvcc cannot compile for {sm} (GPU `{gpu}`); it compiles {supported}\n  hint: use a CUDA release that supports the GPU (`cudastack solve --gpu \"{gpu}\"`), or drop it from `gpus:`")]
     Unsupported {
         package: String,
@@ -215,27 +213,25 @@ impl BuildKey {
     }
 }
 
-/// TORCH_CUDA_ARCH_LIST for `recipe`'s GPUs: each GPU's `major.minor` once, sorted, the
-/// newest with `+PTX` so a newer GPU can JIT it (`8.0;8.9;9.0+PTX`). Each must be a target
-/// the recipe's CUDA compiles (the matrix's `cuda_archs`).
+/// TORCH_CUDA_ARCH_LIST for the recipe's GPUs (`gpus:`, as validation resolved them): each
+/// GPU's `major.minor` once, sorted, the newest with `+PTX` so a newer GPU can JIT it
+/// (`8.0;8.9;9.0+PTX`). Each must be a target `cuda`'s nvcc compiles (the matrix's
+/// `cuda_archs`).
 pub fn arch_list(
     matrix: &Matrix,
-    recipe: &Recipe,
+    cuda: CudaVersion,
+    gpus: &[TargetGpu],
     package: &str,
 ) -> Result<String, SourceBuildError> {
-    let supported = matrix.cuda_archs(recipe.cuda.version);
+    let supported = matrix.cuda_archs(cuda);
     let mut archs: Vec<ComputeCapability> = Vec::new();
-    for name in &recipe.gpus {
-        let gpu = SolveQuery::gpu(matrix, name).map_err(|_| SourceBuildError::UnknownGpu {
-            package: package.to_string(),
-            gpu: name.clone(),
-        })?;
+    for gpu in gpus {
         if !supported.is_empty() && !supported.contains(&gpu.cc) {
             return Err(SourceBuildError::Unsupported {
                 package: package.to_string(),
-                gpu: name.clone(),
+                gpu: gpu.recipe_entry(),
                 sm: gpu.cc.sm(),
-                cuda: recipe.cuda.version.to_string(),
+                cuda: cuda.to_string(),
                 supported: supported
                     .iter()
                     .map(|cc| cc.sm())
@@ -346,7 +342,12 @@ pub(crate) async fn add_built_wheels(
             version: sdist.version.clone(),
             sdist_sha256: sdist.sha256,
             builder_digest,
-            arch_list: arch_list(inputs.matrix, inputs.recipe, &sdist.name)?,
+            arch_list: arch_list(
+                inputs.matrix,
+                inputs.recipe.cuda.version,
+                inputs.resolved.target_gpus(),
+                &sdist.name,
+            )?,
             env: entry.env.clone(),
             source_date_epoch: epoch,
         };
@@ -1000,38 +1001,27 @@ mod tests {
         .unwrap()
     }
 
+    /// The arch list of a CUDA 12.1 recipe's `gpus:`, resolved as validation resolves them.
+    fn arch_list_of(gpus: &[&str]) -> Result<String, SourceBuildError> {
+        let matrix = Matrix::embedded();
+        let gpus: Vec<TargetGpu> = gpus
+            .iter()
+            .map(|name| matrix.target_gpu(name).expect("in the matrix"))
+            .collect();
+        arch_list(matrix, "12.1".parse().unwrap(), &gpus, "torchsort")
+    }
+
     #[test]
     fn the_arch_list_has_sass_for_each_gpu_and_ptx_for_the_newest() {
-        let matrix = Matrix::embedded();
+        assert_eq!(arch_list_of(&["RTX 4090"]).unwrap(), "8.9+PTX");
         assert_eq!(
-            arch_list(matrix, &recipe("[\"RTX 4090\"]"), "x").unwrap(),
-            "8.9+PTX"
-        );
-        assert_eq!(
-            arch_list(
-                matrix,
-                &recipe("[H100, \"RTX 4090\", A100, \"NVIDIA A100\"]"),
-                "x"
-            )
-            .unwrap(),
+            arch_list_of(&["H100", "RTX 4090", "A100", "NVIDIA A100"]).unwrap(),
             "8.0;8.9;9.0+PTX"
         );
-        assert_eq!(
-            arch_list(matrix, &recipe("[\"8.6\"]"), "x").unwrap(),
-            "8.6+PTX"
-        );
-        let error = arch_list(matrix, &recipe("[\"RTX 5090\"]"), "torchsort")
-            .unwrap_err()
-            .to_string();
+        assert_eq!(arch_list_of(&["8.6"]).unwrap(), "8.6+PTX");
+        let error = arch_list_of(&["RTX 5090"]).unwrap_err().to_string();
         assert!(
-            error.contains("CUDA 12.1's nvcc cannot compile for sm_120"),
-            "{error}"
-        );
-        let error = arch_list(matrix, &recipe("[\"GTX 9999 Ultra\"]"), "torchsort")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            error.contains("GPU `GTX 9999 Ultra` is not in the matrix"),
+            error.contains("CUDA 12.1's nvcc cannot compile for sm_120 (GPU `RTX 5090`)"),
             "{error}"
         );
     }

@@ -17,7 +17,7 @@ use crate::fetch::http::HttpClient;
 use crate::lock::inputs::{index_credentials, platform_lock_path};
 use crate::lock::lockfile::{Artifact, ArtifactKind, DebLayer, Lockfile};
 use crate::lock::python_inputs::PythonInputs;
-use crate::matrix::validate::{gpu_errors, locked_torch_build};
+use crate::matrix::validate::kernel_errors;
 use crate::matrix::{Matrix, ResolvedRecipe, TorchBuild};
 use crate::recipe::{Platform, Recipe};
 use crate::stack::error::{io_error, BuildError};
@@ -89,11 +89,9 @@ pub(crate) async fn prepare_platform<'a>(
     let (base_debs, apt_debs) = fetch_debs(settings, &lock, store, progress).await?;
     // The arch list this platform's torch wheel really carries (aarch64 builds carry
     // fewer SASS targets than the x86_64 one the matrix was read from), so the labels
-    // and the probe's expectations describe this image.
-    // The build of the release the lock records: a series (`version: "2.4"`) was resolved
-    // when it was locked, and a refreshed matrix may pick a newer release now.
+    // and the probe's expectations describe this image; the build is the locked release's.
     let selected = match wheels.get("torch") {
-        Some(torch) => locked_torch_build(matrix, recipe, &torch.version),
+        Some(torch) => resolved.locked_torch_build(matrix, &torch.version),
         None => resolved.torch_build(),
     };
     let torch_build = match (selected, wheels.get("torch")) {
@@ -107,8 +105,10 @@ pub(crate) async fn prepare_platform<'a>(
         })?),
         (build, _) => build.cloned(),
     };
+    // Validation checked the recipe's GPUs against the matrix's x86_64 build; this
+    // checks them against the wheel this platform fetched.
     if let Some(build) = &torch_build {
-        let problems = gpu_errors(matrix, recipe, build);
+        let problems = kernel_errors(matrix, resolved.target_gpus(), build);
         if !problems.is_empty() {
             return Err(BuildError::Invalid {
                 recipe: format!("{} ({platform})", recipe.name),
