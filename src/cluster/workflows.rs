@@ -772,7 +772,7 @@ jobs:
       # tried, the pull request carries what changed, and the job fails afterwards.
       # `--upgrade`: Debian/Ubuntu packages move to the archive's current versions (security
       # updates) and wheels to what the indexes publish today: this is where upstream's
-      # drift is found (the landing tests relock as of each lock's own `as_of`, issue 40).
+      # drift is found (the landing tests relock as of each lock's own `as_of`).
       # Each lock's changes (package, old -> new) go into the pull request.
       - name: Re-lock every recipe
         id: lock

@@ -496,7 +496,7 @@ pub async fn fetch_referrers(
     }
     if spending.refused > 0 {
         fetched.over_budget = Some(format!(
-            "{}/{}: {} referrer(s) of {subject} were not read: cudastack reads {budget} (issue 32); the rest are skipped",
+            "{}/{}: {} referrer(s) of {subject} were not read: cudastack reads {budget}, so a registry cannot make it read without end; the rest are skipped",
             client.registry(),
             repository.repository(),
             spending.refused,

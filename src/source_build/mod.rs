@@ -1021,7 +1021,7 @@ mod tests {
         assert_eq!(arch_list_of(&["8.6"]).unwrap(), "8.6+PTX");
         let error = arch_list_of(&["RTX 5090"]).unwrap_err().to_string();
         assert!(
-            error.contains("CUDA 12.1's nvcc cannot compile for sm_120 (GPU `RTX 5090`)"),
+            error.contains("CUDA 12.1's nvcc cannot compile for sm_120 (GPU `GeForce RTX 5090`)"),
             "{error}"
         );
     }

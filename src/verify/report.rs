@@ -23,7 +23,7 @@ pub enum ReportError {
     },
     #[error("the report has schema `{found}`, this cudastack reads `{REPORT_SCHEMA}`")]
     Schema { found: String },
-    #[error("refused: {what} holds {count} report lines; a probe prints exactly one, so something else printed the others (a forgery attempt by code in the image, issue 32)\n  hint: find what prints `{prefix}` in the image; or run the probe again and record only its own output", prefix = REPORT_PREFIX.trim_end())]
+    #[error("refused: {what} holds {count} report lines; a probe prints exactly one, so something else printed the others (a forgery attempt by code in the image)\n  hint: find what prints `{prefix}` in the image; or run the probe again and record only its own output", prefix = REPORT_PREFIX.trim_end())]
     Several { what: String, count: usize },
 }
 

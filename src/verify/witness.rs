@@ -44,7 +44,7 @@ pub const NONCE_TAG: &str = "nonce=";
 pub enum WitnessError {
     #[error(transparent)]
     Report(#[from] ReportError),
-    #[error("refused: {what} holds {count} report line(s) that do not carry this run's nonce, so the probe cudastack started did not print them: a forgery attempt by code in the image (a `.pth` file, a package the probe imports), or a probe older than this cudastack\n  first such line: {first}\n  hint: find what prints `{prefix}` in the image (`grep -r {prefix} /usr/local/lib/python3*/dist-packages`); an image built before issue 32 needs a rebuild (only its config layer changes)", prefix = REPORT_PREFIX.trim_end())]
+    #[error("refused: {what} holds {count} report line(s) that do not carry this run's nonce, so the probe cudastack started did not print them: a forgery attempt by code in the image (a `.pth` file, a package the probe imports), or a probe older than this cudastack\n  first such line: {first}\n  hint: find what prints `{prefix}` in the image (`grep -r {prefix} /usr/local/lib/python3*/dist-packages`); an image built by an older cudastack, whose probe prints no nonce, needs a rebuild (only its config layer changes)", prefix = REPORT_PREFIX.trim_end())]
     Forged {
         what: String,
         count: usize,
