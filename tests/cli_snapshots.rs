@@ -630,6 +630,79 @@ fn image_commands_on_one_stand_in_build() {
         &scrub,
     );
 
+    // Where the verified image may run: node affinity, Slurm's constraints, the job on two
+    // nodes (a command given, the stand-in has no entrypoint), and the admission policy.
+    let verified = format!("{}/team/snap:1-verified", registry.host());
+    std::fs::copy(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/slurm/site-features.yaml"
+        ),
+        work.path().join("site-features.yaml"),
+    )
+    .unwrap();
+    let site = "site-features.yaml";
+    // The registry serves the verified copy under a digest of its own.
+    let digests = &[(r"sha256:[0-9a-f]{64}", "sha256:[DIGEST]")];
+    snapshot_with("place", &cli(&["place", &verified]), &scrub, digests);
+    snapshot_with(
+        "place_slurm",
+        &cli(&[
+            "place",
+            &verified,
+            "--for",
+            "slurm",
+            "--site-features",
+            site,
+            "--gpus",
+            "8",
+        ]),
+        &scrub,
+        digests,
+    );
+    snapshot_with(
+        "job",
+        &cli(&[
+            "job",
+            &verified,
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+            "--namespace",
+            "ml",
+            "--",
+            "python3",
+            "train.py",
+        ]),
+        &scrub,
+        digests,
+    );
+    snapshot_with(
+        "job_sbatch",
+        &cli(&[
+            "job",
+            &verified,
+            "--for",
+            "sbatch",
+            "--site-features",
+            site,
+            "--nodes",
+            "2",
+            "--",
+            "python3",
+            "train.py",
+        ]),
+        &scrub,
+        digests,
+    );
+    snapshot_with(
+        "admission",
+        &cli(&["admission", &verified]),
+        &scrub,
+        digests,
+    );
+
     // The same log recorded in the layout: a verified copy, which inspect then reads.
     snapshot(
         "verify_from_log_layout",
