@@ -25,6 +25,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod auth;
+mod authorized;
 mod client;
 pub mod pull;
 pub mod push;

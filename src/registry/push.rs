@@ -22,7 +22,8 @@ use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use reqwest::{Method, StatusCode, Url};
 use serde::{Deserialize, Serialize};
 
-use super::client::{scope, status_error, Body, RegistryClient};
+use super::authorized::{status_error, Body};
+use super::client::{scope, RegistryClient};
 use super::RegistryError;
 use crate::digest::Digest;
 use crate::net::error_chain;

@@ -13,9 +13,8 @@ use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use super::client::{
-    scope, status_error, Body, RegistryClient, OCI_EMPTY, OCI_INDEX, OCI_MANIFEST,
-};
+use super::authorized::{status_error, Body};
+use super::client::{scope, RegistryClient, OCI_EMPTY, OCI_INDEX, OCI_MANIFEST};
 use super::RegistryError;
 use crate::canonical::to_canonical_json;
 use crate::digest::Digest;
@@ -235,7 +234,7 @@ async fn list_entries(
         .await?;
     let bytes = if response.status().is_success() {
         // The referrers API answers an image index: as small as a manifest is.
-        super::client::read_limited(response, &url, MAX_REFERRERS_INDEX, || {
+        super::authorized::read_limited(response, &url, MAX_REFERRERS_INDEX, || {
             not_an_index(format!("it is larger than {MAX_REFERRERS_INDEX} bytes"))
         })
         .await?
