@@ -1,5 +1,5 @@
-//! Shared by inspect, check and verify: reading an image's documents, its referrers and
-//! the verifications signed about it, wherever it lives (the library's [`ImageSource`],
+//! Shared by check and verify: reading an image's documents and the verifications signed
+//! about it, wherever it lives (the library's [`ImageSource`],
 //! resolved from the arguments by `cli/args.rs`), on the run's runtime; and detecting the
 //! local node.
 
@@ -22,21 +22,6 @@ pub fn read_documents(
     runtime: &Async,
 ) -> Result<ImageDocuments, Error> {
     runtime.block_on(image_source::read_documents(source, platform))
-}
-
-/// The referrers of `types` (SBOM, provenance, statements, reports) of the manifest
-/// `subject` at `source`, within the per-image budget; when the budget ran out, the line
-/// saying so (registry, image, limit) goes to stderr.
-pub fn read_referrers(
-    source: ImageSource,
-    subject: &Digest,
-    types: cudastack::registry::referrers::ArtifactTypes<'_>,
-    runtime: &Async,
-    printer: &Printer,
-) -> Result<image_source::ReadReferrers, Error> {
-    let read = runtime.block_on(image_source::read_referrers(source, subject, types))?;
-    warn_over_budget(&read.over_budget, printer);
-    Ok(read)
 }
 
 /// The verifications `key` signed about the manifest `subject` at `source`, and the

@@ -1,18 +1,14 @@
 //! `cudastack inspect IMAGE`: the declared and the verified matrix of an image, from its
 //! config alone.
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use clap::Args;
-use cudastack::attest::describe::{describe, ReferrerSummary};
+use cudastack::attest::describe::ReferrerSummary;
 use cudastack::audit::kernels::render_groups;
+use cudastack::pipeline::inspect::{inspect, Inspection};
 use cudastack::printable::escape;
-use cudastack::registry::referrers::ArtifactTypes;
 use cudastack::verify::check::{ImageClaims, Lineage};
-use cudastack::verify::record::report_ref;
-use cudastack::verify::source::{ImageDocuments, ImageLocation};
-use serde::Serialize;
 
 use super::args::ImageArgs;
 use super::{Async, CommandResult, Printer};
@@ -27,39 +23,8 @@ pub struct InspectArgs {
     pub key: Option<std::ffi::OsString>,
 }
 
-#[derive(Serialize)]
-struct Inspection<'a> {
-    #[serde(flatten)]
-    documents: &'a ImageDocuments,
-    declared: &'a ImageClaims,
-    env: BTreeMap<String, String>,
-    labels: BTreeMap<String, String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    report_ref: Option<String>,
-    /// The SBOM, provenance and statements stored as referrers of the image.
-    referrers: Vec<ReferrerSummary>,
-    /// Referrers of the types read that were not read: over the per-image budget, or
-    /// unreadable.
-    referrers_skipped: Vec<cudastack::registry::referrers::SkippedReferrer>,
-    /// Referrers of types cudastack does not read: listed, never fetched.
-    referrers_of_other_types: usize,
-}
-
 pub fn run(args: InspectArgs, runtime: &Async, printer: &Printer) -> CommandResult {
     let image = args.image.resolve()?;
-    let documents = super::image_source::read_documents(image.source()?, image.platform, runtime)?;
-    let config = documents.config.config().clone().unwrap_or_default();
-    let (labels, env) = cudastack::verify::check::labels_and_env(&config);
-    let claims = ImageClaims::from_image(&documents.config);
-    let report = match &image.location {
-        ImageLocation::Layout { dir, ref_name } => {
-            let name = report_ref(&cudastack::verify::record::image_ref(dir, ref_name)?);
-            cudastack::oci::layout::list_refs(dir)?
-                .contains(&name)
-                .then_some(name)
-        }
-        ImageLocation::Registry(_) => None,
-    };
     let key = args
         .key
         .as_deref()
@@ -67,38 +32,10 @@ pub fn run(args: InspectArgs, runtime: &Async, printer: &Printer) -> CommandResu
             cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(key))
         })
         .transpose()?;
-    // Every type cudastack reads, within the per-image budget.
-    let read = super::image_source::read_referrers(
-        image.source()?,
-        &documents.manifest_digest,
-        ArtifactTypes::Only(cudastack::pipeline::attest::KNOWN_REFERRER_TYPES),
-        runtime,
-        printer,
-    )?;
-    let referrers = read
-        .referrers
-        .iter()
-        .map(|r| {
-            describe(
-                &r.location,
-                r.kind.as_deref(),
-                &r.artifact_type,
-                &r.blob,
-                &documents.manifest_digest,
-                key.as_ref(),
-            )
-        })
-        .collect();
-    let inspection = Inspection {
-        documents: &documents,
-        declared: &claims,
-        env,
-        labels,
-        report_ref: report,
-        referrers,
-        referrers_skipped: read.skipped,
-        referrers_of_other_types: read.other_types,
-    };
+    let inspection = runtime.block_on(inspect(&image.source()?, image.platform, key.as_ref()))?;
+    if let Some(line) = &inspection.over_budget {
+        printer.status(format!("warning: {line}"));
+    }
     if printer.json {
         printer.json(&inspection);
         return Ok(ExitCode::SUCCESS);
@@ -106,7 +43,7 @@ pub fn run(args: InspectArgs, runtime: &Async, printer: &Printer) -> CommandResu
     print_human(&inspection, printer);
     printer.status(format!(
         "read {} bytes of manifest and config, and the referrers' documents",
-        documents.bytes_read
+        inspection.documents.bytes_read
     ));
     Ok(ExitCode::SUCCESS)
 }
@@ -114,8 +51,8 @@ pub fn run(args: InspectArgs, runtime: &Async, printer: &Printer) -> CommandResu
 /// The human output: where the image is, its digests, what it declares (recipe, versions,
 /// driver floor, kernels), where it was verified, and the report stored beside it.
 fn print_human(inspection: &Inspection, printer: &Printer) {
-    let documents = inspection.documents;
-    let claims = inspection.declared;
+    let documents = &inspection.documents;
+    let claims = &inspection.declared;
     // Label values are the image author's text: each stays on its line.
     let or_none = |v: &Option<String>| v.as_deref().map_or("-".into(), |v| escape(v).into_owned());
     printer.line(escape(&documents.location));

@@ -16,6 +16,7 @@ use super::PipelineError;
 const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
 /// Where to read an image from.
+#[derive(Debug, Clone)]
 pub enum ImageSource {
     /// `ref_name` of the OCI layout at `dir`.
     Layout { dir: PathBuf, ref_name: String },
