@@ -11,7 +11,7 @@ use clap::Args;
 use cudastack::engine::run::GpuRequest;
 
 use cudastack::pipeline::verify::verify;
-use cudastack::verify::record::{record_in_layout, Recorded};
+use cudastack::verify::record::Recorded;
 use cudastack::verify::report::{wrap_line, Level, Report, Verdict, RENDER_WIDTH};
 use cudastack::verify::runner::{verify_native, GpuChoice, VerifySettings};
 use cudastack::verify::source::ImageLocation;
@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use super::args::{CacheArgs, RefArg, RegistryArgs, RegistrySettings};
 use super::{Async, CommandResult, Printer};
+use cudastack::pipeline::record::{self, report_from_log};
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
@@ -146,7 +147,7 @@ pub fn run(args: VerifyArgs, runtime: &Async, printer: &Printer) -> CommandResul
     let settings = settings(&args)?;
     let key = args.sign.load()?;
     let outcome = runtime.block_on(verify(&dir, &ref_name, &settings, printer))?;
-    attest_run(
+    cudastack::pipeline::attest::after_run(
         &dir,
         &ref_name,
         &outcome.report,
@@ -188,64 +189,17 @@ fn record_log(
     printer: &Printer,
 ) -> CommandResult {
     let text = fs_err::read_to_string(log)?;
-    let mut report = Report::from_output(&text, &format!("log {}", log.display()))?;
-    // Only the log's `cudastack-image-v1` line says which image ran (the report line's
-    // parser drops any `image` or `runner` the line carried: the probe writes neither).
-    report.image = cudastack::verify::record::image_in_log(&text)?;
-    report.runner = Some(cudastack::verify::report::RunnerFacts {
-        kind: "cluster".to_string(),
-        cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
-        gpus_requested: "see the job".to_string(),
-        engine: None,
-        // No host watched this run, so nothing here is its testimony.
-        note: Some(format!(
-            "not host-witnessed: recorded from {}, a log made elsewhere (no nonce, no comparison with the GPUs a host gave the probe)",
-            log.display()
-        )),
-        witness: None,
-    });
+    let report = report_from_log(&text, &log.display().to_string())?;
     let key = args.sign.load()?;
-    let recorded = match ImageLocation::parse(image, Some(&args.layout_ref.ref_name))? {
-        ImageLocation::Layout { dir, ref_name } => {
-            if key.is_some() {
-                // A signature says "this image passed": the log must name the image it ran.
-                let digest = cudastack::oci::layout::resolve(&dir, &ref_name)?.manifest_digest;
-                cudastack::verify::record::check_report_image(&report, &ref_name, &digest, true)?;
-            }
-            let recorded = record_in_layout(&dir, &ref_name, &report)?;
-            attest_run(&dir, &ref_name, &report, &recorded, key.as_ref(), printer)?;
-            recorded
-        }
-        ImageLocation::Registry(_) if key.is_some() => {
-            return Err("--sign-key with a registry IMAGE: record the log in a layout (`cudastack pull`, `verify DIR --from-log LOG --sign-key KEY`) and push it, so what is signed is what was checked here".into());
-        }
-        ImageLocation::Registry(text) => {
-            let reference: cudastack::registry::Reference = text.parse()?;
-            let client = args.registry.resolve()?.client_options(&reference)?;
-            runtime.block_on(cudastack::pipeline::record::record_in_registry(
-                &reference, &report, client, printer,
-            ))?
-        }
-    };
+    let location = ImageLocation::parse(image, Some(&args.layout_ref.ref_name))?;
+    let destination = args.registry.resolve()?.source(&location)?;
+    let recorded = runtime.block_on(record::record_log(
+        &report,
+        &destination,
+        key.as_ref(),
+        printer,
+    ))?;
     finish(&report, Some(&recorded), None, printer)
-}
-
-/// Store the run's verification statement beside the image (and the image's referrers on
-/// its verified copy); with a key, sign every statement about the image `ref_name` names
-/// now (the verified copy, when the run made one).
-fn attest_run(
-    dir: &std::path::Path,
-    ref_name: &str,
-    report: &Report,
-    recorded: &Recorded,
-    key: Option<&cudastack::sign::key::SigningKey>,
-    printer: &Printer,
-) -> Result<(), cudastack::pipeline::PipelineError> {
-    cudastack::pipeline::attest::after_verify(dir, report, recorded, ref_name, key)?;
-    if let Some(key) = key {
-        cudastack::pipeline::attest::sign(dir, ref_name, ref_name, key, printer)?;
-    }
-    Ok(())
 }
 
 /// The runner's settings from `--gpus`, `--require-gpu`, `--level`, `--timeout` and the

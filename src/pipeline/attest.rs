@@ -176,6 +176,25 @@ pub fn after_verify(
     Ok(())
 }
 
+/// After a verification run recorded in the layout at `layout_dir`: store its statement
+/// beside the image (and the image's referrers on its verified copy); with a key, sign
+/// every statement about the image `ref_name` names now (the verified copy, when the run
+/// made one).
+pub fn after_run(
+    layout_dir: &Path,
+    ref_name: &str,
+    report: &Report,
+    recorded: &Recorded,
+    key: Option<&SigningKey>,
+    progress: &dyn Progress,
+) -> Result<(), PipelineError> {
+    after_verify(layout_dir, report, recorded, ref_name, key)?;
+    if let Some(key) = key {
+        sign(layout_dir, ref_name, ref_name, key, progress)?;
+    }
+    Ok(())
+}
+
 /// Sign every statement about the image (each platform's of an image index) `ref_name`
 /// names in the layout.
 pub fn sign(

@@ -69,6 +69,15 @@ pub enum PipelineError {
     Json(#[from] serde_json::Error),
     #[error(transparent)]
     Attest(Box<crate::attest::AttestError>),
+    #[error(transparent)]
+    Report(Box<crate::verify::report::ReportError>),
+    #[error(transparent)]
+    Record(Box<crate::verify::record::RecordError>),
+    #[error(transparent)]
+    RemoteRecord(Box<record::RemoteRecordError>),
+    /// `verify REF --from-log LOG --sign-key KEY` with a registry REF.
+    #[error("--sign-key with a registry IMAGE: record the log in a layout (`cudastack pull`, `verify DIR --from-log LOG --sign-key KEY`) and push it, so what is signed is what was checked here")]
+    SignRemoteLog,
     /// A descriptor of the layout's image index whose digest does not parse.
     #[error("{0}")]
     Descriptor(String),
@@ -116,6 +125,9 @@ boxed_from!(
     Layout: crate::oci::OciError,
     Source: crate::verify::source::SourceError,
     Attest: crate::attest::AttestError,
+    Report: crate::verify::report::ReportError,
+    Record: crate::verify::record::RecordError,
+    RemoteRecord: record::RemoteRecordError,
 );
 
 /// What a person watching the pipeline reads (stderr in the binary, nothing with

@@ -1,7 +1,9 @@
-//! Recording a cluster run on an image in a registry (`cudastack verify REF --from-log
-//! LOG`): the report becomes a referrer of the image, and a verified report a `-verified`
-//! tag on a labelled copy of it, without pulling the image.
+//! Recording a cluster run (`cudastack verify IMAGE --from-log LOG`): the report the job's
+//! log holds, recorded as if it had run here, in a layout ([`crate::verify::record`]) or on
+//! the image in its registry.
 //!
+//! On a registry, the report becomes a referrer of the image, and a verified report a
+//! `-verified` tag on a labelled copy of it, without pulling the image.
 //! Only the manifest and the config are read; the verified manifest names the same layer
 //! descriptors in the same repository, so the new config and the report artifact are the
 //! only blobs uploaded (a 10 GB image is recorded in a few kilobytes). The order makes a
@@ -19,14 +21,64 @@ use crate::digest::Digest;
 use crate::labels;
 use crate::registry::referrers::{push_referrer, ArtifactLayer, Subject};
 use crate::registry::{ClientOptions, Manifest, Reference, RegistryClient, RegistryError};
+use crate::sign::key::SigningKey;
 use crate::verify::record::{
     check_report_image, config_labels, matrix_rows, report_annotations, verified_documents,
     verified_labels, RecordError, Recorded,
 };
-use crate::verify::report::{Report, Verdict};
+use crate::verify::report::{Report, RunnerFacts, Verdict};
 use crate::verify::REPORT_ARTIFACT_TYPE;
 
-use super::Progress;
+use super::image_source::ImageSource;
+use super::{PipelineError, Progress};
+
+/// The report in a cluster job's log (`log_name` names the log in messages): the image is
+/// the one its `cudastack-image-v1` line names (the report line's parser drops any `image`
+/// or `runner` the line carried: the probe writes neither), and the runner says that no
+/// host witnessed the run.
+pub fn report_from_log(text: &str, log_name: &str) -> Result<Report, PipelineError> {
+    let mut report = Report::from_output(text, &format!("log {log_name}"))?;
+    report.image = crate::verify::record::image_in_log(text)?;
+    report.runner = Some(RunnerFacts {
+        kind: "cluster".to_string(),
+        cudastack_version: env!("CARGO_PKG_VERSION").to_string(),
+        gpus_requested: "see the job".to_string(),
+        engine: None,
+        // No host watched this run, so nothing here is its testimony.
+        note: Some(format!(
+            "not host-witnessed: recorded from {log_name}, a log made elsewhere (no nonce, no comparison with the GPUs a host gave the probe)"
+        )),
+        witness: None,
+    });
+    Ok(report)
+}
+
+/// Record a log's `report` on the image at `destination`: in its layout (its statement
+/// stored and, with `key`, signed), or on the image in its registry. A signature says
+/// "this image passed", so with a key the report must name the image, and only a layout
+/// is signed here (what is signed is then what was checked).
+pub async fn record_log(
+    report: &Report,
+    destination: &ImageSource,
+    key: Option<&SigningKey>,
+    progress: &dyn Progress,
+) -> Result<Recorded, PipelineError> {
+    match destination {
+        ImageSource::Layout { dir, ref_name } => {
+            if key.is_some() {
+                let digest = crate::oci::layout::resolve(dir, ref_name)?.manifest_digest;
+                check_report_image(report, ref_name, &digest, true)?;
+            }
+            let recorded = crate::verify::record::record_in_layout(dir, ref_name, report)?;
+            super::attest::after_run(dir, ref_name, report, &recorded, key, progress)?;
+            Ok(recorded)
+        }
+        ImageSource::Registry { .. } if key.is_some() => Err(PipelineError::SignRemoteLog),
+        ImageSource::Registry { reference, client } => {
+            Ok(record_in_registry(reference, report, (**client).clone(), progress).await?)
+        }
+    }
+}
 
 /// Configs are small JSON documents; more than this is not an image config.
 const MAX_CONFIG_BYTES: u64 = 16 << 20;
