@@ -445,3 +445,44 @@ async fn a_multi_platform_tag_is_not_replaced_by_one_platforms_verified_image() 
         .await
     );
 }
+
+/// A log recorded on a registry image is not signed there: what is signed must be what was
+/// checked here, which needs the image in a layout. Refused before any registry is
+/// contacted (nothing listens at the reference's host).
+#[test]
+fn a_log_recorded_on_a_registry_image_is_not_signed_there() {
+    let work = tempfile::tempdir().unwrap();
+    let key = work.path().join("k");
+    let output = cudastack()
+        .args(["key", "generate", "--output-prefix"])
+        .arg(&key)
+        .env("COSIGN_PASSWORD", "pw")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let reference = "127.0.0.1:9/team/torch:2.4.1";
+    let log = work.path().join("job.log");
+    std::fs::write(
+        &log,
+        job_log(
+            &format!("cudastack-image-v1 {reference}"),
+            &gpu_report("NVIDIA H100 80GB HBM3", "9.0", None),
+        ),
+    )
+    .unwrap();
+    let output = cudastack()
+        .args(["verify", reference, "--from-log"])
+        .arg(&log)
+        .arg("--sign-key")
+        .arg(format!("{}.key", key.display()))
+        .env("COSIGN_PASSWORD", "pw")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--sign-key with a registry IMAGE: record the log in a layout"),
+        "{}",
+        text(&output)
+    );
+}
