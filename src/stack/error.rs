@@ -49,7 +49,7 @@ pub enum BuildError {
     #[error(transparent)]
     Base(#[from] crate::base_root::BaseError),
     #[error(transparent)]
-    Toolkit(#[from] crate::stack::layers::toolkit::layout::ToolkitError),
+    Toolkit(#[from] crate::stack::layers::toolkit::error::ToolkitError),
     #[error(transparent)]
     Install(#[from] crate::install::InstallError),
     #[error(transparent)]
@@ -59,7 +59,7 @@ pub enum BuildError {
     #[error(transparent)]
     Audit(#[from] crate::audit::AuditError),
     #[error(transparent)]
-    Copy(#[from] crate::stack::layers::copy::CopyError),
+    Copy(#[from] crate::stack::layers::copy::error::CopyError),
     #[error("cannot read the metadata of wheel `{wheel}`: {message}\n  hint: the wheel in the cache matched its locked sha256, so the locked file itself is malformed; run `cudastack lock --upgrade-package` for it")]
     Wheel { wheel: String, message: String },
     #[error("the static audit of the assembled image failed:\n{0}")]

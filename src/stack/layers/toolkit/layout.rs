@@ -18,11 +18,12 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::elf::chain::{plan_soname_links, scan_library_dir, ChainError};
-use crate::elf::{read_elf, ElfError};
+pub use super::error::ToolkitError;
+use crate::elf::chain::{plan_soname_links, scan_library_dir};
+use crate::elf::read_elf;
 use crate::platform::Platform;
 use crate::recipe::Flavor;
-use crate::stack::layers::WheelMembers;
+use crate::stack::layers::wheel_members::WheelMembers;
 use crate::version::CudaVersion;
 
 /// Paths of the toolkit inside the image, laid out like NVIDIA's installers.
@@ -58,30 +59,6 @@ impl ToolkitPaths {
     pub fn bin_dir(&self) -> String {
         format!("{}/bin", self.home())
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ToolkitError {
-    #[error("I/O error on `{path}`")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("`{wheel}` is not a readable wheel")]
-    Zip {
-        wheel: PathBuf,
-        #[source]
-        source: zip::result::ZipError,
-    },
-    #[error("wheel member `{member}` of `{wheel}` would leave the toolkit directory")]
-    UnsafeMember { wheel: PathBuf, member: String },
-    #[error("wheel member `{member}` of `{wheel}` is a shared library in a subdirectory of the CUDA library directory, which is on LD_LIBRARY_PATH: glibc searches such subdirectories (`glibc-hwcaps/<level>/`, and `tls/`, `x86_64/`, `haswell/` before glibc 2.37) before the directory itself, so a library there would load into every program, the verification probe's interpreter included, in place of the one it names; NVIDIA's wheels put their libraries directly in `lib/` (only `cmake/` and `pkgconfig/` files in subdirectories)")]
-    LibrarySubdirectory { wheel: PathBuf, member: String },
-    #[error(transparent)]
-    Chain(#[from] ChainError),
-    #[error(transparent)]
-    Elf(#[from] ElfError),
 }
 
 /// An nvidia-* wheel from the lock, already in the blob cache.

@@ -8,6 +8,7 @@
 //! layer at the bottom of a pull is much larger than needed ([`family`]). Each staged tree records which wheel members it holds (its
 //! placement), for the Python layer to link to.
 
+pub(crate) mod error;
 pub mod layout;
 
 use std::path::{Path, PathBuf};
