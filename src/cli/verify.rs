@@ -230,33 +230,21 @@ fn emit(
 ) -> CommandResult {
     use cudastack::cluster::{EmitOptions, PinnedImage};
     let registry = args.registry.resolve()?;
-    // The image's runtime needs (shm size, ulimits) when its config is read: a tag is
-    // pinned through the registry; a digest alone is emitted without contacting it.
-    let mut needs = cudastack::recipe::RuntimeSpec::default();
-    let pinned: PinnedImage = match image.parse() {
-        Ok(pinned) => pinned,
+    // A digest alone is emitted without contacting the registry; a tag is pinned to the
+    // digest the registry serves now, and the image's runtime needs (shm size, ulimits)
+    // come from its config.
+    let (pinned, needs): (PinnedImage, _) = match image.parse() {
+        Ok(pinned) => (pinned, cudastack::recipe::RuntimeSpec::default()),
         Err(_) => {
-            // A tag: pin it to the digest the registry serves now.
             let location = ImageLocation::parse(image, None)?;
-            let ImageLocation::Registry(reference) = &location else {
-                return Err(format!("--emit needs a registry reference (host/repo:tag or @sha256:...), not `{image}`: push the image first").into());
-            };
-            let documents = super::image_source::read_documents(
-                registry.source(&location)?,
+            let source = registry.source(&location)?;
+            let pinned = runtime.block_on(cudastack::cluster::placed::pin(
+                image,
+                source,
                 args.platform,
-                runtime,
-            )?;
-            let repository = reference.split('@').next().unwrap_or(reference);
-            let labels = documents
-                .config
-                .config()
-                .as_ref()
-                .and_then(|c| c.labels().clone())
-                .unwrap_or_default();
-            needs = cudastack::recipe::RuntimeSpec::from_labels(&labels.into_iter().collect())?;
-            let pinned = format!("{repository}@{}", documents.manifest_digest);
-            printer.status(format!("pinned {image} to {pinned}"));
-            pinned.parse()?
+            ))?;
+            printer.status(format!("pinned {image} to {}", pinned.image));
+            (pinned.image, pinned.needs)
         }
     };
     if let Some(key) = &args.require_signed_by {

@@ -11,6 +11,7 @@ use crate::recipe::{Platform, RuntimeSpec};
 use crate::sign::key::PublicKey;
 use crate::verify::check::ImageClaims;
 use crate::verify::record::VerifiedOn;
+use crate::verify::source::ImageDocuments;
 
 use super::placement::Placement;
 use super::{ClusterError, PinnedImage};
@@ -28,6 +29,48 @@ pub struct PlacedImage {
     pub needs: RuntimeSpec,
 }
 
+/// An image pinned by the digest its registry serves now, with what its job needs to run
+/// (shared memory, ulimits: its `io.cudastack.runtime.*` labels), and the documents read.
+#[derive(Debug, Clone)]
+pub struct Pinned {
+    pub image: PinnedImage,
+    pub needs: RuntimeSpec,
+    pub documents: ImageDocuments,
+}
+
+/// Pin the image `text` (a registry reference, `host/repo:tag` or `@sha256:…`) through
+/// `source` (its registry): what `verify --emit` runs the probe on, and what a placement
+/// places. An image only on disk is refused: cluster nodes pull from a registry.
+pub async fn pin(
+    text: &str,
+    source: ImageSource,
+    platform: Option<Platform>,
+) -> Result<Pinned, ClusterError> {
+    if !matches!(source, ImageSource::Registry { .. }) {
+        return Err(ClusterError::Unplaceable {
+            why: format!("`{text}` is not in a registry; cluster nodes pull images from one"),
+            hint: "push the image (`cudastack push`) and use the reference it prints".to_string(),
+        });
+    }
+    let documents = read_documents(source, platform).await.map_err(read)?;
+    let repository = text.split('@').next().unwrap_or(text);
+    let image: PinnedImage = format!("{repository}@{}", documents.manifest_digest).parse()?;
+    let config = documents.config.config().clone().unwrap_or_default();
+    let labels = config.labels().clone().unwrap_or_default();
+    let needs = RuntimeSpec::from_labels(&labels.into_iter().collect()).map_err(|error| {
+        ClusterError::Invalid {
+            field: "runtime label",
+            value: error,
+            rule: "io.cudastack.runtime.* labels as cudastack writes them",
+        }
+    })?;
+    Ok(Pinned {
+        image,
+        needs,
+        documents,
+    })
+}
+
 /// Read the image `text` (a registry reference, `host/repo:tag` or `@sha256:…`) through
 /// `source` (its registry) and place it. `signed`: with a key, the rows are read from the
 /// verifications the key signed instead (a second source of the same image, as reading
@@ -38,15 +81,11 @@ pub async fn placed_image(
     platform: Option<Platform>,
     signed: Option<(ImageSource, &PublicKey)>,
 ) -> Result<PlacedImage, ClusterError> {
-    if !matches!(source, ImageSource::Registry { .. }) {
-        return Err(ClusterError::Unplaceable {
-            why: format!("`{text}` is not in a registry; cluster nodes pull images from one"),
-            hint: "push the image (`cudastack push`) and place the reference it prints".to_string(),
-        });
-    }
-    let documents = read_documents(source, platform).await.map_err(read)?;
-    let repository = text.split('@').next().unwrap_or(text);
-    let image: PinnedImage = format!("{repository}@{}", documents.manifest_digest).parse()?;
+    let Pinned {
+        image,
+        needs,
+        documents,
+    } = pin(text, source, platform).await?;
     let claims = ImageClaims::from_image(&documents.config);
     let rows: Vec<VerifiedOn> = match signed {
         None => claims.verified.clone(),
@@ -80,14 +119,6 @@ pub async fn placed_image(
     };
     let placement = Placement::new(&claims, &rows)?;
     let config = documents.config.config().clone().unwrap_or_default();
-    let labels = config.labels().clone().unwrap_or_default();
-    let needs = RuntimeSpec::from_labels(&labels.into_iter().collect()).map_err(|error| {
-        ClusterError::Invalid {
-            field: "runtime label",
-            value: error,
-            rule: "io.cudastack.runtime.* labels as cudastack writes them",
-        }
-    })?;
     let command: Vec<String> = config
         .entrypoint()
         .iter()
