@@ -122,3 +122,110 @@ async fn not_a_zip_is_a_clear_error() {
         "{message}"
     );
 }
+
+/// Python's http.server, a plain static file server that ignores byte ranges (it answers
+/// `Range` with the whole file), serving `dir` on a free port of 127.0.0.1; stopped on drop.
+struct StaticServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl StaticServer {
+    fn start(dir: &std::path::Path) -> Option<StaticServer> {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-u",
+                "-m",
+                "http.server",
+                "0",
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+            ])
+            .arg(dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        // "Serving HTTP on 127.0.0.1 port 41233 (http://127.0.0.1:41233/) ..."
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take()?)
+            .read_line(&mut line)
+            .ok()?;
+        let port = line
+            .split(" port ")
+            .nth(1)?
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()?;
+        Some(StaticServer { child, port })
+    }
+}
+
+impl Drop for StaticServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A private index served by a plain static file server: its wheels have no `.metadata`
+/// file and the server ignores byte ranges, so METADATA comes from the wheel downloaded
+/// whole (as pip reads it), checked against the index's sha256 and bounded by its size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_ignores_ranges_gives_metadata_from_the_whole_wheel() {
+    use cudastack::fetch::index::DistFile;
+    use cudastack::fetch::metadata::{wheel_metadata, MetadataError};
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, _) = archive(false);
+    std::fs::write(dir.path().join("torch-9.9-py3-none-any.whl"), &bytes).unwrap();
+    let Some(server) = StaticServer::start(dir.path()) else {
+        crate::gate::skip("python3", "python3 -m http.server did not start");
+        return;
+    };
+    let file = |sha256, size| DistFile {
+        filename: "torch-9.9-py3-none-any.whl".parse().unwrap(),
+        url: format!(
+            "http://127.0.0.1:{}/torch-9.9-py3-none-any.whl",
+            server.port
+        )
+        .parse()
+        .unwrap(),
+        sha256,
+        size,
+        requires_python: None,
+        yanked: false,
+        yanked_reason: None,
+        upload_time: None,
+        core_metadata: Default::default(),
+    };
+    let real = cudastack::digest::Digest::of_bytes(&bytes);
+    let text = wheel_metadata(&client(), &file(Some(real), None))
+        .await
+        .unwrap();
+    assert_eq!(text, "Name: torch\nVersion: 9.9\n");
+    let text = wheel_metadata(&client(), &file(None, Some(bytes.len() as u64)))
+        .await
+        .unwrap();
+    assert_eq!(text, "Name: torch\nVersion: 9.9\n");
+    // An index whose hash is not the file's: refused, as the download of the wheel would be.
+    let other = cudastack::digest::Digest::of_bytes(b"another wheel");
+    let error = wheel_metadata(&client(), &file(Some(other), None))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, MetadataError::Mismatch { .. }), "{error}");
+    // A file longer than the index said: not read past what was announced.
+    let error = wheel_metadata(&client(), &file(None, Some(1000)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, MetadataError::WheelTooLarge { limit: 1000, .. }),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("ignores byte-range requests"),
+        "{error}"
+    );
+}

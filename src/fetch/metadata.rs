@@ -22,6 +22,10 @@ use crate::fetch::remote_zip::{RemoteZip, RemoteZipError};
 /// The biggest on PyPI are long READMEs of a few hundred kB.
 pub const MAX_METADATA_BYTES: u64 = 8 * 1024 * 1024;
 
+/// The largest wheel downloaded whole to read its METADATA, from a server that ignores byte
+/// ranges (a torch wheel is about 2.5 GB; the file goes to a temporary file, not memory).
+pub const MAX_FALLBACK_WHEEL_BYTES: u64 = 4 << 30;
+
 #[derive(Debug, thiserror::Error)]
 pub enum MetadataError {
     #[error(transparent)]
@@ -52,6 +56,8 @@ pub enum MetadataError {
     },
     #[error("METADATA of `{location}` is {size} bytes; cudastack reads at most {} (real ones are a few kB)", MAX_METADATA_BYTES)]
     TooLarge { location: String, size: u64 },
+    #[error("Wheel `{url}` is larger than {limit} bytes; its server ignores byte-range requests, so reading its METADATA would mean downloading all of it\n  hint: serve the index with a server that honours `Range` (or publishes PEP 658 `.metadata` files)")]
+    WheelTooLarge { url: reqwest::Url, limit: u64 },
     #[error("METADATA of `{location}` is invalid: {reason}")]
     Invalid { location: String, reason: String },
 }
@@ -107,7 +113,15 @@ pub async fn wheel_metadata_by_range(
 ) -> Result<String, MetadataError> {
     let mut url = file.url.clone();
     url.set_fragment(None);
-    let zip = RemoteZip::open(client, url).await?;
+    let zip = match RemoteZip::open(client, url.clone()).await {
+        Ok(zip) => zip,
+        // A plain static file server (Python's http.server) answers a range request with
+        // the whole file: read the wheel whole, as pip does.
+        Err(RemoteZipError::Http(HttpError::RangeUnsupported { .. })) => {
+            return wheel_metadata_by_download(client, &url, file).await;
+        }
+        Err(error) => return Err(error.into()),
+    };
     let name =
         metadata_entry_name(zip.entries().iter().map(|e| e.name.as_str())).ok_or_else(|| {
             MetadataError::NoMetadataEntry {
@@ -127,6 +141,71 @@ pub async fn wheel_metadata_by_range(
     String::from_utf8(bytes).map_err(|_| MetadataError::NotUtf8 {
         location: zip.url().to_string(),
     })
+}
+
+/// The METADATA text of a wheel whose server ignores byte ranges: the wheel downloaded
+/// whole into a temporary file (at most [`MAX_FALLBACK_WHEEL_BYTES`], and the index's size
+/// when it gave one), checked against the index's sha256 when it gave one, then read.
+async fn wheel_metadata_by_download(
+    client: &HttpClient,
+    url: &reqwest::Url,
+    file: &DistFile,
+) -> Result<String, MetadataError> {
+    use std::io::Write as _;
+    let limit = file
+        .size
+        .unwrap_or(MAX_FALLBACK_WHEEL_BYTES)
+        .min(MAX_FALLBACK_WHEEL_BYTES);
+    let too_large = || MetadataError::WheelTooLarge {
+        url: url.clone(),
+        limit,
+    };
+    let mut response = client.get(url, Default::default()).await?;
+    if response
+        .content_length()
+        .is_some_and(|length| length > limit)
+    {
+        return Err(too_large());
+    }
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| MetadataError::Io { path, source }
+    };
+    let temporary = tempfile::NamedTempFile::new().map_err(io(Path::new("a temporary file")))?;
+    let mut written = 0u64;
+    let mut hasher = crate::digest::Hasher::new();
+    let mut out = std::io::BufWriter::new(temporary.as_file());
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|source| HttpError::Transport {
+            url: url.clone(),
+            attempts: 1,
+            source: source.without_url(),
+        })?
+    {
+        written += chunk.len() as u64;
+        if written > limit {
+            return Err(too_large());
+        }
+        hasher.update(&chunk);
+        out.write_all(&chunk).map_err(io(temporary.path()))?;
+    }
+    out.flush().map_err(io(temporary.path()))?;
+    drop(out);
+    if let Some(expected) = file.sha256 {
+        let (found, _) = hasher.finish();
+        if found != expected {
+            return Err(MetadataError::Mismatch {
+                url: url.clone(),
+                expected,
+                found,
+            });
+        }
+    }
+    tokio::task::spawn_blocking(move || local_wheel_metadata(temporary.path()))
+        .await
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
 }
 
 /// The METADATA text of a wheel on disk (blocking; a mirror directory or the cache).
