@@ -150,6 +150,16 @@ def ceiling(expect, driver):
     return max(lines, key=lambda line: version(line["cuda"]))
 
 
+def minor_compat_hint(need, top, driver):
+    """check.rs minor_version_compat_hint: the rebuild that minor-version compatibility allows."""
+    floor = need.get("minor_compat_driver")
+    major = version(need["cuda"])[0]
+    if not floor or version(top)[0] != major or version(driver) < version(floor):
+        return ""
+    return (", or build it again with `minor_version_compat: true` and `driver_floor: \"%s\"` (CUDA %d.x minor-version compatibility runs it from driver %s; PTX newer than the driver cannot be JIT-compiled)"
+            % (driver, major, floor))
+
+
 def driver_findings(expect, driver):
     """check.rs check_driver: NVIDIA_REQUIRE_CUDA and the driver floor."""
     findings = []
@@ -161,7 +171,7 @@ def driver_findings(expect, driver):
         upgrade = need.get("min_driver") or "one that supports CUDA " + cuda
         findings.append((subject,
                          "supports CUDA up to %s; the image requires CUDA >= %s (NVIDIA_REQUIRE_CUDA), so the NVIDIA runtime refuses to start it (`requirement error: unsatisfied condition: cuda>=%s`)" % (top, cuda, cuda),
-                         "upgrade the driver to %s or newer, or use an image built for CUDA %s or older" % (upgrade, top)))
+                         "upgrade the driver to %s or newer, or use an image built for CUDA %s or older%s" % (upgrade, top, minor_compat_hint(need, top, driver))))
     elif need and not line:
         findings.append((subject,
                          "is older than every driver the matrix knows; the image requires CUDA >= " + need["cuda"],

@@ -333,6 +333,14 @@ fn a_driver_below_the_floor_refuses_with_checks_words() {
         stderr.contains("hint: upgrade the driver to 535.104.05 or newer"),
         "{stderr}"
     );
+    // CUDA 12.0 on this driver, 12.1 asked: within 12.x minor-version compatibility, so the
+    // guard gives the rebuild `check` and `validate` give.
+    assert!(
+        stderr.contains(
+            "or build it again with `minor_version_compat: true` and `driver_floor: \"525.60.13\"`"
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -35,6 +35,9 @@ pub struct RequiredCuda {
     pub cuda: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_driver: Option<String>,
+    /// The oldest driver the CUDA major's minor-version compatibility runs it on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub minor_compat_driver: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -91,6 +94,9 @@ impl GuardFacts {
             require_cuda: require.map(|cuda| RequiredCuda {
                 cuda: cuda.to_string(),
                 min_driver: matrix.min_driver_for(&cuda).map(ToString::to_string),
+                minor_compat_driver: matrix
+                    .minor_compat_floor(cuda.major)
+                    .map(|floor| floor.min_driver.to_string()),
             }),
             cuda_lines: matrix
                 .cuda_releases

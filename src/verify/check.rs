@@ -314,11 +314,12 @@ fn check_driver(
             subject,
             format!("supports CUDA up to {ceiling}; the image requires CUDA >= {need} (NVIDIA_REQUIRE_CUDA), so the NVIDIA runtime refuses to start it (`requirement error: unsatisfied condition: cuda>={need}`)"),
             Some(format!(
-                "upgrade the driver to {} or newer, or use an image built for CUDA {ceiling} or older",
+                "upgrade the driver to {} or newer, or use an image built for CUDA {ceiling} or older{}",
                 matrix
                     .min_driver_for(&need)
                     .map(|d| d.to_string())
-                    .unwrap_or_else(|| format!("one that supports CUDA {need}"))
+                    .unwrap_or_else(|| format!("one that supports CUDA {need}")),
+                minor_version_compat_hint(matrix, need, ceiling, driver)
             )),
         ),
         (Some(need), Some(ceiling)) => push(
@@ -349,6 +350,26 @@ fn check_driver(
                 Some(format!("upgrade the driver to {floor} or newer")),
             );
         }
+    }
+}
+
+/// The third way out when the driver is below the image's CUDA but within its major's
+/// minor-version compatibility (what `validate` suggests for a recipe): the same image
+/// built with `minor_version_compat: true` and this driver as its floor starts here, since
+/// its NVIDIA_REQUIRE_CUDA then admits the driver. Empty when the driver is older than
+/// that floor or of another major.
+fn minor_version_compat_hint(
+    matrix: &Matrix,
+    need: CudaVersion,
+    ceiling: CudaVersion,
+    driver: &DriverVersion,
+) -> String {
+    match matrix.minor_compat_floor(need.major) {
+        Some(floor) if ceiling.major == need.major && *driver >= floor.min_driver => format!(
+            ", or build it again with `minor_version_compat: true` and `driver_floor: \"{driver}\"` (CUDA {}.x minor-version compatibility runs it from driver {}; PTX newer than the driver cannot be JIT-compiled)",
+            need.major, floor.min_driver
+        ),
+        _ => String::new(),
     }
 }
 
@@ -569,6 +590,31 @@ mod tests {
         let text = serde_json::to_string(&answer).unwrap();
         assert!(text.contains("supports CUDA up to 11.4"), "{text}");
         assert!(text.contains("unsatisfied condition: cuda>=12.1"), "{text}");
+        // A CUDA 11 driver: minor-version compatibility cannot bridge the majors.
+        assert!(!text.contains("minor_version_compat"), "{text}");
+    }
+
+    /// Below the image's CUDA but within its major's minor-version compatibility: the hint
+    /// gives the rebuild `validate` suggests for a recipe, with this driver as the floor.
+    #[test]
+    fn a_driver_within_minor_version_compatibility_is_told_how_to_rebuild_for_it() {
+        let labels = BTreeMap::from([(
+            "io.cudastack.driver-floor".to_string(),
+            "550.54.14".to_string(),
+        )]);
+        let env = BTreeMap::from([("NVIDIA_REQUIRE_CUDA".to_string(), "cuda>=12.4".to_string())]);
+        let claims = ImageClaims::from_labels_and_env(&labels, &env, &[]);
+        let answer = check(Matrix::embedded(), &claims, &node("535.104.05", &[]));
+        assert_eq!(answer.fits, Fit::No);
+        let hint = answer.findings[0].hint.as_deref().unwrap();
+        assert_eq!(
+            hint,
+            "upgrade the driver to 550.54.14 or newer, or use an image built for CUDA 12.2 or older, or build it again with `minor_version_compat: true` and `driver_floor: \"535.104.05\"` (CUDA 12.x minor-version compatibility runs it from driver 525.60.13; PTX newer than the driver cannot be JIT-compiled)"
+        );
+        // Below the compatibility floor itself: no such way out.
+        let answer = check(Matrix::embedded(), &claims, &node("520.61.05", &[]));
+        let hint = answer.findings[0].hint.as_deref().unwrap();
+        assert!(!hint.contains("minor_version_compat"), "{hint}");
     }
 
     #[test]
