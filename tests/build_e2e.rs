@@ -150,7 +150,8 @@ fn real_torch_stack_builds_loads_and_proves_itself() {
         String::from_utf8_lossy(&copy.stderr)
     );
 
-    let versions = docker_run("python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), torch._C._cuda_getArchFlags())'");
+    // `python`, as teams' scripts call it, is the image's python3.
+    let versions = docker_run("python -c 'import torch; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), torch._C._cuda_getArchFlags())'");
     assert_eq!(
         versions.trim(),
         "2.4.1+cu121 12.1 90100 sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90",

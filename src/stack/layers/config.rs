@@ -50,6 +50,14 @@ pub(crate) struct ConfigLayer<'a> {
     progress: &'a dyn BuildProgress,
 }
 
+/// What the config stager writes, in its key: bump it when that changes (config-2: the
+/// `python` command beside `python3`).
+const CONFIG_WRITER: &str = "config-2";
+
+/// Where the image's Python is, and the plain `python` teams' scripts call.
+const PYTHON3_COMMAND: &str = "usr/bin/python3";
+const PYTHON_COMMAND: &str = "usr/bin/python";
+
 impl<'a> ConfigLayer<'a> {
     /// Plan the config layer over every layer `below` it (base to packages).
     pub fn plan(inputs: &PlatformInputs, below: &[&dyn LayerStager], env: &BuildEnv<'a>) -> Self {
@@ -65,7 +73,7 @@ impl<'a> ConfigLayer<'a> {
             .is_some_and(|runtime| runtime.guard)
             .then_some(GUARD_SOURCE);
         let key = CacheKey::new(
-            &format!("{ASSEMBLER}/config"),
+            &format!("{ASSEMBLER}/{CONFIG_WRITER}"),
             &below
                 .iter()
                 .map(|layer| layer.key().digest())
@@ -124,13 +132,32 @@ impl<'a> ConfigLayer<'a> {
             &dir.join(PROBE_PATH.trim_start_matches('/')),
             PROBE_SOURCE.as_bytes(),
         )?;
-        match self.guard {
-            Some(source) => write_file(
+        if let Some(source) = self.guard {
+            write_file(
                 &dir.join(GUARD_PATH.trim_start_matches('/')),
                 source.as_bytes(),
-            ),
-            None => Ok(()),
+            )?;
         }
+        self.write_python_command(dir)
+    }
+
+    /// `/usr/bin/python -> python3`, as Debian's python-is-python3 makes it: teams' scripts
+    /// and Makefiles call `python`. Not when a layer below already has a `python` (that
+    /// package among `apt:`, say), or has no `python3` to point at.
+    fn write_python_command(&self, dir: &Path) -> Result<(), BuildError> {
+        let in_below = |path: &str| {
+            self.below
+                .iter()
+                .any(|tree| tree.join(path).symlink_metadata().is_ok())
+        };
+        if in_below(PYTHON_COMMAND) || !in_below(PYTHON3_COMMAND) {
+            return Ok(());
+        }
+        let link = dir.join(PYTHON_COMMAND);
+        if let Some(parent) = link.parent() {
+            fs_err::create_dir_all(parent).map_err(io_error(parent))?;
+        }
+        std::os::unix::fs::symlink("python3", &link).map_err(io_error(&link))
     }
 
     /// The native probe, when the base's glibc can run it.
