@@ -70,6 +70,11 @@ pub struct BuildArgs {
     /// Registry host substituted for {registry} in the recipe's tags.
     #[arg(long, default_value = "localhost")]
     registry: String,
+    /// Also tag the image `name[:tag]` (repeatable; the recipe's placeholders work, e.g.
+    /// `{registry}/team/train:{torch}`). Without a tag here or in the recipe, the image is
+    /// `{registry}/NAME:latest`.
+    #[arg(long = "tag", short = 't', value_name = "TAG")]
+    tags: Vec<String>,
     #[command(flatten)]
     cache: CacheArgs,
     /// After writing the layout, push the image to this registry reference.
@@ -78,7 +83,7 @@ pub struct BuildArgs {
     #[command(flatten)]
     registry_args: RegistryArgs,
     /// Also load the image into the Docker daemon (DOCKER_HOST or the default socket),
-    /// tagged with the recipe's tags.
+    /// tagged with the image's tags (the recipe's, --tag's, --push's name).
     #[arg(long)]
     load: bool,
     /// Skip the verification stage whatever the recipe's `verify.gpu` says.
@@ -180,9 +185,15 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
         args.load && args.push.is_none(),
     );
     let cache_root = args.cache.root();
+    let mut tags = args.tags;
     let push = match args.push.as_deref() {
         Some(text) => {
             let reference: Reference = text.parse()?;
+            // The name the image is pushed as is its local name too (`docker build -t` and
+            // `docker push` of the same tag).
+            if reference.digest().is_none() {
+                tags.push(reference.to_string());
+            }
             let client = args.registry_args.resolve()?.client_options(&reference)?;
             Some(PushTarget {
                 reference,
@@ -207,6 +218,7 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
         offline: args.offline,
         mirrors: args.mirror,
         registry: args.registry,
+        tags,
         platforms: (!platforms.is_empty()).then_some(platforms),
         build_mode: match args.build_mode {
             BuildModeArg::Auto => None,

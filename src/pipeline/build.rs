@@ -24,7 +24,7 @@ use crate::matrix::{Matrix, ResolveError, ResolvedRecipe};
 use crate::recipe::Platform;
 use crate::source_build::add_built_wheels;
 use crate::stack::{
-    assemble, prepare_platform, render_tags, source_date_epoch, write_output, BuildEnv, BuildError,
+    assemble, image_tags, prepare_platform, source_date_epoch, write_output, BuildEnv, BuildError,
     BuildProgress, BuildReport, BuildSettings,
 };
 
@@ -97,16 +97,10 @@ fn open_caches(root: &Path) -> Result<(BlobStore, LayerCache, Staging), BuildErr
     Ok((store, cache, staging))
 }
 
-/// The recipe's tags render with this build's `--registry`: checked before anything is
-/// fetched.
+/// The image's tags (the recipe's with this build's `--registry`, and `--tag`'s) render:
+/// checked before anything is fetched.
 fn check_tags(settings: &BuildSettings, resolved: &ResolvedRecipe) -> Result<(), BuildError> {
-    render_tags(
-        &settings.recipe_path,
-        resolved.recipe(),
-        None,
-        None,
-        &settings.registry,
-    )?;
+    image_tags(settings, resolved.recipe(), None, None)?;
     Ok(())
 }
 

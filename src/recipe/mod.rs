@@ -33,7 +33,9 @@ pub use image::{
 };
 pub(crate) use indexes::masked_urls;
 pub use indexes::{pinned_index, IndexName, IndexUrl, PackageIndex};
-pub use tag::{check_template, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS};
+pub use tag::{
+    check_template, render as render_tag, TagError, TagProblem, TagValues, TAG_PLACEHOLDERS,
+};
 
 /// The platforms of `platforms:`; defined in [`crate::platform`], the one platform type.
 pub use crate::platform::Platform;

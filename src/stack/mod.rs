@@ -29,7 +29,7 @@ mod settings;
 mod tree_diff;
 
 pub use error::BuildError;
-pub use output::{platform_ref, render_tags};
+pub use output::{image_tags, platform_ref, render_tags, DEFAULT_TAG};
 pub use prepare::host_platform;
 pub use report::{human_bytes, AuditSummary, BuildReport, BuiltFrom, LayerReport, PlatformReport};
 pub use settings::{BuildProgress, BuildSettings, DEFAULT_SOURCE_DATE_EPOCH};

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::oci::layout::LayoutImage;
 use crate::oci::{self, Image, StoredImage};
-use crate::recipe::{Platform, Recipe};
+use crate::recipe::{render_tag, Platform, Recipe};
 use crate::stack::error::BuildError;
 use crate::stack::image_config::StackFacts;
 use crate::stack::prepare::host_platform;
@@ -41,6 +41,42 @@ pub fn render_tags(
         })
 }
 
+/// The tag an image gets when neither the recipe nor the command line names one, so that
+/// `--load` leaves a named image rather than an anonymous one.
+pub const DEFAULT_TAG: &str = "{registry}/{name}:latest";
+
+/// The image's tags: the recipe's rendered, then the command line's; when both are empty,
+/// [`DEFAULT_TAG`] (unless the recipe's name cannot be one, which then leaves none). Each is
+/// checked as an image reference; one given twice is written once.
+pub fn image_tags(
+    settings: &BuildSettings,
+    recipe: &Recipe,
+    torch: Option<&str>,
+    cudnn: Option<&str>,
+) -> Result<Vec<String>, crate::recipe::RecipeError> {
+    let mut tags = render_tags(
+        &settings.recipe_path,
+        recipe,
+        torch,
+        cudnn,
+        &settings.registry,
+    )?;
+    let values = recipe.tag_values(&settings.registry, torch, cudnn);
+    for given in &settings.tags {
+        let tag = render_tag(given, &values).map_err(|error| crate::recipe::RecipeError::Tag {
+            path: settings.recipe_path.clone(),
+            error,
+        })?;
+        if !tags.contains(&tag) {
+            tags.push(tag);
+        }
+    }
+    if tags.is_empty() {
+        tags.extend(render_tag(DEFAULT_TAG, &values).ok());
+    }
+    Ok(tags)
+}
+
 /// `latest` -> `latest-linux-arm64`: the ref of one platform's image beside the index.
 pub fn platform_ref(ref_name: &str, platform: Platform) -> String {
     oci::layout::platform_ref_name(ref_name, platform.oci_architecture())
@@ -56,12 +92,11 @@ pub(crate) fn write_output(
     progress: &dyn BuildProgress,
 ) -> Result<BuildReport, BuildError> {
     let first = assembled.first().expect("at least one platform");
-    let tags = render_tags(
-        &settings.recipe_path,
+    let tags = image_tags(
+        settings,
         recipe,
         first.facts.torch.as_deref(),
         first.facts.cudnn.as_deref(),
-        &settings.registry,
     )?;
     let layout = settings
         .layout_dir
@@ -136,4 +171,70 @@ pub(crate) fn write_output(
         audit_cached: first.audit_cached,
         platforms,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn settings(tags: &[&str]) -> BuildSettings {
+        BuildSettings {
+            recipe_path: PathBuf::from("team.yaml"),
+            cache_root: PathBuf::from("/nonexistent"),
+            layout_dir: None,
+            compression: crate::layer::Compression::None,
+            offline: false,
+            mirrors: Vec::new(),
+            registry: "localhost".into(),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+            platforms: None,
+            build_mode: None,
+            apt_mirror: None,
+            apt_keyring: None,
+            apt_snapshot: None,
+            source_build_timeout: None,
+        }
+    }
+
+    fn recipe(tags: &str) -> Recipe {
+        Recipe::parse(
+            &format!("name: team-train\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\ntorch: {{ version: \"2.4.1\" }}\n{tags}"),
+            Path::new("team.yaml"),
+        )
+        .unwrap()
+    }
+
+    /// Without tags in the recipe or on the command line, a loaded image still has a name.
+    #[test]
+    fn an_image_is_named_by_the_recipe_the_command_line_or_its_name() {
+        let untagged = recipe("");
+        assert_eq!(
+            image_tags(&settings(&[]), &untagged, None, None).unwrap(),
+            ["localhost/team-train:latest"]
+        );
+        let tagged = recipe("tags: [\"{registry}/team/train:{torch}\"]\n");
+        assert_eq!(
+            image_tags(&settings(&[]), &tagged, None, None).unwrap(),
+            ["localhost/team/train:2.4.1"]
+        );
+        // The command line's come after the recipe's, placeholders rendered, each once.
+        assert_eq!(
+            image_tags(
+                &settings(&["ghcr.io/acme/train:v3", "{registry}/team/train:{torch}"]),
+                &tagged,
+                None,
+                None
+            )
+            .unwrap(),
+            ["localhost/team/train:2.4.1", "ghcr.io/acme/train:v3"]
+        );
+        assert_eq!(
+            image_tags(&settings(&["acme/train:v3"]), &untagged, None, None).unwrap(),
+            ["acme/train:v3"]
+        );
+        // A tag Docker would refuse fails here, before any download.
+        let error = image_tags(&settings(&["Acme/Train:v3"]), &untagged, None, None).unwrap_err();
+        assert!(error.to_string().contains("Acme/Train:v3"), "{error}");
+    }
 }

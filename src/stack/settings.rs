@@ -26,6 +26,9 @@ pub struct BuildSettings {
     pub mirrors: Vec<PathBuf>,
     /// Substituted for `{registry}` in tag templates.
     pub registry: String,
+    /// Tags given on the command line (`build --tag`, and the name `--push REF` gives the
+    /// image), beside the recipe's; each written as a ref of the layout like theirs.
+    pub tags: Vec<String>,
     /// The platforms to build; the recipe's `platforms` when None.
     pub platforms: Option<Vec<Platform>>,
     /// How mmdebstrap builds the base (docs/rootless.md); None: root as uid 0, else
