@@ -5,7 +5,6 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use cudastack::pipeline::signed::SignedVerifications;
 use cudastack::printable::escape;
 use cudastack::verify::check::{check, Fit, ImageClaims, Node, NodeGpu};
 use cudastack::version::{ComputeCapability, DriverVersion};
@@ -89,9 +88,7 @@ pub fn run(args: CheckArgs, runtime: &Async, printer: &Printer) -> CommandResult
             runtime,
             printer,
         )?;
-        let before = answer.fits;
-        answer = cudastack::attest::policy::require_signed(answer, &node, &signed.claims, &key);
-        answer = unread_is_unknown(answer, before, &node, &signed);
+        answer = cudastack::pipeline::signed::require_signed(answer, &node, &signed, &key);
     }
     if printer.json {
         printer.json(&CheckOutput {
@@ -134,35 +131,6 @@ pub fn run(args: CheckArgs, runtime: &Async, printer: &Printer) -> CommandResult
         ));
     }
     Ok(exit_code(answer.fits))
-}
-
-/// A signature requirement that failed while bundles went unread (over the budget, or
-/// unreadable) is unknown, not no: the unread ones may hold the signature. Never yes: a
-/// skipped bundle can only remove evidence, so `check` fails closed. A no that
-/// the labels already gave stays no.
-fn unread_is_unknown(
-    mut answer: cudastack::verify::check::Answer,
-    before: Fit,
-    node: &Node,
-    signed: &SignedVerifications,
-) -> cudastack::verify::check::Answer {
-    if answer.fits != Fit::No
-        || before == Fit::No
-        || node.gpus.is_empty()
-        || signed.unread.is_empty()
-    {
-        return answer;
-    }
-    answer.fits = Fit::Unknown;
-    answer.unknown_because = Some(format!(
-        "no signed verification was found in the bundles read, and {} referrer(s) were not read ({}): the signature cannot be confirmed",
-        signed.unread.len(),
-        signed
-            .over_budget
-            .clone()
-            .unwrap_or_else(|| signed.unread[0].why.clone())
-    ));
-    answer
 }
 
 /// The exit status of `check` (documented in its `--help` and in README): 0 yes, 1 no,
