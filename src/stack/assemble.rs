@@ -21,12 +21,19 @@ use crate::stack::output::Assembled;
 use crate::stack::prepare::PlatformInputs;
 use crate::stack::produce::{audit_stack, produce_layers, KernelTargets};
 use crate::stack::report::{BuiltFrom, LayerReport};
+use crate::stack::settings::image_created;
 
 /// One platform's image: its layers (cached or staged), the config, the audit.
 pub(crate) fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assembled, BuildError> {
     let planned = StackLayers::plan(inputs, env)?;
     let layers = produce_layers(&planned.all(), planned.base.facts_record(), env)?;
-    let facts = stack_facts(inputs, &planned.base.facts(), env.options.mtime);
+    let created = image_created(
+        inputs.recipe,
+        std::env::var_os("SOURCE_DATE_EPOCH").as_deref(),
+        inputs.lock.as_of,
+        env.options.mtime,
+    );
+    let facts = stack_facts(inputs, &planned.base.facts(), created);
     let torch_build = inputs.torch_build.as_ref();
     let config = stack_config(inputs.resolved, torch_build, &facts, inputs.arch());
     let targets = KernelTargets {
@@ -39,10 +46,7 @@ pub(crate) fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assemb
     let config = config
         .with_kernel_labels(groups, targets.jit_ptx_isa)
         .with_start_guard(inputs.resolved, torch_build, groups);
-    let image = with_built_labels(
-        image_of(inputs.platform, &layers, &config, env.options.mtime),
-        inputs,
-    );
+    let image = with_built_labels(image_of(inputs.platform, &layers, &config, created), inputs);
     Ok(Assembled {
         platform: inputs.platform,
         image: image.clone(),
@@ -63,8 +67,8 @@ pub(crate) fn assemble(inputs: &PlatformInputs, env: &BuildEnv) -> Result<Assemb
     })
 }
 
-/// What the labels record about the assembled stack.
-fn stack_facts(inputs: &PlatformInputs, base: &RootfsFacts, mtime: u64) -> StackFacts {
+/// What the labels record about the assembled stack, `created` at that time.
+fn stack_facts(inputs: &PlatformInputs, base: &RootfsFacts, created: u64) -> StackFacts {
     let version_of = |pick: &dyn Fn(&str) -> bool| {
         inputs
             .lock
@@ -82,7 +86,7 @@ fn stack_facts(inputs: &PlatformInputs, base: &RootfsFacts, mtime: u64) -> Stack
         cudnn: version_of(&|name| name.starts_with("nvidia-cudnn")),
         torch: version_of(&|name| name == "torch"),
         os: base.os.clone(),
-        created: oci::rfc3339(mtime),
+        created: oci::rfc3339(created),
     }
 }
 
@@ -111,15 +115,15 @@ fn with_built_labels(mut image: Image, inputs: &PlatformInputs) -> Image {
     image
 }
 
-/// The image of `layers` with the stack's config.
+/// The image of `layers` with the stack's config, `created` at that time.
 fn image_of(
     platform: Platform,
     layers: &[(LayerReport, Layer)],
     config: &StackConfig,
-    mtime: u64,
+    created: u64,
 ) -> Image {
     let mut image =
-        Image::new(mtime).with_platform(platform.to_oci_arch(), oci_spec::image::Os::Linux);
+        Image::new(created).with_platform(platform.to_oci_arch(), oci_spec::image::Os::Linux);
     for (report, layer) in layers {
         image = image.with_layer(layer.clone(), &labels::layer_created_by(&report.name));
     }

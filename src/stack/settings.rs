@@ -64,6 +64,26 @@ pub trait BuildProgress: Send + Sync {
 /// 2024-01-01T00:00:00Z. Fixed, so builds stay reproducible; recipes should set their own.
 pub const DEFAULT_SOURCE_DATE_EPOCH: u64 = 1_704_067_200;
 
+/// The image's `created` time. With a SOURCE_DATE_EPOCH (the recipe's, or `env_epoch`, the
+/// environment's), `epoch`, the time every entry of the team's layers carries. Without one,
+/// when the lock was made (`as_of`): the last moment anything in the image was chosen, and
+/// an input like the rest, so the image stays reproducible; the fixed default would make
+/// `docker images` say "2 years ago" of an image built today. The default when the lock
+/// predates `as_of`.
+pub(crate) fn image_created(
+    recipe: &Recipe,
+    env_epoch: Option<&std::ffi::OsStr>,
+    as_of: Option<jiff::Timestamp>,
+    epoch: u64,
+) -> u64 {
+    if recipe.source_date_epoch.is_some() || env_epoch.is_some() {
+        return epoch;
+    }
+    as_of
+        .and_then(|at| u64::try_from(at.as_second()).ok())
+        .unwrap_or(epoch)
+}
+
 /// The recipe's `source_date_epoch`, else `$SOURCE_DATE_EPOCH`, else the default. The
 /// environment value is checked as the recipe's is: a value that is not a number, or is past
 /// year 9999, is an error rather than silently another timestamp.
@@ -83,4 +103,42 @@ pub(crate) fn source_date_epoch(recipe: &Recipe) -> Result<u64, BuildError> {
     })?;
     crate::recipe::check_source_date_epoch(epoch)
         .map_err(|why| BuildError::Unsupported(format!("SOURCE_DATE_EPOCH: {why}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn recipe(epoch: &str) -> Recipe {
+        Recipe::parse(
+            &format!("name: t\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\n{epoch}"),
+            Path::new("t.yaml"),
+        )
+        .unwrap()
+    }
+
+    /// An image built today without a SOURCE_DATE_EPOCH is dated by its lock, not by the
+    /// fixed default; an epoch someone set is kept.
+    #[test]
+    fn an_image_without_an_epoch_is_as_new_as_its_lock() {
+        let as_of: jiff::Timestamp = "2026-12-03T11:02:10Z".parse().unwrap();
+        let locked = as_of.as_second() as u64;
+        let default = DEFAULT_SOURCE_DATE_EPOCH;
+        assert_eq!(
+            image_created(&recipe(""), None, Some(as_of), default),
+            locked
+        );
+        assert_eq!(image_created(&recipe(""), None, None, default), default);
+        let set = recipe("source_date_epoch: 1727740800\n");
+        assert_eq!(
+            image_created(&set, None, Some(as_of), 1_727_740_800),
+            1_727_740_800
+        );
+        let from_env = std::ffi::OsStr::new("1800000000");
+        assert_eq!(
+            image_created(&recipe(""), Some(from_env), Some(as_of), 1_800_000_000),
+            1_800_000_000
+        );
+    }
 }
