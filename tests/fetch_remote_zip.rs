@@ -179,7 +179,23 @@ async fn a_server_that_ignores_ranges_gives_metadata_from_the_whole_wheel() {
     use cudastack::fetch::index::DistFile;
     use cudastack::fetch::metadata::{wheel_metadata, MetadataError};
     let dir = tempfile::tempdir().unwrap();
-    let (bytes, _) = archive(false);
+    // Larger than the tail a range read asks for first (128 KiB): the server's whole-file
+    // answer must be told apart by its headers, not by its size.
+    let bytes = {
+        let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let stored =
+            SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        writer
+            .start_file("torch/lib/libtorch_python.so", stored)
+            .unwrap();
+        writer.write_all(&library_bytes()).unwrap();
+        writer
+            .start_file("torch-9.9.dist-info/METADATA", stored)
+            .unwrap();
+        writer.write_all(b"Name: torch\nVersion: 9.9\n").unwrap();
+        writer.finish().unwrap().into_inner()
+    };
+    assert!(bytes.len() > 1 << 20);
     std::fs::write(dir.path().join("torch-9.9-py3-none-any.whl"), &bytes).unwrap();
     let Some(server) = StaticServer::start(dir.path()) else {
         crate::gate::skip("python3", "python3 -m http.server did not start");
@@ -215,7 +231,10 @@ async fn a_server_that_ignores_ranges_gives_metadata_from_the_whole_wheel() {
     let error = wheel_metadata(&client(), &file(Some(other), None))
         .await
         .unwrap_err();
-    assert!(matches!(error, MetadataError::Mismatch { .. }), "{error}");
+    assert!(
+        matches!(error, MetadataError::WheelMismatch { .. }),
+        "{error}"
+    );
     // A file longer than the index said: not read past what was announced.
     let error = wheel_metadata(&client(), &file(None, Some(1000)))
         .await

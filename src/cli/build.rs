@@ -192,7 +192,11 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
             // The name the image is pushed as is its local name too (`docker build -t` and
             // `docker push` of the same tag).
             if reference.digest().is_none() {
-                tags.push(reference.to_string());
+                let tagged = match reference.tag() {
+                    Some(_) => reference.clone(),
+                    None => reference.with_tag("latest")?,
+                };
+                tags.push(tagged.to_string());
             }
             let client = args.registry_args.resolve()?.client_options(&reference)?;
             Some(PushTarget {

@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use super::args::{CacheArgs, RefArg, RegistryArgs, RegistrySettings};
 use super::{Async, CommandResult, Printer};
+use cudastack::pipeline::image_source::ImageSource;
 use cudastack::pipeline::record::{self, report_from_log};
 
 #[derive(Debug, Args)]
@@ -192,7 +193,17 @@ fn record_log(
     let report = report_from_log(&text, &log.display().to_string())?;
     let key = args.sign.load()?;
     let location = ImageLocation::parse(image, Some(&args.layout_ref.ref_name))?;
-    let destination = args.registry.resolve()?.source(&location)?;
+    let destination = match &location {
+        ImageLocation::Layout { dir, ref_name } => ImageSource::Layout {
+            dir: dir.clone(),
+            ref_name: ref_name.clone(),
+        },
+        // Refused before credentials are looked for: nothing is signed on a registry here.
+        ImageLocation::Registry(_) if key.is_some() => {
+            return Err(cudastack::pipeline::PipelineError::SignRemoteLog.into())
+        }
+        ImageLocation::Registry(_) => args.registry.resolve()?.source(&location)?,
+    };
     let recorded = runtime.block_on(record::record_log(
         &report,
         &destination,

@@ -318,6 +318,20 @@ impl HttpClient {
         headers: HeaderMap,
         limit: u64,
     ) -> Result<(HeaderMap, Bytes), HttpError> {
+        self.get_bytes_checked(url, headers, limit, |_| Ok(()))
+            .await
+    }
+
+    /// [`Self::get_bytes_limited`], with `check` looking at each answer's status and
+    /// headers before its body is read (a range request refuses a whole file by its answer,
+    /// before its size).
+    async fn get_bytes_checked(
+        &self,
+        url: &Url,
+        headers: HeaderMap,
+        limit: u64,
+        check: impl Fn(&Response) -> Result<(), HttpError>,
+    ) -> Result<(HeaderMap, Bytes), HttpError> {
         let too_large = || HttpError::TooLarge {
             url: url.clone(),
             limit,
@@ -330,6 +344,7 @@ impl HttpClient {
         loop {
             attempts.start();
             let mut response = self.get(url, headers.clone()).await?;
+            check(&response)?;
             let response_headers = response.headers().clone();
             if response
                 .content_length()
@@ -384,7 +399,18 @@ impl HttpClient {
             ByteRange::From(_) => MAX_DOCUMENT_BYTES,
         }
         .min(MAX_DOCUMENT_BYTES);
-        let (response_headers, bytes) = self.get_bytes_limited(url, headers, limit).await?;
+        // A server that ignores `Range` answers with the whole file: said by its answer,
+        // before a body of any size is read.
+        let whole_file = |response: &Response| match response.headers().get(CONTENT_RANGE) {
+            Some(_) => Ok(()),
+            None => Err(HttpError::RangeUnsupported {
+                url: url.clone(),
+                status: response.status(),
+            }),
+        };
+        let (response_headers, bytes) = self
+            .get_bytes_checked(url, headers, limit, whole_file)
+            .await?;
         let value = response_headers
             .get(CONTENT_RANGE)
             .ok_or_else(|| HttpError::RangeUnsupported {

@@ -56,6 +56,12 @@ pub enum MetadataError {
     },
     #[error("METADATA of `{location}` is {size} bytes; cudastack reads at most {} (real ones are a few kB)", MAX_METADATA_BYTES)]
     TooLarge { location: String, size: u64 },
+    #[error("Wheel `{url}` does not match the hash the index published\n  Expected: {expected}\n  Found:    {found}")]
+    WheelMismatch {
+        url: reqwest::Url,
+        expected: Digest,
+        found: Digest,
+    },
     #[error("Wheel `{url}` is larger than {limit} bytes; its server ignores byte-range requests, so reading its METADATA would mean downloading all of it\n  hint: serve the index with a server that honours `Range` (or publishes PEP 658 `.metadata` files)")]
     WheelTooLarge { url: reqwest::Url, limit: u64 },
     #[error("METADATA of `{location}` is invalid: {reason}")]
@@ -151,7 +157,7 @@ async fn wheel_metadata_by_download(
     url: &reqwest::Url,
     file: &DistFile,
 ) -> Result<String, MetadataError> {
-    use std::io::Write as _;
+    use tokio::io::AsyncWriteExt as _;
     let limit = file
         .size
         .unwrap_or(MAX_FALLBACK_WHEEL_BYTES)
@@ -174,7 +180,11 @@ async fn wheel_metadata_by_download(
     let temporary = tempfile::NamedTempFile::new().map_err(io(Path::new("a temporary file")))?;
     let mut written = 0u64;
     let mut hasher = crate::digest::Hasher::new();
-    let mut out = std::io::BufWriter::new(temporary.as_file());
+    let file_for_writes = temporary
+        .as_file()
+        .try_clone()
+        .map_err(io(temporary.path()))?;
+    let mut out = tokio::io::BufWriter::new(tokio::fs::File::from_std(file_for_writes));
     while let Some(chunk) = response
         .chunk()
         .await
@@ -189,14 +199,14 @@ async fn wheel_metadata_by_download(
             return Err(too_large());
         }
         hasher.update(&chunk);
-        out.write_all(&chunk).map_err(io(temporary.path()))?;
+        out.write_all(&chunk).await.map_err(io(temporary.path()))?;
     }
-    out.flush().map_err(io(temporary.path()))?;
+    out.flush().await.map_err(io(temporary.path()))?;
     drop(out);
     if let Some(expected) = file.sha256 {
         let (found, _) = hasher.finish();
         if found != expected {
-            return Err(MetadataError::Mismatch {
+            return Err(MetadataError::WheelMismatch {
                 url: url.clone(),
                 expected,
                 found,

@@ -23,20 +23,28 @@ pub async fn load(
 }
 
 /// `cudastack load`: the image `ref_name` of the layout at `dir`, under `tags` or, when
-/// none are given, the tags the layout records for it. The tags are checked first, then
-/// the daemon is reached, then the layout is read.
+/// none are given, the tags the layout records for it. What can be checked here fails
+/// before the daemon is reached: given tags first, or else the layout (read for its tags).
 pub async fn load_from_layout(
     dir: &Path,
     ref_name: &str,
     tags: Option<&[String]>,
     progress: &dyn Progress,
 ) -> Result<LoadReport, PipelineError> {
-    if let Some(tags) = tags {
-        check_tags(tags)?;
-    }
+    let (image, tags) = match tags {
+        Some(tags) => {
+            check_tags(tags)?;
+            let engine = Engine::connect().await?;
+            let image = LayoutImage::open(dir, ref_name)?;
+            return load_with(&engine, &image, tags, progress).await;
+        }
+        None => {
+            let image = LayoutImage::open(dir, ref_name)?;
+            let tags = layout_tags(&image);
+            (image, tags)
+        }
+    };
     let engine = Engine::connect().await?;
-    let image = LayoutImage::open(dir, ref_name)?;
-    let tags = tags.map_or_else(|| layout_tags(&image), <[String]>::to_vec);
     load_with(&engine, &image, &tags, progress).await
 }
 

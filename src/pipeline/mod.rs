@@ -291,7 +291,8 @@ pub async fn build_verify_publish(
 }
 
 /// `build --load`: the image of this host's platform (its verified copy when the
-/// verification made one), tagged with the tags the layout gives it.
+/// verification made one), tagged with the build's tags (with several platforms they name
+/// the image index, and the host's image gets them in Docker).
 async fn load_built(
     built: &BuildReport,
     verified: Option<&LayoutImage>,
@@ -302,8 +303,7 @@ async fn load_built(
             architecture: crate::platform::host_cpu(),
         });
     };
-    let tags = crate::engine::load::layout_tags(host_image);
-    load::load(host_image, &tags, progress).await
+    load::load(host_image, &built.tags, progress).await
 }
 
 #[cfg(test)]
