@@ -346,6 +346,7 @@ mod tests {
             ref_name: "latest".into(),
             tags: vec!["localhost/r:1".into()],
             host_ref: host_ref.map(str::to_string),
+            named_by_default: false,
             host_image: host_ref.map(|name| {
                 let image = crate::oci::StoredImage::of(&crate::oci::Image::new(0)).unwrap();
                 crate::oci::layout::LayoutImage::written(Path::new("images/r"), name, &[], image)

@@ -73,7 +73,12 @@ pub async fn after_build(
         keep_loaded,
         ..VerifySettings::default()
     };
-    let tags = crate::engine::load::layout_tags(host_image);
+    // The probe's image keeps the names someone asked for (as `docker build -t` leaves its
+    // result); under the default name alone it would be left in Docker by every build.
+    let tags = match built.named_by_default {
+        true => Vec::new(),
+        false => crate::engine::load::layout_tags(host_image),
+    };
     let outcome = verify_image(&engine, host_image, &tags, &settings).await?;
     let left_loaded = outcome.left_loaded;
     let judged = judge(outcome, &built.layout, progress);

@@ -54,6 +54,16 @@ pub fn image_tags(
     torch: Option<&str>,
     cudnn: Option<&str>,
 ) -> Result<Vec<String>, crate::recipe::RecipeError> {
+    Ok(tags_and_whether_default(settings, recipe, torch, cudnn)?.0)
+}
+
+/// [`image_tags`], and whether they are only the default name (nobody asked for one).
+fn tags_and_whether_default(
+    settings: &BuildSettings,
+    recipe: &Recipe,
+    torch: Option<&str>,
+    cudnn: Option<&str>,
+) -> Result<(Vec<String>, bool), crate::recipe::RecipeError> {
     let mut tags = render_tags(
         &settings.recipe_path,
         recipe,
@@ -71,10 +81,11 @@ pub fn image_tags(
             tags.push(tag);
         }
     }
-    if tags.is_empty() {
-        tags.extend(render_tag(DEFAULT_TAG, &values).ok());
+    if !tags.is_empty() {
+        return Ok((tags, false));
     }
-    Ok(tags)
+    tags.extend(render_tag(DEFAULT_TAG, &values).ok());
+    Ok((tags, true))
 }
 
 /// `latest` -> `latest-linux-arm64`: the ref of one platform's image beside the index.
@@ -92,7 +103,7 @@ pub(crate) fn write_output(
     progress: &dyn BuildProgress,
 ) -> Result<BuildReport, BuildError> {
     let first = assembled.first().expect("at least one platform");
-    let tags = image_tags(
+    let (tags, named_by_default) = tags_and_whether_default(
         settings,
         recipe,
         first.facts.torch.as_deref(),
@@ -165,6 +176,7 @@ pub(crate) fn write_output(
         tags,
         host_ref,
         host_image,
+        named_by_default,
         layers: first.layers.clone(),
         size: first.size,
         audit: first.audit.clone(),

@@ -34,6 +34,11 @@ pub struct BuildReport {
     /// take it instead of reading the layout again.
     #[serde(skip)]
     pub host_image: Option<crate::oci::layout::LayoutImage>,
+    /// The tags are only [`crate::stack::DEFAULT_TAG`]'s: neither the recipe nor the command
+    /// line named the image. The verification then does not leave it in Docker under that
+    /// name; `--load` gives it the name.
+    #[serde(skip)]
+    pub named_by_default: bool,
     /// The first platform's layers, size and audit (the only one in a single-platform build).
     pub layers: Vec<LayerReport>,
     /// Compressed size of all layers.
