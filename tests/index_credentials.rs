@@ -106,6 +106,7 @@ fn request(recipe: &Recipe, client: &HttpClient, pypi: &AuthIndex, roots: &[&str
         redist: vec![],
         system: None,
         recipe_digest: recipe.lock_digest(),
+        byte_digest: None,
         as_of: None,
     }
 }

@@ -98,6 +98,7 @@ fn request(client: &HttpClient, index: &str, roots: &[&str]) -> LockRequest {
         redist: Vec::new(),
         system: None,
         recipe_digest: cudastack::digest::Digest::of_bytes(b"as-of recipe"),
+        byte_digest: None,
         as_of: None,
     }
 }

@@ -302,6 +302,7 @@ async fn locks_fixture_indexes_and_redist_then_fetches_everything() {
         redist,
         system: None,
         recipe_digest: Digest::of_bytes(b"fixture recipe"),
+        byte_digest: None,
         as_of: None,
     };
     let lock = resolve(&client, &request).await.unwrap();
@@ -440,6 +441,7 @@ async fn plain_linux_wheels_are_refused_on_pypi_like_indexes() {
         redist: vec![],
         system: None,
         recipe_digest: Digest::of_bytes(b"x"),
+        byte_digest: None,
         as_of: None,
     };
     let error = resolve(&client, &request).await.unwrap_err();
@@ -469,6 +471,7 @@ async fn precise_errors_for_platform_and_missing_packages() {
         redist: vec![],
         system: None,
         recipe_digest: Digest::of_bytes(b"x"),
+        byte_digest: None,
         as_of: None,
     };
     let error = resolve(&client, &lock(&["winonly"])).await.unwrap_err();
@@ -526,6 +529,7 @@ async fn mirror_directory_locks_with_file_urls() {
         redist: vec![],
         system: None,
         recipe_digest: Digest::of_bytes(b"x"),
+        byte_digest: None,
         as_of: None,
     };
     let lock = resolve(&client, &request).await.unwrap();
@@ -603,6 +607,7 @@ async fn mirrored_redist_manifest_resolves_to_local_archives() {
         }],
         system: None,
         recipe_digest: Digest::of_bytes(b"x"),
+        byte_digest: None,
         as_of: None,
     };
     let lock = resolve(&client, &request).await.unwrap();

@@ -99,6 +99,7 @@ fn request(requirements: &[&str]) -> (HttpClient, LockRequest) {
         redist: vec![],
         system: None,
         recipe_digest: Digest::of_bytes(requirements.join("\n").as_bytes()),
+        byte_digest: None,
         as_of: None,
     };
     (client, request)
@@ -297,6 +298,7 @@ async fn no_wheel_for_the_python_names_package_python_platform_and_tags() {
         redist: vec![],
         system: None,
         recipe_digest: Digest::of_bytes(b"x"),
+        byte_digest: None,
         as_of: None,
     };
     let error = resolve(&client, &request).await.unwrap_err();

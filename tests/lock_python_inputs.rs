@@ -187,10 +187,10 @@ async fn requirements_files_with_includes_constraints_hashes_and_markers() {
     }
 }
 
-/// The lock's digest covers every file read, includes too; a recipe without inputs keeps
-/// the digest every existing lock recorded.
+/// The lock's digest covers every file read, includes too, by what it asks for; a recipe
+/// without inputs keeps the digest every existing lock recorded.
 #[test]
-fn editing_any_input_file_makes_the_lock_stale() {
+fn editing_what_an_input_file_asks_for_makes_the_lock_stale_and_a_comment_does_not() {
     let target = cudastack::lock::Target::new(
         "3.11".parse().unwrap(),
         Platform::LinuxAmd64,
@@ -222,12 +222,34 @@ fn editing_any_input_file_makes_the_lock_stale() {
             "shared/constraints.txt"
         ]
     );
-    // A comment in a file two includes deep is an edit of the input.
+    // The digest follows what the files ask for: a comment, a blank line, spacing or the
+    // order of lines in a file two includes deep leaves the lock fresh (the bytes' digest,
+    // which older locks recorded, moves)...
     let constraints = dir.path().join("shared/constraints.txt");
-    let mut text = std::fs::read_to_string(&constraints).unwrap();
-    text.push_str("# reviewed\n");
-    std::fs::write(&constraints, text).unwrap();
-    assert_ne!(digest(&recipe), first);
+    let bytes_digest = |recipe: &Recipe| {
+        PythonInputs::load(recipe, &path, &target)
+            .unwrap()
+            .byte_digest(recipe)
+    };
+    let bytes_before = bytes_digest(&recipe);
+    std::fs::write(
+        &constraints,
+        "# Constraints narrow versions and install nothing by themselves.\n\n# reviewed\niniconfig == 2.0.0\npackaging <24\n",
+    )
+    .unwrap();
+    assert_eq!(
+        digest(&recipe),
+        first,
+        "a comment or the order changes no meaning"
+    );
+    assert_ne!(bytes_digest(&recipe), bytes_before);
+    // ...and a changed version makes it stale.
+    std::fs::write(&constraints, "packaging<25\niniconfig==2.0.0\n").unwrap();
+    assert_ne!(
+        digest(&recipe),
+        first,
+        "a changed constraint is a new input"
+    );
     // A missing file says which, and who named it.
     std::fs::remove_file(dir.path().join("shared/base.txt")).unwrap();
     let error = PythonInputs::load(&recipe, &path, &target)
@@ -630,6 +652,7 @@ async fn an_exact_pin_locks_the_local_version_an_index_publishes() {
         redist: vec![],
         system: None,
         recipe_digest: Digest::of_bytes(b"exact pin"),
+        byte_digest: None,
         as_of: None,
     };
     let lock = resolve(&client, &request).await.unwrap();
@@ -850,18 +873,24 @@ fn cli_lock_writes_pylock_and_build_refuses_a_lock_older_than_its_inputs() {
     );
     let lock = Lockfile::read(&path.with_extension("lock")).unwrap();
     assert_eq!(written[0]["recipe_digest"], lock.recipe_digest.to_string());
-    // An edit two includes deep.
+    // A comment two includes deep asks for nothing new: the lock is still fresh (this
+    // build then stops offline, for the wheels it never downloaded).
     let base = dir.path().join("shared/base.txt");
-    std::fs::write(
-        &base,
-        std::fs::read_to_string(&base).unwrap() + "# reviewed\n",
-    )
-    .unwrap();
-    let out = cudastack()
-        .args(["build", "--no-verify", "--offline"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let original = std::fs::read_to_string(&base).unwrap();
+    std::fs::write(&base, original.clone() + "# reviewed\n").unwrap();
+    let build = || {
+        cudastack()
+            .args(["build", "--no-verify", "--offline"])
+            .arg(&path)
+            .output()
+            .unwrap()
+    };
+    let out = build();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("is stale"), "{stderr}");
+    // A requirement added two includes deep is an edit of the input.
+    std::fs::write(&base, original + "idna\n").unwrap();
+    let out = build();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(

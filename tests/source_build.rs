@@ -185,6 +185,7 @@ fn request(client: &HttpClient, server: &FixtureServer, roots: &[&str]) -> LockR
         redist: Vec::new(),
         system: None,
         recipe_digest: Digest::of_bytes(b"source build recipe"),
+        byte_digest: None,
         as_of: None,
     }
 }

@@ -347,6 +347,7 @@ pub fn lock_request_for(
         redist: Vec::new(),
         system: system_request(recipe, platform),
         recipe_digest: recipe.lock_digest(),
+        byte_digest: None,
         as_of: None,
     })
 }

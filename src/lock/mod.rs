@@ -176,6 +176,10 @@ pub struct LockRequest {
     pub system: Option<system::SystemRequest>,
     /// The recipe's digest, recorded so a changed recipe makes the lock stale.
     pub recipe_digest: Digest,
+    /// The digest a lock recorded before it followed what the Python input files mean
+    /// ([`python_inputs::PythonInputs::byte_digest`]): a previous lock that recorded this
+    /// for the same bytes keeps its digest when locked again.
+    pub byte_digest: Option<Digest>,
     /// The moment the resolution stands for, recorded in the lock; set by
     /// [`LockRequest::as_of`] to read the sources as they were then.
     pub as_of: Option<jiff::Timestamp>,

@@ -205,8 +205,41 @@ impl PythonInputs {
 
     /// The digest a lock of `recipe` records: the recipe's [`Recipe::lock_digest`] when it
     /// reads no file (what every lock recorded before these inputs existed), else that and
-    /// every file's name and bytes.
+    /// what the files ask for: the requirements, constraints and accepted hashes as parsed
+    /// (for this target, sorted, each once) and the names of the files read. A comment, a
+    /// blank line, spacing or the order of lines changes none of it, so it leaves the lock
+    /// fresh; a changed version or a new package does not.
     pub fn lock_digest(&self, recipe: &Recipe) -> Digest {
+        if self.files.is_empty() {
+            return recipe.lock_digest();
+        }
+        let sorted = |requirements: &[Sourced]| {
+            requirements
+                .iter()
+                .map(|s| s.requirement.to_string())
+                .collect::<BTreeSet<String>>()
+        };
+        let hashes: BTreeMap<String, &BTreeSet<Digest>> = self
+            .constraints
+            .hashes
+            .iter()
+            .map(|(name, pin)| (name.to_string(), &pin.sha256))
+            .collect();
+        let files: BTreeSet<&str> = self.files.iter().map(|f| f.path.as_str()).collect();
+        let value = serde_json::json!({
+            "recipe": recipe.lock_digest().to_string(),
+            "requirements": sorted(&self.roots),
+            "constraints": sorted(&self.constraints.versions),
+            "hashes": hashes,
+            "files": files,
+        });
+        Digest::of_bytes(value.to_string().as_bytes())
+    }
+
+    /// The digest locks recorded before [`Self::lock_digest`] followed what the files mean:
+    /// the recipe's and every file's name and bytes. A lock that recorded it is still fresh
+    /// while the bytes are the same.
+    pub fn byte_digest(&self, recipe: &Recipe) -> Digest {
         if self.files.is_empty() {
             return recipe.lock_digest();
         }
@@ -230,6 +263,7 @@ impl PythonInputs {
     /// the digest that makes the lock stale when a file changes.
     pub fn apply(self, recipe: &Recipe, request: &mut LockRequest) {
         request.recipe_digest = self.lock_digest(recipe);
+        request.byte_digest = Some(self.byte_digest(recipe));
         request
             .requirements
             .extend(self.roots.into_iter().map(|s| s.requirement));

@@ -207,6 +207,11 @@ async fn lock_platform(
         ));
     }
     let mut lockfile = resolve_with_builds(client, &request, &builds).await?;
+    keep_the_digest(
+        &mut lockfile,
+        previous.as_ref(),
+        request.byte_digest.as_ref(),
+    );
     keep_the_moment(&mut lockfile, previous.as_ref(), settings.as_of.is_some());
     let deb_changes = changes(previous.as_ref(), &lockfile, ArtifactKind::is_deb);
     let wheel_changes = changes(previous.as_ref(), &lockfile, ArtifactKind::is_python);
@@ -261,6 +266,17 @@ async fn lock_platform(
 /// A relock that moved nothing keeps the previous lock's moment, so it leaves the file
 /// byte for byte as it was (the relock workflow opens no pull request for a date); an
 /// explicit `--as-of` is always recorded.
+/// A lock made before its digest followed what the Python input files mean recorded their
+/// bytes: while they are the same, it keeps that digest, so relocking (and `lock --check`)
+/// does not call it changed for a new way of writing the same inputs.
+fn keep_the_digest(lockfile: &mut Lockfile, previous: Option<&Lockfile>, bytes: Option<&Digest>) {
+    if let (Some(previous), Some(bytes)) = (previous, bytes) {
+        if previous.recipe_digest == *bytes {
+            lockfile.recipe_digest = previous.recipe_digest;
+        }
+    }
+}
+
 fn keep_the_moment(lockfile: &mut Lockfile, previous: Option<&Lockfile>, explicit: bool) {
     let Some(previous) = previous else { return };
     if explicit || previous.as_of.is_none() {

@@ -230,11 +230,12 @@ fn read_lock(
         });
     }
     let lock = Lockfile::read(&lock_file)?;
-    // The recipe and the bytes of every Python input file it reads.
-    let expected = PythonInputs::load(recipe, &settings.recipe_path, &lock.target)
-        .map_err(Box::new)?
-        .lock_digest(recipe);
-    if lock.is_stale(&expected) {
+    // The recipe and what every Python input file it reads asks for; a lock made before
+    // that recorded the files' bytes, and stays fresh while they are the same.
+    let inputs =
+        PythonInputs::load(recipe, &settings.recipe_path, &lock.target).map_err(Box::new)?;
+    let expected = inputs.lock_digest(recipe);
+    if lock.is_stale(&expected) && lock.is_stale(&inputs.byte_digest(recipe)) {
         return Err(BuildError::StaleLock {
             recipe: settings.recipe_path.clone(),
             lock: lock_file,
