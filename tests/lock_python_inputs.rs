@@ -871,8 +871,39 @@ fn cli_lock_writes_pylock_and_build_refuses_a_lock_older_than_its_inputs() {
         !text.contains("\"deb\""),
         "Debian packages stay out of a Python lock"
     );
-    let lock = Lockfile::read(&path.with_extension("lock")).unwrap();
+    let lock_path = path.with_extension("lock");
+    let lock = Lockfile::read(&lock_path).unwrap();
     assert_eq!(written[0]["recipe_digest"], lock.recipe_digest.to_string());
+    // A lock made before the digest followed the files' meaning recorded their bytes: it is
+    // fresh while they are the same, and relocking keeps its digest (`lock --check`: no change).
+    let recipe = Recipe::load(&path).unwrap();
+    let bytes = PythonInputs::load(&recipe, &path, &lock.target)
+        .unwrap()
+        .byte_digest(&recipe);
+    let text = std::fs::read_to_string(&lock_path).unwrap();
+    std::fs::write(
+        &lock_path,
+        text.replace(&lock.recipe_digest.to_string(), &bytes.to_string()),
+    )
+    .unwrap();
+    let check = cudastack()
+        .args(["lock", "--check"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "an older lock of the same bytes is unchanged: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let out = cudastack()
+        .args(["build", "--no-verify", "--offline"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("is stale"), "{stderr}");
+    std::fs::write(&lock_path, text).unwrap();
     // A comment two includes deep asks for nothing new: the lock is still fresh (this
     // build then stops offline, for the wheels it never downloaded).
     let base = dir.path().join("shared/base.txt");
