@@ -225,6 +225,15 @@ fn native_probe_runs_in_the_image(layout: &Path, env: &[String], work: &Path) {
         );
         return;
     }
+    // The layout names the image by its default name, which the verify loads it under:
+    // it goes again when the test ends, passed or not.
+    struct RemoveImage(&'static str);
+    impl Drop for RemoveImage {
+        fn drop(&mut self) {
+            let _ = Command::new("docker").args(["rmi", "-f", self.0]).output();
+        }
+    }
+    let _loaded = RemoveImage("localhost/cluster-ready:latest");
     let verify = Command::new(env!("CARGO_BIN_EXE_cudastack"))
         .args(["--json", "verify"])
         .arg(layout)
