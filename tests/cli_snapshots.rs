@@ -644,64 +644,59 @@ fn image_commands_on_one_stand_in_build() {
     let site = "site-features.yaml";
     // The registry serves the verified copy under a digest of its own.
     let digests = &[(r"sha256:[0-9a-f]{64}", "sha256:[DIGEST]")];
-    snapshot_with("place", &cli(&["place", &verified]), &scrub, digests);
-    snapshot_with(
-        "place_slurm",
-        &cli(&[
-            "place",
-            &verified,
-            "--for",
-            "slurm",
-            "--site-features",
-            site,
-            "--gpus",
-            "8",
-        ]),
-        &scrub,
-        digests,
-    );
-    snapshot_with(
-        "job",
-        &cli(&[
+    let v = verified.as_str();
+    let cluster: [(&str, &[&str]); 5] = [
+        ("place", &["place", v]),
+        (
+            "place_slurm",
+            &[
+                "place",
+                v,
+                "--for",
+                "slurm",
+                "--site-features",
+                site,
+                "--gpus",
+                "8",
+            ],
+        ),
+        (
             "job",
-            &verified,
-            "--nodes",
-            "2",
-            "--gpus-per-node",
-            "8",
-            "--namespace",
-            "ml",
-            "--",
-            "python3",
-            "train.py",
-        ]),
-        &scrub,
-        digests,
-    );
-    snapshot_with(
-        "job_sbatch",
-        &cli(&[
-            "job",
-            &verified,
-            "--for",
-            "sbatch",
-            "--site-features",
-            site,
-            "--nodes",
-            "2",
-            "--",
-            "python3",
-            "train.py",
-        ]),
-        &scrub,
-        digests,
-    );
-    snapshot_with(
-        "admission",
-        &cli(&["admission", &verified]),
-        &scrub,
-        digests,
-    );
+            &[
+                "job",
+                v,
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "8",
+                "--namespace",
+                "ml",
+                "--",
+                "python3",
+                "train.py",
+            ],
+        ),
+        (
+            "job_sbatch",
+            &[
+                "job",
+                v,
+                "--for",
+                "sbatch",
+                "--site-features",
+                site,
+                "--nodes",
+                "2",
+                "--",
+                "python3",
+                "train.py",
+            ],
+        ),
+        ("admission", &["admission", v]),
+    ];
+    for (name, args) in cluster {
+        snapshot_with(name, &cli(args), &scrub, digests);
+    }
 
     // The same log recorded in the layout: a verified copy, which inspect then reads.
     snapshot(
