@@ -38,8 +38,70 @@ pub fn host_path(root: &Path, image_path: &Path) -> PathBuf {
     }
 }
 
+/// What lies at an image path, without following a final symlink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Node {
+    Dir,
+    /// A regular file: its permission bits and size.
+    File {
+        mode: u32,
+        size: u64,
+    },
+    /// A symlink and its target, as written.
+    Symlink(PathBuf),
+    /// A device, fifo or socket.
+    Other,
+}
+
+impl Node {
+    pub fn is_dir(&self) -> bool {
+        matches!(self, Node::Dir)
+    }
+}
+
+/// The node at `image_path` of the root in the host directory `root`; None when it or a
+/// parent does not exist (or a parent is not a directory). The parents must be directories
+/// of the root, not links: [`resolve_with`] only asks for such paths.
+pub fn dir_node(root: &Path, image_path: &Path) -> io::Result<Option<Node>> {
+    use std::os::unix::fs::PermissionsExt;
+    let host = host_path(root, image_path);
+    let metadata = match std::fs::symlink_metadata(&host) {
+        Ok(metadata) => metadata,
+        Err(error)
+            if error.kind() == io::ErrorKind::NotFound
+                || error.raw_os_error() == Some(20 /* ENOTDIR */) =>
+        {
+            return Ok(None);
+        }
+        Err(error) => return Err(error),
+    };
+    let file_type = metadata.file_type();
+    Ok(Some(if file_type.is_symlink() {
+        Node::Symlink(std::fs::read_link(&host)?)
+    } else if file_type.is_dir() {
+        Node::Dir
+    } else if file_type.is_file() {
+        Node::File {
+            mode: metadata.permissions().mode(),
+            size: metadata.len(),
+        }
+    } else {
+        Node::Other
+    }))
+}
+
 /// Resolve `image_path` (absolute inside the image) following every symlink inside `root`.
 pub fn resolve_in_root(root: &Path, image_path: &Path) -> io::Result<Resolution> {
+    resolve_with(&|path: &Path| dir_node(root, path), image_path)
+}
+
+/// Resolve `image_path` following every symlink, in a root seen through `node` (which
+/// answers for paths whose parents are resolved directories): a directory on disk, or
+/// layers seen as one.
+pub fn resolve_with(
+    node: &dyn Fn(&Path) -> io::Result<Option<Node>>,
+    image_path: &Path,
+) -> io::Result<Resolution> {
     let mut pending: VecDeque<OsString> = VecDeque::new();
     push_components(&mut pending, image_path, false);
     let mut current = PathBuf::from("/");
@@ -50,32 +112,24 @@ pub fn resolve_in_root(root: &Path, image_path: &Path) -> io::Result<Resolution>
             continue;
         }
         let candidate = current.join(&component);
-        let host = host_path(root, &candidate);
-        let metadata = match std::fs::symlink_metadata(&host) {
-            Ok(metadata) => metadata,
-            Err(error)
-                if error.kind() == io::ErrorKind::NotFound
-                    || error.raw_os_error() == Some(20 /* ENOTDIR */) =>
-            {
-                return Ok(Resolution::Missing { at: candidate });
+        match node(&candidate)? {
+            None => return Ok(Resolution::Missing { at: candidate }),
+            Some(Node::Symlink(target)) => {
+                links += 1;
+                if links > MAX_LINKS {
+                    return Ok(Resolution::Loop);
+                }
+                if target.is_absolute() {
+                    current = PathBuf::from("/");
+                }
+                push_components(&mut pending, &target, true);
             }
-            Err(error) => return Err(error),
-        };
-        if metadata.file_type().is_symlink() {
-            links += 1;
-            if links > MAX_LINKS {
-                return Ok(Resolution::Loop);
+            Some(found) => {
+                if !pending.is_empty() && !found.is_dir() {
+                    return Ok(Resolution::Missing { at: candidate });
+                }
+                current = candidate;
             }
-            let target = std::fs::read_link(&host)?;
-            if target.is_absolute() {
-                current = PathBuf::from("/");
-            }
-            push_components(&mut pending, &target, true);
-        } else {
-            if !pending.is_empty() && !metadata.is_dir() {
-                return Ok(Resolution::Missing { at: candidate });
-            }
-            current = candidate;
         }
     }
     Ok(Resolution::Found(current))

@@ -10,6 +10,7 @@ use crate::e2e_support;
 use std::path::Path;
 use std::process::Command;
 
+use cudastack::audit::DirFs;
 use cudastack::base_root::ldcache;
 use cudastack::elf::Machine;
 use cudastack::host::stack::parse_ld_so_cache;
@@ -91,7 +92,7 @@ fn the_cache_cudastack_writes_equals_ldconfigs() {
     .unwrap();
     std::fs::write(multiarch.join("libnotes.so.txt"), "not an ELF file\n").unwrap();
 
-    let ours = ldcache::cache_entries(root, Machine::X86_64).unwrap();
+    let ours = ldcache::cache_entries(&DirFs::new(root), Machine::X86_64).unwrap();
     // -X: do not create links, so both read the same tree.
     let status = Command::new("ldconfig")
         .arg("-X")
@@ -127,10 +128,10 @@ fn the_cache_cudastack_writes_equals_ldconfigs() {
         .expect("ldconfig");
     std::fs::create_dir_all(root.join("usr/sbin")).unwrap();
     std::fs::copy(ldconfig, root.join("usr/sbin/ldconfig")).unwrap();
-    let generator = ldcache::image_generator(root).expect("ldconfig names itself");
+    let generator = ldcache::image_generator(&DirFs::new(root)).expect("ldconfig names itself");
     assert!(generator.starts_with(b"ldconfig ("), "{generator:?}");
     assert_eq!(
-        ldcache::ld_so_cache(root, Machine::X86_64).unwrap(),
+        ldcache::ld_so_cache(&DirFs::new(root), Machine::X86_64).unwrap(),
         std::fs::read(root.join("etc/ld.so.cache")).unwrap(),
         "cudastack's cache differs from ldconfig's bytes"
     );

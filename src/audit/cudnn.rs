@@ -2,11 +2,11 @@
 //! nvidia-cudnn wheel must name one cuDNN release.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::distributions::Installed;
+use super::image::ImageFs;
 use super::{io_error, AuditError, Finding, FindingKind};
-use crate::rootfs::host_path;
 
 /// A cuDNN version as one source states it; sources that only know the major leave the rest None.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,22 +29,21 @@ impl CudnnClaim {
 /// Every cuDNN version the image states: headers, then library file names, then wheels (the
 /// order the finding lists them in).
 pub(super) fn claims(
-    root: &Path,
+    fs: &dyn ImageFs,
     headers: &[PathBuf],
     library_names: &[PathBuf],
     installed: &[Installed],
 ) -> Result<Vec<CudnnClaim>, AuditError> {
-    let mut claims = header_claims(root, headers)?;
+    let mut claims = header_claims(fs, headers)?;
     claims.extend(library_name_claims(library_names));
     claims.extend(wheel_claims(installed));
     Ok(claims)
 }
 
-fn header_claims(root: &Path, headers: &[PathBuf]) -> Result<Vec<CudnnClaim>, AuditError> {
+fn header_claims(fs: &dyn ImageFs, headers: &[PathBuf]) -> Result<Vec<CudnnClaim>, AuditError> {
     let mut claims = Vec::new();
     for header in headers {
-        let host = host_path(root, header);
-        let text = std::fs::read_to_string(&host).map_err(io_error(&host))?;
+        let text = fs.read_text(header).map_err(io_error(header))?;
         if let Some((major, minor, patch)) = parse_cudnn_header(&text) {
             claims.push(CudnnClaim {
                 source: "cudnn_version.h".into(),

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::image::ImageFs;
 use super::{AuditError, Finding, FindingKind};
-use crate::rootfs::host_path;
 
 /// One installed Python distribution (a `.dist-info` with a readable METADATA).
 pub(super) struct Installed {
@@ -15,10 +15,13 @@ pub(super) struct Installed {
 }
 
 /// The distributions of the image, in `.dist-info` order.
-pub(super) fn installed(root: &Path, dist_infos: &[PathBuf]) -> Result<Vec<Installed>, AuditError> {
+pub(super) fn installed(
+    fs: &dyn ImageFs,
+    dist_infos: &[PathBuf],
+) -> Result<Vec<Installed>, AuditError> {
     let mut installed: Vec<Installed> = Vec::new();
     for dist_info in dist_infos {
-        if let Some((name, version)) = read_metadata(root, dist_info)? {
+        if let Some((name, version)) = read_metadata(fs, dist_info)? {
             installed.push(Installed {
                 dist_info: dist_info.clone(),
                 name,
@@ -109,9 +112,11 @@ fn pin_mismatches(
 }
 
 /// Read Name and Version from a METADATA file's header block.
-fn read_metadata(root: &Path, dist_info: &Path) -> Result<Option<(String, String)>, AuditError> {
-    let metadata = host_path(root, &dist_info.join("METADATA"));
-    let Ok(text) = std::fs::read_to_string(&metadata) else {
+fn read_metadata(
+    fs: &dyn ImageFs,
+    dist_info: &Path,
+) -> Result<Option<(String, String)>, AuditError> {
+    let Ok(text) = fs.read_text(&dist_info.join("METADATA")) else {
         return Ok(None);
     };
     let mut name = None;

@@ -3,8 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use super::image::ImageFs;
 use super::{io_error, AuditError};
-use crate::rootfs::host_path;
+use crate::rootfs::Node;
 
 /// Top-level directories that hold no files of the image (mount points at run time).
 const SKIPPED_TOP_DIRS: &[&str] = &["proc", "sys", "dev"];
@@ -34,48 +35,46 @@ fn in_binary_dir(image_path: &Path) -> bool {
 
 /// Walk the root once (skipping the run-time mount points) and sort what it holds into the
 /// lists the phases need.
-pub(super) fn walk(root: &Path) -> Result<Inventory, AuditError> {
-    use std::os::unix::fs::PermissionsExt;
+pub(super) fn walk(fs: &dyn ImageFs) -> Result<Inventory, AuditError> {
     let mut inventory = Inventory::default();
     let mut stack = vec![PathBuf::from("/")];
     while let Some(dir) = stack.pop() {
-        let host_dir = host_path(root, &dir);
-        let mut items: Vec<_> = std::fs::read_dir(&host_dir)
-            .map_err(io_error(&host_dir))?
-            .collect::<Result<_, _>>()
-            .map_err(io_error(&host_dir))?;
-        items.sort_by_key(|item| item.file_name());
-        for item in items.into_iter().rev() {
-            let name = item.file_name().to_string_lossy().into_owned();
+        let names = fs.list(&dir).map_err(io_error(&dir))?;
+        for name in names.into_iter().rev() {
             let image_path = dir.join(&name);
             if dir == Path::new("/") && SKIPPED_TOP_DIRS.contains(&name.as_str()) {
                 continue;
             }
-            let host = item.path();
-            let metadata = std::fs::symlink_metadata(&host).map_err(io_error(&host))?;
-            let file_type = metadata.file_type();
+            let Some(node) = fs.node(&image_path).map_err(io_error(&image_path))? else {
+                continue;
+            };
             let is_cudnn_name = name.starts_with("libcudnn.so.");
-            if file_type.is_symlink() {
-                if is_cudnn_name {
-                    inventory.cudnn_library_names.push(image_path.clone());
+            match node {
+                Node::Symlink(_) => {
+                    if is_cudnn_name {
+                        inventory.cudnn_library_names.push(image_path.clone());
+                    }
+                    inventory.symlinks.push(image_path);
                 }
-                inventory.symlinks.push(image_path);
-            } else if file_type.is_dir() {
-                if name.ends_with(".dist-info") {
-                    inventory.dist_infos.push(image_path.clone());
+                Node::Dir => {
+                    if name.ends_with(".dist-info") {
+                        inventory.dist_infos.push(image_path.clone());
+                    }
+                    stack.push(image_path);
                 }
-                stack.push(image_path);
-            } else if file_type.is_file() {
-                if name == "cudnn_version.h" {
-                    inventory.cudnn_headers.push(image_path.clone());
+                Node::File { mode, .. } => {
+                    if name == "cudnn_version.h" {
+                        inventory.cudnn_headers.push(image_path.clone());
+                    }
+                    if is_cudnn_name {
+                        inventory.cudnn_library_names.push(image_path.clone());
+                    }
+                    let executable = mode & 0o111 != 0;
+                    if looks_like_library(&name) || (executable && in_binary_dir(&image_path)) {
+                        inventory.candidates.push(image_path);
+                    }
                 }
-                if is_cudnn_name {
-                    inventory.cudnn_library_names.push(image_path.clone());
-                }
-                let executable = metadata.permissions().mode() & 0o111 != 0;
-                if looks_like_library(&name) || (executable && in_binary_dir(&image_path)) {
-                    inventory.candidates.push(image_path);
-                }
+                Node::Other => {}
             }
         }
     }

@@ -22,8 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde::{Deserialize, Serialize};
 
 use super::{AuditError, Finding, FindingKind};
-use crate::elf::fatbin::{read_device_code, DeviceCode, FatbinError, PtxTarget};
-use crate::rootfs::host_path;
+use crate::elf::fatbin::{DeviceCode, FatbinError, PtxTarget};
 use crate::target_gpu::TargetGpu;
 use crate::version::{ComputeCapability, GpuArch, PtxIsa};
 
@@ -189,7 +188,7 @@ pub fn covered_by_all(groups: &[CoverageGroup], jit: Option<PtxIsa>) -> Vec<Comp
 /// Read the device code of every ELF file in `objects` (image paths). A malformed fatbin
 /// is a finding, as a malformed ELF is.
 pub(super) fn scan(
-    root: &std::path::Path,
+    fs: &dyn super::image::ImageFs,
     objects: &[PathBuf],
 ) -> Result<(KernelTable, Vec<Finding>), AuditError> {
     let next = AtomicUsize::new(0);
@@ -207,7 +206,7 @@ pub(super) fn scan(
                             let Some(path) = objects.get(index) else {
                                 break;
                             };
-                            out.push((index, read_device_code(&host_path(root, path))));
+                            out.push((index, fs.device_code(path)));
                         }
                         out
                     })

@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use super::image::{DirFs, ImageFs};
 use super::{io_error, AuditError};
-use crate::elf::{read_elf, ElfClass, ElfError, ElfInfo, ElfProbe, Machine};
-use crate::rootfs::{host_path, resolve_in_root, Resolution};
+use crate::elf::{ElfClass, ElfError, ElfInfo, ElfProbe, Machine};
+use crate::rootfs::{Node, Resolution};
 
 /// The loader's built-in search directories (glibc on Debian/Ubuntu/RHEL: the trusted
 /// directories plus the multiarch ones ldconfig caches by default), for x86_64 and
@@ -25,9 +26,9 @@ pub const DEFAULT_LIBRARY_DIRS: &[&str] = &[
 
 /// The directories named by `/etc/ld.so.conf` inside the root, following `include` lines
 /// (with `*` globs in the last component, as ldconfig does), in file order.
-pub fn ld_so_conf_dirs(root: &Path) -> Result<Vec<PathBuf>, AuditError> {
+pub fn ld_so_conf_dirs(fs: &dyn ImageFs) -> Result<Vec<PathBuf>, AuditError> {
     fn read_conf(
-        root: &Path,
+        fs: &dyn ImageFs,
         file: &Path,
         depth: usize,
         out: &mut Vec<PathBuf>,
@@ -35,15 +36,16 @@ pub fn ld_so_conf_dirs(root: &Path) -> Result<Vec<PathBuf>, AuditError> {
         if depth > 8 {
             return Ok(());
         }
-        let Resolution::Found(resolved) = resolve_in_root(root, file).map_err(io_error(file))?
-        else {
+        let Resolution::Found(resolved) = fs.resolve(file).map_err(io_error(file))? else {
             return Ok(());
         };
-        let host = host_path(root, &resolved);
-        if !host.is_file() {
+        if !matches!(
+            fs.node(&resolved).map_err(io_error(&resolved))?,
+            Some(Node::File { .. })
+        ) {
             return Ok(());
         }
-        let text = std::fs::read_to_string(&host).map_err(io_error(&host))?;
+        let text = fs.read_text(&resolved).map_err(io_error(&resolved))?;
         for raw in text.lines() {
             let line = raw.split('#').next().unwrap_or_default().trim();
             if line.is_empty() {
@@ -56,8 +58,8 @@ pub fn ld_so_conf_dirs(root: &Path) -> Result<Vec<PathBuf>, AuditError> {
                     } else {
                         file.parent().unwrap_or(Path::new("/")).join(pattern)
                     };
-                    for included in glob_in_root(root, &pattern)? {
-                        read_conf(root, &included, depth + 1, out)?;
+                    for included in glob_in_root(fs, &pattern)? {
+                        read_conf(fs, &included, depth + 1, out)?;
                     }
                 }
             } else if !line.starts_with("hwcap") {
@@ -71,12 +73,12 @@ pub fn ld_so_conf_dirs(root: &Path) -> Result<Vec<PathBuf>, AuditError> {
         Ok(())
     }
     let mut out = Vec::new();
-    read_conf(root, Path::new("/etc/ld.so.conf"), 0, &mut out)?;
+    read_conf(fs, Path::new("/etc/ld.so.conf"), 0, &mut out)?;
     Ok(out)
 }
 
 /// Expand a `*` glob in the last component of `pattern`, inside the root, sorted.
-fn glob_in_root(root: &Path, pattern: &Path) -> Result<Vec<PathBuf>, AuditError> {
+fn glob_in_root(fs: &dyn ImageFs, pattern: &Path) -> Result<Vec<PathBuf>, AuditError> {
     let (Some(dir), Some(last)) = (pattern.parent(), pattern.file_name()) else {
         return Ok(Vec::new());
     };
@@ -84,16 +86,14 @@ fn glob_in_root(root: &Path, pattern: &Path) -> Result<Vec<PathBuf>, AuditError>
     let Some((prefix, suffix)) = last.split_once('*') else {
         return Ok(vec![pattern.to_path_buf()]);
     };
-    let Resolution::Found(resolved_dir) = resolve_in_root(root, dir).map_err(io_error(dir))? else {
+    let Resolution::Found(resolved_dir) = fs.resolve(dir).map_err(io_error(dir))? else {
         return Ok(Vec::new());
     };
-    let host_dir = host_path(root, &resolved_dir);
-    let Ok(entries) = std::fs::read_dir(&host_dir) else {
+    let Ok(names) = fs.list(&resolved_dir) else {
         return Ok(Vec::new());
     };
-    let mut out: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+    let mut out: Vec<PathBuf> = names
+        .into_iter()
         .filter(|name| {
             name.len() >= prefix.len() + suffix.len()
                 && name.starts_with(prefix)
@@ -108,15 +108,13 @@ fn glob_in_root(root: &Path, pattern: &Path) -> Result<Vec<PathBuf>, AuditError>
 /// The glibc release of the image at `root`: the newest `GLIBC_*` version its `libc.so.6`
 /// (found through ld.so.conf and the default directories) defines. None without a glibc.
 pub fn image_glibc(root: &Path) -> Result<Option<crate::elf::GlibcVersion>, AuditError> {
-    let mut dirs = ld_so_conf_dirs(root)?;
+    let fs = DirFs::new(root);
+    let mut dirs = ld_so_conf_dirs(&fs)?;
     dirs.extend(DEFAULT_LIBRARY_DIRS.iter().map(PathBuf::from));
     for dir in dirs {
         let candidate = dir.join("libc.so.6");
-        if let Resolution::Found(resolved) =
-            resolve_in_root(root, &candidate).map_err(io_error(&candidate))?
-        {
-            let host = host_path(root, &resolved);
-            match read_elf(&host) {
+        if let Resolution::Found(resolved) = fs.resolve(&candidate).map_err(io_error(&candidate))? {
+            match fs.elf(&resolved) {
                 Ok(ElfProbe::Elf(info)) => return Ok(info.glibc_provided()),
                 Ok(ElfProbe::NotElf) | Err(ElfError::Malformed { .. }) => continue,
                 Err(ElfError::Io { path, source }) => return Err(AuditError::Io { path, source }),
@@ -129,16 +127,16 @@ pub fn image_glibc(root: &Path) -> Result<Option<crate::elf::GlibcVersion>, Audi
 /// The loader's view of one root: its ld.so.conf directories, and every ELF header read at
 /// most once.
 pub(super) struct Loader<'a> {
-    pub root: &'a Path,
+    pub fs: &'a dyn ImageFs,
     pub ld_so_conf: Vec<PathBuf>,
     elf_cache: HashMap<PathBuf, Option<ElfInfo>>,
 }
 
 impl<'a> Loader<'a> {
-    pub fn new(root: &'a Path) -> Result<Self, AuditError> {
+    pub fn new(fs: &'a dyn ImageFs) -> Result<Self, AuditError> {
         Ok(Loader {
-            root,
-            ld_so_conf: ld_so_conf_dirs(root)?,
+            fs,
+            ld_so_conf: ld_so_conf_dirs(fs)?,
             elf_cache: HashMap::new(),
         })
     }
@@ -153,7 +151,7 @@ impl<'a> Loader<'a> {
         if let Some(cached) = self.elf_cache.get(image_path) {
             return Ok(cached.clone());
         }
-        let info = match read_elf(&host_path(self.root, image_path)) {
+        let info = match self.fs.elf(image_path) {
             Ok(ElfProbe::Elf(info)) => Some(info),
             Ok(ElfProbe::NotElf) | Err(ElfError::Malformed { .. }) => None,
             Err(ElfError::Io { path, source }) => return Err(AuditError::Io { path, source }),
@@ -176,7 +174,7 @@ impl<'a> Loader<'a> {
             return Ok(None);
         }
         let candidate = dir.join(name);
-        match resolve_in_root(self.root, &candidate).map_err(io_error(&candidate))? {
+        match self.fs.resolve(&candidate).map_err(io_error(&candidate))? {
             Resolution::Found(resolved) => {
                 let accepted = self
                     .elf_at(&resolved)?

@@ -34,6 +34,7 @@
 //! `sonames` (one copy per SONAME); `cudnn`; `distributions` (duplicates and pins, the pins
 //! themselves from [`pins`]); `kernels` (the fatbins of every ELF against the target GPUs). Paths inside the root resolve through [`crate::rootfs`].
 
+pub mod image;
 pub mod kernels;
 pub mod pins;
 /// Kept as `audit::rootfs` for the callers that still name it there; the module itself is
@@ -57,6 +58,7 @@ use serde::Serialize;
 use crate::version::PtxIsa;
 
 pub use cudnn::parse_cudnn_header;
+pub use image::{DirFs, ImageFs, LayeredFs};
 pub use kernels::{CoverageGroup, KernelTable};
 pub use loader::{image_glibc, ld_so_conf_dirs, DEFAULT_LIBRARY_DIRS};
 
@@ -250,30 +252,34 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> AuditError + '_ {
     }
 }
 
-/// Audit the image root at `root` (a directory holding the image's `/`): one walk, then
-/// one phase per kind of finding. Findings are sorted at the end, so the order of the phases
-/// does not show in the report.
+/// Audit the image root at `root` (a directory holding the image's `/`).
 pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditError> {
     if !root.is_dir() {
         return Err(AuditError::NotARoot {
             path: root.to_path_buf(),
         });
     }
-    let inventory = inventory::walk(root)?;
-    let mut loader = loader::Loader::new(root)?;
-    let mut findings = symlinks::check(root, &inventory.symlinks)?;
+    audit_image(&DirFs::new(root), options)
+}
+
+/// Audit an image's filesystem: one walk, then one phase per kind of finding. Findings are
+/// sorted at the end, so the order of the phases does not show in the report.
+pub fn audit_image(fs: &dyn ImageFs, options: &AuditOptions) -> Result<AuditReport, AuditError> {
+    let inventory = inventory::walk(fs)?;
+    let mut loader = loader::Loader::new(fs)?;
+    let mut findings = symlinks::check(fs, &inventory.symlinks)?;
     let objects = needed::Objects::read(&mut loader, &inventory.candidates, &mut findings)?;
     let linkage = needed::resolve(&mut loader, options, &objects, &mut findings)?;
     findings.extend(sonames::duplicates(
-        root,
+        fs,
         options,
         &loader.ld_so_conf,
         &objects,
         &linkage.loaded_by,
     )?);
-    let installed = distributions::installed(root, &inventory.dist_infos)?;
+    let installed = distributions::installed(fs, &inventory.dist_infos)?;
     let cudnn_claims = cudnn::claims(
-        root,
+        fs,
         &inventory.cudnn_headers,
         &inventory.cudnn_library_names,
         &installed,
@@ -281,7 +287,7 @@ pub fn audit(root: &Path, options: &AuditOptions) -> Result<AuditReport, AuditEr
     findings.extend(cudnn::mismatch(&cudnn_claims));
     findings.extend(distributions::check(&installed, &options.pins));
     let elf_paths: Vec<PathBuf> = objects.list.iter().map(|(path, _)| path.clone()).collect();
-    let (kernel_table, fatbin_findings) = kernels::scan(root, &elf_paths)?;
+    let (kernel_table, fatbin_findings) = kernels::scan(fs, &elf_paths)?;
     findings.extend(fatbin_findings);
     findings.extend(kernels::missing(
         &kernel_table.groups(),

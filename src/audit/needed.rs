@@ -7,13 +7,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use super::image::ImageFs;
 use super::loader::{Loader, DEFAULT_LIBRARY_DIRS};
 use super::{
     io_error, is_driver_library, is_site_fabric_dependency, AuditError, AuditOptions, Finding,
     FindingKind,
 };
-use crate::elf::{expand_origin, read_elf, ElfError, ElfInfo, ElfProbe};
-use crate::rootfs::{host_path, resolve_in_root, Resolution};
+use crate::elf::{expand_origin, ElfError, ElfInfo, ElfProbe};
+use crate::rootfs::Resolution;
 
 /// The ELF objects of the image, with the indexes the later phases look names up in.
 pub(super) struct Objects {
@@ -34,7 +35,7 @@ impl Objects {
     ) -> Result<Self, AuditError> {
         let mut list: Vec<(PathBuf, ElfInfo)> = Vec::new();
         for path in candidates {
-            match read_elf(&host_path(loader.root, path)) {
+            match loader.fs.elf(path) {
                 Ok(ElfProbe::Elf(info)) => {
                     loader.remember(path, &info);
                     list.push((path.clone(), info));
@@ -170,7 +171,7 @@ pub(super) fn resolve(
     let mut linkage = Linkage::default();
     let mut unresolved = Vec::new();
     for (path, info) in &objects.list {
-        findings.extend(missing_interpreter(loader.root, path, info)?);
+        findings.extend(missing_interpreter(loader.fs, path, info)?);
         let resolved_needed = resolve_object(
             loader,
             options,
@@ -197,7 +198,7 @@ pub(super) fn resolve(
 }
 
 fn missing_interpreter(
-    root: &Path,
+    fs: &dyn ImageFs,
     path: &Path,
     info: &ElfInfo,
 ) -> Result<Option<Finding>, AuditError> {
@@ -205,7 +206,7 @@ fn missing_interpreter(
         return Ok(None);
     };
     if matches!(
-        resolve_in_root(root, Path::new(interpreter)).map_err(io_error(path))?,
+        fs.resolve(Path::new(interpreter)).map_err(io_error(path))?,
         Resolution::Found(_)
     ) {
         return Ok(None);
@@ -274,7 +275,7 @@ fn resolve_needed(
             origin.join(needed)
         };
         if let Resolution::Found(resolved) =
-            resolve_in_root(loader.root, &target).map_err(io_error(&target))?
+            loader.fs.resolve(&target).map_err(io_error(&target))?
         {
             return Ok(Some(resolved));
         }

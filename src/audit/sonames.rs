@@ -12,16 +12,16 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use super::image::ImageFs;
 use super::loader::DEFAULT_LIBRARY_DIRS;
 use super::needed::Objects;
 use super::{io_error, AuditError, AuditOptions, Finding, FindingKind};
-use crate::digest::{Digest, HashingWriter};
 use crate::elf::ElfInfo;
-use crate::rootfs::host_path;
+use crate::rootfs::Node;
 
 /// A finding for each SONAME that two or more reachable files provide.
 pub(super) fn duplicates(
-    root: &Path,
+    fs: &dyn ImageFs,
     options: &AuditOptions,
     ld_so_conf: &[PathBuf],
     objects: &Objects,
@@ -47,7 +47,7 @@ pub(super) fn duplicates(
         if reached < 2 {
             continue;
         }
-        findings.push(duplicate_finding(root, soname, paths)?);
+        findings.push(duplicate_finding(fs, soname, paths)?);
     }
     Ok(findings)
 }
@@ -105,14 +105,20 @@ fn is_toolkit_lib_dir(dir: &Path) -> bool {
 }
 
 /// The finding for `soname`: every copy with its size and digest, and whether they differ.
-fn duplicate_finding(root: &Path, soname: &str, paths: &[PathBuf]) -> Result<Finding, AuditError> {
+fn duplicate_finding(
+    fs: &dyn ImageFs,
+    soname: &str,
+    paths: &[PathBuf],
+) -> Result<Finding, AuditError> {
     let mut evidence = format!("{} files provide `{soname}`:\n", paths.len());
     let mut digests = BTreeSet::new();
     for path in paths {
-        let host = host_path(root, path);
-        let digest = file_digest(&host)?;
+        let digest = fs.digest(path).map_err(io_error(path))?;
         digests.insert(digest);
-        let size = std::fs::metadata(&host).map_err(io_error(&host))?.len();
+        let size = match fs.node(path).map_err(io_error(path))? {
+            Some(Node::File { size, .. }) => size,
+            _ => 0,
+        };
         let _ = writeln!(evidence, "{} ({size} bytes, {digest})", path.display());
     }
     let _ = write!(
@@ -130,11 +136,4 @@ fn duplicate_finding(root: &Path, soname: &str, paths: &[PathBuf]) -> Result<Fin
         evidence,
         hint: "keep one copy and replace the others with symlinks to it (cudastack's one-copy step), so every loader path reaches the same file".into(),
     })
-}
-
-fn file_digest(path: &Path) -> Result<Digest, AuditError> {
-    let mut file = std::fs::File::open(path).map_err(io_error(path))?;
-    let mut sink = HashingWriter::new(std::io::sink());
-    std::io::copy(&mut file, &mut sink).map_err(io_error(path))?;
-    Ok(sink.finish().1)
 }

@@ -1,10 +1,11 @@
 //! Symlinks: every link resolves inside the root (absolute targets mean the image's `/`),
 //! without a loop.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+use super::image::ImageFs;
 use super::{io_error, AuditError, Finding, FindingKind};
-use crate::rootfs::{host_path, resolve_in_root, Resolution};
+use crate::rootfs::{Node, Resolution};
 
 /// Documentation and translations: no program loads code from them, and Ubuntu's packages
 /// ship links there whose targets live in packages an image does not have (its build
@@ -14,17 +15,20 @@ use crate::rootfs::{host_path, resolve_in_root, Resolution};
 const NOT_RUNTIME: [&str; 2] = ["/usr/share/doc/", "/usr/share/locale/"];
 
 /// A finding for each dangling or looping link among `links` (image paths).
-pub(super) fn check(root: &Path, links: &[PathBuf]) -> Result<Vec<Finding>, AuditError> {
+pub(super) fn check(fs: &dyn ImageFs, links: &[PathBuf]) -> Result<Vec<Finding>, AuditError> {
     let mut findings = Vec::new();
     for link in links {
-        match resolve_in_root(root, link).map_err(io_error(link))? {
+        match fs.resolve(link).map_err(io_error(link))? {
             Resolution::Found(_) => {}
             Resolution::Missing { .. }
                 if NOT_RUNTIME
                     .iter()
                     .any(|dir| link.to_string_lossy().starts_with(dir)) => {}
             Resolution::Missing { at } => {
-                let target = std::fs::read_link(host_path(root, link)).map_err(io_error(link))?;
+                let target = match fs.node(link).map_err(io_error(link))? {
+                    Some(Node::Symlink(target)) => target,
+                    _ => link.clone(),
+                };
                 findings.push(Finding {
                     kind: FindingKind::DanglingSymlink,
                     paths: vec![link.clone()],

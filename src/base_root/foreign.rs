@@ -103,9 +103,11 @@ pub fn finish_unpacked_root(
     small_defaults(root)?;
     ca_bundle(root)?;
     alternatives(root)?;
-    let cache = ldcache::ld_so_cache(root, machine).map_err(|e| ForeignBaseError::Io {
-        path: root.join("etc/ld.so.cache"),
-        source: std::io::Error::other(e.to_string()),
+    let cache = ldcache::ld_so_cache(&crate::audit::DirFs::new(root), machine).map_err(|e| {
+        ForeignBaseError::Io {
+            path: root.join("etc/ld.so.cache"),
+            source: std::io::Error::other(e.to_string()),
+        }
     })?;
     let path = root.join("etc/ld.so.cache");
     fs_err::write(&path, cache).map_err(io_error(&path))

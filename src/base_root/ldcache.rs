@@ -15,9 +15,9 @@ use std::cmp::Ordering;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::audit::{ld_so_conf_dirs, AuditError};
-use crate::elf::{read_elf, ElfClass, ElfError, ElfProbe, Machine, ObjectKind};
-use crate::rootfs::{host_path, resolve_in_root, Resolution};
+use crate::audit::{ld_so_conf_dirs, AuditError, ImageFs};
+use crate::elf::{ElfClass, ElfError, ElfProbe, Machine, ObjectKind};
+use crate::rootfs::{Node, Resolution};
 
 const MAGIC: &[u8; 20] = b"glibc-ld.so.cache1.1";
 const HEADER_SIZE: usize = 48;
@@ -117,26 +117,29 @@ pub fn libcmp(a: &str, b: &str) -> Ordering {
     0u8.cmp(b.get(j).unwrap_or(&0))
 }
 
-/// The entries `ldconfig` would cache for the image at `root`, in cache order.
-pub fn cache_entries(root: &Path, machine: Machine) -> Result<Vec<CacheEntry>, LdCacheError> {
+/// The entries `ldconfig` would cache for the image `fs`, in cache order.
+pub fn cache_entries(fs: &dyn ImageFs, machine: Machine) -> Result<Vec<CacheEntry>, LdCacheError> {
     let flags = entry_flags(machine)?;
-    let mut dirs = ld_so_conf_dirs(root)?;
+    let mut dirs = ld_so_conf_dirs(fs)?;
     dirs.extend(system_dirs(machine)?.iter().map(PathBuf::from));
     let mut scanned = BTreeSet::new();
     let mut entries = Vec::new();
     for dir in dirs {
         // A directory reached twice (merged /usr: /lib/x86_64-linux-gnu is
         // /usr/lib/x86_64-linux-gnu) is scanned once, under the first name it was given.
-        let Resolution::Found(resolved) = resolve_in_root(root, &dir).map_err(io(&dir))? else {
+        let Resolution::Found(resolved) = fs.resolve(&dir).map_err(io(&dir))? else {
             continue;
         };
-        let host_dir = host_path(root, &resolved);
-        if !host_dir.is_dir() || !scanned.insert(resolved) {
+        let is_dir = fs
+            .node(&resolved)
+            .map_err(io(&resolved))?
+            .is_some_and(|node| node.is_dir());
+        if !is_dir || !scanned.insert(resolved.clone()) {
             continue;
         }
         let mut sonames = BTreeSet::new();
-        for name in library_names(&host_dir)? {
-            let Some(soname) = cached_name(root, &dir, &host_dir, &name, machine)? else {
+        for name in library_names(fs, &resolved)? {
+            let Some(soname) = cached_name(fs, &dir, &resolved, &name, machine)? else {
                 continue;
             };
             if !sonames.insert(soname.clone()) {
@@ -160,12 +163,13 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LdCacheError {
     move |source| LdCacheError::Io { path, source }
 }
 
-/// The names in `host_dir` ldconfig looks at (`lib*.so*`, `ld-*.so*`), sorted.
-fn library_names(host_dir: &Path) -> Result<Vec<String>, LdCacheError> {
-    let mut names: Vec<String> = fs_err::read_dir(host_dir)
-        .map_err(io(host_dir))?
-        .filter_map(Result::ok)
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+/// The names in the image directory `dir` ldconfig looks at (`lib*.so*`, `ld-*.so*`),
+/// sorted.
+fn library_names(fs: &dyn ImageFs, dir: &Path) -> Result<Vec<String>, LdCacheError> {
+    let mut names: Vec<String> = fs
+        .list(dir)
+        .map_err(io(dir))?
+        .into_iter()
         .filter(|name| (name.starts_with("lib") || name.starts_with("ld-")) && name.contains(".so"))
         .collect();
     names.sort();
@@ -173,28 +177,30 @@ fn library_names(host_dir: &Path) -> Result<Vec<String>, LdCacheError> {
 }
 
 /// The name `dir/name` is cached under, if it is a 64-bit shared object of `machine`.
+/// `resolved_dir` is `dir` with its links resolved.
 fn cached_name(
-    root: &Path,
+    fs: &dyn ImageFs,
     dir: &Path,
-    host_dir: &Path,
+    resolved_dir: &Path,
     name: &str,
     machine: Machine,
 ) -> Result<Option<String>, LdCacheError> {
     let image_path = dir.join(name);
-    let Resolution::Found(target) = resolve_in_root(root, &image_path).map_err(io(&image_path))?
-    else {
+    let Resolution::Found(target) = fs.resolve(&image_path).map_err(io(&image_path))? else {
         return Ok(None);
     };
-    let host_file = host_path(root, &target);
-    if !host_file.is_file() {
+    if !matches!(
+        fs.node(&target).map_err(io(&target))?,
+        Some(Node::File { .. })
+    ) {
         return Ok(None);
     }
-    let info = match read_elf(&host_file) {
+    let info = match fs.elf(&target) {
         Ok(ElfProbe::Elf(info)) => info,
         Ok(ElfProbe::NotElf) | Err(ElfError::Malformed { .. }) => return Ok(None),
         Err(e) => {
             return Err(LdCacheError::Io {
-                path: host_file,
+                path: target,
                 source: std::io::Error::other(e.to_string()),
             })
         }
@@ -210,10 +216,11 @@ fn cached_name(
     // SONAME, or a `.so` development link whose name the SONAME starts with
     // (`libz.so -> libz.so.1.2.13`), is cached under its own name; any other link
     // (`libalias.so.7 -> libfoo.so.1`) counts as the file it points to, under its SONAME.
-    let is_link = host_dir
-        .join(name)
-        .symlink_metadata()
-        .is_ok_and(|m| m.file_type().is_symlink());
+    let is_link = matches!(
+        fs.node(&resolved_dir.join(name))
+            .map_err(io(resolved_dir))?,
+        Some(Node::Symlink(_))
+    );
     if is_link && (name == soname || (name.ends_with(".so") && soname.starts_with(name))) {
         return Ok(Some(name.to_string()));
     }
@@ -318,11 +325,11 @@ fn string_table<'a>(
 /// (`ldconfig (Debian GLIBC 2.36-9+deb12u13) stable release version 2.36`), read from
 /// that binary, so the cache is what the image would write itself whatever the build
 /// host runs. None when the image has no ldconfig or the string is not found.
-pub fn image_generator(root: &Path) -> Option<Vec<u8>> {
-    let binary = ["usr/sbin/ldconfig", "sbin/ldconfig"]
+pub fn image_generator(fs: &dyn ImageFs) -> Option<Vec<u8>> {
+    let binary = ["/usr/sbin/ldconfig", "/sbin/ldconfig"]
         .iter()
-        .find_map(|path| match resolve_in_root(root, Path::new(path)) {
-            Ok(Resolution::Found(found)) => fs_err::read(host_path(root, &found)).ok(),
+        .find_map(|path| match fs.resolve(Path::new(path)) {
+            Ok(Resolution::Found(found)) => fs.read(&found).ok(),
             _ => None,
         })?;
     const START: &[u8] = b"ldconfig (";
@@ -344,12 +351,12 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// `/etc/ld.so.cache` for an image of `machine` at `root`: what its own `ldconfig` would
+/// `/etc/ld.so.cache` for the image `fs` of `machine`: what its own `ldconfig` would
 /// write there (`ldconfig -r root` with the image's glibc).
-pub fn ld_so_cache(root: &Path, machine: Machine) -> Result<Vec<u8>, LdCacheError> {
-    let generator = image_generator(root);
+pub fn ld_so_cache(fs: &dyn ImageFs, machine: Machine) -> Result<Vec<u8>, LdCacheError> {
+    let generator = image_generator(fs);
     Ok(serialize(
-        &cache_entries(root, machine)?,
+        &cache_entries(fs, machine)?,
         generator.as_deref(),
     ))
 }

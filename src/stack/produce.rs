@@ -18,14 +18,14 @@ use std::sync::{Condvar, Mutex};
 use std::thread::{Scope, ScopedJoinHandle};
 
 use crate::audit::kernels::{missing, KernelTable, LibraryKernels};
-use crate::audit::{audit, AuditOptions, AuditReport};
+use crate::audit::{audit_image, AuditOptions, AuditReport, DirFs, ImageFs, LayeredFs};
 use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::elf::fatbin::{DeviceCode, SectionCode};
 use crate::layer::{BuildOptions, CacheKey, Layer, LayerContents, LayerError};
 use crate::matrix::TorchBuild;
 use crate::stack::error::BuildError;
-use crate::stack::files::{merge_trees, write_record};
+use crate::stack::files::write_record;
 use crate::stack::image_config::StackConfig;
 use crate::stack::layers::{BuildEnv, LayerStager, StackLayers, WheelMembers};
 use crate::stack::report::{human_bytes, AuditSummary, LayerReport};
@@ -497,12 +497,8 @@ pub(crate) fn audit_stack(
             .collect();
         crate::stack::layers::apt::refuse_replacing(&env.staging.dir(apt.key()), &stack)?;
     }
-    let scratch = env.staging.scratch(planned.config.key(), "audit")?;
-    let merged = scratch.path();
-    merge_trees(
-        &trees.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
-        merged,
-    )?;
+    let trees: Vec<DirFs> = trees.iter().map(|tree| DirFs::new(tree)).collect();
+    let merged = LayeredFs::new(trees.iter().map(|tree| tree as &dyn ImageFs).collect());
     let ld_library_path = config
         .env
         .iter()
@@ -516,9 +512,7 @@ pub(crate) fn audit_stack(
         ..Default::default()
     }
     .with_ld_library_path(&ld_library_path);
-    let report = audit(merged, &options);
-    drop(scratch);
-    let report = report?;
+    let report = audit_image(&merged, &options)?;
     if !report.is_clean() {
         return Err(BuildError::AuditFailed(report.render()));
     }

@@ -8,9 +8,9 @@
 use std::path::{Path, PathBuf};
 
 use super::{BuildEnv, LayerStager, Part, ASSEMBLER};
+use crate::audit::{DirFs, ImageFs, LayeredFs};
 use crate::base_root::inspect_rootfs;
 use crate::base_root::ldcache;
-use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::elf::Machine;
 use crate::layer::CacheKey;
@@ -21,7 +21,7 @@ use crate::probe::guard::{GUARD_PATH, GUARD_SOURCE};
 use crate::probe::native::{self, NativeProbe, NATIVE_PROBE_PATH};
 use crate::probe::{EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
 use crate::stack::error::{io_error, BuildError};
-use crate::stack::files::{merge_trees, write_file};
+use crate::stack::files::write_file;
 use crate::stack::image_config::PIP_CONSTRAINTS_PATH;
 use crate::stack::layers::toolkit::layout::ToolkitPaths;
 use crate::stack::prepare::PlatformInputs;
@@ -46,7 +46,6 @@ pub(crate) struct ConfigLayer<'a> {
     /// The staged trees of every layer below, base first.
     below: Vec<PathBuf>,
     machine: Machine,
-    staging: &'a Staging,
     progress: &'a dyn BuildProgress,
 }
 
@@ -103,7 +102,6 @@ impl<'a> ConfigLayer<'a> {
                 .map(|layer| env.staging.dir(layer.key()))
                 .collect(),
             machine: inputs.machine(),
-            staging: env.staging,
             progress: env.progress,
         }
     }
@@ -184,18 +182,15 @@ impl<'a> ConfigLayer<'a> {
     /// `ldconfig -r`: that names the host's glibc in the cache, needs root (chroot), and
     /// skips objects of another machine.
     fn write_loader_cache(&self, dir: &Path) -> Result<(), BuildError> {
-        // A merged root private to this build: two builds of one recipe must not merge
-        // into the same directory.
-        let scratch = self.staging.scratch(&self.key, "merged")?;
-        let merged = scratch.path();
-        let trees: Vec<&Path> = self
+        let trees: Vec<DirFs> = self
             .below
             .iter()
             .map(PathBuf::as_path)
             .chain([dir])
+            .map(DirFs::new)
             .collect();
-        merge_trees(&trees, merged)?;
-        let cache_bytes = ldcache::ld_so_cache(merged, self.machine)
+        let merged = LayeredFs::new(trees.iter().map(|tree| tree as &dyn ImageFs).collect());
+        let cache_bytes = ldcache::ld_so_cache(&merged, self.machine)
             .map_err(|e| BuildError::Unsupported(e.to_string()))?;
         write_file(&dir.join("etc/ld.so.cache"), &cache_bytes)
     }
