@@ -11,8 +11,8 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cudastack::audit::{audit, AuditOptions, FindingKind};
-use elf_support::{bare_lib, build, skip_without_gcc, Lib};
+use cudastack::audit::{AuditOptions, FindingKind};
+use elf_support::{audit, bare_lib, build, skip_without_gcc, Lib};
 
 const GLIBC: &[&str] = &["libc.so.6", "ld-linux-x86-64.so.2"];
 const PROBE: &str = "#include <dlfcn.h>\n#include <stdio.h>\nint main(int argc, char **argv) {\n  for (int i = 1; i < argc; i++) {\n    if (!dlopen(argv[i], RTLD_NOW)) { printf(\"FAIL %s\\n\", dlerror()); return 1; }\n  }\n  printf(\"OK\\n\");\n  return 0;\n}\n";

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use cudastack::audit::{audit, AuditOptions, AuditReport, FindingKind};
+use cudastack::audit::{AuditOptions, AuditReport, FindingKind};
 use cudastack::elf::read_elf;
-use elf_support::{bare_lib, build, skip_without_gcc, Lib};
+use elf_support::{audit, bare_lib, build, skip_without_gcc, Lib};
 
 const TOOLKIT_LIB: &str = "usr/local/cuda-12.1/targets/x86_64-linux/lib";
 const SITE: &str = "usr/local/lib/python3.11/site-packages";

@@ -14,6 +14,7 @@
 use crate::e2e_support;
 use crate::elf_support;
 use crate::gate;
+use elf_support::audit;
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -23,7 +24,7 @@ use std::str::FromStr;
 use std::time::Instant;
 
 use cudastack::audit::kernels::{missing, CoverageGroup, Reach};
-use cudastack::audit::{audit, AuditOptions, FindingKind};
+use cudastack::audit::{AuditOptions, FindingKind};
 use cudastack::cache::BlobStore;
 use cudastack::elf::fatbin::{read_device_code, DeviceCode, FatbinError, SectionCode};
 use cudastack::fetch::http::{HttpClient, HttpConfig};

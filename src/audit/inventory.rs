@@ -20,11 +20,11 @@ pub(super) struct Inventory {
     pub dist_infos: Vec<PathBuf>,
 }
 
-fn looks_like_library(name: &str) -> bool {
+pub(super) fn looks_like_library(name: &str) -> bool {
     name.ends_with(".so") || name.contains(".so.")
 }
 
-fn in_binary_dir(image_path: &Path) -> bool {
+pub(super) fn in_binary_dir(image_path: &Path) -> bool {
     image_path.parent().is_some_and(|parent| {
         parent.components().any(|c| {
             let c = c.as_os_str().to_string_lossy();

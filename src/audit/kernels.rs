@@ -17,7 +17,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -25,10 +24,6 @@ use super::{AuditError, Finding, FindingKind};
 use crate::elf::fatbin::{DeviceCode, FatbinError, PtxTarget};
 use crate::target_gpu::TargetGpu;
 use crate::version::{ComputeCapability, GpuArch, PtxIsa};
-
-/// Threads that read fatbin headers at once: the work is small reads spread over large
-/// files, which a few threads overlap well.
-const SCAN_THREADS: usize = 8;
 
 /// One library (ELF file) with device code.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -191,41 +186,11 @@ pub(super) fn scan(
     fs: &dyn super::image::ImageFs,
     objects: &[PathBuf],
 ) -> Result<(KernelTable, Vec<Finding>), AuditError> {
-    let next = AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .clamp(1, SCAN_THREADS);
-    let mut results: Vec<(usize, Result<Option<DeviceCode>, FatbinError>)> =
-        std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut out = Vec::new();
-                        loop {
-                            let index = next.fetch_add(1, Ordering::Relaxed);
-                            let Some(path) = objects.get(index) else {
-                                break;
-                            };
-                            out.push((index, fs.device_code(path)));
-                        }
-                        out
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .flat_map(|worker| {
-                    worker
-                        .join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                })
-                .collect()
-        });
-    results.sort_by_key(|(index, _)| *index);
+    let results = super::facts::read_in_parallel(objects, |path| fs.device_code(path));
     let mut table = KernelTable::default();
     let mut findings = Vec::new();
-    for (index, result) in results {
-        let path = objects[index].clone();
+    for (path, result) in results {
+        let path = path.clone();
         match result {
             Ok(Some(code)) => table.libraries.push(LibraryKernels { path, code }),
             Ok(None) => {}

@@ -34,6 +34,7 @@
 //! `sonames` (one copy per SONAME); `cudnn`; `distributions` (duplicates and pins, the pins
 //! themselves from [`pins`]); `kernels` (the fatbins of every ELF against the target GPUs). Paths inside the root resolve through [`crate::rootfs`].
 
+pub mod facts;
 pub mod image;
 pub mod kernels;
 pub mod pins;
@@ -58,6 +59,7 @@ use serde::Serialize;
 use crate::version::PtxIsa;
 
 pub use cudnn::parse_cudnn_header;
+pub use facts::{FactsFs, LayerFacts};
 pub use image::{DirFs, ImageFs, LayeredFs};
 pub use kernels::{CoverageGroup, KernelTable};
 pub use loader::{image_glibc, ld_so_conf_dirs, DEFAULT_LIBRARY_DIRS};

@@ -81,6 +81,9 @@ pub enum FatbinError {
     },
     #[error("`{path}` is a malformed ELF file: {reason}")]
     MalformedElf { path: PathBuf, reason: String },
+    /// One of the errors above, as an audit recorded it (its text kept, `path` the image's).
+    #[error("{message}")]
+    Recorded { path: PathBuf, message: String },
 }
 
 /// A PTX entry: the virtual architecture it targets and the ISA version it is written in

@@ -25,7 +25,7 @@ use object::elf;
 use object::read::elf::{FileHeader, ProgramHeader, SectionTable};
 use object::read::ReadCache;
 use object::{Endianness, ReadRef};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Errors reading an ELF file. A file that is not ELF at all is not an error.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +42,7 @@ pub enum ElfError {
 
 /// The outcome of probing a file: not every file in a library directory is ELF
 /// (linker scripts such as `libc.so`, headers, Python sources).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ElfProbe {
     NotElf,
@@ -59,7 +59,7 @@ impl ElfProbe {
 }
 
 /// 32- or 64-bit ELF.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ElfClass {
     Elf32,
@@ -69,7 +69,7 @@ pub enum ElfClass {
 /// `e_machine`, with names for the machines images are built for. Any ELF file may carry
 /// any machine; [`crate::platform::Platform::to_elf`] names the machine of each platform
 /// cudastack builds for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Machine {
     X86_64,
@@ -93,7 +93,7 @@ impl Machine {
 
 /// `e_type`: what kind of object this is. PIE executables are `SharedObject` with an
 /// interpreter; see [`ElfInfo::is_executable`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ObjectKind {
     Relocatable,
@@ -116,7 +116,7 @@ impl ObjectKind {
 }
 
 /// One `SHT_GNU_VERNEED` record: the versions required from one needed library.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VersionNeed {
     /// The library the versions are required from, e.g. `libc.so.6`.
     pub file: String,
@@ -125,7 +125,7 @@ pub struct VersionNeed {
 }
 
 /// The dynamic-linking facts of one ELF file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ElfInfo {
     pub class: ElfClass,
     pub machine: Machine,

@@ -18,16 +18,18 @@ use std::sync::{Condvar, Mutex};
 use std::thread::{Scope, ScopedJoinHandle};
 
 use crate::audit::kernels::{missing, KernelTable, LibraryKernels};
-use crate::audit::{audit_image, AuditOptions, AuditReport, DirFs, ImageFs, LayeredFs};
+use crate::audit::{
+    audit_image, AuditOptions, AuditReport, DirFs, FactsFs, ImageFs, LayerFacts, LayeredFs,
+};
 use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::elf::fatbin::{DeviceCode, SectionCode};
 use crate::layer::{BuildOptions, CacheKey, Layer, LayerContents, LayerError};
 use crate::matrix::TorchBuild;
-use crate::stack::error::BuildError;
+use crate::stack::error::{io_error, BuildError};
 use crate::stack::files::write_record;
 use crate::stack::image_config::StackConfig;
-use crate::stack::layers::{BuildEnv, LayerStager, StackLayers, WheelMembers};
+use crate::stack::layers::{BuildEnv, LayerStager, Part, StackLayers, WheelMembers};
 use crate::stack::report::{human_bytes, AuditSummary, LayerReport};
 use crate::target_gpu::TargetGpu;
 use crate::version::PtxIsa;
@@ -497,8 +499,14 @@ pub(crate) fn audit_stack(
             .collect();
         crate::stack::layers::apt::refuse_replacing(&env.staging.dir(apt.key()), &stack)?;
     }
-    let trees: Vec<DirFs> = trees.iter().map(|tree| DirFs::new(tree)).collect();
-    let merged = LayeredFs::new(trees.iter().map(|tree| tree as &dyn ImageFs).collect());
+    let views = planned
+        .all()
+        .into_iter()
+        .zip(&trees)
+        .zip(layers)
+        .map(|((stager, tree), (report, _))| layer_view(stager, tree, report.diff_id, env))
+        .collect::<Result<Vec<_>, _>>()?;
+    let merged = LayeredFs::new(views.iter().map(|view| view.as_ref()).collect());
     let ld_library_path = config
         .env
         .iter()
@@ -531,6 +539,38 @@ pub(crate) fn audit_stack(
         whole_set(&summary)?;
     }
     Ok((summary, false))
+}
+
+/// How the audit reads one layer. A layer of the stack, or of wheels, through its facts
+/// ([`LayerFacts`]): they depend on its contents only, so they are kept by its diff_id, read
+/// from its staged tree the first time and from their record after, and a rebuild that
+/// changes the team's layers reads none of the stack's files again. Any other layer from
+/// its staged tree.
+fn layer_view(
+    stager: &dyn LayerStager,
+    tree: &Path,
+    diff_id: Digest,
+    env: &BuildEnv,
+) -> Result<Box<dyn ImageFs>, BuildError> {
+    if stager.part() != Part::Stack && !stager.records_wheel_members() {
+        return Ok(Box::new(DirFs::new(tree)));
+    }
+    let record = env.staging.record_path(&format!(
+        "{}.layer-facts.{AUDIT_READER}.json",
+        diff_id.hex()
+    ));
+    let recorded = fs_err::read(&record)
+        .ok()
+        .and_then(|bytes| LayerFacts::from_json(&bytes));
+    let facts = match recorded {
+        Some(facts) => facts,
+        None => {
+            let facts = LayerFacts::read(&DirFs::new(tree)).map_err(io_error(tree))?;
+            write_record(&record, &facts.to_json())?;
+            facts
+        }
+    };
+    Ok(Box::new(FactsFs::new(facts)))
 }
 
 /// A cached verdict against this build's targets: the record keeps the coverage groups,
@@ -695,6 +735,58 @@ mod tests {
             build_mode: None,
         };
         produce_layers(stagers, &cache_root.join("no-facts"), &env)
+    }
+
+    /// A stack layer is read by the audit through facts recorded by its diff_id: once
+    /// recorded, its tree is not read again (here it is gone, and the layer still answers);
+    /// a team layer is read from its tree.
+    #[test]
+    fn the_audit_reads_a_stack_layer_from_its_recorded_facts() {
+        struct StackLayer(FileLayer);
+        impl LayerStager for StackLayer {
+            fn name(&self) -> &str {
+                self.0.name
+            }
+            fn part(&self) -> Part {
+                Part::Stack
+            }
+            fn key(&self) -> &CacheKey {
+                &self.0.key
+            }
+            fn stage(&self, dir: &Path) -> Result<(), BuildError> {
+                self.0.stage(dir)
+            }
+        }
+        let cache_root = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(cache_root.path()).unwrap();
+        let cache = LayerCache::open(store).unwrap();
+        let staging = Staging::open(cache_root.path()).unwrap();
+        let progress = Events::default();
+        let env = BuildEnv {
+            cache: &cache,
+            staging: &staging,
+            options: &BuildOptions::new(0, Compression::Gzip { level: 1 }),
+            progress: &progress,
+            build_mode: None,
+        };
+        let tree = cache_root.path().join("tree");
+        write_file(
+            &tree.join("usr/lib/python3/dist-packages/x-1.0.dist-info/METADATA"),
+            b"Name: x\nVersion: 1.0\n",
+        )
+        .unwrap();
+        let diff_id = Digest::of_bytes(b"the layer's tar");
+        let stack = StackLayer(FileLayer::new("torch"));
+        let metadata = Path::new("/usr/lib/python3/dist-packages/x-1.0.dist-info/METADATA");
+        let first = layer_view(&stack, &tree, diff_id, &env).unwrap();
+        assert_eq!(first.read(metadata).unwrap(), b"Name: x\nVersion: 1.0\n");
+        fs_err::remove_dir_all(&tree).unwrap();
+        let again = layer_view(&stack, &tree, diff_id, &env).unwrap();
+        assert_eq!(again.read(metadata).unwrap(), b"Name: x\nVersion: 1.0\n");
+        assert!(again.node(Path::new("/usr/lib")).unwrap().is_some());
+        // A team layer is its tree: gone, it has nothing.
+        let team = layer_view(&FileLayer::new("copy"), &tree, diff_id, &env).unwrap();
+        assert!(team.node(Path::new("/usr/lib")).unwrap().is_none());
     }
 
     /// The recipe's `gpus` by name or capability, as validation resolves them, and the PTX

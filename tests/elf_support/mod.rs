@@ -135,3 +135,22 @@ pub fn bare_lib(
         },
     )
 }
+
+/// The audit of the tree at `root`, read twice: from the tree, and from the facts recorded
+/// of it (through their JSON, as the build keeps a stack layer's facts). The two reports
+/// must be the same, so every audit test also proves the recorded facts answer as the tree.
+pub fn audit(
+    root: &Path,
+    options: &cudastack::audit::AuditOptions,
+) -> Result<cudastack::audit::AuditReport, cudastack::audit::AuditError> {
+    use cudastack::audit::{audit_image, DirFs, FactsFs, LayerFacts};
+    let report = cudastack::audit::audit(root, options)?;
+    let facts = LayerFacts::read(&DirFs::new(root)).expect("facts of the tree");
+    let facts = LayerFacts::from_json(&facts.to_json()).expect("facts read back");
+    let from_facts = audit_image(&FactsFs::new(facts), options).expect("audit of the facts");
+    assert_eq!(
+        from_facts, report,
+        "the facts answer otherwise than the tree"
+    );
+    Ok(report)
+}
