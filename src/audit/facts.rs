@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use super::image::ImageFs;
+use super::image::{ImageFs, Owner};
 use super::inventory::{in_binary_dir, looks_like_library};
 use crate::digest::Digest;
 use crate::elf::fatbin::{DeviceCode, FatbinError};
@@ -54,6 +54,8 @@ enum RecordedElf {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerFacts {
     nodes: BTreeMap<PathBuf, RecordedNode>,
+    /// The owner of every node (as the tree had them when recorded).
+    owners: BTreeMap<PathBuf, Owner>,
     /// Files that may be ELF and are (or claim to be and are malformed); a file of the
     /// tree not here is not ELF.
     elf: BTreeMap<PathBuf, RecordedElf>,
@@ -91,6 +93,9 @@ impl LayerFacts {
                     Node::Symlink(target) => RecordedNode::Symlink { target },
                     Node::Other => RecordedNode::Other,
                 };
+                if let Some(owner) = fs.owner(&path)? {
+                    facts.owners.insert(path.clone(), owner);
+                }
                 facts.nodes.insert(path, recorded);
             }
         }
@@ -286,5 +291,9 @@ impl ImageFs for FactsFs {
             Some(RecordedElf::Elf { digest, .. }) => Ok(*digest),
             _ => Err(Self::not_recorded(path, "digest")),
         }
+    }
+
+    fn owner(&self, path: &Path) -> io::Result<Option<Owner>> {
+        Ok(self.facts.owners.get(path).copied())
     }
 }

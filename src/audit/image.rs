@@ -31,6 +31,9 @@ pub trait ImageFs: Sync {
     fn device_code(&self, path: &Path) -> Result<Option<DeviceCode>, FatbinError>;
     /// The sha256 of the file at `path`.
     fn digest(&self, path: &Path) -> io::Result<Digest>;
+    /// The owner and permission bits of what lies at `path` (not the audit's: the layers
+    /// above read them where they write into a directory of this one).
+    fn owner(&self, path: &Path) -> io::Result<Option<Owner>>;
 
     /// Resolve `path` following every symlink inside the image.
     fn resolve(&self, path: &Path) -> io::Result<Resolution> {
@@ -41,6 +44,14 @@ pub trait ImageFs: Sync {
     fn read_text(&self, path: &Path) -> io::Result<String> {
         Ok(String::from_utf8_lossy(&self.read(path)?).into_owned())
     }
+}
+
+/// Who owns an entry, and its permission bits (`mode & 0o7777`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u32,
 }
 
 /// An image root in a host directory.
@@ -102,6 +113,19 @@ impl ImageFs for DirFs {
         let mut sink = HashingWriter::new(io::sink());
         io::copy(&mut file, &mut sink)?;
         Ok(sink.finish().1)
+    }
+
+    fn owner(&self, path: &Path) -> io::Result<Option<Owner>> {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::symlink_metadata(self.host(path)) {
+            Ok(meta) => Ok(Some(Owner {
+                uid: meta.uid(),
+                gid: meta.gid(),
+                mode: meta.mode() & 0o7777,
+            })),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
     }
 }
 
@@ -167,7 +191,7 @@ impl<'a> LayeredFs<'a> {
     }
 
     /// The topmost layer holding `path`, with its node there.
-    fn owner(&self, path: &Path) -> io::Result<Option<(usize, Node)>> {
+    fn owner_layer(&self, path: &Path) -> io::Result<Option<(usize, Node)>> {
         let parent = path.parent().unwrap_or(Path::new("/"));
         for index in (0..self.layers.len()).rev() {
             match self.reach(index, parent)? {
@@ -185,7 +209,7 @@ impl<'a> LayeredFs<'a> {
 
     /// The layer whose file is at `path`, or NotFound.
     fn file_layer(&self, path: &Path) -> io::Result<&'a dyn ImageFs> {
-        match self.owner(path)? {
+        match self.owner_layer(path)? {
             Some((index, _)) => Ok(self.layers[index]),
             None => Err(io::Error::new(
                 io::ErrorKind::NotFound,
@@ -197,7 +221,7 @@ impl<'a> LayeredFs<'a> {
 
 impl ImageFs for LayeredFs<'_> {
     fn node(&self, path: &Path) -> io::Result<Option<Node>> {
-        Ok(self.owner(path)?.map(|(_, node)| node))
+        Ok(self.owner_layer(path)?.map(|(_, node)| node))
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
@@ -238,6 +262,13 @@ impl ImageFs for LayeredFs<'_> {
 
     fn digest(&self, path: &Path) -> io::Result<Digest> {
         self.file_layer(path)?.digest(path)
+    }
+
+    fn owner(&self, path: &Path) -> io::Result<Option<Owner>> {
+        match self.owner_layer(path)? {
+            Some((index, _)) => self.layers[index].owner(path),
+            None => Ok(None),
+        }
     }
 }
 

@@ -60,7 +60,7 @@ use crate::version::PtxIsa;
 
 pub use cudnn::parse_cudnn_header;
 pub use facts::{FactsFs, LayerFacts};
-pub use image::{DirFs, ImageFs, LayeredFs};
+pub use image::{DirFs, ImageFs, LayeredFs, Owner};
 pub use kernels::{CoverageGroup, KernelTable};
 pub use loader::{image_glibc, ld_so_conf_dirs, DEFAULT_LIBRARY_DIRS};
 

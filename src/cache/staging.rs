@@ -135,6 +135,39 @@ impl Staging {
         Ok(dir)
     }
 
+    /// Remove the tree of `key`, keeping the records beside it, once nothing needs the
+    /// tree itself (a wheel layer's, written and recorded). Only when no other build holds
+    /// it (its `.use` lock, taken exclusively without waiting) and none is staging it; the
+    /// marker goes first, so the tree never counts as complete while half removed, and a
+    /// build that needs it again stages it anew. Returns whether it was removed.
+    pub fn evict(&self, key: &impl Borrow<Digest>) -> Result<bool, CacheError> {
+        let key = key.borrow();
+        // This build's own shared hold first: flock would refuse the exclusive lock beside it.
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        let hex = key.hex();
+        let use_path = use_lock_path(&self.root, &hex);
+        let stage_path = staging_lock_path(&self.root, &hex);
+        let (Some(_alone), Some(_not_staging)) = (
+            super::try_lock(&use_path).map_err(io_err(&use_path))?,
+            super::try_lock(&stage_path).map_err(io_err(&stage_path))?,
+        ) else {
+            self.hold(key);
+            return Ok(false);
+        };
+        let marker = self.marker(key);
+        if marker.exists() {
+            fs_err::remove_file(&marker).map_err(io_err(&marker))?;
+        }
+        let dir = self.dir(key);
+        if fs_err::symlink_metadata(&dir).is_ok() {
+            fs_err::remove_dir_all(&dir).map_err(io_err(&dir))?;
+        }
+        Ok(true)
+    }
+
     /// A record kept beside the trees (`arch-list-<sha256>.json`, `<digest>.audit.json`).
     pub fn record_path(&self, name: &str) -> PathBuf {
         self.root.join(name)

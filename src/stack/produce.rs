@@ -18,17 +18,16 @@ use std::sync::{Condvar, Mutex};
 use std::thread::{Scope, ScopedJoinHandle};
 
 use crate::audit::kernels::{missing, KernelTable, LibraryKernels};
-use crate::audit::{
-    audit_image, AuditOptions, AuditReport, DirFs, FactsFs, ImageFs, LayerFacts, LayeredFs,
-};
+use crate::audit::{audit_image, AuditOptions, AuditReport, FactsFs, ImageFs, LayeredFs};
 use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::elf::fatbin::{DeviceCode, SectionCode};
 use crate::layer::{BuildOptions, CacheKey, Layer, LayerContents, LayerError};
 use crate::matrix::TorchBuild;
-use crate::stack::error::{io_error, BuildError};
+use crate::stack::error::BuildError;
 use crate::stack::files::write_record;
 use crate::stack::image_config::StackConfig;
+use crate::stack::layers::view::{has_facts, open_view, record_facts};
 use crate::stack::layers::{BuildEnv, LayerStager, Part, StackLayers, WheelMembers};
 use crate::stack::report::{human_bytes, AuditSummary, LayerReport};
 use crate::target_gpu::TargetGpu;
@@ -193,20 +192,44 @@ impl<'scope> Lanes<'scope> {
             if stager.reads_trees_below() && !self.wait_for_trees_below(index) {
                 return;
             }
-            match open_tree(*stager, env) {
-                Ok(dir) => {
-                    if cached_layers[index].is_none() {
-                        let mut writers = self.lock_writers();
-                        spawn_writer(*stager, index, dir, &mut writers, env, scope);
-                    }
+            match self.open(*stager, cached_layers[index].is_some(), env) {
+                Ok(Some(dir)) => {
+                    let mut writers = self.lock_writers();
+                    spawn_writer(*stager, index, dir, &mut writers, env, scope);
+                    drop(writers);
                     self.staged.lock().unwrap_or_else(|e| e.into_inner())[index] = true;
                 }
+                Ok(None) => self.staged.lock().unwrap_or_else(|e| e.into_inner())[index] = true,
                 Err(error) => {
                     self.lock_writers().first_error.get_or_insert(error);
                 }
             }
             self.staged_changed.notify_all();
         }
+    }
+
+    /// Make the layer readable by the layers above, and its tree ready for its writer when
+    /// it is not `cached`: returns the tree to write, if any. A transient tree's facts are
+    /// recorded (they are what the layers above read of it) and the tree removed once
+    /// nothing needs it: at once when the layer is cached, after its writer otherwise; a
+    /// transient layer already written and recorded is not staged at all.
+    fn open(
+        &self,
+        stager: &dyn LayerStager,
+        cached: bool,
+        env: &BuildEnv,
+    ) -> Result<Option<PathBuf>, BuildError> {
+        if stager.transient() && cached && has_facts(&env.staging.dir(stager.key())) {
+            return Ok(None);
+        }
+        let dir = open_tree(stager, env)?;
+        if stager.transient() {
+            record_facts(&dir)?;
+            if cached {
+                env.staging.evict(stager.key())?;
+            }
+        }
+        Ok((!cached).then_some(dir))
     }
 
     fn lock_writers(&self) -> std::sync::MutexGuard<'_, Writers<'scope>> {
@@ -261,6 +284,7 @@ fn spawn_writer<'scope, 'env>(
     let (name, key, walk) = (stager.name().to_string(), *stager.key(), stager.walk());
     let options = env.options_for(stager.part());
     let wheel_members = stager.records_wheel_members();
+    let transient = stager.transient();
     writers.spawn(scope, index, move || {
         let contents = || {
             let mut contents = LayerContents::from_dir(&dir, &walk)?;
@@ -269,7 +293,11 @@ fn spawn_writer<'scope, 'env>(
             }
             Ok(contents)
         };
-        write_layer(&name, &key, contents, &options, env)
+        let layer = write_layer(&name, &key, contents, &options, env)?;
+        if transient {
+            env.staging.evict(&key)?;
+        }
+        Ok(layer)
     });
 }
 
@@ -411,7 +439,7 @@ fn report(stager: &dyn LayerStager, layer: &Layer, cached: bool) -> LayerReport 
 /// Bump it with any change to what `audit()` finds on the same tree, so a verdict of the
 /// old rules is not reused (v4: library copies in `glibc-hwcaps/`, and files answering for
 /// a library by their name).
-const AUDIT_READER: &str = "v4-hwcaps-names";
+pub(crate) const AUDIT_READER: &str = "v4-hwcaps-names";
 
 /// The audit verdict of one set of layers: `<digest of their diff_ids>.audit.AUDIT_READER.json`.
 /// Records since v2 keep the kernel coverage groups; an older record is not
@@ -491,11 +519,15 @@ pub(crate) fn audit_stack(
         "every ELF's NEEDED, one copy per SONAME, symlinks, cuDNN header, pins, GPU code",
     );
     if let Some(apt) = &planned.apt {
-        // The stack's trees above the base, which the apt tree (on top of the base) may
+        // The stack's layers above the base, which the apt tree (on top of the base) may
         // add to but not replace.
-        let stack: Vec<(&str, PathBuf)> = planned.stack()[1..]
+        let stack: Vec<(&str, Box<dyn ImageFs>)> = planned.stack()[1..]
             .iter()
-            .map(|layer| (layer.name(), env.staging.dir(layer.key())))
+            .map(|layer| (layer.name(), open_view(&env.staging.dir(layer.key()))))
+            .collect();
+        let stack: Vec<(&str, &dyn ImageFs)> = stack
+            .iter()
+            .map(|(name, view)| (*name, view.as_ref()))
             .collect();
         crate::stack::layers::apt::refuse_replacing(&env.staging.dir(apt.key()), &stack)?;
     }
@@ -503,8 +535,7 @@ pub(crate) fn audit_stack(
         .all()
         .into_iter()
         .zip(&trees)
-        .zip(layers)
-        .map(|((stager, tree), (report, _))| layer_view(stager, tree, report.diff_id, env))
+        .map(|(stager, tree)| layer_view(stager, tree))
         .collect::<Result<Vec<_>, _>>()?;
     let merged = LayeredFs::new(views.iter().map(|view| view.as_ref()).collect());
     let ld_library_path = config
@@ -541,36 +572,15 @@ pub(crate) fn audit_stack(
     Ok((summary, false))
 }
 
-/// How the audit reads one layer. A layer of the stack, or of wheels, through its facts
-/// ([`LayerFacts`]): they depend on its contents only, so they are kept by its diff_id, read
-/// from its staged tree the first time and from their record after, and a rebuild that
-/// changes the team's layers reads none of the stack's files again. Any other layer from
-/// its staged tree.
-fn layer_view(
-    stager: &dyn LayerStager,
-    tree: &Path,
-    diff_id: Digest,
-    env: &BuildEnv,
-) -> Result<Box<dyn ImageFs>, BuildError> {
-    if stager.part() != Part::Stack && !stager.records_wheel_members() {
-        return Ok(Box::new(DirFs::new(tree)));
+/// How the audit reads one layer. A layer of the stack, or a transient one, through its
+/// facts ([`crate::audit::LayerFacts`]), recorded beside its tree the first time: a rebuild
+/// that changes the team's layers then reads none of the stack's files again. Any other
+/// layer through what is recorded of it, or its staged tree.
+fn layer_view(stager: &dyn LayerStager, tree: &Path) -> Result<Box<dyn ImageFs>, BuildError> {
+    if stager.part() == Part::Stack || stager.transient() {
+        return Ok(Box::new(FactsFs::new(record_facts(tree)?)));
     }
-    let record = env.staging.record_path(&format!(
-        "{}.layer-facts.{AUDIT_READER}.json",
-        diff_id.hex()
-    ));
-    let recorded = fs_err::read(&record)
-        .ok()
-        .and_then(|bytes| LayerFacts::from_json(&bytes));
-    let facts = match recorded {
-        Some(facts) => facts,
-        None => {
-            let facts = LayerFacts::read(&DirFs::new(tree)).map_err(io_error(tree))?;
-            write_record(&record, &facts.to_json())?;
-            facts
-        }
-    };
-    Ok(Box::new(FactsFs::new(facts)))
+    Ok(open_view(tree))
 }
 
 /// A cached verdict against this build's targets: the record keeps the coverage groups,
@@ -737,56 +747,57 @@ mod tests {
         produce_layers(stagers, &cache_root.join("no-facts"), &env)
     }
 
-    /// A stack layer is read by the audit through facts recorded by its diff_id: once
-    /// recorded, its tree is not read again (here it is gone, and the layer still answers);
-    /// a team layer is read from its tree.
+    /// A transient layer (a wheel layer) in the staging lanes: staged, its facts recorded,
+    /// written, its tree removed; the layers above still see it through its facts, and a
+    /// rebuild with the layer cached does not stage it again. The audit reads a stack
+    /// layer from its facts even with its tree gone.
     #[test]
-    fn the_audit_reads_a_stack_layer_from_its_recorded_facts() {
-        struct StackLayer(FileLayer);
-        impl LayerStager for StackLayer {
+    fn a_transient_tree_is_removed_once_written_and_recorded() {
+        use std::sync::atomic::AtomicUsize;
+        struct TransientLayer {
+            file: FileLayer,
+            staged: AtomicUsize,
+        }
+        impl LayerStager for TransientLayer {
             fn name(&self) -> &str {
-                self.0.name
+                self.file.name
             }
             fn part(&self) -> Part {
                 Part::Stack
             }
             fn key(&self) -> &CacheKey {
-                &self.0.key
+                &self.file.key
+            }
+            fn transient(&self) -> bool {
+                true
             }
             fn stage(&self, dir: &Path) -> Result<(), BuildError> {
-                self.0.stage(dir)
+                self.staged.fetch_add(1, Ordering::SeqCst);
+                self.file.stage(dir)
             }
         }
         let cache_root = tempfile::tempdir().unwrap();
-        let store = BlobStore::open(cache_root.path()).unwrap();
-        let cache = LayerCache::open(store).unwrap();
-        let staging = Staging::open(cache_root.path()).unwrap();
-        let progress = Events::default();
-        let env = BuildEnv {
-            cache: &cache,
-            staging: &staging,
-            options: &BuildOptions::new(0, Compression::Gzip { level: 1 }),
-            progress: &progress,
-            build_mode: None,
+        let torch = TransientLayer {
+            file: FileLayer::new("torch"),
+            staged: AtomicUsize::new(0),
         };
-        let tree = cache_root.path().join("tree");
-        write_file(
-            &tree.join("usr/lib/python3/dist-packages/x-1.0.dist-info/METADATA"),
-            b"Name: x\nVersion: 1.0\n",
-        )
-        .unwrap();
-        let diff_id = Digest::of_bytes(b"the layer's tar");
-        let stack = StackLayer(FileLayer::new("torch"));
-        let metadata = Path::new("/usr/lib/python3/dist-packages/x-1.0.dist-info/METADATA");
-        let first = layer_view(&stack, &tree, diff_id, &env).unwrap();
-        assert_eq!(first.read(metadata).unwrap(), b"Name: x\nVersion: 1.0\n");
-        fs_err::remove_dir_all(&tree).unwrap();
-        let again = layer_view(&stack, &tree, diff_id, &env).unwrap();
-        assert_eq!(again.read(metadata).unwrap(), b"Name: x\nVersion: 1.0\n");
-        assert!(again.node(Path::new("/usr/lib")).unwrap().is_some());
-        // A team layer is its tree: gone, it has nothing.
-        let team = layer_view(&FileLayer::new("copy"), &tree, diff_id, &env).unwrap();
-        assert!(team.node(Path::new("/usr/lib")).unwrap().is_none());
+        let config = FileLayer::new("config");
+        let first = produce(cache_root.path(), &[&torch, &config], &Events::default()).unwrap();
+        let staging = Staging::open(cache_root.path()).unwrap();
+        let tree = staging.dir(torch.key());
+        assert!(!tree.exists(), "the transient tree is still there");
+        assert!(crate::stack::layers::view::has_facts(&tree));
+        let seen = open_view(&tree);
+        assert!(seen.node(Path::new("/torch")).unwrap().is_some());
+        let audited = layer_view(&torch, &tree).unwrap();
+        assert!(audited.node(Path::new("/torch")).unwrap().is_some());
+
+        let again = produce(cache_root.path(), &[&torch, &config], &Events::default()).unwrap();
+        assert_eq!(torch.staged.load(Ordering::SeqCst), 1, "staged again");
+        assert!(again.iter().all(|(report, _)| report.cached));
+        let digests =
+            |l: &[(LayerReport, Layer)]| l.iter().map(|(r, _)| r.digest).collect::<Vec<_>>();
+        assert_eq!(digests(&again), digests(&first));
     }
 
     /// The recipe's `gpus` by name or capability, as validation resolves them, and the PTX

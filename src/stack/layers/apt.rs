@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use super::base::BaseLayer;
 use super::{BuildEnv, LayerStager, Part, ASSEMBLER};
+use crate::audit::ImageFs;
 use crate::base_root::rootless::BuildMode;
 use crate::base_root::{debootstrap, DebootstrapSpec};
 use crate::layer::{CacheKey, DirOptions, RecordedOwners};
@@ -77,9 +78,12 @@ impl AptLayer {
 /// Refuse an apt `tree` that replaces a file of the `stack` trees (name, tree) above the
 /// base (a directory in both is shared, not replaced): the image would silently hold the
 /// package's file where the stack was verified with its own.
-pub(crate) fn refuse_replacing(tree: &Path, stack: &[(&str, PathBuf)]) -> Result<(), BuildError> {
+pub(crate) fn refuse_replacing(
+    tree: &Path,
+    stack: &[(&str, &dyn ImageFs)],
+) -> Result<(), BuildError> {
     let mut replaced = Vec::new();
-    find_replaced(tree, Path::new(""), stack, &mut replaced)?;
+    find_replaced(tree, Path::new("/"), stack, &mut replaced)?;
     if replaced.is_empty() {
         return Ok(());
     }
@@ -90,9 +94,9 @@ pub(crate) fn refuse_replacing(tree: &Path, stack: &[(&str, PathBuf)]) -> Result
         .map(|(path, layer)| {
             let package = owners
                 .iter()
-                .find(|(_, files)| files.contains(&format!("/{path}")))
+                .find(|(_, files)| files.contains(path))
                 .map_or("an `apt:` package", |(package, _)| package.as_str());
-            format!("/{path} (from {package}, over the `{layer}` layer)")
+            format!("{path} (from {package}, over the `{layer}` layer)")
         })
         .collect();
     Err(BuildError::Unsupported(format!(
@@ -102,28 +106,27 @@ pub(crate) fn refuse_replacing(tree: &Path, stack: &[(&str, PathBuf)]) -> Result
     )))
 }
 
-/// Walk `dir` (the apt tree at `relative`) beside the same directory of each lower tree
-/// (each a real directory, never a link: the walk never follows one of the image's links on
-/// the host), collecting what the apt tree has where a lower tree has something that is
-/// not a directory in both.
+/// Walk `dir` (the apt tree at the image path `image_dir`) beside the same directory of
+/// each lower layer (a directory there, never a link: the walk never follows one of the
+/// image's links), collecting what the apt tree has where a lower layer has something that
+/// is not a directory in both.
 fn find_replaced(
     dir: &Path,
-    relative: &Path,
-    lowers: &[(&str, PathBuf)],
+    image_dir: &Path,
+    lowers: &[(&str, &dyn ImageFs)],
     replaced: &mut Vec<(String, String)>,
 ) -> Result<(), BuildError> {
     for entry in fs_err::read_dir(dir).map_err(io_error(dir))? {
         let entry = entry.map_err(io_error(dir))?;
-        let name = entry.file_name();
-        let path = relative.join(&name);
+        let path = image_dir.join(entry.file_name());
         let is_dir = entry.file_type().map_err(io_error(&entry.path()))?.is_dir();
-        let mut below = Vec::new();
+        let mut below: Vec<(&str, &dyn ImageFs)> = Vec::new();
         for (layer, lower) in lowers {
-            let Ok(meta) = fs_err::symlink_metadata(lower.join(&name)) else {
+            let Some(node) = lower.node(&path).map_err(io_error(&path))? else {
                 continue;
             };
-            if is_dir && meta.is_dir() {
-                below.push((*layer, lower.join(&name)));
+            if is_dir && node.is_dir() {
+                below.push((layer, *lower));
             } else {
                 replaced.push((path.to_string_lossy().into_owned(), layer.to_string()));
             }
@@ -223,6 +226,7 @@ impl LayerStager for AptLayer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::audit::DirFs;
 
     fn write(path: &Path, text: &str) {
         fs_err::create_dir_all(path.parent().unwrap()).unwrap();
@@ -241,14 +245,14 @@ mod tests {
         write(&python.join(site).join("six.py"), "stack");
         write(&apt.join(site).join("extra.py"), "added beside the stack's");
         write(&apt.join("usr/bin/git"), "added");
-        assert!(refuse_replacing(&apt, &[("python", python.clone())]).is_ok());
+        assert!(refuse_replacing(&apt, &[("python", &DirFs::new(&python))]).is_ok());
 
         write(&apt.join(site).join("six.py"), "replaced");
         write(
             &apt.join("var/lib/dpkg/info/python3-six:amd64.list"),
             &format!("/{site}\n/{site}/six.py\n"),
         );
-        let error = refuse_replacing(&apt, &[("python", python.clone())])
+        let error = refuse_replacing(&apt, &[("python", &DirFs::new(&python))])
             .unwrap_err()
             .to_string();
         assert!(
@@ -261,7 +265,7 @@ mod tests {
         fs_err::create_dir_all(cuda.join("usr/local")).unwrap();
         std::os::unix::fs::symlink("/etc", cuda.join("usr/local/cuda")).unwrap();
         write(&apt.join("usr/local/cuda/passwd"), "x");
-        let error = refuse_replacing(&apt, &[("cuda", cuda)])
+        let error = refuse_replacing(&apt, &[("cuda", &DirFs::new(&cuda))])
             .unwrap_err()
             .to_string();
         assert!(

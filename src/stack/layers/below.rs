@@ -1,25 +1,30 @@
-//! The staged trees of the layers below one that reads them (`user`, `copy`): what the
-//! image has at a path, seen the way the merged image will see it, without following a
-//! link of the image on the host.
+//! The layers below one that reads them (`user`, `copy`): what the image has at a path,
+//! seen the way the merged image will see it, without following a link of the image on
+//! the host.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use super::view::open_view;
+use crate::audit::{ImageFs, Owner};
 use crate::layer::{LayerPath, Recorded, RecordedOwners};
+use crate::rootfs::Node;
 use crate::stack::error::BuildError;
 
-/// A staged tree below and its owners record (a tree staged without root has one).
+/// A layer below, seen through its recorded facts or its staged tree ([`open_view`]), and
+/// the owners record staged beside its tree (a tree staged without root has one).
 pub(crate) struct Below {
     tree: PathBuf,
+    view: Box<dyn ImageFs>,
     owners: Option<RecordedOwners>,
 }
 
 impl Below {
-    /// The staged tree `tree` with the owners record staged beside it, if any.
+    /// The layer of the staged tree `tree` with the owners record staged beside it, if any.
     pub(crate) fn open(tree: &Path) -> Result<Self, BuildError> {
         let record = tree.with_extension("owners.json");
         Ok(Self {
             tree: tree.to_path_buf(),
+            view: open_view(tree),
             owners: record
                 .exists()
                 .then(|| RecordedOwners::read(&record))
@@ -30,7 +35,8 @@ impl Below {
 
 /// What the top-most tree below has at a path.
 pub(crate) struct LowerEntry {
-    /// The file on the host, in the staged tree.
+    /// The file on the host, in the staged tree (for the layers that are never transient:
+    /// the base's and apt's /etc files).
     pub disk: PathBuf,
     /// Its owner and mode in the image.
     pub recorded: Recorded,
@@ -48,29 +54,36 @@ pub(crate) enum LowerKind {
 /// The entry at `path` (relative, `/`-separated) in the top-most tree that has one. Only
 /// that path is looked at: see [`walk_down`] for a path whose parents may be links.
 pub(crate) fn top_most(below: &[Below], path: &str) -> Option<LowerEntry> {
+    let image_path = Path::new("/").join(path);
     for layer in below.iter().rev() {
-        let disk = layer.tree.join(path);
-        let Ok(meta) = fs_err::symlink_metadata(&disk) else {
+        let Ok(Some(node)) = layer.view.node(&image_path) else {
             continue;
         };
-        let kind = if meta.file_type().is_symlink() {
-            let target = fs_err::read_link(&disk).unwrap_or_default();
-            LowerKind::Symlink(target.to_string_lossy().into_owned())
-        } else if meta.is_dir() {
-            LowerKind::Dir
-        } else {
-            LowerKind::Other
+        let kind = match node {
+            Node::Symlink(target) => LowerKind::Symlink(target.to_string_lossy().into_owned()),
+            Node::Dir => LowerKind::Dir,
+            Node::File { .. } | Node::Other => LowerKind::Other,
         };
+        let owner = layer
+            .view
+            .owner(&image_path)
+            .ok()
+            .flatten()
+            .unwrap_or(Owner {
+                uid: 0,
+                gid: 0,
+                mode: 0o644,
+            });
         let recorded = LayerPath::parse(path)
             .ok()
             .and_then(|p| layer.owners.as_ref()?.get(&p).copied())
             .unwrap_or(Recorded {
-                uid: meta.uid(),
-                gid: meta.gid(),
-                mode: meta.mode() & 0o7777,
+                uid: owner.uid,
+                gid: owner.gid,
+                mode: owner.mode,
             });
         return Some(LowerEntry {
-            disk,
+            disk: layer.tree.join(path),
             recorded,
             kind,
         });

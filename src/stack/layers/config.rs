@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::view::open_view;
 use super::{BuildEnv, LayerStager, Part, ASSEMBLER};
 use crate::audit::{DirFs, ImageFs, LayeredFs};
 use crate::base_root::inspect_rootfs;
@@ -182,14 +183,12 @@ impl<'a> ConfigLayer<'a> {
     /// `ldconfig -r`: that names the host's glibc in the cache, needs root (chroot), and
     /// skips objects of another machine.
     fn write_loader_cache(&self, dir: &Path) -> Result<(), BuildError> {
-        let trees: Vec<DirFs> = self
-            .below
-            .iter()
-            .map(PathBuf::as_path)
-            .chain([dir])
-            .map(DirFs::new)
-            .collect();
-        let merged = LayeredFs::new(trees.iter().map(|tree| tree as &dyn ImageFs).collect());
+        // The layers below as recorded (a wheel layer's tree is gone once written), this
+        // one as staged so far.
+        let mut layers: Vec<Box<dyn ImageFs>> =
+            self.below.iter().map(|tree| open_view(tree)).collect();
+        layers.push(Box::new(DirFs::new(dir)));
+        let merged = LayeredFs::new(layers.iter().map(|layer| layer.as_ref()).collect());
         let cache_bytes = ldcache::ld_so_cache(&merged, self.machine)
             .map_err(|e| BuildError::Unsupported(e.to_string()))?;
         write_file(&dir.join("etc/ld.so.cache"), &cache_bytes)

@@ -39,6 +39,7 @@ pub mod copy;
 pub mod python;
 pub mod toolkit;
 pub mod user;
+pub(crate) mod view;
 pub mod wheel_members;
 
 use std::path::{Path, PathBuf};
@@ -115,6 +116,13 @@ pub(crate) trait LayerStager: Sync {
     /// stages only once they are staged; one that does not may stage beside them.
     fn reads_trees_below(&self) -> bool {
         true
+    }
+    /// Whether the tree is needed only to write the layer and record its facts: a wheel
+    /// layer's tree is removed once both are done, and what reads the layer later reads
+    /// its facts ([`view`]). Its staging must then record everything the layers above read
+    /// beside the tree, not in it.
+    fn transient(&self) -> bool {
+        false
     }
     /// Whether the stager records the wheel members its tree holds unchanged
     /// ([`WheelMembers`]), for the layer to copy their deflate data.

@@ -186,6 +186,10 @@ impl LayerStager for PythonLayer<'_> {
         }
         members.write(dir)
     }
+    /// A wheel layer: written from the wheels, read above through its facts.
+    fn transient(&self) -> bool {
+        true
+    }
     fn records_wheel_members(&self) -> bool {
         true
     }

@@ -177,6 +177,10 @@ impl LayerStager for ToolkitLayer {
             &serde_json::to_vec(&placed).expect("placement serialises"),
         )
     }
+    /// A wheel layer: written from the wheels, read above through its facts.
+    fn transient(&self) -> bool {
+        true
+    }
     fn records_wheel_members(&self) -> bool {
         true
     }
