@@ -18,7 +18,7 @@ use std::sync::{Condvar, Mutex};
 use std::thread::{Scope, ScopedJoinHandle};
 
 use crate::audit::kernels::{missing, KernelTable, LibraryKernels};
-use crate::audit::{audit_image, AuditOptions, AuditReport, FactsFs, ImageFs, LayeredFs};
+use crate::audit::{audit_image, AuditOptions, AuditReport, DirFs, FactsFs, ImageFs, LayeredFs};
 use crate::cache::Staging;
 use crate::digest::Digest;
 use crate::elf::fatbin::{DeviceCode, SectionCode};
@@ -27,7 +27,7 @@ use crate::matrix::TorchBuild;
 use crate::stack::error::BuildError;
 use crate::stack::files::write_record;
 use crate::stack::image_config::StackConfig;
-use crate::stack::layers::view::{has_facts, open_view, record_facts};
+use crate::stack::layers::view::{has_facts, record_facts, LayerBelow};
 use crate::stack::layers::{BuildEnv, LayerStager, Part, StackLayers, WheelMembers};
 use crate::stack::report::{human_bytes, AuditSummary, LayerReport};
 use crate::target_gpu::TargetGpu;
@@ -483,7 +483,12 @@ pub(crate) fn audit_stack(
     let mut trees = planned.dirs(env.staging);
     let mut audited = layers.len();
     if let Some(copy) = &planned.copy {
-        if copy.cannot_change_the_audit(&trees[..trees.len() - 1])? {
+        let all = planned.all();
+        let below: Vec<LayerBelow> = all[..all.len() - 1]
+            .iter()
+            .map(|layer| LayerBelow::of(*layer, env.staging))
+            .collect();
+        if copy.cannot_change_the_audit(&below)? {
             audited -= 1;
             trees.pop();
         }
@@ -523,7 +528,7 @@ pub(crate) fn audit_stack(
         // add to but not replace.
         let stack: Vec<(&str, Box<dyn ImageFs>)> = planned.stack()[1..]
             .iter()
-            .map(|layer| (layer.name(), open_view(&env.staging.dir(layer.key()))))
+            .map(|layer| (layer.name(), LayerBelow::of(*layer, env.staging).view()))
             .collect();
         let stack: Vec<(&str, &dyn ImageFs)> = stack
             .iter()
@@ -575,12 +580,12 @@ pub(crate) fn audit_stack(
 /// How the audit reads one layer. A layer of the stack, or a transient one, through its
 /// facts ([`crate::audit::LayerFacts`]), recorded beside its tree the first time: a rebuild
 /// that changes the team's layers then reads none of the stack's files again. Any other
-/// layer through what is recorded of it, or its staged tree.
+/// layer through its staged tree.
 fn layer_view(stager: &dyn LayerStager, tree: &Path) -> Result<Box<dyn ImageFs>, BuildError> {
     if stager.part() == Part::Stack || stager.transient() {
         return Ok(Box::new(FactsFs::new(record_facts(tree)?)));
     }
-    Ok(open_view(tree))
+    Ok(Box::new(DirFs::new(tree)))
 }
 
 /// A cached verdict against this build's targets: the record keeps the coverage groups,
@@ -787,7 +792,7 @@ mod tests {
         let tree = staging.dir(torch.key());
         assert!(!tree.exists(), "the transient tree is still there");
         assert!(crate::stack::layers::view::has_facts(&tree));
-        let seen = open_view(&tree);
+        let seen = LayerBelow::of(&torch, &staging).view();
         assert!(seen.node(Path::new("/torch")).unwrap().is_some());
         let audited = layer_view(&torch, &tree).unwrap();
         assert!(audited.node(Path::new("/torch")).unwrap().is_some());

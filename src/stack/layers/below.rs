@@ -4,13 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
-use super::view::open_view;
+use super::view::LayerBelow;
 use crate::audit::{ImageFs, Owner};
 use crate::layer::{LayerPath, Recorded, RecordedOwners};
 use crate::rootfs::Node;
 use crate::stack::error::BuildError;
 
-/// A layer below, seen through its recorded facts or its staged tree ([`open_view`]), and
+/// A layer below, seen through its recorded facts or its staged tree ([`LayerBelow`]), and
 /// the owners record staged beside its tree (a tree staged without root has one).
 pub(crate) struct Below {
     tree: PathBuf,
@@ -19,12 +19,12 @@ pub(crate) struct Below {
 }
 
 impl Below {
-    /// The layer of the staged tree `tree` with the owners record staged beside it, if any.
-    pub(crate) fn open(tree: &Path) -> Result<Self, BuildError> {
-        let record = tree.with_extension("owners.json");
+    /// The layer `layer` with the owners record staged beside its tree, if any.
+    pub(crate) fn open(layer: &LayerBelow) -> Result<Self, BuildError> {
+        let record = layer.tree.with_extension("owners.json");
         Ok(Self {
-            tree: tree.to_path_buf(),
-            view: open_view(tree),
+            tree: layer.tree.clone(),
+            view: layer.view(),
             owners: record
                 .exists()
                 .then(|| RecordedOwners::read(&record))

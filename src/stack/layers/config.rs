@@ -5,9 +5,9 @@
 //! every runner (Docker, a Kubernetes Job, enroot) runs the same probe with nothing to
 //! mount. Its key names the keys of every layer below: the loader cache covers them all.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::view::open_view;
+use super::view::LayerBelow;
 use super::{BuildEnv, LayerStager, Part, ASSEMBLER};
 use crate::audit::{DirFs, ImageFs, LayeredFs};
 use crate::base_root::inspect_rootfs;
@@ -44,8 +44,8 @@ pub(crate) struct ConfigLayer<'a> {
     native_probe: Option<NativeProbe>,
     /// The start-time guard's source, when the recipe asks for it (`runtime.guard`).
     guard: Option<&'static str>,
-    /// The staged trees of every layer below, base first.
-    below: Vec<PathBuf>,
+    /// Every layer below, base first.
+    below: Vec<LayerBelow>,
     machine: Machine,
     progress: &'a dyn BuildProgress,
 }
@@ -100,7 +100,7 @@ impl<'a> ConfigLayer<'a> {
             guard,
             below: below
                 .iter()
-                .map(|layer| env.staging.dir(layer.key()))
+                .map(|layer| LayerBelow::of(*layer, env.staging))
                 .collect(),
             machine: inputs.machine(),
             progress: env.progress,
@@ -144,10 +144,12 @@ impl<'a> ConfigLayer<'a> {
     /// and Makefiles call `python`. Not when a layer below already has a `python` (that
     /// package among `apt:`, say), or has no `python3` to point at.
     fn write_python_command(&self, dir: &Path) -> Result<(), BuildError> {
+        let below: Vec<Box<dyn ImageFs>> = self.below.iter().map(LayerBelow::view).collect();
+        let below = LayeredFs::new(below.iter().map(|layer| layer.as_ref()).collect());
         let in_below = |path: &str| {
-            self.below
-                .iter()
-                .any(|tree| tree.join(path).symlink_metadata().is_ok())
+            below
+                .node(&Path::new("/").join(path))
+                .is_ok_and(|node| node.is_some())
         };
         if in_below(PYTHON_COMMAND) || !in_below(PYTHON3_COMMAND) {
             return Ok(());
@@ -164,7 +166,7 @@ impl<'a> ConfigLayer<'a> {
         let Some(native) = &self.native_probe else {
             return Ok(());
         };
-        let glibc = inspect_rootfs(&self.below[0])?.glibc;
+        let glibc = inspect_rootfs(&self.below[0].tree)?.glibc;
         match (native.required_glibc, glibc) {
             (Some(need), Some(have)) if need > have => {
                 self.progress
@@ -185,8 +187,7 @@ impl<'a> ConfigLayer<'a> {
     fn write_loader_cache(&self, dir: &Path) -> Result<(), BuildError> {
         // The layers below as recorded (a wheel layer's tree is gone once written), this
         // one as staged so far.
-        let mut layers: Vec<Box<dyn ImageFs>> =
-            self.below.iter().map(|tree| open_view(tree)).collect();
+        let mut layers: Vec<Box<dyn ImageFs>> = self.below.iter().map(LayerBelow::view).collect();
         layers.push(Box::new(DirFs::new(dir)));
         let merged = LayeredFs::new(layers.iter().map(|layer| layer.as_ref()).collect());
         let cache_bytes = ldcache::ld_so_cache(&merged, self.machine)

@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use super::below::{self, Below, LowerEntry, LowerKind};
+use super::view::LayerBelow;
 use super::{BuildEnv, LayerStager, Part, ASSEMBLER};
 use crate::layer::{CacheKey, DirOptions, LayerPath, ModePolicy, Recorded, RecordedOwners};
 use crate::recipe::{ImagePath, UserSpec};
@@ -39,7 +40,7 @@ pub(crate) struct UserLayer {
     /// Days since 1970 of SOURCE_DATE_EPOCH: shadow's "last password change".
     days: u64,
     /// The trees that write /etc (base, apt), bottom first.
-    below: Vec<PathBuf>,
+    below: Vec<LayerBelow>,
     owners_record: PathBuf,
 }
 
@@ -60,7 +61,10 @@ impl UserLayer {
         );
         let owners_record = env.staging.dir(&key).with_extension("owners.json");
         Some(Self {
-            below: below.iter().map(|l| env.staging.dir(l.key())).collect(),
+            below: below
+                .iter()
+                .map(|layer| LayerBelow::of(*layer, env.staging))
+                .collect(),
             key,
             user,
             workdir,
@@ -173,7 +177,7 @@ impl LayerStager for UserLayer {
         let below = self
             .below
             .iter()
-            .map(|tree| Below::open(tree))
+            .map(Below::open)
             .collect::<Result<Vec<_>, BuildError>>()?;
         let mut owners = RecordedOwners::default();
         self.write_accounts(dir, &below, &mut owners)?;
@@ -324,7 +328,10 @@ mod tests {
             user: recipe.user.unwrap(),
             workdir: workdir.map(|w| w.parse().unwrap()),
             days: 19_900,
-            below: trees(root),
+            below: trees(root)
+                .iter()
+                .map(|tree| LayerBelow::tree(tree))
+                .collect(),
             owners_record: root.join("user.owners.json"),
         }
     }

@@ -6,7 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
+use super::LayerStager;
 use crate::audit::{DirFs, FactsFs, ImageFs, LayerFacts};
+use crate::cache::Staging;
 use crate::stack::error::{io_error, BuildError};
 use crate::stack::files::write_record;
 use crate::stack::produce::AUDIT_READER;
@@ -34,15 +36,44 @@ pub(crate) fn record_facts(tree: &Path) -> Result<LayerFacts, BuildError> {
     Ok(facts)
 }
 
-/// The layer whose tree is (or was) `tree`: its recorded facts, else the tree.
-pub(crate) fn open_view(tree: &Path) -> Box<dyn ImageFs> {
-    match recorded_facts(tree) {
-        Some(facts) => Box::new(FactsFs::new(facts)),
-        None => Box::new(DirFs::new(tree)),
+/// A layer as one above it reads it: where its tree is staged, and whether that tree is
+/// transient. A transient layer is read through its recorded facts (its tree is removed
+/// once they are); any other through its tree, which has everything (the facts hold only
+/// what the audit reads: not the base's `ldconfig`, say).
+#[derive(Debug, Clone)]
+pub(crate) struct LayerBelow {
+    pub tree: PathBuf,
+    pub transient: bool,
+}
+
+impl LayerBelow {
+    pub fn of(stager: &dyn LayerStager, staging: &Staging) -> Self {
+        Self {
+            tree: staging.dir(stager.key()),
+            transient: stager.transient(),
+        }
+    }
+
+    /// A layer that is never transient (a test's tree).
+    #[cfg(test)]
+    pub fn tree(tree: &Path) -> Self {
+        Self {
+            tree: tree.to_path_buf(),
+            transient: false,
+        }
+    }
+
+    /// The layer as its facts or its tree answer. A transient tree is removed only after
+    /// its facts are recorded, so where they are not yet, the tree is still there.
+    pub fn view(&self) -> Box<dyn ImageFs> {
+        match recorded_facts(&self.tree).filter(|_| self.transient) {
+            Some(facts) => Box::new(FactsFs::new(facts)),
+            None => Box::new(DirFs::new(&self.tree)),
+        }
     }
 }
 
-/// Whether the layers above can see the layer of `tree` without its staged tree.
+/// Whether the facts of the layer of `tree` are recorded (its tree may then be gone).
 pub(crate) fn has_facts(tree: &Path) -> bool {
     facts_record(tree).is_file()
 }

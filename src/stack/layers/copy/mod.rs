@@ -21,6 +21,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::below::{walk_down, Below, LowerKind};
+use super::view::LayerBelow;
 use super::{LayerStager, Part, ASSEMBLER};
 use crate::cache::Staging;
 use crate::contained_file::{ContainedFile, FileIdentity};
@@ -60,8 +61,8 @@ pub(crate) struct CopyLayer {
     items: BTreeMap<String, Item>,
     /// Directories on the way to the destinations (they keep a lower layer's owner).
     on_the_way: Vec<LayerPath>,
-    /// The staged trees of every layer below, bottom first.
-    below: Vec<PathBuf>,
+    /// Every layer below, bottom first.
+    below: Vec<LayerBelow>,
     /// This layer's owners record (the directories on the way, as the layers below have them).
     owners_record: PathBuf,
 }
@@ -121,7 +122,10 @@ impl CopyLayer {
             context,
             items,
             on_the_way,
-            below: below.iter().map(|layer| staging.dir(layer.key())).collect(),
+            below: below
+                .iter()
+                .map(|layer| LayerBelow::of(*layer, staging))
+                .collect(),
         }))
     }
 }
@@ -181,7 +185,7 @@ impl CopyLayer {
     /// distribution metadata or `.pth`, and replace nothing below (directories may merge).
     /// Then the audit of the layers below stands for the image, and a code change is not
     /// re-audited file by file.
-    pub fn cannot_change_the_audit(&self, below: &[PathBuf]) -> Result<bool, BuildError> {
+    pub fn cannot_change_the_audit(&self, below: &[LayerBelow]) -> Result<bool, BuildError> {
         let below = open_below(below)?;
         Ok(self.items.iter().all(|(path, item)| match item {
             Item::Dir => true,
@@ -256,8 +260,8 @@ impl CopyLayer {
     }
 }
 
-fn open_below(trees: &[PathBuf]) -> Result<Vec<Below>, BuildError> {
-    trees.iter().map(|tree| Below::open(tree)).collect()
+fn open_below(layers: &[LayerBelow]) -> Result<Vec<Below>, BuildError> {
+    layers.iter().map(Below::open).collect()
 }
 
 /// Refuse an entry that writes through a link another entry copies (`code/k -> /home/ci`
@@ -716,7 +720,7 @@ mod tests {
                 .unwrap()
                 .unwrap()
         };
-        let trees = [below.path().to_path_buf()];
+        let trees = [LayerBelow::tree(below.path())];
         assert!(plan("train/train.py", "/w/train.py")
             .cannot_change_the_audit(&trees)
             .unwrap());
