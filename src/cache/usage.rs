@@ -223,6 +223,11 @@ pub fn prune(root: &Path, older_than: Duration) -> Result<PruneReport, CacheErro
         report.builds_running = true;
         return Ok(report);
     };
+    // A transient layer's records go with its layer entry's kind of age: only while no
+    // build runs, since a build looks them up as it looks up layer entries.
+    let staging = store.cache_dir().staging();
+    let trees = staged_trees(&staging)?;
+    prune_recorded_layers(&staging, &trees, cutoff, &mut disk, &mut report)?;
     let entries = layers.entries()?;
     let layer_blobs: BTreeSet<Digest> = entries.iter().filter_map(|e| e.blob).collect();
     for entry in entries {
@@ -297,6 +302,57 @@ fn prune_trees(
             CacheKind::Temporary
         };
         add(&mut report.removed, kind, 1, bytes);
+    }
+    Ok(())
+}
+
+/// The layers whose tree was transient (removed once written, [`crate::stack`]'s wheel
+/// layers), kept as records beside where the tree was: key hex -> the facts record, whose
+/// mtime is the layer's last use.
+fn recorded_layers(
+    staging: &Path,
+    trees: &BTreeMap<String, bool>,
+) -> Result<BTreeMap<String, PathBuf>, CacheError> {
+    let mut recorded = BTreeMap::new();
+    for entry in fs_err::read_dir(staging).map_err(io_err(staging))? {
+        let name = entry.map_err(io_err(staging))?.file_name();
+        let name = name.to_string_lossy();
+        let Some(hex) = tree_hex(&name) else { continue };
+        if name[hex.len()..].starts_with(".layer-facts.") && !trees.contains_key(hex) {
+            recorded.insert(hex.to_string(), staging.join(name.as_ref()));
+        }
+    }
+    Ok(recorded)
+}
+
+/// Remove the records of transient layers unused since `cutoff` (their facts, placement,
+/// members), each only while holding its `.use` and staging locks.
+fn prune_recorded_layers(
+    staging: &Path,
+    trees: &BTreeMap<String, bool>,
+    cutoff: SystemTime,
+    disk: &mut DiskUsage,
+    report: &mut PruneReport,
+) -> Result<(), CacheError> {
+    let used = |record: &Path| fs_err::metadata(record).and_then(|m| m.modified()).ok();
+    for (hex, record) in recorded_layers(staging, trees)? {
+        if used(&record).is_none_or(|u| u >= cutoff) {
+            continue;
+        }
+        let use_lock = use_lock_path(staging, &hex);
+        let stage_lock = staging_lock_path(staging, &hex);
+        let held = try_lock(&use_lock).map_err(io_err(&use_lock))?;
+        let staging_now = try_lock(&stage_lock).map_err(io_err(&stage_lock))?;
+        let (Some(_held), Some(_staging_now)) = (held, staging_now) else {
+            report.kept_in_use += 1;
+            continue;
+        };
+        if used(&record).is_none_or(|u| u >= cutoff) {
+            continue;
+        }
+        let bytes = disk.of(&record);
+        remove_tree_records(staging, &hex)?;
+        add(&mut report.removed, CacheKind::Records, 1, bytes);
     }
     Ok(())
 }

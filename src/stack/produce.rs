@@ -27,7 +27,7 @@ use crate::matrix::TorchBuild;
 use crate::stack::error::BuildError;
 use crate::stack::files::write_record;
 use crate::stack::image_config::StackConfig;
-use crate::stack::layers::view::{has_facts, record_facts, LayerBelow};
+use crate::stack::layers::view::{facts_record, has_facts, record_facts, LayerBelow};
 use crate::stack::layers::{BuildEnv, LayerStager, Part, StackLayers, WheelMembers};
 use crate::stack::report::{human_bytes, AuditSummary, LayerReport};
 use crate::target_gpu::TargetGpu;
@@ -219,7 +219,10 @@ impl<'scope> Lanes<'scope> {
         cached: bool,
         env: &BuildEnv,
     ) -> Result<Option<PathBuf>, BuildError> {
-        if stager.transient() && cached && has_facts(&env.staging.dir(stager.key())) {
+        let tree = env.staging.dir(stager.key());
+        if stager.transient() && cached && has_facts(&tree) {
+            // Its facts are its last use (`cudastack cache prune`), as a tree's marker is.
+            crate::cache::touch_last_use(&facts_record(&tree));
             return Ok(None);
         }
         let dir = open_tree(stager, env)?;
