@@ -147,13 +147,7 @@ impl Staging {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);
-        let hex = key.hex();
-        let use_path = use_lock_path(&self.root, &hex);
-        let stage_path = staging_lock_path(&self.root, &hex);
-        let (Some(_alone), Some(_not_staging)) = (
-            super::try_lock(&use_path).map_err(io_err(&use_path))?,
-            super::try_lock(&stage_path).map_err(io_err(&stage_path))?,
-        ) else {
+        let Some(_locks) = try_lock_tree(&self.root, &key.hex())? else {
             self.hold(key);
             return Ok(false);
         };
@@ -194,6 +188,19 @@ pub(super) const MARKER: &str = ".complete";
 pub(super) const STAGING_LOCK: &str = ".lock";
 pub(super) const USE_LOCK: &str = ".use";
 
+/// Both locks of the tree `hex` (its `.use` and staging locks), taken exclusively without
+/// waiting: Some while no build uses or stages it, held until dropped.
+pub(super) fn try_lock_tree(
+    root: &Path,
+    hex: &str,
+) -> Result<Option<(std::fs::File, std::fs::File)>, CacheError> {
+    let use_lock = use_lock_path(root, hex);
+    let stage_lock = staging_lock_path(root, hex);
+    let unused = super::try_lock(&use_lock).map_err(io_err(&use_lock))?;
+    let not_staging = super::try_lock(&stage_lock).map_err(io_err(&stage_lock))?;
+    Ok(unused.zip(not_staging))
+}
+
 pub(super) fn marker_path(root: &Path, hex: &str) -> PathBuf {
     root.join(format!("{hex}{MARKER}"))
 }
@@ -216,6 +223,33 @@ mod tests {
         let parent = path.parent().unwrap();
         fs_err::create_dir_all(parent).map_err(io_err(parent))?;
         fs_err::write(path, bytes).map_err(io_err(path))
+    }
+
+    /// A tree is evicted only when no other build holds it; its records stay, and the next
+    /// build that needs the tree stages it again.
+    #[test]
+    fn a_tree_is_evicted_only_when_no_other_build_holds_it() {
+        let cache = tempfile::tempdir().unwrap();
+        let key = Digest::of_bytes(b"a wheel layer");
+        let (this, other) = (
+            Staging::open(cache.path()).unwrap(),
+            Staging::open(cache.path()).unwrap(),
+        );
+        let fill = |dir: &Path| write(&dir.join("lib/libx.so"), b"x");
+        let dir = this.ensure(&key, fill).unwrap();
+        let record = dir.with_extension("layer-facts.json");
+        write(&record, b"{}").unwrap();
+        other.ensure(&key, fill).unwrap();
+        assert!(
+            !this.evict(&key).unwrap(),
+            "evicted while another build holds it"
+        );
+        assert!(this.is_complete(&key) && dir.is_dir());
+        drop(other);
+        assert!(this.evict(&key).unwrap());
+        assert!(!this.is_complete(&key) && !dir.exists() && record.is_file());
+        let again = this.ensure(&key, fill).unwrap();
+        assert!(again.join("lib/libx.so").is_file());
     }
 
     /// Concurrent builds staging the same trees (and scratch dirs) in one cache: each tree

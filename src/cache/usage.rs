@@ -15,9 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use super::staging::{
-    marker_path, staging_lock_path, use_lock_path, MARKER, STAGING_LOCK, USE_LOCK,
-};
+use super::staging::{marker_path, try_lock_tree, MARKER, STAGING_LOCK, USE_LOCK};
 use super::{io_err, try_lock, BlobStore, CacheError, Records};
 use crate::digest::Digest;
 
@@ -278,11 +276,7 @@ fn prune_trees(
         if complete && used(&marker).is_none_or(|u| u >= cutoff) {
             continue;
         }
-        let use_lock = use_lock_path(staging, &hex);
-        let stage_lock = staging_lock_path(staging, &hex);
-        let held = try_lock(&use_lock).map_err(io_err(&use_lock))?;
-        let staging_now = try_lock(&stage_lock).map_err(io_err(&stage_lock))?;
-        let (Some(_held), Some(_staging_now)) = (held, staging_now) else {
+        let Some(_locks) = try_lock_tree(staging, &hex)? else {
             report.kept_in_use += 1;
             continue;
         };
@@ -339,11 +333,7 @@ fn prune_recorded_layers(
         if used(&record).is_none_or(|u| u >= cutoff) {
             continue;
         }
-        let use_lock = use_lock_path(staging, &hex);
-        let stage_lock = staging_lock_path(staging, &hex);
-        let held = try_lock(&use_lock).map_err(io_err(&use_lock))?;
-        let staging_now = try_lock(&stage_lock).map_err(io_err(&stage_lock))?;
-        let (Some(_held), Some(_staging_now)) = (held, staging_now) else {
+        let Some(_locks) = try_lock_tree(staging, &hex)? else {
             report.kept_in_use += 1;
             continue;
         };
