@@ -151,6 +151,12 @@ impl Knowledge {
                     problem: "duplicate id".into(),
                 });
             }
+            if let Some(problem) = placeholder_problem(&entry) {
+                return Err(ExplainError::Entry {
+                    id: entry.id,
+                    problem,
+                });
+            }
             let regexes = entry
                 .patterns
                 .iter()
@@ -201,6 +207,10 @@ impl Knowledge {
                 .tie
                 .map(|tie| tie_in(tie, &captures, &context, matrix))
                 .unwrap_or_default();
+            let values = with_derived(&captures);
+            let fill_all = |texts: &[String]| -> Vec<String> {
+                texts.iter().map(|text| fill(text, &values)).collect()
+            };
             found.push((
                 entry.priority,
                 position,
@@ -209,9 +219,9 @@ impl Knowledge {
                     title: entry.title.clone(),
                     matched: line_at(text, position),
                     captures,
-                    cause: entry.cause.clone(),
-                    confirm: entry.confirm.clone(),
-                    fix: entry.fix.clone(),
+                    cause: fill(&entry.cause, &values),
+                    confirm: fill_all(&entry.confirm),
+                    fix: fill_all(&entry.fix),
                     decision: entry.decision.clone(),
                     matrix: matrix_notes,
                     sources: entry.sources.clone(),
@@ -230,6 +240,64 @@ impl Knowledge {
             }),
         }
     }
+}
+
+/// `%{name|default}` in an entry's cause, checks and fixes: the number or name the message
+/// carried under that capture, else the default (issue 39: "found version 11040" is
+/// answered with CUDA 11.4, not with the entry's example).
+fn placeholder() -> &'static Regex {
+    static PLACEHOLDER: OnceLock<Regex> = OnceLock::new();
+    PLACEHOLDER.get_or_init(|| Regex::new(r"%\{([a-z_]+)(\|[^{}]*)?\}").expect("valid"))
+}
+
+/// Why an entry's placeholders cannot be filled: one without a default (a message that
+/// lacks the capture would show the braces).
+fn placeholder_problem(entry: &Entry) -> Option<String> {
+    let texts = std::iter::once(&entry.cause)
+        .chain(&entry.confirm)
+        .chain(&entry.fix);
+    texts
+        .flat_map(|text| placeholder().captures_iter(text))
+        .find(|found| found.get(2).is_none())
+        .map(|found| {
+            format!(
+                "placeholder `{}` has no default: write it `%{{{}|...}}`",
+                &found[0], &found[1]
+            )
+        })
+}
+
+/// The captures, and what follows from them: `found_cuda` for a cuDriverGetVersion
+/// number, `cc` for an `sm_XY`.
+fn with_derived(captures: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut values = captures.clone();
+    if let Some(found) = captures.get("found").and_then(|f| f.parse::<i32>().ok()) {
+        values.insert(
+            "found_cuda".into(),
+            cuda_version_from_int(found).to_string(),
+        );
+    }
+    if let Some(cc) = captures
+        .get("sm")
+        .and_then(|sm| sm.parse::<ComputeCapability>().ok())
+    {
+        values.insert("cc".into(), cc.to_string());
+    }
+    values
+}
+
+/// `text` with each placeholder replaced by its value, or its default.
+fn fill(text: &str, values: &BTreeMap<String, String>) -> String {
+    placeholder()
+        .replace_all(text, |found: &regex::Captures| {
+            values.get(&found[1]).cloned().unwrap_or_else(|| {
+                found
+                    .get(2)
+                    .map_or("", |default| &default.as_str()[1..])
+                    .to_string()
+            })
+        })
+        .into_owned()
 }
 
 /// The line containing byte `position`, trimmed and bounded.
@@ -656,6 +724,59 @@ mod tests {
             }
         }
         assert!(count >= 40, "only {count} examples");
+    }
+
+    /// A message's numbers are in its answer (issue 39): the driver's "found version" is
+    /// read as the CUDA it means, the GPU's sm and the wheel's list are named; an entry's
+    /// placeholder without a default is refused when the knowledge loads.
+    #[test]
+    fn the_answer_carries_the_messages_numbers() {
+        let knowledge = Knowledge::parse(EXPLAIN_DATA).unwrap();
+        let matrix = Matrix::embedded();
+        let cause = |text: &str| {
+            knowledge.explain(text, matrix).explanations[0]
+                .cause
+                .clone()
+        };
+        let old = cause(
+            "RuntimeError: The NVIDIA driver on your system is too old (found version 11040).",
+        );
+        assert!(old.contains("found version 11040 means CUDA 11.4"), "{old}");
+        assert!(!old.contains("12080") && !old.contains("12.8"), "{old}");
+        let sm = cause("NVIDIA RTX A6000 with CUDA capability sm_86 is not compatible with the current PyTorch installation.\nThe current PyTorch install supports CUDA capabilities sm_37 sm_50 sm_60 sm_70.");
+        assert!(
+            sm.contains("this one is sm_86 (compute capability 8.6)"),
+            "{sm}"
+        );
+        assert!(sm.contains("the wheel has sm_37 sm_50 sm_60 sm_70"), "{sm}");
+        let unlisted = cause("Tesla K80 with CUDA capability sm_37 is not compatible with the current PyTorch installation.");
+        assert!(
+            unlisted.contains("the wheel has other architectures"),
+            "{unlisted}"
+        );
+        // Every example's answer is filled: no placeholder is left for a reader to see.
+        for entry in knowledge.entries() {
+            for example in &entry.examples {
+                for explanation in knowledge.explain(example, matrix).explanations {
+                    let texts = [explanation.cause.clone()]
+                        .into_iter()
+                        .chain(explanation.confirm.clone())
+                        .chain(explanation.fix.clone());
+                    for text in texts {
+                        assert!(!placeholder().is_match(&text), "{}: {text}", entry.id);
+                    }
+                }
+            }
+        }
+        let without_default = EXPLAIN_DATA.replacen("%{found|N}", "%{found}", 1);
+        let error = Knowledge::parse(&without_default)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains("placeholder `%{found}` has no default"),
+            "{error}"
+        );
     }
 
     #[test]
