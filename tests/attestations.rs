@@ -571,8 +571,12 @@ fn a_signed_build_stores_a_valid_sbom_and_provenance_of_its_lock() {
 
     let sbom = kind("sbom");
     assert_eq!(sbom.artifact_type, cudastack::sbom::SPDX_MEDIA_TYPE);
+    // `cudastack sbom` writes the stored document as it is: the file the validator reads.
     let file = work.path().join("sbom.spdx.json");
-    std::fs::write(&file, &sbom.blob).unwrap();
+    let layout_arg = layout_dir.to_str().unwrap();
+    let exported = cudastack(&["sbom", layout_arg, "-o", file.to_str().unwrap()]);
+    assert!(exported.status.success(), "{}", text(&exported));
+    assert_eq!(std::fs::read(&file).unwrap(), sbom.blob);
     let validated = Command::new("pyspdxtools")
         .arg("-i")
         .arg(&file)
@@ -614,6 +618,9 @@ fn a_signed_build_stores_a_valid_sbom_and_provenance_of_its_lock() {
         cyclonedx.artifact_type,
         cudastack::sbom::CYCLONEDX_MEDIA_TYPE
     );
+    let on_stdout = cudastack(&["sbom", layout_arg, "--format", "cyclonedx"]);
+    assert!(on_stdout.status.success(), "{}", text(&on_stdout));
+    assert_eq!(on_stdout.stdout, cyclonedx.blob);
     let cyclonedx_statement = cudastack::attest::open(
         &Bundle::from_json(&kind("sbom.cdx.att").blob, "test").unwrap(),
         &key,
@@ -671,4 +678,27 @@ pub(crate) fn assert_sbom_lists_cuda_wheels(blob: &[u8], lock: &Lockfile) -> ser
         );
     }
     document
+}
+
+/// An image with no SBOM beside it (made by another tool, or pulled without its referrers):
+/// `cudastack sbom` says so and how to get one, and writes no file.
+#[test]
+fn an_image_without_an_sbom_is_answered_with_how_to_get_one() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("layout");
+    let store = BlobStore::open(work.path().join("cache")).unwrap();
+    write_image(&dir, &store);
+    let file = work.path().join("sbom.json");
+    let output = cudastack(&["sbom", dir.to_str().unwrap(), "-o", file.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    let said = text(&output);
+    assert!(
+        said.contains("has no SPDX 2.3 SBOM stored beside it"),
+        "{said}"
+    );
+    assert!(
+        said.contains("cudastack stores one when it builds an image"),
+        "{said}"
+    );
+    assert!(!file.exists());
 }

@@ -104,6 +104,13 @@ Examples:
   # The arm64 image of a registry's multi-platform image (config only)
   cudastack inspect ghcr.io/acme/torch:2.4.1 --platform linux/arm64";
 
+pub const SBOM: &str = "\
+Examples:
+  # The SPDX document stored beside a built image, for a scanner
+  cudastack sbom images/torch2.4.1-cu121-py3.11 -o torch.spdx.json
+  # The CycloneDX one of an image in a registry
+  cudastack sbom ghcr.io/acme/torch:2.4.1 --format cyclonedx -o torch.cdx.json";
+
 pub const CHECK: &str = "\
 Examples:
   # Will it run on this machine? (its driver and GPUs are read here)

@@ -33,6 +33,7 @@ mod promote;
 mod pull;
 mod push;
 mod refresh;
+mod sbom;
 mod sign;
 mod solve;
 mod validate;
@@ -95,6 +96,9 @@ enum Command {
     /// Show an image's declared and verified matrix (reads only manifest and config).
     #[command(after_help = examples::INSPECT)]
     Inspect(inspect::InspectArgs),
+    /// Write the SBOM stored beside an image (SPDX 2.3 or CycloneDX 1.6 JSON) to a file or stdout.
+    #[command(after_help = examples::SBOM)]
+    Sbom(sbom::SbomArgs),
     /// Will this image run on this node? From the image config alone.
     ///
     /// Exit status: 0 yes (every requirement the image declares was compared with the
@@ -173,6 +177,7 @@ pub fn main() -> ExitCode {
         Command::Matrix(args) => matrix::run(args, &runtime, &printer),
         Command::Solve(args) => solve::run(args, &printer),
         Command::Inspect(args) => inspect::run(args, &runtime, &printer),
+        Command::Sbom(args) => sbom::run(args, &runtime, &printer),
         Command::Check(args) => check::run(args, &runtime, &printer),
         Command::Load(args) => load::run(args, &runtime, &printer),
         Command::Verify(args) => verify::run(args, &runtime, &printer),

@@ -22,6 +22,7 @@ pub mod lock;
 pub mod promote;
 pub mod push;
 pub mod record;
+pub mod sbom;
 pub mod signed;
 pub mod verify;
 
@@ -99,6 +100,9 @@ pub enum PipelineError {
     /// The early-upload task itself ended without an answer (it panicked or was cancelled).
     #[error("the task uploading layers while the image was building stopped: {detail}")]
     EarlyUploadTask { detail: String },
+    /// `cudastack sbom` of an image with no SBOM of that format stored beside it.
+    #[error("{image} has no {format} SBOM stored beside it\n  hint: cudastack stores one when it builds an image (in the layout, and pushed with it); an image pulled with `cudastack pull` keeps its referrers, one pulled or built by another tool has none")]
+    NoSbom { image: String, format: &'static str },
     /// `--load` of a build without an image of this host's platform.
     #[error("--load: this build has no image for this host's platform ({architecture}); Docker runs images of its own platform")]
     NoHostImageToLoad { architecture: &'static str },
