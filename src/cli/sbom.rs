@@ -63,10 +63,12 @@ pub fn run(args: SbomArgs, runtime: &Async, printer: &Printer) -> CommandResult 
         None => {
             use std::io::Write;
             let mut stdout = std::io::stdout().lock();
-            stdout
-                .write_all(&sbom.bytes)
-                .and_then(|()| stdout.flush())
-                .map_err(|source| format!("failed to write the SBOM to stdout: {source}"))?;
+            match stdout.write_all(&sbom.bytes).and_then(|()| stdout.flush()) {
+                // A reader that stopped early (`| head`) is not a failure of ours.
+                Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {}
+                written => written
+                    .map_err(|source| format!("failed to write the SBOM to stdout: {source}"))?,
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
