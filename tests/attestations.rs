@@ -133,6 +133,7 @@ fn recorded_image(dir: &Path, store: &BlobStore) -> cudastack::digest::Digest {
         encoder: "libdeflate".to_string(),
         source_date_epoch: 1_700_000_000,
         layers: &[],
+        source: None,
     };
     let statement = Statement::new(
         vec![Subject::image("torch", &ran)],
@@ -542,6 +543,28 @@ fn a_signed_build_stores_a_valid_sbom_and_provenance_of_its_lock() {
     let work = tempfile::tempdir().unwrap();
     let (key, public) = cosign_key_pair(&work.path().join("ours"));
     let recipe = build_publish::locked_stand_in(work.path(), "attest-build", "");
+    // The recipe's directory is a git checkout: the provenance names its commit.
+    let git = |args: &[&str]| {
+        let output = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(["-c", "init.defaultBranch=main"])
+            .args(args)
+            .current_dir(work.path())
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "git {args:?}: {}", text(&output));
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    };
+    git(&["init", "-q"]);
+    git(&[
+        "remote",
+        "add",
+        "origin",
+        "https://ci:token@example.com/team/train.git",
+    ]);
+    git(&["add", recipe.file_name().unwrap().to_str().unwrap()]);
+    git(&["commit", "-q", "-m", "recipe"]);
+    let commit = git(&["rev-parse", "HEAD"]);
     let layout_dir = work.path().join("layout");
     let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
         .args(["build", "--no-verify", "--json", "--mirror"])
@@ -602,9 +625,12 @@ fn a_signed_build_stores_a_valid_sbom_and_provenance_of_its_lock() {
         definition["externalParameters"]["lock"]["digest"]["sha256"],
         provenance::lock_digest(&lock).hex()
     );
+    let resolved = definition["resolvedDependencies"].as_array().unwrap();
+    assert_eq!(resolved.len(), lock.artifacts.len() + 1);
+    assert_eq!(resolved[0]["digest"]["gitCommit"], commit.as_str());
     assert_eq!(
-        definition["resolvedDependencies"].as_array().unwrap().len(),
-        lock.artifacts.len()
+        resolved[0]["uri"], "git+https://example.com/team/train.git@refs/heads/main",
+        "the remote's token must not be published"
     );
     let sbom_statement = cudastack::attest::open(
         &Bundle::from_json(&kind("sbom.att").blob, "test").unwrap(),

@@ -19,6 +19,7 @@
 //! because a later stage changed the image's digest.
 
 pub mod describe;
+pub mod git_source;
 pub mod policy;
 pub mod provenance;
 pub mod statement;

@@ -12,6 +12,7 @@
 
 use serde_json::{json, Value};
 
+pub use super::git_source::GitSource;
 use crate::digest::Digest;
 use crate::lock::Lockfile;
 use crate::stack::LayerReport;
@@ -35,6 +36,8 @@ pub struct BuildFacts<'a> {
     pub encoder: String,
     pub source_date_epoch: u64,
     pub layers: &'a [LayerReport],
+    /// The git commit the recipe was built from, when its directory is a checkout.
+    pub source: Option<&'a GitSource>,
 }
 
 /// The digest of a lock: sha256 of its canonical text (what `cudastack lock` writes).
@@ -42,20 +45,39 @@ pub fn lock_digest(lock: &Lockfile) -> Digest {
     Digest::of_bytes(lock.to_json().as_bytes())
 }
 
+/// The recipe's git commit as SLSA names a source (`git+URL@REF`, `gitCommit`), with the
+/// recipe's path inside the checkout.
+fn source_dependency(source: &GitSource) -> Value {
+    let uri = match (&source.repository, &source.reference) {
+        (Some(repository), Some(reference)) => Some(format!("git+{repository}@{reference}")),
+        (Some(repository), None) => Some(format!("git+{repository}")),
+        (None, _) => None,
+    };
+    let mut dependency = json!({
+        "name": "recipe source",
+        "digest": {"gitCommit": source.commit},
+        "annotations": {"kind": "git", "path": source.path},
+    });
+    if let Some(uri) = uri {
+        dependency["uri"] = Value::String(uri);
+    }
+    dependency
+}
+
 /// The SLSA v1 provenance predicate of one platform's image.
 pub fn predicate(facts: &BuildFacts) -> Value {
     let resolved: Vec<Value> = facts
-        .lock
-        .artifacts
-        .iter()
-        .map(|artifact| {
+        .source
+        .map(source_dependency)
+        .into_iter()
+        .chain(facts.lock.artifacts.iter().map(|artifact| {
             json!({
                 "name": format!("{} {}", artifact.name, artifact.version),
                 "annotations": {"kind": artifact.kind},
                 "uri": artifact.url.as_str(),
                 "digest": {"sha256": artifact.sha256.hex()},
             })
-        })
+        }))
         .collect();
     let byproducts: Vec<Value> = facts
         .layers

@@ -38,6 +38,7 @@ pub fn after_build(
 ) -> Result<(), PipelineError> {
     let name = image_name(built);
     store::prune(&built.layout)?;
+    let source = provenance::GitSource::of(&settings.recipe_path);
     for platform in &built.platforms {
         let (Some(lock), Some(built_image)) =
             (&platform.built_from.lock, &platform.built_from.image)
@@ -84,6 +85,7 @@ pub fn after_build(
             encoder: settings.compression.encoder(),
             source_date_epoch: created,
             layers: &platform.layers,
+            source: source.as_ref(),
         };
         let statement = Statement::new(
             vec![Subject::image(&name, &platform.manifest_digest)],
