@@ -243,7 +243,7 @@ impl Knowledge {
 }
 
 /// `%{name|default}` in an entry's cause, checks and fixes: the number or name the message
-/// carried under that capture, else the default (issue 39: "found version 11040" is
+/// carried under that capture, else the default (so "found version 11040" is
 /// answered with CUDA 11.4, not with the entry's example).
 fn placeholder() -> &'static Regex {
     static PLACEHOLDER: OnceLock<Regex> = OnceLock::new();
@@ -726,7 +726,7 @@ mod tests {
         assert!(count >= 40, "only {count} examples");
     }
 
-    /// A message's numbers are in its answer (issue 39): the driver's "found version" is
+    /// A message's numbers are in its answer: the driver's "found version" is
     /// read as the CUDA it means, the GPU's sm and the wheel's list are named; an entry's
     /// placeholder without a default is refused when the knowledge loads.
     #[test]
