@@ -531,8 +531,8 @@ pub(crate) fn audit_stack(
         // add to but not replace.
         let stack: Vec<(&str, Box<dyn ImageFs>)> = planned.stack()[1..]
             .iter()
-            .map(|layer| (layer.name(), LayerBelow::of(*layer, env.staging).view()))
-            .collect();
+            .map(|layer| Ok((layer.name(), LayerBelow::of(*layer, env.staging).view()?)))
+            .collect::<Result<_, BuildError>>()?;
         let stack: Vec<(&str, &dyn ImageFs)> = stack
             .iter()
             .map(|(name, view)| (*name, view.as_ref()))
@@ -795,7 +795,7 @@ mod tests {
         let tree = staging.dir(torch.key());
         assert!(!tree.exists(), "the transient tree is still there");
         assert!(crate::stack::layers::view::has_facts(&tree));
-        let seen = LayerBelow::of(&torch, &staging).view();
+        let seen = LayerBelow::of(&torch, &staging).view().unwrap();
         assert!(seen.node(Path::new("/torch")).unwrap().is_some());
         let audited = layer_view(&torch, &tree).unwrap();
         assert!(audited.node(Path::new("/torch")).unwrap().is_some());
@@ -806,6 +806,22 @@ mod tests {
         let digests =
             |l: &[(LayerReport, Layer)]| l.iter().map(|(r, _)| r.digest).collect::<Vec<_>>();
         assert_eq!(digests(&again), digests(&first));
+
+        // A hand-edited facts record, its tree gone: the layers above get an error, never
+        // an empty layer; the next build stages the tree again and records it anew.
+        let record = crate::stack::layers::view::facts_record(&tree);
+        fs_err::write(&record, b"{ not facts").unwrap();
+        let error = LayerBelow::of(&torch, &staging).view().err().unwrap();
+        assert!(
+            error
+                .to_string()
+                .contains("neither its tree nor readable facts"),
+            "{error}"
+        );
+        let healed = produce(cache_root.path(), &[&torch, &config], &Events::default()).unwrap();
+        assert_eq!(torch.staged.load(Ordering::SeqCst), 2);
+        assert_eq!(digests(&healed), digests(&first));
+        assert!(crate::stack::layers::view::has_facts(&tree) && !tree.exists());
     }
 
     /// The recipe's `gpus` by name or capability, as validation resolves them, and the PTX

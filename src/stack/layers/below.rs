@@ -24,7 +24,7 @@ impl Below {
         let record = layer.tree.with_extension("owners.json");
         Ok(Self {
             tree: layer.tree.clone(),
-            view: layer.view(),
+            view: layer.view()?,
             owners: record
                 .exists()
                 .then(|| RecordedOwners::read(&record))

@@ -144,7 +144,11 @@ impl<'a> ConfigLayer<'a> {
     /// and Makefiles call `python`. Not when a layer below already has a `python` (that
     /// package among `apt:`, say), or has no `python3` to point at.
     fn write_python_command(&self, dir: &Path) -> Result<(), BuildError> {
-        let below: Vec<Box<dyn ImageFs>> = self.below.iter().map(LayerBelow::view).collect();
+        let below: Vec<Box<dyn ImageFs>> = self
+            .below
+            .iter()
+            .map(LayerBelow::view)
+            .collect::<Result<_, _>>()?;
         let below = LayeredFs::new(below.iter().map(|layer| layer.as_ref()).collect());
         let in_below = |path: &str| {
             below
@@ -187,7 +191,11 @@ impl<'a> ConfigLayer<'a> {
     fn write_loader_cache(&self, dir: &Path) -> Result<(), BuildError> {
         // The layers below as recorded (a wheel layer's tree is gone once written), this
         // one as staged so far.
-        let mut layers: Vec<Box<dyn ImageFs>> = self.below.iter().map(LayerBelow::view).collect();
+        let mut layers: Vec<Box<dyn ImageFs>> = self
+            .below
+            .iter()
+            .map(LayerBelow::view)
+            .collect::<Result<_, _>>()?;
         layers.push(Box::new(DirFs::new(dir)));
         let merged = LayeredFs::new(layers.iter().map(|layer| layer.as_ref()).collect());
         let cache_bytes = ldcache::ld_so_cache(&merged, self.machine)

@@ -64,16 +64,28 @@ impl LayerBelow {
     }
 
     /// The layer as its facts or its tree answer. A transient tree is removed only after
-    /// its facts are recorded, so where they are not yet, the tree is still there.
-    pub fn view(&self) -> Box<dyn ImageFs> {
-        match recorded_facts(&self.tree).filter(|_| self.transient) {
-            Some(facts) => Box::new(FactsFs::new(facts)),
-            None => Box::new(DirFs::new(&self.tree)),
+    /// its facts are recorded, so where they are not yet, the tree is still there; a
+    /// transient layer with neither (its record hand-edited or lost after the tree went) is
+    /// an error, never an empty layer that would change what the layers above write.
+    pub fn view(&self) -> Result<Box<dyn ImageFs>, BuildError> {
+        if self.transient {
+            if let Some(facts) = recorded_facts(&self.tree) {
+                return Ok(Box::new(FactsFs::new(facts)));
+            }
+            if !self.tree.is_dir() {
+                return Err(BuildError::Unsupported(format!(
+                    "the layer staged at {} has neither its tree nor readable facts ({})\n  hint: build again: a layer without its facts is staged anew; or `cudastack cache prune --older-than 0`",
+                    self.tree.display(),
+                    facts_record(&self.tree).display()
+                )));
+            }
         }
+        Ok(Box::new(DirFs::new(&self.tree)))
     }
 }
 
-/// Whether the facts of the layer of `tree` are recorded (its tree may then be gone).
+/// Whether readable facts of the layer of `tree` are recorded (its tree may then be gone).
+/// A record that does not parse counts as none, so the layer is staged and recorded again.
 pub(crate) fn has_facts(tree: &Path) -> bool {
-    facts_record(tree).is_file()
+    recorded_facts(tree).is_some()
 }
