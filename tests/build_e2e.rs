@@ -476,3 +476,202 @@ fn build_load_of_an_untagged_image_sends_its_layers_once() {
         "the build's load sent layers again: {load}"
     );
 }
+
+/// `openssl` with `args`, in `dir`; panics with its output when it fails.
+fn openssl(dir: &Path, args: &[&str]) {
+    let output = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "openssl {args:?}: {}",
+        e2e_support::output_text(&output)
+    );
+}
+
+/// A root CA `NAME.pem` (key `NAME.key`) and a `localhost` server certificate it signed,
+/// `NAME-server.pem` with key `NAME-server.key`, all made in `dir` by openssl.
+fn ca_and_server(dir: &Path, name: &str) {
+    let subject = format!("/O=Example {name}/CN=Example {name} Root CA");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.pem"),
+            "-days",
+            "30",
+            "-subj",
+            &subject,
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+        ],
+    );
+    std::fs::write(
+        dir.join("server.ext"),
+        "basicConstraints=CA:FALSE\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &format!("{name}-server.key"),
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            &format!("{name}.pem"),
+            "-CAkey",
+            &format!("{name}.key"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}-server.pem"),
+            "-days",
+            "30",
+            "-extfile",
+            "server.ext",
+        ],
+    );
+}
+
+/// Inside the image: an HTTPS server on localhost with each server certificate, fetched by
+/// Python's urllib with the image's default trust; prints `ok` or the failure per server.
+const FETCH_OVER_TLS: &str = r#"
+import http.server, ssl, sys, threading, urllib.request
+def serve(name):
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(f"/certs/{name}-server.pem", f"/certs/{name}-server.key")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server.server_address[1]
+for name in sys.argv[1:]:
+    port = serve(name)
+    try:
+        urllib.request.urlopen(f"https://localhost:{port}/", timeout=10).read()
+        print(name, "ok")
+    except Exception as error:
+        print(name, "failed:", error)
+"#;
+
+/// `ca_certificates:` puts a corporate root into the image's trust store: Python's `ssl`
+/// (OpenSSL) trusts a server it signed and still refuses one signed by a root nobody named;
+/// pip and requests are pointed at the same bundle; `update-ca-certificates` in a derived
+/// image keeps the root. Real openssl-made certificates, a real Docker daemon.
+#[test]
+fn a_corporate_ca_is_trusted_by_everything_in_the_image() {
+    if let Some(reason) = e2e_support::skip_reason(&[
+        ("gcc", &["--version"][..]),
+        ("openssl", &["version"][..]),
+        ("docker", &["info"][..]),
+    ]) {
+        reason.report();
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let certs = work.path().join("certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    ca_and_server(&certs, "corp");
+    ca_and_server(&certs, "stranger");
+    let (recipe, mirror) = untagged_stand_in(work.path(), "corp-ca", 1700000002);
+    // An image-only key: the lock made above stays fresh.
+    let mut text = std::fs::read_to_string(&recipe).unwrap();
+    text.push_str("ca_certificates: [certs/corp.pem]\n");
+    std::fs::write(&recipe, text).unwrap();
+    const TAG: &str = "localhost/corp-ca:test";
+    struct Remove;
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = Command::new("docker").args(["rmi", "-f", TAG]).output();
+        }
+    }
+    let _remove = Remove;
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["build", "--no-verify", "--load", "--tag", TAG, "--mirror"])
+        .arg(&mirror)
+        .arg("--layout")
+        .arg(work.path().join("layout"))
+        .arg("--cache-dir")
+        .arg(e2e_support::cache_dir())
+        .arg(&recipe)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        e2e_support::output_text(&output)
+    );
+    let run = |script: &str| {
+        let output = Command::new("docker")
+            .args(["run", "--rm", "-v"])
+            .arg(format!("{}:/certs:ro", certs.display()))
+            .args([TAG, "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            e2e_support::output_text(&output)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let fetched = run(&format!(
+        "python3 -c '{FETCH_OVER_TLS}' corp stranger; echo \"$PIP_CERT $REQUESTS_CA_BUNDLE $SSL_CERT_FILE\""
+    ));
+    eprintln!("{fetched}");
+    let mut lines = fetched.lines();
+    assert_eq!(lines.next(), Some("corp ok"), "{fetched}");
+    let stranger = lines.next().unwrap_or_default();
+    assert!(
+        stranger.starts_with("stranger failed:") && stranger.contains("CERTIFICATE_VERIFY_FAILED"),
+        "{fetched}"
+    );
+    let bundle = "/etc/ssl/certs/ca-certificates.crt";
+    assert_eq!(
+        lines.next(),
+        Some(format!("{bundle} {bundle} {bundle}").as_str())
+    );
+    // The distribution's roots are still there, the corporate one after them, and a derived
+    // image that runs update-ca-certificates keeps it.
+    let kept = run(&format!(
+        "grep -c 'BEGIN CERTIFICATE' {bundle}; ls /usr/local/share/ca-certificates/cudastack; \
+         update-ca-certificates >/dev/null 2>&1; python3 -c '{FETCH_OVER_TLS}' corp"
+    ));
+    let mut lines = kept.lines();
+    let roots: usize = lines.next().unwrap().trim().parse().unwrap();
+    assert!(roots > 100, "{kept}");
+    assert_eq!(lines.next(), Some("corp.crt"), "{kept}");
+    assert_eq!(
+        lines.next(),
+        Some("corp ok"),
+        "after update-ca-certificates: {kept}"
+    );
+}

@@ -339,3 +339,41 @@ fn validate_reads_apt_packages_strictly() {
     let args: Vec<String> = recipe.apt.iter().map(ToString::to_string).collect();
     assert_eq!(args, ["git=1:2.39.5-0+deb12u2", "libgl1", "openssh-client"]);
 }
+
+/// `ca_certificates:` files are checked where the recipe is resolved: `validate` refuses a
+/// server's own certificate, a file with a private key and a path leaving the recipe's
+/// directory, each saying what to do, and accepts a CA root.
+#[test]
+fn validate_checks_the_ca_certificates_a_recipe_adds() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = manifest_dir().join("tests/fixtures/ca");
+    for name in ["corp-root.pem", "server.pem", "root-and-key.pem"] {
+        std::fs::copy(fixtures.join(name), dir.path().join(name)).unwrap();
+    }
+    let shipped =
+        std::fs::read_to_string(manifest_dir().join("recipes/torch2.4.1-cu121-py3.11.yaml"))
+            .unwrap();
+    let validate = |file: &str| {
+        let recipe = dir.path().join("recipe.yaml");
+        std::fs::write(&recipe, format!("{shipped}\nca_certificates: [{file}]\n")).unwrap();
+        run(&["validate", recipe.to_str().unwrap()])
+    };
+    let (code, stdout, stderr) = validate("corp-root.pem");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    for (file, expected) in [
+        (
+            "server.pem",
+            "`CN=localhost` is not a certificate authority",
+        ),
+        ("root-and-key.pem", "a key must never go into an image"),
+        ("absent.pem", "does not exist"),
+        ("../corp-root.pem", "leaves the recipe's directory"),
+    ] {
+        let (code, stdout, stderr) = validate(file);
+        assert_eq!(code, 1, "{file}: {stdout}{stderr}");
+        assert!(
+            format!("{stdout}{stderr}").contains(expected),
+            "{file}: {stdout}{stderr}"
+        );
+    }
+}

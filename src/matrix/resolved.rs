@@ -15,9 +15,10 @@ use std::path::{Path, PathBuf};
 
 use pep440_rs::Version;
 
-use super::validate::{check, nvidia_require_cuda, torch_release, Problem, Validation};
+use super::validate::{check, nvidia_require_cuda, torch_release, Problem, Severity, Validation};
 use super::{Matrix, TorchBuild};
 use crate::digest::Digest;
+use crate::recipe::ca::{self, CaFile};
 use crate::recipe::{GpuPolicy, Platform, Recipe, RecipeError};
 use crate::target_gpu::TargetGpu;
 use crate::version::{CudaVersion, GlibcVersion, PtxIsa};
@@ -35,6 +36,8 @@ pub struct ResolvedRecipe {
     nvidia_require_cuda: Option<CudaVersion>,
     jit_ptx_isa: Option<PtxIsa>,
     base_glibc: Option<GlibcVersion>,
+    /// The `ca_certificates:` files, read and checked.
+    ca_files: Vec<CaFile>,
     validation: Validation,
 }
 
@@ -93,7 +96,8 @@ impl ResolvedRecipe {
         recipe: Recipe,
         path: &Path,
     ) -> Result<ResolvedRecipe, Box<InvalidRecipe>> {
-        let (validation, torch_build) = check(matrix, &recipe);
+        let (mut validation, torch_build) = check(matrix, &recipe);
+        let ca_files = read_ca_files(&recipe, path, &mut validation);
         if !validation.is_valid() {
             return Err(Box::new(InvalidRecipe {
                 recipe,
@@ -124,6 +128,7 @@ impl ResolvedRecipe {
                 .cuda_ceiling(&recipe.driver_floor)
                 .and_then(PtxIsa::newest_for),
             base_glibc,
+            ca_files,
             path: path.to_path_buf(),
             recipe,
             validation,
@@ -191,6 +196,12 @@ impl ResolvedRecipe {
         self.jit_ptx_isa
     }
 
+    /// The certificate authorities the image trusts beside the distribution's
+    /// (`ca_certificates:`), read and checked when the recipe was resolved.
+    pub fn ca_files(&self) -> &[CaFile] {
+        &self.ca_files
+    }
+
     /// The glibc of the base release, which caps the manylinux level of the wheels; None
     /// when the matrix's row does not give one that parses.
     pub fn base_glibc(&self) -> Option<GlibcVersion> {
@@ -206,6 +217,32 @@ impl ResolvedRecipe {
     /// which release it picked), and the facts as `validate` prints them.
     pub fn validation(&self) -> &Validation {
         &self.validation
+    }
+}
+
+/// The recipe's `ca_certificates:` files, read from its directory and checked now, so
+/// `validate` refuses a file `build` would; a file that fails is the validation's error.
+fn read_ca_files(recipe: &Recipe, path: &Path, validation: &mut Validation) -> Vec<CaFile> {
+    let context = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    match ca::read_all(
+        context,
+        &recipe.ca_certificates,
+        std::time::SystemTime::now(),
+    ) {
+        Ok(files) => files,
+        Err(error) => {
+            validation.problems.push(Problem {
+                severity: Severity::Error,
+                code: "ca-certificates",
+                what: error.to_string(),
+                why: "the image's trust store takes certificate authorities only, as the build would add them".into(),
+                hint: "fix the file, or take it out of `ca_certificates`".into(),
+            });
+            Vec::new()
+        }
     }
 }
 

@@ -19,6 +19,7 @@ use crate::version::{CudaVersion, CudnnVersion, DriverVersion, PythonVersion};
 
 mod apt;
 pub mod build;
+pub mod ca;
 pub mod copy;
 mod image;
 mod indexes;
@@ -179,6 +180,15 @@ pub struct Recipe {
     /// several platforms are published as one OCI image index.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub platforms: Vec<Platform>,
+    /// Certificate authorities the image trusts beside the distribution's (a corporate
+    /// proxy's root, a private index's): PEM files relative to the recipe's directory, added
+    /// to the system trust store and named to pip and requests (src/recipe/ca.rs).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "deserialize_ca_paths"
+    )]
+    pub ca_certificates: Vec<ca::CaPath>,
     /// Environment variables of the image, name -> value; the stack's own (LD_LIBRARY_PATH,
     /// CUDA_HOME, NVIDIA_*, PIP_CONSTRAINT, ...) are refused, and `PATH` adds entries around
     /// the stack's, written `$PATH`. docs/recipe-image.md is the reference of these keys.
@@ -234,6 +244,7 @@ pub struct Recipe {
 /// Recipe keys that shape the image but not what is locked.
 pub const IMAGE_ONLY_KEYS: &[&str] = &[
     "copy",
+    "ca_certificates",
     "env",
     "workdir",
     "user",
@@ -243,6 +254,14 @@ pub const IMAGE_ONLY_KEYS: &[&str] = &[
     "labels",
     "runtime",
 ];
+
+fn deserialize_ca_paths<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<ca::CaPath>, D::Error> {
+    let paths = Vec::<ca::CaPath>::deserialize(deserializer)?;
+    ca::check_names(&paths).map_err(serde::de::Error::custom)?;
+    Ok(paths)
+}
 
 fn is_false(value: &bool) -> bool {
     !*value

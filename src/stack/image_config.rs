@@ -15,6 +15,7 @@ use crate::matrix::{ResolvedRecipe, TorchBuild};
 use crate::platform::Platform;
 use crate::recipe::{expand_path, Recipe};
 use crate::stack::layers::toolkit::layout::ToolkitPaths;
+use crate::stack::layers::SYSTEM_BUNDLE;
 use crate::version::PtxIsa;
 
 /// Where the NVIDIA container runtime mounts the driver's user-space libraries in images
@@ -146,6 +147,13 @@ fn stack_env(
     ];
     if let Some(runtime) = &facts.cuda_runtime {
         env.push(("CUDA_VERSION".to_string(), runtime.clone()));
+    }
+    if !resolved.ca_files().is_empty() {
+        // The recipe's CAs are in the system bundle (stack::layers::trust); pip and
+        // requests read their own copy of Mozilla's roots unless told otherwise.
+        for name in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT"] {
+            env.push((name.to_string(), SYSTEM_BUNDLE.to_string()));
+        }
     }
     if let Some(require) = resolved.nvidia_require_cuda() {
         env.push((

@@ -7,6 +7,7 @@
 
 use std::path::Path;
 
+use super::trust::write_trust_store;
 use super::view::LayerBelow;
 use super::{BuildEnv, LayerStager, Part, ASSEMBLER};
 use crate::audit::{DirFs, ImageFs, LayeredFs};
@@ -21,6 +22,7 @@ use crate::probe::glibc::can_run_on;
 use crate::probe::guard::{GUARD_PATH, GUARD_SOURCE};
 use crate::probe::native::{self, NativeProbe, NATIVE_PROBE_PATH};
 use crate::probe::{EXPECT_PATH, PROBE_PATH, PROBE_SOURCE};
+use crate::recipe::ca::CaFile;
 use crate::stack::error::{io_error, BuildError};
 use crate::stack::files::write_file;
 use crate::stack::image_config::PIP_CONSTRAINTS_PATH;
@@ -47,6 +49,8 @@ pub(crate) struct ConfigLayer<'a> {
     /// Every layer below, base first.
     below: Vec<LayerBelow>,
     machine: Machine,
+    /// The recipe's certificate authorities, added to the trust store.
+    ca_files: Vec<CaFile>,
     progress: &'a dyn BuildProgress,
 }
 
@@ -85,6 +89,9 @@ impl<'a> ConfigLayer<'a> {
                 ])
                 .chain(native_probe.as_ref().map(|p| p.digest))
                 .chain(guard.map(|source| Digest::of_bytes(source.as_bytes())))
+                .chain(inputs.resolved.ca_files().iter().map(|file| {
+                    Digest::of_bytes(format!("{}\n{}", file.path.image_name(), file.pem).as_bytes())
+                }))
                 .collect::<Vec<_>>(),
             &conf_text,
         );
@@ -103,6 +110,7 @@ impl<'a> ConfigLayer<'a> {
                 .map(|layer| LayerBelow::of(*layer, env.staging))
                 .collect(),
             machine: inputs.machine(),
+            ca_files: inputs.resolved.ca_files().to_vec(),
             progress: env.progress,
         }
     }
@@ -137,19 +145,21 @@ impl<'a> ConfigLayer<'a> {
                 source.as_bytes(),
             )?;
         }
-        self.write_python_command(dir)
+        let views = self.views_below()?;
+        let below = LayeredFs::new(views.iter().map(|layer| layer.as_ref()).collect());
+        self.write_python_command(&below, dir)?;
+        write_trust_store(&below, &self.ca_files, dir)
+    }
+
+    /// Every layer below as recorded (a wheel layer's tree is gone once written).
+    fn views_below(&self) -> Result<Vec<Box<dyn ImageFs>>, BuildError> {
+        self.below.iter().map(LayerBelow::view).collect()
     }
 
     /// `/usr/bin/python -> python3`, as Debian's python-is-python3 makes it: teams' scripts
     /// and Makefiles call `python`. Not when a layer below already has a `python` (that
     /// package among `apt:`, say), or has no `python3` to point at.
-    fn write_python_command(&self, dir: &Path) -> Result<(), BuildError> {
-        let below: Vec<Box<dyn ImageFs>> = self
-            .below
-            .iter()
-            .map(LayerBelow::view)
-            .collect::<Result<_, _>>()?;
-        let below = LayeredFs::new(below.iter().map(|layer| layer.as_ref()).collect());
+    fn write_python_command(&self, below: &dyn ImageFs, dir: &Path) -> Result<(), BuildError> {
         let in_below = |path: &str| {
             below
                 .node(&Path::new("/").join(path))
@@ -191,11 +201,7 @@ impl<'a> ConfigLayer<'a> {
     fn write_loader_cache(&self, dir: &Path) -> Result<(), BuildError> {
         // The layers below as recorded (a wheel layer's tree is gone once written), this
         // one as staged so far.
-        let mut layers: Vec<Box<dyn ImageFs>> = self
-            .below
-            .iter()
-            .map(LayerBelow::view)
-            .collect::<Result<_, _>>()?;
+        let mut layers = self.views_below()?;
         layers.push(Box::new(DirFs::new(dir)));
         let merged = LayeredFs::new(layers.iter().map(|layer| layer.as_ref()).collect());
         let cache_bytes = ldcache::ld_so_cache(&merged, self.machine)

@@ -38,6 +38,8 @@ pub mod config;
 pub mod copy;
 pub mod python;
 pub mod toolkit;
+mod trust;
+pub(crate) use trust::SYSTEM_BUNDLE;
 pub mod user;
 pub(crate) mod view;
 pub mod wheel_members;
