@@ -675,3 +675,130 @@ fn a_corporate_ca_is_trusted_by_everything_in_the_image() {
         "after update-ca-certificates: {kept}"
     );
 }
+
+/// `inspect` and `check` read an image in the local Docker daemon (`docker-daemon:NAME`) as
+/// they read its layout: the same config digest and claims, the same answer for a node;
+/// what the daemon does not keep (Docker 20.10 keeps no manifest for a loaded image, no
+/// daemon keeps signatures or an SBOM) is said, never made up.
+#[test]
+fn inspect_and_check_read_an_image_in_the_docker_daemon() {
+    if let Some(reason) =
+        e2e_support::skip_reason(&[("gcc", &["--version"][..]), ("docker", &["info"][..])])
+    {
+        reason.report();
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (recipe, mirror) = untagged_stand_in(work.path(), "daemon-read", 1700000003);
+    const TAG: &str = "localhost/daemon-read:test";
+    struct Remove;
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = Command::new("docker").args(["rmi", "-f", TAG]).output();
+        }
+    }
+    let _remove = Remove;
+    let layout = work.path().join("layout");
+    let cudastack = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_cudastack"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let built = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["build", "--no-verify", "--load", "--tag", TAG, "--mirror"])
+        .arg(&mirror)
+        .arg("--layout")
+        .arg(&layout)
+        .arg("--cache-dir")
+        .arg(e2e_support::cache_dir())
+        .arg(&recipe)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        e2e_support::output_text(&built)
+    );
+    let layout = layout.to_str().unwrap();
+    let daemon = format!("docker-daemon:{TAG}");
+    let json = |image: &str| {
+        let output = cudastack(&["inspect", "--json", image]);
+        assert!(
+            output.status.success(),
+            "{}",
+            e2e_support::output_text(&output)
+        );
+        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()
+    };
+    let (from_layout, from_daemon) = (json(layout), json(&daemon));
+    assert_eq!(from_daemon["location"], daemon.as_str());
+    assert_eq!(from_daemon["config_digest"], from_layout["config_digest"]);
+    for claim in ["declared", "labels", "env"] {
+        assert_eq!(from_daemon[claim], from_layout[claim], "{claim}");
+    }
+    // Docker's classic store keeps no manifest; the containerd store says it.
+    let manifest = &from_daemon["manifest_digest"];
+    assert!(
+        manifest.is_null() || *manifest == from_layout["manifest_digest"],
+        "{manifest}"
+    );
+    let human = cudastack(&["inspect", &daemon]);
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(human.contains("recipe        daemon-read"), "{human}");
+    // The same answer for the same node, from either place.
+    let check = |image: &str, driver: &str| {
+        let output = cudastack(&["check", image, "--gpu", "A100", "--driver", driver]);
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    for driver in ["550.54.15", "470.57.02"] {
+        let (layout_code, layout_text) = check(layout, driver);
+        let (daemon_code, daemon_text) = check(&daemon, driver);
+        assert_eq!(daemon_code, layout_code, "{driver}: {daemon_text}");
+        let layout_name = format!("oci:{layout}:latest");
+        assert_eq!(
+            daemon_text.replace(&daemon, "IMAGE"),
+            layout_text.replace(&layout_name, "IMAGE"),
+            "{driver}"
+        );
+    }
+    assert_eq!(check(&daemon, "550.54.15").0, Some(0));
+    assert_eq!(check(&daemon, "470.57.02").0, Some(1));
+    // Signatures and SBOMs live beside a layout or a registry's image, never a daemon's.
+    let prefix = work.path().join("cosign");
+    let generated = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["key", "generate", "--output-prefix"])
+        .arg(&prefix)
+        .env("COSIGN_PASSWORD", "unused")
+        .output()
+        .unwrap();
+    assert!(generated.status.success(), "{}", e2e_support::output_text(&generated));
+    let key = prefix.with_extension("pub");
+    let signed = cudastack(&[
+        "check",
+        &daemon,
+        "--gpu",
+        "A100",
+        "--driver",
+        "550.54.15",
+        "--require-signed-by",
+        key.to_str().unwrap(),
+    ]);
+    let text = e2e_support::output_text(&signed);
+    assert!(
+        !signed.status.success() && text.contains("keeps no signature"),
+        "{text}"
+    );
+    let sbom = cudastack(&["sbom", &daemon]);
+    let text = e2e_support::output_text(&sbom);
+    assert!(
+        !sbom.status.success() && text.contains("a Docker daemon keeps none"),
+        "{text}"
+    );
+    let missing = cudastack(&["inspect", "docker-daemon:localhost/no-such-image:none"]);
+    let text = e2e_support::output_text(&missing);
+    assert!(text.contains("is not in the Docker daemon"), "{text}");
+}

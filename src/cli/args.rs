@@ -35,7 +35,8 @@ pub struct RefArg {
 /// Where an image lives, for the commands that only read its documents.
 #[derive(Debug, Args)]
 pub struct ImageArgs {
-    /// `images/NAME`, `oci:DIR[:REF]`, or a registry reference `host/repo:tag`.
+    /// `images/NAME`, `oci:DIR[:REF]`, a registry reference `host/repo:tag`, or an image
+    /// of the local Docker daemon `docker-daemon:NAME[:TAG]`.
     pub image: String,
     #[command(flatten)]
     pub layout_ref: RefArg,
@@ -190,6 +191,9 @@ impl RegistrySettings {
                 let client = Box::new(self.client_options(&reference)?);
                 ImageSource::Registry { reference, client }
             }
+            ImageLocation::Daemon(reference) => ImageSource::Daemon {
+                reference: reference.clone(),
+            },
         })
     }
 }

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 use cudastack::printable::escape;
 use cudastack::verify::check::{check, Fit, ImageClaims, Node, NodeGpu};
+use cudastack::verify::source::ImageLocation;
 use cudastack::version::{ComputeCapability, DriverVersion};
 use serde::Serialize;
 
@@ -39,7 +40,8 @@ pub struct CheckArgs {
 #[derive(Serialize)]
 struct CheckOutput<'a> {
     image: &'a str,
-    manifest_digest: String,
+    /// None for a daemon's image known by no manifest.
+    manifest_digest: Option<String>,
     bytes_read: u64,
     node: &'a Node,
     #[serde(flatten)]
@@ -81,9 +83,22 @@ pub fn run(args: CheckArgs, runtime: &Async, printer: &Printer) -> CommandResult
     if let Some(path) = &args.require_signed_by {
         let key =
             cudastack::sign::key::PublicKey::load(&cudastack::sign::key::KeySource::parse(path))?;
+        // Signatures are referrers of the manifest, in a layout or a registry; a daemon
+        // keeps neither.
+        let Some(subject) = documents
+            .manifest_digest
+            .as_ref()
+            .filter(|_| !matches!(image.location, ImageLocation::Daemon(_)))
+        else {
+            return Err(format!(
+                "--require-signed-by: {} is an image of the Docker daemon, which keeps no signature beside an image\n  hint: check the image where it was pushed (`docker image inspect --format '{{{{index .RepoDigests 0}}}}' NAME` names it) or its OCI layout",
+                documents.location
+            )
+            .into());
+        };
         let signed = super::image_source::signed_verifications(
             image.source()?,
-            &documents.manifest_digest,
+            subject,
             &key,
             runtime,
             printer,
@@ -93,7 +108,7 @@ pub fn run(args: CheckArgs, runtime: &Async, printer: &Printer) -> CommandResult
     if printer.json {
         printer.json(&CheckOutput {
             image: &documents.location,
-            manifest_digest: documents.manifest_digest.to_string(),
+            manifest_digest: documents.manifest_digest.as_ref().map(ToString::to_string),
             bytes_read: documents.bytes_read,
             node: &node,
             answer: &answer,

@@ -56,10 +56,10 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
     // Label values are the image author's text: each stays on its line.
     let or_none = |v: &Option<String>| v.as_deref().map_or("-".into(), |v| escape(v).into_owned());
     printer.line(escape(&documents.location));
-    printer.line(format_args!(
-        "  manifest      {}",
-        documents.manifest_digest
-    ));
+    match &documents.manifest_digest {
+        Some(digest) => printer.line(format_args!("  manifest      {digest}")),
+        None => printer.line("  manifest      - (the Docker daemon keeps none for this image)"),
+    }
     printer.line(format_args!("  config        {}", documents.config_digest));
     if let Some(layers) = describe_lineage(claims.lineage) {
         printer.line(format_args!("  layers        {layers}"));

@@ -33,6 +33,12 @@ pub fn run(args: SignArgs, printer: &Printer) -> CommandResult {
             )
             .into())
         }
+        ImageLocation::Daemon(reference) => {
+            return Err(format!(
+                "`{reference}` is an image of the Docker daemon, which keeps no statement beside an image: sign its OCI layout, then push or load it"
+            )
+            .into())
+        }
     };
     let signed = cudastack::pipeline::attest::sign(&dir, &ref_name, &ref_name, &key, printer)?;
     if printer.json {

@@ -177,6 +177,13 @@ fn layout_of(
              Job (`--emit k8s-job`) and record its log with --from-log"
         )
         .into()),
+        // The probe runs on the image Docker holds only as a layout's copy: what is
+        // verified is then the layout's, which can be labelled and signed.
+        ImageLocation::Daemon(reference) => Err(format!(
+            "`{reference}` is an image of the Docker daemon: verify its OCI layout \
+             (`cudastack build` writes one; the verification loads it into Docker itself)"
+        )
+        .into()),
     }
 }
 
@@ -202,7 +209,9 @@ fn record_log(
         ImageLocation::Registry(_) if key.is_some() => {
             return Err(cudastack::pipeline::PipelineError::SignRemoteLog.into())
         }
-        ImageLocation::Registry(_) => args.registry.resolve()?.source(&location)?,
+        ImageLocation::Registry(_) | ImageLocation::Daemon(_) => {
+            args.registry.resolve()?.source(&location)?
+        }
     };
     let recorded = runtime.block_on(record::record_log(
         &report,

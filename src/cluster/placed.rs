@@ -54,7 +54,15 @@ pub async fn pin(
     }
     let documents = read_documents(source, platform).await.map_err(read)?;
     let repository = text.split('@').next().unwrap_or(text);
-    let image: PinnedImage = format!("{repository}@{}", documents.manifest_digest).parse()?;
+    // A registry always names the manifest it served.
+    let manifest = documents
+        .manifest_digest
+        .as_ref()
+        .ok_or_else(|| ClusterError::Unplaceable {
+            why: format!("`{text}` has no manifest digest"),
+            hint: "push the image (`cudastack push`) and use the reference it prints".to_string(),
+        })?;
+    let image: PinnedImage = format!("{repository}@{manifest}").parse()?;
     let config = documents.config.config().clone().unwrap_or_default();
     let labels = config.labels().clone().unwrap_or_default();
     let needs = RuntimeSpec::from_labels(&labels.into_iter().collect()).map_err(|error| {
@@ -90,7 +98,7 @@ pub async fn placed_image(
     let rows: Vec<VerifiedOn> = match signed {
         None => claims.verified.clone(),
         Some((source, key)) => {
-            let signed = signed_verifications(source, &documents.manifest_digest, key)
+            let signed = signed_verifications(source, &image.digest, key)
                 .await
                 .map_err(read)?;
             let rows: Vec<VerifiedOn> = signed

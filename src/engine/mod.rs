@@ -19,6 +19,7 @@
 //! layout's files itself, or read the whole archive into memory. Depends on `oci`,
 //! `reference` (tags), `layer` and `digest`; the verify stage and the binary use it.
 
+mod image;
 pub mod load;
 pub mod run;
 
@@ -26,6 +27,7 @@ use std::time::Duration;
 
 use bollard::Docker;
 
+pub use image::DaemonImage;
 pub use load::LoadReport;
 pub use run::{GpuRequest, RunOutcome, RunSpec};
 
@@ -73,6 +75,10 @@ pub enum EngineError {
     Oci(#[from] OciError),
     #[error("image `{image}` is not in the Docker daemon\n  hint: load it first: cudastack load images/NAME")]
     NoSuchImage { image: String },
+    #[error(
+        "the Docker daemon's answer for image `{image}` is not one cudastack can read: {what}"
+    )]
+    Unreadable { image: String, what: String },
     #[error(
         "the Docker daemon cannot give this container a GPU: {detail}\n  hint: install the NVIDIA \
          driver and the NVIDIA Container Toolkit (nvidia-ctk runtime configure --runtime=docker), \

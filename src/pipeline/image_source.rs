@@ -1,5 +1,5 @@
 //! An image's documents (manifest and config, never a layer) from where the image lives:
-//! an OCI layout on disk or a registry. What `inspect`, `check` and `verify --emit` read.
+//! an OCI layout on disk, a registry or the local Docker daemon. What `inspect`, `check` and `verify --emit` read.
 //! Parsing the text a person typed is `verify::source::ImageLocation`'s; credentials are
 //! the caller's, resolved before this is called.
 
@@ -26,6 +26,9 @@ pub enum ImageSource {
         reference: Reference,
         client: Box<ClientOptions>,
     },
+    /// An image of the local Docker daemon (`name:tag` or an ID), which keeps its config
+    /// but no referrers.
+    Daemon { reference: String },
 }
 
 /// The documents of the image at `source`; of `platform`'s image when it names a
@@ -44,7 +47,21 @@ pub async fn read_documents(
             let client = RegistryClient::new(&reference, *client)?;
             read_registry(&client, &reference, platform).await
         }
+        ImageSource::Daemon { reference } => read_daemon(&reference).await,
     }
+}
+
+/// The daemon's image: of its own platform (a daemon holds one image per name).
+async fn read_daemon(reference: &str) -> Result<ImageDocuments, PipelineError> {
+    let engine = crate::engine::Engine::connect().await?;
+    let image = engine.image(reference).await?;
+    Ok(ImageDocuments {
+        location: format!("{}{reference}", crate::verify::source::DAEMON_PREFIX),
+        manifest_digest: image.manifest_digest,
+        config_digest: image.config_digest,
+        config: image.config,
+        bytes_read: 0,
+    })
 }
 
 /// The manifest of `platform`'s image at `reference`, and its config.
@@ -65,7 +82,7 @@ async fn read_registry(
         .await?;
     Ok(ImageDocuments {
         location: reference.to_string(),
-        manifest_digest: manifest.digest,
+        manifest_digest: Some(manifest.digest),
         config_digest,
         config: serde_json::from_slice(&config_bytes)?,
         bytes_read: (manifest.bytes.len() + config_bytes.len()) as u64,
@@ -107,6 +124,8 @@ pub async fn read_referrers(
 ) -> Result<ReadReferrers, PipelineError> {
     use crate::registry::referrers::{fetch_referrers, BlobContent, BlobSink, ReferrerBudget};
     match source {
+        // A daemon keeps no artifact beside an image.
+        ImageSource::Daemon { .. } => Ok(ReadReferrers::default()),
         ImageSource::Layout { dir, .. } => {
             let (wanted, others): (Vec<_>, Vec<_>) =
                 crate::attest::store::referrers_of(&dir, subject)?

@@ -16,7 +16,7 @@ use crate::verify::check::{labels_and_env, ImageClaims};
 use crate::verify::record::{image_ref, report_ref};
 use crate::verify::source::ImageDocuments;
 
-use super::image_source::{read_documents, read_referrers, ImageSource};
+use super::image_source::{read_documents, read_referrers, ImageSource, ReadReferrers};
 use super::PipelineError;
 
 /// An image inspected. Serialised as `inspect --json`.
@@ -61,29 +61,36 @@ pub async fn inspect(
                 .contains(&name)
                 .then_some(name)
         }
-        ImageSource::Registry { .. } => None,
+        ImageSource::Registry { .. } | ImageSource::Daemon { .. } => None,
     };
-    // Every type cudastack reads, within the per-image budget.
-    let read = read_referrers(
-        source.clone(),
-        &documents.manifest_digest,
-        ArtifactTypes::Only(super::attest::KNOWN_REFERRER_TYPES),
-    )
-    .await?;
-    let referrers = read
-        .referrers
-        .iter()
-        .map(|r| {
-            describe(
-                &r.location,
-                r.kind.as_deref(),
-                &r.artifact_type,
-                &r.blob,
-                &documents.manifest_digest,
-                key,
+    // Every type cudastack reads, within the per-image budget. An image known by no
+    // manifest (a daemon's) has none.
+    let (read, referrers) = match &documents.manifest_digest {
+        Some(subject) => {
+            let read = read_referrers(
+                source.clone(),
+                subject,
+                ArtifactTypes::Only(super::attest::KNOWN_REFERRER_TYPES),
             )
-        })
-        .collect();
+            .await?;
+            let referrers = read
+                .referrers
+                .iter()
+                .map(|r| {
+                    describe(
+                        &r.location,
+                        r.kind.as_deref(),
+                        &r.artifact_type,
+                        &r.blob,
+                        subject,
+                        key,
+                    )
+                })
+                .collect();
+            (read, referrers)
+        }
+        None => (ReadReferrers::default(), Vec::new()),
+    };
     Ok(Inspection {
         documents,
         declared,

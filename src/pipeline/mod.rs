@@ -101,8 +101,11 @@ pub enum PipelineError {
     #[error("the task uploading layers while the image was building stopped: {detail}")]
     EarlyUploadTask { detail: String },
     /// `cudastack sbom` of an image with no SBOM of that format stored beside it.
-    #[error("{image} has no {format} SBOM stored beside it\n  hint: cudastack stores one when it builds an image (in the layout, and pushed with it); an image pulled with `cudastack pull` keeps its referrers, one pulled or built by another tool has none")]
+    #[error("{image} has no {format} SBOM stored beside it\n  hint: cudastack stores one when it builds an image (in the layout, and pushed with it); an image pulled with `cudastack pull` keeps its referrers, one pulled or built by another tool has none, and a Docker daemon keeps none beside any image: read it from the image's layout or registry")]
     NoSbom { image: String, format: &'static str },
+    /// A report recorded on an image of the Docker daemon, which keeps nothing beside it.
+    #[error("`{image}` is an image of the Docker daemon, which keeps no report or signature beside an image\n  hint: record the log on the image's OCI layout or on the image in its registry")]
+    DaemonKeepsNoReferrers { image: String },
     /// `--load` of a build without an image of this host's platform.
     #[error("--load: this build has no image for this host's platform ({architecture}); Docker runs images of its own platform")]
     NoHostImageToLoad { architecture: &'static str },

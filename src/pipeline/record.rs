@@ -77,6 +77,9 @@ pub async fn record_log(
         ImageSource::Registry { reference, client } => {
             Ok(record_in_registry(reference, report, (**client).clone(), progress).await?)
         }
+        ImageSource::Daemon { reference } => Err(PipelineError::DaemonKeepsNoReferrers {
+            image: reference.clone(),
+        }),
     }
 }
 

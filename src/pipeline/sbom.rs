@@ -52,9 +52,15 @@ pub async fn stored_sbom(
     format: SbomFormat,
 ) -> Result<StoredSbom, PipelineError> {
     let documents = read_documents(source.clone(), platform).await?;
+    let Some(subject) = documents.manifest_digest else {
+        return Err(PipelineError::NoSbom {
+            image: documents.location,
+            format: format.name(),
+        });
+    };
     let read = read_referrers(
         source.clone(),
-        &documents.manifest_digest,
+        &subject,
         ArtifactTypes::Only(&[format.media_type()]),
     )
     .await?;
@@ -65,7 +71,7 @@ pub async fn stored_sbom(
         });
     };
     Ok(StoredSbom {
-        subject: documents.manifest_digest,
+        subject,
         location: referrer.location,
         bytes: referrer.blob,
     })

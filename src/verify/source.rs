@@ -14,7 +14,7 @@ use crate::oci::layout;
 pub enum SourceError {
     #[error(transparent)]
     Oci(#[from] crate::oci::OciError),
-    #[error("`{0}` is neither an OCI layout directory (no index.json there) nor a registry reference (host/repository[:tag|@digest])")]
+    #[error("`{0}` is neither an OCI layout directory (no index.json there), a registry reference (host/repository[:tag|@digest]) nor an image of the local Docker daemon (docker-daemon:NAME[:TAG])")]
     Unrecognised(String),
     #[error(transparent)]
     Registry(Box<dyn std::error::Error + Send + Sync>),
@@ -22,9 +22,18 @@ pub enum SourceError {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImageLocation {
-    Layout { dir: PathBuf, ref_name: String },
+    Layout {
+        dir: PathBuf,
+        ref_name: String,
+    },
     Registry(String),
+    /// `docker-daemon:NAME[:TAG]` (skopeo's name for it): an image of the local Docker
+    /// daemon.
+    Daemon(String),
 }
+
+/// The prefix that names an image of the local Docker daemon.
+pub const DAEMON_PREFIX: &str = "docker-daemon:";
 
 impl std::fmt::Display for ImageLocation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -33,15 +42,22 @@ impl std::fmt::Display for ImageLocation {
                 write!(f, "oci:{}:{ref_name}", dir.display())
             }
             ImageLocation::Registry(reference) => write!(f, "{reference}"),
+            ImageLocation::Daemon(reference) => write!(f, "{DAEMON_PREFIX}{reference}"),
         }
     }
 }
 
 impl ImageLocation {
-    /// `images/NAME` (a layout dir, ref `ref_name` or `latest`), `oci:DIR[:REF]`, or a
-    /// registry reference.
+    /// `images/NAME` (a layout dir, ref `ref_name` or `latest`), `oci:DIR[:REF]`,
+    /// `docker-daemon:NAME[:TAG]`, or a registry reference.
     pub fn parse(text: &str, ref_name: Option<&str>) -> Result<Self, SourceError> {
         let default_ref = ref_name.unwrap_or("latest").to_string();
+        if let Some(reference) = text.strip_prefix(DAEMON_PREFIX) {
+            if reference.is_empty() {
+                return Err(SourceError::Unrecognised(text.to_string()));
+            }
+            return Ok(ImageLocation::Daemon(reference.to_string()));
+        }
         if let Some(rest) = text.strip_prefix("oci:") {
             let (dir, reference) = match rest.split_once(':') {
                 Some((dir, reference)) => (dir, reference.to_string()),
@@ -71,7 +87,9 @@ impl ImageLocation {
 #[derive(Debug, Clone, Serialize)]
 pub struct ImageDocuments {
     pub location: String,
-    pub manifest_digest: Digest,
+    /// None for an image of a Docker daemon that keeps no manifest for it (a loaded image
+    /// in the classic store).
+    pub manifest_digest: Option<Digest>,
     pub config_digest: Digest,
     #[serde(skip)]
     pub config: ImageConfiguration,
@@ -94,7 +112,7 @@ pub fn read_layout(
     Ok(ImageDocuments {
         location: format!("oci:{}:{ref_name}", dir.display()),
         bytes_read: size(&resolved.manifest_digest) + size(&resolved.config_digest),
-        manifest_digest: resolved.manifest_digest,
+        manifest_digest: Some(resolved.manifest_digest),
         config_digest: resolved.config_digest,
         config: resolved.config,
     })
@@ -118,5 +136,10 @@ mod tests {
             ImageLocation::Registry("127.0.0.1:5000/cudastack/torch:2.4.1".into())
         );
         assert!(ImageLocation::parse("nothing-here", None).is_err());
+        assert_eq!(
+            ImageLocation::parse("docker-daemon:acme-train:latest", None).unwrap(),
+            ImageLocation::Daemon("acme-train:latest".into())
+        );
+        assert!(ImageLocation::parse("docker-daemon:", None).is_err());
     }
 }
