@@ -775,7 +775,11 @@ fn inspect_and_check_read_an_image_in_the_docker_daemon() {
         .env("COSIGN_PASSWORD", "unused")
         .output()
         .unwrap();
-    assert!(generated.status.success(), "{}", e2e_support::output_text(&generated));
+    assert!(
+        generated.status.success(),
+        "{}",
+        e2e_support::output_text(&generated)
+    );
     let key = prefix.with_extension("pub");
     let signed = cudastack(&[
         "check",

@@ -31,6 +31,7 @@ mod cache_command;
 mod cache_concurrency;
 mod cli_doctor_build_host;
 mod cli_help;
+mod cli_init;
 mod cli_matrix;
 mod cli_place;
 mod cli_promote;

@@ -90,6 +90,13 @@ Examples:
 
 pub const CI_EMIT: &str = CI;
 
+pub const INIT: &str = "\
+Examples:
+  # A project for H100 nodes on driver 550: cudastack.yaml, requirements.txt, train.py
+  cudastack init acme-train --driver 550.54.15 --gpu H100
+  # On one of the nodes: its driver and GPUs, read from this machine
+  cudastack init --detect";
+
 pub const SOLVE: &str = "\
 Examples:
   # What runs on a node with driver 535 and RTX 3090s

@@ -22,6 +22,7 @@ mod doctor;
 mod examples;
 mod explain;
 mod image_source;
+mod init;
 mod inspect;
 mod key;
 mod load;
@@ -68,6 +69,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Start a training project: a commented recipe (the stack `solve` picks for your
+    /// nodes, requirements, code, user, entrypoint) that validates, and the files it names.
+    #[command(after_help = examples::INIT)]
+    Init(init::InitArgs),
     /// Check recipes against the compatibility matrix; exit 1 if any is invalid.
     #[command(after_help = examples::VALIDATE)]
     Validate {
@@ -170,6 +175,7 @@ pub fn main() -> ExitCode {
     };
     let runtime = Async::default();
     let result = match cli.command {
+        Command::Init(args) => init::run(args, &printer),
         Command::Validate { recipes } => validate::run(&recipes, &printer),
         Command::Build(args) => build::run(args, &runtime, &printer),
         Command::Cache(args) => cache::run(args, &printer),

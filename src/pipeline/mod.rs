@@ -16,6 +16,7 @@ pub mod attest;
 pub mod build;
 pub mod early_push;
 pub mod image_source;
+pub mod init;
 pub mod inspect;
 pub mod load;
 pub mod lock;

@@ -255,6 +255,21 @@ pub const IMAGE_ONLY_KEYS: &[&str] = &[
     "runtime",
 ];
 
+/// A recipe's `name`: it becomes an image name and a layout directory.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let name_ok = !name.is_empty()
+        && name.len() <= 128
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'));
+    if name_ok {
+        Ok(())
+    } else {
+        Err(format!("name `{}` must be lowercase letters, digits, `.`, `_` or `-` (it becomes an image name)", tag::escape(name)))
+    }
+}
+
 fn deserialize_ca_paths<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Vec<ca::CaPath>, D::Error> {
@@ -716,17 +731,7 @@ impl Recipe {
             path: path.to_path_buf(),
             message,
         };
-        let name_ok = !self.name.is_empty()
-            && self.name.len() <= 128
-            && self
-                .name
-                .starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-            && self.name.chars().all(|c| {
-                c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-')
-            });
-        if !name_ok {
-            return Err(invalid(format!("name `{}` must be lowercase letters, digits, `.`, `_` or `-` (it becomes an image name)", tag::escape(&self.name))));
-        }
+        check_name(&self.name).map_err(invalid)?;
         for (i, platform) in self.platforms.iter().enumerate() {
             if self.platforms[..i].contains(platform) {
                 return Err(invalid(format!("platform `{platform}` is listed twice")));
