@@ -73,15 +73,10 @@ done < <(tar -tvzf "$work/$name")
 # What a build host needs, once the archive is known to be the one published.
 sudo_cmd=""
 [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-packages=(mmdebstrap fakechroot fakeroot uidmap ca-certificates)
-missing=()
-for package in "${packages[@]}"; do
-  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  echo "install: installing ${missing[*]}" >&2
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+if [ -f "$(dirname "$0")/build-host-packages.sh" ]; then
+  bash "$(dirname "$0")/build-host-packages.sh"
+else
+  echo "install: scripts/build-host-packages.sh is not beside this script; install mmdebstrap yourself" >&2
 fi
 
 $sudo_cmd mkdir -p "$prefix/opt" "$prefix/bin"

@@ -806,3 +806,50 @@ fn inspect_and_check_read_an_image_in_the_docker_daemon() {
     let text = e2e_support::output_text(&missing);
     assert!(text.contains("is not in the Docker daemon"), "{text}");
 }
+
+/// README's first command, `scripts/run.sh RECIPE [build options]`: the build host's
+/// packages (present here, so nothing is installed), the binary (`CUDASTACK`, as a release
+/// install or a checkout build gives it), then the build with the options passed through.
+#[test]
+fn the_readme_front_door_script_builds_a_locked_recipe() {
+    if let Some(reason) = e2e_support::skip_reason(&[("gcc", &["--version"][..])]) {
+        reason.report();
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (recipe, mirror) = untagged_stand_in(work.path(), "front-door", 1700000004);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/run.sh");
+    let output = Command::new("bash")
+        .arg(&script)
+        .arg(&recipe)
+        .args(["--no-verify", "--mirror"])
+        .arg(&mirror)
+        .arg("--layout")
+        .arg(work.path().join("layout"))
+        .arg("--cache-dir")
+        .arg(e2e_support::cache_dir())
+        .env("CUDASTACK", env!("CARGO_BIN_EXE_cudastack"))
+        .output()
+        .unwrap();
+    let text = e2e_support::output_text(&output);
+    assert!(output.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("run: cudastack {}", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    let digest = String::from_utf8_lossy(&output.stdout);
+    assert!(digest.trim_start().starts_with("sha256:"), "{text}");
+    assert!(work.path().join("layout/index.json").is_file(), "{text}");
+    // A recipe that is not there is refused before anything else.
+    let missing = Command::new("bash")
+        .arg(&script)
+        .arg(work.path().join("absent.yaml"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        missing.status.code(),
+        Some(2),
+        "{}",
+        e2e_support::output_text(&missing)
+    );
+}

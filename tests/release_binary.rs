@@ -424,14 +424,11 @@ fn install_script_step(release: &Release, image: &str, work: &Path) {
             .args(["run", "--rm", "--network", "host", "-v"])
             .arg(format!("{}:/dist:ro", dir.display()))
             .arg("-v")
-            .arg(format!(
-                "{}:/install.sh:ro",
-                root().join("scripts/install.sh").display()
-            ))
+            .arg(format!("{}:/scripts:ro", root().join("scripts").display()))
             .arg(image)
             .args(["bash", "-c"])
             .arg(format!(
-                "bash /install.sh /dist/{name} --prefix {prefix} && {prefix}/bin/cudastack --version; status=$?; ls {prefix}/bin 2>&1; exit $status"
+                "bash /scripts/install.sh /dist/{name} --prefix {prefix} && {prefix}/bin/cudastack --version; status=$?; ls {prefix}/bin 2>&1; exit $status"
             ))
             .output()
             .unwrap()
