@@ -714,14 +714,26 @@ const HELD_OUT_ACCURACY_FLOOR: f64 = 0.95;
 /// examples), the last two had single lines of their logs as examples (those were removed when
 /// the corpus came). The held-out figures are reported with and without these messages.
 const PREDATING_OVERLAPS: &[(&str, &str)] = &[
-    ("cublas-invalid-value", "https://github.com/xb534/SED/issues/31"),
-    ("torch-not-compiled-with-cuda", "https://github.com/NVlabs/neuralrgbd/issues/24"),
+    (
+        "cublas-invalid-value",
+        "https://github.com/xb534/SED/issues/31",
+    ),
+    (
+        "torch-not-compiled-with-cuda",
+        "https://github.com/NVlabs/neuralrgbd/issues/24",
+    ),
     (
         "nccl-system-error",
         "https://github.com/WZMIAOMIAO/deep-learning-for-image-processing/issues/545",
     ),
-    ("nccl-shared-memory", "https://github.com/NVIDIA/nccl-tests/issues/166"),
-    ("nccl-shared-memory", "https://github.com/NVIDIA/nccl/issues/328"),
+    (
+        "nccl-shared-memory",
+        "https://github.com/NVIDIA/nccl-tests/issues/166",
+    ),
+    (
+        "nccl-shared-memory",
+        "https://github.com/NVIDIA/nccl/issues/328",
+    ),
 ];
 
 #[derive(serde::Deserialize)]
@@ -804,7 +816,8 @@ fn corpus_split_is_the_hash_of_source_and_text() {
 #[test]
 fn corpus_messages_are_distinct_public_and_name_known_entries() {
     let knowledge = cudastack::doctor::explain::Knowledge::embedded();
-    let ids: std::collections::BTreeSet<&str> = knowledge.entries().map(|e| e.id.as_str()).collect();
+    let ids: std::collections::BTreeSet<&str> =
+        knowledge.entries().map(|e| e.id.as_str()).collect();
     let messages = corpus();
     let mut seen = std::collections::BTreeMap::new();
     for message in &messages {
@@ -857,7 +870,10 @@ fn entry_examples_never_quote_held_out_messages() {
                 if example == *text
                     && !PREDATING_OVERLAPS.contains(&(entry.id.as_str(), source.as_str()))
                 {
-                    quoting.push(format!("{}: an example is the message of {source}", entry.id));
+                    quoting.push(format!(
+                        "{}: an example is the message of {source}",
+                        entry.id
+                    ));
                 }
             }
         }
@@ -922,7 +938,10 @@ fn corpus_coverage_and_accuracy() {
     if !dev_misses.is_empty() {
         eprintln!("dev misses:\n{}", dev_misses.join("\n"));
     }
-    let seen_before: Vec<&str> = PREDATING_OVERLAPS.iter().map(|(_, source)| *source).collect();
+    let seen_before: Vec<&str> = PREDATING_OVERLAPS
+        .iter()
+        .map(|(_, source)| *source)
+        .collect();
     let unseen: Vec<&CorpusMessage> = messages
         .iter()
         .filter(|m| m.split == "held_out" && !seen_before.contains(&m.source.as_str()))
@@ -930,7 +949,11 @@ fn corpus_coverage_and_accuracy() {
     let unseen_accurate = unseen
         .iter()
         .filter(|m| {
-            knowledge.explain(&m.text, matrix).explanations.first().map(|e| e.id.as_str())
+            knowledge
+                .explain(&m.text, matrix)
+                .explanations
+                .first()
+                .map(|e| e.id.as_str())
                 == Some(m.expect.as_str())
         })
         .count();
