@@ -779,6 +779,76 @@ mod tests {
         );
     }
 
+    /// The entries added from the corpus answer with the message's own numbers too: the
+    /// nvJitLink release a symbol needs, the CUDA versions on both sides of an extension build,
+    /// the GPU and capability vLLM or Triton refused, the architecture nvcc does not know.
+    #[test]
+    fn corpus_entries_answer_with_the_messages_numbers() {
+        let knowledge = Knowledge::parse(EXPLAIN_DATA).unwrap();
+        let matrix = Matrix::embedded();
+        let first = |text: &str| knowledge.explain(text, matrix).explanations[0].clone();
+        let nvjitlink = first("libcusparse.so.12: undefined symbol: __nvJitLinkComplete_12_4, version libnvJitLink.so.12");
+        assert_eq!(nvjitlink.id, "nvjitlink-symbol-skew");
+        assert!(
+            nvjitlink.cause.contains("from CUDA 12.4 on"),
+            "{}",
+            nvjitlink.cause
+        );
+        let extension = first("The detected CUDA version (12.0) mismatches the version that was used to compile PyTorch (11.6). Please make sure to use the same CUDA versions.");
+        assert!(
+            extension.cause.contains("CUDA 12.0") && extension.cause.contains("11.6"),
+            "{}",
+            extension.cause
+        );
+        assert!(
+            extension.fix[0].contains("cuda-toolkit=11.6"),
+            "{:?}",
+            extension.fix
+        );
+        let bf16 = first("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla T4 GPU has compute capability 7.5.");
+        assert!(
+            bf16.cause.contains("Tesla T4 is compute capability 7.5"),
+            "{}",
+            bf16.cause
+        );
+        let triton = first("RuntimeError: Found NVIDIA GeForce GTX 1080 which is too old to be supported by the triton GPU compiler, which is used as the backend. Triton only supports devices of CUDA Capability >= 7.0, but your device is of CUDA capability 6.1");
+        assert!(
+            triton
+                .cause
+                .contains("NVIDIA GeForce GTX 1080 is compute capability 6.1"),
+            "{}",
+            triton.cause
+        );
+        assert!(
+            triton.matrix.iter().any(|n| n.contains("sm_61")),
+            "{:?}",
+            triton.matrix
+        );
+        let nvcc = first("nvcc fatal : Unsupported gpu architecture 'compute_89'");
+        assert!(
+            nvcc.cause.contains("compute capability 8.9"),
+            "{}",
+            nvcc.cause
+        );
+        assert!(
+            nvcc.matrix.iter().any(|n| n.contains("11.8")),
+            "{:?}",
+            nvcc.matrix
+        );
+        let duplicate = first("[1,2]<stdout>:smc-gpu-03:29880:30398 [0] init.cc:497 NCCL WARN Duplicate GPU detected : rank 2 and rank 0 both on CUDA device 1000");
+        assert!(
+            duplicate.cause.contains("rank 2 and rank 0") && duplicate.cause.contains("1000"),
+            "{}",
+            duplicate.cause
+        );
+        let shared = first("triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 98304, Hardware limit: 49152. Reducing block sizes or `num_stages` may help.");
+        assert!(
+            shared.cause.contains("98304") && shared.cause.contains("allows 49152"),
+            "{}",
+            shared.cause
+        );
+    }
+
     #[test]
     fn issue_8_messages_are_all_covered() {
         let knowledge = Knowledge::embedded();
