@@ -996,6 +996,7 @@ mod tests {
             torch: torch.map(|text| SolveQuery::torch_spec(text).unwrap()),
             python: None,
             allow_minor_compat: true,
+            index: Reach::Pypi,
         }
     }
 
@@ -1087,11 +1088,12 @@ mod tests {
             }
         }
         let fits: &[(&str, &str, Option<&str>, &str)] = &[
-            ("570.124.06", "RTX 5090", None, "2.11.0+cu128"),
-            ("570.124.06", "rtx5090", None, "2.11.0+cu128"),
-            ("570.133.20", "B200", None, "2.11.0+cu128"),
-            ("575.51.03", "B300", None, "2.11.0+cu128"),
-            ("520.61.05", "H100", None, "2.7.1+cu118"),
+            ("570.124.06", "RTX 5090", None, "2.10.0+cu128"),
+            ("570.124.06", "rtx5090", None, "2.10.0+cu128"),
+            ("570.133.20", "B200", None, "2.10.0+cu128"),
+            ("575.51.03", "B300", None, "2.10.0+cu128"),
+            // No PyPI build fits: the surest of PyTorch's index, not its newest (unconfirmed).
+            ("520.61.05", "H100", None, "2.5.1+cu118"),
             ("550.54.15", "RTX 3090", Some("2.5"), "2.5.1+cu124"),
             ("550.54.15", "RTX 3090", Some("2.5.0"), "2.5.0+cu124"),
             ("535.104.05", "A100", Some("2.4"), "2.4.1+cu121"),
@@ -1161,5 +1163,201 @@ mod tests {
             (best.torch_build.as_str(), best.index.as_str(), best.status.as_str()),
             ("2.4.1+cu121", "pypi", "derived")
         );
+    }
+
+    /// `--index` lets PyTorch's indexes in: the confirmed 2.5.1+cu121 then ranks first, and
+    /// the unconfirmed 2.7.1+cu118 after every confirmed native build; with one variant, only
+    /// its builds join PyPI's. A build the host does not reach ranks after every one it does.
+    #[test]
+    fn the_index_the_host_reaches_decides_the_rank() {
+        let matrix = Matrix::embedded();
+        let pypi = solve(matrix, &query("535.104.05", "H100", None));
+        let accepted: Vec<&Candidate> = pypi.accepted().collect();
+        let first_unreachable = accepted.iter().position(|c| !c.reachable).unwrap();
+        assert!(accepted[first_unreachable..].iter().all(|c| !c.reachable));
+        assert!(accepted[..first_unreachable].iter().all(|c| c.index == "pypi"));
+
+        let everywhere = solve(
+            matrix,
+            &SolveQuery {
+                index: Reach::pytorch(),
+                ..query("535.104.05", "H100", None)
+            },
+        );
+        let best = everywhere.best().unwrap();
+        assert_eq!(
+            (best.torch_build.as_str(), best.status.as_str()),
+            ("2.5.1+cu121", "confirmed")
+        );
+        assert!(everywhere.accepted().all(|c| c.reachable));
+        let native: Vec<&Candidate> = everywhere.accepted().filter(|c| !c.minor_compat).collect();
+        let unsure = native
+            .iter()
+            .position(|c| c.torch_build == "2.7.1+cu118")
+            .unwrap();
+        assert!(native[..unsure]
+            .iter()
+            .all(|c| ["derived", "confirmed", "secondary"].contains(&c.status.as_str())));
+        assert!(native[..unsure].iter().any(|c| c.torch_build == "2.0.0+cu118"));
+
+        let cu118 = solve(
+            matrix,
+            &SolveQuery {
+                index: "cu118".parse().unwrap(),
+                ..query("535.104.05", "H100", None)
+            },
+        );
+        assert_eq!(cu118.best().unwrap().torch_build, "2.5.1+cu118");
+        assert!(cu118
+            .accepted()
+            .filter(|c| c.reachable)
+            .all(|c| c.index == "pypi" || c.variant == "cu118"));
+    }
+
+    #[test]
+    fn index_choices_parse_and_name_where_the_lock_reads() {
+        assert_eq!("pypi".parse::<Reach>().unwrap(), Reach::Pypi);
+        assert_eq!("PyTorch".parse::<Reach>().unwrap(), Reach::pytorch());
+        let mirror: Reach = "https://mirror.example/whl".parse().unwrap();
+        assert_eq!(mirror.to_string(), "https://mirror.example/whl/");
+        assert_eq!(
+            mirror.index_for("cu121").to_string(),
+            "https://mirror.example/whl/cu121"
+        );
+        let one: Reach = "https://mirror.example/whl/cu118/".parse().unwrap();
+        assert_eq!(
+            one,
+            Reach::Variant {
+                variant: "cu118".into(),
+                url: "https://mirror.example/whl/cu118".into()
+            }
+        );
+        assert_eq!(one.index_for("cu121").to_string(), "cu121");
+        assert_eq!(Reach::pytorch().index_for("cu121").to_string(), "cu121");
+        let secret = "https://bob:token@mirror.example/whl/"
+            .parse::<Reach>()
+            .unwrap_err();
+        assert!(!secret.contains("token"), "{secret}");
+        assert!("ftp://mirror.example/whl".parse::<Reach>().is_err());
+    }
+
+    /// A build the stack would run but cudastack cannot lock (arm64 torch from PyPI only) is
+    /// rejected as cudastack's limit; one the stack would not run, as a compatibility fact.
+    #[test]
+    fn cudastack_limits_are_told_apart_from_compatibility() {
+        let solution = solve(Matrix::embedded(), &query("550.54.15", "GH200", None));
+        assert!(solution.best().is_none());
+        let by = |label: &str| {
+            let candidate = solution
+                .candidates
+                .iter()
+                .find(|c| c.torch_build == label)
+                .unwrap();
+            (candidate.rejected_by, candidate.reasons[0].clone())
+        };
+        let (limit, why) = by("2.6.0+cu126");
+        assert_eq!(limit, Some(RejectedBy::CudastackLimit));
+        assert!(why.starts_with("cudastack's limit, not the stack's: cudastack locks linux/arm64 torch from PyPI only"), "{why}");
+        let (limit, why) = by("2.10.0+cu128");
+        assert_eq!(limit, Some(RejectedBy::CudastackLimit));
+        assert!(why.contains("PyPI's first CUDA linux/arm64 torch is 2.11.0"), "{why}");
+        assert_eq!(by("2.14.1+cu130").0, Some(RejectedBy::Compatibility));
+        assert_eq!(solution.limits.len(), 1, "{:?}", solution.limits);
+        // On amd64 GPUs nothing is a limit.
+        let h100 = solve(Matrix::embedded(), &query("550.54.15", "H100", None));
+        assert!(h100.limits.is_empty());
+        assert!(h100
+            .candidates
+            .iter()
+            .all(|c| c.rejected_by != Some(RejectedBy::CudastackLimit)));
+    }
+
+    /// Whether anything fits `query`, solved without the search for changes.
+    fn fits(query: &SolveQuery) -> bool {
+        ranked(Matrix::embedded(), query).best().is_some()
+    }
+
+    /// Nothing fits: the answer names the smallest single change of each kind, found by
+    /// solving again: the lowest driver that opens a build (and none between the host's and
+    /// it does), the nearest Python, a GPU left out or the nearest one instead, minor-version
+    /// compatibility.
+    #[test]
+    fn nothing_fits_ends_with_the_smallest_change() {
+        let matrix = Matrix::embedded();
+        let gh200 = query("550.54.15", "GH200", None);
+        let solution = solve(matrix, &gh200);
+        let driver = &solution.changes[0];
+        assert_eq!(driver.kind, ChangeKind::Driver);
+        assert_eq!(driver.driver.as_ref().unwrap().to_string(), "580.65.06");
+        assert_eq!(driver.change, "driver 580.65.06 or newer (R580 branch)");
+        assert_eq!(
+            (driver.torch_build.as_str(), driver.index.as_str()),
+            ("2.14.1+cu130", "pypi")
+        );
+        let host: DriverVersion = "550.54.15".parse().unwrap();
+        let to: DriverVersion = "580.65.06".parse().unwrap();
+        for between in known_drivers(matrix)
+            .into_iter()
+            .filter(|d| *d > host && *d < to)
+        {
+            assert!(!fits(&SolveQuery {
+                driver: Some(between.clone()),
+                ..gh200.clone()
+            }), "{between}");
+        }
+        let gpu = &solution.changes[1];
+        assert_eq!(
+            (gpu.kind, gpu.change.as_str()),
+            (ChangeKind::Gpu, "H100 (sm_90) instead of GH200")
+        );
+
+        // A GPU later branches dropped: the newest driver below the host's that runs it.
+        let v100 = solve(matrix, &query("590.44.01", "V100", None));
+        assert_eq!(v100.changes[0].change, "driver 580.95.05 (R580 branch)");
+
+        // Another Python: the nearest one that fits.
+        let python = solve(
+            matrix,
+            &SolveQuery {
+                python: Some("3.15".parse().unwrap()),
+                ..query("550.54.15", "A100", None)
+            },
+        );
+        let change = python
+            .changes
+            .iter()
+            .find(|c| c.kind == ChangeKind::Python)
+            .unwrap();
+        assert_eq!(change.change, "Python 3.14 instead of 3.15");
+
+        // Two GPUs, one the driver does not run: leave it out.
+        let mut pair = query("535.104.05", "A100", None);
+        pair.gpus
+            .push(SolveQuery::gpu(matrix, "RTX 5090").unwrap());
+        let change = solve(matrix, &pair)
+            .changes
+            .into_iter()
+            .find(|c| c.kind == ChangeKind::Gpu)
+            .unwrap();
+        assert_eq!(change.change, "without GeForce RTX 5090");
+        assert_eq!(change.torch_build, "2.4.1+cu121");
+
+        // Minor-version compatibility turned off: turning it on is a change.
+        let strict = solve(
+            matrix,
+            &SolveQuery {
+                allow_minor_compat: false,
+                ..query("470.82.01", "V100", None)
+            },
+        );
+        assert!(strict
+            .changes
+            .iter()
+            .any(|c| c.kind == ChangeKind::MinorCompat));
+
+        // Something fits: no changes.
+        assert!(solve(matrix, &query("535.104.05", "H100", None))
+            .changes
+            .is_empty());
     }
 }
