@@ -600,7 +600,9 @@ fn solve_ranks_newest_torch_first_and_shows_status() {
     };
     assert!(position("2.7.1+cu118") < position("2.6.0+cu118"));
     assert!(position("2.5.1+cu121") < position("2.0.0+cu118"));
-    let sure = |c: &serde_json::Value| !["partial", "unconfirmed"].contains(&c["status"].as_str().unwrap());
+    let sure = |c: &serde_json::Value| {
+        !["partial", "unconfirmed"].contains(&c["status"].as_str().unwrap())
+    };
     for tier in [true, false] {
         let torch: Vec<pep440_rs::Version> = accepted
             .iter()
@@ -891,25 +893,45 @@ fn solve_index_names_what_the_host_reaches() {
     assert_eq!(best_of(&mirror), ("2.5.1+cu121", "confirmed"));
     let recipe = mirror["candidates"][0]["recipe"].as_str().unwrap();
     assert!(
-        recipe.contains("torch: { version: \"2.5.1\", index: \"https://mirror.example/whl/cu121\" }\n"),
+        recipe.contains(
+            "torch: { version: \"2.5.1\", index: \"https://mirror.example/whl/cu121\" }\n"
+        ),
         "{recipe}"
     );
     let dir = tempfile::tempdir().unwrap();
     let (code, stdout, _) = run(&["validate", &write_recipe(&dir, recipe)]);
     assert_eq!(code, 0, "{recipe}\n{stdout}");
 
-    let one = solve_json(&["--driver", "535.104.05", "--gpu", "H100", "--index", "cu118"]);
+    let one = solve_json(&[
+        "--driver",
+        "535.104.05",
+        "--gpu",
+        "H100",
+        "--index",
+        "cu118",
+    ]);
     let reachable: Vec<(&str, &str)> = accepted(&one)
         .iter()
         .filter(|c| c["reachable"] == true)
-        .map(|c| (c["torch_build"].as_str().unwrap(), c["index"].as_str().unwrap()))
+        .map(|c| {
+            (
+                c["torch_build"].as_str().unwrap(),
+                c["index"].as_str().unwrap(),
+            )
+        })
         .collect();
     assert!(reachable
         .iter()
         .all(|(build, index)| *index == "pypi" || build.ends_with("+cu118")));
     assert_eq!(best_of(&one), ("2.5.1+cu118", "confirmed"));
 
-    let (code, _, stderr) = run(&["solve", "--gpu", "H100", "--index", "ftp://mirror.example/whl"]);
+    let (code, _, stderr) = run(&[
+        "solve",
+        "--gpu",
+        "H100",
+        "--index",
+        "ftp://mirror.example/whl",
+    ]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("--index"), "{stderr}");
 }
@@ -918,7 +940,15 @@ fn solve_index_names_what_the_host_reaches() {
 /// lock needs it reachable.
 #[test]
 fn solve_says_when_the_best_answer_needs_an_index_the_host_may_not_reach() {
-    let (code, stdout, _) = run(&["solve", "--driver", "520.61.05", "--gpu", "H100", "--top", "1"]);
+    let (code, stdout, _) = run(&[
+        "solve",
+        "--driver",
+        "520.61.05",
+        "--gpu",
+        "H100",
+        "--top",
+        "1",
+    ]);
     assert_eq!(code, 0, "{stdout}");
     assert!(
         stdout.contains("note: no build on PyPI fits; the best answer needs PyTorch's cu118 index (https://download.pytorch.org/whl/cu118)"),
@@ -942,7 +972,10 @@ fn solve_words_cudastack_limits_apart_and_ends_with_the_smallest_change() {
         stdout.contains("\nruled out by cudastack's own limits, not by compatibility ("),
         "{stdout}"
     );
-    let tail = stdout.rsplit("smallest changes that make a build fit:").next().unwrap();
+    let tail = stdout
+        .rsplit("smallest changes that make a build fit:")
+        .next()
+        .unwrap();
     assert!(
         stdout.contains("smallest changes that make a build fit:")
             && tail.contains("  - driver 580.65.06 or newer (R580 branch): torch 2.14.1+cu130"),
@@ -982,17 +1015,38 @@ fn solve_words_cudastack_limits_apart_and_ends_with_the_smallest_change() {
 #[test]
 fn solve_nothing_fits_names_another_python_or_gpu() {
     let (code, stdout, _) = run(&[
-        "solve", "--driver", "550.54.15", "--gpu", "A100", "--python", "3.15",
+        "solve",
+        "--driver",
+        "550.54.15",
+        "--gpu",
+        "A100",
+        "--python",
+        "3.15",
     ]);
     assert_eq!(code, 1, "{stdout}");
-    assert!(stdout.contains("  - Python 3.14 instead of 3.15: torch "), "{stdout}");
-    assert!(stdout.contains("  - driver 580.65.06 or newer (R580 branch): torch 2.15.0+cu132"), "{stdout}");
+    assert!(
+        stdout.contains("  - Python 3.14 instead of 3.15: torch "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  - driver 580.65.06 or newer (R580 branch): torch 2.15.0+cu132"),
+        "{stdout}"
+    );
 
     let (code, stdout, _) = run(&[
-        "solve", "--driver", "535.104.05", "--gpu", "A100", "--gpu", "RTX 5090",
+        "solve",
+        "--driver",
+        "535.104.05",
+        "--gpu",
+        "A100",
+        "--gpu",
+        "RTX 5090",
     ]);
     assert_eq!(code, 1, "{stdout}");
-    assert!(stdout.contains("  - without GeForce RTX 5090: torch 2.4.1+cu121"), "{stdout}");
+    assert!(
+        stdout.contains("  - without GeForce RTX 5090: torch 2.4.1+cu121"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("  - the R570 driver branch or newer: torch "),
         "{stdout}"

@@ -275,7 +275,13 @@ fn commands_that_need_nothing_but_the_binary() {
     snapshot(
         "solve_cudastack_limit",
         &cli(&[
-            "solve", "--driver", "550.54.15", "--gpu", "GH200", "--top", "2",
+            "solve",
+            "--driver",
+            "550.54.15",
+            "--gpu",
+            "GH200",
+            "--top",
+            "2",
         ]),
         &scrub,
     );

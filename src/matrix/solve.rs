@@ -103,9 +103,7 @@ impl FromStr for Reach {
         }
         let variant_error = match text.parse::<TorchIndex>() {
             Ok(TorchIndex::Pypi) => return Ok(Reach::Pypi),
-            Ok(TorchIndex::Variant { variant, url }) => {
-                return Ok(Reach::Variant { variant, url })
-            }
+            Ok(TorchIndex::Variant { variant, url }) => return Ok(Reach::Variant { variant, url }),
             Err(error) => error,
         };
         if text.starts_with("https://") || text.starts_with("http://") {
@@ -113,7 +111,10 @@ impl FromStr for Reach {
             let root = format!("{}/", text.trim_end_matches('/'));
             return match format!("{root}cu000").parse::<TorchIndex>() {
                 Ok(_) => Ok(Reach::PyTorch { root }),
-                Err(error) => Err(error),
+                Err(_) => Err(format!(
+                    "torch index URL `{}` carries credentials, which the lock would record; cudastack reads the torch index without any\n  hint: give the index's URL without `user:password@`",
+                    crate::recipe::masked_urls(text)
+                )),
             };
         }
         Err(format!(
@@ -130,13 +131,13 @@ impl fmt::Display for Reach {
                 f.write_str("pytorch")
             }
             Reach::PyTorch { root } => f.write_str(root),
-            Reach::Variant { variant, url } => {
-                f.write_str(&TorchIndex::Variant {
+            Reach::Variant { variant, url } => f.write_str(
+                &TorchIndex::Variant {
                     variant: variant.clone(),
                     url: url.clone(),
                 }
-                .to_string())
-            }
+                .to_string(),
+            ),
         }
     }
 }
@@ -350,7 +351,10 @@ fn rank(a: &Candidate, build_a: &TorchBuild, b: &Candidate, build_b: &TorchBuild
         .then(accepted_only(b.reachable.cmp(&a.reachable)))
         .then(accepted_only(a.minor_compat.cmp(&b.minor_compat)))
         .then(accepted_only(
-            build_b.status.is_confirmed().cmp(&build_a.status.is_confirmed()),
+            build_b
+                .status
+                .is_confirmed()
+                .cmp(&build_a.status.is_confirmed()),
         ))
         .then(build_b.torch.cmp(&build_a.torch))
         .then(certainty(build_a).cmp(&certainty(build_b)))
@@ -384,7 +388,9 @@ fn index_note(matrix: &Matrix, query: &SolveQuery, candidates: &[Candidate]) -> 
             ..query.clone()
         },
     );
-    let other = everywhere.best().filter(|other| !other.reachable_with(&query.index))?;
+    let other = everywhere
+        .best()
+        .filter(|other| !other.reachable_with(&query.index))?;
     let default = if query.index == Reach::Pypi {
         " (the default: what a recipe without `index:` locks from)"
     } else {
@@ -579,7 +585,12 @@ fn known_drivers(matrix: &Matrix) -> Vec<DriverVersion> {
         .iter()
         .map(|row| row.min_driver.clone())
         .chain(matrix.minor_compat.iter().map(|row| row.min_driver.clone()))
-        .chain(matrix.arch_min_drivers.iter().map(|row| row.min_driver.clone()))
+        .chain(
+            matrix
+                .arch_min_drivers
+                .iter()
+                .map(|row| row.min_driver.clone()),
+        )
         .chain(
             matrix
                 .gpus
@@ -1160,7 +1171,11 @@ mod tests {
         let solution = solve(Matrix::embedded(), &query("535.104.05", "H100", None));
         let best = solution.best().unwrap();
         assert_eq!(
-            (best.torch_build.as_str(), best.index.as_str(), best.status.as_str()),
+            (
+                best.torch_build.as_str(),
+                best.index.as_str(),
+                best.status.as_str()
+            ),
             ("2.4.1+cu121", "pypi", "derived")
         );
     }
@@ -1175,7 +1190,9 @@ mod tests {
         let accepted: Vec<&Candidate> = pypi.accepted().collect();
         let first_unreachable = accepted.iter().position(|c| !c.reachable).unwrap();
         assert!(accepted[first_unreachable..].iter().all(|c| !c.reachable));
-        assert!(accepted[..first_unreachable].iter().all(|c| c.index == "pypi"));
+        assert!(accepted[..first_unreachable]
+            .iter()
+            .all(|c| c.index == "pypi"));
 
         let everywhere = solve(
             matrix,
@@ -1198,7 +1215,9 @@ mod tests {
         assert!(native[..unsure]
             .iter()
             .all(|c| ["derived", "confirmed", "secondary"].contains(&c.status.as_str())));
-        assert!(native[..unsure].iter().any(|c| c.torch_build == "2.0.0+cu118"));
+        assert!(native[..unsure]
+            .iter()
+            .any(|c| c.torch_build == "2.0.0+cu118"));
 
         let cu118 = solve(
             matrix,
@@ -1238,6 +1257,10 @@ mod tests {
             .parse::<Reach>()
             .unwrap_err();
         assert!(!secret.contains("token"), "{secret}");
+        assert!(
+            secret.contains("`https://****@mirror.example/whl/`"),
+            "{secret}"
+        );
         assert!("ftp://mirror.example/whl".parse::<Reach>().is_err());
     }
 
@@ -1260,7 +1283,10 @@ mod tests {
         assert!(why.starts_with("cudastack's limit, not the stack's: cudastack locks linux/arm64 torch from PyPI only"), "{why}");
         let (limit, why) = by("2.10.0+cu128");
         assert_eq!(limit, Some(RejectedBy::CudastackLimit));
-        assert!(why.contains("PyPI's first CUDA linux/arm64 torch is 2.11.0"), "{why}");
+        assert!(
+            why.contains("PyPI's first CUDA linux/arm64 torch is 2.11.0"),
+            "{why}"
+        );
         assert_eq!(by("2.14.1+cu130").0, Some(RejectedBy::Compatibility));
         assert_eq!(solution.limits.len(), 1, "{:?}", solution.limits);
         // On amd64 GPUs nothing is a limit.
@@ -1300,10 +1326,13 @@ mod tests {
             .into_iter()
             .filter(|d| *d > host && *d < to)
         {
-            assert!(!fits(&SolveQuery {
-                driver: Some(between.clone()),
-                ..gh200.clone()
-            }), "{between}");
+            assert!(
+                !fits(&SolveQuery {
+                    driver: Some(between.clone()),
+                    ..gh200.clone()
+                }),
+                "{between}"
+            );
         }
         let gpu = &solution.changes[1];
         assert_eq!(
@@ -1332,8 +1361,7 @@ mod tests {
 
         // Two GPUs, one the driver does not run: leave it out.
         let mut pair = query("535.104.05", "A100", None);
-        pair.gpus
-            .push(SolveQuery::gpu(matrix, "RTX 5090").unwrap());
+        pair.gpus.push(SolveQuery::gpu(matrix, "RTX 5090").unwrap());
         let change = solve(matrix, &pair)
             .changes
             .into_iter()
