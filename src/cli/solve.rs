@@ -242,6 +242,11 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
             printer,
         );
     }
+    if accepted.is_empty() && solution.changes.is_empty() {
+        printer.line(
+            "\nno single change (a driver, a Python, a GPU left out or replaced, any torch) makes a build fit",
+        );
+    }
     if !solution.changes.is_empty() {
         printer.line("\nsmallest changes that make a build fit:");
         for change in &solution.changes {

@@ -294,15 +294,6 @@ impl Solution {
 }
 
 pub fn solve(matrix: &Matrix, query: &SolveQuery) -> Solution {
-    let mut solution = ranked(matrix, query);
-    if solution.best().is_none() {
-        solution.changes = changes(matrix, query);
-    }
-    solution
-}
-
-/// [`solve`] without the search for changes.
-fn ranked(matrix: &Matrix, query: &SolveQuery) -> Solution {
     let ceiling = query
         .driver
         .as_ref()
@@ -326,9 +317,25 @@ fn ranked(matrix: &Matrix, query: &SolveQuery) -> Solution {
         gpu_drivers: gpu_drivers(matrix, query),
         notes,
         limits: limits(matrix, query, &candidates),
+        changes: if candidates.iter().any(|c| c.accepted) {
+            Vec::new()
+        } else {
+            changes(matrix, query)
+        },
         candidates,
-        changes: Vec::new(),
     }
+}
+
+/// The best answer to `query` alone (no notes, no changes): what the searches of other
+/// queries ask.
+fn best_of(matrix: &Matrix, query: &SolveQuery) -> Option<Candidate> {
+    matrix
+        .torch_builds
+        .iter()
+        .map(|build| (judge(matrix, query, build), build))
+        .filter(|(candidate, _)| candidate.accepted)
+        .min_by(|(a, build_a), (b, build_b)| rank(a, build_a, b, build_b))
+        .map(|(candidate, _)| candidate)
 }
 
 /// The order of candidates. Accepted first, ranked by what a user would pick: a build the
@@ -381,16 +388,14 @@ fn index_note(matrix: &Matrix, query: &SolveQuery, candidates: &[Candidate]) -> 
     if query.index == Reach::pytorch() {
         return None;
     }
-    let everywhere = ranked(
+    let everywhere = best_of(
         matrix,
         &SolveQuery {
             index: Reach::pytorch(),
             ..query.clone()
         },
     );
-    let other = everywhere
-        .best()
-        .filter(|other| !other.reachable_with(&query.index))?;
+    let other = everywhere.filter(|other| !other.reachable_with(&query.index))?;
     let default = if query.index == Reach::Pypi {
         " (the default: what a recipe without `index:` locks from)"
     } else {
@@ -424,7 +429,7 @@ impl Candidate {
 /// Python, a GPU left out (or, for one GPU, the nearest compute capability instead), any
 /// torch, minor-version compatibility.
 fn changes(matrix: &Matrix, query: &SolveQuery) -> Vec<Change> {
-    let best = |changed: SolveQuery| ranked(matrix, &changed).best().cloned();
+    let best = |changed: SolveQuery| best_of(matrix, &changed);
     let mut found: Vec<(ChangeKind, String, Option<DriverVersion>, Candidate)> = Vec::new();
     if let Some(driver) = &query.driver {
         let drivers = known_drivers(matrix);
@@ -1300,7 +1305,7 @@ mod tests {
 
     /// Whether anything fits `query`, solved without the search for changes.
     fn fits(query: &SolveQuery) -> bool {
-        ranked(Matrix::embedded(), query).best().is_some()
+        best_of(Matrix::embedded(), query).is_some()
     }
 
     /// Nothing fits: the answer names the smallest single change of each kind, found by
@@ -1382,6 +1387,17 @@ mod tests {
             .changes
             .iter()
             .any(|c| c.kind == ChangeKind::MinorCompat));
+
+        // Several changes needed (a GPU left out, a Python, a torch): none alone is named.
+        let mut both = pair.clone();
+        both.python = Some("3.15".parse().unwrap());
+        both.torch = Some(SolveQuery::torch_spec("2.0").unwrap());
+        let both = solve(matrix, &both);
+        assert!(
+            both.best().is_none() && both.changes.is_empty(),
+            "{:?}",
+            both.changes
+        );
 
         // Something fits: no changes.
         assert!(solve(matrix, &query("535.104.05", "H100", None))
