@@ -169,9 +169,9 @@ fn best(solution: &serde_json::Value) -> (String, bool) {
 fn solve_driver_535_rtx_3090() {
     let solution = solve_json(&["--driver", "535.104.05", "--gpu", "RTX 3090"]);
     assert_eq!(solution["cuda_ceiling"], "12.2");
-    // Natively supported (no minor-version compatibility), CUDA within the 12.2 ceiling:
-    // the newest such torch (2.7.1 from PyTorch's cu118 index) ranks first, and the newest
-    // PyPI build, 2.4.1+cu121, is accepted natively too.
+    // Natively supported (no minor-version compatibility), CUDA within the 12.2 ceiling: the
+    // newest PyPI build, 2.4.1+cu121, ranks first (PyPI is what a recipe locks from by
+    // default); builds of PyTorch's own index are accepted natively too, after it.
     let (build, minor_compat) = best(&solution);
     assert!(!minor_compat);
     assert!(
@@ -225,10 +225,20 @@ fn solve_driver_470_v100_needs_minor_compat() {
 fn solve_driver_570_rtx_5090() {
     let solution = solve_json(&["--driver", "570.124.06", "--gpu", "RTX 5090"]);
     assert_eq!(solution["cuda_ceiling"], "12.8");
-    // Newest torch first (issue 24): 2.11.0+cu128 from PyTorch's index, a newer release than
-    // the PyPI 2.10.0+cu128.
+    // PyPI's 2.10.0+cu128 (read from the wheel) before 2.11.0+cu128 of PyTorch's index (a
+    // partial row, on an index `--index pypi` does not reach); with `--index pytorch` the
+    // partial row still comes after the derived one.
     let (build, minor_compat) = best(&solution);
-    assert_eq!((build.as_str(), minor_compat), ("2.11.0+cu128", false));
+    assert_eq!((build.as_str(), minor_compat), ("2.10.0+cu128", false));
+    let all = solve_json(&[
+        "--driver",
+        "570.124.06",
+        "--gpu",
+        "RTX 5090",
+        "--index",
+        "pytorch",
+    ]);
+    assert_eq!(best(&all), ("2.10.0+cu128".to_string(), false));
     let rejected: Vec<&serde_json::Value> = solution["candidates"]
         .as_array()
         .unwrap()
@@ -296,7 +306,7 @@ fn solve_blackwell_on_driver_550_offers_nothing_and_says_why() {
         .contains("B200 (sm_100) needs driver 570.133.20 or later (R570 branch)"));
     // On an R570 driver the Blackwell-capable builds come back.
     let b200 = solve_json(&["--driver", "570.133.20", "--gpu", "B200"]);
-    assert_eq!(best(&b200), ("2.11.0+cu128".to_string(), false));
+    assert_eq!(best(&b200), ("2.10.0+cu128".to_string(), false));
     let recipe = b200["candidates"][0]["recipe"].as_str().unwrap();
     assert!(recipe.contains("driver_floor: \"570.133.20\""), "{recipe}");
 }
@@ -357,11 +367,28 @@ fn validate_torch_two_parts_names_the_release_chosen() {
 fn solve_driver_550_gtx_1080_ti() {
     let solution = solve_json(&["--driver", "550.54.15", "--gpu", "GTX 1080 Ti"]);
     assert_eq!(solution["cuda_ceiling"], "12.4");
-    // Newest torch first (issue 24): 2.7.1+cu118 still carries sm_61 and CUDA 11.8 runs
-    // natively on 550; its row is unconfirmed, which the output says, not a demotion.
+    // 2.7.1+cu118 still carries sm_61 and CUDA 11.8 runs natively on 550, but its row is
+    // unconfirmed and on PyTorch's index: PyPI's newest build that fits, read from the
+    // wheel, comes first, and with `--index pytorch` too.
     let (build, minor_compat) = best(&solution);
-    assert_eq!((build.as_str(), minor_compat), ("2.7.1+cu118", false));
-    assert_eq!(solution["candidates"][0]["status"], "unconfirmed");
+    assert_eq!((build.as_str(), minor_compat), ("2.6.0+cu124", false));
+    assert_eq!(solution["candidates"][0]["status"], "derived");
+    let all = solve_json(&[
+        "--driver",
+        "550.54.15",
+        "--gpu",
+        "GTX 1080 Ti",
+        "--index",
+        "pytorch",
+    ]);
+    assert_eq!(best(&all), ("2.6.0+cu124".to_string(), false));
+    let unconfirmed = accepted(&all)
+        .iter()
+        .position(|c| c["torch_build"] == "2.7.1+cu118")
+        .unwrap();
+    assert!(accepted(&all)[..unconfirmed]
+        .iter()
+        .all(|c| c["status"] != "unconfirmed" && c["status"] != "partial"));
 }
 
 #[test]
@@ -523,7 +550,8 @@ fn solve_for_an_arm_only_gpu_writes_an_arm64_recipe() {
         let dir = tempfile::tempdir().unwrap();
         let (code, stdout, _) = run(&["validate", &write_recipe(&dir, recipe)]);
         assert_eq!(code, 0, "{gpu}: {recipe}\n{stdout}");
-        // Builds without aarch64 CUDA wheels are rejected with the reason.
+        // Builds without aarch64 CUDA wheels on PyPI are rejected with the reason: a limit
+        // of cudastack's (it locks arm64 torch from PyPI only), said to be one.
         let old = solution["candidates"]
             .as_array()
             .unwrap()
@@ -531,21 +559,33 @@ fn solve_for_an_arm_only_gpu_writes_an_arm64_recipe() {
             .find(|c| c["torch_build"] == "2.4.1+cu121" && c["index"] == "pypi")
             .unwrap();
         assert_eq!(old["accepted"], false);
-        assert!(
-            old["reasons"][0]
-                .as_str()
-                .unwrap()
-                .contains("no CUDA wheels for linux/arm64"),
-            "{old}"
-        );
+        // GB200 (sm_100) finds no kernels in it, a fact that comes first; GH200 (sm_90)
+        // would run it.
+        let (by, why) = match gpu {
+            "GB200" => ("compatibility", "no kernels for GB200 (sm_100)"),
+            _ => (
+                "cudastack_limit",
+                "PyPI's first CUDA linux/arm64 torch is 2.11.0 (2.4.1 there is CPU-only)",
+            ),
+        };
+        assert_eq!(old["rejected_by"], by, "{old}");
+        assert!(old["reasons"][0].as_str().unwrap().contains(why), "{old}");
     }
 }
 
-/// Issue 24: an unconfirmed row ranked below far older builds (2.7.1+cu118 below 2.0.0 for
-/// driver 535 + RTX 3090) and the text output never showed a row's status.
+/// Issue 24: an unconfirmed row ranked below far older builds of the same certainty, and the
+/// text output never showed a row's status. Newest torch first among builds alike in
+/// reach, minor-version compatibility and certainty (confirmed rows before the rest).
 #[test]
 fn solve_ranks_newest_torch_first_and_shows_status() {
-    let solution = solve_json(&["--driver", "535.104.05", "--gpu", "RTX 3090"]);
+    let solution = solve_json(&[
+        "--driver",
+        "535.104.05",
+        "--gpu",
+        "RTX 3090",
+        "--index",
+        "pytorch",
+    ]);
     let accepted: Vec<&serde_json::Value> = solution["candidates"]
         .as_array()
         .unwrap()
@@ -558,12 +598,19 @@ fn solve_ranks_newest_torch_first_and_shows_status() {
             .position(|c| c["torch_build"] == label)
             .unwrap_or_else(|| panic!("{label} not accepted"))
     };
-    assert!(position("2.7.1+cu118") < position("2.0.0+cu118"));
-    let torch: Vec<pep440_rs::Version> = accepted
-        .iter()
-        .map(|c| c["torch"].as_str().unwrap().parse().unwrap())
-        .collect();
-    assert!(torch.windows(2).all(|pair| pair[0] >= pair[1]), "{torch:?}");
+    assert!(position("2.7.1+cu118") < position("2.6.0+cu118"));
+    assert!(position("2.5.1+cu121") < position("2.0.0+cu118"));
+    let sure = |c: &serde_json::Value| {
+        !["partial", "unconfirmed"].contains(&c["status"].as_str().unwrap())
+    };
+    for tier in [true, false] {
+        let torch: Vec<pep440_rs::Version> = accepted
+            .iter()
+            .filter(|c| sure(c) == tier)
+            .map(|c| c["torch"].as_str().unwrap().parse().unwrap())
+            .collect();
+        assert!(torch.windows(2).all(|pair| pair[0] >= pair[1]), "{torch:?}");
+    }
     assert!(accepted.iter().all(|c| [
         "derived",
         "confirmed",
@@ -746,4 +793,262 @@ fn validate_apt_refuses_a_second_cudnn_and_accepts_system_tools() {
     ]);
     assert_eq!(code, 0, "{stdout}");
     assert!(stdout.contains(": valid (torch 2.4.1+cu121"), "{stdout}");
+}
+
+fn accepted(solution: &serde_json::Value) -> Vec<&serde_json::Value> {
+    solution["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["accepted"] == true)
+        .collect()
+}
+
+/// H100 on driver 535: the best answer was 2.7.1+cu118 from PyTorch's own index, marked
+/// unconfirmed, above confirmed PyPI builds, and its recipe did not lock where only PyPI is
+/// reachable. By default solve ranks what a recipe without `index:` locks (PyPI) first, and
+/// confirmed rows before unconfirmed ones; `--index pytorch` lets PyTorch's index in.
+#[test]
+fn solve_ranks_reachable_then_confirmed_builds_first() {
+    let solution = solve_json(&["--driver", "535.104.05", "--gpu", "H100"]);
+    assert_eq!(solution["index"], "pypi", "{solution}");
+    let best = &solution["candidates"][0];
+    assert_eq!(
+        (&best["torch_build"], &best["index"], &best["status"]),
+        (
+            &serde_json::json!("2.4.1+cu121"),
+            &serde_json::json!("pypi"),
+            &serde_json::json!("derived")
+        ),
+        "{best}"
+    );
+    assert!(best["recipe"]
+        .as_str()
+        .unwrap()
+        .contains("torch: { version: \"2.4.1\" }\n"));
+    let reachable: Vec<bool> = accepted(&solution)
+        .iter()
+        .map(|c| c["reachable"].as_bool().unwrap())
+        .collect();
+    assert!(
+        reachable.windows(2).all(|pair| pair[0] >= pair[1]),
+        "{reachable:?}"
+    );
+    assert!(reachable.contains(&false), "{reachable:?}");
+    let (code, stdout, _) = run(&["solve", "--driver", "535.104.05", "--gpu", "H100"]);
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("with `--index pytorch` (where download.pytorch.org is reachable) the best answer would be torch 2.5.1+cu121 (confirmed)"),
+        "{stdout}"
+    );
+
+    let all = solve_json(&[
+        "--driver",
+        "535.104.05",
+        "--gpu",
+        "H100",
+        "--index",
+        "pytorch",
+    ]);
+    assert_eq!(all["index"], "pytorch");
+    assert_eq!(best_of(&all), ("2.5.1+cu121", "confirmed"));
+    // Among native builds, every confirmed row comes before the unconfirmed 2.7.1+cu118.
+    let native: Vec<&serde_json::Value> = accepted(&all)
+        .into_iter()
+        .filter(|c| c["minor_compat"] == false)
+        .collect();
+    let unsure = native
+        .iter()
+        .position(|c| ["partial", "unconfirmed"].contains(&c["status"].as_str().unwrap()))
+        .unwrap();
+    assert!(native[unsure..]
+        .iter()
+        .all(|c| ["partial", "unconfirmed"].contains(&c["status"].as_str().unwrap())));
+    assert!(native[..unsure]
+        .iter()
+        .any(|c| c["torch_build"] == "2.4.1+cu121" && c["index"] == "pypi"));
+}
+
+fn best_of(solution: &serde_json::Value) -> (&str, &str) {
+    let best = &solution["candidates"][0];
+    assert_eq!(best["accepted"], true, "{solution}");
+    (
+        best["torch_build"].as_str().unwrap(),
+        best["status"].as_str().unwrap(),
+    )
+}
+
+/// `--index` names what the host reaches: one variant (`cu118` or its URL), PyTorch's
+/// index or a mirror of its root; the recipe names the index the lock will read.
+#[test]
+fn solve_index_names_what_the_host_reaches() {
+    let mirror = solve_json(&[
+        "--driver",
+        "535.104.05",
+        "--gpu",
+        "H100",
+        "--index",
+        "https://mirror.example/whl/",
+    ]);
+    assert_eq!(best_of(&mirror), ("2.5.1+cu121", "confirmed"));
+    let recipe = mirror["candidates"][0]["recipe"].as_str().unwrap();
+    assert!(
+        recipe.contains(
+            "torch: { version: \"2.5.1\", index: \"https://mirror.example/whl/cu121\" }\n"
+        ),
+        "{recipe}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (code, stdout, _) = run(&["validate", &write_recipe(&dir, recipe)]);
+    assert_eq!(code, 0, "{recipe}\n{stdout}");
+
+    let one = solve_json(&[
+        "--driver",
+        "535.104.05",
+        "--gpu",
+        "H100",
+        "--index",
+        "cu118",
+    ]);
+    let reachable: Vec<(&str, &str)> = accepted(&one)
+        .iter()
+        .filter(|c| c["reachable"] == true)
+        .map(|c| {
+            (
+                c["torch_build"].as_str().unwrap(),
+                c["index"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert!(reachable
+        .iter()
+        .all(|(build, index)| *index == "pypi" || build.ends_with("+cu118")));
+    assert_eq!(best_of(&one), ("2.5.1+cu118", "confirmed"));
+
+    let (code, _, stderr) = run(&[
+        "solve",
+        "--gpu",
+        "H100",
+        "--index",
+        "ftp://mirror.example/whl",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--index"), "{stderr}");
+}
+
+/// When no PyPI build fits, the best answer needs PyTorch's index, and solve says that the
+/// lock needs it reachable.
+#[test]
+fn solve_says_when_the_best_answer_needs_an_index_the_host_may_not_reach() {
+    let (code, stdout, _) = run(&[
+        "solve",
+        "--driver",
+        "520.61.05",
+        "--gpu",
+        "H100",
+        "--top",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.contains("note: no build on PyPI fits; the best answer needs PyTorch's cu118 index (https://download.pytorch.org/whl/cu118)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("`cudastack lock`"), "{stdout}");
+}
+
+/// GH200 on R550: "no torch build fits" read as a compatibility fact; it is cudastack's
+/// limit (arm64 torch is locked from PyPI only). The answer says so apart from the
+/// compatibility rejections, and ends with the smallest changes that make something fit.
+#[test]
+fn solve_words_cudastack_limits_apart_and_ends_with_the_smallest_change() {
+    let (code, stdout, _) = run(&["solve", "--driver", "550.54.15", "--gpu", "GH200"]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("cudastack locks linux/arm64 torch from PyPI only; PyPI's first CUDA linux/arm64 torch is 2.11.0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\nruled out by cudastack's own limits, not by compatibility ("),
+        "{stdout}"
+    );
+    let tail = stdout
+        .rsplit("smallest changes that make a build fit:")
+        .next()
+        .unwrap();
+    assert!(
+        stdout.contains("smallest changes that make a build fit:")
+            && tail.contains("  - driver 580.65.06 or newer (R580 branch): torch 2.14.1+cu130"),
+        "{stdout}"
+    );
+    assert!(tail.contains("instead of GH200"), "{stdout}");
+
+    let solution = solve_json(&["--driver", "550.54.15", "--gpu", "GH200"]);
+    let candidates = solution["candidates"].as_array().unwrap();
+    let by = |label: &str| {
+        candidates
+            .iter()
+            .find(|c| c["torch_build"] == label)
+            .unwrap_or_else(|| panic!("{label}"))
+    };
+    assert_eq!(by("2.14.1+cu130")["rejected_by"], "compatibility");
+    assert_eq!(by("2.10.0+cu128")["rejected_by"], "cudastack_limit");
+    assert_eq!(by("2.6.0+cu126")["rejected_by"], "cudastack_limit");
+    assert!(by("2.6.0+cu126")["reasons"][0]
+        .as_str()
+        .unwrap()
+        .starts_with("cudastack's limit, not the stack's: "));
+    let driver = &solution["changes"][0];
+    assert_eq!(
+        (&driver["kind"], &driver["driver"], &driver["torch_build"]),
+        (
+            &serde_json::json!("driver"),
+            &serde_json::json!("580.65.06"),
+            &serde_json::json!("2.14.1+cu130")
+        ),
+        "{solution}"
+    );
+}
+
+/// The smallest change is computed by solving again with one change at a time: another
+/// Python, a GPU left out, a driver branch.
+#[test]
+fn solve_nothing_fits_names_another_python_or_gpu() {
+    let (code, stdout, _) = run(&[
+        "solve",
+        "--driver",
+        "550.54.15",
+        "--gpu",
+        "A100",
+        "--python",
+        "3.15",
+    ]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("  - Python 3.14 instead of 3.15: torch "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  - driver 580.65.06 or newer (R580 branch): torch 2.15.0+cu132"),
+        "{stdout}"
+    );
+
+    let (code, stdout, _) = run(&[
+        "solve",
+        "--driver",
+        "535.104.05",
+        "--gpu",
+        "A100",
+        "--gpu",
+        "RTX 5090",
+    ]);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("  - without GeForce RTX 5090: torch 2.4.1+cu121"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  - the R570 driver branch or newer: torch "),
+        "{stdout}"
+    );
 }

@@ -269,6 +269,22 @@ fn commands_that_need_nothing_but_the_binary() {
         &cli(&["solve", "--driver", "550.54.15", "--gpu", "B200"]),
         &scrub,
     );
+    // A GPU that runs next to an Arm host only, on R550: what rules builds out is partly
+    // cudastack's own limit, said apart from compatibility, and the answer ends with the
+    // smallest changes that make a build fit.
+    snapshot(
+        "solve_cudastack_limit",
+        &cli(&[
+            "solve",
+            "--driver",
+            "550.54.15",
+            "--gpu",
+            "GH200",
+            "--top",
+            "2",
+        ]),
+        &scrub,
+    );
     let recipe = work.path().join("my-stack.yaml");
     snapshot(
         "solve_write",

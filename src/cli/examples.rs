@@ -102,7 +102,9 @@ Examples:
   # What runs on a node with driver 535 and RTX 3090s
   cudastack solve --driver 535.104.05 --gpu \"RTX 3090\"
   # The newest torch 2.4 build for an H100, as a recipe file to lock and build
-  cudastack solve --driver 550.54.15 --gpu H100 --torch 2.4 --write h100.yaml";
+  cudastack solve --driver 550.54.15 --gpu H100 --torch 2.4 --write h100.yaml
+  # Where download.pytorch.org is reachable, builds from PyTorch's own indexes rank as PyPI's
+  cudastack solve --driver 535.104.05 --gpu H100 --index pytorch";
 
 pub const INSPECT: &str = "\
 Examples:

@@ -1,10 +1,10 @@
-//! `cudastack solve --driver V --gpu NAME [--torch SPEC] [--python X.Y]`
+//! `cudastack solve --driver V --gpu NAME [--torch SPEC] [--python X.Y] [--index WHERE]`
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
-use cudastack::matrix::solve::{solve, Solution, SolveQuery};
+use cudastack::matrix::solve::{solve, Candidate, Reach, RejectedBy, Solution, SolveQuery};
 use cudastack::matrix::Status;
 use cudastack::version::{DriverVersion, PythonVersion};
 
@@ -29,6 +29,13 @@ pub struct SolveArgs {
     /// Python version the stack must use.
     #[arg(long)]
     python: Option<PythonVersion>,
+    /// The torch indexes the host that runs `cudastack lock` reaches: `pypi` (PyPI only,
+    /// what a recipe without `index:` locks from), `pytorch` (download.pytorch.org too),
+    /// one of its indexes (`cu121`, or a mirror's URL ending in /cu121), or the root of a
+    /// mirror of them (`https://mirror.example/whl/`). Builds on other indexes rank after
+    /// the ones it reaches; nothing is probed.
+    #[arg(long, value_name = "WHERE", default_value = "pypi")]
+    index: Reach,
     /// Reject builds that need CUDA minor-version compatibility on this driver.
     #[arg(long)]
     no_minor_compat: bool,
@@ -54,6 +61,7 @@ pub fn run(args: SolveArgs, printer: &Printer) -> CommandResult {
         driver: args.driver,
         python: args.python,
         allow_minor_compat: !args.no_minor_compat,
+        index: args.index,
         ..Default::default()
     };
     for name in args.gpus.iter().chain(&args.ccs) {
@@ -110,6 +118,12 @@ fn write_recipe(solution: &Solution, path: &Path, printer: &Printer) -> Result<(
         path.display(),
         path.display()
     ));
+    if let Some(best) = solution.best().filter(|best| !best.reachable) {
+        printer.status(format!(
+            "  note: its torch is on PyTorch's {} index, which `--index {}` does not reach: the lock needs that index (or a mirror of it) reachable",
+            best.variant, solution.index
+        ));
+    }
     Ok(())
 }
 
@@ -163,6 +177,16 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
     let accepted: Vec<_> = solution.accepted().collect();
     if accepted.is_empty() {
         printer.line("no torch build fits.");
+        let limited = solution
+            .candidates
+            .iter()
+            .filter(|c| c.rejected_by == Some(RejectedBy::CudastackLimit))
+            .count();
+        for limit in &solution.limits {
+            printer.line(format_args!(
+                "  cudastack's limit, not the stack's: {limit} ({limited} builds the stack would run are ruled out by it)"
+            ));
+        }
     } else {
         printer.line(format_args!(
             "\naccepted ({} in all, best first):",
@@ -174,8 +198,13 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
             } else {
                 ""
             };
+            let reach = if candidate.reachable {
+                String::new()
+            } else {
+                format!(" [not on --index {}]", solution.index)
+            };
             printer.line(format_args!(
-                "  {}. torch {} (index {}, CUDA {}, cuDNN {}, {}){compat}",
+                "  {}. torch {} (index {}, CUDA {}, cuDNN {}, {}){compat}{reach}",
                 rank + 1,
                 candidate.torch_build,
                 candidate.index,
@@ -192,27 +221,61 @@ fn print_human(solution: &Solution, top: usize, printer: &Printer) {
         accepted.iter().take(top).map(|c| c.status.as_str()),
         printer,
     );
-    let rejected: Vec<_> = solution.candidates.iter().filter(|c| !c.accepted).collect();
+    // What rules a build out: the query or a compatibility fact, apart from the limits of
+    // cudastack's own (builds the stack would run, which cudastack cannot lock).
+    let (limited, rejected): (Vec<_>, Vec<_>) = solution
+        .candidates
+        .iter()
+        .filter(|c| !c.accepted)
+        .partition(|c| c.rejected_by == Some(RejectedBy::CudastackLimit));
     if driver_unsupported {
         printer.line(format_args!(
             "\nrejected: all {} builds, for the reason above (`--json` lists them)",
-            rejected.len()
+            rejected.len() + limited.len()
         ));
-    } else if !rejected.is_empty() {
-        printer.line(format_args!(
-            "\nrejected ({} in all, newest first):",
-            rejected.len()
-        ));
-        for candidate in rejected.iter().take(top) {
+    } else {
+        print_rejected("rejected", &rejected, top, printer);
+        print_rejected(
+            "ruled out by cudastack's own limits, not by compatibility",
+            &limited,
+            top,
+            printer,
+        );
+    }
+    if accepted.is_empty() && solution.changes.is_empty() {
+        printer.line(
+            "\nno single change (a driver, a Python, a GPU left out or replaced, any torch) makes a build fit",
+        );
+    }
+    if !solution.changes.is_empty() {
+        printer.line("\nsmallest changes that make a build fit:");
+        for change in &solution.changes {
             printer.line(format_args!(
-                "  - torch {}: {}",
-                candidate.torch_build,
-                candidate.reasons.join("; ")
+                "  - {}: torch {} (index {})",
+                change.change, change.torch_build, change.index
             ));
         }
     }
     if let Some(best) = accepted.first().and_then(|c| c.recipe.as_ref()) {
         printer.line(format_args!("\nrecipe for the best answer:\n---\n{best}"));
+    }
+}
+
+/// A list of rejected builds under `title`, newest first, the first `top` shown.
+fn print_rejected(title: &str, rejected: &[&Candidate], top: usize, printer: &Printer) {
+    if rejected.is_empty() {
+        return;
+    }
+    printer.line(format_args!(
+        "\n{title} ({} in all, newest first):",
+        rejected.len()
+    ));
+    for candidate in rejected.iter().take(top) {
+        printer.line(format_args!(
+            "  - torch {}: {}",
+            candidate.torch_build,
+            candidate.reasons.join("; ")
+        ));
     }
 }
 

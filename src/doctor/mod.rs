@@ -371,6 +371,8 @@ fn recommend(driver: &DriverReport, python: Option<&str>, matrix: &Matrix) -> Re
         python,
         torch: None,
         allow_minor_compat: true,
+        // PyPI only: what the recipe of the recommendation locks from.
+        ..Default::default()
     };
     let mut solution = solve(matrix, &query);
     let mut note = String::new();

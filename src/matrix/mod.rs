@@ -84,6 +84,15 @@ impl Status {
         }
     }
 
+    /// Read from the artifacts or a primary source (or a copy of one): a fact, where
+    /// `partial` and `unconfirmed` rows are partly guesses.
+    pub fn is_confirmed(self) -> bool {
+        matches!(
+            self,
+            Status::Derived | Status::Confirmed | Status::ConfirmedSecondary
+        )
+    }
+
     /// Every status, most certain first (the order of legends).
     pub const ALL: [Status; 5] = [
         Status::Derived,

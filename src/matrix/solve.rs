@@ -1,14 +1,25 @@
 //! `cudastack solve`: the intersection of what a host's driver allows (a ceiling), what its
 //! GPUs need (a floor: kernels for their compute capability) and what the user asks
 //! (torch and Python versions), ranked, with the reason each build was chosen or rejected.
+//!
+//! Ranking puts first what the user can lock and trust: builds on an index the host reaches
+//! ([`Reach`]: by default PyPI only, what a recipe without `index:` locks from), then builds
+//! that need no minor-version compatibility, then rows read from the wheels or a primary
+//! source before partial or unconfirmed ones, then the newest torch. A rejection says whether
+//! the stack would not run ([`RejectedBy::Compatibility`]) or cudastack cannot lock it
+//! ([`RejectedBy::CudastackLimit`]); when nothing fits, [`Solution::changes`] holds the
+//! smallest single changes to the query that make something fit, found by solving again.
+//! Solving reads no network: what the host reaches is the user's `--index`.
 
+use std::cmp::Ordering;
+use std::fmt;
 use std::str::FromStr;
 
 use pep440_rs::{Operator, VersionSpecifiers};
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use super::{GpuDrivers, KernelSupport, Matrix, TorchBuild};
-use crate::recipe::Platform;
+use crate::recipe::{Platform, TorchIndex};
 use crate::target_gpu::TargetGpu;
 use crate::version::{ComputeCapability, CudaVersion, DriverVersion, PythonVersion};
 
@@ -25,6 +36,116 @@ pub struct SolveQuery {
     pub python: Option<PythonVersion>,
     /// Also accept builds that need CUDA minor-version compatibility on this driver.
     pub allow_minor_compat: bool,
+    /// The torch indexes the host reaches (builds elsewhere rank after those on them).
+    pub index: Reach,
+}
+
+/// Which torch indexes the host that locks the recipe reaches, besides PyPI (which every
+/// lock reads). Given by the user, never probed: a probe would slow every call and answer
+/// for this machine, not for the one that runs `cudastack lock`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Reach {
+    /// PyPI only: what a recipe without `index:` locks from.
+    #[default]
+    Pypi,
+    /// PyTorch's per-CUDA indexes under `root` (`https://download.pytorch.org/whl/`, or a
+    /// mirror of that tree), and PyPI.
+    PyTorch { root: String },
+    /// One per-CUDA index (`cu121`, at PyTorch's or at a mirror's `url`), and PyPI.
+    Variant { variant: String, url: String },
+}
+
+impl Reach {
+    /// Every index a build can come from: PyTorch's own, and PyPI.
+    pub fn pytorch() -> Reach {
+        Reach::PyTorch {
+            root: TorchIndex::PYTORCH_INDEX_ROOT.to_string(),
+        }
+    }
+
+    /// Whether a lock on this host can read `build`.
+    pub fn reaches(&self, build: &TorchBuild) -> bool {
+        self.reaches_build(build.pypi_default, &build.variant)
+    }
+
+    fn reaches_build(&self, on_pypi: bool, build_variant: &str) -> bool {
+        on_pypi
+            || match self {
+                Reach::Pypi => false,
+                Reach::PyTorch { .. } => true,
+                Reach::Variant { variant, .. } => variant == build_variant,
+            }
+    }
+
+    /// Where the lock reads a build of PyTorch's `variant` index from: this host's mirror
+    /// when it names one, else PyTorch's own.
+    pub fn index_for(&self, variant: &str) -> TorchIndex {
+        let url = match self {
+            Reach::PyTorch { root } => format!("{root}{variant}"),
+            Reach::Variant { variant: only, url } if only == variant => url.clone(),
+            _ => format!("{}{variant}", TorchIndex::PYTORCH_INDEX_ROOT),
+        };
+        TorchIndex::Variant {
+            variant: variant.to_string(),
+            url,
+        }
+    }
+}
+
+impl FromStr for Reach {
+    type Err = String;
+    /// `pypi`, `pytorch`, a variant (`cu121`), an index URL ending in one, or the root of a
+    /// mirror of PyTorch's indexes (`https://mirror/whl/`).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("pytorch") {
+            return Ok(Reach::pytorch());
+        }
+        let variant_error = match text.parse::<TorchIndex>() {
+            Ok(TorchIndex::Pypi) => return Ok(Reach::Pypi),
+            Ok(TorchIndex::Variant { variant, url }) => return Ok(Reach::Variant { variant, url }),
+            Err(error) => error,
+        };
+        if text.starts_with("https://") || text.starts_with("http://") {
+            // A mirror's root: valid when an index under it would be (no credentials).
+            let root = format!("{}/", text.trim_end_matches('/'));
+            return match format!("{root}cu000").parse::<TorchIndex>() {
+                Ok(_) => Ok(Reach::PyTorch { root }),
+                Err(_) => Err(format!(
+                    "torch index URL `{}` carries credentials, which the lock would record; cudastack reads the torch index without any\n  hint: give the index's URL without `user:password@`",
+                    crate::recipe::masked_urls(text)
+                )),
+            };
+        }
+        Err(format!(
+            "{variant_error}\n  hint: `--index pypi` (PyPI only, the default), `pytorch` (PyTorch's indexes too), `cu121`, or a mirror's URL"
+        ))
+    }
+}
+
+impl fmt::Display for Reach {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reach::Pypi => f.write_str("pypi"),
+            Reach::PyTorch { root } if root == TorchIndex::PYTORCH_INDEX_ROOT => {
+                f.write_str("pytorch")
+            }
+            Reach::PyTorch { root } => f.write_str(root),
+            Reach::Variant { variant, url } => f.write_str(
+                &TorchIndex::Variant {
+                    variant: variant.clone(),
+                    url: url.clone(),
+                }
+                .to_string(),
+            ),
+        }
+    }
+}
+
+impl Serialize for Reach {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +208,8 @@ pub struct Candidate {
     pub cudnn: Option<String>,
     pub python: Option<PythonVersion>,
     pub accepted: bool,
+    /// On an index the host reaches ([`SolveQuery::index`]): its recipe locks there.
+    pub reachable: bool,
     /// Needs CUDA minor-version compatibility on the given driver.
     pub minor_compat: bool,
     /// How sure the matrix row is, as a plain word (`derived`, `confirmed`, `partial`,
@@ -94,14 +217,54 @@ pub struct Candidate {
     pub status: String,
     /// Why it was accepted (every check it passed) or the first reason it was rejected.
     pub reasons: Vec<String>,
+    /// For a rejected build: what rejected it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected_by: Option<RejectedBy>,
     /// A recipe to paste, for accepted candidates.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recipe: Option<String>,
 }
 
+/// What rejected a build: the query, a compatibility fact (the stack would not run), or a
+/// limit of cudastack's own (the stack would run, cudastack cannot lock it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectedBy {
+    /// The torch version asked for.
+    Query,
+    Compatibility,
+    CudastackLimit,
+}
+
+/// One change to the query that makes a build fit when nothing does.
+#[derive(Debug, Clone, Serialize)]
+pub struct Change {
+    pub kind: ChangeKind,
+    /// The change in words (`driver 580.65.06 or newer (R580 branch)`).
+    pub change: String,
+    /// The driver to install, for a driver change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverVersion>,
+    /// The best answer after the change.
+    pub torch_build: String,
+    pub index: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    Driver,
+    Python,
+    Gpu,
+    Torch,
+    MinorCompat,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Solution {
     pub driver: Option<DriverVersion>,
+    /// The indexes the ranking took as reachable (`pypi`, `pytorch`, a variant or URL).
+    pub index: Reach,
     /// The newest CUDA the driver supports natively.
     pub cuda_ceiling: Option<CudaVersion>,
     pub gpus: Vec<TargetGpu>,
@@ -113,6 +276,12 @@ pub struct Solution {
     pub notes: Vec<String>,
     /// Accepted first (ranked), then rejected.
     pub candidates: Vec<Candidate>,
+    /// The limits of cudastack's own that rejected builds the stack would run, each once.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<String>,
+    /// When nothing fits: the smallest single changes that make a build fit, one per kind.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<Change>,
 }
 
 impl Solution {
@@ -134,33 +303,309 @@ pub fn solve(matrix: &Matrix, query: &SolveQuery) -> Solution {
         .iter()
         .map(|build| (judge(matrix, query, build), build))
         .collect();
-    // Rank by what a user would pick: accepted first; native before
-    // minor-version compatibility (which needs a setting and a compat package); newest torch;
-    // then, among builds of one torch release, the surer row (read from the wheels, then from
-    // primary sources: a tie-breaker, never a demotion below older releases), the PyPI build
-    // (no extra index to trust) before index variants, and the newest CUDA. The text output
-    // shows each row's status so an unconfirmed first answer says so.
-    candidates.sort_by(|(a, build_a), (b, build_b)| {
-        b.accepted
-            .cmp(&a.accepted)
-            .then(a.minor_compat.cmp(&b.minor_compat))
-            .then(build_b.torch.cmp(&build_a.torch))
-            .then(certainty(build_a).cmp(&certainty(build_b)))
-            .then(build_b.pypi_default.cmp(&build_a.pypi_default))
-            .then(b.cuda.cmp(&a.cuda))
-    });
+    candidates.sort_by(|(a, build_a), (b, build_b)| rank(a, build_a, b, build_b));
     let candidates: Vec<Candidate> = candidates.into_iter().map(|(c, _)| c).collect();
-    let notes = series_note(query, candidates.iter().find(|c| c.accepted))
+    let mut notes: Vec<String> = series_note(query, candidates.iter().find(|c| c.accepted))
         .into_iter()
         .collect();
+    notes.extend(index_note(matrix, query, &candidates));
     Solution {
         driver: query.driver.clone(),
+        index: query.index.clone(),
         cuda_ceiling: ceiling,
         gpus: query.gpus.clone(),
         gpu_drivers: gpu_drivers(matrix, query),
         notes,
+        limits: limits(matrix, query, &candidates),
+        changes: if candidates.iter().any(|c| c.accepted) {
+            Vec::new()
+        } else {
+            changes(matrix, query)
+        },
         candidates,
     }
+}
+
+/// The best answer to `query` alone (no notes, no changes): what the searches of other
+/// queries ask.
+fn best_of(matrix: &Matrix, query: &SolveQuery) -> Option<Candidate> {
+    matrix
+        .torch_builds
+        .iter()
+        .map(|build| (judge(matrix, query, build), build))
+        .filter(|(candidate, _)| candidate.accepted)
+        .min_by(|(a, build_a), (b, build_b)| rank(a, build_a, b, build_b))
+        .map(|(candidate, _)| candidate)
+}
+
+/// The order of candidates. Accepted first, ranked by what a user would pick: a build the
+/// host can lock (on an index it reaches) before one it cannot; native before
+/// minor-version compatibility (which needs a setting and a compat package); a row read
+/// from the wheels or a primary source before a partial or unconfirmed one (a guess must
+/// not outrank a fact, however new); the newest torch; then, among builds of one release,
+/// the surer row, the PyPI build (no extra index to trust) and the newest CUDA. Rejected
+/// builds follow, newest torch first.
+fn rank(a: &Candidate, build_a: &TorchBuild, b: &Candidate, build_b: &TorchBuild) -> Ordering {
+    let accepted_only = |ordering: Ordering| {
+        if a.accepted && b.accepted {
+            ordering
+        } else {
+            Ordering::Equal
+        }
+    };
+    b.accepted
+        .cmp(&a.accepted)
+        .then(accepted_only(b.reachable.cmp(&a.reachable)))
+        .then(accepted_only(a.minor_compat.cmp(&b.minor_compat)))
+        .then(accepted_only(
+            build_b
+                .status
+                .is_confirmed()
+                .cmp(&build_a.status.is_confirmed()),
+        ))
+        .then(build_b.torch.cmp(&build_a.torch))
+        .then(certainty(build_a).cmp(&certainty(build_b)))
+        .then(build_b.pypi_default.cmp(&build_a.pypi_default))
+        .then(b.cuda.cmp(&a.cuda))
+}
+
+/// What the ranking by reachable index changed: the best answer needs an index the host
+/// may not reach, or a build on another index would rank first where it is reachable.
+fn index_note(matrix: &Matrix, query: &SolveQuery, candidates: &[Candidate]) -> Option<String> {
+    let best = candidates.first().filter(|c| c.accepted)?;
+    if !best.reachable {
+        let index = query.index.index_for(&best.variant);
+        let url = match &index {
+            TorchIndex::Variant { url, .. } => url.clone(),
+            TorchIndex::Pypi => String::new(),
+        };
+        return Some(format!(
+            "no build on {} fits; the best answer needs PyTorch's {} index ({url}): `cudastack lock` of its recipe fails where that index is not reachable; give `--index pytorch` (or a mirror's URL) where it is",
+            reach_words(&query.index),
+            best.variant
+        ));
+    }
+    if query.index == Reach::pytorch() {
+        return None;
+    }
+    let everywhere = best_of(
+        matrix,
+        &SolveQuery {
+            index: Reach::pytorch(),
+            ..query.clone()
+        },
+    );
+    let other = everywhere.filter(|other| !other.reachable_with(&query.index))?;
+    let default = if query.index == Reach::Pypi {
+        " (the default: what a recipe without `index:` locks from)"
+    } else {
+        ""
+    };
+    Some(format!(
+        "ranked for `--index {}`{default}; with `--index pytorch` (where download.pytorch.org is reachable) the best answer would be torch {} ({}) from PyTorch's {} index",
+        query.index, other.torch_build, other.status, other.variant
+    ))
+}
+
+/// `PyPI`, `PyPI or the cu118 index`: what `--index` lets in, in words.
+fn reach_words(reach: &Reach) -> String {
+    match reach {
+        Reach::Pypi => "PyPI".to_string(),
+        Reach::PyTorch { root } => format!("PyPI or the indexes under {root}"),
+        Reach::Variant { variant, .. } => format!("PyPI or the {variant} index"),
+    }
+}
+
+impl Candidate {
+    /// Whether the build is on an index `reach` lets in.
+    fn reachable_with(&self, reach: &Reach) -> bool {
+        reach.reaches_build(self.index == "pypi", &self.variant)
+    }
+}
+
+/// The smallest single changes to `query` that make a build fit, at most one per kind, each
+/// found by solving again with that change alone: the nearest driver (the lowest above the
+/// host's, else the highest below it for a GPU later branches dropped), the nearest other
+/// Python, a GPU left out (or, for one GPU, the nearest compute capability instead), any
+/// torch, minor-version compatibility.
+fn changes(matrix: &Matrix, query: &SolveQuery) -> Vec<Change> {
+    let best = |changed: SolveQuery| best_of(matrix, &changed);
+    let mut found: Vec<(ChangeKind, String, Option<DriverVersion>, Candidate)> = Vec::new();
+    if let Some(driver) = &query.driver {
+        let drivers = known_drivers(matrix);
+        let with = |other: &DriverVersion| {
+            best(SolveQuery {
+                driver: Some(other.clone()),
+                ..query.clone()
+            })
+            .map(|fits| (other.clone(), fits))
+        };
+        let up = drivers.iter().filter(|d| *d > driver).find_map(with);
+        let newest_fits = drivers.last().and_then(with).is_some();
+        let change = match up {
+            Some(up) => Some((up, newest_fits)),
+            None => drivers
+                .iter()
+                .rev()
+                .filter(|d| *d < driver)
+                .find_map(with)
+                .map(|down| (down, false)),
+        };
+        if let Some(((to, fits), or_newer)) = change {
+            let newer = if or_newer { " or newer" } else { "" };
+            let text = if to.to_string() == to.branch().to_string() {
+                format!("the R{} driver branch{newer}", to.branch())
+            } else {
+                format!("driver {to}{newer} (R{} branch)", to.branch())
+            };
+            found.push((ChangeKind::Driver, text, Some(to), fits));
+        }
+    }
+    if let Some(python) = query.python {
+        let mut pythons: Vec<PythonVersion> = matrix
+            .torch_builds
+            .iter()
+            .flat_map(|build| build.python.iter().copied())
+            .filter(|other| *other != python)
+            .collect();
+        pythons.sort_by_key(|other| (python_distance(python, *other), std::cmp::Reverse(*other)));
+        pythons.dedup();
+        if let Some((other, fits)) = pythons.into_iter().find_map(|other| {
+            best(SolveQuery {
+                python: Some(other),
+                ..query.clone()
+            })
+            .map(|fits| (other, fits))
+        }) {
+            found.push((
+                ChangeKind::Python,
+                format!("Python {other} instead of {python}"),
+                None,
+                fits,
+            ));
+        }
+    }
+    if let Some(change) = gpu_change(matrix, query, &best) {
+        found.push(change);
+    }
+    if let Some(spec) = &query.torch {
+        if let Some(fits) = best(SolveQuery {
+            torch: None,
+            ..query.clone()
+        }) {
+            found.push((
+                ChangeKind::Torch,
+                format!("any torch, not {spec}"),
+                None,
+                fits,
+            ));
+        }
+    }
+    if !query.allow_minor_compat {
+        if let Some(fits) = best(SolveQuery {
+            allow_minor_compat: true,
+            ..query.clone()
+        }) {
+            found.push((
+                ChangeKind::MinorCompat,
+                "allowing minor-version compatibility".to_string(),
+                None,
+                fits,
+            ));
+        }
+    }
+    found
+        .into_iter()
+        .map(|(kind, change, driver, fits)| Change {
+            kind,
+            change,
+            driver,
+            torch_build: fits.torch_build,
+            index: fits.index,
+        })
+        .collect()
+}
+
+/// A GPU left out of several (the first whose absence lets a build fit), or for a single
+/// GPU the known GPU nearest in compute capability that fits instead.
+fn gpu_change(
+    matrix: &Matrix,
+    query: &SolveQuery,
+    best: &impl Fn(SolveQuery) -> Option<Candidate>,
+) -> Option<(ChangeKind, String, Option<DriverVersion>, Candidate)> {
+    if query.gpus.len() > 1 {
+        return query.gpus.iter().enumerate().find_map(|(at, gpu)| {
+            let mut gpus = query.gpus.clone();
+            gpus.remove(at);
+            best(SolveQuery {
+                gpus,
+                ..query.clone()
+            })
+            .map(|fits| (ChangeKind::Gpu, format!("without {}", gpu.name), None, fits))
+        });
+    }
+    let [gpu] = &query.gpus[..] else {
+        return None;
+    };
+    let mut others: Vec<TargetGpu> = matrix
+        .gpus
+        .iter()
+        .filter(|other| other.name != gpu.name)
+        .map(|other| TargetGpu {
+            name: other.name.clone(),
+            cc: other.cc,
+        })
+        .collect();
+    // Stable: among GPUs as near, the matrix's order.
+    others.sort_by_key(|other| {
+        (
+            other.cc.major.abs_diff(gpu.cc.major),
+            other.cc.minor.abs_diff(gpu.cc.minor),
+        )
+    });
+    others.into_iter().find_map(|other| {
+        let text = format!("{} instead of {}", other.label(), gpu.name);
+        best(SolveQuery {
+            gpus: vec![other],
+            ..query.clone()
+        })
+        .map(|fits| (ChangeKind::Gpu, text, None, fits))
+    })
+}
+
+/// How far apart two Python versions are, in minor releases (a major apart: far).
+fn python_distance(a: PythonVersion, b: PythonVersion) -> u32 {
+    if a.major == b.major {
+        a.minor.abs_diff(b.minor)
+    } else {
+        u32::MAX
+    }
+}
+
+/// Every driver the matrix names (toolkit minimums, minor-version-compatibility floors,
+/// GPU minimums), oldest first: the drivers a change of driver is tried with.
+fn known_drivers(matrix: &Matrix) -> Vec<DriverVersion> {
+    let mut drivers: Vec<DriverVersion> = matrix
+        .cuda_releases
+        .iter()
+        .map(|row| row.min_driver.clone())
+        .chain(matrix.minor_compat.iter().map(|row| row.min_driver.clone()))
+        .chain(
+            matrix
+                .arch_min_drivers
+                .iter()
+                .map(|row| row.min_driver.clone()),
+        )
+        .chain(
+            matrix
+                .gpus
+                .iter()
+                .filter_map(|gpu| gpu.min_driver.as_ref().map(|own| own.driver.clone())),
+        )
+        .collect();
+    drivers.sort();
+    drivers.dedup();
+    drivers
 }
 
 fn gpu_drivers(matrix: &Matrix, query: &SolveQuery) -> Vec<GpuDrivers> {
@@ -225,9 +670,11 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
         cudnn: build.cudnn.as_ref().map(ToString::to_string),
         python: None,
         accepted: false,
+        reachable: query.index.reaches(build),
         minor_compat: false,
         status: build.status.word().to_string(),
         reasons: Vec::new(),
+        rejected_by: None,
         recipe: None,
     };
     match judge_steps(matrix, query, build, &mut candidate) {
@@ -241,36 +688,44 @@ fn judge(matrix: &Matrix, query: &SolveQuery, build: &TorchBuild) -> Candidate {
                 candidate.minor_compat,
             ));
         }
-        Err(reason) => candidate.reasons = vec![reason],
+        Err((by, reason)) => {
+            candidate.reasons = vec![reason];
+            candidate.rejected_by = Some(by);
+        }
     }
     candidate
 }
 
-/// The checks of [`judge`] in order; each adds its reason, or ends with why not.
+/// The checks of [`judge`] in order; each adds its reason, or ends with why not. The
+/// compatibility facts come before cudastack's own limits, so that a build rejected by a
+/// limit is one the stack would run.
 fn judge_steps(
     matrix: &Matrix,
     query: &SolveQuery,
     build: &TorchBuild,
     candidate: &mut Candidate,
-) -> Result<PythonVersion, String> {
+) -> Result<PythonVersion, (RejectedBy, String)> {
     if let Some(spec) = &query.torch {
         if !spec.contains(&build.torch) {
-            return Err(format!("torch {} does not match {spec}", build.torch));
+            return Err((
+                RejectedBy::Query,
+                format!("torch {} does not match {spec}", build.torch),
+            ));
         }
         candidate
             .reasons
             .push(format!("torch {} matches {spec}", build.torch));
     }
+    let fact = |reason: String| (RejectedBy::Compatibility, reason);
     if let Some(driver) = &query.driver {
         if let Some(floor) = gpu_drivers(matrix, query)
             .into_iter()
             .find(|floor| !floor.runs_on(driver))
         {
-            return Err(floor.refusal(driver));
+            return Err(fact(floor.refusal(driver)));
         }
     }
-    let python = judge_python(matrix, query, build)?;
-    judge_arm_host(matrix, query, build, &mut candidate.reasons)?;
+    let python = judge_python(matrix, query, build).map_err(fact)?;
     candidate.python = Some(python);
     candidate
         .reasons
@@ -281,8 +736,11 @@ fn judge_steps(
         build,
         &mut candidate.reasons,
         &mut candidate.minor_compat,
-    )?;
-    judge_kernels(query, build, &mut candidate.reasons)?;
+    )
+    .map_err(fact)?;
+    judge_kernels(query, build, &mut candidate.reasons).map_err(fact)?;
+    judge_arm_host(matrix, query, build, &mut candidate.reasons)
+        .map_err(|reason| (RejectedBy::CudastackLimit, reason))?;
     Ok(python)
 }
 
@@ -307,7 +765,9 @@ fn judge_python(
     }
 }
 
-/// GPUs that exist only next to an Arm host need a build with CUDA wheels for it.
+/// GPUs that exist only next to an Arm host need a build with CUDA wheels for it that
+/// cudastack can lock: a limit of cudastack's (arm64 torch is locked from PyPI only), not of
+/// the stack, and worded so.
 fn judge_arm_host(
     matrix: &Matrix,
     query: &SolveQuery,
@@ -317,16 +777,38 @@ fn judge_arm_host(
     if let Some((host, gpu)) = arm_host(matrix, query) {
         let first: pep440_rs::Version = FIRST_ARM64_CUDA_TORCH.parse().expect("a valid version");
         if !build.pypi_default {
-            return Err(format!("{gpu} runs next to a {host} host only, and {host} images are locked from PyPI only (not PyTorch's {} index)", build.variant));
+            return Err(format!(
+                "cudastack's limit, not the stack's: cudastack locks {host} torch from PyPI only, and this build is on PyTorch's {} index",
+                build.variant
+            ));
         }
         if build.torch < first {
-            return Err(format!("{gpu} runs next to a {host} host only, and torch {} has no CUDA wheels for {host} on PyPI (the first is {FIRST_ARM64_CUDA_TORCH})", build.torch));
+            return Err(format!(
+                "cudastack's limit, not the stack's: cudastack locks {host} torch from PyPI only; PyPI's first CUDA {host} torch is {FIRST_ARM64_CUDA_TORCH} ({} there is CPU-only)",
+                build.torch
+            ));
         }
         reasons.push(format!(
             "{gpu} runs next to a {host} host only: the recipe builds {host}"
         ));
     }
     Ok(())
+}
+
+/// The limit behind [`judge_arm_host`], in one sentence.
+fn arm_limit(host: Platform, gpu: &str) -> String {
+    format!("{gpu} runs next to a {host} host only, and cudastack locks {host} torch from PyPI only; PyPI's first CUDA {host} torch is {FIRST_ARM64_CUDA_TORCH}")
+}
+
+/// The limits of cudastack's own that rejected a build, each once.
+fn limits(matrix: &Matrix, query: &SolveQuery, candidates: &[Candidate]) -> Vec<String> {
+    let limited = candidates
+        .iter()
+        .any(|c| c.rejected_by == Some(RejectedBy::CudastackLimit));
+    match arm_host(matrix, query) {
+        Some((host, gpu)) if limited => vec![arm_limit(host, &gpu)],
+        _ => Vec::new(),
+    }
 }
 
 /// The host driver against the toolkit's minimum (or minor-version compatibility).
@@ -495,9 +977,16 @@ fn recipe_for(
     if build.pypi_default {
         text.push_str(&format!("torch: {{ version: \"{}\" }}\n", build.torch));
     } else {
+        let index = query.index.index_for(&build.variant).to_string();
+        // A URL is quoted: YAML reads it whole either way, and a reader sees one string.
+        let index = if index.contains("://") {
+            format!("\"{index}\"")
+        } else {
+            index
+        };
         text.push_str(&format!(
-            "torch: {{ version: \"{}\", index: {} }}\n",
-            build.torch, build.variant
+            "torch: {{ version: \"{}\", index: {index} }}\n",
+            build.torch
         ));
     }
     if !query.gpus.is_empty() {
@@ -523,6 +1012,7 @@ mod tests {
             torch: torch.map(|text| SolveQuery::torch_spec(text).unwrap()),
             python: None,
             allow_minor_compat: true,
+            index: Reach::Pypi,
         }
     }
 
@@ -614,11 +1104,12 @@ mod tests {
             }
         }
         let fits: &[(&str, &str, Option<&str>, &str)] = &[
-            ("570.124.06", "RTX 5090", None, "2.11.0+cu128"),
-            ("570.124.06", "rtx5090", None, "2.11.0+cu128"),
-            ("570.133.20", "B200", None, "2.11.0+cu128"),
-            ("575.51.03", "B300", None, "2.11.0+cu128"),
-            ("520.61.05", "H100", None, "2.7.1+cu118"),
+            ("570.124.06", "RTX 5090", None, "2.10.0+cu128"),
+            ("570.124.06", "rtx5090", None, "2.10.0+cu128"),
+            ("570.133.20", "B200", None, "2.10.0+cu128"),
+            ("575.51.03", "B300", None, "2.10.0+cu128"),
+            // No PyPI build fits: the surest of PyTorch's index, not its newest (unconfirmed).
+            ("520.61.05", "H100", None, "2.5.1+cu118"),
             ("550.54.15", "RTX 3090", Some("2.5"), "2.5.1+cu124"),
             ("550.54.15", "RTX 3090", Some("2.5.0"), "2.5.0+cu124"),
             ("535.104.05", "A100", Some("2.4"), "2.4.1+cu121"),
@@ -675,5 +1166,242 @@ mod tests {
         );
         assert!(exact.accepted().all(|c| c.torch == "2.5.0"));
         assert!(exact.notes.is_empty());
+    }
+
+    /// H100 on driver 535: a build of PyTorch's own index marked unconfirmed (2.7.1+cu118)
+    /// ranked above confirmed PyPI builds, and its recipe did not lock where only PyPI is
+    /// reachable. PyPI's newest build that fits comes first.
+    #[test]
+    fn reachable_then_confirmed_builds_rank_first() {
+        let solution = solve(Matrix::embedded(), &query("535.104.05", "H100", None));
+        let best = solution.best().unwrap();
+        assert_eq!(
+            (
+                best.torch_build.as_str(),
+                best.index.as_str(),
+                best.status.as_str()
+            ),
+            ("2.4.1+cu121", "pypi", "derived")
+        );
+    }
+
+    /// `--index` lets PyTorch's indexes in: the confirmed 2.5.1+cu121 then ranks first, and
+    /// the unconfirmed 2.7.1+cu118 after every confirmed native build; with one variant, only
+    /// its builds join PyPI's. A build the host does not reach ranks after every one it does.
+    #[test]
+    fn the_index_the_host_reaches_decides_the_rank() {
+        let matrix = Matrix::embedded();
+        let pypi = solve(matrix, &query("535.104.05", "H100", None));
+        let accepted: Vec<&Candidate> = pypi.accepted().collect();
+        let first_unreachable = accepted.iter().position(|c| !c.reachable).unwrap();
+        assert!(accepted[first_unreachable..].iter().all(|c| !c.reachable));
+        assert!(accepted[..first_unreachable]
+            .iter()
+            .all(|c| c.index == "pypi"));
+
+        let everywhere = solve(
+            matrix,
+            &SolveQuery {
+                index: Reach::pytorch(),
+                ..query("535.104.05", "H100", None)
+            },
+        );
+        let best = everywhere.best().unwrap();
+        assert_eq!(
+            (best.torch_build.as_str(), best.status.as_str()),
+            ("2.5.1+cu121", "confirmed")
+        );
+        assert!(everywhere.accepted().all(|c| c.reachable));
+        let native: Vec<&Candidate> = everywhere.accepted().filter(|c| !c.minor_compat).collect();
+        let unsure = native
+            .iter()
+            .position(|c| c.torch_build == "2.7.1+cu118")
+            .unwrap();
+        assert!(native[..unsure]
+            .iter()
+            .all(|c| ["derived", "confirmed", "secondary"].contains(&c.status.as_str())));
+        assert!(native[..unsure]
+            .iter()
+            .any(|c| c.torch_build == "2.0.0+cu118"));
+
+        let cu118 = solve(
+            matrix,
+            &SolveQuery {
+                index: "cu118".parse().unwrap(),
+                ..query("535.104.05", "H100", None)
+            },
+        );
+        assert_eq!(cu118.best().unwrap().torch_build, "2.5.1+cu118");
+        assert!(cu118
+            .accepted()
+            .filter(|c| c.reachable)
+            .all(|c| c.index == "pypi" || c.variant == "cu118"));
+    }
+
+    #[test]
+    fn index_choices_parse_and_name_where_the_lock_reads() {
+        assert_eq!("pypi".parse::<Reach>().unwrap(), Reach::Pypi);
+        assert_eq!("PyTorch".parse::<Reach>().unwrap(), Reach::pytorch());
+        let mirror: Reach = "https://mirror.example/whl".parse().unwrap();
+        assert_eq!(mirror.to_string(), "https://mirror.example/whl/");
+        assert_eq!(
+            mirror.index_for("cu121").to_string(),
+            "https://mirror.example/whl/cu121"
+        );
+        let one: Reach = "https://mirror.example/whl/cu118/".parse().unwrap();
+        assert_eq!(
+            one,
+            Reach::Variant {
+                variant: "cu118".into(),
+                url: "https://mirror.example/whl/cu118".into()
+            }
+        );
+        assert_eq!(one.index_for("cu121").to_string(), "cu121");
+        assert_eq!(Reach::pytorch().index_for("cu121").to_string(), "cu121");
+        let secret = "https://bob:token@mirror.example/whl/"
+            .parse::<Reach>()
+            .unwrap_err();
+        assert!(!secret.contains("token"), "{secret}");
+        assert!(
+            secret.contains("`https://****@mirror.example/whl/`"),
+            "{secret}"
+        );
+        assert!("ftp://mirror.example/whl".parse::<Reach>().is_err());
+    }
+
+    /// A build the stack would run but cudastack cannot lock (arm64 torch from PyPI only) is
+    /// rejected as cudastack's limit; one the stack would not run, as a compatibility fact.
+    #[test]
+    fn cudastack_limits_are_told_apart_from_compatibility() {
+        let solution = solve(Matrix::embedded(), &query("550.54.15", "GH200", None));
+        assert!(solution.best().is_none());
+        let by = |label: &str| {
+            let candidate = solution
+                .candidates
+                .iter()
+                .find(|c| c.torch_build == label)
+                .unwrap();
+            (candidate.rejected_by, candidate.reasons[0].clone())
+        };
+        let (limit, why) = by("2.6.0+cu126");
+        assert_eq!(limit, Some(RejectedBy::CudastackLimit));
+        assert!(why.starts_with("cudastack's limit, not the stack's: cudastack locks linux/arm64 torch from PyPI only"), "{why}");
+        let (limit, why) = by("2.10.0+cu128");
+        assert_eq!(limit, Some(RejectedBy::CudastackLimit));
+        assert!(
+            why.contains("PyPI's first CUDA linux/arm64 torch is 2.11.0"),
+            "{why}"
+        );
+        assert_eq!(by("2.14.1+cu130").0, Some(RejectedBy::Compatibility));
+        assert_eq!(solution.limits.len(), 1, "{:?}", solution.limits);
+        // On amd64 GPUs nothing is a limit.
+        let h100 = solve(Matrix::embedded(), &query("550.54.15", "H100", None));
+        assert!(h100.limits.is_empty());
+        assert!(h100
+            .candidates
+            .iter()
+            .all(|c| c.rejected_by != Some(RejectedBy::CudastackLimit)));
+    }
+
+    /// Whether anything fits `query`, solved without the search for changes.
+    fn fits(query: &SolveQuery) -> bool {
+        best_of(Matrix::embedded(), query).is_some()
+    }
+
+    /// Nothing fits: the answer names the smallest single change of each kind, found by
+    /// solving again: the lowest driver that opens a build (and none between the host's and
+    /// it does), the nearest Python, a GPU left out or the nearest one instead, minor-version
+    /// compatibility.
+    #[test]
+    fn nothing_fits_ends_with_the_smallest_change() {
+        let matrix = Matrix::embedded();
+        let gh200 = query("550.54.15", "GH200", None);
+        let solution = solve(matrix, &gh200);
+        let driver = &solution.changes[0];
+        assert_eq!(driver.kind, ChangeKind::Driver);
+        assert_eq!(driver.driver.as_ref().unwrap().to_string(), "580.65.06");
+        assert_eq!(driver.change, "driver 580.65.06 or newer (R580 branch)");
+        assert_eq!(
+            (driver.torch_build.as_str(), driver.index.as_str()),
+            ("2.14.1+cu130", "pypi")
+        );
+        let host: DriverVersion = "550.54.15".parse().unwrap();
+        let to: DriverVersion = "580.65.06".parse().unwrap();
+        for between in known_drivers(matrix)
+            .into_iter()
+            .filter(|d| *d > host && *d < to)
+        {
+            assert!(
+                !fits(&SolveQuery {
+                    driver: Some(between.clone()),
+                    ..gh200.clone()
+                }),
+                "{between}"
+            );
+        }
+        let gpu = &solution.changes[1];
+        assert_eq!(
+            (gpu.kind, gpu.change.as_str()),
+            (ChangeKind::Gpu, "H100 (sm_90) instead of GH200")
+        );
+
+        // A GPU later branches dropped: the newest driver below the host's that runs it.
+        let v100 = solve(matrix, &query("590.44.01", "V100", None));
+        assert_eq!(v100.changes[0].change, "driver 580.95.05 (R580 branch)");
+
+        // Another Python: the nearest one that fits.
+        let python = solve(
+            matrix,
+            &SolveQuery {
+                python: Some("3.15".parse().unwrap()),
+                ..query("550.54.15", "A100", None)
+            },
+        );
+        let change = python
+            .changes
+            .iter()
+            .find(|c| c.kind == ChangeKind::Python)
+            .unwrap();
+        assert_eq!(change.change, "Python 3.14 instead of 3.15");
+
+        // Two GPUs, one the driver does not run: leave it out.
+        let mut pair = query("535.104.05", "A100", None);
+        pair.gpus.push(SolveQuery::gpu(matrix, "RTX 5090").unwrap());
+        let change = solve(matrix, &pair)
+            .changes
+            .into_iter()
+            .find(|c| c.kind == ChangeKind::Gpu)
+            .unwrap();
+        assert_eq!(change.change, "without GeForce RTX 5090");
+        assert_eq!(change.torch_build, "2.4.1+cu121");
+
+        // Minor-version compatibility turned off: turning it on is a change.
+        let strict = solve(
+            matrix,
+            &SolveQuery {
+                allow_minor_compat: false,
+                ..query("470.82.01", "V100", None)
+            },
+        );
+        assert!(strict
+            .changes
+            .iter()
+            .any(|c| c.kind == ChangeKind::MinorCompat));
+
+        // Several changes needed (a GPU left out, a Python, a torch): none alone is named.
+        let mut both = pair.clone();
+        both.python = Some("3.15".parse().unwrap());
+        both.torch = Some(SolveQuery::torch_spec("2.0").unwrap());
+        let both = solve(matrix, &both);
+        assert!(
+            both.best().is_none() && both.changes.is_empty(),
+            "{:?}",
+            both.changes
+        );
+
+        // Something fits: no changes.
+        assert!(solve(matrix, &query("535.104.05", "H100", None))
+            .changes
+            .is_empty());
     }
 }
