@@ -5,6 +5,8 @@
 use std::path::Path;
 use std::process::Command;
 
+use crate::gate;
+
 fn cudastack(args: &[&str], dir: &Path) -> (i32, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
         .args(args)
@@ -120,4 +122,43 @@ fn init_detect_on_a_machine_without_a_gpu_says_so() {
     }
     let (code, out) = cudastack(&["validate", "cudastack.yaml"], work.path());
     assert_eq!(code, 0, "{out}");
+}
+
+/// README's promise for a new project: `init`, then `lock`, on a host that reaches only
+/// PyPI and Debian's archive (this one: PyTorch's index is not reachable here). The stack
+/// `init` picks is PyPI's, so the lock succeeds.
+#[test]
+fn an_initialised_project_locks_from_pypi_and_debian() {
+    if gate::switch(
+        "CUDASTACK_OFFLINE_TESTS",
+        |v| v == "1",
+        "this test needs https://pypi.org and deb.debian.org",
+    ) {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (code, out) = cudastack(
+        &[
+            "init",
+            "--name",
+            "acme",
+            "--driver",
+            "535.104.05",
+            "--gpu",
+            "H100",
+        ],
+        work.path(),
+    );
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cudastack(&["lock", "cudastack.yaml"], work.path());
+    assert_eq!(code, 0, "{out}");
+    let lock = std::fs::read_to_string(work.path().join("cudastack.lock")).unwrap();
+    assert!(
+        lock.contains("files.pythonhosted.org"),
+        "the wheels come from PyPI"
+    );
+    assert!(
+        !lock.contains("download.pytorch.org"),
+        "nothing from PyTorch's index"
+    );
 }

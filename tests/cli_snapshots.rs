@@ -303,6 +303,25 @@ fn commands_that_need_nothing_but_the_binary() {
         ]),
         &scrub,
     );
+    // A new project for H100 nodes on driver 535: the recipe, the files it names, the
+    // stack solve ranks first (PyPI's, which locks where only PyPI is reachable).
+    let project = work.path().join("acme-train");
+    snapshot(
+        "init",
+        &cli(&[
+            "init",
+            project.to_str().unwrap(),
+            "--driver",
+            "535.104.05",
+            "--gpu",
+            "H100",
+        ]),
+        &scrub,
+    );
+    insta::assert_snapshot!(
+        "init_recipe",
+        std::fs::read_to_string(project.join("cudastack.yaml")).unwrap()
+    );
     snapshot(
         "explain_recognised",
         &cli(&[

@@ -71,7 +71,8 @@ pub fn plan(
     let stack = best.recipe.as_deref().unwrap_or_default();
     let text = recipe_text(&name, stack, query);
     check(matrix, &text, &recipe_path)?;
-    let mut notes = Vec::new();
+    // What solve said about its pick (the index it ranked for, a better build elsewhere).
+    let mut notes = solution.notes.clone();
     if query.driver.is_none() {
         if let Some(floor) = stack.lines().find_map(|l| l.strip_prefix("driver_floor: ")) {
             notes.push(format!(
