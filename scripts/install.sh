@@ -73,11 +73,9 @@ done < <(tar -tvzf "$work/$name")
 # What a build host needs, once the archive is known to be the one published.
 sudo_cmd=""
 [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-if [ -f "$(dirname "$0")/build-host-packages.sh" ]; then
-  bash "$(dirname "$0")/build-host-packages.sh"
-else
-  echo "install: scripts/build-host-packages.sh is not beside this script; install mmdebstrap yourself" >&2
-fi
+[ -f "$(dirname "$0")/build-host-packages.sh" ] \
+  || die "scripts/build-host-packages.sh is not beside this script: run install.sh from the scripts/ directory it came with"
+bash "$(dirname "$0")/build-host-packages.sh"
 
 $sudo_cmd mkdir -p "$prefix/opt" "$prefix/bin"
 $sudo_cmd rm -rf "$prefix/opt/$top.new"

@@ -21,6 +21,19 @@ if [ -z "$binary" ] && command -v cudastack >/dev/null 2>&1; then
   binary="$(command -v cudastack)"
 fi
 if [ -z "$binary" ]; then
+  # Building needs a C toolchain (libdeflate, zstd, ring) and, for rustup, curl.
+  build_tools=(build-essential pkg-config curl)
+  missing=()
+  for package in "${build_tools[@]}"; do
+    dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    sudo_cmd=""
+    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+    echo "run: installing ${missing[*]} to build cudastack" >&2
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  fi
   if ! command -v cargo >/dev/null 2>&1; then
     [ -x "$HOME/.cargo/bin/cargo" ] || {
       echo "run: no cargo: installing Rust with rustup (https://rustup.rs)" >&2
@@ -30,7 +43,9 @@ if [ -z "$binary" ]; then
   fi
   echo "run: building cudastack from $checkout (cargo build --release; minutes the first time)" >&2
   (cd "$checkout" && cargo build --release --locked --bin cudastack >&2)
-  binary="${CARGO_TARGET_DIR:-$checkout/target}/release/cudastack"
+  target_dir="${CARGO_TARGET_DIR:-target}"
+  case "$target_dir" in /*) ;; *) target_dir="$checkout/$target_dir" ;; esac
+  binary="$target_dir/release/cudastack"
 fi
 echo "run: $("$binary" --version) ($binary)" >&2
 

@@ -44,7 +44,7 @@ fn init_writes_a_training_recipe_that_validates_and_never_replaces_one() {
         "name: acme-train",
         "gpus: [\"H100\"]",
         "requirements: [requirements.txt]",
-        "  - { src: ., dst: /workspace }",
+        "  - { src: ., dst: /workspace, exclude: [images/, .git/, .venv/, \"**/__pycache__\", .env, \".env.*\", .netrc, \"*.key\", \"*.pem\"] }",
         "user: { name: trainer, uid: 1000 }",
         "entrypoint: [python, /workspace/train.py]",
         "# ca_certificates: [certs/corp-root.pem]",
@@ -86,6 +86,7 @@ fn init_keeps_the_files_a_project_has() {
     let (code, out) = cudastack(&["init", "--name", "ours", "--gpu", "A100"], work.path());
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("kept   ./requirements.txt"), "{out}");
+    assert!(out.contains("next:  cudastack lock ./cudastack.yaml"), "{out}");
     assert!(out.contains("wrote  ./cudastack.yaml"), "{out}");
     // No driver given: the note says what the stack needs.
     assert!(out.contains("no --driver given"), "{out}");

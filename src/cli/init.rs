@@ -54,8 +54,9 @@ pub fn run(args: InitArgs, printer: &Printer) -> CommandResult {
     if let Some(spec) = &args.torch {
         query.torch = Some(SolveQuery::torch_spec(spec)?);
     }
-    fs_err::create_dir_all(&args.dir)?;
+    // Planned (and refused) before anything is made: a refused init leaves no directory.
     let planned = init::plan(matrix, &query, &args.dir, args.name.as_deref())?;
+    fs_err::create_dir_all(&args.dir)?;
     init::write(&planned)?;
     if printer.json {
         printer.json(&serde_json::json!({
@@ -75,9 +76,9 @@ pub fn run(args: InitArgs, printer: &Printer) -> CommandResult {
     for note in &planned.notes {
         printer.line(format_args!("note: {note}"));
     }
+    let recipe = shell_quoted(&planned.recipe.display().to_string());
     printer.line(format_args!(
-        "next:  cudastack lock {0} && cudastack build {0} --load",
-        planned.recipe.display()
+        "next:  cudastack lock {recipe} && cudastack build {recipe} --load"
     ));
     Ok(ExitCode::SUCCESS)
 }
@@ -99,5 +100,17 @@ fn detect(query: &mut SolveQuery, matrix: &cudastack::matrix::Matrix, printer: &
             Ok(_) => {}
             Err(error) => printer.status(format!("--detect: {error}")),
         }
+    }
+}
+
+/// `text` as one shell word, quoted when it needs to be (`'Acme Train/cudastack.yaml'`).
+fn shell_quoted(text: &str) -> String {
+    let plain = text
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+:@".contains(c));
+    if plain {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
     }
 }

@@ -60,7 +60,12 @@ fn print_human(inspection: &Inspection, printer: &Printer) {
         Some(digest) => printer.line(format_args!("  manifest      {digest}")),
         None => printer.line("  manifest      - (the Docker daemon keeps none for this image)"),
     }
-    printer.line(format_args!("  config        {}", documents.config_digest));
+    match &documents.config_digest {
+        Some(digest) => printer.line(format_args!("  config        {digest}")),
+        None => {
+            printer.line("  config        - (the Docker daemon names this image by its manifest)")
+        }
+    }
     if let Some(layers) = describe_lineage(claims.lineage) {
         printer.line(format_args!("  layers        {layers}"));
     }

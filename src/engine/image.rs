@@ -4,8 +4,9 @@
 //!
 //! What the daemon does not keep is not made up: Docker's classic image store keeps no
 //! manifest for a loaded image, so its manifest digest is known only when the daemon says
-//! it (`Descriptor`, API 1.48+ with the containerd image store) or when the image was pulled
-//! by digest (`RepoDigests`); and no daemon keeps signatures or an SBOM beside an image.
+//! it (`Descriptor`, API 1.48+ with the containerd image store; `RepoDigests` may name an
+//! index, so it is not taken for one); the containerd store's image ID is not the config's
+//! digest; and no daemon keeps signatures or an SBOM beside an image.
 
 use crate::digest::Digest;
 
@@ -27,12 +28,11 @@ const CONFIG_KEYS: &[&str] = &[
 /// One image of the daemon.
 #[derive(Debug, Clone)]
 pub struct DaemonImage {
-    /// The image ID: the digest of its config.
-    pub config_digest: Digest,
-    /// The manifest digest the daemon knows the image by, when it knows one.
+    /// The digest of its config: the image ID in the classic store; None in the containerd
+    /// store, whose ID is the manifest's or the index's.
+    pub config_digest: Option<Digest>,
+    /// The manifest digest the daemon knows the image by, when it says (`Descriptor`).
     pub manifest_digest: Option<Digest>,
-    /// `repository@sha256:...` names the image was pulled by: where its signatures are.
-    pub repo_digests: Vec<String>,
     pub config: oci_spec::image::ImageConfiguration,
 }
 
@@ -53,16 +53,19 @@ impl Engine {
                 })
             }
         };
-        let answer = serde_json::to_value(&inspect).unwrap_or_default();
-        let unreadable = |what: &str| EngineError::Unreadable {
+        let unreadable = |what: String| EngineError::Unreadable {
             image: reference.to_string(),
-            what: what.to_string(),
+            what,
         };
-        let config_digest = inspect
+        let answer = serde_json::to_value(&inspect).map_err(|e| unreadable(e.to_string()))?;
+        let id: Digest = inspect
             .id
             .as_deref()
             .and_then(|id| id.parse().ok())
-            .ok_or_else(|| unreadable("its Id is not a sha256 digest"))?;
+            .ok_or_else(|| unreadable("its Id is not a sha256 digest".into()))?;
+        // The classic store names an image by its config; the containerd store by the
+        // manifest or index it was pulled or loaded as (and then says so in Descriptor).
+        let by_config = inspect.descriptor.is_none() && !self.info().await?.containerd_image_store;
         let manifest_digest = inspect
             .descriptor
             .as_ref()
@@ -70,11 +73,10 @@ impl Engine {
             .and_then(|d| d.digest.as_deref())
             .and_then(|digest| digest.parse().ok());
         let config = serde_json::from_value(oci_config(&answer))
-            .map_err(|e| unreadable(&format!("its config does not read as an OCI config: {e}")))?;
+            .map_err(|e| unreadable(format!("its config does not read as an OCI config: {e}")))?;
         Ok(DaemonImage {
-            config_digest,
+            config_digest: by_config.then_some(id),
             manifest_digest,
-            repo_digests: inspect.repo_digests.unwrap_or_default(),
             config,
         })
     }

@@ -37,6 +37,7 @@ pub async fn read_documents(
     source: ImageSource,
     platform: Option<Platform>,
 ) -> Result<ImageDocuments, PipelineError> {
+    let asked = platform.is_some();
     let platform = platform.or_else(crate::stack::host_platform);
     match source {
         ImageSource::Layout { dir, ref_name } => {
@@ -47,14 +48,29 @@ pub async fn read_documents(
             let client = RegistryClient::new(&reference, *client)?;
             read_registry(&client, &reference, platform).await
         }
-        ImageSource::Daemon { reference } => read_daemon(&reference).await,
+        ImageSource::Daemon { reference } => read_daemon(&reference, platform, asked).await,
     }
 }
 
-/// The daemon's image: of its own platform (a daemon holds one image per name).
-async fn read_daemon(reference: &str) -> Result<ImageDocuments, PipelineError> {
+/// The daemon's image: one per name, of the platform it was pulled or loaded for, which
+/// must be `platform` when one was asked for.
+async fn read_daemon(
+    reference: &str,
+    platform: Option<Platform>,
+    asked: bool,
+) -> Result<ImageDocuments, PipelineError> {
     let engine = crate::engine::Engine::connect().await?;
     let image = engine.image(reference).await?;
+    let architecture = image.config.architecture().to_string();
+    if let Some(platform) = platform.filter(|_| asked) {
+        if platform.to_oci_arch().to_string() != architecture {
+            return Err(PipelineError::DaemonPlatform {
+                image: reference.to_string(),
+                asked: platform.to_string(),
+                holds: architecture,
+            });
+        }
+    }
     Ok(ImageDocuments {
         location: format!("{}{reference}", crate::verify::source::DAEMON_PREFIX),
         manifest_digest: image.manifest_digest,
@@ -83,7 +99,7 @@ async fn read_registry(
     Ok(ImageDocuments {
         location: reference.to_string(),
         manifest_digest: Some(manifest.digest),
-        config_digest,
+        config_digest: Some(config_digest),
         config: serde_json::from_slice(&config_bytes)?,
         bytes_read: (manifest.bytes.len() + config_bytes.len()) as u64,
     })

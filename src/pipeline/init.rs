@@ -9,6 +9,12 @@ use std::path::{Path, PathBuf};
 use crate::matrix::solve::{solve, SolveQuery};
 use crate::matrix::{Matrix, ResolvedRecipe};
 
+/// Never copied into the image, whatever the project's .dockerignore says: the layouts
+/// builds write (which would grow each image by the last one), the VCS, virtualenvs and
+/// the files that hold credentials.
+const COPY_EXCLUDES: &str =
+    "images/, .git/, .venv/, \"**/__pycache__\", .env, \".env.*\", .netrc, \"*.key\", \"*.pem\"";
+
 /// The recipe's file name in the project.
 pub const RECIPE_FILE: &str = "cudastack.yaml";
 /// Its lock, beside it.
@@ -60,7 +66,7 @@ pub fn plan(
     name: Option<&str>,
 ) -> Result<Initialised, InitError> {
     let recipe_path = dir.join(RECIPE_FILE);
-    if recipe_path.exists() {
+    if recipe_path.symlink_metadata().is_ok() {
         return Err(InitError::RecipeExists(recipe_path));
     }
     let name = image_name(dir, name)?;
@@ -111,14 +117,36 @@ pub fn write(initialised: &Initialised) -> Result<(), InitError> {
     let mut files: Vec<&InitFile> = initialised.files.iter().filter(|f| !f.kept).collect();
     files.sort_by_key(|file| file.path == initialised.recipe);
     for file in files {
-        crate::atomic_file::write(&file.path, file.text.as_bytes()).map_err(|source| {
-            InitError::Write {
-                path: file.path.clone(),
-                source,
-            }
+        let written = if file.path == initialised.recipe {
+            write_new(&file.path, &file.text)
+        } else {
+            crate::atomic_file::write(&file.path, file.text.as_bytes())
+        };
+        written.map_err(|source| InitError::Write {
+            path: file.path.clone(),
+            source,
         })?;
     }
     Ok(())
+}
+
+/// `text` as a new file at `path`: a file (or link) made there since the plan is never
+/// replaced (`O_EXCL`).
+fn write_new(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|error| match error.kind() {
+            std::io::ErrorKind::AlreadyExists => std::io::Error::new(
+                error.kind(),
+                "it appeared since init looked; cudastack init never replaces a recipe",
+            ),
+            _ => error,
+        })?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
 }
 
 /// `--name`, or the directory's own name made an image name (`My Project` -> `my-project`).
@@ -182,9 +210,9 @@ fn recipe_text(name: &str, stack: &str, query: &SolveQuery) -> String {
          # Your certificate authority, when a TLS-inspecting proxy sits between you and PyPI:\n\
          # ca_certificates: [certs/corp-root.pem]\n\
          \n\
-         # Your code: this directory, less what .dockerignore names, in the image's top layer\n\
-         # (a code change rebuilds that layer alone).\n\
-         copy:\n  - {{ src: ., dst: /workspace }}\n\
+         # Your code: this directory, less what .dockerignore and `exclude` name (builds, the\n\
+         # VCS, secrets), in the image's top layer (a code change rebuilds that layer alone).\n\
+         copy:\n  - {{ src: ., dst: /workspace, exclude: [{COPY_EXCLUDES}] }}\n\
          # The image runs as this user, not root.\n\
          user: {{ name: trainer, uid: 1000 }}\n\
          workdir: /workspace\n\

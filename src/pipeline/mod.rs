@@ -104,6 +104,13 @@ pub enum PipelineError {
     /// `cudastack sbom` of an image with no SBOM of that format stored beside it.
     #[error("{image} has no {format} SBOM stored beside it\n  hint: cudastack stores one when it builds an image (in the layout, and pushed with it); an image pulled with `cudastack pull` keeps its referrers, one pulled or built by another tool has none, and a Docker daemon keeps none beside any image: read it from the image's layout or registry")]
     NoSbom { image: String, format: &'static str },
+    /// `--platform` names another platform than the daemon's image is of.
+    #[error("`{image}` in the Docker daemon is a {holds} image, not {asked}; a daemon holds one platform's image per name\n  hint: read the {asked} image from its registry or OCI layout")]
+    DaemonPlatform {
+        image: String,
+        asked: String,
+        holds: String,
+    },
     /// A report recorded on an image of the Docker daemon, which keeps nothing beside it.
     #[error("`{image}` is an image of the Docker daemon, which keeps no report or signature beside an image\n  hint: record the log on the image's OCI layout or on the image in its registry")]
     DaemonKeepsNoReferrers { image: String },

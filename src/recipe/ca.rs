@@ -4,7 +4,7 @@
 //! Each file is read from the recipe's directory and checked here, when the recipe is
 //! resolved, so `validate` refuses what `build` would: PEM certificates only, each one a
 //! certificate authority (not a server's own certificate, which would trust nothing it did
-//! not itself sign), not expired, and no private key beside them (a key exported with its
+//! not itself sign), valid now, and no private key beside them (a key exported with its
 //! certificate must never reach an image). What the image gets is the certificates alone,
 //! re-encoded: the config layer adds them to the trust store (`stack::layers::trust`).
 
@@ -137,6 +137,12 @@ pub enum CaError {
         issuer: String,
         why: &'static str,
     },
+    #[error("`ca_certificates: {path}`: `{subject}` is valid only from {days} days ahead; every TLS client refuses it until then (check this host's clock, or the certificate's dates)")]
+    NotYetValid {
+        path: CaPath,
+        subject: String,
+        days: u64,
+    },
     #[error("`ca_certificates: {path}`: `{subject}` expired {days} days ago; every TLS client refuses what it signed, so get the authority's current certificate")]
     Expired {
         path: CaPath,
@@ -178,8 +184,9 @@ pub fn parse(path: &CaPath, bytes: &[u8], now: SystemTime) -> Result<CaFile, CaE
             index: index + 1,
             message,
         };
-        let (label, der) =
-            pem_rfc7468::decode_vec(block.as_bytes()).map_err(|e| malformed(e.to_string()))?;
+        // The label first, so a key is named as one whatever its base64's width.
+        let label =
+            label_of(&block).ok_or_else(|| malformed("no `-----BEGIN ...-----` line".into()))?;
         match label {
             "CERTIFICATE" => {}
             label if label.contains("PRIVATE KEY") => {
@@ -195,8 +202,9 @@ pub fn parse(path: &CaPath, bytes: &[u8], now: SystemTime) -> Result<CaFile, CaE
                 })
             }
         }
+        let der = decode_any_width(&block).map_err(|e| malformed(e.to_string()))?;
         let certificate = Certificate::from_der(&der).map_err(|e| malformed(e.to_string()))?;
-        check_authority(path, &certificate, now)?;
+        check_authority(path, index + 1, &certificate, now)?;
         // Re-encoded from the parsed DER: the image gets the certificate, not the
         // file's other text.
         let der = certificate.to_der().map_err(|e| malformed(e.to_string()))?;
@@ -235,10 +243,30 @@ fn pem_blocks(text: &str) -> Vec<String> {
     blocks
 }
 
-/// A CA: basicConstraints says so, or (an old v1 root without extensions) it is self-issued.
-/// Not expired at `now`.
+/// The label of a block's `-----BEGIN LABEL-----` line.
+fn label_of(block: &str) -> Option<&str> {
+    block
+        .lines()
+        .next()?
+        .strip_prefix("-----BEGIN ")?
+        .strip_suffix("-----")
+}
+
+/// A block's bytes, its base64 wrapped at any width (openssl writes 64 columns, other tools
+/// 76 or one line).
+fn decode_any_width(block: &str) -> Result<Vec<u8>, pem_rfc7468::Error> {
+    let mut decoder = pem_rfc7468::Decoder::new_detect_wrap(block.as_bytes())?;
+    let mut der = Vec::new();
+    decoder.decode_to_end(&mut der)?;
+    Ok(der)
+}
+
+/// A CA: basicConstraints says so, or it has none and names itself its issuer (as old v1
+/// roots do; its signature is not checked: trust is what the recipe asks for). Valid at
+/// `now`.
 fn check_authority(
     path: &CaPath,
+    index: usize,
     certificate: &Certificate,
     now: SystemTime,
 ) -> Result<(), CaError> {
@@ -263,10 +291,18 @@ fn check_authority(
         Err(e) => {
             return Err(CaError::Malformed {
                 path: path.clone(),
-                index: 1,
+                index,
                 message: format!("basicConstraints of `{subject}`: {e}"),
             })
         }
+    }
+    let not_before = SystemTime::UNIX_EPOCH + tbs.validity().not_before.to_unix_duration();
+    if let Ok(ahead) = not_before.duration_since(now) {
+        return Err(CaError::NotYetValid {
+            path: path.clone(),
+            subject,
+            days: ahead.as_secs() / 86_400,
+        });
     }
     let not_after = SystemTime::UNIX_EPOCH + tbs.validity().not_after.to_unix_duration();
     if let Ok(ago) = now.duration_since(not_after) {
@@ -345,6 +381,39 @@ mod tests {
             b"-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n";
         let error = parse(&path("req.pem"), request, now()).unwrap_err();
         assert!(matches!(error, CaError::OtherBlock { .. }), "{error}");
+    }
+
+    #[test]
+    fn any_base64_width_is_read_and_a_key_is_named_whatever_its_width() {
+        let der = parse(&path("root.pem"), ROOT, now()).unwrap();
+        let body: String = String::from_utf8_lossy(ROOT)
+            .lines()
+            .filter(|l| !l.starts_with("-----"))
+            .collect();
+        let wide: Vec<String> = body
+            .as_bytes()
+            .chunks(76)
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+            .collect();
+        let rewrapped = format!(
+            "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+            wide.join("\n")
+        );
+        let file = parse(&path("wide.pem"), rewrapped.as_bytes(), now()).unwrap();
+        assert_eq!(file.pem, der.pem);
+        let key = format!(
+            "-----BEGIN OPENSSH PRIVATE KEY-----\n{}\n-----END OPENSSH PRIVATE KEY-----\n",
+            "b".repeat(70)
+        );
+        let error = parse(&path("key.pem"), key.as_bytes(), now()).unwrap_err();
+        assert!(matches!(error, CaError::PrivateKey { .. }), "{error}");
+    }
+
+    #[test]
+    fn a_certificate_before_its_start_is_refused() {
+        let before = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+        let error = parse(&path("root.pem"), ROOT, before).unwrap_err();
+        assert!(matches!(error, CaError::NotYetValid { .. }), "{error}");
     }
 
     #[test]

@@ -90,7 +90,9 @@ pub struct ImageDocuments {
     /// None for an image of a Docker daemon that keeps no manifest for it (a loaded image
     /// in the classic store).
     pub manifest_digest: Option<Digest>,
-    pub config_digest: Digest,
+    /// None for an image of a Docker daemon with the containerd image store, whose image
+    /// ID is its manifest's (or index's) digest, not its config's.
+    pub config_digest: Option<Digest>,
     #[serde(skip)]
     pub config: ImageConfiguration,
     /// Bytes fetched to answer (registry) or read (layout): manifest + config only.
@@ -113,7 +115,7 @@ pub fn read_layout(
         location: format!("oci:{}:{ref_name}", dir.display()),
         bytes_read: size(&resolved.manifest_digest) + size(&resolved.config_digest),
         manifest_digest: Some(resolved.manifest_digest),
-        config_digest: resolved.config_digest,
+        config_digest: Some(resolved.config_digest),
         config: resolved.config,
     })
 }

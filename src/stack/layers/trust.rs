@@ -12,7 +12,7 @@
 //! environment names the bundle to them (`stack::image_config`). The hashed links of
 //! `/etc/ssl/certs` (`c_rehash`) are not written: every client above reads the bundle.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::audit::ImageFs;
 use crate::recipe::ca::CaFile;
@@ -36,7 +36,7 @@ pub(crate) fn write_trust_store(
     if files.is_empty() {
         return Ok(());
     }
-    let mut bundle = system_bundle(below)?;
+    let (bundle_path, mut bundle) = system_bundle(below)?;
     for file in files {
         write_file(
             &dir.join(LOCAL_CA_DIR).join(file.path.image_name()),
@@ -47,12 +47,15 @@ pub(crate) fn write_trust_store(
         }
         bundle.extend_from_slice(file.pem.as_bytes());
     }
-    write_file(&dir.join(SYSTEM_BUNDLE.trim_start_matches('/')), &bundle)
+    // Where the bundle is, through any link of the layers below: a real directory here
+    // would hide a linked /etc/ssl/certs.
+    let relative = bundle_path.strip_prefix("/").unwrap_or(&bundle_path);
+    write_file(&dir.join(relative), &bundle)
 }
 
 /// The bundle of the layers below: ca-certificates is one of the base's own packages, so
 /// an image without it was built from a base cudastack did not make.
-fn system_bundle(below: &dyn ImageFs) -> Result<Vec<u8>, BuildError> {
+fn system_bundle(below: &dyn ImageFs) -> Result<(PathBuf, Vec<u8>), BuildError> {
     let found = match below.resolve(Path::new(SYSTEM_BUNDLE)) {
         Ok(Resolution::Found(path)) => Some(path),
         _ => None,
@@ -63,7 +66,8 @@ fn system_bundle(below: &dyn ImageFs) -> Result<Vec<u8>, BuildError> {
             "`ca_certificates` adds to the image's trust store, but the layers below have no {SYSTEM_BUNDLE}\n  hint: add `ca-certificates` to `apt:`"
         )));
     };
-    below.read(&file).map_err(|e| {
+    let bytes = below.read(&file).map_err(|e| {
         BuildError::Unsupported(format!("cannot read the image's {SYSTEM_BUNDLE}: {e}"))
-    })
+    })?;
+    Ok((file, bytes))
 }
