@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# What a build host needs besides the cudastack binary, from Debian/Ubuntu's archive:
-# mmdebstrap for the base, fakechroot, fakeroot and uidmap for the rootless build modes,
-# ca-certificates for HTTPS. Installed only when missing (apt, as root or with sudo).
-# Shared by scripts/install.sh (a release archive) and scripts/run.sh (a checkout).
+# Install Debian/Ubuntu PACKAGES that are missing (apt, as root or with sudo); without
+# arguments, what a build host needs besides the cudastack binary: mmdebstrap for the base,
+# fakechroot, fakeroot and uidmap for the rootless build modes, ca-certificates for HTTPS.
+# Used by scripts/install.sh (a release archive) and scripts/run.sh (a checkout).
+# Without recommended packages; scripts/setup.sh keeps its own install, with them.
+#
+#   scripts/build-host-packages.sh [PACKAGE...]
 set -euo pipefail
 
-packages=(mmdebstrap fakechroot fakeroot uidmap ca-certificates)
+if [ $# -gt 0 ]; then
+  packages=("$@")
+else
+  packages=(mmdebstrap fakechroot fakeroot uidmap ca-certificates)
+fi
 missing=()
 for package in "${packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

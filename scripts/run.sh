@@ -22,18 +22,7 @@ if [ -z "$binary" ] && command -v cudastack >/dev/null 2>&1; then
 fi
 if [ -z "$binary" ]; then
   # Building needs a C toolchain (libdeflate, zstd, ring) and, for rustup, curl.
-  build_tools=(build-essential pkg-config curl)
-  missing=()
-  for package in "${build_tools[@]}"; do
-    dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
-  done
-  if [ "${#missing[@]}" -gt 0 ]; then
-    sudo_cmd=""
-    [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-    echo "run: installing ${missing[*]} to build cudastack" >&2
-    $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-  fi
+  bash "$checkout/scripts/build-host-packages.sh" build-essential pkg-config curl
   if ! command -v cargo >/dev/null 2>&1; then
     [ -x "$HOME/.cargo/bin/cargo" ] || {
       echo "run: no cargo: installing Rust with rustup (https://rustup.rs)" >&2

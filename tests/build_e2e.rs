@@ -477,6 +477,26 @@ fn build_load_of_an_untagged_image_sends_its_layers_once() {
     );
 }
 
+/// `cudastack build --no-verify --load --tag TAG` of a stand-in `recipe` locked against
+/// `mirror`, into `layout`, with the shared e2e cache.
+fn load_stand_in(recipe: &Path, mirror: &Path, layout: &Path, tag: &str) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["build", "--no-verify", "--load", "--tag", tag, "--mirror"])
+        .arg(mirror)
+        .arg("--layout")
+        .arg(layout)
+        .arg("--cache-dir")
+        .arg(e2e_support::cache_dir())
+        .arg(recipe)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        e2e_support::output_text(&output)
+    );
+}
+
 /// `openssl` with `args`, in `dir`; panics with its output when it fails.
 fn openssl(dir: &Path, args: &[&str]) {
     let output = Command::new("openssl")
@@ -614,21 +634,7 @@ fn a_corporate_ca_is_trusted_by_everything_in_the_image() {
         }
     }
     let _remove = Remove;
-    let output = Command::new(env!("CARGO_BIN_EXE_cudastack"))
-        .args(["build", "--no-verify", "--load", "--tag", TAG, "--mirror"])
-        .arg(&mirror)
-        .arg("--layout")
-        .arg(work.path().join("layout"))
-        .arg("--cache-dir")
-        .arg(e2e_support::cache_dir())
-        .arg(&recipe)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        e2e_support::output_text(&output)
-    );
+    load_stand_in(&recipe, &mirror, &work.path().join("layout"), TAG);
     let run = |script: &str| {
         let output = Command::new("docker")
             .args(["run", "--rm", "-v"])
@@ -705,21 +711,7 @@ fn inspect_and_check_read_an_image_in_the_docker_daemon() {
             .output()
             .unwrap()
     };
-    let built = Command::new(env!("CARGO_BIN_EXE_cudastack"))
-        .args(["build", "--no-verify", "--load", "--tag", TAG, "--mirror"])
-        .arg(&mirror)
-        .arg("--layout")
-        .arg(&layout)
-        .arg("--cache-dir")
-        .arg(e2e_support::cache_dir())
-        .arg(&recipe)
-        .output()
-        .unwrap();
-    assert!(
-        built.status.success(),
-        "{}",
-        e2e_support::output_text(&built)
-    );
+    load_stand_in(&recipe, &mirror, &layout, TAG);
     let layout = layout.to_str().unwrap();
     let daemon = format!("docker-daemon:{TAG}");
     let json = |image: &str| {

@@ -86,7 +86,10 @@ fn init_keeps_the_files_a_project_has() {
     let (code, out) = cudastack(&["init", "--name", "ours", "--gpu", "A100"], work.path());
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("kept   ./requirements.txt"), "{out}");
-    assert!(out.contains("next:  cudastack lock ./cudastack.yaml"), "{out}");
+    assert!(
+        out.contains("next:  cudastack lock ./cudastack.yaml"),
+        "{out}"
+    );
     assert!(out.contains("wrote  ./cudastack.yaml"), "{out}");
     // No driver given: the note says what the stack needs.
     assert!(out.contains("no --driver given"), "{out}");

@@ -119,7 +119,7 @@ fn driver_too_old_found_version_gives_the_ceiling_and_a_build() {
         "driver-too-old-found-version",
         &["ceiling", "torch.version.cuda"],
         &["upgrade the driver"],
-        &["cuda <= 12.8", "570.26", "newest torch build this driver runs natively"],
+        &["cuda <= 12.8", "570.26", "a torch build this driver runs natively"],
     );
     assert_eq!(first["captures"]["found"], "12080");
     // An 11.4 driver: only minor-version compatibility can run a cu118 build.

@@ -92,7 +92,7 @@ pub const CI_EMIT: &str = CI;
 
 pub const INIT: &str = "\
 Examples:
-  # A project for H100 nodes on driver 550: cudastack.yaml, requirements.txt, train.py
+  # A project for H100 nodes on driver 550: cudastack.yaml and what it names
   cudastack init acme-train --driver 550.54.15 --gpu H100
   # On one of the nodes: its driver and GPUs, read from this machine
   cudastack init --detect";
@@ -103,7 +103,7 @@ Examples:
   cudastack solve --driver 535.104.05 --gpu \"RTX 3090\"
   # The newest torch 2.4 build for an H100, as a recipe file to lock and build
   cudastack solve --driver 550.54.15 --gpu H100 --torch 2.4 --write h100.yaml
-  # Where download.pytorch.org is reachable, builds from PyTorch's own indexes rank as PyPI's
+  # Where download.pytorch.org is reachable: PyTorch's indexes rank as PyPI does
   cudastack solve --driver 535.104.05 --gpu H100 --index pytorch";
 
 pub const INSPECT: &str = "\

@@ -411,7 +411,8 @@ fn driver_found_version(found: i32, context: &Context, matrix: &Matrix) -> Vec<S
             ));
         }
     }
-    // The newest torch build that runs on the lowest driver consistent with this ceiling.
+    // The torch build solve ranks first on the lowest driver consistent with this ceiling
+    // (on PyPI, confirmed rows first: what a recipe locks where only PyPI is reachable).
     if let Some(driver) = floor {
         let solution = solve(
             matrix,
@@ -423,7 +424,7 @@ fn driver_found_version(found: i32, context: &Context, matrix: &Matrix) -> Vec<S
         );
         match solution.best() {
             Some(best) => notes.push(format!(
-                "newest torch build this driver runs natively: {} (CUDA {}, index {}); `cudastack solve --driver {driver}` lists all",
+                "a torch build this driver runs natively: {} (CUDA {}, index {}; solve's first pick: on PyPI, from a confirmed row); `cudastack solve --driver {driver}` lists all",
                 best.torch_build, best.cuda, best.index
             )),
             None => {

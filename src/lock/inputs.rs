@@ -110,12 +110,6 @@ pub fn root_requirements(resolved: &ResolvedRecipe) -> Result<Vec<String>, Input
 /// compiles in parallel with it, and falls back to one file at a time without it).
 pub const BUILD_TOOLCHAIN: &[&str] = &["setuptools", "wheel", "ninja"];
 
-/// The first CUDA major whose nvcc is on PyPI as a wheel with the compiler itself
-/// (`nvidia-cuda-nvcc` 13.x: nvcc, fatbinary, nvlink; cicc in `nvidia-nvvm`, via
-/// `cuda-toolkit[nvcc]`). The CUDA 12 wheels (`nvidia-cuda-nvcc-cu12` 12.1.105 to 12.9.86)
-/// carry `bin/ptxas` only: checked on the wheels themselves.
-pub const FIRST_CUDA_WITH_NVCC_WHEEL: u32 = 13;
-
 /// The recipe's `build:` list and the toolchain its builder needs: [`BUILD_TOOLCHAIN`] and,
 /// when the image is of the runtime flavor, the nvcc wheel of the stack's exact CUDA
 /// release (the devel flavor has it in the image already).
@@ -126,10 +120,11 @@ pub fn build_request(
     if recipe.build.is_empty() {
         return Ok(Default::default());
     }
-    if recipe.cuda.version.major < FIRST_CUDA_WITH_NVCC_WHEEL {
+    // Validation refuses it first, in the same words; kept for a recipe built by hand.
+    if let Some([what, why, hint]) = crate::recipe::build::nvcc_unavailable(recipe) {
         return Err(InputsError::Unsupported {
             recipe: recipe.name.clone(),
-            message: format!("`build:` compiles `{}` with nvcc, and PyPI publishes nvcc for CUDA {FIRST_CUDA_WITH_NVCC_WHEEL} and later only: the nvidia-cuda-nvcc-cu12 wheels (12.1 to 12.9) hold ptxas alone, without nvcc, cicc, fatbinary or nvlink, so CUDA {} cannot compile from the wheels the lock names\n  hint: use a CUDA {FIRST_CUDA_WITH_NVCC_WHEEL} stack for the image (torch >= 2.11.0 on PyPI is built for CUDA 13.0), or build the wheel elsewhere and serve it from an index in `indexes:`", recipe.build[0], recipe.cuda.version),
+            message: format!("{what}: {why}\n  hint: {hint}"),
         });
     }
     let mut texts: Vec<String> = BUILD_TOOLCHAIN.iter().map(|t| t.to_string()).collect();
@@ -498,17 +493,20 @@ mod tests {
     /// toolchain, with nvcc only when the image itself has none; CUDA 12 has no nvcc wheel.
     #[test]
     fn build_entries_are_roots_and_their_builder_gets_the_toolchain() {
-        let cu121 = recipe("cuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
-        assert_eq!(
-            root_requirements(&cu121).unwrap(),
-            vec!["torch==2.4.1", "pip", "torchsort==0.1.10"]
-        );
-        let error = build_request(&cu121).unwrap_err().to_string();
+        // CUDA 12 has no nvcc wheel: validation refuses it, in the words lock would use.
+        let path = Path::new("t.yaml");
+        let cu121 = Recipe::parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.1\" }\ntorch: { version: \"2.4.1\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n", path).unwrap();
+        let [what, _, hint] = crate::recipe::build::nvcc_unavailable(&cu121).unwrap();
         assert!(
-            error.contains("PyPI publishes nvcc for CUDA 13 and later only"),
-            "{error}"
+            what.contains("PyPI publishes nvcc for CUDA 13 and later only"),
+            "{what}"
         );
-        assert!(error.contains("hint: use a CUDA 13 stack"), "{error}");
+        assert!(hint.starts_with("use a CUDA 13 stack"), "{hint}");
+        let invalid = ResolvedRecipe::new(Matrix::embedded(), cu121, path).unwrap_err();
+        let errors: Vec<_> = invalid.validation.errors().collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].code, "build-needs-nvcc");
+        assert_eq!((&errors[0].what, &errors[0].hint), (&what, &hint));
         let r = recipe("cuda: { version: \"13.0\" }\ntorch: { version: \"2.11.0\" }\ngpus: [\"RTX 4090\"]\nbuild: [{package: torchsort, version: 0.1.10}]\n");
         let toolchain = |r: &ResolvedRecipe| -> Vec<String> {
             build_request(r)

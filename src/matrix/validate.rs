@@ -210,6 +210,9 @@ pub(super) fn check<'m>(
     check_base(matrix, recipe, build, &mut problems);
     check_apt(recipe, &mut problems);
     check_gpus(matrix, recipe, build, &mut problems);
+    if let Some([what, why, hint]) = crate::recipe::build::nvcc_unavailable(recipe) {
+        problems.error("build-needs-nvcc", what, why, hint);
+    }
 
     let mut problems = problems.0;
     problems.sort_by_key(|problem| std::cmp::Reverse(problem.severity));

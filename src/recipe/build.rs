@@ -21,6 +21,26 @@ use super::PackageRequirement;
 use crate::names::PackageName;
 use crate::reference::escape;
 
+/// The first CUDA major whose nvcc is on PyPI as a wheel with the compiler itself
+/// (`nvidia-cuda-nvcc` 13.x: nvcc, fatbinary, nvlink; cicc in `nvidia-nvvm`, via
+/// `cuda-toolkit[nvcc]`). The CUDA 12 wheels (`nvidia-cuda-nvcc-cu12` 12.1.105 to 12.9.86)
+/// carry `bin/ptxas` only: checked on the wheels themselves.
+pub const FIRST_CUDA_WITH_NVCC_WHEEL: u32 = 13;
+
+/// Why a recipe's `build:` cannot compile on its stack, as (what, why, hint), when it
+/// cannot: `validate` and `lock` refuse it with these words.
+pub fn nvcc_unavailable(recipe: &super::Recipe) -> Option<[String; 3]> {
+    let first = recipe.build.first()?;
+    let cuda = recipe.cuda.version;
+    (cuda.major < FIRST_CUDA_WITH_NVCC_WHEEL).then(|| {
+        [
+            format!("`build:` compiles `{first}` with nvcc, and PyPI publishes nvcc for CUDA {FIRST_CUDA_WITH_NVCC_WHEEL} and later only"),
+            format!("the nvidia-cuda-nvcc-cu12 wheels (12.1 to 12.9) hold ptxas alone, without nvcc, cicc, fatbinary or nvlink, so CUDA {cuda} cannot compile from the wheels the lock names"),
+            format!("use a CUDA {FIRST_CUDA_WITH_NVCC_WHEEL} stack for the image (torch >= 2.11.0 on PyPI is built for CUDA 13.0), or build the wheel elsewhere and serve it from an index in `indexes:`"),
+        ]
+    })
+}
+
 /// One entry of `build:`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SourceBuild {
