@@ -300,13 +300,12 @@ impl RedistManifest {
                 })?;
             (Some(variant.to_string()), archive)
         };
-        let url =
-            self.url
-                .join(&archive.relative_path)
-                .map_err(|error| RedistError::Malformed {
-                    url: self.url.clone(),
-                    reason: format!("bad relative_path `{}`: {error}", archive.relative_path),
-                })?;
+        let url = below_manifest(&self.url, &archive.relative_path).map_err(|reason| {
+            RedistError::Malformed {
+                url: self.url.clone(),
+                reason: format!("bad relative_path `{}`: {reason}", archive.relative_path),
+            }
+        })?;
         Ok(RedistArtifact {
             component: component.to_string(),
             version: entry.version.clone(),
@@ -337,6 +336,24 @@ pub async fn resolve_request(
             )
         })
         .collect()
+}
+
+/// `relative_path` joined to the manifest's URL, which it may not leave: the manifest is
+/// the server's word, and `//host/x`, `https://host/x` or `../..` would send the lock to
+/// another host or another part of this one.
+fn below_manifest(manifest: &Url, relative_path: &str) -> Result<Url, String> {
+    let url = manifest.join(relative_path).map_err(|e| e.to_string())?;
+    let directory = manifest.join(".").map_err(|e| e.to_string())?;
+    // Scheme, host and port compared as such: a file: URL's origin is opaque, never equal.
+    let same_place = url.scheme() == directory.scheme()
+        && url.host_str() == directory.host_str()
+        && url.port_or_known_default() == directory.port_or_known_default();
+    if !same_place || !url.path().starts_with(directory.path()) {
+        return Err(format!(
+            "it leads to {url}, outside {directory}, where the manifest lists its archives"
+        ));
+    }
+    Ok(url)
 }
 
 #[cfg(test)]
@@ -418,5 +435,31 @@ mod tests {
             .resolve("cudnn", "linux-x86_64", Some("cuda13"))
             .unwrap_err();
         assert!(error.to_string().contains("cuda11, cuda12"), "{error}");
+    }
+
+    #[test]
+    fn an_archive_path_may_not_leave_the_manifest_directory() {
+        let mirror: Url = "file:///srv/mirror/redistrib_12.4.1.json".parse().unwrap();
+        assert!(below_manifest(&mirror, "cuda_nvrtc/a.tar.xz").is_ok());
+        assert!(below_manifest(&mirror, "../etc/passwd").is_err());
+        let manifest: Url = "https://mirror.example/cuda/redist/redistrib_12.4.1.json"
+            .parse()
+            .unwrap();
+        let inside = below_manifest(&manifest, "cuda_nvcc/linux-x86_64/a.tar.xz").unwrap();
+        assert_eq!(
+            inside.as_str(),
+            "https://mirror.example/cuda/redist/cuda_nvcc/linux-x86_64/a.tar.xz"
+        );
+        for hostile in [
+            "//evil.example/a.tar.xz",
+            "https://evil.example/a.tar.xz",
+            "../../a.tar.xz",
+            "/a.tar.xz",
+            "http://mirror.example/cuda/redist/a.tar.xz",
+            "file:///cuda/redist/a.tar.xz",
+        ] {
+            let error = below_manifest(&manifest, hostile).unwrap_err();
+            assert!(error.contains("outside"), "{hostile}: {error}");
+        }
     }
 }
