@@ -43,14 +43,25 @@ disk_report "before setup"
 
 # The lowest free space seen while the tests run: a test that died of a full disk mid-run
 # leaves no trace in the figure at the end, once the other tests removed what they made.
+# With it, what held the disk then: the time, the test log's last line (the tests running),
+# the e2e cache and Docker's store; taken again each time the low falls by another GiB.
 disk_low_file="$target_dir/test-disk-low"
+disk_low_where="$target_dir/test-disk-low-where"
 watch_disk() {
-  local low="" now
+  local low="" described="" now
   while :; do
     now=$(df --output=avail -B1M "$target_dir" | tail -1 | tr -d ' ')
     if [ -z "$low" ] || [ "$now" -lt "$low" ]; then
       low=$now
       echo "$low" >"$disk_low_file"
+      if [ -z "$described" ] || [ $((described - now)) -ge 1024 ]; then
+        described=$now
+        {
+          echo "at $(date -u +%H:%M:%S) UTC, after: $(tail -n 1 "$test_log" 2>/dev/null | cut -c1-160)"
+          echo "e2e cache: $(du -sm "$target_dir/tmp/e2e-cache" 2>/dev/null | cut -f1) MiB; target dir: $(du -sm "$target_dir" 2>/dev/null | cut -f1) MiB"
+          echo "docker: $(docker system df --format '{{.Type}} {{.Size}}' 2>/dev/null | tr '\n' ';')"
+        } >"$disk_low_where.new" && mv "$disk_low_where.new" "$disk_low_where"
+      fi
     fi
     sleep 5
   done
@@ -103,6 +114,7 @@ cleanup() {
   disk_report "at the end"
   if [ -s "$disk_low_file" ]; then
     echo "test: disk at its lowest during the tests: $(awk '{ printf "%.1f", $1 / 1024 }' "$disk_low_file") GiB free" >&2
+    [ -s "$disk_low_where" ] && sed 's/^/test:   /' "$disk_low_where" >&2
   fi
   if [ -n "$started_dockerd" ]; then kill "$started_dockerd" 2>/dev/null || true; wait "$started_dockerd" 2>/dev/null || true; fi
   # The skips a developer sees locally, at the end where they are read.
@@ -117,7 +129,7 @@ cleanup() {
 trap cleanup EXIT
 
 : >"$test_log"
-rm -f "$disk_low_file"
+rm -f "$disk_low_file" "$disk_low_where"
 watch_disk &
 disk_watcher=$!
 cargo test --locked --all-targets -- --test-threads="${CUDASTACK_TEST_THREADS:-2}" 2>&1 | tee "$test_log"
