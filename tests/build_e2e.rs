@@ -477,6 +477,14 @@ fn build_load_of_an_untagged_image_sends_its_layers_once() {
     );
 }
 
+/// Removes the Docker image `tag` when dropped: a test leaves no image behind, pass or fail.
+struct RemoveTag(&'static str);
+impl Drop for RemoveTag {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rmi", "-f", self.0]).output();
+    }
+}
+
 /// `cudastack build --no-verify --load --tag TAG` of a stand-in `recipe` locked against
 /// `mirror`, into `layout`, with the shared e2e cache.
 fn load_stand_in(recipe: &Path, mirror: &Path, layout: &Path, tag: &str) {
@@ -627,13 +635,7 @@ fn a_corporate_ca_is_trusted_by_everything_in_the_image() {
     text.push_str("ca_certificates: [certs/corp.pem]\n");
     std::fs::write(&recipe, text).unwrap();
     const TAG: &str = "localhost/corp-ca:test";
-    struct Remove;
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = Command::new("docker").args(["rmi", "-f", TAG]).output();
-        }
-    }
-    let _remove = Remove;
+    let _remove = RemoveTag(TAG);
     load_stand_in(&recipe, &mirror, &work.path().join("layout"), TAG);
     let run = |script: &str| {
         let output = Command::new("docker")
@@ -697,13 +699,7 @@ fn inspect_and_check_read_an_image_in_the_docker_daemon() {
     let work = tempfile::tempdir().unwrap();
     let (recipe, mirror) = untagged_stand_in(work.path(), "daemon-read", 1700000003);
     const TAG: &str = "localhost/daemon-read:test";
-    struct Remove;
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = Command::new("docker").args(["rmi", "-f", TAG]).output();
-        }
-    }
-    let _remove = Remove;
+    let _remove = RemoveTag(TAG);
     let layout = work.path().join("layout");
     let cudastack = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_cudastack"))

@@ -130,23 +130,22 @@ pub fn write(initialised: &Initialised) -> Result<(), InitError> {
     Ok(())
 }
 
-/// `text` as a new file at `path`: a file (or link) made there since the plan is never
-/// replaced (`O_EXCL`).
+/// `text` as a new file at `path`, whole or not at all: written to a temporary file beside
+/// it, then hard-linked into place, which fails when anything (a file, a link) has appeared
+/// there since the plan, so it is never replaced; a SIGTERM leaves no half recipe.
 fn write_new(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .map_err(|error| match error.kind() {
-            std::io::ErrorKind::AlreadyExists => std::io::Error::new(
-                error.kind(),
-                "it appeared since init looked; cudastack init never replaces a recipe",
-            ),
-            _ => error,
-        })?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let mut temporary = tempfile::NamedTempFile::new_in(dir.unwrap_or(Path::new(".")))?;
+    temporary.write_all(text.as_bytes())?;
+    temporary.as_file().sync_all()?;
+    std::fs::hard_link(temporary.path(), path).map_err(|error| match error.kind() {
+        std::io::ErrorKind::AlreadyExists => std::io::Error::new(
+            error.kind(),
+            "it appeared since init looked; cudastack init never replaces a recipe",
+        ),
+        _ => error,
+    })
 }
 
 /// `--name`, or the directory's own name made an image name (`My Project` -> `my-project`).
