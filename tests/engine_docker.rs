@@ -941,3 +941,150 @@ fn an_interrupted_load_leaves_nothing() {
         "the interrupted load left {id}"
     );
 }
+
+/// Images left in the daemon by a load in steps of the image `id`.
+fn load_steps_of(id: &Digest) -> Vec<String> {
+    let output = Command::new("docker")
+        .args(["images", "-aq", "--no-trunc", "--filter"])
+        .arg(format!("label={}={id}", cudastack::labels::LOAD_STEP_OF))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "docker images failed");
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// A load sends a large image in steps, so that Docker's spool of the upload holds one
+/// step and not the whole image: every layer is registered in order, the image runs, and
+/// no step's image is left behind, whether the load succeeds or a step fails.
+#[test]
+fn a_load_in_steps_registers_every_layer_and_leaves_no_step_behind() {
+    require_docker!();
+    let rt = runtime();
+    // Every layer is a step of its own.
+    let engine = rt
+        .block_on(Engine::connect())
+        .unwrap()
+        .with_load_step_bytes(1);
+    if rt.block_on(engine.info()).unwrap().containerd_image_store {
+        gate::not_applicable("the daemon uses the containerd image store, which loads in one step");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("store")).unwrap();
+    let unique = format!("steps {}\n", std::process::id());
+    let layer_of = |entries: Vec<Entry>| {
+        let contents = LayerContents::from_entries(entries).unwrap();
+        let options = BuildOptions::new(EPOCH, Compression::Gzip { level: 1 });
+        layer::build(&store, &contents, &options).unwrap()
+    };
+    let base = layer_of(vec![
+        Entry::file_bytes(p("bin/busybox"), 0o755, std::fs::read(BUSYBOX).unwrap()),
+        Entry::symlink(p("bin/sh"), "busybox"),
+        Entry::file_bytes(p("etc/one"), 0o644, unique.clone().into_bytes()),
+    ]);
+    let two = layer_of(vec![Entry::file_bytes(
+        p("etc/two"),
+        0o644,
+        b"two\n".to_vec(),
+    )]);
+    let three = layer_of(vec![Entry::file_bytes(
+        p("etc/three"),
+        0o644,
+        b"three\n".to_vec(),
+    )]);
+    let image = Image::new(EPOCH)
+        .with_layer(base.clone(), "one")
+        .with_layer(two.clone(), "two")
+        .with_layer(three, "three")
+        .with_env("PATH", "/bin")
+        .with_label("io.cudastack.test", "engine-steps");
+    let dir = work.path().join("layout");
+    layout::write(&image, &dir, "latest").unwrap();
+    let id = image.documents().unwrap().config.digest;
+    let _cleanup = Cleanup {
+        image: id,
+        test_label: "engine-steps".into(),
+    };
+    let report = rt
+        .block_on(engine.load_layout(&dir, "latest", &[]))
+        .unwrap();
+    assert_eq!(
+        (report.layers_present, report.requests),
+        (0, 3),
+        "{report:?}"
+    );
+    let outcome = rt
+        .block_on(engine.run(&spec(
+            &id,
+            "engine-steps",
+            "cat /etc/one /etc/two /etc/three",
+        )))
+        .unwrap();
+    assert_eq!(
+        outcome.stdout,
+        format!("{unique}two\nthree\n"),
+        "{outcome:?}"
+    );
+    let layers = Command::new("docker")
+        .args([
+            "image",
+            "inspect",
+            "--format",
+            "{{json .RootFS.Layers}}",
+            &id.to_string(),
+        ])
+        .output()
+        .unwrap();
+    let layers: Vec<String> = serde_json::from_slice(&layers.stdout).unwrap();
+    let diff_ids: Vec<String> = image
+        .layers()
+        .iter()
+        .map(|l| l.diff_id.to_string())
+        .collect();
+    assert_eq!(layers, diff_ids);
+    assert_eq!(load_steps_of(&id), Vec::<String>::new());
+
+    // A step the daemon refuses (its second layer is not a tar) fails the load and takes
+    // the steps before it with it.
+    let mut junk = format!("not a tar {} ", std::process::id()).into_bytes();
+    junk.resize(1 << 20, b'x');
+    let blob = work.path().join("junk");
+    std::fs::write(&blob, &junk).unwrap();
+    let junk = cudastack::layer::Layer {
+        digest: Digest::of_bytes(&junk),
+        diff_id: Digest::of_bytes(&junk),
+        size: junk.len() as u64,
+        uncompressed_size: Some(junk.len() as u64),
+        media_type: oci_spec::image::MediaType::ImageLayer,
+        blob,
+    };
+    let unique_base = layer_of(vec![Entry::file_bytes(
+        p("etc/broken"),
+        0o644,
+        unique.into_bytes(),
+    )]);
+    let broken = Image::new(EPOCH)
+        .with_layer(unique_base, "one")
+        .with_layer(junk, "junk")
+        .with_layer(two, "two")
+        .with_label("io.cudastack.test", "engine-steps-broken");
+    let broken_dir = work.path().join("broken");
+    layout::write(&broken, &broken_dir, "latest").unwrap();
+    let broken_id = broken.documents().unwrap().config.digest;
+    let _broken = Cleanup {
+        image: broken_id,
+        test_label: "engine-steps-broken".into(),
+    };
+    let error = rt
+        .block_on(engine.load_layout(&broken_dir, "latest", &[]))
+        .unwrap_err();
+    assert!(matches!(error, EngineError::LoadFailed { .. }), "{error}");
+    assert!(!rt
+        .block_on(engine.image_exists(&broken_id.to_string()))
+        .unwrap());
+    assert_eq!(load_steps_of(&broken_id), Vec::<String>::new());
+}

@@ -36,6 +36,7 @@ use tokio::sync::mpsc;
 
 use super::{message_of, split_tag, status_of, Engine, EngineError};
 use crate::digest::Digest;
+use crate::layer::Layer;
 use crate::oci::layout::LayoutImage;
 use crate::oci::{self, Image, OciError, StoredImage};
 
@@ -59,6 +60,8 @@ pub struct LoadReport {
     /// Leading layers the daemon already had, sent as empty placeholders.
     pub layers_present: usize,
     pub layers: usize,
+    /// Load requests sent: one per step (0 when skipped).
+    pub requests: usize,
     /// The tags the image has now (those asked for).
     pub tags: Vec<String>,
 }
@@ -132,20 +135,26 @@ impl Engine {
         let image_id = image.config_digest();
         let manifest_digest = image.manifest_digest();
         let layers = image.layers.len();
-        let report = |skipped: bool, bytes: u64, layers_present: usize| LoadReport {
+        let report = |skipped: bool, sent: Sent| LoadReport {
             image_id,
             skipped,
-            bytes,
+            bytes: sent.bytes,
             seconds: started.elapsed().as_secs_f64(),
-            layers_present,
+            layers_present: sent.layers_present,
             layers,
+            requests: sent.requests,
             tags: tags.to_vec(),
         };
         if let Some(present) = self.present_as(&image_id, &manifest_digest).await? {
             for tag in tags {
                 self.tag(&present, tag).await?;
             }
-            return Ok(report(true, 0, layers));
+            let sent = Sent {
+                bytes: 0,
+                layers_present: layers,
+                requests: 0,
+            };
+            return Ok(report(true, sent));
         }
         let mut result = self
             .upload(image, tags, origin, Placeholders::Allowed)
@@ -161,7 +170,7 @@ impl Engine {
             result = self.upload(image, tags, origin, Placeholders::None).await;
         }
         match result {
-            Ok((bytes, layers_present)) => Ok(report(false, bytes, layers_present)),
+            Ok(sent) => Ok(report(false, sent)),
             Err(error) => {
                 // The image was not in the daemon before: whatever of it is now is ours.
                 self.remove_loaded(&image_id, &manifest_digest).await;
@@ -181,20 +190,97 @@ impl Engine {
         }
     }
 
-    /// Stream `image` to the daemon and tag it: the bytes sent and the leading layers
-    /// that were already there. Tags must have been checked.
+    /// Stream `image` to the daemon and tag it. Tags must have been checked.
     async fn upload(
         &self,
         image: &StoredImage,
         tags: &[String],
         origin: &str,
         placeholders: Placeholders,
-    ) -> Result<(u64, usize), EngineError> {
+    ) -> Result<Sent, EngineError> {
         let layers_present = match placeholders {
             Placeholders::Allowed => self.present_layer_prefix(image).await?,
             Placeholders::None => 0,
         };
-        let archive = ArchiveStream::start(image, tags, layers_present);
+        let steps = match placeholders {
+            Placeholders::Allowed if !self.info().await?.containerd_image_store => {
+                step_ends(&image.layers, layers_present, self.load_step_bytes)
+            }
+            _ => Vec::new(),
+        };
+        let mut step_images = Vec::new();
+        let result = self
+            .send_in_steps(
+                image,
+                tags,
+                origin,
+                layers_present,
+                &steps,
+                &mut step_images,
+            )
+            .await;
+        // A step's image only held its layers for the next step; the image holds them now
+        // (or, after a failure, nothing should).
+        for step in step_images {
+            if let Err(error) = self.remove_image(&step.to_string()).await {
+                tracing::warn!("a step of the load of {origin} left {step} in the daemon: {error}");
+            }
+        }
+        let (bytes, said) = result?;
+        let (image_id, manifest_digest) = (image.config_digest(), image.manifest_digest());
+        let Some(present) = self.present_as(&image_id, &manifest_digest).await? else {
+            return Err(EngineError::LoadMismatch {
+                layout: origin.to_string(),
+                expected: image_id,
+                said: said.join("; "),
+            });
+        };
+        // manifest.json already names the tags; tagging again also moves a tag that a
+        // daemon kept on an older image.
+        for tag in tags {
+            self.tag(&present, tag).await?;
+        }
+        Ok(Sent {
+            bytes,
+            layers_present,
+            requests: steps.len() + 1,
+        })
+    }
+
+    /// Send `image` in one load request per step (`steps`: each step's end; see
+    /// [`step_ends`]), then the image itself, its first `present` layers being in the
+    /// daemon: the bytes sent and what the daemon said to the last request. Each step's
+    /// image ID goes into `step_images` before its request is sent.
+    async fn send_in_steps(
+        &self,
+        image: &StoredImage,
+        tags: &[String],
+        origin: &str,
+        present: usize,
+        steps: &[usize],
+        step_images: &mut Vec<Digest>,
+    ) -> Result<(u64, Vec<String>), EngineError> {
+        let (mut sent, mut below) = (0, present);
+        for &end in steps {
+            let step = step_image(image, end)?;
+            step_images.push(step.config_digest());
+            sent += self.send_upload(&step, &[], origin, below).await?.0;
+            below = end;
+        }
+        let (bytes, said) = self.send_upload(image, tags, origin, below).await?;
+        Ok((sent + bytes, said))
+    }
+
+    /// Stream `image` to the daemon as a docker-archive whose first `present` layers are
+    /// placeholders: the bytes sent, and what the daemon said.
+    async fn send_upload(
+        &self,
+        image: &StoredImage,
+        tags: &[String],
+        origin: &str,
+        present: usize,
+    ) -> Result<(u64, Vec<String>), EngineError> {
+        let archive = ArchiveStream::start(image, tags, present);
         // A signal no longer ends the process mid-load (see `send_archive`); the load stays
         // in flight until its outcome is known and the tags are set.
         let mut signals = super::run::Signals::listen();
@@ -208,20 +294,7 @@ impl Engine {
             return Err(EngineError::Interrupted { signal });
         }
         let bytes = outcome(written, answer.failure, origin)?;
-        let (image_id, manifest_digest) = (image.config_digest(), image.manifest_digest());
-        let Some(present) = self.present_as(&image_id, &manifest_digest).await? else {
-            return Err(EngineError::LoadMismatch {
-                layout: origin.to_string(),
-                expected: image_id,
-                said: answer.messages.join("; "),
-            });
-        };
-        // manifest.json already names the tags; tagging again also moves a tag that a
-        // daemon kept on an older image.
-        for tag in tags {
-            self.tag(&present, tag).await?;
-        }
-        Ok((bytes, layers_present))
+        Ok((bytes, answer.messages))
     }
 
     /// Send the archive `body` as a load request and collect the daemon's answer. A signal
@@ -400,6 +473,51 @@ impl Engine {
     }
 }
 
+/// The most compressed bytes one load request sends when an image is loaded in steps.
+/// Docker's classic loader spools a whole upload to its own temporary directory before it
+/// registers a layer, so a load in one request needs the image's compressed size free on
+/// top of its unpacked size: 2.9 GB more for the torch stack. In steps, each a prefix image
+/// whose lower layers are placeholders, the spool holds one step.
+pub(super) const LOAD_STEP_BYTES: u64 = 512 << 20;
+
+/// Where the load steps of `layers` end, the first `present` being in the daemon already:
+/// each step's exclusive end, before the last (the image itself). A step sends whole
+/// layers, at least one, and no more than `bound` bytes of blobs unless one layer is larger.
+fn step_ends(layers: &[Layer], present: usize, bound: u64) -> Vec<usize> {
+    let mut ends = Vec::new();
+    let mut step_bytes = 0;
+    for (index, layer) in layers.iter().enumerate().skip(present) {
+        if step_bytes > 0 && step_bytes + layer.size > bound {
+            ends.push(index);
+            step_bytes = 0;
+        }
+        step_bytes += layer.size;
+    }
+    ends
+}
+
+/// The image of `image`'s first `end` layers, for one step of a load: its platform, no
+/// tags, and a label that says what it is should a killed load leave it behind.
+fn step_image(image: &StoredImage, end: usize) -> Result<StoredImage, OciError> {
+    let step = image.layers[..end].iter().fold(
+        Image::new(0).with_platform(
+            image.configuration.architecture().clone(),
+            image.configuration.os().clone(),
+        ),
+        |step, layer| step.with_layer(layer.clone(), "cudastack load step"),
+    );
+    let step = step.with_config(|config| {
+        config.set_labels(Some(
+            [(
+                crate::labels::LOAD_STEP_OF.to_string(),
+                image.config_digest().to_string(),
+            )]
+            .into(),
+        ));
+    });
+    StoredImage::of(&step)
+}
+
 /// Docker tags among the layout's names of the image (cudastack writes each recipe tag as
 /// a ref name beside `latest`), sorted.
 pub fn layout_tags(image: &LayoutImage) -> Vec<String> {
@@ -416,6 +534,15 @@ fn check_tags(tags: &[String]) -> Result<(), EngineError> {
         split_tag(tag)?;
     }
     Ok(())
+}
+
+/// What a load sent.
+struct Sent {
+    /// Bytes of docker-archive, all requests together.
+    bytes: u64,
+    /// Leading layers the daemon had before, sent as placeholders.
+    layers_present: usize,
+    requests: usize,
 }
 
 /// What the daemon answered a load request.
@@ -583,6 +710,31 @@ mod tests {
         drop(receiver);
         let error = writer.write_all(&data).unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn a_load_is_cut_into_steps_of_whole_layers_below_the_bound() {
+        let mib = |size: u64| Layer {
+            digest: Digest::of_bytes(&size.to_le_bytes()),
+            diff_id: Digest::of_bytes(&size.to_le_bytes()),
+            size: size << 20,
+            uncompressed_size: None,
+            media_type: oci_spec::image::MediaType::ImageLayerGzip,
+            blob: std::path::PathBuf::new(),
+        };
+        // The torch stack's compressed sizes (MiB): base, cuda, cuda-math, cudnn, triton,
+        // torch, python, then a team's small layers.
+        let layers: Vec<Layer> = [40, 634, 475, 634, 200, 756, 60, 3, 1, 2]
+            .into_iter()
+            .map(mib)
+            .collect();
+        assert_eq!(step_ends(&layers, 0, LOAD_STEP_BYTES), [1, 2, 3, 4, 5, 6]);
+        // What the daemon has is not sent again, and does not count.
+        assert_eq!(step_ends(&layers, 5, LOAD_STEP_BYTES), [6]);
+        assert_eq!(step_ends(&layers, 6, LOAD_STEP_BYTES), Vec::<usize>::new());
+        let small: Vec<Layer> = [100, 100, 100, 300, 1].into_iter().map(mib).collect();
+        assert_eq!(step_ends(&small, 0, LOAD_STEP_BYTES), [3]);
+        assert!(step_ends(&[], 0, LOAD_STEP_BYTES).is_empty());
     }
 
     /// Docker creates the image, then parses the archive's RepoTags; a tag it

@@ -112,6 +112,8 @@ pub enum EngineError {
 pub struct Engine {
     docker: Docker,
     host: String,
+    /// The most compressed bytes one load request sends (see `load::LOAD_STEP_BYTES`).
+    load_step_bytes: u64,
 }
 
 /// What the daemon says about itself (`docker info` + `docker version`).
@@ -162,7 +164,15 @@ impl Engine {
         Ok(Self {
             docker: docker.with_timeout(REQUEST_TIMEOUT),
             host: host.to_string(),
+            load_step_bytes: load::LOAD_STEP_BYTES,
         })
+    }
+
+    /// This engine, loading images in steps of at most `bytes` of layer blobs each (a
+    /// test loads a small image in steps this way).
+    pub fn with_load_step_bytes(mut self, bytes: u64) -> Self {
+        self.load_step_bytes = bytes;
+        self
     }
 
     /// The address this engine talks to.

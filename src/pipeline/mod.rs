@@ -462,6 +462,7 @@ mod tests {
             seconds: 0.5,
             layers_present: 2,
             layers: 2,
+            requests: 0,
             tags: vec!["localhost/r:1".into()],
         };
         let report = PipelineReport {
