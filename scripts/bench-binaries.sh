@@ -25,28 +25,6 @@ rm -rf "$WORK"
 mkdir -p "$WORK"
 [ "${BENCH_KEEP:-0}" = 1 ] || trap 'rm -rf "$WORK"' EXIT
 
-# A cache with the downloads only: every blob no layer entry names, and the wheel links and
-# integrity records beside them.
-downloads_only() { # dest
-    python3 - "$WARM" "$1" <<'EOF'
-import glob, json, os, sys
-warm, dest = sys.argv[1], sys.argv[2]
-layers = set()
-for entry in glob.glob(f"{warm}/layers/*.json"):
-    try:
-        layers.add(json.load(open(entry))["digest"].split(":")[1])
-    except (ValueError, KeyError):
-        pass
-os.makedirs(f"{dest}/blobs/sha256")
-for hex in os.listdir(f"{warm}/blobs/sha256"):
-    if hex not in layers:
-        os.link(f"{warm}/blobs/sha256/{hex}", f"{dest}/blobs/sha256/{hex}")
-EOF
-    for dir in wheels apt-verified verified; do
-        [ -d "$WARM/$dir" ] && cp -al "$WARM/$dir" "$1/$dir"
-    done
-}
-
 # The recipe as a team would write it (no source_date_epoch), and its lock.
 TEAM=$WORK/team
 mkdir -p "$TEAM"
@@ -55,7 +33,7 @@ cp "${RECIPE%.yaml}.lock" "$TEAM/team.lock"
 
 run() { # label binary
     local label=$1 bin=$2 cache=$WORK/cache-$1
-    downloads_only "$cache"
+    scripts/downloads-only.sh "$WARM" "$cache"
     "$bin" lock "$TEAM/team.yaml" > /dev/null 2>&1
     /usr/bin/time -v "$bin" build "$RECIPE" --no-verify --layout "$WORK/layout-$label" \
         --cache-dir "$cache" > "$WORK/$label-cold.log" 2>&1

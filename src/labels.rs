@@ -60,10 +60,10 @@ pub const RUNTIME_ULIMIT_PREFIX: &str = "io.cudastack.runtime.ulimit.";
 
 /// Verification: the verdict, the matrix rows (JSON), the driver and GPUs it ran on, and
 /// the digest of the report it came from.
-/// On the image of one step of a load into Docker (src/engine/load.rs): the ID of the image
-/// it is a step of. The step is removed once that image is loaded; one left behind by a
-/// killed load can be found by this label.
-pub const LOAD_STEP_OF: &str = "io.cudastack.load-step-of";
+/// On the image of one step of a load into Docker (src/engine/load.rs): the process that
+/// loaded it, as `engine::run::RunOwner` writes it. The step goes once the image is in;
+/// one left by a killed process is removed by the next load that can tell it is dead.
+pub const LOAD_STEP_OWNER: &str = "io.cudastack.load-step.owner";
 pub const VERIFIED: &str = "io.cudastack.verified";
 pub const VERIFIED_MATRIX: &str = "io.cudastack.verified.matrix";
 pub const VERIFIED_DRIVER: &str = "io.cudastack.verified.driver";

@@ -477,6 +477,80 @@ fn build_load_of_an_untagged_image_sends_its_layers_once() {
     );
 }
 
+/// A build whose verification loads the image sends the lower layers into Docker while it
+/// builds the upper ones: by the time the probe's load runs, every layer is there, and the
+/// load sends the config alone. The step images are gone when the build ends. The stand-in's
+/// team layer is new on every run (its epoch is now), so the build always builds one.
+#[test]
+fn a_verified_build_loads_its_layers_while_it_builds() {
+    if let Some(reason) =
+        e2e_support::skip_reason(&[("gcc", &["--version"][..]), ("docker", &["info"][..])])
+    {
+        reason.report();
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (recipe, mirror) = untagged_stand_in(work.path(), "early-load", epoch);
+    let child = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .args(["build", "--json", "--mirror"])
+        .arg(&mirror)
+        .arg("--layout")
+        .arg(work.path().join("layout"))
+        .arg("--cache-dir")
+        .arg(e2e_support::cache_dir())
+        .arg(&recipe)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "build failed:\n{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let layers = report["layers"].as_array().unwrap();
+    assert!(
+        layers.iter().any(|layer| layer["cached"] == false),
+        "the build built no layer: {report}"
+    );
+    let probe = &report["verify"]["load"];
+    eprintln!("the probe's load: {probe}");
+    assert_eq!(
+        probe["layers_present"].as_u64(),
+        Some(layers.len() as u64),
+        "the probe's load sent layers the build could have loaded early: {probe}"
+    );
+    let steps = Command::new("docker")
+        .args(["images", "-aq", "--filter"])
+        .arg(format!("label={}", cudastack::labels::LOAD_STEP_OWNER))
+        .output()
+        .unwrap();
+    let owners: Vec<String> = String::from_utf8_lossy(&steps.stdout)
+        .lines()
+        .map(|id| {
+            let format = format!(
+                "{{{{index .Config.Labels \"{}\"}}}}",
+                cudastack::labels::LOAD_STEP_OWNER
+            );
+            let owner = Command::new("docker")
+                .args(["image", "inspect", "--format", &format, id])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&owner.stdout).trim().to_string()
+        })
+        .collect();
+    assert!(
+        !owners
+            .iter()
+            .any(|owner| owner.contains(&format!("/{pid}/"))),
+        "the build left its step images: {owners:?}"
+    );
+}
+
 /// Removes the Docker image `tag` when dropped: a test leaves no image behind, pass or fail.
 struct RemoveTag(&'static str);
 impl Drop for RemoveTag {

@@ -942,17 +942,31 @@ fn an_interrupted_load_leaves_nothing() {
     );
 }
 
-/// Images left in the daemon by a load in steps of the image `id`.
-fn load_steps_of(id: &Digest) -> Vec<String> {
+/// Step images in the daemon (any load's: tests run beside each other) whose bottom layer
+/// is `diff_id`.
+fn steps_on(diff_id: &Digest) -> Vec<String> {
     let output = Command::new("docker")
         .args(["images", "-aq", "--no-trunc", "--filter"])
-        .arg(format!("label={}={id}", cudastack::labels::LOAD_STEP_OF))
+        .arg(format!("label={}", cudastack::labels::LOAD_STEP_OWNER))
         .output()
         .unwrap();
     assert!(output.status.success(), "docker images failed");
     String::from_utf8(output.stdout)
         .unwrap()
         .lines()
+        .filter(|id| {
+            let bottom = Command::new("docker")
+                .args([
+                    "image",
+                    "inspect",
+                    "--format",
+                    "{{index .RootFS.Layers 0}}",
+                    id,
+                ])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&bottom.stdout).trim() == diff_id.to_string()
+        })
         .map(str::to_string)
         .collect()
 }
@@ -1046,7 +1060,7 @@ fn a_load_in_steps_registers_every_layer_and_leaves_no_step_behind() {
         .map(|l| l.diff_id.to_string())
         .collect();
     assert_eq!(layers, diff_ids);
-    assert_eq!(load_steps_of(&id), Vec::<String>::new());
+    assert_eq!(steps_on(&base.diff_id), Vec::<String>::new());
 
     // A step the daemon refuses (its second layer is not a tar) fails the load and takes
     // the steps before it with it.
@@ -1062,13 +1076,13 @@ fn a_load_in_steps_registers_every_layer_and_leaves_no_step_behind() {
         media_type: oci_spec::image::MediaType::ImageLayer,
         blob,
     };
-    let unique_base = layer_of(vec![Entry::file_bytes(
+    let broken_base = layer_of(vec![Entry::file_bytes(
         p("etc/broken"),
         0o644,
         unique.into_bytes(),
     )]);
     let broken = Image::new(EPOCH)
-        .with_layer(unique_base, "one")
+        .with_layer(broken_base.clone(), "one")
         .with_layer(junk, "junk")
         .with_layer(two, "two")
         .with_label("io.cudastack.test", "engine-steps-broken");
@@ -1086,5 +1100,49 @@ fn a_load_in_steps_registers_every_layer_and_leaves_no_step_behind() {
     assert!(!rt
         .block_on(engine.image_exists(&broken_id.to_string()))
         .unwrap());
-    assert_eq!(load_steps_of(&broken_id), Vec::<String>::new());
+    assert_eq!(steps_on(&broken_base.diff_id), Vec::<String>::new());
+}
+
+/// A step image whose loading process is dead (killed mid-load) is removed by the next
+/// load's housekeeping; a live process's step stays.
+#[test]
+fn a_step_a_dead_load_left_is_removed_and_a_live_ones_stays() {
+    require_docker!();
+    let rt = runtime();
+    let engine = rt.block_on(Engine::connect()).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("store")).unwrap();
+    let owner = cudastack::engine::run::RunOwner::current().unwrap();
+    // This process's pid with another start time: a process that is gone.
+    let dead = cudastack::engine::run::RunOwner {
+        start_ticks: owner.start_ticks + 1,
+        ..owner.clone()
+    };
+    let mut ids = Vec::new();
+    for (name, who) in [("dead", &dead), ("live", &owner)] {
+        let contents = LayerContents::from_entries([Entry::file_bytes(
+            p("etc/step"),
+            0o644,
+            format!("{name} {}\n", std::process::id()).into_bytes(),
+        )])
+        .unwrap();
+        let options = BuildOptions::new(EPOCH, Compression::Gzip { level: 1 });
+        let layer = layer::build(&store, &contents, &options).unwrap();
+        let image = Image::new(EPOCH)
+            .with_layer(layer, name)
+            .with_label(cudastack::labels::LOAD_STEP_OWNER, &who.to_label());
+        let id = image.documents().unwrap().config.digest;
+        rt.block_on(engine.load_image(&image, &[], name)).unwrap();
+        ids.push(Cleanup {
+            image: id,
+            test_label: format!("engine-step-{name}"),
+        });
+    }
+    rt.block_on(engine.reap_load_steps());
+    assert!(!rt
+        .block_on(engine.image_exists(&ids[0].image.to_string()))
+        .unwrap());
+    assert!(rt
+        .block_on(engine.image_exists(&ids[1].image.to_string()))
+        .unwrap());
 }

@@ -34,11 +34,13 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
+use super::run::{Liveness, RunOwner};
 use super::{message_of, split_tag, status_of, Engine, EngineError};
 use crate::digest::Digest;
 use crate::layer::Layer;
 use crate::oci::layout::LayoutImage;
 use crate::oci::{self, Image, OciError, StoredImage};
+use oci_spec::image::{Arch, Os};
 
 /// The load request may take as long as the upload does (hours for a slow disk).
 const LOAD_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -145,6 +147,7 @@ impl Engine {
             requests: sent.requests,
             tags: tags.to_vec(),
         };
+        self.reap_load_steps().await;
         if let Some(present) = self.present_as(&image_id, &manifest_digest).await? {
             for tag in tags {
                 self.tag(&present, tag).await?;
@@ -262,13 +265,93 @@ impl Engine {
     ) -> Result<(u64, Vec<String>), EngineError> {
         let (mut sent, mut below) = (0, present);
         for &end in steps {
-            let step = step_image(image, end)?;
+            let configuration = &image.configuration;
+            let step = step_image(
+                &image.layers[..end],
+                configuration.architecture(),
+                configuration.os(),
+            )?;
             step_images.push(step.config_digest());
             sent += self.send_upload(&step, &[], origin, below).await?.0;
             below = end;
         }
         let (bytes, said) = self.send_upload(image, tags, origin, below).await?;
         Ok((sent + bytes, said))
+    }
+
+    /// Load `layers` as an image of their own (a step: see [`step_image`]) ahead of the
+    /// image they are the lower layers of, which a later load then finds present: its ID,
+    /// or None when the daemon has them all already or keeps images in containerd's store
+    /// (whose importer needs every blob of every load). Without the signal handling of
+    /// [`Self::load_stored`]: a signal ends the process as it would have, the daemon
+    /// creates nothing from the truncated upload, and the next load removes the steps.
+    pub async fn load_layers(
+        &self,
+        layers: &[Layer],
+        architecture: &Arch,
+        os: &Os,
+        origin: &str,
+    ) -> Result<Option<Digest>, EngineError> {
+        if self.info().await?.containerd_image_store {
+            return Ok(None);
+        }
+        let step = step_image(layers, architecture, os)?;
+        let present = self.present_layer_prefix(&step).await?;
+        if present == layers.len() {
+            return Ok(None);
+        }
+        let id = step.config_digest();
+        let archive = ArchiveStream::start(&step, &[], present);
+        let answer = self.send_archive(archive.body, None).await;
+        let written = archive
+            .writer
+            .join()
+            .expect("the archive writer does not panic");
+        match outcome(written, answer.failure, origin) {
+            Ok(_) if self.image_exists(&id.to_string()).await? => Ok(Some(id)),
+            Ok(_) => Err(EngineError::LoadMismatch {
+                layout: origin.to_string(),
+                expected: id,
+                said: answer.messages.join("; "),
+            }),
+            Err(error) => {
+                let _ = self.remove_image(&id.to_string()).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Remove the step images a dead process left (see [`step_image`]); best effort, as
+    /// housekeeping before a load.
+    pub async fn reap_load_steps(&self) {
+        let Some(observer) = RunOwner::current() else {
+            return;
+        };
+        let options = bollard::query_parameters::ListImagesOptions {
+            all: true,
+            filters: Some(
+                [(
+                    "label".to_string(),
+                    vec![crate::labels::LOAD_STEP_OWNER.to_string()],
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        let Ok(images) = self.docker.list_images(Some(options)).await else {
+            return;
+        };
+        for image in images {
+            let owner = image.labels.get(crate::labels::LOAD_STEP_OWNER);
+            let dead = owner
+                .and_then(|owner| RunOwner::parse(owner))
+                .is_some_and(|owner| owner.liveness(&observer) == Liveness::Dead);
+            if dead {
+                if let Err(error) = self.remove_image(&image.id).await {
+                    tracing::warn!("a step a dead load left, {}, stays: {error}", image.id);
+                }
+            }
+        }
     }
 
     /// Stream `image` to the daemon as a docker-archive whose first `present` layers are
@@ -285,7 +368,7 @@ impl Engine {
         // in flight until its outcome is known and the tags are set.
         let mut signals = super::run::Signals::listen();
         let _active = super::run::ActiveRun::enter();
-        let answer = self.send_archive(archive.body, &mut signals).await;
+        let answer = self.send_archive(archive.body, Some(&mut signals)).await;
         let written = archive
             .writer
             .join()
@@ -304,7 +387,7 @@ impl Engine {
     async fn send_archive(
         &self,
         body: ArchiveBody,
-        signals: &mut super::run::Signals,
+        mut signals: Option<&mut super::run::Signals>,
     ) -> DaemonAnswer {
         let docker = self.with_timeout(LOAD_TIMEOUT);
         let options = ImportImageOptions {
@@ -317,7 +400,7 @@ impl Engine {
         loop {
             let item = tokio::select! {
                 item = responses.next() => item,
-                signal = signals.recv(), if answer.interrupted.is_none() => {
+                signal = next_signal(&mut signals), if answer.interrupted.is_none() => {
                     answer.interrupted = Some(signal);
                     abort.store(true, Ordering::SeqCst);
                     continue;
@@ -496,26 +579,24 @@ fn step_ends(layers: &[Layer], present: usize, bound: u64) -> Vec<usize> {
     ends
 }
 
-/// The image of `image`'s first `end` layers, for one step of a load: its platform, no
-/// tags, and a label that says what it is should a killed load leave it behind.
-fn step_image(image: &StoredImage, end: usize) -> Result<StoredImage, OciError> {
-    let step = image.layers[..end].iter().fold(
-        Image::new(0).with_platform(
-            image.configuration.architecture().clone(),
-            image.configuration.os().clone(),
-        ),
+/// The image of `layers`, for one step of a load: `architecture`/`os`, no tags, and the
+/// label that names its owner (this process), so that a step a killed load left behind is
+/// found and removed ([`Engine::reap_load_steps`]).
+fn step_image(layers: &[Layer], architecture: &Arch, os: &Os) -> Result<StoredImage, OciError> {
+    let owner = RunOwner::current().map_or_else(String::new, |owner| owner.to_label());
+    let step = layers.iter().fold(
+        Image::new(0).with_platform(architecture.clone(), os.clone()),
         |step, layer| step.with_layer(layer.clone(), "cudastack load step"),
     );
-    let step = step.with_config(|config| {
-        config.set_labels(Some(
-            [(
-                crate::labels::LOAD_STEP_OF.to_string(),
-                image.config_digest().to_string(),
-            )]
-            .into(),
-        ));
-    });
-    StoredImage::of(&step)
+    StoredImage::of(&step.with_label(crate::labels::LOAD_STEP_OWNER, &owner))
+}
+
+/// The next signal, or never without `signals` (a load that leaves them to their default).
+async fn next_signal(signals: &mut Option<&mut super::run::Signals>) -> &'static str {
+    match signals {
+        Some(signals) => signals.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Docker tags among the layout's names of the image (cudastack writes each recipe tag as

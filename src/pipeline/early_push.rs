@@ -132,6 +132,10 @@ impl BuildProgress for WithEarlyUploads<'_> {
         self.inner.downloads()
     }
 
+    fn layers_planned(&self, names: &[&str], cached: &[bool]) {
+        self.inner.layers_planned(names, cached);
+    }
+
     fn layer_ready(&self, name: &str, layer: &Layer) {
         self.inner.layer_ready(name, layer);
         // A closed channel means an upload failed: that error is reported at the push stage.

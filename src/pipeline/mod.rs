@@ -14,6 +14,7 @@
 
 pub mod attest;
 pub mod build;
+pub mod early_load;
 pub mod early_push;
 pub mod image_source;
 pub mod init;
@@ -31,11 +32,13 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use early_load::EarlyLoads;
 use early_push::{EarlyUploads, SentWhileBuilding};
 
 use crate::engine::LoadReport;
-use crate::matrix::Matrix;
+use crate::matrix::{Matrix, ResolvedRecipe};
 use crate::oci::layout::LayoutImage;
+use crate::recipe::{GpuPolicy, Platform};
 use crate::registry::{ClientOptions, PushReport, Reference};
 use crate::stack::{BuildProgress, BuildReport, BuildSettings};
 use crate::verify::report::Report;
@@ -205,6 +208,50 @@ pub async fn build_verify_publish(
 ) -> Result<PipelineReport, PipelineError> {
     // Loaded and checked once: the build and the verification policy read the same facts.
     let resolved = resolve_for_build(&settings.build.recipe_path, matrix)?;
+    let mut early_loads = early_loads_for(settings, &resolved);
+    let loads_progress = early_loads
+        .as_ref()
+        .map(|loads| loads.progress(build_progress));
+    let build_progress: &dyn BuildProgress = match &loads_progress {
+        Some(loads_progress) => loads_progress,
+        None => build_progress,
+    };
+    let report = stages(
+        settings,
+        &resolved,
+        matrix,
+        build_progress,
+        early_loads.as_mut(),
+        progress,
+    )
+    .await;
+    if let Some(loads) = early_loads {
+        loads.remove_steps().await;
+    }
+    report
+}
+
+/// Whether the build loads its lower layers into Docker while it builds the upper ones:
+/// when a load follows it (the verification's, unless the recipe skips it, or `--load`),
+/// of its one image, built for this host (Docker runs images of its own platform).
+fn early_loads_for(settings: &PipelineSettings, resolved: &ResolvedRecipe) -> Option<EarlyLoads> {
+    let verifies = settings.verify && resolved.verify_policy() != GpuPolicy::Skip;
+    let [platform] = resolved.platforms() else {
+        return None;
+    };
+    ((verifies || settings.load) && Platform::host() == Some(*platform))
+        .then(|| EarlyLoads::start(platform.to_oci_arch(), oci_spec::image::Os::Linux))
+}
+
+/// [`build_verify_publish`]'s stages, the early loads (if any) fed by `build_progress`.
+async fn stages(
+    settings: &PipelineSettings,
+    resolved: &ResolvedRecipe,
+    matrix: &Matrix,
+    build_progress: &dyn BuildProgress,
+    early_loads: Option<&mut EarlyLoads>,
+    progress: &dyn Progress,
+) -> Result<PipelineReport, PipelineError> {
     let policy = resolved.verify_policy();
     // `--push`: each layer goes up as soon as it is built; the manifest only after verifying.
     // A reference pinned to a digest uploads nothing before the push stage has checked the
@@ -223,14 +270,18 @@ pub async fn build_verify_publish(
         Some(early) => {
             build(
                 &settings.build,
-                &resolved,
+                resolved,
                 matrix,
                 &early.progress(build_progress),
             )
             .await?
         }
-        None => build(&settings.build, &resolved, matrix, build_progress).await?,
+        None => build(&settings.build, resolved, matrix, build_progress).await?,
     };
+    // The load after the build must find the early loads' layers, not race them.
+    if let Some(loads) = early_loads {
+        loads.finish().await;
+    }
     attest::after_build(&settings.build, &built, progress)?;
     // A failed upload fails the build now, before a verification that would be wasted.
     let mut early = early;

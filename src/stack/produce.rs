@@ -73,6 +73,9 @@ pub(crate) fn produce_layers(
         )
         .exists()
         && facts_record.exists();
+    let names: Vec<&str> = stagers.iter().map(|stager| stager.name()).collect();
+    let cached: Vec<bool> = cached_layers.iter().map(Option::is_some).collect();
+    env.progress.layers_planned(&names, &cached);
     // Cached blobs are ready before anything stages: a push can start with them.
     for (stager, cached) in stagers.iter().zip(&cached_layers) {
         if let Some(layer) = cached {

@@ -58,6 +58,11 @@ pub trait BuildProgress: Send + Sync {
     /// upload). Called once per layer, from any thread, in no fixed order.
     #[allow(unused_variables)]
     fn layer_ready(&self, name: &str, layer: &crate::layer::Layer) {}
+    /// The layers of one platform's image, by name in their order, and which of them are
+    /// cached, before any is produced: an output that takes layers in order (a load) can
+    /// start on the lower ones while the upper ones build.
+    #[allow(unused_variables)]
+    fn layers_planned(&self, names: &[&str], cached: &[bool]) {}
 }
 
 /// The timestamp used when neither the recipe nor the environment gives one:

@@ -1,0 +1,252 @@
+//! A build that loads its image into Docker (for the verification's probe, or `--load`)
+//! sends the lower layers while the upper ones are still building. Docker 20.10 takes a
+//! load at about the speed of the disk, after spooling it, so a load after the build added
+//! its whole time to the build's; now the build's last layers and Docker's work on the
+//! first ones overlap.
+//!
+//! The build says which layers it will make, in order, and which are cached
+//! ([`BuildProgress::layers_planned`]), then each one it has ([`BuildProgress::layer_ready`],
+//! in no fixed order). Once a run of layers from the bottom is ready and holds at least
+//! [`STEP_BYTES`] not yet in Docker (or is the whole image), a task loads those layers
+//! as a step image ([`Engine::load_layers`]). The load after the build then finds them
+//! present and sends the rest. A build whose layers are all cached loads nothing early:
+//! nothing would overlap. The step images are removed when the pipeline ends, whatever
+//! its outcome: the image loaded after them holds their layers.
+//!
+//! Loading early is an optimisation, never a reason to fail: a daemon that cannot be
+//! reached or refuses a step stops the early loads, and the load after the build sends
+//! what the daemon lacks.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use oci_spec::image::{Arch, Os};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::digest::Digest;
+use crate::engine::Engine;
+use crate::fetch::progress::Reporter;
+use crate::layer::Layer;
+use crate::stack::BuildProgress;
+
+/// The least a step loads while the build goes on: fewer, larger requests cost the daemon
+/// less, and its spool of one stays small.
+pub const STEP_BYTES: u64 = 512 << 20;
+
+enum Event {
+    Planned {
+        names: Vec<String>,
+        cached: Vec<bool>,
+    },
+    Ready {
+        name: String,
+        layer: Layer,
+    },
+    /// The build is over: no more layers come.
+    BuildOver,
+}
+
+/// The early loads of one build: started before it, fed through [`Self::progress`].
+pub struct EarlyLoads {
+    sender: mpsc::UnboundedSender<Event>,
+    task: Option<JoinHandle<()>>,
+    /// The step images loaded so far, for [`Self::remove_steps`] (kept outside the task,
+    /// which may be aborted).
+    steps: Arc<Mutex<Vec<Digest>>>,
+}
+
+impl EarlyLoads {
+    /// Start the task that loads ready layers as an image of `architecture`/`os`. Must be
+    /// called within the tokio runtime.
+    pub fn start(architecture: Arch, os: Os) -> Self {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let steps = Arc::new(Mutex::new(Vec::new()));
+        let task = tokio::spawn(load_ready_layers(receiver, architecture, os, steps.clone()));
+        EarlyLoads {
+            sender,
+            task: Some(task),
+            steps,
+        }
+    }
+
+    /// `inner`, plus the plan and every ready layer handed to the load task.
+    pub fn progress<'a>(&self, inner: &'a dyn BuildProgress) -> impl BuildProgress + 'a {
+        WithEarlyLoads {
+            inner,
+            sender: self.sender.clone(),
+        }
+    }
+
+    /// The build is over: wait for the step in flight, so that the load after the build
+    /// finds its layers instead of sending them again beside it.
+    pub async fn finish(&mut self) {
+        let _ = self.sender.send(Event::BuildOver);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+
+    /// Stop loading and remove the step images from the daemon.
+    pub async fn remove_steps(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        let steps = std::mem::take(&mut *self.steps.lock().expect("no panic holds it"));
+        if steps.is_empty() {
+            return;
+        }
+        let Ok(engine) = Engine::connect().await else {
+            return;
+        };
+        for step in steps {
+            if let Err(error) = engine.remove_image(&step.to_string()).await {
+                tracing::warn!("the build's early load left {step} in the daemon: {error}");
+            }
+        }
+    }
+}
+
+/// The build's progress, also telling the load task.
+struct WithEarlyLoads<'a> {
+    inner: &'a dyn BuildProgress,
+    sender: mpsc::UnboundedSender<Event>,
+}
+
+impl BuildProgress for WithEarlyLoads<'_> {
+    fn stage(&self, stage: &str, detail: &str) {
+        self.inner.stage(stage, detail);
+    }
+
+    fn downloads(&self) -> Arc<dyn Reporter> {
+        self.inner.downloads()
+    }
+
+    fn layers_planned(&self, names: &[&str], cached: &[bool]) {
+        self.inner.layers_planned(names, cached);
+        // A closed channel means the early loads stopped: the load after the build does it all.
+        let _ = self.sender.send(Event::Planned {
+            names: names.iter().map(|name| name.to_string()).collect(),
+            cached: cached.to_vec(),
+        });
+    }
+
+    fn layer_ready(&self, name: &str, layer: &Layer) {
+        self.inner.layer_ready(name, layer);
+        let _ = self.sender.send(Event::Ready {
+            name: name.to_string(),
+            layer: layer.clone(),
+        });
+    }
+}
+
+/// The layers of the plan that are ready, from the bottom up to the first that is not.
+fn ready_from_bottom(names: &[String], ready: &HashMap<String, Layer>) -> Vec<Layer> {
+    names
+        .iter()
+        .map_while(|name| ready.get(name).cloned())
+        .collect()
+}
+
+/// Whether `bottom` (ready from the bottom, `loaded` of them in the daemon) makes a step
+/// now: enough new bytes, or every layer of the plan (`planned` of them).
+fn makes_a_step(bottom: &[Layer], loaded: usize, planned: usize) -> bool {
+    let new_bytes: u64 = bottom.iter().skip(loaded).map(|layer| layer.size).sum();
+    bottom.len() > loaded && (new_bytes >= STEP_BYTES || bottom.len() == planned)
+}
+
+async fn load_ready_layers(
+    mut receiver: mpsc::UnboundedReceiver<Event>,
+    architecture: Arch,
+    os: Os,
+    steps: Arc<Mutex<Vec<Digest>>>,
+) {
+    let mut engine = None;
+    let mut plan: Option<Vec<String>> = None;
+    let mut ready = HashMap::new();
+    let mut loaded = 0;
+    while let Some(event) = receiver.recv().await {
+        match event {
+            // Only the first platform's plan: the pipeline loads early only for one.
+            Event::Planned { names, cached } if plan.is_none() => {
+                if cached.iter().all(|cached| *cached) {
+                    return;
+                }
+                plan = Some(names);
+            }
+            Event::Planned { .. } => return,
+            Event::Ready { name, layer } => {
+                ready.insert(name, layer);
+            }
+            Event::BuildOver => return,
+        }
+        let Some(names) = &plan else { continue };
+        let bottom = ready_from_bottom(names, &ready);
+        if !makes_a_step(&bottom, loaded, names.len()) {
+            continue;
+        }
+        if engine.is_none() {
+            match Engine::connect().await {
+                Ok(connected) => engine = Some(connected),
+                Err(_) => return, // the verification says why, if it needs the daemon
+            }
+        }
+        let engine = engine.as_ref().expect("connected above");
+        match engine
+            .load_layers(&bottom, &architecture, &os, "the build's lower layers")
+            .await
+        {
+            Ok(Some(step)) => steps.lock().expect("no panic holds it").push(step),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(
+                    "loading the lower layers early failed; they go with the image: {error}"
+                );
+                return;
+            }
+        }
+        loaded = bottom.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(name: &str, mib: u64) -> (String, Layer) {
+        let layer = Layer {
+            digest: Digest::of_bytes(name.as_bytes()),
+            diff_id: Digest::of_bytes(name.as_bytes()),
+            size: mib << 20,
+            uncompressed_size: None,
+            media_type: oci_spec::image::MediaType::ImageLayerGzip,
+            blob: std::path::PathBuf::new(),
+        };
+        (name.to_string(), layer)
+    }
+
+    #[test]
+    fn a_step_waits_for_the_layers_below_and_for_enough_bytes() {
+        let names: Vec<String> = ["base", "cuda", "torch", "config"].map(String::from).into();
+        let mut ready = HashMap::new();
+        // The torch layer first: nothing below it is ready, so nothing loads.
+        ready.extend([layer("torch", 700)]);
+        assert!(ready_from_bottom(&names, &ready).is_empty());
+        // The base alone is too small to be worth a request of its own.
+        ready.extend([layer("base", 40)]);
+        let bottom = ready_from_bottom(&names, &ready);
+        assert_eq!(bottom.len(), 1);
+        assert!(!makes_a_step(&bottom, 0, names.len()));
+        // With cuda, the run from the bottom reaches torch: three layers, one step.
+        ready.extend([layer("cuda", 600)]);
+        let bottom = ready_from_bottom(&names, &ready);
+        assert_eq!(bottom.len(), 3);
+        assert!(makes_a_step(&bottom, 0, names.len()));
+        // After that step, the small config layer is a step because it is the last.
+        ready.extend([layer("config", 1)]);
+        let bottom = ready_from_bottom(&names, &ready);
+        assert!(makes_a_step(&bottom, 3, names.len()));
+        assert!(!makes_a_step(&bottom, 4, names.len()));
+    }
+}
