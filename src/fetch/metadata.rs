@@ -224,6 +224,15 @@ pub fn local_wheel_metadata(path: &Path) -> Result<String, MetadataError> {
         path: path.to_path_buf(),
         source,
     })?;
+    zip_metadata(file, path)
+}
+
+/// The METADATA text of the wheel `file` (read from `path`, which names it in errors):
+/// at most [`MAX_METADATA_BYTES`] inflated, whatever the archive says its size is.
+pub fn zip_metadata(
+    file: impl std::io::Read + std::io::Seek,
+    path: &Path,
+) -> Result<String, MetadataError> {
     let zip_error = |source| MetadataError::LocalZip {
         path: path.to_path_buf(),
         source,
