@@ -534,7 +534,8 @@ async fn fetch_artifacts(
     env: &BuildEnv<'_>,
     artifacts: &[Artifact],
 ) -> Result<Vec<PathBuf>, SourceBuildError> {
-    let items: Vec<_> = artifacts.iter().map(Artifact::fetch_item).collect();
+    let context = settings.recipe_path.parent().unwrap_or(Path::new(""));
+    let items: Vec<_> = artifacts.iter().map(|a| a.fetch_item(context)).collect();
     let client = HttpClient::with_defaults()?.with_credentials(index_credentials(recipe)?);
     let downloader = Downloader::new(client, store.clone(), env.progress.downloads())
         .offline(settings.offline)
