@@ -756,7 +756,10 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 /// `cudastack build` of a stand-in stack plus a package of the private index: the locked
 /// wheel is fetched with the credentials (environment) and installed, and no blob of the
 /// OCI layout (config, manifest, every layer decompressed) holds the password, the user
-/// name's basic-auth form, or the build's `--json` output and logs.
+/// name's basic-auth form, or the build's `--json` output and logs. The recipe's
+/// `wheels:` directory gives one more package (tests/lock_wheel_dirs.rs has the rest of
+/// it): locked at its path beside the recipe, and installed like an index's wheel, from
+/// the same image build.
 #[test]
 fn build_fetches_the_private_wheel_and_the_layout_holds_no_credentials() {
     use crate::e2e_support::{self, stand_in};
@@ -783,10 +786,18 @@ fn build_fetches_the_private_wheel_and_the_layout_holds_no_credentials() {
         std::fs::read(&wheel).unwrap(),
         "Metadata-Version: 2.1\nName: acme-tokenizer\nVersion: 1.0\n\n",
     );
+    std::fs::create_dir_all(work.path().join("wheelhouse")).unwrap();
+    let local = stand_in::write_wheel(
+        &work.path().join("wheelhouse"),
+        stand_in::Target::X86_64,
+        "acme-ops",
+        "1.0",
+        &[("acme_ops/__init__.py", b"OPS = 7\n".to_vec())],
+    );
     let recipe = work.path().join("private.yaml");
     std::fs::write(
         &recipe,
-        format!("name: private\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\ncudnn: {{ version: \"9.1.0.70\" }}\nsource_date_epoch: 1700000000\npackages: [acme-tokenizer]\nindexes: [{{ name: internal, url: \"{}\", packages: [acme-tokenizer] }}]\n", internal.simple_url()),
+        format!("name: private\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\ncudnn: {{ version: \"9.1.0.70\" }}\nsource_date_epoch: 1700000000\npackages: [acme-tokenizer, acme-ops]\nwheels: [wheelhouse]\nindexes: [{{ name: internal, url: \"{}\", packages: [acme-tokenizer] }}]\n", internal.simple_url()),
     )
     .unwrap();
     let run = |args: &[&str]| {
@@ -808,6 +819,15 @@ fn build_fetches_the_private_wheel_and_the_layout_holds_no_credentials() {
         lock.status.success(),
         "{}",
         String::from_utf8_lossy(&lock.stderr)
+    );
+    let locked = Lockfile::read(&recipe.with_extension("lock")).unwrap();
+    let ops = locked.artifact("acme-ops").unwrap();
+    assert_eq!(
+        ops.url.to_string(),
+        format!(
+            "file:wheelhouse/{}",
+            local.file_name().unwrap().to_str().unwrap()
+        )
     );
     let layout = work.path().join("layout");
     let build = run(&["build", "--no-verify"])
@@ -838,6 +858,7 @@ fn build_fetches_the_private_wheel_and_the_layout_holds_no_credentials() {
         let found = layout_contains(&layout, needle.as_bytes());
         assert!(found.is_empty(), "`{needle}` in the layout: {found:?}");
     }
-    // The wheel was installed: its module is in a layer.
+    // The wheels were installed: their modules are in a layer.
     assert!(!layout_contains(&layout, b"TOKENS = 3").is_empty());
+    assert!(!layout_contains(&layout, b"OPS = 7").is_empty());
 }

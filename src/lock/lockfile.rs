@@ -325,7 +325,8 @@ impl Artifact {
         if let Location::Recipe(path) = &self.url {
             // Only the recipe's own wheels live beside it, each under its file name.
             let named = path.rsplit('/').next() == Some(&*self.filename);
-            if self.kind != ArtifactKind::Wheel || !named {
+            let wheel = matches!(self.kind, ArtifactKind::Wheel | ArtifactKind::BuildWheel);
+            if !wheel || !named {
                 return Err(error(
                     "url",
                     format!(
