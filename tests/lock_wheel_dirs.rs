@@ -157,6 +157,32 @@ async fn a_wheel_of_the_directory_is_locked_by_its_path_and_fetched_hash_checked
     );
 }
 
+/// The same recipe and wheels in another checkout lock to the same bytes: nothing of where
+/// the directory is on this machine enters the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_is_the_same_in_another_checkout() {
+    let (first, path) = workspace();
+    let server = index();
+    let one = lock(&path, &server).await.unwrap();
+    let second = tempfile::tempdir().unwrap();
+    let moved = second.path().join("deeper/checkout");
+    std::fs::create_dir_all(moved.join("wheelhouse")).unwrap();
+    for entry in std::fs::read_dir(first.path().join("wheelhouse")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(
+            entry.path(),
+            moved.join("wheelhouse").join(entry.file_name()),
+        )
+        .unwrap();
+    }
+    for file in ["recipe.yaml", "requirements.txt"] {
+        std::fs::copy(first.path().join(file), moved.join(file)).unwrap();
+    }
+    let two = lock(&moved.join("recipe.yaml"), &server).await.unwrap();
+    assert_eq!(one.to_json(), two.to_json());
+    assert!(!one.to_json().contains(&*first.path().to_string_lossy()));
+}
+
 /// A requirement the directory's wheels cannot satisfy is not looked up on the index: the
 /// package has wheels there (as with the first index that has a package).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
