@@ -158,9 +158,8 @@ pub struct Artifact {
 
 /// Where an artifact's bytes are: a URL, or a wheel of the recipe's `wheels:` named relative
 /// to the recipe's directory, so that the lock means the same in every checkout. Written
-/// as a string: the URL, or `file:` and the relative path (`file:wheelhouse/x.whl`, a
-/// relative reference as pip's `file:` requirements take it; an absolute `file:///` URL is a
-/// mirror's).
+/// as a string: the URL, or `file:` and the relative path (`file:wheelhouse/x.whl`; an
+/// absolute `file:///` URL is a mirror's, so the two never meet).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Location {
     Url(Url),
