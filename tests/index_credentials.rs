@@ -861,4 +861,43 @@ fn build_fetches_the_private_wheel_and_the_layout_holds_no_credentials() {
     // The wheels were installed: their modules are in a layer.
     assert!(!layout_contains(&layout, b"TOKENS = 3").is_empty());
     assert!(!layout_contains(&layout, b"OPS = 7").is_empty());
+    // The same lock and wheel bytes in another checkout: the same image (from the cache).
+    let moved = work.path().join("elsewhere/checkout");
+    std::fs::create_dir_all(moved.join("wheelhouse")).unwrap();
+    std::fs::copy(
+        &local,
+        moved.join("wheelhouse").join(local.file_name().unwrap()),
+    )
+    .unwrap();
+    for file in ["private.yaml", "private.lock"] {
+        std::fs::copy(work.path().join(file), moved.join(file)).unwrap();
+    }
+    let again = work.path().join("layout-again");
+    let rebuild = run(&["build", "--no-verify"])
+        .arg("--layout")
+        .arg(&again)
+        .arg("--cache-dir")
+        .arg(e2e_support::cache_dir())
+        .arg(moved.join("private.yaml"))
+        .output()
+        .unwrap();
+    assert!(
+        rebuild.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rebuild.stderr)
+    );
+    // The image and its SBOMs (which name the wheel by its path from the recipe); the
+    // provenance records the recipe's path as the build was given it, which differs.
+    let manifests = |layout: &Path| -> Vec<String> {
+        let index: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+        index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["artifactType"] != "application/vnd.in-toto+json")
+            .map(|m| m["digest"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(manifests(&layout), manifests(&again));
 }
