@@ -87,22 +87,7 @@ impl ContainedFile {
             path: path.clone(),
             error,
         };
-        let mut directory = open_root(root).map_err(io)?;
-        let mut walked = root.to_path_buf();
-        for name in directories {
-            walked.push(std::ffi::OsStr::from_bytes(name.as_bytes()));
-            directory = open_below(&directory, name, libc::O_DIRECTORY).map_err(|error| {
-                // O_DIRECTORY | O_NOFOLLOW on a link is ENOTDIR: lstat says which it was.
-                let link = lstat_below(&directory, name)
-                    .is_ok_and(|stat| stat.st_mode & libc::S_IFMT == libc::S_IFLNK);
-                let error = if link {
-                    std::io::Error::from_raw_os_error(libc::ELOOP)
-                } else {
-                    error
-                };
-                classify(error, &path, &walked, root)
-            })?;
-        }
+        let (directory, mut walked) = open_directories(root, directories, &path)?;
         walked.push(std::ffi::OsStr::from_bytes(last.as_bytes()));
         // lstat first: a FIFO or a device is never opened (opening one can block or act).
         let before =
@@ -176,6 +161,13 @@ impl ContainedFile {
         &self.path
     }
 
+    /// The open file, for a reader that seeks (a zip's central directory). Reads through it
+    /// are not bounded by the size: the caller bounds what it inflates, and rewinds before
+    /// [`copy_to`](Self::copy_to), which reads from the current position.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// The whole file in memory, refused above `limit` bytes. Buffers: for small files.
     pub fn read_to_vec(self, limit: u64) -> Result<Vec<u8>, ContainedError> {
         let size = self.size();
@@ -227,6 +219,57 @@ impl ContainedFile {
         }
         Ok(copied)
     }
+}
+
+/// The names in directory `relative` below `root`, sorted, reached as [`ContainedFile::open`]
+/// reaches a file: no symbolic link on the way, `relative` itself not a link. Each entry
+/// is only a name: open it with [`ContainedFile::open`], which refuses links, FIFOs and
+/// devices among them.
+pub fn read_dir(root: &Path, relative: &Path) -> Result<Vec<std::ffi::OsString>, ContainedError> {
+    let path = root.join(relative);
+    let names = plain_components(root, relative)?;
+    // Holding the directory open proves nothing was swapped in on the way; the listing
+    // then reads the path it was found at (each entry is opened contained again).
+    let _directory = open_directories(root, &names, &path)?;
+    let io = |error: std::io::Error| ContainedError::Io {
+        path: path.clone(),
+        error,
+    };
+    let mut entries = Vec::new();
+    for entry in std::fs::read_dir(&path).map_err(io)? {
+        entries.push(entry.map_err(io)?.file_name());
+    }
+    entries.sort();
+    Ok(entries)
+}
+
+/// Open each of `names` below `root` as a directory, never through a link; the last one
+/// opened and the path walked.
+fn open_directories(
+    root: &Path,
+    names: &[CString],
+    path: &Path,
+) -> Result<(OwnedFd, PathBuf), ContainedError> {
+    let mut directory = open_root(root).map_err(|error| ContainedError::Io {
+        path: path.to_path_buf(),
+        error,
+    })?;
+    let mut walked = root.to_path_buf();
+    for name in names {
+        walked.push(std::ffi::OsStr::from_bytes(name.as_bytes()));
+        directory = open_below(&directory, name, libc::O_DIRECTORY).map_err(|error| {
+            // O_DIRECTORY | O_NOFOLLOW on a link is ENOTDIR: lstat says which it was.
+            let link = lstat_below(&directory, name)
+                .is_ok_and(|stat| stat.st_mode & libc::S_IFMT == libc::S_IFLNK);
+            let error = if link {
+                std::io::Error::from_raw_os_error(libc::ELOOP)
+            } else {
+                error
+            };
+            classify(error, path, &walked, root)
+        })?;
+    }
+    Ok((directory, walked))
 }
 
 /// The names of `relative`, each a plain name (no `/`, `.`, `..` or root).
@@ -375,6 +418,27 @@ mod tests {
         let file = ContainedFile::open(root.path(), Path::new("a/./b/c.txt")).unwrap();
         assert_eq!(file.size(), 5);
         assert_eq!(file.read_to_vec(5).unwrap(), b"hello");
+    }
+
+    #[test]
+    fn lists_a_directory_below_the_root_only() {
+        let root = tempfile::tempdir().unwrap();
+        fs_err::create_dir_all(root.path().join("d/sub")).unwrap();
+        fs_err::write(root.path().join("d/b"), "").unwrap();
+        fs_err::write(root.path().join("d/a"), "").unwrap();
+        let names = read_dir(root.path(), Path::new("d")).unwrap();
+        assert_eq!(names, ["a", "b", "sub"]);
+        std::os::unix::fs::symlink(root.path().join("d"), root.path().join("l")).unwrap();
+        for bad in ["l", "../d", "/etc"] {
+            let error = read_dir(root.path(), Path::new(bad)).unwrap_err();
+            assert!(
+                matches!(
+                    error,
+                    ContainedError::Link { .. } | ContainedError::Outside { .. }
+                ),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]

@@ -478,7 +478,7 @@ fn an_ubuntu_noble_base_is_locked_and_built_from_its_debs() {
     let python3 = lock.artifacts.iter().find(|a| a.name == "python3").unwrap();
     assert!(python3
         .url
-        .as_str()
+        .to_string()
         .starts_with("http://archive.ubuntu.com/ubuntu/"));
     assert!(python3.version.starts_with("3.12."), "{}", python3.version);
     let layout = work.path().join("layout");

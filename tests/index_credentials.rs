@@ -162,7 +162,7 @@ async fn a_pinned_package_comes_from_its_index_only() {
         assert_eq!(locked.sha256.hex(), sha256_hex(&tokenizer));
         assert_eq!(locked.source, format!("{}/", internal.simple_url()));
         assert_eq!(
-            locked.url.as_str(),
+            locked.url.to_string(),
             format!(
                 "{}/packages/acme_tokenizer-1.0-py3-none-any.whl",
                 internal.base
@@ -440,14 +440,17 @@ fn cli_lock_uses_env_then_netrc_and_never_prints_the_password() {
             format!("{}/", internal.simple_url()),
             "{how}"
         );
-        assert_eq!(locked.url.username(), "");
+        assert_eq!(locked.url.as_url().unwrap().username(), "");
         assert_eq!(locked.sha256.hex(), sha256_hex(&tokenizer));
     }
 
     // The build's fetch: the recipe's index gives the credentials for the locked URL.
     let recipe = Recipe::load(&recipe_path).unwrap();
     let lock = Lockfile::read(&lock_path).unwrap();
-    let item = lock.artifact("acme-tokenizer").unwrap().fetch_item();
+    let item = lock
+        .artifact("acme-tokenizer")
+        .unwrap()
+        .fetch_item(std::path::Path::new(""));
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let store = BlobStore::open(work.path().join("cache")).unwrap();
     let fetch = |credentials: IndexCredentials| {
@@ -753,7 +756,10 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 /// `cudastack build` of a stand-in stack plus a package of the private index: the locked
 /// wheel is fetched with the credentials (environment) and installed, and no blob of the
 /// OCI layout (config, manifest, every layer decompressed) holds the password, the user
-/// name's basic-auth form, or the build's `--json` output and logs.
+/// name's basic-auth form, or the build's `--json` output and logs. The recipe's
+/// `wheels:` directory gives one more package (tests/lock_wheel_dirs.rs has the rest of
+/// it): locked at its path beside the recipe, and installed like an index's wheel, from
+/// the same image build.
 #[test]
 fn build_fetches_the_private_wheel_and_the_layout_holds_no_credentials() {
     use crate::e2e_support::{self, stand_in};
@@ -780,10 +786,18 @@ fn build_fetches_the_private_wheel_and_the_layout_holds_no_credentials() {
         std::fs::read(&wheel).unwrap(),
         "Metadata-Version: 2.1\nName: acme-tokenizer\nVersion: 1.0\n\n",
     );
+    std::fs::create_dir_all(work.path().join("wheelhouse")).unwrap();
+    let local = stand_in::write_wheel(
+        &work.path().join("wheelhouse"),
+        stand_in::Target::X86_64,
+        "acme-ops",
+        "1.0",
+        &[("acme_ops/__init__.py", b"OPS = 7\n".to_vec())],
+    );
     let recipe = work.path().join("private.yaml");
     std::fs::write(
         &recipe,
-        format!("name: private\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\ncudnn: {{ version: \"9.1.0.70\" }}\nsource_date_epoch: 1700000000\npackages: [acme-tokenizer]\nindexes: [{{ name: internal, url: \"{}\", packages: [acme-tokenizer] }}]\n", internal.simple_url()),
+        format!("name: private\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: {{ version: \"12.4\" }}\ncudnn: {{ version: \"9.1.0.70\" }}\nsource_date_epoch: 1700000000\npackages: [acme-tokenizer, acme-ops]\nwheels: [wheelhouse]\nindexes: [{{ name: internal, url: \"{}\", packages: [acme-tokenizer] }}]\n", internal.simple_url()),
     )
     .unwrap();
     let run = |args: &[&str]| {
@@ -805,6 +819,15 @@ fn build_fetches_the_private_wheel_and_the_layout_holds_no_credentials() {
         lock.status.success(),
         "{}",
         String::from_utf8_lossy(&lock.stderr)
+    );
+    let locked = Lockfile::read(&recipe.with_extension("lock")).unwrap();
+    let ops = locked.artifact("acme-ops").unwrap();
+    assert_eq!(
+        ops.url.to_string(),
+        format!(
+            "file:wheelhouse/{}",
+            local.file_name().unwrap().to_str().unwrap()
+        )
     );
     let layout = work.path().join("layout");
     let build = run(&["build", "--no-verify"])
@@ -835,6 +858,46 @@ fn build_fetches_the_private_wheel_and_the_layout_holds_no_credentials() {
         let found = layout_contains(&layout, needle.as_bytes());
         assert!(found.is_empty(), "`{needle}` in the layout: {found:?}");
     }
-    // The wheel was installed: its module is in a layer.
+    // The wheels were installed: their modules are in a layer.
     assert!(!layout_contains(&layout, b"TOKENS = 3").is_empty());
+    assert!(!layout_contains(&layout, b"OPS = 7").is_empty());
+    // The same lock and wheel bytes in another checkout: the same image (from the cache).
+    let moved = work.path().join("elsewhere/checkout");
+    std::fs::create_dir_all(moved.join("wheelhouse")).unwrap();
+    std::fs::copy(
+        &local,
+        moved.join("wheelhouse").join(local.file_name().unwrap()),
+    )
+    .unwrap();
+    for file in ["private.yaml", "private.lock"] {
+        std::fs::copy(work.path().join(file), moved.join(file)).unwrap();
+    }
+    let again = work.path().join("layout-again");
+    let rebuild = run(&["build", "--no-verify"])
+        .arg("--layout")
+        .arg(&again)
+        .arg("--cache-dir")
+        .arg(e2e_support::cache_dir())
+        .arg(moved.join("private.yaml"))
+        .output()
+        .unwrap();
+    assert!(
+        rebuild.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rebuild.stderr)
+    );
+    // The image and its SBOMs (which name the wheel by its path from the recipe); the
+    // provenance records the recipe's path as the build was given it, which differs.
+    let manifests = |layout: &Path| -> Vec<String> {
+        let index: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+        index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["artifactType"] != "application/vnd.in-toto+json")
+            .map(|m| m["digest"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(manifests(&layout), manifests(&again));
 }

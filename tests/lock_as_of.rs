@@ -328,7 +328,7 @@ fn lock_as_of_reads_the_archive_snapshot_and_check_finds_the_drift() {
         .unwrap();
     // Recorded under the archive's own root, with the snapshot as the fallback.
     assert!(
-        base_files.url.as_str().starts_with(&live_url),
+        base_files.url.to_string().starts_with(&live_url),
         "{}",
         base_files.url
     );

@@ -107,7 +107,7 @@ fn lock_pins_every_base_package_and_keeps_it_until_an_upgrade() {
     assert!(debs.len() > 100, "only {} debs", debs.len());
     for deb in &debs {
         assert_eq!(deb.layer, Some(DebLayer::Base));
-        assert!(deb.size > 0 && deb.url.as_str().ends_with(".deb"));
+        assert!(deb.size > 0 && deb.url.to_string().ends_with(".deb"));
     }
     assert!(version_of(&first, "python3").starts_with("3.11."));
 
@@ -237,7 +237,7 @@ fn an_ubuntu_ports_like_arm64_archive_is_resolved_for_arm64() {
         (hello.suite.as_str(), hello.component.as_str()),
         ("noble", "universe")
     );
-    assert!(hello.url.as_str().starts_with(&server.url()));
+    assert!(hello.url.to_string().starts_with(&server.url()));
     assert_eq!(
         hello.snapshot_url, None,
         "no snapshot archive is known for a mirror"

@@ -375,7 +375,7 @@ async fn locks_fixture_indexes_and_redist_then_fetches_everything() {
     // Fetch every artifact by hash.
     let store = BlobStore::open(dir.path().join("cache")).unwrap();
     let downloader = Downloader::new(client.clone(), store.clone(), Arc::new(NoReporter));
-    let items: Vec<FetchItem> = read.fetch_items();
+    let items: Vec<FetchItem> = read.fetch_items(std::path::Path::new(""));
     let paths = downloader.fetch_all(&items).await.unwrap();
     assert_eq!(paths.len(), lock.artifacts.len());
 
@@ -535,7 +535,7 @@ async fn mirror_directory_locks_with_file_urls() {
     let lock = resolve(&client, &request).await.unwrap();
     let beta = lock.artifact("beta").unwrap();
     assert_eq!(beta.version, "1.1");
-    assert_eq!(beta.url.scheme(), "file");
+    assert_eq!(beta.url.as_url().unwrap().scheme(), "file");
     assert_eq!(
         beta.sha256,
         Digest::of_bytes(&std::fs::read(mirror.path().join(&beta.filename)).unwrap())
@@ -613,7 +613,13 @@ async fn mirrored_redist_manifest_resolves_to_local_archives() {
     let lock = resolve(&client, &request).await.unwrap();
     let nvrtc = lock.artifact("cuda_nvrtc").unwrap();
     assert!(
-        nvrtc.url.scheme() == "file" && nvrtc.url.path().ends_with("cuda_nvrtc/a.tar.xz"),
+        nvrtc.url.as_url().unwrap().scheme() == "file"
+            && nvrtc
+                .url
+                .as_url()
+                .unwrap()
+                .path()
+                .ends_with("cuda_nvrtc/a.tar.xz"),
         "{}",
         nvrtc.url
     );
@@ -623,7 +629,7 @@ async fn mirrored_redist_manifest_resolves_to_local_archives() {
         .mirrors(vec![mirror.path().to_path_buf()]);
     let item = FetchItem {
         name: "nvrtc".into(),
-        url: nvrtc.url.clone(),
+        url: nvrtc.url.as_url().unwrap().clone(),
         sha256: nvrtc.sha256,
         size: Some(nvrtc.size),
     };

@@ -234,16 +234,19 @@ fn check_lock(resolved: &ResolvedRecipe, platform: Platform) {
         assert!(
             artifact
                 .url
-                .as_str()
+                .to_string()
                 .ends_with(&artifact.filename.replace('+', "%2B"))
-                || artifact.url.as_str().ends_with(artifact.filename.as_str()),
+                || artifact
+                    .url
+                    .to_string()
+                    .ends_with(artifact.filename.as_str()),
             "{name}: {} does not name {}",
             artifact.url,
             artifact.filename
         );
         let from_fixture = artifact
             .url
-            .as_str()
+            .to_string()
             .starts_with(&format!("{FIXTURE_ORIGIN}/"));
         if fixture && artifact.name == "torch" {
             assert!(
@@ -254,7 +257,7 @@ fn check_lock(resolved: &ResolvedRecipe, platform: Platform) {
             assert!(
                 artifact
                     .url
-                    .as_str()
+                    .to_string()
                     .starts_with("https://files.pythonhosted.org/"),
                 "{name}: {} is not a PyPI file URL",
                 artifact.url
@@ -380,11 +383,11 @@ fn check_debs(name: &str, recipe: &Recipe, platform: Platform, lock: &Lockfile) 
         );
         assert_eq!(deb.layer, Some(DebLayer::Base), "{name}: {}", deb.name);
         assert!(
-            deb.url.as_str().starts_with(&deb.source),
+            deb.url.to_string().starts_with(&deb.source),
             "{name}: {}",
             deb.url
         );
-        assert!(deb.url.as_str().ends_with(".deb"), "{name}: {}", deb.url);
+        assert!(deb.url.to_string().ends_with(".deb"), "{name}: {}", deb.url);
         if distro == "debian" {
             let fallback = deb.fallback_url.as_ref().map(|u| u.as_str()).unwrap_or("");
             assert!(
@@ -556,7 +559,7 @@ fn the_cu118_lock_reproduces_against_the_index_fixture() {
     for artifact in &mut lock.artifacts {
         artifact.url = artifact
             .url
-            .as_str()
+            .to_string()
             .replace(&server.base, FIXTURE_ORIGIN)
             .parse()
             .unwrap();

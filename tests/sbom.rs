@@ -506,7 +506,7 @@ fn the_torch_2_4_1_image_lists_its_cuda_components_as_the_lock_pins_them() {
         assert_eq!(component["versionInfo"], wheel.version.as_str());
         assert_eq!(sha256_of(component), wheel.sha256.hex());
         assert_eq!(sha256_of(&packages[&wheel_id]), wheel.sha256.hex());
-        assert_eq!(component["downloadLocation"], wheel.url.as_str());
+        assert_eq!(component["downloadLocation"], wheel.url.to_string());
         names.push((
             component["name"].as_str().unwrap().to_string(),
             wheel.name.clone(),
@@ -660,7 +660,7 @@ fn download(dir: &Path, artifact: &Artifact) -> Option<PathBuf> {
     let output = Command::new("curl")
         .args(["-sSfL", "--max-time", "60", "-o"])
         .arg(&path)
-        .arg(artifact.url.as_str())
+        .arg(artifact.url.to_string())
         .output();
     match output {
         Ok(output) if output.status.success() => {}

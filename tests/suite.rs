@@ -69,6 +69,7 @@ mod lock_debs;
 mod lock_fixtures;
 mod lock_pypi;
 mod lock_python_inputs;
+mod lock_wheel_dirs;
 mod matrix_refresh;
 mod module_graph;
 mod net_transport;

@@ -74,7 +74,7 @@ pub fn predicate(facts: &BuildFacts) -> Value {
             json!({
                 "name": format!("{} {}", artifact.name, artifact.version),
                 "annotations": {"kind": artifact.kind},
-                "uri": artifact.url.as_str(),
+                "uri": artifact.url.to_string(),
                 "digest": {"sha256": artifact.sha256.hex()},
             })
         }))

@@ -412,13 +412,12 @@ fn copy_local(
         let path = path.to_path_buf();
         move |source| DownloadError::Io { path, source }
     };
-    let input = fs_err::File::open(&source).map_err(io_error(&source))?;
-    let metadata = input.metadata().map_err(io_error(&source))?;
-    if !metadata.is_file() {
+    // Opened without blocking and checked as opened: a FIFO swapped in never stalls it.
+    let Ok(input) = crate::contained_file::open_regular(&source).map_err(io_error(&source))? else {
         return Err(DownloadError::NotAFile {
             url: item.url.clone(),
         });
-    }
+    };
     let limit = item.size.map_or(u64::MAX, |size| size.saturating_add(1));
     let mut input = input.take(limit);
     let id = reporter.start(&item.name, item.size);

@@ -15,7 +15,7 @@ use pep508_rs::{ExtraName, PackageName, Requirement};
 use crate::digest::Digest;
 use crate::fetch::http::{HttpClient, HttpError};
 use crate::fetch::index::{CoreMetadata, DistFile};
-use crate::fetch::remote_zip::{RemoteZip, RemoteZipError};
+use crate::fetch::remote_zip::{RemoteZip, RemoteZipError, MAX_CENTRAL_DIRECTORY_BYTES};
 
 /// The largest METADATA read, from a `.metadata` file, a remote wheel or a local one
 /// (a 1.5 MB wheel whose METADATA inflated to 1.5 GB made `lock` use 1.5 GB).
@@ -224,10 +224,31 @@ pub fn local_wheel_metadata(path: &Path) -> Result<String, MetadataError> {
         path: path.to_path_buf(),
         source,
     })?;
+    zip_metadata(file, path)
+}
+
+/// The METADATA text of the wheel `file` (read from `path`, which names it in errors):
+/// at most [`MAX_METADATA_BYTES`] inflated, whatever the archive says its size is.
+pub fn zip_metadata(
+    mut file: impl std::io::Read + std::io::Seek,
+    path: &Path,
+) -> Result<String, MetadataError> {
     let zip_error = |source| MetadataError::LocalZip {
         path: path.to_path_buf(),
         source,
     };
+    let io_error = |source| MetadataError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(size) = central_directory_size(&mut file).map_err(io_error)? {
+        if size > MAX_CENTRAL_DIRECTORY_BYTES {
+            return Err(MetadataError::Invalid {
+                location: path.display().to_string(),
+                reason: format!("its zip central directory is {size} bytes, more than the {MAX_CENTRAL_DIRECTORY_BYTES} cudastack reads (torch's is about 1 MB)"),
+            });
+        }
+    }
     let mut archive = zip::ZipArchive::new(file).map_err(zip_error)?;
     let names: Vec<String> = archive
         .file_names()
@@ -278,6 +299,58 @@ fn metadata_entry_name<'a>(names: impl Iterator<Item = &'a str>) -> Option<Strin
         })
         .min()
         .map(str::to_string)
+}
+
+/// The size the end records of the zip `file` give its central directory (zip64's when
+/// the classic record is saturated); `None` when there is no end record, which the zip
+/// reader then reports. The zip reader holds every record of the central directory in
+/// memory, a few hundred bytes for each 46 of the file: this bounds it first.
+fn central_directory_size(
+    file: &mut (impl std::io::Read + std::io::Seek),
+) -> std::io::Result<Option<u64>> {
+    use std::io::SeekFrom;
+    const END: [u8; 4] = [0x50, 0x4b, 0x05, 0x06];
+    const LOCATOR: [u8; 4] = [0x50, 0x4b, 0x06, 0x07];
+    const ZIP64_END: [u8; 4] = [0x50, 0x4b, 0x06, 0x06];
+    let length = file.seek(SeekFrom::End(0))?;
+    // The end record is 22 bytes and a comment of at most 65,535.
+    let tail_length = length.min(22 + 65_535);
+    let mut tail = vec![0u8; tail_length as usize];
+    file.seek(SeekFrom::Start(length - tail_length))?;
+    file.read_exact(&mut tail)?;
+    file.seek(SeekFrom::Start(0))?;
+    let Some(end) = (0..tail.len().saturating_sub(21))
+        .rev()
+        .find(|&at| tail[at..at + 4] == END)
+    else {
+        return Ok(None);
+    };
+    let entries = u16::from_le_bytes([tail[end + 10], tail[end + 11]]);
+    let size = u32::from_le_bytes(tail[end + 12..end + 16].try_into().expect("4 bytes"));
+    if entries != u16::MAX && size != u32::MAX {
+        return Ok(Some(u64::from(size)));
+    }
+    // Zip64: the locator just before the end record names the zip64 end record.
+    let Some(locator) = end
+        .checked_sub(20)
+        .filter(|&at| tail[at..at + 4] == LOCATOR)
+    else {
+        return Ok(Some(u64::from(size)));
+    };
+    let offset = u64::from_le_bytes(tail[locator + 8..locator + 16].try_into().expect("8 bytes"));
+    let mut record = [0u8; 56];
+    if offset.checked_add(56).is_none_or(|e| e > length) {
+        return Ok(None);
+    }
+    file.seek(SeekFrom::Start(offset))?;
+    file.read_exact(&mut record)?;
+    file.seek(SeekFrom::Start(0))?;
+    if record[..4] != ZIP64_END {
+        return Ok(None);
+    }
+    Ok(Some(u64::from_le_bytes(
+        record[40..48].try_into().expect("8 bytes"),
+    )))
 }
 
 /// The fields of core metadata (METADATA / PKG-INFO) that resolution needs.
@@ -385,6 +458,35 @@ Requires-Dist: not-a-header-this-is-the-body\n";
             .requires_python
             .unwrap()
             .contains(&Version::from_str("3.11").unwrap()));
+    }
+
+    /// A central directory the end record says is huge is refused before the zip reader
+    /// would allocate for it; an ordinary wheel is read.
+    #[test]
+    fn a_huge_central_directory_is_refused_before_it_is_read() {
+        use std::io::Write;
+        let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        zip.start_file(
+            "x-1.0.dist-info/METADATA",
+            zip::write::SimpleFileOptions::default(),
+        )
+        .unwrap();
+        zip.write_all(b"Metadata-Version: 2.1\nName: x\nVersion: 1.0\n")
+            .unwrap();
+        let bytes = zip.finish().unwrap().into_inner();
+        let text = zip_metadata(std::io::Cursor::new(&bytes), Path::new("x.whl")).unwrap();
+        assert!(text.contains("Name: x"));
+        let mut hostile = bytes.clone();
+        let end = hostile.len() - 22;
+        assert_eq!(hostile[end..end + 4], [0x50, 0x4b, 0x05, 0x06]);
+        hostile[end + 12..end + 16].copy_from_slice(&(200u32 << 20).to_le_bytes());
+        let error = zip_metadata(std::io::Cursor::new(&hostile), Path::new("x.whl"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("its zip central directory is 209715200 bytes, more than the 67108864"),
+            "{error}"
+        );
     }
 
     #[test]

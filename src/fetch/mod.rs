@@ -12,6 +12,7 @@
 //!   (PEP 658 file, else HTTP range reads), and big zip entries streamed;
 //! - [`redist`]: NVIDIA `redistrib_<version>.json` manifests (CUDA components, cuDNN);
 //! - [`mirror`]: a local directory of wheels for air-gapped sites;
+//! - [`local_wheels`]: the recipe's `wheels:` directories, read without leaving them;
 //! - [`source`]: the package sources the resolver asks, in priority order;
 //! - [`download`] and [`progress`]: streaming, resumable, hash-checked downloads into the
 //!   [`crate::cache::BlobStore`], with progress on a reporter trait and an offline mode.
@@ -27,6 +28,7 @@ pub mod file_name;
 pub mod html;
 pub mod http;
 pub mod index;
+pub mod local_wheels;
 pub mod metadata;
 pub mod mirror;
 pub mod progress;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crate::fetch::http::{HttpClient, HttpError};
 use crate::fetch::index::{DistFile, IndexError, ProjectPage, SimpleIndex};
+use crate::fetch::local_wheels::LocalWheels;
 use crate::fetch::metadata::{local_wheel_metadata, wheel_metadata, MetadataError};
 use crate::fetch::mirror::{MirrorDir, MirrorError};
 use crate::names::PackageName;
@@ -43,6 +44,8 @@ pub enum PackageSource {
         plain_linux: bool,
     },
     Mirror(MirrorDir),
+    /// The recipe's `wheels:` directories, read when the recipe was resolved.
+    Local(LocalWheels),
     /// `source`, never asked for the packages in `excluded` (pinned to another index).
     Excluding {
         source: Box<PackageSource>,
@@ -63,6 +66,7 @@ impl fmt::Display for PackageSource {
         match self {
             PackageSource::Index { index, .. } => write!(f, "{}", index.base()),
             PackageSource::Mirror(mirror) => write!(f, "{}", mirror.url()),
+            PackageSource::Local(local) => f.write_str(&local.label()),
             PackageSource::Excluding { source, .. } | PackageSource::AsOf { source, .. } => {
                 source.fmt(f)
             }
@@ -84,16 +88,20 @@ impl PackageSource {
             PackageSource::Index { plain_linux, .. } => *plain_linux,
             // A mirror holds whatever the site put there, often copied from PyTorch's index.
             PackageSource::Mirror(_) => true,
+            // The team's own builds (`linux_x86_64` is what `pip wheel` names a local
+            // compile), for the images of this recipe.
+            PackageSource::Local(_) => true,
             PackageSource::Excluding { source, .. } | PackageSource::AsOf { source, .. } => {
                 source.accepts_plain_linux()
             }
         }
     }
 
-    /// This source as it was at `cutoff`; a mirror directory is itself at any time.
+    /// This source as it was at `cutoff`; a mirror directory or `wheels:` is itself at
+    /// any time.
     pub fn as_of(self, cutoff: jiff::Timestamp) -> Self {
         match self {
-            PackageSource::Mirror(_) => self,
+            PackageSource::Mirror(_) | PackageSource::Local(_) => self,
             PackageSource::Excluding { source, excluded } => PackageSource::Excluding {
                 source: Box::new(source.as_of(cutoff)),
                 excluded,
@@ -150,6 +158,7 @@ impl PackageSource {
                 let name = name.clone();
                 Ok(tokio::task::spawn_blocking(move || mirror.project(&name)).await??)
             }
+            PackageSource::Local(local) => Ok(local.project(name)),
         }
     }
 
@@ -160,6 +169,14 @@ impl PackageSource {
                 Box::pin(source.metadata(file)).await
             }
             PackageSource::Index { index, .. } => wheel_metadata(index.client(), file).await,
+            // Read (bounded) and held to the file name when the directory was read.
+            PackageSource::Local(local) => local
+                .by_url(&file.url)
+                .map(|wheel| wheel.metadata.clone())
+                .ok_or_else(|| MetadataError::Invalid {
+                    location: file.url.to_string(),
+                    reason: "not a wheel of the recipe's `wheels:`".into(),
+                }),
             PackageSource::Mirror(_) => {
                 let path = file
                     .url

@@ -333,7 +333,13 @@ pub fn lock_request_for(
             })?;
         requirements.push(requirement);
     }
-    let sources = package_sources(recipe, client, mirror, SimpleIndex::pypi(client.clone()))?;
+    let mut sources = package_sources(recipe, client, mirror, SimpleIndex::pypi(client.clone()))?;
+    // The team's own wheels come before every index, as pip's `--find-links` does; a
+    // package with a wheel there is taken from there only (as from the first index that
+    // has it), so a name there is never looked up where anyone could publish it.
+    if !resolved.local_wheels().is_empty() {
+        sources.insert(0, PackageSource::Local(resolved.local_wheels().clone()));
+    }
     Ok(LockRequest {
         target,
         requirements,

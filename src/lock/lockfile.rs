@@ -124,8 +124,9 @@ pub struct Artifact {
     /// The artifact's file name: one path component (it names the link under `wheels/`);
     /// for wheels, a wheel file name of `name` and `version`.
     pub filename: FileName,
-    /// `http`, `https`, or `file` (a mirror directory, read only under `--mirror`).
-    pub url: Url,
+    /// `http`, `https`, or `file` (a mirror directory, read only under `--mirror`); or a
+    /// wheel of the recipe's `wheels:`, relative to the recipe's directory.
+    pub url: Location,
     pub sha256: Digest,
     pub size: u64,
     /// The index base URL, mirror directory URL or manifest URL it was resolved from.
@@ -153,6 +154,73 @@ pub struct Artifact {
     /// Debs: the layer it is installed in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layer: Option<DebLayer>,
+}
+
+/// Where an artifact's bytes are: a URL, or a wheel of the recipe's `wheels:` named relative
+/// to the recipe's directory, so that the lock means the same in every checkout. Written
+/// as a string: the URL, or `file:` and the relative path (`file:wheelhouse/x.whl`; an
+/// absolute `file:///` URL is a mirror's, so the two never meet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    Url(Url),
+    /// `/`-separated plain names below the recipe's directory (no `.`, `..` or empty part).
+    Recipe(String),
+}
+
+impl Location {
+    /// The URL, for an artifact that is not the recipe's own.
+    pub fn as_url(&self) -> Option<&Url> {
+        match self {
+            Location::Url(url) => Some(url),
+            Location::Recipe(_) => None,
+        }
+    }
+
+    /// Parse what a lock writes; a `file:` reference is checked part by part.
+    pub fn parse(text: &str) -> Result<Location, String> {
+        if let Some(relative) = text.strip_prefix("file:").filter(|r| !r.starts_with('/')) {
+            for part in relative.split('/') {
+                if part == "." {
+                    return Err(format!(
+                        "`{text}`: a recipe-relative path names no `.` part"
+                    ));
+                }
+                FileName::new(part).map_err(|e| format!("`{text}`: {e}"))?;
+            }
+            return Ok(Location::Recipe(relative.to_string()));
+        }
+        Url::parse(text)
+            .map(Location::Url)
+            .map_err(|e| format!("`{text}` is not a URL: {e}"))
+    }
+}
+
+impl FromStr for Location {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Location::parse(text)
+    }
+}
+
+impl From<Url> for Location {
+    fn from(url: Url) -> Self {
+        Location::Url(url)
+    }
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Url(url) => f.write_str(url.as_str()),
+            Location::Recipe(path) => write!(f, "file:{path}"),
+        }
+    }
+}
+
+impl Serialize for Location {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
 }
 
 /// An artifact as written in the file, before [`Artifact::check`].
@@ -210,8 +278,7 @@ impl TryFrom<RawArtifact> for Artifact {
         };
         let filename =
             FileName::new(raw.filename.clone()).map_err(|e| error("filename", e.to_string()))?;
-        let url = Url::parse(&raw.url)
-            .map_err(|e| error("url", format!("`{}` is not a URL: {e}", raw.url)))?;
+        let url = Location::parse(&raw.url).map_err(|reason| error("url", reason))?;
         let fallback_url = raw
             .fallback_url
             .as_deref()
@@ -254,8 +321,22 @@ impl Artifact {
             field,
             reason,
         };
+        if let Location::Recipe(path) = &self.url {
+            // Only the recipe's own wheels live beside it, each under its file name.
+            let named = path.rsplit('/').next() == Some(&*self.filename);
+            let wheel = matches!(self.kind, ArtifactKind::Wheel | ArtifactKind::BuildWheel);
+            if !wheel || !named {
+                return Err(error(
+                    "url",
+                    format!(
+                        "`{}`: a file beside the recipe is only ever a wheel of `wheels:` named `{}`",
+                        self.url, &*self.filename
+                    ),
+                ));
+            }
+        }
         for (field, url) in [
-            ("url", Some(&self.url)),
+            ("url", self.url.as_url()),
             ("fallback_url", self.fallback_url.as_ref()),
         ] {
             let Some(url) = url else { continue };
@@ -405,11 +486,23 @@ impl Artifact {
         Ok(())
     }
 
-    /// The download of this artifact: URL, expected sha256 and size.
-    pub fn fetch_item(&self) -> FetchItem {
+    /// The download of this artifact: URL, expected sha256 and size. A wheel of the
+    /// recipe's `wheels:` is a `file:` URL below `recipe_dir` (the downloader reads it only
+    /// when told that directory may be read).
+    pub fn fetch_item(&self, recipe_dir: &Path) -> FetchItem {
+        let url = match &self.url {
+            Location::Url(url) => url.clone(),
+            Location::Recipe(path) => {
+                let absolute = std::path::absolute(recipe_dir.join(path))
+                    .unwrap_or_else(|_| recipe_dir.join(path));
+                // Checked plain names below a directory: an absolute path, always a URL.
+                Url::from_file_path(&absolute)
+                    .unwrap_or_else(|()| Url::parse("file:///").expect("a valid URL"))
+            }
+        };
         FetchItem {
             name: format!("{} {}", self.name, self.version),
-            url: self.url.clone(),
+            url,
             sha256: self.sha256,
             size: Some(self.size),
         }
@@ -469,9 +562,13 @@ impl Lockfile {
         &self.recipe_digest != recipe_digest
     }
 
-    /// What the downloader needs to fetch every artifact of the lock, in lock order.
-    pub fn fetch_items(&self) -> Vec<FetchItem> {
-        self.artifacts.iter().map(Artifact::fetch_item).collect()
+    /// What the downloader needs to fetch every artifact of the lock, in lock order
+    /// (`recipe_dir`: see [`Artifact::fetch_item`]).
+    pub fn fetch_items(&self, recipe_dir: &Path) -> Vec<FetchItem> {
+        self.artifacts
+            .iter()
+            .map(|a| a.fetch_item(recipe_dir))
+            .collect()
     }
 
     /// Find a wheel or redist archive by name.
@@ -738,6 +835,56 @@ pub(crate) mod tests {
                 "{cause}"
             );
         }
+    }
+
+    /// A wheel of the recipe's `wheels:` is written `file:` and its path from the recipe's
+    /// directory, read back as the same; nothing else may be a file beside the recipe.
+    #[test]
+    fn recipe_wheels_are_relative_file_references() {
+        let filename = "torch-2.4.1-cp311-cp311-manylinux1_x86_64.whl";
+        let local = format!("file:wheelhouse/{filename}");
+        let lock = read_text(&with_torch_field("url", local.clone().into())).unwrap();
+        let torch = lock.artifact("torch").unwrap();
+        assert_eq!(
+            torch.url,
+            Location::Recipe(format!("wheelhouse/{filename}"))
+        );
+        assert!(lock.to_json().contains(&format!("\"url\": \"{local}\"")));
+        let item = torch.fetch_item(Path::new("/repo/recipes"));
+        assert_eq!(
+            item.url.as_str(),
+            format!("file:///repo/recipes/wheelhouse/{filename}")
+        );
+        // An absolute `file:` URL is a mirror's, as before.
+        let mirror =
+            read_text(&with_torch_field("url", "file:///srv/mirror/t.whl".into())).unwrap();
+        assert!(mirror.artifact("torch").unwrap().url.as_url().is_some());
+        for (bad, says) in [
+            (format!("file:../{filename}"), "not a plain file name"),
+            (
+                format!("file:wheelhouse//{filename}"),
+                "not a plain file name",
+            ),
+            (format!("file:./{filename}"), "no `.` part"),
+            (
+                "file:wheelhouse/other-1.0-py3-none-any.whl".to_string(),
+                "only ever a wheel of `wheels:` named",
+            ),
+        ] {
+            let error = read_text(&with_torch_field("url", bad.clone().into())).unwrap_err();
+            let cause = std::error::Error::source(&error).unwrap().to_string();
+            assert!(
+                cause.contains("field `url`") && cause.contains(says),
+                "{bad}: {cause}"
+            );
+        }
+        let error = read_text(&with_deb(
+            "url",
+            "file:debs/libc6_2.36-9+deb12u14_amd64.deb".into(),
+        ))
+        .unwrap_err();
+        let cause = std::error::Error::source(&error).unwrap().to_string();
+        assert!(cause.contains("only ever a wheel"), "{cause}");
     }
 
     /// A lock with one deb (libc6), as `lock` writes it.

@@ -34,7 +34,7 @@ use crate::fetch::metadata::MetadataError;
 use crate::fetch::redist::{resolve_request, RedistError, RedistRequest};
 use crate::fetch::source::{PackageSource, SourceError};
 pub use lockfile::{
-    Artifact, ArtifactError, ArtifactKind, Lockfile, LockfileError, LOCK_FORMAT_VERSION,
+    Artifact, ArtifactError, ArtifactKind, Location, Lockfile, LockfileError, LOCK_FORMAT_VERSION,
 };
 pub use target::{GlibcVersion, PythonVersion, Target};
 
@@ -254,7 +254,7 @@ pub async fn resolve_with_builds(
                         url: artifact.url.to_string(),
                         source,
                     })?,
-                url: artifact.url.clone(),
+                url: artifact.url.clone().into(),
                 sha256: artifact.sha256,
                 size: artifact.size,
                 source: artifact.manifest_url.to_string(),
@@ -367,15 +367,30 @@ async fn resolve_python(
         } else {
             ArtifactKind::Wheel
         };
+        let source = &request.sources[resolved.candidate.source];
+        // A wheel of `wheels:` is named relative to the recipe's directory, not where this
+        // checkout happens to be.
+        let url = match source {
+            PackageSource::Local(local) => match local.by_url(&file.url) {
+                Some(wheel) => Location::Recipe(wheel.path.clone()),
+                None => {
+                    return Err(LockError::Internal(format!(
+                        "`{}` is not a wheel of `wheels:`",
+                        file.url
+                    )))
+                }
+            },
+            _ => Location::Url(file.url.clone()),
+        };
         artifacts.push(Artifact {
             kind,
             name: resolved.name.to_string(),
             version: resolved.version.to_string(),
             filename: file.filename.clone(),
-            url: file.url.clone(),
+            url,
             sha256,
             size: size?,
-            source: request.sources[resolved.candidate.source].to_string(),
+            source: source.to_string(),
             platform: None,
             variant: None,
             requires: resolved.requires.into_iter().collect(),

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use crate::digest::Digest;
-use crate::lock::lockfile::{ArtifactKind, Lockfile};
+use crate::lock::lockfile::{ArtifactKind, Location, Lockfile};
 use crate::lock::python_inputs::{
     invalid_requirement, join_relative, InputReader, Origin, PythonInputsError, PUBLISH_OR_COPY,
 };
@@ -58,6 +58,9 @@ struct File {
     name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     url: Option<String>,
+    /// A wheel of the recipe's `wheels:`, relative to the recipe's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     size: Option<u64>,
     #[serde(default)]
@@ -206,7 +209,11 @@ pub fn to_pylock(lock: &Lockfile) -> String {
                 .then(|| artifact.source.clone()),
             wheels: vec![File {
                 name: Some(artifact.filename.to_string()),
-                url: Some(artifact.url.to_string()),
+                url: artifact.url.as_url().map(ToString::to_string),
+                path: match &artifact.url {
+                    Location::Recipe(path) => Some(path.clone()),
+                    Location::Url(_) => None,
+                },
                 size: Some(artifact.size),
                 hashes: BTreeMap::from([("sha256".to_string(), artifact.sha256.hex())]),
             }],

@@ -21,6 +21,7 @@ use pep508_rs::{
 use pubgrub::Ranges;
 
 use crate::digest::Digest;
+use crate::fetch::local_wheels::LocalWheels;
 use crate::lock::target::Target;
 use crate::lock::LockRequest;
 use crate::matrix::ResolvedRecipe;
@@ -169,6 +170,8 @@ pub struct PythonInputs {
     pub roots: Vec<Sourced>,
     pub constraints: Constraints,
     pub files: Vec<InputFile>,
+    /// Every wheel `wheels:` offers, by path, with its sha256 ([`Self::with_wheels`]).
+    pub wheels: BTreeMap<String, Digest>,
 }
 
 impl PythonInputs {
@@ -203,6 +206,15 @@ impl PythonInputs {
         Ok(reader.inputs)
     }
 
+    /// These inputs and the wheels of the recipe's `wheels:`: each one offered, not only
+    /// those a lock chose, is part of the digest, because adding, removing or rebuilding
+    /// any of them can change what the resolver picks (a newer version, a wheel whose tags
+    /// now fit).
+    pub fn with_wheels(mut self, local: &LocalWheels) -> Self {
+        self.wheels = local.digests();
+        self
+    }
+
     /// The digest a lock of `recipe` records: the recipe's [`Recipe::lock_digest`] when it
     /// reads no file (what every lock recorded before these inputs existed), else that and
     /// what the files ask for: the requirements, constraints and accepted hashes as parsed
@@ -210,7 +222,7 @@ impl PythonInputs {
     /// blank line, spacing or the order of lines changes none of it, so it leaves the lock
     /// fresh; a changed version or a new package does not.
     pub fn lock_digest(&self, recipe: &Recipe) -> Digest {
-        if self.files.is_empty() {
+        if self.files.is_empty() && self.wheels.is_empty() {
             return recipe.lock_digest();
         }
         let sorted = |requirements: &[Sourced]| {
@@ -226,13 +238,14 @@ impl PythonInputs {
             .map(|(name, pin)| (name.to_string(), &pin.sha256))
             .collect();
         let files: BTreeSet<&str> = self.files.iter().map(|f| f.path.as_str()).collect();
-        let value = serde_json::json!({
+        let mut value = serde_json::json!({
             "recipe": recipe.lock_digest().to_string(),
             "requirements": sorted(&self.roots),
             "constraints": sorted(&self.constraints.versions),
             "hashes": hashes,
             "files": files,
         });
+        self.add_wheels(&mut value);
         Digest::of_bytes(value.to_string().as_bytes())
     }
 
@@ -240,7 +253,7 @@ impl PythonInputs {
     /// the recipe's and every file's name and bytes. A lock that recorded it is still fresh
     /// while the bytes are the same.
     pub fn byte_digest(&self, recipe: &Recipe) -> Digest {
-        if self.files.is_empty() {
+        if self.files.is_empty() && self.wheels.is_empty() {
             return recipe.lock_digest();
         }
         let files: Vec<(&str, String)> = self
@@ -248,9 +261,24 @@ impl PythonInputs {
             .iter()
             .map(|f| (f.path.as_str(), f.sha256.to_string()))
             .collect();
-        let value =
+        let mut value =
             serde_json::json!({ "recipe": recipe.lock_digest().to_string(), "files": files });
+        self.add_wheels(&mut value);
         Digest::of_bytes(value.to_string().as_bytes())
+    }
+
+    /// `wheels` in a digest's JSON, only when there are any: the digests of recipes
+    /// without `wheels:` stay what their locks recorded.
+    fn add_wheels(&self, value: &mut serde_json::Value) {
+        if self.wheels.is_empty() {
+            return;
+        }
+        let wheels: BTreeMap<&str, String> = self
+            .wheels
+            .iter()
+            .map(|(path, sha256)| (path.as_str(), sha256.to_string()))
+            .collect();
+        value["wheels"] = serde_json::json!(wheels);
     }
 
     /// Refuse a requirement, constraint or locked package that the stack cannot honour:
@@ -278,7 +306,8 @@ pub fn add_to_request(
     request: &mut LockRequest,
 ) -> Result<(), PythonInputsError> {
     let (recipe, recipe_path) = (resolved.recipe(), resolved.path());
-    let inputs = PythonInputs::load(recipe, recipe_path, &request.target)?;
+    let inputs = PythonInputs::load(recipe, recipe_path, &request.target)?
+        .with_wheels(resolved.local_wheels());
     let stack = crate::lock::inputs::stack_pins(resolved);
     // `packages:` in the recipe itself are held to the same rule.
     let file = recipe_path
@@ -523,9 +552,8 @@ pub(crate) fn join_relative(
     Ok(parts.join("/"))
 }
 
-/// What to do with a package that is not on an index (local projects and wheel directories
-/// are not inputs yet).
-pub(crate) const PUBLISH_OR_COPY: &str = "publish the package to an index named in the recipe's `indexes:` and require it by name, or put your own code in the image with `copy:` (local projects and wheel directories are not supported as inputs yet)";
+/// What to do with a package that is not on an index (local projects are not inputs yet).
+pub(crate) const PUBLISH_OR_COPY: &str = "put its wheel in a directory named in the recipe's `wheels:` and require it by name, publish the package to an index named in the recipe's `indexes:`, or put your own code in the image with `copy:` (local projects are not supported as inputs yet)";
 
 /// The leading name-like token of a line (`torch` of `torch==2.5.1`), all an error may quote
 /// of a line that is not a requirement: the line may be a secret (`-r` of a credentials file).
@@ -608,6 +636,37 @@ mod tests {
         )
         .unwrap();
         PythonInputs::load(&recipe, &path, &target).map_err(|e| e.to_string())
+    }
+
+    /// Every offered wheel (not only a chosen one) is part of both digests, by path and
+    /// bytes; a recipe without `wheels:` keeps the digests its locks recorded.
+    #[test]
+    fn offered_wheels_make_the_lock_stale() {
+        let recipe = Recipe::parse("name: t\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\n", Path::new("r.yaml")).unwrap();
+        let none = PythonInputs::default();
+        assert_eq!(none.lock_digest(&recipe), recipe.lock_digest());
+        assert_eq!(none.byte_digest(&recipe), recipe.lock_digest());
+        let with = |entries: &[(&str, &[u8])]| PythonInputs {
+            wheels: entries
+                .iter()
+                .map(|(path, bytes)| (path.to_string(), Digest::of_bytes(bytes)))
+                .collect(),
+            ..Default::default()
+        };
+        let one = with(&[("w/a-1.0-py3-none-any.whl", b"a")]);
+        let rebuilt = with(&[("w/a-1.0-py3-none-any.whl", b"a2")]);
+        let added = with(&[
+            ("w/a-1.0-py3-none-any.whl", b"a"),
+            ("w/b-1.0-py3-none-any.whl", b"b"),
+        ]);
+        let digests = [&none, &one, &rebuilt, &added]
+            .map(|i| (i.lock_digest(&recipe), i.byte_digest(&recipe)));
+        for (i, a) in digests.iter().enumerate() {
+            for b in &digests[i + 1..] {
+                assert_ne!(a.0, b.0);
+                assert_ne!(a.1, b.1);
+            }
+        }
     }
 
     #[test]

@@ -324,7 +324,7 @@ fn parse_requirement(text: &str, origin: &Origin) -> Result<Requirement, PythonI
         };
         entry(
             origin.clone(),
-            format!("{what} names a URL or a path, not a package on an index: cudastack locks packages it can list on an index and pin by sha256"),
+            format!("{what} names a URL or a path, not a package on an index: cudastack locks packages it can list on an index or in the recipe's `wheels:` and pin by sha256"),
             PUBLISH_OR_COPY.into(),
         )
     };
@@ -525,6 +525,13 @@ mod tests {
             let error = parse_requirement(text, &o).unwrap_err().to_string();
             assert!(error.starts_with("requirements.txt:3: "), "{text}: {error}");
             assert!(error.contains(expected), "{text}: {error}");
+            if expected.contains("a path") {
+                // A wheel file there goes in `wheels:`, required by its name.
+                assert!(
+                    error.contains("hint: put its wheel in a directory named in the recipe's `wheels:` and require it by name"),
+                    "{text}: {error}"
+                );
+            }
         }
         for (hash, expected) in [
             ("sha512:abcd", "is sha512"),

@@ -238,7 +238,8 @@ fn is_mirror(source: &PackageSource) -> bool {
         PackageSource::Excluding { source, .. } | PackageSource::AsOf { source, .. } => {
             is_mirror(source)
         }
-        PackageSource::Index { .. } => false,
+        // `wheels:` holds wheels only; an sdist never comes from it.
+        PackageSource::Index { .. } | PackageSource::Local(_) => false,
     }
 }
 

@@ -275,7 +275,7 @@ fn artifact(package: &DebPackage, layer: DebLayer) -> Result<Artifact, SystemErr
         version: package.version.clone(),
         filename: FileName::new(package.filename.clone())
             .map_err(|_| SystemError::BadFileName(package.filename.clone()))?,
-        url: package.url.clone(),
+        url: package.url.clone().into(),
         sha256: package.sha256,
         size: package.size,
         source: package.archive_root.clone(),

@@ -18,6 +18,7 @@ use pep440_rs::Version;
 use super::validate::{check, nvidia_require_cuda, torch_release, Problem, Severity, Validation};
 use super::{Matrix, TorchBuild};
 use crate::digest::Digest;
+use crate::fetch::local_wheels::LocalWheels;
 use crate::recipe::ca::{self, CaFile};
 use crate::recipe::{GpuPolicy, Platform, Recipe, RecipeError};
 use crate::target_gpu::TargetGpu;
@@ -38,6 +39,8 @@ pub struct ResolvedRecipe {
     base_glibc: Option<GlibcVersion>,
     /// The `ca_certificates:` files, read and checked.
     ca_files: Vec<CaFile>,
+    /// The `wheels:` directories' wheels, read and checked.
+    local_wheels: LocalWheels,
     validation: Validation,
 }
 
@@ -98,6 +101,7 @@ impl ResolvedRecipe {
     ) -> Result<ResolvedRecipe, Box<InvalidRecipe>> {
         let (mut validation, torch_build) = check(matrix, &recipe);
         let ca_files = read_ca_files(&recipe, path, &mut validation);
+        let local_wheels = read_local_wheels(&recipe, path, &mut validation);
         if !validation.is_valid() {
             return Err(Box::new(InvalidRecipe {
                 recipe,
@@ -129,6 +133,7 @@ impl ResolvedRecipe {
                 .and_then(PtxIsa::newest_for),
             base_glibc,
             ca_files,
+            local_wheels,
             path: path.to_path_buf(),
             recipe,
             validation,
@@ -202,6 +207,12 @@ impl ResolvedRecipe {
         &self.ca_files
     }
 
+    /// The wheels of the recipe's `wheels:` directories, read and checked when the recipe
+    /// was resolved (empty without any).
+    pub fn local_wheels(&self) -> &LocalWheels {
+        &self.local_wheels
+    }
+
     /// The glibc of the base release, which caps the manylinux level of the wheels; None
     /// when the matrix's row does not give one that parses.
     pub fn base_glibc(&self) -> Option<GlibcVersion> {
@@ -242,6 +253,32 @@ fn read_ca_files(recipe: &Recipe, path: &Path, validation: &mut Validation) -> V
                 hint: "fix the file, or take it out of `ca_certificates`".into(),
             });
             Vec::new()
+        }
+    }
+}
+
+/// The wheels of the recipe's `wheels:` directories, read now, so `validate` refuses what
+/// `lock` and `build` would, in their words; a directory that fails is the validation's error.
+fn read_local_wheels(recipe: &Recipe, path: &Path, validation: &mut Validation) -> LocalWheels {
+    if recipe.wheels.is_empty() {
+        return LocalWheels::default();
+    }
+    let context = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let dirs: Vec<&Path> = recipe.wheels.iter().map(|d| d.as_path()).collect();
+    match LocalWheels::read(context, &dirs) {
+        Ok(wheels) => wheels,
+        Err(error) => {
+            validation.problems.push(Problem {
+                severity: Severity::Error,
+                code: "wheels",
+                what: error.to_string(),
+                why: "`lock` offers every wheel of `wheels:` to the resolver, and `build` installs the locked ones from there".into(),
+                hint: "fix or remove the file, or take the directory out of `wheels:`".into(),
+            });
+            LocalWheels::default()
         }
     }
 }

@@ -123,6 +123,11 @@ pub struct Recipe {
     /// accepted only with the sha256 it lists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python_lock: Option<python_inputs::PythonLockInput>,
+    /// Directories of the team's own wheels, relative to the recipe's directory, offered
+    /// before every index (pip's `--find-links`): a requirement one of them satisfies is
+    /// locked to it by sha256. docs/recipe-python.md is the reference.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wheels: Vec<python_inputs::WheelDir>,
     /// Extra and private Python package indexes (PEP 503/691), each `{name, url,
     /// packages}`: `packages` are taken from that index only; the others are looked up
     /// index by index in this order, then on PyPI. URLs carry no credentials (they come from

@@ -1,6 +1,6 @@
 //! The recipe's Python inputs beyond `packages:`: requirements files, a
-//! `pyproject.toml` with chosen extras and dependency groups, and an existing lock
-//! (PEP 751 `pylock.toml` or `uv.lock`).
+//! `pyproject.toml` with chosen extras and dependency groups, an existing lock
+//! (PEP 751 `pylock.toml` or `uv.lock`), and directories of the team's own wheels.
 //!
 //! Only the recipe's own words are parsed here: paths (relative to the recipe's directory,
 //! so the recipe and its lock mean the same on every machine) and names. The files are read
@@ -77,6 +77,60 @@ impl Serialize for InputPath {
     }
 }
 impl<'de> Deserialize<'de> for InputPath {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserialize_from_str(deserializer)
+    }
+}
+
+/// A directory of wheels the recipe offers before every index (`wheels: [wheelhouse]`),
+/// relative to the recipe's directory and below it: `.` is the recipe's directory, and a
+/// `..` is refused by name (a recipe must not list the machine's other directories; a link
+/// that leads out is refused when the directory is read, `fetch::local_wheels`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WheelDir(PathBuf);
+
+impl WheelDir {
+    pub fn as_path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl FromStr for WheelDir {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let shown = escape(text);
+        if text.trim().is_empty() {
+            return Err("a `wheels:` directory is empty; give it relative to the recipe's directory, such as `wheelhouse` (or `.`)".into());
+        }
+        let path = Path::new(text);
+        if path.is_absolute() || text.starts_with('~') {
+            return Err(format!("the `wheels:` directory `{shown}` is an absolute path: the recipe and its lock must mean the same on every machine, so give it relative to the recipe's directory"));
+        }
+        if path.components().any(|c| c == Component::ParentDir) {
+            return Err(format!("the `wheels:` directory `{shown}` climbs out with `..`: a recipe reads wheels from its own directory or one below it, so that a recipe from a pull request cannot list other directories of the machine that locks it\n  hint: move the wheels below the recipe's directory"));
+        }
+        if text.chars().any(char::is_control) {
+            return Err(format!(
+                "the `wheels:` directory `{shown}` holds a control character"
+            ));
+        }
+        Ok(WheelDir(path.to_path_buf()))
+    }
+}
+
+impl fmt::Display for WheelDir {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Built from a `&str`, so always UTF-8.
+        f.write_str(&self.0.to_string_lossy())
+    }
+}
+
+impl Serialize for WheelDir {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+impl<'de> Deserialize<'de> for WheelDir {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserialize_from_str(deserializer)
     }
@@ -211,6 +265,25 @@ mod tests {
         );
         let pylock = parse("python_lock: locks/pylock.train.toml\n").unwrap();
         assert_eq!(pylock.python_lock.unwrap().format, PythonLockFormat::Pylock);
+    }
+
+    #[test]
+    fn wheel_directories_stay_below_the_recipe() {
+        let recipe = parse("wheels: [wheelhouse, ., vendor/wheels]\n").unwrap();
+        let dirs: Vec<String> = recipe.wheels.iter().map(ToString::to_string).collect();
+        assert_eq!(dirs, ["wheelhouse", ".", "vendor/wheels"]);
+        assert_ne!(recipe.lock_digest(), parse("").unwrap().lock_digest());
+        for (extra, expected) in [
+            ("wheels: [../wheelhouse]\n", "climbs out with `..`"),
+            ("wheels: [a/../../b]\n", "climbs out with `..`"),
+            ("wheels: [/srv/wheels]\n", "is an absolute path"),
+            ("wheels: [\"~/wheels\"]\n", "is an absolute path"),
+            ("wheels: [\"\"]\n", "is empty"),
+        ] {
+            let error = parse(extra).unwrap_err();
+            assert!(error.contains(expected), "{extra}: {error}");
+            assert!(error.starts_with("r.yaml:7:"), "{extra}: {error}");
+        }
     }
 
     #[test]

@@ -374,7 +374,7 @@ pub(crate) async fn add_built_wheels(
     if !missing.is_empty() {
         let tools = fetch_builder_inputs(settings, inputs, store, env).await?;
         let sdists: Vec<Artifact> = missing.iter().map(|(s, _, _)| s.clone()).collect();
-        let blobs = fetch_artifacts(settings, inputs.recipe, store, env, &sdists).await?;
+        let blobs = fetch_artifacts(settings, inputs, store, env, &sdists).await?;
         let made = tokio::task::block_in_place(|| {
             build_missing(settings, inputs, env, tools, &missing, &blobs)
         })?;
@@ -498,7 +498,7 @@ async fn fetch_builder_inputs(
     env: &BuildEnv<'_>,
 ) -> Result<BuilderTools, SourceBuildError> {
     let wheels: Vec<Artifact> = of_kind(inputs, ArtifactKind::BuildWheel).cloned().collect();
-    let blobs = fetch_artifacts(settings, inputs.recipe, store, env, &wheels).await?;
+    let blobs = fetch_artifacts(settings, inputs, store, env, &wheels).await?;
     let named = CacheDir::new(&settings.cache_root).wheels();
     fs_err::create_dir_all(&named).map_err(io_error(&named))?;
     let mut fetched = BTreeMap::new();
@@ -526,19 +526,23 @@ async fn fetch_builder_inputs(
     })
 }
 
-/// Download (or find in the blob store) `artifacts`: their blob paths, in order.
+/// Download (or find in the blob store) `artifacts`: their blob paths, in order. A build
+/// wheel the recipe's `wheels:` gave is read from there, as the image's are.
 async fn fetch_artifacts(
     settings: &BuildSettings,
-    recipe: &Recipe,
+    inputs: &PlatformInputs<'_>,
     store: &BlobStore,
     env: &BuildEnv<'_>,
     artifacts: &[Artifact],
 ) -> Result<Vec<PathBuf>, SourceBuildError> {
-    let items: Vec<_> = artifacts.iter().map(Artifact::fetch_item).collect();
-    let client = HttpClient::with_defaults()?.with_credentials(index_credentials(recipe)?);
+    let context = settings.recipe_path.parent().unwrap_or(Path::new(""));
+    let items: Vec<_> = artifacts.iter().map(|a| a.fetch_item(context)).collect();
+    let client = HttpClient::with_defaults()?.with_credentials(index_credentials(inputs.recipe)?);
+    let mut readable = settings.mirrors.clone();
+    readable.extend(inputs.resolved.local_wheels().directories());
     let downloader = Downloader::new(client, store.clone(), env.progress.downloads())
         .offline(settings.offline)
-        .mirrors(settings.mirrors.clone());
+        .mirrors(readable);
     Ok(downloader.fetch_all(&items).await?)
 }
 

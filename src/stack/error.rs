@@ -21,12 +21,19 @@ pub enum BuildError {
     },
     #[error("recipe `{recipe}` has no lock file `{lock}`; run `cudastack lock {recipe}` first")]
     NoLock { recipe: PathBuf, lock: PathBuf },
-    #[error("lock file `{lock}` is stale: it was made from another version of the recipe or of a file it reads (`requirements:`, `pyproject:`, `python_lock:`)\n  Expected: {expected}\n  Found:    {found}\nrun `cudastack lock {recipe}` again")]
+    #[error("lock file `{lock}` is stale: it was made from another version of the recipe or of a file it reads (`requirements:`, `pyproject:`, `python_lock:`, `wheels:`)\n  Expected: {expected}\n  Found:    {found}\nrun `cudastack lock {recipe}` again")]
     StaleLock {
         recipe: PathBuf,
         lock: PathBuf,
         expected: Digest,
         found: Digest,
+    },
+    #[error("`{path}` (wheels:) is not the wheel lock file `{}` was made with: it changed or was replaced since\n  Expected: {expected}\n  Found:    {found}\n  hint: if the new wheel is meant, run `cudastack lock` again; else put the locked wheel back", .lock.display())]
+    LocalWheelChanged {
+        path: String,
+        lock: PathBuf,
+        expected: Digest,
+        found: String,
     },
     #[error("wheel `{}` installs `{path}` (a `.data/data/` member), over `{protected}`, which the verification probe or the dynamic loader reads before the probe's first line: code there would run before the probe and could forge its report\n  hint: a wheel's files belong in site-packages; if the package needs this file, install it in an image built `FROM` this one, outside the verified stack", .wheel.display())]
     WheelWritesVerificationBase {

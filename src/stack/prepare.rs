@@ -14,8 +14,9 @@ use crate::digest::Digest;
 use crate::elf::Machine;
 use crate::fetch::download::{Downloader, FetchItem};
 use crate::fetch::http::HttpClient;
+use crate::fetch::local_wheels::LocalWheels;
 use crate::lock::inputs::{index_credentials, platform_lock_path};
-use crate::lock::lockfile::{Artifact, ArtifactKind, DebLayer, Lockfile};
+use crate::lock::lockfile::{Artifact, ArtifactKind, DebLayer, Location, Lockfile};
 use crate::lock::python_inputs::PythonInputs;
 use crate::matrix::validate::kernel_errors;
 use crate::matrix::{Matrix, ResolvedRecipe, TorchBuild};
@@ -83,8 +84,8 @@ pub(crate) async fn prepare_platform<'a>(
     progress: &dyn BuildProgress,
 ) -> Result<PlatformInputs<'a>, BuildError> {
     let recipe = resolved.recipe();
-    let lock = read_lock(settings, recipe, platform)?;
-    let wheels = fetch_wheels(settings, recipe, &lock, store, progress).await?;
+    let lock = read_lock(settings, resolved, platform)?;
+    let wheels = fetch_wheels(settings, resolved, &lock, store, progress).await?;
     verify_debs(settings, recipe, &lock, platform, progress).await?;
     let (base_debs, apt_debs) = fetch_debs(settings, &lock, store, progress).await?;
     // The arch list this platform's torch wheel really carries (aarch64 builds carry
@@ -219,9 +220,10 @@ fn scan_wheel_arch_list(
 /// The lock of `platform`, present and made from this recipe.
 fn read_lock(
     settings: &BuildSettings,
-    recipe: &Recipe,
+    resolved: &ResolvedRecipe,
     platform: Platform,
 ) -> Result<Lockfile, BuildError> {
+    let recipe = resolved.recipe();
     let lock_file = platform_lock_path(&settings.recipe_path, platform);
     if !lock_file.exists() {
         return Err(BuildError::NoLock {
@@ -232,8 +234,11 @@ fn read_lock(
     let lock = Lockfile::read(&lock_file)?;
     // The recipe and what every Python input file it reads asks for; a lock made before
     // that recorded the files' bytes, and stays fresh while they are the same.
-    let inputs =
-        PythonInputs::load(recipe, &settings.recipe_path, &lock.target).map_err(Box::new)?;
+    let inputs = PythonInputs::load(recipe, &settings.recipe_path, &lock.target)
+        .map_err(Box::new)?
+        .with_wheels(resolved.local_wheels());
+    // Before staleness: a locked wheel of `wheels:` whose bytes changed is named.
+    check_local_wheels(&lock, resolved.local_wheels(), &lock_file)?;
     let expected = inputs.lock_digest(recipe);
     if lock.is_stale(&expected) && lock.is_stale(&inputs.byte_digest(recipe)) {
         return Err(BuildError::StaleLock {
@@ -267,12 +272,41 @@ fn read_lock(
     Ok(lock)
 }
 
+/// Refuse a lock whose wheel of the recipe's `wheels:` is gone or holds other bytes now
+/// (swapped after locking), saying which and how.
+fn check_local_wheels(
+    lock: &Lockfile,
+    local: &LocalWheels,
+    lock_file: &Path,
+) -> Result<(), BuildError> {
+    for artifact in &lock.artifacts {
+        let Location::Recipe(path) = &artifact.url else {
+            continue;
+        };
+        match local.by_path(path) {
+            Some(wheel) if wheel.sha256 == artifact.sha256 => {}
+            found => {
+                return Err(BuildError::LocalWheelChanged {
+                    path: path.clone(),
+                    lock: lock_file.to_path_buf(),
+                    expected: artifact.sha256,
+                    found: found.map_or_else(
+                        || "no such wheel in the recipe's `wheels:`".to_string(),
+                        |w| w.sha256.to_string(),
+                    ),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Download (or find in the blob store) every wheel of `lock`, each linked under its file
 /// name: wheel name -> (path, sha256, version). Wheels of the recipe's private indexes are
 /// fetched with the same credentials `lock` used (sent only to each index's origin).
 async fn fetch_wheels(
     settings: &BuildSettings,
-    recipe: &Recipe,
+    resolved: &ResolvedRecipe,
     lock: &Lockfile,
     store: &BlobStore,
     progress: &dyn BuildProgress,
@@ -289,12 +323,17 @@ async fn fetch_wheels(
     {
         return Err(BuildError::Unsupported("this lock names NVIDIA redist archives; `cudastack build` installs the CUDA stack from nvidia-* wheels so far".into()));
     }
+    let recipe = resolved.recipe();
     // URLs and file names were checked when the lock was read (`Artifact::check`).
-    let items: Vec<FetchItem> = wheels.iter().map(|a| a.fetch_item()).collect();
+    let context = settings.recipe_path.parent().unwrap_or(Path::new(""));
+    let items: Vec<FetchItem> = wheels.iter().map(|a| a.fetch_item(context)).collect();
     let client = HttpClient::with_defaults()?.with_credentials(index_credentials(recipe)?);
+    // The recipe's `wheels:` are read like a mirror's: copied into the store, hash-checked.
+    let mut readable = settings.mirrors.clone();
+    readable.extend(resolved.local_wheels().directories());
     let downloader = Downloader::new(client, store.clone(), progress.downloads())
         .offline(settings.offline)
-        .mirrors(settings.mirrors.clone());
+        .mirrors(readable);
     let missing = downloader.missing(&items).len();
     progress.stage(
         "fetch",
@@ -336,14 +375,17 @@ async fn verify_debs(
         .artifacts
         .iter()
         .filter(|a| a.kind.is_deb())
-        .map(|a| LockedDeb {
-            name: a.name.clone(),
-            version: a.version.clone(),
-            architecture: a.platform.clone().unwrap_or_default(),
-            sha256: a.sha256,
-            size: a.size,
-            url: a.url.clone(),
-            fallback_url: a.fallback_url.clone(),
+        // `Artifact::check` gives only wheels a location beside the recipe: every deb's is a URL.
+        .filter_map(|a| {
+            Some(LockedDeb {
+                name: a.name.clone(),
+                version: a.version.clone(),
+                architecture: a.platform.clone().unwrap_or_default(),
+                sha256: a.sha256,
+                size: a.size,
+                url: a.url.as_url()?.clone(),
+                fallback_url: a.fallback_url.clone(),
+            })
         })
         .collect();
     if debs.is_empty() {
@@ -419,7 +461,7 @@ async fn fetch_debs(
     )
     .offline(settings.offline)
     .mirrors(deb_mirror_dirs(settings));
-    let items: Vec<FetchItem> = debs.iter().map(|a| a.fetch_item()).collect();
+    let items: Vec<FetchItem> = debs.iter().map(|a| a.fetch_item(Path::new(""))).collect();
     let missing = downloader.missing(&items).len();
     progress.stage(
         "fetch",
@@ -461,7 +503,7 @@ pub(crate) async fn fetch_deb_files(
 ) -> Result<Vec<DebFile>, BuildError> {
     let fetches = debs.iter().map(|artifact| {
         let candidates = deb_urls(artifact, apt_mirror);
-        let item = artifact.fetch_item();
+        let item = artifact.fetch_item(Path::new(""));
         async move { fetch_first(downloader, item, candidates).await }
     });
     let results = futures_util::future::join_all(fetches).await;
@@ -500,9 +542,8 @@ pub(crate) fn deb_urls(
 ) -> Vec<reqwest::Url> {
     let mut urls = Vec::new();
     if let Some(mirror) = apt_mirror {
-        let pool_path = artifact
-            .url
-            .as_str()
+        let url = artifact.url.to_string();
+        let pool_path = url
             .strip_prefix(artifact.source.trim_end_matches('/'))
             .map(|p| p.trim_start_matches('/'));
         if let Some(url) = pool_path.and_then(|p| {
@@ -511,7 +552,7 @@ pub(crate) fn deb_urls(
             urls.push(url);
         }
     }
-    urls.push(artifact.url.clone());
+    urls.extend(artifact.url.as_url().cloned());
     urls.extend(artifact.fallback_url.clone());
     urls
 }

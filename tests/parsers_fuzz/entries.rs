@@ -96,7 +96,7 @@ pub fn lock(bytes: &[u8]) {
     assert_eq!(read, canonical, "the lock changed in a write and read");
     assert_eq!(read.to_json(), written, "the second write differs");
     let _ = to_pylock(&lock);
-    let _ = lock.fetch_items();
+    let _ = lock.fetch_items(std::path::Path::new(""));
 }
 
 /// The Python input formats a recipe reads (issue 19).
