@@ -22,19 +22,6 @@ rm -rf "$work"
 mkdir -p "$work"
 trap 'rm -rf "$work"' EXIT
 
-# The image's config digest: its Docker ID.
-image_id() { # layout
-    python3 - "$1" <<'PY'
-import json, sys
-layout = sys.argv[1]
-entries = json.load(open(f"{layout}/index.json"))["manifests"]
-entry = next(e for e in entries
-             if e.get("annotations", {}).get("org.opencontainers.image.ref.name") == "latest")
-manifest = json.load(open(f"{layout}/blobs/sha256/" + entry["digest"].split(":")[1]))
-print(manifest["config"]["digest"])
-PY
-}
-
 seconds() { # command...: its wall seconds
     local started
     started=$(date +%s.%N)
@@ -46,12 +33,12 @@ scripts/downloads-only.sh "$warm" "$work/cache-seq"
 scripts/downloads-only.sh "$warm" "$work/cache-early"
 
 build=$(seconds "$bin" build "$recipe" --no-verify --layout "$work/seq" --cache-dir "$work/cache-seq")
-id=$(image_id "$work/seq")
+id=$(scripts/layout-image-id.sh "$work/seq")
 docker rmi -f "$id" >/dev/null 2>&1 || true
 verify=$(seconds "$bin" verify "$work/seq" --cache-dir "$work/cache-seq")
 docker rmi -f "$id" >/dev/null 2>&1 || true
 early=$(seconds "$bin" build "$recipe" --layout "$work/early" --cache-dir "$work/cache-early")
-docker rmi -f "$(image_id "$work/early")" >/dev/null 2>&1 || true
+docker rmi -f "$(scripts/layout-image-id.sh "$work/early")" >/dev/null 2>&1 || true
 
 echo "| | wall |"
 echo "|---|---|"

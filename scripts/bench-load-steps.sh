@@ -16,16 +16,7 @@ peak() { # max MiB of /var/lib/docker/tmp while $1 runs
   done
   echo "$max"
 }
-id=$(python3 - "$L" <<'PY'
-import json, sys
-layout = sys.argv[1]
-entries = json.load(open(f"{layout}/index.json"))["manifests"]
-entry = next(e for e in entries
-             if e.get("annotations", {}).get("org.opencontainers.image.ref.name") == "latest")
-manifest = json.load(open(f"{layout}/blobs/sha256/" + entry["digest"].split(":")[1]))
-print(manifest["config"]["digest"])
-PY
-)
+id=$("$(dirname "$0")/layout-image-id.sh" "$L")
 timed() { # label, command...: wall seconds and the spool's peak
   local label=$1 started pid spool
   shift
