@@ -4,7 +4,9 @@
 #
 # `--for-tests` (what scripts/test.sh passes) skips the release build: the tests run the
 # debug binary cargo builds for them, and a release build compiles every dependency a
-# second time (about 7 of a clean CI run's minutes).
+# second time (about 7 of a clean CI run's minutes). It also leaves the native probes to
+# the caller, which builds them (scripts/build-probe.sh) while cargo builds the tests: most
+# of their minutes are spent waiting on Debian's archive and PyPI, not on the cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=""
@@ -116,8 +118,7 @@ fi
 if [ -z "$for_tests" ]; then
   cargo build --release --locked
   echo "setup: built target/release/cudastack" >&2
+  # The native verification probe of images without torch, for this machine and (in a
+  # Debian chroot with the other architecture's Rust std) for the other one.
+  scripts/build-probe.sh
 fi
-
-# The native verification probe of images without torch, for this machine and (in a
-# Debian chroot with the other architecture's Rust std) for the other one.
-scripts/build-probe.sh

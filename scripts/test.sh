@@ -69,6 +69,11 @@ watch_disk() {
 
 scripts/setup.sh --for-tests
 disk_report "before the tests"
+# The native probes (scripts/build-probe.sh: zig from PyPI, a Debian chroot for the other
+# architecture) build while cargo builds the tests; the tests need them only when they run.
+probe_log="$target_dir/probe-build.log"
+scripts/build-probe.sh >"$probe_log" 2>&1 &
+probe_builder=$!
 
 started_dockerd=""
 if ! docker info >/dev/null 2>&1; then
@@ -110,6 +115,7 @@ failure_summary() {
 cleanup() {
   status=$?
   [ -n "${disk_watcher:-}" ] && kill "$disk_watcher" 2>/dev/null
+  [ -n "${probe_builder:-}" ] && kill "$probe_builder" 2>/dev/null
   failure_summary
   disk_report "at the end"
   if [ -s "$disk_low_file" ]; then
@@ -132,6 +138,14 @@ trap cleanup EXIT
 rm -f "$disk_low_file" "$disk_low_where"
 watch_disk &
 disk_watcher=$!
+cargo test --locked --all-targets --no-run
+if ! wait "$probe_builder"; then
+  cat "$probe_log" >&2
+  echo "test: error: the native probes did not build (scripts/build-probe.sh; its output is above)" >&2
+  exit 1
+fi
+probe_builder=""
+sed 's/^/probes: /' "$probe_log" >&2
 cargo test --locked --all-targets -- --test-threads="${CUDASTACK_TEST_THREADS:-2}" 2>&1 | tee "$test_log"
 # Source builds compile against a CUDA 13 stack of their own (~11 GB of downloads, staged trees
 # and layers while the test runs, in a cache it removes). They run after the suite so that
