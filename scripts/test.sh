@@ -58,7 +58,9 @@ watch_disk() {
         described=$now
         {
           echo "at $(date -u +%H:%M:%S) UTC, after: $(tail -n 1 "$test_log" 2>/dev/null | cut -c1-160)"
-          echo "e2e cache: $(du -sm "$target_dir/tmp/e2e-cache" 2>/dev/null | cut -f1) MiB; target dir: $(du -sm "$target_dir" 2>/dev/null | cut -f1) MiB"
+          # -x: never into a mount, such as the /sys of a base mmdebstrap is making (a du
+          # inside it when mmdebstrap unmounts it leaves it mounted in the tree).
+          echo "e2e cache: $(du -smx "$target_dir/tmp/e2e-cache" 2>/dev/null | cut -f1) MiB; target dir: $(du -smx "$target_dir" 2>/dev/null | cut -f1) MiB"
           echo "docker: $(docker system df --format '{{.Type}} {{.Size}}' 2>/dev/null | tr '\n' ';')"
         } >"$disk_low_where.new" && mv "$disk_low_where.new" "$disk_low_where"
       fi

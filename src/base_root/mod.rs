@@ -26,6 +26,8 @@ use crate::version::PythonVersion;
 pub enum BaseError {
     #[error("`mmdebstrap` is not on PATH; `cudastack build` makes the Debian base with it\n  hint: install it (`sudo apt-get install mmdebstrap`); `cudastack doctor --build-host` checks everything a build needs")]
     MmdebstrapMissing,
+    #[error("mmdebstrap left {mounts} mounted in the base it made, and it could not be unmounted: {detail}\n  hint: something held it when mmdebstrap unmounted it (a `du`, an indexer or a shell whose directory is in the build cache); unmount it (`umount -R PATH`) and build again")]
+    LeftMounted { mounts: String, detail: String },
     #[error("mmdebstrap failed for {distro} {release} (exit status {status})\n  command: {command}\n  output (last lines):\n{output}")]
     Mmdebstrap {
         distro: String,
@@ -155,7 +157,11 @@ pub fn debootstrap(
     })?;
     let mut owners = match mode {
         BuildMode::Root => {
-            run_mmdebstrap(spec, mmdebstrap_command(spec, dest, mode, repo.path()))?;
+            let ran = run_mmdebstrap(spec, mmdebstrap_command(spec, dest, mode, repo.path()));
+            // Whatever mmdebstrap's outcome, no mount of it may stay in the tree: a layer
+            // would take /sys's or /proc's files as the base's.
+            unmount_left(dest)?;
+            ran?;
             None
         }
         BuildMode::Unshare | BuildMode::Fakechroot => {
@@ -331,6 +337,85 @@ fn run_mmdebstrap(spec: &DebootstrapSpec, mut command: Command) -> Result<(), Ba
     })
 }
 
+/// Unmount what mmdebstrap (root mode) mounted in `dest` and could not unmount: its /sys,
+/// /proc or /dev stay mounted when another process holds them at that moment (its working
+/// directory inside, a `du` walking the cache). Deepest first; an error if any remains.
+fn unmount_left(dest: &Path) -> Result<(), BaseError> {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Ok(()); // not Linux: mmdebstrap does not run here
+    };
+    let dest = std::fs::canonicalize(dest).unwrap_or_else(|_| dest.to_path_buf());
+    let mut left = mounts_below(&mountinfo, &dest);
+    if left.is_empty() {
+        return Ok(());
+    }
+    left.sort_by_key(|mount| std::cmp::Reverse(mount.components().count()));
+    let mut failures = Vec::new();
+    for mount in &left {
+        // Lazily: the holder may still be inside; the mount leaves the tree at once.
+        match Command::new("umount").arg("--lazy").arg(mount).output() {
+            Ok(output) if output.status.success() => {}
+            Ok(output) => failures.push(String::from_utf8_lossy(&output.stderr).trim().to_string()),
+            Err(error) => failures.push(format!("umount: {error}")),
+        }
+    }
+    let still = std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|mountinfo| mounts_below(&mountinfo, &dest))
+        .unwrap_or_default();
+    if still.is_empty() {
+        tracing::warn!(
+            "mmdebstrap left {} mounted in {}; unmounted",
+            left.len(),
+            dest.display()
+        );
+        return Ok(());
+    }
+    Err(BaseError::LeftMounted {
+        mounts: still
+            .iter()
+            .map(|mount| mount.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        detail: failures.join("; "),
+    })
+}
+
+/// The mount points of `mountinfo` (/proc/self/mountinfo's format) at or below `dir`.
+fn mounts_below(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|point| PathBuf::from(unescape_mountinfo(point)))
+        .filter(|point| point.starts_with(dir))
+        .collect()
+}
+
+/// A mountinfo path with its octal escapes (`\040` for a space, `\011`, `\012`, `\134`)
+/// decoded.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes.get(i + 1..i + 4).and_then(|digits| {
+            std::str::from_utf8(digits)
+                .ok()
+                .and_then(|digits| u8::from_str_radix(digits, 8).ok())
+        });
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// The last `count` lines of `text`.
 fn last_lines(text: &str, count: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
@@ -418,6 +503,74 @@ pub fn dpkg_version(status: &str, package: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A mount held busy when mmdebstrap unmounts it stays in the tree; the build takes it
+    /// out before a layer reads it. Mounting needs root, as a root-mode base does.
+    #[test]
+    fn a_mount_left_in_a_base_is_unmounted_even_while_held() {
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::metadata("/proc/self")
+            .map(|m| m.uid())
+            .unwrap_or(1)
+            != 0
+        {
+            assert!(
+                std::env::var_os("CUDASTACK_REQUIRE").is_none(),
+                "mounting needs root (CUDASTACK_REQUIRE is set)"
+            );
+            eprintln!("skipping: mounting needs root");
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
+        let sys = root.path().join("sys");
+        std::fs::create_dir(&sys).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(&sys)
+            .status()
+            .unwrap();
+        assert!(mounted.success());
+        std::fs::create_dir(sys.join("held")).unwrap();
+        // A process whose working directory is inside: what kept mmdebstrap's umount busy.
+        let mut holder = Command::new("sleep")
+            .arg("30")
+            .current_dir(sys.join("held"))
+            .spawn()
+            .unwrap();
+        let unmounted = unmount_left(root.path());
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        unmounted.unwrap();
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let root = std::fs::canonicalize(root.path()).unwrap();
+        assert!(mounts_below(&mountinfo, &root).is_empty(), "{mountinfo}");
+        assert!(!sys.join("held").exists(), "the tmpfs is still there");
+    }
+
+    #[test]
+    fn the_mounts_left_below_a_root_are_found_with_their_escapes() {
+        let mountinfo = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+98 22 0:21 / /work/cache/staging/abc/sys ro,nosuid shared:7 - sysfs sys ro
+99 98 0:30 / /work/cache/staging/abc/sys/fs/cgroup rw shared:8 - cgroup2 cgroup rw
+100 22 0:5 / /work/cache/staging/a\\040b/proc rw - proc proc rw
+101 22 0:5 / /work/cache/staging/abcd/proc rw - proc proc rw
+";
+        let below = |dir: &str| mounts_below(mountinfo, Path::new(dir));
+        assert_eq!(
+            below("/work/cache/staging/abc"),
+            [
+                PathBuf::from("/work/cache/staging/abc/sys"),
+                PathBuf::from("/work/cache/staging/abc/sys/fs/cgroup")
+            ]
+        );
+        assert_eq!(
+            below("/work/cache/staging/a b"),
+            [PathBuf::from("/work/cache/staging/a b/proc")]
+        );
+        assert!(below("/work/cache/staging/ab").is_empty());
+        assert_eq!(unescape_mountinfo("a\\011b\\134c\\9"), "a\tb\\c\\9");
+    }
 
     #[test]
     fn reads_versions_from_dpkg_status() {
