@@ -64,6 +64,12 @@ pub const RUNTIME_ULIMIT_PREFIX: &str = "io.cudastack.runtime.ulimit.";
 /// loaded it, as `engine::run::RunOwner` writes it. The step goes once the image is in;
 /// one left by a killed process is removed by the next load that can tell it is dead.
 pub const LOAD_STEP_OWNER: &str = "io.cudastack.load-step.owner";
+/// On a load step's image: Unix time after which any load removes it, whoever its owner
+/// (one a process in another PID namespace or on another host left).
+pub const LOAD_STEP_UNTIL: &str = "io.cudastack.load-step.until";
+/// On a load step's image: unique to the load, so two loads of one process never share
+/// (and remove) each other's steps.
+pub const LOAD_STEP_NONCE: &str = "io.cudastack.load-step.nonce";
 pub const VERIFIED: &str = "io.cudastack.verified";
 pub const VERIFIED_MATRIX: &str = "io.cudastack.verified.matrix";
 pub const VERIFIED_DRIVER: &str = "io.cudastack.verified.driver";

@@ -1031,6 +1031,13 @@ fn a_load_in_steps_registers_every_layer_and_leaves_no_step_behind() {
         (0, 3),
         "{report:?}"
     );
+    // Each layer went once: a step's lower layers were placeholders, not sent again.
+    let blobs: u64 = image.layers().iter().map(|layer| layer.size).sum();
+    assert!(
+        report.bytes < blobs + (64 << 10),
+        "{} bytes sent for {blobs} bytes of layers: {report:?}",
+        report.bytes
+    );
     let outcome = rt
         .block_on(engine.run(&spec(
             &id,
@@ -1103,8 +1110,9 @@ fn a_load_in_steps_registers_every_layer_and_leaves_no_step_behind() {
     assert_eq!(steps_on(&broken_base.diff_id), Vec::<String>::new());
 }
 
-/// A step image whose loading process is dead (killed mid-load) is removed by the next
-/// load's housekeeping; a live process's step stays.
+/// A step image whose loading process is dead (killed mid-load), or past its lifetime, is
+/// removed by the next load's housekeeping; a live process's step stays, and so does one
+/// whose process this one cannot see (another boot or PID namespace) until it expires.
 #[test]
 fn a_step_a_dead_load_left_is_removed_and_a_live_ones_stays() {
     require_docker!();
@@ -1118,8 +1126,19 @@ fn a_step_a_dead_load_left_is_removed_and_a_live_ones_stays() {
         start_ticks: owner.start_ticks + 1,
         ..owner.clone()
     };
-    let mut ids = Vec::new();
-    for (name, who) in [("dead", &dead), ("live", &owner)] {
+    let elsewhere = cudastack::engine::run::RunOwner {
+        boot_id: "another-boot".into(),
+        ..dead.clone()
+    };
+    let later = "9999999999";
+    let steps = [
+        ("live", &owner, later),
+        ("elsewhere", &elsewhere, later),
+        ("expired", &owner, "1"),
+        ("dead", &dead, later),
+    ];
+    let mut images = Vec::new();
+    for (name, who, until) in steps {
         let contents = LayerContents::from_entries([Entry::file_bytes(
             p("etc/step"),
             0o644,
@@ -1130,19 +1149,76 @@ fn a_step_a_dead_load_left_is_removed_and_a_live_ones_stays() {
         let layer = layer::build(&store, &contents, &options).unwrap();
         let image = Image::new(EPOCH)
             .with_layer(layer, name)
-            .with_label(cudastack::labels::LOAD_STEP_OWNER, &who.to_label());
+            .with_label(cudastack::labels::LOAD_STEP_OWNER, &who.to_label())
+            .with_label(cudastack::labels::LOAD_STEP_UNTIL, until);
         let id = image.documents().unwrap().config.digest;
+        // Each load reaps first: what it loads stays until the next one.
         rt.block_on(engine.load_image(&image, &[], name)).unwrap();
-        ids.push(Cleanup {
+        images.push(Cleanup {
             image: id,
             test_label: format!("engine-step-{name}"),
         });
     }
     rt.block_on(engine.reap_load_steps());
-    assert!(!rt
-        .block_on(engine.image_exists(&ids[0].image.to_string()))
-        .unwrap());
-    assert!(rt
-        .block_on(engine.image_exists(&ids[1].image.to_string()))
-        .unwrap());
+    let exists = |index: usize| {
+        rt.block_on(engine.image_exists(&images[index].image.to_string()))
+            .unwrap()
+    };
+    assert_eq!(
+        [exists(0), exists(1), exists(2), exists(3)],
+        [true, true, false, false],
+        "live, elsewhere, expired, dead"
+    );
+}
+
+/// The build's early loads (`Engine::load_layers`) keep to the step size too, and say each
+/// step's image before they send it, so the caller can remove every one.
+#[test]
+fn early_loads_go_in_bounded_steps_each_named_before_it_is_sent() {
+    require_docker!();
+    let rt = runtime();
+    let engine = rt
+        .block_on(Engine::connect())
+        .unwrap()
+        .with_load_step_bytes(1);
+    if rt.block_on(engine.info()).unwrap().containerd_image_store {
+        gate::not_applicable("the daemon uses the containerd image store: nothing loads early");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(work.path().join("store")).unwrap();
+    let layers: Vec<cudastack::layer::Layer> = (0..3)
+        .map(|index| {
+            let contents = LayerContents::from_entries([Entry::file_bytes(
+                p(&format!("etc/early-{index}")),
+                0o644,
+                format!("{index} {}\n", std::process::id()).into_bytes(),
+            )])
+            .unwrap();
+            let options = BuildOptions::new(EPOCH, Compression::Gzip { level: 1 });
+            layer::build(&store, &contents, &options).unwrap()
+        })
+        .collect();
+    let loaded = std::sync::Mutex::new(Vec::new());
+    let nonce = cudastack::engine::load::load_nonce();
+    let platform = (&oci_spec::image::Arch::Amd64, &oci_spec::image::Os::Linux);
+    rt.block_on(engine.load_layers(&layers, platform, &nonce, "early", &loaded))
+        .unwrap();
+    let steps = loaded.into_inner().unwrap();
+    let _cleanup: Vec<Cleanup> = steps
+        .iter()
+        .map(|step| Cleanup {
+            image: *step,
+            test_label: "engine-early".into(),
+        })
+        .collect();
+    assert_eq!(steps.len(), 3, "{steps:?}");
+    for step in &steps {
+        assert!(rt.block_on(engine.image_exists(&step.to_string())).unwrap());
+    }
+    // All of them in the daemon: a second call sends nothing and names no step.
+    let again = std::sync::Mutex::new(Vec::new());
+    rt.block_on(engine.load_layers(&layers, platform, &nonce, "early", &again))
+        .unwrap();
+    assert!(again.into_inner().unwrap().is_empty());
 }

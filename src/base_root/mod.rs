@@ -159,9 +159,11 @@ pub fn debootstrap(
         BuildMode::Root => {
             let ran = run_mmdebstrap(spec, mmdebstrap_command(spec, dest, mode, repo.path()));
             // Whatever mmdebstrap's outcome, no mount of it may stay in the tree: a layer
-            // would take /sys's or /proc's files as the base's.
-            unmount_left(dest)?;
+            // would take /sys's or /proc's files as the base's. mmdebstrap's own failure is
+            // the error to report first.
+            let unmounted = unmount_left(dest);
             ran?;
+            unmounted?;
             None
         }
         BuildMode::Unshare | BuildMode::Fakechroot => {
@@ -385,14 +387,18 @@ fn mounts_below(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
     mountinfo
         .lines()
         .filter_map(|line| line.split(' ').nth(4))
-        .map(|point| PathBuf::from(unescape_mountinfo(point)))
-        .filter(|point| point.starts_with(dir))
+        .map(|point| {
+            use std::os::unix::ffi::OsStringExt;
+            PathBuf::from(std::ffi::OsString::from_vec(unescape_mountinfo(point)))
+        })
+        // Below it: the directory itself may be a mount of the build host's own making.
+        .filter(|point| point.starts_with(dir) && point != dir)
         .collect()
 }
 
 /// A mountinfo path with its octal escapes (`\040` for a space, `\011`, `\012`, `\134`)
 /// decoded.
-fn unescape_mountinfo(field: &str) -> String {
+fn unescape_mountinfo(field: &str) -> Vec<u8> {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -413,7 +419,7 @@ fn unescape_mountinfo(field: &str) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
 }
 
 /// The last `count` lines of `text`.
@@ -569,7 +575,10 @@ mod tests {
             [PathBuf::from("/work/cache/staging/a b/proc")]
         );
         assert!(below("/work/cache/staging/ab").is_empty());
-        assert_eq!(unescape_mountinfo("a\\011b\\134c\\9"), "a\tb\\c\\9");
+        assert_eq!(unescape_mountinfo("a\\011b\\134c\\9"), b"a\tb\\c\\9");
+        assert!(below("/work/cache/staging/abc/sys")
+            .ends_with(&[PathBuf::from("/work/cache/staging/abc/sys/fs/cgroup")]));
+        assert_eq!(below("/work/cache/staging/abc/sys").len(), 1);
     }
 
     #[test]

@@ -264,12 +264,14 @@ impl Engine {
         step_images: &mut Vec<Digest>,
     ) -> Result<(u64, Vec<String>), EngineError> {
         let (mut sent, mut below) = (0, present);
+        let nonce = load_nonce();
         for &end in steps {
             let configuration = &image.configuration;
             let step = step_image(
                 &image.layers[..end],
                 configuration.architecture(),
                 configuration.os(),
+                &nonce,
             )?;
             step_images.push(step.config_digest());
             sent += self.send_upload(&step, &[], origin, below).await?.0;
@@ -279,46 +281,54 @@ impl Engine {
         Ok((sent + bytes, said))
     }
 
-    /// Load `layers` as an image of their own (a step: see [`step_image`]) ahead of the
-    /// image they are the lower layers of, which a later load then finds present: its ID,
-    /// or None when the daemon has them all already or keeps images in containerd's store
-    /// (whose importer needs every blob of every load). Without the signal handling of
-    /// [`Self::load_stored`]: a signal ends the process as it would have, the daemon
-    /// creates nothing from the truncated upload, and the next load removes the steps.
+    /// Load `layers` as images of their own (steps: see [`step_image`], each at most the
+    /// engine's step size) ahead of the image they are the lower layers of, which a later
+    /// load then finds present. Each step's ID goes to `loaded` before its request is
+    /// sent, so that the caller can remove it whatever happens; the daemon may already
+    /// have all of them (nothing is sent) or keep images in containerd's store (whose
+    /// importer needs every blob of every load: nothing is done). `nonce` is the caller's
+    /// [`load_nonce`], the same for every call of one image's loads. Without the signal
+    /// handling of [`Self::load_stored`]: a signal ends the process as it would have, the
+    /// daemon creates nothing from the truncated upload, and a later load removes the
+    /// steps ([`Self::reap_load_steps`]).
     pub async fn load_layers(
         &self,
         layers: &[Layer],
-        architecture: &Arch,
-        os: &Os,
+        platform: (&Arch, &Os),
+        nonce: &str,
         origin: &str,
-    ) -> Result<Option<Digest>, EngineError> {
+        loaded: &std::sync::Mutex<Vec<Digest>>,
+    ) -> Result<(), EngineError> {
         if self.info().await?.containerd_image_store {
-            return Ok(None);
+            return Ok(());
         }
-        let step = step_image(layers, architecture, os)?;
-        let present = self.present_layer_prefix(&step).await?;
-        if present == layers.len() {
-            return Ok(None);
-        }
-        let id = step.config_digest();
-        let archive = ArchiveStream::start(&step, &[], present);
-        let answer = self.send_archive(archive.body, None).await;
-        let written = archive
-            .writer
-            .join()
-            .expect("the archive writer does not panic");
-        match outcome(written, answer.failure, origin) {
-            Ok(_) if self.image_exists(&id.to_string()).await? => Ok(Some(id)),
-            Ok(_) => Err(EngineError::LoadMismatch {
-                layout: origin.to_string(),
-                expected: id,
-                said: answer.messages.join("; "),
-            }),
-            Err(error) => {
-                let _ = self.remove_image(&id.to_string()).await;
-                Err(error)
+        let (architecture, os) = platform;
+        let whole = step_image(layers, architecture, os, nonce)?;
+        let mut below = self.present_layer_prefix(&whole).await?;
+        let mut ends = step_ends(layers, below, self.load_step_bytes);
+        ends.push(layers.len());
+        let present = below;
+        for end in ends.into_iter().filter(|end| *end > present) {
+            let step = step_image(&layers[..end], architecture, os, nonce)?;
+            let id = step.config_digest();
+            loaded.lock().expect("no panic holds it").push(id);
+            let archive = ArchiveStream::start(&step, &[], below);
+            let answer = self.send_archive(archive.body, None).await;
+            let written = archive
+                .writer
+                .join()
+                .expect("the archive writer does not panic");
+            outcome(written, answer.failure, origin)?;
+            if !self.image_exists(&id.to_string()).await? {
+                return Err(EngineError::LoadMismatch {
+                    layout: origin.to_string(),
+                    expected: id,
+                    said: answer.messages.join("; "),
+                });
             }
+            below = end;
         }
+        Ok(())
     }
 
     /// Remove the step images a dead process left (see [`step_image`]); best effort, as
@@ -341,12 +351,22 @@ impl Engine {
         let Ok(images) = self.docker.list_images(Some(options)).await else {
             return;
         };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |now| now.as_secs());
         for image in images {
+            // A step someone tagged (or built on) is theirs now.
+            let tagged = image.repo_tags.iter().any(|tag| tag != "<none>:<none>");
             let owner = image.labels.get(crate::labels::LOAD_STEP_OWNER);
             let dead = owner
                 .and_then(|owner| RunOwner::parse(owner))
                 .is_some_and(|owner| owner.liveness(&observer) == Liveness::Dead);
-            if dead {
+            let expired = image
+                .labels
+                .get(crate::labels::LOAD_STEP_UNTIL)
+                .and_then(|until| until.parse::<u64>().ok())
+                .is_some_and(|until| until < now);
+            if !tagged && image.containers <= 0 && (dead || expired) {
                 if let Err(error) = self.remove_image(&image.id).await {
                     tracing::warn!("a step a dead load left, {}, stays: {error}", image.id);
                 }
@@ -582,13 +602,41 @@ fn step_ends(layers: &[Layer], present: usize, bound: u64) -> Vec<usize> {
 /// The image of `layers`, for one step of a load: `architecture`/`os`, no tags, and the
 /// label that names its owner (this process), so that a step a killed load left behind is
 /// found and removed ([`Engine::reap_load_steps`]).
-fn step_image(layers: &[Layer], architecture: &Arch, os: &Os) -> Result<StoredImage, OciError> {
+fn step_image(
+    layers: &[Layer],
+    architecture: &Arch,
+    os: &Os,
+    nonce: &str,
+) -> Result<StoredImage, OciError> {
     let owner = RunOwner::current().map_or_else(String::new, |owner| owner.to_label());
+    let until = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |now| now.as_secs())
+        + STEP_LIFETIME.as_secs();
     let step = layers.iter().fold(
         Image::new(0).with_platform(architecture.clone(), os.clone()),
         |step, layer| step.with_layer(layer.clone(), "cudastack load step"),
     );
-    StoredImage::of(&step.with_label(crate::labels::LOAD_STEP_OWNER, &owner))
+    StoredImage::of(
+        &step
+            .with_label(crate::labels::LOAD_STEP_OWNER, &owner)
+            .with_label(crate::labels::LOAD_STEP_UNTIL, &until.to_string())
+            .with_label(crate::labels::LOAD_STEP_NONCE, nonce),
+    )
+}
+
+/// How long a step image may outlive its load before any load removes it: longer than any
+/// build (a source build takes hours), short enough that a killed one's GBs go.
+const STEP_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+/// A label value unique to one load: this process, a counter and the time.
+pub fn load_nonce() -> String {
+    static LOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let count = LOADS.fetch_add(1, Ordering::Relaxed);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |now| now.as_nanos());
+    format!("{}-{count}-{now}", std::process::id())
 }
 
 /// The next signal, or never without `signals` (a load that leaves them to their default).

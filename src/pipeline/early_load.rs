@@ -87,8 +87,8 @@ impl EarlyLoads {
         }
     }
 
-    /// Stop loading and remove the step images from the daemon.
-    pub async fn remove_steps(mut self) {
+    /// Stop loading and remove the step images from the daemon (again: nothing).
+    pub async fn remove_steps(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
             let _ = task.await;
@@ -156,34 +156,57 @@ fn makes_a_step(bottom: &[Layer], loaded: usize, planned: usize) -> bool {
     bottom.len() > loaded && (new_bytes >= STEP_BYTES || bottom.len() == planned)
 }
 
+/// What the load task knows of the build: its plan, the layers ready, how many of the plan
+/// are in Docker.
+#[derive(Default)]
+struct Progress {
+    plan: Option<Vec<String>>,
+    ready: HashMap<String, Layer>,
+    loaded: usize,
+}
+
+impl Progress {
+    /// Take in one event; false when the early loads should stop (nothing is built, a
+    /// second platform, the build is over).
+    fn take(&mut self, event: Event) -> bool {
+        match event {
+            Event::Planned { names, cached } if self.plan.is_none() => {
+                self.plan = Some(names);
+                !cached.iter().all(|cached| *cached)
+            }
+            Event::Planned { .. } | Event::BuildOver => false,
+            Event::Ready { name, layer } => {
+                self.ready.insert(name, layer);
+                true
+            }
+        }
+    }
+}
+
 async fn load_ready_layers(
     mut receiver: mpsc::UnboundedReceiver<Event>,
     architecture: Arch,
     os: Os,
     steps: Arc<Mutex<Vec<Digest>>>,
 ) {
+    let nonce = crate::engine::load::load_nonce();
     let mut engine = None;
-    let mut plan: Option<Vec<String>> = None;
-    let mut ready = HashMap::new();
-    let mut loaded = 0;
+    let mut progress = Progress::default();
     while let Some(event) = receiver.recv().await {
-        match event {
-            // Only the first platform's plan: the pipeline loads early only for one.
-            Event::Planned { names, cached } if plan.is_none() => {
-                if cached.iter().all(|cached| *cached) {
-                    return;
-                }
-                plan = Some(names);
-            }
-            Event::Planned { .. } => return,
-            Event::Ready { name, layer } => {
-                ready.insert(name, layer);
-            }
-            Event::BuildOver => return,
+        if !progress.take(event) {
+            return;
         }
-        let Some(names) = &plan else { continue };
-        let bottom = ready_from_bottom(names, &ready);
-        if !makes_a_step(&bottom, loaded, names.len()) {
+        // What came while the last step loaded: one step for all of it.
+        while let Ok(event) = receiver.try_recv() {
+            if !progress.take(event) {
+                return;
+            }
+        }
+        let Some(names) = &progress.plan else {
+            continue;
+        };
+        let bottom = ready_from_bottom(names, &progress.ready);
+        if !makes_a_step(&bottom, progress.loaded, names.len()) {
             continue;
         }
         if engine.is_none() {
@@ -193,20 +216,18 @@ async fn load_ready_layers(
             }
         }
         let engine = engine.as_ref().expect("connected above");
-        match engine
-            .load_layers(&bottom, &architecture, &os, "the build's lower layers")
+        let platform = (&architecture, &os);
+        let origin = "the build's lower layers";
+        if let Err(error) = engine
+            .load_layers(&bottom, platform, &nonce, origin, &steps)
             .await
         {
-            Ok(Some(step)) => steps.lock().expect("no panic holds it").push(step),
-            Ok(None) => {}
-            Err(error) => {
-                tracing::warn!(
-                    "loading the lower layers early failed; they go with the image: {error}"
-                );
-                return;
-            }
+            tracing::warn!(
+                "loading the lower layers early failed; they go with the image: {error}"
+            );
+            return;
         }
-        loaded = bottom.len();
+        progress.loaded = bottom.len();
     }
 }
 

@@ -225,7 +225,7 @@ pub async fn build_verify_publish(
         progress,
     )
     .await;
-    if let Some(loads) = early_loads {
+    if let Some(loads) = early_loads.as_mut() {
         loads.remove_steps().await;
     }
     report
@@ -279,7 +279,8 @@ async fn stages(
         None => build(&settings.build, resolved, matrix, build_progress).await?,
     };
     // The load after the build must find the early loads' layers, not race them.
-    if let Some(loads) = early_loads {
+    let mut early_loads = early_loads;
+    if let Some(loads) = early_loads.as_deref_mut() {
         loads.finish().await;
     }
     attest::after_build(&settings.build, &built, progress)?;
@@ -328,6 +329,10 @@ async fn stages(
     } else {
         None
     };
+    // The loads are done: the steps' layers are held by what was loaded, if anything.
+    if let Some(loads) = early_loads {
+        loads.remove_steps().await;
+    }
     let pushed = match &settings.push {
         Some(target) => {
             let sent = match (sent_early, early) {
