@@ -971,6 +971,29 @@ fn steps_on(diff_id: &Digest) -> Vec<String> {
         .collect()
 }
 
+/// An engine that loads every layer as a step of its own; None (said why) on the containerd
+/// image store, which loads in one request.
+fn stepping_engine(rt: &tokio::runtime::Runtime) -> Option<Engine> {
+    let engine = rt
+        .block_on(Engine::connect())
+        .unwrap()
+        .with_load_step_bytes(1);
+    if rt.block_on(engine.info()).unwrap().containerd_image_store {
+        gate::not_applicable("the daemon uses the containerd image store, which loads in one step");
+        return None;
+    }
+    Some(engine)
+}
+
+/// A gzip layer of one small file `path` holding `text`.
+fn text_layer(store: &BlobStore, path: &str, text: &str) -> cudastack::layer::Layer {
+    let contents =
+        LayerContents::from_entries([Entry::file_bytes(p(path), 0o644, text.as_bytes().to_vec())])
+            .unwrap();
+    let options = BuildOptions::new(EPOCH, Compression::Gzip { level: 1 });
+    layer::build(store, &contents, &options).unwrap()
+}
+
 /// A load sends a large image in steps, so that Docker's spool of the upload holds one
 /// step and not the whole image: every layer is registered in order, the image runs, and
 /// no step's image is left behind, whether the load succeeds or a step fails.
@@ -978,15 +1001,9 @@ fn steps_on(diff_id: &Digest) -> Vec<String> {
 fn a_load_in_steps_registers_every_layer_and_leaves_no_step_behind() {
     require_docker!();
     let rt = runtime();
-    // Every layer is a step of its own.
-    let engine = rt
-        .block_on(Engine::connect())
-        .unwrap()
-        .with_load_step_bytes(1);
-    if rt.block_on(engine.info()).unwrap().containerd_image_store {
-        gate::not_applicable("the daemon uses the containerd image store, which loads in one step");
+    let Some(engine) = stepping_engine(&rt) else {
         return;
-    }
+    };
     let work = tempfile::tempdir().unwrap();
     let store = BlobStore::open(work.path().join("store")).unwrap();
     let unique = format!("steps {}\n", std::process::id());
@@ -1000,16 +1017,8 @@ fn a_load_in_steps_registers_every_layer_and_leaves_no_step_behind() {
         Entry::symlink(p("bin/sh"), "busybox"),
         Entry::file_bytes(p("etc/one"), 0o644, unique.clone().into_bytes()),
     ]);
-    let two = layer_of(vec![Entry::file_bytes(
-        p("etc/two"),
-        0o644,
-        b"two\n".to_vec(),
-    )]);
-    let three = layer_of(vec![Entry::file_bytes(
-        p("etc/three"),
-        0o644,
-        b"three\n".to_vec(),
-    )]);
+    let two = text_layer(&store, "etc/two", "two\n");
+    let three = text_layer(&store, "etc/three", "three\n");
     let image = Image::new(EPOCH)
         .with_layer(base.clone(), "one")
         .with_layer(two.clone(), "two")
@@ -1083,11 +1092,7 @@ fn a_load_in_steps_registers_every_layer_and_leaves_no_step_behind() {
         media_type: oci_spec::image::MediaType::ImageLayer,
         blob,
     };
-    let broken_base = layer_of(vec![Entry::file_bytes(
-        p("etc/broken"),
-        0o644,
-        unique.into_bytes(),
-    )]);
+    let broken_base = text_layer(&store, "etc/broken", &unique);
     let broken = Image::new(EPOCH)
         .with_layer(broken_base.clone(), "one")
         .with_layer(junk, "junk")
@@ -1139,14 +1144,11 @@ fn a_step_a_dead_load_left_is_removed_and_a_live_ones_stays() {
     ];
     let mut images = Vec::new();
     for (name, who, until) in steps {
-        let contents = LayerContents::from_entries([Entry::file_bytes(
-            p("etc/step"),
-            0o644,
-            format!("{name} {}\n", std::process::id()).into_bytes(),
-        )])
-        .unwrap();
-        let options = BuildOptions::new(EPOCH, Compression::Gzip { level: 1 });
-        let layer = layer::build(&store, &contents, &options).unwrap();
+        let layer = text_layer(
+            &store,
+            "etc/step",
+            &format!("{name} {}\n", std::process::id()),
+        );
         let image = Image::new(EPOCH)
             .with_layer(layer, name)
             .with_label(cudastack::labels::LOAD_STEP_OWNER, &who.to_label())
@@ -1177,26 +1179,15 @@ fn a_step_a_dead_load_left_is_removed_and_a_live_ones_stays() {
 fn early_loads_go_in_bounded_steps_each_named_before_it_is_sent() {
     require_docker!();
     let rt = runtime();
-    let engine = rt
-        .block_on(Engine::connect())
-        .unwrap()
-        .with_load_step_bytes(1);
-    if rt.block_on(engine.info()).unwrap().containerd_image_store {
-        gate::not_applicable("the daemon uses the containerd image store: nothing loads early");
+    let Some(engine) = stepping_engine(&rt) else {
         return;
-    }
+    };
     let work = tempfile::tempdir().unwrap();
     let store = BlobStore::open(work.path().join("store")).unwrap();
     let layers: Vec<cudastack::layer::Layer> = (0..3)
         .map(|index| {
-            let contents = LayerContents::from_entries([Entry::file_bytes(
-                p(&format!("etc/early-{index}")),
-                0o644,
-                format!("{index} {}\n", std::process::id()).into_bytes(),
-            )])
-            .unwrap();
-            let options = BuildOptions::new(EPOCH, Compression::Gzip { level: 1 });
-            layer::build(&store, &contents, &options).unwrap()
+            let text = format!("{index} {}\n", std::process::id());
+            text_layer(&store, &format!("etc/early-{index}"), &text)
         })
         .collect();
     let loaded = std::sync::Mutex::new(Vec::new());
