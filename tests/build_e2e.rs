@@ -524,6 +524,22 @@ fn a_verified_build_loads_its_layers_while_it_builds() {
         Some(layers.len() as u64),
         "the probe's load sent layers the build could have loaded early: {probe}"
     );
+    // The build says what went early: every layer, in bounded steps, nothing stopped them.
+    let early = &report["early_load"];
+    assert_eq!(
+        early["layers"].as_u64(),
+        Some(layers.len() as u64),
+        "{early}"
+    );
+    let steps = early["steps"].as_u64().unwrap();
+    assert!((1..=layers.len() as u64).contains(&steps), "{early}");
+    let sizes: u64 = layers.iter().map(|l| l["size"].as_u64().unwrap()).sum();
+    assert!(early["bytes"].as_u64().unwrap() > sizes, "{early}");
+    assert!(early.get("stopped").is_none(), "{early}");
+    assert!(
+        stderr.contains("loaded into Docker while building"),
+        "{stderr}"
+    );
     let steps = Command::new("docker")
         .args(["images", "-aq", "--filter"])
         .arg(format!("label={}", cudastack::labels::LOAD_STEP_OWNER))

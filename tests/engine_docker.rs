@@ -1193,7 +1193,8 @@ fn early_loads_go_in_bounded_steps_each_named_before_it_is_sent() {
     let loaded = std::sync::Mutex::new(Vec::new());
     let nonce = cudastack::engine::load::load_nonce();
     let platform = (&oci_spec::image::Arch::Amd64, &oci_spec::image::Os::Linux);
-    rt.block_on(engine.load_layers(&layers, platform, &nonce, "early", &loaded))
+    let sent = rt
+        .block_on(engine.load_layers(&layers, platform, &nonce, "early", &loaded))
         .unwrap();
     let steps = loaded.into_inner().unwrap();
     let _cleanup: Vec<Cleanup> = steps
@@ -1204,12 +1205,20 @@ fn early_loads_go_in_bounded_steps_each_named_before_it_is_sent() {
         })
         .collect();
     assert_eq!(steps.len(), 3, "{steps:?}");
+    assert_eq!((sent.requests, sent.layers), (3, 3), "{sent:?}");
+    let blobs: u64 = layers.iter().map(|layer| layer.size).sum();
+    assert!(
+        sent.bytes > blobs,
+        "{sent:?}: the archives carry every blob"
+    );
     for step in &steps {
         assert!(rt.block_on(engine.image_exists(&step.to_string())).unwrap());
     }
     // All of them in the daemon: a second call sends nothing and names no step.
     let again = std::sync::Mutex::new(Vec::new());
-    rt.block_on(engine.load_layers(&layers, platform, &nonce, "early", &again))
+    let sent = rt
+        .block_on(engine.load_layers(&layers, platform, &nonce, "early", &again))
         .unwrap();
     assert!(again.into_inner().unwrap().is_empty());
+    assert_eq!(sent, cudastack::engine::StepsSent::default());
 }

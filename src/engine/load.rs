@@ -68,6 +68,17 @@ pub struct LoadReport {
     pub tags: Vec<String>,
 }
 
+/// What [`Engine::load_layers`] sent: nothing when the daemon had every layer.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StepsSent {
+    /// Load requests, one per step image.
+    pub requests: usize,
+    /// Layers sent in full (not as placeholders of layers the daemon had).
+    pub layers: usize,
+    /// Bytes of docker-archive streamed to the daemon.
+    pub bytes: u64,
+}
+
 /// Whether layers the daemon already has may be sent as empty placeholders.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Placeholders {
@@ -290,7 +301,7 @@ impl Engine {
     /// [`load_nonce`], the same for every call of one image's loads. Without the signal
     /// handling of [`Self::load_stored`]: a signal ends the process as it would have, the
     /// daemon creates nothing from the truncated upload, and a later load removes the
-    /// steps ([`Self::reap_load_steps`]).
+    /// steps ([`Self::reap_load_steps`]). Returns what was sent.
     pub async fn load_layers(
         &self,
         layers: &[Layer],
@@ -298,9 +309,10 @@ impl Engine {
         nonce: &str,
         origin: &str,
         loaded: &std::sync::Mutex<Vec<Digest>>,
-    ) -> Result<(), EngineError> {
+    ) -> Result<StepsSent, EngineError> {
+        let mut sent = StepsSent::default();
         if self.info().await?.containerd_image_store {
-            return Ok(());
+            return Ok(sent);
         }
         let (architecture, os) = platform;
         let whole = step_image(layers, architecture, os, nonce)?;
@@ -318,7 +330,7 @@ impl Engine {
                 .writer
                 .join()
                 .expect("the archive writer does not panic");
-            outcome(written, answer.failure, origin)?;
+            sent.bytes += outcome(written, answer.failure, origin)?;
             if !self.image_exists(&id.to_string()).await? {
                 return Err(EngineError::LoadMismatch {
                     layout: origin.to_string(),
@@ -326,9 +338,11 @@ impl Engine {
                     said: answer.messages.join("; "),
                 });
             }
+            sent.requests += 1;
+            sent.layers += end - below;
             below = end;
         }
-        Ok(())
+        Ok(sent)
     }
 
     /// Remove the step images a dead process left (see [`step_image`]); best effort, as

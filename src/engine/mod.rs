@@ -28,7 +28,7 @@ use std::time::Duration;
 use bollard::Docker;
 
 pub use image::DaemonImage;
-pub use load::LoadReport;
+pub use load::{LoadReport, StepsSent};
 pub use run::{GpuRequest, RunOutcome, RunSpec};
 
 use crate::digest::Digest;

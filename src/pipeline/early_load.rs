@@ -15,17 +15,21 @@
 //!
 //! Loading early is an optimisation, never a reason to fail: a daemon that cannot be
 //! reached or refuses a step stops the early loads, and the load after the build sends
-//! what the daemon lacks.
+//! what the daemon lacks. What they did is reported ([`EarlyLoadReport`]: `build --json`'s
+//! `early_load`), with why they stopped when they did.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::Serialize;
 
 use oci_spec::image::{Arch, Os};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::digest::Digest;
-use crate::engine::Engine;
+use crate::engine::{Engine, StepsSent};
 use crate::fetch::progress::Reporter;
 use crate::layer::Layer;
 use crate::stack::BuildProgress;
@@ -47,6 +51,48 @@ enum Event {
     BuildOver,
 }
 
+/// What the early loads sent into Docker while the build went on: `build --json`'s
+/// `early_load`. The load after the build ([`crate::engine::LoadReport`]) found these
+/// layers present and sent the rest.
+#[derive(Debug, Default, Clone, PartialEq, Serialize)]
+pub struct EarlyLoadReport {
+    /// Step images loaded (one request each).
+    pub steps: usize,
+    /// Layers they sent in full, from the image's bottom.
+    pub layers: usize,
+    /// Bytes of docker-archive streamed to the daemon.
+    pub bytes: u64,
+    /// Seconds the steps took, beside the build.
+    pub seconds: f64,
+    /// Why the early loads stopped before the build ended, when they did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+}
+
+impl EarlyLoadReport {
+    fn add(&mut self, sent: StepsSent, seconds: f64) {
+        self.steps += sent.requests;
+        self.layers += sent.layers;
+        self.bytes += sent.bytes;
+        self.seconds += seconds;
+    }
+
+    /// The status line: what went early, or why nothing did.
+    pub fn summary(&self) -> String {
+        let sent = format!(
+            "{} layers ({:.1} MiB) loaded into Docker while building, in {} steps, {:.1}s",
+            self.layers,
+            self.bytes as f64 / (1 << 20) as f64,
+            self.steps,
+            self.seconds
+        );
+        match &self.stopped {
+            Some(why) => format!("{sent}; then stopped: {why}"),
+            None => sent,
+        }
+    }
+}
+
 /// The early loads of one build: started before it, fed through [`Self::progress`].
 pub struct EarlyLoads {
     sender: mpsc::UnboundedSender<Event>,
@@ -54,6 +100,8 @@ pub struct EarlyLoads {
     /// The step images loaded so far, for [`Self::remove_steps`] (kept outside the task,
     /// which may be aborted).
     steps: Arc<Mutex<Vec<Digest>>>,
+    /// What was sent so far (kept outside the task too).
+    report: Arc<Mutex<EarlyLoadReport>>,
 }
 
 impl EarlyLoads {
@@ -62,12 +110,24 @@ impl EarlyLoads {
     pub fn start(architecture: Arch, os: Os) -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
         let steps = Arc::new(Mutex::new(Vec::new()));
-        let task = tokio::spawn(load_ready_layers(receiver, architecture, os, steps.clone()));
+        let report = Arc::new(Mutex::new(EarlyLoadReport::default()));
+        let task = tokio::spawn(load_ready_layers(
+            receiver,
+            (architecture, os),
+            steps.clone(),
+            report.clone(),
+        ));
         EarlyLoads {
             sender,
             task: Some(task),
             steps,
+            report,
         }
+    }
+
+    /// What the early loads sent so far.
+    pub fn report(&self) -> EarlyLoadReport {
+        self.report.lock().expect("no panic holds it").clone()
     }
 
     /// `inner`, plus the plan and every ready layer handed to the load task.
@@ -185,10 +245,11 @@ impl Progress {
 
 async fn load_ready_layers(
     mut receiver: mpsc::UnboundedReceiver<Event>,
-    architecture: Arch,
-    os: Os,
+    (architecture, os): (Arch, Os),
     steps: Arc<Mutex<Vec<Digest>>>,
+    report: Arc<Mutex<EarlyLoadReport>>,
 ) {
+    let stopped = |why: String| report.lock().expect("no panic holds it").stopped = Some(why);
     let nonce = crate::engine::load::load_nonce();
     let mut engine = None;
     let mut progress = Progress::default();
@@ -212,20 +273,27 @@ async fn load_ready_layers(
         if engine.is_none() {
             match Engine::connect().await {
                 Ok(connected) => engine = Some(connected),
-                Err(_) => return, // the verification says why, if it needs the daemon
+                Err(error) => return stopped(error.to_string()),
             }
         }
         let engine = engine.as_ref().expect("connected above");
         let platform = (&architecture, &os);
         let origin = "the build's lower layers";
-        if let Err(error) = engine
+        let started = Instant::now();
+        match engine
             .load_layers(&bottom, platform, &nonce, origin, &steps)
             .await
         {
-            tracing::warn!(
-                "loading the lower layers early failed; they go with the image: {error}"
-            );
-            return;
+            Ok(sent) => report
+                .lock()
+                .expect("no panic holds it")
+                .add(sent, started.elapsed().as_secs_f64()),
+            Err(error) => {
+                tracing::warn!(
+                    "loading the lower layers early failed; they go with the image: {error}"
+                );
+                return stopped(error.to_string());
+            }
         }
         progress.loaded = bottom.len();
     }
@@ -245,6 +313,27 @@ mod tests {
             blob: std::path::PathBuf::new(),
         };
         (name.to_string(), layer)
+    }
+
+    #[test]
+    fn the_report_adds_up_the_steps_and_says_why_they_stopped() {
+        let mut report = EarlyLoadReport::default();
+        let sent = |requests, layers, mib: u64| StepsSent {
+            requests,
+            layers,
+            bytes: mib << 20,
+        };
+        report.add(sent(2, 5, 3), 1.5);
+        report.add(sent(1, 1, 1), 0.5);
+        assert_eq!((report.steps, report.layers, report.bytes), (3, 6, 4 << 20));
+        assert_eq!(
+            report.summary(),
+            "6 layers (4.0 MiB) loaded into Docker while building, in 3 steps, 2.0s"
+        );
+        report.stopped = Some("the daemon refused".into());
+        assert!(report
+            .summary()
+            .ends_with("; then stopped: the daemon refused"));
     }
 
     #[test]

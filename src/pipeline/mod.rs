@@ -190,6 +190,9 @@ pub struct PipelineReport {
     /// The statements signed (`--sign-key`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub signed: Vec<crate::attest::store::Signed>,
+    /// What went into Docker while the build ran, when a load followed it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub early_load: Option<early_load::EarlyLoadReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load: Option<LoadReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -280,8 +283,14 @@ async fn stages(
     };
     // The load after the build must find the early loads' layers, not race them.
     let mut early_loads = early_loads;
+    let mut early_load = None;
     if let Some(loads) = early_loads.as_deref_mut() {
         loads.finish().await;
+        let report = loads.report();
+        if report.steps > 0 || report.stopped.is_some() {
+            progress.status(&report.summary());
+        }
+        early_load = Some(report);
     }
     attest::after_build(&settings.build, &built, progress)?;
     // A failed upload fails the build now, before a verification that would be wasted.
@@ -356,6 +365,7 @@ async fn stages(
         build: built,
         verify: verified,
         signed,
+        early_load,
         load: loaded,
         push: pushed,
     })
@@ -500,6 +510,7 @@ mod tests {
             build: built(Some("latest")),
             verify: None,
             signed: Vec::new(),
+            early_load: None,
             load: None,
             push: None,
         };
@@ -525,6 +536,7 @@ mod tests {
             build: built(Some("latest")),
             verify: None,
             signed: Vec::new(),
+            early_load: None,
             load: Some(load.clone()),
             push: None,
         };
