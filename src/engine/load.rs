@@ -83,7 +83,9 @@ pub struct StepsSent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Placeholders {
     Allowed,
-    /// Every layer in full: the retry after the daemon lost a layer mid-load.
+    /// Every layer in full: the retry after the daemon lost a layer mid-load. Still in
+    /// steps: a step's placeholders stand only for the layers of the step before, which
+    /// this load's own step image holds.
     None,
 }
 
@@ -216,11 +218,11 @@ impl Engine {
             Placeholders::Allowed => self.present_layer_prefix(image).await?,
             Placeholders::None => 0,
         };
-        let steps = match placeholders {
-            Placeholders::Allowed if !self.info().await?.containerd_image_store => {
-                step_ends(&image.layers, layers_present, self.load_step_bytes)
-            }
-            _ => Vec::new(),
+        // containerd's importer needs every blob of every load: one request there.
+        let steps = if self.info().await?.containerd_image_store {
+            Vec::new()
+        } else {
+            step_ends(&image.layers, layers_present, self.load_step_bytes)
         };
         let mut step_images = Vec::new();
         let result = self
