@@ -194,7 +194,7 @@ start_registry "$WORK/registry"
 log "1. cudastack: cold build of $NAME (gzip layout)"
 timed cold "$BIN" --json build "$R1" --no-verify --cache-dir "$WORK/cache" --layout "$WORK/img1" > "$WORK/cold.json"
 CACHE_BYTES=$(du -sb "$WORK/cache" | cut -f1)
-CACHE_KINDS=$(for kind in blobs staging layers; do printf '%s %s, ' "$kind" "$(gib "$(du -sb "$WORK/cache/$kind" | cut -f1)")"; done)
+CACHE_KINDS=$(for kind in blobs staging layers; do printf '%s %s' "$kind" "$(gib "$(du -sb "$WORK/cache/$kind" | cut -f1)")"; done | sed 's/GiB\([a-z]\)/GiB, \1/g')
 log "cold: ${SECS[cold]} s, peak RSS ${RSS[cold]} MiB, cache $(gib "$CACHE_BYTES")"
 
 log "cudastack: no-op rebuild"
@@ -212,10 +212,11 @@ timed code "$BIN" --json build "$R1" --no-verify --cache-dir "$WORK/cache" --lay
 CODE_REBUILT=$(jq -r '[.layers[] | select(.cached | not) | .name] | join(", ")' "$WORK/code.json")
 timed push_code "$BIN" push "$WORK/img1" "$REG/bench:1" --json > "$WORK/push-code.json"
 
-# The layer media types of a layout's images.
+# The layer media types of a layout's images (not of the referrers stored beside them: SBOMs,
+# provenance, which have artifact types).
 layer_media() { # layout dir
     local manifest
-    for manifest in $(jq -r '.manifests[].digest | sub("^sha256:"; "")' "$1/index.json"); do
+    for manifest in $(jq -r '.manifests[] | select(.artifactType == null) | .digest | sub("^sha256:"; "")' "$1/index.json"); do
         jq -r '.layers[]?.mediaType' "$1/blobs/sha256/$manifest"
     done | sort -u | sed 's/^application\/vnd.oci.image.layer.v1.//' | paste -sd, -
 }
