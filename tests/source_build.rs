@@ -567,6 +567,10 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
         reason.report();
         return;
     }
+    if let Some(reason) = crate::registry_support::skip_reason() {
+        reason.report();
+        return;
+    }
     let server = FixtureServer::start();
     publish(
         &server,
@@ -624,6 +628,9 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
     // from coinciding with a large image in Docker.
     let _slot = e2e_support::large_image_slot();
     let cache = work.path().join("cache");
+    // The wheels are shared through a registry (`--wheel-cache`).
+    let registry = crate::registry_support::Registry::start(None);
+    let wheel_cache = format!("{}/team/wheels", registry.host());
     let build = |layout: &str| {
         let started = std::time::Instant::now();
         let (_, log) = cudastack(&[
@@ -633,6 +640,8 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
             work.path().join(layout).as_os_str(),
             "--cache-dir".as_ref(),
             cache.as_os_str(),
+            "--wheel-cache".as_ref(),
+            wheel_cache.as_ref(),
         ]);
         eprintln!(
             "build into {layout}: {:.0} s\n{log}",
@@ -641,11 +650,35 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
         log
     };
     let first = build("layout-a");
-    let second = build("layout-b");
     for package in ["cuda-ext 0.1.0", "torchsort 0.1.10"] {
         assert!(
             first.lines().any(|l| l.contains(package) && (l.contains(": built ") || l.contains(": reused "))),
             "{package}:\n{first}"
+        );
+        assert!(
+            first
+                .lines()
+                .any(|l| l.contains(package) && l.contains(": shared its wheel as ")),
+            "{package} was not shared:\n{first}"
+        );
+    }
+    // A second build host: the stack's downloads and layers are in its cache, but not the
+    // compiled wheels (their entries are removed). It fetches them from the registry and
+    // compiles nothing, and makes the same image.
+    let source_builds = cache.join("source-builds");
+    for entry in std::fs::read_dir(&source_builds).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path).unwrap();
+        }
+    }
+    let second = build("layout-b");
+    for package in ["cuda-ext 0.1.0", "torchsort 0.1.10"] {
+        assert!(
+            second
+                .lines()
+                .any(|l| l.contains(package) && l.contains(": fetched its wheel from ")),
+            "{package} was not fetched:\n{second}"
         );
         assert!(
             second
@@ -655,8 +688,23 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
         );
     }
     assert!(
-        !second.contains("building "),
+        !second.contains("building ") && !second.contains("staging the devel stack"),
         "the compiler ran again:\n{second}"
+    );
+    let digest = |layout: &str| {
+        let index: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(work.path().join(layout).join("index.json")).unwrap(),
+        )
+        .unwrap();
+        index["manifests"][0]["digest"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        digest("layout-a"),
+        digest("layout-b"),
+        "the image made with fetched wheels differs"
     );
 
     // The image records what was built, with the wheels' sha256.

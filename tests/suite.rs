@@ -88,6 +88,7 @@ mod registry_referrers_budget;
 mod registry_trust;
 mod release_binary;
 mod sbom;
+mod shared_wheels;
 mod sign_keys;
 mod skip_gate;
 mod source_build;

@@ -10,10 +10,12 @@ use clap::{Args, ValueEnum};
 use cudastack::base_root::rootless::BuildMode;
 use cudastack::fetch::progress::{IndicatifReporter, NoReporter, Reporter};
 use cudastack::layer::{Compression, DEFAULT_GZIP_LEVEL};
+use cudastack::pipeline::shared_wheels::SharedWheels;
 use cudastack::pipeline::{
     build_verify_publish, PipelineReport, PipelineSettings, PushSettings, PushTarget,
 };
 use cudastack::registry::Reference;
+use cudastack::sign::key::{KeySource, PublicKey};
 use cudastack::stack::{human_bytes, BuildProgress, BuildSettings};
 
 use super::args::{CacheArgs, RegistryArgs};
@@ -82,6 +84,21 @@ pub struct BuildArgs {
     push: Option<String>,
     #[command(flatten)]
     registry_args: RegistryArgs,
+    /// A registry repository where the wheels of source builds (the recipe's `build:`)
+    /// are shared: a wheel the local cache lacks is fetched from it when a build with the
+    /// same inputs put it there, and a wheel built here is pushed to it
+    /// (docs/source-builds.md). Name one only your builders can push to.
+    #[arg(
+        long,
+        value_name = "REGISTRY/REPOSITORY",
+        env = "CUDASTACK_WHEEL_CACHE"
+    )]
+    wheel_cache: Option<String>,
+    /// Take a wheel from `--wheel-cache` only when this public key (cosign.pub, or
+    /// env://VAR) signed it (repeatable: any of them). A build with `--sign-key` signs the
+    /// wheels it shares.
+    #[arg(long, value_name = "KEY", requires = "wheel_cache")]
+    wheel_cache_key: Vec<std::ffi::OsString>,
     /// Also load the image into the Docker daemon (DOCKER_HOST or the default socket),
     /// tagged with the image's tags (the recipe's, --tag's, --push's name).
     #[arg(long)]
@@ -186,6 +203,33 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
     );
     let cache_root = args.cache.root();
     let mut tags = args.tags;
+    let sign_key = args.sign.load()?;
+    // Resolved once (stdin is read once), and only when a registry is named.
+    let registry_args = if args.push.is_some() || args.wheel_cache.is_some() {
+        Some(args.registry_args.resolve()?)
+    } else {
+        None
+    };
+    let registry_args = registry_args.as_ref();
+    let wheel_cache = match args.wheel_cache.as_deref() {
+        Some(text) => {
+            let reference: Reference = text.parse()?;
+            let client = registry_args
+                .expect("resolved when a registry is named")
+                .client_options(&reference)?;
+            let trusted = args
+                .wheel_cache_key
+                .iter()
+                .map(|key| PublicKey::load(&KeySource::parse(key)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let shared = SharedWheels::new(&reference, client)?.trusting(trusted);
+            Some(match &sign_key {
+                Some(key) => shared.signed_with(key.clone()),
+                None => shared,
+            })
+        }
+        None => None,
+    };
     let push = match args.push.as_deref() {
         Some(text) => {
             let reference: Reference = text.parse()?;
@@ -198,7 +242,9 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
                 };
                 tags.push(tagged.to_string());
             }
-            let client = args.registry_args.resolve()?.client_options(&reference)?;
+            let client = registry_args
+                .expect("resolved when a registry is named")
+                .client_options(&reference)?;
             Some(PushTarget {
                 reference,
                 client,
@@ -242,7 +288,8 @@ fn settings(args: BuildArgs) -> Result<PipelineSettings, Box<dyn std::error::Err
         verify: !args.no_verify,
         load: args.load,
         push,
-        sign_key: args.sign.load()?,
+        sign_key,
+        wheel_cache,
     })
 }
 

@@ -5,7 +5,8 @@
 //! ```text
 //! recipe, resolved once     matrix::ResolvedRecipe (validated: platforms, GPUs, torch build)
 //!   -> inputs per platform   stack::prepare_platform (the lock, fetched wheels and .debs)
-//!   -> source builds         source_build::add_built_wheels (the `build:` sdists' wheels)
+//!   -> source builds         source_build::add_built_wheels (the `build:` sdists' wheels,
+//!                            fetched from and shared through `--wheel-cache`: shared_wheels)
 //!   -> assembly              stack::assemble (layers, audit, config, labels)
 //!   -> output                stack::write_output (the layout, its refs and tags)
 //! ```
@@ -17,12 +18,13 @@
 
 use std::path::Path;
 
+use super::shared_wheels::SharedWheels;
 use super::PipelineError;
 use crate::cache::{BlobStore, Staging};
 use crate::layer::{BuildOptions, LayerCache};
 use crate::matrix::{Matrix, ResolveError, ResolvedRecipe};
 use crate::recipe::Platform;
-use crate::source_build::add_built_wheels;
+use crate::source_build::{add_built_wheels, plan_builds};
 use crate::stack::{
     assemble, image_tags, prepare_platform, source_date_epoch, write_output, BuildEnv, BuildError,
     BuildProgress, BuildReport, BuildSettings,
@@ -41,12 +43,14 @@ pub fn resolve_for_build(path: &Path, matrix: &Matrix) -> Result<ResolvedRecipe,
 }
 
 /// Build the image of `resolved` (the recipe at `settings.recipe_path`): gather every
-/// platform's inputs (with the wheels of its source builds), assemble each platform's
-/// layers, write the layout.
+/// platform's inputs (with the wheels of its source builds, fetched from and shared
+/// through `wheel_cache` when there is one), assemble each platform's layers, write the
+/// layout.
 pub async fn build(
     settings: &BuildSettings,
     resolved: &ResolvedRecipe,
     matrix: &Matrix,
+    wheel_cache: Option<&SharedWheels>,
     progress: &dyn BuildProgress,
 ) -> Result<BuildReport, PipelineError> {
     let recipe = resolved.recipe();
@@ -71,8 +75,17 @@ pub async fn build(
             settings, matrix, resolved, platform, &store, &staging, progress,
         )
         .await?;
-        // The wheels of the recipe's `build:` sdists, built or from the cache.
-        add_built_wheels(settings, &mut prepared, &store, &env).await?;
+        // The wheels of the recipe's `build:` sdists, built or from a cache.
+        let planned = plan_builds(&prepared)?;
+        if let (Some(shared), false) = (wheel_cache, planned.is_empty()) {
+            shared
+                .fetch_missing(&settings.cache_root, &planned, &store, progress)
+                .await;
+        }
+        add_built_wheels(settings, &mut prepared, planned.clone(), &store, &env).await?;
+        if let (Some(shared), false) = (wheel_cache, planned.is_empty()) {
+            shared.share(&settings.cache_root, &planned, progress).await;
+        }
         inputs.push(prepared);
     }
     let mut assembled = Vec::new();

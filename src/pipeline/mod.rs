@@ -25,6 +25,7 @@ pub mod promote;
 pub mod push;
 pub mod record;
 pub mod sbom;
+pub mod shared_wheels;
 pub mod signed;
 pub mod verify;
 
@@ -176,6 +177,8 @@ pub struct PipelineSettings {
     /// Sign the image's statements (SBOM, provenance, verification) before loading and
     /// pushing (`--sign-key`).
     pub sign_key: Option<crate::sign::key::SigningKey>,
+    /// Where the wheels of source builds are fetched from and shared to (`--wheel-cache`).
+    pub wheel_cache: Option<shared_wheels::SharedWheels>,
 }
 
 /// What the pipeline did, stage by stage. Serialised as `build --json`: the build report's
@@ -275,11 +278,22 @@ async fn stages(
                 &settings.build,
                 resolved,
                 matrix,
+                settings.wheel_cache.as_ref(),
                 &early.progress(build_progress),
             )
             .await?
         }
-        None => build(&settings.build, resolved, matrix, build_progress).await?,
+        None => {
+            let wheel_cache = settings.wheel_cache.as_ref();
+            build(
+                &settings.build,
+                resolved,
+                matrix,
+                wheel_cache,
+                build_progress,
+            )
+            .await?
+        }
     };
     // The load after the build must find the early loads' layers, not race them.
     let mut early_loads = early_loads;

@@ -25,7 +25,9 @@
 //! The wheel is cached by its inputs ([`BuildKey`]: the sdist's sha256, the builder's
 //! artifacts, the arch list, the entry's env, the timestamp), next to its build log, under
 //! the cache directory's `source-builds/<key>/`; a rebuild with the same inputs runs no
-//! compiler.
+//! compiler. An entry can also come from elsewhere, whole and checked
+//! ([`store_fetched_wheel`]): `crate::pipeline::shared_wheels` shares entries through a
+//! registry, so that one machine compiles and the others fetch.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -133,6 +135,13 @@ pub enum SourceBuildError {
     },
     #[error("the build of {package} {version} made `/build/out/{name}`, which cudastack does not install: {why}")]
     UnexpectedWheel {
+        package: String,
+        version: String,
+        name: String,
+        why: String,
+    },
+    #[error("a wheel of {package} {version} built elsewhere is named `{name}`, which cudastack does not install: {why}")]
+    FetchedWheelName {
         package: String,
         version: String,
         name: String,
@@ -302,30 +311,48 @@ pub fn build_env(
 
 /// A built (or reused) wheel of one sdist.
 #[derive(Debug, Clone)]
-pub(crate) struct BuiltWheel {
+pub struct BuiltWheel {
     pub package: String,
-    pub wheel: FetchedWheel,
+    pub(crate) wheel: FetchedWheel,
     pub log: PathBuf,
     /// Whether it came from the cache (no compiler ran).
     pub reused: bool,
 }
 
-/// Build (or take from the cache) the wheel of every sdist of `inputs.lock` and add it to
-/// `inputs.wheels`, so the Python layers install it. Nothing to do without sdists.
-pub(crate) async fn add_built_wheels(
-    settings: &BuildSettings,
-    inputs: &mut PlatformInputs<'_>,
-    store: &BlobStore,
-    env: &BuildEnv<'_>,
-) -> Result<Vec<BuiltWheel>, SourceBuildError> {
-    let sdists: Vec<Artifact> = of_kind(inputs, ArtifactKind::Sdist).cloned().collect();
+impl BuiltWheel {
+    /// Where the wheel is, in its cache entry.
+    pub fn path(&self) -> &Path {
+        &self.wheel.path
+    }
+
+    /// The wheel's sha256, as recorded when its entry was made and checked since.
+    pub fn sha256(&self) -> Digest {
+        self.wheel.sha256
+    }
+}
+
+/// One sdist the lock names, with what its build reads: the recipe's `build:` entry and
+/// the key its wheel is cached under.
+#[derive(Debug, Clone)]
+pub struct PlannedBuild {
+    pub sdist: Artifact,
+    pub entry: SourceBuild,
+    pub key: BuildKey,
+}
+
+/// The builds of every sdist of `inputs.lock`, planned: the key of each (nothing is
+/// read but the lock and the recipe). Empty without sdists.
+pub(crate) fn plan_builds(
+    inputs: &PlatformInputs<'_>,
+) -> Result<Vec<PlannedBuild>, SourceBuildError> {
+    let sdists: Vec<&Artifact> = of_kind(inputs, ArtifactKind::Sdist).collect();
     if sdists.is_empty() {
         return Ok(Vec::new());
     }
     let builder_digest = builder_digest(&inputs.lock.artifacts);
     let epoch = source_date_epoch(inputs.recipe)?;
     let mut planned = Vec::new();
-    for sdist in &sdists {
+    for sdist in sdists {
         let entry = inputs
             .recipe
             .build
@@ -351,12 +378,28 @@ pub(crate) async fn add_built_wheels(
             env: entry.env.clone(),
             source_date_epoch: epoch,
         };
-        planned.push((sdist.clone(), entry, key));
+        planned.push(PlannedBuild {
+            sdist: sdist.clone(),
+            entry,
+            key,
+        });
     }
+    Ok(planned)
+}
+
+/// Build (or take from the cache) the wheel of every `planned` build ([`plan_builds`])
+/// and add it to `inputs.wheels`, so the Python layers install it.
+pub(crate) async fn add_built_wheels(
+    settings: &BuildSettings,
+    inputs: &mut PlatformInputs<'_>,
+    planned: Vec<PlannedBuild>,
+    store: &BlobStore,
+    env: &BuildEnv<'_>,
+) -> Result<Vec<BuiltWheel>, SourceBuildError> {
     let mut built = Vec::new();
     let mut missing = Vec::new();
-    for (sdist, entry, key) in planned {
-        match cached(&settings.cache_root, &key)? {
+    for PlannedBuild { sdist, entry, key } in planned {
+        match cached_wheel(&settings.cache_root, &key)? {
             Some(wheel) => built.push(wheel),
             None => missing.push((sdist, entry, key)),
         }
@@ -426,14 +469,18 @@ fn builder_digest(artifacts: &[Artifact]) -> Digest {
 
 /// `<cache>/source-builds/<key>`: the wheel, `build.log`, `key.json`, and the `complete`
 /// marker written last.
-fn entry_dir(cache_root: &Path, key: &BuildKey) -> PathBuf {
+pub fn entry_dir(cache_root: &Path, key: &BuildKey) -> PathBuf {
     CacheDir::new(cache_root)
         .source_builds()
         .join(key.digest().hex())
 }
 
-/// The cached wheel of `key`, if a build with the same inputs finished before.
-fn cached(cache_root: &Path, key: &BuildKey) -> Result<Option<BuiltWheel>, SourceBuildError> {
+/// The cached wheel of `key`, if a build with the same inputs finished before (here, or
+/// elsewhere and fetched).
+pub fn cached_wheel(
+    cache_root: &Path,
+    key: &BuildKey,
+) -> Result<Option<BuiltWheel>, SourceBuildError> {
     let dir = entry_dir(cache_root, key);
     if !dir.join("complete").is_file() {
         return Ok(None);
@@ -734,7 +781,7 @@ fn build_one(
     // One build of a key at a time on a cache: a second build waits, then reuses.
     let lock_path = final_dir.with_extension("lock");
     let _held = crate::atomic_file::lock(&lock_path).map_err(io_error(&lock_path))?;
-    if let Some(done) = cached(&settings.cache_root, key)? {
+    if let Some(done) = cached_wheel(&settings.cache_root, key)? {
         return Ok(done);
     }
     let build = root.join("build");
@@ -791,7 +838,6 @@ fn build_one(
         }
     };
     let seconds = started.elapsed().as_secs_f64();
-    let final_log = final_dir.join("build.log");
     if !status.success() {
         let kept = keep_failed_log(&log, &final_dir)?;
         return Err(SourceBuildError::Failed {
@@ -811,32 +857,99 @@ fn build_one(
             log: keep_failed_log(&log, &final_dir)?,
         });
     };
-    check_built_wheel(name, sdist)?;
-    let target = partial.path().join(name);
-    copy_out(file, &target)?;
-    let sha256 = file_sha256(&target)?;
+    check_built_wheel(name, key)?;
+    copy_out(file, &partial.path().join(name))?;
+    let mut wheel = finish_entry(
+        partial,
+        &final_dir,
+        key,
+        name,
+        &format!("built in {seconds:.1} s"),
+    )?;
+    wheel.reused = false;
+    Ok(wheel)
+}
+
+/// Make `partial` (holding the wheel `name` of `key`, and its `build.log` if any) the
+/// cache entry `final_dir`: `key.json`, then the `complete` record (`how` the wheel came,
+/// its sha256 and name), then one rename, so that an entry is whole or absent.
+fn finish_entry(
+    partial: tempfile::TempDir,
+    final_dir: &Path,
+    key: &BuildKey,
+    name: &str,
+    how: &str,
+) -> Result<BuiltWheel, SourceBuildError> {
+    let sha256 = file_sha256(&partial.path().join(name))?;
     let key_json = serde_json::to_vec_pretty(key).expect("serialises");
     crate::atomic_file::write(&partial.path().join("key.json"), &key_json)
         .map_err(io_error(partial.path()))?;
     crate::atomic_file::write(
         &partial.path().join("complete"),
-        format!("built in {seconds:.1} s\nsha256 {} {name}\n", sha256.hex(),).as_bytes(),
+        format!("{how}\nsha256 {} {name}\n", sha256.hex()).as_bytes(),
     )
     .map_err(io_error(partial.path()))?;
-    let _ = fs_err::remove_dir_all(&final_dir);
+    let _ = fs_err::remove_dir_all(final_dir);
     let kept = partial.keep();
-    fs_err::rename(&kept, &final_dir).map_err(io_error(&final_dir))?;
-    let path = final_dir.join(name);
+    fs_err::rename(&kept, final_dir).map_err(io_error(final_dir))?;
     Ok(BuiltWheel {
-        package: sdist.name.clone(),
+        package: key.package.clone(),
         wheel: FetchedWheel {
-            path,
+            path: final_dir.join(name),
             sha256,
-            version: sdist.version.clone(),
+            version: key.version.clone(),
         },
-        log: final_log,
-        reused: false,
+        log: final_dir.join("build.log"),
+        reused: true,
     })
+}
+
+/// Put a wheel of `key` that was built elsewhere (`wheel`: a file of the blob store,
+/// checked against the digest its source gave) into the cache as that key's entry, with
+/// its build `log`: `how` says where it came from. Its name must be a wheel of the key's
+/// package and version, as a local build's must. Whole or not at all; a concurrent build
+/// of the same key is waited for, and an entry it finished is kept.
+pub fn store_fetched_wheel(
+    cache_root: &Path,
+    key: &BuildKey,
+    name: &str,
+    wheel: &Path,
+    log: &[u8],
+    how: &str,
+) -> Result<BuiltWheel, SourceBuildError> {
+    check_wheel_name(name, key)?;
+    let final_dir = entry_dir(cache_root, key);
+    let parent = final_dir.parent().expect("an entry has a parent");
+    fs_err::create_dir_all(parent).map_err(io_error(parent))?;
+    let lock_path = final_dir.with_extension("lock");
+    let _held = crate::atomic_file::lock(&lock_path).map_err(io_error(&lock_path))?;
+    if let Some(done) = cached_wheel(cache_root, key)? {
+        return Ok(done);
+    }
+    let partial = tempfile::Builder::new()
+        .prefix(".partial-")
+        .tempdir_in(parent)
+        .map_err(io_error(parent))?;
+    let target = partial.path().join(name);
+    fs_err::copy(wheel, &target).map_err(io_error(&target))?;
+    let log_path = partial.path().join("build.log");
+    crate::atomic_file::write(&log_path, log).map_err(io_error(&log_path))?;
+    finish_entry(partial, &final_dir, key, name, how)
+}
+
+/// Refused unless `name` is one file name (never a path out of an entry), of a wheel of
+/// the key's own package and version: what a wheel from elsewhere must be called, checked
+/// before it is fetched.
+pub fn check_wheel_name(name: &str, key: &BuildKey) -> Result<(), SourceBuildError> {
+    crate::fetch::file_name::FileName::new(name)
+        .map_err(|error| error.to_string())
+        .and_then(|_| wheel_of(name, key))
+        .map_err(|why| SourceBuildError::FetchedWheelName {
+            package: key.package.clone(),
+            version: key.version.clone(),
+            name: name.to_string(),
+            why,
+        })
 }
 
 /// The uid and gid the build runs as (nobody): root in the chroot could leave it, and
@@ -864,27 +977,31 @@ fn give_to_builder(build: &Path) -> Result<(), SourceBuildError> {
 
 /// The build's output is named for the sdist's own name and version (a `setup.py` saying
 /// `name="torch"` must not install torch under the sdist's name).
-fn check_built_wheel(name: &str, sdist: &Artifact) -> Result<(), SourceBuildError> {
-    let refuse = |why: String| SourceBuildError::UnexpectedWheel {
-        package: sdist.name.clone(),
+fn check_built_wheel(name: &str, sdist: &BuildKey) -> Result<(), SourceBuildError> {
+    wheel_of(name, sdist).map_err(|why| SourceBuildError::UnexpectedWheel {
+        package: sdist.package.clone(),
         version: sdist.version.clone(),
         name: name.to_string(),
         why,
-    };
+    })
+}
+
+/// Why `name` is not a wheel file name of `sdist`'s own package and version, if it is not.
+fn wheel_of(name: &str, sdist: &BuildKey) -> Result<(), String> {
     let parsed: crate::names::WheelFilename = name
         .parse()
-        .map_err(|e| refuse(format!("its name is no wheel file name ({e})")))?;
+        .map_err(|e| format!("its name is no wheel file name ({e})"))?;
     let same_name = crate::names::normalize_name(parsed.name.as_ref())
-        == crate::names::normalize_name(&sdist.name);
+        == crate::names::normalize_name(&sdist.package);
     let same_version = sdist
         .version
         .parse::<pep440_rs::Version>()
         .is_ok_and(|version| version == parsed.version);
     if !same_name || !same_version {
-        return Err(refuse(format!(
+        return Err(format!(
             "it is {} {}, not the sdist's {} {}",
-            parsed.name, parsed.version, sdist.name, sdist.version
-        )));
+            parsed.name, parsed.version, sdist.package, sdist.version
+        ));
     }
     Ok(())
 }
