@@ -148,7 +148,10 @@ if ! wait "$probe_builder"; then
 fi
 probe_builder=""
 sed 's/^/probes: /' "$probe_log" >&2
-cargo test --locked --all-targets -- --test-threads="${CUDASTACK_TEST_THREADS:-2}" 2>&1 | tee "$test_log"
+# Four threads on two cores: most tests wait on Docker, a registry or a subprocess, not on the
+# CPU; the tests that put a large image on the disk take e2e_support::large_image_slot, one at a
+# time, whatever the thread count.
+cargo test --locked --all-targets -- --test-threads="${CUDASTACK_TEST_THREADS:-4}" 2>&1 | tee "$test_log"
 # Source builds compile against a CUDA 13 stack of their own (~11 GB of downloads, staged trees
 # and layers while the test runs, in a cache it removes). They run after the suite so that
 # they never share the disk with the torch images the other tests load; on CI, whose disk is
