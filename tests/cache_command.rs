@@ -312,3 +312,83 @@ fn cache_lists_every_kind_of_an_empty_cache() {
     );
     assert!(String::from_utf8_lossy(&pruned.stdout).contains("nothing unused"));
 }
+
+/// Built wheels (`source-builds/<key>/`, docs/source-builds.md) are listed as their own kind
+/// and pruned like the rest: an entry no build used since the cutoff goes (its `complete`
+/// record first), one whose key lock a build holds stays, a fresh one stays, and a builder
+/// root a killed build left goes.
+#[test]
+fn built_wheels_are_listed_and_pruned_when_unused_and_unheld() {
+    use cudastack::source_build::{entry_dir, store_fetched_wheel, BuildKey};
+    let work = tempfile::tempdir().unwrap();
+    let cache = work.path().join("cache");
+    let dist = work.path().join("dist");
+    std::fs::create_dir_all(&dist).unwrap();
+    let files = [("cuda_ext/__init__.py", b"X = 1\n".to_vec())];
+    let wheel =
+        e2e_support::stand_in::write_wheel(&dist, Target::X86_64, "cuda-ext", "0.1.0", &files);
+    let name = wheel.file_name().unwrap().to_string_lossy().into_owned();
+    let key = |arch_list: &str| BuildKey {
+        builder: "source-build-test",
+        package: "cuda-ext".into(),
+        version: "0.1.0".into(),
+        sdist_sha256: cudastack::digest::Digest::of_bytes(b"sdist"),
+        builder_digest: cudastack::digest::Digest::of_bytes(b"builder"),
+        arch_list: arch_list.into(),
+        env: Default::default(),
+        source_date_epoch: 0,
+    };
+    let (old, held, fresh) = (key("8.0+PTX"), key("8.9+PTX"), key("9.0+PTX"));
+    for built in [&old, &held, &fresh] {
+        store_fetched_wheel(&cache, built, &name, &wheel, b"log\n", "built in 1.0 s").unwrap();
+    }
+    let builder = cache.join("source-builds/builder-killed");
+    std::fs::create_dir_all(builder.join("root/usr/bin")).unwrap();
+    std::fs::write(builder.join("root/usr/bin/tool"), b"left behind").unwrap();
+
+    let shown = cudastack(&["--json", "cache"], &cache);
+    assert!(
+        shown.status.success(),
+        "{}",
+        e2e_support::output_text(&shown)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(shown["kinds"]["built-wheels"]["count"], 3, "{shown}");
+    assert!(
+        shown["kinds"]["built-wheels"]["bytes"].as_u64().unwrap() > 0,
+        "{shown}"
+    );
+    assert_eq!(shown["kinds"]["temporary"]["count"], 1, "{shown}");
+    let text = cudastack(&["cache"], &cache);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("built wheels (source builds)"),
+        "{}",
+        e2e_support::output_text(&text)
+    );
+
+    let month_ago = SystemTime::now() - Duration::from_secs(30 * 86_400);
+    for built in [&old, &held] {
+        let record = entry_dir(&cache, built).join("complete");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(record)
+            .unwrap();
+        file.set_modified(month_ago).unwrap();
+    }
+    let lock = entry_dir(&cache, &held).with_extension("lock");
+    let _building = cudastack::atomic_file::lock(&lock).unwrap();
+    let pruned = cudastack(&["--json", "cache", "prune", "--older-than", "7"], &cache);
+    assert!(
+        pruned.status.success(),
+        "{}",
+        e2e_support::output_text(&pruned)
+    );
+    let pruned: serde_json::Value = serde_json::from_slice(&pruned.stdout).unwrap();
+    assert_eq!(pruned["removed"]["built-wheels"]["count"], 1, "{pruned}");
+    assert_eq!(pruned["removed"]["temporary"]["count"], 1, "{pruned}");
+    assert_eq!(pruned["kept_in_use"], 1, "{pruned}");
+    assert!(!entry_dir(&cache, &old).exists());
+    assert!(entry_dir(&cache, &held).join("complete").exists());
+    assert!(entry_dir(&cache, &fresh).join("complete").exists());
+    assert!(!builder.exists());
+}

@@ -29,6 +29,9 @@ pub enum CacheKind {
     LayerBlobs,
     /// Unpacked layer trees, read by the audit and the layers above when one changes.
     StagedTrees,
+    /// Wheels compiled from the recipes' `build:` sdists (or fetched from a wheel cache),
+    /// with their logs: `source-builds/<key>/`.
+    BuiltWheels,
     /// Layer cache entries, integrity records, audit and scan records, wheel links, locks.
     Records,
     /// Verification results (`verify/`), so a verified image is not run again.
@@ -43,6 +46,7 @@ impl CacheKind {
             CacheKind::Downloads => "downloads (wheels, .debs)",
             CacheKind::LayerBlobs => "layer blobs",
             CacheKind::StagedTrees => "staged trees",
+            CacheKind::BuiltWheels => "built wheels (source builds)",
             CacheKind::Records => "records",
             CacheKind::VerifyResults => "verify results",
             CacheKind::Temporary => "temporary",
@@ -143,6 +147,7 @@ pub fn cache_usage(root: &Path) -> Result<CacheUsage, CacheError> {
         CacheKind::Downloads,
         CacheKind::LayerBlobs,
         CacheKind::StagedTrees,
+        CacheKind::BuiltWheels,
         CacheKind::Records,
         CacheKind::VerifyResults,
         CacheKind::Temporary,
@@ -175,6 +180,14 @@ pub fn cache_usage(root: &Path) -> Result<CacheUsage, CacheError> {
         0,
         disk.of(&store.tmp_dir()),
     );
+    for built in built_wheels(&store.cache_dir().source_builds())? {
+        let kind = if built.complete {
+            CacheKind::BuiltWheels
+        } else {
+            CacheKind::Temporary
+        };
+        add(&mut kinds, kind, 1, disk.of(&built.dir));
+    }
     let verify = store.cache_dir().verify();
     let results = fs_err::read_dir(&verify).map(|d| d.count()).unwrap_or(0);
     add(
@@ -221,6 +234,13 @@ pub fn prune(root: &Path, older_than: Duration) -> Result<PruneReport, CacheErro
         report.builds_running = true;
         return Ok(report);
     };
+    // A build looks its wheels up long before the layers read them, as it does blobs.
+    prune_built_wheels(
+        &store.cache_dir().source_builds(),
+        cutoff,
+        &mut disk,
+        &mut report,
+    )?;
     // A transient layer's records go with its layer entry's kind of age: only while no
     // build runs, since a build looks them up as it looks up layer entries.
     let staging = store.cache_dir().staging();
@@ -292,6 +312,94 @@ fn prune_trees(
         remove_tree_records(staging, &hex)?;
         let kind = if complete {
             CacheKind::StagedTrees
+        } else {
+            CacheKind::Temporary
+        };
+        add(&mut report.removed, kind, 1, bytes);
+    }
+    Ok(())
+}
+
+/// An entry of `source-builds/`: a key's wheel (complete once its `complete` record is
+/// there, whose mtime is its last use), or a builder root or a partial entry of a build
+/// that died (never complete).
+struct BuiltWheel {
+    dir: PathBuf,
+    /// The lock a build of the key, or the builder root's owner, holds.
+    lock: PathBuf,
+    complete: bool,
+}
+
+/// The entries of `source-builds/` (none when it does not exist).
+fn built_wheels(dir: &Path) -> Result<Vec<BuiltWheel>, CacheError> {
+    let mut found = Vec::new();
+    let Ok(entries) = fs_err::read_dir(dir) else {
+        return Ok(found);
+    };
+    for entry in entries {
+        let path = entry.map_err(io_err(dir))?.path();
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        if !path.is_dir() {
+            continue;
+        }
+        let key = tree_hex(&name).filter(|hex| hex.len() == name.len());
+        let lock = path.with_extension("lock");
+        if key.is_some() {
+            let complete = path.join("complete").is_file();
+            found.push(BuiltWheel {
+                dir: path,
+                lock,
+                complete,
+            });
+        } else if name.starts_with("builder-") || name.starts_with(".partial-") {
+            found.push(BuiltWheel {
+                dir: path,
+                lock,
+                complete: false,
+            });
+        }
+    }
+    Ok(found)
+}
+
+/// Remove the built wheels unused since `cutoff`, and what builds that died left (builder
+/// roots, partial entries), each only while no build holds its lock. The `complete`
+/// record goes first: an entry without it is never reused.
+fn prune_built_wheels(
+    dir: &Path,
+    cutoff: SystemTime,
+    disk: &mut DiskUsage,
+    report: &mut PruneReport,
+) -> Result<(), CacheError> {
+    let used = |path: &Path| fs_err::metadata(path).and_then(|m| m.modified()).ok();
+    for built in built_wheels(dir)? {
+        let record = built.dir.join("complete");
+        if built.complete && used(&record).is_none_or(|u| u >= cutoff) {
+            continue;
+        }
+        // A partial entry is held by no lock of its own: its build holds the key's, which
+        // the builds lock this prune holds already rules out.
+        let lock = if built.lock.exists() {
+            match try_lock(&built.lock).map_err(io_err(&built.lock))? {
+                Some(lock) => Some(lock),
+                None => {
+                    report.kept_in_use += 1;
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        let bytes = disk.of(&built.dir);
+        remove_path(&record)?;
+        remove_path(&built.dir)?;
+        drop(lock);
+        let kind = if built.complete {
+            CacheKind::BuiltWheels
         } else {
             CacheKind::Temporary
         };

@@ -499,6 +499,8 @@ pub fn cached_wheel(
     {
         return Ok(None);
     }
+    // Its last use, for `cudastack cache prune`.
+    crate::cache::touch_last_use(&dir.join("complete"));
     Ok(Some(BuiltWheel {
         package: key.package.clone(),
         wheel: FetchedWheel {
