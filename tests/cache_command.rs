@@ -361,7 +361,7 @@ fn built_wheels_are_listed_and_pruned_when_unused_and_unheld() {
     assert_eq!(shown["kinds"]["temporary"]["count"], 1, "{shown}");
     let text = cudastack(&["cache"], &cache);
     assert!(
-        String::from_utf8_lossy(&text.stdout).contains("built wheels (source builds)"),
+        String::from_utf8_lossy(&text.stdout).contains("source-built wheels"),
         "{}",
         e2e_support::output_text(&text)
     );

@@ -46,7 +46,7 @@ impl CacheKind {
             CacheKind::Downloads => "downloads (wheels, .debs)",
             CacheKind::LayerBlobs => "layer blobs",
             CacheKind::StagedTrees => "staged trees",
-            CacheKind::BuiltWheels => "built wheels (source builds)",
+            CacheKind::BuiltWheels => "source-built wheels",
             CacheKind::Records => "records",
             CacheKind::VerifyResults => "verify results",
             CacheKind::Temporary => "temporary",
