@@ -364,3 +364,31 @@ fn with_a_key_only_an_entry_it_signed_for_exactly_this_wheel_is_taken() {
     let error = refused(&other);
     assert!(error.contains("signed another wheel or key"), "{error}");
 }
+
+/// A build log past what a fetch takes (16 MiB) is shared by its end, where a compiler's
+/// last words are, so the entry stays fetchable.
+#[test]
+fn a_long_build_log_is_shared_by_its_end() {
+    let Some(fixture) = Fixture::start() else {
+        return;
+    };
+    let rt = runtime();
+    let built_for = key("8.6+PTX");
+    let host_a = fixture.work.path().join("a");
+    let (path, file) = wheel(&fixture.work.path().join("dist"));
+    let mut log = vec![b'.'; 17 << 20];
+    log.extend_from_slice(b"\nerror: none, the wheel was written\n");
+    store_fetched_wheel(&host_a, &built_for, &file, &path, &log, "built in 3600.0 s").unwrap();
+    rt.block_on(fixture.shared.push(&host_a, &built_for))
+        .unwrap()
+        .expect("pushed");
+    let host_b = fixture.work.path().join("b");
+    let store = BlobStore::open(&host_b).unwrap();
+    rt.block_on(fixture.shared.fetch(&host_b, &built_for, &store))
+        .unwrap()
+        .expect("fetched");
+    let fetched = cached_wheel(&host_b, &built_for).unwrap().unwrap();
+    let fetched = std::fs::read(&fetched.log).unwrap();
+    assert_eq!(fetched.len(), 16 << 20);
+    assert!(fetched.ends_with(b"\nerror: none, the wheel was written\n"));
+}

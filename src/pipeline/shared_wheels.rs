@@ -288,7 +288,9 @@ impl SharedWheels {
                 &what,
             )
             .await?;
-        let log = match &entry.log {
+        // A log larger than a fetch takes (pushed by another tool) is left behind: the
+        // wheel does not depend on it.
+        let log = match entry.log.as_ref().filter(|log| log.size <= MAX_LOG_BYTES) {
             Some(log) => {
                 self.client
                     .get_blob_bytes(repository, &log.digest, MAX_LOG_BYTES)
@@ -355,7 +357,10 @@ impl SharedWheels {
             &sent,
         )
         .await?;
-        let log = fs_err::read(&built.log).unwrap_or_default();
+        // The end of the log, which says why a build did what it did, and no more than a
+        // fetch takes.
+        let mut log = fs_err::read(&built.log).unwrap_or_default();
+        log.drain(..log.len().saturating_sub(MAX_LOG_BYTES as usize));
         let log_digest = Digest::of_bytes(&log);
         let log_size = log.len() as u64;
         self.client
