@@ -359,8 +359,7 @@ impl SharedWheels {
         .await?;
         // The end of the log, which says why a build did what it did, and no more than a
         // fetch takes.
-        let mut log = fs_err::read(&built.log).unwrap_or_default();
-        log.drain(..log.len().saturating_sub(MAX_LOG_BYTES as usize));
+        let log = log_tail(&built.log, MAX_LOG_BYTES);
         let log_digest = Digest::of_bytes(&log);
         let log_size = log.len() as u64;
         self.client
@@ -420,6 +419,24 @@ impl SharedWheels {
             .await?;
         Ok(Some(digest))
     }
+}
+
+/// The last `max` bytes of the file `path` (nothing when it cannot be read): only those
+/// are read, however long a compile's log grew.
+fn log_tail(path: &Path, max: u64) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut tail = Vec::new();
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return tail;
+    };
+    let length = file.metadata().map_or(0, |meta| meta.len());
+    if file
+        .seek(SeekFrom::Start(length.saturating_sub(max)))
+        .is_ok()
+    {
+        let _ = file.take(max).read_to_end(&mut tail);
+    }
+    tail
 }
 
 /// What a signature of an entry says: this build key made this wheel (canonical JSON).
