@@ -201,6 +201,7 @@ fn builds(entries: &[&str]) -> BuildRequest {
             .iter()
             .map(|r| Requirement::from_str(r).unwrap())
             .collect(),
+        git_commits: Default::default(),
     }
 }
 

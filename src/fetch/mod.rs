@@ -13,6 +13,7 @@
 //! - [`redist`]: NVIDIA `redistrib_<version>.json` manifests (CUDA components, cuDNN);
 //! - [`mirror`]: a local directory of wheels for air-gapped sites;
 //! - [`local_wheels`]: the recipe's `wheels:` directories, read without leaving them;
+//! - [`git`]: a git requirement's commit, and its tree as a canonical source archive;
 //! - [`source`]: the package sources the resolver asks, in priority order;
 //! - [`download`] and [`progress`]: streaming, resumable, hash-checked downloads into the
 //!   [`crate::cache::BlobStore`], with progress on a reporter trait and an offline mode.
@@ -25,6 +26,7 @@
 pub mod credentials;
 pub mod download;
 pub mod file_name;
+pub mod git;
 pub mod html;
 pub mod http;
 pub mod index;

@@ -117,9 +117,6 @@ pub fn build_request(
     resolved: &ResolvedRecipe,
 ) -> Result<crate::lock::sdist::BuildRequest, InputsError> {
     let recipe = resolved.recipe();
-    if recipe.build.is_empty() {
-        return Ok(Default::default());
-    }
     // Validation refuses it first, in the same words; kept for a recipe built by hand.
     if let Some([what, why, hint]) = crate::recipe::build::nvcc_unavailable(recipe) {
         return Err(InputsError::Unsupported {
@@ -127,8 +124,13 @@ pub fn build_request(
             message: format!("{what}: {why}\n  hint: {hint}"),
         });
     }
+    // The toolchain is locked only when a build needs it: a `build:` entry, or a git
+    // requirement the lock finds in the requirements files.
     let mut texts: Vec<String> = BUILD_TOOLCHAIN.iter().map(|t| t.to_string()).collect();
-    if recipe.cuda.flavor == Flavor::Runtime {
+    // A git requirement on a CUDA 12 stack is built without nvcc (PyPI has none for it):
+    // a pure-Python project needs none, an extension fails in its build saying so.
+    let with_nvcc = recipe.cuda.version.major >= crate::recipe::build::FIRST_CUDA_WITH_NVCC_WHEEL;
+    if with_nvcc && recipe.cuda.flavor == Flavor::Runtime {
         texts.push(nvcc_requirement(recipe, resolved.torch_build()));
     }
     // nvidia-cuda-nvcc 13.0.88 requires cicc (nvidia-nvvm) and the crt headers
@@ -138,7 +140,9 @@ pub fn build_request(
     // wheel of its own that nothing of the runtime requires.
     let line = recipe.cuda.version.line();
     for wheel in ["nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-cccl"] {
-        texts.push(format!("{wheel}=={line}.*"));
+        if with_nvcc {
+            texts.push(format!("{wheel}=={line}.*"));
+        }
     }
     let toolchain = texts
         .into_iter()
@@ -152,6 +156,7 @@ pub fn build_request(
     Ok(crate::lock::sdist::BuildRequest {
         builds: recipe.build.clone(),
         toolchain,
+        git_commits: Default::default(),
     })
 }
 

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::digest::Digest;
 use crate::fetch::download::FetchItem;
 use crate::fetch::file_name::FileName;
+use crate::fetch::git::{Commit, GitSource};
 use crate::lock::target::Target;
 use crate::names::{PackageName, WheelFilename};
 
@@ -340,6 +341,14 @@ impl Artifact {
             ("fallback_url", self.fallback_url.as_ref()),
         ] {
             let Some(url) = url else { continue };
+            if field == "url"
+                && self.kind == ArtifactKind::Sdist
+                && url.scheme().starts_with("git+")
+            {
+                // A git requirement's source: a commit of a repository (src/fetch/git.rs).
+                self.git_commit().map_err(|reason| error(field, reason))?;
+                continue;
+            }
             if !LOCK_URL_SCHEMES.contains(&url.scheme()) {
                 return Err(error(
                     field,
@@ -406,7 +415,9 @@ impl Artifact {
             reason,
         };
         let (name, version) = self.python_name_and_version()?;
-        let stem = self.filename.strip_suffix(".tar.gz");
+        // A git requirement's tree is archived uncompressed (src/fetch/git.rs).
+        let suffix = if self.is_git() { ".tar" } else { ".tar.gz" };
+        let stem = self.filename.strip_suffix(suffix);
         let matches =
             stem.and_then(|stem| stem.rsplit_once('-'))
                 .is_some_and(|(file_name, file_version)| {
@@ -417,12 +428,32 @@ impl Artifact {
             return Err(error(
                 "filename",
                 format!(
-                    "`{}` is not the `.tar.gz` sdist of `{name} {version}`",
+                    "`{}` is not the `{suffix}` sdist of `{name} {version}`",
                     &*self.filename
                 ),
             ));
         }
         Ok(())
+    }
+
+    /// Whether this is the source of a git requirement.
+    pub fn is_git(&self) -> bool {
+        self.kind == ArtifactKind::Sdist
+            && self
+                .url
+                .as_url()
+                .is_some_and(|url| url.scheme().starts_with("git+"))
+    }
+
+    /// A git requirement's source and the commit its URL pins (a lock never names a
+    /// branch or tag: `build` would take whatever it points at then).
+    pub fn git_commit(&self) -> Result<(GitSource, Commit), String> {
+        let url = self.url.as_url().map(Url::as_str).unwrap_or_default();
+        let source = GitSource::parse(url).map_err(|e| e.to_string())?;
+        let commit = source.pinned_commit().ok_or_else(|| {
+            format!("`{source}` names no commit; a lock pins a git source by its full commit id")
+        })?;
+        Ok((source, commit))
     }
 
     /// A deb's name, version and architecture go to mmdebstrap's `--include` and into a

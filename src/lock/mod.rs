@@ -127,6 +127,15 @@ pub enum LockError {
         version: Version,
         why: String,
     },
+    #[error(transparent)]
+    Git(#[from] crate::fetch::git::GitError),
+    #[error("`{package}` @ {url}: {why}\n  hint: {hint}")]
+    GitProject {
+        package: PackageName,
+        url: String,
+        why: String,
+        hint: String,
+    },
     #[error("No set of versions satisfies the requirements:\n{report}")]
     NoSolution { report: String },
     #[error("Index lists `{filename}` without a sha256; cudastack locks only hash-pinned files (`{url}`)")]
@@ -230,13 +239,48 @@ pub async fn resolve_with_builds(
             });
         }
     }
-    let sdists = sdist::inspect_all(client, &request.sources, &builds.builds).await?;
+    let mut sdists = sdist::inspect_all(client, &request.sources, &builds.builds).await?;
+    let git = git_requirements(&request.requirements)?;
+    for (name, source) in &git {
+        if builds.builds.iter().any(|b| b.package == *name) {
+            return Err(LockError::GitProject {
+                package: name.clone(),
+                url: source.to_string(),
+                why: "the recipe's `build:` names the package too".into(),
+                hint: "keep one of the two: the git requirement or the `build:` entry".into(),
+            });
+        }
+        let locked = builds.git_commits.get(&source.to_string()).cloned();
+        let (name, source) = (name.clone(), source.clone());
+        let found = tokio::task::spawn_blocking(move || {
+            sdist::inspect_git(&name, &source, locked.as_ref())
+        })
+        .await??;
+        sdists.push(found);
+    }
     let mut artifacts = if request.requirements.is_empty() {
         Vec::new()
     } else {
-        let roots = request.requirements.clone();
+        // The resolver takes a git requirement's package by name: its only version is the
+        // one the commit's tree declares.
+        let roots = request
+            .requirements
+            .iter()
+            .cloned()
+            .map(|mut requirement| {
+                if git.iter().any(|(name, _)| *name == requirement.name) {
+                    requirement.version_or_url = None;
+                }
+                requirement
+            })
+            .collect();
         resolve_python(client, request, roots, &request.constraints, &sdists).await?
     };
+    for artifact in &mut artifacts {
+        if let Some((_, source)) = git.iter().find(|(name, _)| name.as_ref() == artifact.name) {
+            artifact.source = source.to_string();
+        }
+    }
     if !sdists.is_empty() {
         let builder = resolve_build_wheels(client, request, builds, &sdists, &artifacts).await?;
         artifacts.extend(builder);
@@ -322,6 +366,23 @@ pub async fn resolve_with_builds(
     };
     lock.canonicalize();
     Ok(lock)
+}
+
+/// The git requirements among `requirements` (`name @ git+URL`), parsed.
+fn git_requirements(
+    requirements: &[Requirement],
+) -> Result<Vec<(PackageName, crate::fetch::git::GitSource)>, LockError> {
+    let mut found = Vec::new();
+    for requirement in requirements {
+        let Some(pep508_rs::VersionOrUrl::Url(url)) = &requirement.version_or_url else {
+            continue;
+        };
+        if let Some(text) = requirements_txt::git_url_text(url) {
+            let source = crate::fetch::git::GitSource::parse(&text)?;
+            found.push((requirement.name.clone(), source));
+        }
+    }
+    Ok(found)
 }
 
 /// PubGrub over `roots`: one artifact per resolved distribution, a wheel or (for a

@@ -338,10 +338,26 @@ fn parse_requirement(text: &str, origin: &Origin) -> Result<Requirement, PythonI
             "write `name`, `name==1.2.3` or `name>=1.2; python_version >= \"3.10\"`".into(),
         )
     })?;
-    if let Some(VersionOrUrl::Url(_)) = requirement.version_or_url {
-        return Err(url_refused());
+    if let Some(VersionOrUrl::Url(url)) = &requirement.version_or_url {
+        // A git requirement is locked by commit and built from source (src/fetch/git.rs).
+        let Some(text) = git_url_text(url) else {
+            return Err(url_refused());
+        };
+        crate::fetch::git::GitSource::parse(&text).map_err(|error| {
+            entry(
+                origin.clone(),
+                format!("the requirement `{}`: {error}", requirement.name),
+                "see docs/source-builds.md (git requirements)".into(),
+            )
+        })?;
     }
     Ok(requirement)
+}
+
+/// The URL of a `name @ git+...` requirement as written, when it is one.
+pub(crate) fn git_url_text<T: std::fmt::Display>(url: &T) -> Option<String> {
+    let text = url.to_string();
+    text.starts_with("git+").then_some(text)
 }
 
 fn parse_hash(text: &str, origin: &Origin) -> Result<Digest, PythonInputsError> {

@@ -9,6 +9,7 @@
 //! it), its sha256 checked against the index's, and read as a gzip tar without unpacking
 //! anything: only `NAME-VERSION/PKG-INFO` and `NAME-VERSION/pyproject.toml` are looked at.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::str::FromStr;
 
@@ -16,6 +17,7 @@ use pep440_rs::Version;
 use pep508_rs::{PackageName, Requirement};
 
 use crate::digest::Digest;
+use crate::fetch::git::{self, Commit, GitSource};
 use crate::fetch::http::HttpClient;
 use crate::fetch::index::DistFile;
 use crate::fetch::metadata::{Metadata, MAX_METADATA_BYTES};
@@ -39,6 +41,9 @@ pub struct BuildRequest {
     /// Installed in every builder: setuptools, wheel, ninja, and the nvcc of the stack's
     /// CUDA release when the image itself is of the runtime flavor.
     pub toolchain: Vec<Requirement>,
+    /// The commit each git requirement (by its URL as written) had in the previous lock:
+    /// a moved branch or tag changes nothing until `lock --upgrade`.
+    pub git_commits: BTreeMap<String, Commit>,
 }
 
 /// One sdist of `build:`, found and read.
@@ -56,6 +61,175 @@ pub struct SdistInfo {
     pub metadata: Metadata,
     /// `[build-system] requires` of its pyproject.toml (PEP 518's default without one).
     pub build_requires: Vec<Requirement>,
+}
+
+/// A git requirement of the recipe's Python inputs (`name @ git+URL`), with the commit a
+/// previous lock chose for it: kept until `lock --upgrade` ([`BuildRequest::git_commits`]).
+pub(crate) fn inspect_git(
+    name: &PackageName,
+    source: &GitSource,
+    locked: Option<&Commit>,
+) -> Result<SdistInfo, LockError> {
+    let commit = match locked {
+        Some(commit) => commit.clone(),
+        None => git::resolve(source)?,
+    };
+    let tree = git::fetch_tree(source, &commit)?;
+    let pinned = source.at(&commit);
+    let project = |why: String, hint: &str| LockError::GitProject {
+        package: name.clone(),
+        url: pinned.to_string(),
+        why,
+        hint: hint.to_string(),
+    };
+    let text = tree
+        .file("pyproject.toml")
+        .ok_or_else(|| project("its tree has no `pyproject.toml` at its top".into(), "a git requirement is built with its PEP 517 backend from the static `[project]` table of its pyproject.toml (PEP 621); add one, or name the project's directory with `#subdirectory=DIR`"))?;
+    let text = std::str::from_utf8(text)
+        .map_err(|_| project("its `pyproject.toml` is not UTF-8".into(), "fix the file"))?;
+    let declared = StaticProject::read(text).map_err(|why| project(why, "cudastack locks a git requirement by the name, version and dependencies its pyproject.toml declares, without running its build; declare them in `[project]` (not in `dynamic`)"))?;
+    if declared.metadata.name != *name {
+        return Err(project(
+            format!(
+                "its pyproject.toml names the project `{}`",
+                declared.metadata.name
+            ),
+            &format!(
+                "write `{} @ {source}` in the requirements",
+                declared.metadata.name
+            ),
+        ));
+    }
+    let version = declared.metadata.version.clone();
+    let top = format!("{name}-{version}");
+    let archive = tree.archive(&top);
+    let sha256 = Digest::of_bytes(&archive);
+    let filename = crate::fetch::file_name::FileName::new(format!("{top}.tar"))
+        .map_err(|e| project(e.to_string(), "rename the project"))?;
+    let file = DistFile {
+        filename,
+        url: pinned.to_url(),
+        sha256: Some(sha256),
+        size: Some(archive.len() as u64),
+        requires_python: declared.metadata.requires_python.clone(),
+        yanked: false,
+        yanked_reason: None,
+        upload_time: None,
+        core_metadata: Default::default(),
+    };
+    Ok(SdistInfo {
+        name: name.clone(),
+        version,
+        file,
+        sha256,
+        size: archive.len() as u64,
+        source: 0,
+        metadata: declared.metadata,
+        build_requires: declared.build_requires,
+    })
+}
+
+/// What a pyproject.toml declares statically: the core metadata of PEP 621's `[project]`
+/// and `[build-system] requires`.
+struct StaticProject {
+    metadata: Metadata,
+    build_requires: Vec<Requirement>,
+}
+
+impl StaticProject {
+    fn read(text: &str) -> Result<StaticProject, String> {
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| format!("its pyproject.toml is not TOML: {e}"))?;
+        let project = table
+            .get("project")
+            .and_then(toml::Value::as_table)
+            .ok_or("its pyproject.toml has no `[project]` table")?;
+        let dynamic: Vec<&str> = project
+            .get("dynamic")
+            .and_then(toml::Value::as_array)
+            .map(|list| list.iter().filter_map(toml::Value::as_str).collect())
+            .unwrap_or_default();
+        for field in ["version", "dependencies", "optional-dependencies"] {
+            if dynamic.contains(&field) {
+                return Err(format!("its pyproject.toml lists `{field}` in `[project] dynamic`: the build decides it"));
+            }
+        }
+        let string = |key: &str| {
+            project
+                .get(key)
+                .and_then(toml::Value::as_str)
+                .ok_or_else(|| format!("its `[project]` has no `{key}` string"))
+        };
+        let name = PackageName::from_str(string("name")?)
+            .map_err(|e| format!("its `[project] name` is not a package name: {e}"))?;
+        let version = Version::from_str(string("version")?)
+            .map_err(|e| format!("its `[project] version` is not a PEP 440 version: {e}"))?;
+        let requires_python = match project.get("requires-python").and_then(toml::Value::as_str) {
+            Some(text) => Some(text.parse().map_err(|e| {
+                format!("its `[project] requires-python` `{text}` is not a version specifier: {e}")
+            })?),
+            None => None,
+        };
+        let mut requires_dist =
+            requirement_list(project.get("dependencies"), "dependencies", None)?;
+        let mut provides_extra = Vec::new();
+        if let Some(extras) = project.get("optional-dependencies") {
+            let extras = extras
+                .as_table()
+                .ok_or("its `[project] optional-dependencies` is not a table")?;
+            for (extra, list) in extras {
+                let extra_name = pep508_rs::ExtraName::from_str(extra)
+                    .map_err(|e| format!("its extra `{extra}` is not an extra name: {e}"))?;
+                let place = format!("optional-dependencies.{extra}");
+                requires_dist.extend(requirement_list(Some(list), &place, Some(&extra_name))?);
+                provides_extra.push(extra_name);
+            }
+        }
+        Ok(StaticProject {
+            metadata: Metadata {
+                name,
+                version,
+                requires_dist,
+                requires_python,
+                provides_extra,
+            },
+            build_requires: build_system_requires(text)?,
+        })
+    }
+}
+
+/// The PEP 508 entries of a `[project]` list; those of an extra apply only with it.
+fn requirement_list(
+    value: Option<&toml::Value>,
+    place: &str,
+    extra: Option<&pep508_rs::ExtraName>,
+) -> Result<Vec<Requirement>, String> {
+    let Some(value) = value else {
+        return Ok(Vec::new());
+    };
+    let list = value
+        .as_array()
+        .ok_or_else(|| format!("its `[project] {place}` is not a list"))?;
+    list.iter()
+        .map(|item| {
+            let text = item
+                .as_str()
+                .ok_or_else(|| format!("its `[project] {place}` has a non-string entry"))?;
+            let text = match (extra, text.split_once(';')) {
+                (None, _) => text.to_string(),
+                (Some(extra), Some((requirement, marker))) => {
+                    format!("{requirement}; ({marker}) and extra == \"{extra}\"")
+                }
+                (Some(extra), None) => format!("{text}; extra == \"{extra}\""),
+            };
+            let requirement: Requirement = crate::names::parse_requirement(&text)
+                .map_err(|e| format!("its `[project] {place}` entry `{text}` is not PEP 508: {e}"))?;
+            if requirement.version_or_url.as_ref().is_some_and(|v| matches!(v, pep508_rs::VersionOrUrl::Url(_))) {
+                return Err(format!("its `[project] {place}` entry `{}` names a URL; cudastack locks a git requirement's own dependencies from indexes", requirement.name));
+            }
+            Ok(requirement)
+        })
+        .collect()
 }
 
 /// The version of an sdist file name (`antlr4-python3-runtime-4.9.3.tar.gz` -> 4.9.3).

@@ -5,6 +5,7 @@
 //! [`ResolvedRecipe`] through [`resolve_recipe`], and prints the [`LockedPlatform`]s
 //! [`lock_recipe`] returns.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -111,7 +112,7 @@ pub enum LockStageError {
         #[source]
         source: std::io::Error,
     },
-    #[error("`--upgrade-package {0}`: the lock has no Debian package `{0}` to upgrade (a new package comes from the recipe's `apt:` list)")]
+    #[error("`--upgrade-package {0}`: the lock has no Debian package or git requirement `{0}` to upgrade (a new package comes from the recipe's `apt:` list)")]
     NotLocked(String),
 }
 
@@ -200,7 +201,8 @@ async fn lock_platform(
         None => request.as_of = Some(settings.now),
     }
     // `build:` packages are locked from their sdists, with what their builds need.
-    let builds = build_request(resolved)?;
+    let mut builds = build_request(resolved)?;
+    builds.git_commits = git_commits_to_keep(previous.as_ref(), &settings.upgrade);
     for build in &builds.builds {
         progress.status(&format!(
             "  reading the sdist of {build} (`build:`): its sha256, run and build requirements"
@@ -346,10 +348,34 @@ fn configure_system(
     Ok(())
 }
 
+/// Whether `--upgrade-package NAME` names something the lock keeps: a Debian package or
+/// a git requirement's commit.
 fn locks_deb(lock: Option<&Lockfile>, name: &str) -> bool {
     lock.is_some_and(|lock| {
         lock.artifacts
             .iter()
-            .any(|a| a.kind == ArtifactKind::Deb && a.name == name)
+            .any(|a| (a.kind == ArtifactKind::Deb || a.is_git()) && a.name == name)
     })
+}
+
+/// The commit of each git requirement of `previous`, by its URL as written, less those
+/// `upgrade` moves: a branch or tag that moved upstream changes the lock only then.
+fn git_commits_to_keep(
+    previous: Option<&Lockfile>,
+    upgrade: &Upgrade,
+) -> BTreeMap<String, crate::fetch::git::Commit> {
+    let Some(previous) = previous else {
+        return BTreeMap::new();
+    };
+    previous
+        .artifacts
+        .iter()
+        .filter(|a| a.is_git())
+        .filter(|a| match upgrade {
+            Upgrade::Nothing => true,
+            Upgrade::Everything => false,
+            Upgrade::Packages(names) => !names.contains(&a.name),
+        })
+        .filter_map(|a| Some((a.source.clone(), a.git_commit().ok()?.1)))
+        .collect()
 }

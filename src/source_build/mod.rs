@@ -161,6 +161,19 @@ pub enum SourceBuildError {
         path: PathBuf,
         found: &'static str,
     },
+    #[error(transparent)]
+    Git(#[from] crate::fetch::git::GitError),
+    #[error("the tree of `{package}` at {url} is not the one the lock records: its archive's sha256 is {found}, the lock says {expected}\n  hint: a commit names its tree, so this is a changed archive format or a repository that was tampered with; run `cudastack lock --upgrade-package {package}` and review what changed")]
+    GitTreeChanged {
+        package: String,
+        url: String,
+        expected: Digest,
+        found: Digest,
+    },
+    #[error("the build of `{package}` runs offline, and the cache has no archive of its git commit ({url})\n  hint: build once online, which keeps it in the cache")]
+    GitOffline { package: String, url: String },
+    #[error(transparent)]
+    Cache(#[from] crate::cache::CacheError),
     /// Staging the builder (the stack's layers) failed.
     #[error(transparent)]
     Assembly(Box<BuildError>),
@@ -353,16 +366,22 @@ pub(crate) fn plan_builds(
     let epoch = source_date_epoch(inputs.recipe)?;
     let mut planned = Vec::new();
     for sdist in sdists {
-        let entry = inputs
+        let entry = match inputs
             .recipe
             .build
             .iter()
             .find(|b| b.package.as_ref() == sdist.name)
-            .ok_or_else(|| SourceBuildError::NotInRecipe {
-                package: sdist.name.clone(),
-                version: sdist.version.clone(),
-            })?
-            .clone();
+        {
+            Some(entry) => entry.clone(),
+            // A git requirement: built like a `build:` entry with nothing of its own.
+            None if sdist.is_git() => git_entry(sdist)?,
+            None => {
+                return Err(SourceBuildError::NotInRecipe {
+                    package: sdist.name.clone(),
+                    version: sdist.version.clone(),
+                })
+            }
+        };
         let key = BuildKey {
             builder: BUILDER,
             package: sdist.name.clone(),
@@ -417,7 +436,7 @@ pub(crate) async fn add_built_wheels(
     if !missing.is_empty() {
         let tools = fetch_builder_inputs(settings, inputs, store, env).await?;
         let sdists: Vec<Artifact> = missing.iter().map(|(s, _, _)| s.clone()).collect();
-        let blobs = fetch_artifacts(settings, inputs, store, env, &sdists).await?;
+        let blobs = fetch_sources(settings, inputs, store, env, &sdists).await?;
         let made = tokio::task::block_in_place(|| {
             build_missing(settings, inputs, env, tools, &missing, &blobs)
         })?;
@@ -441,6 +460,21 @@ pub(crate) async fn add_built_wheels(
             .insert(wheel.package.clone(), wheel.wheel.clone());
     }
     Ok(built)
+}
+
+/// The `build:` entry a git requirement is built as: no extra environment, and the run
+/// requirements its pyproject.toml declared (the lock resolved them).
+fn git_entry(sdist: &Artifact) -> Result<SourceBuild, SourceBuildError> {
+    let unlocked = || SourceBuildError::NotInRecipe {
+        package: sdist.name.clone(),
+        version: sdist.version.clone(),
+    };
+    Ok(SourceBuild {
+        package: sdist.name.parse().map_err(|_| unlocked())?,
+        version: sdist.version.parse().map_err(|_| unlocked())?,
+        env: BTreeMap::new(),
+        requires: None,
+    })
 }
 
 fn of_kind<'a>(
@@ -593,6 +627,72 @@ async fn fetch_artifacts(
         .offline(settings.offline)
         .mirrors(readable);
     Ok(downloader.fetch_all(&items).await?)
+}
+
+/// The source archive of each sdist, in order: a git requirement's made again from its
+/// commit (and checked against the lock's sha256), the others downloaded.
+async fn fetch_sources(
+    settings: &BuildSettings,
+    inputs: &PlatformInputs<'_>,
+    store: &BlobStore,
+    env: &BuildEnv<'_>,
+    sdists: &[Artifact],
+) -> Result<Vec<PathBuf>, SourceBuildError> {
+    let (git, published): (Vec<&Artifact>, Vec<&Artifact>) =
+        sdists.iter().partition(|a| a.is_git());
+    let published: Vec<Artifact> = published.into_iter().cloned().collect();
+    let mut downloaded = fetch_artifacts(settings, inputs, store, env, &published)
+        .await?
+        .into_iter();
+    let mut made = Vec::new();
+    for sdist in git {
+        if settings.offline && !store.contains(&sdist.sha256) {
+            return Err(SourceBuildError::GitOffline {
+                package: sdist.name.clone(),
+                url: sdist.url.to_string(),
+            });
+        }
+        made.push(tokio::task::block_in_place(|| git_archive(sdist, store))?);
+    }
+    let mut made = made.into_iter();
+    Ok(sdists
+        .iter()
+        .map(|a| {
+            let next = if a.is_git() {
+                made.next()
+            } else {
+                downloaded.next()
+            };
+            next.expect("one path per sdist")
+        })
+        .collect())
+}
+
+/// The canonical archive of a git requirement's tree at its locked commit, in the blob
+/// store by the lock's sha256 (made once per cache).
+fn git_archive(sdist: &Artifact, store: &BlobStore) -> Result<PathBuf, SourceBuildError> {
+    if let Some(path) = store.verified(&sdist.sha256)? {
+        return Ok(path);
+    }
+    let (source, commit) = sdist
+        .git_commit()
+        .map_err(|_| SourceBuildError::NotInRecipe {
+            package: sdist.name.clone(),
+            version: sdist.version.clone(),
+        })?;
+    let tree = crate::fetch::git::fetch_tree(&source, &commit)?;
+    let archive = tree.archive(&format!("{}-{}", sdist.name, sdist.version));
+    let found = Digest::of_bytes(&archive);
+    if found != sdist.sha256 {
+        return Err(SourceBuildError::GitTreeChanged {
+            package: sdist.name.clone(),
+            url: source.to_string(),
+            expected: sdist.sha256,
+            found,
+        });
+    }
+    store.put_bytes(&archive)?;
+    Ok(store.path(&found))
 }
 
 /// Stage the builder once, then build each missing wheel in it.
@@ -1058,8 +1158,17 @@ const MAX_SDIST_MEMBERS: usize = 200_000;
 /// The sdist's single top directory, unpacked (the tar crate keeps every member inside
 /// `scratch`) and renamed to `dest`.
 fn unpack_sdist(blob: &Path, scratch: &Path, dest: &Path) -> Result<(), SourceBuildError> {
-    let file = fs_err::File::open(blob).map_err(io_error(blob))?;
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    let mut file = std::io::BufReader::new(fs_err::File::open(blob).map_err(io_error(blob))?);
+    // A published sdist is a gzip tar; a git requirement's tree is a plain one.
+    let gzip = std::io::BufRead::fill_buf(&mut file)
+        .map_err(io_error(blob))?
+        .starts_with(&[0x1f, 0x8b]);
+    let reader: Box<dyn std::io::Read> = if gzip {
+        Box::new(flate2::read::GzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
+    let mut archive = tar::Archive::new(reader);
     archive.set_preserve_permissions(false);
     fs_err::create_dir_all(scratch).map_err(io_error(scratch))?;
     // An sdist is source: a bomb of a few KB must not fill the cache's disk.

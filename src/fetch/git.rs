@@ -1,0 +1,708 @@
+//! Git requirements: `name @ git+https://host/repo.git@v1.2#subdirectory=pkg` in a
+//! requirements file.
+//!
+//! The reference (a branch, a tag, a commit, or none for the remote's HEAD) is resolved to a
+//! commit when the recipe is locked ([`resolve`]); the lock records the commit and the
+//! sha256 of the commit's tree as a canonical source archive ([`SourceTree::archive`]),
+//! which `build` makes again from the commit and checks before it compiles it as it does an
+//! sdist. The archive depends on the tree alone: entries sorted by path, files 0644 or 0755,
+//! directories 0755, symbolic links as they are, owner 0, one fixed mtime, and no
+//! compression (a compressor's output may change between its versions; fixed tar headers
+//! do not).
+//!
+//! git itself moves the bytes, as uv and cargo let it: the user's credential helpers and
+//! SSH keys work. Nothing of the repository runs: the commit is fetched into a fresh bare
+//! repository in a temporary directory and read with `git archive`, so no work tree is
+//! checked out (no filters, hooks or LFS), and git may use the URL's own protocol only
+//! (`GIT_ALLOW_PROTOCOL`), so a redirect or submodule to `ext::` or `file://` goes nowhere.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Read;
+use std::path::{Component, Path};
+use std::process::{Command, Stdio};
+
+use url::Url;
+
+use crate::digest::Digest;
+
+/// The protocols a git requirement may use. `file://` is not one: a lock from a pull
+/// request must not put a repository of the build host into the image.
+pub const SCHEMES: &[&str] = &["https", "http", "ssh", "git"];
+
+/// The most a tree may hold, as for an sdist: source, not data.
+pub const MAX_TREE_BYTES: u64 = 256 * 1024 * 1024;
+pub const MAX_TREE_ENTRIES: usize = 200_000;
+
+/// The mtime of every entry of a source archive: 2000-01-01T00:00:00Z (zip, which a
+/// wheel is, cannot hold times before 1980 in any time zone).
+pub const ARCHIVE_MTIME: u64 = 946_684_800;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GitError {
+    #[error("`{url}` is not a git requirement URL: {why}\n  hint: write `name @ git+https://host/owner/repo.git@TAG` (a branch, tag or commit after `@`; `#subdirectory=DIR` for a project below the top)")]
+    Url { url: String, why: String },
+    #[error("`git {what}` for `{url}` failed ({status}): {stderr}\n  hint: check that the repository and the reference exist and that git can reach them from here (credentials come from git's own helpers and SSH keys)")]
+    Git {
+        what: &'static str,
+        url: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("could not run git for `{url}`: {source}\n  hint: install git (Debian: `apt-get install git`)")]
+    Spawn {
+        url: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{url}` has no reference `{reference}` (no branch, tag or commit of that name)\n  hint: `git ls-remote {url}` lists what it has")]
+    NoSuchReference { url: String, reference: String },
+    #[error("the tree of `{url}` at {commit}{} is not a source tree cudastack builds: {why}", subdirectory.as_deref().map(|d| format!(" (subdirectory `{d}`)")).unwrap_or_default())]
+    Tree {
+        url: String,
+        commit: String,
+        subdirectory: Option<String>,
+        why: String,
+    },
+}
+
+/// Where a git requirement's source is: the repository, the reference, and the directory of
+/// the project in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GitSource {
+    /// The repository's URL, without `git+`, the reference and the fragment.
+    pub repository: Url,
+    pub reference: Option<String>,
+    /// `#subdirectory=DIR`: plain `/`-separated names.
+    pub subdirectory: Option<String>,
+}
+
+impl GitSource {
+    /// Parse `git+SCHEME://HOST/PATH[@REF][#subdirectory=DIR]`.
+    pub fn parse(text: &str) -> Result<GitSource, GitError> {
+        let error = |why: &str| GitError::Url {
+            url: shown(text),
+            why: why.to_string(),
+        };
+        let rest = text
+            .strip_prefix("git+")
+            .ok_or_else(|| error("it does not start with `git+`"))?;
+        let (rest, fragment) = match rest.split_once('#') {
+            Some((rest, fragment)) => (rest, Some(fragment)),
+            None => (rest, None),
+        };
+        let mut repository =
+            Url::parse(rest).map_err(|e| error(&format!("it is not a URL ({e})")))?;
+        if !SCHEMES.contains(&repository.scheme()) {
+            return Err(error(&format!(
+                "git+{} is not a protocol cudastack fetches from (it fetches git+https, git+http, git+ssh and git+git)",
+                repository.scheme()
+            )));
+        }
+        if repository.password().is_some()
+            || (!repository.username().is_empty() && repository.scheme() != "ssh")
+        {
+            return Err(error("it holds credentials, which would be written into the lock; give them to git's credential helper instead"));
+        }
+        if repository.query().is_some() {
+            return Err(error("it has a query (`?...`)"));
+        }
+        let path = repository.path().to_string();
+        let reference = match path.rsplit_once('@') {
+            Some((path, reference)) if !reference.is_empty() && !reference.contains('/') => {
+                repository.set_path(path);
+                Some(reference.to_string())
+            }
+            Some(_) => return Err(error("its `@` names no reference")),
+            None => None,
+        };
+        if let Some(reference) = &reference {
+            check_reference(reference).map_err(|why| error(&why))?;
+        }
+        let mut subdirectory = None;
+        for pair in fragment.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("subdirectory", dir)) => {
+                    check_subdirectory(dir).map_err(|why| error(&why))?;
+                    subdirectory = Some(dir.trim_end_matches('/').to_string());
+                }
+                // pip's `#egg=name` says what the requirement's name already says.
+                Some(("egg", _)) => {}
+                _ => {
+                    return Err(error(&format!(
+                        "its fragment `{pair}` is not `subdirectory=DIR`"
+                    )))
+                }
+            }
+        }
+        Ok(GitSource {
+            repository,
+            reference,
+            subdirectory,
+        })
+    }
+
+    /// This source at `commit`, as the lock records it.
+    pub fn at(&self, commit: &Commit) -> GitSource {
+        GitSource {
+            reference: Some(commit.0.clone()),
+            ..self.clone()
+        }
+    }
+
+    /// The URL as a lock or a message writes it.
+    pub fn to_url(&self) -> Url {
+        Url::parse(&self.to_string()).expect("a git source is a URL")
+    }
+
+    /// The commit the reference names itself, when it is a full commit id.
+    pub fn pinned_commit(&self) -> Option<Commit> {
+        self.reference.as_deref().and_then(Commit::parse)
+    }
+}
+
+impl fmt::Display for GitSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "git+{}", self.repository)?;
+        if let Some(reference) = &self.reference {
+            write!(f, "@{reference}")?;
+        }
+        if let Some(dir) = &self.subdirectory {
+            write!(f, "#subdirectory={dir}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `text` for a message: without the userinfo of its URL, and not at all when it is not
+/// one (it may be a line of secrets).
+fn shown(text: &str) -> String {
+    let url = text.strip_prefix("git+").unwrap_or(text);
+    match Url::parse(url) {
+        Ok(mut url) => {
+            let _ = url.set_password(None);
+            let _ = url.set_username("");
+            let prefix = if text.starts_with("git+") { "git+" } else { "" };
+            format!("{prefix}{url}")
+        }
+        Err(_) => "the requirement's URL".to_string(),
+    }
+}
+
+/// A reference goes on git's command line and into a URL: a name git accepts, never an
+/// option.
+fn check_reference(reference: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "._-+".contains(c);
+    if reference.starts_with(['-', '.'])
+        || reference.contains("..")
+        || !reference.chars().all(allowed)
+    {
+        return Err(format!("its reference `{reference}` is not a plain branch, tag or commit name (letters, digits, `.`, `_`, `-`, `+`)"));
+    }
+    Ok(())
+}
+
+fn check_subdirectory(dir: &str) -> Result<(), String> {
+    let path = Path::new(dir);
+    let plain = !dir.is_empty()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::Normal(name) if name.to_str().is_some_and(|n| !n.contains(':'))));
+    if !plain {
+        return Err(format!(
+            "its subdirectory `{dir}` is not a relative path of plain names"
+        ));
+    }
+    Ok(())
+}
+
+/// A commit id: 40 (SHA-1) or 64 (SHA-256 repositories) lowercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Commit(String);
+
+impl Commit {
+    pub fn parse(text: &str) -> Option<Commit> {
+        let hex = text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        (hex && (text.len() == 40 || text.len() == 64)).then(|| Commit(text.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Commit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// git with only `source`'s protocol allowed, no prompt, and bounded stalls.
+fn git(source: &GitSource) -> Command {
+    let mut command = Command::new("git");
+    command
+        .env("GIT_ALLOW_PROTOCOL", source.repository.scheme())
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .args(["-c", "protocol.version=2"])
+        .args([
+            "-c",
+            "http.lowSpeedLimit=1000",
+            "-c",
+            "http.lowSpeedTime=120",
+        ])
+        .stdin(Stdio::null());
+    command
+}
+
+fn run(source: &GitSource, what: &'static str, mut command: Command) -> Result<Vec<u8>, GitError> {
+    let url = source.repository.to_string();
+    let output = command.output().map_err(|source| GitError::Spawn {
+        url: url.clone(),
+        source,
+    })?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(6).collect();
+        return Err(GitError::Git {
+            what,
+            url,
+            status: output.status.to_string(),
+            stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+        });
+    }
+    Ok(output.stdout)
+}
+
+/// The commit `source`'s reference names now (the remote's HEAD without one): a tag
+/// before a branch of the same name, as git's own lookup; a full commit id as it is.
+pub fn resolve(source: &GitSource) -> Result<Commit, GitError> {
+    if let Some(commit) = source.pinned_commit() {
+        return Ok(commit);
+    }
+    let reference = source.reference.as_deref().unwrap_or("HEAD");
+    let mut command = git(source);
+    command
+        .args(["ls-remote", "--"])
+        .arg(source.repository.as_str());
+    let listing = run(source, "ls-remote", command)?;
+    let listing = String::from_utf8_lossy(&listing);
+    let refs: BTreeMap<&str, &str> = listing
+        .lines()
+        .filter_map(|line| line.split_once('\t'))
+        .map(|(id, name)| (name, id))
+        .collect();
+    let wanted = [
+        format!("refs/tags/{reference}^{{}}"),
+        format!("refs/tags/{reference}"),
+        format!("refs/heads/{reference}"),
+        reference.to_string(),
+    ];
+    wanted
+        .iter()
+        .find_map(|name| refs.get(name.as_str()).and_then(|id| Commit::parse(id)))
+        .ok_or_else(|| GitError::NoSuchReference {
+            url: source.repository.to_string(),
+            reference: reference.to_string(),
+        })
+}
+
+/// One entry of a source tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TreeEntry {
+    Dir,
+    File { executable: bool, bytes: Vec<u8> },
+    Symlink(String),
+}
+
+/// The tree of a commit (or of its subdirectory), in memory: paths relative to its top.
+#[derive(Debug, Clone, Default)]
+pub struct SourceTree {
+    entries: BTreeMap<String, TreeEntry>,
+}
+
+/// Fetch `commit` of `source` and read its tree (the subdirectory's when the URL names one).
+pub fn fetch_tree(source: &GitSource, commit: &Commit) -> Result<SourceTree, GitError> {
+    let url = source.repository.to_string();
+    let scratch = tempfile::tempdir().map_err(|e| GitError::Spawn {
+        url: url.clone(),
+        source: e,
+    })?;
+    let repo = scratch.path();
+    let mut init = git(source);
+    init.args(["init", "--bare", "-q"]).arg(repo);
+    run(source, "init", init)?;
+    let fetch = |args: &[&str]| {
+        let mut command = git(source);
+        command
+            .arg("-C")
+            .arg(repo)
+            .args(["fetch", "-q", "--no-tags"])
+            .args(args)
+            .arg("--")
+            .arg(&url);
+        command
+    };
+    // A commit by its id (protocol v2 serves any reachable one); else every branch and
+    // tag, for a server that serves only what it advertises.
+    let mut by_id = fetch(&["--depth", "1"]);
+    by_id.arg(commit.as_str());
+    if run(source, "fetch", by_id).is_err() {
+        let mut all = fetch(&[]);
+        all.args(["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]);
+        run(source, "fetch", all)?;
+    }
+    let mut verify = git(source);
+    verify
+        .arg("-C")
+        .arg(repo)
+        .args(["cat-file", "-t", "--"])
+        .arg(commit.as_str());
+    let kind = run(source, "cat-file", verify).map_err(|_| GitError::NoSuchReference {
+        url: url.clone(),
+        reference: commit.to_string(),
+    })?;
+    if String::from_utf8_lossy(&kind).trim() != "commit" {
+        return Err(GitError::NoSuchReference {
+            url,
+            reference: commit.to_string(),
+        });
+    }
+    let tree_ish = match &source.subdirectory {
+        Some(dir) => format!("{commit}:{dir}"),
+        None => commit.to_string(),
+    };
+    let mut archive = git(source);
+    archive
+        .arg("-C")
+        .arg(repo)
+        .args(["archive", "--format=tar", "--"])
+        .arg(&tree_ish)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = archive.spawn().map_err(|e| GitError::Spawn {
+        url: url.clone(),
+        source: e,
+    })?;
+    let stdout = child.stdout.take().expect("piped");
+    let read = SourceTree::read_tar(stdout);
+    // The tree may have been refused part way: git is stopped rather than waited on.
+    if read.is_err() {
+        let _ = child.kill();
+    }
+    let output = child.wait_with_output().map_err(|e| GitError::Spawn {
+        url: url.clone(),
+        source: e,
+    })?;
+    let tree_error = |why: String| GitError::Tree {
+        url: url.clone(),
+        commit: commit.to_string(),
+        subdirectory: source.subdirectory.clone(),
+        why,
+    };
+    let tree = read.map_err(tree_error)?;
+    if !output.status.success() {
+        return Err(tree_error(format!(
+            "`git archive` failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(tree)
+}
+
+impl SourceTree {
+    /// Read a tar stream (`git archive`'s) into a tree, bounded by [`MAX_TREE_BYTES`] and
+    /// [`MAX_TREE_ENTRIES`].
+    pub fn read_tar(reader: impl Read) -> Result<SourceTree, String> {
+        let mut archive = tar::Archive::new(reader.take(2 * MAX_TREE_BYTES));
+        let mut tree = SourceTree::default();
+        let mut total = 0u64;
+        let entries = archive
+            .entries()
+            .map_err(|e| format!("its archive is not a tar: {e}"))?;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| format!("its archive is not a readable tar: {e}"))?;
+            let kind = entry.header().entry_type();
+            if kind.is_pax_global_extensions() || kind.is_pax_local_extensions() {
+                continue;
+            }
+            let path = entry
+                .path()
+                .map_err(|e| format!("an entry has an unreadable name: {e}"))?
+                .into_owned();
+            let name = plain_path(&path)?;
+            let value = if kind.is_dir() {
+                TreeEntry::Dir
+            } else if kind.is_symlink() {
+                let target = entry
+                    .link_name()
+                    .ok()
+                    .flatten()
+                    .and_then(|t| t.to_str().map(str::to_string))
+                    .ok_or_else(|| format!("the link `{name}` has no readable target"))?;
+                TreeEntry::Symlink(target)
+            } else if kind.is_file() {
+                total += entry.size();
+                if total > MAX_TREE_BYTES {
+                    return Err(format!("it holds more than {} MiB", MAX_TREE_BYTES >> 20));
+                }
+                let executable = entry.header().mode().is_ok_and(|m| m & 0o111 != 0);
+                let mut bytes = Vec::with_capacity(entry.size() as usize);
+                entry
+                    .read_to_end(&mut bytes)
+                    .map_err(|e| format!("`{name}` could not be read: {e}"))?;
+                TreeEntry::File { executable, bytes }
+            } else {
+                return Err(format!(
+                    "`{name}` is neither a file, a directory nor a link"
+                ));
+            };
+            if name.is_empty() {
+                continue;
+            }
+            tree.entries.insert(name, value);
+            if tree.entries.len() > MAX_TREE_ENTRIES {
+                return Err(format!("it has more than {MAX_TREE_ENTRIES} entries"));
+            }
+        }
+        Ok(tree)
+    }
+
+    /// The bytes of the regular file at `path` (relative to the top), if there is one.
+    pub fn file(&self, path: &str) -> Option<&[u8]> {
+        match self.entries.get(path) {
+            Some(TreeEntry::File { bytes, .. }) => Some(bytes),
+            _ => None,
+        }
+    }
+
+    /// The canonical source archive: every entry under `top/`, sorted, with fixed modes,
+    /// owner and time (see the module's text).
+    pub fn archive(&self, top: &str) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        let header = |kind: tar::EntryType, mode: u32, size: u64| {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            header.set_mode(mode);
+            header.set_size(size);
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(ARCHIVE_MTIME);
+            header
+        };
+        let mut top_header = header(tar::EntryType::Directory, 0o755, 0);
+        builder
+            .append_data(&mut top_header, format!("{top}/"), std::io::empty())
+            .expect("writing to memory");
+        for (path, entry) in &self.entries {
+            let name = format!("{top}/{path}");
+            let written = match entry {
+                TreeEntry::Dir => {
+                    let mut h = header(tar::EntryType::Directory, 0o755, 0);
+                    builder.append_data(&mut h, format!("{name}/"), std::io::empty())
+                }
+                TreeEntry::File { executable, bytes } => {
+                    let mode = if *executable { 0o755 } else { 0o644 };
+                    let mut h = header(tar::EntryType::Regular, mode, bytes.len() as u64);
+                    builder.append_data(&mut h, &name, bytes.as_slice())
+                }
+                TreeEntry::Symlink(target) => {
+                    let mut h = header(tar::EntryType::Symlink, 0o777, 0);
+                    builder.append_link(&mut h, &name, target)
+                }
+            };
+            written.expect("writing to memory");
+        }
+        builder.into_inner().expect("writing to memory")
+    }
+
+    /// The sha256 of [`Self::archive`].
+    pub fn archive_digest(&self, top: &str) -> Digest {
+        Digest::of_bytes(&self.archive(top))
+    }
+}
+
+/// A tree path as plain `/`-separated names, or why it is not one.
+fn plain_path(path: &Path) -> Result<String, String> {
+    let mut parts = Vec::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(name) => parts.push(
+                name.to_str()
+                    .ok_or_else(|| format!("`{}` is not UTF-8", path.display()))?,
+            ),
+            Component::CurDir => {}
+            _ => {
+                return Err(format!(
+                    "`{}` is not a path inside the tree",
+                    path.display()
+                ))
+            }
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_into_repository_reference_and_subdirectory() {
+        let source =
+            GitSource::parse("git+https://example.org/team/lib.git@v1.2#subdirectory=py/lib")
+                .unwrap();
+        assert_eq!(
+            source.repository.as_str(),
+            "https://example.org/team/lib.git"
+        );
+        assert_eq!(source.reference.as_deref(), Some("v1.2"));
+        assert_eq!(source.subdirectory.as_deref(), Some("py/lib"));
+        assert_eq!(
+            source.to_string(),
+            "git+https://example.org/team/lib.git@v1.2#subdirectory=py/lib"
+        );
+        let commit = Commit::parse(&"a".repeat(40)).unwrap();
+        assert_eq!(source.at(&commit).pinned_commit(), Some(commit));
+        let plain = GitSource::parse("git+ssh://git@example.org/lib#egg=lib").unwrap();
+        assert_eq!(plain.reference, None);
+        assert_eq!(plain.to_string(), "git+ssh://git@example.org/lib");
+    }
+
+    #[test]
+    fn hostile_urls_are_refused_without_their_secrets() {
+        for (url, why) in [
+            ("https://example.org/lib", "does not start with `git+`"),
+            ("git+file:///etc/lib", "not a protocol"),
+            ("git+ext::sh -c touch% /tmp/x", "not a protocol"),
+            ("git+https://u:SECRET@example.org/lib", "credentials"),
+            ("git+https://TOKEN@example.org/lib", "credentials"),
+            (
+                "git+https://example.org/lib@--upload-pack=x",
+                "not a plain branch",
+            ),
+            ("git+https://example.org/lib@", "names no reference"),
+            (
+                "git+https://example.org/lib#subdirectory=../x",
+                "not a relative path",
+            ),
+            (
+                "git+https://example.org/lib#subdirectory=/etc",
+                "not a relative path",
+            ),
+            (
+                "git+https://example.org/lib#foo=bar",
+                "is not `subdirectory=DIR`",
+            ),
+        ] {
+            let error = GitSource::parse(url).unwrap_err().to_string();
+            assert!(error.contains(why), "{url}: {error}");
+            assert!(
+                !error.contains("SECRET") && !error.contains("TOKEN"),
+                "{error}"
+            );
+        }
+    }
+
+    fn tar_of(entries: &[(&str, tar::EntryType, u32, &[u8])]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (path, kind, mode, bytes) in entries {
+            let mut header = tar::Header::new_ustar();
+            header.set_entry_type(*kind);
+            header.set_mode(*mode);
+            header.set_mtime(1_700_000_000);
+            if kind.is_symlink() {
+                header.set_size(0);
+                builder
+                    .append_link(&mut header, path, std::str::from_utf8(bytes).unwrap())
+                    .unwrap();
+            } else {
+                header.set_size(bytes.len() as u64);
+                builder.append_data(&mut header, path, *bytes).unwrap();
+            }
+        }
+        builder.into_inner().unwrap()
+    }
+
+    #[test]
+    fn the_archive_depends_on_the_tree_only() {
+        use tar::EntryType::{Directory, Regular, Symlink};
+        let one = tar_of(&[
+            ("pkg/", Directory, 0o775, b""),
+            ("pkg/__init__.py", Regular, 0o664, b"x = 1\n"),
+            ("run.sh", Regular, 0o775, b"#!/bin/sh\n"),
+            ("link", Symlink, 0o777, b"pkg/__init__.py"),
+        ]);
+        // The same tree, in another order, with other times and group bits.
+        let two = tar_of(&[
+            ("link", Symlink, 0o777, b"pkg/__init__.py"),
+            ("run.sh", Regular, 0o755, b"#!/bin/sh\n"),
+            ("pkg/__init__.py", Regular, 0o644, b"x = 1\n"),
+            ("pkg/", Directory, 0o755, b""),
+        ]);
+        let (one, two) = (
+            SourceTree::read_tar(&one[..]).unwrap(),
+            SourceTree::read_tar(&two[..]).unwrap(),
+        );
+        assert_eq!(one.archive("lib-1.0"), two.archive("lib-1.0"));
+        assert_eq!(one.file("pkg/__init__.py"), Some(&b"x = 1\n"[..]));
+        assert_eq!(one.file("link"), None);
+        let bytes = one.archive("lib-1.0");
+        let mut archive = tar::Archive::new(&bytes[..]);
+        let listed: Vec<(String, u32, u64)> = archive
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let h = e.header();
+                (
+                    e.path().unwrap().display().to_string(),
+                    h.mode().unwrap(),
+                    h.mtime().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("lib-1.0/".to_string(), 0o755, ARCHIVE_MTIME),
+                ("lib-1.0/link".to_string(), 0o777, ARCHIVE_MTIME),
+                ("lib-1.0/pkg/".to_string(), 0o755, ARCHIVE_MTIME),
+                ("lib-1.0/pkg/__init__.py".to_string(), 0o644, ARCHIVE_MTIME),
+                ("lib-1.0/run.sh".to_string(), 0o755, ARCHIVE_MTIME),
+            ]
+        );
+        let other = tar_of(&[("pkg/__init__.py", Regular, 0o644, b"x = 2\n")]);
+        let other = SourceTree::read_tar(&other[..]).unwrap();
+        assert_ne!(
+            other.archive_digest("lib-1.0"),
+            one.archive_digest("lib-1.0")
+        );
+    }
+
+    #[test]
+    fn a_tree_with_a_path_outside_or_a_device_is_refused() {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Char);
+        header.set_size(0);
+        let mut builder = tar::Builder::new(Vec::new());
+        builder
+            .append_data(&mut header, "dev", std::io::empty())
+            .unwrap();
+        let bytes = builder.into_inner().unwrap();
+        let error = SourceTree::read_tar(&bytes[..]).unwrap_err();
+        assert!(error.contains("neither a file"), "{error}");
+        // tar's writer refuses `..`, so the name is written into the header by hand.
+        let mut header = tar::Header::new_gnu();
+        header.as_old_mut().name[..9].copy_from_slice(b"../escape");
+        header.set_size(0);
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_cksum();
+        let mut bytes = header.as_bytes().to_vec();
+        bytes.extend([0u8; 1024]);
+        let error = SourceTree::read_tar(&bytes[..]).unwrap_err();
+        assert!(error.contains("not a path inside the tree"), "{error}");
+    }
+}
