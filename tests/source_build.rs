@@ -201,7 +201,7 @@ fn builds(entries: &[&str]) -> BuildRequest {
             .iter()
             .map(|r| Requirement::from_str(r).unwrap())
             .collect(),
-        git_commits: Default::default(),
+        ..Default::default()
     }
 }
 
@@ -581,12 +581,46 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
             bytes: fixture_sdist(),
         }],
     );
+    // A team's own library, required from git (a real git daemon): built in the same
+    // sandbox, from the commit the lock pins.
+    let Some(daemon) = crate::lock_projects::GitDaemon::start() else {
+        return;
+    };
+    let teamlib_repo = daemon.repository(
+        "teamlib.git",
+        &[
+            (
+                "pyproject.toml",
+                &crate::lock_projects::PYPROJECT
+                    .replace("dependencies = [\"dep>=1.0\"]", "dependencies = []")
+                    .replace("extradep", "six"),
+            ),
+            ("src/teamlib/__init__.py", "VALUE = 1\n"),
+        ],
+    );
     let work = tempfile::tempdir().unwrap();
     let recipe = work.path().join("ext.yaml");
+    // And a local project beside the recipe, named by its directory.
+    let teamtools = work.path().join("libs/teamtools");
+    for (path, text) in [
+        ("pyproject.toml", "[build-system]\nrequires = [\"setuptools>=61\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"teamtools\"\nversion = \"1.0.0\"\ndependencies = []\n"),
+        ("src/teamtools/__init__.py", "NAME = \"tools\"\n"),
+    ] {
+        std::fs::create_dir_all(teamtools.join(path).parent().unwrap()).unwrap();
+        std::fs::write(teamtools.join(path), text).unwrap();
+    }
+    std::fs::write(
+        work.path().join("requirements.txt"),
+        format!(
+            "teamlib @ {}\n-e ./libs/teamtools\n",
+            daemon.url("teamlib.git", "main")
+        ),
+    )
+    .unwrap();
     std::fs::write(
         &recipe,
         format!(
-            "name: source-build-e2e\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"580.65.06\"\ncuda: {{ version: \"13.0\" }}\ncudnn: {{ version: \"9.19.0.56\" }}\ntorch: {{ version: \"2.11.0\" }}\ngpus: [\"RTX 4090\"]\nverify: {{ gpu: skip }}\nsource_date_epoch: 1772323200\nindexes: [{{ name: fixture, url: \"{}\", packages: [cuda-ext] }}]\nbuild:\n  - {{ package: cuda-ext, version: \"0.1.0\" }}\n  - {{ package: torchsort, version: \"0.1.10\" }}\n",
+            "name: source-build-e2e\nbase: {{ debian: bookworm }}\npython: \"3.11\"\ndriver_floor: \"580.65.06\"\ncuda: {{ version: \"13.0\" }}\ncudnn: {{ version: \"9.19.0.56\" }}\ntorch: {{ version: \"2.11.0\" }}\ngpus: [\"RTX 4090\"]\nverify: {{ gpu: skip }}\nsource_date_epoch: 1772323200\nindexes: [{{ name: fixture, url: \"{}\", packages: [cuda-ext] }}]\nrequirements: [requirements.txt]\nbuild:\n  - {{ package: cuda-ext, version: \"0.1.0\" }}\n  - {{ package: torchsort, version: \"0.1.10\" }}\n",
             server.url("/simple/")
         ),
     )
@@ -600,7 +634,10 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
             .map(|a| a.name.as_str())
             .collect()
     };
-    assert_eq!(of_kind(ArtifactKind::Sdist), ["cuda-ext", "torchsort"]);
+    assert_eq!(
+        of_kind(ArtifactKind::Sdist),
+        ["cuda-ext", "teamlib", "teamtools", "torchsort"]
+    );
     // setuptools is a build wheel unless the image has it (torch 2.11 requires it).
     for tool in [
         "ninja",
@@ -651,7 +688,12 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
         log
     };
     let first = build("layout-a");
-    for package in ["cuda-ext 0.1.0", "torchsort 0.1.10"] {
+    for package in [
+        "cuda-ext 0.1.0",
+        "teamlib 0.3.0",
+        "teamtools 1.0.0",
+        "torchsort 0.1.10",
+    ] {
         assert!(
             first.lines().any(|l| l.contains(package) && (l.contains(": built ") || l.contains(": reused "))),
             "{package}:\n{first}"
@@ -674,7 +716,12 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
         }
     }
     let second = build("layout-b");
-    for package in ["cuda-ext 0.1.0", "torchsort 0.1.10"] {
+    for package in [
+        "cuda-ext 0.1.0",
+        "teamlib 0.3.0",
+        "teamtools 1.0.0",
+        "torchsort 0.1.10",
+    ] {
         assert!(
             second
                 .lines()
@@ -708,9 +755,63 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
         "the image made with fetched wheels differs"
     );
 
+    // The team's branch moves: locking again keeps the commit, and the image is the same
+    // until `lock --upgrade-package teamlib`, which takes the new commit.
+    let locked_url =
+        |lock: &cudastack::lock::Lockfile| lock.artifact("teamlib").unwrap().url.to_string();
+    let before = locked_url(&lock);
+    let moved = crate::lock_projects::commit(
+        &teamlib_repo,
+        &[("src/teamlib/__init__.py", "VALUE = 2\n")],
+        "moved",
+    );
+    let lock_path = work.path().join("ext.lock");
+    cudastack(&["lock".as_ref(), recipe.as_os_str()]);
+    assert_eq!(
+        locked_url(&cudastack::lock::Lockfile::read(&lock_path).unwrap()),
+        before
+    );
+    build("layout-c");
+    assert_eq!(
+        digest("layout-a"),
+        digest("layout-c"),
+        "a moved branch changed the image"
+    );
+    cudastack(&[
+        "lock".as_ref(),
+        recipe.as_os_str(),
+        "--upgrade-package".as_ref(),
+        "teamlib".as_ref(),
+    ]);
+    let upgraded = locked_url(&cudastack::lock::Lockfile::read(&lock_path).unwrap());
+    assert!(upgraded.ends_with(&format!("@{moved}")), "{upgraded}");
+    // The local project's code changes: the build refuses the tree the lock does not name.
+    std::fs::write(
+        teamtools.join("src/teamtools/__init__.py"),
+        "NAME = \"changed\"\n",
+    )
+    .unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_cudastack"))
+        .arg("build")
+        .arg(&recipe)
+        .arg("--layout")
+        .arg(work.path().join("layout-d"))
+        .arg("--cache-dir")
+        .arg(&cache)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && stderr.contains("`teamtools` (`libs/teamtools`) changed since it was locked"),
+        "{stderr}"
+    );
+
     // The image records what was built, with the wheels' sha256.
     let labels = image_labels(&work.path().join("layout-a"));
     for (name, file) in [
+        ("teamlib", "teamlib-0.3.0-py3-none-any.whl"),
+        ("teamtools", "teamtools-1.0.0-py3-none-any.whl"),
         ("cuda-ext", "cuda_ext-0.1.0-cp311-cp311-linux_x86_64.whl"),
         ("torchsort", "torchsort-0.1.10-cp311-cp311-linux_x86_64.whl"),
     ] {
@@ -753,7 +854,7 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
         .args([
             "python3",
             "-c",
-            "import cuda_ext, torchsort, torchsort.isotonic_cuda as c; print(cuda_ext._C.__file__); print(c.__file__)",
+            "import cuda_ext, teamlib, teamtools, torchsort, torchsort.isotonic_cuda as c; assert teamlib.VALUE == 1 and teamtools.NAME == 'tools'; print(cuda_ext._C.__file__); print(c.__file__)",
         ])
         .output()
         .unwrap();

@@ -67,7 +67,7 @@ mod layer_wheel_members;
 mod lock_as_of;
 mod lock_debs;
 mod lock_fixtures;
-mod lock_git;
+mod lock_projects;
 mod lock_pypi;
 mod lock_python_inputs;
 mod lock_wheel_dirs;

@@ -5,10 +5,7 @@
 //! commit when the recipe is locked ([`resolve`]); the lock records the commit and the
 //! sha256 of the commit's tree as a canonical source archive ([`SourceTree::archive`]),
 //! which `build` makes again from the commit and checks before it compiles it as it does an
-//! sdist. The archive depends on the tree alone: entries sorted by path, files 0644 or 0755,
-//! directories 0755, symbolic links as they are, owner 0, one fixed mtime, and no
-//! compression (a compressor's output may change between its versions; fixed tar headers
-//! do not).
+//! sdist.
 //!
 //! git itself moves the bytes, as uv and cargo let it: the user's credential helpers and
 //! SSH keys work. Nothing of the repository runs: the commit is fetched into a fresh bare
@@ -18,25 +15,16 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::Read;
 use std::path::{Component, Path};
 use std::process::{Command, Stdio};
 
 use url::Url;
 
-use crate::digest::Digest;
+use super::source_tree::SourceTree;
 
 /// The protocols a git requirement may use. `file://` is not one: a lock from a pull
 /// request must not put a repository of the build host into the image.
 pub const SCHEMES: &[&str] = &["https", "http", "ssh", "git"];
-
-/// The most a tree may hold, as for an sdist: source, not data.
-pub const MAX_TREE_BYTES: u64 = 256 * 1024 * 1024;
-pub const MAX_TREE_ENTRIES: usize = 200_000;
-
-/// The mtime of every entry of a source archive: 2000-01-01T00:00:00Z (zip, which a
-/// wheel is, cannot hold times before 1980 in any time zone).
-pub const ARCHIVE_MTIME: u64 = 946_684_800;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GitError {
@@ -308,20 +296,6 @@ pub fn resolve(source: &GitSource) -> Result<Commit, GitError> {
         })
 }
 
-/// One entry of a source tree.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum TreeEntry {
-    Dir,
-    File { executable: bool, bytes: Vec<u8> },
-    Symlink(String),
-}
-
-/// The tree of a commit (or of its subdirectory), in memory: paths relative to its top.
-#[derive(Debug, Clone, Default)]
-pub struct SourceTree {
-    entries: BTreeMap<String, TreeEntry>,
-}
-
 /// Fetch `commit` of `source` and read its tree (the subdirectory's when the URL names one).
 pub fn fetch_tree(source: &GitSource, commit: &Commit) -> Result<SourceTree, GitError> {
     let url = source.repository.to_string();
@@ -412,139 +386,6 @@ pub fn fetch_tree(source: &GitSource, commit: &Commit) -> Result<SourceTree, Git
     Ok(tree)
 }
 
-impl SourceTree {
-    /// Read a tar stream (`git archive`'s) into a tree, bounded by [`MAX_TREE_BYTES`] and
-    /// [`MAX_TREE_ENTRIES`].
-    pub fn read_tar(reader: impl Read) -> Result<SourceTree, String> {
-        let mut archive = tar::Archive::new(reader.take(2 * MAX_TREE_BYTES));
-        let mut tree = SourceTree::default();
-        let mut total = 0u64;
-        let entries = archive
-            .entries()
-            .map_err(|e| format!("its archive is not a tar: {e}"))?;
-        for entry in entries {
-            let mut entry = entry.map_err(|e| format!("its archive is not a readable tar: {e}"))?;
-            let kind = entry.header().entry_type();
-            if kind.is_pax_global_extensions() || kind.is_pax_local_extensions() {
-                continue;
-            }
-            let path = entry
-                .path()
-                .map_err(|e| format!("an entry has an unreadable name: {e}"))?
-                .into_owned();
-            let name = plain_path(&path)?;
-            let value = if kind.is_dir() {
-                TreeEntry::Dir
-            } else if kind.is_symlink() {
-                let target = entry
-                    .link_name()
-                    .ok()
-                    .flatten()
-                    .and_then(|t| t.to_str().map(str::to_string))
-                    .ok_or_else(|| format!("the link `{name}` has no readable target"))?;
-                TreeEntry::Symlink(target)
-            } else if kind.is_file() {
-                total += entry.size();
-                if total > MAX_TREE_BYTES {
-                    return Err(format!("it holds more than {} MiB", MAX_TREE_BYTES >> 20));
-                }
-                let executable = entry.header().mode().is_ok_and(|m| m & 0o111 != 0);
-                let mut bytes = Vec::with_capacity(entry.size() as usize);
-                entry
-                    .read_to_end(&mut bytes)
-                    .map_err(|e| format!("`{name}` could not be read: {e}"))?;
-                TreeEntry::File { executable, bytes }
-            } else {
-                return Err(format!(
-                    "`{name}` is neither a file, a directory nor a link"
-                ));
-            };
-            if name.is_empty() {
-                continue;
-            }
-            tree.entries.insert(name, value);
-            if tree.entries.len() > MAX_TREE_ENTRIES {
-                return Err(format!("it has more than {MAX_TREE_ENTRIES} entries"));
-            }
-        }
-        Ok(tree)
-    }
-
-    /// The bytes of the regular file at `path` (relative to the top), if there is one.
-    pub fn file(&self, path: &str) -> Option<&[u8]> {
-        match self.entries.get(path) {
-            Some(TreeEntry::File { bytes, .. }) => Some(bytes),
-            _ => None,
-        }
-    }
-
-    /// The canonical source archive: every entry under `top/`, sorted, with fixed modes,
-    /// owner and time (see the module's text).
-    pub fn archive(&self, top: &str) -> Vec<u8> {
-        let mut builder = tar::Builder::new(Vec::new());
-        let header = |kind: tar::EntryType, mode: u32, size: u64| {
-            let mut header = tar::Header::new_gnu();
-            header.set_entry_type(kind);
-            header.set_mode(mode);
-            header.set_size(size);
-            header.set_uid(0);
-            header.set_gid(0);
-            header.set_mtime(ARCHIVE_MTIME);
-            header
-        };
-        let mut top_header = header(tar::EntryType::Directory, 0o755, 0);
-        builder
-            .append_data(&mut top_header, format!("{top}/"), std::io::empty())
-            .expect("writing to memory");
-        for (path, entry) in &self.entries {
-            let name = format!("{top}/{path}");
-            let written = match entry {
-                TreeEntry::Dir => {
-                    let mut h = header(tar::EntryType::Directory, 0o755, 0);
-                    builder.append_data(&mut h, format!("{name}/"), std::io::empty())
-                }
-                TreeEntry::File { executable, bytes } => {
-                    let mode = if *executable { 0o755 } else { 0o644 };
-                    let mut h = header(tar::EntryType::Regular, mode, bytes.len() as u64);
-                    builder.append_data(&mut h, &name, bytes.as_slice())
-                }
-                TreeEntry::Symlink(target) => {
-                    let mut h = header(tar::EntryType::Symlink, 0o777, 0);
-                    builder.append_link(&mut h, &name, target)
-                }
-            };
-            written.expect("writing to memory");
-        }
-        builder.into_inner().expect("writing to memory")
-    }
-
-    /// The sha256 of [`Self::archive`].
-    pub fn archive_digest(&self, top: &str) -> Digest {
-        Digest::of_bytes(&self.archive(top))
-    }
-}
-
-/// A tree path as plain `/`-separated names, or why it is not one.
-fn plain_path(path: &Path) -> Result<String, String> {
-    let mut parts = Vec::new();
-    for component in path.components() {
-        match component {
-            Component::Normal(name) => parts.push(
-                name.to_str()
-                    .ok_or_else(|| format!("`{}` is not UTF-8", path.display()))?,
-            ),
-            Component::CurDir => {}
-            _ => {
-                return Err(format!(
-                    "`{}` is not a path inside the tree",
-                    path.display()
-                ))
-            }
-        }
-    }
-    Ok(parts.join("/"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -604,105 +445,5 @@ mod tests {
                 "{error}"
             );
         }
-    }
-
-    fn tar_of(entries: &[(&str, tar::EntryType, u32, &[u8])]) -> Vec<u8> {
-        let mut builder = tar::Builder::new(Vec::new());
-        for (path, kind, mode, bytes) in entries {
-            let mut header = tar::Header::new_ustar();
-            header.set_entry_type(*kind);
-            header.set_mode(*mode);
-            header.set_mtime(1_700_000_000);
-            if kind.is_symlink() {
-                header.set_size(0);
-                builder
-                    .append_link(&mut header, path, std::str::from_utf8(bytes).unwrap())
-                    .unwrap();
-            } else {
-                header.set_size(bytes.len() as u64);
-                builder.append_data(&mut header, path, *bytes).unwrap();
-            }
-        }
-        builder.into_inner().unwrap()
-    }
-
-    #[test]
-    fn the_archive_depends_on_the_tree_only() {
-        use tar::EntryType::{Directory, Regular, Symlink};
-        let one = tar_of(&[
-            ("pkg/", Directory, 0o775, b""),
-            ("pkg/__init__.py", Regular, 0o664, b"x = 1\n"),
-            ("run.sh", Regular, 0o775, b"#!/bin/sh\n"),
-            ("link", Symlink, 0o777, b"pkg/__init__.py"),
-        ]);
-        // The same tree, in another order, with other times and group bits.
-        let two = tar_of(&[
-            ("link", Symlink, 0o777, b"pkg/__init__.py"),
-            ("run.sh", Regular, 0o755, b"#!/bin/sh\n"),
-            ("pkg/__init__.py", Regular, 0o644, b"x = 1\n"),
-            ("pkg/", Directory, 0o755, b""),
-        ]);
-        let (one, two) = (
-            SourceTree::read_tar(&one[..]).unwrap(),
-            SourceTree::read_tar(&two[..]).unwrap(),
-        );
-        assert_eq!(one.archive("lib-1.0"), two.archive("lib-1.0"));
-        assert_eq!(one.file("pkg/__init__.py"), Some(&b"x = 1\n"[..]));
-        assert_eq!(one.file("link"), None);
-        let bytes = one.archive("lib-1.0");
-        let mut archive = tar::Archive::new(&bytes[..]);
-        let listed: Vec<(String, u32, u64)> = archive
-            .entries()
-            .unwrap()
-            .map(|e| {
-                let e = e.unwrap();
-                let h = e.header();
-                (
-                    e.path().unwrap().display().to_string(),
-                    h.mode().unwrap(),
-                    h.mtime().unwrap(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            listed,
-            [
-                ("lib-1.0/".to_string(), 0o755, ARCHIVE_MTIME),
-                ("lib-1.0/link".to_string(), 0o777, ARCHIVE_MTIME),
-                ("lib-1.0/pkg/".to_string(), 0o755, ARCHIVE_MTIME),
-                ("lib-1.0/pkg/__init__.py".to_string(), 0o644, ARCHIVE_MTIME),
-                ("lib-1.0/run.sh".to_string(), 0o755, ARCHIVE_MTIME),
-            ]
-        );
-        let other = tar_of(&[("pkg/__init__.py", Regular, 0o644, b"x = 2\n")]);
-        let other = SourceTree::read_tar(&other[..]).unwrap();
-        assert_ne!(
-            other.archive_digest("lib-1.0"),
-            one.archive_digest("lib-1.0")
-        );
-    }
-
-    #[test]
-    fn a_tree_with_a_path_outside_or_a_device_is_refused() {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Char);
-        header.set_size(0);
-        let mut builder = tar::Builder::new(Vec::new());
-        builder
-            .append_data(&mut header, "dev", std::io::empty())
-            .unwrap();
-        let bytes = builder.into_inner().unwrap();
-        let error = SourceTree::read_tar(&bytes[..]).unwrap_err();
-        assert!(error.contains("neither a file"), "{error}");
-        // tar's writer refuses `..`, so the name is written into the header by hand.
-        let mut header = tar::Header::new_gnu();
-        header.as_old_mut().name[..9].copy_from_slice(b"../escape");
-        header.set_size(0);
-        header.set_entry_type(tar::EntryType::Regular);
-        header.set_cksum();
-        let mut bytes = header.as_bytes().to_vec();
-        bytes.extend([0u8; 1024]);
-        let error = SourceTree::read_tar(&bytes[..]).unwrap_err();
-        assert!(error.contains("not a path inside the tree"), "{error}");
     }
 }

@@ -13,7 +13,8 @@
 //! - [`redist`]: NVIDIA `redistrib_<version>.json` manifests (CUDA components, cuDNN);
 //! - [`mirror`]: a local directory of wheels for air-gapped sites;
 //! - [`local_wheels`]: the recipe's `wheels:` directories, read without leaving them;
-//! - [`git`]: a git requirement's commit, and its tree as a canonical source archive;
+//! - [`git`]: a git requirement's commit and its tree; [`source_tree`]: a tree (a commit's,
+//!   a local project's) as a canonical source archive;
 //! - [`source`]: the package sources the resolver asks, in priority order;
 //! - [`download`] and [`progress`]: streaming, resumable, hash-checked downloads into the
 //!   [`crate::cache::BlobStore`], with progress on a reporter trait and an offline mode.
@@ -37,3 +38,4 @@ pub mod progress;
 pub mod redist;
 pub mod remote_zip;
 pub mod source;
+pub mod source_tree;

@@ -157,6 +157,12 @@ pub fn build_request(
         builds: recipe.build.clone(),
         toolchain,
         git_commits: Default::default(),
+        projects: Vec::new(),
+        recipe_dir: resolved
+            .path()
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
     })
 }
 

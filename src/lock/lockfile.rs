@@ -180,6 +180,10 @@ impl Location {
     /// Parse what a lock writes; a `file:` reference is checked part by part.
     pub fn parse(text: &str) -> Result<Location, String> {
         if let Some(relative) = text.strip_prefix("file:").filter(|r| !r.starts_with('/')) {
+            // A local project in the recipe's own directory.
+            if relative == "." {
+                return Ok(Location::Recipe(relative.to_string()));
+            }
             for part in relative.split('/') {
                 if part == "." {
                     return Err(format!(
@@ -323,14 +327,16 @@ impl Artifact {
             reason,
         };
         if let Location::Recipe(path) = &self.url {
-            // Only the recipe's own wheels live beside it, each under its file name.
+            // Only the recipe's own wheels live beside it, each under its file name, and
+            // its local projects (an sdist is the directory's archive).
             let named = path.rsplit('/').next() == Some(&*self.filename);
             let wheel = matches!(self.kind, ArtifactKind::Wheel | ArtifactKind::BuildWheel);
-            if !wheel || !named {
+            let allowed = (wheel && named) || self.is_project();
+            if !allowed {
                 return Err(error(
                     "url",
                     format!(
-                        "`{}`: a file beside the recipe is only ever a wheel of `wheels:` named `{}`",
+                        "`{}`: a file beside the recipe is only ever a wheel of `wheels:` named `{}`, or a local project's directory",
                         self.url, &*self.filename
                     ),
                 ));
@@ -415,8 +421,13 @@ impl Artifact {
             reason,
         };
         let (name, version) = self.python_name_and_version()?;
-        // A git requirement's tree is archived uncompressed (src/fetch/git.rs).
-        let suffix = if self.is_git() { ".tar" } else { ".tar.gz" };
+        // A git requirement's or local project's tree is archived uncompressed
+        // (src/fetch/source_tree.rs).
+        let suffix = if self.is_git() || self.is_project() {
+            ".tar"
+        } else {
+            ".tar.gz"
+        };
         let stem = self.filename.strip_suffix(suffix);
         let matches =
             stem.and_then(|stem| stem.rsplit_once('-'))
@@ -443,6 +454,11 @@ impl Artifact {
                 .url
                 .as_url()
                 .is_some_and(|url| url.scheme().starts_with("git+"))
+    }
+
+    /// Whether this is a local project, built from its directory beside the recipe.
+    pub fn is_project(&self) -> bool {
+        self.kind == ArtifactKind::Sdist && matches!(self.url, Location::Recipe(_))
     }
 
     /// A git requirement's source and the commit its URL pins (a lock never names a

@@ -130,7 +130,7 @@ pub enum LockError {
     #[error(transparent)]
     Git(#[from] crate::fetch::git::GitError),
     #[error("`{package}` @ {url}: {why}\n  hint: {hint}")]
-    GitProject {
+    ProjectSource {
         package: PackageName,
         url: String,
         why: String,
@@ -243,7 +243,7 @@ pub async fn resolve_with_builds(
     let git = git_requirements(&request.requirements)?;
     for (name, source) in &git {
         if builds.builds.iter().any(|b| b.package == *name) {
-            return Err(LockError::GitProject {
+            return Err(LockError::ProjectSource {
                 package: name.clone(),
                 url: source.to_string(),
                 why: "the recipe's `build:` names the package too".into(),
@@ -256,6 +256,12 @@ pub async fn resolve_with_builds(
             sdist::inspect_git(&name, &source, locked.as_ref())
         })
         .await??;
+        sdists.push(found);
+    }
+    for project in &builds.projects {
+        let (dir, project) = (builds.recipe_dir.clone(), project.clone());
+        let found =
+            tokio::task::spawn_blocking(move || sdist::inspect_project(&dir, &project)).await??;
         sdists.push(found);
     }
     let mut artifacts = if request.requirements.is_empty() {
@@ -279,6 +285,15 @@ pub async fn resolve_with_builds(
     for artifact in &mut artifacts {
         if let Some((_, source)) = git.iter().find(|(name, _)| name.as_ref() == artifact.name) {
             artifact.source = source.to_string();
+        }
+        // A local project is named by its directory, relative to the recipe's.
+        if let Some(project) = builds
+            .projects
+            .iter()
+            .find(|p| p.name.as_ref() == artifact.name)
+        {
+            artifact.url = Location::Recipe(project.path.clone());
+            artifact.source = project.path.clone();
         }
     }
     if !sdists.is_empty() {

@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
+use std::str::FromStr;
 
 use pep440_rs::{Operator, Version, VersionSpecifiers};
 use pep508_rs::{
@@ -172,6 +173,19 @@ pub struct PythonInputs {
     pub files: Vec<InputFile>,
     /// Every wheel `wheels:` offers, by path, with its sha256 ([`Self::with_wheels`]).
     pub wheels: BTreeMap<String, Digest>,
+    /// The local projects named by directory (`./libs/teamlib`, `-e .`): each is a root by
+    /// its name, and is built from its directory (src/lock/sdist.rs).
+    pub projects: Vec<LocalProject>,
+}
+
+/// A local project a requirements file names by its directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalProject {
+    /// The name its pyproject.toml declares.
+    pub name: PackageName,
+    /// Its directory, relative to the recipe's (`.` for the recipe's own).
+    pub path: String,
+    pub origin: Origin,
 }
 
 impl PythonInputs {
@@ -246,6 +260,10 @@ impl PythonInputs {
             "files": files,
         });
         self.add_wheels(&mut value);
+        if !self.projects.is_empty() {
+            let paths: BTreeSet<&str> = self.projects.iter().map(|p| p.path.as_str()).collect();
+            value["projects"] = serde_json::json!(paths);
+        }
         Digest::of_bytes(value.to_string().as_bytes())
     }
 
@@ -288,14 +306,16 @@ impl PythonInputs {
     }
 
     /// Add these inputs to `request`: roots after the recipe's, constraints and hashes, and
-    /// the digest that makes the lock stale when a file changes.
-    pub fn apply(self, recipe: &Recipe, request: &mut LockRequest) {
+    /// the digest that makes the lock stale when a file changes. The local projects are
+    /// the caller's to build (they are roots by name here).
+    pub fn apply(self, recipe: &Recipe, request: &mut LockRequest) -> Vec<LocalProject> {
         request.recipe_digest = self.lock_digest(recipe);
         request.byte_digest = Some(self.byte_digest(recipe));
         request
             .requirements
             .extend(self.roots.into_iter().map(|s| s.requirement));
         request.constraints = self.constraints;
+        self.projects
     }
 }
 
@@ -304,7 +324,7 @@ impl PythonInputs {
 pub fn add_to_request(
     resolved: &ResolvedRecipe,
     request: &mut LockRequest,
-) -> Result<(), PythonInputsError> {
+) -> Result<Vec<LocalProject>, PythonInputsError> {
     let (recipe, recipe_path) = (resolved.recipe(), resolved.path());
     let inputs = PythonInputs::load(recipe, recipe_path, &request.target)?
         .with_wheels(resolved.local_wheels());
@@ -327,8 +347,7 @@ pub fn add_to_request(
         .collect();
     check_against_stack(packages.iter(), &stack)?;
     inputs.check_stack(&stack)?;
-    inputs.apply(recipe, request);
-    Ok(())
+    Ok(inputs.apply(recipe, request))
 }
 
 /// Refuse the first of `requirements` that does not admit a version the stack decides.
@@ -455,6 +474,51 @@ impl InputReader {
         })
     }
 
+    /// Keep the project at `display` (a directory relative to the recipe's) as a root by
+    /// the name its pyproject.toml declares.
+    pub(crate) fn add_project(
+        &mut self,
+        display: &str,
+        origin: Origin,
+    ) -> Result<(), PythonInputsError> {
+        let dir = if display.is_empty() { "." } else { display };
+        let pyproject = format!(
+            "{}pyproject.toml",
+            if display.is_empty() {
+                String::new()
+            } else {
+                format!("{display}/")
+            }
+        );
+        let text = self.read_text(&pyproject, &format!("the project at {origin}"))?;
+        let refused = |message: String, hint: &str| PythonInputsError::Entry {
+            origin: origin.clone(),
+            message,
+            hint: hint.to_string(),
+        };
+        let name = project_name(&text).map_err(|why| {
+            refused(
+                format!("the project `{dir}`: {why}"),
+                "a project named by its directory is locked by the static `[project]` table of its pyproject.toml (PEP 621): give it `name`, `version` and `dependencies`",
+            )
+        })?;
+        if self.inputs.projects.iter().any(|p| p.name == name) {
+            return Err(refused(
+                format!("the project `{name}` is named twice"),
+                "keep one of the lines",
+            ));
+        }
+        let requirement = crate::names::parse_requirement(name.as_ref())
+            .expect("a package name is a requirement");
+        self.add_root(requirement, origin.clone())?;
+        self.inputs.projects.push(LocalProject {
+            name,
+            path: dir.to_string(),
+            origin,
+        });
+        Ok(())
+    }
+
     /// Keep `requirement` as a root when its marker holds for the target; refuse one past
     /// [`MAX_REQUIREMENTS`].
     pub(crate) fn add_root(
@@ -520,6 +584,18 @@ impl InputReader {
     }
 }
 
+/// The `[project] name` of a pyproject.toml.
+fn project_name(text: &str) -> Result<PackageName, String> {
+    let table: toml::Table =
+        toml::from_str(text).map_err(|e| format!("its pyproject.toml is not TOML: {e}"))?;
+    let name = table
+        .get("project")
+        .and_then(|p| p.get("name"))
+        .and_then(toml::Value::as_str)
+        .ok_or("its pyproject.toml has no `[project] name`")?;
+    PackageName::from_str(name).map_err(|e| format!("`{name}` is not a package name: {e}"))
+}
+
 /// `base` joined with `relative`, `.` and `..` resolved by name: the path as the recipe's
 /// directory sees it, for messages and the lock's digest. A path that is absolute or whose
 /// `..` climbs out of the recipe's directory is refused (`key` names who asked for it): a
@@ -552,8 +628,8 @@ pub(crate) fn join_relative(
     Ok(parts.join("/"))
 }
 
-/// What to do with a package that is not on an index (local projects are not inputs yet).
-pub(crate) const PUBLISH_OR_COPY: &str = "put its wheel in a directory named in the recipe's `wheels:` and require it by name, publish the package to an index named in the recipe's `indexes:`, or put your own code in the image with `copy:` (local projects are not supported as inputs yet)";
+/// What to do with a package that is not on an index.
+pub(crate) const PUBLISH_OR_COPY: &str = "put its wheel in a directory named in the recipe's `wheels:` and require it by name, publish the package to an index named in the recipe's `indexes:`, name a project's directory (`./libs/teamlib`) or git repository (`name @ git+https://...@TAG`) to have it built, or put your own code in the image with `copy:`";
 
 /// The leading name-like token of a line (`torch` of `torch==2.5.1`), all an error may quote
 /// of a line that is not a requirement: the line may be a secret (`-r` of a credentials file).

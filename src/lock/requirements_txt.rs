@@ -51,6 +51,11 @@ enum Line<'t> {
         text: &'t str,
         hashes: Vec<&'t str>,
     },
+    /// A local project's directory (`./libs/teamlib`, `-e .`): built from source
+    /// (src/lock/sdist.rs), never linked.
+    Project {
+        path: &'t str,
+    },
 }
 
 impl Walk<'_> {
@@ -94,6 +99,19 @@ impl Walk<'_> {
                 Line::Ignored => {}
                 Line::Requirement { text, hashes } => {
                     self.requirement(text, &hashes, constraint, origin)?
+                }
+                Line::Project { path } => {
+                    if constraint {
+                        return Err(entry(
+                            origin,
+                            format!("the constraint file names a project directory (`{}`); a constraint only narrows versions", crate::reference::escape(path)),
+                            "move the line to a requirements file".into(),
+                        ));
+                    }
+                    let base = Path::new(display).parent().unwrap_or(Path::new(""));
+                    let key = format!("the project at {origin}");
+                    let target = join_relative(base, Path::new(path), &key)?;
+                    self.reader.add_project(&target, origin)?;
                 }
             }
         }
@@ -214,6 +232,9 @@ fn parse_line<'t>(line: &'t str, origin: &Origin) -> Result<Line<'t>, PythonInpu
     if line.contains("${") {
         return Err(entry(origin.clone(), "the line uses an environment variable (`${...}`), which pip expands and cudastack does not: a lock must not depend on the environment it was made in".into(), "write the value into the file".into()));
     }
+    if is_directory_line(line) {
+        return Ok(Line::Project { path: line.trim() });
+    }
     if !line.starts_with('-') {
         return requirement_line(line, origin);
     }
@@ -242,11 +263,16 @@ fn parse_line<'t>(line: &'t str, origin: &Origin) -> Result<Line<'t>, PythonInpu
             format!("`{name}` is not read from requirements files: where packages come from is the recipe's business, and the lock records it"),
             "use the recipe's `indexes:` (docs/recipe-python.md), and delete this line".into(),
         )),
-        "-e" | "--editable" => Err(entry(
-            origin.clone(),
-            "an editable requirement links the environment to a source tree on this machine; an image installs wheels, locked by hash".into(),
-            PUBLISH_OR_COPY.into(),
-        )),
+        // An image holds no link to this machine's tree: the project is built into a
+        // wheel, as `./dir` is.
+        "-e" | "--editable" => match value.filter(|v| is_directory_line(v)) {
+            Some(path) => Ok(Line::Project { path }),
+            None => Err(entry(
+                origin.clone(),
+                "an editable requirement of a URL or a name links the environment to a source tree cudastack does not lock".into(),
+                "name the project's directory (`-e ./libs/teamlib`, built into a wheel from the recipe's directory), require it from git (`name @ git+https://...@TAG`), or see docs/recipe-python.md".into(),
+            )),
+        },
         "--no-binary" => Err(entry(
             origin.clone(),
             "`--no-binary` asks for source builds; cudastack installs wheels only (source builds are separate work)".into(),
@@ -298,6 +324,17 @@ fn requirement_line<'t>(line: &'t str, origin: &Origin) -> Result<Line<'t>, Pyth
         }
     }
     Ok(Line::Requirement { text, hashes })
+}
+
+/// Whether a line (or `-e`'s value) names a project directory relative to the file: `.`,
+/// `./dir`, `../dir` (pip's forms; an absolute path or an archive is not one).
+fn is_directory_line(text: &str) -> bool {
+    let text = text.trim();
+    let relative = text == "." || text == ".." || text.starts_with("./") || text.starts_with("../");
+    let archive = [".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz"]
+        .iter()
+        .any(|ext| text.ends_with(ext));
+    relative && !archive && !text.contains(char::is_whitespace) && !text.contains(';')
 }
 
 /// What a requirement file's text might name besides a package on an index.
@@ -504,7 +541,12 @@ mod tests {
                 "`--extra-index-url` is not read",
                 "`indexes:`",
             ),
-            ("-e .", "editable", "`copy:`"),
+            (
+                "-e https://example.org/x",
+                "editable",
+                "`-e ./libs/teamlib`",
+            ),
+            ("-e pkg", "editable", "git+https"),
             ("--no-binary :all:", "wheels only", "delete this line"),
             ("--pre", "pre-release", "pin the pre-release"),
             (
@@ -525,8 +567,22 @@ mod tests {
             assert!(error.contains(expected), "{line}: {error}");
             assert!(error.contains(hint), "{line}: {error}");
         }
+        for line in [
+            ".",
+            "./libs/teamlib",
+            "-e .",
+            "-e ../teamlib",
+            "--editable=./x",
+        ] {
+            let path = line.rsplit([' ', '=']).next().unwrap();
+            assert_eq!(
+                parse_line(line, &o).unwrap(),
+                Line::Project { path },
+                "{line}"
+            );
+        }
         for (text, expected) in [
-            ("./local/project", "names a URL or a path"),
+            ("/abs/project", "names a URL or a path"),
             ("dist/pkg-1.0-py3-none-any.whl", "names a URL or a path"),
             (
                 "https://example.org/pkg-1.0.tar.gz",

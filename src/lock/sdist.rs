@@ -11,17 +11,22 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use pep440_rs::Version;
 use pep508_rs::{PackageName, Requirement};
 
 use crate::digest::Digest;
+use url::Url;
+
 use crate::fetch::git::{self, Commit, GitSource};
 use crate::fetch::http::HttpClient;
 use crate::fetch::index::DistFile;
 use crate::fetch::metadata::{Metadata, MAX_METADATA_BYTES};
 use crate::fetch::source::PackageSource;
+use crate::fetch::source_tree::SourceTree;
+use crate::lock::python_inputs::LocalProject;
 use crate::lock::LockError;
 use crate::recipe::SourceBuild;
 
@@ -44,6 +49,10 @@ pub struct BuildRequest {
     /// The commit each git requirement (by its URL as written) had in the previous lock:
     /// a moved branch or tag changes nothing until `lock --upgrade`.
     pub git_commits: BTreeMap<String, Commit>,
+    /// The local projects the requirements files name by directory, and the recipe's
+    /// directory they are relative to.
+    pub projects: Vec<LocalProject>,
+    pub recipe_dir: PathBuf,
 }
 
 /// One sdist of `build:`, found and read.
@@ -76,28 +85,73 @@ pub(crate) fn inspect_git(
     };
     let tree = git::fetch_tree(source, &commit)?;
     let pinned = source.at(&commit);
-    let project = |why: String, hint: &str| LockError::GitProject {
+    sdist_of_tree(name, &tree, pinned.to_url(), &pinned.to_string())
+}
+
+/// A local project named by its directory, read as it is now (the lock records the sha256
+/// of its tree; `build` refuses a tree that changed since).
+pub(crate) fn inspect_project(
+    recipe_dir: &Path,
+    project: &LocalProject,
+) -> Result<SdistInfo, LockError> {
+    let refused = |why: String| LockError::ProjectSource {
+        package: project.name.clone(),
+        url: project.path.clone(),
+        why,
+        hint: "name a directory inside the recipe's, holding a pyproject.toml".into(),
+    };
+    let dir = project_dir(recipe_dir, &project.path).map_err(refused)?;
+    let tree = SourceTree::read_dir(&dir).map_err(refused)?;
+    let url = Url::from_directory_path(&dir)
+        .map_err(|()| refused("its directory is not an absolute path".into()))?;
+    sdist_of_tree(&project.name, &tree, url, &project.path)
+}
+
+/// The directory of a project at `path` (relative to the recipe's, checked by name when
+/// read), refused when a link on the way leads out of the recipe's directory.
+pub(crate) fn project_dir(recipe_dir: &Path, path: &str) -> Result<PathBuf, String> {
+    let root = if recipe_dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        recipe_dir
+    };
+    let root = std::fs::canonicalize(root).map_err(|e| format!("the recipe's directory: {e}"))?;
+    let dir = std::fs::canonicalize(root.join(path)).map_err(|e| format!("`{path}`: {e}"))?;
+    if !dir.starts_with(&root) {
+        return Err(format!(
+            "`{path}` leads out of the recipe's directory through a symbolic link"
+        ));
+    }
+    Ok(dir)
+}
+
+/// The sdist a source tree makes: its name, version and requirements from its pyproject.toml,
+/// its bytes the tree's canonical archive (`NAME-VERSION.tar`), found at `url`.
+fn sdist_of_tree(
+    name: &PackageName,
+    tree: &SourceTree,
+    url: Url,
+    shown: &str,
+) -> Result<SdistInfo, LockError> {
+    let project = |why: String, hint: &str| LockError::ProjectSource {
         package: name.clone(),
-        url: pinned.to_string(),
+        url: shown.to_string(),
         why,
         hint: hint.to_string(),
     };
     let text = tree
         .file("pyproject.toml")
-        .ok_or_else(|| project("its tree has no `pyproject.toml` at its top".into(), "a git requirement is built with its PEP 517 backend from the static `[project]` table of its pyproject.toml (PEP 621); add one, or name the project's directory with `#subdirectory=DIR`"))?;
+        .ok_or_else(|| project("its tree has no `pyproject.toml` at its top".into(), "a project built from source is locked by the static `[project]` table of its pyproject.toml (PEP 621); add one, or name the project's directory (`#subdirectory=DIR` for git)"))?;
     let text = std::str::from_utf8(text)
         .map_err(|_| project("its `pyproject.toml` is not UTF-8".into(), "fix the file"))?;
-    let declared = StaticProject::read(text).map_err(|why| project(why, "cudastack locks a git requirement by the name, version and dependencies its pyproject.toml declares, without running its build; declare them in `[project]` (not in `dynamic`)"))?;
+    let declared = StaticProject::read(text).map_err(|why| project(why, "cudastack locks a project by the name, version and dependencies its pyproject.toml declares, without running its build; declare them in `[project]` (not in `dynamic`)"))?;
     if declared.metadata.name != *name {
         return Err(project(
             format!(
                 "its pyproject.toml names the project `{}`",
                 declared.metadata.name
             ),
-            &format!(
-                "write `{} @ {source}` in the requirements",
-                declared.metadata.name
-            ),
+            &format!("require it as `{}`", declared.metadata.name),
         ));
     }
     let version = declared.metadata.version.clone();
@@ -108,7 +162,7 @@ pub(crate) fn inspect_git(
         .map_err(|e| project(e.to_string(), "rename the project"))?;
     let file = DistFile {
         filename,
-        url: pinned.to_url(),
+        url,
         sha256: Some(sha256),
         size: Some(archive.len() as u64),
         requires_python: declared.metadata.requires_python.clone(),

@@ -188,7 +188,7 @@ async fn lock_platform(
     let (recipe, path) = (resolved.recipe(), resolved.path());
     let mut request = lock_request_for(resolved, client, settings.mirror.as_deref(), platform)?;
     // requirements:, pyproject:, python_lock: (their files join the lock's digest).
-    add_to_request(resolved, &mut request)?;
+    let projects = add_to_request(resolved, &mut request)?;
     let out = platform_lock_path(path, platform);
     // A previous lock of another format or unreadable: nothing to keep.
     let previous = Lockfile::read(&out).ok();
@@ -203,6 +203,7 @@ async fn lock_platform(
     // `build:` packages are locked from their sdists, with what their builds need.
     let mut builds = build_request(resolved)?;
     builds.git_commits = git_commits_to_keep(previous.as_ref(), &settings.upgrade);
+    builds.projects = projects;
     for build in &builds.builds {
         progress.status(&format!(
             "  reading the sdist of {build} (`build:`): its sha256, run and build requirements"

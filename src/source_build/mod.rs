@@ -170,6 +170,14 @@ pub enum SourceBuildError {
         expected: Digest,
         found: Digest,
     },
+    #[error("the project `{package}` (`{path}`) changed since it was locked: the lock pins the sha256 of its tree, and the build takes the tree the lock names\n  hint: run `cudastack lock` again (it reads the project as it is now), then build")]
+    ProjectChanged { package: String, path: String },
+    #[error("the project `{package}` (`{path}`) cannot be read: {why}")]
+    ProjectUnreadable {
+        package: String,
+        path: String,
+        why: String,
+    },
     #[error("the build of `{package}` runs offline, and the cache has no archive of its git commit ({url})\n  hint: build once online, which keeps it in the cache")]
     GitOffline { package: String, url: String },
     #[error(transparent)]
@@ -373,8 +381,9 @@ pub(crate) fn plan_builds(
             .find(|b| b.package.as_ref() == sdist.name)
         {
             Some(entry) => entry.clone(),
-            // A git requirement: built like a `build:` entry with nothing of its own.
-            None if sdist.is_git() => git_entry(sdist)?,
+            // A git requirement or local project: built like a `build:` entry with nothing
+            // of its own.
+            None if sdist.is_git() || sdist.is_project() => project_entry(sdist)?,
             None => {
                 return Err(SourceBuildError::NotInRecipe {
                     package: sdist.name.clone(),
@@ -415,6 +424,12 @@ pub(crate) async fn add_built_wheels(
     store: &BlobStore,
     env: &BuildEnv<'_>,
 ) -> Result<Vec<BuiltWheel>, SourceBuildError> {
+    // A local project's wheel is cached by the tree the lock pins: the tree must still be
+    // that one, or the build would install code the lock does not name.
+    let recipe_dir = settings.recipe_path.parent().unwrap_or(Path::new(""));
+    for PlannedBuild { sdist, .. } in planned.iter().filter(|p| p.sdist.is_project()) {
+        tokio::task::block_in_place(|| project_tree(sdist, recipe_dir))?;
+    }
     let mut built = Vec::new();
     let mut missing = Vec::new();
     for PlannedBuild { sdist, entry, key } in planned {
@@ -462,9 +477,10 @@ pub(crate) async fn add_built_wheels(
     Ok(built)
 }
 
-/// The `build:` entry a git requirement is built as: no extra environment, and the run
-/// requirements its pyproject.toml declared (the lock resolved them).
-fn git_entry(sdist: &Artifact) -> Result<SourceBuild, SourceBuildError> {
+/// The `build:` entry a git requirement or local project is built as: no extra
+/// environment, and the run requirements its pyproject.toml declared (the lock resolved
+/// them).
+fn project_entry(sdist: &Artifact) -> Result<SourceBuild, SourceBuildError> {
     let unlocked = || SourceBuildError::NotInRecipe {
         package: sdist.name.clone(),
         version: sdist.version.clone(),
@@ -638,14 +654,21 @@ async fn fetch_sources(
     env: &BuildEnv<'_>,
     sdists: &[Artifact],
 ) -> Result<Vec<PathBuf>, SourceBuildError> {
-    let (git, published): (Vec<&Artifact>, Vec<&Artifact>) =
-        sdists.iter().partition(|a| a.is_git());
+    let made_here = |a: &&Artifact| a.is_git() || a.is_project();
+    let (git, published): (Vec<&Artifact>, Vec<&Artifact>) = sdists.iter().partition(made_here);
     let published: Vec<Artifact> = published.into_iter().cloned().collect();
     let mut downloaded = fetch_artifacts(settings, inputs, store, env, &published)
         .await?
         .into_iter();
     let mut made = Vec::new();
+    let recipe_dir = settings.recipe_path.parent().unwrap_or(Path::new(""));
     for sdist in git {
+        if sdist.is_project() {
+            made.push(tokio::task::block_in_place(|| {
+                project_archive(sdist, recipe_dir, store)
+            })?);
+            continue;
+        }
         if settings.offline && !store.contains(&sdist.sha256) {
             return Err(SourceBuildError::GitOffline {
                 package: sdist.name.clone(),
@@ -693,6 +716,40 @@ fn git_archive(sdist: &Artifact, store: &BlobStore) -> Result<PathBuf, SourceBui
     }
     store.put_bytes(&archive)?;
     Ok(store.path(&found))
+}
+
+/// The canonical archive of a local project's directory, in the blob store.
+fn project_archive(
+    sdist: &Artifact,
+    recipe_dir: &Path,
+    store: &BlobStore,
+) -> Result<PathBuf, SourceBuildError> {
+    let archive = project_tree(sdist, recipe_dir)?;
+    store.put_bytes(&archive)?;
+    Ok(store.path(&sdist.sha256))
+}
+
+/// The canonical archive of a local project's directory, refused unless it is the tree
+/// the lock read.
+fn project_tree(sdist: &Artifact, recipe_dir: &Path) -> Result<Vec<u8>, SourceBuildError> {
+    let path = sdist.url.to_string();
+    let path = path.trim_start_matches("file:");
+    let unreadable = |why: String| SourceBuildError::ProjectUnreadable {
+        package: sdist.name.clone(),
+        path: path.to_string(),
+        why,
+    };
+    let dir = crate::lock::sdist::project_dir(recipe_dir, path).map_err(unreadable)?;
+    let tree = crate::fetch::source_tree::SourceTree::read_dir(&dir).map_err(unreadable)?;
+    let archive = tree.archive(&format!("{}-{}", sdist.name, sdist.version));
+    let found = Digest::of_bytes(&archive);
+    if found != sdist.sha256 {
+        return Err(SourceBuildError::ProjectChanged {
+            package: sdist.name.clone(),
+            path: path.to_string(),
+        });
+    }
+    Ok(archive)
 }
 
 /// Stage the builder once, then build each missing wheel in it.

@@ -308,11 +308,13 @@ pub(crate) fn expectations(inputs: &PlatformInputs) -> Expectations {
             .iter()
             .map(|cc| cc.sm())
             .collect(),
-        // The distribution's name as a module: `cuda-ext` imports as `cuda_ext`.
+        // The distribution's name as a module: `cuda-ext` imports as `cuda_ext`. A git
+        // requirement's project is not assumed to be an extension, nor to import under
+        // its distribution's name.
         extensions: lock
             .artifacts
             .iter()
-            .filter(|a| a.kind == ArtifactKind::Sdist)
+            .filter(|a| a.kind == ArtifactKind::Sdist && !a.is_git())
             .map(|a| a.name.replace(['-', '.'], "_"))
             .collect(),
     }

@@ -1,8 +1,10 @@
-//! Git requirements (`name @ git+git://127.0.0.1:PORT/repo.git@main`) locked against a
-//! real `git daemon` serving real repositories made here, with their dependencies and
-//! build requirements from a fixture PEP 503 index: the commit a branch names, the sha256
-//! of the tree's canonical archive, a branch that moves and a lock that keeps its commit
-//! until it is upgraded, and projects the lock cannot read without running their build.
+//! Projects built from source that are not on an index, locked against real sources: git
+//! requirements (`name @ git+git://127.0.0.1:PORT/repo.git@main`) against a real `git
+//! daemon` serving repositories made here, and local projects (`./libs/teamlib`, `-e .`)
+//! from directories beside the recipe; their dependencies and build requirements from a
+//! fixture PEP 503 index. What is pinned (the commit a branch names, the sha256 of the
+//! tree's canonical archive), a branch that moves and a lock that keeps its commit until it
+//! is upgraded, and projects the lock cannot read without running their build.
 
 use crate::fetch_support::{sha256_hex, wheel_bytes, FixtureServer};
 use crate::gate;
@@ -19,20 +21,24 @@ use cudastack::fetch::git::{Commit, GitSource};
 use cudastack::fetch::http::HttpClient;
 use cudastack::fetch::index::SimpleIndex;
 use cudastack::fetch::source::PackageSource;
+use cudastack::fetch::source_tree::SourceTree;
+use cudastack::lock::python_inputs::{LocalProject, Origin};
 use cudastack::lock::sdist::BuildRequest;
-use cudastack::lock::{resolve_with_builds, ArtifactKind, LockRequest, Lockfile, Target};
+use cudastack::lock::{
+    resolve_with_builds, ArtifactKind, LockError, LockRequest, Lockfile, Target,
+};
 use cudastack::platform::Platform;
 use pep508_rs::Requirement;
 
 /// A `git daemon` serving the repositories under its base directory, stopped when dropped.
-struct GitDaemon {
+pub(crate) struct GitDaemon {
     base: tempfile::TempDir,
     port: u16,
     child: Child,
 }
 
 impl GitDaemon {
-    fn start() -> Option<GitDaemon> {
+    pub(crate) fn start() -> Option<GitDaemon> {
         if Command::new("git").arg("--version").output().is_err() {
             gate::skip("git", "git is not installed (Debian: apt-get install git)");
             return None;
@@ -64,14 +70,14 @@ impl GitDaemon {
     }
 
     /// A new repository `name` with `files` committed on `main`.
-    fn repository(&self, name: &str, files: &[(&str, &str)]) -> PathBuf {
+    pub(crate) fn repository(&self, name: &str, files: &[(&str, &str)]) -> PathBuf {
         let dir = self.base.path().join(name);
         git(self.base.path(), &["init", "-q", "-b", "main", name]);
         commit(&dir, files, "first");
         dir
     }
 
-    fn url(&self, name: &str, reference: &str) -> String {
+    pub(crate) fn url(&self, name: &str, reference: &str) -> String {
         format!("git+git://127.0.0.1:{}/{name}@{reference}", self.port)
     }
 }
@@ -95,7 +101,7 @@ fn git(dir: &Path, args: &[&str]) -> String {
 }
 
 /// Write `files` and commit them: the new commit id.
-fn commit(dir: &Path, files: &[(&str, &str)], message: &str) -> String {
+pub(crate) fn commit(dir: &Path, files: &[(&str, &str)], message: &str) -> String {
     for (path, text) in files {
         let path = dir.join(path);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -106,7 +112,7 @@ fn commit(dir: &Path, files: &[(&str, &str)], message: &str) -> String {
     git(dir, &["rev-parse", "HEAD"])
 }
 
-const PYPROJECT: &str = r#"[build-system]
+pub(crate) const PYPROJECT: &str = r#"[build-system]
 requires = ["setuptools>=61"]
 build-backend = "setuptools.build_meta"
 
@@ -174,7 +180,18 @@ fn builds(keep: BTreeMap<String, Commit>) -> BuildRequest {
         builds: vec![],
         toolchain: vec![Requirement::from_str("wheel").unwrap()],
         git_commits: keep,
+        ..Default::default()
     }
+}
+
+/// Lock `requirement` (one line) keeping the commits in `keep`.
+async fn lock(
+    client: &HttpClient,
+    source: &PackageSource,
+    requirement: &str,
+    keep: BTreeMap<String, Commit>,
+) -> Result<Lockfile, LockError> {
+    resolve_with_builds(client, &request(source, &[requirement]), &builds(keep)).await
 }
 
 fn kinds(lock: &Lockfile) -> BTreeMap<String, (ArtifactKind, String)> {
@@ -200,14 +217,10 @@ async fn a_git_requirement_locks_by_commit_and_keeps_it_until_upgraded() {
     let (_server, source, client) = index();
     let written = daemon.url("teamlib.git", "main");
     let requirement = format!("teamlib[extra] @ {written}");
-    let lock = resolve_with_builds(
-        &client,
-        &request(&source, &[&requirement]),
-        &builds(BTreeMap::new()),
-    )
-    .await
-    .unwrap();
-    let teamlib = lock.artifact("teamlib").unwrap();
+    let locked = lock(&client, &source, &requirement, BTreeMap::new())
+        .await
+        .unwrap();
+    let teamlib = locked.artifact("teamlib").unwrap();
     assert_eq!(teamlib.kind, ArtifactKind::Sdist);
     assert_eq!(teamlib.version, "0.3.0");
     assert_eq!(&*teamlib.filename, "teamlib-0.3.0.tar");
@@ -218,13 +231,13 @@ async fn a_git_requirement_locks_by_commit_and_keeps_it_until_upgraded() {
         "the lock names the commit, not the branch"
     );
     // The sha256 is that of the commit's tree as cudastack archives it, made again here.
-    let (pinned, locked) = teamlib.git_commit().unwrap();
-    assert_eq!(locked.as_str(), first);
-    let tree = cudastack::fetch::git::fetch_tree(&pinned, &locked).unwrap();
+    let (pinned, commit_locked) = teamlib.git_commit().unwrap();
+    assert_eq!(commit_locked.as_str(), first);
+    let tree = cudastack::fetch::git::fetch_tree(&pinned, &commit_locked).unwrap();
     assert_eq!(teamlib.sha256, tree.archive_digest("teamlib-0.3.0"));
     // Its dependencies (the extra's too) are locked from the index; what its build needs
     // (pyproject's `[build-system] requires` and the toolchain) as build wheels.
-    let kinds = kinds(&lock);
+    let kinds = kinds(&locked);
     assert_eq!(kinds["dep"], (ArtifactKind::Wheel, "1.2".into()));
     assert_eq!(kinds["extradep"], (ArtifactKind::Wheel, "2.0".into()));
     assert_eq!(
@@ -233,7 +246,7 @@ async fn a_git_requirement_locks_by_commit_and_keeps_it_until_upgraded() {
     );
     assert_eq!(kinds["wheel"], (ArtifactKind::BuildWheel, "0.44.0".into()));
     // What `lock` writes, a lock read from disk accepts.
-    let read = Lockfile::from_json(&lock.to_json(), Path::new("lock.json")).unwrap();
+    let read = Lockfile::from_json(&locked.to_json(), Path::new("lock.json")).unwrap();
     assert_eq!(read.artifact("teamlib").unwrap().sha256, teamlib.sha256);
 
     // The branch moves upstream: a lock that keeps the previous commit does not move...
@@ -242,20 +255,14 @@ async fn a_git_requirement_locks_by_commit_and_keeps_it_until_upgraded() {
         &[("src/teamlib/__init__.py", "VALUE = 2\n")],
         "second",
     );
-    let keep = BTreeMap::from([(written.clone(), locked.clone())]);
-    let kept = resolve_with_builds(&client, &request(&source, &[&requirement]), &builds(keep))
-        .await
-        .unwrap();
+    let keep = BTreeMap::from([(written.clone(), commit_locked.clone())]);
+    let kept = lock(&client, &source, &requirement, keep).await.unwrap();
     assert_eq!(kept.artifact("teamlib").unwrap().url, teamlib.url);
     assert_eq!(kept.artifact("teamlib").unwrap().sha256, teamlib.sha256);
     // ...and an upgrade takes the branch's new commit, with its new tree.
-    let moved = resolve_with_builds(
-        &client,
-        &request(&source, &[&requirement]),
-        &builds(BTreeMap::new()),
-    )
-    .await
-    .unwrap();
+    let moved = lock(&client, &source, &requirement, BTreeMap::new())
+        .await
+        .unwrap();
     let moved = moved.artifact("teamlib").unwrap();
     assert_eq!(moved.url.to_string(), daemon.url("teamlib.git", &second));
     assert_ne!(moved.sha256, teamlib.sha256);
@@ -303,30 +310,142 @@ async fn git_projects_the_lock_cannot_read_statically_are_refused_plainly() {
     ] {
         daemon.repository(repo, &files);
         let text = format!("{requirement} @ {}", daemon.url(repo, "main"));
-        let error = resolve_with_builds(
-            &client,
-            &request(&source, &[&text]),
-            &builds(BTreeMap::new()),
-        )
-        .await
-        .unwrap_err()
-        .to_string();
+        let error = lock(&client, &source, &text, BTreeMap::new())
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(error.contains(expected), "{repo}: {error}");
         assert!(error.contains("hint:"), "{repo}: {error}");
     }
     // A reference the repository does not have.
     daemon.repository("teamlib.git", &[("pyproject.toml", PYPROJECT)]);
     let text = format!("teamlib @ {}", daemon.url("teamlib.git", "no-such-branch"));
-    let error = resolve_with_builds(
-        &client,
-        &request(&source, &[&text]),
-        &builds(BTreeMap::new()),
-    )
-    .await
-    .unwrap_err()
-    .to_string();
+    let error = lock(&client, &source, &text, BTreeMap::new())
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
         error.contains("has no reference `no-such-branch`"),
         "{error}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_project_locks_by_the_sha256_of_its_tree() {
+    let recipe_dir = tempfile::tempdir().unwrap();
+    let project = recipe_dir.path().join("libs/teamlib");
+    for (path, text) in [
+        ("pyproject.toml", PYPROJECT),
+        ("src/teamlib/__init__.py", "VALUE = 1\n"),
+        ("src/teamlib/__pycache__/x.pyc", "a cache, not source"),
+    ] {
+        std::fs::create_dir_all(project.join(path).parent().unwrap()).unwrap();
+        std::fs::write(project.join(path), text).unwrap();
+    }
+    let (_server, source, client) = index();
+    let projects = vec![LocalProject {
+        name: "teamlib".parse().unwrap(),
+        path: "libs/teamlib".into(),
+        origin: Origin::line("requirements.txt", 1),
+    }];
+    let request_of = || BuildRequest {
+        toolchain: vec![Requirement::from_str("wheel").unwrap()],
+        projects: projects.clone(),
+        recipe_dir: recipe_dir.path().to_path_buf(),
+        ..Default::default()
+    };
+    let locked = resolve_with_builds(&client, &request(&source, &["teamlib"]), &request_of())
+        .await
+        .unwrap();
+    let teamlib = locked.artifact("teamlib").unwrap();
+    assert_eq!(teamlib.kind, ArtifactKind::Sdist);
+    assert_eq!(teamlib.url.to_string(), "file:libs/teamlib");
+    assert_eq!(&*teamlib.filename, "teamlib-0.3.0.tar");
+    let tree = SourceTree::read_dir(&project).unwrap();
+    assert_eq!(teamlib.sha256, tree.archive_digest("teamlib-0.3.0"));
+    assert_eq!(kinds(&locked)["dep"], (ArtifactKind::Wheel, "1.2".into()));
+    // The lock reads back (a recipe-relative project is allowed; a wheel's name is not).
+    let read = Lockfile::from_json(&locked.to_json(), Path::new("lock.json")).unwrap();
+    assert!(read.artifact("teamlib").unwrap().is_project());
+    // A cache written by running the code changes nothing; the code does.
+    std::fs::write(project.join("src/teamlib/__pycache__/y.pyc"), "more cache").unwrap();
+    let again = SourceTree::read_dir(&project).unwrap();
+    assert_eq!(again.archive_digest("teamlib-0.3.0"), teamlib.sha256);
+    std::fs::write(project.join("src/teamlib/__init__.py"), "VALUE = 2\n").unwrap();
+    let changed = SourceTree::read_dir(&project).unwrap();
+    assert_ne!(changed.archive_digest("teamlib-0.3.0"), teamlib.sha256);
+    // A project directory that is a link out of the recipe's directory is refused.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("pyproject.toml"), PYPROJECT).unwrap();
+    std::os::unix::fs::symlink(outside.path(), recipe_dir.path().join("libs/out")).unwrap();
+    let mut linked_out = request_of();
+    linked_out.projects[0].path = "libs/out".into();
+    let error = resolve_with_builds(&client, &request(&source, &["teamlib"]), &linked_out)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("leads out of the recipe's directory"),
+        "{error}"
+    );
+}
+
+/// `.`, `./dir` and `-e ./dir` in a requirements file name local projects by their
+/// pyproject.toml's name; a directory out of the recipe's, or without a name, is refused.
+#[test]
+fn requirements_files_name_local_projects_by_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe_path = dir.path().join("recipe.yaml");
+    std::fs::write(
+        &recipe_path,
+        "name: job\nbase: { debian: bookworm }\npython: \"3.11\"\ndriver_floor: \"550.54.14\"\ncuda: { version: \"12.4\" }\nrequirements: [reqs/requirements.txt]\n",
+    )
+    .unwrap();
+    let write = |path: &str, text: &str| {
+        let path = dir.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write("pyproject.toml", &PYPROJECT.replace("teamlib", "trainer"));
+    write("libs/teamlib/pyproject.toml", PYPROJECT);
+    let load = |requirements: &str| {
+        write("reqs/requirements.txt", requirements);
+        let recipe = cudastack::recipe::Recipe::load(&recipe_path).unwrap();
+        let target = Target::new(
+            "3.11".parse().unwrap(),
+            Platform::LinuxAmd64,
+            "2.28".parse().unwrap(),
+        )
+        .unwrap();
+        cudastack::lock::python_inputs::PythonInputs::load(&recipe, &recipe_path, &target)
+            .map_err(|e| e.to_string())
+    };
+    // Paths are relative to the requirements file, as pip reads them.
+    let inputs = load("-e ..\n../libs/teamlib\nsix\n").unwrap();
+    let projects: Vec<(String, String)> = inputs
+        .projects
+        .iter()
+        .map(|p| (p.name.to_string(), p.path.clone()))
+        .collect();
+    assert_eq!(
+        projects,
+        [
+            ("trainer".to_string(), ".".to_string()),
+            ("teamlib".to_string(), "libs/teamlib".to_string())
+        ]
+    );
+    let roots: Vec<String> = inputs
+        .roots
+        .iter()
+        .map(|r| r.requirement.to_string())
+        .collect();
+    assert_eq!(roots, ["trainer", "teamlib", "six"]);
+    for (line, expected) in [
+        ("../..\n", "climbs out"),
+        ("./missing\n", "missing/pyproject.toml"),
+        ("../libs/teamlib\n-e ../libs/teamlib\n", "named twice"),
+    ] {
+        let error = load(line).unwrap_err();
+        assert!(error.contains(expected), "{line}: {error}");
+    }
 }
