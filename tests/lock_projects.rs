@@ -279,6 +279,31 @@ async fn a_git_requirement_locks_by_commit_and_keeps_it_until_upgraded() {
         cudastack::fetch::git::resolve(&tagged).unwrap().as_str(),
         second
     );
+    // A lock that kept the tag's first commit stops there, saying the tag moved.
+    let at_tag = format!("teamlib @ {}", daemon.url("teamlib.git", "v0.3.0"));
+    let keep = BTreeMap::from([(daemon.url("teamlib.git", "v0.3.0"), commit_locked.clone())]);
+    let error = lock(&client, &source, &at_tag, keep)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("the tag was moved") && error.contains(&second),
+        "{error}"
+    );
+    // A commit the branch never had (a lock edited in a pull request, or a force-push).
+    git(&repo, &["checkout", "-q", "--orphan", "elsewhere"]);
+    let stranger = commit(
+        &repo,
+        &[("src/teamlib/__init__.py", "VALUE = 666\n")],
+        "stranger",
+    );
+    git(&repo, &["checkout", "-q", "main"]);
+    let keep = BTreeMap::from([(written.clone(), Commit::parse(&stranger).unwrap())]);
+    let error = lock(&client, &source, &requirement, keep)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("no longer has it"), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -777,7 +777,7 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
         digest("layout-c"),
         "a moved branch changed the image"
     );
-    cudastack(&[
+    let (out, err) = cudastack(&[
         "lock".as_ref(),
         recipe.as_os_str(),
         "--upgrade-package".as_ref(),
@@ -785,6 +785,14 @@ fn extensions_build_for_the_recipe_gpus_and_are_reused() {
     ]);
     let upgraded = locked_url(&cudastack::lock::Lockfile::read(&lock_path).unwrap());
     assert!(upgraded.ends_with(&format!("@{moved}")), "{upgraded}");
+    // The relock says which commit moved to which.
+    let first_commit = before.rsplit('@').next().unwrap();
+    let said = format!(
+        "teamlib 0.3.0 @ {} -> 0.3.0 @ {}",
+        &first_commit[..12],
+        &moved[..12]
+    );
+    assert!(format!("{out}{err}").contains(&said), "{said}:\n{out}{err}");
     // The local project's code changes: the build refuses the tree the lock does not name.
     std::fs::write(
         teamtools.join("src/teamtools/__init__.py"),

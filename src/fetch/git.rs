@@ -43,6 +43,14 @@ pub enum GitError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the lock's commit {locked} of `{url}` is not what `{reference}` names now ({now}): {what}\n  hint: review the change upstream, then `cudastack lock --upgrade-package NAME` takes {now}")]
+    NotOnReference {
+        url: String,
+        reference: String,
+        locked: String,
+        now: String,
+        what: String,
+    },
     #[error("`{url}` has no reference `{reference}` (no branch, tag or commit of that name)\n  hint: `git ls-remote {url}` lists what it has")]
     NoSuchReference { url: String, reference: String },
     #[error("the tree of `{url}` at {commit}{} is not a source tree cudastack builds: {why}", subdirectory.as_deref().map(|d| format!(" (subdirectory `{d}`)")).unwrap_or_default())]
@@ -97,7 +105,8 @@ impl GitSource {
         }
         let path = repository.path().to_string();
         let reference = match path.rsplit_once('@') {
-            Some((path, reference)) if !reference.is_empty() && !reference.contains('/') => {
+            // What follows the last `@` (`release/2.x` may have slashes, as a branch may).
+            Some((path, reference)) if !reference.is_empty() => {
                 repository.set_path(path);
                 Some(reference.to_string())
             }
@@ -180,25 +189,26 @@ fn shown(text: &str) -> String {
 /// A reference goes on git's command line and into a URL: a name git accepts, never an
 /// option.
 fn check_reference(reference: &str) -> Result<(), String> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || "._-+".contains(c);
-    if reference.starts_with(['-', '.'])
-        || reference.contains("..")
-        || !reference.chars().all(allowed)
-    {
-        return Err(format!("its reference `{reference}` is not a plain branch, tag or commit name (letters, digits, `.`, `_`, `-`, `+`)"));
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "._-+/".contains(c);
+    let plain_parts = reference
+        .split('/')
+        .all(|part| !part.is_empty() && !part.starts_with(['-', '.']));
+    if !plain_parts || reference.contains("..") || !reference.chars().all(allowed) {
+        return Err(format!("its reference `{reference}` is not a plain branch, tag or commit name (letters, digits, `.`, `_`, `-`, `+`, and `/` between names)"));
     }
     Ok(())
 }
 
 fn check_subdirectory(dir: &str) -> Result<(), String> {
     let path = Path::new(dir);
+    // Characters a URL's fragment keeps as they are, so the lock's URL names the same one.
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "._-/".contains(c);
     let plain = !dir.is_empty()
-        && path
-            .components()
-            .all(|c| matches!(c, Component::Normal(name) if name.to_str().is_some_and(|n| !n.contains(':'))));
+        && dir.chars().all(allowed)
+        && path.components().all(|c| matches!(c, Component::Normal(_)));
     if !plain {
         return Err(format!(
-            "its subdirectory `{dir}` is not a relative path of plain names"
+            "its subdirectory `{dir}` is not a relative path of plain names (letters, digits, `.`, `_`, `-`)"
         ));
     }
     Ok(())
@@ -227,13 +237,17 @@ impl fmt::Display for Commit {
     }
 }
 
+/// Every attribute that changes what `git archive` writes, unset for every path.
+const NO_ATTRIBUTES: &str =
+    "* -text -eol -ident -filter -export-subst -export-ignore -working-tree-encoding\n";
+
 /// git with only `source`'s protocol allowed, no prompt, and bounded stalls.
 fn git(source: &GitSource) -> Command {
-    let mut command = Command::new("git");
+    let mut command = isolated_git();
     command
         .env("GIT_ALLOW_PROTOCOL", source.repository.scheme())
         .env("GIT_TERMINAL_PROMPT", "0")
-        .args(["-c", "protocol.version=2"])
+        .args(["-c", "protocol.version=2", "-c", "core.autocrlf=false"])
         .args([
             "-c",
             "http.lowSpeedLimit=1000",
@@ -241,6 +255,28 @@ fn git(source: &GitSource) -> Command {
             "http.lowSpeedTime=120",
         ])
         .stdin(Stdio::null());
+    command
+}
+
+/// git without the variables that would point it at another repository (run from a hook
+/// or `rebase --exec`, git sets them) or add configuration, and without fsmonitor (a
+/// program a repository's configuration may name).
+pub(crate) fn isolated_git() -> Command {
+    let mut command = Command::new("git");
+    for variable in [
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_COMMON_DIR",
+        "GIT_NAMESPACE",
+        "GIT_CONFIG_PARAMETERS",
+        "GIT_CONFIG_COUNT",
+    ] {
+        command.env_remove(variable);
+    }
+    command.args(["-c", "core.fsmonitor=false"]);
     command
 }
 
@@ -257,7 +293,12 @@ fn run(source: &GitSource, what: &'static str, mut command: Command) -> Result<V
             what,
             url,
             status: output.status.to_string(),
-            stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+            // A server's `remote:` lines are its words: no escape sequence reaches the
+            // terminal.
+            stderr: crate::printable::escape_keeping_lines(
+                &tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+            )
+            .into_owned(),
         });
     }
     Ok(output.stdout)
@@ -296,6 +337,79 @@ pub fn resolve(source: &GitSource) -> Result<Commit, GitError> {
         })
 }
 
+/// Check that `locked` (the commit a previous lock chose for `source`) is still what its
+/// reference names: a tag that names another commit now was moved (by force: tags do not
+/// move), and a branch must have `locked` in its history (else it was force-pushed, or the
+/// lock was edited to a commit the branch never had). A full commit id, or a reference that
+/// still names `locked`, passes without a fetch.
+pub fn check_kept(source: &GitSource, locked: &Commit) -> Result<(), GitError> {
+    if source.pinned_commit().is_some() {
+        return Ok(());
+    }
+    let now = resolve(source)?;
+    if now == *locked {
+        return Ok(());
+    }
+    let reference = source.reference.clone().unwrap_or_else(|| "HEAD".into());
+    let moved = |what: &str| GitError::NotOnReference {
+        url: source.repository.to_string(),
+        reference: reference.clone(),
+        locked: locked.to_string(),
+        now: now.to_string(),
+        what: what.to_string(),
+    };
+    if is_tag(source, &reference)? {
+        return Err(moved("the tag was moved"));
+    }
+    if !is_ancestor(source, locked, &now)? {
+        return Err(moved(
+            "the branch no longer has it (force-pushed), or the lock names a commit it never had",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `reference` is one of the remote's tags.
+fn is_tag(source: &GitSource, reference: &str) -> Result<bool, GitError> {
+    let mut command = git(source);
+    command
+        .args(["ls-remote", "--tags", "--"])
+        .arg(source.repository.as_str())
+        .arg(format!("refs/tags/{reference}"));
+    Ok(!run(source, "ls-remote", command)?.is_empty())
+}
+
+/// Whether `commit` is in the history of `tip` (fetched whole into a scratch repository).
+fn is_ancestor(source: &GitSource, commit: &Commit, tip: &Commit) -> Result<bool, GitError> {
+    let url = source.repository.to_string();
+    let scratch = tempfile::tempdir().map_err(|e| GitError::Spawn {
+        url: url.clone(),
+        source: e,
+    })?;
+    let git_dir = format!("--git-dir={}", scratch.path().display());
+    let mut init = git(source);
+    init.args(["init", "--bare", "-q"]).arg(scratch.path());
+    run(source, "init", init)?;
+    let mut fetch = git(source);
+    fetch
+        .arg(&git_dir)
+        .args(["fetch", "-q", "--no-tags", "--"])
+        .arg(&url)
+        .arg(tip.as_str());
+    run(source, "fetch", fetch)?;
+    let mut check = git(source);
+    check
+        .arg(&git_dir)
+        .args(["merge-base", "--is-ancestor", "--"])
+        .args([commit.as_str(), tip.as_str()]);
+    // 0: an ancestor; 1: not; anything else (the commit is not in the history at all): not.
+    Ok(check
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success()))
+}
+
 /// Fetch `commit` of `source` and read its tree (the subdirectory's when the URL names one).
 pub fn fetch_tree(source: &GitSource, commit: &Commit) -> Result<SourceTree, GitError> {
     let url = source.repository.to_string();
@@ -305,13 +419,24 @@ pub fn fetch_tree(source: &GitSource, commit: &Commit) -> Result<SourceTree, Git
     })?;
     let repo = scratch.path();
     let mut init = git(source);
-    init.args(["init", "--bare", "-q"]).arg(repo);
+    init.args(["init", "--bare", "-q"]);
+    if commit.as_str().len() == 64 {
+        init.arg("--object-format=sha256");
+    }
+    init.arg(repo);
     run(source, "init", init)?;
+    // `git archive` applies the tree's own attributes and the user's filters (export-subst
+    // text differs between shallow and full fetches; an LFS or crypt filter would run a
+    // program): this repository's attributes, which come first, turn every one off, so the
+    // archive is the committed bytes.
+    std::fs::write(repo.join("info/attributes"), NO_ATTRIBUTES).map_err(|e| GitError::Spawn {
+        url: url.clone(),
+        source: e,
+    })?;
     let fetch = |args: &[&str]| {
         let mut command = git(source);
         command
-            .arg("-C")
-            .arg(repo)
+            .arg(format!("--git-dir={}", repo.display()))
             .args(["fetch", "-q", "--no-tags"])
             .args(args)
             .arg("--")
@@ -329,8 +454,7 @@ pub fn fetch_tree(source: &GitSource, commit: &Commit) -> Result<SourceTree, Git
     }
     let mut verify = git(source);
     verify
-        .arg("-C")
-        .arg(repo)
+        .arg(format!("--git-dir={}", repo.display()))
         .args(["cat-file", "-t", "--"])
         .arg(commit.as_str());
     let kind = run(source, "cat-file", verify).map_err(|_| GitError::NoSuchReference {
@@ -349,8 +473,7 @@ pub fn fetch_tree(source: &GitSource, commit: &Commit) -> Result<SourceTree, Git
     };
     let mut archive = git(source);
     archive
-        .arg("-C")
-        .arg(repo)
+        .arg(format!("--git-dir={}", repo.display()))
         .args(["archive", "--format=tar", "--"])
         .arg(&tree_ish)
         .stdout(Stdio::piped())
@@ -407,6 +530,8 @@ mod tests {
         );
         let commit = Commit::parse(&"a".repeat(40)).unwrap();
         assert_eq!(source.at(&commit).pinned_commit(), Some(commit));
+        let branch = GitSource::parse("git+https://example.org/lib@release/2.x").unwrap();
+        assert_eq!(branch.reference.as_deref(), Some("release/2.x"));
         let plain = GitSource::parse("git+ssh://git@example.org/lib#egg=lib").unwrap();
         assert_eq!(plain.reference, None);
         assert_eq!(plain.to_string(), "git+ssh://git@example.org/lib");
@@ -425,6 +550,11 @@ mod tests {
                 "not a plain branch",
             ),
             ("git+https://example.org/lib@", "names no reference"),
+            ("git+https://example.org/lib@a//b", "not a plain branch"),
+            (
+                "git+https://example.org/lib#subdirectory=a b",
+                "plain names",
+            ),
             (
                 "git+https://example.org/lib#subdirectory=../x",
                 "not a relative path",

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use crate::contained_file::{self, ContainedFile};
@@ -93,52 +94,64 @@ impl SourceTree {
         Ok(tree)
     }
 
-    /// Read a local project's directory, without following a link (a link is kept as a
-    /// link) or opening anything but regular files and directories, and without what
-    /// changes when nothing of the source does: version control, caches, what a local
-    /// build leaves ([`left_out`]). Bounded as [`Self::read_tar`] is.
+    /// Read a local project's directory: in a git work tree the files git would commit
+    /// (tracked, and untracked ones it does not ignore: `.gitignore` applies), elsewhere
+    /// every file; never what changes when the source does not ([`left_out`]). Nothing is
+    /// followed (a link is kept as a link) and nothing but regular files is opened
+    /// (`contained_file`). Directories are those that hold something. Bounded as
+    /// [`Self::read_tar`] is.
     pub fn read_dir(root: &Path) -> Result<SourceTree, String> {
+        let listed = match git_listed(root) {
+            Some(listed) => listed,
+            None => walk(root)?,
+        };
         let mut tree = SourceTree::default();
         let mut total = 0u64;
-        let mut dirs = vec![PathBuf::new()];
-        while let Some(dir) = dirs.pop() {
-            let names = contained_file::read_dir(root, &dir).map_err(|e| e.to_string())?;
-            for name in names {
-                let relative = dir.join(&name);
-                let shown = plain_path(&relative)?;
-                if left_out(&name.to_string_lossy(), dir.as_os_str().is_empty()) {
-                    continue;
-                }
-                let path = root.join(&relative);
-                let meta = std::fs::symlink_metadata(&path)
+        for relative in listed {
+            let shown = plain_path(&relative)?;
+            let mut names = shown.split('/');
+            let top = names.next().unwrap_or_default();
+            if left_out(top, true) || names.any(|name| left_out(name, false)) {
+                continue;
+            }
+            let path = root.join(&relative);
+            let meta = match std::fs::symlink_metadata(&path) {
+                Ok(meta) => meta,
+                // Tracked by git, deleted in the work tree.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(format!("`{shown}` could not be read: {e}")),
+            };
+            let entry = if meta.file_type().is_dir() {
+                // A submodule (git lists it as one path): its files are not the project's.
+                continue;
+            } else if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path)
                     .map_err(|e| format!("`{shown}` could not be read: {e}"))?;
-                let kind = meta.file_type();
-                let entry = if kind.is_dir() {
-                    dirs.push(relative);
-                    TreeEntry::Dir
-                } else if kind.is_symlink() {
-                    let target = std::fs::read_link(&path)
-                        .map_err(|e| format!("`{shown}` could not be read: {e}"))?;
-                    let target = target.to_str().ok_or_else(|| {
-                        format!("the link `{shown}` has a target that is not UTF-8")
-                    })?;
-                    TreeEntry::Symlink(target.to_string())
-                } else {
-                    let file = ContainedFile::open(root, &relative).map_err(|e| e.to_string())?;
-                    total += file.size();
-                    if total > MAX_TREE_BYTES {
-                        return Err(format!("it holds more than {} MiB", MAX_TREE_BYTES >> 20));
-                    }
-                    let executable = file.mode() & 0o111 != 0;
-                    let bytes = file
-                        .read_to_vec(MAX_TREE_BYTES)
-                        .map_err(|e| e.to_string())?;
-                    TreeEntry::File { executable, bytes }
-                };
-                tree.entries.insert(shown, entry);
-                if tree.entries.len() > MAX_TREE_ENTRIES {
-                    return Err(format!("it has more than {MAX_TREE_ENTRIES} entries"));
+                let target = target
+                    .to_str()
+                    .ok_or_else(|| format!("the link `{shown}` has a target that is not UTF-8"))?;
+                TreeEntry::Symlink(target.to_string())
+            } else {
+                let file = ContainedFile::open(root, &relative).map_err(|e| e.to_string())?;
+                total += file.size();
+                if total > MAX_TREE_BYTES {
+                    return Err(format!("it holds more than {} MiB", MAX_TREE_BYTES >> 20));
                 }
+                let executable = file.mode() & 0o111 != 0;
+                let bytes = file
+                    .read_to_vec(MAX_TREE_BYTES)
+                    .map_err(|e| e.to_string())?;
+                TreeEntry::File { executable, bytes }
+            };
+            let mut parent = Path::new(&shown).parent();
+            while let Some(dir) = parent.filter(|d| !d.as_os_str().is_empty()) {
+                tree.entries
+                    .insert(dir.to_string_lossy().into_owned(), TreeEntry::Dir);
+                parent = dir.parent();
+            }
+            tree.entries.insert(shown, entry);
+            if tree.entries.len() > MAX_TREE_ENTRIES {
+                return Err(format!("it has more than {MAX_TREE_ENTRIES} entries"));
             }
         }
         Ok(tree)
@@ -198,8 +211,66 @@ impl SourceTree {
     }
 }
 
+/// The files (not directories) below `root`, relative to it, when `root` is in a git work
+/// tree: those git would commit. None elsewhere, or when git cannot say.
+fn git_listed(root: &Path) -> Option<Vec<PathBuf>> {
+    let output = super::git::isolated_git()
+        .arg("-C")
+        .arg(root)
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "--",
+            ".",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    if !output.status.success() {
+        return None;
+    }
+    let mut listed: Vec<PathBuf> = output
+        .stdout
+        .split(|b| *b == 0)
+        .filter(|name| !name.is_empty())
+        .map(|name| PathBuf::from(std::ffi::OsStr::from_bytes(name)))
+        .collect();
+    listed.dedup();
+    Some(listed)
+}
+
+/// Every file (not directory) below `root`, relative to it, not descending into what
+/// [`left_out`] leaves out.
+fn walk(root: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut listed = Vec::new();
+    let mut dirs = vec![PathBuf::new()];
+    while let Some(dir) = dirs.pop() {
+        for name in contained_file::read_dir(root, &dir).map_err(|e| e.to_string())? {
+            if left_out(&name.to_string_lossy(), dir.as_os_str().is_empty()) {
+                continue;
+            }
+            let relative = dir.join(&name);
+            let meta = std::fs::symlink_metadata(root.join(&relative))
+                .map_err(|e| format!("`{}` could not be read: {e}", relative.display()))?;
+            if meta.file_type().is_dir() {
+                dirs.push(relative);
+            } else {
+                listed.push(relative);
+            }
+            if listed.len() > MAX_TREE_ENTRIES {
+                return Err(format!("it has more than {MAX_TREE_ENTRIES} entries"));
+            }
+        }
+    }
+    Ok(listed)
+}
+
 /// Whether a local project's entry `name` is left out of its tree: version control, the
-/// caches of Python and its tools, and (at the top) what a local build writes. They change
+/// caches of Python and its tools, lock files, and (at the top) what a local build writes. They change
 /// without the source changing, and a build makes them again.
 fn left_out(name: &str, at_top: bool) -> bool {
     const ANYWHERE: &[&str] = &[
@@ -214,7 +285,11 @@ fn left_out(name: &str, at_top: bool) -> bool {
         ".pytest_cache",
         ".ruff_cache",
     ];
+    // Locks (cudastack's own `NAME.lock` and `pylock.NAME.toml`, uv's, poetry's) are written
+    // after the tree is read, and a build reads none.
+    let lock = name.ends_with(".lock") || (name.starts_with("pylock.") && name.ends_with(".toml"));
     ANYWHERE.contains(&name)
+        || lock
         || name.ends_with(".egg-info")
         || name.ends_with(".pyc")
         || (at_top && (name == "build" || name == "dist"))
@@ -362,6 +437,42 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
         let error = SourceTree::read_dir(root).unwrap_err();
         assert!(error.contains("FIFO"), "{error}");
+    }
+
+    /// In a git work tree, what git would commit: `.gitignore` applies, and the locks
+    /// cudastack writes beside the recipe are never part of it.
+    #[test]
+    fn a_project_in_a_git_work_tree_is_what_git_would_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let git = |args: &[&str]| {
+            let out = std::process::Command::new("git")
+                .current_dir(root)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+        };
+        git(&["init", "-q"]);
+        for (path, text) in [
+            (".gitignore", "*.env\nnode_modules/\n"),
+            ("pyproject.toml", "[project]\n"),
+            ("lib/__init__.py", "x = 1\n"),
+            ("secret.env", "TOKEN=1\n"),
+            ("node_modules/x/index.js", "1\n"),
+            ("recipe.lock", "{}\n"),
+            ("pylock.recipe.toml", "\n"),
+        ] {
+            std::fs::create_dir_all(root.join(path).parent().unwrap()).unwrap();
+            std::fs::write(root.join(path), text).unwrap();
+        }
+        git(&["add", "pyproject.toml", "recipe.lock"]);
+        let tree = SourceTree::read_dir(root).unwrap();
+        let names: Vec<&str> = tree.entries.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [".gitignore", "lib", "lib/__init__.py", "pyproject.toml"]
+        );
     }
 
     #[test]

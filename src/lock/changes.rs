@@ -33,7 +33,8 @@ impl std::fmt::Display for PackageChange {
 
 /// What changed in the artifacts whose kind is `of` from `old` to `new`, in name order. A package
 /// whose version stayed but whose files did (a new build uploaded, a re-signed .deb) is a
-/// change too: its old and new versions are the same.
+/// change too: its old and new versions are the same. A git requirement's version carries
+/// its commit (`0.3.0 @ 350396271ecb`).
 pub fn changes(
     old: Option<&Lockfile>,
     new: &Lockfile,
@@ -43,9 +44,16 @@ pub fn changes(
     let files = |lock: &Lockfile| -> Files {
         let mut files: Files = BTreeMap::new();
         for artifact in lock.artifacts.iter().filter(|a| of(a.kind)) {
+            // A git requirement moves by commit, often at the same version: say which.
+            let version = match artifact.git_commit() {
+                Ok((_, commit)) if artifact.is_git() => {
+                    format!("{} @ {}", artifact.version, &commit.as_str()[..12])
+                }
+                _ => artifact.version.clone(),
+            };
             let entry = files
                 .entry(artifact.name.clone())
-                .or_insert_with(|| (artifact.version.clone(), Vec::new()));
+                .or_insert_with(|| (version, Vec::new()));
             entry.1.push(artifact.sha256);
         }
         for (_, digests) in files.values_mut() {

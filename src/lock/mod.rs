@@ -392,7 +392,7 @@ fn git_requirements(
         let Some(pep508_rs::VersionOrUrl::Url(url)) = &requirement.version_or_url else {
             continue;
         };
-        if let Some(text) = requirements_txt::git_url_text(url) {
+        if let Some(text) = python_inputs::git_url_text(url) {
             let source = crate::fetch::git::GitSource::parse(&text)?;
             found.push((requirement.name.clone(), source));
         }
@@ -443,19 +443,23 @@ async fn resolve_python(
         } else {
             ArtifactKind::Wheel
         };
-        let source = &request.sources[resolved.candidate.source];
+        // (A git requirement or local project has no source of the request's; the caller
+        // records where it is from.)
+        let source = request.sources.get(resolved.candidate.source);
         // A wheel of `wheels:` is named relative to the recipe's directory, not where this
         // checkout happens to be.
         let url = match source {
-            PackageSource::Local(local) => match local.by_url(&file.url) {
-                Some(wheel) => Location::Recipe(wheel.path.clone()),
-                None => {
-                    return Err(LockError::Internal(format!(
-                        "`{}` is not a wheel of `wheels:`",
-                        file.url
-                    )))
+            Some(PackageSource::Local(local)) if !resolved.candidate.source_build => {
+                match local.by_url(&file.url) {
+                    Some(wheel) => Location::Recipe(wheel.path.clone()),
+                    None => {
+                        return Err(LockError::Internal(format!(
+                            "`{}` is not a wheel of `wheels:`",
+                            file.url
+                        )))
+                    }
                 }
-            },
+            }
             _ => Location::Url(file.url.clone()),
         };
         artifacts.push(Artifact {
@@ -466,7 +470,7 @@ async fn resolve_python(
             url,
             sha256,
             size: size?,
-            source: source.to_string(),
+            source: source.map(ToString::to_string).unwrap_or_default(),
             platform: None,
             variant: None,
             requires: resolved.requires.into_iter().collect(),

@@ -176,7 +176,19 @@ fn add(
             message: invalid_requirement(text, &error),
             hint: "write `name`, `name==1.2.3` or `name>=1.2; python_version >= \"3.10\"`".into(),
         })?;
-    if let Some(VersionOrUrl::Url(_)) = requirement.version_or_url {
+    let url = matches!(requirement.version_or_url, Some(VersionOrUrl::Url(_)));
+    // The URL parser expands `${VAR}`: a lock must not depend on the environment.
+    if url && text.contains("${") {
+        return Err(PythonInputsError::Entry {
+            origin,
+            message: format!(
+                "`{}` uses an environment variable (`${{...}}`), which a lock must not depend on",
+                requirement.name
+            ),
+            hint: "write the URL out".into(),
+        });
+    }
+    if url && !crate::lock::python_inputs::is_git_requirement(&requirement, &origin)? {
         return Err(PythonInputsError::Entry {
             origin,
             message: format!("`{}` names a URL, not a package on an index: cudastack locks packages it can list on an index and pin by sha256", crate::recipe::masked_urls(text)),

@@ -584,6 +584,33 @@ impl InputReader {
     }
 }
 
+/// The URL of a `name @ git+...` requirement as written, when it is one.
+pub(crate) fn git_url_text<T: fmt::Display>(url: &T) -> Option<String> {
+    let text = url.to_string();
+    text.starts_with("git+").then_some(text)
+}
+
+/// Whether `requirement` is a git requirement (`name @ git+https://...`), which is locked by
+/// commit and built from source (src/fetch/git.rs); a git URL cudastack does not fetch
+/// from is refused here, naming `origin`.
+pub(crate) fn is_git_requirement(
+    requirement: &Requirement,
+    origin: &Origin,
+) -> Result<bool, PythonInputsError> {
+    let Some(VersionOrUrl::Url(url)) = &requirement.version_or_url else {
+        return Ok(false);
+    };
+    let Some(text) = git_url_text(url) else {
+        return Ok(false);
+    };
+    crate::fetch::git::GitSource::parse(&text).map_err(|error| PythonInputsError::Entry {
+        origin: origin.clone(),
+        message: format!("the requirement `{}`: {error}", requirement.name),
+        hint: "see docs/source-builds.md (git requirements)".into(),
+    })?;
+    Ok(true)
+}
+
 /// The `[project] name` of a pyproject.toml.
 fn project_name(text: &str) -> Result<PackageName, String> {
     let table: toml::Table =

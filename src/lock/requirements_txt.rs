@@ -14,8 +14,8 @@ use pep508_rs::{Requirement, VersionOrUrl};
 
 use crate::digest::Digest;
 use crate::lock::python_inputs::{
-    invalid_requirement, join_relative, name_token, InputReader, Origin, PythonInputsError,
-    PUBLISH_OR_COPY,
+    invalid_requirement, is_git_requirement, join_relative, name_token, InputReader, Origin,
+    PythonInputsError, PUBLISH_OR_COPY,
 };
 
 /// Read `relative` (a path the recipe's `requirements:` names) and every file it includes.
@@ -127,6 +127,16 @@ impl Walk<'_> {
         origin: Origin,
     ) -> Result<(), PythonInputsError> {
         let requirement = parse_requirement(text, &origin)?;
+        if constraint && matches!(requirement.version_or_url, Some(VersionOrUrl::Url(_))) {
+            return Err(entry(
+                origin,
+                format!(
+                    "the constraint `{}` names a URL; a constraint only narrows versions",
+                    requirement.name
+                ),
+                "move the line to a requirements file".into(),
+            ));
+        }
         if constraint && !requirement.extras.is_empty() {
             return Err(entry(
                 origin,
@@ -375,26 +385,12 @@ fn parse_requirement(text: &str, origin: &Origin) -> Result<Requirement, PythonI
             "write `name`, `name==1.2.3` or `name>=1.2; python_version >= \"3.10\"`".into(),
         )
     })?;
-    if let Some(VersionOrUrl::Url(url)) = &requirement.version_or_url {
-        // A git requirement is locked by commit and built from source (src/fetch/git.rs).
-        let Some(text) = git_url_text(url) else {
+    if let Some(VersionOrUrl::Url(_)) = &requirement.version_or_url {
+        if !is_git_requirement(&requirement, origin)? {
             return Err(url_refused());
-        };
-        crate::fetch::git::GitSource::parse(&text).map_err(|error| {
-            entry(
-                origin.clone(),
-                format!("the requirement `{}`: {error}", requirement.name),
-                "see docs/source-builds.md (git requirements)".into(),
-            )
-        })?;
+        }
     }
     Ok(requirement)
-}
-
-/// The URL of a `name @ git+...` requirement as written, when it is one.
-pub(crate) fn git_url_text<T: std::fmt::Display>(url: &T) -> Option<String> {
-    let text = url.to_string();
-    text.starts_with("git+").then_some(text)
 }
 
 fn parse_hash(text: &str, origin: &Origin) -> Result<Digest, PythonInputsError> {

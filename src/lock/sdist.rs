@@ -80,7 +80,10 @@ pub(crate) fn inspect_git(
     locked: Option<&Commit>,
 ) -> Result<SdistInfo, LockError> {
     let commit = match locked {
-        Some(commit) => commit.clone(),
+        Some(commit) => {
+            git::check_kept(source, commit)?;
+            commit.clone()
+        }
         None => git::resolve(source)?,
     };
     let tree = git::fetch_tree(source, &commit)?;

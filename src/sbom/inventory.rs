@@ -429,6 +429,16 @@ fn artifact_purl(artifact: &Artifact) -> Option<String> {
             }
             purl
         }
+        // Not on PyPI: a `pkg:pypi` of its name would match an unrelated project there.
+        // A git requirement names its repository and commit; a local project, nothing.
+        ArtifactKind::Sdist if artifact.is_project() => return None,
+        ArtifactKind::Sdist if artifact.is_git() => {
+            let mut purl = PackageUrl::new("generic", normalize_name(&artifact.name)).ok()?;
+            purl.with_version(artifact.version.clone()).ok()?;
+            let url = artifact.url.to_string();
+            purl.add_qualifier("vcs_url", url).ok()?;
+            purl
+        }
         ArtifactKind::Wheel | ArtifactKind::BuildWheel | ArtifactKind::Sdist => {
             let mut purl = PackageUrl::new("pypi", normalize_name(&artifact.name)).ok()?;
             purl.with_version(artifact.version.clone()).ok()?;

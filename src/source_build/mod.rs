@@ -646,7 +646,8 @@ async fn fetch_artifacts(
 }
 
 /// The source archive of each sdist, in order: a git requirement's made again from its
-/// commit (and checked against the lock's sha256), the others downloaded.
+/// commit and a local project's from its directory (each checked against the lock's
+/// sha256), the others downloaded.
 async fn fetch_sources(
     settings: &BuildSettings,
     inputs: &PlatformInputs<'_>,
@@ -654,41 +655,33 @@ async fn fetch_sources(
     env: &BuildEnv<'_>,
     sdists: &[Artifact],
 ) -> Result<Vec<PathBuf>, SourceBuildError> {
-    let made_here = |a: &&Artifact| a.is_git() || a.is_project();
-    let (git, published): (Vec<&Artifact>, Vec<&Artifact>) = sdists.iter().partition(made_here);
-    let published: Vec<Artifact> = published.into_iter().cloned().collect();
+    let made_here = |a: &Artifact| a.is_git() || a.is_project();
+    let published: Vec<Artifact> = sdists.iter().filter(|a| !made_here(a)).cloned().collect();
+    // One path per item, in order (`Downloader::fetch_all`).
     let mut downloaded = fetch_artifacts(settings, inputs, store, env, &published)
         .await?
         .into_iter();
-    let mut made = Vec::new();
     let recipe_dir = settings.recipe_path.parent().unwrap_or(Path::new(""));
-    for sdist in git {
-        if sdist.is_project() {
-            made.push(tokio::task::block_in_place(|| {
-                project_archive(sdist, recipe_dir, store)
-            })?);
-            continue;
-        }
-        if settings.offline && !store.contains(&sdist.sha256) {
-            return Err(SourceBuildError::GitOffline {
-                package: sdist.name.clone(),
-                url: sdist.url.to_string(),
-            });
-        }
-        made.push(tokio::task::block_in_place(|| git_archive(sdist, store))?);
+    let mut paths = Vec::with_capacity(sdists.len());
+    for sdist in sdists {
+        let path = if sdist.is_project() {
+            tokio::task::block_in_place(|| project_archive(sdist, recipe_dir, store))?
+        } else if sdist.is_git() {
+            if settings.offline && !store.contains(&sdist.sha256) {
+                return Err(SourceBuildError::GitOffline {
+                    package: sdist.name.clone(),
+                    url: sdist.url.to_string(),
+                });
+            }
+            tokio::task::block_in_place(|| git_archive(sdist, store))?
+        } else {
+            downloaded
+                .next()
+                .expect("a downloaded path per published sdist")
+        };
+        paths.push(path);
     }
-    let mut made = made.into_iter();
-    Ok(sdists
-        .iter()
-        .map(|a| {
-            let next = if a.is_git() {
-                made.next()
-            } else {
-                downloaded.next()
-            };
-            next.expect("one path per sdist")
-        })
-        .collect())
+    Ok(paths)
 }
 
 /// The canonical archive of a git requirement's tree at its locked commit, in the blob

@@ -279,7 +279,8 @@ fn check_local_wheels(
     local: &LocalWheels,
     lock_file: &Path,
 ) -> Result<(), BuildError> {
-    for artifact in &lock.artifacts {
+    // A local project's tree is checked by its source build.
+    for artifact in lock.artifacts.iter().filter(|a| !a.is_project()) {
         let Location::Recipe(path) = &artifact.url else {
             continue;
         };

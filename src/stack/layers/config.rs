@@ -309,12 +309,12 @@ pub(crate) fn expectations(inputs: &PlatformInputs) -> Expectations {
             .map(|cc| cc.sm())
             .collect(),
         // The distribution's name as a module: `cuda-ext` imports as `cuda_ext`. A git
-        // requirement's project is not assumed to be an extension, nor to import under
-        // its distribution's name.
+        // requirement or local project is not assumed to be an extension, nor to import
+        // under its distribution's name.
         extensions: lock
             .artifacts
             .iter()
-            .filter(|a| a.kind == ArtifactKind::Sdist && !a.is_git())
+            .filter(|a| a.kind == ArtifactKind::Sdist && !a.is_git() && !a.is_project())
             .map(|a| a.name.replace(['-', '.'], "_"))
             .collect(),
     }
