@@ -16,17 +16,12 @@ use std::process::{Child, Command};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use cudastack::digest::Digest;
 use cudastack::fetch::git::{Commit, GitSource};
 use cudastack::fetch::http::HttpClient;
-use cudastack::fetch::index::SimpleIndex;
-use cudastack::fetch::source::PackageSource;
 use cudastack::fetch::source_tree::SourceTree;
 use cudastack::lock::python_inputs::{LocalProject, Origin};
 use cudastack::lock::sdist::BuildRequest;
-use cudastack::lock::{
-    resolve_with_builds, ArtifactKind, LockError, LockRequest, Lockfile, Target,
-};
+use cudastack::lock::{resolve_with_builds, ArtifactKind, LockError, Lockfile, Target};
 use cudastack::platform::Platform;
 use pep508_rs::Requirement;
 
@@ -127,7 +122,7 @@ extra = ["extradep; python_version >= '3.8'"]
 "#;
 
 /// A fixture index with the project's dependencies and the builder's wheels.
-fn index() -> (FixtureServer, PackageSource, HttpClient) {
+fn index() -> (FixtureServer, HttpClient) {
     let server = FixtureServer::start();
     for (name, version) in [
         ("dep", "1.2"),
@@ -145,34 +140,7 @@ fn index() -> (FixtureServer, PackageSource, HttpClient) {
         );
         server.add_bytes(&format!("/simple/{name}/"), "text/html", html.into_bytes());
     }
-    let client = HttpClient::with_defaults().unwrap();
-    let source = PackageSource::Index {
-        index: SimpleIndex::new(client.clone(), server.url("/simple/").parse().unwrap()),
-        plain_linux: false,
-    };
-    (server, source, client)
-}
-
-fn request(source: &PackageSource, requirements: &[&str]) -> LockRequest {
-    LockRequest {
-        target: Target::new(
-            "3.11".parse().unwrap(),
-            Platform::LinuxAmd64,
-            "2.28".parse().unwrap(),
-        )
-        .unwrap(),
-        requirements: requirements
-            .iter()
-            .map(|r| Requirement::from_str(r).unwrap())
-            .collect(),
-        sources: vec![source.clone()],
-        constraints: Default::default(),
-        redist: vec![],
-        system: None,
-        recipe_digest: Digest::of_bytes(b"git requirements"),
-        byte_digest: None,
-        as_of: None,
-    }
+    (server, HttpClient::with_defaults().unwrap())
 }
 
 fn builds(keep: BTreeMap<String, Commit>) -> BuildRequest {
@@ -187,11 +155,12 @@ fn builds(keep: BTreeMap<String, Commit>) -> BuildRequest {
 /// Lock `requirement` (one line) keeping the commits in `keep`.
 async fn lock(
     client: &HttpClient,
-    source: &PackageSource,
+    server: &FixtureServer,
     requirement: &str,
     keep: BTreeMap<String, Commit>,
 ) -> Result<Lockfile, LockError> {
-    resolve_with_builds(client, &request(source, &[requirement]), &builds(keep)).await
+    let request = crate::source_build::request(client, server, &[requirement]);
+    resolve_with_builds(client, &request, &builds(keep)).await
 }
 
 fn kinds(lock: &Lockfile) -> BTreeMap<String, (ArtifactKind, String)> {
@@ -214,10 +183,10 @@ async fn a_git_requirement_locks_by_commit_and_keeps_it_until_upgraded() {
         ],
     );
     let first = git(&repo, &["rev-parse", "HEAD"]);
-    let (_server, source, client) = index();
+    let (server, client) = index();
     let written = daemon.url("teamlib.git", "main");
     let requirement = format!("teamlib[extra] @ {written}");
-    let locked = lock(&client, &source, &requirement, BTreeMap::new())
+    let locked = lock(&client, &server, &requirement, BTreeMap::new())
         .await
         .unwrap();
     let teamlib = locked.artifact("teamlib").unwrap();
@@ -256,11 +225,11 @@ async fn a_git_requirement_locks_by_commit_and_keeps_it_until_upgraded() {
         "second",
     );
     let keep = BTreeMap::from([(written.clone(), commit_locked.clone())]);
-    let kept = lock(&client, &source, &requirement, keep).await.unwrap();
+    let kept = lock(&client, &server, &requirement, keep).await.unwrap();
     assert_eq!(kept.artifact("teamlib").unwrap().url, teamlib.url);
     assert_eq!(kept.artifact("teamlib").unwrap().sha256, teamlib.sha256);
     // ...and an upgrade takes the branch's new commit, with its new tree.
-    let moved = lock(&client, &source, &requirement, BTreeMap::new())
+    let moved = lock(&client, &server, &requirement, BTreeMap::new())
         .await
         .unwrap();
     let moved = moved.artifact("teamlib").unwrap();
@@ -282,7 +251,7 @@ async fn a_git_requirement_locks_by_commit_and_keeps_it_until_upgraded() {
     // A lock that kept the tag's first commit stops there, saying the tag moved.
     let at_tag = format!("teamlib @ {}", daemon.url("teamlib.git", "v0.3.0"));
     let keep = BTreeMap::from([(daemon.url("teamlib.git", "v0.3.0"), commit_locked.clone())]);
-    let error = lock(&client, &source, &at_tag, keep)
+    let error = lock(&client, &server, &at_tag, keep)
         .await
         .unwrap_err()
         .to_string();
@@ -299,7 +268,7 @@ async fn a_git_requirement_locks_by_commit_and_keeps_it_until_upgraded() {
     );
     git(&repo, &["checkout", "-q", "main"]);
     let keep = BTreeMap::from([(written.clone(), Commit::parse(&stranger).unwrap())]);
-    let error = lock(&client, &source, &requirement, keep)
+    let error = lock(&client, &server, &requirement, keep)
         .await
         .unwrap_err()
         .to_string();
@@ -311,7 +280,7 @@ async fn git_projects_the_lock_cannot_read_statically_are_refused_plainly() {
     let Some(daemon) = GitDaemon::start() else {
         return;
     };
-    let (_server, source, client) = index();
+    let (server, client) = index();
     let dynamic = PYPROJECT.replace("version = \"0.3.0\"", "dynamic = [\"version\"]");
     for (repo, files, requirement, expected) in [
         (
@@ -335,7 +304,7 @@ async fn git_projects_the_lock_cannot_read_statically_are_refused_plainly() {
     ] {
         daemon.repository(repo, &files);
         let text = format!("{requirement} @ {}", daemon.url(repo, "main"));
-        let error = lock(&client, &source, &text, BTreeMap::new())
+        let error = lock(&client, &server, &text, BTreeMap::new())
             .await
             .unwrap_err()
             .to_string();
@@ -345,7 +314,7 @@ async fn git_projects_the_lock_cannot_read_statically_are_refused_plainly() {
     // A reference the repository does not have.
     daemon.repository("teamlib.git", &[("pyproject.toml", PYPROJECT)]);
     let text = format!("teamlib @ {}", daemon.url("teamlib.git", "no-such-branch"));
-    let error = lock(&client, &source, &text, BTreeMap::new())
+    let error = lock(&client, &server, &text, BTreeMap::new())
         .await
         .unwrap_err()
         .to_string();
@@ -367,7 +336,7 @@ async fn a_local_project_locks_by_the_sha256_of_its_tree() {
         std::fs::create_dir_all(project.join(path).parent().unwrap()).unwrap();
         std::fs::write(project.join(path), text).unwrap();
     }
-    let (_server, source, client) = index();
+    let (server, client) = index();
     let projects = vec![LocalProject {
         name: "teamlib".parse().unwrap(),
         path: "libs/teamlib".into(),
@@ -379,9 +348,13 @@ async fn a_local_project_locks_by_the_sha256_of_its_tree() {
         recipe_dir: recipe_dir.path().to_path_buf(),
         ..Default::default()
     };
-    let locked = resolve_with_builds(&client, &request(&source, &["teamlib"]), &request_of())
-        .await
-        .unwrap();
+    let locked = resolve_with_builds(
+        &client,
+        &crate::source_build::request(&client, &server, &["teamlib"]),
+        &request_of(),
+    )
+    .await
+    .unwrap();
     let teamlib = locked.artifact("teamlib").unwrap();
     assert_eq!(teamlib.kind, ArtifactKind::Sdist);
     assert_eq!(teamlib.url.to_string(), "file:libs/teamlib");
@@ -405,10 +378,14 @@ async fn a_local_project_locks_by_the_sha256_of_its_tree() {
     std::os::unix::fs::symlink(outside.path(), recipe_dir.path().join("libs/out")).unwrap();
     let mut linked_out = request_of();
     linked_out.projects[0].path = "libs/out".into();
-    let error = resolve_with_builds(&client, &request(&source, &["teamlib"]), &linked_out)
-        .await
-        .unwrap_err()
-        .to_string();
+    let error = resolve_with_builds(
+        &client,
+        &crate::source_build::request(&client, &server, &["teamlib"]),
+        &linked_out,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
     assert!(
         error.contains("leads out of the recipe's directory"),
         "{error}"

@@ -165,7 +165,7 @@ fn populate(server: &FixtureServer) -> Vec<u8> {
     ext
 }
 
-fn request(client: &HttpClient, server: &FixtureServer, roots: &[&str]) -> LockRequest {
+pub(crate) fn request(client: &HttpClient, server: &FixtureServer, roots: &[&str]) -> LockRequest {
     LockRequest {
         target: Target::new(
             "3.11".parse().unwrap(),
