@@ -423,7 +423,8 @@ fn requirements_files_name_local_projects_by_directory() {
             .map_err(|e| e.to_string())
     };
     // Paths are relative to the requirements file, as pip reads them.
-    let inputs = load("-e ..\n../libs/teamlib\nsix\n").unwrap();
+    write("libs/copy/pyproject.toml", PYPROJECT);
+    let inputs = load("-e ..\n../libs/teamlib\nsix\n-e ../libs/teamlib\n").unwrap();
     let projects: Vec<(String, String)> = inputs
         .projects
         .iter()
@@ -445,7 +446,10 @@ fn requirements_files_name_local_projects_by_directory() {
     for (line, expected) in [
         ("../..\n", "climbs out"),
         ("./missing\n", "missing/pyproject.toml"),
-        ("../libs/teamlib\n-e ../libs/teamlib\n", "named twice"),
+        (
+            "../libs/teamlib\n-e ../libs/copy\n",
+            "named by two directories",
+        ),
     ] {
         let error = load(line).unwrap_err();
         assert!(error.contains(expected), "{line}: {error}");

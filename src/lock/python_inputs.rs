@@ -502,10 +502,19 @@ impl InputReader {
                 "a project named by its directory is locked by the static `[project]` table of its pyproject.toml (PEP 621): give it `name`, `version` and `dependencies`",
             )
         })?;
+        // The same directory named again (two included files both say `-e .`): once.
+        if self
+            .inputs
+            .projects
+            .iter()
+            .any(|p| p.name == name && p.path == dir)
+        {
+            return Ok(());
+        }
         if self.inputs.projects.iter().any(|p| p.name == name) {
             return Err(refused(
-                format!("the project `{name}` is named twice"),
-                "keep one of the lines",
+                format!("the project `{name}` is named by two directories"),
+                "keep one of them",
             ));
         }
         let requirement = crate::names::parse_requirement(name.as_ref())
