@@ -107,11 +107,15 @@ impl SourceTree {
         };
         let mut tree = SourceTree::default();
         let mut total = 0u64;
+        let mut layouts = BTreeMap::new();
         for relative in listed {
             let shown = plain_path(&relative)?;
             let mut names = shown.split('/');
             let top = names.next().unwrap_or_default();
             if left_out(top, true) || names.any(|name| left_out(name, false)) {
+                continue;
+            }
+            if in_oci_layout(root, &relative, &mut layouts) {
                 continue;
             }
             let path = root.join(&relative);
@@ -241,6 +245,25 @@ fn git_listed(root: &Path) -> Option<Vec<PathBuf>> {
         .collect();
     listed.dedup();
     Some(listed)
+}
+
+/// Whether `relative` is inside an OCI layout (a directory with an `oci-layout` file): the
+/// image `build --layout ./image` wrote beside the recipe is cudastack's output, not the
+/// project's source, and would change the tree on every build. `seen` remembers each
+/// directory's answer.
+fn in_oci_layout(root: &Path, relative: &Path, seen: &mut BTreeMap<PathBuf, bool>) -> bool {
+    let mut dir = relative.parent();
+    while let Some(current) = dir.filter(|d| !d.as_os_str().is_empty()) {
+        let is_layout = *seen.entry(current.to_path_buf()).or_insert_with(|| {
+            std::fs::symlink_metadata(root.join(current).join("oci-layout"))
+                .is_ok_and(|m| m.is_file())
+        });
+        if is_layout {
+            return true;
+        }
+        dir = current.parent();
+    }
+    false
 }
 
 /// Every file (not directory) below `root`, relative to it, not descending into what
@@ -408,6 +431,8 @@ mod tests {
             ("build/lib/lib/__init__.py", "x = 1\n"),
             ("src/lib/build/keep.py", "kept: not at the top\n"),
             ("lib.egg-info/PKG-INFO", "Name: lib\n"),
+            ("image/oci-layout", "{\"imageLayoutVersion\": \"1.0.0\"}"),
+            ("image/blobs/sha256/00", "a layer"),
         ] {
             std::fs::create_dir_all(root.join(path).parent().unwrap()).unwrap();
             std::fs::write(root.join(path), text).unwrap();
