@@ -237,13 +237,17 @@ async fn a_git_requirement_locks_by_commit_and_keeps_it_until_upgraded() {
     assert_ne!(moved.sha256, teamlib.sha256);
 
     // A tag names its commit, a tag that was moved by force too (at lock time).
-    git(&repo, &["tag", "v0.3.0", &first]);
+    // An annotated tag: its commit is the peeled entry the server lists.
+    git(&repo, &["tag", "-a", "-m", "release", "v0.3.0", &first]);
     let tagged = GitSource::parse(&daemon.url("teamlib.git", "v0.3.0")).unwrap();
     assert_eq!(
         cudastack::fetch::git::resolve(&tagged).unwrap().as_str(),
         first
     );
-    git(&repo, &["tag", "-f", "v0.3.0", &second]);
+    git(
+        &repo,
+        &["tag", "-f", "-a", "-m", "moved", "v0.3.0", &second],
+    );
     assert_eq!(
         cudastack::fetch::git::resolve(&tagged).unwrap().as_str(),
         second

@@ -15,8 +15,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::io::Read;
 use std::path::{Component, Path};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use url::Url;
 
@@ -36,6 +38,12 @@ pub enum GitError {
         url: String,
         status: String,
         stderr: String,
+    },
+    #[error("`git {what}` for `{url}` took longer than {seconds} s and was stopped\n  hint: check that the server answers; a slow one may have longer: CUDASTACK_GIT_TIMEOUT=SECONDS")]
+    TimedOut {
+        what: &'static str,
+        url: String,
+        seconds: u64,
     },
     #[error("could not run git for `{url}`: {source}\n  hint: install git (Debian: `apt-get install git`)")]
     Spawn {
@@ -282,17 +290,26 @@ pub(crate) fn isolated_git() -> Command {
 
 fn run(source: &GitSource, what: &'static str, mut command: Command) -> Result<Vec<u8>, GitError> {
     let url = source.repository.to_string();
-    let output = command.output().map_err(|source| GitError::Spawn {
-        url: url.clone(),
-        source,
-    })?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
+    let limit = time_limit();
+    let (status, stdout, stderr) =
+        run_bounded(&mut command, limit).map_err(|source| GitError::Spawn {
+            url: url.clone(),
+            source,
+        })?;
+    let Some(status) = status else {
+        return Err(GitError::TimedOut {
+            what,
+            url,
+            seconds: limit.as_secs(),
+        });
+    };
+    if !status.success() {
+        let stderr = String::from_utf8_lossy(&stderr);
         let tail: Vec<&str> = stderr.lines().rev().take(6).collect();
         return Err(GitError::Git {
             what,
             url,
-            status: output.status.to_string(),
+            status: status.to_string(),
             // A server's `remote:` lines are its words: no escape sequence reaches the
             // terminal.
             stderr: crate::printable::escape_keeping_lines(
@@ -301,8 +318,73 @@ fn run(source: &GitSource, what: &'static str, mut command: Command) -> Result<V
             .into_owned(),
         });
     }
-    Ok(output.stdout)
+    Ok(stdout)
 }
+
+/// How long one git command may take: `CUDASTACK_GIT_TIMEOUT` seconds, 600 by default (a
+/// server that stops answering must not hold `lock` for ever; ssh and git:// have no
+/// low-speed limit of their own).
+fn time_limit() -> Duration {
+    let seconds = std::env::var("CUDASTACK_GIT_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .unwrap_or(600);
+    Duration::from_secs(seconds)
+}
+
+/// Run `command` with a deadline, its output read on threads (at most [`MAX_OUTPUT`] each)
+/// so a full pipe never blocks it: its status (None when it was killed at the deadline),
+/// stdout and stderr.
+fn run_bounded(
+    command: &mut Command,
+    limit: Duration,
+) -> std::io::Result<(Option<std::process::ExitStatus>, Vec<u8>, Vec<u8>)> {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let reader = |stream: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(stream) = stream {
+                let _ = stream.take(MAX_OUTPUT).read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = reader(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let stderr = reader(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status);
+        }
+        if started.elapsed() >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    Ok((status, stdout, stderr))
+}
+
+/// The most of a git command's output kept: `ls-remote` of the few references asked for,
+/// a fetch's messages.
+const MAX_OUTPUT: u64 = 16 << 20;
 
 /// The commit `source`'s reference names now (the remote's HEAD without one): a tag
 /// before a branch of the same name, as git's own lookup; a full commit id as it is.
@@ -312,9 +394,13 @@ pub fn resolve(source: &GitSource) -> Result<Commit, GitError> {
     }
     let reference = source.reference.as_deref().unwrap_or("HEAD");
     let mut command = git(source);
+    // Only the references that can match (a pattern matches a name's tail); an annotated
+    // tag's commit is its peeled entry, which a pattern names only with `^{}`.
     command
         .args(["ls-remote", "--"])
-        .arg(source.repository.as_str());
+        .arg(source.repository.as_str())
+        .arg(reference)
+        .arg(format!("{reference}^{{}}"));
     let listing = run(source, "ls-remote", command)?;
     let listing = String::from_utf8_lossy(&listing);
     let refs: BTreeMap<&str, &str> = listing
@@ -535,6 +621,23 @@ mod tests {
         let plain = GitSource::parse("git+ssh://git@example.org/lib#egg=lib").unwrap();
         assert_eq!(plain.reference, None);
         assert_eq!(plain.to_string(), "git+ssh://git@example.org/lib");
+    }
+
+    /// A git that stops answering is killed at the deadline (a server that never answers
+    /// is the same for it); one that finishes gives its output.
+    #[test]
+    fn a_command_past_its_deadline_is_stopped() {
+        let started = Instant::now();
+        let mut sleeper = Command::new("sleep");
+        sleeper.arg("30");
+        let (status, _, _) = run_bounded(&mut sleeper, Duration::from_millis(200)).unwrap();
+        assert!(status.is_none());
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let mut echo = Command::new("echo");
+        echo.arg("done");
+        let (status, stdout, _) = run_bounded(&mut echo, Duration::from_secs(30)).unwrap();
+        assert!(status.unwrap().success());
+        assert_eq!(stdout, b"done\n");
     }
 
     #[test]
