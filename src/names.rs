@@ -47,12 +47,21 @@ pub fn parse_requirement<T: pep508_rs::Pep508Url>(
     }
     let after_name = &text[name_end..];
     if let Some(extras) = after_name.trim_start().strip_prefix('[') {
-        let mut at = text.len() - extras.len();
-        for extra in extras.split(']').next().unwrap_or_default().split(',') {
-            if extra.trim().ends_with(['-', '.', '_']) {
-                return Err(refuse(at + extra.trim_end().len(), "Extra name"));
+        // Every run of name characters among the extras: `a[t- rain]` has the run `t-`,
+        // which pep508_rs validates (and panics on) before it sees the space.
+        let start_of_extras = text.len() - extras.len();
+        let list = extras.split(']').next().unwrap_or_default();
+        let mut run_end = None;
+        for (offset, c) in list.char_indices().chain([(list.len(), ' ')]) {
+            if is_name_char(c) {
+                run_end = Some(offset + c.len_utf8());
+                continue;
             }
-            at += extra.len() + 1;
+            if let Some(end) = run_end.take() {
+                if list[..end].ends_with(['-', '.', '_']) {
+                    return Err(refuse(start_of_extras + end, "Extra name"));
+                }
+            }
         }
     }
     pep508_rs::Requirement::<T>::from_str(text)
@@ -319,6 +328,8 @@ mod tests {
             "a[b-]",
             "a[x, y_ ]",
             " a.[b]",
+            "trainer[t- rain]",
+            "a[x.\ty]",
         ] {
             let parsed = parse_requirement::<pep508_rs::VerbatimUrl>(text);
             let error = parsed.expect_err(text).to_string();
@@ -331,6 +342,7 @@ mod tests {
             "a-b[c-d]>=1",
             "torch==2.4.1; python_version < '3.13'",
             "a [x,y]",
+            "a[ x , y-z ]",
         ] {
             parse_requirement::<pep508_rs::VerbatimUrl>(text).expect(text);
         }
